@@ -1,0 +1,214 @@
+//! The one verifier interface every attestor implements.
+//!
+//! JoinService decodes the request, verifies the CSR, opens the sealed token,
+//! and then, inside its join transaction, asks the attestor named by the
+//! request. The attestor answers with a result (admit this machine, maybe as
+//! an existing node), a deferral (a challenge or a pending approval), or a
+//! refusal with a reason. JoinService does everything else (node rows,
+//! certificates, events, signing), so tpm, x509pop, discovery and provisioned
+//! plug in here without touching it.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use bc_wire::agent::{HardwareClaims, Role};
+use bc_wire::token::JoinToken;
+
+use crate::db::UnixMs;
+
+/// The id of the built-in attestor, and what an empty `JoinRequest.attestor` means.
+pub const JOIN_TOKEN: &str = "join-token";
+
+/// An attestor: verifies one kind of evidence inside the join transaction.
+pub trait Attestor: Send + Sync {
+    /// The id a `JoinRequest.attestor` names it by.
+    fn id(&self) -> &str;
+    /// Runs inside the join transaction (BEGIN IMMEDIATE: the write lock is
+    /// held). Whatever it writes is committed only on `Admit` or `Defer`.
+    fn verify(
+        &self,
+        tx: &rusqlite::Transaction<'_>,
+        input: &AttestInput<'_>,
+    ) -> Result<Verdict, Refusal>;
+}
+
+/// The sealed token of a request, once opened.
+pub enum OpenedToken {
+    Parsed(JoinToken),
+    /// It opened, but the plaintext is not `tok_<id>.<secret>`.
+    Malformed,
+}
+
+/// What an attestor gets to decide on.
+pub struct AttestInput<'a> {
+    pub role: Role,
+    /// `JoinRequest.attestation`, the attestor's own evidence.
+    pub evidence: &'a [u8],
+    /// The sealed token, opened; `None` when the request carried none.
+    pub token: Option<&'a OpenedToken>,
+    /// The verified CSR, DER.
+    pub csr_der: &'a [u8],
+    pub csr_sha256: [u8; 32],
+    /// SHA-256 of the CSR's SubjectPublicKeyInfo (the node key).
+    pub csr_spki_sha256: [u8; 32],
+    pub claims: &'a HardwareClaims,
+    /// The database's time at the start of the transaction.
+    pub now: UnixMs,
+}
+
+pub enum Verdict {
+    Admit(AttestationResult),
+    Defer(Deferral),
+}
+
+/// Who holds the node key, as far as the attestor proved it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NodeKeyKind {
+    /// A TPM certified the key (made in the TPM, cannot leave it).
+    Tpm,
+    /// Only the agent's word.
+    Unattested,
+}
+
+impl NodeKeyKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodeKeyKind::Tpm => "tpm",
+            NodeKeyKind::Unattested => "unattested",
+        }
+    }
+}
+
+/// An admitted machine.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AttestationResult {
+    /// An existing node this machine is (a reclaim): JoinService raises its
+    /// identity generation and revokes its older certificates.
+    pub reclaim_node_id: Option<String>,
+    /// The token that admitted it, if any.
+    pub token_id: Option<String>,
+    /// A `urn:bc:` statement about the node key (the TPM AK), written into
+    /// the certificate after the SPIFFE ID.
+    pub node_key_uri: Option<String>,
+    pub node_key: NodeKeyKind,
+}
+
+/// Not decided yet: the agent re-sends `Join` with the same CSR.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Deferral {
+    /// Waiting for an operator (e.g. a join request to approve).
+    Pending {
+        request_id: String,
+        retry_after_seconds: u32,
+    },
+    /// The agent must answer `payload` (e.g. a TPM credential challenge).
+    Challenge {
+        attestor: String,
+        payload: Vec<u8>,
+        not_after: UnixMs,
+    },
+}
+
+/// A refused join. The reason never reaches the agent.
+///
+/// An attestor that cannot decide because the server failed (its database
+/// query did) returns [`Refusal::fault`] instead: JoinService then answers
+/// UNAVAILABLE or INTERNAL and records no refusal, because the machine was
+/// not refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    pub reason: String,
+    pub token_id: Option<String>,
+    pub node_id: Option<String>,
+    fault: Option<Fault>,
+}
+
+/// A server-side failure during attestation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// Transient (the database is busy): the agent may retry.
+    Unavailable(String),
+    Internal(String),
+}
+
+impl Refusal {
+    pub fn new(reason: impl Into<String>) -> Self {
+        Refusal {
+            reason: reason.into(),
+            token_id: None,
+            node_id: None,
+            fault: None,
+        }
+    }
+
+    /// Not a refusal: the server failed while deciding.
+    pub fn fault(fault: Fault) -> Self {
+        Refusal {
+            reason: "server-fault".to_owned(),
+            token_id: None,
+            node_id: None,
+            fault: Some(fault),
+        }
+    }
+
+    pub fn as_fault(&self) -> Option<&Fault> {
+        self.fault.as_ref()
+    }
+
+    pub fn with_token(mut self, token_id: Option<&str>) -> Self {
+        self.token_id = token_id.map(str::to_owned);
+        self
+    }
+
+    pub fn with_node(mut self, node_id: Option<&str>) -> Self {
+        self.node_id = node_id.map(str::to_owned);
+        self
+    }
+}
+
+impl From<crate::db::DbError> for Refusal {
+    fn from(e: crate::db::DbError) -> Self {
+        Refusal::fault(match e {
+            crate::db::DbError::Busy => Fault::Unavailable(e.to_string()),
+            other => Fault::Internal(other.to_string()),
+        })
+    }
+}
+
+/// The attestors a JoinService runs, by id. `join-token` is always there;
+/// registering another with that id replaces it.
+#[derive(Clone)]
+pub struct AttestorRegistry {
+    by_id: BTreeMap<String, Arc<dyn Attestor>>,
+}
+
+impl Default for AttestorRegistry {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl AttestorRegistry {
+    pub fn new() -> Self {
+        let mut r = AttestorRegistry {
+            by_id: BTreeMap::new(),
+        };
+        r.register(Arc::new(crate::attestors::join_token::JoinTokenAttestor));
+        r
+    }
+
+    /// Adds an attestor, replacing one of the same id.
+    pub fn register(&mut self, attestor: Arc<dyn Attestor>) {
+        self.by_id.insert(attestor.id().to_owned(), attestor);
+    }
+
+    /// The attestor a request names; an empty name means `join-token`.
+    pub fn get(&self, id: &str) -> Option<Arc<dyn Attestor>> {
+        let id = if id.is_empty() { JOIN_TOKEN } else { id };
+        self.by_id.get(id).cloned()
+    }
+
+    pub fn ids(&self) -> impl Iterator<Item = &str> {
+        self.by_id.keys().map(String::as_str)
+    }
+}

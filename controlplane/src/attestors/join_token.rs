@@ -1,0 +1,239 @@
+//! `join-token`: someone with access to the control plane minted a token for
+//! this machine.
+//!
+//! In the join transaction, in this order (each failure is a refusal with the
+//! reason named, and writes nothing but the refusal event):
+//! `token-missing`, `token-malformed`, `token-unknown` (row selected under the
+//! transaction's write lock), `token-secret` (SHA-256 compared in constant
+//! time), `token-revoked`, `token-expired` (at the database's time),
+//! `token-exhausted`, `token-role`; then one use is consumed.
+
+use subtle::ConstantTimeEq;
+
+use crate::attestor::{
+    AttestInput, AttestationResult, Attestor, NodeKeyKind, OpenedToken, Refusal, Verdict,
+    JOIN_TOKEN,
+};
+use crate::tokens;
+
+pub const TOKEN_MISSING: &str = "token-missing";
+pub const TOKEN_MALFORMED: &str = "token-malformed";
+pub const TOKEN_UNKNOWN: &str = "token-unknown";
+pub const TOKEN_SECRET: &str = "token-secret";
+pub const TOKEN_REVOKED: &str = "token-revoked";
+pub const TOKEN_EXPIRED: &str = "token-expired";
+pub const TOKEN_EXHAUSTED: &str = "token-exhausted";
+pub const TOKEN_ROLE: &str = "token-role";
+
+/// Roles a join token can admit: a node token admits a node, a site token a site.
+const TOKEN_ROLES: &[&str] = &["node", "site"];
+
+pub struct JoinTokenAttestor;
+
+impl Attestor for JoinTokenAttestor {
+    fn id(&self) -> &str {
+        JOIN_TOKEN
+    }
+
+    fn verify(
+        &self,
+        tx: &rusqlite::Transaction<'_>,
+        input: &AttestInput<'_>,
+    ) -> Result<Verdict, Refusal> {
+        let token = match input.token {
+            None => return Err(Refusal::new(TOKEN_MISSING)),
+            Some(OpenedToken::Malformed) => return Err(Refusal::new(TOKEN_MALFORMED)),
+            Some(OpenedToken::Parsed(t)) => t,
+        };
+        let refuse = |reason: &str| Refusal::new(reason).with_token(Some(&token.id));
+
+        let row = tokens::token_for_update(tx, &token.id)?.ok_or_else(|| refuse(TOKEN_UNKNOWN))?;
+        let presented = tokens::secret_sha256(&token.secret);
+        if !bool::from(presented.ct_eq(&row.secret_sha256)) {
+            return Err(refuse(TOKEN_SECRET));
+        }
+        if row.revoked_at.is_some() {
+            return Err(refuse(TOKEN_REVOKED));
+        }
+        if input.now >= row.expires_at {
+            return Err(refuse(TOKEN_EXPIRED));
+        }
+        if row.uses_left <= 0 {
+            return Err(refuse(TOKEN_EXHAUSTED));
+        }
+        if !TOKEN_ROLES.contains(&row.role.as_str()) || row.role != input.role.name() {
+            return Err(refuse(TOKEN_ROLE));
+        }
+        tokens::consume_use(tx, &token.id)?;
+        Ok(Verdict::Admit(AttestationResult {
+            reclaim_node_id: None,
+            token_id: Some(token.id.clone()),
+            node_key_uri: None,
+            node_key: NodeKeyKind::Unattested,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::db::{self, Database};
+    use bc_wire::agent::{HardwareClaims, Role};
+    use bc_wire::token::JoinToken;
+
+    struct Fixture {
+        _dir: tempfile::TempDir,
+        db: Database,
+    }
+
+    fn fixture() -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Database::open_dir(dir.path()).unwrap();
+        Fixture { _dir: dir, db }
+    }
+
+    /// Runs the attestor in a transaction that is committed whatever the
+    /// outcome, so a test sees anything a refusal would (wrongly) write.
+    fn run(db: &Database, role: Role, token: Option<OpenedToken>) -> Result<Verdict, Refusal> {
+        db.with_conn(|c| {
+            let tx = db::immediate(c).unwrap();
+            let now = db::compute_now(&tx).unwrap();
+            let claims = HardwareClaims::default();
+            let input = AttestInput {
+                role,
+                evidence: &[],
+                token: token.as_ref(),
+                csr_der: &[],
+                csr_sha256: [0; 32],
+                csr_spki_sha256: [0; 32],
+                claims: &claims,
+                now,
+            };
+            let out = JoinTokenAttestor.verify(&tx, &input);
+            tx.commit().unwrap();
+            out
+        })
+        .unwrap()
+    }
+
+    fn reason(r: Result<Verdict, Refusal>) -> String {
+        match r {
+            Ok(_) => "admitted".into(),
+            Err(r) => r.reason,
+        }
+    }
+
+    fn uses_left(db: &Database, id: &str) -> i64 {
+        tokens::list_tokens(db)
+            .unwrap()
+            .into_iter()
+            .find(|t| t.id == id)
+            .unwrap()
+            .uses_left
+    }
+
+    #[test]
+    fn admits_once_then_exhausted() {
+        let f = fixture();
+        let (tok, _) = tokens::create_token(&f.db, Role::Node, 1, 60_000).unwrap();
+        let r = run(&f.db, Role::Node, Some(OpenedToken::Parsed(tok.clone())));
+        match r {
+            Ok(Verdict::Admit(a)) => assert_eq!(a.token_id.as_deref(), Some(tok.id.as_str())),
+            _ => panic!("not admitted"),
+        }
+        assert_eq!(uses_left(&f.db, &tok.id), 0);
+        let r = run(&f.db, Role::Node, Some(OpenedToken::Parsed(tok.clone())));
+        let Err(refusal) = r else {
+            panic!("admitted twice")
+        };
+        assert_eq!(refusal.reason, TOKEN_EXHAUSTED);
+        assert_eq!(refusal.token_id.as_deref(), Some(tok.id.as_str()));
+    }
+
+    #[test]
+    fn refusals_in_order_and_spend_nothing() {
+        let f = fixture();
+        let (tok, _) = tokens::create_token(&f.db, Role::Node, 2, 60_000).unwrap();
+        assert_eq!(reason(run(&f.db, Role::Node, None)), TOKEN_MISSING);
+        assert_eq!(
+            reason(run(&f.db, Role::Node, Some(OpenedToken::Malformed))),
+            TOKEN_MALFORMED
+        );
+        let unknown = JoinToken {
+            id: "tok_nosuchtoken".into(),
+            secret: tok.secret,
+        };
+        assert_eq!(
+            reason(run(&f.db, Role::Node, Some(OpenedToken::Parsed(unknown)))),
+            TOKEN_UNKNOWN
+        );
+        let mut wrong = tok.clone();
+        wrong.secret[0] ^= 1;
+        assert_eq!(
+            reason(run(&f.db, Role::Node, Some(OpenedToken::Parsed(wrong)))),
+            TOKEN_SECRET
+        );
+        assert_eq!(
+            reason(run(
+                &f.db,
+                Role::Site,
+                Some(OpenedToken::Parsed(tok.clone()))
+            )),
+            TOKEN_ROLE
+        );
+        assert_eq!(
+            reason(run(
+                &f.db,
+                Role::Ramdisk,
+                Some(OpenedToken::Parsed(tok.clone()))
+            )),
+            TOKEN_ROLE
+        );
+        assert_eq!(uses_left(&f.db, &tok.id), 2);
+
+        // Expiry is checked at the database's time.
+        f.db.write(|tx| db::set_clock_offset_ms(tx, 61_000))
+            .unwrap();
+        assert_eq!(
+            reason(run(
+                &f.db,
+                Role::Node,
+                Some(OpenedToken::Parsed(tok.clone()))
+            )),
+            TOKEN_EXPIRED
+        );
+        f.db.write(|tx| db::set_clock_offset_ms(tx, 0)).unwrap();
+
+        assert_eq!(
+            tokens::revoke_token(&f.db, &tok.id).unwrap(),
+            tokens::RevokeOutcome::Revoked
+        );
+        assert_eq!(
+            reason(run(
+                &f.db,
+                Role::Node,
+                Some(OpenedToken::Parsed(tok.clone()))
+            )),
+            TOKEN_REVOKED
+        );
+        assert_eq!(uses_left(&f.db, &tok.id), 2);
+    }
+
+    #[test]
+    fn site_token_admits_site() {
+        let f = fixture();
+        let (tok, _) = tokens::create_token(&f.db, Role::Site, 1, 60_000).unwrap();
+        assert_eq!(
+            reason(run(
+                &f.db,
+                Role::Node,
+                Some(OpenedToken::Parsed(tok.clone()))
+            )),
+            TOKEN_ROLE
+        );
+        assert_eq!(
+            reason(run(&f.db, Role::Site, Some(OpenedToken::Parsed(tok)))),
+            "admitted"
+        );
+    }
+}

@@ -1,0 +1,362 @@
+//! The control plane's storage: one SQLite file, `DIR/controlplane.db`.
+//!
+//! WAL so that the CLI can read while `serve` writes; a busy timeout so that
+//! concurrent writers (parallel joins, the CLI moving the clock) wait for each
+//! other instead of failing; every write in a `BEGIN IMMEDIATE` transaction so
+//! that the write lock is taken before anything is read (a join's token row
+//! cannot change between its check and its use).
+//!
+//! The database also owns the clock: [`compute_now`] is the system time plus
+//! `settings.clock_offset_ms`, read inside the transaction. Every expiry check
+//! and certificate validity uses it, so tests can move time with
+//! `bc-controlplane clock set` while a server runs.
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior};
+use time::OffsetDateTime;
+
+pub const DB_FILE: &str = "controlplane.db";
+
+const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+const CLOCK_OFFSET_KEY: &str = "clock_offset_ms";
+/// Idle connections kept for reuse by the server.
+const POOL_MAX_IDLE: usize = 8;
+
+/// Schema migrations; `PRAGMA user_version` is the number applied. Append
+/// only: a shipped migration never changes. Issue 3 adds node_bindings,
+/// join_requests, pools and resolve entries as further entries here.
+const MIGRATIONS: &[&str] = &[
+    // 1: tokens, nodes, certificates, events, settings.
+    r#"
+    CREATE TABLE settings (
+        key   TEXT PRIMARY KEY,
+        value TEXT NOT NULL
+    ) STRICT;
+
+    CREATE TABLE join_tokens (
+        id            TEXT PRIMARY KEY,
+        secret_sha256 BLOB NOT NULL CHECK (length(secret_sha256) = 32),
+        role          TEXT NOT NULL,
+        uses_left     INTEGER NOT NULL CHECK (uses_left >= 0),
+        expires_at    INTEGER NOT NULL,
+        revoked_at    INTEGER,
+        created_at    INTEGER NOT NULL
+    ) STRICT;
+
+    CREATE TABLE nodes (
+        id                  TEXT PRIMARY KEY,
+        role                TEXT NOT NULL,
+        identity_generation INTEGER NOT NULL CHECK (identity_generation >= 1),
+        attestor            TEXT NOT NULL,
+        joined_at           INTEGER NOT NULL,
+        retired_at          INTEGER
+    ) STRICT;
+
+    CREATE TABLE node_certs (
+        serial              TEXT PRIMARY KEY,
+        node_id             TEXT NOT NULL REFERENCES nodes(id),
+        identity_generation INTEGER NOT NULL,
+        der                 BLOB NOT NULL,
+        not_before          INTEGER NOT NULL,
+        not_after           INTEGER NOT NULL,
+        revoked_at          INTEGER
+    ) STRICT;
+    CREATE INDEX node_certs_by_node ON node_certs(node_id, identity_generation);
+
+    CREATE TABLE events (
+        id        INTEGER PRIMARY KEY AUTOINCREMENT,
+        type      TEXT NOT NULL,
+        at        INTEGER NOT NULL,
+        attestor  TEXT,
+        reason    TEXT,
+        token_id  TEXT,
+        node_id   TEXT,
+        data      TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(data))
+    ) STRICT;
+    CREATE INDEX events_by_type ON events(type, id);
+    "#,
+];
+
+#[derive(Debug, thiserror::Error)]
+pub enum DbError {
+    #[error("opening {path}: {source}")]
+    Open {
+        path: PathBuf,
+        source: rusqlite::Error,
+    },
+    #[error("creating {path}: {source}")]
+    Create {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path} has schema version {found}, newer than this bc-controlplane knows ({known}); use a newer bc-controlplane")]
+    TooNew {
+        path: PathBuf,
+        found: i64,
+        known: usize,
+    },
+    #[error("the database is busy (another writer holds it); try again")]
+    Busy,
+    #[error("database: {0}")]
+    Sqlite(rusqlite::Error),
+    #[error("the database holds an invalid {what}: {detail}")]
+    Corrupt { what: &'static str, detail: String },
+    #[error("the system's random generator failed: {0}")]
+    Random(getrandom::Error),
+}
+
+impl From<rusqlite::Error> for DbError {
+    fn from(e: rusqlite::Error) -> Self {
+        if is_busy(&e) {
+            DbError::Busy
+        } else {
+            DbError::Sqlite(e)
+        }
+    }
+}
+
+fn is_busy(e: &rusqlite::Error) -> bool {
+    matches!(
+        e,
+        rusqlite::Error::SqliteFailure(f, _)
+            if matches!(f.code, rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+    )
+}
+
+/// The database of one control plane DIR: opens connections (migrated on
+/// first open) and keeps a few idle ones for reuse.
+pub struct Database {
+    path: PathBuf,
+    idle: Mutex<Vec<Connection>>,
+}
+
+impl Database {
+    /// Opens `DIR/controlplane.db`, creating and migrating it as needed.
+    pub fn open_dir(dir: &Path) -> Result<Self, DbError> {
+        Self::open(&dir.join(DB_FILE))
+    }
+
+    pub fn open(path: &Path) -> Result<Self, DbError> {
+        create_private(path)?;
+        let conn = connect(path)?;
+        migrate(path, &conn)?;
+        Ok(Database {
+            path: path.to_owned(),
+            idle: Mutex::new(vec![conn]),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Runs `f` with a connection of this database. Connections are not
+    /// shared between threads; each call gets one of its own.
+    pub fn with_conn<T>(&self, f: impl FnOnce(&mut Connection) -> T) -> Result<T, DbError> {
+        let pooled = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let mut conn = match pooled {
+            Some(c) => c,
+            None => connect(&self.path)?,
+        };
+        let out = f(&mut conn);
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        if idle.len() < POOL_MAX_IDLE {
+            idle.push(conn);
+        }
+        Ok(out)
+    }
+
+    /// Runs `f` inside one `BEGIN IMMEDIATE` transaction and commits if it
+    /// returns `Ok`; an `Err` rolls everything back.
+    pub fn write<T, E>(&self, f: impl FnOnce(&Transaction<'_>) -> Result<T, E>) -> Result<T, E>
+    where
+        E: From<DbError>,
+    {
+        self.with_conn(|conn| {
+            let tx = immediate(conn)?;
+            let out = f(&tx)?;
+            tx.commit().map_err(DbError::from)?;
+            Ok(out)
+        })?
+    }
+}
+
+/// Creates the database file 0600 if it does not exist yet, so SQLite
+/// (which copies the mode to its -wal and -shm files) never makes it
+/// world-readable.
+fn create_private(path: &Path) -> Result<(), DbError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+    {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(source) => Err(DbError::Create {
+            path: path.to_owned(),
+            source,
+        }),
+    }
+}
+
+/// Opens a connection with the pragmas every connection needs.
+fn connect(path: &Path) -> Result<Connection, DbError> {
+    let open_err = |source| DbError::Open {
+        path: path.to_owned(),
+        source,
+    };
+    let conn = Connection::open(path).map_err(open_err)?;
+    conn.busy_timeout(BUSY_TIMEOUT).map_err(open_err)?;
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+        .map_err(open_err)?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(DbError::Corrupt {
+            what: "journal mode",
+            detail: format!("WAL was refused (got {mode})"),
+        });
+    }
+    conn.pragma_update(None, "foreign_keys", true)
+        .map_err(open_err)?;
+    Ok(conn)
+}
+
+/// Starts a write transaction: the write lock is taken at BEGIN.
+pub fn immediate(conn: &mut Connection) -> Result<Transaction<'_>, DbError> {
+    Ok(conn.transaction_with_behavior(TransactionBehavior::Immediate)?)
+}
+
+/// Applies the migrations not yet applied, in one IMMEDIATE transaction, so
+/// that a CLI command and `serve` starting together migrate once.
+fn migrate(path: &Path, conn: &Connection) -> Result<(), DbError> {
+    conn.execute_batch("BEGIN IMMEDIATE")?;
+    let result = (|| {
+        let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+        let applied = usize::try_from(version).map_err(|_| DbError::Corrupt {
+            what: "schema version",
+            detail: version.to_string(),
+        })?;
+        if applied > MIGRATIONS.len() {
+            return Err(DbError::TooNew {
+                path: path.to_owned(),
+                found: version,
+                known: MIGRATIONS.len(),
+            });
+        }
+        for (i, sql) in MIGRATIONS.iter().enumerate().skip(applied) {
+            conn.execute_batch(sql)?;
+            conn.pragma_update(None, "user_version", i + 1)?;
+        }
+        Ok(())
+    })();
+    match result {
+        Ok(()) => conn.execute_batch("COMMIT").map_err(DbError::from),
+        Err(e) => {
+            let _ = conn.execute_batch("ROLLBACK");
+            Err(e)
+        }
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+pub type UnixMs = i64;
+
+/// The database's time: system time plus the clock offset, read in `conn`'s
+/// transaction so the whole transaction sees one consistent "now".
+pub fn compute_now(conn: &Connection) -> Result<UnixMs, DbError> {
+    Ok(system_now_ms().saturating_add(clock_offset_ms(conn)?))
+}
+
+pub fn clock_offset_ms(conn: &Connection) -> Result<i64, DbError> {
+    let v: Option<String> = conn
+        .query_row(
+            "SELECT value FROM settings WHERE key = ?1",
+            [CLOCK_OFFSET_KEY],
+            |r| r.get(0),
+        )
+        .optional()?;
+    match v {
+        None => Ok(0),
+        Some(s) => s.parse().map_err(|_| DbError::Corrupt {
+            what: "clock offset",
+            detail: s,
+        }),
+    }
+}
+
+/// Moves the database clock to system time + `offset_ms`.
+pub fn set_clock_offset_ms(tx: &Transaction<'_>, offset_ms: i64) -> Result<(), DbError> {
+    tx.execute(
+        "INSERT INTO settings (key, value) VALUES (?1, ?2)
+         ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+        rusqlite::params![CLOCK_OFFSET_KEY, offset_ms.to_string()],
+    )?;
+    Ok(())
+}
+
+fn system_now_ms() -> UnixMs {
+    match SystemTime::now().duration_since(UNIX_EPOCH) {
+        Ok(d) => i64::try_from(d.as_millis()).unwrap_or(i64::MAX),
+        // A clock before 1970 is broken; count backwards rather than panic.
+        Err(e) => -i64::try_from(e.duration().as_millis()).unwrap_or(i64::MAX),
+    }
+}
+
+/// A database time as a UTC date-time (out-of-range values saturate).
+pub fn to_datetime(ms: UnixMs) -> OffsetDateTime {
+    let nanos = i128::from(ms) * 1_000_000;
+    OffsetDateTime::from_unix_timestamp_nanos(nanos).unwrap_or(if ms < 0 {
+        OffsetDateTime::UNIX_EPOCH
+    } else {
+        time::macros::datetime!(9999-12-31 23:59:59 UTC)
+    })
+}
+
+/// A date-time as database time (milliseconds).
+pub fn from_datetime(t: OffsetDateTime) -> UnixMs {
+    i64::try_from(t.unix_timestamp_nanos() / 1_000_000).unwrap_or(i64::MAX)
+}
+
+/// RFC 3339 in UTC with millisecond precision, e.g. `2025-01-02T03:04:05.678Z`.
+pub fn rfc3339(ms: UnixMs) -> String {
+    let t = to_datetime(ms);
+    let fmt = time::macros::format_description!(
+        "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z"
+    );
+    t.format(&fmt).unwrap_or_else(|_| ms.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn migrates_once_and_moves_the_clock() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Database::open_dir(dir.path()).unwrap();
+        // Opening again is a no-op migration.
+        let db2 = Database::open_dir(dir.path()).unwrap();
+        let v: i64 = db2
+            .with_conn(|c| c.query_row("PRAGMA user_version", [], |r| r.get(0)))
+            .unwrap()
+            .unwrap();
+        assert_eq!(v, MIGRATIONS.len() as i64);
+
+        let before = db.with_conn(|c| compute_now(c)).unwrap().unwrap();
+        db.write(|tx| set_clock_offset_ms(tx, 3_600_000)).unwrap();
+        let after = db2.with_conn(|c| compute_now(c)).unwrap().unwrap();
+        assert!(after - before >= 3_600_000);
+        assert!(after - before < 3_660_000);
+    }
+
+    #[test]
+    fn rfc3339_format() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339(1_700_000_000_123), "2023-11-14T22:13:20.123Z");
+    }
+}

@@ -1,0 +1,411 @@
+//! HTTPS transport: an axum router for the JoinService endpoints and an
+//! accept loop (tokio-rustls + hyper) that serves it.
+//!
+//! The accept loop is our own rather than `axum::serve` so that each request
+//! can carry its connection's TLS client certificate chain
+//! ([`PeerCertificates`]), which Renew over mTLS needs.
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::Router;
+use bc_wire::endpoints;
+use hyper::service::Service as _;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use prost::Message;
+use rustls::pki_types::CertificateDer;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::join::{ApiError, JoinService};
+use crate::pki::Bundle;
+
+/// Largest request body accepted.
+pub const BODY_LIMIT: usize = 64 * 1024;
+const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long open connections get to finish after shutdown starts.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The client certificate chain of the request's TLS connection (leaf
+/// first); empty when the client sent none.
+#[derive(Clone, Debug, Default)]
+pub struct PeerCertificates(pub Arc<Vec<CertificateDer<'static>>>);
+
+/// The TCP peer of the request's connection.
+#[derive(Clone, Copy, Debug)]
+pub struct PeerAddr(pub SocketAddr);
+
+/// The rustls server config: the bundle's TLS server certificate, TLS 1.2+,
+/// ring only. Client certificates are asked for and, when sent, verified
+/// against the node CA; they are optional so that machines without an
+/// identity can join.
+pub fn tls_config(bundle: &Bundle) -> Result<Arc<rustls::ServerConfig>, rustls::Error> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(CertificateDer::from(bundle.node_ca.cert_der().to_vec()))?;
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots),
+        provider.clone(),
+    )
+    .allow_unauthenticated()
+    .build()
+    .map_err(|e| rustls::Error::General(e.to_string()))?;
+    let (chain, key) = bundle.tls_server_identity();
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(chain, key)?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// The JoinService's HTTP routes. Anything else is a protobuf NOT_FOUND.
+pub fn router(service: Arc<JoinService>) -> Router {
+    Router::new()
+        .route(endpoints::JOIN, post(join_handler))
+        .method_not_allowed_fallback(|| async {
+            error_response(&ApiError::NotFound("endpoints take POST".to_owned()))
+        })
+        .fallback(|| async { error_response(&ApiError::NotFound("no such endpoint".to_owned())) })
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .with_state(service)
+}
+
+async fn join_handler(
+    State(service): State<Arc<JoinService>>,
+    headers: HeaderMap,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Response {
+    if let Err(e) = check_content_type(&headers) {
+        return error_response(&e);
+    }
+    let body = match body {
+        Ok(b) => b,
+        Err(e) => {
+            let msg = if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                format!("the body is larger than {BODY_LIMIT} bytes")
+            } else {
+                format!("cannot read the body: {e}")
+            };
+            return error_response(&ApiError::InvalidInput(msg));
+        }
+    };
+    // SQLite and signing block; keep them off the async workers.
+    let result = tokio::task::spawn_blocking(move || service.join_bytes(&body)).await;
+    match result {
+        Ok(Ok(resp)) => protobuf_response(StatusCode::OK, resp.encode_to_vec()),
+        Ok(Err(e)) => error_response(&e),
+        Err(e) => error_response(&ApiError::Internal(format!("join task failed: {e}"))),
+    }
+}
+
+/// Requests are protobuf; a missing content type is tolerated, another one is not.
+fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
+    match headers.get(header::CONTENT_TYPE) {
+        None => Ok(()),
+        Some(v)
+            if v.as_bytes()
+                .eq_ignore_ascii_case(endpoints::CONTENT_TYPE.as_bytes()) =>
+        {
+            Ok(())
+        }
+        Some(v) => Err(ApiError::InvalidInput(format!(
+            "content-type must be {}, not {:?}",
+            endpoints::CONTENT_TYPE,
+            String::from_utf8_lossy(v.as_bytes())
+        ))),
+    }
+}
+
+/// An error as the wire carries it: HTTP status and an `agent::Error` body.
+pub fn error_response(e: &ApiError) -> Response {
+    if let ApiError::Internal(detail) = e {
+        tracing::error!(error = %detail, "request failed");
+    }
+    let status = StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    protobuf_response(status, e.to_wire().encode_to_vec())
+}
+
+fn protobuf_response(status: StatusCode, body: Vec<u8>) -> Response {
+    (
+        status,
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static(endpoints::CONTENT_TYPE),
+        )],
+        Body::from(body),
+    )
+        .into_response()
+}
+
+/// Serves `router` over TLS on `listener` until `shutdown` completes, then
+/// stops accepting, lets open connections finish their requests (at most
+/// ten seconds) and returns.
+///
+/// Failed handshakes and broken connections are logged at debug and never
+/// stop the server; a failing `accept` (e.g. out of file descriptors) is
+/// retried after a short pause.
+pub async fn serve(
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    router: Router,
+    shutdown: impl Future<Output = ()>,
+) -> io::Result<()> {
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut conns = JoinSet::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        // Reap finished connections so the set does not grow without bound.
+        while conns.try_join_next().is_some() {}
+        let (tcp, peer) = tokio::select! {
+            biased;
+            () = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let acceptor = acceptor.clone();
+        let router = router.clone();
+        let stop = stop_rx.clone();
+        conns.spawn(async move {
+            serve_connection(acceptor, tcp, peer, router, stop).await;
+        });
+    }
+    drop(listener);
+    let _ = stop_tx.send(true);
+    let drained = tokio::time::timeout(DRAIN_TIMEOUT, async {
+        while conns.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        tracing::warn!("connections still open after shutdown; closing them");
+        conns.shutdown().await;
+    }
+    Ok(())
+}
+
+async fn serve_connection(
+    acceptor: tokio_rustls::TlsAcceptor,
+    tcp: tokio::net::TcpStream,
+    peer: SocketAddr,
+    router: Router,
+    mut stop: watch::Receiver<bool>,
+) {
+    let tls = match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            tracing::debug!(peer = %peer, error = %e, "TLS handshake failed");
+            return;
+        }
+        Err(_) => {
+            tracing::debug!(peer = %peer, "TLS handshake timed out");
+            return;
+        }
+    };
+    let certs = PeerCertificates(Arc::new(
+        tls.get_ref()
+            .1
+            .peer_certificates()
+            .map(|c| c.iter().map(|c| c.clone().into_owned()).collect())
+            .unwrap_or_default(),
+    ));
+    let svc = TowerToHyperService::new(router);
+    let svc = hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+        req.extensions_mut().insert(certs.clone());
+        req.extensions_mut().insert(PeerAddr(peer));
+        svc.call(req)
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .serve_connection(TokioIo::new(tls), svc);
+    let mut conn = std::pin::pin!(conn);
+    let result = tokio::select! {
+        r = conn.as_mut() => r,
+        _ = async { stop.wait_for(|s| *s).await.map(|_| ()) } => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    if let Err(e) = result {
+        tracing::debug!(peer = %peer, error = %e, "connection ended with an error");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::routing::get;
+    use axum::Extension;
+    use bc_wire::agent::{JoinRequest, JoinResponse, JoinResponseBody, Role};
+    use rustls::pki_types::{PrivateKeyDer, ServerName};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A minimal HTTP/1.1 client over rustls: enough to talk to the server
+    /// the way an agent does.
+    async fn call(
+        addr: SocketAddr,
+        cfg: Arc<rustls::ClientConfig>,
+        method: &str,
+        path: &str,
+        body: &[u8],
+    ) -> (u16, Vec<u8>) {
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let name = ServerName::try_from("localhost").unwrap();
+        let mut tls = tokio_rustls::TlsConnector::from(cfg)
+            .connect(name, tcp)
+            .await
+            .unwrap();
+        let head = format!(
+            "{method} {path} HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/x-protobuf\r\n\
+             content-length: {}\r\nconnection: close\r\n\r\n",
+            body.len()
+        );
+        tls.write_all(head.as_bytes()).await.unwrap();
+        tls.write_all(body).await.unwrap();
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        loop {
+            match tls.read(&mut chunk).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+        let split = buf.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+        let status_line = std::str::from_utf8(&buf[..split])
+            .unwrap()
+            .lines()
+            .next()
+            .unwrap();
+        let status = status_line.split(' ').nth(1).unwrap().parse().unwrap();
+        (status, buf[split + 4..].to_vec())
+    }
+
+    fn client(bundle: &Bundle, identity: Option<(Vec<u8>, Vec<u8>)>) -> Arc<rustls::ClientConfig> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut roots = rustls::RootCertStore::empty();
+        roots
+            .add(CertificateDer::from(bundle.tls_ca_der().to_vec()))
+            .unwrap();
+        let b = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots);
+        Arc::new(match identity {
+            None => b.with_no_client_auth(),
+            Some((cert, key)) => b
+                .with_client_auth_cert(
+                    vec![CertificateDer::from(cert)],
+                    PrivateKeyDer::Pkcs8(key.into()),
+                )
+                .unwrap(),
+        })
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn join_over_https_then_mtls() {
+        let dir = tempfile::tempdir().unwrap();
+        crate::pki::init(dir.path(), "bc.test").unwrap();
+        let svc = Arc::new(JoinService::open(dir.path()).unwrap());
+        let (tok, _) =
+            crate::tokens::create_token(svc.database(), Role::Node, 1, 3_600_000).unwrap();
+        let tls = tls_config(svc.bundle()).unwrap();
+        let app = router(svc.clone()).route(
+            "/peer",
+            get(|Extension(p): Extension<PeerCertificates>| async move { p.0.len().to_string() }),
+        );
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve(listener, tls, app, async {
+            let _ = stopped.await;
+        }));
+
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let csr = rcgen::CertificateParams::default()
+            .serialize_request(&key)
+            .unwrap()
+            .der()
+            .to_vec();
+        let sealed =
+            bc_wire::sealing::SealingKey::from_spki_der(svc.bundle().join_encryption_spki_der())
+                .unwrap()
+                .seal(&bc_wire::sha256(&csr), tok.expose().as_bytes())
+                .unwrap();
+        let req = JoinRequest {
+            csr: csr.clone(),
+            role: Role::Node as i32,
+            sealed_token: sealed,
+            ..Default::default()
+        };
+        let anonymous = client(svc.bundle(), None);
+        let (status, body) = call(
+            addr,
+            anonymous.clone(),
+            "POST",
+            endpoints::JOIN,
+            &req.encode_to_vec(),
+        )
+        .await;
+        assert_eq!(status, 200);
+        let resp = JoinResponse::decode(body.as_slice()).unwrap();
+        let joined = JoinResponseBody::decode(resp.body.as_slice()).unwrap();
+        assert_eq!(joined.csr_sha256, bc_wire::sha256(&csr));
+
+        // The same request again: the token is spent; a bare 403.
+        let (status, body) = call(
+            addr,
+            anonymous.clone(),
+            "POST",
+            endpoints::JOIN,
+            &req.encode_to_vec(),
+        )
+        .await;
+        assert_eq!(status, 403);
+        let err = bc_wire::agent::Error::decode(body.as_slice()).unwrap();
+        assert_eq!(err.code, bc_wire::agent::Code::AccessDenied as i32);
+        assert_eq!(err.message, "join refused");
+
+        // Garbage is INVALID_INPUT.
+        let (status, _) = call(
+            addr,
+            anonymous.clone(),
+            "POST",
+            endpoints::JOIN,
+            b"\xff\xff",
+        )
+        .await;
+        assert_eq!(status, 400);
+
+        // The node certificate works as a client certificate, and the
+        // handler sees it.
+        let (_, n) = call(addr, anonymous, "GET", "/peer", b"").await;
+        assert_eq!(n, b"0");
+        let mtls = client(
+            svc.bundle(),
+            Some((joined.chain[0].clone(), key.serialize_der())),
+        );
+        let (status, n) = call(addr, mtls, "GET", "/peer", b"").await;
+        assert_eq!((status, n.as_slice()), (200, b"1".as_slice()));
+
+        stop.send(()).unwrap();
+        server.await.unwrap().unwrap();
+    }
+}

@@ -1,0 +1,809 @@
+//! JoinService: turns a `JoinRequest` into a signed `JoinResponse`.
+//!
+//! A plain function of the request (no HTTP here), so tests and other
+//! transports can call it directly. Outline:
+//!
+//! 1. decode: the CSR must be PKCS#10 DER and the role known, else
+//!    INVALID_INPUT (the request is broken; no machine was refused, so no
+//!    event). A CSR that parses but whose signature does not verify
+//!    (`join:csr-signature`) or whose key is not P-256 (`join:csr-key`) is a
+//!    refusal;
+//! 2. pick the attestor (`join:unknown-attestor`) and open the sealed token
+//!    with aad = sha256(csr) (`token-unopenable`);
+//! 3. in ONE `BEGIN IMMEDIATE` transaction: the attestor, then on admit the
+//!    node row (new or reclaimed), the certificate, the `node.joined` event;
+//! 4. sign the answer.
+//!
+//! Every refusal rolls the transaction back, is stored as a
+//! `security.join.refused` event in a transaction of its own, logged, passed
+//! to the `on_refusal` hook, and answered as the same ACCESS_DENIED.
+
+use std::path::Path;
+use std::sync::{Arc, RwLock};
+
+use bc_wire::agent::{self, join_response_body, JoinRequest, JoinResponse, JoinResponseBody, Role};
+use bc_wire::signing::{self, Purpose};
+use bc_wire::token::JoinToken;
+use p256::pkcs8::DecodePublicKey;
+use prost::Message;
+use rusqlite::Transaction;
+use time::Duration;
+
+use crate::attestor::{
+    AttestInput, AttestationResult, Attestor, AttestorRegistry, Deferral, Fault, OpenedToken,
+    Refusal, Verdict, JOIN_TOKEN,
+};
+use crate::db::{self, Database, DbError, UnixMs};
+use crate::pki::{Bundle, NodeCertSpec, PkiError, MAX_NODE_CERT_TTL};
+use crate::records::{self, NewEvent, NodeRow};
+
+pub const CSR_NOT_VERIFIED: &str = "join:csr-signature";
+pub const CSR_KEY: &str = "join:csr-key";
+pub const UNKNOWN_ATTESTOR: &str = "join:unknown-attestor";
+pub const TOKEN_UNOPENABLE: &str = "token-unopenable";
+pub const NODE_KEY_STATEMENT: &str = "join:node-key-statement";
+pub const RECLAIM_UNKNOWN: &str = "join:reclaim-unknown-node";
+pub const RECLAIM_RETIRED: &str = "join:reclaim-retired";
+pub const RECLAIM_ROLE: &str = "join:reclaim-role";
+
+/// The only node-key statement a renewal can prove again (see the spec,
+/// "Renewing a TPM-held key"); any other is refused rather than issued.
+const KNOWN_STATEMENT_PREFIX: &str = "urn:bc:tpm-ak:";
+
+/// What an agent sees when a call fails. Only the code and the public
+/// message leave the server.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// Every refusal, whatever the reason.
+    #[error("join refused")]
+    AccessDenied,
+    #[error("invalid input: {0}")]
+    InvalidInput(String),
+    #[error("not found: {0}")]
+    NotFound(String),
+    #[error("unavailable: {0}")]
+    Unavailable(String),
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    pub fn code(&self) -> agent::Code {
+        match self {
+            ApiError::AccessDenied => agent::Code::AccessDenied,
+            ApiError::InvalidInput(_) => agent::Code::InvalidInput,
+            ApiError::NotFound(_) => agent::Code::NotFound,
+            ApiError::Unavailable(_) => agent::Code::Unavailable,
+            ApiError::Internal(_) => agent::Code::Internal,
+        }
+    }
+
+    pub fn http_status(&self) -> u16 {
+        match self {
+            ApiError::AccessDenied => 403,
+            ApiError::InvalidInput(_) => 400,
+            ApiError::NotFound(_) => 404,
+            ApiError::Unavailable(_) => 503,
+            ApiError::Internal(_) => 500,
+        }
+    }
+
+    /// The message an agent gets: what was wrong with its request, but
+    /// nothing about why it was refused or what failed inside the server.
+    pub fn public_message(&self) -> String {
+        match self {
+            ApiError::AccessDenied => "join refused".to_owned(),
+            ApiError::InvalidInput(m) | ApiError::NotFound(m) => m.clone(),
+            ApiError::Unavailable(_) => {
+                "the control plane cannot serve now; retry later".to_owned()
+            }
+            ApiError::Internal(_) => "internal error".to_owned(),
+        }
+    }
+
+    pub fn to_wire(&self) -> agent::Error {
+        agent::Error {
+            code: self.code() as i32,
+            message: self.public_message(),
+        }
+    }
+}
+
+impl From<DbError> for ApiError {
+    fn from(e: DbError) -> Self {
+        match e {
+            DbError::Busy => ApiError::Unavailable(e.to_string()),
+            other => ApiError::Internal(other.to_string()),
+        }
+    }
+}
+
+/// What the `on_refusal` hook and the `security.join.refused` event carry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RefusalEvent {
+    pub attestor: String,
+    pub reason: String,
+    pub token_id: Option<String>,
+    pub node_id: Option<String>,
+}
+
+pub type RefusalHook = dyn Fn(&RefusalEvent) + Send + Sync;
+
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error(transparent)]
+    Pki(#[from] PkiError),
+    #[error(transparent)]
+    Db(#[from] DbError),
+}
+
+pub struct JoinService {
+    bundle: Bundle,
+    db: Database,
+    attestors: RwLock<AttestorRegistry>,
+    on_refusal: RwLock<Option<Arc<RefusalHook>>>,
+    cert_ttl: Duration,
+}
+
+/// A CSR whose signature verified.
+struct VerifiedCsr {
+    sha256: [u8; 32],
+    spki_der: Vec<u8>,
+    spki_sha256: [u8; 32],
+}
+
+/// The outcome of the join transaction.
+enum Outcome {
+    Joined { node_id: String, leaf: Vec<u8> },
+    Deferred(Deferral),
+    Refused(Refusal),
+}
+
+impl JoinService {
+    /// Loads DIR's bundle and opens (and migrates) its database.
+    pub fn open(dir: &Path) -> Result<Self, OpenError> {
+        let bundle = Bundle::load(dir)?;
+        let db = Database::open_dir(dir)?;
+        Ok(Self::new(bundle, db))
+    }
+
+    pub fn new(bundle: Bundle, db: Database) -> Self {
+        JoinService {
+            bundle,
+            db,
+            attestors: RwLock::new(AttestorRegistry::new()),
+            on_refusal: RwLock::new(None),
+            cert_ttl: MAX_NODE_CERT_TTL,
+        }
+    }
+
+    /// Shortens node certificates; anything above 24 hours is capped.
+    pub fn with_cert_ttl(mut self, ttl: std::time::Duration) -> Self {
+        let ttl = Duration::try_from(ttl).unwrap_or(MAX_NODE_CERT_TTL);
+        self.cert_ttl = ttl.clamp(Duration::seconds(1), MAX_NODE_CERT_TTL);
+        self
+    }
+
+    /// Adds an attestor; one with id `join-token` replaces the built-in.
+    pub fn register_attestor(&self, attestor: Arc<dyn Attestor>) {
+        self.attestors
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .register(attestor);
+    }
+
+    /// Called with every refusal, after its event is stored.
+    pub fn set_on_refusal(&self, hook: Box<RefusalHook>) {
+        *self.on_refusal.write().unwrap_or_else(|p| p.into_inner()) = Some(Arc::from(hook));
+    }
+
+    pub fn bundle(&self) -> &Bundle {
+        &self.bundle
+    }
+
+    pub fn database(&self) -> &Database {
+        &self.db
+    }
+
+    /// The node CA certificate (DER), the last element of every chain.
+    pub fn node_ca_der(&self) -> &[u8] {
+        self.bundle.node_ca.cert_der()
+    }
+
+    /// The key that signs every `JoinResponseBody`.
+    pub fn signing_key(&self) -> &p256::ecdsa::SigningKey {
+        self.bundle.join_signing_key()
+    }
+
+    /// Signs a body as the JoinService does (also for tests that need a
+    /// well-signed but wrong answer).
+    pub fn sign_body(&self, body: &JoinResponseBody) -> JoinResponse {
+        let bytes = body.encode_to_vec();
+        let signature = signing::sign(self.signing_key(), Purpose::JoinResponse, &[&bytes]);
+        JoinResponse {
+            body: bytes,
+            signature: signature.to_vec(),
+            key_id: signing::key_id(self.bundle.join_signing_spki_der()),
+        }
+    }
+
+    /// `Join` on a serialized `JoinRequest`.
+    pub fn join_bytes(&self, body: &[u8]) -> Result<JoinResponse, ApiError> {
+        let req = JoinRequest::decode(body).map_err(|e| {
+            ApiError::InvalidInput(format!("the body is not a JoinRequest protobuf: {e}"))
+        })?;
+        self.join(req)
+    }
+
+    pub fn join(&self, req: JoinRequest) -> Result<JoinResponse, ApiError> {
+        let role = match Role::try_from(req.role) {
+            Ok(Role::Unspecified) | Err(_) => {
+                return Err(ApiError::InvalidInput(
+                    "role must be node, site or ramdisk".to_owned(),
+                ))
+            }
+            Ok(r) => r,
+        };
+        let attestor_name = if req.attestor.is_empty() {
+            JOIN_TOKEN.to_owned()
+        } else {
+            printable(&req.attestor)
+        };
+        let csr = match verify_csr(&req.csr)? {
+            Ok(csr) => csr,
+            Err(reason) => return Err(self.refuse(&attestor_name, Refusal::new(reason))),
+        };
+        let attestor = self
+            .attestors
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&req.attestor);
+        let Some(attestor) = attestor else {
+            return Err(self.refuse(&attestor_name, Refusal::new(UNKNOWN_ATTESTOR)));
+        };
+        let attestor_id = attestor.id().to_owned();
+
+        let token = if req.sealed_token.is_empty() {
+            None
+        } else {
+            match self
+                .bundle
+                .join_opening_key()
+                .open(&csr.sha256, &req.sealed_token)
+            {
+                Ok(plain) => Some(
+                    std::str::from_utf8(&plain)
+                        .ok()
+                        .and_then(|s| JoinToken::parse(s).ok())
+                        .map_or(OpenedToken::Malformed, OpenedToken::Parsed),
+                ),
+                Err(_) => return Err(self.refuse(&attestor_id, Refusal::new(TOKEN_UNOPENABLE))),
+            }
+        };
+        let claims = req.claims.clone().unwrap_or_default();
+
+        let outcome = self.db.with_conn(|conn| -> Result<Outcome, ApiError> {
+            let tx = db::immediate(conn)?;
+            let now = db::compute_now(&tx)?;
+            let input = AttestInput {
+                role,
+                evidence: &req.attestation,
+                token: token.as_ref(),
+                csr_der: &req.csr,
+                csr_sha256: csr.sha256,
+                csr_spki_sha256: csr.spki_sha256,
+                claims: &claims,
+                now,
+            };
+            match attestor.verify(&tx, &input) {
+                // Dropping the transaction rolls back whatever the attestor wrote.
+                Err(refusal) => Ok(Outcome::Refused(refusal)),
+                Ok(Verdict::Defer(d)) => {
+                    // Commit: the attestor's own rows (a pending request) persist.
+                    tx.commit().map_err(DbError::from)?;
+                    Ok(Outcome::Deferred(d))
+                }
+                Ok(Verdict::Admit(result)) => {
+                    match self.admit(&tx, now, role, &attestor_id, &csr, &result) {
+                        Ok((node_id, leaf)) => {
+                            tx.commit().map_err(DbError::from)?;
+                            Ok(Outcome::Joined { node_id, leaf })
+                        }
+                        Err(refusal) => Ok(Outcome::Refused(refusal)),
+                    }
+                }
+            }
+        })??;
+
+        let body = match outcome {
+            Outcome::Refused(refusal) => return Err(self.refuse(&attestor_id, refusal)),
+            Outcome::Deferred(d) => {
+                tracing::info!(attestor = %attestor_id, "join deferred");
+                JoinResponseBody {
+                    csr_sha256: csr.sha256.to_vec(),
+                    node_id: String::new(),
+                    chain: Vec::new(),
+                    deferral: Some(deferral_to_wire(d)),
+                }
+            }
+            Outcome::Joined { node_id, leaf } => JoinResponseBody {
+                csr_sha256: csr.sha256.to_vec(),
+                node_id,
+                chain: vec![leaf, self.node_ca_der().to_vec()],
+                deferral: None,
+            },
+        };
+        Ok(self.sign_body(&body))
+    }
+
+    /// Writes the admitted node: its row (new, or the reclaimed one at a new
+    /// identity generation), its certificate and the `node.joined` event.
+    fn admit(
+        &self,
+        tx: &Transaction<'_>,
+        now: UnixMs,
+        role: Role,
+        attestor_id: &str,
+        csr: &VerifiedCsr,
+        result: &AttestationResult,
+    ) -> Result<(String, Vec<u8>), Refusal> {
+        let refuse = |reason: &str, node: Option<&str>| {
+            Refusal::new(reason)
+                .with_token(result.token_id.as_deref())
+                .with_node(node)
+        };
+        let statements: Vec<String> = match &result.node_key_uri {
+            None => Vec::new(),
+            Some(uri) if uri.starts_with(KNOWN_STATEMENT_PREFIX) => vec![uri.clone()],
+            Some(_) => {
+                return Err(refuse(
+                    NODE_KEY_STATEMENT,
+                    result.reclaim_node_id.as_deref(),
+                ))
+            }
+        };
+
+        let (node_id, generation) = match &result.reclaim_node_id {
+            Some(id) => {
+                let node = records::node_for_update(tx, id)?
+                    .ok_or_else(|| refuse(RECLAIM_UNKNOWN, Some(id)))?;
+                if node.retired_at.is_some() {
+                    return Err(refuse(RECLAIM_RETIRED, Some(id)));
+                }
+                if node.role != role.name() {
+                    return Err(refuse(RECLAIM_ROLE, Some(id)));
+                }
+                let generation = node.identity_generation.saturating_add(1);
+                records::start_generation(tx, id, generation, attestor_id, now)?;
+                (id.clone(), generation)
+            }
+            None => {
+                let id = crate::ids::random_id("node_")
+                    .map_err(|e| Refusal::fault(Fault::Internal(format!("random node id: {e}"))))?;
+                records::insert_node(
+                    tx,
+                    &NodeRow {
+                        id: id.clone(),
+                        role: role.name().to_owned(),
+                        identity_generation: 1,
+                        attestor: attestor_id.to_owned(),
+                        joined_at: now,
+                        retired_at: None,
+                    },
+                )?;
+                (id, 1)
+            }
+        };
+
+        // X.509 times have whole seconds; issue at whole seconds so the
+        // stored validity is the certificate's.
+        let not_before = db::to_datetime(now - now.rem_euclid(1000));
+        let issued = self
+            .bundle
+            .node_ca
+            .issue(&NodeCertSpec {
+                spki_der: &csr.spki_der,
+                trust_domain: &self.bundle.trust_domain,
+                node_id: &node_id,
+                statements: &statements,
+                not_before,
+                not_after: not_before + self.cert_ttl,
+            })
+            .map_err(|e| Refusal::fault(Fault::Internal(e.to_string())))?;
+        records::insert_cert(tx, &node_id, generation, &issued)?;
+        records::insert_event(
+            tx,
+            &NewEvent {
+                kind: records::EVENT_NODE_JOINED,
+                at: now,
+                attestor: Some(attestor_id),
+                reason: None,
+                token_id: result.token_id.as_deref(),
+                node_id: Some(&node_id),
+                data: serde_json::json!({
+                    "attestor": attestor_id,
+                    "nodeKey": result.node_key.as_str(),
+                    "role": role.name(),
+                    "identityGeneration": generation,
+                    "reclaim": result.reclaim_node_id.is_some(),
+                    "serial": issued.serial_hex,
+                    "notAfter": db::rfc3339(db::from_datetime(issued.not_after)),
+                }),
+            },
+        )?;
+        tracing::info!(
+            node_id = %node_id,
+            attestor = %attestor_id,
+            role = role.name(),
+            generation,
+            token_id = result.token_id.as_deref().unwrap_or(""),
+            node_key = result.node_key.as_str(),
+            "node joined"
+        );
+        Ok((node_id, issued.der))
+    }
+
+    /// Records a refusal and answers ACCESS_DENIED; a server fault dressed
+    /// as a refusal is answered as what it is.
+    fn refuse(&self, attestor: &str, refusal: Refusal) -> ApiError {
+        if let Some(fault) = refusal.as_fault() {
+            return match fault {
+                Fault::Unavailable(m) => {
+                    tracing::warn!(attestor = %attestor, error = %m, "join failed: database busy");
+                    ApiError::Unavailable(m.clone())
+                }
+                Fault::Internal(m) => {
+                    tracing::error!(attestor = %attestor, error = %m, "join failed");
+                    ApiError::Internal(m.clone())
+                }
+            };
+        }
+        let event = RefusalEvent {
+            attestor: attestor.to_owned(),
+            reason: refusal.reason,
+            token_id: refusal.token_id,
+            node_id: refusal.node_id,
+        };
+        // The token id may be logged; the secret never reaches this point.
+        tracing::warn!(
+            attestor = %event.attestor,
+            reason = %event.reason,
+            token_id = event.token_id.as_deref().unwrap_or(""),
+            node_id = event.node_id.as_deref().unwrap_or(""),
+            "join refused"
+        );
+        let stored = self.db.write(|tx| {
+            let now = db::compute_now(tx)?;
+            records::insert_event(
+                tx,
+                &NewEvent {
+                    kind: records::EVENT_JOIN_REFUSED,
+                    at: now,
+                    attestor: Some(&event.attestor),
+                    reason: Some(&event.reason),
+                    token_id: event.token_id.as_deref(),
+                    node_id: event.node_id.as_deref(),
+                    data: serde_json::json!({ "attestor": event.attestor, "reason": event.reason }),
+                },
+            )
+        });
+        if let Err(e) = stored {
+            tracing::error!(error = %e, reason = %event.reason, "could not store the refusal event");
+        }
+        let hook = self
+            .on_refusal
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if let Some(hook) = hook {
+            hook(&event);
+        }
+        ApiError::AccessDenied
+    }
+}
+
+/// Parses and verifies a CSR. The outer error is a broken request
+/// (INVALID_INPUT); the inner one a refusal reason.
+fn verify_csr(der: &[u8]) -> Result<Result<VerifiedCsr, &'static str>, ApiError> {
+    use x509_parser::certification_request::X509CertificationRequest;
+    use x509_parser::prelude::FromDer;
+    if der.is_empty() {
+        return Err(ApiError::InvalidInput("csr is empty".to_owned()));
+    }
+    let (rest, csr) = X509CertificationRequest::from_der(der)
+        .map_err(|_| ApiError::InvalidInput("csr is not a PKCS#10 request in DER".to_owned()))?;
+    if !rest.is_empty() {
+        return Err(ApiError::InvalidInput("csr has trailing bytes".to_owned()));
+    }
+    let spki = csr.certification_request_info.subject_pki.raw;
+    if p256::PublicKey::from_public_key_der(spki).is_err() {
+        return Ok(Err(CSR_KEY));
+    }
+    if csr.verify_signature().is_err() {
+        return Ok(Err(CSR_NOT_VERIFIED));
+    }
+    Ok(Ok(VerifiedCsr {
+        sha256: bc_wire::sha256(der),
+        spki_der: spki.to_vec(),
+        spki_sha256: bc_wire::sha256(spki),
+    }))
+}
+
+fn deferral_to_wire(d: Deferral) -> join_response_body::Deferral {
+    match d {
+        Deferral::Pending {
+            request_id,
+            retry_after_seconds,
+        } => join_response_body::Deferral::Pending(agent::JoinPending {
+            request_id,
+            retry_after_seconds,
+        }),
+        Deferral::Challenge {
+            attestor,
+            payload,
+            not_after,
+        } => join_response_body::Deferral::Challenge(agent::JoinChallenge {
+            attestor,
+            payload,
+            not_after_unix_ms: not_after,
+        }),
+    }
+}
+
+/// An attestor name from the request, safe for logs and events: at most 64
+/// characters, control characters replaced.
+fn printable(s: &str) -> String {
+    s.chars()
+        .take(64)
+        .map(|c| if c.is_control() { '\u{fffd}' } else { c })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attestor::NodeKeyKind;
+    use crate::tokens;
+    use std::sync::Mutex;
+
+    struct Fixture {
+        _dir: tempfile::TempDir,
+        svc: Arc<JoinService>,
+    }
+
+    fn fixture() -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        crate::pki::init(dir.path(), "bc.test").unwrap();
+        let svc = Arc::new(JoinService::open(dir.path()).unwrap());
+        Fixture { _dir: dir, svc }
+    }
+
+    fn new_csr() -> (rcgen::KeyPair, Vec<u8>) {
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let mut params = rcgen::CertificateParams::new(vec!["evil.example".to_owned()]).unwrap();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "node_chosenbyme");
+        let der = params.serialize_request(&key).unwrap().der().to_vec();
+        (key, der)
+    }
+
+    fn request(svc: &JoinService, csr: &[u8], token: Option<&str>, role: Role) -> JoinRequest {
+        let sealed = token.map(|t| {
+            bc_wire::sealing::SealingKey::from_spki_der(svc.bundle().join_encryption_spki_der())
+                .unwrap()
+                .seal(&bc_wire::sha256(csr), t.as_bytes())
+                .unwrap()
+        });
+        JoinRequest {
+            csr: csr.to_vec(),
+            role: role as i32,
+            sealed_token: sealed.unwrap_or_default(),
+            ..Default::default()
+        }
+    }
+
+    fn open_body(svc: &JoinService, resp: &JoinResponse) -> JoinResponseBody {
+        let vk = signing::verifying_key_from_spki(svc.bundle().join_signing_spki_der()).unwrap();
+        signing::verify(&vk, Purpose::JoinResponse, &[&resp.body], &resp.signature).unwrap();
+        assert_eq!(
+            resp.key_id,
+            signing::key_id(svc.bundle().join_signing_spki_der())
+        );
+        JoinResponseBody::decode(resp.body.as_slice()).unwrap()
+    }
+
+    fn refusals(svc: &JoinService) -> Vec<String> {
+        records::list_events(svc.database())
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.kind == records::EVENT_JOIN_REFUSED)
+            .map(|e| e.reason.unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn joins_with_a_token() {
+        use rcgen::PublicKeyData;
+        let f = fixture();
+        let (tok, _) = tokens::create_token(f.svc.database(), Role::Node, 1, 3_600_000).unwrap();
+        let (key, csr) = new_csr();
+        let resp = f
+            .svc
+            .join(request(&f.svc, &csr, Some(&tok.expose()), Role::Node))
+            .unwrap();
+        let body = open_body(&f.svc, &resp);
+        assert_eq!(body.csr_sha256, bc_wire::sha256(&csr));
+        assert!(body.deferral.is_none());
+        bc_wire::spiffe::check_node_id(&body.node_id).unwrap();
+        assert_eq!(body.chain.len(), 2);
+        assert_eq!(body.chain[1], f.svc.node_ca_der());
+        let (_, leaf) = x509_parser::parse_x509_certificate(&body.chain[0]).unwrap();
+        assert_eq!(
+            leaf.public_key().raw,
+            key.subject_public_key_info().as_slice()
+        );
+        let cn = leaf.subject().iter_common_name().next().unwrap();
+        assert_eq!(cn.as_str().unwrap(), body.node_id);
+
+        let nodes = records::list_nodes(f.svc.database()).unwrap();
+        assert_eq!(nodes.len(), 1);
+        assert_eq!(nodes[0].id, body.node_id);
+        let events = records::list_events(f.svc.database()).unwrap();
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].kind, records::EVENT_NODE_JOINED);
+        assert_eq!(events[0].data["nodeKey"], "unattested");
+        assert_eq!(events[0].token_id.as_deref(), Some(tok.id.as_str()));
+
+        // The same token again: exhausted, the same ACCESS_DENIED.
+        let (_, csr2) = new_csr();
+        let err = f
+            .svc
+            .join(request(&f.svc, &csr2, Some(&tok.expose()), Role::Node))
+            .unwrap_err();
+        assert!(matches!(err, ApiError::AccessDenied));
+        assert_eq!(err.public_message(), "join refused");
+        assert_eq!(refusals(&f.svc), ["token-exhausted"]);
+    }
+
+    #[test]
+    fn refusals_reach_event_and_hook_only() {
+        let f = fixture();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let s = seen.clone();
+        f.svc.set_on_refusal(Box::new(move |e: &RefusalEvent| {
+            s.lock().unwrap().push(e.clone())
+        }));
+        let (tok, _) = tokens::create_token(f.svc.database(), Role::Node, 1, 3_600_000).unwrap();
+        let (_, csr) = new_csr();
+
+        // No token.
+        let err = f
+            .svc
+            .join(request(&f.svc, &csr, None, Role::Node))
+            .unwrap_err();
+        assert!(matches!(err, ApiError::AccessDenied));
+        // Sealed for another CSR.
+        let (_, other) = new_csr();
+        let mut req = request(&f.svc, &other, Some(&tok.expose()), Role::Node);
+        req.csr = csr.clone();
+        assert!(matches!(f.svc.join(req), Err(ApiError::AccessDenied)));
+        // Unknown attestor.
+        let mut req = request(&f.svc, &csr, Some(&tok.expose()), Role::Node);
+        req.attestor = "nope".into();
+        assert!(matches!(f.svc.join(req), Err(ApiError::AccessDenied)));
+        // A CSR whose signature does not verify.
+        let mut bad = csr.clone();
+        let last = bad.len() - 1;
+        bad[last] ^= 1;
+        let req = request(&f.svc, &bad, Some(&tok.expose()), Role::Node);
+        assert!(matches!(f.svc.join(req), Err(ApiError::AccessDenied)));
+        // Not DER at all: a broken request, not a refusal.
+        let req = request(&f.svc, b"garbage", None, Role::Node);
+        assert!(matches!(f.svc.join(req), Err(ApiError::InvalidInput(_))));
+
+        let want = [
+            "token-missing",
+            "token-unopenable",
+            "join:unknown-attestor",
+            "join:csr-signature",
+        ];
+        assert_eq!(refusals(&f.svc), want);
+        let hooked: Vec<_> = seen
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|e| e.reason.clone())
+            .collect();
+        assert_eq!(hooked, want);
+        assert_eq!(seen.lock().unwrap()[2].attestor, "nope");
+        // Nothing was spent.
+        assert_eq!(
+            tokens::list_tokens(f.svc.database()).unwrap()[0].uses_left,
+            1
+        );
+        assert!(records::list_nodes(f.svc.database()).unwrap().is_empty());
+    }
+
+    #[test]
+    fn parallel_joins_spend_a_token_once() {
+        let f = fixture();
+        let (tok, _) = tokens::create_token(f.svc.database(), Role::Node, 1, 3_600_000).unwrap();
+        let handles: Vec<_> = (0..8)
+            .map(|_| {
+                let svc = f.svc.clone();
+                let t = tok.expose();
+                std::thread::spawn(move || {
+                    let (_, csr) = new_csr();
+                    svc.join(request(&svc, &csr, Some(&t), Role::Node)).is_ok()
+                })
+            })
+            .collect();
+        let ok = handles
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .filter(|ok| *ok)
+            .count();
+        assert_eq!(ok, 1);
+        assert_eq!(records::list_nodes(f.svc.database()).unwrap().len(), 1);
+        assert_eq!(refusals(&f.svc).len(), 7);
+    }
+
+    struct Deferring;
+    impl Attestor for Deferring {
+        fn id(&self) -> &str {
+            JOIN_TOKEN
+        }
+        fn verify(&self, _: &Transaction<'_>, _: &AttestInput<'_>) -> Result<Verdict, Refusal> {
+            Ok(Verdict::Defer(Deferral::Pending {
+                request_id: "req_1".into(),
+                retry_after_seconds: 30,
+            }))
+        }
+    }
+
+    struct BadStatement;
+    impl Attestor for BadStatement {
+        fn id(&self) -> &str {
+            "bad-statement"
+        }
+        fn verify(&self, _: &Transaction<'_>, _: &AttestInput<'_>) -> Result<Verdict, Refusal> {
+            Ok(Verdict::Admit(AttestationResult {
+                reclaim_node_id: None,
+                token_id: None,
+                node_key_uri: Some("urn:bc:other:1".into()),
+                node_key: NodeKeyKind::Tpm,
+            }))
+        }
+    }
+
+    #[test]
+    fn registered_join_token_replaces_builtin_and_defers() {
+        let f = fixture();
+        f.svc.register_attestor(Arc::new(Deferring));
+        let (_, csr) = new_csr();
+        let resp = f.svc.join(request(&f.svc, &csr, None, Role::Node)).unwrap();
+        let body = open_body(&f.svc, &resp);
+        assert!(body.node_id.is_empty() && body.chain.is_empty());
+        assert_eq!(
+            body.deferral,
+            Some(join_response_body::Deferral::Pending(agent::JoinPending {
+                request_id: "req_1".into(),
+                retry_after_seconds: 30
+            }))
+        );
+        assert!(records::list_nodes(f.svc.database()).unwrap().is_empty());
+    }
+
+    #[test]
+    fn unknown_statement_is_refused() {
+        let f = fixture();
+        f.svc.register_attestor(Arc::new(BadStatement));
+        let (_, csr) = new_csr();
+        let mut req = request(&f.svc, &csr, None, Role::Node);
+        req.attestor = "bad-statement".into();
+        assert!(matches!(f.svc.join(req), Err(ApiError::AccessDenied)));
+        assert_eq!(refusals(&f.svc), [NODE_KEY_STATEMENT]);
+        assert!(records::list_nodes(f.svc.database()).unwrap().is_empty());
+    }
+}

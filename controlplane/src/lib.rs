@@ -1,0 +1,36 @@
+//! bc-controlplane: the reference control plane for bcd.
+//!
+//! A real server (HTTPS, SQLite) implementing the JoinService and its
+//! attestors, used as the dev stack and as the test peer of bcd. Embeddable:
+//! tests open a [`join::JoinService`] from a DIR written by [`pki::init`],
+//! build the [`http::router`] and run [`http::serve`] with their own listener
+//! and shutdown future.
+//!
+//! ```no_run
+//! # async fn demo(dir: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
+//! use std::sync::Arc;
+//! bc_controlplane::pki::init(dir, "bc.test")?;
+//! let service = Arc::new(bc_controlplane::join::JoinService::open(dir)?);
+//! let tls = bc_controlplane::http::tls_config(service.bundle())?;
+//! let router = bc_controlplane::http::router(service.clone());
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+//! bc_controlplane::http::serve(listener, tls, router, std::future::pending()).await?;
+//! # Ok(()) }
+//! ```
+
+pub mod attestor;
+pub mod attestors;
+pub mod db;
+pub mod fsutil;
+pub mod http;
+pub mod ids;
+pub mod join;
+pub mod pki;
+pub mod records;
+pub mod tokens;
+
+pub use attestor::{
+    AttestInput, AttestationResult, Attestor, AttestorRegistry, Deferral, Fault, NodeKeyKind,
+    OpenedToken, Refusal, Verdict,
+};
+pub use join::{ApiError, JoinService, RefusalEvent};

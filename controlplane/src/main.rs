@@ -1,0 +1,669 @@
+//! `bc-controlplane`: the command line of the reference control plane.
+//!
+//! Every command works on one DIR (`--dir`): the PKI bundle `init` writes and
+//! the SQLite database. Errors print `bc-controlplane: <what and what to do>`
+//! and exit 1; usage errors exit 2 (clap).
+
+use std::io::{IsTerminal, Write};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use bc_controlplane::{db, http, join::JoinService, pki, records, tokens};
+use bc_wire::agent::Role;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use serde_json::json;
+
+#[derive(Parser)]
+#[command(
+    name = "bc-controlplane",
+    version,
+    about = "Reference control plane for bcd: JoinService over HTTPS, PKI, SQLite"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Args)]
+struct Dir {
+    /// The control plane directory (PKI bundle and controlplane.db).
+    #[arg(long, value_name = "DIR")]
+    dir: PathBuf,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Write a new PKI bundle into DIR (refuses a DIR that has one).
+    Init {
+        #[command(flatten)]
+        dir: Dir,
+        /// SPIFFE trust domain of the node identities.
+        #[arg(long, default_value = pki::DEFAULT_TRUST_DOMAIN)]
+        trust_domain: String,
+    },
+    /// Serve the JoinService over HTTPS until SIGTERM or SIGINT.
+    Serve {
+        #[command(flatten)]
+        dir: Dir,
+        /// IP:PORT to listen on; port 0 picks a free port.
+        #[arg(long, value_name = "ADDR")]
+        listen: SocketAddr,
+    },
+    /// Print a bcd config.toml that pins this control plane.
+    AgentConfig {
+        #[command(flatten)]
+        dir: Dir,
+        /// The control plane URL agents use, e.g. https://127.0.0.1:8443.
+        #[arg(long, value_name = "URL")]
+        api: String,
+        /// The agent's data directory.
+        #[arg(long, value_name = "D", default_value = "/var/lib/bcd")]
+        data_dir: String,
+    },
+    /// Join tokens.
+    Token {
+        #[command(subcommand)]
+        cmd: TokenCmd,
+    },
+    /// Joined nodes.
+    Nodes {
+        #[command(subcommand)]
+        cmd: ListCmd,
+    },
+    /// The event log (joins, refusals).
+    Events {
+        #[command(subcommand)]
+        cmd: ListCmd,
+    },
+    /// The database clock used for every expiry check and certificate validity.
+    Clock {
+        #[command(subcommand)]
+        cmd: ClockCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum TokenCmd {
+    /// Mint a token and print it (and nothing else) on stdout.
+    Create {
+        #[command(flatten)]
+        dir: Dir,
+        #[arg(long, value_enum)]
+        role: TokenRole,
+        /// How many joins the token admits.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+        uses: u32,
+        /// Lifetime: an integer and a unit s, m, h or d (e.g. 15m, 24h, 7d).
+        #[arg(long, default_value = "24h", value_parser = parse_ttl)]
+        ttl: i64,
+    },
+    /// Revoke a token by id.
+    Revoke {
+        #[command(flatten)]
+        dir: Dir,
+        /// The token id (tok_…).
+        id: String,
+    },
+    /// List tokens (never their secrets).
+    List {
+        #[command(flatten)]
+        dir: Dir,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum ListCmd {
+    List {
+        #[command(flatten)]
+        dir: Dir,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum ClockCmd {
+    /// Set the database clock to system time plus OFFSET.
+    Set {
+        #[command(flatten)]
+        dir: Dir,
+        /// A signed duration: -1h, +25h, 0s, 90m, 7d.
+        #[arg(long, allow_hyphen_values = true, value_parser = parse_offset)]
+        offset: i64,
+    },
+    /// Print the clock offset and the database's time.
+    Show {
+        #[command(flatten)]
+        dir: Dir,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum TokenRole {
+    Node,
+    Site,
+}
+
+impl From<TokenRole> for Role {
+    fn from(r: TokenRole) -> Role {
+        match r {
+            TokenRole::Node => Role::Node,
+            TokenRole::Site => Role::Site,
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("bc-controlplane: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Logs go to stderr (stdout carries command output); `RUST_LOG` wins over
+/// the default `info`.
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .try_init();
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.cmd {
+        Cmd::Init { dir, trust_domain } => init(&dir.dir, &trust_domain),
+        Cmd::Serve { dir, listen } => serve(&dir.dir, listen),
+        Cmd::AgentConfig { dir, api, data_dir } => agent_config(&dir.dir, &api, &data_dir),
+        Cmd::Token { cmd } => match cmd {
+            TokenCmd::Create {
+                dir,
+                role,
+                uses,
+                ttl,
+            } => token_create(&dir.dir, role.into(), uses, ttl),
+            TokenCmd::Revoke { dir, id } => token_revoke(&dir.dir, &id),
+            TokenCmd::List { dir, json } => token_list(&dir.dir, json),
+        },
+        Cmd::Nodes {
+            cmd: ListCmd::List { dir, json },
+        } => nodes_list(&dir.dir, json),
+        Cmd::Events {
+            cmd: ListCmd::List { dir, json },
+        } => events_list(&dir.dir, json),
+        Cmd::Clock { cmd } => match cmd {
+            ClockCmd::Set { dir, offset } => clock_set(&dir.dir, offset),
+            ClockCmd::Show { dir } => clock_show(&dir.dir),
+        },
+    }
+}
+
+fn init(dir: &Path, trust_domain: &str) -> Result<()> {
+    pki::init(dir, trust_domain)
+        .with_context(|| format!("cannot initialize a control plane in {}", dir.display()))?;
+    open_db(dir)?;
+    println!(
+        "initialized {} (trust domain {trust_domain}); agents pin {}",
+        dir.display(),
+        dir.join(pki::TLS_CA_CERT).display()
+    );
+    Ok(())
+}
+
+fn serve(dir: &Path, listen: SocketAddr) -> Result<()> {
+    require_initialized(dir)?;
+    let service = Arc::new(
+        JoinService::open(dir)
+            .with_context(|| format!("cannot load the control plane in {}", dir.display()))?,
+    );
+    let tls = http::tls_config(service.bundle()).context("cannot build the TLS configuration")?;
+    let router = http::router(service);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(listen)
+            .await
+            .with_context(|| {
+                format!("cannot listen on {listen} (in use? use port 0 for a free one)")
+            })?;
+        let addr = listener
+            .local_addr()
+            .context("cannot read the listening address")?;
+        let shutdown = shutdown_signal().context("cannot install the signal handlers")?;
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "listening on https://{addr}").context("cannot write to stdout")?;
+        out.flush().context("cannot write to stdout")?;
+        drop(out);
+        tracing::info!(%addr, dir = %dir.display(), "serving");
+        http::serve(listener, tls, router, shutdown)
+            .await
+            .context("the server failed")?;
+        tracing::info!("stopped");
+        Ok(())
+    })
+}
+
+/// Resolves on the first SIGTERM or SIGINT.
+fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+            _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+        }
+    })
+}
+
+fn agent_config(dir: &Path, api: &str, data_dir: &str) -> Result<()> {
+    require_initialized(dir)?;
+    if !api.starts_with("https://") || api.len() <= "https://".len() {
+        bail!("--api must be an https:// URL, e.g. https://127.0.0.1:8443 (got {api:?})");
+    }
+    let bundle = pki::Bundle::load(dir)
+        .with_context(|| format!("cannot load the control plane in {}", dir.display()))?;
+    let pins = bundle.agent_pins_pem();
+    let text = format!(
+        "# bcd configuration, written by bc-controlplane agent-config\n\
+         api = {}\n\
+         trust_domain = {}\n\
+         data_dir = {}\n\
+         \n\
+         [pins]\n\
+         server_ca = \"\"\"\n{}\"\"\"\n\
+         join_signing_key = \"\"\"\n{}\"\"\"\n\
+         join_encryption_key = \"\"\"\n{}\"\"\"\n",
+        toml_string(api),
+        toml_string(&bundle.trust_domain),
+        toml_string(data_dir),
+        pins.server_ca,
+        pins.join_signing_key,
+        pins.join_encryption_key,
+    );
+    print_stdout(&text)
+}
+
+fn token_create(dir: &Path, role: Role, uses: u32, ttl_ms: i64) -> Result<()> {
+    let db = open_db(dir)?;
+    let (token, _) =
+        tokens::create_token(&db, role, uses, ttl_ms).context("cannot create the token")?;
+    print_stdout(&format!("{}\n", token.expose()))
+}
+
+fn token_revoke(dir: &Path, id: &str) -> Result<()> {
+    let db = open_db(dir)?;
+    match tokens::revoke_token(&db, id).context("cannot revoke the token")? {
+        tokens::RevokeOutcome::Revoked => print_stdout(&format!("revoked {id}\n")),
+        tokens::RevokeOutcome::AlreadyRevoked => {
+            print_stdout(&format!("{id} was already revoked\n"))
+        }
+        tokens::RevokeOutcome::Unknown => bail!(
+            "no token {id:?} in {} (see bc-controlplane token list --dir {})",
+            dir.display(),
+            dir.display()
+        ),
+    }
+}
+
+fn token_list(dir: &Path, as_json: bool) -> Result<()> {
+    let db = open_db(dir)?;
+    let rows = tokens::list_tokens(&db).context("cannot list tokens")?;
+    let now = db
+        .with_conn(|c| db::compute_now(c))
+        .and_then(|r| r)
+        .context("cannot read the database clock")?;
+    if as_json {
+        let v: Vec<_> = rows
+            .iter()
+            .map(|t| {
+                json!({
+                    "id": t.id,
+                    "role": t.role,
+                    "usesLeft": t.uses_left,
+                    "expiresAt": db::rfc3339(t.expires_at),
+                    "expired": now >= t.expires_at,
+                    "revoked": t.revoked_at.is_some(),
+                    "createdAt": db::rfc3339(t.created_at),
+                })
+            })
+            .collect();
+        return print_json(&v);
+    }
+    let mut text = String::new();
+    for t in &rows {
+        let state = if t.revoked_at.is_some() {
+            "revoked"
+        } else if now >= t.expires_at {
+            "expired"
+        } else if t.uses_left <= 0 {
+            "exhausted"
+        } else {
+            "active"
+        };
+        text.push_str(&format!(
+            "{} {} uses_left={} expires={} {state}\n",
+            t.id,
+            t.role,
+            t.uses_left,
+            db::rfc3339(t.expires_at)
+        ));
+    }
+    print_stdout(&text)
+}
+
+fn nodes_list(dir: &Path, as_json: bool) -> Result<()> {
+    let db = open_db(dir)?;
+    let rows = records::list_nodes(&db).context("cannot list nodes")?;
+    if as_json {
+        let v: Vec<_> = rows
+            .iter()
+            .map(|n| {
+                json!({
+                    "nodeId": n.id,
+                    "role": n.role,
+                    "identityGeneration": n.identity_generation,
+                    "attestor": n.attestor,
+                    "joinedAt": db::rfc3339(n.joined_at),
+                    "retired": n.retired_at.is_some(),
+                })
+            })
+            .collect();
+        return print_json(&v);
+    }
+    let mut text = String::new();
+    for n in &rows {
+        text.push_str(&format!(
+            "{} {} generation={} attestor={} joined={}{}\n",
+            n.id,
+            n.role,
+            n.identity_generation,
+            n.attestor,
+            db::rfc3339(n.joined_at),
+            if n.retired_at.is_some() {
+                " retired"
+            } else {
+                ""
+            }
+        ));
+    }
+    print_stdout(&text)
+}
+
+fn events_list(dir: &Path, as_json: bool) -> Result<()> {
+    let db = open_db(dir)?;
+    let rows = records::list_events(&db).context("cannot list events")?;
+    if as_json {
+        let v: Vec<_> = rows
+            .iter()
+            .map(|e| {
+                json!({
+                    "id": e.id,
+                    "type": e.kind,
+                    "at": db::rfc3339(e.at),
+                    "attestor": e.attestor,
+                    "reason": e.reason,
+                    "tokenId": e.token_id,
+                    "nodeId": e.node_id,
+                    "data": e.data,
+                })
+            })
+            .collect();
+        return print_json(&v);
+    }
+    let mut text = String::new();
+    for e in &rows {
+        text.push_str(&format!("{} {} {}", e.id, db::rfc3339(e.at), e.kind));
+        for (k, v) in [
+            ("attestor", &e.attestor),
+            ("reason", &e.reason),
+            ("token", &e.token_id),
+            ("node", &e.node_id),
+        ] {
+            if let Some(v) = v {
+                text.push_str(&format!(" {k}={v}"));
+            }
+        }
+        text.push('\n');
+    }
+    print_stdout(&text)
+}
+
+fn clock_set(dir: &Path, offset_ms: i64) -> Result<()> {
+    let db = open_db(dir)?;
+    let now = db
+        .write(|tx| {
+            db::set_clock_offset_ms(tx, offset_ms)?;
+            db::compute_now(tx)
+        })
+        .context("cannot set the clock")?;
+    print_stdout(&format!(
+        "clock offset {} (database time {})\n",
+        format_offset(offset_ms),
+        db::rfc3339(now)
+    ))
+}
+
+fn clock_show(dir: &Path) -> Result<()> {
+    let db = open_db(dir)?;
+    let (offset, now) = db
+        .with_conn(|c| Ok::<_, db::DbError>((db::clock_offset_ms(c)?, db::compute_now(c)?)))
+        .and_then(|r| r)
+        .context("cannot read the clock")?;
+    print_stdout(&format!(
+        "clock offset {} (database time {})\n",
+        format_offset(offset),
+        db::rfc3339(now)
+    ))
+}
+
+/// Every command but `init` needs an initialized DIR; without this check a
+/// typo in --dir would silently create an empty database somewhere.
+fn require_initialized(dir: &Path) -> Result<()> {
+    if !dir.join(pki::TRUST_DOMAIN_FILE).is_file() {
+        bail!(
+            "{} is not a control plane directory (no {}); run bc-controlplane init --dir {} first",
+            dir.display(),
+            pki::TRUST_DOMAIN_FILE,
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
+fn open_db(dir: &Path) -> Result<db::Database> {
+    require_initialized(dir)?;
+    db::Database::open_dir(dir)
+        .with_context(|| format!("cannot open the database in {}", dir.display()))
+}
+
+fn print_json(v: &impl serde::Serialize) -> Result<()> {
+    let text = serde_json::to_string_pretty(v).context("cannot encode JSON")?;
+    print_stdout(&format!("{text}\n"))
+}
+
+/// Writes to stdout and reports a closed pipe as an error instead of
+/// panicking like `print!` would.
+fn print_stdout(text: &str) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())
+        .and_then(|()| out.flush())
+        .context("cannot write to stdout")
+}
+
+/// A TOML basic string.
+fn toml_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            '\r' => out.push_str("\\r"),
+            c if c.is_control() => out.push_str(&format!("\\u{:04X}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// A duration `[+|-]<integer><s|m|h|d>` in milliseconds.
+fn parse_duration_ms(s: &str) -> Result<i64, String> {
+    let hint = "expected an integer and a unit s, m, h or d, e.g. 90s, 15m, 24h, 7d";
+    let (sign, rest) = match s.as_bytes().first() {
+        Some(b'-') => (-1i64, &s[1..]),
+        Some(b'+') => (1, &s[1..]),
+        _ => (1, s),
+    };
+    let Some(unit) = rest.chars().last() else {
+        return Err(format!("empty duration: {hint}"));
+    };
+    let unit_ms: i64 = match unit {
+        's' => 1_000,
+        'm' => 60_000,
+        'h' => 3_600_000,
+        'd' => 86_400_000,
+        _ => return Err(format!("bad duration {s:?}: {hint}")),
+    };
+    let digits = &rest[..rest.len() - 1];
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("bad duration {s:?}: {hint}"));
+    }
+    digits
+        .parse::<i64>()
+        .ok()
+        .and_then(|n| n.checked_mul(unit_ms))
+        .map(|ms| sign * ms)
+        .ok_or_else(|| format!("duration {s:?} is too large"))
+}
+
+/// A token lifetime: positive.
+fn parse_ttl(s: &str) -> Result<i64, String> {
+    if s.starts_with('-') {
+        return Err(format!("the lifetime must be positive, not {s:?}"));
+    }
+    match parse_duration_ms(s)? {
+        0 => Err("the lifetime must be positive, not 0".to_owned()),
+        ms => Ok(ms),
+    }
+}
+
+/// A clock offset: signed.
+fn parse_offset(s: &str) -> Result<i64, String> {
+    parse_duration_ms(s)
+}
+
+/// An offset in the largest unit that divides it exactly.
+fn format_offset(ms: i64) -> String {
+    let sign = if ms < 0 { "-" } else { "+" };
+    let abs = ms.unsigned_abs();
+    if abs == 0 {
+        return "+0s".to_owned();
+    }
+    for (unit, len) in [
+        ("d", 86_400_000u64),
+        ("h", 3_600_000),
+        ("m", 60_000),
+        ("s", 1_000),
+    ] {
+        if abs % len == 0 {
+            return format!("{sign}{}{unit}", abs / len);
+        }
+    }
+    format!("{sign}{abs}ms")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_ttl("90s"), Ok(90_000));
+        assert_eq!(parse_ttl("15m"), Ok(900_000));
+        assert_eq!(parse_ttl("24h"), Ok(86_400_000));
+        assert_eq!(parse_ttl("7d"), Ok(604_800_000));
+        assert_eq!(parse_ttl("+1h"), Ok(3_600_000));
+        for bad in [
+            "",
+            "h",
+            "10",
+            "1.5h",
+            "1w",
+            "-1h",
+            "0s",
+            " 1h",
+            "1H",
+            "99999999999999999d",
+        ] {
+            assert!(parse_ttl(bad).is_err(), "{bad:?} accepted");
+        }
+        assert_eq!(parse_offset("-1h"), Ok(-3_600_000));
+        assert_eq!(parse_offset("+25h"), Ok(90_000_000));
+        assert_eq!(parse_offset("0s"), Ok(0));
+        assert!(parse_offset("-").is_err());
+        assert!(parse_offset("--1h").is_err());
+    }
+
+    #[test]
+    fn offsets_print_back() {
+        assert_eq!(format_offset(0), "+0s");
+        assert_eq!(format_offset(-3_600_000), "-1h");
+        assert_eq!(format_offset(90_000_000), "+25h");
+        assert_eq!(format_offset(1_500), "+1500ms");
+    }
+
+    #[test]
+    fn clock_offset_accepts_negative() {
+        let cli = Cli::try_parse_from([
+            "bc-controlplane",
+            "clock",
+            "set",
+            "--dir",
+            "/x",
+            "--offset",
+            "-1h",
+        ]);
+        assert!(cli.is_ok());
+        let cli = Cli::try_parse_from([
+            "bc-controlplane",
+            "token",
+            "create",
+            "--dir",
+            "/x",
+            "--role",
+            "node",
+            "--uses",
+            "0",
+        ]);
+        assert!(cli.is_err());
+    }
+
+    #[test]
+    fn toml_strings_escape() {
+        assert_eq!(toml_string(r#"a"b\c"#), r#""a\"b\\c""#);
+    }
+}

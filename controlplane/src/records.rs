@@ -1,0 +1,180 @@
+//! Nodes, their certificates, and the event log.
+
+use rusqlite::{OptionalExtension, Transaction};
+
+use crate::db::{Database, DbError, UnixMs};
+use crate::pki::IssuedCert;
+
+/// Event type of a successful join.
+pub const EVENT_NODE_JOINED: &str = "node.joined";
+/// Event type of every refused join, whatever the reason.
+pub const EVENT_JOIN_REFUSED: &str = "security.join.refused";
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeRow {
+    pub id: String,
+    pub role: String,
+    pub identity_generation: i64,
+    pub attestor: String,
+    pub joined_at: UnixMs,
+    pub retired_at: Option<UnixMs>,
+}
+
+const NODE_SELECT: &str =
+    "SELECT id, role, identity_generation, attestor, joined_at, retired_at FROM nodes";
+
+fn read_node(r: &rusqlite::Row<'_>) -> rusqlite::Result<NodeRow> {
+    Ok(NodeRow {
+        id: r.get(0)?,
+        role: r.get(1)?,
+        identity_generation: r.get(2)?,
+        attestor: r.get(3)?,
+        joined_at: r.get(4)?,
+        retired_at: r.get(5)?,
+    })
+}
+
+pub fn list_nodes(db: &Database) -> Result<Vec<NodeRow>, DbError> {
+    db.with_conn(|c| {
+        let mut st = c.prepare(&format!("{NODE_SELECT} ORDER BY joined_at, id"))?;
+        let rows = st.query_map([], read_node)?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(DbError::from)
+    })?
+}
+
+pub fn node_for_update(tx: &Transaction<'_>, id: &str) -> Result<Option<NodeRow>, DbError> {
+    Ok(tx
+        .query_row(&format!("{NODE_SELECT} WHERE id = ?1"), [id], read_node)
+        .optional()?)
+}
+
+pub fn insert_node(tx: &Transaction<'_>, n: &NodeRow) -> Result<(), DbError> {
+    tx.execute(
+        "INSERT INTO nodes (id, role, identity_generation, attestor, joined_at, retired_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        rusqlite::params![
+            n.id,
+            n.role,
+            n.identity_generation,
+            n.attestor,
+            n.joined_at,
+            n.retired_at
+        ],
+    )?;
+    Ok(())
+}
+
+/// Moves a node to a new identity generation (a reclaim) and revokes every
+/// certificate of the older generations: only the new certificate is valid.
+pub fn start_generation(
+    tx: &Transaction<'_>,
+    node_id: &str,
+    generation: i64,
+    attestor: &str,
+    now: UnixMs,
+) -> Result<(), DbError> {
+    tx.execute(
+        "UPDATE nodes SET identity_generation = ?2, attestor = ?3 WHERE id = ?1",
+        rusqlite::params![node_id, generation, attestor],
+    )?;
+    tx.execute(
+        "UPDATE node_certs SET revoked_at = ?3
+         WHERE node_id = ?1 AND identity_generation < ?2 AND revoked_at IS NULL",
+        rusqlite::params![node_id, generation, now],
+    )?;
+    Ok(())
+}
+
+pub fn insert_cert(
+    tx: &Transaction<'_>,
+    node_id: &str,
+    generation: i64,
+    cert: &IssuedCert,
+) -> Result<(), DbError> {
+    tx.execute(
+        "INSERT INTO node_certs (serial, node_id, identity_generation, der, not_before, not_after)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        rusqlite::params![
+            cert.serial_hex,
+            node_id,
+            generation,
+            cert.der,
+            crate::db::from_datetime(cert.not_before),
+            crate::db::from_datetime(cert.not_after)
+        ],
+    )?;
+    Ok(())
+}
+
+/// An event to append to the log.
+#[derive(Clone, Debug, Default)]
+pub struct NewEvent<'a> {
+    pub kind: &'a str,
+    pub at: UnixMs,
+    pub attestor: Option<&'a str>,
+    pub reason: Option<&'a str>,
+    pub token_id: Option<&'a str>,
+    pub node_id: Option<&'a str>,
+    pub data: serde_json::Value,
+}
+
+pub fn insert_event(tx: &Transaction<'_>, e: &NewEvent<'_>) -> Result<i64, DbError> {
+    let data = if e.data.is_null() {
+        "{}".to_owned()
+    } else {
+        e.data.to_string()
+    };
+    tx.execute(
+        "INSERT INTO events (type, at, attestor, reason, token_id, node_id, data)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        rusqlite::params![e.kind, e.at, e.attestor, e.reason, e.token_id, e.node_id, data],
+    )?;
+    Ok(tx.last_insert_rowid())
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct EventRow {
+    pub id: i64,
+    pub kind: String,
+    pub at: UnixMs,
+    pub attestor: Option<String>,
+    pub reason: Option<String>,
+    pub token_id: Option<String>,
+    pub node_id: Option<String>,
+    pub data: serde_json::Value,
+}
+
+/// The whole event log, oldest first.
+pub fn list_events(db: &Database) -> Result<Vec<EventRow>, DbError> {
+    db.with_conn(|c| {
+        let mut st = c.prepare(
+            "SELECT id, type, at, attestor, reason, token_id, node_id, data FROM events ORDER BY id",
+        )?;
+        let rows = st.query_map([], |r| {
+            let data: String = r.get(7)?;
+            Ok((
+                EventRow {
+                    id: r.get(0)?,
+                    kind: r.get(1)?,
+                    at: r.get(2)?,
+                    attestor: r.get(3)?,
+                    reason: r.get(4)?,
+                    token_id: r.get(5)?,
+                    node_id: r.get(6)?,
+                    data: serde_json::Value::Null,
+                },
+                data,
+            ))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (mut ev, data) = row?;
+            ev.data = serde_json::from_str(&data).map_err(|e| DbError::Corrupt {
+                what: "event data",
+                detail: format!("event {}: {e}", ev.id),
+            })?;
+            out.push(ev);
+        }
+        Ok(out)
+    })?
+}

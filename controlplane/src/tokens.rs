@@ -1,0 +1,152 @@
+//! Join tokens in the database. Only the SHA-256 of a secret is stored, so
+//! a copy of the database admits no machine.
+
+use bc_wire::agent::Role;
+use bc_wire::token::JoinToken;
+use rusqlite::{OptionalExtension, Transaction};
+
+use crate::db::{self, Database, DbError, UnixMs};
+
+/// A `join_tokens` row; never holds the secret.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TokenRow {
+    pub id: String,
+    pub secret_sha256: [u8; 32],
+    pub role: String,
+    pub uses_left: i64,
+    pub expires_at: UnixMs,
+    pub revoked_at: Option<UnixMs>,
+    pub created_at: UnixMs,
+}
+
+/// SHA-256 of a token secret, as stored.
+pub fn secret_sha256(secret: &[u8]) -> [u8; 32] {
+    bc_wire::sha256(secret)
+}
+
+/// Mints a token of `role` with `uses` uses that expires `ttl_ms` after the
+/// database's now. Returns the token (shown once to the operator) and its row.
+pub fn create_token(
+    db: &Database,
+    role: Role,
+    uses: u32,
+    ttl_ms: i64,
+) -> Result<(JoinToken, TokenRow), DbError> {
+    let id = crate::ids::random_id("tok_").map_err(DbError::Random)?;
+    let secret =
+        crate::ids::random_bytes::<{ bc_wire::token::SECRET_LEN }>().map_err(DbError::Random)?;
+    let token = JoinToken { id, secret };
+    let row = db.write(|tx| {
+        let now = db::compute_now(tx)?;
+        let row = TokenRow {
+            id: token.id.clone(),
+            secret_sha256: secret_sha256(&token.secret),
+            role: role.name().to_owned(),
+            uses_left: i64::from(uses),
+            expires_at: now.saturating_add(ttl_ms),
+            revoked_at: None,
+            created_at: now,
+        };
+        tx.execute(
+            "INSERT INTO join_tokens (id, secret_sha256, role, uses_left, expires_at, created_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            rusqlite::params![
+                row.id,
+                row.secret_sha256.as_slice(),
+                row.role,
+                row.uses_left,
+                row.expires_at,
+                row.created_at
+            ],
+        )?;
+        Ok::<_, DbError>(row)
+    })?;
+    Ok((token, row))
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum RevokeOutcome {
+    Revoked,
+    AlreadyRevoked,
+    Unknown,
+}
+
+/// Revokes a token at the database's now; revoking twice keeps the first time.
+pub fn revoke_token(db: &Database, id: &str) -> Result<RevokeOutcome, DbError> {
+    db.write(|tx| {
+        let now = db::compute_now(tx)?;
+        let Some(row) = token_for_update(tx, id)? else {
+            return Ok(RevokeOutcome::Unknown);
+        };
+        if row.revoked_at.is_some() {
+            return Ok(RevokeOutcome::AlreadyRevoked);
+        }
+        tx.execute(
+            "UPDATE join_tokens SET revoked_at = ?2 WHERE id = ?1",
+            rusqlite::params![id, now],
+        )?;
+        Ok(RevokeOutcome::Revoked)
+    })
+}
+
+pub fn list_tokens(db: &Database) -> Result<Vec<TokenRow>, DbError> {
+    db.with_conn(|c| {
+        let mut st = c.prepare(&format!("{SELECT} ORDER BY created_at, id"))?;
+        let rows = st.query_map([], read_row)?;
+        let mut out = Vec::new();
+        for r in rows {
+            out.push(r??);
+        }
+        Ok(out)
+    })?
+}
+
+/// Reads a token row inside a write transaction. The transaction is
+/// IMMEDIATE, so the row cannot change until it ends: this is the lock.
+pub fn token_for_update(tx: &Transaction<'_>, id: &str) -> Result<Option<TokenRow>, DbError> {
+    let row = tx
+        .query_row(&format!("{SELECT} WHERE id = ?1"), [id], read_row)
+        .optional()?;
+    row.transpose()
+}
+
+/// Spends one use of a token; refuses (as an error) a token with none left.
+pub fn consume_use(tx: &Transaction<'_>, id: &str) -> Result<(), DbError> {
+    let n = tx.execute(
+        "UPDATE join_tokens SET uses_left = uses_left - 1 WHERE id = ?1 AND uses_left > 0",
+        [id],
+    )?;
+    if n == 1 {
+        Ok(())
+    } else {
+        Err(DbError::Corrupt {
+            what: "token use count",
+            detail: format!("{id} has no use left to consume"),
+        })
+    }
+}
+
+const SELECT: &str =
+    "SELECT id, secret_sha256, role, uses_left, expires_at, revoked_at, created_at FROM join_tokens";
+
+type RowResult = Result<TokenRow, DbError>;
+
+fn read_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RowResult> {
+    let id: String = r.get(0)?;
+    let hash: Vec<u8> = r.get(1)?;
+    let Ok(secret_sha256) = <[u8; 32]>::try_from(hash.as_slice()) else {
+        return Ok(Err(DbError::Corrupt {
+            what: "token hash",
+            detail: format!("{id}: {} bytes", hash.len()),
+        }));
+    };
+    Ok(Ok(TokenRow {
+        id,
+        secret_sha256,
+        role: r.get(2)?,
+        uses_left: r.get(3)?,
+        expires_at: r.get(4)?,
+        revoked_at: r.get(5)?,
+        created_at: r.get(6)?,
+    }))
+}

@@ -1,0 +1,292 @@
+//! The control plane client: protobuf over HTTPS, trusting only the pinned CA.
+//!
+//! The TLS client knows no roots but `pins.server_ca` (no system store, no
+//! proxy-injected CA), so a control plane is reached only under its own CA.
+//! Every failure is typed, so the join can tell "unreachable" from "refused"
+//! from "answered garbage", and each says where it happened.
+pub mod answer;
+pub mod join;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bc_wire::agent;
+use bc_wire::endpoints;
+use prost::Message;
+use reqwest::Url;
+
+use crate::config::Config;
+use crate::pki::printable;
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// No honest answer comes near this; a bigger one is not read into memory.
+const MAX_BODY: usize = 1 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("cannot set up the HTTPS client: {0}")]
+    Setup(String),
+    #[error("cannot reach the control plane at {url}: {cause}")]
+    Unreachable { url: String, cause: String },
+    #[error("TLS with the control plane at {url} failed: {cause} (is pins.server_ca the control plane's CA?)")]
+    Tls { url: String, cause: String },
+    #[error("the control plane at {url} did not answer within {secs} s")]
+    Timeout { url: String, secs: u64 },
+    /// Every refusal of the machine, whatever the reason: the reason stays
+    /// on the server.
+    #[error("access denied: the control plane refused the request")]
+    AccessDenied,
+    #[error("the control plane answered HTTP {status}: {code}{message}")]
+    Rejected {
+        status: u16,
+        code: String,
+        /// Empty or `": <server message>"`, made printable.
+        message: String,
+    },
+    #[error("the control plane's answer is not a {expected}: {cause}")]
+    BadAnswer {
+        expected: &'static str,
+        cause: String,
+    },
+    #[error("the control plane's answer is larger than {limit} bytes")]
+    TooLarge { limit: usize },
+}
+
+/// A client for one control plane.
+pub struct Client {
+    http: reqwest::Client,
+    /// The base URL without a trailing slash, for messages.
+    api: String,
+    join_url: Url,
+}
+
+impl Client {
+    /// The control plane's base URL, as messages show it.
+    pub fn api(&self) -> &str {
+        &self.api
+    }
+
+    pub fn new(config: &Config) -> Result<Client, ClientError> {
+        let mut roots = rustls::RootCertStore::empty();
+        for ca in &config.pins.server_ca {
+            roots
+                .add(ca.clone())
+                .map_err(|e| ClientError::Setup(format!("pins.server_ca: {e}")))?;
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let tls = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| ClientError::Setup(e.to_string()))?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let http = reqwest::Client::builder()
+            .use_preconfigured_tls(tls)
+            .https_only(true)
+            .redirect(reqwest::redirect::Policy::none())
+            .connect_timeout(CONNECT_TIMEOUT)
+            .timeout(REQUEST_TIMEOUT)
+            .user_agent(concat!("bcd/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| ClientError::Setup(chain_message(&e)))?;
+        let api = config.api.as_str().trim_end_matches('/').to_owned();
+        let join_url = Url::parse(&format!("{api}{}", endpoints::JOIN))
+            .map_err(|e| ClientError::Setup(e.to_string()))?;
+        Ok(Client {
+            http,
+            api,
+            join_url,
+        })
+    }
+
+    /// One `Join` call. Deferrals are the caller's business ([`join::run`]).
+    pub async fn join(
+        &self,
+        request: &agent::JoinRequest,
+    ) -> Result<agent::JoinResponse, ClientError> {
+        let answer = self.post(&self.join_url, request.encode_to_vec()).await?;
+        let bad = |cause: String| ClientError::BadAnswer {
+            expected: "JoinResponse",
+            cause,
+        };
+        let resp = agent::JoinResponse::decode(answer.body.as_slice())
+            .map_err(|e| bad(format!("{e}{}", answer.content_type_hint())))?;
+        // Every JoinResponse has a body; an empty one is not worth a signature check.
+        if resp.body.is_empty() {
+            return Err(bad("it carries no body".to_owned()));
+        }
+        Ok(resp)
+    }
+
+    /// POSTs a protobuf body; a 2xx answer, or the typed refusal.
+    async fn post(&self, url: &Url, body: Vec<u8>) -> Result<Answer, ClientError> {
+        let mut resp = self
+            .http
+            .post(url.clone())
+            .header(reqwest::header::CONTENT_TYPE, endpoints::CONTENT_TYPE)
+            .header(reqwest::header::ACCEPT, endpoints::CONTENT_TYPE)
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| self.transport_error(&e))?;
+        let status = resp.status();
+        let content_type = resp
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .map(|v| printable(&String::from_utf8_lossy(v.as_bytes())));
+        let body = self.read_capped(&mut resp).await?;
+        if status.is_success() {
+            return Ok(Answer { body, content_type });
+        }
+        tracing::debug!(
+            status = status.as_u16(),
+            "the control plane refused the call"
+        );
+        match agent::Error::decode(body.as_slice()) {
+            Ok(err) if err.code == agent::Code::AccessDenied as i32 => {
+                Err(ClientError::AccessDenied)
+            }
+            Ok(err) if err.code != agent::Code::Unspecified as i32 => {
+                let code = agent::Code::try_from(err.code)
+                    .map(|c| c.as_str_name().to_owned())
+                    .unwrap_or_else(|_| format!("error code {}", err.code));
+                let message = printable(&err.message);
+                Err(ClientError::Rejected {
+                    status: status.as_u16(),
+                    code,
+                    message: if message.is_empty() {
+                        message
+                    } else {
+                        format!(": {message}")
+                    },
+                })
+            }
+            _ => Err(ClientError::Rejected {
+                status: status.as_u16(),
+                code: status.canonical_reason().unwrap_or("error").to_owned(),
+                message: " (without an error body)".to_owned(),
+            }),
+        }
+    }
+
+    async fn read_capped(&self, resp: &mut reqwest::Response) -> Result<Vec<u8>, ClientError> {
+        let too_big = || ClientError::TooLarge { limit: MAX_BODY };
+        if resp.content_length().is_some_and(|n| n > MAX_BODY as u64) {
+            return Err(too_big());
+        }
+        let mut body = Vec::new();
+        while let Some(chunk) = resp.chunk().await.map_err(|e| self.transport_error(&e))? {
+            if body.len() + chunk.len() > MAX_BODY {
+                return Err(too_big());
+            }
+            body.extend_from_slice(&chunk);
+        }
+        Ok(body)
+    }
+
+    fn transport_error(&self, e: &reqwest::Error) -> ClientError {
+        let url = self.api.clone();
+        if e.is_timeout() {
+            let secs = if e.is_connect() {
+                CONNECT_TIMEOUT
+            } else {
+                REQUEST_TIMEOUT
+            }
+            .as_secs();
+            return ClientError::Timeout { url, secs };
+        }
+        if let Some(tls) = find_rustls_error(e) {
+            return ClientError::Tls {
+                url,
+                cause: tls.to_string(),
+            };
+        }
+        ClientError::Unreachable {
+            url,
+            cause: root_cause(e),
+        }
+    }
+}
+
+/// A 2xx answer.
+struct Answer {
+    body: Vec<u8>,
+    content_type: Option<String>,
+}
+
+impl Answer {
+    /// Names a content type that explains why a body does not decode.
+    fn content_type_hint(&self) -> String {
+        match &self.content_type {
+            Some(ct) if !ct.starts_with(endpoints::CONTENT_TYPE) => {
+                format!(" (content-type {ct}, expected {})", endpoints::CONTENT_TYPE)
+            }
+            _ => String::new(),
+        }
+    }
+}
+
+type DynError = dyn std::error::Error + 'static;
+
+/// The causes of `e`, outermost first. `io::Error::source` skips the error
+/// it wraps (and rustls errors travel inside nested `io::Error`s inside
+/// hyper's errors), so wrapped errors are visited explicitly.
+fn causes(e: &DynError) -> Vec<&DynError> {
+    let mut out = Vec::new();
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        out.push(err);
+        cur = match err
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+        {
+            Some(inner) => Some(inner as &DynError),
+            None => err.source(),
+        };
+    }
+    out
+}
+
+fn find_rustls_error(e: &reqwest::Error) -> Option<&rustls::Error> {
+    causes(e)
+        .into_iter()
+        .find_map(|c| c.downcast_ref::<rustls::Error>())
+}
+
+/// The innermost cause, in words an operator recognises.
+fn root_cause(e: &DynError) -> String {
+    let all = causes(e);
+    let Some(last) = all.last() else {
+        return e.to_string();
+    };
+    // The innermost io::Error's kind says it best ("connection refused").
+    if let Some(io) = all
+        .iter()
+        .rev()
+        .find_map(|c| c.downcast_ref::<std::io::Error>())
+    {
+        use std::io::ErrorKind::*;
+        let words = match io.kind() {
+            ConnectionRefused => Some("connection refused"),
+            ConnectionReset => Some("connection reset"),
+            ConnectionAborted => Some("connection aborted"),
+            UnexpectedEof => Some("the connection closed early"),
+            TimedOut => Some("timed out"),
+            _ => None,
+        };
+        if let Some(w) = words {
+            return w.to_owned();
+        }
+    }
+    last.to_string()
+}
+
+fn chain_message(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts = vec![e.to_string()];
+    let mut cur = e.source();
+    while let Some(err) = cur {
+        parts.push(err.to_string());
+        cur = err.source();
+    }
+    parts.join(": ")
+}

@@ -1,0 +1,444 @@
+//! The agent's configuration file, `/etc/bcd/config.toml` by default.
+//!
+//! `bc-controlplane agent-config` writes it. Everything in it is parsed and
+//! checked here, once, into typed values, so that no other module ever sees a
+//! string that might still be malformed; every refusal names the file, the
+//! line and what was expected, because an operator edits this file by hand.
+//!
+//! `[tpm]` and `[helper]` sections (the node key in the TPM, the root helper)
+//! become new optional fields of [`RawConfig`] and [`Config`] when they land.
+use std::fmt;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use p256::ecdsa::VerifyingKey;
+use p256::pkcs8::DecodePublicKey;
+use reqwest::Url;
+use rustls::pki_types::pem::{PemObject, SectionKind};
+use rustls::pki_types::CertificateDer;
+use serde::Deserialize;
+use toml::Spanned;
+
+use bc_wire::sealing::SealingKey;
+
+pub const DEFAULT_PATH: &str = "/etc/bcd/config.toml";
+pub const DEFAULT_DATA_DIR: &str = "/var/lib/bcd";
+
+/// `--config F`, shared by every subcommand that reads the configuration.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ConfigArg {
+    /// The configuration file
+    #[arg(long = "config", value_name = "F", default_value = DEFAULT_PATH)]
+    pub path: PathBuf,
+}
+
+/// A refused configuration: where, and what was expected there.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}:{line}: {message}")]
+    Invalid {
+        path: PathBuf,
+        line: usize,
+        message: String,
+    },
+}
+
+/// The checked configuration.
+#[derive(Debug)]
+pub struct Config {
+    /// The control plane's base URL; always `https`.
+    pub api: Url,
+    pub trust_domain: String,
+    /// Absolute: a daemon must not depend on its working directory.
+    pub data_dir: PathBuf,
+    pub pins: Pins,
+}
+
+/// What bcd trusts about its control plane, and nothing else.
+pub struct Pins {
+    /// The only roots the TLS client accepts.
+    pub server_ca: Vec<CertificateDer<'static>>,
+    /// The JoinService key that signs every join answer.
+    pub join_signing_key: VerifyingKey,
+    /// The JoinService key that join tokens are sealed to.
+    pub join_encryption_key: SealingKey,
+}
+
+impl fmt::Debug for Pins {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Pins")
+            .field(
+                "server_ca",
+                &format_args!("{} certificate(s)", self.server_ca.len()),
+            )
+            .field(
+                "join_signing_key",
+                &bc_wire::signing::key_id_of(&self.join_signing_key),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+/// The file as written; values keep their spans so that a bad value is
+/// reported on its own line.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    api: Spanned<String>,
+    trust_domain: Spanned<String>,
+    data_dir: Option<Spanned<String>>,
+    pins: RawPins,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPins {
+    server_ca: Spanned<String>,
+    join_signing_key: Spanned<String>,
+    join_encryption_key: Spanned<String>,
+}
+
+impl Config {
+    /// Reads and checks the file at `path`.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Config::parse(path, &text)
+    }
+
+    /// Checks `text`, the contents of `path` (only used in messages).
+    pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
+        let invalid = |span: Option<Range<usize>>, message: String| ConfigError::Invalid {
+            path: path.to_owned(),
+            line: span.map_or(1, |s| line_of(text, s.start)),
+            message,
+        };
+        let raw: RawConfig = toml::from_str(text)
+            .map_err(|e| invalid(e.span(), describe_toml_error(e.message())))?;
+
+        let api = parse_api(raw.api.get_ref())
+            .map_err(|m| invalid(Some(raw.api.span()), format!("api: {m}")))?;
+
+        let td = raw.trust_domain.get_ref();
+        bc_wire::spiffe::check_trust_domain(td)
+            .map_err(|e| invalid(Some(raw.trust_domain.span()), format!("trust_domain: {e}")))?;
+
+        let data_dir = match &raw.data_dir {
+            None => PathBuf::from(DEFAULT_DATA_DIR),
+            Some(d) => {
+                let p = PathBuf::from(d.get_ref());
+                if !p.is_absolute() {
+                    return Err(invalid(
+                        Some(d.span()),
+                        format!("data_dir: expected an absolute path, got {:?}", d.get_ref()),
+                    ));
+                }
+                p
+            }
+        };
+
+        let p = &raw.pins;
+        let server_ca = parse_server_ca(p.server_ca.get_ref())
+            .map_err(|m| invalid(Some(p.server_ca.span()), format!("pins.server_ca: {m}")))?;
+        let join_signing_key = VerifyingKey::from_public_key_pem(p.join_signing_key.get_ref())
+            .map_err(|_| {
+                invalid(
+                    Some(p.join_signing_key.span()),
+                    "pins.join_signing_key: not a P-256 public key (PEM \"PUBLIC KEY\")".to_owned(),
+                )
+            })?;
+        let join_encryption_key =
+            parse_sealing_key(p.join_encryption_key.get_ref()).ok_or_else(|| {
+                invalid(
+                    Some(p.join_encryption_key.span()),
+                    "pins.join_encryption_key: not a P-256 public key (PEM \"PUBLIC KEY\")"
+                        .to_owned(),
+                )
+            })?;
+
+        Ok(Config {
+            api,
+            trust_domain: td.clone(),
+            data_dir,
+            pins: Pins {
+                server_ca,
+                join_signing_key,
+                join_encryption_key,
+            },
+        })
+    }
+}
+
+/// 1-based line of a byte offset.
+fn line_of(text: &str, offset: usize) -> usize {
+    let end = offset.min(text.len());
+    text.as_bytes()[..end]
+        .iter()
+        .filter(|&&b| b == b'\n')
+        .count()
+        + 1
+}
+
+/// Turns serde's wording (`unknown field `x`, expected one of `a`, `b``)
+/// into the file's vocabulary (keys), keeping anything else as toml said it.
+fn describe_toml_error(message: &str) -> String {
+    let message = message.trim();
+    if let Some(rest) = message.strip_prefix("unknown field ") {
+        let (key, expected) = match rest.split_once(", expected ") {
+            Some((k, e)) => (k, Some(e)),
+            None => (rest, None),
+        };
+        let key = key.trim_matches('`');
+        return match expected {
+            Some(e) => format!("unknown key {key:?}; expected {}", e.replace('`', "")),
+            None => format!("unknown key {key:?}"),
+        };
+    }
+    if let Some(rest) = message.strip_prefix("missing field ") {
+        return format!("missing key {:?}", rest.trim_matches('`'));
+    }
+    message.replace('\n', " ")
+}
+
+fn parse_api(s: &str) -> Result<Url, String> {
+    let url =
+        Url::parse(s).map_err(|e| format!("not a URL ({e}); expected https://HOST[:PORT]"))?;
+    if url.scheme() != "https" {
+        return Err(format!(
+            "expected an https URL, got scheme {:?}: bcd talks to the control plane over TLS only",
+            url.scheme()
+        ));
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err("expected https://HOST[:PORT], the URL has no host".to_owned());
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err("expected no user or password in the URL".to_owned());
+    }
+    if url.query().is_some() || url.fragment().is_some() {
+        return Err("expected no query or fragment in the URL".to_owned());
+    }
+    Ok(url)
+}
+
+fn parse_server_ca(pem: &str) -> Result<Vec<CertificateDer<'static>>, String> {
+    let mut certs = Vec::new();
+    for section in <(SectionKind, Vec<u8>)>::pem_slice_iter(pem.as_bytes()) {
+        match section {
+            Ok((SectionKind::Certificate, der)) => certs.push(CertificateDer::from(der)),
+            // Never echo the block: a misplaced private key must not reach a log.
+            Ok((kind, _)) => {
+                return Err(format!(
+                    "expected only PEM \"CERTIFICATE\" blocks, found a {kind:?} block"
+                ))
+            }
+            Err(e) => {
+                return Err(format!(
+                    "not PEM ({e}); expected one or more PEM \"CERTIFICATE\" blocks"
+                ))
+            }
+        }
+    }
+    if certs.is_empty() {
+        return Err("expected one or more PEM \"CERTIFICATE\" blocks, found none".to_owned());
+    }
+    // The TLS client builds its root store from these; refuse here what it would refuse.
+    let mut roots = rustls::RootCertStore::empty();
+    for (i, c) in certs.iter().enumerate() {
+        roots
+            .add(c.clone())
+            .map_err(|e| format!("certificate {} is not a usable CA certificate: {e}", i + 1))?;
+    }
+    Ok(certs)
+}
+
+fn parse_sealing_key(pem: &str) -> Option<SealingKey> {
+    let key = p256::PublicKey::from_public_key_pem(pem).ok()?;
+    let der = p256::pkcs8::EncodePublicKey::to_public_key_der(&key).ok()?;
+    SealingKey::from_spki_der(der.as_bytes()).ok()
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use p256::pkcs8::{EncodePublicKey, LineEnding};
+
+    /// The pieces of a valid config, so that a test can break one of them.
+    pub(crate) struct Parts {
+        pub api: String,
+        pub data_dir: String,
+        pub server_ca: String,
+        pub join_signing_key: String,
+        pub join_encryption_key: String,
+    }
+
+    impl Parts {
+        pub(crate) fn new(api: &str, data_dir: &str) -> Parts {
+            let ca = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+            let sign = p256::ecdsa::SigningKey::from_slice(&[7u8; 32]).unwrap();
+            let enc = p256::SecretKey::from_slice(&[9u8; 32]).unwrap();
+            Parts {
+                api: api.to_owned(),
+                data_dir: data_dir.to_owned(),
+                server_ca: ca.cert.pem(),
+                join_signing_key: sign
+                    .verifying_key()
+                    .to_public_key_pem(LineEnding::LF)
+                    .unwrap(),
+                join_encryption_key: enc.public_key().to_public_key_pem(LineEnding::LF).unwrap(),
+            }
+        }
+
+        /// Line 1 api, 2 trust_domain, 3 data_dir, 5 [pins], 6 server_ca.
+        pub(crate) fn render(&self) -> String {
+            format!(
+                "api = \"{}\"\ntrust_domain = \"bc.test\"\ndata_dir = \"{}\"\n\n[pins]\nserver_ca = \"\"\"\n{}\"\"\"\njoin_signing_key = \"\"\"\n{}\"\"\"\njoin_encryption_key = \"\"\"\n{}\"\"\"\n",
+                self.api, self.data_dir, self.server_ca, self.join_signing_key, self.join_encryption_key
+            )
+        }
+    }
+
+    pub(crate) fn sample(api: &str, data_dir: &str) -> String {
+        Parts::new(api, data_dir).render()
+    }
+
+    fn err(text: &str) -> String {
+        match Config::parse(Path::new("/etc/bcd/config.toml"), text) {
+            Ok(_) => panic!("accepted: {text}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn accepts_the_sample() {
+        let c = Config::parse(
+            Path::new("c.toml"),
+            &sample("https://127.0.0.1:8443", "/tmp/x"),
+        )
+        .unwrap();
+        assert_eq!(c.api.as_str(), "https://127.0.0.1:8443/");
+        assert_eq!(c.trust_domain, "bc.test");
+        assert_eq!(c.data_dir, PathBuf::from("/tmp/x"));
+        assert_eq!(c.pins.server_ca.len(), 1);
+    }
+
+    #[test]
+    fn data_dir_defaults() {
+        let text = sample("https://h", "/x").replace("data_dir = \"/x\"\n", "");
+        let c = Config::parse(Path::new("c.toml"), &text).unwrap();
+        assert_eq!(c.data_dir, PathBuf::from(DEFAULT_DATA_DIR));
+    }
+
+    #[test]
+    fn unknown_key_names_file_line_and_expected_keys() {
+        let text = sample("https://h", "/x").replace("trust_domain", "apii = 1\ntrust_domain");
+        assert_eq!(
+            err(&text),
+            "/etc/bcd/config.toml:2: unknown key \"apii\"; expected one of api, trust_domain, data_dir, pins"
+        );
+    }
+
+    #[test]
+    fn unknown_key_in_pins() {
+        let text = sample("https://h", "/x").replace("[pins]\n", "[pins]\nnode_ca = \"x\"\n");
+        let e = err(&text);
+        assert!(
+            e.starts_with(
+                "/etc/bcd/config.toml:6: unknown key \"node_ca\"; expected one of server_ca"
+            ),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn api_must_be_https() {
+        let e = err(&sample("http://127.0.0.1:1", "/x"));
+        assert!(
+            e.starts_with("/etc/bcd/config.toml:1: api: expected an https URL"),
+            "{e}"
+        );
+        let e = err(&sample("not a url", "/x"));
+        assert!(
+            e.starts_with("/etc/bcd/config.toml:1: api: not a URL"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn bad_trust_domain() {
+        let text = sample("https://h", "/x").replace("bc.test", "BC Test");
+        assert!(
+            err(&text).starts_with("/etc/bcd/config.toml:2: trust_domain: invalid trust domain")
+        );
+    }
+
+    #[test]
+    fn relative_data_dir() {
+        let e = err(&sample("https://h", "var/lib/bcd"));
+        assert!(
+            e.starts_with("/etc/bcd/config.toml:3: data_dir: expected an absolute path"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn bad_keys_are_named_on_their_line() {
+        let mut parts = Parts::new("https://h", "/x");
+        let good = parts.render();
+        let line = good[..good.find("join_signing_key").unwrap()]
+            .matches('\n')
+            .count()
+            + 1;
+        parts.join_signing_key = "garbage".to_owned();
+        assert_eq!(
+            err(&parts.render()),
+            format!("/etc/bcd/config.toml:{line}: pins.join_signing_key: not a P-256 public key (PEM \"PUBLIC KEY\")")
+        );
+        let mut parts = Parts::new("https://h", "/x");
+        parts.join_encryption_key = parts.server_ca.clone();
+        assert!(err(&parts.render()).contains(": pins.join_encryption_key: not a P-256 public key"));
+    }
+
+    #[test]
+    fn server_ca_refuses_other_blocks_without_echoing_them() {
+        let key = p256::SecretKey::from_slice(&[3u8; 32]).unwrap();
+        let mut parts = Parts::new("https://h", "/x");
+        parts.server_ca = p256::pkcs8::EncodePrivateKey::to_pkcs8_pem(&key, LineEnding::LF)
+            .unwrap()
+            .to_string();
+        let e = err(&parts.render());
+        assert!(
+            e.starts_with(
+                "/etc/bcd/config.toml:6: pins.server_ca: expected only PEM \"CERTIFICATE\" blocks"
+            ),
+            "{e}"
+        );
+        assert!(!e.contains("MIG"), "{e}");
+        parts.server_ca = String::new();
+        assert!(err(&parts.render()).contains("found none"));
+    }
+
+    #[test]
+    fn missing_key() {
+        let text = sample("https://h", "/x").replace("trust_domain = \"bc.test\"\n", "");
+        assert!(err(&text).contains("missing key \"trust_domain\""));
+    }
+
+    #[test]
+    fn syntax_error_has_a_line() {
+        let text = sample("https://h", "/x").replace("data_dir = \"/x\"", "data_dir = /x");
+        assert!(
+            err(&text).starts_with("/etc/bcd/config.toml:3: "),
+            "{}",
+            err(&text)
+        );
+    }
+}

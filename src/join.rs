@@ -1,0 +1,268 @@
+//! `bcd join`: become a node of the control plane.
+//!
+//! The new node key stays in memory until the control plane's answer has
+//! been verified; only then is anything written, node key first and
+//! `identity.json` last. A refused, garbled or unreachable join therefore
+//! leaves the data directory exactly as it was.
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{anyhow, Context as _};
+use bc_wire::agent::{JoinRequest, Role};
+use bc_wire::token::JoinToken;
+use p256::elliptic_curve::zeroize::Zeroizing;
+use time::OffsetDateTime;
+
+use crate::client::answer::Expected;
+use crate::client::join::{self as exchange, JoinError, NoChallenges, Policy};
+use crate::client::{Client, ClientError};
+use crate::config::{Config, ConfigArg};
+use crate::evidence::attestor;
+use crate::evidence::join_token::{self, TokenText};
+use crate::identity::{reset, Identity};
+use crate::keys::{self, NodeKeyKind};
+use crate::out;
+
+/// The one answer to every refusal: the control plane keeps the reason, so
+/// this lists what the operator can check on their side.
+pub const ACCESS_DENIED: &str = "access denied: the control plane refused the join (check the token: wrong, expired, revoked, used up, or for another role)";
+
+/// The largest token file read; a token is under 120 bytes.
+const MAX_TOKEN_FILE: u64 = 4096;
+
+#[derive(clap::Args, Debug)]
+pub struct JoinArgs {
+    #[command(flatten)]
+    config: ConfigArg,
+    /// Read the join token from this file (else from BCD_JOIN_TOKEN; never from the command line)
+    #[arg(long, value_name = "F")]
+    token_file: Option<PathBuf>,
+    /// The role to join as; the token must be for it
+    #[arg(long, value_enum, default_value_t = JoinRole::Node)]
+    role: JoinRole,
+    /// Move the present identity aside (renamed, not deleted) and join as a new machine
+    #[arg(long)]
+    reset: bool,
+    /// Confirm --reset
+    #[arg(long, requires = "reset")]
+    yes: bool,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum JoinRole {
+    Node,
+    Site,
+}
+
+impl JoinRole {
+    fn wire(self) -> Role {
+        match self {
+            JoinRole::Node => Role::Node,
+            JoinRole::Site => Role::Site,
+        }
+    }
+}
+
+/// `env_token` is `BCD_JOIN_TOKEN` as `main` took it out of the environment.
+pub fn run(args: JoinArgs, env_token: Option<TokenText>) -> anyhow::Result<ExitCode> {
+    let config = Config::load(&args.config.path)?;
+    let dir = &config.data_dir;
+
+    let token = if args.reset {
+        let moves = reset::plan(dir, OffsetDateTime::now_utc())?;
+        if !args.yes {
+            if moves.is_empty() {
+                out::line(format_args!("nothing to reset in {}", dir.display()))?;
+            }
+            for m in &moves {
+                out::line(format_args!(
+                    "would move {} to {}",
+                    m.from.display(),
+                    m.to.display()
+                ))?;
+            }
+            out::err_line(format_args!(
+                "bcd: --reset moves the identity aside; run again with --reset --yes to do it"
+            ));
+            return Ok(ExitCode::from(2));
+        }
+        // A missing or malformed token must not leave the machine reset and unjoined.
+        let token = obtain_token(args.token_file.as_deref(), env_token)?.parse()?;
+        reset::apply(dir, &moves)?;
+        for m in &moves {
+            out::line(format_args!(
+                "moved {} to {}",
+                m.from.display(),
+                m.to.display()
+            ))?;
+        }
+        token
+    } else {
+        let present = Identity::load(dir).with_context(|| {
+            format!(
+                "the identity in {} does not load (`bcd join --reset --yes` moves it aside to join again)",
+                dir.display()
+            )
+        })?;
+        if let Some(id) = present {
+            out::line(format_args!("already joined as {}", id.node_id))?;
+            return Ok(ExitCode::SUCCESS);
+        }
+        obtain_token(args.token_file.as_deref(), env_token)?.parse()?
+    };
+
+    let node_id = join(&config, &token, args.role.wire())?;
+    out::line(format_args!("joined as {node_id}"))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Joins with a token and saves the identity; returns the node id.
+fn join(config: &Config, token: &JoinToken, role: Role) -> anyhow::Result<String> {
+    let key = keys::generate(NodeKeyKind::File)?;
+    let csr = keys::make_csr(key.as_ref())?;
+    let csr_sha256 = bc_wire::sha256(&csr);
+    let sealed_token = join_token::seal(&config.pins.join_encryption_key, &csr_sha256, token)?;
+    let request = JoinRequest {
+        csr,
+        role: role as i32,
+        // Empty means join-token, the built-in attestor.
+        attestor: String::new(),
+        attestation: Vec::new(),
+        sealed_token,
+        claims: None,
+    };
+    let client = Client::new(config)?;
+    tracing::info!(
+        api = %client.api(),
+        token_id = %token.id,
+        role = %role.name(),
+        node_key = %key.kid(),
+        "joining the control plane"
+    );
+
+    let expected = Expected {
+        signing_key: &config.pins.join_signing_key,
+        csr_sha256,
+        node_spki: key.spki_der(),
+        trust_domain: &config.trust_domain,
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let outcome = runtime.block_on(exchange::run(
+        &client,
+        &mut NoChallenges(attestor::JOIN_TOKEN),
+        request,
+        attestor::JOIN_TOKEN,
+        &expected,
+        &Policy::default(),
+    ));
+    let accepted = match outcome {
+        Ok(a) => a,
+        Err(JoinError::Client(ClientError::AccessDenied)) => return Err(anyhow!(ACCESS_DENIED)),
+        Err(e) => return Err(e.into()),
+    };
+    tracing::info!(node_id = %accepted.node_id, not_after = %crate::pki::rfc3339(accepted.cert.not_after), "the control plane accepted the join");
+
+    let identity = Identity {
+        node_id: accepted.node_id,
+        role,
+        trust_domain: config.trust_domain.clone(),
+        attestor: attestor::JOIN_TOKEN.to_owned(),
+        joined_at: now_seconds(),
+        chain: accepted.chain,
+        cert: accepted.cert,
+        key,
+    };
+    identity.save(&config.data_dir).with_context(|| {
+        format!(
+            "joined as {}, but the identity could not be saved in {} (the token use is spent)",
+            identity.node_id,
+            config.data_dir.display()
+        )
+    })?;
+    Ok(identity.node_id)
+}
+
+/// Now, to the second: `joinedAt` needs no more.
+fn now_seconds() -> OffsetDateTime {
+    let now = OffsetDateTime::now_utc();
+    now.replace_nanosecond(0).unwrap_or(now)
+}
+
+/// The token from `--token-file` (contents trimmed) or else from the
+/// environment; never from argv, where every user of the machine sees it.
+fn obtain_token(file: Option<&Path>, env_token: Option<TokenText>) -> anyhow::Result<TokenText> {
+    let Some(path) = file else {
+        return env_token
+            .ok_or_else(|| anyhow!("no join token: pass --token-file F or set BCD_JOIN_TOKEN (never on the command line)"));
+    };
+    if env_token.is_some() {
+        tracing::info!("both --token-file and BCD_JOIN_TOKEN are set; using the file");
+    }
+    let origin = format!("the token file {}", path.display());
+    let size = std::fs::metadata(path)
+        .with_context(|| format!("cannot read {origin}"))?
+        .len();
+    if size > MAX_TOKEN_FILE {
+        return Err(anyhow!(
+            "{origin} does not hold a join token (it is {size} bytes)"
+        ));
+    }
+    let text = Zeroizing::new(
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {origin}"))?,
+    );
+    let trimmed = Zeroizing::new(text.trim().to_owned());
+    if trimmed.is_empty() {
+        return Err(anyhow!("{origin} is empty; expected a join token"));
+    }
+    Ok(TokenText::new(trimmed, origin))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_from_file_is_trimmed_and_preferred() {
+        let tmp = tempfile::tempdir().unwrap();
+        let f = tmp.path().join("t");
+        std::fs::write(&f, "  tok_a.AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8\n").unwrap();
+        let env = TokenText::new(Zeroizing::new("tok_b.x".into()), "BCD_JOIN_TOKEN");
+        let t = obtain_token(Some(&f), Some(env)).unwrap();
+        assert_eq!(t.parse().unwrap().id, "tok_a");
+        std::fs::write(&f, "tok_a.short").unwrap();
+        let e = obtain_token(Some(&f), None)
+            .unwrap()
+            .parse()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("the token file ")
+                && e.ends_with(" does not hold a join token (expected tok_<id>.<secret>)"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn no_token_is_a_clear_error() {
+        let e = obtain_token(None, None).unwrap_err().to_string();
+        assert!(e.starts_with("no join token"), "{e}");
+        let tmp = tempfile::tempdir().unwrap();
+        let f = tmp.path().join("empty");
+        std::fs::write(&f, "\n").unwrap();
+        assert!(obtain_token(Some(&f), None)
+            .unwrap_err()
+            .to_string()
+            .ends_with("is empty; expected a join token"));
+        let missing = format!(
+            "{:#}",
+            obtain_token(Some(&tmp.path().join("nope")), None).unwrap_err()
+        );
+        assert!(
+            missing.starts_with("cannot read the token file"),
+            "{missing}"
+        );
+    }
+}

@@ -1,0 +1,241 @@
+//! Reading node certificates: the identity they name, the key they certify.
+//!
+//! Both the join (checking a fresh answer) and the identity loader (checking
+//! what is on disk) read a leaf the same way, so the rules live here once:
+//! exactly one SPIFFE ID, first among the URI SANs, the others `urn:bc:`
+//! statements, at most four URIs in all.
+use bc_wire::spiffe::NodeSpiffeId;
+use p256::pkcs8::der::pem::{self, LineEnding};
+use rustls::pki_types::pem::{PemObject, SectionKind};
+use time::OffsetDateTime;
+use x509_parser::extensions::GeneralName;
+use x509_parser::prelude::FromDer;
+
+/// The most URI SANs a node certificate may carry.
+const MAX_URIS: usize = 4;
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum CertError {
+    #[error("certificate {index} of the chain is not an X.509 certificate in DER")]
+    NotDer { index: usize },
+    #[error("the certificate chain is empty")]
+    EmptyChain,
+    #[error("the node certificate has no SPIFFE ID (URI SAN)")]
+    NoSpiffeId,
+    #[error(
+        "the node certificate's URI SANs are not one SPIFFE ID followed by urn:bc: statements: {0}"
+    )]
+    BadUris(String),
+    #[error("the node certificate's SPIFFE ID is invalid: {0}")]
+    BadSpiffeId(#[from] bc_wire::spiffe::SpiffeError),
+    #[error("the certificate chain is not one PEM \"CERTIFICATE\" block per entry")]
+    NotPem,
+}
+
+/// What bcd needs from its node certificate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeCert {
+    pub id: NodeSpiffeId,
+    /// The certified key's SubjectPublicKeyInfo (DER).
+    pub spki: Vec<u8>,
+    pub not_before: OffsetDateTime,
+    pub not_after: OffsetDateTime,
+}
+
+impl NodeCert {
+    /// Reads the leaf of a chain. Extra bytes after the certificate are refused:
+    /// the leaf must be exactly what the CA signed.
+    pub fn parse(der: &[u8]) -> Result<NodeCert, CertError> {
+        let cert = parse_der(der, 0)?;
+        let sans = cert
+            .subject_alternative_name()
+            .map_err(|e| CertError::BadUris(e.to_string()))?;
+        let uris: Vec<&str> = sans
+            .map(|ext| {
+                ext.value
+                    .general_names
+                    .iter()
+                    .filter_map(|n| match n {
+                        GeneralName::URI(u) => Some(*u),
+                        _ => None,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let first = uris.first().ok_or(CertError::NoSpiffeId)?;
+        if !first.starts_with("spiffe://") {
+            return Err(if uris.iter().any(|u| u.starts_with("spiffe://")) {
+                CertError::BadUris("the SPIFFE ID is not the first URI".to_owned())
+            } else {
+                CertError::NoSpiffeId
+            });
+        }
+        if uris.len() > MAX_URIS {
+            return Err(CertError::BadUris(format!(
+                "{} URIs, at most {MAX_URIS}",
+                uris.len()
+            )));
+        }
+        if let Some(other) = uris[1..].iter().find(|u| !u.starts_with("urn:bc:")) {
+            return Err(CertError::BadUris(format!(
+                "unexpected URI {:?}",
+                printable(other)
+            )));
+        }
+        let id = NodeSpiffeId::parse(first)?;
+        Ok(NodeCert {
+            id,
+            spki: cert.public_key().raw.to_vec(),
+            not_before: cert.validity().not_before.to_datetime(),
+            not_after: cert.validity().not_after.to_datetime(),
+        })
+    }
+}
+
+/// Checks that every certificate of a chain parses; the leaf first.
+pub fn check_chain(chain: &[Vec<u8>]) -> Result<NodeCert, CertError> {
+    let leaf = chain.first().ok_or(CertError::EmptyChain)?;
+    for (i, c) in chain.iter().enumerate().skip(1) {
+        parse_der(c, i)?;
+    }
+    NodeCert::parse(leaf)
+}
+
+fn parse_der(
+    der: &[u8],
+    index: usize,
+) -> Result<x509_parser::certificate::X509Certificate<'_>, CertError> {
+    match x509_parser::certificate::X509Certificate::from_der(der) {
+        Ok(([], cert)) => Ok(cert),
+        _ => Err(CertError::NotDer { index: index + 1 }),
+    }
+}
+
+/// A chain as PEM blocks, one after the other, leaf first.
+pub fn chain_to_pem(chain: &[Vec<u8>]) -> Vec<String> {
+    chain
+        .iter()
+        .filter_map(|der| pem::encode_string("CERTIFICATE", LineEnding::LF, der).ok())
+        .collect()
+}
+
+/// Reads a chain stored as one PEM certificate per string; anything else is refused.
+pub fn chain_from_pem(pems: &[String]) -> Result<Vec<Vec<u8>>, CertError> {
+    pems.iter()
+        .map(|p| {
+            let mut sections = <(SectionKind, Vec<u8>)>::pem_slice_iter(p.as_bytes());
+            match (sections.next(), sections.next()) {
+                (Some(Ok((SectionKind::Certificate, der))), None) => Ok(der),
+                _ => Err(CertError::NotPem),
+            }
+        })
+        .collect()
+}
+
+/// `2026-12-01T17:00:00Z`: certificate times have whole seconds, and so does every time bcd shows.
+pub fn rfc3339(t: OffsetDateTime) -> String {
+    let t = t.to_offset(time::UtcOffset::UTC);
+    let t = t.replace_nanosecond(0).unwrap_or(t);
+    t.format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_else(|_| t.unix_timestamp().to_string())
+}
+
+/// Untrusted text made safe for one line of a message.
+pub fn printable(s: &str) -> String {
+    s.chars().filter(|c| !c.is_control()).take(200).collect()
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use rcgen::{CertificateParams, Issuer, KeyPair, SanType};
+
+    /// A CA and a leaf for `spki_der` carrying `uris`; returns the chain, leaf first.
+    pub(crate) fn issue(spki_der: &[u8], uris: &[&str], hours: i64) -> Vec<Vec<u8>> {
+        let ca_key = KeyPair::generate().unwrap();
+        let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca_cert = ca.self_signed(&ca_key).unwrap();
+        let mut leaf = CertificateParams::new(Vec::<String>::new()).unwrap();
+        leaf.subject_alt_names = uris
+            .iter()
+            .map(|u| SanType::URI(rcgen::string::Ia5String::try_from(*u).unwrap()))
+            .collect();
+        let now = OffsetDateTime::now_utc();
+        leaf.not_before = now - time::Duration::minutes(1);
+        leaf.not_after = now + time::Duration::hours(hours);
+        let pk = rcgen::SubjectPublicKeyInfo::from_der(spki_der).unwrap();
+        let issuer = Issuer::new(ca, ca_key);
+        let leaf_cert = leaf.signed_by(&pk, &issuer).unwrap();
+        vec![leaf_cert.der().to_vec(), ca_cert.der().to_vec()]
+    }
+
+    fn spki() -> Vec<u8> {
+        use crate::keys::NodeKey;
+        crate::keys::FileKey::generate()
+            .unwrap()
+            .spki_der()
+            .to_vec()
+    }
+
+    #[test]
+    fn reads_the_node_id_and_key() {
+        let k = spki();
+        let chain = issue(
+            &k,
+            &["spiffe://bc.test/node/node_abc", "urn:bc:tpm-ak:sha256:00"],
+            24,
+        );
+        let c = check_chain(&chain).unwrap();
+        assert_eq!(c.id.node_id, "node_abc");
+        assert_eq!(c.id.trust_domain, "bc.test");
+        assert_eq!(c.spki, k);
+    }
+
+    #[test]
+    fn refuses_uri_layouts_other_than_the_spec() {
+        let k = spki();
+        let cases: &[&[&str]] = &[
+            &[],
+            &["urn:bc:x", "spiffe://bc.test/node/node_a"],
+            &["spiffe://bc.test/node/node_a", "https://example.com"],
+            &[
+                "spiffe://bc.test/node/node_a",
+                "spiffe://bc.test/node/node_b",
+            ],
+            &[
+                "spiffe://bc.test/node/node_a",
+                "urn:bc:a",
+                "urn:bc:b",
+                "urn:bc:c",
+                "urn:bc:d",
+            ],
+            &["spiffe://bc.test/workload/x"],
+        ];
+        for uris in cases {
+            assert!(check_chain(&issue(&k, uris, 1)).is_err(), "{uris:?}");
+        }
+    }
+
+    #[test]
+    fn refuses_trailing_bytes_and_garbage() {
+        let k = spki();
+        let mut chain = issue(&k, &["spiffe://bc.test/node/node_a"], 1);
+        chain[0].push(0);
+        assert_eq!(check_chain(&chain), Err(CertError::NotDer { index: 1 }));
+        chain[0].pop();
+        chain[1] = b"garbage".to_vec();
+        assert_eq!(check_chain(&chain), Err(CertError::NotDer { index: 2 }));
+        assert_eq!(check_chain(&[]), Err(CertError::EmptyChain));
+    }
+
+    #[test]
+    fn pem_round_trip() {
+        let chain = issue(&spki(), &["spiffe://bc.test/node/node_a"], 1);
+        let pems = chain_to_pem(&chain);
+        assert_eq!(pems.len(), 2);
+        assert_eq!(chain_from_pem(&pems).unwrap(), chain);
+        assert_eq!(chain_from_pem(&["junk".to_owned()]), Err(CertError::NotPem));
+        assert_eq!(chain_from_pem(&[pems.concat()]), Err(CertError::NotPem));
+    }
+}

@@ -1,0 +1,255 @@
+//! The join-token attestor end to end: a join, and every refusal the spec
+//! names, each seen as ACCESS_DENIED at the agent and as its reason at the
+//! server.
+
+use crate::harness::*;
+use std::os::unix::fs::PermissionsExt;
+
+use x509_parser::prelude::*;
+
+#[test]
+fn token_join_issues_a_24h_certificate_with_one_spiffe_id() {
+    let cp = ControlPlane::start();
+    let agent = Agent::new(&cp);
+    let token = cp.token("node", &[]);
+
+    let out = agent.join_with_token(&token);
+    assert_ok(&out);
+    let status = agent.status_json();
+    let node_id = status["nodeId"].as_str().expect("nodeId").to_owned();
+    assert!(
+        stdout(&out).contains(&format!("joined as {node_id}")),
+        "{}",
+        stdout(&out)
+    );
+    assert_eq!(status["role"], "node");
+    assert_eq!(status["trustDomain"], "bc.test");
+    assert_eq!(status["nodeKey"], "file");
+
+    // The certificate: signed by the node CA, at most 24 h, one URI SAN.
+    let pem = status["certificate"].as_str().expect("certificate PEM");
+    let chain: Vec<Vec<u8>> = ::pem::parse_many(pem)
+        .expect("PEM chain")
+        .into_iter()
+        .map(|p| p.into_contents())
+        .collect();
+    assert!(chain.len() >= 2, "leaf and issuer");
+    let (_, leaf) = X509Certificate::from_der(&chain[0]).expect("leaf");
+    let ca_pem = std::fs::read(cp.path().join("node-ca.pem")).expect("node CA");
+    let ca_der = ::pem::parse(ca_pem).expect("CA PEM").into_contents();
+    let (_, ca) = X509Certificate::from_der(&ca_der).expect("CA");
+    leaf.verify_signature(Some(ca.public_key()))
+        .expect("leaf verifies against the node CA");
+    let life = leaf.validity().not_after.timestamp() - leaf.validity().not_before.timestamp();
+    assert!(life > 0 && life <= 24 * 3600, "lifetime {life}s");
+    let uris: Vec<String> = leaf
+        .subject_alternative_name()
+        .expect("SAN")
+        .expect("SAN present")
+        .value
+        .general_names
+        .iter()
+        .filter_map(|n| match n {
+            GeneralName::URI(u) => Some(u.to_string()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(uris, vec![format!("spiffe://bc.test/node/{node_id}")]);
+
+    // Files: data dir 0700, node key 0600.
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&agent.data_dir), 0o700);
+    assert_eq!(mode(&agent.data_dir.join("node.key")), 0o600);
+
+    // The server knows it.
+    let nodes = cp.nodes();
+    assert_eq!(nodes.len(), 1);
+    assert_eq!(nodes[0]["nodeId"], node_id.as_str());
+    assert!(cp
+        .events()
+        .iter()
+        .any(|e| e["type"] == "node.joined" && e["nodeId"] == node_id.as_str()));
+}
+
+#[test]
+fn a_joined_machine_does_not_join_again() {
+    let mut cp = ControlPlane::start();
+    let agent = Agent::new(&cp);
+    assert_ok(&agent.join_with_token(&cp.token("node", &[])));
+    let node_id = agent.status_json()["nodeId"].as_str().unwrap().to_owned();
+
+    // Without calling the server: stop it first.
+    cp.stop();
+    let out = agent.join_with_token("tok_unused.AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA");
+    assert_ok(&out);
+    assert!(
+        stdout(&out).contains(&format!("already joined as {node_id}")),
+        "{}",
+        stdout(&out)
+    );
+}
+
+#[test]
+fn the_token_can_come_from_the_environment() {
+    let cp = ControlPlane::start();
+    let agent = Agent::new(&cp);
+    let token = cp.token("node", &[]);
+    let out = agent
+        .command(&["join"])
+        .env("BCD_JOIN_TOKEN", &token)
+        .output()
+        .unwrap();
+    assert_ok(&out);
+    assert!(
+        !stdout(&out).contains(&token) && !stderr(&out).contains(&token),
+        "the token is never printed"
+    );
+    assert_eq!(cp.nodes().len(), 1);
+}
+
+/// Runs a join that the server must refuse with `reason`.
+#[track_caller]
+fn assert_refused(cp: &ControlPlane, agent: &Agent, token: &str, reason: &str) {
+    let out = agent.join_with_token(token);
+    assert_access_denied(&out);
+    agent.assert_nothing_written();
+    let err = stderr(&out);
+    assert!(
+        !err.contains(reason),
+        "the reason stays on the server: {err}"
+    );
+    let reasons = cp.refusal_reasons();
+    assert_eq!(
+        reasons.last().map(String::as_str),
+        Some(reason),
+        "all refusals: {reasons:?}"
+    );
+    let last = cp.refusals().pop().unwrap();
+    assert_eq!(last["attestor"], "join-token");
+    assert!(cp.log().contains(reason), "the server log names the reason");
+    assert!(cp.nodes().is_empty(), "no node was created");
+}
+
+#[test]
+fn wrong_secret_is_refused() {
+    let cp = ControlPlane::start();
+    let agent = Agent::new(&cp);
+    let token = cp.token("node", &[]);
+    let (id, _) = token.split_once('.').unwrap();
+    let forged = format!("{id}.AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA");
+    assert_refused(&cp, &agent, &forged, "token-secret");
+    let last = cp.refusals().pop().unwrap();
+    assert_eq!(
+        last["tokenId"], id,
+        "the event names the token, never its secret"
+    );
+    assert!(!serde_json::to_string(&cp.events())
+        .unwrap()
+        .contains(token.split_once('.').unwrap().1));
+}
+
+#[test]
+fn unknown_token_is_refused() {
+    let cp = ControlPlane::start();
+    let agent = Agent::new(&cp);
+    assert_refused(
+        &cp,
+        &agent,
+        "tok_nosuch.AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA",
+        "token-unknown",
+    );
+}
+
+#[test]
+fn revoked_token_is_refused() {
+    let cp = ControlPlane::start();
+    let agent = Agent::new(&cp);
+    let token = cp.token("node", &[]);
+    let id = token.split_once('.').unwrap().0;
+    assert_ok(&cp.cli(&["token", "revoke", id]));
+    assert_refused(&cp, &agent, &token, "token-revoked");
+}
+
+#[test]
+fn expired_token_is_refused_at_database_time() {
+    let cp = ControlPlane::start();
+    let agent = Agent::new(&cp);
+    let token = cp.token("node", &["--ttl", "1h"]);
+    // Move the database clock, not the test's.
+    assert_ok(&cp.cli(&["clock", "set", "--offset", "2h"]));
+    assert_refused(&cp, &agent, &token, "token-expired");
+    // Back within the lifetime it admits again: the expiry is checked at
+    // compute_now(), and a refusal consumed no use.
+    assert_ok(&cp.cli(&["clock", "set", "--offset", "0s"]));
+    assert_ok(&agent.join_with_token(&token));
+}
+
+#[test]
+fn used_up_token_is_refused() {
+    let cp = ControlPlane::start();
+    let token = cp.token("node", &["--uses", "1"]);
+    assert_ok(&Agent::new(&cp).join_with_token(&token));
+    let second = Agent::new(&cp);
+    let out = second.join_with_token(&token);
+    assert_access_denied(&out);
+    second.assert_nothing_written();
+    assert_eq!(cp.refusal_reasons(), vec!["token-exhausted"]);
+    assert_eq!(cp.nodes().len(), 1);
+}
+
+#[test]
+fn a_token_admits_only_its_role() {
+    let cp = ControlPlane::start();
+    let agent = Agent::new(&cp);
+    let site_token = cp.token("site", &[]);
+    assert_refused(&cp, &agent, &site_token, "token-role");
+    // The refusal spent nothing: the same token joins a site.
+    let out = agent.run(&[
+        "join",
+        "--role",
+        "site",
+        "--token-file",
+        &write_token(&agent, &site_token),
+    ]);
+    assert_ok(&out);
+    assert_eq!(agent.status_json()["role"], "site");
+}
+
+fn write_token(agent: &Agent, token: &str) -> String {
+    let path = agent.root.path().join("site-token");
+    std::fs::write(&path, token).unwrap();
+    path.to_string_lossy().into_owned()
+}
+
+#[test]
+fn multi_use_tokens_admit_that_many_machines() {
+    let cp = ControlPlane::start();
+    let token = cp.token("node", &["--uses", "2"]);
+    let a = Agent::new(&cp);
+    let b = Agent::new(&cp);
+    assert_ok(&a.join_with_token(&token));
+    assert_ok(&b.join_with_token(&token));
+    assert_ne!(a.status_json()["nodeId"], b.status_json()["nodeId"]);
+    assert_access_denied(&Agent::new(&cp).join_with_token(&token));
+}
+
+#[test]
+fn eight_parallel_joins_with_a_one_use_token_admit_exactly_one() {
+    let cp = ControlPlane::start();
+    let token = cp.token("node", &["--uses", "1"]);
+    let agents: Vec<Agent> = (0..8).map(|_| Agent::new(&cp)).collect();
+    let outputs: Vec<_> = std::thread::scope(|s| {
+        let handles: Vec<_> = agents
+            .iter()
+            .map(|a| s.spawn(|| a.join_with_token(&token)))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let joined = outputs.iter().filter(|o| o.status.success()).count();
+    assert_eq!(joined, 1, "exactly one join succeeds");
+    for out in outputs.iter().filter(|o| !o.status.success()) {
+        assert_access_denied(out);
+    }
+    assert_eq!(cp.nodes().len(), 1);
+    assert_eq!(cp.refusal_reasons(), vec!["token-exhausted"; 7]);
+}

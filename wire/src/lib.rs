@@ -1,0 +1,53 @@
+//! The contract between bcd and the control plane.
+//!
+//! Both sides depend on this crate and nothing else for the bytes they
+//! exchange: the protobuf messages, the one function that builds every
+//! signing input, token sealing, and the identity URIs. Each of those is
+//! pinned by vectors in `tests/vectors.rs`, so a change of the wire shows up
+//! as a failing test rather than as a machine that can no longer join.
+
+pub mod sealing;
+pub mod signing;
+pub mod spiffe;
+pub mod token;
+pub mod tpm;
+
+/// The generated protobuf messages of `bettercompute.agent.v1`.
+pub mod agent {
+    include!(concat!(env!("OUT_DIR"), "/bettercompute.agent.v1.rs"));
+}
+
+/// HTTPS endpoints. Unary calls are POSTs of a protobuf body answered with a
+/// protobuf body; a non-2xx answer carries an [`agent::Error`].
+pub mod endpoints {
+    pub const JOIN: &str = "/bettercompute.agent.v1.JoinService/Join";
+    pub const RENEW: &str = "/bettercompute.agent.v1.JoinService/Renew";
+    pub const CONTENT_TYPE: &str = "application/x-protobuf";
+}
+
+/// The role string used in certificates, the database and the CLI.
+impl agent::Role {
+    pub fn name(self) -> &'static str {
+        match self {
+            agent::Role::Unspecified => "unspecified",
+            agent::Role::Node => "node",
+            agent::Role::Site => "site",
+            agent::Role::Ramdisk => "ramdisk",
+        }
+    }
+
+    pub fn from_name(s: &str) -> Option<Self> {
+        match s {
+            "node" => Some(agent::Role::Node),
+            "site" => Some(agent::Role::Site),
+            "ramdisk" => Some(agent::Role::Ramdisk),
+            _ => None,
+        }
+    }
+}
+
+/// SHA-256, the one digest of the wire.
+pub fn sha256(data: &[u8]) -> [u8; 32] {
+    use sha2::Digest;
+    sha2::Sha256::digest(data).into()
+}

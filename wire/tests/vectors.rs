@@ -1,0 +1,175 @@
+//! Pinned wire vectors. A failure here means the bytes on the wire changed:
+//! every deployed agent or control plane would stop talking to this one.
+
+use bc_wire::agent::{JoinResponseBody, Role};
+use bc_wire::sealing::{OpeningKey, SealError, SealingKey};
+use bc_wire::signing::{self, Purpose};
+use bc_wire::spiffe::NodeSpiffeId;
+use bc_wire::token::JoinToken;
+use p256::ecdsa::SigningKey;
+use p256::pkcs8::DecodePrivateKey;
+
+const VECTOR_PKCS8: &str = "308187020100301306072a8648ce3d020106082a8648ce3d030107046d306b0201010420e6b6ed3dce75bd47b2a4d99dd75960cba06d48e819f24fbfed218a286d6aa6bea1440342000426dfe7285bebf654f4edff101234921e4ed4312a1824875e9bf36209fcc62a95481539a582349df760a3e2ee2be6219e4dc4117c35eeeb001fa99cafa0d0e5ca";
+const VECTOR_SPKI: &str = "3059301306072a8648ce3d020106082a8648ce3d0301070342000426dfe7285bebf654f4edff101234921e4ed4312a1824875e9bf36209fcc62a95481539a582349df760a3e2ee2be6219e4dc4117c35eeeb001fa99cafa0d0e5ca";
+/// Sealed with `aad = sha256("csr")` by an earlier build; must keep opening.
+const VECTOR_SEALED: &str = "04618f6247cfb8ba7e8574a9c6cbb29b0a0507e136cf537c71c6b734357c0fdee27b4dbb6784ae92a39320d41f72fe0ce290556e1d6145c6f1a83acfae5ba56b69646b4b1817d942fd49e674f4a1c58f70cba69863e5566a83b0009e1c619563683589e3f0ed66fa0caa248758d8cd98b222d135a5df153ad9fbc49bb0a153e8169889d79d3351";
+const VECTOR_TOKEN: &str = "tok_vector.AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA";
+
+fn unhex(s: &str) -> Vec<u8> {
+    hex::decode(s).expect("vector hex")
+}
+
+#[test]
+fn signing_input_layout_is_pinned() {
+    let si = signing::signing_input(Purpose::X509Pop, &[b"ab", b"", &[1, 2, 3]]);
+    assert_eq!(
+        hex::encode(si),
+        "62632d7369672d76310078353039706f70000000000261620000000000000003010203"
+    );
+}
+
+#[test]
+fn purposes_are_pinned_and_distinct() {
+    let all = [
+        (Purpose::JoinResponse, "join-response"),
+        (Purpose::X509Pop, "x509pop"),
+        (Purpose::DiscoveryAssertion, "discovery-assertion"),
+        (Purpose::Renew, "renew"),
+    ];
+    for (p, s) in all {
+        assert_eq!(p.as_str(), s);
+    }
+    let a = signing::signing_input(Purpose::Renew, &[b"x"]);
+    let b = signing::signing_input(Purpose::X509Pop, &[b"x"]);
+    assert_ne!(a, b);
+}
+
+#[test]
+fn field_boundaries_are_unambiguous() {
+    let a = signing::signing_input(Purpose::Renew, &[b"ab", b"c"]);
+    let b = signing::signing_input(Purpose::Renew, &[b"a", b"bc"]);
+    assert_ne!(a, b);
+}
+
+#[test]
+fn signature_names_its_purpose() {
+    let sk = SigningKey::from_pkcs8_der(&unhex(VECTOR_PKCS8)).unwrap();
+    let vk = signing::verifying_key_from_spki(&unhex(VECTOR_SPKI)).unwrap();
+    let sig = signing::sign(&sk, Purpose::JoinResponse, &[b"body"]);
+    assert_eq!(
+        signing::verify(&vk, Purpose::JoinResponse, &[b"body"], &sig),
+        Ok(())
+    );
+    assert_eq!(
+        signing::verify(&vk, Purpose::X509Pop, &[b"body"], &sig),
+        Err(signing::SignatureError::Invalid)
+    );
+    assert_eq!(
+        signing::verify(&vk, Purpose::JoinResponse, &[b"body"], &sig[..63]),
+        Err(signing::SignatureError::Malformed)
+    );
+    assert_eq!(
+        signing::key_id(&unhex(VECTOR_SPKI)),
+        signing::key_id_of(&vk),
+        "key id is SHA-256 of the SPKI"
+    );
+}
+
+#[test]
+fn pinned_sealed_token_opens_to_the_known_value() {
+    let key = OpeningKey::from_pkcs8_der(&unhex(VECTOR_PKCS8)).unwrap();
+    let aad = bc_wire::sha256(b"csr");
+    let opened = key.open(&aad, &unhex(VECTOR_SEALED)).unwrap();
+    assert_eq!(opened, VECTOR_TOKEN.as_bytes());
+    let token = JoinToken::parse(std::str::from_utf8(&opened).unwrap()).unwrap();
+    assert_eq!(token.id, "tok_vector");
+    assert_eq!(token.secret, [0u8; 32]);
+}
+
+#[test]
+fn sealed_token_is_bound_to_its_request() {
+    let key = OpeningKey::from_pkcs8_der(&unhex(VECTOR_PKCS8)).unwrap();
+    let other = bc_wire::sha256(b"another csr");
+    assert_eq!(
+        key.open(&other, &unhex(VECTOR_SEALED)),
+        Err(SealError::Open)
+    );
+    let mut tampered = unhex(VECTOR_SEALED);
+    let last = tampered.len() - 1;
+    tampered[last] ^= 1;
+    assert_eq!(
+        key.open(&bc_wire::sha256(b"csr"), &tampered),
+        Err(SealError::Open)
+    );
+    assert_eq!(key.open(&other, &[4u8; 10]), Err(SealError::Malformed));
+}
+
+#[test]
+fn seal_then_open_round_trips() {
+    let (sk, pk) = bc_wire::sealing::generate_keypair().unwrap();
+    let aad = bc_wire::sha256(b"some csr");
+    let sealed = SealingKey::from_spki_der(&pk)
+        .unwrap()
+        .seal(&aad, b"hello")
+        .unwrap();
+    assert_eq!(
+        OpeningKey::from_pkcs8_der(&sk)
+            .unwrap()
+            .open(&aad, &sealed)
+            .unwrap(),
+        b"hello"
+    );
+    assert!(SealingKey::from_spki_der(b"garbage").is_err());
+}
+
+#[test]
+fn spiffe_ids_parse_strictly() {
+    let id = NodeSpiffeId::parse("spiffe://bc.test/node/node_abc123").unwrap();
+    assert_eq!(id.trust_domain, "bc.test");
+    assert_eq!(id.node_id, "node_abc123");
+    assert_eq!(id.to_string(), "spiffe://bc.test/node/node_abc123");
+    for bad in [
+        "spiffe://bc.test/node/node_abc123/x",
+        "spiffe://bc.test/node/",
+        "spiffe://bc.test/site/node_abc",
+        "spiffe://BC.test/node/node_abc",
+        "spiffe://bc.test:443/node/node_abc",
+        "https://bc.test/node/node_abc",
+        "spiffe://bc.test/node/node_ABC",
+        "urn:bc:tpm-ak:sha256:00",
+    ] {
+        assert!(NodeSpiffeId::parse(bad).is_err(), "{bad} must not parse");
+    }
+}
+
+#[test]
+fn tokens_parse_strictly_and_never_debug_print_the_secret() {
+    let t = JoinToken::parse(VECTOR_TOKEN).unwrap();
+    assert_eq!(t.expose(), VECTOR_TOKEN);
+    assert!(!format!("{t:?}").contains("AAAA"));
+    for bad in [
+        "",
+        "tok_x",
+        "tok_.AAAA",
+        "x_1.AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA",
+        "tok_a.short",
+    ] {
+        assert!(JoinToken::parse(bad).is_err(), "{bad:?} must not parse");
+    }
+}
+
+#[test]
+fn roles_round_trip() {
+    for r in [Role::Node, Role::Site, Role::Ramdisk] {
+        assert_eq!(Role::from_name(r.name()), Some(r));
+    }
+    assert_eq!(Role::from_name("admin"), None);
+    // Prost gives every message a decode that rejects truncation.
+    use prost::Message;
+    let body = JoinResponseBody {
+        node_id: "node_a".into(),
+        ..Default::default()
+    };
+    let bytes = body.encode_to_vec();
+    assert!(JoinResponseBody::decode(&bytes[..bytes.len() - 1]).is_err());
+}
