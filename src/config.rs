@@ -5,8 +5,8 @@
 //! string that might still be malformed; every refusal names the file, the
 //! line and what was expected, because an operator edits this file by hand.
 //!
-//! `[tpm]` and `[helper]` sections (the node key in the TPM, the root helper)
-//! become new optional fields of [`RawConfig`] and [`Config`] when they land.
+//! Optional sections: `[tpm]` (which TPM; absent means the environment or
+//! `/dev/tpmrm0`). `[helper]` (the root helper) comes with `bcd helper`.
 use std::fmt;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -58,6 +58,8 @@ pub struct Config {
     /// Absolute: a daemon must not depend on its working directory.
     pub data_dir: PathBuf,
     pub pins: Pins,
+    /// `[tpm] tcti`: which TPM, as a TCTI string.
+    pub tpm_tcti: Option<String>,
 }
 
 /// What bcd trusts about its control plane, and nothing else.
@@ -94,6 +96,13 @@ struct RawConfig {
     trust_domain: Spanned<String>,
     data_dir: Option<Spanned<String>>,
     pins: RawPins,
+    tpm: Option<RawTpm>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTpm {
+    tcti: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -164,7 +173,16 @@ impl Config {
                 )
             })?;
 
+        let tpm_tcti = match raw.tpm.as_ref().and_then(|t| t.tcti.as_ref()) {
+            None => None,
+            Some(t) => Some(
+                check_tcti(t.get_ref())
+                    .map_err(|m| invalid(Some(t.span()), format!("tpm.tcti: {m}")))?,
+            ),
+        };
+
         Ok(Config {
+            tpm_tcti,
             api,
             trust_domain: td.clone(),
             data_dir,
@@ -227,6 +245,35 @@ fn parse_api(s: &str) -> Result<Url, String> {
         return Err("expected no query or fragment in the URL".to_owned());
     }
     Ok(url)
+}
+
+/// The TCTIs bcd can use, checked here because tss-esapi silently drops what
+/// it does not know (`swtpm:path=…` would quietly become localhost:2321) and
+/// takes a bare `device` to mean `/dev/tpm0`, bypassing the resource manager.
+fn check_tcti(t: &str) -> Result<String, String> {
+    let expected =
+        "expected device:/dev/tpmrmN, swtpm:host=H,port=P, mssim:host=H,port=P or tabrmd";
+    let (kind, conf) = t.split_once(':').unwrap_or((t, ""));
+    match kind {
+        "device" if conf.starts_with('/') => Ok(t.to_owned()),
+        "device" => Err(format!("{t:?} names no device path; {expected}")),
+        "swtpm" | "mssim" => {
+            for pair in conf.split(',').filter(|p| !p.is_empty()) {
+                match pair.split_once('=') {
+                    Some(("host", h)) if !h.is_empty() => {}
+                    Some(("port", p)) if p.parse::<u16>().is_ok() => {}
+                    _ => {
+                        return Err(format!(
+                            "{t:?}: unknown or empty setting {pair:?}; {expected}"
+                        ))
+                    }
+                }
+            }
+            Ok(t.to_owned())
+        }
+        "tabrmd" => Ok(t.to_owned()),
+        _ => Err(format!("{t:?} is not a TCTI bcd supports; {expected}")),
+    }
 }
 
 fn parse_server_ca(pem: &str) -> Result<Vec<CertificateDer<'static>>, String> {
@@ -331,6 +378,36 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn tpm_tcti_is_checked_because_tss_esapi_drops_unknown_settings() {
+        let base = sample("https://h", "/x");
+        let with = |t: &str| format!("{base}\n[tpm]\ntcti = \"{t}\"\n");
+        for good in [
+            "device:/dev/tpmrm0",
+            "swtpm:host=127.0.0.1,port=2321",
+            "mssim:",
+            "tabrmd",
+        ] {
+            let c = Config::parse(Path::new("c.toml"), &with(good)).unwrap();
+            assert_eq!(c.tpm_tcti.as_deref(), Some(good));
+        }
+        for bad in [
+            "device",
+            "swtpm:path=/run/swtpm.sock",
+            "swtpm:port=x",
+            "pcap:x",
+        ] {
+            let e = Config::parse(Path::new("c.toml"), &with(bad))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("tpm.tcti"), "{bad}: {e}");
+        }
+        assert!(Config::parse(Path::new("c.toml"), &base)
+            .unwrap()
+            .tpm_tcti
+            .is_none());
+    }
+
+    #[test]
     fn data_dir_defaults() {
         let text = sample("https://h", "/x").replace("data_dir = \"/x\"\n", "");
         let c = Config::parse(Path::new("c.toml"), &text).unwrap();
@@ -342,7 +419,7 @@ pub(crate) mod tests {
         let text = sample("https://h", "/x").replace("trust_domain", "apii = 1\ntrust_domain");
         assert_eq!(
             err(&text),
-            "/etc/bcd/config.toml:2: unknown key \"apii\"; expected one of api, trust_domain, data_dir, pins"
+            "/etc/bcd/config.toml:2: unknown key \"apii\"; expected one of api, trust_domain, data_dir, pins, tpm"
         );
     }
 

@@ -14,18 +14,21 @@ use p256::elliptic_curve::zeroize::Zeroizing;
 use time::OffsetDateTime;
 
 use crate::client::answer::Expected;
-use crate::client::join::{self as exchange, JoinError, NoChallenges, Policy};
+use crate::client::join::{self as exchange, Answerer, JoinError, NoChallenges, Policy};
 use crate::client::{Client, ClientError};
 use crate::config::{Config, ConfigArg};
 use crate::evidence::attestor;
 use crate::evidence::join_token::{self, TokenText};
+use crate::evidence::tpm::TpmEvidence;
 use crate::identity::{reset, Identity};
-use crate::keys::{self, NodeKeyKind};
+use crate::keys::{self, NodeKey, TpmAccess, TpmKey};
 use crate::out;
 
 /// The one answer to every refusal: the control plane keeps the reason, so
 /// this lists what the operator can check on their side.
 pub const ACCESS_DENIED: &str = "access denied: the control plane refused the join (check the token: wrong, expired, revoked, used up, or for another role)";
+/// The same for a TPM join, where the TPM is the credential.
+pub const ACCESS_DENIED_TPM: &str = "access denied: the control plane refused the TPM join (check that it trusts the EK's maker (ek-roots), that this EK is allowed or approved, that it is not bound to another node, and that the pool admits tpm; `bcd tpm identify` shows the EK)";
 
 /// The largest token file read; a token is under 120 bytes.
 const MAX_TOKEN_FILE: u64 = 4096;
@@ -46,6 +49,22 @@ pub struct JoinArgs {
     /// Confirm --reset
     #[arg(long, requires = "reset")]
     yes: bool,
+    /// How the machine proves it may join: a join token, or its TPM (no token)
+    #[arg(long, value_enum, default_value_t = AttestorArg::JoinToken)]
+    attestor: AttestorArg,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum AttestorArg {
+    JoinToken,
+    Tpm,
+}
+
+/// What the join proves itself with.
+enum Credential {
+    Token(JoinToken),
+    /// The TPM is the credential: no token is read or sent.
+    Tpm,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -65,10 +84,29 @@ impl JoinRole {
 
 /// `env_token` is `BCD_JOIN_TOKEN` as `main` took it out of the environment.
 pub fn run(args: JoinArgs, env_token: Option<TokenText>) -> anyhow::Result<ExitCode> {
+    let tpm_join = args.attestor == AttestorArg::Tpm;
+    if tpm_join && args.token_file.is_some() {
+        out::err_line(format_args!(
+            "bcd: --token-file with --attestor tpm: the TPM is the credential, no token is read"
+        ));
+        return Ok(ExitCode::from(2));
+    }
+    // A TPM join reads no token: BCD_JOIN_TOKEN, already out of the
+    // environment, is dropped unread.
+    let env_token = if tpm_join { None } else { env_token };
+    let obtain = |env_token| -> anyhow::Result<Credential> {
+        if tpm_join {
+            return Ok(Credential::Tpm);
+        }
+        Ok(Credential::Token(
+            obtain_token(args.token_file.as_deref(), env_token)?.parse()?,
+        ))
+    };
     let config = Config::load(&args.config.path)?;
     let dir = &config.data_dir;
+    let tpm = TpmAccess::new(config.tpm_tcti.as_deref());
 
-    let token = if args.reset {
+    let credential = if args.reset {
         let moves = reset::plan(dir, OffsetDateTime::now_utc())?;
         if !args.yes {
             if moves.is_empty() {
@@ -87,7 +125,7 @@ pub fn run(args: JoinArgs, env_token: Option<TokenText>) -> anyhow::Result<ExitC
             return Ok(ExitCode::from(2));
         }
         // A missing or malformed token must not leave the machine reset and unjoined.
-        let token = obtain_token(args.token_file.as_deref(), env_token)?.parse()?;
+        let credential = obtain(env_token)?;
         reset::apply(dir, &moves)?;
         for m in &moves {
             out::line(format_args!(
@@ -96,49 +134,61 @@ pub fn run(args: JoinArgs, env_token: Option<TokenText>) -> anyhow::Result<ExitC
                 m.to.display()
             ))?;
         }
-        token
+        credential
     } else {
-        let present = Identity::load(dir).with_context(|| {
-            format!(
-                "the identity in {} does not load (`bcd join --reset --yes` moves it aside to join again)",
-                dir.display()
-            )
-        })?;
-        if let Some(id) = present {
-            out::line(format_args!("already joined as {}", id.node_id))?;
-            return Ok(ExitCode::SUCCESS);
+        match Identity::load(dir, &tpm) {
+            Ok(Some(id)) => {
+                out::line(format_args!("already joined as {}", id.node_id))?;
+                return Ok(ExitCode::SUCCESS);
+            }
+            Ok(None) => {}
+            // The spec: a join proceeds when the old identity no longer
+            // loads (e.g. after TPM2_Clear); `--reset --yes` would keep the
+            // old files instead of overwriting them.
+            Err(e) => tracing::warn!(
+                dir = %dir.display(),
+                error = %e,
+                "the identity here does not load; joining again replaces it (bcd join --reset --yes keeps the old files)"
+            ),
         }
-        obtain_token(args.token_file.as_deref(), env_token)?.parse()?
+        obtain(env_token)?
     };
 
-    let node_id = join(&config, &token, args.role.wire())?;
+    let node_id = join(&config, &tpm, credential, args.role.wire())?;
     out::line(format_args!("joined as {node_id}"))?;
     Ok(ExitCode::SUCCESS)
 }
 
-/// Joins with a token and saves the identity; returns the node id.
-fn join(config: &Config, token: &JoinToken, role: Role) -> anyhow::Result<String> {
-    let key = keys::generate(NodeKeyKind::File)?;
-    let csr = keys::make_csr(key.as_ref())?;
+/// Joins and saves the identity; returns the node id.
+fn join(
+    config: &Config,
+    tpm: &TpmAccess,
+    credential: Credential,
+    role: Role,
+) -> anyhow::Result<String> {
+    let client = Client::new(config)?;
+    let Prepared {
+        key,
+        csr,
+        mut answerer,
+        attestor_id,
+        sealed_token,
+        attestation,
+    } = prepare(config, tpm, &credential, role, &client)?;
     let csr_sha256 = bc_wire::sha256(&csr);
-    let sealed_token = join_token::seal(&config.pins.join_encryption_key, &csr_sha256, token)?;
     let request = JoinRequest {
         csr,
         role: role as i32,
         // Empty means join-token, the built-in attestor.
-        attestor: String::new(),
-        attestation: Vec::new(),
+        attestor: if attestor_id == attestor::JOIN_TOKEN {
+            String::new()
+        } else {
+            attestor_id.to_owned()
+        },
+        attestation,
         sealed_token,
         claims: None,
     };
-    let client = Client::new(config)?;
-    tracing::info!(
-        api = %client.api(),
-        token_id = %token.id,
-        role = %role.name(),
-        node_key = %key.kid(),
-        "joining the control plane"
-    );
 
     let expected = Expected {
         signing_key: &config.pins.join_signing_key,
@@ -152,24 +202,31 @@ fn join(config: &Config, token: &JoinToken, role: Role) -> anyhow::Result<String
         .context("cannot start the async runtime")?;
     let outcome = runtime.block_on(exchange::run(
         &client,
-        &mut NoChallenges(attestor::JOIN_TOKEN),
+        answerer.as_mut(),
         request,
-        attestor::JOIN_TOKEN,
+        attestor_id,
         &expected,
         &Policy::default(),
     ));
     let accepted = match outcome {
         Ok(a) => a,
-        Err(JoinError::Client(ClientError::AccessDenied)) => return Err(anyhow!(ACCESS_DENIED)),
+        Err(JoinError::Client(ClientError::AccessDenied)) => {
+            return Err(anyhow!(if attestor_id == attestor::TPM {
+                ACCESS_DENIED_TPM
+            } else {
+                ACCESS_DENIED
+            }))
+        }
         Err(e) => return Err(e.into()),
     };
+    drop(answerer);
     tracing::info!(node_id = %accepted.node_id, not_after = %crate::pki::rfc3339(accepted.cert.not_after), "the control plane accepted the join");
 
     let identity = Identity {
         node_id: accepted.node_id,
         role,
         trust_domain: config.trust_domain.clone(),
-        attestor: attestor::JOIN_TOKEN.to_owned(),
+        attestor: attestor_id.to_owned(),
         joined_at: now_seconds(),
         chain: accepted.chain,
         cert: accepted.cert,
@@ -183,6 +240,67 @@ fn join(config: &Config, token: &JoinToken, role: Role) -> anyhow::Result<String
         )
     })?;
     Ok(identity.node_id)
+}
+
+/// A join ready to send: the new key (in memory only), its CSR, and the
+/// attestor's evidence and answerer.
+struct Prepared {
+    key: Box<dyn NodeKey>,
+    csr: Vec<u8>,
+    answerer: Box<dyn Answerer>,
+    attestor_id: &'static str,
+    sealed_token: Vec<u8>,
+    attestation: Vec<u8>,
+}
+
+fn prepare(
+    config: &Config,
+    tpm: &TpmAccess,
+    credential: &Credential,
+    role: Role,
+    client: &Client,
+) -> anyhow::Result<Prepared> {
+    match credential {
+        Credential::Token(token) => {
+            let key = keys::generate(tpm, false)?;
+            let csr = keys::make_csr(key.as_ref())?;
+            let sealed_token = join_token::seal(
+                &config.pins.join_encryption_key,
+                &bc_wire::sha256(&csr),
+                token,
+            )?;
+            tracing::info!(api = %client.api(), token_id = %token.id, role = %role.name(), node_key = %key.kid(), key_in = key.kind().as_str(), "joining the control plane");
+            Ok(Prepared {
+                key,
+                csr,
+                answerer: Box::new(NoChallenges(attestor::JOIN_TOKEN)),
+                attestor_id: attestor::JOIN_TOKEN,
+                sealed_token,
+                attestation: Vec::new(),
+            })
+        }
+        Credential::Tpm => {
+            // No fallback to a file key: a TPM join proves the key is the TPM's.
+            let shared = tpm
+                .open()
+                .context("--attestor tpm needs this machine's TPM")?;
+            let key =
+                TpmKey::generate(shared.clone()).context("the TPM cannot make the node key")?;
+            let csr = keys::make_csr(&key)?;
+            let evidence = TpmEvidence::new(shared, &key, bc_wire::sha256(&csr))
+                .context("cannot read the TPM's endorsement and attestation keys")?;
+            let attestation = evidence.hello();
+            tracing::info!(api = %client.api(), role = %role.name(), node_key = %key.kid(), "joining the control plane with the TPM");
+            Ok(Prepared {
+                key: Box::new(key),
+                csr,
+                answerer: Box::new(evidence),
+                attestor_id: attestor::TPM,
+                sealed_token: Vec::new(),
+                attestation,
+            })
+        }
+    }
 }
 
 /// Now, to the second: `joinedAt` needs no more.

@@ -145,6 +145,26 @@ pub fn printable(s: &str) -> String {
     s.chars().filter(|c| !c.is_control()).take(200).collect()
 }
 
+/// Who issued a certificate that is not a node certificate (the EK's).
+pub struct CertSummary {
+    pub issuer: String,
+    /// Hex, as `openssl x509 -serial` prints it.
+    pub serial: String,
+    pub not_before: OffsetDateTime,
+    pub not_after: OffsetDateTime,
+}
+
+/// Reads any X.509 certificate's issuer, serial and validity.
+pub fn parse_cert(der: &[u8]) -> Result<CertSummary, CertError> {
+    let cert = parse_der(der, 0)?;
+    Ok(CertSummary {
+        issuer: printable(&cert.issuer().to_string()),
+        serial: hex::encode_upper(cert.raw_serial()),
+        not_before: cert.validity().not_before.to_datetime(),
+        not_after: cert.validity().not_after.to_datetime(),
+    })
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;

@@ -7,7 +7,7 @@ use time::OffsetDateTime;
 
 use crate::config::{Config, ConfigArg};
 use crate::identity::Identity;
-use crate::keys::NodeKeyKind;
+use crate::keys::{NodeKeyKind, TpmAccess};
 use crate::out;
 use crate::pki::rfc3339;
 
@@ -37,7 +37,8 @@ struct StatusJson<'a> {
 pub fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
     let config = Config::load(&args.config.path)?;
     let dir = &config.data_dir;
-    let identity = Identity::load(dir)
+    let tpm = TpmAccess::new(config.tpm_tcti.as_deref());
+    let identity = Identity::load(dir, &tpm)
         .with_context(|| format!("the identity in {} does not load", dir.display()))?;
     let Some(id) = identity else {
         if args.json {

@@ -49,6 +49,9 @@ pub struct AttestInput<'a> {
     /// The verified CSR, DER.
     pub csr_der: &'a [u8],
     pub csr_sha256: [u8; 32],
+    /// The CSR's SubjectPublicKeyInfo (the node key), DER: a key
+    /// certification must name exactly this key.
+    pub csr_spki_der: &'a [u8],
     /// SHA-256 of the CSR's SubjectPublicKeyInfo (the node key).
     pub csr_spki_sha256: [u8; 32],
     pub claims: &'a HardwareClaims,
@@ -62,11 +65,12 @@ pub enum Verdict {
 }
 
 /// Who holds the node key, as far as the attestor proved it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum NodeKeyKind {
     /// A TPM certified the key (made in the TPM, cannot leave it).
     Tpm,
     /// Only the agent's word.
+    #[default]
     Unattested,
 }
 
@@ -79,8 +83,23 @@ impl NodeKeyKind {
     }
 }
 
-/// An admitted machine.
+/// A hardware key that identifies one machine for good (e.g. its TPM's EK).
+/// JoinService binds it to the admitted node (`node_bindings`): a later join
+/// proving it reclaims that node, and it never admits another one.
 #[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Binding {
+    /// What kind of key, e.g. [`BINDING_TPM_EK`].
+    pub kind: String,
+    /// The key's identifier within its kind (lowercase hex of a digest).
+    pub key: String,
+}
+
+/// The binding kind of a TPM endorsement key: the key is the SHA-256 of the
+/// EK certificate's SubjectPublicKeyInfo DER, in lowercase hex.
+pub const BINDING_TPM_EK: &str = "tpm-ek";
+
+/// An admitted machine.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct AttestationResult {
     /// An existing node this machine is (a reclaim): JoinService raises its
     /// identity generation and revokes its older certificates.
@@ -91,6 +110,11 @@ pub struct AttestationResult {
     /// the certificate after the SPIFFE ID.
     pub node_key_uri: Option<String>,
     pub node_key: NodeKeyKind,
+    /// The pool a new node joins (`None`: the token's, else `default`). A
+    /// reclaim ignores it: a node stays in its pool.
+    pub pool_id: Option<String>,
+    /// The machine's hardware key, bound to the node on admission.
+    pub binding: Option<Binding>,
 }
 
 /// Not decided yet: the agent re-sends `Join` with the same CSR.
@@ -120,7 +144,18 @@ pub struct Refusal {
     pub reason: String,
     pub token_id: Option<String>,
     pub node_id: Option<String>,
+    /// The pool whose policy refused the machine, and its owner: the
+    /// refusal is attributed to them (`pool-attestor`).
+    /// Boxed: a refusal travels in every `Err` of the join path.
+    pub pool: Option<Box<PoolRef>>,
     fault: Option<Fault>,
+}
+
+/// A pool named in a refusal.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PoolRef {
+    pub id: String,
+    pub owner: String,
 }
 
 /// A server-side failure during attestation.
@@ -137,6 +172,7 @@ impl Refusal {
             reason: reason.into(),
             token_id: None,
             node_id: None,
+            pool: None,
             fault: None,
         }
     }
@@ -147,6 +183,7 @@ impl Refusal {
             reason: "server-fault".to_owned(),
             token_id: None,
             node_id: None,
+            pool: None,
             fault: Some(fault),
         }
     }
@@ -164,6 +201,14 @@ impl Refusal {
         self.node_id = node_id.map(str::to_owned);
         self
     }
+
+    pub fn with_pool(mut self, id: &str, owner: &str) -> Self {
+        self.pool = Some(Box::new(PoolRef {
+            id: id.to_owned(),
+            owner: owner.to_owned(),
+        }));
+        self
+    }
 }
 
 impl From<crate::db::DbError> for Refusal {
@@ -173,6 +218,13 @@ impl From<crate::db::DbError> for Refusal {
             other => Fault::Internal(other.to_string()),
         })
     }
+}
+
+/// The ids of the attestors `bc-controlplane serve` runs: the built-in
+/// `join-token` and `tpm`. Pool policies may name only these (the CLI
+/// validates `policy.joinAttestors` against them without a running server).
+pub fn default_attestor_ids() -> Vec<&'static str> {
+    vec![JOIN_TOKEN, crate::attestors::tpm::TPM]
 }
 
 /// The attestors a JoinService runs, by id. `join-token` is always there;

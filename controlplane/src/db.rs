@@ -26,8 +26,7 @@ const CLOCK_OFFSET_KEY: &str = "clock_offset_ms";
 const POOL_MAX_IDLE: usize = 8;
 
 /// Schema migrations; `PRAGMA user_version` is the number applied. Append
-/// only: a shipped migration never changes. Issue 3 adds node_bindings,
-/// join_requests, pools and resolve entries as further entries here.
+/// only: a shipped migration never changes.
 const MIGRATIONS: &[&str] = &[
     // 1: tokens, nodes, certificates, events, settings.
     r#"
@@ -77,6 +76,76 @@ const MIGRATIONS: &[&str] = &[
         data      TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(data))
     ) STRICT;
     CREATE INDEX events_by_type ON events(type, id);
+    "#,
+    // 2: pools, hardware bindings, the joins audit, and the tpm attestor's
+    // EK roots, resolve allow-list and enrollment requests.
+    r#"
+    CREATE TABLE pools (
+        id         TEXT PRIMARY KEY,
+        owner      TEXT NOT NULL,
+        policy     TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(policy)),
+        created_at INTEGER NOT NULL
+    ) STRICT;
+    INSERT INTO pools (id, owner, policy, created_at)
+        VALUES ('default', 'root', '{}', CAST(strftime('%s', 'now') AS INTEGER) * 1000);
+
+    -- No REFERENCES: SQLite cannot add a foreign key column with a non-NULL
+    -- default. Pools are never deleted, and every writer checks the pool.
+    ALTER TABLE nodes ADD COLUMN pool_id TEXT NOT NULL DEFAULT 'default';
+    ALTER TABLE join_tokens ADD COLUMN pool_id TEXT;
+
+    -- A hardware key (kind 'tpm-ek': SHA-256 of the EK's SPKI) bound to the
+    -- one node it may ever admit; one binding per node and kind.
+    CREATE TABLE node_bindings (
+        kind       TEXT NOT NULL,
+        key        TEXT NOT NULL,
+        node_id    TEXT NOT NULL REFERENCES nodes(id),
+        created_at INTEGER NOT NULL,
+        PRIMARY KEY (kind, key),
+        UNIQUE (node_id, kind)
+    ) STRICT;
+
+    -- One row per admitted join (new node or reclaim).
+    CREATE TABLE joins (
+        id                  INTEGER PRIMARY KEY AUTOINCREMENT,
+        node_id             TEXT NOT NULL REFERENCES nodes(id),
+        attestor            TEXT NOT NULL,
+        node_key            TEXT NOT NULL CHECK (node_key IN ('tpm', 'unattested')),
+        identity_generation INTEGER NOT NULL,
+        at                  INTEGER NOT NULL
+    ) STRICT;
+    CREATE INDEX joins_by_node ON joins(node_id, id);
+
+    CREATE TABLE ek_roots (
+        sha256    TEXT PRIMARY KEY,
+        der       BLOB NOT NULL,
+        subject   TEXT NOT NULL,
+        not_after INTEGER NOT NULL,
+        added_at  INTEGER NOT NULL
+    ) STRICT;
+
+    CREATE TABLE tpm_resolve (
+        ek_sha256  TEXT PRIMARY KEY,
+        pool_id    TEXT,
+        node_id    TEXT,
+        created_at INTEGER NOT NULL
+    ) STRICT;
+
+    CREATE TABLE join_requests (
+        id         TEXT PRIMARY KEY,
+        attestor   TEXT NOT NULL,
+        ek_sha256  TEXT NOT NULL,
+        ek_issuer  TEXT NOT NULL,
+        ek_serial  TEXT NOT NULL,
+        status     TEXT NOT NULL CHECK (status IN ('pending', 'approved', 'denied')),
+        pool_id    TEXT,
+        created_at INTEGER NOT NULL,
+        decided_at INTEGER,
+        used_at    INTEGER
+    ) STRICT;
+    -- At most one open (not yet used) request per EK: a pending one is
+    -- answered again, a denied one stays denied.
+    CREATE UNIQUE INDEX join_requests_open ON join_requests(ek_sha256) WHERE used_at IS NULL;
     "#,
 ];
 

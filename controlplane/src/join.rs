@@ -11,7 +11,10 @@
 //! 2. pick the attestor (`join:unknown-attestor`) and open the sealed token
 //!    with aad = sha256(csr) (`token-unopenable`);
 //! 3. in ONE `BEGIN IMMEDIATE` transaction: the attestor, then on admit the
-//!    node row (new or reclaimed), the certificate, the `node.joined` event;
+//!    checks that need the resolved node and pool (the node-key statement,
+//!    `bound-elsewhere`, the pool's `joinAttestors`), and only then the node
+//!    row (new or reclaimed), the hardware binding, the certificate, the
+//!    `joins` audit row and the `node.joined` event;
 //! 4. sign the answer.
 //!
 //! Every refusal rolls the transaction back, is stored as a
@@ -33,9 +36,12 @@ use crate::attestor::{
     AttestInput, AttestationResult, Attestor, AttestorRegistry, Deferral, Fault, OpenedToken,
     Refusal, Verdict, JOIN_TOKEN,
 };
+use crate::attestors::tpm::{state::ChallengeKey, TpmAttestor};
+use crate::config::ConfigError;
 use crate::db::{self, Database, DbError, UnixMs};
 use crate::pki::{Bundle, NodeCertSpec, PkiError, MAX_NODE_CERT_TTL};
-use crate::records::{self, NewEvent, NodeRow};
+use crate::pools;
+use crate::records::{self, JoinRow, NewEvent, NodeRow};
 
 pub const CSR_NOT_VERIFIED: &str = "join:csr-signature";
 pub const CSR_KEY: &str = "join:csr-key";
@@ -45,6 +51,13 @@ pub const NODE_KEY_STATEMENT: &str = "join:node-key-statement";
 pub const RECLAIM_UNKNOWN: &str = "join:reclaim-unknown-node";
 pub const RECLAIM_RETIRED: &str = "join:reclaim-retired";
 pub const RECLAIM_ROLE: &str = "join:reclaim-role";
+/// The admitting attestor is not in the pool's `policy.joinAttestors`.
+pub const POOL_ATTESTOR: &str = "join:pool-attestor";
+/// The attestor resolved a pool that does not exist.
+pub const UNKNOWN_POOL: &str = "join:unknown-pool";
+/// The machine's hardware key is bound to another node, or the node to
+/// another hardware key of that kind.
+pub const BOUND_ELSEWHERE: &str = "bound-elsewhere";
 
 /// The only node-key statement a renewal can prove again (see the spec,
 /// "Renewing a TPM-held key"); any other is refused rather than issued.
@@ -125,6 +138,10 @@ pub struct RefusalEvent {
     pub reason: String,
     pub token_id: Option<String>,
     pub node_id: Option<String>,
+    /// The pool whose policy refused the machine (`join:pool-attestor`):
+    /// the refusal is attributed to its owner.
+    pub pool_id: Option<String>,
+    pub pool_owner: Option<String>,
 }
 
 pub type RefusalHook = dyn Fn(&RefusalEvent) + Send + Sync;
@@ -135,6 +152,8 @@ pub enum OpenError {
     Pki(#[from] PkiError),
     #[error(transparent)]
     Db(#[from] DbError),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
 }
 
 pub struct JoinService {
@@ -160,13 +179,23 @@ enum Outcome {
 }
 
 impl JoinService {
-    /// Loads DIR's bundle and opens (and migrates) its database.
+    /// Loads DIR's bundle, config (`controlplane.toml`) and challenge key
+    /// (created if DIR predates it), opens (and migrates) its database, and
+    /// registers the attestors `serve` runs: `join-token` and `tpm`.
     pub fn open(dir: &Path) -> Result<Self, OpenError> {
+        let config = crate::config::load(dir)?;
         let bundle = Bundle::load(dir)?;
+        let challenge_key = crate::pki::load_or_create_challenge_key(dir)?;
         let db = Database::open_dir(dir)?;
-        Ok(Self::new(bundle, db))
+        let svc = Self::new(bundle, db);
+        svc.register_attestor(Arc::new(TpmAttestor::new(
+            config.tpm,
+            ChallengeKey::new(challenge_key),
+        )));
+        Ok(svc)
     }
 
+    /// A JoinService running only the built-in `join-token`; see [`Self::open`].
     pub fn new(bundle: Bundle, db: Database) -> Self {
         JoinService {
             bundle,
@@ -190,6 +219,17 @@ impl JoinService {
             .write()
             .unwrap_or_else(|p| p.into_inner())
             .register(attestor);
+    }
+
+    /// The ids of the attestors this service runs (what a pool's
+    /// `joinAttestors` may name).
+    pub fn attestor_ids(&self) -> Vec<String> {
+        self.attestors
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .ids()
+            .map(str::to_owned)
+            .collect()
     }
 
     /// Called with every refusal, after its event is stored.
@@ -291,6 +331,7 @@ impl JoinService {
                 token: token.as_ref(),
                 csr_der: &req.csr,
                 csr_sha256: csr.sha256,
+                csr_spki_der: &csr.spki_der,
                 csr_spki_sha256: csr.spki_sha256,
                 claims: &claims,
                 now,
@@ -336,8 +377,11 @@ impl JoinService {
         Ok(self.sign_body(&body))
     }
 
-    /// Writes the admitted node: its row (new, or the reclaimed one at a new
-    /// identity generation), its certificate and the `node.joined` event.
+    /// Checks what needs the resolved node and pool, then writes the
+    /// admitted node: its row (new, or the reclaimed one at a new identity
+    /// generation), its hardware binding, its certificate, the `joins` audit
+    /// row and the `node.joined` event. Any refusal here comes before the
+    /// first write (and the transaction is rolled back anyway).
     fn admit(
         &self,
         tx: &Transaction<'_>,
@@ -352,18 +396,14 @@ impl JoinService {
                 .with_token(result.token_id.as_deref())
                 .with_node(node)
         };
+        let reclaim = result.reclaim_node_id.as_deref();
         let statements: Vec<String> = match &result.node_key_uri {
             None => Vec::new(),
-            Some(uri) if uri.starts_with(KNOWN_STATEMENT_PREFIX) => vec![uri.clone()],
-            Some(_) => {
-                return Err(refuse(
-                    NODE_KEY_STATEMENT,
-                    result.reclaim_node_id.as_deref(),
-                ))
-            }
+            Some(uri) if knows_key_statement(uri) => vec![uri.clone()],
+            Some(_) => return Err(refuse(NODE_KEY_STATEMENT, reclaim)),
         };
 
-        let (node_id, generation) = match &result.reclaim_node_id {
+        let existing = match reclaim {
             Some(id) => {
                 let node = records::node_for_update(tx, id)?
                     .ok_or_else(|| refuse(RECLAIM_UNKNOWN, Some(id)))?;
@@ -373,9 +413,53 @@ impl JoinService {
                 if node.role != role.name() {
                     return Err(refuse(RECLAIM_ROLE, Some(id)));
                 }
+                Some(node)
+            }
+            None => None,
+        };
+
+        // A hardware key admits only the node it is bound to, and a node has
+        // one key of each kind.
+        let mut new_binding = None;
+        if let Some(b) = &result.binding {
+            match records::binding_by_key(tx, &b.kind, &b.key)? {
+                Some(bound) if Some(bound.node_id.as_str()) != reclaim => {
+                    return Err(refuse(
+                        BOUND_ELSEWHERE,
+                        Some(reclaim.unwrap_or(&bound.node_id)),
+                    ));
+                }
+                Some(_) => {}
+                None => {
+                    if let Some(id) = reclaim {
+                        if records::binding_of_node(tx, id, &b.kind)?.is_some() {
+                            return Err(refuse(BOUND_ELSEWHERE, Some(id)));
+                        }
+                    }
+                    new_binding = Some(b);
+                }
+            }
+        }
+
+        // The pool: a reclaimed node stays in its own; a new node joins the
+        // one the attestor resolved, else `default`.
+        let pool_id = match (&existing, &result.pool_id) {
+            (Some(node), _) => node.pool_id.clone(),
+            (None, Some(p)) => p.clone(),
+            (None, None) => pools::DEFAULT_POOL.to_owned(),
+        };
+        let pool = pools::get(tx, &pool_id)?.ok_or_else(|| refuse(UNKNOWN_POOL, reclaim))?;
+        if let Some(allowed) = pool.join_attestors()? {
+            if !allowed.iter().any(|a| a == attestor_id) {
+                return Err(refuse(POOL_ATTESTOR, reclaim).with_pool(&pool.id, &pool.owner));
+            }
+        }
+
+        let (node_id, generation) = match existing {
+            Some(node) => {
                 let generation = node.identity_generation.saturating_add(1);
-                records::start_generation(tx, id, generation, attestor_id, now)?;
-                (id.clone(), generation)
+                records::start_generation(tx, &node.id, generation, attestor_id, now)?;
+                (node.id, generation)
             }
             None => {
                 let id = crate::ids::random_id("node_")
@@ -389,11 +473,15 @@ impl JoinService {
                         attestor: attestor_id.to_owned(),
                         joined_at: now,
                         retired_at: None,
+                        pool_id: pool.id.clone(),
                     },
                 )?;
                 (id, 1)
             }
         };
+        if let Some(b) = new_binding {
+            records::insert_binding(tx, &b.kind, &b.key, &node_id, now)?;
+        }
 
         // X.509 times have whole seconds; issue at whole seconds so the
         // stored validity is the certificate's.
@@ -411,6 +499,16 @@ impl JoinService {
             })
             .map_err(|e| Refusal::fault(Fault::Internal(e.to_string())))?;
         records::insert_cert(tx, &node_id, generation, &issued)?;
+        records::insert_join(
+            tx,
+            &JoinRow {
+                node_id: node_id.clone(),
+                attestor: attestor_id.to_owned(),
+                node_key: result.node_key.as_str().to_owned(),
+                identity_generation: generation,
+                at: now,
+            },
+        )?;
         records::insert_event(
             tx,
             &NewEvent {
@@ -426,6 +524,7 @@ impl JoinService {
                     "role": role.name(),
                     "identityGeneration": generation,
                     "reclaim": result.reclaim_node_id.is_some(),
+                    "pool": pool.id,
                     "serial": issued.serial_hex,
                     "notAfter": db::rfc3339(db::from_datetime(issued.not_after)),
                 }),
@@ -458,11 +557,17 @@ impl JoinService {
                 }
             };
         }
+        let (pool_id, pool_owner) = match refusal.pool.map(|p| *p) {
+            Some(p) => (Some(p.id), Some(p.owner)),
+            None => (None, None),
+        };
         let event = RefusalEvent {
             attestor: attestor.to_owned(),
             reason: refusal.reason,
             token_id: refusal.token_id,
             node_id: refusal.node_id,
+            pool_id,
+            pool_owner,
         };
         // The token id may be logged; the secret never reaches this point.
         tracing::warn!(
@@ -470,8 +575,14 @@ impl JoinService {
             reason = %event.reason,
             token_id = event.token_id.as_deref().unwrap_or(""),
             node_id = event.node_id.as_deref().unwrap_or(""),
+            pool_owner = event.pool_owner.as_deref().unwrap_or(""),
             "join refused"
         );
+        let mut data = serde_json::json!({ "attestor": event.attestor, "reason": event.reason });
+        if let (Some(id), Some(owner)) = (&event.pool_id, &event.pool_owner) {
+            data["poolId"] = serde_json::json!(id);
+            data["poolOwner"] = serde_json::json!(owner);
+        }
         let stored = self.db.write(|tx| {
             let now = db::compute_now(tx)?;
             records::insert_event(
@@ -483,7 +594,7 @@ impl JoinService {
                     reason: Some(&event.reason),
                     token_id: event.token_id.as_deref(),
                     node_id: event.node_id.as_deref(),
-                    data: serde_json::json!({ "attestor": event.attestor, "reason": event.reason }),
+                    data,
                 },
             )
         });
@@ -527,6 +638,13 @@ fn verify_csr(der: &[u8]) -> Result<Result<VerifiedCsr, &'static str>, ApiError>
         spki_der: spki.to_vec(),
         spki_sha256: bc_wire::sha256(spki),
     }))
+}
+
+/// `JoinCrypto.knowsKeyStatement`: the only node-key statement a renewal
+/// can prove again is a well-formed AK statement; any other is refused
+/// rather than written into a certificate that could never renew.
+fn knows_key_statement(uri: &str) -> bool {
+    uri.starts_with(KNOWN_STATEMENT_PREFIX) && bc_wire::tpm::parse_ak_statement(uri).is_ok()
 }
 
 fn deferral_to_wire(d: Deferral) -> join_response_body::Deferral {
@@ -769,12 +887,268 @@ mod tests {
         }
         fn verify(&self, _: &Transaction<'_>, _: &AttestInput<'_>) -> Result<Verdict, Refusal> {
             Ok(Verdict::Admit(AttestationResult {
-                reclaim_node_id: None,
-                token_id: None,
                 node_key_uri: Some("urn:bc:other:1".into()),
                 node_key: NodeKeyKind::Tpm,
+                ..AttestationResult::default()
             }))
         }
+    }
+
+    /// Admits with whatever result the test put in.
+    struct Scripted {
+        id: &'static str,
+        result: Mutex<AttestationResult>,
+    }
+
+    impl Scripted {
+        fn new(id: &'static str) -> Arc<Self> {
+            Arc::new(Scripted {
+                id,
+                result: Mutex::new(AttestationResult::default()),
+            })
+        }
+        fn set(&self, r: AttestationResult) {
+            *self.result.lock().unwrap() = r;
+        }
+    }
+
+    impl Attestor for Scripted {
+        fn id(&self) -> &str {
+            self.id
+        }
+        fn verify(&self, _: &Transaction<'_>, _: &AttestInput<'_>) -> Result<Verdict, Refusal> {
+            Ok(Verdict::Admit(self.result.lock().unwrap().clone()))
+        }
+    }
+
+    fn scripted_join(f: &Fixture, id: &str) -> Result<JoinResponseBody, ApiError> {
+        let (_, csr) = new_csr();
+        let mut req = request(&f.svc, &csr, None, Role::Node);
+        req.attestor = id.into();
+        f.svc.join(req).map(|r| open_body(&f.svc, &r))
+    }
+
+    fn binding(key: &str) -> Option<crate::attestor::Binding> {
+        Some(crate::attestor::Binding {
+            kind: crate::attestor::BINDING_TPM_EK.into(),
+            key: key.into(),
+        })
+    }
+
+    #[test]
+    fn bindings_admit_only_their_node() {
+        let f = fixture();
+        let a = Scripted::new("hw");
+        f.svc.register_attestor(a.clone());
+        a.set(AttestationResult {
+            binding: binding("k1"),
+            ..Default::default()
+        });
+        let node_a = scripted_join(&f, "hw").unwrap().node_id;
+        let b = records::list_bindings(f.svc.database()).unwrap();
+        assert_eq!(
+            (b.len(), b[0].node_id.as_str(), b[0].key.as_str()),
+            (1, node_a.as_str(), "k1")
+        );
+
+        // The same key for a new node: refused.
+        assert!(matches!(
+            scripted_join(&f, "hw"),
+            Err(ApiError::AccessDenied)
+        ));
+        // The same key reclaiming its node: fine, and the binding is kept.
+        a.set(AttestationResult {
+            reclaim_node_id: Some(node_a.clone()),
+            binding: binding("k1"),
+            ..Default::default()
+        });
+        assert_eq!(scripted_join(&f, "hw").unwrap().node_id, node_a);
+        // The key bound to A, joining as B.
+        a.set(AttestationResult::default());
+        let node_b = scripted_join(&f, "hw").unwrap().node_id;
+        a.set(AttestationResult {
+            reclaim_node_id: Some(node_b.clone()),
+            binding: binding("k1"),
+            ..Default::default()
+        });
+        assert!(matches!(
+            scripted_join(&f, "hw"),
+            Err(ApiError::AccessDenied)
+        ));
+        // Another key of the same kind for A, which already has one.
+        a.set(AttestationResult {
+            reclaim_node_id: Some(node_a.clone()),
+            binding: binding("k2"),
+            ..Default::default()
+        });
+        assert!(matches!(
+            scripted_join(&f, "hw"),
+            Err(ApiError::AccessDenied)
+        ));
+        assert_eq!(
+            refusals(&f.svc),
+            [BOUND_ELSEWHERE, BOUND_ELSEWHERE, BOUND_ELSEWHERE]
+        );
+        assert_eq!(records::list_bindings(f.svc.database()).unwrap().len(), 1);
+        let nodes = records::list_nodes(f.svc.database()).unwrap();
+        assert_eq!(nodes.len(), 2);
+        let gen_a = nodes
+            .iter()
+            .find(|n| n.id == node_a)
+            .unwrap()
+            .identity_generation;
+        assert_eq!(gen_a, 2);
+    }
+
+    #[test]
+    fn pool_policy_refuses_unlisted_attestors_before_writing() {
+        let f = fixture();
+        let known = ["join-token", "tpm"];
+        crate::pools::create_pool(
+            f.svc.database(),
+            "metal",
+            "alice",
+            Some(&["tpm".to_owned()]),
+            &known,
+        )
+        .unwrap();
+        let (tok, _) =
+            tokens::create_token_in_pool(f.svc.database(), Role::Node, 2, 3_600_000, Some("metal"))
+                .unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let s = seen.clone();
+        f.svc.set_on_refusal(Box::new(move |e: &RefusalEvent| {
+            s.lock().unwrap().push(e.clone())
+        }));
+        let (_, csr) = new_csr();
+        let err = f
+            .svc
+            .join(request(&f.svc, &csr, Some(&tok.expose()), Role::Node))
+            .unwrap_err();
+        assert!(matches!(err, ApiError::AccessDenied));
+        let events = records::list_events(f.svc.database()).unwrap();
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].reason.as_deref(), Some(POOL_ATTESTOR));
+        assert_eq!(events[0].attestor.as_deref(), Some("join-token"));
+        assert_eq!(events[0].token_id.as_deref(), Some(tok.id.as_str()));
+        assert_eq!(events[0].data["poolOwner"], "alice");
+        assert_eq!(events[0].data["poolId"], "metal");
+        assert_eq!(seen.lock().unwrap()[0].pool_owner.as_deref(), Some("alice"));
+        // Nothing written, nothing spent.
+        assert!(records::list_nodes(f.svc.database()).unwrap().is_empty());
+        assert_eq!(
+            tokens::list_tokens(f.svc.database()).unwrap()[0].uses_left,
+            2
+        );
+
+        // Listing join-token too admits it, into that pool.
+        crate::pools::set_join_attestors(
+            f.svc.database(),
+            "metal",
+            Some(&["join-token".to_owned(), "tpm".to_owned()]),
+            &known,
+        )
+        .unwrap();
+        let body = open_body(
+            &f.svc,
+            &f.svc
+                .join(request(&f.svc, &csr, Some(&tok.expose()), Role::Node))
+                .unwrap(),
+        );
+        let nodes = records::list_nodes(f.svc.database()).unwrap();
+        assert_eq!(
+            (nodes[0].id.as_str(), nodes[0].pool_id.as_str()),
+            (body.node_id.as_str(), "metal")
+        );
+        let joins = records::list_joins(f.svc.database()).unwrap();
+        assert_eq!(joins.len(), 1);
+        assert_eq!(
+            (joins[0].node_key.as_str(), joins[0].identity_generation),
+            ("unattested", 1)
+        );
+
+        // A reclaim checks the node's pool, not the one the attestor names.
+        crate::pools::set_join_attestors(
+            f.svc.database(),
+            "metal",
+            Some(&["tpm".to_owned()]),
+            &known,
+        )
+        .unwrap();
+        let a = Scripted::new("join-token");
+        f.svc.register_attestor(a.clone());
+        a.set(AttestationResult {
+            reclaim_node_id: Some(body.node_id.clone()),
+            pool_id: Some("default".into()),
+            ..Default::default()
+        });
+        assert!(matches!(scripted_join(&f, ""), Err(ApiError::AccessDenied)));
+        assert_eq!(refusals(&f.svc), [POOL_ATTESTOR, POOL_ATTESTOR]);
+        assert_eq!(
+            records::list_nodes(f.svc.database()).unwrap()[0].identity_generation,
+            1
+        );
+        // An attestor resolving a pool that does not exist.
+        a.set(AttestationResult {
+            pool_id: Some("nope".into()),
+            ..Default::default()
+        });
+        assert!(matches!(scripted_join(&f, ""), Err(ApiError::AccessDenied)));
+        assert_eq!(refusals(&f.svc)[2], UNKNOWN_POOL);
+    }
+
+    #[test]
+    fn only_parseable_ak_statements_are_written() {
+        let f = fixture();
+        let a = Scripted::new("st");
+        f.svc.register_attestor(a.clone());
+        for bad in [
+            "urn:bc:tpm-ak:sha256:zz",
+            "urn:bc:tpm-ak:sha1:00",
+            "urn:bc:tpm-akx",
+            "spiffe://bc.test/node/node_x",
+        ] {
+            a.set(AttestationResult {
+                node_key_uri: Some(bad.into()),
+                node_key: NodeKeyKind::Tpm,
+                ..Default::default()
+            });
+            assert!(
+                matches!(scripted_join(&f, "st"), Err(ApiError::AccessDenied)),
+                "{bad}"
+            );
+        }
+        assert_eq!(refusals(&f.svc), [NODE_KEY_STATEMENT; 4]);
+        let good = bc_wire::tpm::ak_statement(&[&[0u8, 0x0b][..], &[0xab; 32]].concat()).unwrap();
+        a.set(AttestationResult {
+            node_key_uri: Some(good.clone()),
+            node_key: NodeKeyKind::Tpm,
+            ..Default::default()
+        });
+        let body = scripted_join(&f, "st").unwrap();
+        let (_, leaf) = x509_parser::parse_x509_certificate(&body.chain[0]).unwrap();
+        let uris: Vec<String> = leaf
+            .subject_alternative_name()
+            .unwrap()
+            .unwrap()
+            .value
+            .general_names
+            .iter()
+            .filter_map(|n| match n {
+                x509_parser::extensions::GeneralName::URI(u) => Some((*u).to_owned()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            uris,
+            [format!("spiffe://bc.test/node/{}", body.node_id), good]
+        );
+        let events = records::list_events(f.svc.database()).unwrap();
+        assert_eq!(events.last().unwrap().data["nodeKey"], "tpm");
+        assert_eq!(
+            records::list_joins(f.svc.database()).unwrap()[0].node_key,
+            "tpm"
+        );
     }
 
     #[test]

@@ -20,12 +20,14 @@
 
 pub mod attestor;
 pub mod attestors;
+pub mod config;
 pub mod db;
 pub mod fsutil;
 pub mod http;
 pub mod ids;
 pub mod join;
 pub mod pki;
+pub mod pools;
 pub mod records;
 pub mod tokens;
 

@@ -11,7 +11,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
-use bc_controlplane::{db, http, join::JoinService, pki, records, tokens};
+use bc_controlplane::attestors::tpm::{ek, enroll};
+use bc_controlplane::config::parse_duration_ms;
+use bc_controlplane::{attestor, config, db, http, join::JoinService, pki, pools, records, tokens};
 use bc_wire::agent::Role;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde_json::json;
@@ -83,6 +85,145 @@ enum Cmd {
         #[command(subcommand)]
         cmd: ClockCmd,
     },
+    /// The TPM makers' CA certificates EK certificates must chain to (tpm attestor).
+    EkRoots {
+        #[command(subcommand)]
+        cmd: EkRootsCmd,
+    },
+    /// The tpm attestor's allow-list: EKs that may join without enrollment.
+    Resolve {
+        #[command(subcommand)]
+        cmd: ResolveCmd,
+    },
+    /// Join requests of TPMs waiting for an operator (tpm enrollment).
+    Requests {
+        #[command(subcommand)]
+        cmd: RequestsCmd,
+    },
+    /// Pools: every node belongs to one; a pool can require attestors.
+    Pools {
+        #[command(subcommand)]
+        cmd: PoolsCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum EkRootsCmd {
+    /// Trust the CA certificates in FILE.pem (a maker's root or intermediate).
+    Add {
+        #[command(flatten)]
+        dir: Dir,
+        /// PEM file with one or more CA certificates.
+        #[arg(value_name = "FILE.pem")]
+        file: PathBuf,
+    },
+    /// List the trusted EK roots.
+    List {
+        #[command(flatten)]
+        dir: Dir,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum ResolveCmd {
+    /// Let the TPM with this EK join (replaces its entry if there is one).
+    Add {
+        #[command(flatten)]
+        dir: Dir,
+        /// SHA-256 of the EK's SubjectPublicKeyInfo (ekSha256 of bcd tpm identify).
+        #[arg(long, value_name = "HEX")]
+        ek_sha256: String,
+        /// The pool a new node joins (default: default).
+        #[arg(long, value_name = "ID")]
+        pool: Option<String>,
+        /// Join as this existing node instead of a new one.
+        #[arg(long, value_name = "ID")]
+        node: Option<String>,
+    },
+    /// Remove the entry of an EK.
+    Remove {
+        #[command(flatten)]
+        dir: Dir,
+        #[arg(long, value_name = "HEX")]
+        ek_sha256: String,
+    },
+    /// List the entries.
+    List {
+        #[command(flatten)]
+        dir: Dir,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum RequestsCmd {
+    /// List join requests.
+    List {
+        #[command(flatten)]
+        dir: Dir,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Approve a pending request: the TPM's next join admits it once.
+    Approve {
+        #[command(flatten)]
+        dir: Dir,
+        /// The request id (req_…).
+        id: String,
+        /// The pool its node joins (default: default).
+        #[arg(long, value_name = "P")]
+        pool: Option<String>,
+    },
+    /// Deny a pending request: that TPM's joins are refused.
+    Deny {
+        #[command(flatten)]
+        dir: Dir,
+        /// The request id (req_…).
+        id: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum PoolsCmd {
+    /// Create a pool.
+    Create {
+        #[command(flatten)]
+        dir: Dir,
+        #[arg(long, value_name = "ID")]
+        id: String,
+        #[arg(long, value_name = "O", default_value = pools::DEFAULT_OWNER)]
+        owner: String,
+        /// The attestors that may admit a machine into it (default: any).
+        #[arg(long, value_name = "A,B", value_delimiter = ',')]
+        join_attestors: Option<Vec<String>>,
+    },
+    /// Replace a pool's joinAttestors.
+    Update {
+        #[command(flatten)]
+        dir: Dir,
+        #[arg(long, value_name = "ID")]
+        id: String,
+        #[arg(
+            long,
+            value_name = "A,B",
+            value_delimiter = ',',
+            required_unless_present = "any_attestor"
+        )]
+        join_attestors: Option<Vec<String>>,
+        /// Remove joinAttestors: any attestor may admit a machine.
+        #[arg(long, conflicts_with = "join_attestors")]
+        any_attestor: bool,
+    },
+    /// List pools.
+    List {
+        #[command(flatten)]
+        dir: Dir,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -99,6 +240,9 @@ enum TokenCmd {
         /// Lifetime: an integer and a unit s, m, h or d (e.g. 15m, 24h, 7d).
         #[arg(long, default_value = "24h", value_parser = parse_ttl)]
         ttl: i64,
+        /// The pool its nodes join (default: default).
+        #[arg(long, value_name = "ID")]
+        pool: Option<String>,
     },
     /// Revoke a token by id.
     Revoke {
@@ -193,7 +337,8 @@ fn run(cli: Cli) -> Result<()> {
                 role,
                 uses,
                 ttl,
-            } => token_create(&dir.dir, role.into(), uses, ttl),
+                pool,
+            } => token_create(&dir.dir, role.into(), uses, ttl, pool.as_deref()),
             TokenCmd::Revoke { dir, id } => token_revoke(&dir.dir, &id),
             TokenCmd::List { dir, json } => token_list(&dir.dir, json),
         },
@@ -206,6 +351,42 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Clock { cmd } => match cmd {
             ClockCmd::Set { dir, offset } => clock_set(&dir.dir, offset),
             ClockCmd::Show { dir } => clock_show(&dir.dir),
+        },
+        Cmd::EkRoots { cmd } => match cmd {
+            EkRootsCmd::Add { dir, file } => ek_roots_add(&dir.dir, &file),
+            EkRootsCmd::List { dir, json } => ek_roots_list(&dir.dir, json),
+        },
+        Cmd::Resolve { cmd } => match cmd {
+            ResolveCmd::Add {
+                dir,
+                ek_sha256,
+                pool,
+                node,
+            } => resolve_add(&dir.dir, &ek_sha256, pool.as_deref(), node.as_deref()),
+            ResolveCmd::Remove { dir, ek_sha256 } => resolve_remove(&dir.dir, &ek_sha256),
+            ResolveCmd::List { dir, json } => resolve_list(&dir.dir, json),
+        },
+        Cmd::Requests { cmd } => match cmd {
+            RequestsCmd::List { dir, json } => requests_list(&dir.dir, json),
+            RequestsCmd::Approve { dir, id, pool } => {
+                requests_approve(&dir.dir, &id, pool.as_deref())
+            }
+            RequestsCmd::Deny { dir, id } => requests_deny(&dir.dir, &id),
+        },
+        Cmd::Pools { cmd } => match cmd {
+            PoolsCmd::Create {
+                dir,
+                id,
+                owner,
+                join_attestors,
+            } => pools_create(&dir.dir, &id, &owner, join_attestors.as_deref()),
+            PoolsCmd::Update {
+                dir,
+                id,
+                join_attestors,
+                any_attestor: _,
+            } => pools_update(&dir.dir, &id, join_attestors.as_deref()),
+            PoolsCmd::List { dir, json } => pools_list(&dir.dir, json),
         },
     }
 }
@@ -298,10 +479,9 @@ fn agent_config(dir: &Path, api: &str, data_dir: &str) -> Result<()> {
     print_stdout(&text)
 }
 
-fn token_create(dir: &Path, role: Role, uses: u32, ttl_ms: i64) -> Result<()> {
+fn token_create(dir: &Path, role: Role, uses: u32, ttl_ms: i64, pool: Option<&str>) -> Result<()> {
     let db = open_db(dir)?;
-    let (token, _) =
-        tokens::create_token(&db, role, uses, ttl_ms).context("cannot create the token")?;
+    let (token, _) = tokens::create_token_in_pool(&db, role, uses, ttl_ms, pool)?;
     print_stdout(&format!("{}\n", token.expose()))
 }
 
@@ -339,6 +519,7 @@ fn token_list(dir: &Path, as_json: bool) -> Result<()> {
                     "expired": now >= t.expires_at,
                     "revoked": t.revoked_at.is_some(),
                     "createdAt": db::rfc3339(t.created_at),
+                    "pool": t.pool_id.as_deref().unwrap_or(pools::DEFAULT_POOL),
                 })
             })
             .collect();
@@ -370,9 +551,16 @@ fn nodes_list(dir: &Path, as_json: bool) -> Result<()> {
     let db = open_db(dir)?;
     let rows = records::list_nodes(&db).context("cannot list nodes")?;
     if as_json {
+        let node_keys = records::last_node_keys(&db).context("cannot list joins")?;
+        let bindings = records::list_bindings(&db).context("cannot list bindings")?;
         let v: Vec<_> = rows
             .iter()
             .map(|n| {
+                let bound: Vec<_> = bindings
+                    .iter()
+                    .filter(|b| b.node_id == n.id)
+                    .map(|b| json!({ "kind": b.kind, "key": b.key }))
+                    .collect();
                 json!({
                     "nodeId": n.id,
                     "role": n.role,
@@ -380,6 +568,9 @@ fn nodes_list(dir: &Path, as_json: bool) -> Result<()> {
                     "attestor": n.attestor,
                     "joinedAt": db::rfc3339(n.joined_at),
                     "retired": n.retired_at.is_some(),
+                    "pool": n.pool_id,
+                    "nodeKey": node_keys.get(&n.id),
+                    "bindings": bound,
                 })
             })
             .collect();
@@ -471,6 +662,218 @@ fn clock_show(dir: &Path) -> Result<()> {
     ))
 }
 
+fn ek_roots_add(dir: &Path, file: &Path) -> Result<()> {
+    let db = open_db(dir)?;
+    let text = std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?;
+    let ders = ek::parse_roots_pem(&text).with_context(|| format!("{}", file.display()))?;
+    let added = ek::add_roots(&db, &ders).context("cannot add the EK roots")?;
+    let mut out = String::new();
+    for (root, new) in added {
+        let what = if new { "added" } else { "already present" };
+        out.push_str(&format!("{what} {} {}\n", root.sha256, root.subject));
+    }
+    print_stdout(&out)
+}
+
+fn ek_roots_list(dir: &Path, as_json: bool) -> Result<()> {
+    let db = open_db(dir)?;
+    let rows = ek::list_roots(&db).context("cannot list the EK roots")?;
+    if as_json {
+        let v: Vec<_> = rows
+            .iter()
+            .map(|r| {
+                json!({
+                    "sha256": r.sha256,
+                    "subject": r.subject,
+                    "notAfter": db::rfc3339(r.not_after),
+                    "addedAt": db::rfc3339(r.added_at),
+                })
+            })
+            .collect();
+        return print_json(&v);
+    }
+    let mut out = String::new();
+    for r in &rows {
+        out.push_str(&format!(
+            "{} {} not_after={}\n",
+            r.sha256,
+            r.subject,
+            db::rfc3339(r.not_after)
+        ));
+    }
+    print_stdout(&out)
+}
+
+fn resolve_add(dir: &Path, ek_sha256: &str, pool: Option<&str>, node: Option<&str>) -> Result<()> {
+    let db = open_db(dir)?;
+    let (entry, replaced) = enroll::add_resolve(&db, ek_sha256, pool, node)?;
+    print_stdout(&format!(
+        "{} {} pool={} node={}\n",
+        if replaced { "replaced" } else { "added" },
+        entry.ek_sha256,
+        entry.pool_id.as_deref().unwrap_or(pools::DEFAULT_POOL),
+        entry.node_id.as_deref().unwrap_or("new"),
+    ))
+}
+
+fn resolve_remove(dir: &Path, ek_sha256: &str) -> Result<()> {
+    let db = open_db(dir)?;
+    if enroll::remove_resolve(&db, ek_sha256)? {
+        print_stdout(&format!("removed {}\n", ek_sha256.to_ascii_lowercase()))
+    } else {
+        bail!("NOT_FOUND: no resolve entry for {ek_sha256}")
+    }
+}
+
+fn resolve_list(dir: &Path, as_json: bool) -> Result<()> {
+    let db = open_db(dir)?;
+    let rows = enroll::list_resolve(&db).context("cannot list the resolve entries")?;
+    if as_json {
+        let v: Vec<_> = rows
+            .iter()
+            .map(|r| {
+                json!({
+                    "ekSha256": r.ek_sha256,
+                    "pool": r.pool_id.as_deref().unwrap_or(pools::DEFAULT_POOL),
+                    "nodeId": r.node_id,
+                    "createdAt": db::rfc3339(r.created_at),
+                })
+            })
+            .collect();
+        return print_json(&v);
+    }
+    let mut out = String::new();
+    for r in &rows {
+        out.push_str(&format!(
+            "{} pool={} node={}\n",
+            r.ek_sha256,
+            r.pool_id.as_deref().unwrap_or(pools::DEFAULT_POOL),
+            r.node_id.as_deref().unwrap_or("new")
+        ));
+    }
+    print_stdout(&out)
+}
+
+fn requests_list(dir: &Path, as_json: bool) -> Result<()> {
+    let db = open_db(dir)?;
+    let rows = enroll::list_requests(&db).context("cannot list join requests")?;
+    if as_json {
+        let v: Vec<_> = rows
+            .iter()
+            .map(|r| {
+                json!({
+                    "id": r.id,
+                    "attestor": r.attestor,
+                    "ekSha256": r.ek_sha256,
+                    "status": r.status,
+                    "createdAt": db::rfc3339(r.created_at),
+                    "decidedAt": r.decided_at.map(db::rfc3339),
+                    "pool": r.pool_id.as_deref().unwrap_or(pools::DEFAULT_POOL),
+                    "ekIssuer": r.ek_issuer,
+                    "ekSerial": r.ek_serial,
+                    "used": r.used_at.is_some(),
+                })
+            })
+            .collect();
+        return print_json(&v);
+    }
+    let mut out = String::new();
+    for r in &rows {
+        out.push_str(&format!(
+            "{} {}{} ek={} pool={} created={} issuer={:?}\n",
+            r.id,
+            r.status,
+            if r.used_at.is_some() { " (used)" } else { "" },
+            r.ek_sha256,
+            r.pool_id.as_deref().unwrap_or(pools::DEFAULT_POOL),
+            db::rfc3339(r.created_at),
+            r.ek_issuer
+        ));
+    }
+    print_stdout(&out)
+}
+
+fn requests_approve(dir: &Path, id: &str, pool: Option<&str>) -> Result<()> {
+    let db = open_db(dir)?;
+    let row = enroll::approve(&db, id, pool)?;
+    print_stdout(&format!(
+        "approved {} (pool {})\n",
+        row.id,
+        row.pool_id.as_deref().unwrap_or(pools::DEFAULT_POOL)
+    ))
+}
+
+fn requests_deny(dir: &Path, id: &str) -> Result<()> {
+    let db = open_db(dir)?;
+    let row = enroll::deny(&db, id)?;
+    print_stdout(&format!("denied {}\n", row.id))
+}
+
+fn pools_create(
+    dir: &Path,
+    id: &str,
+    owner: &str,
+    join_attestors: Option<&[String]>,
+) -> Result<()> {
+    let db = open_db(dir)?;
+    let known = attestor::default_attestor_ids();
+    let pool = pools::create_pool(&db, id, owner, join_attestors, &known)?;
+    print_stdout(&format!(
+        "created pool {} owner={} join_attestors={}\n",
+        pool.id,
+        pool.owner,
+        describe_attestors(&pool)?
+    ))
+}
+
+fn pools_update(dir: &Path, id: &str, join_attestors: Option<&[String]>) -> Result<()> {
+    let db = open_db(dir)?;
+    let known = attestor::default_attestor_ids();
+    let pool = pools::set_join_attestors(&db, id, join_attestors, &known)?;
+    print_stdout(&format!(
+        "updated pool {} join_attestors={}\n",
+        pool.id,
+        describe_attestors(&pool)?
+    ))
+}
+
+fn describe_attestors(pool: &pools::PoolRow) -> Result<String> {
+    Ok(match pool.join_attestors()? {
+        Some(list) => list.join(","),
+        None => "any".to_owned(),
+    })
+}
+
+fn pools_list(dir: &Path, as_json: bool) -> Result<()> {
+    let db = open_db(dir)?;
+    let rows = pools::list_pools(&db).context("cannot list pools")?;
+    if as_json {
+        let v: Vec<_> = rows
+            .iter()
+            .map(|(p, nodes)| {
+                json!({
+                    "id": p.id,
+                    "owner": p.owner,
+                    "policy": p.policy,
+                    "createdAt": db::rfc3339(p.created_at),
+                    "nodes": nodes,
+                })
+            })
+            .collect();
+        return print_json(&v);
+    }
+    let mut out = String::new();
+    for (p, nodes) in &rows {
+        out.push_str(&format!(
+            "{} owner={} join_attestors={} nodes={nodes}\n",
+            p.id,
+            p.owner,
+            describe_attestors(p)?
+        ));
+    }
+    print_stdout(&out)
+}
+
 /// Every command but `init` needs an initialized DIR; without this check a
 /// typo in --dir would silently create an empty database somewhere.
 fn require_initialized(dir: &Path) -> Result<()> {
@@ -485,8 +888,11 @@ fn require_initialized(dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Opens DIR's database, after checking DIR and its `controlplane.toml`
+/// (a broken config is reported by every command, not only by `serve`).
 fn open_db(dir: &Path) -> Result<db::Database> {
     require_initialized(dir)?;
+    config::load(dir)?;
     db::Database::open_dir(dir)
         .with_context(|| format!("cannot open the database in {}", dir.display()))
 }
@@ -522,36 +928,6 @@ fn toml_string(s: &str) -> String {
     }
     out.push('"');
     out
-}
-
-/// A duration `[+|-]<integer><s|m|h|d>` in milliseconds.
-fn parse_duration_ms(s: &str) -> Result<i64, String> {
-    let hint = "expected an integer and a unit s, m, h or d, e.g. 90s, 15m, 24h, 7d";
-    let (sign, rest) = match s.as_bytes().first() {
-        Some(b'-') => (-1i64, &s[1..]),
-        Some(b'+') => (1, &s[1..]),
-        _ => (1, s),
-    };
-    let Some(unit) = rest.chars().last() else {
-        return Err(format!("empty duration: {hint}"));
-    };
-    let unit_ms: i64 = match unit {
-        's' => 1_000,
-        'm' => 60_000,
-        'h' => 3_600_000,
-        'd' => 86_400_000,
-        _ => return Err(format!("bad duration {s:?}: {hint}")),
-    };
-    let digits = &rest[..rest.len() - 1];
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(format!("bad duration {s:?}: {hint}"));
-    }
-    digits
-        .parse::<i64>()
-        .ok()
-        .and_then(|n| n.checked_mul(unit_ms))
-        .map(|ms| sign * ms)
-        .ok_or_else(|| format!("duration {s:?} is too large"))
 }
 
 /// A token lifetime: positive.

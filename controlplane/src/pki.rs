@@ -11,6 +11,7 @@
 //! | `join-encryption.key` / `join-encryption.pub` | the key join tokens are sealed to |
 //! | `tls-ca.pem` / `tls-ca.key` | the CA of the HTTPS server certificate (agents pin `tls-ca.pem`) |
 //! | `tls-server.pem` / `tls-server.key` | the HTTPS server certificate: `localhost`, 127.0.0.1, ::1 |
+//! | `challenge.key` | 32 random bytes: the AES-256-GCM key of the tpm attestor's challenge states |
 //!
 //! Private keys are 0600 and DIR is 0700.
 
@@ -38,6 +39,10 @@ pub const TLS_CA_CERT: &str = "tls-ca.pem";
 pub const TLS_CA_KEY: &str = "tls-ca.key";
 pub const TLS_SERVER_CERT: &str = "tls-server.pem";
 pub const TLS_SERVER_KEY: &str = "tls-server.key";
+/// The tpm attestor's `challengeKey`: every replica serving DIR shares it,
+/// so any of them can open a challenge state another one sealed.
+pub const CHALLENGE_KEY: &str = "challenge.key";
+pub const CHALLENGE_KEY_LEN: usize = 32;
 
 /// Every file of a bundle; `init` refuses a DIR holding any of them.
 pub const BUNDLE_FILES: &[&str] = &[
@@ -52,6 +57,7 @@ pub const BUNDLE_FILES: &[&str] = &[
     TLS_CA_KEY,
     TLS_SERVER_CERT,
     TLS_SERVER_KEY,
+    CHALLENGE_KEY,
 ];
 
 pub const DEFAULT_TRUST_DOMAIN: &str = "bc.test";
@@ -364,6 +370,14 @@ pub fn init(dir: &Path, trust_domain: &str) -> Result<(), PkiError> {
         .signed_by(&tls_key, &tls_issuer)
         .map_err(|e| gen_err("the TLS server certificate", e))?;
 
+    let challenge_key: [u8; CHALLENGE_KEY_LEN] =
+        crate::ids::random_bytes().map_err(|e| PkiError::Generate {
+            what: "the challenge key",
+            detail: e.to_string(),
+        })?;
+    let p = dir.join(CHALLENGE_KEY);
+    fsutil::write_atomic(&p, &challenge_key, PRIVATE_MODE).map_err(|e| io_err(&p, e))?;
+
     let files: [(&str, String, u32); 11] = [
         (NODE_CA_KEY, node_ca_key.serialize_pem(), PRIVATE_MODE),
         (
@@ -404,6 +418,58 @@ pub fn init(dir: &Path, trust_domain: &str) -> Result<(), PkiError> {
     }
     // Prove the bundle loads before telling the operator it is done.
     Bundle::load(dir).map(|_| ())
+}
+
+/// Reads `DIR/challenge.key`, creating it first when DIR predates it. Safe
+/// against a concurrent creator (another replica, a CLI command): the key is
+/// written to a private temporary file and hard-linked into place, so the
+/// first link wins and everyone reads that one.
+pub fn load_or_create_challenge_key(dir: &Path) -> Result<[u8; CHALLENGE_KEY_LEN], PkiError> {
+    let path = dir.join(CHALLENGE_KEY);
+    match std::fs::read(&path) {
+        Ok(bytes) => return challenge_key_from(&path, &bytes),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io_err(&path, e)),
+    }
+    let key: [u8; CHALLENGE_KEY_LEN] =
+        crate::ids::random_bytes().map_err(|e| PkiError::Generate {
+            what: "the challenge key",
+            detail: e.to_string(),
+        })?;
+    let suffix: [u8; 8] = crate::ids::random_bytes().map_err(|e| PkiError::Generate {
+        what: "a temporary file name",
+        detail: e.to_string(),
+    })?;
+    let tmp = dir.join(format!(".{CHALLENGE_KEY}.{}.tmp", hex::encode(suffix)));
+    fsutil::write_atomic(&tmp, &key, PRIVATE_MODE).map_err(|e| io_err(&tmp, e))?;
+    let linked = std::fs::hard_link(&tmp, &path);
+    let _ = std::fs::remove_file(&tmp);
+    match linked {
+        Ok(()) => {
+            if let Ok(d) = std::fs::File::open(dir) {
+                let _ = d.sync_all();
+            }
+            tracing::info!(path = %path.display(), "created the tpm challenge key");
+            Ok(key)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            let bytes = read(&path)?;
+            challenge_key_from(&path, &bytes)
+        }
+        Err(e) => Err(io_err(&path, e)),
+    }
+}
+
+fn challenge_key_from(path: &Path, bytes: &[u8]) -> Result<[u8; CHALLENGE_KEY_LEN], PkiError> {
+    <[u8; CHALLENGE_KEY_LEN]>::try_from(bytes).map_err(|_| {
+        invalid(
+            path,
+            &format!(
+                "expected exactly {CHALLENGE_KEY_LEN} bytes, found {}",
+                bytes.len()
+            ),
+        )
+    })
 }
 
 fn ca_params(
@@ -582,6 +648,9 @@ mod tests {
         assert_eq!(mode(JOIN_ENCRYPTION_KEY), 0o600);
         assert_eq!(mode(TLS_SERVER_KEY), 0o600);
         assert_eq!(mode(TLS_CA_KEY), 0o600);
+        assert_eq!(mode(CHALLENGE_KEY), 0o600);
+        let key = load_or_create_challenge_key(&dir).unwrap();
+        assert_eq!(std::fs::read(dir.join(CHALLENGE_KEY)).unwrap(), key);
         assert_eq!(
             std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777,
             0o700
@@ -599,6 +668,31 @@ mod tests {
         std::fs::write(tmp.path().join(JOIN_SIGNING_PUB), "garbage").unwrap();
         let err = Bundle::load(tmp.path()).err().unwrap().to_string();
         assert!(err.contains(JOIN_SIGNING_PUB), "{err}");
+    }
+
+    #[test]
+    fn challenge_key_created_lazily_once() {
+        let tmp = tempfile::tempdir().unwrap();
+        let keys: Vec<_> = (0..8)
+            .map(|_| {
+                let d = tmp.path().to_owned();
+                std::thread::spawn(move || load_or_create_challenge_key(&d).unwrap())
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .collect();
+        assert!(keys.iter().all(|k| *k == keys[0]));
+        let mode = std::fs::metadata(tmp.path().join(CHALLENGE_KEY))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        // Nothing but the key is left behind.
+        assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 1);
+        std::fs::write(tmp.path().join(CHALLENGE_KEY), b"short").unwrap();
+        let err = load_or_create_challenge_key(tmp.path()).unwrap_err();
+        assert!(err.to_string().contains(CHALLENGE_KEY), "{err}");
     }
 
     #[test]

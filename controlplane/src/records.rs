@@ -1,4 +1,5 @@
-//! Nodes, their certificates, and the event log.
+//! Nodes, their certificates, hardware bindings, the joins audit, and the
+//! event log.
 
 use rusqlite::{OptionalExtension, Transaction};
 
@@ -18,10 +19,11 @@ pub struct NodeRow {
     pub attestor: String,
     pub joined_at: UnixMs,
     pub retired_at: Option<UnixMs>,
+    pub pool_id: String,
 }
 
 const NODE_SELECT: &str =
-    "SELECT id, role, identity_generation, attestor, joined_at, retired_at FROM nodes";
+    "SELECT id, role, identity_generation, attestor, joined_at, retired_at, pool_id FROM nodes";
 
 fn read_node(r: &rusqlite::Row<'_>) -> rusqlite::Result<NodeRow> {
     Ok(NodeRow {
@@ -31,6 +33,7 @@ fn read_node(r: &rusqlite::Row<'_>) -> rusqlite::Result<NodeRow> {
         attestor: r.get(3)?,
         joined_at: r.get(4)?,
         retired_at: r.get(5)?,
+        pool_id: r.get(6)?,
     })
 }
 
@@ -50,15 +53,16 @@ pub fn node_for_update(tx: &Transaction<'_>, id: &str) -> Result<Option<NodeRow>
 
 pub fn insert_node(tx: &Transaction<'_>, n: &NodeRow) -> Result<(), DbError> {
     tx.execute(
-        "INSERT INTO nodes (id, role, identity_generation, attestor, joined_at, retired_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        "INSERT INTO nodes (id, role, identity_generation, attestor, joined_at, retired_at, pool_id)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
         rusqlite::params![
             n.id,
             n.role,
             n.identity_generation,
             n.attestor,
             n.joined_at,
-            n.retired_at
+            n.retired_at,
+            n.pool_id
         ],
     )?;
     Ok(())
@@ -104,6 +108,136 @@ pub fn insert_cert(
         ],
     )?;
     Ok(())
+}
+
+/// A hardware key bound to a node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BindingRow {
+    pub kind: String,
+    pub key: String,
+    pub node_id: String,
+    pub created_at: UnixMs,
+}
+
+fn read_binding(r: &rusqlite::Row<'_>) -> rusqlite::Result<BindingRow> {
+    Ok(BindingRow {
+        kind: r.get(0)?,
+        key: r.get(1)?,
+        node_id: r.get(2)?,
+        created_at: r.get(3)?,
+    })
+}
+
+const BINDING_SELECT: &str = "SELECT kind, key, node_id, created_at FROM node_bindings";
+
+/// The node a hardware key is bound to.
+pub fn binding_by_key(
+    conn: &rusqlite::Connection,
+    kind: &str,
+    key: &str,
+) -> Result<Option<BindingRow>, DbError> {
+    Ok(conn
+        .query_row(
+            &format!("{BINDING_SELECT} WHERE kind = ?1 AND key = ?2"),
+            [kind, key],
+            read_binding,
+        )
+        .optional()?)
+}
+
+/// The key of `kind` a node is bound to (at most one per kind).
+pub fn binding_of_node(
+    conn: &rusqlite::Connection,
+    node_id: &str,
+    kind: &str,
+) -> Result<Option<BindingRow>, DbError> {
+    Ok(conn
+        .query_row(
+            &format!("{BINDING_SELECT} WHERE node_id = ?1 AND kind = ?2"),
+            [node_id, kind],
+            read_binding,
+        )
+        .optional()?)
+}
+
+pub fn insert_binding(
+    tx: &Transaction<'_>,
+    kind: &str,
+    key: &str,
+    node_id: &str,
+    now: UnixMs,
+) -> Result<(), DbError> {
+    tx.execute(
+        "INSERT INTO node_bindings (kind, key, node_id, created_at) VALUES (?1, ?2, ?3, ?4)",
+        rusqlite::params![kind, key, node_id, now],
+    )?;
+    Ok(())
+}
+
+/// Every binding, by node then kind.
+pub fn list_bindings(db: &Database) -> Result<Vec<BindingRow>, DbError> {
+    db.with_conn(|c| {
+        let mut st = c.prepare(&format!("{BINDING_SELECT} ORDER BY node_id, kind"))?;
+        let rows = st.query_map([], read_binding)?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(DbError::from)
+    })?
+}
+
+/// A row of the joins audit: one per admitted join.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JoinRow {
+    pub node_id: String,
+    pub attestor: String,
+    /// `tpm` or `unattested`.
+    pub node_key: String,
+    pub identity_generation: i64,
+    pub at: UnixMs,
+}
+
+pub fn insert_join(tx: &Transaction<'_>, j: &JoinRow) -> Result<(), DbError> {
+    tx.execute(
+        "INSERT INTO joins (node_id, attestor, node_key, identity_generation, at)
+         VALUES (?1, ?2, ?3, ?4, ?5)",
+        rusqlite::params![
+            j.node_id,
+            j.attestor,
+            j.node_key,
+            j.identity_generation,
+            j.at
+        ],
+    )?;
+    Ok(())
+}
+
+/// The node key of each node's last join (`tpm` or `unattested`).
+pub fn last_node_keys(db: &Database) -> Result<std::collections::HashMap<String, String>, DbError> {
+    db.with_conn(|c| {
+        let mut st = c.prepare(
+            "SELECT node_id, node_key FROM joins
+             WHERE id IN (SELECT max(id) FROM joins GROUP BY node_id)",
+        )?;
+        let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        rows.collect::<Result<_, _>>().map_err(DbError::from)
+    })?
+}
+
+/// The joins audit, oldest first.
+pub fn list_joins(db: &Database) -> Result<Vec<JoinRow>, DbError> {
+    db.with_conn(|c| {
+        let mut st = c.prepare(
+            "SELECT node_id, attestor, node_key, identity_generation, at FROM joins ORDER BY id",
+        )?;
+        let rows = st.query_map([], |r| {
+            Ok(JoinRow {
+                node_id: r.get(0)?,
+                attestor: r.get(1)?,
+                node_key: r.get(2)?,
+                identity_generation: r.get(3)?,
+                at: r.get(4)?,
+            })
+        })?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(DbError::from)
+    })?
 }
 
 /// An event to append to the log.

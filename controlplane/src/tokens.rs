@@ -6,6 +6,7 @@ use bc_wire::token::JoinToken;
 use rusqlite::{OptionalExtension, Transaction};
 
 use crate::db::{self, Database, DbError, UnixMs};
+use crate::pools::{self, PoolError};
 
 /// A `join_tokens` row; never holds the secret.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -17,6 +18,8 @@ pub struct TokenRow {
     pub expires_at: UnixMs,
     pub revoked_at: Option<UnixMs>,
     pub created_at: UnixMs,
+    /// The pool the token's nodes join (`None`: `default`).
+    pub pool_id: Option<String>,
 }
 
 /// SHA-256 of a token secret, as stored.
@@ -32,11 +35,32 @@ pub fn create_token(
     uses: u32,
     ttl_ms: i64,
 ) -> Result<(JoinToken, TokenRow), DbError> {
+    create_token_in_pool(db, role, uses, ttl_ms, None).map_err(|e| match e {
+        PoolError::Db(e) => e,
+        // No pool was named, so none can be missing.
+        other => DbError::Corrupt {
+            what: "pool",
+            detail: other.to_string(),
+        },
+    })
+}
+
+/// [`create_token`] whose nodes join `pool` (which must exist).
+pub fn create_token_in_pool(
+    db: &Database,
+    role: Role,
+    uses: u32,
+    ttl_ms: i64,
+    pool: Option<&str>,
+) -> Result<(JoinToken, TokenRow), PoolError> {
     let id = crate::ids::random_id("tok_").map_err(DbError::Random)?;
     let secret =
         crate::ids::random_bytes::<{ bc_wire::token::SECRET_LEN }>().map_err(DbError::Random)?;
     let token = JoinToken { id, secret };
     let row = db.write(|tx| {
+        if let Some(pool) = pool {
+            pools::require(tx, pool)?;
+        }
         let now = db::compute_now(tx)?;
         let row = TokenRow {
             id: token.id.clone(),
@@ -46,20 +70,23 @@ pub fn create_token(
             expires_at: now.saturating_add(ttl_ms),
             revoked_at: None,
             created_at: now,
+            pool_id: pool.map(str::to_owned),
         };
         tx.execute(
-            "INSERT INTO join_tokens (id, secret_sha256, role, uses_left, expires_at, created_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            "INSERT INTO join_tokens (id, secret_sha256, role, uses_left, expires_at, created_at, pool_id)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
             rusqlite::params![
                 row.id,
                 row.secret_sha256.as_slice(),
                 row.role,
                 row.uses_left,
                 row.expires_at,
-                row.created_at
+                row.created_at,
+                row.pool_id
             ],
-        )?;
-        Ok::<_, DbError>(row)
+        )
+        .map_err(DbError::from)?;
+        Ok::<_, PoolError>(row)
     })?;
     Ok((token, row))
 }
@@ -127,7 +154,8 @@ pub fn consume_use(tx: &Transaction<'_>, id: &str) -> Result<(), DbError> {
 }
 
 const SELECT: &str =
-    "SELECT id, secret_sha256, role, uses_left, expires_at, revoked_at, created_at FROM join_tokens";
+    "SELECT id, secret_sha256, role, uses_left, expires_at, revoked_at, created_at, pool_id
+     FROM join_tokens";
 
 type RowResult = Result<TokenRow, DbError>;
 
@@ -148,5 +176,6 @@ fn read_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RowResult> {
         expires_at: r.get(4)?,
         revoked_at: r.get(5)?,
         created_at: r.get(6)?,
+        pool_id: r.get(7)?,
     }))
 }

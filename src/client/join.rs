@@ -34,6 +34,8 @@ pub enum JoinError {
     TooManyChallenges(u32),
     #[error("the control plane's challenge expired before it could be answered")]
     ChallengeExpired,
+    #[error("cannot answer the challenge: {0}")]
+    Evidence(String),
 }
 
 /// Sends one `Join`. The real one is [`Client`]; tests script their own.
@@ -113,10 +115,15 @@ pub async fn run<T: Transport>(
     policy: &Policy,
 ) -> Result<Accepted, JoinError> {
     let mut challenges = 0u32;
+    // After a wait, the attestor starts over with its first evidence: a
+    // challenge answered before the approval is stale by then.
+    let first_attestation = request.attestation.clone();
     loop {
         let response = transport.join(&request).await?;
         match answer::open(&response, expected)? {
             Opened::Pending(p) => {
+                request.attestation = first_attestation.clone();
+                challenges = 0;
                 let wait = policy.wait_for(&p);
                 tracing::info!(
                     request_id = %printable(&p.request_id),

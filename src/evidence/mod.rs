@@ -1,12 +1,15 @@
 //! Evidence builders, one per attestor.
 //!
-//! Each is a pure function of its inputs (token, keys, CSR digest, claims,
-//! clock), so each is tested with vectors and none does I/O. The join flow
+//! Each is a function of its inputs (token, keys, CSR digest, claims,
+//! clock, and for `tpm` the TPM itself); none talks to the network. The join flow
 //! picks the builder for the configured attestor.
 pub mod join_token;
+pub mod tpm;
 
 /// Attestor ids as the control plane names them.
 pub mod attestor {
     /// The built-in attestor: a sealed join token, no further evidence.
     pub const JOIN_TOKEN: &str = "join-token";
+    /// The TPM's EK and AK, two rounds, the node key certified by the AK.
+    pub const TPM: &str = "tpm";
 }

@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
-use crate::keys::{self, KeyError, NodeKey, NodeKeyKind};
+use crate::keys::{self, KeyError, NodeKey, NodeKeyKind, TpmAccess};
 use crate::pki::{self, CertError, NodeCert};
 
 pub const IDENTITY_FILE: &str = "identity.json";
@@ -58,6 +58,10 @@ pub enum IdentityError {
         key_kid: String,
         cert_kid: String,
     },
+    /// The spec's wording: a clear shows here, since the owner seed changed
+    /// and the same unique now derives another key.
+    #[error("the node key does not match the node certificate: the TPM derives another key from node.key (was the TPM cleared?); join again: bcd join --reset --yes, then bcd join")]
+    TpmKeyMismatch,
     #[error("{path} names node {file} in {file_td}, but its certificate names {cert}")]
     IdMismatch {
         path: PathBuf,
@@ -113,7 +117,7 @@ impl Identity {
     /// Loads the identity in `data_dir`: `Ok(None)` when there is none
     /// (no `identity.json`), an error when there is one that does not hold
     /// together.
-    pub fn load(data_dir: &Path) -> Result<Option<Identity>, IdentityError> {
+    pub fn load(data_dir: &Path, tpm: &TpmAccess) -> Result<Option<Identity>, IdentityError> {
         let path = data_dir.join(IDENTITY_FILE);
         let text = match std::fs::read_to_string(&path) {
             Ok(t) => t,
@@ -164,8 +168,11 @@ impl Identity {
         let key_path = data_dir.join(NODE_KEY_FILE);
         warn_if_loose(data_dir);
         warn_if_loose(&key_path);
-        let key = keys::load(kind, &key_path)?;
+        let key = keys::load(kind, &key_path, tpm)?;
         if key.spki_der() != cert.spki.as_slice() {
+            if kind == NodeKeyKind::Tpm {
+                return Err(IdentityError::TpmKeyMismatch);
+            }
             return Err(IdentityError::KeyMismatch {
                 key: key_path,
                 key_kid: key.kid(),
@@ -267,13 +274,13 @@ pub(crate) mod tests {
     fn save_then_load_round_trips() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("bcd");
-        assert!(Identity::load(&dir).unwrap().is_none());
+        assert!(Identity::load(&dir, &TpmAccess::none()).unwrap().is_none());
         let id = sample(FileKey::generate().unwrap());
         id.save(&dir).unwrap();
         assert_eq!(mode(&dir), 0o700);
         assert_eq!(mode(&dir.join(NODE_KEY_FILE)), 0o600);
         assert_eq!(mode(&dir.join(IDENTITY_FILE)), 0o600);
-        let back = Identity::load(&dir).unwrap().unwrap();
+        let back = Identity::load(&dir, &TpmAccess::none()).unwrap().unwrap();
         assert_eq!(back.node_id, "node_abc");
         assert_eq!(back.role, Role::Node);
         assert_eq!(back.joined_at, id.joined_at);
@@ -304,7 +311,9 @@ pub(crate) mod tests {
             other.to_file_contents().unwrap().as_bytes(),
         )
         .unwrap();
-        let e = Identity::load(tmp.path()).unwrap_err().to_string();
+        let e = Identity::load(tmp.path(), &TpmAccess::none())
+            .unwrap_err()
+            .to_string();
         assert!(
             e.starts_with("the node key does not match the node certificate"),
             "{e}"
@@ -319,12 +328,12 @@ pub(crate) mod tests {
             .unwrap();
         std::fs::remove_file(tmp.path().join(NODE_KEY_FILE)).unwrap();
         assert!(matches!(
-            Identity::load(tmp.path()),
+            Identity::load(tmp.path(), &TpmAccess::none()),
             Err(IdentityError::Key(KeyError::Read { .. }))
         ));
         std::fs::write(tmp.path().join(IDENTITY_FILE), "{").unwrap();
         assert!(matches!(
-            Identity::load(tmp.path()),
+            Identity::load(tmp.path(), &TpmAccess::none()),
             Err(IdentityError::Malformed { .. })
         ));
     }

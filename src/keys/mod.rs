@@ -6,17 +6,20 @@
 //! nothing above this module. A holder only has to produce ES256 signatures
 //! and its public half.
 //!
-//! Seams for the other holders: add a variant to [`NodeKeyKind`], a module
-//! beside `file.rs`, and an arm in [`generate`] and [`load`].
+//! Holders: `file.rs` (PKCS#8) and `tpm.rs` (an owner-hierarchy primary);
+//! the root helper's comes with `bcd helper`.
 mod csr;
 mod file;
+mod tpm;
 
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 
 use p256::elliptic_curve::zeroize::Zeroizing;
 
 pub use csr::make_csr;
 pub use file::FileKey;
+pub use tpm::{lock as lock_tpm, SharedTpm, TpmKey};
 
 /// Where a node key is held. Recorded in `identity.json` (`nodeKey`) and
 /// shown by `bcd status`.
@@ -66,8 +69,12 @@ pub enum KeyError {
     Sign,
     #[error("cannot build the CSR: {0}")]
     Csr(String),
-    #[error("this bcd cannot hold a node key in the TPM yet")]
-    TpmUnsupported,
+    #[error("the node key is in the TPM, but this machine has no TPM (set [tpm] tcti, TPM2TOOLS_TCTI or TCTI, or provide /dev/tpmrm0)")]
+    NoTpm,
+    #[error(transparent)]
+    Tpm(#[from] crate::tpm::TpmError),
+    #[error("the TPM connection is unusable after an earlier failure")]
+    TpmBusy,
 }
 
 /// A P-256 signing key, wherever it is held. `Send + Sync` because rustls
@@ -92,19 +99,73 @@ pub trait NodeKey: Send + Sync + std::fmt::Debug {
     fn to_file_contents(&self) -> Result<Zeroizing<String>, KeyError>;
 }
 
-/// A new node key of `kind`, in memory only: nothing is written until the
-/// join is accepted.
-pub fn generate(kind: NodeKeyKind) -> Result<Box<dyn NodeKey>, KeyError> {
-    match kind {
-        NodeKeyKind::File => Ok(Box::new(FileKey::generate()?)),
-        NodeKeyKind::Tpm => Err(KeyError::TpmUnsupported),
+/// The machine's TPM, opened on first use and then shared: one connection
+/// for the node key and the attestor.
+pub struct TpmAccess {
+    tcti: Option<String>,
+    opened: Mutex<Option<SharedTpm>>,
+}
+
+impl TpmAccess {
+    /// `configured` is the config's `[tpm] tcti`; see [`crate::tpm::resolve_tcti`].
+    pub fn new(configured: Option<&str>) -> TpmAccess {
+        TpmAccess {
+            tcti: crate::tpm::resolve_tcti(configured),
+            opened: Mutex::new(None),
+        }
+    }
+
+    /// No TPM, whatever the machine has: for tests of file keys.
+    pub fn none() -> TpmAccess {
+        TpmAccess {
+            tcti: None,
+            opened: Mutex::new(None),
+        }
+    }
+
+    /// Whether this machine has a TPM bcd would use.
+    pub fn present(&self) -> bool {
+        self.tcti.is_some()
+    }
+
+    pub fn tcti(&self) -> Option<&str> {
+        self.tcti.as_deref()
+    }
+
+    pub fn open(&self) -> Result<SharedTpm, KeyError> {
+        let tcti = self.tcti.as_deref().ok_or(KeyError::NoTpm)?;
+        let mut opened = self.opened.lock().map_err(|_| KeyError::TpmBusy)?;
+        if let Some(tpm) = opened.as_ref() {
+            return Ok(tpm.clone());
+        }
+        let tpm = Arc::new(Mutex::new(crate::tpm::Tpm::open(tcti)?));
+        *opened = Some(tpm.clone());
+        Ok(tpm)
+    }
+}
+
+/// A new node key, in memory only: nothing is written until the join is
+/// accepted. In the TPM when there is one; when the TPM cannot hold it, a
+/// warning and a file key, unless `require_tpm` (a TPM-attested join), which
+/// stops with the TPM's error instead.
+pub fn generate(tpm: &TpmAccess, require_tpm: bool) -> Result<Box<dyn NodeKey>, KeyError> {
+    if !tpm.present() && !require_tpm {
+        return Ok(Box::new(FileKey::generate()?));
+    }
+    match tpm.open().and_then(TpmKey::generate) {
+        Ok(key) => Ok(Box::new(key)),
+        Err(e) if !require_tpm => {
+            tracing::warn!(error = %e, "the TPM cannot hold the node key; using a file key instead");
+            Ok(Box::new(FileKey::generate()?))
+        }
+        Err(e) => Err(e),
     }
 }
 
 /// Loads the node key of `kind` from its file (`node.key`).
-pub fn load(kind: NodeKeyKind, path: &Path) -> Result<Box<dyn NodeKey>, KeyError> {
+pub fn load(kind: NodeKeyKind, path: &Path, tpm: &TpmAccess) -> Result<Box<dyn NodeKey>, KeyError> {
     match kind {
         NodeKeyKind::File => Ok(Box::new(FileKey::load(path)?)),
-        NodeKeyKind::Tpm => Err(KeyError::TpmUnsupported),
+        NodeKeyKind::Tpm => Ok(Box::new(TpmKey::load(tpm.open()?, path)?)),
     }
 }

@@ -62,6 +62,13 @@ impl ControlPlane {
         cp.serve()
     }
 
+    /// Like [`ControlPlane::start`], with `controlplane.toml` written first.
+    pub fn start_with_config(toml: &str) -> Self {
+        let cp = ControlPlane::init_only();
+        std::fs::write(cp.path().join("controlplane.toml"), toml).expect("write controlplane.toml");
+        cp.serve()
+    }
+
     /// An initialised directory without a server, for CLI-only tests and for
     /// an in-process server.
     pub fn init_only() -> Self {
@@ -263,6 +270,9 @@ impl Agent {
             .arg("--config")
             .arg(&self.config)
             .env_remove("BCD_JOIN_TOKEN")
+            // Only a TPM the test names: never the machine's, never the caller's.
+            .env_remove("TPM2TOOLS_TCTI")
+            .env_remove("TCTI")
             .env("TSS2_LOG", "all+none")
             .stdin(Stdio::null());
         cmd
@@ -324,4 +334,160 @@ pub fn assert_access_denied(out: &Output) {
         err.contains("access denied"),
         "expected an access-denied message, got: {err}"
     );
+}
+
+/// The workspace root, where `tpmsim-fixtures/` lives.
+pub fn workspace() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A manufactured swtpm state, made once per test run and copied for each
+/// swtpm: `manufacture` takes ~0.6 s, a copy microseconds.
+/// `machine` names the TPM: copies of one state are one TPM (same EK).
+pub fn manufactured(machine: &'static str) -> &'static Path {
+    use std::sync::OnceLock;
+    static A: OnceLock<tempfile::TempDir> = OnceLock::new();
+    static B: OnceLock<tempfile::TempDir> = OnceLock::new();
+    static OTHER: OnceLock<tempfile::TempDir> = OnceLock::new();
+    let (cell, maker) = match machine {
+        "a" => (&A, "test"),
+        "b" => (&B, "test"),
+        _ => (&OTHER, "other"),
+    };
+    cell.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let out = Command::new(workspace().join("tpmsim-fixtures/manufacture"))
+            .arg(dir.path())
+            .args(["--maker", maker])
+            .output()
+            .expect("run tpmsim-fixtures/manufacture (are swtpm and swtpm-tools installed?)");
+        assert_ok(&out);
+        dir
+    })
+    .path()
+}
+
+/// A swtpm on free loopback ports, from a copy of a manufactured state.
+/// Stopped on drop.
+pub struct Swtpm {
+    pub dir: tempfile::TempDir,
+    pub port: u16,
+}
+
+impl Swtpm {
+    pub fn start() -> Self {
+        Swtpm::start_from(manufactured("a"))
+    }
+
+    /// Another machine's TPM: another EK from the same maker.
+    pub fn start_another_machine() -> Self {
+        Swtpm::start_from(manufactured("b"))
+    }
+
+    /// A TPM whose EK certificate comes from a maker the control plane does not know.
+    pub fn start_other_maker() -> Self {
+        Swtpm::start_from(manufactured("other"))
+    }
+
+    fn start_from(template: &Path) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::copy(
+            template.join("tpm2-00.permall"),
+            dir.path().join("tpm2-00.permall"),
+        )
+        .expect("copy state");
+        // The swtpm TCTI wants the control port at port+1. Another process can
+        // take a port between our probe and swtpm's bind: try a few pairs.
+        for _ in 0..10 {
+            let port = free_port_pair();
+            let status = Command::new("swtpm")
+                .args(["socket", "--tpm2", "--tpmstate"])
+                .arg(format!("dir={}", dir.path().display()))
+                .args([
+                    "--server",
+                    &format!("type=tcp,port={port},bindaddr=127.0.0.1"),
+                ])
+                .args([
+                    "--ctrl",
+                    &format!("type=tcp,port={},bindaddr=127.0.0.1", port + 1),
+                ])
+                .args(["--flags", "not-need-init,startup-clear"])
+                .arg("--pid")
+                .arg(format!("file={}", dir.path().join("swtpm.pid").display()))
+                .arg("--log")
+                .arg(format!(
+                    "file={},level=2",
+                    dir.path().join("swtpm.log").display()
+                ))
+                // --daemon returns once the sockets listen: nothing to wait for.
+                .arg("--daemon")
+                .status()
+                .expect("run swtpm");
+            if status.success() {
+                return Swtpm { dir, port };
+            }
+        }
+        panic!("swtpm did not start on any free port pair");
+    }
+
+    pub fn tcti(&self) -> String {
+        format!("swtpm:host=127.0.0.1,port={}", self.port)
+    }
+
+    /// How many TPM commands swtpm has executed so far.
+    pub fn commands(&self) -> usize {
+        std::fs::read_to_string(self.dir.path().join("swtpm.log"))
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains("SWTPM_IO_Read"))
+            .count()
+    }
+
+    /// tpm2-tools against this TPM.
+    pub fn tool(&self, tool: &str, args: &[&str]) -> Output {
+        Command::new(tool)
+            .args(args)
+            .env("TPM2TOOLS_TCTI", self.tcti())
+            .env("TSS2_LOG", "all+none")
+            .output()
+            .unwrap_or_else(|e| panic!("run {tool}: {e}"))
+    }
+
+    /// TPM2_Clear through the lockout hierarchy: a new owner seed (node keys
+    /// derive differently), same endorsement seed (same EK and AK).
+    pub fn clear(&self) {
+        assert_ok(&self.tool("tpm2_clear", &["-c", "l"]));
+    }
+}
+
+impl Drop for Swtpm {
+    fn drop(&mut self) {
+        if let Ok(pid) = std::fs::read_to_string(self.dir.path().join("swtpm.pid")) {
+            if let Ok(pid) = pid.trim().parse::<i32>() {
+                let _ = Command::new("kill").arg(pid.to_string()).status();
+            }
+        }
+    }
+}
+
+/// A port P such that P and P+1 were both free a moment ago.
+fn free_port_pair() -> u16 {
+    loop {
+        let a = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = a.local_addr().expect("addr").port();
+        if port < u16::MAX && std::net::TcpListener::bind(("127.0.0.1", port + 1)).is_ok() {
+            return port;
+        }
+    }
+}
+
+impl Agent {
+    /// An agent whose config names this swtpm (`[tpm] tcti`).
+    pub fn with_tpm(cp: &ControlPlane, tpm: &Swtpm) -> Self {
+        let agent = Agent::new(cp);
+        let mut config = std::fs::read_to_string(&agent.config).expect("config");
+        config.push_str(&format!("\n[tpm]\ntcti = \"{}\"\n", tpm.tcti()));
+        std::fs::write(&agent.config, config).expect("write config");
+        agent
+    }
 }

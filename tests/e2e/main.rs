@@ -10,4 +10,5 @@ mod harness;
 mod answers;
 mod join_token;
 mod reset;
+mod tpm;
 mod usage;

@@ -66,10 +66,10 @@ impl Attestor for JoinTokenAttestor {
         }
         tokens::consume_use(tx, &token.id)?;
         Ok(Verdict::Admit(AttestationResult {
-            reclaim_node_id: None,
             token_id: Some(token.id.clone()),
-            node_key_uri: None,
             node_key: NodeKeyKind::Unattested,
+            pool_id: row.pool_id,
+            ..AttestationResult::default()
         }))
     }
 }
@@ -105,6 +105,7 @@ mod tests {
                 token: token.as_ref(),
                 csr_der: &[],
                 csr_sha256: [0; 32],
+                csr_spki_der: &[],
                 csr_spki_sha256: [0; 32],
                 claims: &claims,
                 now,

@@ -1,0 +1,512 @@
+//! The EK certificate: its chain to the configured `ekRoots`, and the EK
+//! public area it must describe.
+//!
+//! The chain is verified here and not by a TLS verifier: EK certificates
+//! carry a critical subjectAltName holding only a directoryName (the TPM's
+//! maker, model and version) and the EKU 2.23.133.8.1, which webpki and
+//! friends reject. What is checked instead:
+//!
+//! * the EK certificate parses as exactly one DER certificate and is valid at
+//!   the database's time;
+//! * its issuer is a configured EK root (found by subject, its signature
+//!   verified with that root's key); every configured certificate is a trust
+//!   anchor, a maker's root or one of its intermediates alike;
+//! * when the issuer's own issuer is configured too, that link is verified
+//!   as well, up to a self-issued certificate or at most [`MAX_DEPTH`]
+//!   issuers;
+//! * every issuer is a CA by basicConstraints, has keyCertSign when it has a
+//!   keyUsage, respects its pathLenConstraint and is valid at the
+//!   database's time.
+//!
+//! Roots are stored in the `ek_roots` table by `bc-controlplane ek-roots add`.
+
+use rusqlite::Connection;
+use x509_parser::certificate::X509Certificate;
+use x509_parser::prelude::FromDer;
+use x509_parser::public_key::PublicKey;
+
+use bc_wire::tpm::{KeyParams, Public, ALG_NULL};
+
+use crate::db::{self, Database, DbError, UnixMs};
+
+/// Most issuers walked above an EK certificate.
+pub const MAX_DEPTH: usize = 4;
+
+/// TPMA_OBJECT of the TCG default EK templates (L-1): fixedTPM,
+/// fixedParent, sensitiveDataOrigin, adminWithPolicy, restricted, decrypt.
+pub const EK_ATTRIBUTES: u32 = 0x0003_00B2;
+/// PolicyA: TPM2_PolicySecret(TPM_RH_ENDORSEMENT), the L-1 authPolicy.
+pub const EK_POLICY_A: [u8; 32] = [
+    0x83, 0x71, 0x97, 0x67, 0x44, 0x84, 0xb3, 0xf8, 0x1a, 0x90, 0xcc, 0x8d, 0x46, 0xa5, 0xd7, 0x24,
+    0xfd, 0x52, 0xd7, 0x6e, 0x06, 0x52, 0x0b, 0x64, 0xf2, 0xa1, 0xda, 0x1b, 0x33, 0x14, 0x69, 0xaa,
+];
+const ALG_AES: u16 = 0x0006;
+const RSA_2048: u16 = 2048;
+const DEFAULT_RSA_EXPONENT: u32 = 65_537;
+
+/// Why an EK is refused; [`EkError::reason`] is the refusal reason.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum EkError {
+    /// No chain to a root, a bad signature, expired, or not parseable.
+    #[error("ek-certificate: {0}")]
+    Certificate(String),
+    /// The EK public area is not the L-1 RSA-2048 EK holding the
+    /// certificate's key.
+    #[error("ek-mismatch: {0}")]
+    Mismatch(&'static str),
+}
+
+impl EkError {
+    pub fn reason(&self) -> &'static str {
+        match self {
+            EkError::Certificate(_) => "ek-certificate",
+            EkError::Mismatch(_) => "ek-mismatch",
+        }
+    }
+}
+
+/// An EK whose certificate chains to a root and whose public area matches it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VerifiedEk {
+    /// The certificate's SubjectPublicKeyInfo, DER: MakeCredential encrypts
+    /// to this key, never to one the agent chose.
+    pub spki_der: Vec<u8>,
+    /// SHA-256 of `spki_der`: the key the machine is known by.
+    pub spki_sha256: [u8; 32],
+    pub issuer: String,
+    /// Lowercase hex of the serial number.
+    pub serial: String,
+}
+
+/// Verifies the EK certificate against `roots` (DER) at database time
+/// `now`, then the EK public area against it.
+pub fn verify_ek(
+    cert_der: &[u8],
+    ek_public: &[u8],
+    roots: &[Vec<u8>],
+    now: UnixMs,
+) -> Result<VerifiedEk, EkError> {
+    let cert = parse_exact(cert_der)
+        .ok_or_else(|| EkError::Certificate("not one DER X.509 certificate".into()))?;
+    verify_chain(&cert, roots, now)?;
+    check_public(&cert, ek_public)?;
+    let spki_der = cert.public_key().raw.to_vec();
+    let mut issuer = cert.issuer().to_string();
+    truncate(&mut issuer, super::state::MAX_ISSUER_LEN);
+    Ok(VerifiedEk {
+        spki_sha256: bc_wire::sha256(&spki_der),
+        spki_der,
+        issuer,
+        serial: hex::encode(cert.raw_serial()),
+    })
+}
+
+fn truncate(s: &mut String, max: usize) {
+    if s.len() > max {
+        let mut end = max;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+    }
+}
+
+fn parse_exact(der: &[u8]) -> Option<X509Certificate<'_>> {
+    match X509Certificate::from_der(der) {
+        Ok(([], cert)) => Some(cert),
+        _ => None,
+    }
+}
+
+fn valid_at(cert: &X509Certificate<'_>, now: UnixMs) -> bool {
+    let now_s = now.div_euclid(1000);
+    let v = cert.validity();
+    v.not_before.timestamp() <= now_s && now_s <= v.not_after.timestamp()
+}
+
+fn verify_chain(leaf: &X509Certificate<'_>, roots: &[Vec<u8>], now: UnixMs) -> Result<(), EkError> {
+    let bad = |m: &str| EkError::Certificate(m.to_owned());
+    if !valid_at(leaf, now) {
+        return Err(bad("the EK certificate is not valid at this time"));
+    }
+    // Stored roots were checked when added; one that no longer parses is skipped.
+    let anchors: Vec<X509Certificate<'_>> = roots.iter().filter_map(|d| parse_exact(d)).collect();
+    let mut child = leaf;
+    // `cas_below`: CA certificates between the current issuer and the leaf.
+    for (depth, cas_below) in (0..MAX_DEPTH).enumerate() {
+        let issuer = anchors.iter().find(|a| {
+            a.subject().as_raw() == child.issuer().as_raw()
+                && child.verify_signature(Some(a.public_key())).is_ok()
+        });
+        let Some(issuer) = issuer else {
+            return if depth == 0 {
+                Err(bad("not issued by a configured EK root"))
+            } else {
+                // `child` is itself a configured root: the chain is anchored.
+                Ok(())
+            };
+        };
+        check_issuer(issuer, cas_below, now)?;
+        if issuer.subject().as_raw() == issuer.issuer().as_raw() {
+            return Ok(());
+        }
+        child = issuer;
+    }
+    Err(bad("the chain is longer than 4 issuers"))
+}
+
+fn check_issuer(ca: &X509Certificate<'_>, cas_below: usize, now: UnixMs) -> Result<(), EkError> {
+    let bad = |m: String| EkError::Certificate(m);
+    let name = ca.subject().to_string();
+    let bc = ca
+        .basic_constraints()
+        .map_err(|_| bad(format!("issuer {name}: malformed basicConstraints")))?;
+    let Some(bc) = bc.filter(|bc| bc.value.ca) else {
+        return Err(bad(format!("issuer {name} is not a CA")));
+    };
+    if let Some(max) = bc.value.path_len_constraint {
+        if usize::try_from(max).is_ok_and(|max| cas_below > max) {
+            return Err(bad(format!("issuer {name}: path length exceeded")));
+        }
+    }
+    match ca.key_usage() {
+        Ok(None) => {}
+        Ok(Some(ku)) if ku.value.key_cert_sign() => {}
+        _ => return Err(bad(format!("issuer {name} may not sign certificates"))),
+    }
+    if !valid_at(ca, now) {
+        return Err(bad(format!("issuer {name} is not valid at this time")));
+    }
+    Ok(())
+}
+
+/// The EK public area must be the L-1 RSA-2048 template holding the
+/// certificate's key: the challenge is computed for exactly that EK.
+fn check_public(cert: &X509Certificate<'_>, ek_public: &[u8]) -> Result<(), EkError> {
+    let m = EkError::Mismatch;
+    let public = Public::parse(ek_public).map_err(|_| m("the EK public area does not parse"))?;
+    let KeyParams::Rsa {
+        symmetric,
+        scheme,
+        key_bits,
+        exponent,
+        modulus,
+    } = &public.params
+    else {
+        return Err(m("the EK is not an RSA key"));
+    };
+    if public.attributes != EK_ATTRIBUTES
+        || public.auth_policy != EK_POLICY_A
+        || *symmetric != ALG_AES
+        || *scheme != ALG_NULL
+        || *key_bits != RSA_2048
+    {
+        return Err(m(
+            "the EK public area is not the default RSA-2048 EK template",
+        ));
+    }
+    let Ok(PublicKey::RSA(cert_key)) = cert.public_key().parsed() else {
+        return Err(m("the EK certificate does not hold an RSA key"));
+    };
+    let exponent = if *exponent == 0 {
+        DEFAULT_RSA_EXPONENT
+    } else {
+        *exponent
+    };
+    let cert_exponent = strip_zeros(cert_key.exponent);
+    if strip_zeros(modulus) != strip_zeros(cert_key.modulus)
+        || cert_exponent.len() > 4
+        || cert_exponent
+            .iter()
+            .fold(0u32, |acc, b| (acc << 8) | u32::from(*b))
+            != exponent
+    {
+        return Err(m("the EK public area does not hold the certificate's key"));
+    }
+    Ok(())
+}
+
+fn strip_zeros(b: &[u8]) -> &[u8] {
+    let first = b.iter().position(|&x| x != 0).unwrap_or(b.len());
+    &b[first..]
+}
+
+/// A configured EK root.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EkRoot {
+    /// Lowercase hex SHA-256 of the DER.
+    pub sha256: String,
+    pub der: Vec<u8>,
+    pub subject: String,
+    pub not_after: UnixMs,
+    pub added_at: UnixMs,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EkRootError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error(transparent)]
+    Db(#[from] DbError),
+}
+
+/// Parses PEM text holding one or more CERTIFICATE blocks, each of which
+/// must be a CA certificate. Anything else (no PEM, another block type, a
+/// leaf certificate) refuses the whole input.
+pub fn parse_roots_pem(text: &[u8]) -> Result<Vec<Vec<u8>>, EkRootError> {
+    use rustls_pemfile::Item;
+    let mut out = Vec::new();
+    for item in rustls_pemfile::read_all(&mut &text[..]) {
+        match item.map_err(|e| EkRootError::Invalid(format!("bad PEM: {e}")))? {
+            Item::X509Certificate(der) => {
+                let cert = parse_exact(&der).ok_or_else(|| {
+                    EkRootError::Invalid(format!(
+                        "certificate {} is not a DER X.509 certificate",
+                        out.len() + 1
+                    ))
+                })?;
+                let is_ca = matches!(cert.basic_constraints(), Ok(Some(bc)) if bc.value.ca);
+                if !is_ca {
+                    return Err(EkRootError::Invalid(format!(
+                        "{} is not a CA certificate (basicConstraints CA:TRUE); an EK root must be a maker's root or intermediate",
+                        cert.subject()
+                    )));
+                }
+                out.push(der.to_vec());
+            }
+            _ => {
+                return Err(EkRootError::Invalid(
+                    "only CERTIFICATE PEM blocks are accepted".into(),
+                ))
+            }
+        }
+    }
+    if out.is_empty() {
+        return Err(EkRootError::Invalid(
+            "no PEM CERTIFICATE block found (DER or other input is refused)".into(),
+        ));
+    }
+    Ok(out)
+}
+
+/// Adds CA certificates (DER, checked by [`parse_roots_pem`]); returns each
+/// root and whether it was new.
+pub fn add_roots(db: &Database, ders: &[Vec<u8>]) -> Result<Vec<(EkRoot, bool)>, EkRootError> {
+    db.write(|tx| {
+        let now = db::compute_now(tx)?;
+        let mut out = Vec::new();
+        for der in ders {
+            let cert = parse_exact(der)
+                .ok_or_else(|| EkRootError::Invalid("not a DER X.509 certificate".into()))?;
+            let root = EkRoot {
+                sha256: hex::encode(bc_wire::sha256(der)),
+                der: der.clone(),
+                subject: cert.subject().to_string(),
+                not_after: cert.validity().not_after.timestamp().saturating_mul(1000),
+                added_at: now,
+            };
+            let n = tx
+                .execute(
+                    "INSERT INTO ek_roots (sha256, der, subject, not_after, added_at)
+                     VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (sha256) DO NOTHING",
+                    rusqlite::params![
+                        root.sha256,
+                        root.der,
+                        root.subject,
+                        root.not_after,
+                        root.added_at
+                    ],
+                )
+                .map_err(DbError::from)?;
+            out.push((root, n == 1));
+        }
+        Ok(out)
+    })
+}
+
+/// The DER of every configured root, read in `conn`'s transaction.
+pub fn root_ders(conn: &Connection) -> Result<Vec<Vec<u8>>, DbError> {
+    let mut st = conn.prepare("SELECT der FROM ek_roots ORDER BY added_at, sha256")?;
+    let rows = st.query_map([], |r| r.get::<_, Vec<u8>>(0))?;
+    rows.collect::<Result<Vec<_>, _>>().map_err(DbError::from)
+}
+
+pub fn list_roots(db: &Database) -> Result<Vec<EkRoot>, DbError> {
+    db.with_conn(|c| {
+        let mut st = c.prepare(
+            "SELECT sha256, der, subject, not_after, added_at FROM ek_roots ORDER BY added_at, sha256",
+        )?;
+        let rows = st.query_map([], |r| {
+            Ok(EkRoot {
+                sha256: r.get(0)?,
+                der: r.get(1)?,
+                subject: r.get(2)?,
+                not_after: r.get(3)?,
+                added_at: r.get(4)?,
+            })
+        })?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(DbError::from)
+    })?
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    pub(crate) const ROOT_PEM: &[u8] = include_bytes!("../../../../tpmsim-fixtures/ek-root.pem");
+    pub(crate) const INTERMEDIATE_PEM: &[u8] =
+        include_bytes!("../../../../tpmsim-fixtures/ek-intermediate.pem");
+    const OTHER_PEM: &[u8] = include_bytes!("../../../../tpmsim-fixtures/other-maker.pem");
+    /// A real swtpm EK certificate issued by the test intermediate, and the
+    /// EK public area the agent sent with it (see testdata/README.md).
+    pub(crate) const EK_CERT: &[u8] = include_bytes!("testdata/ek-cert.der");
+    pub(crate) const EK_PUBLIC: &[u8] = include_bytes!("testdata/ek-public.bin");
+    /// The database time the fixtures were captured at.
+    pub(crate) const CAPTURED_AT: UnixMs = include!("testdata/captured-at.txt");
+
+    fn der(pem: &[u8]) -> Vec<u8> {
+        parse_roots_pem(pem).unwrap().remove(0)
+    }
+
+    #[test]
+    fn chains_through_the_intermediate() {
+        let both = [der(ROOT_PEM), der(INTERMEDIATE_PEM)];
+        let ek = verify_ek(EK_CERT, EK_PUBLIC, &both, CAPTURED_AT).unwrap();
+        assert_eq!(ek.spki_sha256, bc_wire::sha256(&ek.spki_der));
+        assert!(
+            ek.issuer.contains("BCD Test EK Issuing CA 01"),
+            "{}",
+            ek.issuer
+        );
+        // The intermediate alone is an anchor too.
+        verify_ek(EK_CERT, EK_PUBLIC, &both[1..], CAPTURED_AT).unwrap();
+    }
+
+    #[test]
+    fn refuses_other_roots_and_bad_times() {
+        let reason = |roots: &[Vec<u8>], at| {
+            verify_ek(EK_CERT, EK_PUBLIC, roots, at)
+                .map(|_| "ok")
+                .unwrap_or_else(|e| e.reason())
+        };
+        // The root alone: the agent sends no intermediate, so no chain.
+        assert_eq!(reason(&[der(ROOT_PEM)], CAPTURED_AT), "ek-certificate");
+        assert_eq!(reason(&[der(OTHER_PEM)], CAPTURED_AT), "ek-certificate");
+        assert_eq!(reason(&[], CAPTURED_AT), "ek-certificate");
+        let both = [der(ROOT_PEM), der(INTERMEDIATE_PEM)];
+        // Before the certificates existed.
+        assert_eq!(reason(&both, CAPTURED_AT - 86_400_000), "ek-certificate");
+        assert_eq!(reason(&both, CAPTURED_AT), "ok");
+        // A CA with the intermediate's exact subject but another key.
+        let forged = forged_intermediate();
+        assert_eq!(
+            reason(std::slice::from_ref(&forged), CAPTURED_AT),
+            "ek-certificate"
+        );
+        // Beside the real one, the real one is found by its signature.
+        assert_eq!(reason(&[forged, der(INTERMEDIATE_PEM)], CAPTURED_AT), "ok");
+    }
+
+    fn forged_intermediate() -> Vec<u8> {
+        use rcgen::{BasicConstraints, CertificateParams, DnType, DnValue, IsCa, KeyPair};
+        let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let mut p = CertificateParams::default();
+        p.distinguished_name = rcgen::DistinguishedName::new();
+        p.distinguished_name.push(
+            DnType::CountryName,
+            DnValue::PrintableString("XX".try_into().unwrap()),
+        );
+        p.distinguished_name.push(
+            DnType::OrganizationName,
+            DnValue::Utf8String("BCD Test TPM Manufacturer".into()),
+        );
+        p.distinguished_name.push(
+            DnType::CommonName,
+            DnValue::Utf8String("BCD Test EK Issuing CA 01".into()),
+        );
+        p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let cert = p.self_signed(&key).unwrap();
+        let (_, real) = x509_parser::parse_x509_certificate(INTERMEDIATE_DER.as_slice()).unwrap();
+        let (_, fake) = x509_parser::parse_x509_certificate(cert.der()).unwrap();
+        assert_eq!(real.subject().as_raw(), fake.subject().as_raw());
+        cert.der().to_vec()
+    }
+
+    static INTERMEDIATE_DER: std::sync::LazyLock<Vec<u8>> =
+        std::sync::LazyLock::new(|| der(INTERMEDIATE_PEM));
+
+    #[test]
+    fn refuses_altered_certificate_or_public() {
+        let both = [der(ROOT_PEM), der(INTERMEDIATE_PEM)];
+        let mut cert = EK_CERT.to_vec();
+        let n = cert.len();
+        cert[n - 5] ^= 1;
+        assert_eq!(
+            verify_ek(&cert, EK_PUBLIC, &both, CAPTURED_AT)
+                .unwrap_err()
+                .reason(),
+            "ek-certificate"
+        );
+        let mut trailing = EK_CERT.to_vec();
+        trailing.push(0);
+        assert_eq!(
+            verify_ek(&trailing, EK_PUBLIC, &both, CAPTURED_AT)
+                .unwrap_err()
+                .reason(),
+            "ek-certificate"
+        );
+        // Another modulus, other attributes, garbage.
+        let mut public = EK_PUBLIC.to_vec();
+        let n = public.len();
+        public[n - 1] ^= 1;
+        assert_eq!(
+            verify_ek(EK_CERT, &public, &both, CAPTURED_AT).unwrap_err(),
+            EkError::Mismatch("the EK public area does not hold the certificate's key")
+        );
+        let mut public = EK_PUBLIC.to_vec();
+        public[7] |= 0x40; // userWithAuth
+        assert_eq!(
+            verify_ek(EK_CERT, &public, &both, CAPTURED_AT)
+                .unwrap_err()
+                .reason(),
+            "ek-mismatch"
+        );
+        assert_eq!(
+            verify_ek(EK_CERT, b"junk", &both, CAPTURED_AT)
+                .unwrap_err()
+                .reason(),
+            "ek-mismatch"
+        );
+    }
+
+    #[test]
+    fn roots_pem_input() {
+        assert_eq!(parse_roots_pem(ROOT_PEM).unwrap().len(), 1);
+        let mut two = ROOT_PEM.to_vec();
+        two.extend_from_slice(INTERMEDIATE_PEM);
+        assert_eq!(parse_roots_pem(&two).unwrap().len(), 2);
+        assert!(parse_roots_pem(b"").is_err());
+        assert!(parse_roots_pem(EK_CERT).is_err(), "DER is not PEM");
+        let leaf = crate::pki::pem_encode("CERTIFICATE", EK_CERT);
+        let e = parse_roots_pem(leaf.as_bytes()).unwrap_err().to_string();
+        assert!(e.contains("not a CA"), "{e}");
+        let key = b"-----BEGIN PUBLIC KEY-----\nMFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAE\n-----END PUBLIC KEY-----\n";
+        assert!(parse_roots_pem(key).is_err());
+    }
+
+    #[test]
+    fn roots_are_stored_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Database::open_dir(dir.path()).unwrap();
+        let ders = parse_roots_pem(ROOT_PEM).unwrap();
+        let added = add_roots(&db, &ders).unwrap();
+        assert!(added[0].1);
+        let again = add_roots(&db, &ders).unwrap();
+        assert!(!again[0].1);
+        let listed = list_roots(&db).unwrap();
+        assert_eq!(listed.len(), 1);
+        assert!(listed[0].subject.contains("BCD Test EK Root CA"));
+        let stored = db.with_conn(|c| root_ders(c)).unwrap().unwrap();
+        assert_eq!(stored, ders);
+    }
+}

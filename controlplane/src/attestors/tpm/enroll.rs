@@ -1,0 +1,289 @@
+//! Where a TPM that is not bound to a node yet may join: the `resolve`
+//! allow-list (for example a vendor's delivery manifest), else operator
+//! enrollment through join requests.
+//!
+//! Both are keyed by `ek_sha256`, the lowercase hex SHA-256 of the EK
+//! certificate's SubjectPublicKeyInfo DER (what `bcd tpm identify` prints).
+
+use rusqlite::{Connection, OptionalExtension, Transaction};
+
+use crate::db::{self, Database, DbError, UnixMs};
+use crate::pools::{self, PoolError};
+use crate::records;
+
+pub const STATUS_PENDING: &str = "pending";
+pub const STATUS_APPROVED: &str = "approved";
+pub const STATUS_DENIED: &str = "denied";
+
+#[derive(Debug, thiserror::Error)]
+pub enum EnrollError {
+    #[error("INVALID_INPUT: {0}")]
+    InvalidInput(String),
+    #[error("NOT_FOUND: {0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error(transparent)]
+    Db(#[from] DbError),
+}
+
+impl From<PoolError> for EnrollError {
+    fn from(e: PoolError) -> Self {
+        match e {
+            PoolError::InvalidInput(m) => EnrollError::InvalidInput(m),
+            PoolError::NotFound(id) => EnrollError::NotFound(format!("no pool {id:?}")),
+            PoolError::Db(e) => EnrollError::Db(e),
+        }
+    }
+}
+
+/// An `ek_sha256` as stored: 64 lowercase hex digits.
+pub fn normalize_ek_sha256(s: &str) -> Result<String, EnrollError> {
+    let lower = s.trim().to_ascii_lowercase();
+    if lower.len() == 64 && lower.bytes().all(|b| b.is_ascii_hexdigit()) {
+        Ok(lower)
+    } else {
+        Err(EnrollError::InvalidInput(format!(
+            "--ek-sha256 must be 64 hex digits (the ekSha256 of bcd tpm identify), not {s:?}"
+        )))
+    }
+}
+
+/// A resolve entry: this EK may join, into `pool_id` or as `node_id`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ResolveEntry {
+    pub ek_sha256: String,
+    pub pool_id: Option<String>,
+    pub node_id: Option<String>,
+    pub created_at: UnixMs,
+}
+
+/// Adds or replaces the entry of an EK. Returns whether one was replaced.
+pub fn add_resolve(
+    db: &Database,
+    ek_sha256: &str,
+    pool: Option<&str>,
+    node: Option<&str>,
+) -> Result<(ResolveEntry, bool), EnrollError> {
+    let ek_sha256 = normalize_ek_sha256(ek_sha256)?;
+    db.write(|tx| {
+        if let Some(pool) = pool {
+            pools::require(tx, pool)?;
+        }
+        if let Some(node) = node {
+            let row = records::node_for_update(tx, node)?
+                .ok_or_else(|| EnrollError::NotFound(format!("no node {node:?}")))?;
+            if row.retired_at.is_some() {
+                return Err(EnrollError::InvalidInput(format!("node {node} is retired")));
+            }
+        }
+        let now = db::compute_now(tx)?;
+        let replaced = resolve_entry(tx, &ek_sha256)?.is_some();
+        tx.execute(
+            "INSERT INTO tpm_resolve (ek_sha256, pool_id, node_id, created_at) VALUES (?1, ?2, ?3, ?4)
+             ON CONFLICT (ek_sha256) DO UPDATE SET pool_id = excluded.pool_id,
+                 node_id = excluded.node_id, created_at = excluded.created_at",
+            rusqlite::params![ek_sha256, pool, node, now],
+        )
+        .map_err(DbError::from)?;
+        Ok((
+            ResolveEntry {
+                ek_sha256: ek_sha256.clone(),
+                pool_id: pool.map(str::to_owned),
+                node_id: node.map(str::to_owned),
+                created_at: now,
+            },
+            replaced,
+        ))
+    })
+}
+
+/// Removes the entry of an EK; `false` if there was none.
+pub fn remove_resolve(db: &Database, ek_sha256: &str) -> Result<bool, EnrollError> {
+    let ek_sha256 = normalize_ek_sha256(ek_sha256)?;
+    db.write(|tx| {
+        let n = tx
+            .execute("DELETE FROM tpm_resolve WHERE ek_sha256 = ?1", [&ek_sha256])
+            .map_err(DbError::from)?;
+        Ok(n == 1)
+    })
+}
+
+pub fn resolve_entry(conn: &Connection, ek_sha256: &str) -> Result<Option<ResolveEntry>, DbError> {
+    Ok(conn
+        .query_row(
+            "SELECT ek_sha256, pool_id, node_id, created_at FROM tpm_resolve WHERE ek_sha256 = ?1",
+            [ek_sha256],
+            read_resolve,
+        )
+        .optional()?)
+}
+
+pub fn list_resolve(db: &Database) -> Result<Vec<ResolveEntry>, DbError> {
+    db.with_conn(|c| {
+        let mut st = c.prepare(
+            "SELECT ek_sha256, pool_id, node_id, created_at FROM tpm_resolve ORDER BY created_at, ek_sha256",
+        )?;
+        let rows = st.query_map([], read_resolve)?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(DbError::from)
+    })?
+}
+
+fn read_resolve(r: &rusqlite::Row<'_>) -> rusqlite::Result<ResolveEntry> {
+    Ok(ResolveEntry {
+        ek_sha256: r.get(0)?,
+        pool_id: r.get(1)?,
+        node_id: r.get(2)?,
+        created_at: r.get(3)?,
+    })
+}
+
+/// A join request: a TPM that proved its EK but that nothing admits yet,
+/// waiting for an operator.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JoinRequestRow {
+    pub id: String,
+    pub attestor: String,
+    pub ek_sha256: String,
+    pub ek_issuer: String,
+    pub ek_serial: String,
+    /// `pending`, `approved` or `denied`.
+    pub status: String,
+    pub pool_id: Option<String>,
+    pub created_at: UnixMs,
+    pub decided_at: Option<UnixMs>,
+    /// When an approved request admitted its machine (it admits once).
+    pub used_at: Option<UnixMs>,
+}
+
+const REQUEST_SELECT: &str =
+    "SELECT id, attestor, ek_sha256, ek_issuer, ek_serial, status, pool_id,
+     created_at, decided_at, used_at FROM join_requests";
+
+fn read_request(r: &rusqlite::Row<'_>) -> rusqlite::Result<JoinRequestRow> {
+    Ok(JoinRequestRow {
+        id: r.get(0)?,
+        attestor: r.get(1)?,
+        ek_sha256: r.get(2)?,
+        ek_issuer: r.get(3)?,
+        ek_serial: r.get(4)?,
+        status: r.get(5)?,
+        pool_id: r.get(6)?,
+        created_at: r.get(7)?,
+        decided_at: r.get(8)?,
+        used_at: r.get(9)?,
+    })
+}
+
+/// The open (not yet used) request of an EK, if any.
+pub fn open_request(conn: &Connection, ek_sha256: &str) -> Result<Option<JoinRequestRow>, DbError> {
+    Ok(conn
+        .query_row(
+            &format!("{REQUEST_SELECT} WHERE ek_sha256 = ?1 AND used_at IS NULL"),
+            [ek_sha256],
+            read_request,
+        )
+        .optional()?)
+}
+
+/// Files a pending request (inside the join transaction; committed with
+/// the deferral).
+pub fn insert_pending(
+    tx: &Transaction<'_>,
+    attestor: &str,
+    ek_sha256: &str,
+    ek_issuer: &str,
+    ek_serial: &str,
+    now: UnixMs,
+) -> Result<JoinRequestRow, DbError> {
+    let id = crate::ids::random_id("req_").map_err(DbError::Random)?;
+    tx.execute(
+        "INSERT INTO join_requests (id, attestor, ek_sha256, ek_issuer, ek_serial, status, created_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6)",
+        rusqlite::params![id, attestor, ek_sha256, ek_issuer, ek_serial, now],
+    )?;
+    Ok(JoinRequestRow {
+        id,
+        attestor: attestor.to_owned(),
+        ek_sha256: ek_sha256.to_owned(),
+        ek_issuer: ek_issuer.to_owned(),
+        ek_serial: ek_serial.to_owned(),
+        status: STATUS_PENDING.to_owned(),
+        pool_id: None,
+        created_at: now,
+        decided_at: None,
+        used_at: None,
+    })
+}
+
+/// Marks an approved request as having admitted its machine.
+pub fn mark_used(tx: &Transaction<'_>, id: &str, now: UnixMs) -> Result<(), DbError> {
+    tx.execute(
+        "UPDATE join_requests SET used_at = ?2 WHERE id = ?1 AND used_at IS NULL",
+        rusqlite::params![id, now],
+    )?;
+    Ok(())
+}
+
+/// Approves a pending request, optionally into `pool` (else the pool it
+/// names, else `default`).
+pub fn approve(db: &Database, id: &str, pool: Option<&str>) -> Result<JoinRequestRow, EnrollError> {
+    decide(db, id, STATUS_APPROVED, pool)
+}
+
+/// Denies a pending request: that EK's joins are refused
+/// (`enrollment-denied`) until a resolve entry admits it.
+pub fn deny(db: &Database, id: &str) -> Result<JoinRequestRow, EnrollError> {
+    decide(db, id, STATUS_DENIED, None)
+}
+
+fn decide(
+    db: &Database,
+    id: &str,
+    status: &str,
+    pool: Option<&str>,
+) -> Result<JoinRequestRow, EnrollError> {
+    db.write(|tx| {
+        let mut row = tx
+            .query_row(
+                &format!("{REQUEST_SELECT} WHERE id = ?1"),
+                [id],
+                read_request,
+            )
+            .optional()
+            .map_err(DbError::from)?
+            .ok_or_else(|| EnrollError::NotFound(format!("no join request {id:?}")))?;
+        if row.status != STATUS_PENDING {
+            return Err(EnrollError::Conflict(format!(
+                "join request {id} is already {}; only a pending request can be decided{}",
+                row.status,
+                if row.status == STATUS_DENIED {
+                    " (to admit that TPM now, add a resolve entry for its ekSha256)"
+                } else {
+                    ""
+                }
+            )));
+        }
+        if let Some(pool) = pool {
+            pools::require(tx, pool)?;
+            row.pool_id = Some(pool.to_owned());
+        }
+        let now = db::compute_now(tx)?;
+        tx.execute(
+            "UPDATE join_requests SET status = ?2, decided_at = ?3, pool_id = ?4 WHERE id = ?1",
+            rusqlite::params![id, status, now, row.pool_id],
+        )
+        .map_err(DbError::from)?;
+        row.status = status.to_owned();
+        row.decided_at = Some(now);
+        Ok(row)
+    })
+}
+
+pub fn list_requests(db: &Database) -> Result<Vec<JoinRequestRow>, DbError> {
+    db.with_conn(|c| {
+        let mut st = c.prepare(&format!("{REQUEST_SELECT} ORDER BY created_at, id"))?;
+        let rows = st.query_map([], read_request)?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(DbError::from)
+    })?
+}

@@ -1,0 +1,391 @@
+//! `tpm`: a machine joins with nothing but its TPM (spec "Attestation",
+//! section *tpm*), in two rounds for the same CSR.
+//!
+//! **Round 1** (`TpmAttestation.hello`): the EK certificate chains to the
+//! configured EK roots ([`ek`]), the EK public area is the certificate's key
+//! in the default L-1 template, and the AK is a restricted P-256 signing key
+//! (`ak-attributes`). The answer is a deferral: a MakeCredential challenge
+//! computed in software ([`credential`]) that only the TPM holding that EK,
+//! with that AK loaded, can open, plus a state sealed under `challengeKey`
+//! and bound to the CSR ([`state`]). Nothing is written, so any replica can
+//! take round 2.
+//!
+//! **Round 2** (`TpmAttestation.answer`), each failure a refusal with the
+//! reason named: the state opens for this CSR (`challenge-state`) and is not
+//! past its deadline (`challenge-expired`); the secret is the credential
+//! (`challenge-secret`, constant time); the quote is signed by the AK
+//! (`quote-signature`) and is a quote whose extraData is
+//! `sha256(secret ‖ sha256(csr))` (`quote-nonce`); the PCR values are those of
+//! one SHA-256 selection and hash to the quote's digest (`quote-pcrs`); the
+//! configured PCR policy holds (`pcr-policy`); then the node key: its
+//! certification by the AK over `sha256(csr)` (`node-key-*`, see
+//! [`bc_wire::tpm::verify_key_certification`]), required unless
+//! `node_key = "any"` (`node-key-not-certified`).
+//!
+//! **Where it joins**, keyed by the SHA-256 of the EK certificate's SPKI: the
+//! node that EK is bound to (a reclaim); else a resolve entry (a pool, or a
+//! node); else an enrollment join request: pending (a `JoinPending`
+//! deferral; the agent waits and starts over), approved (admitted once, into
+//! the request's pool) or denied (`enrollment-denied`). Only a machine that
+//! proved its EK in round 2 reaches this point, so an EK certificate copied
+//! off a machine files no request and learns nothing.
+
+pub mod credential;
+pub mod ek;
+pub mod enroll;
+pub mod state;
+
+use std::collections::BTreeMap;
+
+use bc_wire::agent::{tpm_attestation, Role, TpmAnswer, TpmAttestation, TpmChallenge, TpmHello};
+use bc_wire::tpm::{self as wtpm, Attested, Public, ALG_SHA256};
+use prost::Message;
+use rusqlite::Transaction;
+use subtle::ConstantTimeEq;
+
+use crate::attestor::{
+    AttestInput, AttestationResult, Attestor, Binding, Deferral, Fault, NodeKeyKind, Refusal,
+    Verdict, BINDING_TPM_EK,
+};
+use crate::records;
+use state::{ChallengeKey, ChallengeState};
+
+/// The attestor's id.
+pub const TPM: &str = "tpm";
+
+/// The longest a challenge may stay open (the spec: at most 5 minutes).
+pub const MAX_CHALLENGE_TTL_MS: i64 = 5 * 60 * 1000;
+
+pub const EVIDENCE_MALFORMED: &str = "evidence-malformed";
+pub const ROLE: &str = "tpm-role";
+pub const AK_ATTRIBUTES: &str = "ak-attributes";
+pub const CHALLENGE_STATE: &str = "challenge-state";
+pub const CHALLENGE_EXPIRED: &str = "challenge-expired";
+pub const CHALLENGE_SECRET: &str = "challenge-secret";
+pub const QUOTE_SIGNATURE: &str = "quote-signature";
+pub const QUOTE_NONCE: &str = "quote-nonce";
+pub const QUOTE_PCRS: &str = "quote-pcrs";
+pub const PCR_POLICY: &str = "pcr-policy";
+pub const NODE_KEY_NOT_CERTIFIED: &str = "node-key-not-certified";
+pub const ENROLLMENT_DENIED: &str = "enrollment-denied";
+
+const SECRET_LEN: usize = 32;
+
+/// Whether a join must prove that its node key lives in the TPM.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum NodeKeyPolicy {
+    /// An answer without a certification is refused (`node-key-not-certified`).
+    #[default]
+    Certified,
+    /// An answer without one is admitted; the result then claims nothing
+    /// about the key. A certification that is present is still verified.
+    Any,
+}
+
+/// The `[tpm]` section of `controlplane.toml`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TpmConfig {
+    pub node_key: NodeKeyPolicy,
+    /// How long a challenge can be answered (at most 5 minutes).
+    pub challenge_ttl_ms: i64,
+    /// `JoinPending.retry_after_seconds` while a request waits for an operator.
+    pub enrollment_retry_after_seconds: u32,
+    /// PCR index → the SHA-256 value it must have; every listed PCR must be
+    /// in the quote.
+    pub pcr_policy: BTreeMap<u32, [u8; 32]>,
+}
+
+impl Default for TpmConfig {
+    fn default() -> Self {
+        TpmConfig {
+            node_key: NodeKeyPolicy::Certified,
+            challenge_ttl_ms: MAX_CHALLENGE_TTL_MS,
+            enrollment_retry_after_seconds: 30,
+            pcr_policy: BTreeMap::new(),
+        }
+    }
+}
+
+pub struct TpmAttestor {
+    config: TpmConfig,
+    key: ChallengeKey,
+}
+
+impl TpmAttestor {
+    pub fn new(config: TpmConfig, key: ChallengeKey) -> Self {
+        let mut config = config;
+        config.challenge_ttl_ms = config.challenge_ttl_ms.clamp(1, MAX_CHALLENGE_TTL_MS);
+        TpmAttestor { config, key }
+    }
+
+    fn hello(
+        &self,
+        tx: &Transaction<'_>,
+        input: &AttestInput<'_>,
+        hello: &TpmHello,
+    ) -> Result<Verdict, Refusal> {
+        let roots = ek::root_ders(tx)?;
+        let ek = ek::verify_ek(&hello.ek_certificate, &hello.ek_public, &roots, input.now)
+            .map_err(|e| {
+                tracing::debug!(error = %e, "tpm: EK refused");
+                Refusal::new(e.reason())
+            })?;
+        let ak = Public::parse(&hello.ak_public)
+            .ok()
+            .filter(wtpm::is_attestation_key)
+            .ok_or_else(|| Refusal::new(AK_ATTRIBUTES))?;
+        let secret: [u8; SECRET_LEN] = crate::ids::random_bytes()
+            .map_err(|e| Refusal::fault(Fault::Internal(format!("random secret: {e}"))))?;
+        let made = credential::make_credential(&ek.spki_der, &ak.name(), &secret)
+            .map_err(|e| Refusal::fault(Fault::Internal(format!("MakeCredential: {e}"))))?;
+        let not_after = input.now.saturating_add(self.config.challenge_ttl_ms);
+        let sealed = ChallengeState {
+            ek_spki_sha256: ek.spki_sha256,
+            ek_issuer: ek.issuer,
+            ek_serial: ek.serial,
+            ak_public: hello.ak_public.clone(),
+            secret,
+            not_after,
+        }
+        .seal(&self.key, &input.csr_sha256)
+        .map_err(|e| Refusal::fault(Fault::Internal(e.to_string())))?;
+        let payload = TpmChallenge {
+            id_object: made.id_object,
+            encrypted_secret: made.encrypted_secret,
+            state: sealed,
+        }
+        .encode_to_vec();
+        tracing::info!(
+            ek_sha256 = %hex::encode(ek.spki_sha256),
+            "tpm: EK verified, credential challenge sent"
+        );
+        Ok(Verdict::Defer(Deferral::Challenge {
+            attestor: TPM.to_owned(),
+            payload,
+            not_after,
+        }))
+    }
+
+    fn answer(
+        &self,
+        tx: &Transaction<'_>,
+        input: &AttestInput<'_>,
+        answer: &TpmAnswer,
+    ) -> Result<Verdict, Refusal> {
+        let st = ChallengeState::open(&self.key, &answer.state, &input.csr_sha256)
+            .map_err(|_| Refusal::new(CHALLENGE_STATE))?;
+        if input.now > st.not_after {
+            return Err(Refusal::new(CHALLENGE_EXPIRED));
+        }
+        if !bool::from(answer.secret.as_slice().ct_eq(st.secret.as_slice())) {
+            return Err(Refusal::new(CHALLENGE_SECRET));
+        }
+        // We sealed it, so it parsed in round 1.
+        let ak = Public::parse(&st.ak_public).map_err(|_| Refusal::new(CHALLENGE_STATE))?;
+        self.check_quote(&ak, input, answer, &st.secret)?;
+        let (node_key, node_key_uri) = self.check_node_key(&ak, input, answer)?;
+        let ek_sha256 = hex::encode(st.ek_spki_sha256);
+        let place = place(
+            tx,
+            input,
+            &ek_sha256,
+            &st,
+            self.config.enrollment_retry_after_seconds,
+        )?;
+        let (reclaim_node_id, pool_id) = match place {
+            Place::Deferred(d) => return Ok(Verdict::Defer(d)),
+            Place::Join { node, pool } => (node, pool),
+        };
+        Ok(Verdict::Admit(AttestationResult {
+            reclaim_node_id,
+            token_id: None,
+            node_key_uri,
+            node_key,
+            pool_id,
+            binding: Some(Binding {
+                kind: BINDING_TPM_EK.to_owned(),
+                key: ek_sha256,
+            }),
+        }))
+    }
+
+    fn check_quote(
+        &self,
+        ak: &Public,
+        input: &AttestInput<'_>,
+        answer: &TpmAnswer,
+        secret: &[u8; SECRET_LEN],
+    ) -> Result<(), Refusal> {
+        let quote = match wtpm::verify_attest(ak, &answer.quote, &answer.quote_signature) {
+            Ok(q) => q,
+            // Signed by the AK, but not a quote (a certification, say).
+            Err(wtpm::TpmError::AttestType(_)) => return Err(Refusal::new(QUOTE_NONCE)),
+            Err(_) => return Err(Refusal::new(QUOTE_SIGNATURE)),
+        };
+        let Attested::Quote {
+            selection,
+            pcr_digest,
+        } = &quote.attested
+        else {
+            return Err(Refusal::new(QUOTE_NONCE));
+        };
+        let mut nonce_input = secret.to_vec();
+        nonce_input.extend_from_slice(&input.csr_sha256);
+        if quote.extra_data != bc_wire::sha256(&nonce_input) {
+            return Err(Refusal::new(QUOTE_NONCE));
+        }
+        let pcrs = quoted_pcrs(selection, &answer.pcr_values, pcr_digest)
+            .ok_or_else(|| Refusal::new(QUOTE_PCRS))?;
+        for (index, expected) in &self.config.pcr_policy {
+            if pcrs.get(index) != Some(&expected.as_slice()) {
+                return Err(Refusal::new(PCR_POLICY));
+            }
+        }
+        Ok(())
+    }
+
+    fn check_node_key(
+        &self,
+        ak: &Public,
+        input: &AttestInput<'_>,
+        answer: &TpmAnswer,
+    ) -> Result<(NodeKeyKind, Option<String>), Refusal> {
+        let Some(cert) = &answer.node_key else {
+            return match self.config.node_key {
+                NodeKeyPolicy::Certified => Err(Refusal::new(NODE_KEY_NOT_CERTIFIED)),
+                NodeKeyPolicy::Any => Ok((NodeKeyKind::Unattested, None)),
+            };
+        };
+        wtpm::verify_key_certification(
+            ak,
+            &cert.public,
+            &cert.certify_info,
+            &cert.signature,
+            &input.csr_sha256,
+            input.csr_spki_der,
+        )
+        .map_err(|e| Refusal::new(e.reason()))?;
+        let statement = wtpm::ak_statement(&ak.name())
+            .map_err(|e| Refusal::fault(Fault::Internal(format!("AK statement: {e}"))))?;
+        Ok((NodeKeyKind::Tpm, Some(statement)))
+    }
+}
+
+/// The quoted PCRs by index, when the selection is exactly one SHA-256
+/// bank, there is one 32-byte value per selected PCR, and the values (in
+/// selection order) hash to the quote's digest.
+fn quoted_pcrs<'a>(
+    selection: &[(u16, Vec<u8>)],
+    values: &'a [Vec<u8>],
+    digest: &[u8],
+) -> Option<BTreeMap<u32, &'a [u8]>> {
+    let [(ALG_SHA256, bitmap)] = selection else {
+        return None;
+    };
+    let indices: Vec<u32> = bitmap
+        .iter()
+        .enumerate()
+        .flat_map(|(byte, bits)| {
+            (0..8u32)
+                .filter(move |b| bits & (1 << b) != 0)
+                // A selection bitmap has at most 255 bytes: no overflow.
+                .map(move |b| byte as u32 * 8 + b)
+        })
+        .collect();
+    if indices.len() != values.len() || values.iter().any(|v| v.len() != 32) {
+        return None;
+    }
+    if bc_wire::sha256(&values.concat()) != digest {
+        return None;
+    }
+    Some(
+        indices
+            .into_iter()
+            .zip(values.iter().map(Vec::as_slice))
+            .collect(),
+    )
+}
+
+enum Place {
+    Join {
+        node: Option<String>,
+        pool: Option<String>,
+    },
+    Deferred(Deferral),
+}
+
+/// Where a machine that proved its EK joins: its bound node, else a resolve
+/// entry, else enrollment.
+fn place(
+    tx: &Transaction<'_>,
+    input: &AttestInput<'_>,
+    ek_sha256: &str,
+    st: &ChallengeState,
+    retry_after_seconds: u32,
+) -> Result<Place, Refusal> {
+    if let Some(b) = records::binding_by_key(tx, BINDING_TPM_EK, ek_sha256)? {
+        return Ok(Place::Join {
+            node: Some(b.node_id),
+            pool: None,
+        });
+    }
+    if let Some(entry) = enroll::resolve_entry(tx, ek_sha256)? {
+        return Ok(Place::Join {
+            node: entry.node_id,
+            pool: entry.pool_id,
+        });
+    }
+    match enroll::open_request(tx, ek_sha256)? {
+        None => {
+            let req = enroll::insert_pending(
+                tx,
+                TPM,
+                ek_sha256,
+                &st.ek_issuer,
+                &st.ek_serial,
+                input.now,
+            )?;
+            tracing::info!(request_id = %req.id, ek_sha256, "tpm: unknown TPM, join request filed");
+            Ok(Place::Deferred(Deferral::Pending {
+                request_id: req.id,
+                retry_after_seconds,
+            }))
+        }
+        Some(req) => match req.status.as_str() {
+            enroll::STATUS_PENDING => Ok(Place::Deferred(Deferral::Pending {
+                request_id: req.id,
+                retry_after_seconds,
+            })),
+            enroll::STATUS_APPROVED => {
+                enroll::mark_used(tx, &req.id, input.now)?;
+                Ok(Place::Join {
+                    node: None,
+                    pool: req.pool_id,
+                })
+            }
+            _ => Err(Refusal::new(ENROLLMENT_DENIED)),
+        },
+    }
+}
+
+impl Attestor for TpmAttestor {
+    fn id(&self) -> &str {
+        TPM
+    }
+
+    fn verify(&self, tx: &Transaction<'_>, input: &AttestInput<'_>) -> Result<Verdict, Refusal> {
+        if !matches!(input.role, Role::Node | Role::Site) {
+            return Err(Refusal::new(ROLE));
+        }
+        let evidence =
+            TpmAttestation::decode(input.evidence).map_err(|_| Refusal::new(EVIDENCE_MALFORMED))?;
+        match &evidence.round {
+            Some(tpm_attestation::Round::Hello(h)) => self.hello(tx, input, h),
+            Some(tpm_attestation::Round::Answer(a)) => self.answer(tx, input, a),
+            None => Err(Refusal::new(EVIDENCE_MALFORMED)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,833 @@
+//! The tpm attestor against real TPM output (testdata/README.md), and
+//! copies of it altered one thing at a time.
+
+use super::*;
+use crate::attestor::OpenedToken;
+use crate::db::{self, Database, UnixMs};
+use bc_wire::agent::{HardwareClaims, TpmKeyCertification};
+
+const HELLO: &[u8] = include_bytes!("testdata/hello.bin");
+const ANSWER: &[u8] = include_bytes!("testdata/answer.bin");
+const CSR: &[u8] = include_bytes!("testdata/csr.der");
+const KEY: &[u8; 32] = include_bytes!("testdata/challenge.key");
+const KEY2_CERT: &[u8] = include_bytes!("testdata/key2-certification.bin");
+const AK_SELF_CERT: &[u8] = include_bytes!("testdata/ak-self-certification.bin");
+const OTHER_NONCE_CERT: &[u8] = include_bytes!("testdata/other-nonce-certification.bin");
+const OTHER_NONCE_QUOTE: &[u8] = include_bytes!("testdata/other-nonce-quote.bin");
+const CAPTURED_AT: UnixMs = ek::tests::CAPTURED_AT;
+/// Within the challenge's 5 minutes.
+const NOW: UnixMs = CAPTURED_AT + 1_000;
+
+pub(crate) fn hello() -> TpmHello {
+    match TpmAttestation::decode(HELLO).unwrap().round {
+        Some(tpm_attestation::Round::Hello(h)) => h,
+        _ => panic!("hello.bin is not a hello"),
+    }
+}
+
+pub(crate) fn answer() -> TpmAnswer {
+    match TpmAttestation::decode(ANSWER).unwrap().round {
+        Some(tpm_attestation::Round::Answer(a)) => a,
+        _ => panic!("answer.bin is not an answer"),
+    }
+}
+
+pub(crate) fn hello_evidence(h: TpmHello) -> Vec<u8> {
+    TpmAttestation {
+        round: Some(tpm_attestation::Round::Hello(h)),
+    }
+    .encode_to_vec()
+}
+
+pub(crate) fn answer_evidence(a: TpmAnswer) -> Vec<u8> {
+    TpmAttestation {
+        round: Some(tpm_attestation::Round::Answer(a)),
+    }
+    .encode_to_vec()
+}
+
+/// The EK the fixtures' machine is known by.
+pub(crate) fn ek_sha256() -> String {
+    let h = hello();
+    let (_, cert) = x509_parser::parse_x509_certificate(&h.ek_certificate).unwrap();
+    hex::encode(bc_wire::sha256(cert.public_key().raw))
+}
+
+fn certification(bytes: &[u8]) -> TpmKeyCertification {
+    TpmKeyCertification::decode(bytes).unwrap()
+}
+
+fn csr_spki(csr: &[u8]) -> Vec<u8> {
+    use x509_parser::prelude::FromDer;
+    let (_, c) =
+        x509_parser::certification_request::X509CertificationRequest::from_der(csr).unwrap();
+    c.certification_request_info.subject_pki.raw.to_vec()
+}
+
+/// Adds the test maker's root and intermediate as EK roots.
+pub(crate) fn add_test_roots(db: &Database) {
+    let mut ders = ek::parse_roots_pem(ek::tests::ROOT_PEM).unwrap();
+    ders.extend(ek::parse_roots_pem(ek::tests::INTERMEDIATE_PEM).unwrap());
+    ek::add_roots(db, &ders).unwrap();
+}
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    db: Database,
+    attestor: TpmAttestor,
+}
+
+fn fixture_with(config: TpmConfig) -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Database::open_dir(dir.path()).unwrap();
+    add_test_roots(&db);
+    Fixture {
+        _dir: dir,
+        db,
+        attestor: TpmAttestor::new(config, ChallengeKey::new(*KEY)),
+    }
+}
+
+fn fixture() -> Fixture {
+    fixture_with(TpmConfig::default())
+}
+
+impl Fixture {
+    /// Runs the attestor for `csr` at database time `now` in a transaction
+    /// committed whatever the outcome, so a test sees anything a refusal
+    /// would (wrongly) write.
+    fn run_at(&self, evidence: &[u8], csr: &[u8], now: UnixMs) -> Result<Verdict, Refusal> {
+        let spki = csr_spki(csr);
+        self.db
+            .with_conn(|c| {
+                let tx = db::immediate(c).unwrap();
+                let claims = HardwareClaims::default();
+                let token = OpenedToken::Malformed;
+                let input = AttestInput {
+                    role: Role::Node,
+                    evidence,
+                    // A token is ignored by this attestor.
+                    token: Some(&token),
+                    csr_der: csr,
+                    csr_sha256: bc_wire::sha256(csr),
+                    csr_spki_der: &spki,
+                    csr_spki_sha256: bc_wire::sha256(&spki),
+                    claims: &claims,
+                    now,
+                };
+                let out = self.attestor.verify(&tx, &input);
+                tx.commit().unwrap();
+                out
+            })
+            .unwrap()
+    }
+
+    fn run(&self, evidence: &[u8]) -> Result<Verdict, Refusal> {
+        self.run_at(evidence, CSR, NOW)
+    }
+
+    fn reason(&self, evidence: &[u8]) -> String {
+        reason(self.run(evidence))
+    }
+
+    fn admitted(&self, evidence: &[u8]) -> AttestationResult {
+        match self.run(evidence) {
+            Ok(Verdict::Admit(r)) => r,
+            Ok(Verdict::Defer(d)) => panic!("deferred: {d:?}"),
+            Err(r) => panic!("refused: {}", r.reason),
+        }
+    }
+
+    fn count(&self, table: &str) -> i64 {
+        self.db
+            .with_conn(|c| c.query_row(&format!("SELECT count(*) FROM {table}"), [], |r| r.get(0)))
+            .unwrap()
+            .unwrap()
+    }
+
+    /// Lets the fixture's EK join as a new node in the default pool.
+    fn resolve(&self) {
+        enroll::add_resolve(&self.db, &ek_sha256(), None, None).unwrap();
+    }
+}
+
+fn reason(r: Result<Verdict, Refusal>) -> String {
+    match r {
+        Ok(Verdict::Admit(_)) => "admitted".into(),
+        Ok(Verdict::Defer(Deferral::Pending { .. })) => "pending".into(),
+        Ok(Verdict::Defer(Deferral::Challenge { .. })) => "challenge".into(),
+        Err(r) => r.reason,
+    }
+}
+
+#[test]
+fn round_one_challenges_and_writes_nothing() {
+    let f = fixture();
+    let Ok(Verdict::Defer(Deferral::Challenge {
+        attestor,
+        payload,
+        not_after,
+    })) = f.run(&hello_evidence(hello()))
+    else {
+        panic!("no challenge")
+    };
+    assert_eq!(attestor, TPM);
+    assert_eq!(not_after, NOW + MAX_CHALLENGE_TTL_MS);
+    let ch = TpmChallenge::decode(payload.as_slice()).unwrap();
+    // The sizes swtpm's ActivateCredential takes (tpm-notes §5).
+    assert_eq!(ch.id_object.len(), 2 + 32 + 34);
+    assert_eq!(ch.encrypted_secret.len(), 256);
+    let st =
+        ChallengeState::open(&ChallengeKey::new(*KEY), &ch.state, &bc_wire::sha256(CSR)).unwrap();
+    assert_eq!(hex::encode(st.ek_spki_sha256), ek_sha256());
+    assert_eq!(st.ak_public, hello().ak_public);
+    assert_eq!(st.not_after, not_after);
+    assert!(st.ek_issuer.contains("BCD Test EK Issuing CA 01"));
+    // Sealed for this CSR only.
+    assert!(ChallengeState::open(&ChallengeKey::new(*KEY), &ch.state, &[0; 32]).is_err());
+    for table in ["join_requests", "node_bindings", "nodes", "events"] {
+        assert_eq!(f.count(table), 0, "{table}");
+    }
+}
+
+#[test]
+fn round_one_refusals() {
+    let f = fixture();
+    // Before the EK certificate existed.
+    assert_eq!(
+        reason(f.run_at(&hello_evidence(hello()), CSR, CAPTURED_AT - 3_600_000)),
+        "ek-certificate"
+    );
+    let mut h = hello();
+    h.ek_certificate.truncate(100);
+    assert_eq!(f.reason(&hello_evidence(h)), "ek-certificate");
+    let mut h = hello();
+    let n = h.ek_public.len();
+    h.ek_public[n - 1] ^= 1;
+    assert_eq!(f.reason(&hello_evidence(h)), "ek-mismatch");
+    // The node key is not an attestation key (not restricted); the EK is not ECC.
+    let mut h = hello();
+    h.ak_public = certification(KEY2_CERT).public;
+    assert_eq!(f.reason(&hello_evidence(h)), "ak-attributes");
+    let mut h = hello();
+    h.ak_public = h.ek_public.clone();
+    assert_eq!(f.reason(&hello_evidence(h)), "ak-attributes");
+    let mut h = hello();
+    h.ak_public.clear();
+    assert_eq!(f.reason(&hello_evidence(h)), "ak-attributes");
+    assert_eq!(f.reason(b"\xff\xff\xff"), EVIDENCE_MALFORMED);
+    assert_eq!(f.reason(&[]), EVIDENCE_MALFORMED);
+
+    // Unknown maker: no roots configured at all.
+    let bare = {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Database::open_dir(dir.path()).unwrap();
+        Fixture {
+            _dir: dir,
+            db,
+            attestor: TpmAttestor::new(TpmConfig::default(), ChallengeKey::new(*KEY)),
+        }
+    };
+    assert_eq!(bare.reason(&hello_evidence(hello())), "ek-certificate");
+    assert_eq!(f.count("events") + f.count("join_requests"), 0);
+}
+
+#[test]
+fn enrollment_pending_approved_once() {
+    let f = fixture();
+    let ev = answer_evidence(answer());
+    let Ok(Verdict::Defer(Deferral::Pending {
+        request_id,
+        retry_after_seconds,
+    })) = f.run(&ev)
+    else {
+        panic!("not pending")
+    };
+    assert!(request_id.starts_with("req_"));
+    assert_eq!(retry_after_seconds, 30);
+    // Asking again answers the same request.
+    let Ok(Verdict::Defer(Deferral::Pending {
+        request_id: again, ..
+    })) = f.run(&ev)
+    else {
+        panic!("not pending")
+    };
+    assert_eq!(again, request_id);
+    let reqs = enroll::list_requests(&f.db).unwrap();
+    assert_eq!(reqs.len(), 1);
+    assert_eq!(reqs[0].ek_sha256, ek_sha256());
+    assert_eq!(reqs[0].status, "pending");
+    assert!(reqs[0].ek_issuer.contains("BCD Test EK Issuing CA 01"));
+
+    crate::pools::create_pool(&f.db, "metal", "alice", None, &["join-token", "tpm"]).unwrap();
+    enroll::approve(&f.db, &request_id, Some("metal")).unwrap();
+    let r = f.admitted(&ev);
+    assert_eq!(r.reclaim_node_id, None);
+    assert_eq!(r.pool_id.as_deref(), Some("metal"));
+    assert_eq!(r.node_key, NodeKeyKind::Tpm);
+    let ak = Public::parse(&hello().ak_public).unwrap();
+    assert_eq!(
+        r.node_key_uri,
+        Some(wtpm::ak_statement(&ak.name()).unwrap())
+    );
+    assert_eq!(
+        r.binding,
+        Some(Binding {
+            kind: "tpm-ek".into(),
+            key: ek_sha256()
+        })
+    );
+    let reqs = enroll::list_requests(&f.db).unwrap();
+    assert!(reqs[0].used_at.is_some());
+    // Used: the next proof (no binding was written here, JoinService does
+    // that) files a new request rather than reusing the approval.
+    assert_eq!(f.reason(&ev), "pending");
+    assert_eq!(enroll::list_requests(&f.db).unwrap().len(), 2);
+}
+
+#[test]
+fn denied_request_is_refused_until_resolved() {
+    let f = fixture();
+    let ev = answer_evidence(answer());
+    let Ok(Verdict::Defer(Deferral::Pending { request_id, .. })) = f.run(&ev) else {
+        panic!("not pending")
+    };
+    enroll::deny(&f.db, &request_id).unwrap();
+    assert_eq!(f.reason(&ev), ENROLLMENT_DENIED);
+    assert!(enroll::approve(&f.db, &request_id, None).is_err());
+    f.resolve();
+    assert_eq!(f.reason(&ev), "admitted");
+}
+
+#[test]
+fn placement_order_binding_then_resolve_then_requests() {
+    let f = fixture();
+    let ev = answer_evidence(answer());
+    crate::pools::create_pool(&f.db, "metal", "alice", None, &["join-token", "tpm"]).unwrap();
+    // A resolve entry into a pool.
+    enroll::add_resolve(&f.db, &ek_sha256().to_uppercase(), Some("metal"), None).unwrap();
+    let r = f.admitted(&ev);
+    assert_eq!(
+        (r.reclaim_node_id, r.pool_id.as_deref()),
+        (None, Some("metal"))
+    );
+    assert_eq!(f.count("join_requests"), 0);
+
+    // A resolve entry naming a node.
+    let node = insert_node(&f.db, "node_aaaaaaaaaaaaaaaaaaaaaaaaaa");
+    enroll::add_resolve(&f.db, &ek_sha256(), None, Some(&node)).unwrap();
+    assert_eq!(
+        f.admitted(&ev).reclaim_node_id.as_deref(),
+        Some(node.as_str())
+    );
+
+    // A binding wins over the resolve entry.
+    let bound = insert_node(&f.db, "node_bbbbbbbbbbbbbbbbbbbbbbbbbb");
+    f.db.write(|tx| records::insert_binding(tx, "tpm-ek", &ek_sha256(), &bound, NOW))
+        .unwrap();
+    let r = f.admitted(&ev);
+    assert_eq!(r.reclaim_node_id.as_deref(), Some(bound.as_str()));
+    assert_eq!(r.pool_id, None);
+    assert_eq!(f.count("join_requests"), 0);
+}
+
+pub(crate) fn insert_node(db: &Database, id: &str) -> String {
+    db.write(|tx| {
+        records::insert_node(
+            tx,
+            &records::NodeRow {
+                id: id.to_owned(),
+                role: "node".into(),
+                identity_generation: 1,
+                attestor: "join-token".into(),
+                joined_at: NOW,
+                retired_at: None,
+                pool_id: "default".into(),
+            },
+        )
+    })
+    .unwrap();
+    id.to_owned()
+}
+
+#[test]
+fn round_two_state_secret_and_expiry() {
+    let f = fixture();
+    f.resolve();
+    assert_eq!(f.reason(&answer_evidence(answer())), "admitted");
+
+    let mut a = answer();
+    let n = a.state.len();
+    a.state[n - 1] ^= 1;
+    assert_eq!(f.reason(&answer_evidence(a)), CHALLENGE_STATE);
+    let mut a = answer();
+    a.state.clear();
+    assert_eq!(f.reason(&answer_evidence(a)), CHALLENGE_STATE);
+    // Another CSR: the state is bound to the one of round 1.
+    let (_, other_csr) = {
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let der = rcgen::CertificateParams::new(Vec::<String>::new())
+            .unwrap()
+            .serialize_request(&key)
+            .unwrap()
+            .der()
+            .to_vec();
+        (key, der)
+    };
+    assert_eq!(
+        reason(f.run_at(&answer_evidence(answer()), &other_csr, NOW)),
+        CHALLENGE_STATE
+    );
+    // Under another challenge key (another control plane).
+    let other = TpmAttestor::new(TpmConfig::default(), ChallengeKey::new([9; 32]));
+    let refused =
+        f.db.with_conn(|c| {
+            let tx = db::immediate(c).unwrap();
+            let spki = csr_spki(CSR);
+            let claims = HardwareClaims::default();
+            let ev = answer_evidence(answer());
+            let input = AttestInput {
+                role: Role::Node,
+                evidence: &ev,
+                token: None,
+                csr_der: CSR,
+                csr_sha256: bc_wire::sha256(CSR),
+                csr_spki_der: &spki,
+                csr_spki_sha256: bc_wire::sha256(&spki),
+                claims: &claims,
+                now: NOW,
+            };
+            reason(other.verify(&tx, &input))
+        })
+        .unwrap();
+    assert_eq!(refused, CHALLENGE_STATE);
+
+    // Expiry at the database's time: 5 minutes after round 1.
+    let deadline = ChallengeState::open(
+        &ChallengeKey::new(*KEY),
+        &answer().state,
+        &bc_wire::sha256(CSR),
+    )
+    .unwrap()
+    .not_after;
+    assert!(
+        (CAPTURED_AT + MAX_CHALLENGE_TTL_MS..CAPTURED_AT + MAX_CHALLENGE_TTL_MS + 1000)
+            .contains(&deadline)
+    );
+    assert_eq!(
+        reason(f.run_at(&answer_evidence(answer()), CSR, deadline)),
+        "admitted"
+    );
+    assert_eq!(
+        reason(f.run_at(&answer_evidence(answer()), CSR, deadline + 1)),
+        CHALLENGE_EXPIRED
+    );
+
+    let mut a = answer();
+    a.secret[0] ^= 1;
+    assert_eq!(f.reason(&answer_evidence(a)), CHALLENGE_SECRET);
+    let mut a = answer();
+    a.secret.pop();
+    assert_eq!(f.reason(&answer_evidence(a)), CHALLENGE_SECRET);
+    let mut a = answer();
+    a.secret.clear();
+    assert_eq!(f.reason(&answer_evidence(a)), CHALLENGE_SECRET);
+}
+
+#[test]
+fn round_two_quote_and_pcrs() {
+    let f = fixture();
+    f.resolve();
+    let mut a = answer();
+    let n = a.quote_signature.len();
+    a.quote_signature[n - 1] ^= 1;
+    assert_eq!(f.reason(&answer_evidence(a)), QUOTE_SIGNATURE);
+    let mut a = answer();
+    a.quote[20] ^= 1;
+    assert_eq!(f.reason(&answer_evidence(a)), QUOTE_SIGNATURE);
+    let mut a = answer();
+    a.quote_signature.clear();
+    assert_eq!(f.reason(&answer_evidence(a)), QUOTE_SIGNATURE);
+
+    // A real quote by the same AK over another nonce.
+    let other = TpmAnswer::decode(OTHER_NONCE_QUOTE).unwrap();
+    let mut a = answer();
+    a.quote = other.quote;
+    a.quote_signature = other.quote_signature;
+    a.pcr_values = other.pcr_values;
+    assert_eq!(f.reason(&answer_evidence(a)), QUOTE_NONCE);
+    // A real AK signature over something that is not a quote.
+    let cert = answer().node_key.unwrap();
+    let mut a = answer();
+    a.quote = cert.certify_info;
+    a.quote_signature = cert.signature;
+    assert_eq!(f.reason(&answer_evidence(a)), QUOTE_NONCE);
+
+    // PCR values that do not hash to the quote's digest.
+    let mut a = answer();
+    assert_eq!(a.pcr_values.len(), 24);
+    a.pcr_values.pop();
+    assert_eq!(f.reason(&answer_evidence(a)), QUOTE_PCRS);
+    let mut a = answer();
+    a.pcr_values[3][0] ^= 1;
+    assert_eq!(f.reason(&answer_evidence(a)), QUOTE_PCRS);
+    let mut a = answer();
+    a.pcr_values.swap(0, 17);
+    if a.pcr_values[0] != a.pcr_values[17] {
+        assert_eq!(f.reason(&answer_evidence(a)), QUOTE_PCRS);
+    }
+    let mut a = answer();
+    a.pcr_values[0].push(0);
+    assert_eq!(f.reason(&answer_evidence(a)), QUOTE_PCRS);
+}
+
+#[test]
+fn pcr_policy() {
+    let pcr = |i: usize| -> [u8; 32] { answer().pcr_values[i].as_slice().try_into().unwrap() };
+    let mut config = TpmConfig::default();
+    config.pcr_policy.insert(0, pcr(0));
+    config.pcr_policy.insert(23, pcr(23));
+    let f = fixture_with(config.clone());
+    f.resolve();
+    assert_eq!(f.reason(&answer_evidence(answer())), "admitted");
+    let mut wrong = config;
+    let mut v = pcr(7);
+    v[31] ^= 1;
+    wrong.pcr_policy.insert(7, v);
+    let f = fixture_with(wrong);
+    f.resolve();
+    assert_eq!(f.reason(&answer_evidence(answer())), PCR_POLICY);
+}
+
+#[test]
+fn pcr_selection_checks() {
+    let v = vec![vec![1u8; 32], vec![2u8; 32]];
+    let digest = bc_wire::sha256(&v.concat());
+    // PCRs 1 and 9.
+    let sel = vec![(ALG_SHA256, vec![0b10, 0b10, 0])];
+    let got = quoted_pcrs(&sel, &v, &digest).unwrap();
+    assert_eq!(got.keys().copied().collect::<Vec<_>>(), [1, 9]);
+    assert_eq!(got[&9], &[2u8; 32][..]);
+    // Another bank, two entries, a count mismatch, a wrong digest.
+    assert!(quoted_pcrs(&[(0x0004, vec![0b10, 0b10, 0])], &v, &digest).is_none());
+    assert!(quoted_pcrs(&[sel[0].clone(), sel[0].clone()], &v, &digest).is_none());
+    assert!(quoted_pcrs(&[(ALG_SHA256, vec![0b10, 0, 0])], &v, &digest).is_none());
+    assert!(quoted_pcrs(&sel, &v, &[0; 32]).is_none());
+}
+
+#[test]
+fn node_key_refusals_on_real_certifications() {
+    let f = fixture();
+    f.resolve();
+    let with = |c: Option<TpmKeyCertification>| {
+        let mut a = answer();
+        a.node_key = c;
+        answer_evidence(a)
+    };
+    let real = answer().node_key.unwrap();
+    let key2 = certification(KEY2_CERT);
+
+    assert_eq!(f.reason(&with(None)), NODE_KEY_NOT_CERTIFIED);
+    // Another key's (valid) certification presented for this key: the name.
+    let mut c = key2.clone();
+    c.public = real.public.clone();
+    assert_eq!(f.reason(&with(Some(c))), "node-key-name");
+    // Another key, certified in full, but not the CSR's.
+    assert_eq!(f.reason(&with(Some(key2))), "node-key-not-csr");
+    // The AK itself: restricted, not a node key.
+    assert_eq!(
+        f.reason(&with(Some(certification(AK_SELF_CERT)))),
+        "node-key-attributes"
+    );
+    // Qualified by another CSR.
+    assert_eq!(
+        f.reason(&with(Some(certification(OTHER_NONCE_CERT)))),
+        "node-key-nonce"
+    );
+    // A bent signature, a bent certification.
+    let mut c = real.clone();
+    c.signature[10] ^= 1;
+    assert_eq!(f.reason(&with(Some(c))), "node-key-signature");
+    let mut c = real.clone();
+    c.certify_info[12] ^= 1;
+    assert_eq!(f.reason(&with(Some(c))), "node-key-signature");
+    let mut c = real.clone();
+    c.public.truncate(10);
+    assert_eq!(f.reason(&with(Some(c))), "node-key-malformed");
+    assert_eq!(
+        f.reason(&with(Some(TpmKeyCertification::default()))),
+        "node-key-malformed"
+    );
+    assert_eq!(f.reason(&with(Some(real))), "admitted");
+    assert_eq!(f.count("join_requests"), 0);
+}
+
+#[test]
+fn node_key_any_admits_uncertified_only() {
+    let f = fixture_with(TpmConfig {
+        node_key: NodeKeyPolicy::Any,
+        ..TpmConfig::default()
+    });
+    f.resolve();
+    let mut a = answer();
+    a.node_key = None;
+    let r = f.admitted(&answer_evidence(a));
+    assert_eq!(r.node_key, NodeKeyKind::Unattested);
+    assert_eq!(r.node_key_uri, None);
+    assert!(r.binding.is_some());
+    // A certification that is present is still checked.
+    let mut a = answer();
+    a.node_key = Some(certification(AK_SELF_CERT));
+    assert_eq!(f.reason(&answer_evidence(a)), "node-key-attributes");
+    assert_eq!(
+        f.admitted(&answer_evidence(answer())).node_key,
+        NodeKeyKind::Tpm
+    );
+}
+
+#[test]
+fn roles_other_than_node_or_site_are_refused() {
+    let f = fixture();
+    let out =
+        f.db.with_conn(|c| {
+            let tx = db::immediate(c).unwrap();
+            let claims = HardwareClaims::default();
+            let ev = hello_evidence(hello());
+            let input = AttestInput {
+                role: Role::Ramdisk,
+                evidence: &ev,
+                token: None,
+                csr_der: CSR,
+                csr_sha256: bc_wire::sha256(CSR),
+                csr_spki_der: &[],
+                csr_spki_sha256: [0; 32],
+                claims: &claims,
+                now: NOW,
+            };
+            reason(f.attestor.verify(&tx, &input))
+        })
+        .unwrap();
+    assert_eq!(out, ROLE);
+}
+
+/// The whole join through JoinService, with the real TPM's answer: the
+/// database clock is set to the capture's time and the control plane uses
+/// the capture's challenge key.
+mod through_join_service {
+    use super::*;
+    use crate::join::{ApiError, JoinService, BOUND_ELSEWHERE, POOL_ATTESTOR};
+    use bc_wire::agent::{join_response_body, JoinRequest, JoinResponseBody};
+
+    struct Cp {
+        _dir: tempfile::TempDir,
+        svc: JoinService,
+    }
+
+    fn cp() -> Cp {
+        let dir = tempfile::tempdir().unwrap();
+        crate::pki::init(dir.path(), "bc.test").unwrap();
+        crate::fsutil::write_atomic(&dir.path().join(crate::pki::CHALLENGE_KEY), KEY, 0o600)
+            .unwrap();
+        let svc = JoinService::open(dir.path()).unwrap();
+        add_test_roots(svc.database());
+        let db = svc.database();
+        let system_now = db.with_conn(|c| db::compute_now(c)).unwrap().unwrap();
+        db.write(|tx| db::set_clock_offset_ms(tx, NOW - system_now))
+            .unwrap();
+        Cp { _dir: dir, svc }
+    }
+
+    impl Cp {
+        fn db(&self) -> &Database {
+            self.svc.database()
+        }
+
+        fn join(&self, evidence: Vec<u8>) -> Result<JoinResponseBody, ApiError> {
+            let resp = self.svc.join(JoinRequest {
+                csr: CSR.to_vec(),
+                role: Role::Node as i32,
+                attestor: TPM.into(),
+                attestation: evidence,
+                ..Default::default()
+            })?;
+            let vk = bc_wire::signing::verifying_key_from_spki(
+                self.svc.bundle().join_signing_spki_der(),
+            )
+            .unwrap();
+            bc_wire::signing::verify(
+                &vk,
+                bc_wire::signing::Purpose::JoinResponse,
+                &[&resp.body],
+                &resp.signature,
+            )
+            .unwrap();
+            let body = JoinResponseBody::decode(resp.body.as_slice()).unwrap();
+            assert_eq!(body.csr_sha256, bc_wire::sha256(CSR));
+            Ok(body)
+        }
+
+        fn refusals(&self) -> Vec<(String, String)> {
+            records::list_events(self.db())
+                .unwrap()
+                .into_iter()
+                .filter(|e| e.kind == records::EVENT_JOIN_REFUSED)
+                .map(|e| (e.attestor.unwrap_or_default(), e.reason.unwrap_or_default()))
+                .collect()
+        }
+    }
+
+    fn uris(der: &[u8]) -> Vec<String> {
+        let (_, leaf) = x509_parser::parse_x509_certificate(der).unwrap();
+        leaf.subject_alternative_name()
+            .unwrap()
+            .unwrap()
+            .value
+            .general_names
+            .iter()
+            .filter_map(|n| match n {
+                x509_parser::extensions::GeneralName::URI(u) => Some((*u).to_owned()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn round_one_answers_a_signed_challenge() {
+        let c = cp();
+        let body = c.join(hello_evidence(hello())).unwrap();
+        assert!(body.node_id.is_empty() && body.chain.is_empty());
+        let Some(join_response_body::Deferral::Challenge(ch)) = body.deferral else {
+            panic!("no challenge")
+        };
+        assert_eq!(ch.attestor, TPM);
+        assert!(ch.not_after_unix_ms > NOW);
+        assert!(TpmChallenge::decode(ch.payload.as_slice()).is_ok());
+        assert!(records::list_events(c.db()).unwrap().is_empty());
+    }
+
+    #[test]
+    fn joins_then_reclaims_the_same_node() {
+        let c = cp();
+        enroll::add_resolve(c.db(), &ek_sha256(), None, None).unwrap();
+        let first = c.join(answer_evidence(answer())).unwrap();
+        assert!(first.deferral.is_none());
+        let ak = Public::parse(&hello().ak_public).unwrap();
+        let statement = wtpm::ak_statement(&ak.name()).unwrap();
+        assert_eq!(
+            uris(&first.chain[0]),
+            [
+                format!("spiffe://bc.test/node/{}", first.node_id),
+                statement.clone()
+            ]
+        );
+        let (_, leaf) = x509_parser::parse_x509_certificate(&first.chain[0]).unwrap();
+        assert_eq!(leaf.public_key().raw, csr_spki(CSR).as_slice());
+        let bindings = records::list_bindings(c.db()).unwrap();
+        assert_eq!(bindings.len(), 1);
+        assert_eq!(
+            (
+                bindings[0].kind.as_str(),
+                bindings[0].key.clone(),
+                bindings[0].node_id.as_str()
+            ),
+            ("tpm-ek", ek_sha256(), first.node_id.as_str())
+        );
+        let ev = records::list_events(c.db()).unwrap();
+        assert_eq!(ev[0].kind, records::EVENT_NODE_JOINED);
+        assert_eq!(ev[0].attestor.as_deref(), Some(TPM));
+        assert_eq!(ev[0].data["nodeKey"], "tpm");
+        assert_eq!(ev[0].data["pool"], "default");
+
+        // The same TPM again (its identity moved aside): the same node, a new
+        // identity generation, the older certificate revoked.
+        let second = c.join(answer_evidence(answer())).unwrap();
+        assert_eq!(second.node_id, first.node_id);
+        assert_eq!(uris(&second.chain[0])[1], statement);
+        let nodes = records::list_nodes(c.db()).unwrap();
+        assert_eq!((nodes.len(), nodes[0].identity_generation), (1, 2));
+        let revoked: Vec<(i64, bool)> = c
+            .db()
+            .with_conn(|conn| {
+                let mut st = conn
+                    .prepare("SELECT identity_generation, revoked_at IS NOT NULL FROM node_certs ORDER BY identity_generation")
+                    .unwrap();
+                st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+                    .unwrap()
+                    .collect::<Result<_, _>>()
+                    .unwrap()
+            })
+            .unwrap();
+        assert_eq!(revoked, [(1, true), (2, false)]);
+        let joins = records::list_joins(c.db()).unwrap();
+        assert_eq!(
+            joins
+                .iter()
+                .map(|j| (j.node_key.as_str(), j.identity_generation))
+                .collect::<Vec<_>>(),
+            [("tpm", 1), ("tpm", 2)]
+        );
+    }
+
+    #[test]
+    fn enrollment_through_join_service() {
+        let c = cp();
+        let body = c.join(answer_evidence(answer())).unwrap();
+        let Some(join_response_body::Deferral::Pending(p)) = body.deferral else {
+            panic!("not pending")
+        };
+        assert_eq!(p.retry_after_seconds, 30);
+        // The deferral committed the request.
+        let reqs = enroll::list_requests(c.db()).unwrap();
+        assert_eq!(
+            (reqs.len(), reqs[0].id.as_str()),
+            (1, p.request_id.as_str())
+        );
+        enroll::approve(c.db(), &p.request_id, None).unwrap();
+        let joined = c.join(answer_evidence(answer())).unwrap();
+        assert!(!joined.node_id.is_empty());
+        assert!(enroll::list_requests(c.db()).unwrap()[0].used_at.is_some());
+    }
+
+    #[test]
+    fn a_resolve_entry_cannot_hand_over_a_node_bound_to_another_ek() {
+        let c = cp();
+        let node_a = insert_node(c.db(), "node_aaaaaaaaaaaaaaaaaaaaaaaaaa");
+        c.db()
+            .write(|tx| records::insert_binding(tx, "tpm-ek", &"f".repeat(64), &node_a, NOW))
+            .unwrap();
+        enroll::add_resolve(c.db(), &ek_sha256(), None, Some(&node_a)).unwrap();
+        assert!(matches!(
+            c.join(answer_evidence(answer())),
+            Err(ApiError::AccessDenied)
+        ));
+        assert_eq!(c.refusals(), [(TPM.to_owned(), BOUND_ELSEWHERE.to_owned())]);
+        assert_eq!(records::list_bindings(c.db()).unwrap().len(), 1);
+        assert_eq!(
+            records::list_nodes(c.db()).unwrap()[0].identity_generation,
+            1
+        );
+    }
+
+    #[test]
+    fn a_pool_for_tokens_only_refuses_the_tpm() {
+        let c = cp();
+        crate::pools::create_pool(
+            c.db(),
+            "tokens",
+            "bob",
+            Some(&["join-token".to_owned()]),
+            &["join-token", "tpm"],
+        )
+        .unwrap();
+        enroll::add_resolve(c.db(), &ek_sha256(), Some("tokens"), None).unwrap();
+        assert!(matches!(
+            c.join(answer_evidence(answer())),
+            Err(ApiError::AccessDenied)
+        ));
+        assert_eq!(c.refusals(), [(TPM.to_owned(), POOL_ATTESTOR.to_owned())]);
+        let ev = records::list_events(c.db()).unwrap();
+        assert_eq!(ev[0].data["poolOwner"], "bob");
+        assert!(records::list_nodes(c.db()).unwrap().is_empty());
+        assert!(records::list_bindings(c.db()).unwrap().is_empty());
+    }
+}

@@ -1,0 +1,291 @@
+//! `DIR/controlplane.toml`: the optional settings of a control plane.
+//!
+//! Read by `serve` (through [`crate::join::JoinService::open`]) and by every
+//! CLI command, so a broken file is reported before anything runs. Unknown
+//! keys are errors, and every error names the file and the line, because a
+//! typo in a security setting (`node_key = "certifed"`) must not silently
+//! fall back to a default.
+//!
+//! ```toml
+//! [tpm]
+//! node_key = "certified"            # or "any"
+//! challenge_ttl = "5m"              # at most 5m
+//! enrollment_retry_after = "30s"    # JoinPending.retry_after_seconds
+//! [tpm.pcr_policy]                  # optional
+//! "0" = "<hex sha256>"
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use crate::attestors::tpm::{NodeKeyPolicy, TpmConfig, MAX_CHALLENGE_TTL_MS};
+
+pub const CONFIG_FILE: &str = "controlplane.toml";
+
+/// Longest `enrollment_retry_after`: an agent waiting longer than this for
+/// an operator learns nothing new by waiting.
+const MAX_RETRY_AFTER_SECONDS: i64 = 3600;
+
+/// The whole configuration; every field has a default, so a DIR without the
+/// file gets exactly the spec's defaults.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Config {
+    pub tpm: TpmConfig,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// `line` is 1-based; a problem with the whole file has none.
+    #[error("{}{}: {message}", path.display(), line.map(|l| format!(":{l}")).unwrap_or_default())]
+    Invalid {
+        path: PathBuf,
+        line: Option<usize>,
+        message: String,
+    },
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    tpm: Option<RawTpm>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTpm {
+    node_key: Option<Spanned<String>>,
+    challenge_ttl: Option<Spanned<String>>,
+    enrollment_retry_after: Option<Spanned<String>>,
+    pcr_policy: Option<BTreeMap<String, Spanned<String>>>,
+}
+
+/// Reads `DIR/controlplane.toml`; a missing file is the default config.
+pub fn load(dir: &Path) -> Result<Config, ConfigError> {
+    let path = dir.join(CONFIG_FILE);
+    match std::fs::read(&path) {
+        Ok(bytes) => {
+            let text = String::from_utf8(bytes).map_err(|e| ConfigError::Invalid {
+                path: path.clone(),
+                line: None,
+                message: format!("not UTF-8 (at byte {})", e.utf8_error().valid_up_to()),
+            })?;
+            parse(&path, &text)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Config::default()),
+        Err(source) => Err(ConfigError::Io { path, source }),
+    }
+}
+
+/// Parses the text of `path`.
+pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
+    let invalid = |span: Option<std::ops::Range<usize>>, message: String| ConfigError::Invalid {
+        path: path.to_owned(),
+        line: span.map(|s| line_of(text, s.start)),
+        message,
+    };
+    let raw: RawConfig =
+        toml::from_str(text).map_err(|e| invalid(e.span(), e.message().to_owned()))?;
+    let mut config = Config::default();
+    let Some(tpm) = raw.tpm else {
+        return Ok(config);
+    };
+    if let Some(v) = tpm.node_key {
+        config.tpm.node_key = match v.get_ref().as_str() {
+            "certified" => NodeKeyPolicy::Certified,
+            "any" => NodeKeyPolicy::Any,
+            other => {
+                return Err(invalid(
+                    Some(v.span()),
+                    format!("tpm.node_key must be \"certified\" or \"any\", not {other:?}"),
+                ))
+            }
+        };
+    }
+    if let Some(v) = tpm.challenge_ttl {
+        let ms = parse_duration_ms(v.get_ref())
+            .map_err(|e| invalid(Some(v.span()), format!("tpm.challenge_ttl: {e}")))?;
+        if ms <= 0 || ms > MAX_CHALLENGE_TTL_MS {
+            return Err(invalid(
+                Some(v.span()),
+                format!(
+                    "tpm.challenge_ttl must be more than 0s and at most 5m, not {:?}",
+                    v.get_ref()
+                ),
+            ));
+        }
+        config.tpm.challenge_ttl_ms = ms;
+    }
+    if let Some(v) = tpm.enrollment_retry_after {
+        let ms = parse_duration_ms(v.get_ref())
+            .map_err(|e| invalid(Some(v.span()), format!("tpm.enrollment_retry_after: {e}")))?;
+        if ms < 1000 || ms % 1000 != 0 || ms / 1000 > MAX_RETRY_AFTER_SECONDS {
+            return Err(invalid(
+                Some(v.span()),
+                format!(
+                    "tpm.enrollment_retry_after must be whole seconds from 1s to 1h, not {:?}",
+                    v.get_ref()
+                ),
+            ));
+        }
+        config.tpm.enrollment_retry_after_seconds =
+            u32::try_from(ms / 1000).map_err(|_| invalid(Some(v.span()), "too large".into()))?;
+    }
+    if let Some(policy) = tpm.pcr_policy {
+        for (index, value) in policy {
+            let pcr = index
+                .parse::<u32>()
+                .ok()
+                .filter(|i| *i < 24 && (index == "0" || !index.starts_with('0')))
+                .ok_or_else(|| {
+                    invalid(
+                        Some(value.span()),
+                        format!("tpm.pcr_policy: {index:?} is not a PCR index from 0 to 23"),
+                    )
+                })?;
+            let digest = parse_sha256_hex(value.get_ref()).ok_or_else(|| {
+                invalid(
+                    Some(value.span()),
+                    format!("tpm.pcr_policy.{pcr}: expected 64 hex digits (a SHA-256 PCR value)"),
+                )
+            })?;
+            config.tpm.pcr_policy.insert(pcr, digest);
+        }
+    }
+    Ok(config)
+}
+
+/// 64 hex digits (either case) as 32 bytes.
+pub fn parse_sha256_hex(s: &str) -> Option<[u8; 32]> {
+    if s.len() != 64 {
+        return None;
+    }
+    let bytes = hex::decode(s).ok()?;
+    <[u8; 32]>::try_from(bytes.as_slice()).ok()
+}
+
+/// The 1-based line of byte `offset` in `text`.
+fn line_of(text: &str, offset: usize) -> usize {
+    let end = offset.min(text.len());
+    text.as_bytes()[..end]
+        .iter()
+        .filter(|&&b| b == b'\n')
+        .count()
+        + 1
+}
+
+/// A duration `[+|-]<integer><s|m|h|d>` in milliseconds.
+pub fn parse_duration_ms(s: &str) -> Result<i64, String> {
+    let hint = "expected an integer and a unit s, m, h or d, e.g. 90s, 15m, 24h, 7d";
+    let (sign, rest) = match s.as_bytes().first() {
+        Some(b'-') => (-1i64, &s[1..]),
+        Some(b'+') => (1, &s[1..]),
+        _ => (1, s),
+    };
+    let Some(unit) = rest.chars().last() else {
+        return Err(format!("empty duration: {hint}"));
+    };
+    let unit_ms: i64 = match unit {
+        's' => 1_000,
+        'm' => 60_000,
+        'h' => 3_600_000,
+        'd' => 86_400_000,
+        _ => return Err(format!("bad duration {s:?}: {hint}")),
+    };
+    let digits = &rest[..rest.len() - 1];
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("bad duration {s:?}: {hint}"));
+    }
+    digits
+        .parse::<i64>()
+        .ok()
+        .and_then(|n| n.checked_mul(unit_ms))
+        .map(|ms| sign * ms)
+        .ok_or_else(|| format!("duration {s:?} is too large"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(text: &str) -> Result<Config, ConfigError> {
+        parse(Path::new("/d/controlplane.toml"), text)
+    }
+
+    fn err(text: &str) -> String {
+        p(text).err().map(|e| e.to_string()).unwrap_or_default()
+    }
+
+    #[test]
+    fn defaults_and_full_file() {
+        assert_eq!(p("").unwrap(), Config::default());
+        let d = TpmConfig::default();
+        assert_eq!(d.node_key, NodeKeyPolicy::Certified);
+        assert_eq!(d.challenge_ttl_ms, 300_000);
+        assert_eq!(d.enrollment_retry_after_seconds, 30);
+        let c = p(r#"
+[tpm]
+node_key = "any"
+challenge_ttl = "90s"
+enrollment_retry_after = "2m"
+[tpm.pcr_policy]
+"0" = "AA00000000000000000000000000000000000000000000000000000000000000"
+"23" = "0000000000000000000000000000000000000000000000000000000000000001"
+"#)
+        .unwrap();
+        assert_eq!(c.tpm.node_key, NodeKeyPolicy::Any);
+        assert_eq!(c.tpm.challenge_ttl_ms, 90_000);
+        assert_eq!(c.tpm.enrollment_retry_after_seconds, 120);
+        assert_eq!(c.tpm.pcr_policy.len(), 2);
+        assert_eq!(c.tpm.pcr_policy[&0][0], 0xaa);
+        assert_eq!(c.tpm.pcr_policy[&23][31], 1);
+    }
+
+    #[test]
+    fn errors_name_file_and_line() {
+        let e = err("[tpm]\nnode_key = \"certifed\"\n");
+        assert!(e.starts_with("/d/controlplane.toml:2: "), "{e}");
+        assert!(e.contains("certifed"), "{e}");
+        let e = err("[tpm]\n\nchallenge_ttl = \"6m\"\n");
+        assert!(e.starts_with("/d/controlplane.toml:3: "), "{e}");
+        let e = err("[tpm]\nnode_keys = \"any\"\n");
+        assert!(e.starts_with("/d/controlplane.toml:2: "), "{e}");
+        assert!(e.contains("node_keys"), "{e}");
+        let e = err("[tpmm]\n");
+        assert!(e.starts_with("/d/controlplane.toml:1: "), "{e}");
+        let e = err("[tpm.pcr_policy]\n\"24\" = \"00\"\n");
+        assert!(e.starts_with("/d/controlplane.toml:2: "), "{e}");
+        let e = err("[tpm.pcr_policy]\n\"1\" = \"00\"\n");
+        assert!(e.contains("64 hex digits"), "{e}");
+        for bad in ["0s", "-1m", "5m1s", "1h", "soon"] {
+            assert!(
+                p(&format!("[tpm]\nchallenge_ttl = \"{bad}\"\n")).is_err(),
+                "{bad}"
+            );
+        }
+        assert!(p("[tpm]\nchallenge_ttl = \"5m\"\n").is_ok());
+        for bad in ["0s", "2h", "x"] {
+            assert!(
+                p(&format!("[tpm]\nenrollment_retry_after = \"{bad}\"\n")).is_err(),
+                "{bad}"
+            );
+        }
+        let e = err("[tpm]\nnode_key = 1\n");
+        assert!(e.starts_with("/d/controlplane.toml:2: "), "{e}");
+    }
+
+    #[test]
+    fn missing_file_is_default() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(load(dir.path()).unwrap(), Config::default());
+        std::fs::write(dir.path().join(CONFIG_FILE), "[tpm]\nnode_key = \"any\"\n").unwrap();
+        assert_eq!(load(dir.path()).unwrap().tpm.node_key, NodeKeyPolicy::Any);
+    }
+}

@@ -1,0 +1,300 @@
+//! Pools: every node belongs to one, and a pool's policy can require
+//! hardware attestation (`policy.joinAttestors`, spec "Requiring an
+//! attestor").
+//!
+//! The migration creates the pool `default` (owner `root`, empty policy);
+//! a node joins it unless its token, resolve entry or join request names
+//! another. No API moves a node between pools: a node gets its pool at join,
+//! where the policy is checked.
+
+use rusqlite::{Connection, OptionalExtension, Transaction};
+use serde_json::{json, Value};
+
+use crate::db::{self, Database, DbError, UnixMs};
+
+pub const DEFAULT_POOL: &str = "default";
+pub const DEFAULT_OWNER: &str = "root";
+
+/// `policy.joinAttestors` holds 1 to this many attestor ids.
+pub const MAX_JOIN_ATTESTORS: usize = 16;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    /// The request is wrong (an unknown attestor, a bad id): nothing changed.
+    #[error("INVALID_INPUT: {0}")]
+    InvalidInput(String),
+    #[error("NOT_FOUND: no pool {0:?}")]
+    NotFound(String),
+    #[error(transparent)]
+    Db(#[from] DbError),
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct PoolRow {
+    pub id: String,
+    pub owner: String,
+    /// The policy object as stored (validated when written).
+    pub policy: Value,
+    pub created_at: UnixMs,
+}
+
+impl PoolRow {
+    /// `policy.joinAttestors`: the attestors that may admit a machine into
+    /// this pool; `None` means any.
+    pub fn join_attestors(&self) -> Result<Option<Vec<String>>, DbError> {
+        match self.policy.get("joinAttestors") {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|v| v.as_str().map(str::to_owned))
+                .collect::<Option<Vec<_>>>()
+                .map(Some)
+                .ok_or_else(|| corrupt(&self.id)),
+            Some(_) => Err(corrupt(&self.id)),
+        }
+    }
+}
+
+fn corrupt(id: &str) -> DbError {
+    DbError::Corrupt {
+        what: "pool policy",
+        detail: format!("pool {id}: joinAttestors is not an array of strings"),
+    }
+}
+
+/// A pool id or owner: 1 to 64 characters of `A-Z a-z 0-9 . _ -`, starting
+/// with a letter or digit (safe in logs, events and command lines).
+pub fn check_name(what: &str, s: &str) -> Result<(), PoolError> {
+    let ok = !s.is_empty()
+        && s.len() <= 64
+        && s.as_bytes()[0].is_ascii_alphanumeric()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(PoolError::InvalidInput(format!(
+            "{what} {s:?} must be 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit"
+        )))
+    }
+}
+
+/// `policy.joinAttestors` must be 1 to 16 distinct ids of attestors this
+/// control plane runs (`known`), so that a typo cannot lock a pool.
+pub fn validate_join_attestors(list: &[String], known: &[&str]) -> Result<(), PoolError> {
+    if list.is_empty() || list.len() > MAX_JOIN_ATTESTORS {
+        return Err(PoolError::InvalidInput(format!(
+            "joinAttestors must list 1 to {MAX_JOIN_ATTESTORS} attestors, not {}",
+            list.len()
+        )));
+    }
+    for (i, id) in list.iter().enumerate() {
+        if !known.contains(&id.as_str()) {
+            return Err(PoolError::InvalidInput(format!(
+                "joinAttestors: {id:?} is not an attestor this control plane runs (it runs {})",
+                known.join(", ")
+            )));
+        }
+        if list[..i].contains(id) {
+            return Err(PoolError::InvalidInput(format!(
+                "joinAttestors: {id:?} is listed twice"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Creates a pool. `join_attestors`, when given, is validated against
+/// `known` (the attestors the control plane runs).
+pub fn create_pool(
+    db: &Database,
+    id: &str,
+    owner: &str,
+    join_attestors: Option<&[String]>,
+    known: &[&str],
+) -> Result<PoolRow, PoolError> {
+    check_name("pool id", id)?;
+    check_name("owner", owner)?;
+    let mut policy = json!({});
+    if let Some(list) = join_attestors {
+        validate_join_attestors(list, known)?;
+        policy["joinAttestors"] = json!(list);
+    }
+    db.write(|tx| {
+        if get(tx, id)?.is_some() {
+            return Err(PoolError::InvalidInput(format!(
+                "pool {id:?} already exists"
+            )));
+        }
+        let now = db::compute_now(tx)?;
+        tx.execute(
+            "INSERT INTO pools (id, owner, policy, created_at) VALUES (?1, ?2, ?3, ?4)",
+            rusqlite::params![id, owner, policy.to_string(), now],
+        )
+        .map_err(DbError::from)?;
+        Ok(PoolRow {
+            id: id.to_owned(),
+            owner: owner.to_owned(),
+            policy,
+            created_at: now,
+        })
+    })
+}
+
+/// Replaces `policy.joinAttestors` (`None` removes it: any attestor) and
+/// keeps the rest of the policy.
+pub fn set_join_attestors(
+    db: &Database,
+    id: &str,
+    join_attestors: Option<&[String]>,
+    known: &[&str],
+) -> Result<PoolRow, PoolError> {
+    if let Some(list) = join_attestors {
+        validate_join_attestors(list, known)?;
+    }
+    db.write(|tx| {
+        let mut pool = get(tx, id)?.ok_or_else(|| PoolError::NotFound(id.to_owned()))?;
+        let Value::Object(map) = &mut pool.policy else {
+            return Err(PoolError::Db(DbError::Corrupt {
+                what: "pool policy",
+                detail: format!("pool {id}: not an object"),
+            }));
+        };
+        match join_attestors {
+            Some(list) => {
+                map.insert("joinAttestors".to_owned(), json!(list));
+            }
+            None => {
+                map.remove("joinAttestors");
+            }
+        }
+        tx.execute(
+            "UPDATE pools SET policy = ?2 WHERE id = ?1",
+            rusqlite::params![id, pool.policy.to_string()],
+        )
+        .map_err(DbError::from)?;
+        Ok(pool)
+    })
+}
+
+/// One pool, read in `conn`'s transaction.
+pub fn get(conn: &Connection, id: &str) -> Result<Option<PoolRow>, DbError> {
+    let row = conn
+        .query_row(
+            "SELECT id, owner, policy, created_at FROM pools WHERE id = ?1",
+            [id],
+            read_row,
+        )
+        .optional()?;
+    row.map(finish).transpose()
+}
+
+/// The pool `id`, or NOT_FOUND: for commands that put something in a pool.
+pub fn require(tx: &Transaction<'_>, id: &str) -> Result<PoolRow, PoolError> {
+    get(tx, id)?.ok_or_else(|| PoolError::NotFound(id.to_owned()))
+}
+
+/// Every pool, with how many nodes it holds.
+pub fn list_pools(db: &Database) -> Result<Vec<(PoolRow, i64)>, DbError> {
+    db.with_conn(|c| {
+        let mut st = c.prepare(
+            "SELECT p.id, p.owner, p.policy, p.created_at,
+                    (SELECT count(*) FROM nodes n WHERE n.pool_id = p.id)
+             FROM pools p ORDER BY p.created_at, p.id",
+        )?;
+        let rows = st.query_map([], |r| Ok((read_row(r)?, r.get::<_, i64>(4)?)))?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (raw, nodes) = row?;
+            out.push((finish(raw)?, nodes));
+        }
+        Ok(out)
+    })?
+}
+
+type RawRow = (String, String, String, UnixMs);
+
+fn read_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawRow> {
+    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+}
+
+fn finish((id, owner, policy, created_at): RawRow) -> Result<PoolRow, DbError> {
+    let policy = serde_json::from_str(&policy).map_err(|e| DbError::Corrupt {
+        what: "pool policy",
+        detail: format!("pool {id}: {e}"),
+    })?;
+    Ok(PoolRow {
+        id,
+        owner,
+        policy,
+        created_at,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KNOWN: &[&str] = &["join-token", "tpm"];
+
+    fn s(v: &[&str]) -> Vec<String> {
+        v.iter().map(|x| (*x).to_owned()).collect()
+    }
+
+    #[test]
+    fn join_attestors_validation() {
+        assert!(validate_join_attestors(&s(&["tpm"]), KNOWN).is_ok());
+        assert!(validate_join_attestors(&s(&["join-token", "tpm"]), KNOWN).is_ok());
+        for bad in [
+            s(&[]),
+            s(&["x509pop"]),
+            s(&["tpm", "tpm"]),
+            s(&[""]),
+            vec!["tpm".to_owned(); 17],
+        ] {
+            let e = validate_join_attestors(&bad, KNOWN).unwrap_err();
+            assert!(matches!(e, PoolError::InvalidInput(_)), "{bad:?}");
+            assert!(e.to_string().starts_with("INVALID_INPUT: "), "{e}");
+        }
+    }
+
+    #[test]
+    fn default_pool_create_update_list() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Database::open_dir(dir.path()).unwrap();
+        let pools = list_pools(&db).unwrap();
+        assert_eq!(pools.len(), 1);
+        assert_eq!(pools[0].0.id, DEFAULT_POOL);
+        assert_eq!(pools[0].0.owner, DEFAULT_OWNER);
+        assert_eq!(pools[0].0.join_attestors().unwrap(), None);
+
+        let p = create_pool(&db, "metal", "alice", Some(&s(&["tpm"])), KNOWN).unwrap();
+        assert_eq!(p.join_attestors().unwrap(), Some(s(&["tpm"])));
+        assert!(matches!(
+            create_pool(&db, "metal", "alice", None, KNOWN),
+            Err(PoolError::InvalidInput(_))
+        ));
+        assert!(matches!(
+            create_pool(&db, "bad id", "alice", None, KNOWN),
+            Err(PoolError::InvalidInput(_))
+        ));
+        assert!(matches!(
+            create_pool(&db, "x", "alice", Some(&s(&["nope"])), KNOWN),
+            Err(PoolError::InvalidInput(_))
+        ));
+        let p = set_join_attestors(&db, "metal", Some(&s(&["join-token", "tpm"])), KNOWN).unwrap();
+        assert_eq!(p.join_attestors().unwrap(), Some(s(&["join-token", "tpm"])));
+        assert!(matches!(
+            set_join_attestors(&db, "metal", Some(&s(&[])), KNOWN),
+            Err(PoolError::InvalidInput(_))
+        ));
+        assert!(matches!(
+            set_join_attestors(&db, "nope", None, KNOWN),
+            Err(PoolError::NotFound(_))
+        ));
+        set_join_attestors(&db, "metal", None, KNOWN).unwrap();
+        let pools = list_pools(&db).unwrap();
+        assert_eq!(pools.len(), 2);
+        assert_eq!(pools[1].0.join_attestors().unwrap(), None);
+    }
+}

@@ -1,0 +1,113 @@
+//! The command line, dispatch only: it takes the join token out of the
+//! environment, parses the command line, sets up logging, and turns errors
+//! into `bcd: <message>` and exit codes (1 failure, 2 usage).
+
+use std::io::IsTerminal as _;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use p256::elliptic_curve::zeroize::Zeroizing;
+
+use crate::evidence::join_token::TokenText;
+use crate::{identify, join, out, status};
+
+/// The environment variable that may carry a join token.
+const TOKEN_ENV: &str = "BCD_JOIN_TOKEN";
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "bcd",
+    version,
+    about = "Node agent: joins a Better Compute control plane and keeps the node's identity"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Join the control plane and save the node identity
+    Join(join::JoinArgs),
+    /// Show the node identity
+    Status(status::StatusArgs),
+    /// The TPM, as an operator admitting this machine needs to know it
+    #[command(subcommand)]
+    Tpm(TpmCommand),
+}
+
+#[derive(Subcommand, Debug)]
+enum TpmCommand {
+    /// The EK's SHA-256, its certificate and the TPM's maker and firmware
+    Identify(identify::IdentifyArgs),
+}
+
+/// The whole of `bcd`: called by `main` and nothing else.
+pub fn main() -> ExitCode {
+    let env_token = take_env_token();
+    quiet_libtss2();
+    let cli = Cli::parse();
+    init_logging();
+    // Everything builds its TLS config with the ring provider explicitly; the
+    // process default is ring too, so nothing can fall back to another one.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+
+    let result = match cli.command {
+        Command::Join(args) => join::run(args, env_token),
+        Command::Status(args) => {
+            drop(env_token);
+            status::run(args)
+        }
+        Command::Tpm(TpmCommand::Identify(args)) => {
+            drop(env_token);
+            identify::run(args)
+        }
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            out::err_line(format_args!("bcd: {e:#}"));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Reads `BCD_JOIN_TOKEN` once and removes it from the environment, so that
+/// no child process, crash report or `/proc/<pid>/environ` reader sees it
+/// later, whichever subcommand runs.
+///
+/// `remove_var` is only sound while no other thread reads the environment;
+/// this runs first thing in `main`, before the runtime, the logger or any
+/// library starts a thread. (Edition 2021 marks it safe; under edition 2024
+/// this becomes an `unsafe` block justified by the same reasoning.)
+fn take_env_token() -> Option<TokenText> {
+    let value = std::env::var_os(TOKEN_ENV)?;
+    std::env::remove_var(TOKEN_ENV);
+    // Non-UTF-8 text is no token; the lossy form fails to parse with a clear message.
+    let text = Zeroizing::new(value.to_string_lossy().into_owned());
+    Some(TokenText::new(text, TOKEN_ENV))
+}
+
+/// libtss2 prints WARNING/ERROR lines to stderr for every TPM error, which
+/// bcd reports itself with the command and the response code's meaning. Set
+/// before any thread starts (same reasoning as [`take_env_token`]); an
+/// operator's own `TSS2_LOG` wins.
+fn quiet_libtss2() {
+    if std::env::var_os("TSS2_LOG").is_none() {
+        std::env::set_var("TSS2_LOG", "all+none");
+    }
+}
+
+/// Logs to stderr, `RUST_LOG` to filter (default `info`), no timestamps:
+/// a CLI's lines are read as they come, and journald adds its own.
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .without_time()
+        .with_target(false)
+        .init();
+}

@@ -1,0 +1,132 @@
+//! A node key held by the TPM: an owner-hierarchy primary derived again at
+//! every load from a 32-byte unique. `node.key` holds only that unique (PEM
+//! `BCD TPM NODE KEY`), so nothing is stored in or evicted to the TPM, and the
+//! key never exists outside it. Anyone with the owner hierarchy's
+//! authorization on this TPM (root) can derive it too: non-exportable, not
+//! root-proof.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use p256::elliptic_curve::zeroize::Zeroizing;
+
+use super::{KeyError, NodeKey, NodeKeyKind};
+use crate::tpm::{LoadedKey, Tpm};
+
+/// One TPM connection, shared by the node key and the attestor's evidence.
+pub type SharedTpm = Arc<Mutex<Tpm>>;
+
+const PEM_LABEL: &str = "BCD TPM NODE KEY";
+
+pub struct TpmKey {
+    tpm: SharedTpm,
+    key: LoadedKey,
+    unique: Zeroizing<[u8; 32]>,
+    spki: Vec<u8>,
+}
+
+impl std::fmt::Debug for TpmKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TpmKey")
+            .field("kid", &self.kid())
+            .finish_non_exhaustive()
+    }
+}
+
+impl TpmKey {
+    /// A new key: a fresh unique, derived in the TPM.
+    pub fn generate(tpm: SharedTpm) -> Result<TpmKey, KeyError> {
+        let mut unique = Zeroizing::new([0u8; 32]);
+        getrandom::fill(unique.as_mut()).map_err(|_| KeyError::Random)?;
+        TpmKey::derive(tpm, unique)
+    }
+
+    /// The key `node.key` names, derived again.
+    pub fn load(tpm: SharedTpm, path: &Path) -> Result<TpmKey, KeyError> {
+        let text =
+            Zeroizing::new(
+                std::fs::read_to_string(path).map_err(|source| KeyError::Read {
+                    path: path.display().to_string(),
+                    source,
+                })?,
+            );
+        let malformed = || KeyError::Malformed {
+            path: path.display().to_string(),
+        };
+        let block = pem::parse(text.as_bytes()).map_err(|_| malformed())?;
+        if block.tag() != PEM_LABEL {
+            return Err(malformed());
+        }
+        let unique: [u8; 32] = block.contents().try_into().map_err(|_| malformed())?;
+        TpmKey::derive(tpm, Zeroizing::new(unique))
+    }
+
+    fn derive(tpm: SharedTpm, unique: Zeroizing<[u8; 32]>) -> Result<TpmKey, KeyError> {
+        let key = lock(&tpm)?.node_key(&unique).map_err(KeyError::Tpm)?;
+        let spki = bc_wire::tpm::Public::parse(&key.public)
+            .and_then(|p| p.p256_spki_der())
+            .map_err(|_| KeyError::BadPublicKey)?;
+        Ok(TpmKey {
+            tpm,
+            key,
+            unique,
+            spki,
+        })
+    }
+
+    /// The key's TPMT_PUBLIC, as a certification names it.
+    pub fn public(&self) -> &[u8] {
+        &self.key.public
+    }
+
+    /// TPM2_Certify of this key by `ak` over `qualifying` (sha256 of the
+    /// CSR): the TPMS_ATTEST and TPMT_SIGNATURE.
+    pub fn certify_by(
+        &self,
+        ak: &LoadedKey,
+        qualifying: &[u8],
+    ) -> Result<(Vec<u8>, Vec<u8>), KeyError> {
+        lock(&self.tpm)?
+            .certify(&self.key, ak, qualifying)
+            .map_err(KeyError::Tpm)
+    }
+}
+
+impl NodeKey for TpmKey {
+    fn kind(&self) -> NodeKeyKind {
+        NodeKeyKind::Tpm
+    }
+
+    fn spki_der(&self) -> &[u8] {
+        &self.spki
+    }
+
+    fn sign(&self, msg: &[u8]) -> Result<[u8; 64], KeyError> {
+        let digest = bc_wire::sha256(msg);
+        lock(&self.tpm)?
+            .sign_digest(&self.key, &digest)
+            .map_err(KeyError::Tpm)
+    }
+
+    fn to_file_contents(&self) -> Result<Zeroizing<String>, KeyError> {
+        let block = pem::Pem::new(PEM_LABEL, self.unique.to_vec());
+        Ok(Zeroizing::new(pem::encode(&block)))
+    }
+}
+
+/// Three transient objects is all a TPM may hold for one connection: a key
+/// that is no longer used leaves it now, not when the connection closes.
+impl Drop for TpmKey {
+    fn drop(&mut self) {
+        if let Ok(mut tpm) = self.tpm.lock() {
+            if let Err(e) = tpm.release(&self.key) {
+                tracing::debug!(error = %e, "cannot flush the node key from the TPM");
+            }
+        }
+    }
+}
+
+/// A poisoned lock means a panic elsewhere; refuse rather than propagate it.
+pub fn lock(tpm: &SharedTpm) -> Result<MutexGuard<'_, Tpm>, KeyError> {
+    tpm.lock().map_err(|_| KeyError::TpmBusy)
+}

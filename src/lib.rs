@@ -1,0 +1,21 @@
+//! `bcd`: the node agent, as a library under a thin binary (`src/main.rs`).
+//!
+//! One module per subcommand (`join`, `status`, `identify`), plus the shared
+//! parts: `config`, `keys` (the node key signer and its holders), `identity`
+//! (the data directory), `client` (the control plane), `evidence` (one
+//! builder per attestor), `pki` (reading node certificates) and `tpm` (the
+//! only module that touches tss-esapi). The end-to-end tests use the same
+//! modules to produce real TPM output.
+
+pub mod cli;
+pub mod client;
+pub mod config;
+pub mod evidence;
+pub mod identify;
+pub mod identity;
+pub mod join;
+pub mod keys;
+pub mod out;
+pub mod pki;
+pub mod status;
+pub mod tpm;

@@ -1,0 +1,488 @@
+//! The TPM, through tss-esapi: the only module that touches it.
+//!
+//! [`Tpm`] is one open TPM connection exposing the plain operations bcd
+//! needs: the EK and its certificate, the AK, node keys derived from a stored
+//! unique, signing, certification, credential activation and quotes. It
+//! flushes every transient object it loads (swtpm and the kernel's resource
+//! manager allow three), and every error names the TPM command and the
+//! response code's meaning.
+
+mod ek;
+mod templates;
+
+use std::path::Path;
+use std::str::FromStr;
+
+use tss_esapi::constants::tss::{TPM2_RH_NULL, TPM2_ST_HASHCHECK};
+use tss_esapi::constants::{CapabilityType, PropertyTag, SessionType};
+use tss_esapi::handles::{AuthHandle, KeyHandle, ObjectHandle, SessionHandle};
+use tss_esapi::interface_types::algorithm::HashingAlgorithm;
+use tss_esapi::interface_types::resource_handles::Hierarchy;
+use tss_esapi::interface_types::session_handles::{AuthSession, PolicySession};
+use tss_esapi::structures::CapabilityData;
+use tss_esapi::structures::{
+    Data, Digest, EncryptedSecret, HashScheme, HashcheckTicket, IdObject, Nonce,
+    PcrSelectionListBuilder, PcrSlot, Signature, SignatureScheme, SymmetricDefinition,
+};
+use tss_esapi::traits::Marshall;
+use tss_esapi::{Context, TctiNameConf};
+
+pub use ek::{ek_spki_der, Ek};
+pub use templates::{ak_template, node_key_template};
+
+/// Where bcd finds its TPM, in order: the config's `[tpm] tcti`, then
+/// `TPM2TOOLS_TCTI`, then `TCTI`, then `/dev/tpmrm0` when it exists. Never
+/// `/dev/tpm0` implicitly: without the kernel's resource manager, bcd and any
+/// other TPM user would trample each other's objects.
+pub fn resolve_tcti(configured: Option<&str>) -> Option<String> {
+    if let Some(t) = configured {
+        return Some(t.to_owned());
+    }
+    for var in ["TPM2TOOLS_TCTI", "TCTI"] {
+        if let Ok(v) = std::env::var(var) {
+            if !v.is_empty() {
+                return Some(v);
+            }
+        }
+    }
+    Path::new("/dev/tpmrm0")
+        .exists()
+        .then(|| "device:/dev/tpmrm0".to_owned())
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TpmError {
+    #[error("invalid TCTI {tcti:?}: {source}")]
+    Tcti {
+        tcti: String,
+        source: tss_esapi::Error,
+    },
+    #[error("cannot open the TPM at {tcti}: {source}")]
+    Open {
+        tcti: String,
+        source: tss_esapi::Error,
+    },
+    #[error("TPM2_{command} failed: {source}")]
+    Command {
+        command: &'static str,
+        source: tss_esapi::Error,
+    },
+    #[error("the TPM returned {0} that bcd cannot use")]
+    Unexpected(&'static str),
+    #[error("the TPM's EK certificate is malformed: {0}")]
+    EkCertificate(String),
+}
+
+/// Wraps a tss-esapi error with the TPM command that failed.
+pub(crate) fn cmd<T>(command: &'static str, r: tss_esapi::Result<T>) -> Result<T, TpmError> {
+    r.map_err(|source| TpmError::Command { command, source })
+}
+
+/// A key the TPM holds for this connection: its handle and its marshalled
+/// TPMT_PUBLIC (what the wire carries and the verifier parses).
+pub struct LoadedKey {
+    handle: KeyHandle,
+    pub public: Vec<u8>,
+}
+
+/// The TPM's identity, for `bcd tpm identify` and `bcd doctor`.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TpmInfo {
+    /// TPM_PT_MANUFACTURER as its four ASCII characters (e.g. "IBM ").
+    pub manufacturer: String,
+    pub vendor: String,
+    pub firmware: String,
+    /// "2.0" for a TPM 2.0 (TPM_PT_FAMILY_INDICATOR).
+    pub family: String,
+}
+
+impl TpmInfo {
+    /// swtpm and other software TPMs, by their manufacturer id.
+    pub fn is_software(&self) -> bool {
+        matches!(self.manufacturer.trim(), "IBM" | "SW" | "MSFT") && self.vendor.contains("SW")
+    }
+}
+
+pub struct Tpm {
+    ctx: Context,
+    /// Transient objects this connection loaded and has not flushed.
+    loaded: Vec<KeyHandle>,
+}
+
+impl Tpm {
+    pub fn open(tcti: &str) -> Result<Self, TpmError> {
+        let conf = TctiNameConf::from_str(tcti).map_err(|source| TpmError::Tcti {
+            tcti: tcti.to_owned(),
+            source,
+        })?;
+        let ctx = Context::new(conf).map_err(|source| TpmError::Open {
+            tcti: tcti.to_owned(),
+            source,
+        })?;
+        Ok(Tpm {
+            ctx,
+            loaded: Vec::new(),
+        })
+    }
+
+    /// Manufacturer, vendor, firmware and family, in one GetCapability.
+    pub fn info(&mut self) -> Result<TpmInfo, TpmError> {
+        let (data, _) = cmd(
+            "GetCapability",
+            self.ctx.get_capability(
+                CapabilityType::TpmProperties,
+                PropertyTag::FamilyIndicator.into(),
+                64,
+            ),
+        )?;
+        let CapabilityData::TpmProperties(props) = data else {
+            return Err(TpmError::Unexpected("a capability of another kind"));
+        };
+        let get = |tag: PropertyTag| props.find(tag).map(|p| p.value()).unwrap_or(0);
+        let ascii = |v: u32| -> String {
+            v.to_be_bytes()
+                .iter()
+                .filter(|b| b.is_ascii_graphic() || **b == b' ')
+                .map(|&b| b as char)
+                .collect()
+        };
+        let vendor: String = [
+            PropertyTag::VendorString1,
+            PropertyTag::VendorString2,
+            PropertyTag::VendorString3,
+            PropertyTag::VendorString4,
+        ]
+        .into_iter()
+        .map(|t| ascii(get(t)))
+        .collect::<String>()
+        .trim()
+        .to_owned();
+        let (fw1, fw2) = (
+            get(PropertyTag::FirmwareVersion1),
+            get(PropertyTag::FirmwareVersion2),
+        );
+        Ok(TpmInfo {
+            manufacturer: ascii(get(PropertyTag::Manufacturer)),
+            vendor,
+            firmware: format!("{}.{} ({fw1:08x}.{fw2:08x})", fw1 >> 16, fw1 & 0xffff),
+            family: ascii(get(PropertyTag::FamilyIndicator))
+                .trim_end_matches('\0')
+                .to_owned(),
+        })
+    }
+
+    /// The EK and its certificate: the persistent EK when it checks out,
+    /// else derived from the default template.
+    pub fn ek(&mut self) -> Result<Ek, TpmError> {
+        ek::load(self)
+    }
+
+    /// The AK: a restricted P-256 signing primary of the endorsement
+    /// hierarchy. The same template gives the same key on this TPM for as
+    /// long as its endorsement seed lives, so nothing is stored.
+    pub fn ak(&mut self) -> Result<LoadedKey, TpmError> {
+        self.create_primary(Hierarchy::Endorsement, templates::ak_template()?)
+    }
+
+    /// A node key: an unrestricted P-256 signing primary of the owner
+    /// hierarchy derived from `unique`. Same unique, same TPM owner seed:
+    /// same key.
+    pub fn node_key(&mut self, unique: &[u8; 32]) -> Result<LoadedKey, TpmError> {
+        self.create_primary(Hierarchy::Owner, templates::node_key_template(unique)?)
+    }
+
+    fn create_primary(
+        &mut self,
+        hierarchy: Hierarchy,
+        template: tss_esapi::structures::Public,
+    ) -> Result<LoadedKey, TpmError> {
+        let created = cmd(
+            "CreatePrimary",
+            self.ctx
+                .execute_with_session(Some(AuthSession::Password), |c| {
+                    c.create_primary(hierarchy, template, None, None, None, None)
+                }),
+        )?;
+        self.loaded.push(created.key_handle);
+        let public = created
+            .out_public
+            .marshall()
+            .map_err(|_| TpmError::Unexpected("a public area that does not marshal"))?;
+        Ok(LoadedKey {
+            handle: created.key_handle,
+            public,
+        })
+    }
+
+    /// Flushes a key this connection loaded.
+    pub fn flush(&mut self, key: LoadedKey) -> Result<(), TpmError> {
+        self.release(&key)
+    }
+
+    /// Flushes a key that its owner is dropping (a holder cannot move it out
+    /// in `Drop`); a key already flushed is left alone.
+    pub(crate) fn release(&mut self, key: &LoadedKey) -> Result<(), TpmError> {
+        let before = self.loaded.len();
+        self.loaded.retain(|h| *h != key.handle);
+        if self.loaded.len() == before {
+            return Ok(());
+        }
+        cmd("FlushContext", self.ctx.flush_context(key.handle.into()))
+    }
+
+    /// Flushes a derived EK; the persistent one stays where it is.
+    pub(crate) fn release_ek(&mut self, ek: &Ek) -> Result<(), TpmError> {
+        let handle = ek.handle();
+        let before = self.loaded.len();
+        self.loaded.retain(|h| *h != handle);
+        if self.loaded.len() == before {
+            return Ok(());
+        }
+        cmd("FlushContext", self.ctx.flush_context(handle.into()))
+    }
+
+    /// ECDSA with the digest's hash (SHA-256, -384 or -512 by its length),
+    /// as P1363 `r‖s`.
+    pub fn sign_digest(&mut self, key: &LoadedKey, digest: &[u8]) -> Result<[u8; 64], TpmError> {
+        let hash = match digest.len() {
+            32 => HashingAlgorithm::Sha256,
+            48 => HashingAlgorithm::Sha384,
+            64 => HashingAlgorithm::Sha512,
+            _ => return Err(TpmError::Unexpected("a digest length it cannot sign")),
+        };
+        let digest = Digest::try_from(digest.to_vec()).map_err(|source| TpmError::Command {
+            command: "Sign",
+            source,
+        })?;
+        let ticket = HashcheckTicket::try_from(tss_esapi::tss2_esys::TPMT_TK_HASHCHECK {
+            tag: TPM2_ST_HASHCHECK,
+            hierarchy: TPM2_RH_NULL,
+            digest: Default::default(),
+        })
+        .map_err(|source| TpmError::Command {
+            command: "Sign",
+            source,
+        })?;
+        let scheme = SignatureScheme::EcDsa {
+            hash_scheme: HashScheme::new(hash),
+        };
+        let handle = key.handle;
+        let sig = cmd(
+            "Sign",
+            self.ctx
+                .execute_with_session(Some(AuthSession::Password), |c| {
+                    c.sign(handle, digest, scheme, ticket)
+                }),
+        )?;
+        p1363_of(&sig)
+    }
+
+    /// TPM2_Certify of `key` by `ak`, qualified by `qualifying`: the marshalled
+    /// TPMS_ATTEST and TPMT_SIGNATURE.
+    pub fn certify(
+        &mut self,
+        key: &LoadedKey,
+        ak: &LoadedKey,
+        qualifying: &[u8],
+    ) -> Result<(Vec<u8>, Vec<u8>), TpmError> {
+        let data = Data::try_from(qualifying.to_vec()).map_err(|source| TpmError::Command {
+            command: "Certify",
+            source,
+        })?;
+        let (object, signer): (ObjectHandle, KeyHandle) = (key.handle.into(), ak.handle);
+        let (attest, sig) = cmd(
+            "Certify",
+            self.ctx.execute_with_sessions(
+                (
+                    Some(AuthSession::Password),
+                    Some(AuthSession::Password),
+                    None,
+                ),
+                |c| c.certify(object, signer, data, SignatureScheme::Null),
+            ),
+        )?;
+        marshal_attest(&attest, &sig)
+    }
+
+    /// TPM2_ActivateCredential: releases the credential that a verifier
+    /// bound to the AK's name and encrypted to the EK. Only this TPM, with
+    /// this AK loaded, can do it. The EK's policy session (PolicySecret of the
+    /// endorsement hierarchy) authorizes its use and is flushed after.
+    pub fn activate_credential(
+        &mut self,
+        ak: &LoadedKey,
+        ek: &Ek,
+        id_object: &[u8],
+        encrypted_secret: &[u8],
+    ) -> Result<Vec<u8>, TpmError> {
+        let id = IdObject::try_from(id_object.to_vec()).map_err(|source| TpmError::Command {
+            command: "ActivateCredential",
+            source,
+        })?;
+        let secret = EncryptedSecret::try_from(encrypted_secret.to_vec()).map_err(|source| {
+            TpmError::Command {
+                command: "ActivateCredential",
+                source,
+            }
+        })?;
+        let session = cmd(
+            "StartAuthSession",
+            self.ctx.start_auth_session(
+                None,
+                None,
+                None,
+                SessionType::Policy,
+                SymmetricDefinition::AES_128_CFB,
+                HashingAlgorithm::Sha256,
+            ),
+        )?
+        .ok_or(TpmError::Unexpected("no session"))?;
+        let result = self.activate_in(session, ak.handle, ek.handle(), id, secret);
+        let flushed = cmd(
+            "FlushContext",
+            self.ctx.flush_context(SessionHandle::from(session).into()),
+        );
+        let credential = result?;
+        flushed?;
+        Ok(credential)
+    }
+
+    fn activate_in(
+        &mut self,
+        session: AuthSession,
+        ak: KeyHandle,
+        ek: KeyHandle,
+        id: IdObject,
+        secret: EncryptedSecret,
+    ) -> Result<Vec<u8>, TpmError> {
+        let policy = PolicySession::try_from(session)
+            .map_err(|_| TpmError::Unexpected("a non-policy session"))?;
+        cmd(
+            "PolicySecret",
+            self.ctx
+                .execute_with_session(Some(AuthSession::Password), |c| {
+                    c.policy_secret(
+                        policy,
+                        AuthHandle::Endorsement,
+                        Nonce::default(),
+                        Digest::default(),
+                        Nonce::default(),
+                        None,
+                    )
+                }),
+        )?;
+        let cred = cmd(
+            "ActivateCredential",
+            self.ctx
+                .execute_with_sessions((Some(AuthSession::Password), Some(session), None), |c| {
+                    c.activate_credential(ak, ek, id, secret)
+                }),
+        )?;
+        Ok(cred.value().to_vec())
+    }
+
+    /// A quote of the SHA-256 bank's PCRs 0–23 by `ak` with `extra_data`,
+    /// and those PCRs' values in selection order. The values are read after
+    /// the quote; a PCR extended in between makes the verifier's digest check
+    /// fail, and the caller may quote again.
+    pub fn quote(&mut self, ak: &LoadedKey, extra_data: &[u8]) -> Result<Quote, TpmError> {
+        let slots = all_pcr_slots();
+        let selection = PcrSelectionListBuilder::new()
+            .with_selection(HashingAlgorithm::Sha256, &slots)
+            .build()
+            .map_err(|source| TpmError::Command {
+                command: "Quote",
+                source,
+            })?;
+        let data = Data::try_from(extra_data.to_vec()).map_err(|source| TpmError::Command {
+            command: "Quote",
+            source,
+        })?;
+        let handle = ak.handle;
+        let sel = selection.clone();
+        let (attest, sig) = cmd(
+            "Quote",
+            self.ctx
+                .execute_with_session(Some(AuthSession::Password), |c| {
+                    c.quote(handle, data, SignatureScheme::Null, sel)
+                }),
+        )?;
+        let (attest, signature) = marshal_attest(&attest, &sig)?;
+        // PCR_Read answers at most 8 digests at a time.
+        let mut values = Vec::with_capacity(slots.len());
+        for chunk in slots.chunks(8) {
+            let sel = PcrSelectionListBuilder::new()
+                .with_selection(HashingAlgorithm::Sha256, chunk)
+                .build()
+                .map_err(|source| TpmError::Command {
+                    command: "PCR_Read",
+                    source,
+                })?;
+            let (_, _, digests) = cmd("PCR_Read", self.ctx.pcr_read(sel))?;
+            if digests.value().len() != chunk.len() {
+                return Err(TpmError::Unexpected("fewer PCR values than asked for"));
+            }
+            values.extend(digests.value().iter().map(|d| d.value().to_vec()));
+        }
+        Ok(Quote {
+            attest,
+            signature,
+            pcr_values: values,
+        })
+    }
+
+    pub(crate) fn ctx(&mut self) -> &mut Context {
+        &mut self.ctx
+    }
+
+    pub(crate) fn track(&mut self, handle: KeyHandle) {
+        self.loaded.push(handle);
+    }
+}
+
+impl Drop for Tpm {
+    fn drop(&mut self) {
+        // Without a resource manager (swtpm's TCP TCTI), what is not flushed
+        // stays loaded after the process exits.
+        for h in std::mem::take(&mut self.loaded) {
+            let _ = self.ctx.flush_context(h.into());
+        }
+    }
+}
+
+pub struct Quote {
+    pub attest: Vec<u8>,
+    pub signature: Vec<u8>,
+    pub pcr_values: Vec<Vec<u8>>,
+}
+
+fn all_pcr_slots() -> Vec<PcrSlot> {
+    use PcrSlot::*;
+    vec![
+        Slot0, Slot1, Slot2, Slot3, Slot4, Slot5, Slot6, Slot7, Slot8, Slot9, Slot10, Slot11,
+        Slot12, Slot13, Slot14, Slot15, Slot16, Slot17, Slot18, Slot19, Slot20, Slot21, Slot22,
+        Slot23,
+    ]
+}
+
+fn marshal_attest(
+    attest: &tss_esapi::structures::Attest,
+    sig: &Signature,
+) -> Result<(Vec<u8>, Vec<u8>), TpmError> {
+    let a = attest
+        .marshall()
+        .map_err(|_| TpmError::Unexpected("an attestation that does not marshal"))?;
+    let s = sig
+        .marshall()
+        .map_err(|_| TpmError::Unexpected("a signature that does not marshal"))?;
+    Ok((a, s))
+}
+
+fn p1363_of(sig: &Signature) -> Result<[u8; 64], TpmError> {
+    let Signature::EcDsa(ecc) = sig else {
+        return Err(TpmError::Unexpected("a signature that is not ECDSA"));
+    };
+    bc_wire::tpm::p1363(ecc.signature_r().value(), ecc.signature_s().value())
+        .ok_or(TpmError::Unexpected("an ECDSA signature wider than P-256"))
+}

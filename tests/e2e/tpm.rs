@@ -1,0 +1,522 @@
+//! `bcd join --attestor tpm` against swtpm (EK certificates from the test
+//! maker in tpmsim-fixtures/) and the reference control plane.
+
+use std::process::Stdio;
+
+use bc_wire::agent::tpm_attestation::Round;
+use bc_wire::agent::{
+    join_response_body::Deferral, JoinRequest, JoinResponseBody, Role, TpmAttestation,
+};
+use bcd::client::join::Answerer;
+use bcd::keys::{NodeKey, TpmAccess, TpmKey};
+use prost::Message;
+use serde_json::Value;
+use x509_parser::prelude::*;
+
+use crate::harness::*;
+
+/// A control plane that trusts the test maker and asks pending machines to
+/// come back after a second.
+fn tpm_control_plane() -> ControlPlane {
+    let cp = ControlPlane::start_with_config("[tpm]\nenrollment_retry_after = \"1s\"\n");
+    // The maker's root and its issuing CA, as an operator would add them
+    // (TPMs carry no intermediate in NV).
+    for pem in ["ek-root.pem", "ek-intermediate.pem"] {
+        assert_ok(
+            &cp.cli(&[
+                "ek-roots",
+                "add",
+                &workspace()
+                    .join("tpmsim-fixtures")
+                    .join(pem)
+                    .to_string_lossy(),
+            ]),
+        );
+    }
+    cp
+}
+
+fn identify(agent: &Agent) -> Value {
+    let out = agent.run(&["tpm", "identify", "--json"]);
+    assert_ok(&out);
+    serde_json::from_slice(&out.stdout).expect("identify JSON")
+}
+
+fn allow(cp: &ControlPlane, agent: &Agent) -> String {
+    let ek = identify(agent)["ekSha256"].as_str().unwrap().to_owned();
+    assert_ok(&cp.cli(&["resolve", "add", "--ek-sha256", &ek]));
+    ek
+}
+
+fn uri_sans(pem: &str) -> Vec<String> {
+    let der = ::pem::parse_many(pem).unwrap().remove(0).into_contents();
+    let (_, leaf) = X509Certificate::from_der(&der).unwrap();
+    leaf.subject_alternative_name()
+        .unwrap()
+        .unwrap()
+        .value
+        .general_names
+        .iter()
+        .filter_map(|n| match n {
+            GeneralName::URI(u) => Some(u.to_string()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The AK statement this TPM's AK makes: derived here the way bcd derives it.
+fn ak_statement(tpm: &Swtpm) -> String {
+    let mut t = bcd::tpm::Tpm::open(&tpm.tcti()).unwrap();
+    let ak = t.ak().unwrap();
+    let name = bc_wire::tpm::Public::parse(&ak.public).unwrap().name();
+    t.flush(ak).unwrap();
+    bc_wire::tpm::ak_statement(&name).unwrap()
+}
+
+fn node(cp: &ControlPlane, node_id: &str) -> Value {
+    cp.nodes()
+        .into_iter()
+        .find(|n| n["nodeId"] == node_id)
+        .expect("node listed")
+}
+
+#[test]
+fn a_tpm_join_through_enrollment() {
+    let cp = tpm_control_plane();
+    let tpm = Swtpm::start();
+    let agent = Agent::with_tpm(&cp, &tpm);
+    let ek = identify(&agent)["ekSha256"].as_str().unwrap().to_owned();
+    assert_eq!(identify(&agent)["ekCertificate"]["present"], true);
+
+    let child = agent
+        .command(&["join", "--attestor", "tpm"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The join waits as a pending request until an operator approves it.
+    let request = wait_for(|| {
+        cp.json(&["requests", "list"])
+            .as_array()
+            .and_then(|a| a.iter().find(|r| r["ekSha256"] == ek.as_str()).cloned())
+    });
+    assert_eq!(request["status"], "pending");
+    assert!(
+        cp.nodes().is_empty(),
+        "nothing admitted before the approval"
+    );
+    assert_ok(&cp.cli(&["requests", "approve", request["id"].as_str().unwrap()]));
+    let out = child.wait_with_output().unwrap();
+    assert_ok(&out);
+    assert!(
+        stderr(&out).contains("pending"),
+        "progress is visible while it waits: {}",
+        stderr(&out)
+    );
+
+    let status = agent.status_json();
+    assert_eq!(status["nodeKey"], "tpm");
+    let node_id = status["nodeId"].as_str().unwrap();
+    assert_eq!(
+        uri_sans(status["certificate"].as_str().unwrap()),
+        vec![
+            format!("spiffe://bc.test/node/{node_id}"),
+            ak_statement(&tpm)
+        ],
+        "the SPIFFE ID, then the AK statement"
+    );
+    let text = stdout(&agent.run(&["status"]));
+    assert!(text.contains("node key in the TPM"), "{text}");
+    assert_eq!(node(&cp, node_id)["nodeKey"], "tpm");
+    let joined = cp
+        .events()
+        .into_iter()
+        .find(|e| e["type"] == "node.joined")
+        .unwrap();
+    assert_eq!(joined["data"]["nodeKey"], "tpm");
+
+    // node.key is only the unique; the key in the certificate is the TPM's.
+    let record = std::fs::read_to_string(agent.data_dir.join("node.key")).unwrap();
+    assert!(
+        record.starts_with("-----BEGIN BCD TPM NODE KEY-----"),
+        "{record}"
+    );
+    let access = TpmAccess::new(Some(&tpm.tcti()));
+    let id = bcd::identity::Identity::load(&agent.data_dir, &access)
+        .unwrap()
+        .unwrap();
+    let sig = id.key.sign(b"proof of possession").unwrap();
+    let vk = bc_wire::signing::verifying_key_from_spki(&id.cert.spki).unwrap();
+    use p256::ecdsa::signature::Verifier;
+    vk.verify(
+        b"proof of possession",
+        &p256::ecdsa::Signature::from_slice(&sig).unwrap(),
+    )
+    .unwrap();
+}
+
+/// Polls `f` until it yields, for at most 30 s: the thing waited on is a
+/// row another process writes.
+fn wait_for<T>(mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(std::time::Instant::now() < deadline, "timed out");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_tpm_join_through_resolve_then_reclaims_after_reset() {
+    let cp = tpm_control_plane();
+    let tpm = Swtpm::start();
+    let agent = Agent::with_tpm(&cp, &tpm);
+    allow(&cp, &agent);
+    assert_ok(&agent.run(&["join", "--attestor", "tpm"]));
+    let first = agent.status_json();
+    let node_id = first["nodeId"].as_str().unwrap().to_owned();
+    assert_eq!(node(&cp, &node_id)["identityGeneration"], 1);
+
+    // The same machine, its identity moved aside: the EK reclaims the node.
+    let out = agent.run(&["join", "--attestor", "tpm", "--reset", "--yes"]);
+    assert_ok(&out);
+    let second = agent.status_json();
+    assert_eq!(second["nodeId"], node_id.as_str(), "same node");
+    assert_ne!(second["certificate"], first["certificate"]);
+    assert_eq!(node(&cp, &node_id)["identityGeneration"], 2);
+    assert!(agent
+        .files()
+        .iter()
+        .any(|f| f.starts_with("node.key.reset-")));
+    assert_eq!(cp.nodes().len(), 1);
+}
+
+#[test]
+fn after_tpm2_clear_the_identity_no_longer_loads_and_a_join_reclaims_the_node() {
+    let cp = tpm_control_plane();
+    let tpm = Swtpm::start();
+    let agent = Agent::with_tpm(&cp, &tpm);
+    allow(&cp, &agent);
+    assert_ok(&agent.run(&["join", "--attestor", "tpm"]));
+    let node_id = agent.status_json()["nodeId"].as_str().unwrap().to_owned();
+
+    tpm.clear();
+    let out = agent.run(&["status"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("the node key does not match the node certificate: the TPM derives another key from node.key (was the TPM cleared?); join again: bcd join --reset --yes, then bcd join"),
+        "{}",
+        stderr(&out)
+    );
+    // Same EK (the endorsement seed survives a clear): the node is reclaimed.
+    assert_ok(&agent.run(&["join", "--attestor", "tpm"]));
+    assert_eq!(agent.status_json()["nodeId"], node_id.as_str());
+    assert_eq!(node(&cp, &node_id)["identityGeneration"], 2);
+}
+
+#[test]
+fn another_tpm_cannot_join_as_the_first_ones_node() {
+    let cp = tpm_control_plane();
+    let (tpm_a, tpm_b) = (Swtpm::start(), Swtpm::start_another_machine());
+    let a = Agent::with_tpm(&cp, &tpm_a);
+    allow(&cp, &a);
+    assert_ok(&a.run(&["join", "--attestor", "tpm"]));
+    let node_a = a.status_json()["nodeId"].as_str().unwrap().to_owned();
+
+    let b = Agent::with_tpm(&cp, &tpm_b);
+    let ek_b = identify(&b)["ekSha256"].as_str().unwrap().to_owned();
+    assert_ne!(
+        ek_b,
+        identify(&a)["ekSha256"].as_str().unwrap(),
+        "two TPMs, two EKs"
+    );
+    assert_ok(&cp.cli(&["resolve", "add", "--ek-sha256", &ek_b, "--node", &node_a]));
+    let out = b.run(&["join", "--attestor", "tpm"]);
+    assert_access_denied(&out);
+    b.assert_nothing_written();
+    assert_eq!(cp.refusal_reasons().last().unwrap(), "bound-elsewhere");
+}
+
+#[test]
+fn an_ek_from_an_unknown_maker_is_refused() {
+    let cp = tpm_control_plane();
+    let tpm = Swtpm::start_other_maker();
+    let agent = Agent::with_tpm(&cp, &tpm);
+    allow(&cp, &agent);
+    let out = agent.run(&["join", "--attestor", "tpm"]);
+    assert_access_denied(&out);
+    agent.assert_nothing_written();
+    assert_eq!(cp.refusal_reasons().last().unwrap(), "ek-certificate");
+}
+
+#[test]
+fn a_pool_that_requires_tpm_refuses_a_token_join() {
+    let cp = tpm_control_plane();
+    assert_ok(&cp.cli(&[
+        "pools",
+        "update",
+        "--id",
+        "default",
+        "--join-attestors",
+        "tpm",
+    ]));
+    let agent = Agent::new(&cp);
+    let out = agent.join_with_token(&cp.token("node", &[]));
+    assert_access_denied(&out);
+    let refusal = cp.refusals().pop().unwrap();
+    assert_eq!(refusal["reason"], "join:pool-attestor");
+    assert_eq!(refusal["attestor"], "join-token");
+    // And still admits a TPM.
+    let tpm = Swtpm::start();
+    let machine = Agent::with_tpm(&cp, &tpm);
+    allow(&cp, &machine);
+    assert_ok(&machine.run(&["join", "--attestor", "tpm"]));
+    // Validation: unknown attestors are INVALID_INPUT.
+    let out = cp.cli(&[
+        "pools",
+        "update",
+        "--id",
+        "default",
+        "--join-attestors",
+        "telepathy",
+    ]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("INVALID_INPUT"), "{}", stderr(&out));
+}
+
+#[test]
+fn a_tpm_join_reads_no_token() {
+    let cp = tpm_control_plane();
+    let tpm = Swtpm::start();
+    let agent = Agent::with_tpm(&cp, &tpm);
+    let out = agent.run(&["join", "--attestor", "tpm", "--token-file", "/dev/null"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    agent.assert_nothing_written();
+}
+
+#[test]
+fn a_token_join_on_a_machine_with_a_tpm_keeps_its_key_there() {
+    let cp = tpm_control_plane();
+    let tpm = Swtpm::start();
+    let agent = Agent::with_tpm(&cp, &tpm);
+    assert_ok(&agent.join_with_token(&cp.token("node", &[])));
+    let status = agent.status_json();
+    assert_eq!(status["nodeKey"], "tpm");
+    let node_id = status["nodeId"].as_str().unwrap();
+    assert_eq!(
+        uri_sans(status["certificate"].as_str().unwrap()).len(),
+        1,
+        "no AK statement without a certified join"
+    );
+    assert_eq!(node(&cp, node_id)["nodeKey"], "unattested");
+}
+
+// ---- Refusals of the second round: real TPM output, one thing altered ----
+
+/// A TPM join driven step by step, so that a test can alter the answer.
+struct ManualJoin {
+    config: bcd::config::Config,
+    shared: bcd::keys::SharedTpm,
+    key: TpmKey,
+    request: JoinRequest,
+    evidence: bcd::evidence::tpm::TpmEvidence,
+    rt: tokio::runtime::Runtime,
+}
+
+impl ManualJoin {
+    fn new(agent: &Agent) -> ManualJoin {
+        let config = bcd::config::Config::load(&agent.config).unwrap();
+        let access = TpmAccess::new(config.tpm_tcti.as_deref());
+        let shared = access.open().unwrap();
+        let key = TpmKey::generate(shared.clone()).unwrap();
+        let csr = bcd::keys::make_csr(&key).unwrap();
+        let evidence =
+            bcd::evidence::tpm::TpmEvidence::new(shared, &key, bc_wire::sha256(&csr)).unwrap();
+        let request = JoinRequest {
+            csr,
+            role: Role::Node as i32,
+            attestor: "tpm".into(),
+            attestation: evidence.hello(),
+            ..Default::default()
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        ManualJoin {
+            config,
+            shared: access.open().unwrap(),
+            key,
+            request,
+            evidence,
+            rt,
+        }
+    }
+
+    fn send(&self, request: &JoinRequest) -> Result<JoinResponseBody, bcd::client::ClientError> {
+        let client = bcd::client::Client::new(&self.config).unwrap();
+        let resp = self.rt.block_on(client.join(request))?;
+        Ok(JoinResponseBody::decode(resp.body.as_slice()).unwrap())
+    }
+
+    /// Round 1, and the real answer to its challenge.
+    fn answer(&mut self) -> bc_wire::agent::TpmAnswer {
+        let body = self
+            .send(&self.request.clone())
+            .expect("round 1 is challenged");
+        let Some(Deferral::Challenge(c)) = body.deferral else {
+            panic!("expected a challenge")
+        };
+        let bytes = self.evidence.answer(&c).unwrap();
+        match TpmAttestation::decode(bytes.as_slice()).unwrap().round {
+            Some(Round::Answer(a)) => a,
+            _ => panic!("expected an answer"),
+        }
+    }
+
+    /// Sends `answer` as round 2; the result must be ACCESS_DENIED.
+    fn refused(&self, answer: bc_wire::agent::TpmAnswer) {
+        let mut request = self.request.clone();
+        request.attestation = TpmAttestation {
+            round: Some(Round::Answer(answer)),
+        }
+        .encode_to_vec();
+        match self.send(&request) {
+            Err(bcd::client::ClientError::AccessDenied) => {}
+            other => panic!("expected ACCESS_DENIED, got {:?}", other.map(|b| b.node_id)),
+        }
+    }
+
+    fn tpm(&self) -> std::sync::MutexGuard<'_, bcd::tpm::Tpm> {
+        bcd::keys::lock_tpm(&self.shared).unwrap()
+    }
+}
+
+/// Runs one altered second round against a fresh control plane and TPM and
+/// returns the refusal reason the server recorded.
+fn refusal_of(alter: impl FnOnce(&ManualJoin, &mut bc_wire::agent::TpmAnswer)) -> String {
+    let cp = tpm_control_plane();
+    let tpm = Swtpm::start();
+    let agent = Agent::with_tpm(&cp, &tpm);
+    allow(&cp, &agent);
+    let mut join = ManualJoin::new(&agent);
+    let mut answer = join.answer();
+    alter(&join, &mut answer);
+    join.refused(answer);
+    assert!(cp.nodes().is_empty());
+    cp.refusal_reasons().pop().expect("a refusal event")
+}
+
+fn csr_sha256(join: &ManualJoin) -> [u8; 32] {
+    bc_wire::sha256(&join.request.csr)
+}
+
+#[test]
+fn an_unaltered_manual_join_succeeds() {
+    // The baseline for the tests below: the same steps, nothing altered.
+    let cp = tpm_control_plane();
+    let tpm = Swtpm::start();
+    let agent = Agent::with_tpm(&cp, &tpm);
+    allow(&cp, &agent);
+    let mut join = ManualJoin::new(&agent);
+    let answer = join.answer();
+    let mut request = join.request.clone();
+    request.attestation = TpmAttestation {
+        round: Some(Round::Answer(answer)),
+    }
+    .encode_to_vec();
+    let body = join.send(&request).expect("admitted");
+    assert!(!body.node_id.is_empty());
+    assert!(join.key.kid().len() == 64);
+}
+
+#[test]
+fn node_key_signature() {
+    let reason = refusal_of(|_, a| {
+        let sig = &mut a.node_key.as_mut().unwrap().signature;
+        let n = sig.len();
+        sig[n - 3] ^= 1;
+    });
+    assert_eq!(reason, "node-key-signature");
+}
+
+#[test]
+fn node_key_nonce() {
+    let reason = refusal_of(|j, a| {
+        // The node key itself, certified over another CSR's digest.
+        let (info, sig) = j
+            .key
+            .certify_by(j.evidence.ak(), &bc_wire::sha256(b"another csr"))
+            .unwrap();
+        let nk = a.node_key.as_mut().unwrap();
+        (nk.certify_info, nk.signature) = (info, sig);
+    });
+    assert_eq!(reason, "node-key-nonce");
+}
+
+#[test]
+fn node_key_name() {
+    let reason = refusal_of(|j, a| {
+        let mut tpm = j.tpm();
+        let other = tpm.node_key(&[2; 32]).unwrap();
+        a.node_key.as_mut().unwrap().public = other.public.clone();
+        tpm.flush(other).unwrap();
+    });
+    assert_eq!(reason, "node-key-name");
+}
+
+#[test]
+fn node_key_attributes() {
+    // The AK certifies itself: a real certification of a restricted key.
+    let reason = refusal_of(|j, a| {
+        let q = csr_sha256(j);
+        let ak = j.evidence.ak();
+        let (info, sig) = j.tpm().certify(ak, ak, &q).unwrap();
+        let nk = a.node_key.as_mut().unwrap();
+        (nk.public, nk.certify_info, nk.signature) = (ak.public.clone(), info, sig);
+    });
+    assert_eq!(reason, "node-key-attributes");
+}
+
+#[test]
+fn node_key_not_csr() {
+    // Another TPM key, correctly certified over this CSR: not the CSR's key.
+    let reason = refusal_of(|j, a| {
+        let q = csr_sha256(j);
+        let mut tpm = j.tpm();
+        let other = tpm.node_key(&[3; 32]).unwrap();
+        let (info, sig) = tpm.certify(&other, j.evidence.ak(), &q).unwrap();
+        let nk = a.node_key.as_mut().unwrap();
+        (nk.public, nk.certify_info, nk.signature) = (other.public.clone(), info, sig);
+        tpm.flush(other).unwrap();
+    });
+    assert_eq!(reason, "node-key-not-csr");
+}
+
+#[test]
+fn node_key_malformed() {
+    let reason = refusal_of(|_, a| {
+        a.node_key.as_mut().unwrap().public.truncate(20);
+    });
+    assert_eq!(reason, "node-key-malformed");
+}
+
+#[test]
+fn node_key_not_certified() {
+    let reason = refusal_of(|_, a| a.node_key = None);
+    assert_eq!(reason, "node-key-not-certified");
+}
+
+#[test]
+fn a_wrong_credential_is_refused() {
+    let reason = refusal_of(|_, a| a.secret[0] ^= 1);
+    assert_eq!(reason, "challenge-secret");
+}
+
+#[test]
+fn pcr_values_must_match_the_quote() {
+    let reason = refusal_of(|_, a| a.pcr_values[0][0] ^= 1);
+    assert_eq!(reason, "quote-pcrs");
+}
