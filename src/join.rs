@@ -239,6 +239,21 @@ fn join(
             config.data_dir.display()
         )
     })?;
+    // The journal is the node's own history; losing an entry loses no identity.
+    let entry = crate::journal::Entry {
+        at: now_seconds(),
+        kind: crate::journal::Kind::Join,
+        node_id: identity.node_id.clone(),
+        detail: format!(
+            "joined with {} (node key {})",
+            attestor_id,
+            identity.key.kind().as_str()
+        ),
+        not_after: Some(identity.cert.not_after),
+    };
+    if let Err(e) = crate::journal::Journal::open(&config.data_dir).and_then(|j| j.record(&entry)) {
+        tracing::warn!(error = %e, "cannot record the join in the journal");
+    }
     Ok(identity.node_id)
 }
 

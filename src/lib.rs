@@ -14,6 +14,7 @@ pub mod evidence;
 pub mod identify;
 pub mod identity;
 pub mod join;
+pub mod journal;
 pub mod keys;
 pub mod out;
 pub mod pki;

@@ -11,6 +11,7 @@ pub mod signing;
 pub mod spiffe;
 pub mod token;
 pub mod tpm;
+pub mod x509pop;
 
 /// The generated protobuf messages of `bettercompute.agent.v1`.
 pub mod agent {

@@ -173,3 +173,46 @@ fn roles_round_trip() {
     let bytes = body.encode_to_vec();
     assert!(JoinResponseBody::decode(&bytes[..bytes.len() - 1]).is_err());
 }
+
+#[test]
+fn x509pop_evidence_round_trips_and_binds_csr_node_and_time() {
+    use bc_wire::x509pop::{signed_fields, Evidence};
+    let sk = SigningKey::from_pkcs8_der(&unhex(VECTOR_PKCS8)).unwrap();
+    let csr = bc_wire::sha256(b"csr");
+    let si = signed_fields(&csr, "node_a", 1_790_000_000_000);
+    assert_eq!(
+        si,
+        signing::signing_input(
+            Purpose::X509Pop,
+            &[&csr, b"node_a", &1_790_000_000_000u64.to_be_bytes()]
+        )
+    );
+    let sig: p256::ecdsa::Signature = p256::ecdsa::signature::Signer::sign(&sk, &si);
+    let ev = Evidence {
+        node_id: "node_a".into(),
+        chain: vec![vec![0x30, 0x00]],
+        client_time_ms: 1_790_000_000_000,
+        sig: sig.to_bytes().into(),
+    };
+    let json = ev.to_json();
+    assert!(std::str::from_utf8(&json)
+        .unwrap()
+        .starts_with("{\"v\":1,\"nodeId\":\"node_a\",\"chain\":[\"MAA\"],"));
+    let back = Evidence::from_json(&json).unwrap();
+    assert_eq!(back, ev);
+    let spki = unhex(VECTOR_SPKI);
+    assert_eq!(back.verify(&spki, &csr), Ok(()));
+    // Another CSR, node or time: the proof does not verify.
+    assert!(back.verify(&spki, &bc_wire::sha256(b"other")).is_err());
+    let mut other = back.clone();
+    other.client_time_ms += 1;
+    assert!(other.verify(&spki, &csr).is_err());
+    other = back.clone();
+    other.node_id = "node_b".into();
+    assert!(other.verify(&spki, &csr).is_err());
+    assert!(Evidence::from_json(
+        b"{\"v\":2,\"nodeId\":\"n\",\"chain\":[],\"clientTime\":0,\"sig\":\"\"}"
+    )
+    .is_err());
+    assert!(Evidence::from_json(b"not json").is_err());
+}

@@ -1,0 +1,208 @@
+//! `journal.db`: the node's own record of joins, renewals, re-joins and
+//! their failures, so that `bcd status` and `bcd doctor` can say what last
+//! happened without asking the control plane. SQLite, one table, append
+//! only; `--reset` moves it aside with the identity.
+
+use std::path::Path;
+
+use rusqlite::{params, Connection, OptionalExtension};
+use time::OffsetDateTime;
+
+use crate::identity::JOURNAL_FILE;
+use crate::pki::rfc3339;
+
+#[derive(Debug, thiserror::Error)]
+#[error("the journal {path}: {source}")]
+pub struct JournalError {
+    path: String,
+    #[source]
+    source: rusqlite::Error,
+}
+
+/// What happened. Stored as its name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Join,
+    Renewal,
+    RenewalFailed,
+    Rejoin,
+    RejoinFailed,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Join => "join",
+            Kind::Renewal => "renewal",
+            Kind::RenewalFailed => "renewal-failed",
+            Kind::Rejoin => "rejoin",
+            Kind::RejoinFailed => "rejoin-failed",
+        }
+    }
+
+    fn from_name(s: &str) -> Option<Kind> {
+        [
+            Kind::Join,
+            Kind::Renewal,
+            Kind::RenewalFailed,
+            Kind::Rejoin,
+            Kind::RejoinFailed,
+        ]
+        .into_iter()
+        .find(|k| k.as_str() == s)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entry {
+    pub at: OffsetDateTime,
+    pub kind: Kind,
+    pub node_id: String,
+    /// One line for an operator; never a secret.
+    pub detail: String,
+    /// The certificate's notAfter after a successful join, renewal or re-join.
+    pub not_after: Option<OffsetDateTime>,
+}
+
+pub struct Journal {
+    conn: Connection,
+    path: String,
+}
+
+impl Journal {
+    /// Opens (and creates, 0600) `journal.db` in the data directory.
+    pub fn open(data_dir: &Path) -> Result<Journal, JournalError> {
+        let file = data_dir.join(JOURNAL_FILE);
+        let path = file.display().to_string();
+        let err = |source| JournalError {
+            path: path.clone(),
+            source,
+        };
+        if !file.exists() {
+            // Create it private before SQLite opens it with the umask's mode.
+            use std::os::unix::fs::OpenOptionsExt;
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .mode(0o600)
+                .open(&file)
+                .map_err(|e| err(rusqlite::Error::ToSqlConversionFailure(Box::new(e))))?;
+        }
+        let conn = Connection::open(&file).map_err(err)?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))
+            .map_err(err)?;
+        conn.execute_batch(
+            "CREATE TABLE IF NOT EXISTS journal (
+                id INTEGER PRIMARY KEY,
+                at TEXT NOT NULL,
+                kind TEXT NOT NULL,
+                node_id TEXT NOT NULL,
+                detail TEXT NOT NULL,
+                not_after TEXT
+            );",
+        )
+        .map_err(err)?;
+        Ok(Journal { conn, path })
+    }
+
+    pub fn record(&self, entry: &Entry) -> Result<(), JournalError> {
+        self.conn
+            .execute(
+                "INSERT INTO journal (at, kind, node_id, detail, not_after) VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![
+                    rfc3339(entry.at),
+                    entry.kind.as_str(),
+                    entry.node_id,
+                    entry.detail,
+                    entry.not_after.map(rfc3339)
+                ],
+            )
+            .map(|_| ())
+            .map_err(|source| JournalError { path: self.path.clone(), source })
+    }
+
+    /// The newest entry of one of `kinds`.
+    pub fn last(&self, kinds: &[Kind]) -> Result<Option<Entry>, JournalError> {
+        let names: Vec<&str> = kinds.iter().map(|k| k.as_str()).collect();
+        let placeholders = vec!["?"; names.len()].join(",");
+        let sql = format!(
+            "SELECT at, kind, node_id, detail, not_after FROM journal WHERE kind IN ({placeholders}) ORDER BY id DESC LIMIT 1"
+        );
+        let err = |source| JournalError {
+            path: self.path.clone(),
+            source,
+        };
+        let mut stmt = self.conn.prepare(&sql).map_err(err)?;
+        let row = stmt
+            .query_row(rusqlite::params_from_iter(names.iter()), |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, String>(2)?,
+                    r.get::<_, String>(3)?,
+                    r.get::<_, Option<String>>(4)?,
+                ))
+            })
+            .optional()
+            .map_err(err)?;
+        Ok(row.and_then(|(at, kind, node_id, detail, not_after)| {
+            let parse = |s: &str| {
+                OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339).ok()
+            };
+            Some(Entry {
+                at: parse(&at)?,
+                kind: Kind::from_name(&kind)?,
+                node_id,
+                detail,
+                not_after: not_after.as_deref().and_then(parse),
+            })
+        }))
+    }
+
+    /// The last renewal attempt, successful or not.
+    pub fn last_renewal(&self) -> Result<Option<Entry>, JournalError> {
+        self.last(&[Kind::Renewal, Kind::RenewalFailed])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn records_and_reads_back_the_newest_of_a_kind() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = Journal::open(dir.path()).unwrap();
+        assert_eq!(j.last_renewal().unwrap(), None);
+        let at = OffsetDateTime::from_unix_timestamp(1_790_000_000).unwrap();
+        let ok = Entry {
+            at,
+            kind: Kind::Renewal,
+            node_id: "node_a".into(),
+            detail: "renewed".into(),
+            not_after: Some(at),
+        };
+        j.record(&ok).unwrap();
+        let failed = Entry {
+            kind: Kind::RenewalFailed,
+            detail: "unreachable".into(),
+            not_after: None,
+            ..ok.clone()
+        };
+        j.record(&failed).unwrap();
+        j.record(&Entry {
+            kind: Kind::Join,
+            ..ok.clone()
+        })
+        .unwrap();
+        assert_eq!(j.last_renewal().unwrap(), Some(failed));
+        assert_eq!(j.last(&[Kind::Renewal]).unwrap(), Some(ok));
+        let mode = std::fs::metadata(dir.path().join(JOURNAL_FILE))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777;
+        assert_eq!(mode, 0o600);
+    }
+}
