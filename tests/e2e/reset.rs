@@ -66,9 +66,19 @@ fn reset_with_yes_moves_the_identity_aside_and_joins_as_new() {
         old_key,
         "nothing deleted"
     );
-    assert!(
-        !files.contains(&"journal.db".to_owned()),
+    let moved_journal = files
+        .iter()
+        .find(|f| f.starts_with("journal.db.reset-"))
+        .unwrap();
+    assert_eq!(
+        std::fs::read(agent.data_dir.join(moved_journal)).unwrap(),
+        b"journal",
         "the journal went with the identity"
+    );
+    assert_ne!(
+        std::fs::read(agent.data_dir.join("journal.db")).unwrap(),
+        b"journal",
+        "the new node starts a journal of its own"
     );
 }
 
