@@ -9,7 +9,7 @@ use clap::{Parser, Subcommand};
 use p256::elliptic_curve::zeroize::Zeroizing;
 
 use crate::evidence::join_token::TokenText;
-use crate::{identify, join, out, status};
+use crate::{doctor, identify, join, node, out, status};
 
 /// The environment variable that may carry a join token.
 const TOKEN_ENV: &str = "BCD_JOIN_TOKEN";
@@ -29,8 +29,12 @@ struct Cli {
 enum Command {
     /// Join the control plane and save the node identity
     Join(join::JoinArgs),
+    /// Run as a node: stay joined (renewals, re-joins)
+    Node(node::NodeArgs),
     /// Show the node identity
     Status(status::StatusArgs),
+    /// Check the configuration, identity, TPM and control plane, and say what to do
+    Doctor(doctor::DoctorArgs),
     /// The TPM, as an operator admitting this machine needs to know it
     #[command(subcommand)]
     Tpm(TpmCommand),
@@ -57,6 +61,14 @@ pub fn main() -> ExitCode {
         Command::Status(args) => {
             drop(env_token);
             status::run(args)
+        }
+        Command::Node(args) => {
+            drop(env_token);
+            node::run(args)
+        }
+        Command::Doctor(args) => {
+            drop(env_token);
+            doctor::run(args)
         }
         Command::Tpm(TpmCommand::Identify(args)) => {
             drop(env_token);

@@ -60,6 +60,29 @@ pub struct Config {
     pub pins: Pins,
     /// `[tpm] tcti`: which TPM, as a TCTI string.
     pub tpm_tcti: Option<String>,
+    /// `[tpm] ek_roots`: a PEM file of the TPM maker's CA certificates, for
+    /// `bcd doctor` to check that the EK certificate chains to them.
+    pub tpm_ek_roots: Option<PathBuf>,
+    /// `[node]`: how `bcd node` keeps its certificate.
+    pub node: NodeSettings,
+}
+
+/// `[node]`: renewal timing. The defaults are the spec's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeSettings {
+    /// The first retry after a failed renewal (30 s); doubles up to `backoff_max`.
+    pub backoff_min: std::time::Duration,
+    /// The longest wait between retries (10 min).
+    pub backoff_max: std::time::Duration,
+}
+
+impl Default for NodeSettings {
+    fn default() -> Self {
+        NodeSettings {
+            backoff_min: std::time::Duration::from_secs(30),
+            backoff_max: std::time::Duration::from_secs(600),
+        }
+    }
 }
 
 /// What bcd trusts about its control plane, and nothing else.
@@ -97,12 +120,21 @@ struct RawConfig {
     data_dir: Option<Spanned<String>>,
     pins: RawPins,
     tpm: Option<RawTpm>,
+    node: Option<RawNode>,
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawTpm {
     tcti: Option<Spanned<String>>,
+    ek_roots: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawNode {
+    backoff_min: Option<Spanned<String>>,
+    backoff_max: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -181,7 +213,43 @@ impl Config {
             ),
         };
 
+        let tpm_ek_roots = match raw.tpm.as_ref().and_then(|t| t.ek_roots.as_ref()) {
+            None => None,
+            Some(p) if Path::new(p.get_ref()).is_absolute() => Some(PathBuf::from(p.get_ref())),
+            Some(p) => {
+                return Err(invalid(
+                    Some(p.span()),
+                    format!(
+                        "tpm.ek_roots: expected an absolute path, got {:?}",
+                        p.get_ref()
+                    ),
+                ))
+            }
+        };
+
+        let mut node = NodeSettings::default();
+        if let Some(n) = &raw.node {
+            for (field, name, target) in [
+                (&n.backoff_min, "backoff_min", &mut node.backoff_min),
+                (&n.backoff_max, "backoff_max", &mut node.backoff_max),
+            ] {
+                if let Some(v) = field {
+                    *target = parse_duration(v.get_ref())
+                        .map_err(|m| invalid(Some(v.span()), format!("node.{name}: {m}")))?;
+                }
+            }
+            if node.backoff_min > node.backoff_max {
+                let span = n.backoff_min.as_ref().map(|v| v.span());
+                return Err(invalid(
+                    span,
+                    "node.backoff_min: longer than node.backoff_max".to_owned(),
+                ));
+            }
+        }
+
         Ok(Config {
+            tpm_ek_roots,
+            node,
             tpm_tcti,
             api,
             trust_domain: td.clone(),
@@ -245,6 +313,25 @@ fn parse_api(s: &str) -> Result<Url, String> {
         return Err("expected no query or fragment in the URL".to_owned());
     }
     Ok(url)
+}
+
+/// `90s`, `15m`, `24h`, `7d`: a positive whole number and one unit.
+pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let expected = "expected a duration like 30s, 10m, 24h or 7d";
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (n, unit) = s.split_at(split);
+    let n: u64 = n.parse().map_err(|_| format!("{s:?}: {expected}"))?;
+    let secs = match unit {
+        "s" => Some(n),
+        "m" => n.checked_mul(60),
+        "h" => n.checked_mul(3600),
+        "d" => n.checked_mul(86400),
+        _ => None,
+    };
+    match secs {
+        Some(secs) if secs > 0 => Ok(std::time::Duration::from_secs(secs)),
+        _ => Err(format!("{s:?}: {expected}")),
+    }
 }
 
 /// The TCTIs bcd can use, checked here because tss-esapi silently drops what
@@ -408,6 +495,35 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn node_backoff_parses_and_is_ordered() {
+        let base = sample("https://h", "/x");
+        let c = Config::parse(Path::new("c.toml"), &base).unwrap();
+        assert_eq!(c.node, NodeSettings::default());
+        let c = Config::parse(
+            Path::new("c.toml"),
+            &format!("{base}\n[node]\nbackoff_min = \"1s\"\nbackoff_max = \"4s\"\n"),
+        )
+        .unwrap();
+        assert_eq!(c.node.backoff_min, std::time::Duration::from_secs(1));
+        assert_eq!(c.node.backoff_max, std::time::Duration::from_secs(4));
+        let e = Config::parse(
+            Path::new("c.toml"),
+            &format!("{base}\n[node]\nbackoff_min = \"soon\"\n"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("node.backoff_min") && e.contains("30s"), "{e}");
+        let e = Config::parse(
+            Path::new("c.toml"),
+            &format!("{base}\n[node]\nbackoff_min = \"1h\"\nbackoff_max = \"1m\"\n"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("longer than"), "{e}");
+        assert!(parse_duration("0s").is_err() && parse_duration("7d").is_ok());
+    }
+
+    #[test]
     fn data_dir_defaults() {
         let text = sample("https://h", "/x").replace("data_dir = \"/x\"\n", "");
         let c = Config::parse(Path::new("c.toml"), &text).unwrap();
@@ -419,7 +535,7 @@ pub(crate) mod tests {
         let text = sample("https://h", "/x").replace("trust_domain", "apii = 1\ntrust_domain");
         assert_eq!(
             err(&text),
-            "/etc/bcd/config.toml:2: unknown key \"apii\"; expected one of api, trust_domain, data_dir, pins, tpm"
+            "/etc/bcd/config.toml:2: unknown key \"apii\"; expected one of api, trust_domain, data_dir, pins, tpm, node"
         );
     }
 

@@ -1,6 +1,6 @@
 //! `bcd`: the node agent, as a library under a thin binary (`src/main.rs`).
 //!
-//! One module per subcommand (`join`, `status`, `identify`), plus the shared
+//! One module per subcommand (`join`, `node`, `status`, `doctor`, `identify`), plus the shared
 //! parts: `config`, `keys` (the node key signer and its holders), `identity`
 //! (the data directory), `client` (the control plane), `evidence` (one
 //! builder per attestor), `pki` (reading node certificates) and `tpm` (the
@@ -10,12 +10,15 @@
 pub mod cli;
 pub mod client;
 pub mod config;
+pub mod doctor;
 pub mod evidence;
+pub mod failpoint;
 pub mod identify;
 pub mod identity;
 pub mod join;
 pub mod journal;
 pub mod keys;
+pub mod node;
 pub mod out;
 pub mod pki;
 pub mod status;
