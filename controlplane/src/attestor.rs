@@ -221,10 +221,15 @@ impl From<crate::db::DbError> for Refusal {
 }
 
 /// The ids of the attestors `bc-controlplane serve` runs: the built-in
-/// `join-token` and `tpm`. Pool policies may name only these (the CLI
-/// validates `policy.joinAttestors` against them without a running server).
+/// `join-token`, `tpm` and `x509pop`. Pool policies may name only these (the
+/// CLI validates `policy.joinAttestors` against them without a running
+/// server).
 pub fn default_attestor_ids() -> Vec<&'static str> {
-    vec![JOIN_TOKEN, crate::attestors::tpm::TPM]
+    vec![
+        JOIN_TOKEN,
+        crate::attestors::tpm::TPM,
+        crate::attestors::x509pop::X509POP,
+    ]
 }
 
 /// The attestors a JoinService runs, by id. `join-token` is always there;

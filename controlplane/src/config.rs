@@ -13,6 +13,10 @@
 //! enrollment_retry_after = "30s"    # JoinPending.retry_after_seconds
 //! [tpm.pcr_policy]                  # optional
 //! "0" = "<hex sha256>"
+//!
+//! [x509pop]
+//! grace = "7d"                      # how long after expiry a certificate re-joins (0s to 365d)
+//! window = "60s"                    # clientTime vs database time, either way (1s to 1h)
 //! ```
 
 use std::collections::BTreeMap;
@@ -22,6 +26,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use crate::attestors::tpm::{NodeKeyPolicy, TpmConfig, MAX_CHALLENGE_TTL_MS};
+use crate::attestors::x509pop::X509PopConfig;
 
 pub const CONFIG_FILE: &str = "controlplane.toml";
 
@@ -29,11 +34,19 @@ pub const CONFIG_FILE: &str = "controlplane.toml";
 /// an operator learns nothing new by waiting.
 const MAX_RETRY_AFTER_SECONDS: i64 = 3600;
 
+/// Longest `x509pop.grace`: a machine off for more than a year is a new
+/// machine as far as trust goes; it joins again with a token or its TPM.
+const MAX_X509POP_GRACE_MS: i64 = 365 * 86_400_000;
+/// Longest `x509pop.window`: beyond an hour a proof is no longer fresh, and
+/// the in-memory replay cache would have to remember too much.
+const MAX_X509POP_WINDOW_MS: i64 = 3_600_000;
+
 /// The whole configuration; every field has a default, so a DIR without the
 /// file gets exactly the spec's defaults.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Config {
     pub tpm: TpmConfig,
+    pub x509pop: X509PopConfig,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -56,6 +69,14 @@ pub enum ConfigError {
 #[serde(deny_unknown_fields)]
 struct RawConfig {
     tpm: Option<RawTpm>,
+    x509pop: Option<RawX509Pop>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawX509Pop {
+    grace: Option<Spanned<String>>,
+    window: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -94,6 +115,36 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
     let raw: RawConfig =
         toml::from_str(text).map_err(|e| invalid(e.span(), e.message().to_owned()))?;
     let mut config = Config::default();
+    if let Some(x) = raw.x509pop {
+        if let Some(v) = x.grace {
+            let ms = parse_duration_ms(v.get_ref())
+                .map_err(|e| invalid(Some(v.span()), format!("x509pop.grace: {e}")))?;
+            if !(0..=MAX_X509POP_GRACE_MS).contains(&ms) {
+                return Err(invalid(
+                    Some(v.span()),
+                    format!(
+                        "x509pop.grace must be from 0s to 365d, not {:?}",
+                        v.get_ref()
+                    ),
+                ));
+            }
+            config.x509pop.grace_ms = ms;
+        }
+        if let Some(v) = x.window {
+            let ms = parse_duration_ms(v.get_ref())
+                .map_err(|e| invalid(Some(v.span()), format!("x509pop.window: {e}")))?;
+            if !(1000..=MAX_X509POP_WINDOW_MS).contains(&ms) {
+                return Err(invalid(
+                    Some(v.span()),
+                    format!(
+                        "x509pop.window must be from 1s to 1h, not {:?}",
+                        v.get_ref()
+                    ),
+                ));
+            }
+            config.x509pop.window_ms = ms;
+        }
+    }
     let Some(tpm) = raw.tpm else {
         return Ok(config);
     };
@@ -279,6 +330,35 @@ enrollment_retry_after = "2m"
         }
         let e = err("[tpm]\nnode_key = 1\n");
         assert!(e.starts_with("/d/controlplane.toml:2: "), "{e}");
+    }
+
+    #[test]
+    fn x509pop_section() {
+        let d = X509PopConfig::default();
+        assert_eq!((d.grace_ms, d.window_ms), (7 * 86_400_000, 60_000));
+        let c = p("[x509pop]\ngrace = \"2d\"\nwindow = \"90s\"\n").unwrap();
+        assert_eq!(
+            (c.x509pop.grace_ms, c.x509pop.window_ms),
+            (2 * 86_400_000, 90_000)
+        );
+        // Both sections together; the tpm one unchanged.
+        let c = p("[x509pop]\ngrace = \"0s\"\n[tpm]\nnode_key = \"any\"\n").unwrap();
+        assert_eq!(c.x509pop.grace_ms, 0);
+        assert_eq!(c.tpm.node_key, NodeKeyPolicy::Any);
+        for (bad, line) in [
+            ("[x509pop]\ngrace = \"-1d\"\n", 2),
+            ("[x509pop]\ngrace = \"366d\"\n", 2),
+            ("[x509pop]\n\nwindow = \"0s\"\n", 3),
+            ("[x509pop]\nwindow = \"2h\"\n", 2),
+            ("[x509pop]\nwindow = \"soon\"\n", 2),
+            ("[x509pop]\ngrace_ms = 1\n", 2),
+        ] {
+            let e = err(bad);
+            assert!(
+                e.starts_with(&format!("/d/controlplane.toml:{line}: ")),
+                "{bad}: {e}"
+            );
+        }
     }
 
     #[test]

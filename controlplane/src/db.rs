@@ -147,6 +147,13 @@ const MIGRATIONS: &[&str] = &[
     -- answered again, a denied one stays denied.
     CREATE UNIQUE INDEX join_requests_open ON join_requests(ek_sha256) WHERE used_at IS NULL;
     "#,
+    // 3: the node lifecycle (cordon, delete). A deleted node keeps its row,
+    // so its certificates, joins and events keep naming a node, but no
+    // lookup of a live node finds it again.
+    r#"
+    ALTER TABLE nodes ADD COLUMN cordoned_at INTEGER;
+    ALTER TABLE nodes ADD COLUMN deleted_at INTEGER;
+    "#,
 ];
 
 #[derive(Debug, thiserror::Error)]

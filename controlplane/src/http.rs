@@ -1,5 +1,6 @@
-//! HTTPS transport: an axum router for the JoinService endpoints and an
-//! accept loop (tokio-rustls + hyper) that serves it.
+//! HTTPS transport: an axum router for the JoinService endpoints (`Join`,
+//! and `Renew` over mTLS) and an accept loop (tokio-rustls + hyper) that
+//! serves it.
 //!
 //! The accept loop is our own rather than `axum::serve` so that each request
 //! can carry its connection's TLS client certificate chain
@@ -16,7 +17,7 @@ use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use axum::Router;
+use axum::{Extension, Router};
 use bc_wire::endpoints;
 use hyper::service::Service as _;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -74,6 +75,7 @@ pub fn tls_config(bundle: &Bundle) -> Result<Arc<rustls::ServerConfig>, rustls::
 pub fn router(service: Arc<JoinService>) -> Router {
     Router::new()
         .route(endpoints::JOIN, post(join_handler))
+        .route(endpoints::RENEW, post(renew_handler))
         .method_not_allowed_fallback(|| async {
             error_response(&ApiError::NotFound("endpoints take POST".to_owned()))
         })
@@ -90,16 +92,9 @@ async fn join_handler(
     if let Err(e) = check_content_type(&headers) {
         return error_response(&e);
     }
-    let body = match body {
+    let body = match read_body(body) {
         Ok(b) => b,
-        Err(e) => {
-            let msg = if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                format!("the body is larger than {BODY_LIMIT} bytes")
-            } else {
-                format!("cannot read the body: {e}")
-            };
-            return error_response(&ApiError::InvalidInput(msg));
-        }
+        Err(e) => return error_response(&e),
     };
     // SQLite and signing block; keep them off the async workers.
     let result = tokio::task::spawn_blocking(move || service.join_bytes(&body)).await;
@@ -108,6 +103,44 @@ async fn join_handler(
         Ok(Err(e)) => error_response(&e),
         Err(e) => error_response(&ApiError::Internal(format!("join task failed: {e}"))),
     }
+}
+
+/// `Renew`: the TLS client's leaf certificate (verified against the node CA
+/// during the handshake, which the leaf's key signed) is the caller's
+/// identity; without one the request is refused (`no-client-certificate`).
+async fn renew_handler(
+    State(service): State<Arc<JoinService>>,
+    peer: Option<Extension<PeerCertificates>>,
+    headers: HeaderMap,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Response {
+    if let Err(e) = check_content_type(&headers) {
+        return error_response(&e);
+    }
+    let body = match read_body(body) {
+        Ok(b) => b,
+        Err(e) => return error_response(&e),
+    };
+    let leaf = peer.and_then(|Extension(p)| p.0.first().map(|c| c.as_ref().to_vec()));
+    let result =
+        tokio::task::spawn_blocking(move || service.renew_bytes(leaf.as_deref(), &body)).await;
+    match result {
+        Ok(Ok(resp)) => protobuf_response(StatusCode::OK, resp.encode_to_vec()),
+        Ok(Err(e)) => error_response(&e),
+        Err(e) => error_response(&ApiError::Internal(format!("renew task failed: {e}"))),
+    }
+}
+
+fn read_body(
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<Bytes, ApiError> {
+    body.map_err(|e| {
+        ApiError::InvalidInput(if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            format!("the body is larger than {BODY_LIMIT} bytes")
+        } else {
+            format!("cannot read the body: {e}")
+        })
+    })
 }
 
 /// Requests are protobuf; a missing content type is tolerated, another one is not.
@@ -253,8 +286,8 @@ async fn serve_connection(
 mod tests {
     use super::*;
     use axum::routing::get;
-    use axum::Extension;
     use bc_wire::agent::{JoinRequest, JoinResponse, JoinResponseBody, Role};
+    use rcgen::PublicKeyData;
     use rustls::pki_types::{PrivateKeyDer, ServerName};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -402,8 +435,69 @@ mod tests {
             svc.bundle(),
             Some((joined.chain[0].clone(), key.serialize_der())),
         );
-        let (status, n) = call(addr, mtls, "GET", "/peer", b"").await;
+        let (status, n) = call(addr, mtls.clone(), "GET", "/peer", b"").await;
         assert_eq!((status, n.as_slice()), (200, b"1".as_slice()));
+
+        // Renew over mTLS: a new certificate for the new key, same node.
+        let key2 = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let renew = bc_wire::agent::RenewRequest {
+            csr: rcgen::CertificateParams::default()
+                .serialize_request(&key2)
+                .unwrap()
+                .der()
+                .to_vec(),
+            key_attestation: None,
+        };
+        let (status, body) =
+            call(addr, mtls, "POST", endpoints::RENEW, &renew.encode_to_vec()).await;
+        assert_eq!(status, 200);
+        let renewed = bc_wire::agent::RenewResponse::decode(body.as_slice()).unwrap();
+        assert_eq!(renewed.chain.len(), 2);
+        assert_eq!(renewed.chain[1], svc.node_ca_der());
+        let id = crate::pki::node_cert_identity(&renewed.chain[0]).unwrap();
+        assert_eq!(id.node_id, joined.node_id);
+        assert_eq!(id.spki_der, key2.subject_public_key_info());
+        // With the new certificate, renewing works again.
+        let mtls2 = client(
+            svc.bundle(),
+            Some((renewed.chain[0].clone(), key2.serialize_der())),
+        );
+        let (status, _) = call(
+            addr,
+            mtls2,
+            "POST",
+            endpoints::RENEW,
+            &renew.encode_to_vec(),
+        )
+        .await;
+        assert_eq!(status, 200);
+        // Without a client certificate: a bare 403 with the spec's message.
+        let anonymous = client(svc.bundle(), None);
+        let (status, body) = call(
+            addr,
+            anonymous,
+            "POST",
+            endpoints::RENEW,
+            &renew.encode_to_vec(),
+        )
+        .await;
+        assert_eq!(status, 403);
+        let err = bc_wire::agent::Error::decode(body.as_slice()).unwrap();
+        assert_eq!(err.code, bc_wire::agent::Code::AccessDenied as i32);
+        assert_eq!(err.message, "Renew refused");
+        let events = crate::records::list_events(svc.database()).unwrap();
+        let kinds: Vec<_> = events.iter().map(|e| e.kind.as_str()).collect();
+        assert_eq!(
+            kinds,
+            [
+                "node.joined",
+                "security.join.refused",
+                "node.renewed",
+                "node.renewed",
+                "security.renew.refused"
+            ]
+        );
+        assert_eq!(events[4].reason.as_deref(), Some("no-client-certificate"));
 
         stop.send(()).unwrap();
         server.await.unwrap().unwrap();

@@ -37,6 +37,7 @@ use crate::attestor::{
     Refusal, Verdict, JOIN_TOKEN,
 };
 use crate::attestors::tpm::{state::ChallengeKey, TpmAttestor};
+use crate::attestors::x509pop::X509PopAttestor;
 use crate::config::ConfigError;
 use crate::db::{self, Database, DbError, UnixMs};
 use crate::pki::{Bundle, NodeCertSpec, PkiError, MAX_NODE_CERT_TTL};
@@ -67,9 +68,13 @@ const KNOWN_STATEMENT_PREFIX: &str = "urn:bc:tpm-ak:";
 /// message leave the server.
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
-    /// Every refusal, whatever the reason.
+    /// Every join refusal, whatever the reason.
     #[error("join refused")]
     AccessDenied,
+    /// Every renewal refusal, whatever the reason: ACCESS_DENIED too, with
+    /// the spec's own message ("Renew refused").
+    #[error("renew refused")]
+    RenewRefused,
     #[error("invalid input: {0}")]
     InvalidInput(String),
     #[error("not found: {0}")]
@@ -83,7 +88,7 @@ pub enum ApiError {
 impl ApiError {
     pub fn code(&self) -> agent::Code {
         match self {
-            ApiError::AccessDenied => agent::Code::AccessDenied,
+            ApiError::AccessDenied | ApiError::RenewRefused => agent::Code::AccessDenied,
             ApiError::InvalidInput(_) => agent::Code::InvalidInput,
             ApiError::NotFound(_) => agent::Code::NotFound,
             ApiError::Unavailable(_) => agent::Code::Unavailable,
@@ -93,7 +98,7 @@ impl ApiError {
 
     pub fn http_status(&self) -> u16 {
         match self {
-            ApiError::AccessDenied => 403,
+            ApiError::AccessDenied | ApiError::RenewRefused => 403,
             ApiError::InvalidInput(_) => 400,
             ApiError::NotFound(_) => 404,
             ApiError::Unavailable(_) => 503,
@@ -106,6 +111,7 @@ impl ApiError {
     pub fn public_message(&self) -> String {
         match self {
             ApiError::AccessDenied => "join refused".to_owned(),
+            ApiError::RenewRefused => "Renew refused".to_owned(),
             ApiError::InvalidInput(m) | ApiError::NotFound(m) => m.clone(),
             ApiError::Unavailable(_) => {
                 "the control plane cannot serve now; retry later".to_owned()
@@ -165,10 +171,10 @@ pub struct JoinService {
 }
 
 /// A CSR whose signature verified.
-struct VerifiedCsr {
-    sha256: [u8; 32],
-    spki_der: Vec<u8>,
-    spki_sha256: [u8; 32],
+pub(crate) struct VerifiedCsr {
+    pub(crate) sha256: [u8; 32],
+    pub(crate) spki_der: Vec<u8>,
+    pub(crate) spki_sha256: [u8; 32],
 }
 
 /// The outcome of the join transaction.
@@ -181,7 +187,7 @@ enum Outcome {
 impl JoinService {
     /// Loads DIR's bundle, config (`controlplane.toml`) and challenge key
     /// (created if DIR predates it), opens (and migrates) its database, and
-    /// registers the attestors `serve` runs: `join-token` and `tpm`.
+    /// registers the attestors `serve` runs: `join-token`, `tpm` and `x509pop`.
     pub fn open(dir: &Path) -> Result<Self, OpenError> {
         let config = crate::config::load(dir)?;
         let bundle = Bundle::load(dir)?;
@@ -192,6 +198,7 @@ impl JoinService {
             config.tpm,
             ChallengeKey::new(challenge_key),
         )));
+        svc.register_attestor(Arc::new(X509PopAttestor::new(config.x509pop)));
         Ok(svc)
     }
 
@@ -235,6 +242,11 @@ impl JoinService {
     /// Called with every refusal, after its event is stored.
     pub fn set_on_refusal(&self, hook: Box<RefusalHook>) {
         *self.on_refusal.write().unwrap_or_else(|p| p.into_inner()) = Some(Arc::from(hook));
+    }
+
+    /// The lifetime of the certificates this service issues (at most 24 h).
+    pub fn cert_ttl(&self) -> Duration {
+        self.cert_ttl
     }
 
     pub fn bundle(&self) -> &Bundle {
@@ -474,6 +486,8 @@ impl JoinService {
                         joined_at: now,
                         retired_at: None,
                         pool_id: pool.id.clone(),
+                        cordoned_at: None,
+                        deleted_at: None,
                     },
                 )?;
                 (id, 1)
@@ -615,7 +629,7 @@ impl JoinService {
 
 /// Parses and verifies a CSR. The outer error is a broken request
 /// (INVALID_INPUT); the inner one a refusal reason.
-fn verify_csr(der: &[u8]) -> Result<Result<VerifiedCsr, &'static str>, ApiError> {
+pub(crate) fn verify_csr(der: &[u8]) -> Result<Result<VerifiedCsr, &'static str>, ApiError> {
     use x509_parser::certification_request::X509CertificationRequest;
     use x509_parser::prelude::FromDer;
     if der.is_empty() {

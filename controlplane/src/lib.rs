@@ -26,9 +26,11 @@ pub mod fsutil;
 pub mod http;
 pub mod ids;
 pub mod join;
+pub mod nodes;
 pub mod pki;
 pub mod pools;
 pub mod records;
+pub mod renew;
 pub mod tokens;
 
 pub use attestor::{

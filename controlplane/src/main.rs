@@ -13,7 +13,9 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 use bc_controlplane::attestors::tpm::{ek, enroll};
 use bc_controlplane::config::parse_duration_ms;
-use bc_controlplane::{attestor, config, db, http, join::JoinService, pki, pools, records, tokens};
+use bc_controlplane::{
+    attestor, config, db, http, join::JoinService, nodes, pki, pools, records, tokens,
+};
 use bc_wire::agent::Role;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde_json::json;
@@ -70,10 +72,10 @@ enum Cmd {
         #[command(subcommand)]
         cmd: TokenCmd,
     },
-    /// Joined nodes.
+    /// Joined nodes and their lifecycle.
     Nodes {
         #[command(subcommand)]
-        cmd: ListCmd,
+        cmd: NodesCmd,
     },
     /// The event log (joins, refusals).
     Events {
@@ -104,6 +106,59 @@ enum Cmd {
     Pools {
         #[command(subcommand)]
         cmd: PoolsCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum NodesCmd {
+    /// List the nodes (deleted ones left out).
+    List {
+        #[command(flatten)]
+        dir: Dir,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List a node's certificates, oldest first.
+    Certs {
+        #[command(flatten)]
+        dir: Dir,
+        /// The node id (node_…).
+        id: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Raise the node's identity generation and revoke every certificate it
+    /// has: none of them ever renews or re-joins again.
+    RevokeIdentity {
+        #[command(flatten)]
+        dir: Dir,
+        /// The node id (node_…).
+        id: String,
+    },
+    /// Retire a node: it never renews, re-joins or is reclaimed again.
+    Retire {
+        #[command(flatten)]
+        dir: Dir,
+        /// The node id (node_…).
+        id: String,
+    },
+    /// Cordon a node, the step before deleting it.
+    Cordon {
+        #[command(flatten)]
+        dir: Dir,
+        /// The node id (node_…).
+        id: String,
+    },
+    /// Delete a cordoned node: revoke its certificates and free its
+    /// hardware bindings, so the machine can join again as a new node.
+    Delete {
+        #[command(flatten)]
+        dir: Dir,
+        /// The node id (node_…).
+        id: String,
+        /// Confirm: deleting cannot be undone.
+        #[arg(long)]
+        yes: bool,
     },
 }
 
@@ -342,9 +397,14 @@ fn run(cli: Cli) -> Result<()> {
             TokenCmd::Revoke { dir, id } => token_revoke(&dir.dir, &id),
             TokenCmd::List { dir, json } => token_list(&dir.dir, json),
         },
-        Cmd::Nodes {
-            cmd: ListCmd::List { dir, json },
-        } => nodes_list(&dir.dir, json),
+        Cmd::Nodes { cmd } => match cmd {
+            NodesCmd::List { dir, json } => nodes_list(&dir.dir, json),
+            NodesCmd::Certs { dir, id, json } => nodes_certs(&dir.dir, &id, json),
+            NodesCmd::RevokeIdentity { dir, id } => nodes_revoke_identity(&dir.dir, &id),
+            NodesCmd::Retire { dir, id } => nodes_retire(&dir.dir, &id),
+            NodesCmd::Cordon { dir, id } => nodes_cordon(&dir.dir, &id),
+            NodesCmd::Delete { dir, id, yes } => nodes_delete(&dir.dir, &id, yes),
+        },
         Cmd::Events {
             cmd: ListCmd::List { dir, json },
         } => events_list(&dir.dir, json),
@@ -568,6 +628,7 @@ fn nodes_list(dir: &Path, as_json: bool) -> Result<()> {
                     "attestor": n.attestor,
                     "joinedAt": db::rfc3339(n.joined_at),
                     "retired": n.retired_at.is_some(),
+                    "cordoned": n.cordoned_at.is_some(),
                     "pool": n.pool_id,
                     "nodeKey": node_keys.get(&n.id),
                     "bindings": bound,
@@ -579,7 +640,7 @@ fn nodes_list(dir: &Path, as_json: bool) -> Result<()> {
     let mut text = String::new();
     for n in &rows {
         text.push_str(&format!(
-            "{} {} generation={} attestor={} joined={}{}\n",
+            "{} {} generation={} attestor={} joined={}{}{}\n",
             n.id,
             n.role,
             n.identity_generation,
@@ -589,10 +650,106 @@ fn nodes_list(dir: &Path, as_json: bool) -> Result<()> {
                 " retired"
             } else {
                 ""
+            },
+            if n.cordoned_at.is_some() {
+                " cordoned"
+            } else {
+                ""
             }
         ));
     }
     print_stdout(&text)
+}
+
+fn nodes_certs(dir: &Path, id: &str, as_json: bool) -> Result<()> {
+    let db = open_db(dir)?;
+    let rows = nodes::certs(&db, id)?;
+    let now = db
+        .with_conn(|c| db::compute_now(c))
+        .and_then(|r| r)
+        .context("cannot read the database clock")?;
+    if as_json {
+        let v: Vec<_> = rows
+            .iter()
+            .map(|c| {
+                json!({
+                    "serial": c.serial,
+                    "identityGeneration": c.identity_generation,
+                    "notBefore": db::rfc3339(c.not_before),
+                    "notAfter": db::rfc3339(c.not_after),
+                    "revoked": c.revoked_at.is_some(),
+                    "revokedAt": c.revoked_at.map(db::rfc3339),
+                    "expired": now >= c.not_after,
+                })
+            })
+            .collect();
+        return print_json(&v);
+    }
+    let mut text = String::new();
+    for c in &rows {
+        let state = if c.revoked_at.is_some() {
+            "revoked"
+        } else if now >= c.not_after {
+            "expired"
+        } else {
+            "valid"
+        };
+        text.push_str(&format!(
+            "{} generation={} not_before={} not_after={} {state}\n",
+            c.serial,
+            c.identity_generation,
+            db::rfc3339(c.not_before),
+            db::rfc3339(c.not_after)
+        ));
+    }
+    print_stdout(&text)
+}
+
+fn nodes_revoke_identity(dir: &Path, id: &str) -> Result<()> {
+    let db = open_db(dir)?;
+    let r = nodes::revoke_identity(&db, id)?;
+    print_stdout(&format!(
+        "revoked the identity of {}: generation {}, {} certificate(s) revoked\n",
+        r.node_id, r.identity_generation, r.revoked_certs
+    ))
+}
+
+fn nodes_retire(dir: &Path, id: &str) -> Result<()> {
+    let db = open_db(dir)?;
+    if nodes::retire(&db, id)? {
+        print_stdout(&format!("retired {id}\n"))
+    } else {
+        print_stdout(&format!("{id} was already retired\n"))
+    }
+}
+
+fn nodes_cordon(dir: &Path, id: &str) -> Result<()> {
+    let db = open_db(dir)?;
+    if nodes::cordon(&db, id)? {
+        print_stdout(&format!("cordoned {id}\n"))
+    } else {
+        print_stdout(&format!("{id} was already cordoned\n"))
+    }
+}
+
+fn nodes_delete(dir: &Path, id: &str, yes: bool) -> Result<()> {
+    if !yes {
+        bail!("deleting {id} cannot be undone; add --yes to confirm");
+    }
+    let db = open_db(dir)?;
+    let d = nodes::delete(&db, id)?;
+    print_stdout(&format!(
+        "deleted {}: {} certificate(s) revoked, {} binding(s) freed, {} resolve entr{} removed\n",
+        d.node_id,
+        d.revoked_certs,
+        d.freed_bindings.len(),
+        d.removed_resolve_entries,
+        if d.removed_resolve_entries == 1 {
+            "y"
+        } else {
+            "ies"
+        }
+    ))
 }
 
 fn events_list(dir: &Path, as_json: bool) -> Result<()> {
@@ -1036,6 +1193,90 @@ mod tests {
             "0",
         ]);
         assert!(cli.is_err());
+    }
+
+    /// The lifecycle commands on a real DIR with a node joined through
+    /// the JoinService.
+    #[test]
+    fn node_lifecycle_commands() {
+        use prost::Message;
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("cp");
+        let d = dir.to_str().unwrap().to_owned();
+        let cli = |args: &[&str]| {
+            let mut argv = vec!["bc-controlplane"];
+            argv.extend_from_slice(args);
+            run(Cli::try_parse_from(argv).unwrap())
+        };
+        cli(&["init", "--dir", &d]).unwrap();
+        let svc = JoinService::open(&dir).unwrap();
+        let (tok, _) = tokens::create_token(svc.database(), Role::Node, 1, 60_000).unwrap();
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let csr = rcgen::CertificateParams::default()
+            .serialize_request(&key)
+            .unwrap()
+            .der()
+            .to_vec();
+        let sealed =
+            bc_wire::sealing::SealingKey::from_spki_der(svc.bundle().join_encryption_spki_der())
+                .unwrap()
+                .seal(&bc_wire::sha256(&csr), tok.expose().as_bytes())
+                .unwrap();
+        let resp = svc
+            .join(bc_wire::agent::JoinRequest {
+                csr,
+                role: Role::Node as i32,
+                sealed_token: sealed,
+                ..Default::default()
+            })
+            .unwrap();
+        let id = bc_wire::agent::JoinResponseBody::decode(resp.body.as_slice())
+            .unwrap()
+            .node_id;
+
+        cli(&["nodes", "list", "--dir", &d, "--json"]).unwrap();
+        cli(&["nodes", "certs", "--dir", &d, &id, "--json"]).unwrap();
+        cli(&["nodes", "certs", "--dir", &d, &id]).unwrap();
+        assert!(cli(&["nodes", "certs", "--dir", &d, "node_nope"]).is_err());
+        cli(&["nodes", "revoke-identity", "--dir", &d, &id]).unwrap();
+        cli(&["nodes", "retire", "--dir", &d, &id]).unwrap();
+        cli(&["nodes", "retire", "--dir", &d, &id]).unwrap();
+        let e = cli(&["nodes", "delete", "--dir", &d, &id, "--yes"]).unwrap_err();
+        assert!(e.to_string().contains("not cordoned"), "{e}");
+        cli(&["nodes", "cordon", "--dir", &d, &id]).unwrap();
+        let e = cli(&["nodes", "delete", "--dir", &d, &id]).unwrap_err();
+        assert!(e.to_string().contains("--yes"), "{e}");
+        cli(&["nodes", "delete", "--dir", &d, &id, "--yes"]).unwrap();
+        assert!(cli(&["nodes", "cordon", "--dir", &d, &id]).is_err());
+
+        let kinds: Vec<_> = records::list_events(svc.database())
+            .unwrap()
+            .into_iter()
+            .map(|e| e.kind)
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                records::EVENT_NODE_JOINED,
+                records::EVENT_IDENTITY_REVOKED,
+                records::EVENT_NODE_RETIRED,
+                records::EVENT_NODE_CORDONED,
+                records::EVENT_NODE_DELETED,
+            ]
+        );
+        assert!(records::list_nodes(svc.database()).unwrap().is_empty());
+        // Pools may require x509pop now.
+        cli(&[
+            "pools",
+            "create",
+            "--dir",
+            &d,
+            "--id",
+            "p",
+            "--join-attestors",
+            "tpm,x509pop",
+        ])
+        .unwrap();
     }
 
     #[test]

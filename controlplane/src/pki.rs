@@ -192,6 +192,66 @@ impl NodeCa {
     }
 }
 
+/// What a node certificate says about its holder, read back from its DER.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeCertIdentity {
+    pub trust_domain: String,
+    /// From the one SPIFFE ID, never from a statement.
+    pub node_id: String,
+    /// The `urn:bc:` statements after the SPIFFE ID, in order.
+    pub statements: Vec<String>,
+    /// The certified key's SubjectPublicKeyInfo, DER.
+    pub spki_der: Vec<u8>,
+}
+
+/// Why a certificate is not a node certificate of the expected shape.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum NodeCertError {
+    #[error("not an X.509 certificate in DER")]
+    NotDer,
+    #[error(
+        "its URI SANs are not one node SPIFFE ID followed by at most three urn:bc: statements"
+    )]
+    Uris,
+}
+
+/// Reads a node certificate's identity: its URI SANs must be exactly one
+/// node SPIFFE ID followed only by `urn:bc:` statements (at most four URIs
+/// in all), the profile [`NodeCa::issue`] writes. Readers take the node id
+/// from the SPIFFE ID alone, so a statement can never pose as an identity.
+pub fn node_cert_identity(der: &[u8]) -> Result<NodeCertIdentity, NodeCertError> {
+    use x509_parser::extensions::GeneralName;
+    let (rest, cert) =
+        x509_parser::parse_x509_certificate(der).map_err(|_| NodeCertError::NotDer)?;
+    if !rest.is_empty() {
+        return Err(NodeCertError::NotDer);
+    }
+    let san = cert
+        .subject_alternative_name()
+        .map_err(|_| NodeCertError::Uris)?
+        .ok_or(NodeCertError::Uris)?;
+    let uris: Vec<&str> = san
+        .value
+        .general_names
+        .iter()
+        .filter_map(|n| match n {
+            GeneralName::URI(u) => Some(*u),
+            _ => None,
+        })
+        .collect();
+    let (first, statements) = uris.split_first().ok_or(NodeCertError::Uris)?;
+    let id = bc_wire::spiffe::NodeSpiffeId::parse(first).map_err(|_| NodeCertError::Uris)?;
+    if statements.len() > 3 || statements.iter().any(|s| !s.starts_with("urn:bc:")) {
+        return Err(NodeCertError::Uris);
+    }
+    Ok(NodeCertIdentity {
+        trust_domain: id.trust_domain,
+        node_id: id.node_id,
+        statements: statements.iter().map(|s| (*s).to_owned()).collect(),
+        spki_der: cert.public_key().raw.to_vec(),
+    })
+}
+
 /// Everything `serve` needs, loaded from DIR.
 pub struct Bundle {
     pub dir: PathBuf,

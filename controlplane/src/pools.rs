@@ -199,7 +199,7 @@ pub fn list_pools(db: &Database) -> Result<Vec<(PoolRow, i64)>, DbError> {
     db.with_conn(|c| {
         let mut st = c.prepare(
             "SELECT p.id, p.owner, p.policy, p.created_at,
-                    (SELECT count(*) FROM nodes n WHERE n.pool_id = p.id)
+                    (SELECT count(*) FROM nodes n WHERE n.pool_id = p.id AND n.deleted_at IS NULL)
              FROM pools p ORDER BY p.created_at, p.id",
         )?;
         let rows = st.query_map([], |r| Ok((read_row(r)?, r.get::<_, i64>(4)?)))?;

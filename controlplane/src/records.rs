@@ -10,6 +10,18 @@ use crate::pki::IssuedCert;
 pub const EVENT_NODE_JOINED: &str = "node.joined";
 /// Event type of every refused join, whatever the reason.
 pub const EVENT_JOIN_REFUSED: &str = "security.join.refused";
+/// Event type of a successful renewal.
+pub const EVENT_NODE_RENEWED: &str = "node.renewed";
+/// Event type of every refused renewal, whatever the reason.
+pub const EVENT_RENEW_REFUSED: &str = "security.renew.refused";
+/// An x509pop re-join of a node whose certificate named a TPM AK: the new
+/// certificate names none, so the loss of TPM assurance is on record.
+pub const EVENT_NODE_KEY_DOWNGRADED: &str = "node.key.downgraded";
+/// `nodes revoke-identity`: a new identity generation, every certificate revoked.
+pub const EVENT_IDENTITY_REVOKED: &str = "node.identity.revoked";
+pub const EVENT_NODE_RETIRED: &str = "node.retired";
+pub const EVENT_NODE_CORDONED: &str = "node.cordoned";
+pub const EVENT_NODE_DELETED: &str = "node.deleted";
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeRow {
@@ -20,10 +32,15 @@ pub struct NodeRow {
     pub joined_at: UnixMs,
     pub retired_at: Option<UnixMs>,
     pub pool_id: String,
+    /// Set by `nodes cordon`; only a cordoned node can be deleted.
+    pub cordoned_at: Option<UnixMs>,
+    /// Set by `nodes delete`. Only [`node_including_deleted`] returns such a
+    /// node: every other lookup treats it as gone.
+    pub deleted_at: Option<UnixMs>,
 }
 
-const NODE_SELECT: &str =
-    "SELECT id, role, identity_generation, attestor, joined_at, retired_at, pool_id FROM nodes";
+const NODE_SELECT: &str = "SELECT id, role, identity_generation, attestor, joined_at, retired_at, \
+     pool_id, cordoned_at, deleted_at FROM nodes";
 
 fn read_node(r: &rusqlite::Row<'_>) -> rusqlite::Result<NodeRow> {
     Ok(NodeRow {
@@ -34,27 +51,49 @@ fn read_node(r: &rusqlite::Row<'_>) -> rusqlite::Result<NodeRow> {
         joined_at: r.get(4)?,
         retired_at: r.get(5)?,
         pool_id: r.get(6)?,
+        cordoned_at: r.get(7)?,
+        deleted_at: r.get(8)?,
     })
 }
 
+/// The nodes that exist (deleted ones left out), oldest first.
 pub fn list_nodes(db: &Database) -> Result<Vec<NodeRow>, DbError> {
     db.with_conn(|c| {
-        let mut st = c.prepare(&format!("{NODE_SELECT} ORDER BY joined_at, id"))?;
+        let mut st = c.prepare(&format!(
+            "{NODE_SELECT} WHERE deleted_at IS NULL ORDER BY joined_at, id"
+        ))?;
         let rows = st.query_map([], read_node)?;
         rows.collect::<Result<Vec<_>, _>>().map_err(DbError::from)
     })?
 }
 
+/// A node that exists; a deleted node is `None`, so no join can reclaim it
+/// and no resolve entry can name it.
 pub fn node_for_update(tx: &Transaction<'_>, id: &str) -> Result<Option<NodeRow>, DbError> {
     Ok(tx
+        .query_row(
+            &format!("{NODE_SELECT} WHERE id = ?1 AND deleted_at IS NULL"),
+            [id],
+            read_node,
+        )
+        .optional()?)
+}
+
+/// A node, deleted or not (Renew and x509pop name a deleted node's refusal).
+pub fn node_including_deleted(
+    conn: &rusqlite::Connection,
+    id: &str,
+) -> Result<Option<NodeRow>, DbError> {
+    Ok(conn
         .query_row(&format!("{NODE_SELECT} WHERE id = ?1"), [id], read_node)
         .optional()?)
 }
 
 pub fn insert_node(tx: &Transaction<'_>, n: &NodeRow) -> Result<(), DbError> {
     tx.execute(
-        "INSERT INTO nodes (id, role, identity_generation, attestor, joined_at, retired_at, pool_id)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        "INSERT INTO nodes (id, role, identity_generation, attestor, joined_at, retired_at,
+             pool_id, cordoned_at, deleted_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
         rusqlite::params![
             n.id,
             n.role,
@@ -62,7 +101,9 @@ pub fn insert_node(tx: &Transaction<'_>, n: &NodeRow) -> Result<(), DbError> {
             n.attestor,
             n.joined_at,
             n.retired_at,
-            n.pool_id
+            n.pool_id,
+            n.cordoned_at,
+            n.deleted_at
         ],
     )?;
     Ok(())
@@ -89,6 +130,72 @@ pub fn start_generation(
     Ok(())
 }
 
+/// A stored node certificate.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CertRow {
+    pub serial: String,
+    pub node_id: String,
+    pub identity_generation: i64,
+    pub der: Vec<u8>,
+    pub not_before: UnixMs,
+    pub not_after: UnixMs,
+    pub revoked_at: Option<UnixMs>,
+}
+
+const CERT_SELECT: &str = "SELECT serial, node_id, identity_generation, der, not_before, \
+     not_after, revoked_at FROM node_certs";
+
+fn read_cert(r: &rusqlite::Row<'_>) -> rusqlite::Result<CertRow> {
+    Ok(CertRow {
+        serial: r.get(0)?,
+        node_id: r.get(1)?,
+        identity_generation: r.get(2)?,
+        der: r.get(3)?,
+        not_before: r.get(4)?,
+        not_after: r.get(5)?,
+        revoked_at: r.get(6)?,
+    })
+}
+
+/// The certificate of `node_id` whose DER is exactly `der`: a certificate
+/// the control plane issued to that node, byte for byte.
+pub fn cert_by_der(
+    conn: &rusqlite::Connection,
+    node_id: &str,
+    der: &[u8],
+) -> Result<Option<CertRow>, DbError> {
+    Ok(conn
+        .query_row(
+            &format!("{CERT_SELECT} WHERE node_id = ?1 AND der = ?2"),
+            rusqlite::params![node_id, der],
+            read_cert,
+        )
+        .optional()?)
+}
+
+/// Every certificate of a node, oldest first.
+pub fn list_certs(db: &Database, node_id: &str) -> Result<Vec<CertRow>, DbError> {
+    db.with_conn(|c| {
+        let mut st = c.prepare(&format!(
+            "{CERT_SELECT} WHERE node_id = ?1 ORDER BY not_before, rowid"
+        ))?;
+        let rows = st.query_map([node_id], read_cert)?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(DbError::from)
+    })?
+}
+
+/// Revokes every certificate of a node not revoked yet; returns how many.
+pub fn revoke_all_certs(
+    tx: &Transaction<'_>,
+    node_id: &str,
+    now: UnixMs,
+) -> Result<usize, DbError> {
+    Ok(tx.execute(
+        "UPDATE node_certs SET revoked_at = ?2 WHERE node_id = ?1 AND revoked_at IS NULL",
+        rusqlite::params![node_id, now],
+    )?)
+}
+
 pub fn insert_cert(
     tx: &Transaction<'_>,
     node_id: &str,
@@ -108,6 +215,21 @@ pub fn insert_cert(
         ],
     )?;
     Ok(())
+}
+
+/// The owner of the pool a node is in (deleted or not): refusals about a
+/// node are attributed to them.
+pub fn pool_owner_of_node(
+    conn: &rusqlite::Connection,
+    node_id: &str,
+) -> Result<Option<String>, DbError> {
+    Ok(conn
+        .query_row(
+            "SELECT p.owner FROM nodes n JOIN pools p ON p.id = n.pool_id WHERE n.id = ?1",
+            [node_id],
+            |r| r.get(0),
+        )
+        .optional()?)
 }
 
 /// A hardware key bound to a node.
@@ -172,6 +294,22 @@ pub fn insert_binding(
         rusqlite::params![kind, key, node_id, now],
     )?;
     Ok(())
+}
+
+/// Frees every hardware key bound to a node; returns what was freed.
+pub fn delete_bindings_of_node(
+    tx: &Transaction<'_>,
+    node_id: &str,
+) -> Result<Vec<BindingRow>, DbError> {
+    let freed = {
+        let mut st = tx.prepare(&format!(
+            "{BINDING_SELECT} WHERE node_id = ?1 ORDER BY kind"
+        ))?;
+        let rows = st.query_map([node_id], read_binding)?;
+        rows.collect::<Result<Vec<_>, _>>()?
+    };
+    tx.execute("DELETE FROM node_bindings WHERE node_id = ?1", [node_id])?;
+    Ok(freed)
 }
 
 /// Every binding, by node then kind.

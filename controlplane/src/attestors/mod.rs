@@ -1,8 +1,9 @@
 //! The attestors that ship with the control plane: `join-token` (built into
-//! every [`crate::attestor::AttestorRegistry`]) and `tpm` (registered by
-//! [`crate::join::JoinService::open`]). Others (x509pop, discovery,
+//! every [`crate::attestor::AttestorRegistry`]), `tpm` and `x509pop`
+//! (registered by [`crate::join::JoinService::open`]). Others (discovery,
 //! provisioned) are added with
 //! [`crate::attestor::AttestorRegistry::register`].
 
 pub mod join_token;
 pub mod tpm;
+pub mod x509pop;

@@ -343,6 +343,8 @@ pub(crate) fn insert_node(db: &Database, id: &str) -> String {
                 joined_at: NOW,
                 retired_at: None,
                 pool_id: "default".into(),
+                cordoned_at: None,
+                deleted_at: None,
             },
         )
     })

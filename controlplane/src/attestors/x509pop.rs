@@ -1,0 +1,280 @@
+//! `x509pop`: a node whose certificate expired while it was off (renewal
+//! refuses expired certificates) re-joins as itself, with its last
+//! certificate and a proof by that certificate's key bound to its new CSR
+//! (spec "Attestation", section *x509pop*).
+//!
+//! The evidence is [`bc_wire::x509pop::Evidence`] (UTF-8 JSON). In the join
+//! transaction, in this order, each failure a refusal with the reason named:
+//!
+//! - `evidence-malformed`: not the evidence JSON, or a node id that is not one;
+//! - `unknown-certificate`: the leaf is not byte for byte a `node_certs` row
+//!   of that node (only a certificate this control plane issued counts);
+//! - `deleted`: the node was deleted (`nodes delete`);
+//! - `stale-generation`: the certificate is from before the node's current
+//!   identity generation (an older join, or `nodes revoke-identity`);
+//! - `revoked`: the certificate was revoked;
+//! - `retired`: the node is retired;
+//! - `role`: the requested role is not the node's (node or site; a ramdisk
+//!   never re-joins, it joins afresh with discovery);
+//! - `past-grace`: the certificate expired more than `grace` ago (one not
+//!   expired yet is fine: a node may re-join before its expiry);
+//! - `clock-window`: `clientTime` is more than `window` away from database time;
+//! - `signature`: the proof does not verify with the leaf's key over this CSR;
+//! - `replayed`: the proof was seen before ([`ReplayCache`]).
+//!
+//! The result names the node, so JoinService reclaims it in place: a new
+//! identity generation, every older certificate revoked, the node's pool,
+//! bindings and state kept.
+//!
+//! **No statement is carried over.** The proof shows possession of the old
+//! key only; nothing shows that the new (CSR) key lives in a TPM. A
+//! certificate carrying the old AK statement for an unproven key would claim
+//! what nobody checked, so the re-joined certificate names no AK and its
+//! node key is `unattested`. When the old leaf named an AK, the downgrade is
+//! logged and stored as a `node.key.downgraded` event (in the join's
+//! transaction, so only when the join is admitted). The node gets its TPM
+//! assurance back by joining with `tpm`, which its EK binding reclaims; a
+//! pool whose `joinAttestors` lists only `tpm` refuses x509pop altogether.
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::Mutex;
+
+use bc_wire::agent::Role;
+use bc_wire::x509pop::Evidence;
+use rusqlite::Transaction;
+
+use crate::attestor::{
+    AttestInput, AttestationResult, Attestor, Fault, NodeKeyKind, Refusal, Verdict,
+};
+use crate::records::{self, NewEvent};
+
+/// The attestor's id.
+pub const X509POP: &str = "x509pop";
+
+pub const EVIDENCE_MALFORMED: &str = "evidence-malformed";
+pub const UNKNOWN_CERTIFICATE: &str = "unknown-certificate";
+pub const DELETED: &str = "deleted";
+pub const STALE_GENERATION: &str = "stale-generation";
+pub const REVOKED: &str = "revoked";
+pub const RETIRED: &str = "retired";
+pub const ROLE: &str = "role";
+pub const PAST_GRACE: &str = "past-grace";
+pub const CLOCK_WINDOW: &str = "clock-window";
+pub const SIGNATURE: &str = "signature";
+pub const REPLAYED: &str = "replayed";
+
+/// `graceMs` by default: 7 days.
+pub const DEFAULT_GRACE_MS: i64 = 7 * 86_400_000;
+/// `windowMs` by default: 60 seconds.
+pub const DEFAULT_WINDOW_MS: i64 = 60_000;
+/// `replayCache` by default: 10,000 proofs.
+pub const REPLAY_CACHE_ENTRIES: usize = 10_000;
+
+/// The `[x509pop]` section of `controlplane.toml`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct X509PopConfig {
+    /// How long after its expiry a certificate may still re-join.
+    pub grace_ms: i64,
+    /// How far `clientTime` may be from database time, either way.
+    pub window_ms: i64,
+}
+
+impl Default for X509PopConfig {
+    fn default() -> Self {
+        X509PopConfig {
+            grace_ms: DEFAULT_GRACE_MS,
+            window_ms: DEFAULT_WINDOW_MS,
+        }
+    }
+}
+
+/// The proofs seen lately, oldest evicted first (FIFO). In memory: a proof
+/// is only good for `window` anyway, and a restart that forgets the cache
+/// reopens at most the proofs of the last `window` (the spec's default).
+///
+/// Keyed by the SHA-256 of the signature with its `s` normalized to the low
+/// half: ECDSA signatures are malleable (`(r, s)` and `(r, n - s)` both
+/// verify), and a cache keyed by the bytes as sent would take the twin for
+/// a new proof.
+pub struct ReplayCache {
+    capacity: usize,
+    seen: HashSet<[u8; 32]>,
+    order: VecDeque<[u8; 32]>,
+}
+
+impl ReplayCache {
+    pub fn new(capacity: usize) -> Self {
+        ReplayCache {
+            capacity: capacity.max(1),
+            seen: HashSet::new(),
+            order: VecDeque::new(),
+        }
+    }
+
+    /// Records a proof; `false` if it was already there.
+    pub fn insert(&mut self, sig: &[u8; 64]) -> bool {
+        let key = replay_key(sig);
+        if !self.seen.insert(key) {
+            return false;
+        }
+        self.order.push_back(key);
+        while self.order.len() > self.capacity {
+            if let Some(old) = self.order.pop_front() {
+                self.seen.remove(&old);
+            }
+        }
+        true
+    }
+
+    pub fn len(&self) -> usize {
+        self.order.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.order.is_empty()
+    }
+}
+
+/// SHA-256 of the low-S form of a P1363 signature (of the bytes as sent when
+/// they are not a signature at all; such a proof never verifies anyway).
+fn replay_key(sig: &[u8; 64]) -> [u8; 32] {
+    match p256::ecdsa::Signature::from_slice(sig) {
+        Ok(s) => bc_wire::sha256(&s.normalize_s().to_bytes()),
+        Err(_) => bc_wire::sha256(sig),
+    }
+}
+
+pub struct X509PopAttestor {
+    config: X509PopConfig,
+    replay: Mutex<ReplayCache>,
+}
+
+impl X509PopAttestor {
+    pub fn new(config: X509PopConfig) -> Self {
+        Self::with_cache_size(config, REPLAY_CACHE_ENTRIES)
+    }
+
+    /// Like [`Self::new`] with another replay cache size (tests).
+    pub fn with_cache_size(config: X509PopConfig, entries: usize) -> Self {
+        X509PopAttestor {
+            config,
+            replay: Mutex::new(ReplayCache::new(entries)),
+        }
+    }
+
+    pub fn config(&self) -> &X509PopConfig {
+        &self.config
+    }
+}
+
+impl Attestor for X509PopAttestor {
+    fn id(&self) -> &str {
+        X509POP
+    }
+
+    fn verify(&self, tx: &Transaction<'_>, input: &AttestInput<'_>) -> Result<Verdict, Refusal> {
+        let ev = Evidence::from_json(input.evidence).map_err(|e| {
+            tracing::debug!(error = %e, "x509pop: evidence refused");
+            Refusal::new(EVIDENCE_MALFORMED)
+        })?;
+        if bc_wire::spiffe::check_node_id(&ev.node_id).is_err() {
+            return Err(Refusal::new(EVIDENCE_MALFORMED));
+        }
+        let node_id = ev.node_id.as_str();
+        let refuse = |reason: &str| Refusal::new(reason).with_node(Some(node_id));
+        // `from_json` refuses an empty chain.
+        let leaf = ev
+            .chain
+            .first()
+            .ok_or_else(|| Refusal::new(EVIDENCE_MALFORMED))?;
+
+        let cert =
+            records::cert_by_der(tx, node_id, leaf)?.ok_or_else(|| refuse(UNKNOWN_CERTIFICATE))?;
+        let node = records::node_including_deleted(tx, node_id)?
+            .ok_or_else(|| refuse(UNKNOWN_CERTIFICATE))?;
+        if node.deleted_at.is_some() {
+            return Err(refuse(DELETED));
+        }
+        if cert.identity_generation != node.identity_generation {
+            return Err(refuse(STALE_GENERATION));
+        }
+        if cert.revoked_at.is_some() {
+            return Err(refuse(REVOKED));
+        }
+        if node.retired_at.is_some() {
+            return Err(refuse(RETIRED));
+        }
+        if !matches!(input.role, Role::Node | Role::Site) || node.role != input.role.name() {
+            return Err(refuse(ROLE));
+        }
+        if input.now > cert.not_after.saturating_add(self.config.grace_ms) {
+            return Err(refuse(PAST_GRACE));
+        }
+        let in_window = i64::try_from(ev.client_time_ms)
+            .is_ok_and(|t| t.abs_diff(input.now) <= self.config.window_ms.unsigned_abs());
+        if !in_window {
+            return Err(refuse(CLOCK_WINDOW));
+        }
+        // The row is our own issuance, so it parses; if it does not, the
+        // database is broken, which is not the machine's fault.
+        let identity = crate::pki::node_cert_identity(&cert.der).map_err(|e| {
+            Refusal::fault(Fault::Internal(format!(
+                "node_certs row {} of {node_id}: {e}",
+                cert.serial
+            )))
+        })?;
+        if ev.verify(&identity.spki_der, &input.csr_sha256).is_err() {
+            return Err(refuse(SIGNATURE));
+        }
+        // Last, so that only a proof that would admit the machine is spent
+        // (a proof refused for its clock can be made again at once).
+        let fresh = self
+            .replay
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(&ev.sig);
+        if !fresh {
+            return Err(refuse(REPLAYED));
+        }
+
+        let dropped: Vec<&String> = identity
+            .statements
+            .iter()
+            .filter(|s| s.starts_with(bc_wire::tpm::AK_STATEMENT_PREFIX))
+            .collect();
+        if !dropped.is_empty() {
+            tracing::warn!(
+                node_id,
+                statement = %dropped.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(" "),
+                "x509pop: the re-joined certificate names no TPM AK; the node key is unattested \
+                 until the node joins with tpm again"
+            );
+            records::insert_event(
+                tx,
+                &NewEvent {
+                    kind: records::EVENT_NODE_KEY_DOWNGRADED,
+                    at: input.now,
+                    attestor: Some(X509POP),
+                    reason: None,
+                    token_id: None,
+                    node_id: Some(node_id),
+                    data: serde_json::json!({
+                        "attestor": X509POP,
+                        "statements": dropped,
+                        "nodeKey": NodeKeyKind::Unattested.as_str(),
+                        "serial": cert.serial,
+                    }),
+                },
+            )?;
+        }
+        tracing::info!(node_id, serial = %cert.serial, "x509pop: the node proved its last certificate");
+        Ok(Verdict::Admit(AttestationResult {
+            reclaim_node_id: Some(node.id),
+            node_key: NodeKeyKind::Unattested,
+            ..AttestationResult::default()
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,571 @@
+//! x509pop through JoinService, against a real control plane DIR: nodes
+//! joined with a token, certificates issued by the node CA, proofs signed by
+//! the certificates' keys as bcd signs them.
+
+use std::sync::Arc;
+
+use bc_wire::agent::{JoinRequest, JoinResponseBody};
+use bc_wire::signing::{self, Purpose};
+use p256::pkcs8::DecodePrivateKey;
+use prost::Message;
+use rcgen::{KeyPair, PublicKeyData};
+
+use super::*;
+use crate::db::{self, DbError, UnixMs};
+use crate::join::{ApiError, JoinService};
+use crate::pki::NodeCertSpec;
+use crate::records::NodeRow;
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    svc: Arc<JoinService>,
+}
+
+fn fixture_with(toml: Option<&str>) -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    crate::pki::init(dir.path(), "bc.test").unwrap();
+    if let Some(t) = toml {
+        std::fs::write(dir.path().join(crate::config::CONFIG_FILE), t).unwrap();
+    }
+    let svc = Arc::new(JoinService::open(dir.path()).unwrap());
+    Fixture { _dir: dir, svc }
+}
+
+fn fixture() -> Fixture {
+    fixture_with(None)
+}
+
+fn key() -> KeyPair {
+    KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap()
+}
+
+fn csr_for(key: &KeyPair) -> Vec<u8> {
+    rcgen::CertificateParams::default()
+        .serialize_request(key)
+        .unwrap()
+        .der()
+        .to_vec()
+}
+
+/// A node's identity as bcd holds it: its key and its last chain.
+struct Identity {
+    node_id: String,
+    key: KeyPair,
+    chain: Vec<Vec<u8>>,
+}
+
+/// The evidence bcd builds: a proof by `signer` over `csr`, the node id and
+/// the client time.
+fn evidence(id: &Identity, csr: &[u8], client_time: u64) -> Evidence {
+    let sk = p256::ecdsa::SigningKey::from_pkcs8_der(&id.key.serialize_der()).unwrap();
+    let sig = signing::sign(
+        &sk,
+        Purpose::X509Pop,
+        &[
+            &bc_wire::sha256(csr),
+            id.node_id.as_bytes(),
+            &client_time.to_be_bytes(),
+        ],
+    );
+    Evidence {
+        node_id: id.node_id.clone(),
+        chain: id.chain.clone(),
+        client_time_ms: client_time,
+        sig,
+    }
+}
+
+impl Fixture {
+    fn db(&self) -> &crate::db::Database {
+        self.svc.database()
+    }
+
+    fn now(&self) -> UnixMs {
+        self.db()
+            .with_conn(|c| db::compute_now(c))
+            .unwrap()
+            .unwrap()
+    }
+
+    fn move_clock(&self, offset_ms: i64) {
+        self.db()
+            .write(|tx| db::set_clock_offset_ms(tx, offset_ms))
+            .unwrap();
+    }
+
+    /// Joins a node with a token.
+    fn token_node(&self, role: Role) -> Identity {
+        let (tok, _) = crate::tokens::create_token(self.db(), role, 1, 3_600_000).unwrap();
+        let key = key();
+        let csr = csr_for(&key);
+        let sealed = bc_wire::sealing::SealingKey::from_spki_der(
+            self.svc.bundle().join_encryption_spki_der(),
+        )
+        .unwrap()
+        .seal(&bc_wire::sha256(&csr), tok.expose().as_bytes())
+        .unwrap();
+        let resp = self
+            .svc
+            .join(JoinRequest {
+                csr,
+                role: role as i32,
+                sealed_token: sealed,
+                ..Default::default()
+            })
+            .unwrap();
+        let body = JoinResponseBody::decode(resp.body.as_slice()).unwrap();
+        Identity {
+            node_id: body.node_id,
+            key,
+            chain: body.chain,
+        }
+    }
+
+    /// Issues (and, when `store`, records) a certificate for `node_id`.
+    fn issue(
+        &self,
+        node_id: &str,
+        statements: &[String],
+        generation: i64,
+        store: bool,
+    ) -> Identity {
+        let key = key();
+        let now = self.now();
+        let not_before = db::to_datetime(now - now.rem_euclid(1000));
+        let issued = self
+            .svc
+            .bundle()
+            .node_ca
+            .issue(&NodeCertSpec {
+                spki_der: &key.subject_public_key_info(),
+                trust_domain: "bc.test",
+                node_id,
+                statements,
+                not_before,
+                not_after: not_before + time::Duration::hours(24),
+            })
+            .unwrap();
+        if store {
+            self.db()
+                .write(|tx| records::insert_cert(tx, node_id, generation, &issued))
+                .unwrap();
+        }
+        Identity {
+            node_id: node_id.to_owned(),
+            key,
+            chain: vec![issued.der, self.svc.node_ca_der().to_vec()],
+        }
+    }
+
+    /// Re-joins with a fresh key and a proof made at database time.
+    fn rejoin(&self, id: &Identity, role: Role) -> Result<(JoinResponseBody, KeyPair), ApiError> {
+        let t = u64::try_from(self.now()).unwrap();
+        self.rejoin_with(role, |csr| evidence(id, csr, t).to_json())
+    }
+
+    fn rejoin_with(
+        &self,
+        role: Role,
+        make: impl FnOnce(&[u8]) -> Vec<u8>,
+    ) -> Result<(JoinResponseBody, KeyPair), ApiError> {
+        let next = key();
+        let csr = csr_for(&next);
+        let attestation = make(&csr);
+        self.send(csr, role, attestation).map(|b| (b, next))
+    }
+
+    fn send(
+        &self,
+        csr: Vec<u8>,
+        role: Role,
+        attestation: Vec<u8>,
+    ) -> Result<JoinResponseBody, ApiError> {
+        let resp = self.svc.join(JoinRequest {
+            csr,
+            role: role as i32,
+            attestor: X509POP.into(),
+            attestation,
+            ..Default::default()
+        })?;
+        Ok(JoinResponseBody::decode(resp.body.as_slice()).unwrap())
+    }
+
+    fn refusals(&self) -> Vec<String> {
+        records::list_events(self.db())
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.kind == records::EVENT_JOIN_REFUSED)
+            .map(|e| {
+                assert_eq!(e.attestor.as_deref(), Some(X509POP));
+                e.reason.unwrap()
+            })
+            .collect()
+    }
+
+    /// The reason of the one refusal `f` causes.
+    fn refused<T: std::fmt::Debug>(&self, f: impl FnOnce() -> Result<T, ApiError>) -> String {
+        let before = self.refusals().len();
+        let err = f().expect_err("admitted");
+        assert!(matches!(err, ApiError::AccessDenied), "{err:?}");
+        let all = self.refusals();
+        assert_eq!(all.len(), before + 1);
+        all[before].clone()
+    }
+
+    fn node(&self, id: &str) -> NodeRow {
+        self.db()
+            .with_conn(|c| records::node_including_deleted(c, id))
+            .unwrap()
+            .unwrap()
+            .unwrap()
+    }
+}
+
+#[test]
+fn rejoins_as_itself_after_an_offline_expiry() {
+    let f = fixture();
+    let old = f.token_node(Role::Node);
+    // Powered off for three days: the certificate expired two days ago.
+    f.move_clock(3 * 86_400_000);
+    let (body, next) = f.rejoin(&old, Role::Node).unwrap();
+    assert_eq!(body.node_id, old.node_id);
+    assert_eq!(body.chain[1], f.svc.node_ca_der());
+    let id = crate::pki::node_cert_identity(&body.chain[0]).unwrap();
+    assert_eq!(id.node_id, old.node_id);
+    assert_eq!(id.spki_der, next.subject_public_key_info());
+    assert!(id.statements.is_empty());
+
+    // Reclaimed in place: generation raised, the old certificate revoked.
+    let node = f.node(&old.node_id);
+    assert_eq!(
+        (node.identity_generation, node.attestor.as_str()),
+        (2, X509POP)
+    );
+    let certs = records::list_certs(f.db(), &old.node_id).unwrap();
+    assert_eq!(
+        certs
+            .iter()
+            .map(|c| (c.identity_generation, c.revoked_at.is_some()))
+            .collect::<Vec<_>>(),
+        [(1, true), (2, false)]
+    );
+    let ev = records::list_events(f.db()).unwrap();
+    let joined = ev.last().unwrap();
+    assert_eq!(joined.kind, records::EVENT_NODE_JOINED);
+    assert_eq!(joined.attestor.as_deref(), Some(X509POP));
+    assert_eq!(joined.data["nodeKey"], "unattested");
+    assert_eq!(joined.data["reclaim"], true);
+    assert_eq!(joined.data["identityGeneration"], 2);
+
+    // The old certificate never re-joins again; the new one can.
+    let next_id = Identity {
+        node_id: old.node_id.clone(),
+        key: next,
+        chain: body.chain.clone(),
+    };
+    assert_eq!(f.refused(|| f.rejoin(&old, Role::Node)), STALE_GENERATION);
+    // A certificate not expired yet re-joins too.
+    let (again, _) = f.rejoin(&next_id, Role::Node).unwrap();
+    assert_eq!(again.node_id, old.node_id);
+    assert_eq!(f.node(&old.node_id).identity_generation, 3);
+}
+
+#[test]
+fn a_site_rejoins_as_a_site_only() {
+    let f = fixture();
+    let site = f.token_node(Role::Site);
+    assert_eq!(f.refused(|| f.rejoin(&site, Role::Node)), ROLE);
+    assert_eq!(f.refused(|| f.rejoin(&site, Role::Ramdisk)), ROLE);
+    let node = f.token_node(Role::Node);
+    assert_eq!(f.refused(|| f.rejoin(&node, Role::Site)), ROLE);
+    let (body, _) = f.rejoin(&site, Role::Site).unwrap();
+    assert_eq!(body.node_id, site.node_id);
+}
+
+#[test]
+fn grace_and_clock_window() {
+    let f = fixture();
+    let id = f.token_node(Role::Node);
+    let not_after = records::list_certs(f.db(), &id.node_id).unwrap()[0].not_after;
+    // The clock offset that puts database time at `at`.
+    let offset = |at: UnixMs| {
+        let current = f
+            .db()
+            .with_conn(|c| db::clock_offset_ms(c))
+            .unwrap()
+            .unwrap();
+        at - (f.now() - current)
+    };
+
+    // Expired 7 days and a minute ago: past the grace.
+    f.move_clock(offset(not_after + DEFAULT_GRACE_MS + 60_000));
+    assert_eq!(f.refused(|| f.rejoin(&id, Role::Node)), PAST_GRACE);
+
+    // Within the grace, but a proof two minutes old, or from the future.
+    f.move_clock(offset(not_after + DEFAULT_GRACE_MS - 3_600_000));
+    let now = u64::try_from(f.now()).unwrap();
+    for t in [now - 120_000, now + 120_000, 0, u64::MAX] {
+        assert_eq!(
+            f.refused(|| f.rejoin_with(Role::Node, |csr| evidence(&id, csr, t).to_json())),
+            CLOCK_WINDOW,
+            "{t}"
+        );
+    }
+    // 50 seconds off is within the 60 s window.
+    let t = u64::try_from(f.now()).unwrap() - 50_000;
+    f.rejoin_with(Role::Node, |csr| evidence(&id, csr, t).to_json())
+        .unwrap();
+}
+
+#[test]
+fn configured_grace_and_window() {
+    let f = fixture_with(Some("[x509pop]\ngrace = \"0s\"\nwindow = \"5s\"\n"));
+    let id = f.token_node(Role::Node);
+    let t = u64::try_from(f.now()).unwrap() - 10_000;
+    assert_eq!(
+        f.refused(|| f.rejoin_with(Role::Node, |csr| evidence(&id, csr, t).to_json())),
+        CLOCK_WINDOW
+    );
+    f.move_clock(24 * 3_600_000 + 1_000);
+    assert_eq!(f.refused(|| f.rejoin(&id, Role::Node)), PAST_GRACE);
+}
+
+#[test]
+fn only_our_own_current_certificates_rejoin() {
+    let f = fixture();
+    let a = f.token_node(Role::Node);
+    let b = f.token_node(Role::Node);
+
+    // Malformed evidence.
+    assert_eq!(
+        f.refused(|| f.rejoin_with(Role::Node, |_| b"{}".to_vec())),
+        EVIDENCE_MALFORMED
+    );
+    assert_eq!(
+        f.refused(|| f.rejoin_with(Role::Node, |_| b"\xff".to_vec())),
+        EVIDENCE_MALFORMED
+    );
+    let t = u64::try_from(f.now()).unwrap();
+    assert_eq!(
+        f.refused(|| f.rejoin_with(Role::Node, |csr| {
+            let mut e = evidence(&a, csr, t);
+            e.node_id = "spiffe://bc.test/node/x".into();
+            e.to_json()
+        })),
+        EVIDENCE_MALFORMED
+    );
+
+    // A certificate signed by our CA but never issued to anyone.
+    let forged = f.issue(&a.node_id, &[], 1, false);
+    assert_eq!(
+        f.refused(|| f.rejoin(&forged, Role::Node)),
+        UNKNOWN_CERTIFICATE
+    );
+    // B's certificate, claimed for A (and signed by B's key).
+    let stolen = Identity {
+        node_id: a.node_id.clone(),
+        key: KeyPair::try_from(b.key.serialize_der().as_slice()).unwrap(),
+        chain: b.chain.clone(),
+    };
+    assert_eq!(
+        f.refused(|| f.rejoin(&stolen, Role::Node)),
+        UNKNOWN_CERTIFICATE
+    );
+
+    // A's certificate with a proof by another key.
+    let wrong_key = Identity {
+        node_id: a.node_id.clone(),
+        key: key(),
+        chain: a.chain.clone(),
+    };
+    assert_eq!(f.refused(|| f.rejoin(&wrong_key, Role::Node)), SIGNATURE);
+    // A proof for another CSR.
+    let t = u64::try_from(f.now()).unwrap();
+    assert_eq!(
+        f.refused(|| f.rejoin_with(Role::Node, |_| evidence(&a, b"other csr", t).to_json())),
+        SIGNATURE
+    );
+    // A renewal-purpose signature is no x509pop proof.
+    assert_eq!(
+        f.refused(|| f.rejoin_with(Role::Node, |csr| {
+            let mut e = evidence(&a, csr, t);
+            let sk = p256::ecdsa::SigningKey::from_pkcs8_der(&a.key.serialize_der()).unwrap();
+            e.sig = signing::sign(
+                &sk,
+                Purpose::Renew,
+                &[
+                    &bc_wire::sha256(csr),
+                    a.node_id.as_bytes(),
+                    &t.to_be_bytes(),
+                ],
+            );
+            e.to_json()
+        })),
+        SIGNATURE
+    );
+
+    // Revoked, same generation.
+    f.db()
+        .write(|tx| {
+            tx.execute(
+                "UPDATE node_certs SET revoked_at = 1 WHERE node_id = ?1",
+                [&a.node_id],
+            )
+            .map_err(DbError::from)
+        })
+        .unwrap();
+    assert_eq!(f.refused(|| f.rejoin(&a, Role::Node)), REVOKED);
+
+    // nodes revoke-identity: B's certificate is from before it.
+    crate::nodes::revoke_identity(f.db(), &b.node_id).unwrap();
+    assert_eq!(f.refused(|| f.rejoin(&b, Role::Node)), STALE_GENERATION);
+    // Retired.
+    let c = f.token_node(Role::Node);
+    crate::nodes::retire(f.db(), &c.node_id).unwrap();
+    assert_eq!(f.refused(|| f.rejoin(&c, Role::Node)), RETIRED);
+    // Deleted.
+    let d = f.token_node(Role::Node);
+    crate::nodes::cordon(f.db(), &d.node_id).unwrap();
+    crate::nodes::delete(f.db(), &d.node_id).unwrap();
+    assert_eq!(f.refused(|| f.rejoin(&d, Role::Node)), DELETED);
+
+    // None of it touched a node.
+    for n in [&a, &b, &c, &d] {
+        assert_eq!(f.node(&n.node_id).attestor, "join-token");
+    }
+}
+
+#[test]
+fn a_proof_admits_once() {
+    let f = fixture();
+    // A pool that admits only tpm: x509pop passes, the pool refuses after
+    // it, and the proof is spent all the same.
+    crate::pools::create_pool(
+        f.db(),
+        "tpm-only",
+        "alice",
+        None,
+        &crate::attestor::default_attestor_ids(),
+    )
+    .unwrap();
+    let id = f.token_node(Role::Node);
+    f.db()
+        .write(|tx| {
+            tx.execute(
+                "UPDATE nodes SET pool_id = 'tpm-only' WHERE id = ?1",
+                [&id.node_id],
+            )
+            .map_err(DbError::from)
+        })
+        .unwrap();
+    crate::pools::set_join_attestors(
+        f.db(),
+        "tpm-only",
+        Some(&["tpm".to_owned()]),
+        &crate::attestor::default_attestor_ids(),
+    )
+    .unwrap();
+    let next = key();
+    let csr = csr_for(&next);
+    let t = u64::try_from(f.now()).unwrap();
+    let proof = evidence(&id, &csr, t);
+    assert_eq!(
+        f.refused(|| f.send(csr.clone(), Role::Node, proof.to_json())),
+        crate::join::POOL_ATTESTOR
+    );
+    crate::pools::set_join_attestors(
+        f.db(),
+        "tpm-only",
+        None,
+        &crate::attestor::default_attestor_ids(),
+    )
+    .unwrap();
+    assert_eq!(
+        f.refused(|| f.send(csr.clone(), Role::Node, proof.to_json())),
+        REPLAYED
+    );
+    // Its malleated twin (r, n - s) verifies too, and is the same proof.
+    let sig = p256::ecdsa::Signature::from_slice(&proof.sig).unwrap();
+    use p256::elliptic_curve::PrimeField;
+    let (r, s) = sig.split_scalars();
+    let twin = p256::ecdsa::Signature::from_scalars(r.to_repr(), (-*s).to_repr()).unwrap();
+    let mut malleated = proof.clone();
+    malleated.sig = twin.to_bytes().into();
+    assert_ne!(malleated.sig, proof.sig);
+    let sk = p256::ecdsa::SigningKey::from_pkcs8_der(&id.key.serialize_der()).unwrap();
+    assert!(malleated
+        .verify(
+            &p256::pkcs8::EncodePublicKey::to_public_key_der(sk.verifying_key())
+                .unwrap()
+                .into_vec(),
+            &bc_wire::sha256(&csr)
+        )
+        .is_ok());
+    assert_eq!(
+        f.refused(|| f.send(csr.clone(), Role::Node, malleated.to_json())),
+        REPLAYED
+    );
+    // A fresh proof for the same CSR is a new proof.
+    let fresh = evidence(&id, &csr, t + 1);
+    let body = f.send(csr, Role::Node, fresh.to_json()).unwrap();
+    assert_eq!(body.node_id, id.node_id);
+}
+
+#[test]
+fn replay_cache_forgets_oldest_first() {
+    let mut c = ReplayCache::new(2);
+    let (a, b, d) = ([1u8; 64], [2u8; 64], [3u8; 64]);
+    assert!(c.insert(&a) && c.insert(&b));
+    assert!(!c.insert(&a));
+    assert!(c.insert(&d));
+    assert_eq!(c.len(), 2);
+    // `a` was evicted; `b` and `d` are remembered.
+    assert!(!c.insert(&b) && !c.insert(&d));
+    assert!(c.insert(&a));
+    assert_eq!(c.len(), 2);
+    assert!(ReplayCache::new(REPLAY_CACHE_ENTRIES).is_empty());
+}
+
+#[test]
+fn a_tpm_statement_is_not_carried_but_recorded() {
+    let f = fixture();
+    let ak_name = [&[0u8, 0x0b][..], &[0xab; 32]].concat();
+    let statement = bc_wire::tpm::ak_statement(&ak_name).unwrap();
+    let node_id = "node_tpmbound".to_owned();
+    let now = f.now();
+    f.db()
+        .write(|tx| {
+            records::insert_node(
+                tx,
+                &NodeRow {
+                    id: node_id.clone(),
+                    role: "node".into(),
+                    identity_generation: 1,
+                    attestor: "tpm".into(),
+                    joined_at: now,
+                    retired_at: None,
+                    pool_id: "default".into(),
+                    cordoned_at: None,
+                    deleted_at: None,
+                },
+            )
+        })
+        .unwrap();
+    let id = f.issue(&node_id, std::slice::from_ref(&statement), 1, true);
+    f.move_clock(2 * 86_400_000);
+    let (body, _) = f.rejoin(&id, Role::Node).unwrap();
+    let leaf = crate::pki::node_cert_identity(&body.chain[0]).unwrap();
+    assert!(leaf.statements.is_empty());
+    let ev = records::list_events(f.db()).unwrap();
+    let kinds: Vec<_> = ev.iter().map(|e| e.kind.as_str()).collect();
+    assert_eq!(
+        kinds,
+        [
+            records::EVENT_NODE_KEY_DOWNGRADED,
+            records::EVENT_NODE_JOINED
+        ]
+    );
+    assert_eq!(ev[0].node_id.as_deref(), Some(node_id.as_str()));
+    assert_eq!(ev[0].data["statements"][0], statement);
+    assert_eq!(ev[1].data["nodeKey"], "unattested");
+}

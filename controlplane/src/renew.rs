@@ -1,0 +1,309 @@
+//! Renew: a node trades its current certificate for a fresh one (at most
+//! 24 hours), over mTLS, before it expires.
+//!
+//! The transport authenticates the TLS client (its chain verified against
+//! the node CA, and the handshake signed by the leaf's key); the service then
+//! decides on the leaf alone. Outline, each failure a refusal with the reason
+//! named:
+//!
+//! 1. a client certificate (`no-client-certificate`) whose URI SANs are one
+//!    node SPIFFE ID of this trust domain and then only `urn:bc:` statements
+//!    (`certificate-identity`); the node id comes from the SPIFFE ID alone;
+//! 2. the CSR: PKCS#10 DER (else INVALID_INPUT: a broken request, not a
+//!    refusal), a P-256 key (`csr-key`) and a signature that verifies
+//!    (`csr-signature`);
+//! 3. in one `BEGIN IMMEDIATE` transaction, at database time: the leaf is
+//!    byte for byte a `node_certs` row of that node (`unknown-certificate`),
+//!    the node exists (`deleted`) and is not retired (`retired`), the row is
+//!    of the node's current identity generation (`stale-generation`), not
+//!    revoked (`revoked`) and not expired (`expired`: an expired node
+//!    re-joins with x509pop instead);
+//! 4. the node key: the statements are read from that leaf, never from the
+//!    CSR. A leaf naming a TPM AK (`urn:bc:tpm-ak:`) renews only with
+//!    `key_attestation` (`key-attestation-missing`) whose AK has the TPM
+//!    name the statement names (`ak-mismatch`) and attestation-key
+//!    attributes (`ak-attributes`), and whose TPM2_Certify of the new key
+//!    passes the join's node-key checks over `sha256(csr)` and the CSR's key
+//!    (`node-key-malformed`, `node-key-signature`, `node-key-nonce`,
+//!    `node-key-name`, `node-key-attributes`, `node-key-not-csr`). There is
+//!    no downgrade: nothing else renews such a leaf;
+//! 5. a new certificate for the CSR's key: the same node id and identity
+//!    generation, the leaf's statements carried forward (a CSR can neither
+//!    add nor remove one), stored in `node_certs` with a `node.renewed`
+//!    event. Older certificates of the generation stay valid until they
+//!    expire: the node swaps its key and certificate atomically, and one
+//!    that crashed before the swap must still be able to renew again.
+//!
+//! A leaf without an AK statement renews as before, and a `key_attestation`
+//! it sends is ignored: no EK vouches for that AK, so its certification
+//! proves nothing about the key, and the new certificate claims nothing
+//! (`nodeKey: unattested`).
+//!
+//! Every refusal is answered ACCESS_DENIED ("Renew refused"), logged as
+//! `renew refused` with the node id and the reason, and stored as a
+//! `security.renew.refused` event attributed to the owner of the node's pool.
+
+use bc_wire::agent::{RenewRequest, RenewResponse, TpmKeyAttestation};
+use bc_wire::tpm::{self as wtpm, Public};
+use prost::Message;
+use rusqlite::Transaction;
+use subtle::ConstantTimeEq;
+
+use crate::attestor::NodeKeyKind;
+use crate::db::{self, DbError, UnixMs};
+use crate::join::{verify_csr, ApiError, JoinService, VerifiedCsr, CSR_KEY as JOIN_CSR_KEY};
+use crate::pki::{NodeCertIdentity, NodeCertSpec};
+use crate::records::{self, NewEvent};
+
+pub const NO_CLIENT_CERTIFICATE: &str = "no-client-certificate";
+pub const CERTIFICATE_IDENTITY: &str = "certificate-identity";
+pub const CSR_KEY: &str = "csr-key";
+pub const CSR_SIGNATURE: &str = "csr-signature";
+pub const UNKNOWN_CERTIFICATE: &str = "unknown-certificate";
+pub const DELETED: &str = "deleted";
+pub const RETIRED: &str = "retired";
+pub const STALE_GENERATION: &str = "stale-generation";
+pub const REVOKED: &str = "revoked";
+pub const EXPIRED: &str = "expired";
+/// The leaf's AK statement does not parse, or it has two: never issued by
+/// this control plane, which writes one well-formed statement at most.
+pub const STATEMENT_MALFORMED: &str = "statement-malformed";
+pub const KEY_ATTESTATION_MISSING: &str = "key-attestation-missing";
+pub const AK_MISMATCH: &str = "ak-mismatch";
+pub const AK_ATTRIBUTES: &str = "ak-attributes";
+
+/// Why a renewal stopped inside its transaction.
+enum Stop {
+    Refused(&'static str),
+    Failed(ApiError),
+}
+
+impl From<DbError> for Stop {
+    fn from(e: DbError) -> Self {
+        Stop::Failed(ApiError::from(e))
+    }
+}
+
+/// A renewal that went through.
+struct Renewed {
+    leaf: Vec<u8>,
+}
+
+impl JoinService {
+    /// `Renew` on a serialized `RenewRequest`, for the TLS client whose
+    /// leaf certificate (DER) the transport authenticated; `None` when the
+    /// client sent none.
+    pub fn renew_bytes(
+        &self,
+        client_leaf: Option<&[u8]>,
+        body: &[u8],
+    ) -> Result<RenewResponse, ApiError> {
+        // Authentication first: a caller without a certificate learns
+        // nothing about its request.
+        let Some(leaf) = client_leaf.filter(|l| !l.is_empty()) else {
+            return Err(self.refuse_renew(None, NO_CLIENT_CERTIFICATE));
+        };
+        let req = RenewRequest::decode(body).map_err(|e| {
+            ApiError::InvalidInput(format!("the body is not a RenewRequest protobuf: {e}"))
+        })?;
+        self.renew(Some(leaf), &req)
+    }
+
+    /// `Renew`; see the module documentation. The caller (the transport)
+    /// must have authenticated `client_leaf`: this checks what the leaf is
+    /// and may do, not that the caller holds its key.
+    pub fn renew(
+        &self,
+        client_leaf: Option<&[u8]>,
+        req: &RenewRequest,
+    ) -> Result<RenewResponse, ApiError> {
+        let Some(leaf) = client_leaf.filter(|l| !l.is_empty()) else {
+            return Err(self.refuse_renew(None, NO_CLIENT_CERTIFICATE));
+        };
+        let identity = match crate::pki::node_cert_identity(leaf) {
+            Ok(id) if id.trust_domain == self.bundle().trust_domain => id,
+            _ => return Err(self.refuse_renew(None, CERTIFICATE_IDENTITY)),
+        };
+        let node_id = identity.node_id.as_str();
+        let csr = match verify_csr(&req.csr)? {
+            Ok(csr) => csr,
+            Err(reason) => {
+                let reason = if reason == JOIN_CSR_KEY {
+                    CSR_KEY
+                } else {
+                    CSR_SIGNATURE
+                };
+                return Err(self.refuse_renew(Some(node_id), reason));
+            }
+        };
+
+        let outcome = self.database().with_conn(
+            |conn| -> Result<Result<Renewed, &'static str>, ApiError> {
+                let tx = db::immediate(conn)?;
+                let now = db::compute_now(&tx)?;
+                match self.renew_in(&tx, now, leaf, &identity, &csr, req) {
+                    Ok(done) => {
+                        tx.commit().map_err(DbError::from)?;
+                        Ok(Ok(done))
+                    }
+                    // Dropping the transaction rolls back.
+                    Err(Stop::Refused(reason)) => Ok(Err(reason)),
+                    Err(Stop::Failed(e)) => Err(e),
+                }
+            },
+        )??;
+        match outcome {
+            Ok(done) => Ok(RenewResponse {
+                chain: vec![done.leaf, self.node_ca_der().to_vec()],
+            }),
+            Err(reason) => Err(self.refuse_renew(Some(node_id), reason)),
+        }
+    }
+
+    /// The checks that need the database, then the new certificate.
+    fn renew_in(
+        &self,
+        tx: &Transaction<'_>,
+        now: UnixMs,
+        leaf: &[u8],
+        identity: &NodeCertIdentity,
+        csr: &VerifiedCsr,
+        req: &RenewRequest,
+    ) -> Result<Renewed, Stop> {
+        let node_id = identity.node_id.as_str();
+        let cert =
+            records::cert_by_der(tx, node_id, leaf)?.ok_or(Stop::Refused(UNKNOWN_CERTIFICATE))?;
+        let node = records::node_including_deleted(tx, node_id)?
+            .ok_or(Stop::Refused(UNKNOWN_CERTIFICATE))?;
+        if node.deleted_at.is_some() {
+            return Err(Stop::Refused(DELETED));
+        }
+        if node.retired_at.is_some() {
+            return Err(Stop::Refused(RETIRED));
+        }
+        if cert.identity_generation != node.identity_generation {
+            return Err(Stop::Refused(STALE_GENERATION));
+        }
+        if cert.revoked_at.is_some() {
+            return Err(Stop::Refused(REVOKED));
+        }
+        if now >= cert.not_after {
+            return Err(Stop::Refused(EXPIRED));
+        }
+        let node_key = check_node_key(&identity.statements, req.key_attestation.as_ref(), csr)
+            .map_err(Stop::Refused)?;
+
+        // X.509 times have whole seconds; issue at whole seconds so the
+        // stored validity is the certificate's.
+        let not_before = db::to_datetime(now - now.rem_euclid(1000));
+        let issued = self
+            .bundle()
+            .node_ca
+            .issue(&NodeCertSpec {
+                spki_der: &csr.spki_der,
+                trust_domain: &self.bundle().trust_domain,
+                node_id,
+                statements: &identity.statements,
+                not_before,
+                not_after: not_before + self.cert_ttl(),
+            })
+            .map_err(|e| Stop::Failed(ApiError::Internal(e.to_string())))?;
+        records::insert_cert(tx, node_id, node.identity_generation, &issued)?;
+        let not_after = db::rfc3339(db::from_datetime(issued.not_after));
+        records::insert_event(
+            tx,
+            &NewEvent {
+                kind: records::EVENT_NODE_RENEWED,
+                at: now,
+                attestor: None,
+                reason: None,
+                token_id: None,
+                node_id: Some(node_id),
+                data: serde_json::json!({
+                    "serial": issued.serial_hex,
+                    "notAfter": not_after,
+                    "nodeKey": node_key.as_str(),
+                    "identityGeneration": node.identity_generation,
+                }),
+            },
+        )?;
+        tracing::info!(
+            node_id,
+            serial = %issued.serial_hex,
+            not_after = %not_after,
+            node_key = node_key.as_str(),
+            generation = node.identity_generation,
+            "node renewed"
+        );
+        Ok(Renewed { leaf: issued.der })
+    }
+
+    /// Logs and stores a refused renewal and answers ACCESS_DENIED.
+    fn refuse_renew(&self, node_id: Option<&str>, reason: &str) -> ApiError {
+        tracing::warn!(node_id = node_id.unwrap_or(""), reason, "renew refused");
+        let stored = self.database().write(|tx| {
+            let now = db::compute_now(tx)?;
+            let owner = match node_id {
+                Some(id) => records::pool_owner_of_node(tx, id)?,
+                None => None,
+            };
+            records::insert_event(
+                tx,
+                &NewEvent {
+                    kind: records::EVENT_RENEW_REFUSED,
+                    at: now,
+                    attestor: None,
+                    reason: Some(reason),
+                    token_id: None,
+                    node_id,
+                    data: serde_json::json!({ "owner": owner }),
+                },
+            )
+        });
+        if let Err(e) = stored {
+            tracing::error!(error = %e, reason, "could not store the renew refusal event");
+        }
+        ApiError::RenewRefused
+    }
+}
+
+/// What the leaf's statements demand of the new key, and whether the
+/// request proves it. Returns what the new certificate can claim.
+fn check_node_key(
+    statements: &[String],
+    attestation: Option<&TpmKeyAttestation>,
+    csr: &VerifiedCsr,
+) -> Result<NodeKeyKind, &'static str> {
+    let ak_statements: Vec<&String> = statements
+        .iter()
+        .filter(|s| s.starts_with(wtpm::AK_STATEMENT_PREFIX))
+        .collect();
+    let statement = match ak_statements.as_slice() {
+        [] => return Ok(NodeKeyKind::Unattested),
+        [one] => *one,
+        _ => return Err(STATEMENT_MALFORMED),
+    };
+    let named = wtpm::parse_ak_statement(statement).map_err(|_| STATEMENT_MALFORMED)?;
+    let att = attestation.ok_or(KEY_ATTESTATION_MISSING)?;
+    // An AK public area that does not even parse is not the named AK.
+    let ak = Public::parse(&att.ak_public).map_err(|_| AK_MISMATCH)?;
+    if !bool::from(ak.name().as_slice().ct_eq(named.as_slice())) {
+        return Err(AK_MISMATCH);
+    }
+    if !wtpm::is_attestation_key(&ak) {
+        return Err(AK_ATTRIBUTES);
+    }
+    wtpm::verify_key_certification(
+        &ak,
+        &att.key_public,
+        &att.certify_info,
+        &att.signature,
+        &csr.sha256,
+        &csr.spki_der,
+    )
+    .map_err(|e| e.reason())?;
+    Ok(NodeKeyKind::Tpm)
+}
+
+#[cfg(test)]
+mod tests;
