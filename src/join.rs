@@ -6,6 +6,7 @@
 //! leaves the data directory exactly as it was.
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::{anyhow, Context as _};
 use bc_wire::agent::{JoinRequest, Role};
@@ -20,15 +21,20 @@ use crate::config::{Config, ConfigArg};
 use crate::evidence::attestor;
 use crate::evidence::join_token::{self, TokenText};
 use crate::evidence::tpm::TpmEvidence;
-use crate::identity::{reset, Identity};
+use crate::evidence::x509pop;
+use crate::identity::{reset, rotation, Identity};
+use crate::journal::{Entry, Journal, Kind};
 use crate::keys::{self, NodeKey, TpmAccess, TpmKey};
-use crate::out;
+use crate::pki::rfc3339;
+use crate::{clock, failpoint, out};
 
 /// The one answer to every refusal: the control plane keeps the reason, so
 /// this lists what the operator can check on their side.
 pub const ACCESS_DENIED: &str = "access denied: the control plane refused the join (check the token: wrong, expired, revoked, used up, or for another role)";
 /// The same for a TPM join, where the TPM is the credential.
 pub const ACCESS_DENIED_TPM: &str = "access denied: the control plane refused the TPM join (check that it trusts the EK's maker (ek-roots), that this EK is allowed or approved, that it is not bound to another node, and that the pool admits tpm; `bcd tpm identify` shows the EK)";
+/// The same for an x509pop re-join, where the last certificate is the credential.
+pub const ACCESS_DENIED_X509POP: &str = "access denied: the control plane refused the x509pop re-join (the certificate may have expired more than 7 days ago, be revoked or older than the node's current identity, the node may be retired, or this clock may be more than 60 s off the control plane's; join again: bcd join --reset --yes, then bcd join with a token or --attestor tpm)";
 
 /// The largest token file read; a token is under 120 bytes.
 const MAX_TOKEN_FILE: u64 = 4096;
@@ -49,7 +55,8 @@ pub struct JoinArgs {
     /// Confirm --reset
     #[arg(long, requires = "reset")]
     yes: bool,
-    /// How the machine proves it may join: a join token, or its TPM (no token)
+    /// How the machine proves it may join: a join token, its TPM (no token), or its last
+    /// certificate (x509pop: re-join as itself, with the role it has)
     #[arg(long, value_enum, default_value_t = AttestorArg::JoinToken)]
     attestor: AttestorArg,
 }
@@ -58,6 +65,7 @@ pub struct JoinArgs {
 enum AttestorArg {
     JoinToken,
     Tpm,
+    X509pop,
 }
 
 /// What the join proves itself with.
@@ -84,6 +92,10 @@ impl JoinRole {
 
 /// `env_token` is `BCD_JOIN_TOKEN` as `main` took it out of the environment.
 pub fn run(args: JoinArgs, env_token: Option<TokenText>) -> anyhow::Result<ExitCode> {
+    if args.attestor == AttestorArg::X509pop {
+        drop(env_token);
+        return run_x509pop(&args);
+    }
     let tpm_join = args.attestor == AttestorArg::Tpm;
     if tpm_join && args.token_file.is_some() {
         out::err_line(format_args!(
@@ -107,7 +119,7 @@ pub fn run(args: JoinArgs, env_token: Option<TokenText>) -> anyhow::Result<ExitC
     let tpm = TpmAccess::new(config.tpm_tcti.as_deref());
 
     let credential = if args.reset {
-        let moves = reset::plan(dir, OffsetDateTime::now_utc())?;
+        let moves = reset::plan(dir, clock::now())?;
         if !args.yes {
             if moves.is_empty() {
                 out::line(format_args!("nothing to reset in {}", dir.display()))?;
@@ -227,10 +239,10 @@ fn join(
         role,
         trust_domain: config.trust_domain.clone(),
         attestor: attestor_id.to_owned(),
-        joined_at: now_seconds(),
+        joined_at: clock::now_seconds(),
         chain: accepted.chain,
         cert: accepted.cert,
-        key,
+        key: Arc::from(key),
     };
     identity.save(&config.data_dir).with_context(|| {
         format!(
@@ -240,21 +252,198 @@ fn join(
         )
     })?;
     // The journal is the node's own history; losing an entry loses no identity.
-    let entry = crate::journal::Entry {
-        at: now_seconds(),
-        kind: crate::journal::Kind::Join,
-        node_id: identity.node_id.clone(),
-        detail: format!(
+    record(
+        &config.data_dir,
+        Kind::Join,
+        &identity.node_id,
+        format!(
             "joined with {} (node key {})",
             attestor_id,
             identity.key.kind().as_str()
         ),
-        not_after: Some(identity.cert.not_after),
-    };
-    if let Err(e) = crate::journal::Journal::open(&config.data_dir).and_then(|j| j.record(&entry)) {
-        tracing::warn!(error = %e, "cannot record the join in the journal");
-    }
+        Some(identity.cert.not_after),
+    );
     Ok(identity.node_id)
+}
+
+/// Appends to the journal. The journal is the node's own history; losing an
+/// entry loses no identity, so a failure is a warning.
+pub(crate) fn record(
+    data_dir: &Path,
+    kind: Kind,
+    node_id: &str,
+    detail: String,
+    not_after: Option<OffsetDateTime>,
+) {
+    let entry = Entry {
+        at: clock::now_seconds(),
+        kind,
+        node_id: node_id.to_owned(),
+        detail,
+        not_after,
+    };
+    if let Err(e) = Journal::open(data_dir).and_then(|j| j.record(&entry)) {
+        tracing::warn!(error = %e, kind = kind.as_str(), "cannot record in the journal");
+    }
+}
+
+/// `bcd join --attestor x509pop`: re-join as the node this machine already
+/// is, with its last certificate (expired or not) and the key it certifies.
+fn run_x509pop(args: &JoinArgs) -> anyhow::Result<ExitCode> {
+    let usage = |what: &str| -> anyhow::Result<ExitCode> {
+        out::err_line(format_args!("bcd: {what} with --attestor x509pop: x509pop re-joins with the identity this machine has"));
+        Ok(ExitCode::from(2))
+    };
+    if args.token_file.is_some() {
+        return usage("--token-file");
+    }
+    if args.reset {
+        return usage("--reset");
+    }
+    let config = Config::load(&args.config.path)?;
+    let dir = &config.data_dir;
+    let tpm = TpmAccess::new(config.tpm_tcti.as_deref());
+    let current = match Identity::load(dir, &tpm) {
+        Ok(Some(id)) => id,
+        Ok(None) => {
+            return Err(anyhow!(
+                "no identity in {} to re-join with: x509pop re-joins a node with its last certificate; join with a token or --attestor tpm",
+                dir.display()
+            ))
+        }
+        Err(e) => {
+            return Err(anyhow::Error::new(e).context(format!(
+                "the identity in {} does not load, and x509pop needs its certificate's key",
+                dir.display()
+            )))
+        }
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let next = runtime.block_on(rejoin_x509pop(&config, &tpm, &current))?;
+    out::line(format_args!("re-joined as {}", next.node_id))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Re-joins as `current` with x509pop and replaces the identity on disk
+/// (see [`rotation`]): the new key (in the TPM when there is one) is staged
+/// before the request, the new identity once the answer is verified.
+/// Journals `rejoin` or `rejoin-failed`; returns the new identity.
+pub async fn rejoin_x509pop(
+    config: &Config,
+    tpm: &TpmAccess,
+    current: &Identity,
+) -> anyhow::Result<Identity> {
+    let result = rejoin_inner(config, tpm, current).await;
+    match &result {
+        Ok(next) => record(
+            &config.data_dir,
+            Kind::Rejoin,
+            &next.node_id,
+            format!(
+                "re-joined with x509pop (node key {}, kid {})",
+                next.key.kind().as_str(),
+                next.key.kid()
+            ),
+            Some(next.cert.not_after),
+        ),
+        Err(e) => record(
+            &config.data_dir,
+            Kind::RejoinFailed,
+            &current.node_id,
+            format!("{e:#}"),
+            None,
+        ),
+    }
+    result
+}
+
+async fn rejoin_inner(
+    config: &Config,
+    tpm: &TpmAccess,
+    current: &Identity,
+) -> anyhow::Result<Identity> {
+    let dir = &config.data_dir;
+    let client = Client::new(config)?;
+    let key: Arc<dyn NodeKey> = Arc::from(keys::generate(tpm, false)?);
+    let csr = keys::make_csr(key.as_ref())?;
+    let csr_sha256 = bc_wire::sha256(&csr);
+    let attestation = x509pop::build(
+        &current.chain,
+        current.key.as_ref(),
+        &csr_sha256,
+        &current.node_id,
+        clock::now(),
+    )?;
+    rotation::stage_key(dir, key.as_ref())?;
+    failpoint::hit("rejoin-before-request");
+    tracing::info!(api = %client.api(), node_id = %current.node_id, role = %current.role.name(), node_key = %key.kid(), key_in = key.kind().as_str(), "re-joining the control plane with x509pop");
+    let request = JoinRequest {
+        csr,
+        role: current.role as i32,
+        attestor: attestor::X509POP.to_owned(),
+        attestation,
+        sealed_token: Vec::new(),
+        claims: None,
+    };
+    let expected = Expected {
+        signing_key: &config.pins.join_signing_key,
+        csr_sha256,
+        node_spki: key.spki_der(),
+        trust_domain: &config.trust_domain,
+    };
+    let outcome = exchange::run(
+        &client,
+        &mut NoChallenges(attestor::X509POP),
+        request,
+        attestor::X509POP,
+        &expected,
+        &Policy::default(),
+    )
+    .await;
+    let accepted = match outcome {
+        Ok(a) => a,
+        Err(e) => {
+            rotation::abandon(dir);
+            return Err(match e {
+                JoinError::Client(ClientError::AccessDenied) => anyhow!(ACCESS_DENIED_X509POP),
+                e => e.into(),
+            });
+        }
+    };
+    if accepted.node_id != current.node_id {
+        rotation::abandon(dir);
+        return Err(anyhow!(
+            "the control plane answered the x509pop re-join of {} with another node, {}; the identity is left as it was",
+            current.node_id,
+            accepted.node_id
+        ));
+    }
+    let next = Identity {
+        node_id: accepted.node_id,
+        role: current.role,
+        trust_domain: config.trust_domain.clone(),
+        attestor: attestor::X509POP.to_owned(),
+        joined_at: clock::now_seconds(),
+        chain: accepted.chain,
+        cert: accepted.cert,
+        key,
+    };
+    let saved = rotation::stage_identity(dir, &next).and_then(|()| {
+        failpoint::hit("rejoin-after-answer");
+        rotation::commit(dir, || failpoint::hit("rejoin-between-renames"))
+    });
+    saved.with_context(|| {
+        format!(
+            "re-joined as {}, but the identity could not be saved in {}",
+            next.node_id,
+            dir.display()
+        )
+    })?;
+    tracing::info!(node_id = %next.node_id, not_after = %rfc3339(next.cert.not_after), node_key = %next.key.kid(), key_in = next.key.kind().as_str(), "re-joined with x509pop");
+    Ok(next)
 }
 
 /// A join ready to send: the new key (in memory only), its CSR, and the
@@ -316,12 +505,6 @@ fn prepare(
             })
         }
     }
-}
-
-/// Now, to the second: `joinedAt` needs no more.
-fn now_seconds() -> OffsetDateTime {
-    let now = OffsetDateTime::now_utc();
-    now.replace_nanosecond(0).unwrap_or(now)
 }
 
 /// The token from `--token-file` (contents trimmed) or else from the

@@ -1,16 +1,412 @@
-//! `bcd node`: stay joined. (Being written: renewal with TPM-certified next
-//! keys, x509pop re-join after an offline expiry, the journal.)
-use std::process::ExitCode;
+//! `bcd node`: stay joined.
+//!
+//! Loads the identity (a TPM key that no longer matches stops here with the
+//! spec's hint), then loops:
+//!
+//! - certificate valid, less than half its lifetime gone: sleep until then;
+//! - half its lifetime gone (or `--renew-now`): [`renew_once`]; a failure is
+//!   logged as `renewal failed` with `attempt` and `expiresIn`, journaled,
+//!   and retried after `[node] backoff_min` doubling up to `backoff_max`;
+//! - expired, at most [`GRACE`] ago (the machine was off or cut off): re-join
+//!   as itself with x509pop ([`crate::join::rejoin_x509pop`]), with the same
+//!   backoff;
+//! - expired longer ago: stop (exit 1) and say what the operator must do.
+//!
+//! Every decision is one log event; every renewal and re-join, successful or
+//! not, is one journal entry. All times come from [`crate::clock`].
+mod backoff;
+mod renew;
 
-use crate::config::ConfigArg;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{anyhow, Context as _};
+use time::OffsetDateTime;
+
+use crate::clock;
+use crate::config::{Config, ConfigArg};
+use crate::identity::Identity;
+use crate::journal::Kind;
+use crate::keys::TpmAccess;
+use crate::pki::{rfc3339, NodeCert};
+use crate::status::human;
+
+pub use backoff::Backoff;
+pub use renew::{renew_once, RenewError, OTHER_AK, REFUSED};
+
+/// How long after notAfter a node may still re-join as itself (the control
+/// plane's x509pop `graceMs`, 7 days by default).
+pub const GRACE: time::Duration = time::Duration::days(7);
+
+/// The longest single sleep: the loop looks at the clock again at least this
+/// often (a suspended machine, a clock that jumped).
+const MAX_NAP: Duration = Duration::from_secs(600);
 
 #[derive(clap::Args, Debug)]
 pub struct NodeArgs {
     #[command(flatten)]
     config: ConfigArg,
+    /// One pass, then exit: 0 when the identity is valid afterwards, 1 when the pass failed
+    #[arg(long)]
+    once: bool,
+    /// Renew now, whatever the certificate's age (then carry on, or exit with --once)
+    #[arg(long)]
+    renew_now: bool,
 }
 
 pub fn run(args: NodeArgs) -> anyhow::Result<ExitCode> {
-    let _ = args;
-    anyhow::bail!("bcd node is not built yet")
+    let config = Config::load(&args.config.path)?;
+    let tpm = TpmAccess::new(config.tpm_tcti.as_deref());
+    let dir = &config.data_dir;
+    let identity = match Identity::load(dir, &tpm) {
+        Ok(Some(id)) => id,
+        Ok(None) => {
+            return Err(anyhow!(
+                "not joined (no identity in {}); join first: bcd join",
+                dir.display()
+            ))
+        }
+        Err(e) => {
+            return Err(anyhow::Error::new(e)
+                .context(format!("the identity in {} does not load", dir.display())))
+        }
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let node = Node {
+        backoff: Backoff::new(config.node.backoff_min, config.node.backoff_max),
+        config: &config,
+        tpm: &tpm,
+        identity,
+        announced: None,
+    };
+    runtime.block_on(node.run(args.once, args.renew_now))
+}
+
+/// What the loop does next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Nothing before `until` (the renewal time).
+    Wait {
+        until: OffsetDateTime,
+    },
+    Renew,
+    /// Expired within the grace: re-join with x509pop.
+    Rejoin,
+    /// Expired longer ago than the grace: only the operator can help.
+    PastGrace,
+}
+
+/// Half the certificate's lifetime: the spec's "well before expiry".
+pub fn renew_at(cert: &NodeCert) -> OffsetDateTime {
+    cert.not_before + (cert.not_after - cert.not_before) / 2
+}
+
+pub fn decide(cert: &NodeCert, now: OffsetDateTime, force_renewal: bool) -> Step {
+    if now >= cert.not_after {
+        if now - cert.not_after > GRACE {
+            Step::PastGrace
+        } else {
+            Step::Rejoin
+        }
+    } else if force_renewal || now >= renew_at(cert) {
+        Step::Renew
+    } else {
+        Step::Wait {
+            until: renew_at(cert),
+        }
+    }
+}
+
+/// The operator's instructions once the grace is over.
+pub fn past_grace_message(cert: &NodeCert, now: OffsetDateTime) -> String {
+    format!(
+        "the certificate expired at {} ({} ago), past the {}-day grace in which a node re-joins as itself with x509pop; join again, as root: bcd join --reset --yes, then bcd join with a join token (--token-file F or BCD_JOIN_TOKEN) or with --attestor tpm",
+        rfc3339(cert.not_after),
+        human(now - cert.not_after),
+        GRACE.whole_days()
+    )
+}
+
+/// `23h59m` left, or `expired`.
+fn expires_in(cert: &NodeCert, now: OffsetDateTime) -> String {
+    if cert.not_after > now {
+        human(cert.not_after - now)
+    } else {
+        "expired".to_owned()
+    }
+}
+
+struct Node<'a> {
+    config: &'a Config,
+    tpm: &'a TpmAccess,
+    identity: Identity,
+    backoff: Backoff,
+    /// The renewal time last logged, so that a wait is logged once.
+    announced: Option<OffsetDateTime>,
+}
+
+impl Node<'_> {
+    async fn run(mut self, once: bool, mut force: bool) -> anyhow::Result<ExitCode> {
+        let mut stop = Stop::new()?;
+        {
+            let cert = &self.identity.cert;
+            tracing::info!(
+                node_id = %self.identity.node_id,
+                not_after = %rfc3339(cert.not_after),
+                renew_at = %rfc3339(renew_at(cert)),
+                key_in = self.identity.key.kind().as_str(),
+                node_key = %self.identity.key.kid(),
+                "bcd node started"
+            );
+        }
+        loop {
+            let now = clock::now();
+            let wait = match decide(&self.identity.cert, now, force) {
+                Step::Wait { until } => {
+                    if once {
+                        tracing::info!(
+                            not_after = %rfc3339(self.identity.cert.not_after),
+                            renew_at = %rfc3339(until),
+                            "the certificate is valid and not due for renewal"
+                        );
+                        return Ok(ExitCode::SUCCESS);
+                    }
+                    if self.announced != Some(until) {
+                        tracing::info!(
+                            renew_at = %rfc3339(until),
+                            expiresIn = %expires_in(&self.identity.cert, now),
+                            "next renewal at half the certificate's lifetime"
+                        );
+                        self.announced = Some(until);
+                    }
+                    std_duration(until - now)
+                }
+                Step::Renew => {
+                    // A forced renewal is retried like a due one until it works.
+                    match self.renew().await {
+                        Ok(()) if once => return Ok(ExitCode::SUCCESS),
+                        Ok(()) => {
+                            force = false;
+                            continue;
+                        }
+                        Err(_) if once => return Ok(ExitCode::FAILURE),
+                        Err(wait) => wait,
+                    }
+                }
+                Step::Rejoin => {
+                    match self.rejoin(now).await {
+                        Ok(()) if once => return Ok(ExitCode::SUCCESS),
+                        Ok(()) => {
+                            // The fresh certificate is what --renew-now wanted.
+                            force = false;
+                            continue;
+                        }
+                        Err(_) if once => return Ok(ExitCode::FAILURE),
+                        Err(wait) => wait,
+                    }
+                }
+                Step::PastGrace => {
+                    let message = past_grace_message(&self.identity.cert, now);
+                    tracing::error!(node_id = %self.identity.node_id, "{message}");
+                    crate::join::record(
+                        &self.config.data_dir,
+                        Kind::RejoinFailed,
+                        &self.identity.node_id,
+                        message.clone(),
+                        None,
+                    );
+                    return Err(anyhow!(message));
+                }
+            };
+            // Wake at expiry at the latest, so that a re-join follows it.
+            let to_expiry = std_duration(self.identity.cert.not_after - clock::now());
+            let nap = wait
+                .min(MAX_NAP)
+                .min(to_expiry + Duration::from_secs(1))
+                .max(Duration::from_millis(50));
+            if stop.nap(nap).await {
+                tracing::info!("stopping on a signal");
+                return Ok(ExitCode::SUCCESS);
+            }
+        }
+    }
+
+    /// One renewal; on failure, the wait before the next try.
+    async fn renew(&mut self) -> Result<(), Duration> {
+        let dir = &self.config.data_dir;
+        match renew_once(self.config, self.tpm, &self.identity).await {
+            Ok(next) => {
+                crate::join::record(
+                    dir,
+                    Kind::Renewal,
+                    &next.node_id,
+                    format!(
+                        "renewed (node key {}, kid {})",
+                        next.key.kind().as_str(),
+                        next.key.kid()
+                    ),
+                    Some(next.cert.not_after),
+                );
+                self.identity = next;
+                self.backoff.succeed();
+                self.announced = None;
+                Ok(())
+            }
+            Err(e) => {
+                let (attempt, wait) = self.backoff.fail();
+                let detail = e.to_string();
+                tracing::warn!(
+                    attempt,
+                    expiresIn = %expires_in(&self.identity.cert, clock::now()),
+                    retryIn = %format!("{}s", wait.as_secs()),
+                    error = %detail,
+                    "renewal failed"
+                );
+                crate::join::record(
+                    dir,
+                    Kind::RenewalFailed,
+                    &self.identity.node_id,
+                    detail,
+                    None,
+                );
+                if matches!(e, RenewError::Unsaved(_)) {
+                    self.reload();
+                }
+                Err(wait)
+            }
+        }
+    }
+
+    /// One x509pop re-join; on failure, the wait before the next try.
+    async fn rejoin(&mut self, now: OffsetDateTime) -> Result<(), Duration> {
+        let cert = &self.identity.cert;
+        tracing::warn!(
+            node_id = %self.identity.node_id,
+            not_after = %rfc3339(cert.not_after),
+            "certificate expired {} ({} ago); re-joining with x509pop as {}",
+            rfc3339(cert.not_after),
+            human(now - cert.not_after),
+            self.identity.node_id
+        );
+        match crate::join::rejoin_x509pop(self.config, self.tpm, &self.identity).await {
+            Ok(next) => {
+                self.identity = next;
+                self.backoff.succeed();
+                self.announced = None;
+                Ok(())
+            }
+            Err(e) => {
+                let (attempt, wait) = self.backoff.fail();
+                tracing::warn!(
+                    attempt,
+                    graceLeft = %human(self.identity.cert.not_after + GRACE - clock::now()),
+                    retryIn = %format!("{}s", wait.as_secs()),
+                    error = %format!("{e:#}"),
+                    "re-join failed"
+                );
+                // A re-join whose answer was accepted but not fully saved
+                // left a rotation on disk; loading completes it.
+                self.reload();
+                Err(wait)
+            }
+        }
+    }
+
+    /// Takes the identity on disk when it differs (an interrupted rotation,
+    /// completed by the loader); keeps the one in memory when it does not load.
+    fn reload(&mut self) {
+        match Identity::load(&self.config.data_dir, self.tpm) {
+            Ok(Some(id)) if id.chain != self.identity.chain => {
+                tracing::info!(
+                    not_after = %rfc3339(id.cert.not_after),
+                    node_key = %id.key.kid(),
+                    "using the identity on disk"
+                );
+                self.identity = id;
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "the identity on disk does not load; keeping the one in memory")
+            }
+        }
+    }
+}
+
+/// A non-negative `time::Duration` as a std one (negative is zero).
+fn std_duration(d: time::Duration) -> Duration {
+    Duration::try_from(d).unwrap_or(Duration::ZERO)
+}
+
+/// SIGTERM or SIGINT ends a sleep and the loop; a renewal in progress
+/// finishes first.
+struct Stop {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Stop {
+    fn new() -> anyhow::Result<Stop> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Stop {
+            term: signal(SignalKind::terminate()).context("cannot handle SIGTERM")?,
+            int: signal(SignalKind::interrupt()).context("cannot handle SIGINT")?,
+        })
+    }
+
+    /// Sleeps for `d`; true when a signal asks to stop.
+    async fn nap(&mut self, d: Duration) -> bool {
+        tokio::select! {
+            () = tokio::time::sleep(d) => false,
+            _ = self.term.recv() => true,
+            _ = self.int.recv() => true,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keys::{FileKey, NodeKey};
+
+    fn cert(hours: i64) -> NodeCert {
+        let key = FileKey::generate().unwrap();
+        let chain =
+            crate::pki::tests::issue(key.spki_der(), &["spiffe://bc.test/node/node_abc"], hours);
+        crate::pki::check_chain(&chain).unwrap()
+    }
+
+    #[test]
+    fn renews_at_half_the_lifetime_rejoins_within_grace_stops_after() {
+        let c = cert(24);
+        let half = renew_at(&c);
+        assert_eq!(half, c.not_before + (c.not_after - c.not_before) / 2);
+        let before = half - time::Duration::minutes(1);
+        assert_eq!(decide(&c, before, false), Step::Wait { until: half });
+        assert_eq!(decide(&c, before, true), Step::Renew);
+        assert_eq!(decide(&c, half, false), Step::Renew);
+        assert_eq!(decide(&c, c.not_after, false), Step::Rejoin);
+        assert_eq!(decide(&c, c.not_after, true), Step::Rejoin);
+        assert_eq!(decide(&c, c.not_after + GRACE, false), Step::Rejoin);
+        let late = c.not_after + GRACE + time::Duration::seconds(1);
+        assert_eq!(decide(&c, late, false), Step::PastGrace);
+        let m = past_grace_message(&c, late);
+        assert!(
+            m.contains("bcd join --reset --yes, then bcd join") && m.contains("7-day grace"),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn expires_in_reads_at_a_glance() {
+        let c = cert(24);
+        assert_eq!(
+            expires_in(&c, c.not_after - time::Duration::minutes(90)),
+            "1h30m"
+        );
+        assert_eq!(expires_in(&c, c.not_after), "expired");
+        assert_eq!(std_duration(time::Duration::seconds(-5)), Duration::ZERO);
+    }
 }

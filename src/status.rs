@@ -6,10 +6,11 @@ use serde::Serialize;
 use time::OffsetDateTime;
 
 use crate::config::{Config, ConfigArg};
-use crate::identity::Identity;
+use crate::identity::{Identity, JOURNAL_FILE};
+use crate::journal::{Entry, Journal, Kind};
 use crate::keys::{NodeKeyKind, TpmAccess};
-use crate::out;
 use crate::pki::rfc3339;
+use crate::{clock, out};
 
 #[derive(clap::Args, Debug)]
 pub struct StatusArgs {
@@ -29,8 +30,43 @@ struct StatusJson<'a> {
     trust_domain: &'a str,
     not_after: String,
     node_key: &'a str,
+    /// The newest renewal attempt in the journal, or null.
+    last_renewal: Option<LastRenewal>,
     /// The chain as PEM, leaf first.
     certificate: String,
+}
+
+/// `lastRenewal`: when, whether it worked, and the journal's one line.
+#[derive(Serialize, Debug, PartialEq, Eq)]
+struct LastRenewal {
+    at: String,
+    ok: bool,
+    detail: String,
+}
+
+impl LastRenewal {
+    fn of(entry: &Entry) -> LastRenewal {
+        LastRenewal {
+            at: rfc3339(entry.at),
+            ok: entry.kind == Kind::Renewal,
+            detail: entry.detail.clone(),
+        }
+    }
+}
+
+/// The last renewal in `journal.db`, if there is a journal (it is not
+/// created here) and it reads.
+fn last_renewal(data_dir: &std::path::Path) -> Option<LastRenewal> {
+    if !data_dir.join(JOURNAL_FILE).exists() {
+        return None;
+    }
+    match Journal::open(data_dir).and_then(|j| j.last_renewal()) {
+        Ok(entry) => entry.as_ref().map(LastRenewal::of),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the last renewal from the journal");
+            None
+        }
+    }
 }
 
 /// Exit 0 when joined, 1 when not (or when the identity does not load).
@@ -52,6 +88,7 @@ pub fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::FAILURE);
     };
     let not_after = rfc3339(id.cert.not_after);
+    let last = last_renewal(dir);
     if args.json {
         let out = StatusJson {
             joined: true,
@@ -60,6 +97,7 @@ pub fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
             trust_domain: &id.trust_domain,
             not_after,
             node_key: id.key.kind().as_str(),
+            last_renewal: last,
             certificate: id.chain_pem(),
         };
         out::line(format_args!(
@@ -67,13 +105,13 @@ pub fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
             serde_json::to_string_pretty(&out).context("cannot encode the status")?
         ))?;
     } else {
-        out::line(format_args!("{}", line(&id, OffsetDateTime::now_utc())))?;
+        out::line(format_args!("{}", line(&id, last.as_ref(), clock::now())))?;
     }
     Ok(ExitCode::SUCCESS)
 }
 
-/// `node node_abc (node) in bc.test, certificate expires 2026-12-01T17:00:00Z (23h59m left), node key a file`
-fn line(id: &Identity, now: OffsetDateTime) -> String {
+/// `node node_abc (node) in bc.test, certificate expires 2026-12-01T17:00:00Z (23h59m left), node key a file, last renewal 2026-11-30T17:00:00Z ok`
+fn line(id: &Identity, last: Option<&LastRenewal>, now: OffsetDateTime) -> String {
     let not_after = id.cert.not_after;
     let expiry = if not_after > now {
         format!(
@@ -92,8 +130,13 @@ fn line(id: &Identity, now: OffsetDateTime) -> String {
         NodeKeyKind::File => "node key a file",
         NodeKeyKind::Tpm => "node key in the TPM",
     };
+    let renewal = match last {
+        None => "no renewal yet".to_owned(),
+        Some(r) if r.ok => format!("last renewal {} ok", r.at),
+        Some(r) => format!("last renewal {} failed: {}", r.at, r.detail),
+    };
     format!(
-        "node {} ({}) in {}, {expiry}, {key}",
+        "node {} ({}) in {}, {expiry}, {key}, {renewal}",
         id.node_id,
         id.role.name(),
         id.trust_domain
@@ -101,7 +144,7 @@ fn line(id: &Identity, now: OffsetDateTime) -> String {
 }
 
 /// `23h59m`, `2d3h`, `5m`, `12s`: coarse enough to read at a glance.
-fn human(d: time::Duration) -> String {
+pub(crate) fn human(d: time::Duration) -> String {
     let s = d.whole_seconds().max(0);
     let (days, hours, mins) = (s / 86_400, s % 86_400 / 3600, s % 3600 / 60);
     if days > 0 {
@@ -138,13 +181,62 @@ mod tests {
     fn one_identity_line() {
         let id = crate::identity::tests::sample(FileKey::generate().unwrap());
         let now = id.cert.not_after - time::Duration::seconds(3600 + 120);
-        let l = line(&id, now);
+        let l = line(&id, None, now);
         let expected = format!(
-            "node node_abc (node) in bc.test, certificate expires {} (1h2m left), node key a file",
+            "node node_abc (node) in bc.test, certificate expires {} (1h2m left), node key a file, no renewal yet",
             rfc3339(id.cert.not_after)
         );
         assert_eq!(l, expected);
-        assert!(line(&id, id.cert.not_after + time::Duration::minutes(5))
-            .contains("certificate expired"));
+        assert!(
+            line(&id, None, id.cert.not_after + time::Duration::minutes(5))
+                .contains("certificate expired")
+        );
+    }
+
+    #[test]
+    fn the_last_renewal_comes_from_the_journal() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(last_renewal(dir.path()), None);
+        assert!(
+            !dir.path().join(JOURNAL_FILE).exists(),
+            "status creates no journal"
+        );
+        let j = Journal::open(dir.path()).unwrap();
+        let at = OffsetDateTime::from_unix_timestamp(1_790_000_000).unwrap();
+        let entry = Entry {
+            at,
+            kind: Kind::RenewalFailed,
+            node_id: "node_abc".into(),
+            detail: "renewal refused by the control plane (Renew refused)".into(),
+            not_after: None,
+        };
+        j.record(&entry).unwrap();
+        let last = last_renewal(dir.path()).unwrap();
+        assert_eq!(
+            last,
+            LastRenewal {
+                at: "2026-09-21T14:13:20Z".into(),
+                ok: false,
+                detail: "renewal refused by the control plane (Renew refused)".into()
+            }
+        );
+        let id = crate::identity::tests::sample(FileKey::generate().unwrap());
+        assert!(line(&id, Some(&last), at).ends_with(
+            ", last renewal 2026-09-21T14:13:20Z failed: renewal refused by the control plane (Renew refused)"
+        ));
+        j.record(&Entry {
+            kind: Kind::Renewal,
+            detail: "renewed".into(),
+            ..entry
+        })
+        .unwrap();
+        let last = last_renewal(dir.path()).unwrap();
+        assert!(last.ok);
+        assert!(line(&id, Some(&last), at).ends_with(", last renewal 2026-09-21T14:13:20Z ok"));
+        let json = serde_json::to_value(&last).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"at": "2026-09-21T14:13:20Z", "ok": true, "detail": "renewed"})
+        );
     }
 }

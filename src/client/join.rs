@@ -155,7 +155,7 @@ pub async fn run<T: Transport>(
 }
 
 fn now_unix_ms() -> i64 {
-    let now = time::OffsetDateTime::now_utc();
+    let now = crate::clock::now();
     i64::try_from(now.unix_timestamp_nanos() / 1_000_000).unwrap_or(i64::MAX)
 }
 

@@ -4,8 +4,13 @@
 //! proxy-injected CA), so a control plane is reached only under its own CA.
 //! Every failure is typed, so the join can tell "unreachable" from "refused"
 //! from "answered garbage", and each says where it happened.
+//!
+//! A client made [`Client::with_identity`] also presents the node
+//! certificate, its handshake signed by the node key through
+//! [`crate::keys::tls`]: that is how `Renew` (mTLS) is called.
 pub mod answer;
 pub mod join;
+pub mod renew;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,6 +21,7 @@ use prost::Message;
 use reqwest::Url;
 
 use crate::config::Config;
+use crate::keys::NodeKey;
 use crate::pki::printable;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -31,6 +37,15 @@ pub enum ClientError {
     Unreachable { url: String, cause: String },
     #[error("TLS with the control plane at {url} failed: {cause} (is pins.server_ca the control plane's CA?)")]
     Tls { url: String, cause: String },
+    #[error(
+        "the control plane at {url} refused this node's certificate in the TLS handshake: {cause}"
+    )]
+    CertificateRefused { url: String, cause: String },
+    #[error("this call needs the node certificate (mTLS), and the client has none")]
+    NoClientCertificate,
+    /// The node key could not sign the handshake (a TPM gone, a helper down).
+    #[error("the TLS handshake with the control plane at {url} failed on this side: {cause}")]
+    Handshake { url: String, cause: String },
     #[error("the control plane at {url} did not answer within {secs} s")]
     Timeout { url: String, secs: u64 },
     /// Every refusal of the machine, whatever the reason: the reason stays
@@ -59,6 +74,9 @@ pub struct Client {
     /// The base URL without a trailing slash, for messages.
     api: String,
     join_url: Url,
+    renew_url: Url,
+    /// Whether the handshake presents the node certificate.
+    mtls: bool,
 }
 
 impl Client {
@@ -67,7 +85,25 @@ impl Client {
         &self.api
     }
 
+    /// A client that presents no certificate: for `Join`.
     pub fn new(config: &Config) -> Result<Client, ClientError> {
+        Client::build(config, None)
+    }
+
+    /// A client that presents `chain` (DER, leaf first) and signs the
+    /// handshake with `key`, the key its leaf certifies: for `Renew`.
+    pub fn with_identity(
+        config: &Config,
+        chain: &[Vec<u8>],
+        key: Arc<dyn NodeKey>,
+    ) -> Result<Client, ClientError> {
+        Client::build(config, Some(crate::keys::tls::client_identity(chain, key)))
+    }
+
+    fn build(
+        config: &Config,
+        identity: Option<Arc<rustls::sign::SingleCertAndKey>>,
+    ) -> Result<Client, ClientError> {
         let mut roots = rustls::RootCertStore::empty();
         for ca in &config.pins.server_ca {
             roots
@@ -78,8 +114,12 @@ impl Client {
         let tls = rustls::ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .map_err(|e| ClientError::Setup(e.to_string()))?
-            .with_root_certificates(roots)
-            .with_no_client_auth();
+            .with_root_certificates(roots);
+        let mtls = identity.is_some();
+        let tls = match identity {
+            Some(resolver) => tls.with_client_cert_resolver(resolver),
+            None => tls.with_no_client_auth(),
+        };
         let http = reqwest::Client::builder()
             .use_preconfigured_tls(tls)
             .https_only(true)
@@ -90,12 +130,17 @@ impl Client {
             .build()
             .map_err(|e| ClientError::Setup(chain_message(&e)))?;
         let api = config.api.as_str().trim_end_matches('/').to_owned();
-        let join_url = Url::parse(&format!("{api}{}", endpoints::JOIN))
-            .map_err(|e| ClientError::Setup(e.to_string()))?;
+        let url = |path: &str| {
+            Url::parse(&format!("{api}{path}")).map_err(|e| ClientError::Setup(e.to_string()))
+        };
+        let join_url = url(endpoints::JOIN)?;
+        let renew_url = url(endpoints::RENEW)?;
         Ok(Client {
             http,
             api,
             join_url,
+            renew_url,
+            mtls,
         })
     }
 
@@ -196,6 +241,18 @@ impl Client {
             return ClientError::Timeout { url, secs };
         }
         if let Some(tls) = find_rustls_error(e) {
+            if self.mtls && refuses_certificate(tls) {
+                return ClientError::CertificateRefused {
+                    url,
+                    cause: tls.to_string(),
+                };
+            }
+            if let rustls::Error::General(cause) = tls {
+                return ClientError::Handshake {
+                    url,
+                    cause: cause.clone(),
+                };
+            }
             return ClientError::Tls {
                 url,
                 cause: tls.to_string(),
@@ -245,6 +302,25 @@ fn causes(e: &DynError) -> Vec<&DynError> {
         };
     }
     out
+}
+
+/// The alerts a server sends about the client's certificate.
+fn refuses_certificate(e: &rustls::Error) -> bool {
+    use rustls::AlertDescription as A;
+    matches!(
+        e,
+        rustls::Error::AlertReceived(
+            A::BadCertificate
+                | A::UnsupportedCertificate
+                | A::CertificateRevoked
+                | A::CertificateExpired
+                | A::CertificateUnknown
+                | A::UnknownCA
+                | A::AccessDenied
+                | A::CertificateRequired
+                | A::DecryptError
+        )
+    )
 }
 
 fn find_rustls_error(e: &reqwest::Error) -> Option<&rustls::Error> {

@@ -5,6 +5,7 @@
 //! picks the builder for the configured attestor.
 pub mod join_token;
 pub mod tpm;
+pub mod x509pop;
 
 /// Attestor ids as the control plane names them.
 pub mod attestor {
@@ -12,4 +13,6 @@ pub mod attestor {
     pub const JOIN_TOKEN: &str = "join-token";
     /// The TPM's EK and AK, two rounds, the node key certified by the AK.
     pub const TPM: &str = "tpm";
+    /// Re-joining as itself with the last certificate and its key.
+    pub const X509POP: &str = "x509pop";
 }

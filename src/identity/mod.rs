@@ -4,17 +4,21 @@
 //! - `identity.json`: node id, role, trust domain, key holder, attestor,
 //!   join time and the certificate chain (PEM, leaf first);
 //! - `node.key`: what the key holder needs to get the node key back;
-//! - `node.key.next`: the next key during a renewal (issue 5);
+//! - `node.key.next` and `identity.json.next`: the next key and identity
+//!   while a renewal or re-join replaces them (see `rotation.rs`);
 //! - `journal.db`: the node's local journal (`bcd node`).
 //!
 //! `identity.json` is written last, so its presence means a complete
 //! identity: a crash during a join leaves either no identity (join again) or
-//! one that loads.
+//! one that loads. A crash during a rotation leaves the old identity or the
+//! new one, and [`Identity::load`] completes an interrupted rotation.
 mod atomic;
 pub mod reset;
+pub mod rotation;
 
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use bc_wire::agent::Role;
 use serde::{Deserialize, Serialize};
@@ -27,6 +31,7 @@ use crate::pki::{self, CertError, NodeCert};
 pub const IDENTITY_FILE: &str = "identity.json";
 pub const NODE_KEY_FILE: &str = "node.key";
 pub const NODE_KEY_NEXT_FILE: &str = "node.key.next";
+pub const IDENTITY_NEXT_FILE: &str = "identity.json.next";
 pub const JOURNAL_FILE: &str = "journal.db";
 
 /// The version of `identity.json` this bcd writes and reads.
@@ -96,7 +101,8 @@ pub struct Identity {
     pub chain: Vec<Vec<u8>>,
     /// The parsed leaf.
     pub cert: NodeCert,
-    pub key: Box<dyn NodeKey>,
+    /// Shared: the TLS handshake signs with it too.
+    pub key: Arc<dyn NodeKey>,
 }
 
 /// `identity.json` as stored.
@@ -113,26 +119,42 @@ struct IdentityFile {
     chain: Vec<String>,
 }
 
-impl Identity {
-    /// Loads the identity in `data_dir`: `Ok(None)` when there is none
-    /// (no `identity.json`), an error when there is one that does not hold
-    /// together.
-    pub fn load(data_dir: &Path, tpm: &TpmAccess) -> Result<Option<Identity>, IdentityError> {
-        let path = data_dir.join(IDENTITY_FILE);
-        let text = match std::fs::read_to_string(&path) {
+/// An identity file (`identity.json` or `identity.json.next`) read and
+/// checked, without its key.
+pub(crate) struct Parsed {
+    path: PathBuf,
+    node_id: String,
+    role: Role,
+    trust_domain: String,
+    kind: NodeKeyKind,
+    attestor: String,
+    joined_at: OffsetDateTime,
+    chain: Vec<Vec<u8>>,
+    cert: NodeCert,
+}
+
+impl Parsed {
+    /// `Ok(None)` when there is no file at `path`.
+    pub(crate) fn read(path: &Path) -> Result<Option<Parsed>, IdentityError> {
+        let text = match std::fs::read_to_string(path) {
             Ok(t) => t,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-            Err(source) => return Err(IdentityError::Read { path, source }),
+            Err(source) => {
+                return Err(IdentityError::Read {
+                    path: path.to_owned(),
+                    source,
+                })
+            }
         };
         let malformed = |message: String| IdentityError::Malformed {
-            path: path.clone(),
+            path: path.to_owned(),
             message,
         };
         let file: IdentityFile =
             serde_json::from_str(&text).map_err(|e| malformed(e.to_string()))?;
         if file.version != VERSION {
             return Err(IdentityError::Version {
-                path,
+                path: path.to_owned(),
                 found: file.version,
             });
         }
@@ -151,63 +173,122 @@ impl Identity {
             ))
         })?;
         let cert_err = |source| IdentityError::Cert {
-            path: path.clone(),
+            path: path.to_owned(),
             source,
         };
         let chain = pki::chain_from_pem(&file.chain).map_err(cert_err)?;
         let cert = pki::check_chain(&chain).map_err(cert_err)?;
         if cert.id.node_id != file.node_id || cert.id.trust_domain != file.trust_domain {
             return Err(IdentityError::IdMismatch {
-                path,
+                path: path.to_owned(),
                 file: file.node_id,
                 file_td: file.trust_domain,
                 cert: cert.id.to_string(),
             });
         }
-
-        let key_path = data_dir.join(NODE_KEY_FILE);
-        warn_if_loose(data_dir);
-        warn_if_loose(&key_path);
-        let key = keys::load(kind, &key_path, tpm)?;
-        if key.spki_der() != cert.spki.as_slice() {
-            if kind == NodeKeyKind::Tpm {
-                return Err(IdentityError::TpmKeyMismatch);
-            }
-            return Err(IdentityError::KeyMismatch {
-                key: key_path,
-                key_kid: key.kid(),
-                cert_kid: bc_wire::signing::key_id(&cert.spki),
-            });
-        }
-        Ok(Some(Identity {
+        Ok(Some(Parsed {
+            path: path.to_owned(),
             node_id: file.node_id,
             role,
             trust_domain: file.trust_domain,
+            kind,
             attestor: file.attestor,
             joined_at,
             chain,
             cert,
-            key,
         }))
+    }
+
+    /// The key in `key_path`, if it is the one the certificate certifies.
+    pub(crate) fn load_key(
+        &self,
+        key_path: &Path,
+        tpm: &TpmAccess,
+    ) -> Result<Arc<dyn NodeKey>, IdentityError> {
+        let key = keys::load(self.kind, key_path, tpm)?;
+        if key.spki_der() != self.cert.spki.as_slice() {
+            if self.kind == NodeKeyKind::Tpm {
+                return Err(IdentityError::TpmKeyMismatch);
+            }
+            return Err(IdentityError::KeyMismatch {
+                key: key_path.to_owned(),
+                key_kid: key.kid(),
+                cert_kid: bc_wire::signing::key_id(&self.cert.spki),
+            });
+        }
+        Ok(Arc::from(key))
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub(crate) fn into_identity(self, key: Arc<dyn NodeKey>) -> Identity {
+        Identity {
+            node_id: self.node_id,
+            role: self.role,
+            trust_domain: self.trust_domain,
+            attestor: self.attestor,
+            joined_at: self.joined_at,
+            chain: self.chain,
+            cert: self.cert,
+            key,
+        }
+    }
+}
+
+impl Identity {
+    /// Loads the identity in `data_dir`: `Ok(None)` when there is none
+    /// (no `identity.json`), an error when there is one that does not hold
+    /// together. A rotation that a crash interrupted is completed first
+    /// (see [`rotation`]), so what loads is the old identity or the new one.
+    pub fn load(data_dir: &Path, tpm: &TpmAccess) -> Result<Option<Identity>, IdentityError> {
+        if let Some(id) = rotation::recover(data_dir, tpm) {
+            return Ok(Some(id));
+        }
+        let Some(parsed) = Parsed::read(&data_dir.join(IDENTITY_FILE))? else {
+            return Ok(None);
+        };
+        let key_path = data_dir.join(NODE_KEY_FILE);
+        warn_if_loose(data_dir);
+        warn_if_loose(&key_path);
+        match parsed.load_key(&key_path, tpm) {
+            Ok(key) => Ok(Some(parsed.into_identity(key))),
+            // Between the two renames of a rotation that wrote the key last.
+            Err(e) => match rotation::recover_key(data_dir, &parsed, tpm) {
+                Some(key) => Ok(Some(parsed.into_identity(key))),
+                None => Err(e),
+            },
+        }
     }
 
     /// Writes this identity into `data_dir`: the directory (0700), then
     /// `node.key`, then `identity.json`, each replaced atomically (0600).
+    /// Leftovers of an earlier rotation go first, so that none of them can
+    /// later pass for a newer identity.
     pub fn save(&self, data_dir: &Path) -> Result<(), IdentityError> {
         atomic::ensure_private_dir(data_dir).map_err(|source| IdentityError::DataDir {
             path: data_dir.to_owned(),
             source,
         })?;
+        rotation::discard(data_dir, IDENTITY_NEXT_FILE)?;
+        rotation::discard(data_dir, NODE_KEY_NEXT_FILE)?;
         let key_contents = self.key.to_file_contents()?;
         write(data_dir, NODE_KEY_FILE, key_contents.as_bytes())?;
+        write(data_dir, IDENTITY_FILE, &self.to_json(data_dir)?)
+    }
 
+    /// `identity.json` as this bcd writes it; `data_dir` only names the file
+    /// in errors.
+    fn to_json(&self, data_dir: &Path) -> Result<Vec<u8>, IdentityError> {
+        let err = |e: String| IdentityError::Write {
+            path: data_dir.join(IDENTITY_FILE),
+            source: io::Error::other(e),
+        };
         let joined_at = self
             .joined_at
             .format(&Rfc3339)
-            .map_err(|e| IdentityError::Write {
-                path: data_dir.join(IDENTITY_FILE),
-                source: io::Error::other(e),
-            })?;
+            .map_err(|e| err(e.to_string()))?;
         let file = IdentityFile {
             version: VERSION,
             node_id: self.node_id.clone(),
@@ -218,12 +299,9 @@ impl Identity {
             joined_at,
             chain: pki::chain_to_pem(&self.chain),
         };
-        let mut json = serde_json::to_vec_pretty(&file).map_err(|e| IdentityError::Write {
-            path: data_dir.join(IDENTITY_FILE),
-            source: io::Error::other(e),
-        })?;
+        let mut json = serde_json::to_vec_pretty(&file).map_err(|e| err(e.to_string()))?;
         json.push(b'\n');
-        write(data_dir, IDENTITY_FILE, &json)
+        Ok(json)
     }
 
     /// The chain as PEM, leaf first, in one string.
@@ -262,7 +340,7 @@ pub(crate) mod tests {
             joined_at: OffsetDateTime::from_unix_timestamp(1_790_000_000).unwrap(),
             chain,
             cert,
-            key: Box::new(key),
+            key: Arc::new(key),
         }
     }
 

@@ -9,12 +9,15 @@ use time::macros::format_description;
 use time::{OffsetDateTime, UtcOffset};
 
 use super::{
-    atomic, IdentityError, IDENTITY_FILE, JOURNAL_FILE, NODE_KEY_FILE, NODE_KEY_NEXT_FILE,
+    atomic, IdentityError, IDENTITY_FILE, IDENTITY_NEXT_FILE, JOURNAL_FILE, NODE_KEY_FILE,
+    NODE_KEY_NEXT_FILE,
 };
 
-/// The files a reset moves, in the order it moves them: `identity.json`
-/// first, so that an interrupted reset leaves no half identity that loads.
-const FILES: [&str; 4] = [
+/// The files a reset moves, in the order it moves them: a staged
+/// `identity.json.next`, then `identity.json`, so that an interrupted reset
+/// leaves no half identity that loads (nor one a rotation could complete).
+const FILES: [&str; 5] = [
+    IDENTITY_NEXT_FILE,
     IDENTITY_FILE,
     NODE_KEY_FILE,
     NODE_KEY_NEXT_FILE,

@@ -7,9 +7,11 @@
 //! and its public half.
 //!
 //! Holders: `file.rs` (PKCS#8) and `tpm.rs` (an owner-hierarchy primary);
-//! the root helper's comes with `bcd helper`.
+//! the root helper's comes with `bcd helper`. `tls.rs` makes any holder a
+//! rustls client identity for mTLS.
 mod csr;
 mod file;
+pub mod tls;
 mod tpm;
 
 use std::path::Path;
@@ -19,7 +21,7 @@ use p256::elliptic_curve::zeroize::Zeroizing;
 
 pub use csr::make_csr;
 pub use file::FileKey;
-pub use tpm::{lock as lock_tpm, SharedTpm, TpmKey};
+pub use tpm::{lock as lock_tpm, SharedTpm, TpmAk, TpmKey};
 
 /// Where a node key is held. Recorded in `identity.json` (`nodeKey`) and
 /// shown by `bcd status`.

@@ -126,6 +126,57 @@ impl Drop for TpmKey {
     }
 }
 
+/// The TPM's AK, loaded alone (no EK) for certifying a node key, and
+/// flushed when dropped.
+pub struct TpmAk {
+    tpm: SharedTpm,
+    key: LoadedKey,
+    name: Vec<u8>,
+}
+
+impl TpmAk {
+    /// Derives the AK (a primary of the endorsement hierarchy: the same key
+    /// for as long as the endorsement seed lives).
+    pub fn load(tpm: SharedTpm) -> Result<TpmAk, KeyError> {
+        let key = lock(&tpm)?.ak().map_err(KeyError::Tpm)?;
+        let name = match bc_wire::tpm::Public::parse(&key.public) {
+            Ok(p) => p.name(),
+            Err(_) => {
+                if let Ok(mut t) = tpm.lock() {
+                    let _ = t.release(&key);
+                }
+                return Err(KeyError::BadPublicKey);
+            }
+        };
+        Ok(TpmAk { tpm, key, name })
+    }
+
+    /// The AK's TPMT_PUBLIC.
+    pub fn public(&self) -> &[u8] {
+        &self.key.public
+    }
+
+    /// The AK's TPM name (nameAlg ‖ digest of its public area).
+    pub fn name(&self) -> &[u8] {
+        &self.name
+    }
+
+    /// TPM2_Certify of `key` by this AK over `qualifying` (sha256 of the CSR).
+    pub fn certify(&self, key: &TpmKey, qualifying: &[u8]) -> Result<(Vec<u8>, Vec<u8>), KeyError> {
+        key.certify_by(&self.key, qualifying)
+    }
+}
+
+impl Drop for TpmAk {
+    fn drop(&mut self) {
+        if let Ok(mut tpm) = self.tpm.lock() {
+            if let Err(e) = tpm.release(&self.key) {
+                tracing::debug!(error = %e, "cannot flush the AK from the TPM");
+            }
+        }
+    }
+}
+
 /// A poisoned lock means a panic elsewhere; refuse rather than propagate it.
 pub fn lock(tpm: &SharedTpm) -> Result<MutexGuard<'_, Tpm>, KeyError> {
     tpm.lock().map_err(|_| KeyError::TpmBusy)

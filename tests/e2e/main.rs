@@ -8,7 +8,9 @@
 mod harness;
 
 mod answers;
+mod doctor;
 mod join_token;
+mod node;
 mod reset;
 mod tpm;
 mod usage;

@@ -186,6 +186,14 @@ fn a_tpm_join_through_resolve_then_reclaims_after_reset() {
     assert_eq!(second["nodeId"], node_id.as_str(), "same node");
     assert_ne!(second["certificate"], first["certificate"]);
     assert_eq!(node(&cp, &node_id)["identityGeneration"], 2);
+    // Every certificate of the older generation is revoked.
+    let certs = cp.json(&["nodes", "certs", &node_id]);
+    let certs = certs.as_array().unwrap();
+    assert_eq!(certs.len(), 2);
+    for c in certs {
+        let old = c["identityGeneration"] == 1;
+        assert_eq!(c["revoked"], old, "{c}");
+    }
     assert!(agent
         .files()
         .iter()

@@ -1,0 +1,326 @@
+//! Replacing the identity in place (a renewal, an x509pop re-join) so that a
+//! crash at any step leaves an identity that loads: the old one or the new
+//! one, never the new certificate with the old key or the reverse.
+//!
+//! The steps, each durable (write to a temporary file, fsync, rename, fsync
+//! the directory) before the next:
+//!
+//! 1. [`stage_key`]: the next key to `node.key.next`, before the request, so
+//!    that the key the control plane certifies is on disk before its answer;
+//! 2. [`stage_identity`]: once the answer is verified, the new
+//!    `identity.json` to `identity.json.next`;
+//! 3. [`commit`]: rename `node.key.next` → `node.key`, then
+//!    `identity.json.next` → `identity.json`.
+//!
+//! What a crash leaves, and what [`Identity::load`] makes of it:
+//!
+//! | files on disk | loads |
+//! |---|---|
+//! | `identity.json`, `node.key` (+ `node.key.next`) | the old identity; the stale next key is overwritten by the next renewal |
+//! | … + `identity.json.next` | the new one: `node.key.next` certified by `identity.json.next`, both renamed into place |
+//! | `identity.json` (old), `node.key` (new), `identity.json.next` | the new one: `identity.json.next` renamed into place |
+//! | `identity.json` (new), `node.key` (old), `node.key.next` (new) | the new one: `node.key.next` renamed into place (not a state bcd leaves, accepted all the same) |
+//!
+//! A staged file is only ever used when its key is the one its certificate
+//! certifies, so a leftover that belongs to nothing is ignored.
+//!
+//! [`Identity::load`]: super::Identity::load
+use std::io;
+use std::path::Path;
+use std::sync::Arc;
+
+use super::{
+    atomic, write, Identity, IdentityError, Parsed, IDENTITY_FILE, IDENTITY_NEXT_FILE,
+    NODE_KEY_FILE, NODE_KEY_NEXT_FILE,
+};
+use crate::keys::{NodeKey, TpmAccess};
+
+/// Step 1: writes `key` to `node.key.next` (0600, atomically). A leftover
+/// `identity.json.next` of an earlier attempt goes first: it certifies
+/// another key and must not be paired with this one.
+pub fn stage_key(data_dir: &Path, key: &dyn NodeKey) -> Result<(), IdentityError> {
+    atomic::ensure_private_dir(data_dir).map_err(|source| IdentityError::DataDir {
+        path: data_dir.to_owned(),
+        source,
+    })?;
+    discard(data_dir, IDENTITY_NEXT_FILE)?;
+    let contents = key.to_file_contents()?;
+    write(data_dir, NODE_KEY_NEXT_FILE, contents.as_bytes())
+}
+
+/// Step 2: writes `next` (whose key [`stage_key`] wrote) to
+/// `identity.json.next`. From here on a crash ends with the new identity.
+pub fn stage_identity(data_dir: &Path, next: &Identity) -> Result<(), IdentityError> {
+    write(data_dir, IDENTITY_NEXT_FILE, &next.to_json(data_dir)?)
+}
+
+/// Step 3: the two renames, `between` called between them (a crash point
+/// for the tests). A staged file that is already gone was moved into place
+/// by a concurrent [`Identity::load`], which completes the same rotation.
+///
+/// [`Identity::load`]: super::Identity::load
+pub fn commit(data_dir: &Path, between: impl FnOnce()) -> Result<(), IdentityError> {
+    rename(data_dir, NODE_KEY_NEXT_FILE, NODE_KEY_FILE)?;
+    between();
+    rename(data_dir, IDENTITY_NEXT_FILE, IDENTITY_FILE)?;
+    Ok(())
+}
+
+/// Drops a staged next key after a failed attempt (best effort: a leftover
+/// is harmless, see the module's table).
+pub fn abandon(data_dir: &Path) {
+    for name in [IDENTITY_NEXT_FILE, NODE_KEY_NEXT_FILE] {
+        if let Err(e) = discard(data_dir, name) {
+            tracing::debug!(error = %e, "cannot remove a staged file");
+        }
+    }
+}
+
+/// Removes `data_dir/name` if it is there.
+pub(crate) fn discard(data_dir: &Path, name: &str) -> Result<(), IdentityError> {
+    let path = data_dir.join(name);
+    match std::fs::remove_file(&path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(IdentityError::Write { path, source }),
+    }
+}
+
+/// Renames `from` over `to` and makes it durable; `Ok(false)` when `from`
+/// is not there.
+fn rename(data_dir: &Path, from: &str, to: &str) -> Result<bool, IdentityError> {
+    match std::fs::rename(data_dir.join(from), data_dir.join(to)) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+        Err(source) => {
+            return Err(IdentityError::Write {
+                path: data_dir.join(to),
+                source,
+            })
+        }
+    }
+    atomic::sync_dir(data_dir).map_err(|source| IdentityError::Write {
+        path: data_dir.to_owned(),
+        source,
+    })?;
+    Ok(true)
+}
+
+/// A staged `identity.json.next` whose key is in `node.key.next` (crash
+/// before the first rename) or already in `node.key` (crash between the
+/// renames): the rotation is completed and the new identity returned.
+/// `None` when there is nothing staged or nothing usable.
+pub(crate) fn recover(data_dir: &Path, tpm: &TpmAccess) -> Option<Identity> {
+    let staged = data_dir.join(IDENTITY_NEXT_FILE);
+    let parsed = match Parsed::read(&staged) {
+        Ok(Some(p)) => p,
+        Ok(None) => return None,
+        Err(e) => {
+            tracing::warn!(error = %e, "ignoring an unusable staged identity; the current one stays");
+            return None;
+        }
+    };
+    let next_key = data_dir.join(NODE_KEY_NEXT_FILE);
+    if next_key.exists() {
+        match parsed.load_key(&next_key, tpm) {
+            Ok(key) => {
+                complete(data_dir, true, &parsed);
+                return Some(parsed.into_identity(key));
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "the staged identity does not certify node.key.next")
+            }
+        }
+    }
+    match parsed.load_key(&data_dir.join(NODE_KEY_FILE), tpm) {
+        Ok(key) => {
+            complete(data_dir, false, &parsed);
+            Some(parsed.into_identity(key))
+        }
+        Err(e) => {
+            tracing::warn!(path = %staged.display(), error = %e, "ignoring a staged identity that certifies neither node.key.next nor node.key; the current one stays");
+            None
+        }
+    }
+}
+
+/// `identity.json` whose `node.key` does not load or match: the key may be
+/// in `node.key.next`, renamed into place when it is.
+pub(crate) fn recover_key(
+    data_dir: &Path,
+    parsed: &Parsed,
+    tpm: &TpmAccess,
+) -> Option<Arc<dyn NodeKey>> {
+    let next_key = data_dir.join(NODE_KEY_NEXT_FILE);
+    if !next_key.exists() {
+        return None;
+    }
+    let key = parsed.load_key(&next_key, tpm).ok()?;
+    match rename(data_dir, NODE_KEY_NEXT_FILE, NODE_KEY_FILE) {
+        Ok(_) => tracing::info!(
+            dir = %data_dir.display(),
+            "completed an interrupted key rotation: node.key.next is the certified key"
+        ),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot complete an interrupted key rotation; using node.key.next as it is")
+        }
+    }
+    Some(key)
+}
+
+/// The renames an interrupted [`commit`] did not do. A failure leaves a
+/// state that recovers the same way next time.
+fn complete(data_dir: &Path, key_from_next: bool, parsed: &Parsed) {
+    let result = (|| {
+        if key_from_next {
+            rename(data_dir, NODE_KEY_NEXT_FILE, NODE_KEY_FILE)?;
+        }
+        rename(data_dir, IDENTITY_NEXT_FILE, IDENTITY_FILE)
+    })();
+    match result {
+        Ok(_) => tracing::info!(
+            dir = %data_dir.display(),
+            not_after = %crate::pki::rfc3339(parsed.cert.not_after),
+            "completed an interrupted identity rotation"
+        ),
+        Err(e) => tracing::warn!(
+            path = %parsed.path().display(),
+            error = %e,
+            "cannot complete an interrupted identity rotation; using the new identity as it is"
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::tests::sample;
+    use crate::keys::FileKey;
+
+    /// An old identity saved in a directory and a new one (new key, new
+    /// certificate) ready to rotate in.
+    fn setup() -> (tempfile::TempDir, Identity, Identity) {
+        let tmp = tempfile::tempdir().unwrap();
+        let old = sample(FileKey::generate().unwrap());
+        old.save(tmp.path()).unwrap();
+        let new = sample(FileKey::generate().unwrap());
+        (tmp, old, new)
+    }
+
+    fn loaded_spki(dir: &Path) -> Vec<u8> {
+        Identity::load(dir, &TpmAccess::none())
+            .unwrap()
+            .unwrap()
+            .key
+            .spki_der()
+            .to_vec()
+    }
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut n: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        n.sort();
+        n
+    }
+
+    #[test]
+    fn a_full_rotation_replaces_key_and_certificate() {
+        let (tmp, _, new) = setup();
+        stage_key(tmp.path(), new.key.as_ref()).unwrap();
+        stage_identity(tmp.path(), &new).unwrap();
+        commit(tmp.path(), || {}).unwrap();
+        assert_eq!(loaded_spki(tmp.path()), new.key.spki_der());
+        assert_eq!(names(tmp.path()), vec!["identity.json", "node.key"]);
+    }
+
+    #[test]
+    fn a_crash_before_the_answer_keeps_the_old_identity() {
+        let (tmp, old, new) = setup();
+        stage_key(tmp.path(), new.key.as_ref()).unwrap();
+        assert_eq!(loaded_spki(tmp.path()), old.key.spki_der());
+        // The stale next key is left for the next renewal to overwrite.
+        assert!(tmp.path().join(NODE_KEY_NEXT_FILE).exists());
+    }
+
+    #[test]
+    fn a_crash_after_the_answer_completes_the_rotation() {
+        let (tmp, _, new) = setup();
+        stage_key(tmp.path(), new.key.as_ref()).unwrap();
+        stage_identity(tmp.path(), &new).unwrap();
+        assert_eq!(loaded_spki(tmp.path()), new.key.spki_der());
+        assert_eq!(names(tmp.path()), vec!["identity.json", "node.key"]);
+        // And it stays the new one.
+        assert_eq!(loaded_spki(tmp.path()), new.key.spki_der());
+    }
+
+    #[test]
+    fn a_crash_between_the_renames_completes_the_rotation() {
+        let (tmp, _, new) = setup();
+        stage_key(tmp.path(), new.key.as_ref()).unwrap();
+        stage_identity(tmp.path(), &new).unwrap();
+        // Only the first rename happened.
+        std::fs::rename(
+            tmp.path().join(NODE_KEY_NEXT_FILE),
+            tmp.path().join(NODE_KEY_FILE),
+        )
+        .unwrap();
+        assert_eq!(loaded_spki(tmp.path()), new.key.spki_der());
+        assert_eq!(names(tmp.path()), vec!["identity.json", "node.key"]);
+    }
+
+    #[test]
+    fn a_new_certificate_with_its_key_still_in_next_loads() {
+        let (tmp, _, new) = setup();
+        stage_key(tmp.path(), new.key.as_ref()).unwrap();
+        std::fs::write(
+            tmp.path().join(IDENTITY_FILE),
+            new.to_json(tmp.path()).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(loaded_spki(tmp.path()), new.key.spki_der());
+        assert_eq!(names(tmp.path()), vec!["identity.json", "node.key"]);
+    }
+
+    #[test]
+    fn a_staged_identity_for_another_key_is_ignored() {
+        let (tmp, old, new) = setup();
+        let stray = sample(FileKey::generate().unwrap());
+        stage_key(tmp.path(), new.key.as_ref()).unwrap();
+        // identity.json.next certifying neither node.key.next nor node.key.
+        write(
+            tmp.path(),
+            IDENTITY_NEXT_FILE,
+            &stray.to_json(tmp.path()).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(loaded_spki(tmp.path()), old.key.spki_der());
+        // A garbled one too.
+        write(tmp.path(), IDENTITY_NEXT_FILE, b"{").unwrap();
+        assert_eq!(loaded_spki(tmp.path()), old.key.spki_der());
+    }
+
+    #[test]
+    fn commit_tolerates_a_rotation_another_loader_completed() {
+        let (tmp, _, new) = setup();
+        stage_key(tmp.path(), new.key.as_ref()).unwrap();
+        stage_identity(tmp.path(), &new).unwrap();
+        assert_eq!(loaded_spki(tmp.path()), new.key.spki_der());
+        commit(tmp.path(), || {}).unwrap();
+        assert_eq!(loaded_spki(tmp.path()), new.key.spki_der());
+    }
+
+    #[test]
+    fn abandon_and_save_clear_leftovers() {
+        let (tmp, old, new) = setup();
+        stage_key(tmp.path(), new.key.as_ref()).unwrap();
+        abandon(tmp.path());
+        assert_eq!(names(tmp.path()), vec!["identity.json", "node.key"]);
+        stage_key(tmp.path(), new.key.as_ref()).unwrap();
+        stage_identity(tmp.path(), &new).unwrap();
+        old.save(tmp.path()).unwrap();
+        assert_eq!(names(tmp.path()), vec!["identity.json", "node.key"]);
+        assert_eq!(loaded_spki(tmp.path()), old.key.spki_der());
+    }
+}

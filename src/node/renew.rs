@@ -1,0 +1,196 @@
+//! One renewal (`renew_once`): the next key, its proof when the certificate
+//! names an AK, `Renew` over mTLS with the current key, the answer checked,
+//! and the identity rotated (see [`crate::identity::rotation`]).
+use std::sync::Arc;
+
+use bc_wire::agent::{RenewRequest, TpmKeyAttestation};
+
+use crate::client::renew::{self as answer, RenewExpected};
+use crate::client::{Client, ClientError};
+use crate::config::Config;
+use crate::identity::{rotation, Identity};
+use crate::keys::{self, NodeKey, TpmAccess, TpmAk, TpmKey};
+use crate::pki::rfc3339;
+use crate::{clock, failpoint};
+
+/// What the log and the journal say when the control plane refuses.
+pub const REFUSED: &str = "renewal refused by the control plane (Renew refused)";
+
+/// The spec's words when the TPM holds another AK than the certificate names.
+pub const OTHER_AK: &str =
+    "the TPM's AK is not the one the certificate names (another TPM, or its endorsement seed changed)";
+
+#[derive(Debug, thiserror::Error)]
+pub enum RenewError {
+    /// ACCESS_DENIED: the reason stays on the control plane.
+    #[error("{REFUSED}")]
+    Refused,
+    /// Nothing changed on disk (a staged next key aside).
+    #[error("{0:#}")]
+    Failed(anyhow::Error),
+    /// The answer was accepted, but the rotation did not finish: what is on
+    /// disk must be loaded again (it loads as the old or the new identity).
+    #[error("{0:#}")]
+    Unsaved(anyhow::Error),
+}
+
+impl From<anyhow::Error> for RenewError {
+    fn from(e: anyhow::Error) -> Self {
+        RenewError::Failed(e)
+    }
+}
+
+/// Renews `current`; the new identity, already on disk, when it worked.
+pub async fn renew_once(
+    config: &Config,
+    tpm: &TpmAccess,
+    current: &Identity,
+) -> Result<Identity, RenewError> {
+    let dir = &config.data_dir;
+    let result = prepare_and_send(config, tpm, current).await;
+    let (next, chain, statement) = match result {
+        Ok(v) => v,
+        Err(e) => {
+            rotation::abandon(dir);
+            return Err(e);
+        }
+    };
+    let expected = RenewExpected {
+        node_id: &current.node_id,
+        trust_domain: &current.trust_domain,
+        next_spki: next.spki_der(),
+        statement: statement.as_deref(),
+        now: clock::now(),
+    };
+    let cert = match answer::verify_answer(&chain, &expected) {
+        Ok(c) => c,
+        Err(e) => {
+            rotation::abandon(dir);
+            return Err(RenewError::Failed(e.into()));
+        }
+    };
+    let renewed = Identity {
+        node_id: current.node_id.clone(),
+        role: current.role,
+        trust_domain: current.trust_domain.clone(),
+        attestor: current.attestor.clone(),
+        joined_at: current.joined_at,
+        chain,
+        cert,
+        key: next,
+    };
+    if let Err(e) = rotation::stage_identity(dir, &renewed) {
+        rotation::abandon(dir);
+        return Err(RenewError::Failed(anyhow::Error::new(e).context(
+            "the control plane renewed the certificate, but it could not be saved",
+        )));
+    }
+    failpoint::hit("renew-after-answer");
+    rotation::commit(dir, || failpoint::hit("renew-between-renames")).map_err(|e| {
+        RenewError::Unsaved(
+            anyhow::Error::new(e).context("the renewed identity could not be moved into place"),
+        )
+    })?;
+    tracing::info!(
+        node_id = %renewed.node_id,
+        not_after = %rfc3339(renewed.cert.not_after),
+        node_key = %renewed.key.kid(),
+        key_in = renewed.key.kind().as_str(),
+        statement = statement.as_deref().unwrap_or(""),
+        "renewed the certificate"
+    );
+    Ok(renewed)
+}
+
+/// The next key (staged to `node.key.next`), its CSR and proof, and the
+/// `Renew` call: the next key, the answer's chain and the current AK
+/// statement.
+async fn prepare_and_send(
+    config: &Config,
+    tpm: &TpmAccess,
+    current: &Identity,
+) -> Result<(Arc<dyn NodeKey>, Vec<Vec<u8>>, Option<String>), RenewError> {
+    let dir = &config.data_dir;
+    let leaf = current
+        .chain
+        .first()
+        .ok_or_else(|| anyhow::anyhow!("the current identity has no certificate"))?;
+    let statement = answer::ak_statement(leaf)
+        .map_err(|e| anyhow::anyhow!("the current certificate's statements: {e}"))?;
+    let (next, csr, key_attestation) = match &statement {
+        Some(statement) => {
+            let (key, csr, proof) = certified_next_key(tpm, statement, |k| {
+                rotation::stage_key(dir, k).map_err(anyhow::Error::new)
+            })?;
+            (Arc::new(key) as Arc<dyn NodeKey>, csr, Some(proof))
+        }
+        None => {
+            // TPM when there is one (a file key moves in here), else a file.
+            let key: Arc<dyn NodeKey> =
+                Arc::from(keys::generate(tpm, false).map_err(anyhow::Error::new)?);
+            rotation::stage_key(dir, key.as_ref()).map_err(anyhow::Error::new)?;
+            let csr = keys::make_csr(key.as_ref()).map_err(anyhow::Error::new)?;
+            (key, csr, None)
+        }
+    };
+    failpoint::hit("renew-before-request");
+    let client = Client::with_identity(config, &current.chain, current.key.clone())
+        .map_err(anyhow::Error::new)?;
+    tracing::info!(
+        api = %client.api(),
+        node_id = %current.node_id,
+        current_key = %current.key.kid(),
+        next_key = %next.kid(),
+        key_in = next.kind().as_str(),
+        certified = key_attestation.is_some(),
+        "renewing the certificate"
+    );
+    let request = RenewRequest {
+        csr,
+        key_attestation,
+    };
+    let chain = client.renew(&request).await.map_err(|e| match e {
+        ClientError::AccessDenied => RenewError::Refused,
+        e => RenewError::Failed(e.into()),
+    })?;
+    Ok((next, chain, statement))
+}
+
+/// The next key for a certificate that names an AK: the AK derived alone
+/// and checked against the statement, the key made in the same TPM and
+/// staged by `stage`, its CSR, and the AK's certification of it over
+/// sha256(csr). No fallback: without that AK or that TPM, nothing is sent.
+fn certified_next_key(
+    tpm: &TpmAccess,
+    statement: &str,
+    stage: impl FnOnce(&TpmKey) -> anyhow::Result<()>,
+) -> anyhow::Result<(TpmKey, Vec<u8>, TpmKeyAttestation)> {
+    let want = bc_wire::tpm::parse_ak_statement(statement).map_err(|_| {
+        anyhow::anyhow!("the certificate's AK statement {statement:?} is not one bcd can prove")
+    })?;
+    let no_tpm = |e: keys::KeyError| {
+        anyhow::anyhow!(
+            "the certificate names a TPM AK, but the TPM cannot provide it: {e}; a renewal of this certificate needs that TPM, so nothing was sent"
+        )
+    };
+    let shared = tpm.open().map_err(no_tpm)?;
+    let ak = TpmAk::load(shared.clone()).map_err(no_tpm)?;
+    if ak.name() != want.as_slice() {
+        anyhow::bail!(OTHER_AK);
+    }
+    let key = TpmKey::generate(shared).map_err(|e| {
+        anyhow::anyhow!("the TPM cannot make the next node key: {e}; nothing was sent")
+    })?;
+    stage(&key)?;
+    let csr = keys::make_csr(&key)?;
+    let (certify_info, signature) = ak
+        .certify(&key, &bc_wire::sha256(&csr))
+        .map_err(|e| anyhow::anyhow!("the AK cannot certify the next node key: {e}"))?;
+    let proof = TpmKeyAttestation {
+        ak_public: ak.public().to_vec(),
+        key_public: key.public().to_vec(),
+        certify_info,
+        signature,
+    };
+    Ok((key, csr, proof))
+}

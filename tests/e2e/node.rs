@@ -1,0 +1,465 @@
+//! `bcd node`: renewal over mTLS (TPM-certified next keys for a TPM-joined
+//! node), crash safety of the rotation, backoff, and the x509pop re-join
+//! after an offline expiry, against the reference control plane and swtpm.
+//! Clocks are moved (`BCD_CLOCK_OFFSET` in this failpoints build, the
+//! control plane's database clock), never waited on.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use bcd::keys::TpmAccess;
+use serde_json::Value;
+
+use crate::harness::*;
+
+/// A control plane that trusts the test TPM maker (see tests/e2e/tpm.rs).
+fn tpm_control_plane() -> ControlPlane {
+    let cp = ControlPlane::start_with_config("[tpm]\nenrollment_retry_after = \"1s\"\n");
+    for pem in ["ek-root.pem", "ek-intermediate.pem"] {
+        let path = workspace().join("tpmsim-fixtures").join(pem);
+        assert_ok(&cp.cli(&["ek-roots", "add", &path.to_string_lossy()]));
+    }
+    cp
+}
+
+/// Short retries, so that a test sees several in seconds.
+fn fast_backoff(agent: &Agent) {
+    let mut config = std::fs::read_to_string(&agent.config).unwrap();
+    config.push_str("\n[node]\nbackoff_min = \"1s\"\nbackoff_max = \"2s\"\n");
+    std::fs::write(&agent.config, config).unwrap();
+}
+
+fn tpm_join(cp: &ControlPlane, tpm: &Swtpm) -> Agent {
+    let agent = Agent::with_tpm(cp, tpm);
+    let out = agent.run(&["tpm", "identify", "--json"]);
+    assert_ok(&out);
+    let id: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_ok(&cp.cli(&[
+        "resolve",
+        "add",
+        "--ek-sha256",
+        id["ekSha256"].as_str().unwrap(),
+    ]));
+    assert_ok(&agent.run(&["join", "--attestor", "tpm"]));
+    agent
+}
+
+fn node(agent: &Agent, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut all = vec!["node"];
+    all.extend_from_slice(args);
+    let mut cmd = agent.command(&all);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("run bcd node")
+}
+
+fn identity(agent: &Agent, tpm: Option<&Swtpm>) -> bcd::identity::Identity {
+    let access = match tpm {
+        Some(t) => TpmAccess::new(Some(&t.tcti())),
+        None => TpmAccess::none(),
+    };
+    bcd::identity::Identity::load(&agent.data_dir, &access)
+        .expect("the identity loads")
+        .expect("an identity")
+}
+
+fn statements(id: &bcd::identity::Identity) -> Vec<String> {
+    bcd::client::renew::statements(&id.chain[0]).unwrap()
+}
+
+fn node_row(cp: &ControlPlane, node_id: &str) -> Value {
+    cp.nodes()
+        .into_iter()
+        .find(|n| n["nodeId"] == node_id)
+        .expect("node listed")
+}
+
+#[test]
+fn a_token_node_renews_over_mtls_and_says_so() {
+    let cp = ControlPlane::start();
+    let agent = Agent::new(&cp);
+    assert_ok(&agent.join_with_token(&cp.token("node", &[])));
+    let before = identity(&agent, None);
+
+    // Not due: one pass does nothing and exits 0.
+    let out = node(&agent, &["--once"], &[]);
+    assert_ok(&out);
+    assert!(stderr(&out).contains("not due"), "{}", stderr(&out));
+    assert_eq!(agent.status_json()["lastRenewal"], Value::Null);
+
+    let out = node(&agent, &["--once", "--renew-now"], &[]);
+    assert_ok(&out);
+    assert!(
+        stderr(&out).contains("renewed the certificate"),
+        "{}",
+        stderr(&out)
+    );
+    let after = identity(&agent, None);
+    assert_eq!(after.node_id, before.node_id);
+    assert_ne!(after.key.spki_der(), before.key.spki_der(), "a new key");
+    assert_ne!(after.chain[0], before.chain[0], "a new certificate");
+    assert_eq!(
+        agent.files(),
+        vec!["identity.json", "journal.db", "node.key"]
+    );
+    let status = agent.status_json();
+    assert_eq!(status["lastRenewal"]["ok"], true, "{status}");
+    let text = stdout(&agent.run(&["status"]));
+    assert!(
+        text.contains(", last renewal ") && text.trim_end().ends_with(" ok"),
+        "{text}"
+    );
+
+    // Half the lifetime later (bcd's clock moved 13 h), it renews by itself.
+    let out = node(&agent, &["--once"], &[("BCD_CLOCK_OFFSET", "+13h")]);
+    assert_ok(&out);
+    assert!(
+        stderr(&out).contains("renewed the certificate"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn a_refused_renewal_is_logged_and_journaled() {
+    let cp = ControlPlane::start();
+    let agent = Agent::new(&cp);
+    assert_ok(&agent.join_with_token(&cp.token("node", &[])));
+    let node_id = agent.status_json()["nodeId"].as_str().unwrap().to_owned();
+    assert_ok(&cp.cli(&["nodes", "revoke-identity", &node_id]));
+
+    let out = node(&agent, &["--once", "--renew-now"], &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("renewal failed")
+            && err.contains("attempt=1")
+            && err.contains("expiresIn=")
+            && err.contains("renewal refused by the control plane (Renew refused)"),
+        "{err}"
+    );
+    let last = &agent.status_json()["lastRenewal"];
+    assert_eq!(last["ok"], false);
+    assert_eq!(
+        last["detail"],
+        "renewal refused by the control plane (Renew refused)"
+    );
+    assert_eq!(
+        agent.files(),
+        vec!["identity.json", "journal.db", "node.key"]
+    );
+}
+
+#[test]
+fn a_tpm_node_renews_with_a_certified_next_key_each_time() {
+    let cp = tpm_control_plane();
+    let tpm = Swtpm::start();
+    let agent = tpm_join(&cp, &tpm);
+    let first = identity(&agent, Some(&tpm));
+    let statement = statements(&first);
+    assert_eq!(statement.len(), 1);
+    assert!(statement[0].starts_with("urn:bc:tpm-ak:sha256:"));
+    drop(first);
+
+    let mut keys = vec![];
+    for _ in 0..3 {
+        let out = node(&agent, &["--once", "--renew-now"], &[]);
+        assert_ok(&out);
+        assert!(stderr(&out).contains("certified=true"), "{}", stderr(&out));
+        let id = identity(&agent, Some(&tpm));
+        assert_eq!(statements(&id), statement, "the same AK statement");
+        assert_eq!(id.key.kind().as_str(), "tpm");
+        keys.push(id.key.spki_der().to_vec());
+    }
+    keys.dedup();
+    assert_eq!(keys.len(), 3, "a new TPM key at every renewal");
+    let record = std::fs::read_to_string(agent.data_dir.join("node.key")).unwrap();
+    assert!(record.starts_with("-----BEGIN BCD TPM NODE KEY-----"));
+}
+
+#[test]
+fn a_file_key_node_moves_into_the_tpm_at_its_next_renewal() {
+    let cp = ControlPlane::start();
+    let agent = Agent::new(&cp);
+    assert_ok(&agent.join_with_token(&cp.token("node", &[])));
+    assert_eq!(agent.status_json()["nodeKey"], "file");
+
+    let tpm = Swtpm::start();
+    let mut config = std::fs::read_to_string(&agent.config).unwrap();
+    config.push_str(&format!("\n[tpm]\ntcti = \"{}\"\n", tpm.tcti()));
+    std::fs::write(&agent.config, config).unwrap();
+    assert_ok(&node(&agent, &["--once", "--renew-now"], &[]));
+    assert_eq!(agent.status_json()["nodeKey"], "tpm");
+    assert!(statements(&identity(&agent, Some(&tpm))).is_empty());
+}
+
+/// Kill -9 (abort) at each step of a renewal: the next start loads a valid
+/// identity, old or new, and renews again.
+#[test]
+fn a_crash_at_each_step_of_a_renewal_leaves_an_identity_that_loads() {
+    let cp = ControlPlane::start();
+    let agent = Agent::new(&cp);
+    assert_ok(&agent.join_with_token(&cp.token("node", &[])));
+    for point in [
+        "renew-before-request",
+        "renew-after-answer",
+        "renew-between-renames",
+    ] {
+        let before = identity(&agent, None).key.spki_der().to_vec();
+        let out = node(
+            &agent,
+            &["--once", "--renew-now"],
+            &[("BCD_FAILPOINT", point)],
+        );
+        assert!(
+            out.status.code().is_none(),
+            "{point}: expected the process to die, got {:?}: {}",
+            out.status,
+            stderr(&out)
+        );
+        let after = identity(&agent, None);
+        if point == "renew-before-request" {
+            assert_eq!(after.key.spki_der(), before, "{point}: the old identity");
+            // The staged key stays until the next renewal overwrites it.
+            assert_eq!(
+                agent.files(),
+                vec!["identity.json", "journal.db", "node.key", "node.key.next"],
+            );
+        } else {
+            assert_ne!(after.key.spki_der(), before, "{point}: the new identity");
+            assert_eq!(
+                agent.files(),
+                vec!["identity.json", "journal.db", "node.key"],
+                "{point}"
+            );
+        }
+        let out = node(&agent, &["--once", "--renew-now"], &[]);
+        assert_ok(&out);
+        assert_eq!(
+            agent.files(),
+            vec!["identity.json", "journal.db", "node.key"],
+            "{point}"
+        );
+    }
+}
+
+/// The same with the key in the TPM. swtpm over TCP has no resource
+/// manager, so the transient objects of a killed process stay loaded until
+/// the machine restarts: the test flushes them, as a reboot would.
+#[test]
+fn a_crash_of_a_tpm_renewal_leaves_an_identity_that_loads() {
+    let cp = tpm_control_plane();
+    let tpm = Swtpm::start();
+    let agent = tpm_join(&cp, &tpm);
+    for point in ["renew-after-answer", "renew-between-renames"] {
+        let out = node(
+            &agent,
+            &["--once", "--renew-now"],
+            &[("BCD_FAILPOINT", point)],
+        );
+        assert!(out.status.code().is_none(), "{point}: {}", stderr(&out));
+        assert_ok(&tpm.tool("tpm2_flushcontext", &["-t"]));
+        let out = node(&agent, &["--once"], &[]);
+        assert_ok(&out);
+        assert!(
+            stderr(&out).contains("completed an interrupted identity rotation"),
+            "{point}: {}",
+            stderr(&out)
+        );
+        assert_ok(&node(&agent, &["--once", "--renew-now"], &[]));
+    }
+}
+
+/// Lines of a running `bcd node`'s stderr, as they come.
+struct Running {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Running {
+    fn start(agent: &Agent, args: &[&str]) -> Running {
+        let mut all = vec!["node"];
+        all.extend_from_slice(args);
+        let mut child = agent
+            .command(&all)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn bcd node");
+        let err = child.stderr.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(err).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Running {
+            child,
+            lines,
+            seen: vec![],
+        }
+    }
+
+    /// Waits (at most 30 s) until `n` lines contain `needle`.
+    fn wait_for(&mut self, needle: &str, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.seen.iter().filter(|l| l.contains(needle)).count() < n {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) => self.seen.push(l),
+                Err(_) => panic!("no {n}× {needle:?} in: {:#?}", self.seen),
+            }
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn renewal_backs_off_while_the_control_plane_is_down_then_succeeds() {
+    let mut cp = ControlPlane::start();
+    let agent = Agent::new(&cp);
+    fast_backoff(&agent);
+    assert_ok(&agent.join_with_token(&cp.token("node", &[])));
+    let listen = cp.url.trim_start_matches("https://").to_owned();
+    cp.stop();
+
+    let mut node = Running::start(&agent, &["--renew-now"]);
+    node.wait_for("renewal failed", 3);
+    let failures: Vec<&String> = node
+        .seen
+        .iter()
+        .filter(|l| l.contains("renewal failed"))
+        .collect();
+    for (i, (attempt, retry)) in [(1, "1s"), (2, "2s"), (3, "2s")].iter().enumerate() {
+        let l = failures[i];
+        assert!(
+            l.contains(&format!("attempt={attempt}"))
+                && l.contains(&format!("retryIn={retry}"))
+                && l.contains("expiresIn="),
+            "{l}"
+        );
+    }
+
+    // The control plane comes back on the same address.
+    let _server = Server::start(&cp, &listen);
+    node.wait_for("renewed the certificate", 1);
+    assert_eq!(agent.status_json()["lastRenewal"]["ok"], true);
+}
+
+/// `bc-controlplane serve` on a given address (the harness picks a free one).
+struct Server(Child);
+
+impl Server {
+    fn start(cp: &ControlPlane, listen: &str) -> Server {
+        let mut child = Command::new(bin("bc-controlplane"))
+            .args(["serve", "--dir"])
+            .arg(cp.path())
+            .args(["--listen", listen])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn bc-controlplane serve");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert!(line.starts_with("listening on "), "{line:?}");
+        Server(child)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn an_expired_node_rejoins_with_x509pop_within_grace_and_stops_past_it() {
+    let cp = ControlPlane::start();
+    let agent = Agent::new(&cp);
+    assert_ok(&agent.join_with_token(&cp.token("node", &[])));
+    let node_id = agent.status_json()["nodeId"].as_str().unwrap().to_owned();
+    let generation = node_row(&cp, &node_id)["identityGeneration"].clone();
+    let before = identity(&agent, None);
+
+    // The machine was off for 25 hours: both clocks move.
+    assert_ok(&cp.cli(&["clock", "set", "--offset", "25h"]));
+    let out = node(&agent, &["--once"], &[("BCD_CLOCK_OFFSET", "+25h")]);
+    assert_ok(&out);
+    let err = stderr(&out);
+    assert!(
+        err.contains(&format!("re-joining with x509pop as {node_id}"))
+            && err.contains("certificate expired"),
+        "{err}"
+    );
+    let after = identity(&agent, None);
+    assert_eq!(after.node_id, node_id, "the same node");
+    assert_eq!(after.attestor, "x509pop");
+    assert_ne!(after.key.spki_der(), before.key.spki_der());
+    let row = node_row(&cp, &node_id);
+    assert!(
+        row["identityGeneration"].as_i64() > generation.as_i64(),
+        "{row}"
+    );
+
+    // Ten days later: past the grace, the operator must act.
+    let out = node(&agent, &["--once"], &[("BCD_CLOCK_OFFSET", "+11d")]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(
+        err.contains("past the 7-day grace")
+            && err.contains("bcd join --reset --yes, then bcd join"),
+        "{err}"
+    );
+}
+
+#[test]
+fn join_with_x509pop_rejoins_as_itself() {
+    let cp = ControlPlane::start();
+    let agent = Agent::new(&cp);
+
+    let out = agent.run(&["join", "--attestor", "x509pop"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("no identity"), "{}", stderr(&out));
+
+    assert_ok(&agent.join_with_token(&cp.token("node", &[])));
+    let node_id = agent.status_json()["nodeId"].as_str().unwrap().to_owned();
+    for usage in [
+        &["--reset", "--yes"][..],
+        &["--token-file", "/dev/null"][..],
+    ] {
+        let mut args = vec!["join", "--attestor", "x509pop"];
+        args.extend_from_slice(usage);
+        assert_eq!(agent.run(&args).status.code(), Some(2), "{usage:?}");
+    }
+
+    let out = agent.run(&["join", "--attestor", "x509pop"]);
+    assert_ok(&out);
+    assert_eq!(stdout(&out).trim(), format!("re-joined as {node_id}"));
+    assert_eq!(agent.status_json()["nodeId"], node_id.as_str());
+    assert_eq!(node_row(&cp, &node_id)["attestor"], "x509pop");
+
+    // A clock two minutes off is outside the 60 s window.
+    let out = agent
+        .command(&["join", "--attestor", "x509pop"])
+        .env("BCD_CLOCK_OFFSET", "-2m")
+        .output()
+        .unwrap();
+    assert_access_denied(&out);
+    assert_eq!(agent.status_json()["nodeId"], node_id.as_str());
+}
