@@ -11,23 +11,6 @@ use serde_json::Value;
 
 use crate::harness::*;
 
-/// The same control plane as tests/e2e/tpm.rs: it trusts the test maker.
-fn tpm_control_plane() -> ControlPlane {
-    let cp = ControlPlane::start_with_config("[tpm]\nenrollment_retry_after = \"1s\"\n");
-    for pem in ["ek-root.pem", "ek-intermediate.pem"] {
-        assert_ok(&cp.cli(&["ek-roots", "add", &fixture(pem)]));
-    }
-    cp
-}
-
-fn fixture(name: &str) -> String {
-    workspace()
-        .join("tpmsim-fixtures")
-        .join(name)
-        .to_string_lossy()
-        .into_owned()
-}
-
 /// Lets this machine's TPM join through `resolve add`.
 fn allow(cp: &ControlPlane, agent: &Agent) {
     let out = agent.run(&["tpm", "identify", "--json"]);
@@ -239,7 +222,7 @@ fn a_config_that_does_not_load() {
 
 #[test]
 fn a_tpm_joined_node_and_its_ek_roots() {
-    let cp = tpm_control_plane();
+    let cp = ControlPlane::start_trusting_test_maker();
     let tpm = Swtpm::start();
     let agent = Agent::with_tpm(&cp, &tpm);
     allow(&cp, &agent);
@@ -310,7 +293,7 @@ fn a_tpm_joined_node_and_its_ek_roots() {
 
 #[test]
 fn a_tpm_cleared_node_fails_with_the_specs_hint() {
-    let cp = tpm_control_plane();
+    let cp = ControlPlane::start_trusting_test_maker();
     let tpm = Swtpm::start();
     let agent = Agent::with_tpm(&cp, &tpm);
     allow(&cp, &agent);

@@ -69,6 +69,17 @@ impl ControlPlane {
         cp.serve()
     }
 
+    /// A control plane that trusts the test TPM maker (root and issuing CA,
+    /// as an operator adds them: TPMs carry no intermediate in NV) and asks
+    /// pending machines to come back after a second.
+    pub fn start_trusting_test_maker() -> Self {
+        let cp = ControlPlane::start_with_config("[tpm]\nenrollment_retry_after = \"1s\"\n");
+        for pem in ["ek-root.pem", "ek-intermediate.pem"] {
+            assert_ok(&cp.cli(&["ek-roots", "add", &fixture(pem)]));
+        }
+        cp
+    }
+
     /// An initialised directory without a server, for CLI-only tests and for
     /// an in-process server.
     pub fn init_only() -> Self {
@@ -339,6 +350,15 @@ pub fn assert_access_denied(out: &Output) {
 /// The workspace root, where `tpmsim-fixtures/` lives.
 pub fn workspace() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A file in tpmsim-fixtures/.
+pub fn fixture(name: &str) -> String {
+    workspace()
+        .join("tpmsim-fixtures")
+        .join(name)
+        .to_string_lossy()
+        .into_owned()
 }
 
 /// A manufactured swtpm state, made once per test run and copied for each

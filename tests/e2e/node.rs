@@ -14,16 +14,6 @@ use serde_json::Value;
 
 use crate::harness::*;
 
-/// A control plane that trusts the test TPM maker (see tests/e2e/tpm.rs).
-fn tpm_control_plane() -> ControlPlane {
-    let cp = ControlPlane::start_with_config("[tpm]\nenrollment_retry_after = \"1s\"\n");
-    for pem in ["ek-root.pem", "ek-intermediate.pem"] {
-        let path = workspace().join("tpmsim-fixtures").join(pem);
-        assert_ok(&cp.cli(&["ek-roots", "add", &path.to_string_lossy()]));
-    }
-    cp
-}
-
 /// Short retries, so that a test sees several in seconds.
 fn fast_backoff(agent: &Agent) {
     let mut config = std::fs::read_to_string(&agent.config).unwrap();
@@ -155,7 +145,7 @@ fn a_refused_renewal_is_logged_and_journaled() {
 
 #[test]
 fn a_tpm_node_renews_with_a_certified_next_key_each_time() {
-    let cp = tpm_control_plane();
+    let cp = ControlPlane::start_trusting_test_maker();
     let tpm = Swtpm::start();
     let agent = tpm_join(&cp, &tpm);
     let first = identity(&agent, Some(&tpm));
@@ -251,7 +241,7 @@ fn a_crash_at_each_step_of_a_renewal_leaves_an_identity_that_loads() {
 /// the machine restarts: the test flushes them, as a reboot would.
 #[test]
 fn a_crash_of_a_tpm_renewal_leaves_an_identity_that_loads() {
-    let cp = tpm_control_plane();
+    let cp = ControlPlane::start_trusting_test_maker();
     let tpm = Swtpm::start();
     let agent = tpm_join(&cp, &tpm);
     for point in ["renew-after-answer", "renew-between-renames"] {

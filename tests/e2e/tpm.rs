@@ -15,27 +15,6 @@ use x509_parser::prelude::*;
 
 use crate::harness::*;
 
-/// A control plane that trusts the test maker and asks pending machines to
-/// come back after a second.
-fn tpm_control_plane() -> ControlPlane {
-    let cp = ControlPlane::start_with_config("[tpm]\nenrollment_retry_after = \"1s\"\n");
-    // The maker's root and its issuing CA, as an operator would add them
-    // (TPMs carry no intermediate in NV).
-    for pem in ["ek-root.pem", "ek-intermediate.pem"] {
-        assert_ok(
-            &cp.cli(&[
-                "ek-roots",
-                "add",
-                &workspace()
-                    .join("tpmsim-fixtures")
-                    .join(pem)
-                    .to_string_lossy(),
-            ]),
-        );
-    }
-    cp
-}
-
 fn identify(agent: &Agent) -> Value {
     let out = agent.run(&["tpm", "identify", "--json"]);
     assert_ok(&out);
@@ -82,7 +61,7 @@ fn node(cp: &ControlPlane, node_id: &str) -> Value {
 
 #[test]
 fn a_tpm_join_through_enrollment() {
-    let cp = tpm_control_plane();
+    let cp = ControlPlane::start_trusting_test_maker();
     let tpm = Swtpm::start();
     let agent = Agent::with_tpm(&cp, &tpm);
     let ek = identify(&agent)["ekSha256"].as_str().unwrap().to_owned();
@@ -170,7 +149,7 @@ fn wait_for<T>(mut f: impl FnMut() -> Option<T>) -> T {
 
 #[test]
 fn a_tpm_join_through_resolve_then_reclaims_after_reset() {
-    let cp = tpm_control_plane();
+    let cp = ControlPlane::start_trusting_test_maker();
     let tpm = Swtpm::start();
     let agent = Agent::with_tpm(&cp, &tpm);
     allow(&cp, &agent);
@@ -203,7 +182,7 @@ fn a_tpm_join_through_resolve_then_reclaims_after_reset() {
 
 #[test]
 fn after_tpm2_clear_the_identity_no_longer_loads_and_a_join_reclaims_the_node() {
-    let cp = tpm_control_plane();
+    let cp = ControlPlane::start_trusting_test_maker();
     let tpm = Swtpm::start();
     let agent = Agent::with_tpm(&cp, &tpm);
     allow(&cp, &agent);
@@ -226,7 +205,7 @@ fn after_tpm2_clear_the_identity_no_longer_loads_and_a_join_reclaims_the_node() 
 
 #[test]
 fn another_tpm_cannot_join_as_the_first_ones_node() {
-    let cp = tpm_control_plane();
+    let cp = ControlPlane::start_trusting_test_maker();
     let (tpm_a, tpm_b) = (Swtpm::start(), Swtpm::start_another_machine());
     let a = Agent::with_tpm(&cp, &tpm_a);
     allow(&cp, &a);
@@ -249,7 +228,7 @@ fn another_tpm_cannot_join_as_the_first_ones_node() {
 
 #[test]
 fn an_ek_from_an_unknown_maker_is_refused() {
-    let cp = tpm_control_plane();
+    let cp = ControlPlane::start_trusting_test_maker();
     let tpm = Swtpm::start_other_maker();
     let agent = Agent::with_tpm(&cp, &tpm);
     allow(&cp, &agent);
@@ -261,7 +240,7 @@ fn an_ek_from_an_unknown_maker_is_refused() {
 
 #[test]
 fn a_pool_that_requires_tpm_refuses_a_token_join() {
-    let cp = tpm_control_plane();
+    let cp = ControlPlane::start_trusting_test_maker();
     assert_ok(&cp.cli(&[
         "pools",
         "update",
@@ -296,7 +275,7 @@ fn a_pool_that_requires_tpm_refuses_a_token_join() {
 
 #[test]
 fn a_tpm_join_reads_no_token() {
-    let cp = tpm_control_plane();
+    let cp = ControlPlane::start_trusting_test_maker();
     let tpm = Swtpm::start();
     let agent = Agent::with_tpm(&cp, &tpm);
     let out = agent.run(&["join", "--attestor", "tpm", "--token-file", "/dev/null"]);
@@ -306,7 +285,7 @@ fn a_tpm_join_reads_no_token() {
 
 #[test]
 fn a_token_join_on_a_machine_with_a_tpm_keeps_its_key_there() {
-    let cp = tpm_control_plane();
+    let cp = ControlPlane::start_trusting_test_maker();
     let tpm = Swtpm::start();
     let agent = Agent::with_tpm(&cp, &tpm);
     assert_ok(&agent.join_with_token(&cp.token("node", &[])));
@@ -405,7 +384,7 @@ impl ManualJoin {
 /// Runs one altered second round against a fresh control plane and TPM and
 /// returns the refusal reason the server recorded.
 fn refusal_of(alter: impl FnOnce(&ManualJoin, &mut bc_wire::agent::TpmAnswer)) -> String {
-    let cp = tpm_control_plane();
+    let cp = ControlPlane::start_trusting_test_maker();
     let tpm = Swtpm::start();
     let agent = Agent::with_tpm(&cp, &tpm);
     allow(&cp, &agent);
@@ -424,7 +403,7 @@ fn csr_sha256(join: &ManualJoin) -> [u8; 32] {
 #[test]
 fn an_unaltered_manual_join_succeeds() {
     // The baseline for the tests below: the same steps, nothing altered.
-    let cp = tpm_control_plane();
+    let cp = ControlPlane::start_trusting_test_maker();
     let tpm = Swtpm::start();
     let agent = Agent::with_tpm(&cp, &tpm);
     allow(&cp, &agent);

@@ -1,0 +1,249 @@
+//! What the control plane refuses after a join, seen from a real agent:
+//! renewals whose key proof is missing or wrong, and x509pop re-joins that are
+//! stale, replayed, late or out of the clock window. Each sees ACCESS_DENIED
+//! at the agent and its reason in the control plane's events.
+
+use bc_wire::agent::{JoinRequest, RenewRequest, Role, TpmKeyAttestation};
+use bcd::client::{Client, ClientError};
+use bcd::identity::Identity;
+use bcd::keys::{FileKey, NodeKey, TpmAccess, TpmKey};
+use serde_json::Value;
+
+use crate::harness::*;
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn tpm_node(cp: &ControlPlane, tpm: &Swtpm) -> Agent {
+    let agent = Agent::with_tpm(cp, tpm);
+    let out = agent.run(&["tpm", "identify", "--json"]);
+    let id: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_ok(&cp.cli(&[
+        "resolve",
+        "add",
+        "--ek-sha256",
+        id["ekSha256"].as_str().unwrap(),
+    ]));
+    assert_ok(&agent.run(&["join", "--attestor", "tpm"]));
+    agent
+}
+
+fn renew_refusals(cp: &ControlPlane) -> Vec<String> {
+    cp.events()
+        .into_iter()
+        .filter(|e| e["type"] == "security.renew.refused")
+        .map(|e| e["reason"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+/// Sends a Renew over mTLS with the node's current identity; it must be refused.
+fn renew_refused(agent: &Agent, access: &TpmAccess, request: &RenewRequest) {
+    let config = bcd::config::Config::load(&agent.config).unwrap();
+    let id = Identity::load(&agent.data_dir, access).unwrap().unwrap();
+    let client = Client::with_identity(&config, &id.chain, id.key.clone()).unwrap();
+    match rt().block_on(client.renew(request)) {
+        Err(ClientError::AccessDenied) => {}
+        other => panic!("expected ACCESS_DENIED, got {:?}", other.map(|c| c.len())),
+    }
+}
+
+#[test]
+fn a_tpm_node_cannot_renew_without_its_aks_proof_of_the_next_key() {
+    let cp = ControlPlane::start_trusting_test_maker();
+    let (tpm, other_tpm) = (Swtpm::start(), Swtpm::start_another_machine());
+    let agent = tpm_node(&cp, &tpm);
+    let node_id = agent.status_json()["nodeId"].as_str().unwrap().to_owned();
+    let access = TpmAccess::new(Some(&tpm.tcti()));
+
+    // The next key, in the TPM, and its CSR.
+    let next = TpmKey::generate(access.open().unwrap()).unwrap();
+    let csr = bcd::keys::make_csr(&next).unwrap();
+    let q = bc_wire::sha256(&csr);
+
+    // 1. No key attestation at all.
+    renew_refused(
+        &agent,
+        &access,
+        &RenewRequest {
+            csr: csr.clone(),
+            key_attestation: None,
+        },
+    );
+
+    // 2. A real certification, by another TPM's AK.
+    let attestation_by = |tcti: &str, key: &dyn Fn(&mut bcd::tpm::Tpm) -> bcd::tpm::LoadedKey| {
+        let mut t = bcd::tpm::Tpm::open(tcti).unwrap();
+        let ak = t.ak().unwrap();
+        let k = key(&mut t);
+        let (certify_info, signature) = t.certify(&k, &ak, &q).unwrap();
+        let a = TpmKeyAttestation {
+            ak_public: ak.public.clone(),
+            key_public: k.public.clone(),
+            certify_info,
+            signature,
+        };
+        t.flush(k).unwrap();
+        t.flush(ak).unwrap();
+        a
+    };
+    let by_other = attestation_by(&other_tpm.tcti(), &|t| t.node_key(&[9; 32]).unwrap());
+    renew_refused(
+        &agent,
+        &access,
+        &RenewRequest {
+            csr: csr.clone(),
+            key_attestation: Some(by_other),
+        },
+    );
+
+    // 3. The right AK, certifying a key that is not the CSR's.
+    drop(next);
+    let not_csr = attestation_by(&tpm.tcti(), &|t| t.node_key(&[7; 32]).unwrap());
+    renew_refused(
+        &agent,
+        &access,
+        &RenewRequest {
+            csr,
+            key_attestation: Some(not_csr),
+        },
+    );
+
+    assert_eq!(
+        renew_refusals(&cp),
+        vec!["key-attestation-missing", "ak-mismatch", "node-key-not-csr"]
+    );
+    let refused = cp
+        .events()
+        .into_iter()
+        .filter(|e| e["type"] == "security.renew.refused")
+        .collect::<Vec<_>>();
+    assert!(refused.iter().all(|e| e["nodeId"] == node_id.as_str()));
+    assert!(
+        cp.log().contains("renew refused"),
+        "the control plane logs it"
+    );
+
+    // And the node's own renewal, with the proof, still works.
+    let out = agent
+        .command(&["node", "--once", "--renew-now"])
+        .output()
+        .unwrap();
+    assert_ok(&out);
+}
+
+/// A Join with x509pop evidence by the node's current identity, for `csr_key`.
+fn x509pop_request(agent: &Agent, csr_key: &dyn NodeKey, now: time::OffsetDateTime) -> JoinRequest {
+    let id = Identity::load(&agent.data_dir, &TpmAccess::none())
+        .unwrap()
+        .unwrap();
+    let csr = bcd::keys::make_csr(csr_key).unwrap();
+    let evidence = bcd::evidence::x509pop::build(
+        &id.chain,
+        id.key.as_ref(),
+        &bc_wire::sha256(&csr),
+        &id.node_id,
+        now,
+    )
+    .unwrap();
+    JoinRequest {
+        csr,
+        role: Role::Node as i32,
+        attestor: "x509pop".into(),
+        attestation: evidence,
+        ..Default::default()
+    }
+}
+
+fn send(agent: &Agent, request: &JoinRequest) -> Result<(), ClientError> {
+    let config = bcd::config::Config::load(&agent.config).unwrap();
+    rt().block_on(Client::new(&config).unwrap().join(request))
+        .map(|_| ())
+}
+
+fn last_reason(cp: &ControlPlane) -> String {
+    cp.refusal_reasons().pop().unwrap_or_default()
+}
+
+#[test]
+fn an_x509pop_proof_is_spent_once() {
+    let cp = ControlPlane::start();
+    let agent = Agent::new(&cp);
+    assert_ok(&agent.join_with_token(&cp.token("node", &[])));
+    // The pool refuses x509pop after the attestor accepted the proof: the
+    // proof is spent, so the same request later is a replay.
+    assert_ok(&cp.cli(&[
+        "pools",
+        "update",
+        "--id",
+        "default",
+        "--join-attestors",
+        "join-token",
+    ]));
+    let key = FileKey::generate().unwrap();
+    let request = x509pop_request(&agent, &key, time::OffsetDateTime::now_utc());
+    assert!(matches!(
+        send(&agent, &request),
+        Err(ClientError::AccessDenied)
+    ));
+    assert_eq!(last_reason(&cp), "join:pool-attestor");
+    assert_ok(&cp.cli(&[
+        "pools",
+        "update",
+        "--id",
+        "default",
+        "--join-attestors",
+        "join-token,x509pop",
+    ]));
+    assert!(matches!(
+        send(&agent, &request),
+        Err(ClientError::AccessDenied)
+    ));
+    assert_eq!(last_reason(&cp), "replayed");
+    // A fresh proof is fine.
+    let fresh = x509pop_request(&agent, &key, time::OffsetDateTime::now_utc());
+    send(&agent, &fresh).expect("a fresh proof re-joins");
+}
+
+#[test]
+fn x509pop_refuses_old_proofs_revoked_identities_and_expiries_past_grace() {
+    let cp = ControlPlane::start();
+    let agent = Agent::new(&cp);
+    assert_ok(&agent.join_with_token(&cp.token("node", &[])));
+    let node_id = agent.status_json()["nodeId"].as_str().unwrap().to_owned();
+    let key = FileKey::generate().unwrap();
+
+    // A proof made two minutes ago: outside the 60 s window.
+    let old = x509pop_request(
+        &agent,
+        &key,
+        time::OffsetDateTime::now_utc() - time::Duration::minutes(2),
+    );
+    assert!(matches!(send(&agent, &old), Err(ClientError::AccessDenied)));
+    assert_eq!(last_reason(&cp), "clock-window");
+
+    // Eight days after expiry (db clock moved; bcd's too): past the 7-day grace.
+    assert_ok(&cp.cli(&["clock", "set", "--offset", "9d"]));
+    let late = agent
+        .command(&["join", "--attestor", "x509pop"])
+        .env("BCD_CLOCK_OFFSET", "+9d")
+        .output()
+        .unwrap();
+    assert_access_denied(&late);
+    assert_eq!(last_reason(&cp), "past-grace");
+    assert_ok(&cp.cli(&["clock", "set", "--offset", "0s"]));
+
+    // After revoke-identity, no certificate from before it re-joins.
+    assert_ok(&cp.cli(&["nodes", "revoke-identity", &node_id]));
+    let out = agent.run(&["join", "--attestor", "x509pop"]);
+    assert_access_denied(&out);
+    assert_eq!(last_reason(&cp), "stale-generation");
+    assert_eq!(
+        agent.status_json()["nodeId"],
+        node_id.as_str(),
+        "nothing was written"
+    );
+}
