@@ -88,13 +88,14 @@ async fn probe(config: &Config) -> Result<Answer, Failure> {
         .user_agent(concat!("bcd/", env!("CARGO_PKG_VERSION"), " doctor"))
         .build()
         .map_err(|e| Failure::Setup(e.to_string()))?;
-    let sent = OffsetDateTime::now_utc();
+    // bcd's own idea of now: the clock every certificate check uses.
+    let sent = crate::clock::now();
     let resp = http
         .get(config.api.clone())
         .send()
         .await
         .map_err(|e| classify(&e))?;
-    let received = OffsetDateTime::now_utc();
+    let received = crate::clock::now();
     let date = resp
         .headers()
         .get(reqwest::header::DATE)

@@ -435,3 +435,39 @@ fn a_control_plane_under_another_ca_is_a_tls_failure() {
     );
     assert!(!d.has("ek certificate"), "no TPM, no EK line");
 }
+
+/// This host's clock moved against the control plane's (bcd's clock, in a
+/// failpoints build): x509pop allows 60 s, so doctor warns past 10 s and fails
+/// past 60 s.
+#[cfg(feature = "failpoints")]
+#[test]
+fn a_skewed_clock() {
+    let cp = ControlPlane::start();
+    let agent = Agent::new(&cp);
+    assert_ok(&agent.join_with_token(&cp.token("node", &[])));
+    for (offset, status, code) in [
+        ("+0s", "ok", 0),
+        ("+20s", "warn", 0),
+        ("+2m", "fail", 1),
+        ("-2m", "fail", 1),
+    ] {
+        let out = agent
+            .command(&["doctor"])
+            .env("BCD_CLOCK_OFFSET", offset)
+            .output()
+            .unwrap();
+        let d = Doctor {
+            lines: stdout(&out).lines().map(str::to_owned).collect(),
+            out,
+        };
+        d.expect("clock", status);
+        assert_eq!(d.code(), Some(code), "{offset}: {}", d.dump());
+        if status == "fail" {
+            assert!(
+                d.line("clock").contains("x509pop allows 60 s"),
+                "{}",
+                d.dump()
+            );
+        }
+    }
+}
