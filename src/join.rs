@@ -12,7 +12,6 @@ use anyhow::{anyhow, Context as _};
 use bc_wire::agent::{JoinRequest, Role};
 use bc_wire::token::JoinToken;
 use p256::elliptic_curve::zeroize::Zeroizing;
-use time::OffsetDateTime;
 
 use crate::client::answer::Expected;
 use crate::client::join::{self as exchange, Answerer, JoinError, NoChallenges, Policy};
@@ -23,7 +22,7 @@ use crate::evidence::join_token::{self, TokenText};
 use crate::evidence::tpm::TpmEvidence;
 use crate::evidence::x509pop;
 use crate::identity::{reset, rotation, Identity};
-use crate::journal::{Entry, Journal, Kind};
+use crate::journal::{record, Kind};
 use crate::keys::{self, NodeKey, TpmAccess, TpmKey};
 use crate::pki::rfc3339;
 use crate::{clock, failpoint, out};
@@ -264,27 +263,6 @@ fn join(
         Some(identity.cert.not_after),
     );
     Ok(identity.node_id)
-}
-
-/// Appends to the journal. The journal is the node's own history; losing an
-/// entry loses no identity, so a failure is a warning.
-pub(crate) fn record(
-    data_dir: &Path,
-    kind: Kind,
-    node_id: &str,
-    detail: String,
-    not_after: Option<OffsetDateTime>,
-) {
-    let entry = Entry {
-        at: clock::now_seconds(),
-        kind,
-        node_id: node_id.to_owned(),
-        detail,
-        not_after,
-    };
-    if let Err(e) = Journal::open(data_dir).and_then(|j| j.record(&entry)) {
-        tracing::warn!(error = %e, kind = kind.as_str(), "cannot record in the journal");
-    }
 }
 
 /// `bcd join --attestor x509pop`: re-join as the node this machine already

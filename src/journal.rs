@@ -8,6 +8,7 @@ use std::path::Path;
 use rusqlite::{params, Connection, OptionalExtension};
 use time::OffsetDateTime;
 
+use crate::clock;
 use crate::identity::JOURNAL_FILE;
 use crate::pki::rfc3339;
 
@@ -16,7 +17,16 @@ use crate::pki::rfc3339;
 pub struct JournalError {
     path: String,
     #[source]
-    source: rusqlite::Error,
+    source: JournalCause,
+}
+
+/// SQLite's error, or the file system's when creating the file.
+#[derive(Debug, thiserror::Error)]
+pub enum JournalCause {
+    #[error(transparent)]
+    Sqlite(#[from] rusqlite::Error),
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
 }
 
 /// What happened. Stored as its name.
@@ -74,9 +84,9 @@ impl Journal {
     pub fn open(data_dir: &Path) -> Result<Journal, JournalError> {
         let file = data_dir.join(JOURNAL_FILE);
         let path = file.display().to_string();
-        let err = |source| JournalError {
+        let err = |source: rusqlite::Error| JournalError {
             path: path.clone(),
-            source,
+            source: source.into(),
         };
         if !file.exists() {
             // Create it private before SQLite opens it with the umask's mode.
@@ -86,7 +96,10 @@ impl Journal {
                 .append(true)
                 .mode(0o600)
                 .open(&file)
-                .map_err(|e| err(rusqlite::Error::ToSqlConversionFailure(Box::new(e))))?;
+                .map_err(|e| JournalError {
+                    path: path.clone(),
+                    source: e.into(),
+                })?;
         }
         let conn = Connection::open(&file).map_err(err)?;
         conn.busy_timeout(std::time::Duration::from_secs(5))
@@ -118,7 +131,7 @@ impl Journal {
                 ],
             )
             .map(|_| ())
-            .map_err(|source| JournalError { path: self.path.clone(), source })
+            .map_err(|source| JournalError { path: self.path.clone(), source: source.into() })
     }
 
     /// The newest entry of one of `kinds`.
@@ -128,9 +141,9 @@ impl Journal {
         let sql = format!(
             "SELECT at, kind, node_id, detail, not_after FROM journal WHERE kind IN ({placeholders}) ORDER BY id DESC LIMIT 1"
         );
-        let err = |source| JournalError {
+        let err = |source: rusqlite::Error| JournalError {
             path: self.path.clone(),
-            source,
+            source: source.into(),
         };
         let mut stmt = self.conn.prepare(&sql).map_err(err)?;
         let row = stmt
@@ -162,6 +175,27 @@ impl Journal {
     /// The last renewal attempt, successful or not.
     pub fn last_renewal(&self) -> Result<Option<Entry>, JournalError> {
         self.last(&[Kind::Renewal, Kind::RenewalFailed])
+    }
+}
+
+/// Appends to the journal. The journal is the node's own history; losing an
+/// entry loses no identity, so a failure is a warning.
+pub fn record(
+    data_dir: &Path,
+    kind: Kind,
+    node_id: &str,
+    detail: String,
+    not_after: Option<OffsetDateTime>,
+) {
+    let entry = Entry {
+        at: clock::now_seconds(),
+        kind,
+        node_id: node_id.to_owned(),
+        detail,
+        not_after,
+    };
+    if let Err(e) = Journal::open(data_dir).and_then(|j| j.record(&entry)) {
+        tracing::warn!(error = %e, kind = kind.as_str(), "cannot record in the journal");
     }
 }
 

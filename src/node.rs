@@ -26,7 +26,7 @@ use time::OffsetDateTime;
 use crate::clock;
 use crate::config::{Config, ConfigArg};
 use crate::identity::Identity;
-use crate::journal::Kind;
+use crate::journal::{self, Kind};
 use crate::keys::TpmAccess;
 use crate::pki::{rfc3339, NodeCert};
 use crate::status::human;
@@ -184,23 +184,18 @@ impl Node<'_> {
                     }
                     std_duration(until - now)
                 }
-                Step::Renew => {
-                    // A forced renewal is retried like a due one until it works.
-                    match self.renew().await {
+                step @ (Step::Renew | Step::Rejoin) => {
+                    let result = if step == Step::Renew {
+                        self.renew().await
+                    } else {
+                        self.rejoin(now).await
+                    };
+                    // A forced renewal is retried like a due one until it
+                    // works; a re-join's fresh certificate is what
+                    // --renew-now wanted too.
+                    match result {
                         Ok(()) if once => return Ok(ExitCode::SUCCESS),
                         Ok(()) => {
-                            force = false;
-                            continue;
-                        }
-                        Err(_) if once => return Ok(ExitCode::FAILURE),
-                        Err(wait) => wait,
-                    }
-                }
-                Step::Rejoin => {
-                    match self.rejoin(now).await {
-                        Ok(()) if once => return Ok(ExitCode::SUCCESS),
-                        Ok(()) => {
-                            // The fresh certificate is what --renew-now wanted.
                             force = false;
                             continue;
                         }
@@ -211,7 +206,7 @@ impl Node<'_> {
                 Step::PastGrace => {
                     let message = past_grace_message(&self.identity.cert, now);
                     tracing::error!(node_id = %self.identity.node_id, "{message}");
-                    crate::join::record(
+                    journal::record(
                         &self.config.data_dir,
                         Kind::RejoinFailed,
                         &self.identity.node_id,
@@ -239,7 +234,7 @@ impl Node<'_> {
         let dir = &self.config.data_dir;
         match renew_once(self.config, self.tpm, &self.identity).await {
             Ok(next) => {
-                crate::join::record(
+                journal::record(
                     dir,
                     Kind::Renewal,
                     &next.node_id,
@@ -265,7 +260,7 @@ impl Node<'_> {
                     error = %detail,
                     "renewal failed"
                 );
-                crate::join::record(
+                journal::record(
                     dir,
                     Kind::RenewalFailed,
                     &self.identity.node_id,

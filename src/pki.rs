@@ -40,6 +40,8 @@ pub struct NodeCert {
     pub spki: Vec<u8>,
     pub not_before: OffsetDateTime,
     pub not_after: OffsetDateTime,
+    /// The `urn:bc:` statements (the URI SANs after the SPIFFE ID), in order.
+    pub statements: Vec<String>,
 }
 
 impl NodeCert {
@@ -76,7 +78,8 @@ impl NodeCert {
                 uris.len()
             )));
         }
-        if let Some(other) = uris[1..].iter().find(|u| !u.starts_with("urn:bc:")) {
+        let rest = uris.get(1..).unwrap_or_default();
+        if let Some(other) = rest.iter().find(|u| !u.starts_with("urn:bc:")) {
             return Err(CertError::BadUris(format!(
                 "unexpected URI {:?}",
                 printable(other)
@@ -88,7 +91,17 @@ impl NodeCert {
             spki: cert.public_key().raw.to_vec(),
             not_before: cert.validity().not_before.to_datetime(),
             not_after: cert.validity().not_after.to_datetime(),
+            statements: rest.iter().map(|u| printable(u)).collect(),
         })
+    }
+
+    /// The AK statement (`urn:bc:tpm-ak:…`) this certificate carries, if any:
+    /// a renewal of it must prove that AK again.
+    pub fn ak_statement(&self) -> Option<&str> {
+        self.statements
+            .iter()
+            .map(String::as_str)
+            .find(|s| s.starts_with(bc_wire::tpm::AK_STATEMENT_PREFIX))
     }
 }
 
@@ -210,6 +223,20 @@ pub(crate) mod tests {
         assert_eq!(c.id.node_id, "node_abc");
         assert_eq!(c.id.trust_domain, "bc.test");
         assert_eq!(c.spki, k);
+    }
+
+    #[test]
+    fn reads_statements_after_the_spiffe_id() {
+        const AK: &str =
+            "urn:bc:tpm-ak:sha256:00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
+        let k = spki();
+        let chain = issue(&k, &["spiffe://bc.test/node/node_abc", AK], 1);
+        let cert = NodeCert::parse(&chain[0]).unwrap();
+        assert_eq!(cert.statements, vec![AK.to_owned()]);
+        assert_eq!(cert.ak_statement(), Some(AK));
+        let plain = issue(&k, &["spiffe://bc.test/node/node_abc"], 1);
+        assert_eq!(NodeCert::parse(&plain[0]).unwrap().ak_statement(), None);
+        assert!(NodeCert::parse(b"junk").is_err());
     }
 
     #[test]

@@ -114,35 +114,36 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
     };
     let raw: RawConfig =
         toml::from_str(text).map_err(|e| invalid(e.span(), e.message().to_owned()))?;
+    // A duration setting: it parses, and `ok` holds, else `must` says what
+    // it must be.
+    let duration = |v: &Spanned<String>, key: &str, ok: fn(i64) -> bool, must: &str| {
+        let ms = parse_duration_ms(v.get_ref())
+            .map_err(|e| invalid(Some(v.span()), format!("{key}: {e}")))?;
+        if !ok(ms) {
+            return Err(invalid(
+                Some(v.span()),
+                format!("{key} must be {must}, not {:?}", v.get_ref()),
+            ));
+        }
+        Ok(ms)
+    };
     let mut config = Config::default();
     if let Some(x) = raw.x509pop {
         if let Some(v) = x.grace {
-            let ms = parse_duration_ms(v.get_ref())
-                .map_err(|e| invalid(Some(v.span()), format!("x509pop.grace: {e}")))?;
-            if !(0..=MAX_X509POP_GRACE_MS).contains(&ms) {
-                return Err(invalid(
-                    Some(v.span()),
-                    format!(
-                        "x509pop.grace must be from 0s to 365d, not {:?}",
-                        v.get_ref()
-                    ),
-                ));
-            }
-            config.x509pop.grace_ms = ms;
+            config.x509pop.grace_ms = duration(
+                &v,
+                "x509pop.grace",
+                |ms| (0..=MAX_X509POP_GRACE_MS).contains(&ms),
+                "from 0s to 365d",
+            )?;
         }
         if let Some(v) = x.window {
-            let ms = parse_duration_ms(v.get_ref())
-                .map_err(|e| invalid(Some(v.span()), format!("x509pop.window: {e}")))?;
-            if !(1000..=MAX_X509POP_WINDOW_MS).contains(&ms) {
-                return Err(invalid(
-                    Some(v.span()),
-                    format!(
-                        "x509pop.window must be from 1s to 1h, not {:?}",
-                        v.get_ref()
-                    ),
-                ));
-            }
-            config.x509pop.window_ms = ms;
+            config.x509pop.window_ms = duration(
+                &v,
+                "x509pop.window",
+                |ms| (1000..=MAX_X509POP_WINDOW_MS).contains(&ms),
+                "from 1s to 1h",
+            )?;
         }
     }
     let Some(tpm) = raw.tpm else {
@@ -161,31 +162,20 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         };
     }
     if let Some(v) = tpm.challenge_ttl {
-        let ms = parse_duration_ms(v.get_ref())
-            .map_err(|e| invalid(Some(v.span()), format!("tpm.challenge_ttl: {e}")))?;
-        if ms <= 0 || ms > MAX_CHALLENGE_TTL_MS {
-            return Err(invalid(
-                Some(v.span()),
-                format!(
-                    "tpm.challenge_ttl must be more than 0s and at most 5m, not {:?}",
-                    v.get_ref()
-                ),
-            ));
-        }
-        config.tpm.challenge_ttl_ms = ms;
+        config.tpm.challenge_ttl_ms = duration(
+            &v,
+            "tpm.challenge_ttl",
+            |ms| ms > 0 && ms <= MAX_CHALLENGE_TTL_MS,
+            "more than 0s and at most 5m",
+        )?;
     }
     if let Some(v) = tpm.enrollment_retry_after {
-        let ms = parse_duration_ms(v.get_ref())
-            .map_err(|e| invalid(Some(v.span()), format!("tpm.enrollment_retry_after: {e}")))?;
-        if ms < 1000 || ms % 1000 != 0 || ms / 1000 > MAX_RETRY_AFTER_SECONDS {
-            return Err(invalid(
-                Some(v.span()),
-                format!(
-                    "tpm.enrollment_retry_after must be whole seconds from 1s to 1h, not {:?}",
-                    v.get_ref()
-                ),
-            ));
-        }
+        let ms = duration(
+            &v,
+            "tpm.enrollment_retry_after",
+            |ms| ms >= 1000 && ms % 1000 == 0 && ms / 1000 <= MAX_RETRY_AFTER_SECONDS,
+            "whole seconds from 1s to 1h",
+        )?;
         config.tpm.enrollment_retry_after_seconds =
             u32::try_from(ms / 1000).map_err(|_| invalid(Some(v.span()), "too large".into()))?;
     }

@@ -43,10 +43,6 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Clone, Debug, Default)]
 pub struct PeerCertificates(pub Arc<Vec<CertificateDer<'static>>>);
 
-/// The TCP peer of the request's connection.
-#[derive(Clone, Copy, Debug)]
-pub struct PeerAddr(pub SocketAddr);
-
 /// The rustls server config: the bundle's TLS server certificate, TLS 1.2+,
 /// ring only. Client certificates are asked for and, when sent, verified
 /// against the node CA; they are optional so that machines without an
@@ -89,20 +85,10 @@ async fn join_handler(
     headers: HeaderMap,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Response {
-    if let Err(e) = check_content_type(&headers) {
-        return error_response(&e);
-    }
-    let body = match read_body(body) {
-        Ok(b) => b,
-        Err(e) => return error_response(&e),
-    };
-    // SQLite and signing block; keep them off the async workers.
-    let result = tokio::task::spawn_blocking(move || service.join_bytes(&body)).await;
-    match result {
-        Ok(Ok(resp)) => protobuf_response(StatusCode::OK, resp.encode_to_vec()),
-        Ok(Err(e)) => error_response(&e),
-        Err(e) => error_response(&ApiError::Internal(format!("join task failed: {e}"))),
-    }
+    call_service("join", &headers, body, move |body| {
+        service.join_bytes(body).map(|r| r.encode_to_vec())
+    })
+    .await
 }
 
 /// `Renew`: the TLS client's leaf certificate (verified against the node CA
@@ -114,20 +100,36 @@ async fn renew_handler(
     headers: HeaderMap,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Response {
-    if let Err(e) = check_content_type(&headers) {
+    let leaf = peer.and_then(|Extension(p)| p.0.first().map(|c| c.as_ref().to_vec()));
+    call_service("renew", &headers, body, move |body| {
+        service
+            .renew_bytes(leaf.as_deref(), body)
+            .map(|r| r.encode_to_vec())
+    })
+    .await
+}
+
+/// What every endpoint does around its service call: checks the content
+/// type and the body, runs `call` on a blocking thread (SQLite and signing
+/// block; they must not stall the async workers) and answers its protobuf
+/// or its error.
+async fn call_service(
+    what: &'static str,
+    headers: &HeaderMap,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+    call: impl FnOnce(&[u8]) -> Result<Vec<u8>, ApiError> + Send + 'static,
+) -> Response {
+    if let Err(e) = check_content_type(headers) {
         return error_response(&e);
     }
     let body = match read_body(body) {
         Ok(b) => b,
         Err(e) => return error_response(&e),
     };
-    let leaf = peer.and_then(|Extension(p)| p.0.first().map(|c| c.as_ref().to_vec()));
-    let result =
-        tokio::task::spawn_blocking(move || service.renew_bytes(leaf.as_deref(), &body)).await;
-    match result {
-        Ok(Ok(resp)) => protobuf_response(StatusCode::OK, resp.encode_to_vec()),
+    match tokio::task::spawn_blocking(move || call(&body)).await {
+        Ok(Ok(resp)) => protobuf_response(StatusCode::OK, resp),
         Ok(Err(e)) => error_response(&e),
-        Err(e) => error_response(&ApiError::Internal(format!("renew task failed: {e}"))),
+        Err(e) => error_response(&ApiError::Internal(format!("{what} task failed: {e}"))),
     }
 }
 
@@ -262,7 +264,6 @@ async fn serve_connection(
     let svc = TowerToHyperService::new(router);
     let svc = hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
         req.extensions_mut().insert(certs.clone());
-        req.extensions_mut().insert(PeerAddr(peer));
         svc.call(req)
     });
     let conn = hyper::server::conn::http1::Builder::new()
@@ -286,7 +287,7 @@ async fn serve_connection(
 mod tests {
     use super::*;
     use axum::routing::get;
-    use bc_wire::agent::{JoinRequest, JoinResponse, JoinResponseBody, Role};
+    use bc_wire::agent::{JoinResponse, JoinResponseBody, Role};
     use rcgen::PublicKeyData;
     use rustls::pki_types::{PrivateKeyDer, ServerName};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -354,11 +355,8 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread")]
     async fn join_over_https_then_mtls() {
-        let dir = tempfile::tempdir().unwrap();
-        crate::pki::init(dir.path(), "bc.test").unwrap();
-        let svc = Arc::new(JoinService::open(dir.path()).unwrap());
-        let (tok, _) =
-            crate::tokens::create_token(svc.database(), Role::Node, 1, 3_600_000).unwrap();
+        let cp = crate::test_support::cp();
+        let svc = cp.svc.clone();
         let tls = tls_config(svc.bundle()).unwrap();
         let app = router(svc.clone()).route(
             "/peer",
@@ -371,23 +369,7 @@ mod tests {
             let _ = stopped.await;
         }));
 
-        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
-        let csr = rcgen::CertificateParams::default()
-            .serialize_request(&key)
-            .unwrap()
-            .der()
-            .to_vec();
-        let sealed =
-            bc_wire::sealing::SealingKey::from_spki_der(svc.bundle().join_encryption_spki_der())
-                .unwrap()
-                .seal(&bc_wire::sha256(&csr), tok.expose().as_bytes())
-                .unwrap();
-        let req = JoinRequest {
-            csr: csr.clone(),
-            role: Role::Node as i32,
-            sealed_token: sealed,
-            ..Default::default()
-        };
+        let (req, key) = cp.token_request(Role::Node, None);
         let anonymous = client(svc.bundle(), None);
         let (status, body) = call(
             addr,
@@ -400,7 +382,7 @@ mod tests {
         assert_eq!(status, 200);
         let resp = JoinResponse::decode(body.as_slice()).unwrap();
         let joined = JoinResponseBody::decode(resp.body.as_slice()).unwrap();
-        assert_eq!(joined.csr_sha256, bc_wire::sha256(&csr));
+        assert_eq!(joined.csr_sha256, bc_wire::sha256(&req.csr));
 
         // The same request again: the token is spent; a bare 403.
         let (status, body) = call(
@@ -439,13 +421,9 @@ mod tests {
         assert_eq!((status, n.as_slice()), (200, b"1".as_slice()));
 
         // Renew over mTLS: a new certificate for the new key, same node.
-        let key2 = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let key2 = crate::test_support::key();
         let renew = bc_wire::agent::RenewRequest {
-            csr: rcgen::CertificateParams::default()
-                .serialize_request(&key2)
-                .unwrap()
-                .der()
-                .to_vec(),
+            csr: crate::test_support::plain_csr(&key2),
             key_attestation: None,
         };
         let (status, body) =

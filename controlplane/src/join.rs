@@ -698,17 +698,7 @@ mod tests {
     use crate::tokens;
     use std::sync::Mutex;
 
-    struct Fixture {
-        _dir: tempfile::TempDir,
-        svc: Arc<JoinService>,
-    }
-
-    fn fixture() -> Fixture {
-        let dir = tempfile::tempdir().unwrap();
-        crate::pki::init(dir.path(), "bc.test").unwrap();
-        let svc = Arc::new(JoinService::open(dir.path()).unwrap());
-        Fixture { _dir: dir, svc }
-    }
+    use crate::test_support::{cp as fixture, uri_sans, Cp as Fixture};
 
     fn new_csr() -> (rcgen::KeyPair, Vec<u8>) {
         let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
@@ -1140,19 +1130,7 @@ mod tests {
             ..Default::default()
         });
         let body = scripted_join(&f, "st").unwrap();
-        let (_, leaf) = x509_parser::parse_x509_certificate(&body.chain[0]).unwrap();
-        let uris: Vec<String> = leaf
-            .subject_alternative_name()
-            .unwrap()
-            .unwrap()
-            .value
-            .general_names
-            .iter()
-            .filter_map(|n| match n {
-                x509_parser::extensions::GeneralName::URI(u) => Some((*u).to_owned()),
-                _ => None,
-            })
-            .collect();
+        let uris = uri_sans(&body.chain[0]);
         assert_eq!(
             uris,
             [format!("spiffe://bc.test/node/{}", body.node_id), good]

@@ -31,6 +31,8 @@ pub mod pki;
 pub mod pools;
 pub mod records;
 pub mod renew;
+#[cfg(test)]
+mod test_support;
 pub mod tokens;
 
 pub use attestor::{

@@ -89,38 +89,50 @@ pub fn revoke_identity(db: &Database, node_id: &str) -> Result<RevokedIdentity, 
 
 /// Retires a node; `false` if it already was.
 pub fn retire(db: &Database, node_id: &str) -> Result<bool, NodeError> {
-    db.write(|tx| {
-        let node = live_node(tx, node_id)?;
-        if node.retired_at.is_some() {
-            return Ok(false);
-        }
-        let now = db::compute_now(tx)?;
-        tx.execute(
-            "UPDATE nodes SET retired_at = ?2 WHERE id = ?1",
-            rusqlite::params![node.id, now],
-        )
-        .map_err(DbError::from)?;
-        event(tx, records::EVENT_NODE_RETIRED, now, &node.id, json!({}))?;
-        tracing::info!(node_id = %node.id, "node retired");
-        Ok(true)
-    })
+    stamp(db, node_id, Stamp::Retired)
 }
 
 /// Cordons a node; `false` if it already was.
 pub fn cordon(db: &Database, node_id: &str) -> Result<bool, NodeError> {
+    stamp(db, node_id, Stamp::Cordoned)
+}
+
+/// A lifecycle step that is a timestamp set once.
+#[derive(Clone, Copy)]
+enum Stamp {
+    Retired,
+    Cordoned,
+}
+
+/// Sets `which` on a live node at the database's now, with its event;
+/// `false` (and nothing written) if it was already set.
+fn stamp(db: &Database, node_id: &str, which: Stamp) -> Result<bool, NodeError> {
+    let (sql, kind, label) = match which {
+        Stamp::Retired => (
+            "UPDATE nodes SET retired_at = ?2 WHERE id = ?1",
+            records::EVENT_NODE_RETIRED,
+            "node retired",
+        ),
+        Stamp::Cordoned => (
+            "UPDATE nodes SET cordoned_at = ?2 WHERE id = ?1",
+            records::EVENT_NODE_CORDONED,
+            "node cordoned",
+        ),
+    };
     db.write(|tx| {
         let node = live_node(tx, node_id)?;
-        if node.cordoned_at.is_some() {
+        let already = match which {
+            Stamp::Retired => node.retired_at.is_some(),
+            Stamp::Cordoned => node.cordoned_at.is_some(),
+        };
+        if already {
             return Ok(false);
         }
         let now = db::compute_now(tx)?;
-        tx.execute(
-            "UPDATE nodes SET cordoned_at = ?2 WHERE id = ?1",
-            rusqlite::params![node.id, now],
-        )
-        .map_err(DbError::from)?;
-        event(tx, records::EVENT_NODE_CORDONED, now, &node.id, json!({}))?;
-        tracing::info!(node_id = %node.id, "node cordoned");
+        tx.execute(sql, rusqlite::params![node.id, now])
+            .map_err(DbError::from)?;
+        event(tx, kind, now, &node.id, json!({}))?;
+        tracing::info!(node_id = %node.id, "{label}");
         Ok(true)
     })
 }
@@ -218,35 +230,10 @@ fn event(
 mod tests {
     use super::*;
 
-    struct Fixture {
-        _dir: tempfile::TempDir,
-        db: Database,
-    }
-
-    fn fixture() -> Fixture {
-        let dir = tempfile::tempdir().unwrap();
-        let db = Database::open_dir(dir.path()).unwrap();
-        Fixture { _dir: dir, db }
-    }
+    use crate::test_support::temp_db as fixture;
 
     fn node(db: &Database, id: &str) {
-        db.write(|tx| {
-            records::insert_node(
-                tx,
-                &NodeRow {
-                    id: id.into(),
-                    role: "node".into(),
-                    identity_generation: 1,
-                    attestor: "join-token".into(),
-                    joined_at: 1,
-                    retired_at: None,
-                    pool_id: "default".into(),
-                    cordoned_at: None,
-                    deleted_at: None,
-                },
-            )
-        })
-        .unwrap();
+        crate::test_support::insert_node(db, id, "join-token", 1);
     }
 
     fn cert(db: &Database, id: &str, serial: &str, generation: i64) {

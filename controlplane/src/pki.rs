@@ -766,7 +766,6 @@ mod tests {
 
     #[test]
     fn node_cert_profile() {
-        use x509_parser::extensions::GeneralName;
         let tmp = tempfile::tempdir().unwrap();
         init(tmp.path(), "bc.test").unwrap();
         let b = Bundle::load(tmp.path()).unwrap();
@@ -791,17 +790,10 @@ mod tests {
             cert.validity().not_after.timestamp() - cert.validity().not_before.timestamp(),
             24 * 3600
         );
-        let san = cert.subject_alternative_name().unwrap().unwrap();
-        let uris: Vec<_> = san
-            .value
-            .general_names
-            .iter()
-            .filter_map(|n| match n {
-                GeneralName::URI(u) => Some(*u),
-                _ => None,
-            })
-            .collect();
-        assert_eq!(uris, ["spiffe://bc.test/node/node_abc"]);
+        assert_eq!(
+            crate::test_support::uri_sans(&issued.der),
+            ["spiffe://bc.test/node/node_abc"]
+        );
         assert!(cert.key_usage().unwrap().unwrap().critical);
         assert!(!cert.basic_constraints().unwrap().unwrap().value.ca);
         let eku = cert.extended_key_usage().unwrap().unwrap().value;

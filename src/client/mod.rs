@@ -104,31 +104,19 @@ impl Client {
         config: &Config,
         identity: Option<Arc<rustls::sign::SingleCertAndKey>>,
     ) -> Result<Client, ClientError> {
-        let mut roots = rustls::RootCertStore::empty();
-        for ca in &config.pins.server_ca {
-            roots
-                .add(ca.clone())
-                .map_err(|e| ClientError::Setup(format!("pins.server_ca: {e}")))?;
-        }
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let tls = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .map_err(|e| ClientError::Setup(e.to_string()))?
-            .with_root_certificates(roots);
+        let tls = pinned_tls(config).map_err(ClientError::Setup)?;
         let mtls = identity.is_some();
         let tls = match identity {
             Some(resolver) => tls.with_client_cert_resolver(resolver),
             None => tls.with_no_client_auth(),
         };
-        let http = reqwest::Client::builder()
-            .use_preconfigured_tls(tls)
-            .https_only(true)
-            .redirect(reqwest::redirect::Policy::none())
-            .connect_timeout(CONNECT_TIMEOUT)
-            .timeout(REQUEST_TIMEOUT)
-            .user_agent(concat!("bcd/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .map_err(|e| ClientError::Setup(chain_message(&e)))?;
+        let http = https_client(
+            tls,
+            CONNECT_TIMEOUT,
+            REQUEST_TIMEOUT,
+            concat!("bcd/", env!("CARGO_PKG_VERSION")),
+        )
+        .map_err(ClientError::Setup)?;
         let api = config.api.as_str().trim_end_matches('/').to_owned();
         let url = |path: &str| {
             Url::parse(&format!("{api}{path}")).map_err(|e| ClientError::Setup(e.to_string()))
@@ -283,12 +271,12 @@ impl Answer {
     }
 }
 
-type DynError = dyn std::error::Error + 'static;
+pub(crate) type DynError = dyn std::error::Error + 'static;
 
 /// The causes of `e`, outermost first. `io::Error::source` skips the error
 /// it wraps (and rustls errors travel inside nested `io::Error`s inside
 /// hyper's errors), so wrapped errors are visited explicitly.
-fn causes(e: &DynError) -> Vec<&DynError> {
+pub(crate) fn causes(e: &DynError) -> Vec<&DynError> {
     let mut out = Vec::new();
     let mut cur = Some(e);
     while let Some(err) = cur {
@@ -332,29 +320,67 @@ fn find_rustls_error(e: &reqwest::Error) -> Option<&rustls::Error> {
 /// The innermost cause, in words an operator recognises.
 fn root_cause(e: &DynError) -> String {
     let all = causes(e);
-    let Some(last) = all.last() else {
-        return e.to_string();
-    };
-    // The innermost io::Error's kind says it best ("connection refused").
-    if let Some(io) = all
+    if let Some((_, words)) = io_words(&all) {
+        return words.to_owned();
+    }
+    all.last().map_or_else(|| e.to_string(), |c| c.to_string())
+}
+
+/// The innermost `io::Error` of `chain` (from [`causes`]) when its kind says
+/// it best ("connection refused"): its kind, and those words.
+pub(crate) fn io_words(chain: &[&DynError]) -> Option<(std::io::ErrorKind, &'static str)> {
+    use std::io::ErrorKind::*;
+    let kind = chain
         .iter()
         .rev()
-        .find_map(|c| c.downcast_ref::<std::io::Error>())
-    {
-        use std::io::ErrorKind::*;
-        let words = match io.kind() {
-            ConnectionRefused => Some("connection refused"),
-            ConnectionReset => Some("connection reset"),
-            ConnectionAborted => Some("connection aborted"),
-            UnexpectedEof => Some("the connection closed early"),
-            TimedOut => Some("timed out"),
-            _ => None,
-        };
-        if let Some(w) = words {
-            return w.to_owned();
-        }
+        .find_map(|c| c.downcast_ref::<std::io::Error>())?
+        .kind();
+    let words = match kind {
+        ConnectionRefused => "connection refused",
+        ConnectionReset => "connection reset",
+        ConnectionAborted => "connection aborted",
+        UnexpectedEof => "the connection closed early",
+        TimedOut => "timed out",
+        _ => return None,
+    };
+    Some((kind, words))
+}
+
+/// HTTPS with `tls` only: no redirect (it could lead away from the pinned
+/// control plane), and bounded waits.
+pub(crate) fn https_client(
+    tls: rustls::ClientConfig,
+    connect: Duration,
+    total: Duration,
+    user_agent: &str,
+) -> Result<reqwest::Client, String> {
+    reqwest::Client::builder()
+        .use_preconfigured_tls(tls)
+        .https_only(true)
+        .redirect(reqwest::redirect::Policy::none())
+        .connect_timeout(connect)
+        .timeout(total)
+        .user_agent(user_agent)
+        .build()
+        .map_err(|e| chain_message(&e))
+}
+
+/// TLS that trusts `pins.server_ca` and nothing else (no system store, no
+/// proxy-injected CA); the caller says which certificate, if any, to present.
+pub(crate) fn pinned_tls(
+    config: &Config,
+) -> Result<rustls::ConfigBuilder<rustls::ClientConfig, rustls::client::WantsClientCert>, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    for ca in &config.pins.server_ca {
+        roots
+            .add(ca.clone())
+            .map_err(|e| format!("pins.server_ca: {e}"))?;
     }
-    last.to_string()
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    Ok(rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots))
 }
 
 fn chain_message(e: &(dyn std::error::Error + 'static)) -> String {

@@ -10,11 +10,9 @@ use bc_wire::agent::{RenewRequest, RenewResponse};
 use bc_wire::signing;
 use prost::Message;
 use time::OffsetDateTime;
-use x509_parser::extensions::GeneralName;
-use x509_parser::prelude::FromDer;
 
 use super::{Client, ClientError};
-use crate::pki::{self, printable, rfc3339, CertError, NodeCert};
+use crate::pki::{self, rfc3339, CertError, NodeCert};
 
 /// The most certificates a chain may hold; a node chain is leaf + a CA or two.
 const MAX_CHAIN: usize = 8;
@@ -92,8 +90,7 @@ pub fn verify_answer(
         });
     }
     if let Some(want) = expected.statement {
-        let got = statements(&chain[0]).map_err(RenewAnswerError::Cert)?;
-        if !got.iter().any(|s| s == want) {
+        if !cert.statements.iter().any(|s| s == want) {
             return Err(RenewAnswerError::StatementDropped(want.to_owned()));
         }
     }
@@ -101,39 +98,6 @@ pub fn verify_answer(
         return Err(RenewAnswerError::Expired(rfc3339(cert.not_after)));
     }
     Ok(cert)
-}
-
-/// The `urn:bc:` statements of a node certificate (the URI SANs after its
-/// SPIFFE ID), in order. The leaf must be a node certificate
-/// ([`NodeCert::parse`] accepts it).
-pub fn statements(leaf_der: &[u8]) -> Result<Vec<String>, CertError> {
-    NodeCert::parse(leaf_der)?;
-    let cert = match x509_parser::certificate::X509Certificate::from_der(leaf_der) {
-        Ok(([], cert)) => cert,
-        _ => return Err(CertError::NotDer { index: 1 }),
-    };
-    let sans = cert
-        .subject_alternative_name()
-        .map_err(|e| CertError::BadUris(e.to_string()))?;
-    Ok(sans
-        .map(|ext| {
-            ext.value
-                .general_names
-                .iter()
-                .filter_map(|n| match n {
-                    GeneralName::URI(u) if u.starts_with("urn:bc:") => Some(printable(u)),
-                    _ => None,
-                })
-                .collect()
-        })
-        .unwrap_or_default())
-}
-
-/// The AK statement (`urn:bc:tpm-ak:…`) a node certificate carries, if any.
-pub fn ak_statement(leaf_der: &[u8]) -> Result<Option<String>, CertError> {
-    Ok(statements(leaf_der)?
-        .into_iter()
-        .find(|s| s.starts_with(bc_wire::tpm::AK_STATEMENT_PREFIX)))
 }
 
 #[cfg(test)]
@@ -153,17 +117,6 @@ mod tests {
             statement,
             now: OffsetDateTime::now_utc(),
         }
-    }
-
-    #[test]
-    fn reads_statements_after_the_spiffe_id() {
-        let k = FileKey::generate().unwrap();
-        let chain = issue(k.spki_der(), &["spiffe://bc.test/node/node_abc", AK], 1);
-        assert_eq!(statements(&chain[0]).unwrap(), vec![AK.to_owned()]);
-        assert_eq!(ak_statement(&chain[0]).unwrap().as_deref(), Some(AK));
-        let plain = issue(k.spki_der(), &["spiffe://bc.test/node/node_abc"], 1);
-        assert_eq!(ak_statement(&plain[0]).unwrap(), None);
-        assert!(statements(b"junk").is_err());
     }
 
     #[test]

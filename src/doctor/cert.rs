@@ -1,15 +1,14 @@
 //! The certificate's time left, and the last renewal in the journal.
 use std::path::Path;
 
-use time::{Duration, OffsetDateTime};
+use time::OffsetDateTime;
 
-use super::{human, Check, CERTIFICATE, LAST_RENEWAL};
+use super::{Check, CERTIFICATE, LAST_RENEWAL};
 use crate::identity::JOURNAL_FILE;
 use crate::journal::{Entry, Journal, Kind};
+use crate::node::GRACE;
 use crate::pki::rfc3339;
-
-/// How long after expiry `bcd node` may still re-join with x509pop.
-pub const X509POP_GRACE: Duration = Duration::days(7);
+use crate::status::human;
 
 /// ok while more than a quarter of the lifetime is left; warn below; fail
 /// once expired, with what brings the node back.
@@ -20,13 +19,13 @@ pub fn certificate(
 ) -> Check {
     if now >= not_after {
         let ago = now - not_after;
-        if ago <= X509POP_GRACE {
+        if ago <= GRACE {
             return Check::fail(
                 CERTIFICATE,
                 format!("expired {} ({} ago)", rfc3339(not_after), human(ago)),
                 format!(
                     "within 7 days of expiry bcd node re-joins with x509pop by itself: start bcd node before {}",
-                    rfc3339(not_after + X509POP_GRACE)
+                    rfc3339(not_after + GRACE)
                 ),
             );
         }

@@ -300,21 +300,6 @@ fn node_key(kind: NodeKeyKind, host_has_tpm: bool) -> Check {
     }
 }
 
-/// `23h59m`, `2d3h`, `5m`, `12s`.
-fn human(d: time::Duration) -> String {
-    let s = d.whole_seconds().max(0);
-    let (days, hours, mins) = (s / 86_400, s % 86_400 / 3600, s % 3600 / 60);
-    if days > 0 {
-        format!("{days}d{hours}h")
-    } else if hours > 0 {
-        format!("{hours}h{mins}m")
-    } else if mins > 0 {
-        format!("{mins}m")
-    } else {
-        format!("{s}s")
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

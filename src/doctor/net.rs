@@ -4,12 +4,12 @@
 //! Any HTTP answer proves the TLS handshake under `pins.server_ca` and a
 //! server behind it: doctor GETs `/`, which the control plane answers with
 //! a protobuf NOT_FOUND without touching its database or its event log.
-use std::sync::Arc;
 use std::time::Duration;
 
 use time::OffsetDateTime;
 
 use super::{Check, CLOCK, CONTROL_PLANE};
+use crate::client::{causes, https_client, io_words, pinned_tls};
 use crate::config::Config;
 use crate::pki::printable;
 
@@ -67,27 +67,16 @@ enum Failure {
 }
 
 async fn probe(config: &Config) -> Result<Answer, Failure> {
-    let mut roots = rustls::RootCertStore::empty();
-    for ca in &config.pins.server_ca {
-        roots
-            .add(ca.clone())
-            .map_err(|e| Failure::Setup(format!("pins.server_ca: {e}")))?;
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let tls = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| Failure::Setup(e.to_string()))?
-        .with_root_certificates(roots)
+    let tls = pinned_tls(config)
+        .map_err(Failure::Setup)?
         .with_no_client_auth();
-    let http = reqwest::Client::builder()
-        .use_preconfigured_tls(tls)
-        .https_only(true)
-        .redirect(reqwest::redirect::Policy::none())
-        .connect_timeout(CONNECT_TIMEOUT)
-        .timeout(REQUEST_TIMEOUT)
-        .user_agent(concat!("bcd/", env!("CARGO_PKG_VERSION"), " doctor"))
-        .build()
-        .map_err(|e| Failure::Setup(e.to_string()))?;
+    let http = https_client(
+        tls,
+        CONNECT_TIMEOUT,
+        REQUEST_TIMEOUT,
+        concat!("bcd/", env!("CARGO_PKG_VERSION"), " doctor"),
+    )
+    .map_err(Failure::Setup)?;
     // bcd's own idea of now: the clock every certificate check uses.
     let sent = crate::clock::now();
     let resp = http
@@ -193,8 +182,6 @@ pub fn parse_http_date(s: &str) -> Option<OffsetDateTime> {
         .map(|t| t.assume_utc())
 }
 
-type DynError = dyn std::error::Error + 'static;
-
 /// TLS refusal, timeout, or anything else (with its innermost cause).
 fn classify(e: &reqwest::Error) -> Failure {
     if e.is_timeout() {
@@ -204,46 +191,15 @@ fn classify(e: &reqwest::Error) -> Failure {
     if let Some(tls) = chain.iter().find_map(|c| c.downcast_ref::<rustls::Error>()) {
         return Failure::Tls(tls.to_string());
     }
-    if let Some(io) = chain
-        .iter()
-        .rev()
-        .find_map(|c| c.downcast_ref::<std::io::Error>())
-    {
-        use std::io::ErrorKind::*;
-        let words = match io.kind() {
-            ConnectionRefused => Some("connection refused"),
-            ConnectionReset => Some("connection reset"),
-            ConnectionAborted => Some("connection aborted"),
-            UnexpectedEof => Some("the connection closed early"),
-            TimedOut => return Failure::Timeout,
-            _ => None,
-        };
-        if let Some(w) = words {
-            return Failure::Unreachable(w.to_owned());
-        }
+    match io_words(&chain) {
+        Some((std::io::ErrorKind::TimedOut, _)) => return Failure::Timeout,
+        Some((_, words)) => return Failure::Unreachable(words.to_owned()),
+        None => {}
     }
     let last = chain
         .last()
         .map_or_else(|| e.to_string(), |c| c.to_string());
     Failure::Unreachable(printable(&last))
-}
-
-/// The causes of `e`, outermost first, looking inside `io::Error`s (whose
-/// `source` skips the error they wrap, and rustls errors travel in them).
-fn causes(e: &DynError) -> Vec<&DynError> {
-    let mut out = Vec::new();
-    let mut cur = Some(e);
-    while let Some(err) = cur {
-        out.push(err);
-        cur = match err
-            .downcast_ref::<std::io::Error>()
-            .and_then(|io| io.get_ref())
-        {
-            Some(inner) => Some(inner as &DynError),
-            None => err.source(),
-        };
-    }
-    out
 }
 
 #[cfg(test)]

@@ -40,21 +40,31 @@ impl TpmEvidence {
             if ek.certificate.is_none() {
                 tracing::warn!("the TPM has no EK certificate at NV 0x01c00002; the control plane will not trust this EK");
             }
-            (ek, t.ak()?)
+            match t.ak() {
+                Ok(ak) => (ek, ak),
+                Err(e) => {
+                    // The EK must not keep one of the connection's three slots.
+                    let _ = t.release_ek(&ek);
+                    return Err(e.into());
+                }
+            }
         };
-        let (certify_info, signature) = key.certify_by(&ak, &csr_sha256)?;
-        let node_key = TpmKeyCertification {
-            public: key.public().to_vec(),
-            certify_info,
-            signature,
-        };
-        Ok(TpmEvidence {
+        // Made before the certification, so that its Drop flushes the EK
+        // and the AK when that fails.
+        let mut evidence = TpmEvidence {
             tpm,
             ek,
             ak,
             csr_sha256,
-            node_key,
-        })
+            node_key: TpmKeyCertification::default(),
+        };
+        let (certify_info, signature) = key.certify_by(&evidence.ak, &csr_sha256)?;
+        evidence.node_key = TpmKeyCertification {
+            public: key.public().to_vec(),
+            certify_info,
+            signature,
+        };
+        Ok(evidence)
     }
 
     /// The AK this evidence was made with.

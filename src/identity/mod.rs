@@ -262,20 +262,14 @@ impl Identity {
         }
     }
 
-    /// Writes this identity into `data_dir`: the directory (0700), then
-    /// `node.key`, then `identity.json`, each replaced atomically (0600).
-    /// Leftovers of an earlier rotation go first, so that none of them can
-    /// later pass for a newer identity.
+    /// Writes this identity into `data_dir` (0700; files 0600) as a
+    /// [`rotation`]: a join over an identity that did not load must not be
+    /// able to crash into the old `identity.json` with the new `node.key`,
+    /// a pair that loads as neither (and the token use is already spent).
     pub fn save(&self, data_dir: &Path) -> Result<(), IdentityError> {
-        atomic::ensure_private_dir(data_dir).map_err(|source| IdentityError::DataDir {
-            path: data_dir.to_owned(),
-            source,
-        })?;
-        rotation::discard(data_dir, IDENTITY_NEXT_FILE)?;
-        rotation::discard(data_dir, NODE_KEY_NEXT_FILE)?;
-        let key_contents = self.key.to_file_contents()?;
-        write(data_dir, NODE_KEY_FILE, key_contents.as_bytes())?;
-        write(data_dir, IDENTITY_FILE, &self.to_json(data_dir)?)
+        rotation::stage_key(data_dir, self.key.as_ref())?;
+        rotation::stage_identity(data_dir, self)?;
+        rotation::commit(data_dir, || {})
     }
 
     /// `identity.json` as this bcd writes it; `data_dir` only names the file
@@ -375,6 +369,22 @@ pub(crate) mod tests {
             .as_str()
             .unwrap()
             .starts_with("-----BEGIN CERTIFICATE-----"));
+    }
+
+    #[test]
+    fn a_save_interrupted_over_a_broken_identity_loads_the_new_one() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        std::fs::write(dir.join(IDENTITY_FILE), "{").unwrap();
+        let id = sample(FileKey::generate().unwrap());
+        // What `save` leaves when it stops before its renames.
+        rotation::stage_key(dir, id.key.as_ref()).unwrap();
+        rotation::stage_identity(dir, &id).unwrap();
+        let back = Identity::load(dir, &TpmAccess::none()).unwrap().unwrap();
+        assert_eq!(back.key.spki_der(), id.key.spki_der());
+        id.save(dir).unwrap();
+        assert!(!dir.join(IDENTITY_NEXT_FILE).exists());
+        assert!(!dir.join(NODE_KEY_NEXT_FILE).exists());
     }
 
     #[test]

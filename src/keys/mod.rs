@@ -63,6 +63,9 @@ pub enum KeyError {
     /// Deliberately without the parser's detail: it might quote key bytes.
     #[error("the node key {path} is not a P-256 private key (PEM \"PRIVATE KEY\", PKCS#8)")]
     Malformed { path: String },
+    /// Also without detail: the unique derives the key.
+    #[error("the node key {path} is not a TPM node key (PEM \"BCD TPM NODE KEY\", 32 bytes)")]
+    MalformedTpm { path: String },
     #[error("cannot encode the node key")]
     Encode,
     #[error("the node key's public half is not a P-256 SubjectPublicKeyInfo")]

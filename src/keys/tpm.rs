@@ -50,7 +50,7 @@ impl TpmKey {
                     source,
                 })?,
             );
-        let malformed = || KeyError::Malformed {
+        let malformed = || KeyError::MalformedTpm {
             path: path.display().to_string(),
         };
         let block = pem::parse(text.as_bytes()).map_err(|_| malformed())?;
@@ -63,9 +63,14 @@ impl TpmKey {
 
     fn derive(tpm: SharedTpm, unique: Zeroizing<[u8; 32]>) -> Result<TpmKey, KeyError> {
         let key = lock(&tpm)?.node_key(&unique).map_err(KeyError::Tpm)?;
-        let spki = bc_wire::tpm::Public::parse(&key.public)
-            .and_then(|p| p.p256_spki_der())
-            .map_err(|_| KeyError::BadPublicKey)?;
+        let Ok(spki) = bc_wire::tpm::Public::parse(&key.public).and_then(|p| p.p256_spki_der())
+        else {
+            // Not left to hold one of the connection's three object slots.
+            if let Ok(mut t) = tpm.lock() {
+                let _ = t.release(&key);
+            }
+            return Err(KeyError::BadPublicKey);
+        };
         Ok(TpmKey {
             tpm,
             key,

@@ -111,12 +111,7 @@ async fn prepare_and_send(
     current: &Identity,
 ) -> Result<(Arc<dyn NodeKey>, Vec<Vec<u8>>, Option<String>), RenewError> {
     let dir = &config.data_dir;
-    let leaf = current
-        .chain
-        .first()
-        .ok_or_else(|| anyhow::anyhow!("the current identity has no certificate"))?;
-    let statement = answer::ak_statement(leaf)
-        .map_err(|e| anyhow::anyhow!("the current certificate's statements: {e}"))?;
+    let statement = current.cert.ak_statement().map(str::to_owned);
     let (next, csr, key_attestation) = match &statement {
         Some(statement) => {
             let (key, csr, proof) = certified_next_key(tpm, statement, |k| {

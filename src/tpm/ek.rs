@@ -71,10 +71,12 @@ pub(super) fn load(tpm: &mut Tpm) -> Result<Ek, TpmError> {
             }),
     )?;
     tpm.track(created.key_handle);
-    let public = created
-        .out_public
-        .marshall()
-        .map_err(|_| TpmError::Unexpected("an EK public area that does not marshal"))?;
+    let Ok(public) = created.out_public.marshall() else {
+        let _ = tpm.release_handle(created.key_handle);
+        return Err(TpmError::Unexpected(
+            "an EK public area that does not marshal",
+        ));
+    };
     Ok(Ek {
         handle: created.key_handle,
         public,
@@ -172,6 +174,10 @@ fn read_certificate(tpm: &mut Tpm) -> Result<Option<Vec<u8>>, TpmError> {
                         c.nv_read(NvAuth::Owner, nv, n16, off16)
                     }),
             )?;
+            if chunk.value().is_empty() {
+                // A TPM that answers nothing would otherwise be asked forever.
+                return Err(TpmError::Unexpected("an empty NV_Read answer"));
+            }
             out.extend_from_slice(chunk.value());
         }
         Ok(out)

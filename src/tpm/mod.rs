@@ -205,10 +205,11 @@ impl Tpm {
                 }),
         )?;
         self.loaded.push(created.key_handle);
-        let public = created
-            .out_public
-            .marshall()
-            .map_err(|_| TpmError::Unexpected("a public area that does not marshal"))?;
+        let Ok(public) = created.out_public.marshall() else {
+            // Not left to hold one of the connection's three object slots.
+            let _ = self.release_handle(created.key_handle);
+            return Err(TpmError::Unexpected("a public area that does not marshal"));
+        };
         Ok(LoadedKey {
             handle: created.key_handle,
             public,
@@ -223,17 +224,17 @@ impl Tpm {
     /// Flushes a key that its owner is dropping (a holder cannot move it out
     /// in `Drop`); a key already flushed is left alone.
     pub(crate) fn release(&mut self, key: &LoadedKey) -> Result<(), TpmError> {
-        let before = self.loaded.len();
-        self.loaded.retain(|h| *h != key.handle);
-        if self.loaded.len() == before {
-            return Ok(());
-        }
-        cmd("FlushContext", self.ctx.flush_context(key.handle.into()))
+        self.release_handle(key.handle)
     }
 
     /// Flushes a derived EK; the persistent one stays where it is.
     pub(crate) fn release_ek(&mut self, ek: &Ek) -> Result<(), TpmError> {
-        let handle = ek.handle();
+        self.release_handle(ek.handle())
+    }
+
+    /// Flushes `handle` if this connection loaded it and has not flushed it
+    /// yet (a persistent object is never in `loaded`).
+    pub(super) fn release_handle(&mut self, handle: KeyHandle) -> Result<(), TpmError> {
         let before = self.loaded.len();
         self.loaded.retain(|h| *h != handle);
         if self.loaded.len() == before {

@@ -7,7 +7,7 @@ use tss_esapi::interface_types::algorithm::{HashingAlgorithm, PublicAlgorithm};
 use tss_esapi::interface_types::ecc::EccCurve;
 use tss_esapi::structures::{
     EccParameter, EccPoint, EccScheme, HashScheme, KeyDerivationFunctionScheme, Public,
-    PublicBuilder, PublicEccParametersBuilder, SymmetricDefinitionObject,
+    PublicBuilder, PublicEccParameters, PublicEccParametersBuilder, SymmetricDefinitionObject,
 };
 
 use super::{cmd, TpmError};
@@ -16,18 +16,6 @@ use super::{cmd, TpmError};
 /// fixedTPM, fixedParent, sensitiveDataOrigin, userWithAuth, noDA,
 /// restricted, sign), empty unique.
 pub fn ak_template() -> Result<Public, TpmError> {
-    let attributes = cmd(
-        "CreatePrimary",
-        ObjectAttributesBuilder::new()
-            .with_fixed_tpm(true)
-            .with_fixed_parent(true)
-            .with_sensitive_data_origin(true)
-            .with_user_with_auth(true)
-            .with_no_da(true)
-            .with_restricted(true)
-            .with_sign_encrypt(true)
-            .build(),
-    )?;
     let params = cmd(
         "CreatePrimary",
         PublicEccParametersBuilder::new()
@@ -39,16 +27,7 @@ pub fn ak_template() -> Result<Public, TpmError> {
             .with_restricted(true)
             .build(),
     )?;
-    cmd(
-        "CreatePrimary",
-        PublicBuilder::new()
-            .with_public_algorithm(PublicAlgorithm::Ecc)
-            .with_name_hashing_algorithm(HashingAlgorithm::Sha256)
-            .with_object_attributes(attributes)
-            .with_ecc_parameters(params)
-            .with_ecc_unique_identifier(EccPoint::default())
-            .build(),
-    )
+    ecc_public(true, params, EccPoint::default())
 }
 
 /// A node key: unrestricted P-256 signing key (attributes 0x00040472:
@@ -57,17 +36,6 @@ pub fn ak_template() -> Result<Public, TpmError> {
 /// 32-byte unique goes in `unique.x` with a 32-zero-byte `y`, the TCG
 /// EK-nonce convention.
 pub fn node_key_template(unique: &[u8; 32]) -> Result<Public, TpmError> {
-    let attributes = cmd(
-        "CreatePrimary",
-        ObjectAttributesBuilder::new()
-            .with_fixed_tpm(true)
-            .with_fixed_parent(true)
-            .with_sensitive_data_origin(true)
-            .with_user_with_auth(true)
-            .with_no_da(true)
-            .with_sign_encrypt(true)
-            .build(),
-    )?;
     // No `with_is_signing_key`: the builder refuses a NULL scheme for it,
     // and the sign attribute above is what makes it a signing key.
     let params = cmd(
@@ -81,6 +49,29 @@ pub fn node_key_template(unique: &[u8; 32]) -> Result<Public, TpmError> {
     )?;
     let x = cmd("CreatePrimary", EccParameter::try_from(unique.to_vec()))?;
     let y = cmd("CreatePrimary", EccParameter::try_from(vec![0u8; 32]))?;
+    ecc_public(false, params, EccPoint::new(x, y))
+}
+
+/// The P-256 signing primary both templates are: SHA-256 names; attributes
+/// fixedTPM, fixedParent, sensitiveDataOrigin, userWithAuth, noDA, sign,
+/// and `restricted` for the AK.
+fn ecc_public(
+    restricted: bool,
+    params: PublicEccParameters,
+    unique: EccPoint,
+) -> Result<Public, TpmError> {
+    let attributes = cmd(
+        "CreatePrimary",
+        ObjectAttributesBuilder::new()
+            .with_fixed_tpm(true)
+            .with_fixed_parent(true)
+            .with_sensitive_data_origin(true)
+            .with_user_with_auth(true)
+            .with_no_da(true)
+            .with_restricted(restricted)
+            .with_sign_encrypt(true)
+            .build(),
+    )?;
     cmd(
         "CreatePrimary",
         PublicBuilder::new()
@@ -88,7 +79,7 @@ pub fn node_key_template(unique: &[u8; 32]) -> Result<Public, TpmError> {
             .with_name_hashing_algorithm(HashingAlgorithm::Sha256)
             .with_object_attributes(attributes)
             .with_ecc_parameters(params)
-            .with_ecc_unique_identifier(EccPoint::new(x, y))
+            .with_ecc_unique_identifier(unique)
             .build(),
     )
 }

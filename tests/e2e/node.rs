@@ -57,7 +57,7 @@ fn identity(agent: &Agent, tpm: Option<&Swtpm>) -> bcd::identity::Identity {
 }
 
 fn statements(id: &bcd::identity::Identity) -> Vec<String> {
-    bcd::client::renew::statements(&id.chain[0]).unwrap()
+    bcd::pki::NodeCert::parse(&id.chain[0]).unwrap().statements
 }
 
 fn node_row(cp: &ControlPlane, node_id: &str) -> Value {

@@ -52,16 +52,26 @@ pub struct Evidence {
     pub sig: [u8; 64],
 }
 
-/// The signed fields, in order.
+/// The signing input of a proof (what bcd signs).
 pub fn signed_fields(csr_sha256: &[u8; 32], node_id: &str, client_time_ms: u64) -> Vec<u8> {
-    signing::signing_input(
-        Purpose::X509Pop,
-        &[
-            csr_sha256,
-            node_id.as_bytes(),
-            &client_time_ms.to_be_bytes(),
-        ],
-    )
+    with_fields(csr_sha256, node_id, client_time_ms, |fields| {
+        signing::signing_input(Purpose::X509Pop, fields)
+    })
+}
+
+/// Calls `f` with the signed fields, in order: the one list both
+/// [`signed_fields`] and [`Evidence::verify`] use, so they cannot disagree.
+fn with_fields<T>(
+    csr_sha256: &[u8; 32],
+    node_id: &str,
+    client_time_ms: u64,
+    f: impl FnOnce(&[&[u8]]) -> T,
+) -> T {
+    f(&[
+        csr_sha256,
+        node_id.as_bytes(),
+        &client_time_ms.to_be_bytes(),
+    ])
 }
 
 impl Evidence {
@@ -110,15 +120,8 @@ impl Evidence {
         csr_sha256: &[u8; 32],
     ) -> Result<(), SignatureError> {
         let key = signing::verifying_key_from_spki(leaf_spki_der)?;
-        signing::verify(
-            &key,
-            Purpose::X509Pop,
-            &[
-                csr_sha256,
-                self.node_id.as_bytes(),
-                &self.client_time_ms.to_be_bytes(),
-            ],
-            &self.sig,
-        )
+        with_fields(csr_sha256, &self.node_id, self.client_time_ms, |fields| {
+            signing::verify(&key, Purpose::X509Pop, fields, &self.sig)
+        })
     }
 }

@@ -81,16 +81,7 @@ mod tests {
     use bc_wire::agent::{HardwareClaims, Role};
     use bc_wire::token::JoinToken;
 
-    struct Fixture {
-        _dir: tempfile::TempDir,
-        db: Database,
-    }
-
-    fn fixture() -> Fixture {
-        let dir = tempfile::tempdir().unwrap();
-        let db = Database::open_dir(dir.path()).unwrap();
-        Fixture { _dir: dir, db }
-    }
+    use crate::test_support::temp_db as fixture;
 
     /// Runs the attestor in a transaction that is committed whatever the
     /// outcome, so a test sees anything a refusal would (wrongly) write.

@@ -3,17 +3,11 @@
 //! (`attestors/tpm/testdata`): the AK and its TPM2_Certify of the node key
 //! that signed `csr.der`.
 
-use std::sync::Arc;
-
-use bc_wire::agent::{
-    tpm_attestation, JoinRequest, JoinResponseBody, Role, TpmAttestation, TpmKeyCertification,
-};
+use bc_wire::agent::{tpm_attestation, Role, TpmAttestation, TpmKeyCertification};
 use rcgen::{KeyPair, PublicKeyData};
 
 use super::*;
-use crate::join::JoinService;
-use crate::pki::NodeCertSpec;
-use crate::records::NodeRow;
+use crate::test_support::{self, key, plain_csr, Cp};
 
 const HELLO: &[u8] = include_bytes!("../attestors/tpm/testdata/hello.bin");
 const ANSWER: &[u8] = include_bytes!("../attestors/tpm/testdata/answer.bin");
@@ -24,20 +18,19 @@ const AK_SELF_CERT: &[u8] = include_bytes!("../attestors/tpm/testdata/ak-self-ce
 const OTHER_NONCE_CERT: &[u8] =
     include_bytes!("../attestors/tpm/testdata/other-nonce-certification.bin");
 
-struct Fixture {
-    _dir: tempfile::TempDir,
-    svc: Arc<JoinService>,
+/// A control plane DIR for Renew (the shared [`Cp`] and this module's
+/// steps).
+struct Fixture(Cp);
+
+impl std::ops::Deref for Fixture {
+    type Target = Cp;
+    fn deref(&self) -> &Cp {
+        &self.0
+    }
 }
 
 fn fixture() -> Fixture {
-    let dir = tempfile::tempdir().unwrap();
-    crate::pki::init(dir.path(), "bc.test").unwrap();
-    let svc = Arc::new(JoinService::open(dir.path()).unwrap());
-    Fixture { _dir: dir, svc }
-}
-
-fn key() -> KeyPair {
-    KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap()
+    Fixture(test_support::cp())
 }
 
 /// A CSR that asks for a name and a SAN of its own: neither may reach the
@@ -50,14 +43,6 @@ fn csr_for(key: &KeyPair) -> Vec<u8> {
     params.serialize_request(key).unwrap().der().to_vec()
 }
 
-fn plain_csr(key: &KeyPair) -> Vec<u8> {
-    rcgen::CertificateParams::default()
-        .serialize_request(key)
-        .unwrap()
-        .der()
-        .to_vec()
-}
-
 fn request(csr: Vec<u8>) -> RenewRequest {
     RenewRequest {
         csr,
@@ -66,31 +51,9 @@ fn request(csr: Vec<u8>) -> RenewRequest {
 }
 
 impl Fixture {
-    fn db(&self) -> &crate::db::Database {
-        self.svc.database()
-    }
-
     /// Joins a node with a token (into `pool`); returns its id and leaf.
     fn join(&self, pool: Option<&str>) -> (String, Vec<u8>) {
-        let (tok, _) =
-            crate::tokens::create_token_in_pool(self.db(), Role::Node, 1, 3_600_000, pool).unwrap();
-        let csr = plain_csr(&key());
-        let sealed = bc_wire::sealing::SealingKey::from_spki_der(
-            self.svc.bundle().join_encryption_spki_der(),
-        )
-        .unwrap()
-        .seal(&bc_wire::sha256(&csr), tok.expose().as_bytes())
-        .unwrap();
-        let resp = self
-            .svc
-            .join(JoinRequest {
-                csr,
-                role: Role::Node as i32,
-                sealed_token: sealed,
-                ..Default::default()
-            })
-            .unwrap();
-        let body = JoinResponseBody::decode(resp.body.as_slice()).unwrap();
+        let (body, _) = self.token_join(Role::Node, pool);
         (body.node_id, body.chain[0].clone())
     }
 
@@ -98,73 +61,9 @@ impl Fixture {
     /// fixtures' AK, as a tpm join writes it.
     fn tpm_node(&self, statement: &str) -> (String, Vec<u8>) {
         let id = "node_tpmfixture".to_owned();
-        let now = self.now();
-        self.db()
-            .write(|tx| {
-                records::insert_node(
-                    tx,
-                    &NodeRow {
-                        id: id.clone(),
-                        role: "node".into(),
-                        identity_generation: 1,
-                        attestor: "tpm".into(),
-                        joined_at: now,
-                        retired_at: None,
-                        pool_id: "default".into(),
-                        cordoned_at: None,
-                        deleted_at: None,
-                    },
-                )
-            })
-            .unwrap();
+        test_support::insert_node(self.db(), &id, "tpm", self.now());
         let leaf = self.issue(&id, &key(), &[statement.to_owned()], 1, true);
         (id, leaf)
-    }
-
-    /// Issues a certificate with the node CA; stored in `node_certs` when
-    /// `store`, so the control plane knows it as its own.
-    fn issue(
-        &self,
-        node_id: &str,
-        key: &KeyPair,
-        statements: &[String],
-        generation: i64,
-        store: bool,
-    ) -> Vec<u8> {
-        let now = self.now();
-        let not_before = db::to_datetime(now - now.rem_euclid(1000));
-        let issued = self
-            .svc
-            .bundle()
-            .node_ca
-            .issue(&NodeCertSpec {
-                spki_der: &key.subject_public_key_info(),
-                trust_domain: "bc.test",
-                node_id,
-                statements,
-                not_before,
-                not_after: not_before + time::Duration::hours(24),
-            })
-            .unwrap();
-        if store {
-            self.db()
-                .write(|tx| records::insert_cert(tx, node_id, generation, &issued))
-                .unwrap();
-        }
-        issued.der
-    }
-
-    fn now(&self) -> UnixMs {
-        self.db()
-            .with_conn(|c| db::compute_now(c))
-            .unwrap()
-            .unwrap()
-    }
-
-    fn move_clock(&self, offset_ms: i64) {
-        self.db()
-            .write(|tx| db::set_clock_offset_ms(tx, offset_ms))
-            .unwrap();
     }
 
     fn renew(&self, leaf: &[u8], req: &RenewRequest) -> Result<RenewResponse, ApiError> {

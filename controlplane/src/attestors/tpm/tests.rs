@@ -331,24 +331,8 @@ fn placement_order_binding_then_resolve_then_requests() {
     assert_eq!(f.count("join_requests"), 0);
 }
 
-pub(crate) fn insert_node(db: &Database, id: &str) -> String {
-    db.write(|tx| {
-        records::insert_node(
-            tx,
-            &records::NodeRow {
-                id: id.to_owned(),
-                role: "node".into(),
-                identity_generation: 1,
-                attestor: "join-token".into(),
-                joined_at: NOW,
-                retired_at: None,
-                pool_id: "default".into(),
-                cordoned_at: None,
-                deleted_at: None,
-            },
-        )
-    })
-    .unwrap();
+fn insert_node(db: &Database, id: &str) -> String {
+    crate::test_support::insert_node(db, id, "join-token", NOW);
     id.to_owned()
 }
 
@@ -617,33 +601,32 @@ fn roles_other_than_node_or_site_are_refused() {
 /// the capture's challenge key.
 mod through_join_service {
     use super::*;
-    use crate::join::{ApiError, JoinService, BOUND_ELSEWHERE, POOL_ATTESTOR};
+    use crate::join::{ApiError, BOUND_ELSEWHERE, POOL_ATTESTOR};
     use bc_wire::agent::{join_response_body, JoinRequest, JoinResponseBody};
 
-    struct Cp {
-        _dir: tempfile::TempDir,
-        svc: JoinService,
+    use crate::test_support::{self, uri_sans as uris};
+
+    /// The shared control plane fixture, with this module's steps.
+    struct Cp(test_support::Cp);
+
+    impl std::ops::Deref for Cp {
+        type Target = test_support::Cp;
+        fn deref(&self) -> &test_support::Cp {
+            &self.0
+        }
     }
 
     fn cp() -> Cp {
-        let dir = tempfile::tempdir().unwrap();
-        crate::pki::init(dir.path(), "bc.test").unwrap();
-        crate::fsutil::write_atomic(&dir.path().join(crate::pki::CHALLENGE_KEY), KEY, 0o600)
-            .unwrap();
-        let svc = JoinService::open(dir.path()).unwrap();
-        add_test_roots(svc.database());
-        let db = svc.database();
-        let system_now = db.with_conn(|c| db::compute_now(c)).unwrap().unwrap();
-        db.write(|tx| db::set_clock_offset_ms(tx, NOW - system_now))
-            .unwrap();
-        Cp { _dir: dir, svc }
+        let c = test_support::cp_with(None, |dir| {
+            crate::fsutil::write_atomic(&dir.join(crate::pki::CHALLENGE_KEY), KEY, 0o600).unwrap();
+        });
+        add_test_roots(c.db());
+        let system_now = c.now();
+        c.move_clock(NOW - system_now);
+        Cp(c)
     }
 
     impl Cp {
-        fn db(&self) -> &Database {
-            self.svc.database()
-        }
-
         fn join(&self, evidence: Vec<u8>) -> Result<JoinResponseBody, ApiError> {
             let resp = self.svc.join(JoinRequest {
                 csr: CSR.to_vec(),
@@ -676,21 +659,6 @@ mod through_join_service {
                 .map(|e| (e.attestor.unwrap_or_default(), e.reason.unwrap_or_default()))
                 .collect()
         }
-    }
-
-    fn uris(der: &[u8]) -> Vec<String> {
-        let (_, leaf) = x509_parser::parse_x509_certificate(der).unwrap();
-        leaf.subject_alternative_name()
-            .unwrap()
-            .unwrap()
-            .value
-            .general_names
-            .iter()
-            .filter_map(|n| match n {
-                x509_parser::extensions::GeneralName::URI(u) => Some((*u).to_owned()),
-                _ => None,
-            })
-            .collect()
     }
 
     #[test]

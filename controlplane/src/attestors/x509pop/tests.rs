@@ -2,8 +2,6 @@
 //! joined with a token, certificates issued by the node CA, proofs signed by
 //! the certificates' keys as bcd signs them.
 
-use std::sync::Arc;
-
 use bc_wire::agent::{JoinRequest, JoinResponseBody};
 use bc_wire::signing::{self, Purpose};
 use p256::pkcs8::DecodePrivateKey;
@@ -12,39 +10,27 @@ use rcgen::{KeyPair, PublicKeyData};
 
 use super::*;
 use crate::db::{self, DbError, UnixMs};
-use crate::join::{ApiError, JoinService};
-use crate::pki::NodeCertSpec;
+use crate::join::ApiError;
 use crate::records::NodeRow;
+use crate::test_support::{self, key, plain_csr as csr_for, Cp};
 
-struct Fixture {
-    _dir: tempfile::TempDir,
-    svc: Arc<JoinService>,
+/// A control plane DIR for x509pop (the shared [`Cp`] and this module's
+/// steps).
+struct Fixture(Cp);
+
+impl std::ops::Deref for Fixture {
+    type Target = Cp;
+    fn deref(&self) -> &Cp {
+        &self.0
+    }
 }
 
 fn fixture_with(toml: Option<&str>) -> Fixture {
-    let dir = tempfile::tempdir().unwrap();
-    crate::pki::init(dir.path(), "bc.test").unwrap();
-    if let Some(t) = toml {
-        std::fs::write(dir.path().join(crate::config::CONFIG_FILE), t).unwrap();
-    }
-    let svc = Arc::new(JoinService::open(dir.path()).unwrap());
-    Fixture { _dir: dir, svc }
+    Fixture(test_support::cp_with(toml, |_| {}))
 }
 
 fn fixture() -> Fixture {
     fixture_with(None)
-}
-
-fn key() -> KeyPair {
-    KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap()
-}
-
-fn csr_for(key: &KeyPair) -> Vec<u8> {
-    rcgen::CertificateParams::default()
-        .serialize_request(key)
-        .unwrap()
-        .der()
-        .to_vec()
 }
 
 /// A node's identity as bcd holds it: its key and its last chain.
@@ -76,44 +62,9 @@ fn evidence(id: &Identity, csr: &[u8], client_time: u64) -> Evidence {
 }
 
 impl Fixture {
-    fn db(&self) -> &crate::db::Database {
-        self.svc.database()
-    }
-
-    fn now(&self) -> UnixMs {
-        self.db()
-            .with_conn(|c| db::compute_now(c))
-            .unwrap()
-            .unwrap()
-    }
-
-    fn move_clock(&self, offset_ms: i64) {
-        self.db()
-            .write(|tx| db::set_clock_offset_ms(tx, offset_ms))
-            .unwrap();
-    }
-
     /// Joins a node with a token.
     fn token_node(&self, role: Role) -> Identity {
-        let (tok, _) = crate::tokens::create_token(self.db(), role, 1, 3_600_000).unwrap();
-        let key = key();
-        let csr = csr_for(&key);
-        let sealed = bc_wire::sealing::SealingKey::from_spki_der(
-            self.svc.bundle().join_encryption_spki_der(),
-        )
-        .unwrap()
-        .seal(&bc_wire::sha256(&csr), tok.expose().as_bytes())
-        .unwrap();
-        let resp = self
-            .svc
-            .join(JoinRequest {
-                csr,
-                role: role as i32,
-                sealed_token: sealed,
-                ..Default::default()
-            })
-            .unwrap();
-        let body = JoinResponseBody::decode(resp.body.as_slice()).unwrap();
+        let (body, key) = self.token_join(role, None);
         Identity {
             node_id: body.node_id,
             key,
@@ -122,7 +73,7 @@ impl Fixture {
     }
 
     /// Issues (and, when `store`, records) a certificate for `node_id`.
-    fn issue(
+    fn issue_identity(
         &self,
         node_id: &str,
         statements: &[String],
@@ -130,30 +81,11 @@ impl Fixture {
         store: bool,
     ) -> Identity {
         let key = key();
-        let now = self.now();
-        let not_before = db::to_datetime(now - now.rem_euclid(1000));
-        let issued = self
-            .svc
-            .bundle()
-            .node_ca
-            .issue(&NodeCertSpec {
-                spki_der: &key.subject_public_key_info(),
-                trust_domain: "bc.test",
-                node_id,
-                statements,
-                not_before,
-                not_after: not_before + time::Duration::hours(24),
-            })
-            .unwrap();
-        if store {
-            self.db()
-                .write(|tx| records::insert_cert(tx, node_id, generation, &issued))
-                .unwrap();
-        }
+        let leaf = self.issue(node_id, &key, statements, generation, store);
         Identity {
             node_id: node_id.to_owned(),
             key,
-            chain: vec![issued.der, self.svc.node_ca_der().to_vec()],
+            chain: vec![leaf, self.svc.node_ca_der().to_vec()],
         }
     }
 
@@ -356,7 +288,7 @@ fn only_our_own_current_certificates_rejoin() {
     );
 
     // A certificate signed by our CA but never issued to anyone.
-    let forged = f.issue(&a.node_id, &[], 1, false);
+    let forged = f.issue_identity(&a.node_id, &[], 1, false);
     assert_eq!(
         f.refused(|| f.rejoin(&forged, Role::Node)),
         UNKNOWN_CERTIFICATE
@@ -532,26 +464,8 @@ fn a_tpm_statement_is_not_carried_but_recorded() {
     let ak_name = [&[0u8, 0x0b][..], &[0xab; 32]].concat();
     let statement = bc_wire::tpm::ak_statement(&ak_name).unwrap();
     let node_id = "node_tpmbound".to_owned();
-    let now = f.now();
-    f.db()
-        .write(|tx| {
-            records::insert_node(
-                tx,
-                &NodeRow {
-                    id: node_id.clone(),
-                    role: "node".into(),
-                    identity_generation: 1,
-                    attestor: "tpm".into(),
-                    joined_at: now,
-                    retired_at: None,
-                    pool_id: "default".into(),
-                    cordoned_at: None,
-                    deleted_at: None,
-                },
-            )
-        })
-        .unwrap();
-    let id = f.issue(&node_id, std::slice::from_ref(&statement), 1, true);
+    test_support::insert_node(f.db(), &node_id, "tpm", f.now());
+    let id = f.issue_identity(&node_id, std::slice::from_ref(&statement), 1, true);
     f.move_clock(2 * 86_400_000);
     let (body, _) = f.rejoin(&id, Role::Node).unwrap();
     let leaf = crate::pki::node_cert_identity(&body.chain[0]).unwrap();

@@ -1,0 +1,110 @@
+//! The commands of `bc-controlplane`, one module per command group, and what
+//! they share: the DIR argument, opening it, and printing to stdout.
+//!
+//! Output is part of the interface (scripts and the e2e tests read it):
+//! every list command prints one line per row, or a JSON array with `--json`.
+
+pub mod clock;
+pub mod events;
+pub mod nodes;
+pub mod pools;
+pub mod server;
+pub mod tokens;
+pub mod tpm;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use bc_controlplane::{config, db, pki};
+use clap::Args;
+
+#[derive(Args)]
+pub struct Dir {
+    /// The control plane directory (PKI bundle and controlplane.db).
+    #[arg(long, value_name = "DIR")]
+    pub dir: PathBuf,
+}
+
+/// The arguments of every `list` command.
+#[derive(Args)]
+pub struct ListArgs {
+    #[command(flatten)]
+    pub dir: Dir,
+    /// Print a JSON array instead of one line per row.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Every command but `init` needs an initialized DIR; without this check a
+/// typo in --dir would silently create an empty database somewhere.
+pub fn require_initialized(dir: &Path) -> Result<()> {
+    if !dir.join(pki::TRUST_DOMAIN_FILE).is_file() {
+        bail!(
+            "{} is not a control plane directory (no {}); run bc-controlplane init --dir {} first",
+            dir.display(),
+            pki::TRUST_DOMAIN_FILE,
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
+/// Opens DIR's database, after checking DIR and its `controlplane.toml`
+/// (a broken config is reported by every command, not only by `serve`).
+pub fn open_db(dir: &Path) -> Result<db::Database> {
+    require_initialized(dir)?;
+    config::load(dir)?;
+    db::Database::open_dir(dir)
+        .with_context(|| format!("cannot open the database in {}", dir.display()))
+}
+
+/// The database's time: what every "expired" a command prints is judged by.
+pub fn db_now(db: &db::Database) -> Result<db::UnixMs> {
+    db.with_conn(|c| db::compute_now(c))
+        .and_then(|r| r)
+        .context("cannot read the database clock")
+}
+
+/// Prints `rows` as a JSON array (`--json`), else one `line` per row.
+pub fn print_list<T>(
+    rows: &[T],
+    as_json: bool,
+    json: impl Fn(&T) -> serde_json::Value,
+    line: impl Fn(&T) -> Result<String>,
+) -> Result<()> {
+    if as_json {
+        let v: Vec<_> = rows.iter().map(json).collect();
+        let text = serde_json::to_string_pretty(&v).context("cannot encode JSON")?;
+        return print_line(&text);
+    }
+    let mut text = String::new();
+    for r in rows {
+        text.push_str(&line(r)?);
+        text.push('\n');
+    }
+    print_stdout(&text)
+}
+
+/// `<done> <id>`, or `<id> was already <done>` when nothing changed.
+pub fn print_change(changed: bool, done: &str, id: &str) -> Result<()> {
+    if changed {
+        print_line(&format!("{done} {id}"))
+    } else {
+        print_line(&format!("{id} was already {done}"))
+    }
+}
+
+/// One line on stdout.
+pub fn print_line(line: &str) -> Result<()> {
+    print_stdout(&format!("{line}\n"))
+}
+
+/// Writes to stdout and reports a closed pipe as an error instead of
+/// panicking like `print!` would.
+pub fn print_stdout(text: &str) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())
+        .and_then(|()| out.flush())
+        .context("cannot write to stdout")
+}

@@ -1,0 +1,199 @@
+//! `nodes list|certs|revoke-identity|retire|cordon|delete`: joined nodes and
+//! their lifecycle.
+
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use bc_controlplane::{db, nodes, records};
+use clap::Subcommand;
+use serde_json::json;
+
+use super::{db_now, open_db, print_change, print_line, print_list, Dir, ListArgs};
+
+#[derive(Subcommand)]
+pub enum NodesCmd {
+    /// List the nodes (deleted ones left out).
+    List(ListArgs),
+    /// List a node's certificates, oldest first.
+    Certs {
+        #[command(flatten)]
+        dir: Dir,
+        /// The node id (node_…).
+        id: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Raise the node's identity generation and revoke every certificate it
+    /// has: none of them ever renews or re-joins again.
+    RevokeIdentity {
+        #[command(flatten)]
+        dir: Dir,
+        /// The node id (node_…).
+        id: String,
+    },
+    /// Retire a node: it never renews, re-joins or is reclaimed again.
+    Retire {
+        #[command(flatten)]
+        dir: Dir,
+        /// The node id (node_…).
+        id: String,
+    },
+    /// Cordon a node, the step before deleting it.
+    Cordon {
+        #[command(flatten)]
+        dir: Dir,
+        /// The node id (node_…).
+        id: String,
+    },
+    /// Delete a cordoned node: revoke its certificates and free its
+    /// hardware bindings, so the machine can join again as a new node.
+    Delete {
+        #[command(flatten)]
+        dir: Dir,
+        /// The node id (node_…).
+        id: String,
+        /// Confirm: deleting cannot be undone.
+        #[arg(long)]
+        yes: bool,
+    },
+}
+
+pub fn run(cmd: NodesCmd) -> Result<()> {
+    match cmd {
+        NodesCmd::List(ListArgs { dir, json }) => list(&dir.dir, json),
+        NodesCmd::Certs { dir, id, json } => certs(&dir.dir, &id, json),
+        NodesCmd::RevokeIdentity { dir, id } => revoke_identity(&dir.dir, &id),
+        NodesCmd::Retire { dir, id } => {
+            let db = open_db(&dir.dir)?;
+            print_change(nodes::retire(&db, &id)?, "retired", &id)
+        }
+        NodesCmd::Cordon { dir, id } => {
+            let db = open_db(&dir.dir)?;
+            print_change(nodes::cordon(&db, &id)?, "cordoned", &id)
+        }
+        NodesCmd::Delete { dir, id, yes } => delete(&dir.dir, &id, yes),
+    }
+}
+
+fn list(dir: &Path, as_json: bool) -> Result<()> {
+    let db = open_db(dir)?;
+    let rows = records::list_nodes(&db).context("cannot list nodes")?;
+    // Only the JSON carries them: the text lists stay one short line a node.
+    let (node_keys, bindings) = if as_json {
+        (
+            records::last_node_keys(&db).context("cannot list joins")?,
+            records::list_bindings(&db).context("cannot list bindings")?,
+        )
+    } else {
+        Default::default()
+    };
+    print_list(
+        &rows,
+        as_json,
+        |n| {
+            let bound: Vec<_> = bindings
+                .iter()
+                .filter(|b| b.node_id == n.id)
+                .map(|b| json!({ "kind": b.kind, "key": b.key }))
+                .collect();
+            json!({
+                "nodeId": n.id,
+                "role": n.role,
+                "identityGeneration": n.identity_generation,
+                "attestor": n.attestor,
+                "joinedAt": db::rfc3339(n.joined_at),
+                "retired": n.retired_at.is_some(),
+                "cordoned": n.cordoned_at.is_some(),
+                "pool": n.pool_id,
+                "nodeKey": node_keys.get(&n.id),
+                "bindings": bound,
+            })
+        },
+        |n| {
+            Ok(format!(
+                "{} {} generation={} attestor={} joined={}{}{}",
+                n.id,
+                n.role,
+                n.identity_generation,
+                n.attestor,
+                db::rfc3339(n.joined_at),
+                if n.retired_at.is_some() {
+                    " retired"
+                } else {
+                    ""
+                },
+                if n.cordoned_at.is_some() {
+                    " cordoned"
+                } else {
+                    ""
+                }
+            ))
+        },
+    )
+}
+
+fn certs(dir: &Path, id: &str, as_json: bool) -> Result<()> {
+    let db = open_db(dir)?;
+    let rows = nodes::certs(&db, id)?;
+    let now = db_now(&db)?;
+    print_list(
+        &rows,
+        as_json,
+        |c| {
+            json!({
+                "serial": c.serial,
+                "identityGeneration": c.identity_generation,
+                "notBefore": db::rfc3339(c.not_before),
+                "notAfter": db::rfc3339(c.not_after),
+                "revoked": c.revoked_at.is_some(),
+                "revokedAt": c.revoked_at.map(db::rfc3339),
+                "expired": now >= c.not_after,
+            })
+        },
+        |c| {
+            let state = if c.revoked_at.is_some() {
+                "revoked"
+            } else if now >= c.not_after {
+                "expired"
+            } else {
+                "valid"
+            };
+            Ok(format!(
+                "{} generation={} not_before={} not_after={} {state}",
+                c.serial,
+                c.identity_generation,
+                db::rfc3339(c.not_before),
+                db::rfc3339(c.not_after)
+            ))
+        },
+    )
+}
+
+fn revoke_identity(dir: &Path, id: &str) -> Result<()> {
+    let db = open_db(dir)?;
+    let r = nodes::revoke_identity(&db, id)?;
+    print_line(&format!(
+        "revoked the identity of {}: generation {}, {} certificate(s) revoked",
+        r.node_id, r.identity_generation, r.revoked_certs
+    ))
+}
+
+fn delete(dir: &Path, id: &str, yes: bool) -> Result<()> {
+    if !yes {
+        bail!("deleting {id} cannot be undone; add --yes to confirm");
+    }
+    let db = open_db(dir)?;
+    let d = nodes::delete(&db, id)?;
+    print_line(&format!(
+        "deleted {}: {} certificate(s) revoked, {} binding(s) freed, {} resolve entr{} removed",
+        d.node_id,
+        d.revoked_certs,
+        d.freed_bindings.len(),
+        d.removed_resolve_entries,
+        if d.removed_resolve_entries == 1 {
+            "y"
+        } else {
+            "ies"
+        }
+    ))
+}

@@ -1,0 +1,128 @@
+//! `init`, `serve` and `agent-config`: making a control plane DIR, serving
+//! it, and pinning agents to it.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use bc_controlplane::{http, join::JoinService, pki};
+
+use super::{open_db, print_stdout, require_initialized};
+
+pub fn init(dir: &Path, trust_domain: &str) -> Result<()> {
+    pki::init(dir, trust_domain)
+        .with_context(|| format!("cannot initialize a control plane in {}", dir.display()))?;
+    open_db(dir)?;
+    super::print_line(&format!(
+        "initialized {} (trust domain {trust_domain}); agents pin {}",
+        dir.display(),
+        dir.join(pki::TLS_CA_CERT).display()
+    ))
+}
+
+pub fn serve(dir: &Path, listen: SocketAddr) -> Result<()> {
+    require_initialized(dir)?;
+    let service = Arc::new(
+        JoinService::open(dir)
+            .with_context(|| format!("cannot load the control plane in {}", dir.display()))?,
+    );
+    let tls = http::tls_config(service.bundle()).context("cannot build the TLS configuration")?;
+    let router = http::router(service);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(listen)
+            .await
+            .with_context(|| {
+                format!("cannot listen on {listen} (in use? use port 0 for a free one)")
+            })?;
+        let addr = listener
+            .local_addr()
+            .context("cannot read the listening address")?;
+        let shutdown = shutdown_signal().context("cannot install the signal handlers")?;
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "listening on https://{addr}").context("cannot write to stdout")?;
+        out.flush().context("cannot write to stdout")?;
+        drop(out);
+        tracing::info!(%addr, dir = %dir.display(), "serving");
+        http::serve(listener, tls, router, shutdown)
+            .await
+            .context("the server failed")?;
+        tracing::info!("stopped");
+        Ok(())
+    })
+}
+
+/// Resolves on the first SIGTERM or SIGINT.
+fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+            _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+        }
+    })
+}
+
+pub fn agent_config(dir: &Path, api: &str, data_dir: &str) -> Result<()> {
+    require_initialized(dir)?;
+    if !api.starts_with("https://") || api.len() <= "https://".len() {
+        bail!("--api must be an https:// URL, e.g. https://127.0.0.1:8443 (got {api:?})");
+    }
+    let bundle = pki::Bundle::load(dir)
+        .with_context(|| format!("cannot load the control plane in {}", dir.display()))?;
+    let pins = bundle.agent_pins_pem();
+    let text = format!(
+        "# bcd configuration, written by bc-controlplane agent-config\n\
+         api = {}\n\
+         trust_domain = {}\n\
+         data_dir = {}\n\
+         \n\
+         [pins]\n\
+         server_ca = \"\"\"\n{}\"\"\"\n\
+         join_signing_key = \"\"\"\n{}\"\"\"\n\
+         join_encryption_key = \"\"\"\n{}\"\"\"\n",
+        toml_string(api),
+        toml_string(&bundle.trust_domain),
+        toml_string(data_dir),
+        pins.server_ca,
+        pins.join_signing_key,
+        pins.join_encryption_key,
+    );
+    print_stdout(&text)
+}
+
+/// A TOML basic string.
+fn toml_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            '\r' => out.push_str("\\r"),
+            c if c.is_control() => out.push_str(&format!("\\u{:04X}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn toml_strings_escape() {
+        assert_eq!(toml_string(r#"a"b\c"#), r#""a\"b\\c""#);
+    }
+}

@@ -1,0 +1,194 @@
+//! Fixtures shared by the unit tests that run a real control plane DIR
+//! (PKI bundle, SQLite file): one place for how a test makes a DIR, a node
+//! key, a CSR, a token join and a certificate, so the join, attestor, Renew
+//! and HTTP tests cannot drift apart.
+
+use std::sync::Arc;
+
+use bc_wire::agent::{JoinRequest, JoinResponseBody, Role};
+use prost::Message;
+use rcgen::{KeyPair, PublicKeyData};
+
+use crate::db::{self, Database, UnixMs};
+use crate::join::JoinService;
+use crate::pki::NodeCertSpec;
+use crate::records;
+
+/// The trust domain of every fixture DIR.
+pub(crate) const TRUST_DOMAIN: &str = "bc.test";
+
+/// A control plane DIR (removed on drop) and the JoinService on it.
+pub(crate) struct Cp {
+    _dir: tempfile::TempDir,
+    pub(crate) svc: Arc<JoinService>,
+}
+
+/// A fresh DIR with the default configuration.
+pub(crate) fn cp() -> Cp {
+    cp_with(None, |_| {})
+}
+
+/// A fresh DIR with `controlplane.toml` (when given) and whatever `prepare`
+/// writes into it before the service opens it.
+pub(crate) fn cp_with(toml: Option<&str>, prepare: impl FnOnce(&std::path::Path)) -> Cp {
+    let dir = tempfile::tempdir().unwrap();
+    crate::pki::init(dir.path(), TRUST_DOMAIN).unwrap();
+    if let Some(t) = toml {
+        std::fs::write(dir.path().join(crate::config::CONFIG_FILE), t).unwrap();
+    }
+    prepare(dir.path());
+    let svc = Arc::new(JoinService::open(dir.path()).unwrap());
+    Cp { _dir: dir, svc }
+}
+
+/// A bare database in a temporary DIR (removed on drop), without a PKI
+/// bundle: for the tests below JoinService.
+pub(crate) struct TempDb {
+    _dir: tempfile::TempDir,
+    pub(crate) db: Database,
+}
+
+pub(crate) fn temp_db() -> TempDb {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Database::open_dir(dir.path()).unwrap();
+    TempDb { _dir: dir, db }
+}
+
+/// Inserts a live node `id` (role node, generation 1, pool default), as a
+/// join by `attestor` at `joined_at` would.
+pub(crate) fn insert_node(db: &Database, id: &str, attestor: &str, joined_at: UnixMs) {
+    db.write(|tx| {
+        records::insert_node(
+            tx,
+            &records::NodeRow {
+                id: id.to_owned(),
+                role: "node".into(),
+                identity_generation: 1,
+                attestor: attestor.to_owned(),
+                joined_at,
+                retired_at: None,
+                pool_id: crate::pools::DEFAULT_POOL.to_owned(),
+                cordoned_at: None,
+                deleted_at: None,
+            },
+        )
+    })
+    .unwrap();
+}
+
+/// A P-256 node key, as bcd makes one.
+pub(crate) fn key() -> KeyPair {
+    KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap()
+}
+
+/// A CSR for `key` that asks for nothing.
+pub(crate) fn plain_csr(key: &KeyPair) -> Vec<u8> {
+    rcgen::CertificateParams::default()
+        .serialize_request(key)
+        .unwrap()
+        .der()
+        .to_vec()
+}
+
+/// The URI SANs of a certificate, in order.
+pub(crate) fn uri_sans(der: &[u8]) -> Vec<String> {
+    let (_, leaf) = x509_parser::parse_x509_certificate(der).unwrap();
+    leaf.subject_alternative_name()
+        .unwrap()
+        .unwrap()
+        .value
+        .general_names
+        .iter()
+        .filter_map(|n| match n {
+            x509_parser::extensions::GeneralName::URI(u) => Some((*u).to_owned()),
+            _ => None,
+        })
+        .collect()
+}
+
+impl Cp {
+    pub(crate) fn db(&self) -> &Database {
+        self.svc.database()
+    }
+
+    /// The database's time.
+    pub(crate) fn now(&self) -> UnixMs {
+        self.db()
+            .with_conn(|c| db::compute_now(c))
+            .unwrap()
+            .unwrap()
+    }
+
+    pub(crate) fn move_clock(&self, offset_ms: i64) {
+        self.db()
+            .write(|tx| db::set_clock_offset_ms(tx, offset_ms))
+            .unwrap();
+    }
+
+    /// `token` (`tok_<id>.<secret>`) sealed to this control plane for `csr`,
+    /// as an agent sends it.
+    pub(crate) fn seal_token(&self, csr: &[u8], token: &str) -> Vec<u8> {
+        bc_wire::sealing::SealingKey::from_spki_der(self.svc.bundle().join_encryption_spki_der())
+            .unwrap()
+            .seal(&bc_wire::sha256(csr), token.as_bytes())
+            .unwrap()
+    }
+
+    /// A join request of `role` with a fresh single-use token (whose nodes
+    /// join `pool`), and the key its CSR is for.
+    pub(crate) fn token_request(&self, role: Role, pool: Option<&str>) -> (JoinRequest, KeyPair) {
+        let (tok, _) =
+            crate::tokens::create_token_in_pool(self.db(), role, 1, 3_600_000, pool).unwrap();
+        let key = key();
+        let csr = plain_csr(&key);
+        let sealed_token = self.seal_token(&csr, &tok.expose());
+        let req = JoinRequest {
+            csr,
+            role: role as i32,
+            sealed_token,
+            ..Default::default()
+        };
+        (req, key)
+    }
+
+    /// Joins a node of `role` with a token (into `pool`): the answer's body
+    /// and the node key.
+    pub(crate) fn token_join(&self, role: Role, pool: Option<&str>) -> (JoinResponseBody, KeyPair) {
+        let (req, key) = self.token_request(role, pool);
+        let resp = self.svc.join(req).unwrap();
+        (JoinResponseBody::decode(resp.body.as_slice()).unwrap(), key)
+    }
+
+    /// Issues a 24-hour certificate for `key` with the node CA; stored in
+    /// `node_certs` when `store`, so the control plane knows it as its own.
+    pub(crate) fn issue(
+        &self,
+        node_id: &str,
+        key: &KeyPair,
+        statements: &[String],
+        generation: i64,
+        store: bool,
+    ) -> Vec<u8> {
+        let now = self.now();
+        let not_before = db::to_datetime(now - now.rem_euclid(1000));
+        let issued = self
+            .svc
+            .bundle()
+            .node_ca
+            .issue(&NodeCertSpec {
+                spki_der: &key.subject_public_key_info(),
+                trust_domain: TRUST_DOMAIN,
+                node_id,
+                statements,
+                not_before,
+                not_after: not_before + time::Duration::hours(24),
+            })
+            .unwrap();
+        if store {
+            self.db()
+                .write(|tx| records::insert_cert(tx, node_id, generation, &issued))
+                .unwrap();
+        }
+        issued.der
+    }
+}
