@@ -125,6 +125,12 @@ fn control_plane_cli_refuses_bad_input() {
         assert!(!out.status.success(), "{args:?} must fail");
         assert!(stdout(&out).is_empty(), "{args:?} prints no token");
     }
+    // A whole token pasted as the id is refused without echoing its secret.
+    let token = cp.token("node", &[]);
+    let out = cp.cli(&["token", "revoke", &token]);
+    assert_eq!(out.status.code(), Some(1));
+    let secret = token.split_once('.').unwrap().1;
+    assert!(!stderr(&out).contains(secret) && !stdout(&out).contains(secret));
     let out = cp.cli(&["token", "revoke", "tok_nosuch"]);
     assert_eq!(out.status.code(), Some(1));
     // init refuses to overwrite a bundle.

@@ -77,6 +77,10 @@ fn create(dir: &Path, role: Role, uses: u32, ttl_ms: i64, pool: Option<&str>) ->
 }
 
 fn revoke(dir: &Path, id: &str) -> Result<()> {
+    // A whole token pasted here carries its secret: never echo it.
+    if id.contains('.') {
+        bail!("token revoke takes the token's id (tok_…, the part before the '.'), not the whole token");
+    }
     let db = open_db(dir)?;
     match tokens::revoke_token(&db, id).context("cannot revoke the token")? {
         tokens::RevokeOutcome::Revoked => print_change(true, "revoked", id),
