@@ -18,6 +18,7 @@ use crate::client::join::{self as exchange, Answerer, JoinError, NoChallenges, P
 use crate::client::{Client, ClientError};
 use crate::config::{Config, ConfigArg};
 use crate::evidence::attestor;
+use crate::evidence::claims;
 use crate::evidence::join_token::{self, TokenText};
 use crate::evidence::tpm::TpmEvidence;
 use crate::evidence::x509pop;
@@ -198,7 +199,9 @@ fn join(
         },
         attestation,
         sealed_token,
-        claims: None,
+        // Every join says which machine it is: a token bound to a machine
+        // (and the attestors that bind to one) compare against these.
+        claims: Some(claims::collect()),
     };
 
     let expected = Expected {
@@ -364,7 +367,7 @@ async fn rejoin_inner(
         attestor: attestor::X509POP.to_owned(),
         attestation,
         sealed_token: Vec::new(),
-        claims: None,
+        claims: Some(claims::collect()),
     };
     let expected = Expected {
         signing_key: &config.pins.join_signing_key,

@@ -154,6 +154,13 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE nodes ADD COLUMN cordoned_at INTEGER;
     ALTER TABLE nodes ADD COLUMN deleted_at INTEGER;
     "#,
+    // 4: a token's expect binding: the machine it was minted for, by product
+    // UUID and/or MAC (normalized lowercase; NULL: not bound). JoinService
+    // compares them with the join's hardware claims.
+    r#"
+    ALTER TABLE join_tokens ADD COLUMN expect_product_uuid TEXT;
+    ALTER TABLE join_tokens ADD COLUMN expect_mac TEXT;
+    "#,
 ];
 
 #[derive(Debug, thiserror::Error)]

@@ -11,7 +11,8 @@
 //! 2. pick the attestor (`join:unknown-attestor`) and open the sealed token
 //!    with aad = sha256(csr) (`token-unopenable`);
 //! 3. in ONE `BEGIN IMMEDIATE` transaction: the attestor, then on admit the
-//!    checks that need the resolved node and pool (the node-key statement,
+//!    token's expect binding against the claims (`join:expect-product-uuid`,
+//!    `join:expect-mac`), the checks that need the resolved node and pool (the node-key statement,
 //!    `bound-elsewhere`, the pool's `joinAttestors`), and only then the node
 //!    row (new or reclaimed), the hardware binding, the certificate, the
 //!    `joins` audit row and the `node.joined` event;
@@ -33,8 +34,8 @@ use rusqlite::Transaction;
 use time::Duration;
 
 use crate::attestor::{
-    AttestInput, AttestationResult, Attestor, AttestorRegistry, Deferral, Fault, OpenedToken,
-    Refusal, Verdict, JOIN_TOKEN,
+    AttestInput, AttestationResult, Attestor, AttestorRegistry, Deferral, ExpectMismatch, Fault,
+    OpenedToken, Refusal, Verdict, JOIN_TOKEN,
 };
 use crate::attestors::tpm::{state::ChallengeKey, TpmAttestor};
 use crate::attestors::x509pop::X509PopAttestor;
@@ -59,6 +60,11 @@ pub const UNKNOWN_POOL: &str = "join:unknown-pool";
 /// The machine's hardware key is bound to another node, or the node to
 /// another hardware key of that kind.
 pub const BOUND_ELSEWHERE: &str = "bound-elsewhere";
+
+/// The token's expect binding: the claimed product UUID is empty or another.
+pub const EXPECT_PRODUCT_UUID: &str = "join:expect-product-uuid";
+/// The token's expect binding: its MAC is not among the claimed ones.
+pub const EXPECT_MAC: &str = "join:expect-mac";
 
 /// The only node-key statement a renewal can prove again (see the spec,
 /// "Renewing a TPM-held key"); any other is refused rather than issued.
@@ -357,7 +363,9 @@ impl JoinService {
                     Ok(Outcome::Deferred(d))
                 }
                 Ok(Verdict::Admit(result)) => {
-                    match self.admit(&tx, now, role, &attestor_id, &csr, &result) {
+                    let admitted = check_expect(&result, &claims)
+                        .and_then(|()| self.admit(&tx, now, role, &attestor_id, &csr, &result));
+                    match admitted {
                         Ok((node_id, leaf)) => {
                             tx.commit().map_err(DbError::from)?;
                             Ok(Outcome::Joined { node_id, leaf })
@@ -627,6 +635,23 @@ impl JoinService {
     }
 }
 
+/// Enforces the expect binding of the token an attestor admitted with. Done
+/// here rather than in each attestor so that every token-based attestor
+/// (join-token now; provisioned, discovery later) binds the same way. It
+/// runs inside the join transaction before anything is written, so a
+/// refusal rolls back the use the attestor consumed.
+fn check_expect(result: &AttestationResult, claims: &agent::HardwareClaims) -> Result<(), Refusal> {
+    result.expect.check(claims).map_err(|mismatch| {
+        let reason = match mismatch {
+            ExpectMismatch::ProductUuid => EXPECT_PRODUCT_UUID,
+            ExpectMismatch::Mac => EXPECT_MAC,
+        };
+        Refusal::new(reason)
+            .with_token(result.token_id.as_deref())
+            .with_node(result.reclaim_node_id.as_deref())
+    })
+}
+
 /// Parses and verifies a CSR. The outer error is a broken request
 /// (INVALID_INPUT); the inner one a refusal reason.
 pub(crate) fn verify_csr(der: &[u8]) -> Result<Result<VerifiedCsr, &'static str>, ApiError> {
@@ -742,6 +767,59 @@ mod tests {
             .filter(|e| e.kind == records::EVENT_JOIN_REFUSED)
             .map(|e| e.reason.unwrap())
             .collect()
+    }
+
+    #[test]
+    fn expect_binding_refuses_other_machines_and_spends_nothing() {
+        use crate::attestor::Expect;
+        let f = fixture();
+        let expect = Expect {
+            product_uuid: Some("4c4c4544-0042-3510-8052-b4c04f4e4d32".to_owned()),
+            mac: Some("52:54:00:12:34:56".to_owned()),
+        };
+        let (tok, row) =
+            tokens::create_bound_token(f.svc.database(), Role::Node, 1, 3_600_000, None, &expect)
+                .unwrap();
+        assert_eq!(row.expect, expect);
+        let claims = |uuid: &str, macs: &[&str]| agent::HardwareClaims {
+            macs: macs.iter().map(|m| (*m).to_owned()).collect(),
+            product_uuid: uuid.to_owned(),
+        };
+        let right_uuid = "4C4C4544-0042-3510-8052-B4C04F4E4D32";
+        for (c, reason) in [
+            (claims("", &["52:54:00:12:34:56"]), EXPECT_PRODUCT_UUID),
+            (
+                claims(
+                    "00000000-0042-3510-8052-b4c04f4e4d32",
+                    &["52:54:00:12:34:56"],
+                ),
+                EXPECT_PRODUCT_UUID,
+            ),
+            (claims(right_uuid, &[]), EXPECT_MAC),
+            (claims(right_uuid, &["52:54:00:12:34:57"]), EXPECT_MAC),
+        ] {
+            let (_, csr) = new_csr();
+            let mut req = request(&f.svc, &csr, Some(&tok.expose()), Role::Node);
+            req.claims = Some(c);
+            assert!(matches!(f.svc.join(req), Err(ApiError::AccessDenied)));
+            let events = records::list_events(f.svc.database()).unwrap();
+            let last = events.last().unwrap();
+            assert_eq!(last.reason.as_deref(), Some(reason));
+            assert_eq!(last.token_id.as_deref(), Some(tok.id.as_str()));
+        }
+        let left = tokens::list_tokens(f.svc.database()).unwrap()[0].uses_left;
+        assert_eq!(left, 1, "a refusal spends no use");
+        assert!(records::list_nodes(f.svc.database()).unwrap().is_empty());
+
+        // The right machine (any case, the MAC among others) joins.
+        let (_, csr) = new_csr();
+        let mut req = request(&f.svc, &csr, Some(&tok.expose()), Role::Node);
+        req.claims = Some(claims(
+            right_uuid,
+            &["02:00:00:00:00:01", "52:54:00:12:34:56"],
+        ));
+        f.svc.join(req).unwrap();
+        assert_eq!(records::list_nodes(f.svc.database()).unwrap().len(), 1);
     }
 
     #[test]

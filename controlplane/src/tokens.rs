@@ -5,6 +5,7 @@ use bc_wire::agent::Role;
 use bc_wire::token::JoinToken;
 use rusqlite::{OptionalExtension, Transaction};
 
+use crate::attestor::Expect;
 use crate::db::{self, Database, DbError, UnixMs};
 use crate::pools::{self, PoolError};
 
@@ -20,6 +21,8 @@ pub struct TokenRow {
     pub created_at: UnixMs,
     /// The pool the token's nodes join (`None`: `default`).
     pub pool_id: Option<String>,
+    /// The machine the token was minted for, if it is bound to one.
+    pub expect: Expect,
 }
 
 /// SHA-256 of a token secret, as stored.
@@ -53,6 +56,20 @@ pub fn create_token_in_pool(
     ttl_ms: i64,
     pool: Option<&str>,
 ) -> Result<(JoinToken, TokenRow), PoolError> {
+    create_bound_token(db, role, uses, ttl_ms, pool, &Expect::default())
+}
+
+/// [`create_token_in_pool`] bound to the machine `expect` describes
+/// (values already normalized, see [`crate::attestor::normalize_mac`]):
+/// JoinService refuses a join whose claims do not match.
+pub fn create_bound_token(
+    db: &Database,
+    role: Role,
+    uses: u32,
+    ttl_ms: i64,
+    pool: Option<&str>,
+    expect: &Expect,
+) -> Result<(JoinToken, TokenRow), PoolError> {
     let id = crate::ids::random_id("tok_").map_err(DbError::Random)?;
     let secret =
         crate::ids::random_bytes::<{ bc_wire::token::SECRET_LEN }>().map_err(DbError::Random)?;
@@ -71,10 +88,12 @@ pub fn create_token_in_pool(
             revoked_at: None,
             created_at: now,
             pool_id: pool.map(str::to_owned),
+            expect: expect.clone(),
         };
         tx.execute(
-            "INSERT INTO join_tokens (id, secret_sha256, role, uses_left, expires_at, created_at, pool_id)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            "INSERT INTO join_tokens (id, secret_sha256, role, uses_left, expires_at, created_at, pool_id,
+                                      expect_product_uuid, expect_mac)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
             rusqlite::params![
                 row.id,
                 row.secret_sha256.as_slice(),
@@ -82,7 +101,9 @@ pub fn create_token_in_pool(
                 row.uses_left,
                 row.expires_at,
                 row.created_at,
-                row.pool_id
+                row.pool_id,
+                row.expect.product_uuid,
+                row.expect.mac
             ],
         )
         .map_err(DbError::from)?;
@@ -154,7 +175,8 @@ pub fn consume_use(tx: &Transaction<'_>, id: &str) -> Result<(), DbError> {
 }
 
 const SELECT: &str =
-    "SELECT id, secret_sha256, role, uses_left, expires_at, revoked_at, created_at, pool_id
+    "SELECT id, secret_sha256, role, uses_left, expires_at, revoked_at, created_at, pool_id,
+            expect_product_uuid, expect_mac
      FROM join_tokens";
 
 type RowResult = Result<TokenRow, DbError>;
@@ -177,5 +199,9 @@ fn read_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RowResult> {
         revoked_at: r.get(5)?,
         created_at: r.get(6)?,
         pool_id: r.get(7)?,
+        expect: Expect {
+            product_uuid: r.get(8)?,
+            mac: r.get(9)?,
+        },
     }))
 }

@@ -3,6 +3,7 @@
 //! Each is a function of its inputs (token, keys, CSR digest, claims,
 //! clock, and for `tpm` the TPM itself); none talks to the network. The join flow
 //! picks the builder for the configured attestor.
+pub mod claims;
 pub mod join_token;
 pub mod tpm;
 pub mod x509pop;

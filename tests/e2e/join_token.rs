@@ -253,3 +253,161 @@ fn eight_parallel_joins_with_a_one_use_token_admit_exactly_one() {
     assert_eq!(cp.nodes().len(), 1);
     assert_eq!(cp.refusal_reasons(), vec!["token-exhausted"; 7]);
 }
+
+/// A token bound to one machine (`token create --expect-product-uuid
+/// --expect-mac`). The agent reads its claims under a fake sysfs
+/// (`BCD_SYSFS_ROOT`, honoured only by a `failpoints` build), so these
+/// tests never depend on the hardware they run on.
+#[cfg(feature = "failpoints")]
+mod expect_binding {
+    use super::*;
+    use std::process::Output;
+
+    const UUID: &str = "4c4c4544-0042-3510-8052-b4c04f4e4d32";
+    const MAC: &str = "52:54:00:12:34:56";
+
+    /// A machine with eth0 = `mac` and the product UUID `uuid`, written
+    /// the way the kernel shows them (upper case UUID, trailing newline).
+    fn fake_sysfs(agent: &Agent, mac: &str, uuid: &str) {
+        let root = agent.root.path().join("sys");
+        let write = |rel: &str, text: String| {
+            let p = root.join(rel);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, text).unwrap();
+        };
+        write("class/net/lo/address", "00:00:00:00:00:00\n".into());
+        write("class/net/eth0/address", format!("{mac}\n"));
+        write(
+            "class/dmi/id/product_uuid",
+            format!("{}\n", uuid.to_uppercase()),
+        );
+    }
+
+    fn join(agent: &Agent, token: &str) -> Output {
+        let file = agent.root.path().join("token");
+        std::fs::write(&file, token).unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        agent
+            .command(&["join", "--token-file", &file.to_string_lossy()])
+            .env("BCD_SYSFS_ROOT", agent.root.path().join("sys"))
+            .output()
+            .expect("run bcd")
+    }
+
+    fn machine(cp: &ControlPlane, mac: &str, uuid: &str) -> Agent {
+        let agent = Agent::new(cp);
+        fake_sysfs(&agent, mac, uuid);
+        agent
+    }
+
+    fn uses_left(cp: &ControlPlane, id: &str) -> i64 {
+        let tokens = cp.json(&["token", "list"]);
+        let t = tokens
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["id"] == id)
+            .expect("the token is listed")
+            .clone();
+        t["usesLeft"].as_i64().unwrap()
+    }
+
+    #[track_caller]
+    fn assert_refused_with(cp: &ControlPlane, agent: &Agent, token: &str, reason: &str) {
+        let out = join(agent, token);
+        assert_access_denied(&out);
+        agent.assert_nothing_written();
+        assert!(
+            !stderr(&out).contains(reason),
+            "the reason stays on the server"
+        );
+        let last = cp.refusals().pop().expect("a refusal event");
+        assert_eq!(last["reason"], reason);
+        assert_eq!(last["attestor"], "join-token");
+        assert_eq!(last["tokenId"], token.split_once('.').unwrap().0);
+    }
+
+    #[test]
+    fn a_bound_token_admits_its_machine() {
+        let cp = ControlPlane::start();
+        // Given in upper case; stored and compared lowercase.
+        let token = cp.token(
+            "node",
+            &[
+                "--expect-product-uuid",
+                &UUID.to_uppercase(),
+                "--expect-mac",
+                &MAC.to_uppercase(),
+            ],
+        );
+        let id = token.split_once('.').unwrap().0.to_owned();
+        let listed = cp.json(&["token", "list"]);
+        assert_eq!(listed[0]["expectProductUuid"], UUID);
+        assert_eq!(listed[0]["expectMac"], MAC);
+
+        let agent = machine(&cp, MAC, UUID);
+        assert_ok(&join(&agent, &token));
+        assert_eq!(cp.nodes().len(), 1);
+        assert!(cp.refusals().is_empty());
+        assert_eq!(uses_left(&cp, &id), 0);
+    }
+
+    #[test]
+    fn an_unbound_token_lists_null_expects() {
+        let cp = ControlPlane::start();
+        cp.token("node", &[]);
+        let listed = cp.json(&["token", "list"]);
+        assert!(listed[0]["expectProductUuid"].is_null());
+        assert!(listed[0]["expectMac"].is_null());
+    }
+
+    #[test]
+    fn other_machines_are_refused_and_spend_no_use() {
+        let cp = ControlPlane::start();
+        let token = cp.token(
+            "node",
+            &["--expect-product-uuid", UUID, "--expect-mac", MAC],
+        );
+        let id = token.split_once('.').unwrap().0.to_owned();
+
+        let other_uuid = machine(&cp, MAC, "00000000-0042-3510-8052-b4c04f4e4d32");
+        assert_refused_with(&cp, &other_uuid, &token, "join:expect-product-uuid");
+        let other_mac = machine(&cp, "52:54:00:12:34:57", UUID);
+        assert_refused_with(&cp, &other_mac, &token, "join:expect-mac");
+        // No DMI at all: an empty UUID never matches.
+        let no_dmi = Agent::new(&cp);
+        fake_sysfs(&no_dmi, MAC, UUID);
+        std::fs::remove_file(no_dmi.root.path().join("sys/class/dmi/id/product_uuid")).unwrap();
+        assert_refused_with(&cp, &no_dmi, &token, "join:expect-product-uuid");
+
+        assert!(cp.nodes().is_empty());
+        assert_eq!(uses_left(&cp, &id), 1, "a refusal spends no use");
+        assert_ok(&join(&machine(&cp, MAC, UUID), &token));
+        assert_eq!(cp.nodes().len(), 1);
+        assert_eq!(uses_left(&cp, &id), 0);
+    }
+
+    #[test]
+    fn a_mac_binding_alone_ignores_the_uuid() {
+        let cp = ControlPlane::start();
+        let token = cp.token("node", &["--expect-mac", MAC]);
+        let agent = machine(&cp, MAC, "00000000-0000-0000-0000-000000000000");
+        assert_ok(&join(&agent, &token));
+    }
+
+    #[test]
+    fn malformed_expect_values_are_rejected_by_the_cli() {
+        let cp = ControlPlane::start();
+        for args in [
+            ["--expect-product-uuid", "4c4c4544-0042-3510-8052"],
+            ["--expect-mac", "52-54-00-12-34-56"],
+        ] {
+            let mut full = vec!["token", "create", "--role", "node"];
+            full.extend_from_slice(&args);
+            let out = cp.cli(&full);
+            assert!(!out.status.success(), "{args:?} accepted");
+            assert_eq!(out.status.code(), Some(2), "a usage error");
+        }
+        assert!(cp.json(&["token", "list"]).as_array().unwrap().is_empty());
+    }
+}

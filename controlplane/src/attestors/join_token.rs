@@ -6,7 +6,9 @@
 //! `token-missing`, `token-malformed`, `token-unknown` (row selected under the
 //! transaction's write lock), `token-secret` (SHA-256 compared in constant
 //! time), `token-revoked`, `token-expired` (at the database's time),
-//! `token-exhausted`, `token-role`; then one use is consumed.
+//! `token-exhausted`, `token-role`; then one use is consumed. The token's
+//! expect binding travels in the result: JoinService enforces it (and rolls
+//! the use back when the claims do not match).
 
 use subtle::ConstantTimeEq;
 
@@ -69,6 +71,8 @@ impl Attestor for JoinTokenAttestor {
             token_id: Some(token.id.clone()),
             node_key: NodeKeyKind::Unattested,
             pool_id: row.pool_id,
+            // JoinService enforces it (for every token-based attestor).
+            expect: row.expect,
             ..AttestationResult::default()
         }))
     }

@@ -4,6 +4,7 @@
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
+use bc_controlplane::attestor::{normalize_mac, normalize_product_uuid, Expect};
 use bc_controlplane::config::parse_duration_ms;
 use bc_controlplane::{db, pools, tokens};
 use bc_wire::agent::Role;
@@ -29,6 +30,14 @@ pub enum TokenCmd {
         /// The pool its nodes join (default: default).
         #[arg(long, value_name = "ID")]
         pool: Option<String>,
+        /// Bind the token to one machine: a join must claim this product
+        /// UUID (8-4-4-4-12 hex, /sys/class/dmi/id/product_uuid).
+        #[arg(long, value_name = "UUID", value_parser = parse_expect_product_uuid)]
+        expect_product_uuid: Option<String>,
+        /// Bind the token to one machine: a join must claim this MAC among
+        /// its interfaces' (aa:bb:cc:dd:ee:ff).
+        #[arg(long, value_name = "MAC", value_parser = parse_expect_mac)]
+        expect_mac: Option<String>,
     },
     /// Revoke a token by id.
     Revoke {
@@ -64,15 +73,34 @@ pub fn run(cmd: TokenCmd) -> Result<()> {
             uses,
             ttl,
             pool,
-        } => create(&dir.dir, role.into(), uses, ttl, pool.as_deref()),
+            expect_product_uuid,
+            expect_mac,
+        } => create(
+            &dir.dir,
+            role.into(),
+            uses,
+            ttl,
+            pool.as_deref(),
+            &Expect {
+                product_uuid: expect_product_uuid,
+                mac: expect_mac,
+            },
+        ),
         TokenCmd::Revoke { dir, id } => revoke(&dir.dir, &id),
         TokenCmd::List(ListArgs { dir, json }) => list(&dir.dir, json),
     }
 }
 
-fn create(dir: &Path, role: Role, uses: u32, ttl_ms: i64, pool: Option<&str>) -> Result<()> {
+fn create(
+    dir: &Path,
+    role: Role,
+    uses: u32,
+    ttl_ms: i64,
+    pool: Option<&str>,
+    expect: &Expect,
+) -> Result<()> {
     let db = open_db(dir)?;
-    let (token, _) = tokens::create_token_in_pool(&db, role, uses, ttl_ms, pool)?;
+    let (token, _) = tokens::create_bound_token(&db, role, uses, ttl_ms, pool, expect)?;
     print_line(&token.expose())
 }
 
@@ -110,6 +138,8 @@ fn list(dir: &Path, as_json: bool) -> Result<()> {
                 "revoked": t.revoked_at.is_some(),
                 "createdAt": db::rfc3339(t.created_at),
                 "pool": t.pool_id.as_deref().unwrap_or(pools::DEFAULT_POOL),
+                "expectProductUuid": t.expect.product_uuid,
+                "expectMac": t.expect.mac,
             })
         },
         |t| {
@@ -122,8 +152,15 @@ fn list(dir: &Path, as_json: bool) -> Result<()> {
             } else {
                 "active"
             };
+            let mut bound = String::new();
+            if let Some(u) = &t.expect.product_uuid {
+                bound.push_str(&format!(" expect_product_uuid={u}"));
+            }
+            if let Some(m) = &t.expect.mac {
+                bound.push_str(&format!(" expect_mac={m}"));
+            }
             Ok(format!(
-                "{} {} uses_left={} expires={} {state}",
+                "{} {} uses_left={} expires={} {state}{bound}",
                 t.id,
                 t.role,
                 t.uses_left,
@@ -131,6 +168,16 @@ fn list(dir: &Path, as_json: bool) -> Result<()> {
             ))
         },
     )
+}
+
+/// `--expect-product-uuid`: validated here, stored lowercase.
+fn parse_expect_product_uuid(s: &str) -> Result<String, String> {
+    normalize_product_uuid(s).map_err(|e| e.to_string())
+}
+
+/// `--expect-mac`: validated here, stored lowercase.
+fn parse_expect_mac(s: &str) -> Result<String, String> {
+    normalize_mac(s).map_err(|e| e.to_string())
 }
 
 /// A token lifetime: positive.
@@ -147,6 +194,20 @@ fn parse_ttl(s: &str) -> Result<i64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn expect_flags_are_validated_and_lowercased() {
+        assert_eq!(
+            parse_expect_product_uuid("4C4C4544-0042-3510-8052-B4C04F4E4D32"),
+            Ok("4c4c4544-0042-3510-8052-b4c04f4e4d32".to_owned())
+        );
+        assert_eq!(
+            parse_expect_mac("52:54:00:AB:CD:EF"),
+            Ok("52:54:00:ab:cd:ef".to_owned())
+        );
+        assert!(parse_expect_product_uuid("4c4c4544-0042-3510-8052").is_err());
+        assert!(parse_expect_mac("52-54-00-ab-cd-ef").is_err());
+    }
 
     #[test]
     fn lifetimes() {

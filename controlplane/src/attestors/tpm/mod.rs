@@ -206,6 +206,8 @@ impl TpmAttestor {
                 kind: BINDING_TPM_EK.to_owned(),
                 key: ek_sha256,
             }),
+            // No token: nothing to bind.
+            expect: Default::default(),
         }))
     }
 
