@@ -12,14 +12,6 @@ use serde_json::Value;
 use crate::harness::*;
 
 /// Lets this machine's TPM join through `resolve add`.
-fn allow(cp: &ControlPlane, agent: &Agent) {
-    let out = agent.run(&["tpm", "identify", "--json"]);
-    assert_ok(&out);
-    let id: Value = serde_json::from_slice(&out.stdout).expect("identify JSON");
-    let ek = id["ekSha256"].as_str().expect("ekSha256");
-    assert_ok(&cp.cli(&["resolve", "add", "--ek-sha256", ek]));
-}
-
 struct Doctor {
     out: Output,
     lines: Vec<String>,
@@ -225,7 +217,7 @@ fn a_tpm_joined_node_and_its_ek_roots() {
     let cp = ControlPlane::start_trusting_test_maker();
     let tpm = Swtpm::start();
     let agent = Agent::with_tpm(&cp, &tpm);
-    allow(&cp, &agent);
+    agent.allow_ek(&cp);
     assert_ok(&agent.run(&["join", "--attestor", "tpm"]));
 
     let d = Doctor::run(&agent);
@@ -296,7 +288,7 @@ fn a_tpm_cleared_node_fails_with_the_specs_hint() {
     let cp = ControlPlane::start_trusting_test_maker();
     let tpm = Swtpm::start();
     let agent = Agent::with_tpm(&cp, &tpm);
-    allow(&cp, &agent);
+    agent.allow_ek(&cp);
     assert_ok(&agent.run(&["join", "--attestor", "tpm"]));
     tpm.clear();
 

@@ -502,6 +502,32 @@ fn free_port_pair() -> u16 {
 }
 
 impl Agent {
+    /// `bcd tpm identify --json`.
+    pub fn identify(&self) -> Value {
+        let out = self.run(&["tpm", "identify", "--json"]);
+        assert_ok(&out);
+        serde_json::from_slice(&out.stdout).expect("identify JSON")
+    }
+
+    /// Puts this machine's EK on the control plane's allow-list (`resolve
+    /// add`); returns its SHA-256.
+    pub fn allow_ek(&self, cp: &ControlPlane) -> String {
+        let ek = self.identify()["ekSha256"]
+            .as_str()
+            .expect("ekSha256")
+            .to_owned();
+        assert_ok(&cp.cli(&["resolve", "add", "--ek-sha256", &ek]));
+        ek
+    }
+
+    /// A machine with this swtpm, allow-listed and joined with `--attestor tpm`.
+    pub fn tpm_joined(cp: &ControlPlane, tpm: &Swtpm) -> Self {
+        let agent = Agent::with_tpm(cp, tpm);
+        agent.allow_ek(cp);
+        assert_ok(&agent.run(&["join", "--attestor", "tpm"]));
+        agent
+    }
+
     /// An agent whose config names this swtpm (`[tpm] tcti`).
     pub fn with_tpm(cp: &ControlPlane, tpm: &Swtpm) -> Self {
         let agent = Agent::new(cp);

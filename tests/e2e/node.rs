@@ -21,21 +21,6 @@ fn fast_backoff(agent: &Agent) {
     std::fs::write(&agent.config, config).unwrap();
 }
 
-fn tpm_join(cp: &ControlPlane, tpm: &Swtpm) -> Agent {
-    let agent = Agent::with_tpm(cp, tpm);
-    let out = agent.run(&["tpm", "identify", "--json"]);
-    assert_ok(&out);
-    let id: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_ok(&cp.cli(&[
-        "resolve",
-        "add",
-        "--ek-sha256",
-        id["ekSha256"].as_str().unwrap(),
-    ]));
-    assert_ok(&agent.run(&["join", "--attestor", "tpm"]));
-    agent
-}
-
 fn node(agent: &Agent, args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut all = vec!["node"];
     all.extend_from_slice(args);
@@ -147,7 +132,7 @@ fn a_refused_renewal_is_logged_and_journaled() {
 fn a_tpm_node_renews_with_a_certified_next_key_each_time() {
     let cp = ControlPlane::start_trusting_test_maker();
     let tpm = Swtpm::start();
-    let agent = tpm_join(&cp, &tpm);
+    let agent = Agent::tpm_joined(&cp, &tpm);
     let first = identity(&agent, Some(&tpm));
     let statement = statements(&first);
     assert_eq!(statement.len(), 1);
@@ -243,7 +228,7 @@ fn a_crash_at_each_step_of_a_renewal_leaves_an_identity_that_loads() {
 fn a_crash_of_a_tpm_renewal_leaves_an_identity_that_loads() {
     let cp = ControlPlane::start_trusting_test_maker();
     let tpm = Swtpm::start();
-    let agent = tpm_join(&cp, &tpm);
+    let agent = Agent::tpm_joined(&cp, &tpm);
     for point in ["renew-after-answer", "renew-between-renames"] {
         let out = node(
             &agent,

@@ -7,7 +7,6 @@ use bc_wire::agent::{JoinRequest, RenewRequest, Role, TpmKeyAttestation};
 use bcd::client::{Client, ClientError};
 use bcd::identity::Identity;
 use bcd::keys::{FileKey, NodeKey, TpmAccess, TpmKey};
-use serde_json::Value;
 
 use crate::harness::*;
 
@@ -16,20 +15,6 @@ fn rt() -> tokio::runtime::Runtime {
         .enable_all()
         .build()
         .unwrap()
-}
-
-fn tpm_node(cp: &ControlPlane, tpm: &Swtpm) -> Agent {
-    let agent = Agent::with_tpm(cp, tpm);
-    let out = agent.run(&["tpm", "identify", "--json"]);
-    let id: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_ok(&cp.cli(&[
-        "resolve",
-        "add",
-        "--ek-sha256",
-        id["ekSha256"].as_str().unwrap(),
-    ]));
-    assert_ok(&agent.run(&["join", "--attestor", "tpm"]));
-    agent
 }
 
 fn renew_refusals(cp: &ControlPlane) -> Vec<String> {
@@ -55,7 +40,7 @@ fn renew_refused(agent: &Agent, access: &TpmAccess, request: &RenewRequest) {
 fn a_tpm_node_cannot_renew_without_its_aks_proof_of_the_next_key() {
     let cp = ControlPlane::start_trusting_test_maker();
     let (tpm, other_tpm) = (Swtpm::start(), Swtpm::start_another_machine());
-    let agent = tpm_node(&cp, &tpm);
+    let agent = Agent::tpm_joined(&cp, &tpm);
     let node_id = agent.status_json()["nodeId"].as_str().unwrap().to_owned();
     let access = TpmAccess::new(Some(&tpm.tcti()));
 

@@ -15,18 +15,6 @@ use x509_parser::prelude::*;
 
 use crate::harness::*;
 
-fn identify(agent: &Agent) -> Value {
-    let out = agent.run(&["tpm", "identify", "--json"]);
-    assert_ok(&out);
-    serde_json::from_slice(&out.stdout).expect("identify JSON")
-}
-
-fn allow(cp: &ControlPlane, agent: &Agent) -> String {
-    let ek = identify(agent)["ekSha256"].as_str().unwrap().to_owned();
-    assert_ok(&cp.cli(&["resolve", "add", "--ek-sha256", &ek]));
-    ek
-}
-
 fn uri_sans(pem: &str) -> Vec<String> {
     let der = ::pem::parse_many(pem).unwrap().remove(0).into_contents();
     let (_, leaf) = X509Certificate::from_der(&der).unwrap();
@@ -64,8 +52,8 @@ fn a_tpm_join_through_enrollment() {
     let cp = ControlPlane::start_trusting_test_maker();
     let tpm = Swtpm::start();
     let agent = Agent::with_tpm(&cp, &tpm);
-    let ek = identify(&agent)["ekSha256"].as_str().unwrap().to_owned();
-    assert_eq!(identify(&agent)["ekCertificate"]["present"], true);
+    let ek = agent.identify()["ekSha256"].as_str().unwrap().to_owned();
+    assert_eq!(agent.identify()["ekCertificate"]["present"], true);
 
     let child = agent
         .command(&["join", "--attestor", "tpm"])
@@ -152,7 +140,7 @@ fn a_tpm_join_through_resolve_then_reclaims_after_reset() {
     let cp = ControlPlane::start_trusting_test_maker();
     let tpm = Swtpm::start();
     let agent = Agent::with_tpm(&cp, &tpm);
-    allow(&cp, &agent);
+    agent.allow_ek(&cp);
     assert_ok(&agent.run(&["join", "--attestor", "tpm"]));
     let first = agent.status_json();
     let node_id = first["nodeId"].as_str().unwrap().to_owned();
@@ -185,7 +173,7 @@ fn after_tpm2_clear_the_identity_no_longer_loads_and_a_join_reclaims_the_node() 
     let cp = ControlPlane::start_trusting_test_maker();
     let tpm = Swtpm::start();
     let agent = Agent::with_tpm(&cp, &tpm);
-    allow(&cp, &agent);
+    agent.allow_ek(&cp);
     assert_ok(&agent.run(&["join", "--attestor", "tpm"]));
     let node_id = agent.status_json()["nodeId"].as_str().unwrap().to_owned();
 
@@ -208,15 +196,15 @@ fn another_tpm_cannot_join_as_the_first_ones_node() {
     let cp = ControlPlane::start_trusting_test_maker();
     let (tpm_a, tpm_b) = (Swtpm::start(), Swtpm::start_another_machine());
     let a = Agent::with_tpm(&cp, &tpm_a);
-    allow(&cp, &a);
+    a.allow_ek(&cp);
     assert_ok(&a.run(&["join", "--attestor", "tpm"]));
     let node_a = a.status_json()["nodeId"].as_str().unwrap().to_owned();
 
     let b = Agent::with_tpm(&cp, &tpm_b);
-    let ek_b = identify(&b)["ekSha256"].as_str().unwrap().to_owned();
+    let ek_b = b.identify()["ekSha256"].as_str().unwrap().to_owned();
     assert_ne!(
         ek_b,
-        identify(&a)["ekSha256"].as_str().unwrap(),
+        a.identify()["ekSha256"].as_str().unwrap(),
         "two TPMs, two EKs"
     );
     assert_ok(&cp.cli(&["resolve", "add", "--ek-sha256", &ek_b, "--node", &node_a]));
@@ -231,7 +219,7 @@ fn an_ek_from_an_unknown_maker_is_refused() {
     let cp = ControlPlane::start_trusting_test_maker();
     let tpm = Swtpm::start_other_maker();
     let agent = Agent::with_tpm(&cp, &tpm);
-    allow(&cp, &agent);
+    agent.allow_ek(&cp);
     let out = agent.run(&["join", "--attestor", "tpm"]);
     assert_access_denied(&out);
     agent.assert_nothing_written();
@@ -258,7 +246,7 @@ fn a_pool_that_requires_tpm_refuses_a_token_join() {
     // And still admits a TPM.
     let tpm = Swtpm::start();
     let machine = Agent::with_tpm(&cp, &tpm);
-    allow(&cp, &machine);
+    machine.allow_ek(&cp);
     assert_ok(&machine.run(&["join", "--attestor", "tpm"]));
     // Validation: unknown attestors are INVALID_INPUT.
     let out = cp.cli(&[
@@ -387,7 +375,7 @@ fn refusal_of(alter: impl FnOnce(&ManualJoin, &mut bc_wire::agent::TpmAnswer)) -
     let cp = ControlPlane::start_trusting_test_maker();
     let tpm = Swtpm::start();
     let agent = Agent::with_tpm(&cp, &tpm);
-    allow(&cp, &agent);
+    agent.allow_ek(&cp);
     let mut join = ManualJoin::new(&agent);
     let mut answer = join.answer();
     alter(&join, &mut answer);
@@ -406,7 +394,7 @@ fn an_unaltered_manual_join_succeeds() {
     let cp = ControlPlane::start_trusting_test_maker();
     let tpm = Swtpm::start();
     let agent = Agent::with_tpm(&cp, &tpm);
-    allow(&cp, &agent);
+    agent.allow_ek(&cp);
     let mut join = ManualJoin::new(&agent);
     let answer = join.answer();
     let mut request = join.request.clone();
