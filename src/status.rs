@@ -74,7 +74,7 @@ pub fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
     let config = Config::load(&args.config.path)?;
     let dir = &config.data_dir;
     let tpm = TpmAccess::new(config.tpm_tcti.as_deref());
-    let identity = Identity::load(dir, &tpm)
+    let identity = Identity::inspect(dir, &tpm)
         .with_context(|| format!("the identity in {} does not load", dir.display()))?;
     let Some(id) = identity else {
         if args.json {

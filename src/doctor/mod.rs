@@ -210,7 +210,7 @@ pub fn diagnose(path: &Path) -> Report {
     checks.push(files::check_data_dir(dir, files::effective_uid()));
 
     let access = TpmAccess::new(config.tpm_tcti.as_deref());
-    let loaded = Identity::load(dir, &access);
+    let loaded = Identity::inspect(dir, &access);
     checks.push(identity_check(&loaded, dir));
     // bcd's own clock (moved in test builds), as bcd node judges expiry by it.
     let now = crate::clock::now();

@@ -112,7 +112,11 @@ fn unreachable(f: &Failure, url: &str) -> Check {
         ),
         Failure::Timeout => Check::fail(
             CONTROL_PLANE,
-            format!("{url} did not answer within {} s", REQUEST_TIMEOUT.as_secs()),
+            format!(
+                "{url} did not answer (connect timeout {} s, answer timeout {} s)",
+                CONNECT_TIMEOUT.as_secs(),
+                REQUEST_TIMEOUT.as_secs()
+            ),
             format!("check the network path to {host} (firewall, routes, proxy) and that the control plane runs"),
         ),
         Failure::Unreachable(cause) => Check::fail(

@@ -243,7 +243,22 @@ impl Identity {
     /// together. A rotation that a crash interrupted is completed first
     /// (see [`rotation`]), so what loads is the old identity or the new one.
     pub fn load(data_dir: &Path, tpm: &TpmAccess) -> Result<Option<Identity>, IdentityError> {
-        if let Some(id) = rotation::recover(data_dir, tpm) {
+        Identity::load_with(data_dir, tpm, true)
+    }
+
+    /// Like [`Identity::load`], but changes nothing in `data_dir`: for the
+    /// commands that only look (`bcd status`, `bcd doctor`), which may run as
+    /// another user than the node's and must not rename its files.
+    pub fn inspect(data_dir: &Path, tpm: &TpmAccess) -> Result<Option<Identity>, IdentityError> {
+        Identity::load_with(data_dir, tpm, false)
+    }
+
+    fn load_with(
+        data_dir: &Path,
+        tpm: &TpmAccess,
+        repair: bool,
+    ) -> Result<Option<Identity>, IdentityError> {
+        if let Some(id) = rotation::recover(data_dir, tpm, repair) {
             return Ok(Some(id));
         }
         let Some(parsed) = Parsed::read(&data_dir.join(IDENTITY_FILE))? else {
@@ -255,7 +270,7 @@ impl Identity {
         match parsed.load_key(&key_path, tpm) {
             Ok(key) => Ok(Some(parsed.into_identity(key))),
             // Between the two renames of a rotation that wrote the key last.
-            Err(e) => match rotation::recover_key(data_dir, &parsed, tpm) {
+            Err(e) => match rotation::recover_key(data_dir, &parsed, tpm, repair) {
                 Some(key) => Ok(Some(parsed.into_identity(key))),
                 None => Err(e),
             },

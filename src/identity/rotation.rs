@@ -110,7 +110,10 @@ fn rename(data_dir: &Path, from: &str, to: &str) -> Result<bool, IdentityError> 
 /// before the first rename) or already in `node.key` (crash between the
 /// renames): the rotation is completed and the new identity returned.
 /// `None` when there is nothing staged or nothing usable.
-pub(crate) fn recover(data_dir: &Path, tpm: &TpmAccess) -> Option<Identity> {
+/// With `repair` false (a read-only caller such as `bcd status`), nothing is
+/// renamed: the identity that the next repairing load will settle on is
+/// returned as it is.
+pub(crate) fn recover(data_dir: &Path, tpm: &TpmAccess, repair: bool) -> Option<Identity> {
     let staged = data_dir.join(IDENTITY_NEXT_FILE);
     let parsed = match Parsed::read(&staged) {
         Ok(Some(p)) => p,
@@ -124,7 +127,9 @@ pub(crate) fn recover(data_dir: &Path, tpm: &TpmAccess) -> Option<Identity> {
     if next_key.exists() {
         match parsed.load_key(&next_key, tpm) {
             Ok(key) => {
-                complete(data_dir, true, &parsed);
+                if repair {
+                    complete(data_dir, true, &parsed);
+                }
                 return Some(parsed.into_identity(key));
             }
             Err(e) => {
@@ -134,7 +139,9 @@ pub(crate) fn recover(data_dir: &Path, tpm: &TpmAccess) -> Option<Identity> {
     }
     match parsed.load_key(&data_dir.join(NODE_KEY_FILE), tpm) {
         Ok(key) => {
-            complete(data_dir, false, &parsed);
+            if repair {
+                complete(data_dir, false, &parsed);
+            }
             Some(parsed.into_identity(key))
         }
         Err(e) => {
@@ -150,12 +157,16 @@ pub(crate) fn recover_key(
     data_dir: &Path,
     parsed: &Parsed,
     tpm: &TpmAccess,
+    repair: bool,
 ) -> Option<Arc<dyn NodeKey>> {
     let next_key = data_dir.join(NODE_KEY_NEXT_FILE);
     if !next_key.exists() {
         return None;
     }
     let key = parsed.load_key(&next_key, tpm).ok()?;
+    if !repair {
+        return Some(key);
+    }
     match rename(data_dir, NODE_KEY_NEXT_FILE, NODE_KEY_FILE) {
         Ok(_) => tracing::info!(
             dir = %data_dir.display(),
@@ -253,6 +264,34 @@ mod tests {
         assert_eq!(names(tmp.path()), vec!["identity.json", "node.key"]);
         // And it stays the new one.
         assert_eq!(loaded_spki(tmp.path()), new.key.spki_der());
+    }
+
+    #[test]
+    fn inspecting_an_interrupted_rotation_sees_the_new_identity_and_renames_nothing() {
+        let (tmp, _, new) = setup();
+        stage_key(tmp.path(), new.key.as_ref()).unwrap();
+        stage_identity(tmp.path(), &new).unwrap();
+        let before = names(tmp.path());
+        let seen = Identity::inspect(tmp.path(), &TpmAccess::none())
+            .unwrap()
+            .unwrap();
+        assert_eq!(seen.key.spki_der(), new.key.spki_der());
+        assert_eq!(names(tmp.path()), before, "inspect changes nothing");
+        // Between the renames, too.
+        std::fs::rename(
+            tmp.path().join(NODE_KEY_NEXT_FILE),
+            tmp.path().join(NODE_KEY_FILE),
+        )
+        .unwrap();
+        let before = names(tmp.path());
+        let seen = Identity::inspect(tmp.path(), &TpmAccess::none())
+            .unwrap()
+            .unwrap();
+        assert_eq!(seen.key.spki_der(), new.key.spki_der());
+        assert_eq!(names(tmp.path()), before);
+        // A repairing load then completes it.
+        assert_eq!(loaded_spki(tmp.path()), new.key.spki_der());
+        assert_eq!(names(tmp.path()), vec!["identity.json", "node.key"]);
     }
 
     #[test]
