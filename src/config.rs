@@ -339,9 +339,10 @@ pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
 /// takes a bare `device` to mean `/dev/tpm0`, bypassing the resource manager.
 fn check_tcti(t: &str) -> Result<String, String> {
     let expected =
-        "expected device:/dev/tpmrmN, swtpm:host=H,port=P, mssim:host=H,port=P or tabrmd";
+        "expected device:/dev/tpmrmN, swtpm:host=H,port=P, mssim:host=H,port=P, tabrmd, or none (no TPM)";
     let (kind, conf) = t.split_once(':').unwrap_or((t, ""));
     match kind {
+        crate::tpm::NO_TPM if conf.is_empty() => Ok(t.to_owned()),
         "device" if conf.starts_with('/') => Ok(t.to_owned()),
         "device" => Err(format!("{t:?} names no device path; {expected}")),
         "swtpm" | "mssim" => {
@@ -469,6 +470,7 @@ pub(crate) mod tests {
         let base = sample("https://h", "/x");
         let with = |t: &str| format!("{base}\n[tpm]\ntcti = \"{t}\"\n");
         for good in [
+            "none",
             "device:/dev/tpmrm0",
             "swtpm:host=127.0.0.1,port=2321",
             "mssim:",

@@ -74,7 +74,7 @@ pub enum KeyError {
     Sign,
     #[error("cannot build the CSR: {0}")]
     Csr(String),
-    #[error("the node key is in the TPM, but this machine has no TPM (set [tpm] tcti, TPM2TOOLS_TCTI or TCTI, or provide /dev/tpmrm0)")]
+    #[error("this machine has no TPM for bcd (none configured: set [tpm] tcti, TPM2TOOLS_TCTI or TCTI, or provide /dev/tpmrm0; [tpm] tcti = \"none\" turns it off)")]
     NoTpm,
     #[error(transparent)]
     Tpm(#[from] crate::tpm::TpmError),

@@ -34,9 +34,14 @@ pub use templates::{ak_template, node_key_template};
 /// `TPM2TOOLS_TCTI`, then `TCTI`, then `/dev/tpmrm0` when it exists. Never
 /// `/dev/tpm0` implicitly: without the kernel's resource manager, bcd and any
 /// other TPM user would trample each other's objects.
+///
+/// `none` in the config means no TPM at all, whatever the machine has: node
+/// keys are file keys and `--attestor tpm` is refused.
 pub fn resolve_tcti(configured: Option<&str>) -> Option<String> {
-    if let Some(t) = configured {
-        return Some(t.to_owned());
+    match configured {
+        Some(NO_TPM) => return None,
+        Some(t) => return Some(t.to_owned()),
+        None => {}
     }
     for var in ["TPM2TOOLS_TCTI", "TCTI"] {
         if let Ok(v) = std::env::var(var) {
@@ -49,6 +54,9 @@ pub fn resolve_tcti(configured: Option<&str>) -> Option<String> {
         .exists()
         .then(|| "device:/dev/tpmrm0".to_owned())
 }
+
+/// The `[tpm] tcti` value that turns the TPM off.
+pub const NO_TPM: &str = "none";
 
 #[derive(Debug, thiserror::Error)]
 pub enum TpmError {

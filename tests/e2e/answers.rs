@@ -192,7 +192,8 @@ fn join_against(bend: Bend) -> String {
             }
         })
         .collect::<Vec<_>>()
-        .join("\n");
+        .join("\n")
+        + "\n[tpm]\ntcti = \"none\"\n";
     std::fs::write(&agent.config, config).unwrap();
     let out = agent.join_with_token(&token);
     assert_eq!(

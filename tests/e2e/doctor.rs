@@ -328,9 +328,7 @@ fn a_file_key_on_a_host_with_a_tpm_is_a_warning() {
     let agent = Agent::new(&cp);
     assert_ok(&agent.join_with_token(&cp.token("node", &[])));
     assert_eq!(agent.status_json()["nodeKey"], "file");
-    let mut config = std::fs::read_to_string(&agent.config).unwrap();
-    config.push_str(&format!("\n[tpm]\ntcti = \"{}\"\n", tpm.tcti()));
-    std::fs::write(&agent.config, config).unwrap();
+    agent.set_tpm(&tpm);
 
     let d = Doctor::run(&agent);
     assert_eq!(d.code(), Some(0), "{}", d.dump());

@@ -251,16 +251,26 @@ pub struct Agent {
 }
 
 impl Agent {
+    /// A machine without a TPM, whatever this host has (`[tpm] tcti = "none"`).
     pub fn new(cp: &ControlPlane) -> Self {
         let root = tempfile::tempdir().expect("tempdir");
         let data_dir = root.path().join("data");
         let config = root.path().join("config.toml");
-        std::fs::write(&config, cp.agent_config(&data_dir)).expect("write config");
+        let text = format!("{}\n[tpm]\ntcti = \"none\"\n", cp.agent_config(&data_dir));
+        std::fs::write(&config, text).expect("write config");
         Agent {
             root,
             config,
             data_dir,
         }
+    }
+
+    /// Gives this machine a TPM from now on: `[tpm] tcti` names the swtpm.
+    pub fn set_tpm(&self, tpm: &Swtpm) {
+        let config = std::fs::read_to_string(&self.config).expect("config");
+        let replaced = config.replace("tcti = \"none\"", &format!("tcti = \"{}\"", tpm.tcti()));
+        assert_ne!(config, replaced, "the config has [tpm] tcti = \"none\"");
+        std::fs::write(&self.config, replaced).expect("write config");
     }
 
     pub fn with_config(text: &str) -> Self {
@@ -531,9 +541,7 @@ impl Agent {
     /// An agent whose config names this swtpm (`[tpm] tcti`).
     pub fn with_tpm(cp: &ControlPlane, tpm: &Swtpm) -> Self {
         let agent = Agent::new(cp);
-        let mut config = std::fs::read_to_string(&agent.config).expect("config");
-        config.push_str(&format!("\n[tpm]\ntcti = \"{}\"\n", tpm.tcti()));
-        std::fs::write(&agent.config, config).expect("write config");
+        agent.set_tpm(tpm);
         agent
     }
 }

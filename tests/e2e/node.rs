@@ -163,9 +163,7 @@ fn a_file_key_node_moves_into_the_tpm_at_its_next_renewal() {
     assert_eq!(agent.status_json()["nodeKey"], "file");
 
     let tpm = Swtpm::start();
-    let mut config = std::fs::read_to_string(&agent.config).unwrap();
-    config.push_str(&format!("\n[tpm]\ntcti = \"{}\"\n", tpm.tcti()));
-    std::fs::write(&agent.config, config).unwrap();
+    agent.set_tpm(&tpm);
     assert_ok(&node(&agent, &["--once", "--renew-now"], &[]));
     assert_eq!(agent.status_json()["nodeKey"], "tpm");
     assert!(statements(&identity(&agent, Some(&tpm))).is_empty());
