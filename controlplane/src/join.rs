@@ -629,7 +629,15 @@ impl JoinService {
             .unwrap_or_else(|p| p.into_inner())
             .clone();
         if let Some(hook) = hook {
-            hook(&event);
+            // The spec's convention: JoinService's own refusals are stored
+            // as `join:<reason>` (security.join.refused reason
+            // join:pool-attestor) but reported to onRefusal as the bare
+            // reason (refused with pool-attestor).
+            let bare = event.reason.strip_prefix("join:").map(str::to_owned);
+            match bare {
+                Some(reason) => hook(&RefusalEvent { reason, ..event }),
+                None => hook(&event),
+            }
         }
         ApiError::AccessDenied
     }
@@ -915,7 +923,9 @@ mod tests {
             .iter()
             .map(|e| e.reason.clone())
             .collect();
-        assert_eq!(hooked, want);
+        // onRefusal gets JoinService's own reasons bare, as the spec names them.
+        let bare: Vec<_> = want.iter().map(|r| r.trim_start_matches("join:")).collect();
+        assert_eq!(hooked, bare);
         assert_eq!(seen.lock().unwrap()[2].attestor, "nope");
         // Nothing was spent.
         assert_eq!(
@@ -1116,6 +1126,11 @@ mod tests {
         assert_eq!(events[0].data["poolOwner"], "alice");
         assert_eq!(events[0].data["poolId"], "metal");
         assert_eq!(seen.lock().unwrap()[0].pool_owner.as_deref(), Some("alice"));
+        assert_eq!(
+            seen.lock().unwrap()[0].reason,
+            "pool-attestor",
+            "onRefusal: the bare reason"
+        );
         // Nothing written, nothing spent.
         assert!(records::list_nodes(f.svc.database()).unwrap().is_empty());
         assert_eq!(

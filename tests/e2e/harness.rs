@@ -265,12 +265,24 @@ impl Agent {
         }
     }
 
-    /// Gives this machine a TPM from now on: `[tpm] tcti` names the swtpm.
+    /// Gives this machine this TPM from now on (a TPM it did not have, or
+    /// another one): `[tpm] tcti` names the swtpm.
     pub fn set_tpm(&self, tpm: &Swtpm) {
         let config = std::fs::read_to_string(&self.config).expect("config");
-        let replaced = config.replace("tcti = \"none\"", &format!("tcti = \"{}\"", tpm.tcti()));
-        assert_ne!(config, replaced, "the config has [tpm] tcti = \"none\"");
-        std::fs::write(&self.config, replaced).expect("write config");
+        let mut replaced = false;
+        let lines: Vec<String> = config
+            .lines()
+            .map(|l| {
+                if l.starts_with("tcti = ") {
+                    replaced = true;
+                    format!("tcti = \"{}\"", tpm.tcti())
+                } else {
+                    l.to_owned()
+                }
+            })
+            .collect();
+        assert!(replaced, "the config has a [tpm] tcti line");
+        std::fs::write(&self.config, lines.join("\n") + "\n").expect("write config");
     }
 
     pub fn with_config(text: &str) -> Self {

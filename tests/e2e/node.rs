@@ -436,3 +436,47 @@ fn join_with_x509pop_rejoins_as_itself() {
     assert_access_denied(&out);
     assert_eq!(agent.status_json()["nodeId"], node_id.as_str());
 }
+
+/// The spec's "the EK is new" recovery. TPM2_ChangeEPS gives the TPM a new
+/// endorsement seed (new EK and AK) but keeps the owner seed, so the node key
+/// still loads and the renewal's AK check is what fails, sending nothing.
+/// Then the machine gets a new TPM: cordon and delete the old node, and join
+/// again with --reset: a new node.
+#[test]
+fn a_new_endorsement_seed_fails_the_renewal_and_the_machine_rejoins_as_a_new_node() {
+    let cp = ControlPlane::start_trusting_test_maker();
+    let tpm = Swtpm::start();
+    let agent = Agent::tpm_joined(&cp, &tpm);
+    let old = agent.status_json()["nodeId"].as_str().unwrap().to_owned();
+
+    assert_ok(&tpm.tool("tpm2_changeeps", &[]));
+    let out = node(&agent, &["--once", "--renew-now"], &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("another TPM, or its endorsement seed changed"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(
+        !cp.events()
+            .iter()
+            .any(|e| e["type"] == "security.renew.refused"),
+        "no fallback: nothing was sent"
+    );
+
+    let new_tpm = Swtpm::start_another_machine();
+    agent.set_tpm(&new_tpm);
+    agent.allow_ek(&cp);
+    assert_ok(&cp.cli(&["nodes", "cordon", &old]));
+    assert_ok(&cp.cli(&["nodes", "delete", &old, "--yes"]));
+    assert_ok(&agent.run(&["join", "--reset", "--yes", "--attestor", "tpm"]));
+    let new = agent.status_json()["nodeId"].as_str().unwrap().to_owned();
+    assert_ne!(new, old, "a new node");
+    assert_eq!(agent.status_json()["nodeKey"], "tpm");
+    let nodes: Vec<String> = cp
+        .nodes()
+        .iter()
+        .map(|n| n["nodeId"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(nodes, vec![new]);
+}
