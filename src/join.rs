@@ -204,12 +204,7 @@ fn join(
         claims: Some(claims::collect()),
     };
 
-    let expected = Expected {
-        signing_key: &config.pins.join_signing_key,
-        csr_sha256,
-        node_spki: key.spki_der(),
-        trust_domain: &config.trust_domain,
-    };
+    let expected = Expected::for_join(config, csr_sha256, key.spki_der());
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -369,12 +364,7 @@ async fn rejoin_inner(
         sealed_token: Vec::new(),
         claims: Some(claims::collect()),
     };
-    let expected = Expected {
-        signing_key: &config.pins.join_signing_key,
-        csr_sha256,
-        node_spki: key.spki_der(),
-        trust_domain: &config.trust_domain,
-    };
+    let expected = Expected::for_join(config, csr_sha256, key.spki_der());
     let outcome = exchange::run(
         &client,
         &mut NoChallenges(attestor::X509POP),

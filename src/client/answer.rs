@@ -75,6 +75,23 @@ pub struct Expected<'a> {
     pub trust_domain: &'a str,
 }
 
+impl<'a> Expected<'a> {
+    /// What a join answer must be for this config's pins and trust domain,
+    /// the CSR with digest `csr_sha256` and the node key `node_spki`.
+    pub fn for_join(
+        config: &'a crate::config::Config,
+        csr_sha256: [u8; 32],
+        node_spki: &'a [u8],
+    ) -> Self {
+        Expected {
+            signing_key: &config.pins.join_signing_key,
+            csr_sha256,
+            node_spki,
+            trust_domain: &config.trust_domain,
+        }
+    }
+}
+
 /// Checks the signature and the request binding, then reads the body.
 pub fn open(resp: &JoinResponse, expected: &Expected<'_>) -> Result<Opened, AnswerError> {
     if signing::verify(
