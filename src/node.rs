@@ -245,9 +245,7 @@ impl Node<'_> {
                     ),
                     Some(next.cert.not_after),
                 );
-                self.identity = next;
-                self.backoff.succeed();
-                self.announced = None;
+                self.adopt(next);
                 Ok(())
             }
             Err(e) => {
@@ -275,6 +273,13 @@ impl Node<'_> {
         }
     }
 
+    /// A new identity is in place: the backoff and the next-renewal notice start over.
+    fn adopt(&mut self, next: Identity) {
+        self.identity = next;
+        self.backoff.succeed();
+        self.announced = None;
+    }
+
     /// One x509pop re-join; on failure, the wait before the next try.
     async fn rejoin(&mut self, now: OffsetDateTime) -> Result<(), Duration> {
         let cert = &self.identity.cert;
@@ -288,9 +293,7 @@ impl Node<'_> {
         );
         match crate::join::rejoin_x509pop(self.config, self.tpm, &self.identity).await {
             Ok(next) => {
-                self.identity = next;
-                self.backoff.succeed();
-                self.announced = None;
+                self.adopt(next);
                 Ok(())
             }
             Err(e) => {

@@ -369,6 +369,23 @@ pub fn assert_access_denied(out: &Output) {
     );
 }
 
+/// The URI SANs of a DER certificate, in order.
+pub fn uri_sans(der: &[u8]) -> Vec<String> {
+    use x509_parser::prelude::*;
+    let (_, cert) = X509Certificate::from_der(der).expect("certificate");
+    cert.subject_alternative_name()
+        .expect("SAN")
+        .expect("SAN present")
+        .value
+        .general_names
+        .iter()
+        .filter_map(|n| match n {
+            GeneralName::URI(u) => Some(u.to_string()),
+            _ => None,
+        })
+        .collect()
+}
+
 /// The workspace root, where `tpmsim-fixtures/` lives.
 pub fn workspace() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

@@ -42,18 +42,7 @@ fn token_join_issues_a_24h_certificate_with_one_spiffe_id() {
         .expect("leaf verifies against the node CA");
     let life = leaf.validity().not_after.timestamp() - leaf.validity().not_before.timestamp();
     assert!(life > 0 && life <= 24 * 3600, "lifetime {life}s");
-    let uris: Vec<String> = leaf
-        .subject_alternative_name()
-        .expect("SAN")
-        .expect("SAN present")
-        .value
-        .general_names
-        .iter()
-        .filter_map(|n| match n {
-            GeneralName::URI(u) => Some(u.to_string()),
-            _ => None,
-        })
-        .collect();
+    let uris = uri_sans(&chain[0]);
     assert_eq!(uris, vec![format!("spiffe://bc.test/node/{node_id}")]);
 
     // Files: data dir 0700, node key 0600.
