@@ -84,19 +84,23 @@ pub fn main() -> ExitCode {
     }
 }
 
-/// Reads `BCD_JOIN_TOKEN` once and removes it from the environment, so that
-/// no child process, crash report or `/proc/<pid>/environ` reader sees it
-/// later, whichever subcommand runs.
+/// Reads `BCD_JOIN_TOKEN` once, overwrites its value where the kernel keeps
+/// the process's initial environment, and removes it, so that no child
+/// process, crash report or `/proc/<pid>/environ` reader sees it later,
+/// whichever subcommand runs. (`remove_var` alone only unlinks the entry: the
+/// bytes stay in `/proc/<pid>/environ`.)
 ///
-/// `remove_var` is only sound while no other thread reads the environment;
-/// this runs first thing in `main`, before the runtime, the logger or any
-/// library starts a thread. (Edition 2021 marks it safe; under edition 2024
-/// this becomes an `unsafe` block justified by the same reasoning.)
+/// Sound only while no other thread reads the environment: this runs first
+/// thing in `main`, before the runtime, the logger or any library starts a
+/// thread. (Edition 2021 marks `remove_var` safe; under edition 2024 it
+/// becomes an `unsafe` block justified by the same reasoning.)
 fn take_env_token() -> Option<TokenText> {
     let value = std::env::var_os(TOKEN_ENV)?;
-    std::env::remove_var(TOKEN_ENV);
     // Non-UTF-8 text is no token; the lossy form fails to parse with a clear message.
     let text = Zeroizing::new(value.to_string_lossy().into_owned());
+    drop(Zeroizing::new(value.into_encoded_bytes()));
+    crate::environ::erase_value(TOKEN_ENV);
+    std::env::remove_var(TOKEN_ENV);
     Some(TokenText::new(text, TOKEN_ENV))
 }
 

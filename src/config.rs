@@ -24,6 +24,14 @@ use bc_wire::sealing::SealingKey;
 pub const DEFAULT_PATH: &str = "/etc/bcd/config.toml";
 pub const DEFAULT_DATA_DIR: &str = "/var/lib/bcd";
 
+/// Larger than any real configuration (a few PEM pins): a bigger file is a
+/// mistake, and reading it whole would only feed the error messages.
+pub const MAX_CONFIG_BYTES: u64 = 1024 * 1024;
+
+/// The longest message a refusal prints: a bad value is quoted in it, and a
+/// 50 MB value must not become 50 MB on stderr or in the journal.
+const MAX_MESSAGE_CHARS: usize = 240;
+
 /// `--config F`, shared by every subcommand that reads the configuration.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ConfigArg {
@@ -41,6 +49,8 @@ pub enum ConfigError {
         #[source]
         source: std::io::Error,
     },
+    #[error("{path} is {size} bytes; a bcd configuration is at most {MAX_CONFIG_BYTES} bytes")]
+    TooLarge { path: PathBuf, size: u64 },
     #[error("{path}:{line}: {message}")]
     Invalid {
         path: PathBuf,
@@ -148,9 +158,27 @@ struct RawPins {
 impl Config {
     /// Reads and checks the file at `path`.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        use std::io::Read as _;
+        let read_err = |source| ConfigError::Read {
             path: path.to_owned(),
             source,
+        };
+        let file = std::fs::File::open(path).map_err(read_err)?;
+        let mut bytes = Vec::new();
+        file.take(MAX_CONFIG_BYTES + 1)
+            .read_to_end(&mut bytes)
+            .map_err(read_err)?;
+        if bytes.len() as u64 > MAX_CONFIG_BYTES {
+            let size = std::fs::metadata(path).map_or(bytes.len() as u64, |m| m.len());
+            return Err(ConfigError::TooLarge {
+                path: path.to_owned(),
+                size,
+            });
+        }
+        let text = String::from_utf8(bytes).map_err(|e| ConfigError::Invalid {
+            path: path.to_owned(),
+            line: line_of_bytes(e.as_bytes(), e.utf8_error().valid_up_to()),
+            message: "not UTF-8 text".to_owned(),
         })?;
         Config::parse(path, &text)
     }
@@ -160,7 +188,7 @@ impl Config {
         let invalid = |span: Option<Range<usize>>, message: String| ConfigError::Invalid {
             path: path.to_owned(),
             line: span.map_or(1, |s| line_of(text, s.start)),
-            message,
+            message: cut(message),
         };
         let raw: RawConfig = toml::from_str(text)
             .map_err(|e| invalid(e.span(), describe_toml_error(e.message())))?;
@@ -265,12 +293,24 @@ impl Config {
 
 /// 1-based line of a byte offset.
 fn line_of(text: &str, offset: usize) -> usize {
-    let end = offset.min(text.len());
-    text.as_bytes()[..end]
-        .iter()
-        .filter(|&&b| b == b'\n')
-        .count()
-        + 1
+    line_of_bytes(text.as_bytes(), offset)
+}
+
+fn line_of_bytes(bytes: &[u8], offset: usize) -> usize {
+    let end = offset.min(bytes.len());
+    bytes[..end].iter().filter(|&&b| b == b'\n').count() + 1
+}
+
+/// `message` cut to [`MAX_MESSAGE_CHARS`], saying how much was left out.
+fn cut(message: String) -> String {
+    match message.char_indices().nth(MAX_MESSAGE_CHARS) {
+        None => message,
+        Some((end, _)) => format!(
+            "{}… ({} more bytes not shown)",
+            &message[..end],
+            message.len() - end
+        ),
+    }
 }
 
 /// Turns serde's wording (`unknown field `x`, expected one of `a`, `b``)
@@ -635,5 +675,43 @@ pub(crate) mod tests {
             "{}",
             err(&text)
         );
+    }
+
+    #[test]
+    fn a_huge_bad_value_is_cut_in_the_message() {
+        let huge = "v".repeat(2 << 20);
+        for (text, echoed) in [
+            (sample("https://h", &huge), true),
+            (sample(&format!("http://{huge}"), "/x"), false),
+            (
+                sample("https://h", "/x").replace("[pins]", &format!("[pins]\n{huge} = 1")),
+                true,
+            ),
+        ] {
+            let e = err(&text);
+            assert!(e.len() < 600, "{} bytes: {}", e.len(), &e[..600]);
+            assert_eq!(e.contains("more bytes not shown"), echoed, "{e}");
+        }
+    }
+
+    #[test]
+    fn a_file_larger_than_the_limit_is_refused_unread() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.toml");
+        let mut text = sample("https://h", "/x");
+        text.push_str(&format!("# {}\n", "x".repeat(MAX_CONFIG_BYTES as usize)));
+        std::fs::write(&path, &text).unwrap();
+        let e = Config::load(&path).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            format!(
+                "{} is {} bytes; a bcd configuration is at most 1048576 bytes",
+                path.display(),
+                text.len()
+            )
+        );
+        std::fs::write(&path, b"api = \"\xff\"\n").unwrap();
+        let e = Config::load(&path).unwrap_err().to_string();
+        assert!(e.ends_with(":1: not UTF-8 text"), "{e}");
     }
 }

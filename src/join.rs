@@ -22,7 +22,8 @@ use crate::evidence::claims;
 use crate::evidence::join_token::{self, TokenText};
 use crate::evidence::tpm::TpmEvidence;
 use crate::evidence::x509pop;
-use crate::identity::{reset, rotation, Identity};
+use crate::identity::rotation::{self, NextKey};
+use crate::identity::{reset, Identity};
 use crate::journal::{record, Kind};
 use crate::keys::{self, NodeKey, TpmAccess, TpmKey};
 use crate::pki::rfc3339;
@@ -298,7 +299,13 @@ fn run_x509pop(args: &JoinArgs) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    let next = runtime.block_on(rejoin_x509pop(&config, &tpm, &current))?;
+    let mut staged = None;
+    let rejoined = runtime.block_on(rejoin_x509pop(&config, &tpm, &current, &mut staged));
+    if staged.is_some() {
+        // A one-off command: no retry will send the staged key.
+        rotation::abandon(&config.data_dir);
+    }
+    let next = rejoined?;
     out::line(format_args!("re-joined as {}", next.node_id))?;
     Ok(ExitCode::SUCCESS)
 }
@@ -307,12 +314,17 @@ fn run_x509pop(args: &JoinArgs) -> anyhow::Result<ExitCode> {
 /// (see [`rotation`]): the new key (in the TPM when there is one) is staged
 /// before the request, the new identity once the answer is verified.
 /// Journals `rejoin` or `rejoin-failed`; returns the new identity.
+///
+/// `staged`: as for [`crate::node::renew_once`], the next key of an earlier
+/// failed attempt, sent again; left staged when this attempt fails before
+/// an answer, for the next try.
 pub async fn rejoin_x509pop(
     config: &Config,
     tpm: &TpmAccess,
     current: &Identity,
+    staged: &mut Option<NextKey>,
 ) -> anyhow::Result<Identity> {
-    let result = rejoin_inner(config, tpm, current).await;
+    let result = rejoin_inner(config, tpm, current, staged).await;
     match &result {
         Ok(next) => record(
             &config.data_dir,
@@ -340,24 +352,47 @@ async fn rejoin_inner(
     config: &Config,
     tpm: &TpmAccess,
     current: &Identity,
+    staged: &mut Option<NextKey>,
 ) -> anyhow::Result<Identity> {
     let dir = &config.data_dir;
     let client = Client::new(config)?;
-    let key: Arc<dyn NodeKey> = Arc::from(keys::generate(tpm, false)?);
-    let csr = keys::make_csr(key.as_ref())?;
+    let NextKey { key, csr, .. } = match staged.take() {
+        Some(next) => next,
+        None => {
+            let key: Arc<dyn NodeKey> = Arc::from(keys::generate(tpm, false)?);
+            let csr = keys::make_csr(key.as_ref())?;
+            rotation::stage_key(dir, key.as_ref())?;
+            NextKey {
+                key,
+                csr,
+                certified: None,
+            }
+        }
+    };
     let csr_sha256 = bc_wire::sha256(&csr);
+    // A fresh proof at every try: it carries the client time.
     let attestation = x509pop::build(
         &current.chain,
         current.key.as_ref(),
         &csr_sha256,
         &current.node_id,
         clock::now(),
-    )?;
-    rotation::stage_key(dir, key.as_ref())?;
+    );
+    let attestation = match attestation {
+        Ok(a) => a,
+        Err(e) => {
+            *staged = Some(NextKey {
+                key,
+                csr,
+                certified: None,
+            });
+            return Err(e.into());
+        }
+    };
     failpoint::hit("rejoin-before-request");
     tracing::info!(api = %client.api(), node_id = %current.node_id, role = %current.role.name(), node_key = %key.kid(), key_in = key.kind().as_str(), "re-joining the control plane with x509pop");
     let request = JoinRequest {
-        csr,
+        csr: csr.clone(),
         role: current.role as i32,
         attestor: attestor::X509POP.to_owned(),
         attestation,
@@ -377,7 +412,13 @@ async fn rejoin_inner(
     let accepted = match outcome {
         Ok(a) => a,
         Err(e) => {
-            rotation::abandon(dir);
+            // Unreachable, refused or a bad answer: the same key goes again
+            // next time (a bad answer certified nothing of ours).
+            *staged = Some(NextKey {
+                key,
+                csr,
+                certified: None,
+            });
             return Err(match e {
                 JoinError::Client(ClientError::AccessDenied) => anyhow!(ACCESS_DENIED_X509POP),
                 e => e.into(),

@@ -1,16 +1,24 @@
 //! `journal.db`: the node's own record of joins, renewals, re-joins and
 //! their failures, so that `bcd status` and `bcd doctor` can say what last
-//! happened without asking the control plane. SQLite, one table, append
-//! only; `--reset` moves it aside with the identity.
+//! happened without asking the control plane. SQLite, one table, appended
+//! to and pruned: it keeps the newest [`KEEP_ENTRIES`] entries and every
+//! entry younger than [`KEEP_FOR`], whichever is more, so a node that fails
+//! for months cannot fill its disk. `--reset` moves it aside with the
+//! identity.
 
 use std::path::Path;
 
-use rusqlite::{params, Connection, OptionalExtension};
+use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 use time::OffsetDateTime;
 
 use crate::clock;
-use crate::identity::JOURNAL_FILE;
+use crate::identity::{guard, JOURNAL_FILE};
 use crate::pki::rfc3339;
+
+/// Entries always kept, however old.
+pub const KEEP_ENTRIES: u32 = 1000;
+/// Entries younger than this are kept, however many.
+pub const KEEP_FOR: time::Duration = time::Duration::days(90);
 
 #[derive(Debug, thiserror::Error)]
 #[error("the journal {path}: {source}")]
@@ -88,20 +96,19 @@ impl Journal {
             path: path.clone(),
             source: source.into(),
         };
-        if !file.exists() {
-            // Create it private before SQLite opens it with the umask's mode.
-            use std::os::unix::fs::OpenOptionsExt;
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .mode(0o600)
-                .open(&file)
-                .map_err(|e| JournalError {
-                    path: path.clone(),
-                    source: e.into(),
-                })?;
-        }
-        let conn = Connection::open(&file).map_err(err)?;
+        // bcd's own directory and file, created private (before SQLite
+        // opens it with the umask's mode) and never through a link; SQLite
+        // then opens it refusing links too.
+        guard::check_dir(data_dir)
+            .and_then(|()| guard::create_private(&file))
+            .map_err(|e| JournalError {
+                path: path.clone(),
+                source: e.into(),
+            })?;
+        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX
+            | OpenFlags::SQLITE_OPEN_NOFOLLOW;
+        let conn = Connection::open_with_flags(&file, flags).map_err(err)?;
         conn.busy_timeout(std::time::Duration::from_secs(5))
             .map_err(err)?;
         conn.execute_batch(
@@ -118,20 +125,47 @@ impl Journal {
         Ok(Journal { conn, path })
     }
 
-    pub fn record(&self, entry: &Entry) -> Result<(), JournalError> {
+    /// Appends `entry` and prunes what is past both limits (see the module
+    /// doc), in one transaction.
+    pub fn record(&mut self, entry: &Entry) -> Result<(), JournalError> {
+        let err = |source: rusqlite::Error| JournalError {
+            path: self.path.clone(),
+            source: source.into(),
+        };
+        let tx = self.conn.transaction().map_err(err)?;
+        tx.execute(
+            "INSERT INTO journal (at, kind, node_id, detail, not_after) VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![
+                rfc3339(entry.at),
+                entry.kind.as_str(),
+                entry.node_id,
+                entry.detail,
+                entry.not_after.map(rfc3339)
+            ],
+        )
+        .map_err(err)?;
+        // `at` is RFC 3339 in UTC to the second: it sorts as text.
+        tx.execute(
+            "DELETE FROM journal WHERE at < ?1 AND id < \
+             (SELECT id FROM journal ORDER BY id DESC LIMIT 1 OFFSET ?2)",
+            params![rfc3339(entry.at - KEEP_FOR), KEEP_ENTRIES - 1],
+        )
+        .map_err(err)?;
+        tx.commit().map_err(err)
+    }
+
+    /// How many entries the journal holds.
+    pub fn len(&self) -> Result<u64, JournalError> {
         self.conn
-            .execute(
-                "INSERT INTO journal (at, kind, node_id, detail, not_after) VALUES (?1, ?2, ?3, ?4, ?5)",
-                params![
-                    rfc3339(entry.at),
-                    entry.kind.as_str(),
-                    entry.node_id,
-                    entry.detail,
-                    entry.not_after.map(rfc3339)
-                ],
-            )
-            .map(|_| ())
-            .map_err(|source| JournalError { path: self.path.clone(), source: source.into() })
+            .query_row("SELECT COUNT(*) FROM journal", [], |r| r.get(0))
+            .map_err(|source| JournalError {
+                path: self.path.clone(),
+                source: source.into(),
+            })
+    }
+
+    pub fn is_empty(&self) -> Result<bool, JournalError> {
+        Ok(self.len()? == 0)
     }
 
     /// The newest entry of one of `kinds`.
@@ -194,7 +228,7 @@ pub fn record(
         detail,
         not_after,
     };
-    if let Err(e) = Journal::open(data_dir).and_then(|j| j.record(&entry)) {
+    if let Err(e) = Journal::open(data_dir).and_then(|mut j| j.record(&entry)) {
         tracing::warn!(error = %e, kind = kind.as_str(), "cannot record in the journal");
     }
 }
@@ -207,7 +241,7 @@ mod tests {
     #[test]
     fn records_and_reads_back_the_newest_of_a_kind() {
         let dir = tempfile::tempdir().unwrap();
-        let j = Journal::open(dir.path()).unwrap();
+        let mut j = Journal::open(dir.path()).unwrap();
         assert_eq!(j.last_renewal().unwrap(), None);
         let at = OffsetDateTime::from_unix_timestamp(1_790_000_000).unwrap();
         let ok = Entry {
@@ -238,5 +272,36 @@ mod tests {
             .mode()
             & 0o777;
         assert_eq!(mode, 0o600);
+    }
+
+    #[test]
+    fn keeps_the_newest_thousand_or_ninety_days_whichever_is_more() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut j = Journal::open(dir.path()).unwrap();
+        // Thousands of entries: without a sync each, or the test takes a minute.
+        j.conn.pragma_update(None, "synchronous", "OFF").unwrap();
+        let now = OffsetDateTime::from_unix_timestamp(1_790_000_000).unwrap();
+        let entry = |at, n: u32| Entry {
+            at,
+            kind: Kind::RejoinFailed,
+            node_id: "node_a".into(),
+            detail: format!("attempt {n}"),
+            not_after: None,
+        };
+        // A year-old flood, then today's entry: the newest 1,000 stay.
+        let old = now - time::Duration::days(365);
+        for n in 0..1_200 {
+            j.record(&entry(old, n)).unwrap();
+        }
+        j.record(&entry(now, 0)).unwrap();
+        assert_eq!(j.len().unwrap(), 1_000);
+        assert_eq!(j.last(&[Kind::RejoinFailed]).unwrap().unwrap().at, now);
+        // Within 90 days everything stays, and the year-old entries go once
+        // 1,000 newer ones are there.
+        let recent = now + time::Duration::days(89);
+        for n in 0..1_500 {
+            j.record(&entry(recent, n)).unwrap();
+        }
+        assert_eq!(j.len().unwrap(), 1_501);
     }
 }

@@ -12,6 +12,7 @@ pub mod client;
 pub mod clock;
 pub mod config;
 pub mod doctor;
+mod environ;
 pub mod evidence;
 pub mod failpoint;
 pub mod identify;

@@ -3,8 +3,9 @@
 //! Loads the identity (a TPM key that no longer matches stops here with the
 //! spec's hint), then loops:
 //!
-//! - certificate valid, less than half its lifetime gone: sleep until then;
-//! - half its lifetime gone (or `--renew-now`): [`renew_once`]; a failure is
+//! - certificate valid, not yet at its renewal point ([`renew_at`], 50-60 %
+//!   of its lifetime): sleep until then;
+//! - at its renewal point (or `--renew-now`): [`renew_once`]; a failure is
 //!   logged as `renewal failed` with `attempt` and `expiresIn`, journaled,
 //!   and retried after `[node] backoff_min` doubling up to `backoff_max`;
 //! - expired, at most [`GRACE`] ago (the machine was off or cut off): re-join
@@ -25,6 +26,7 @@ use time::OffsetDateTime;
 
 use crate::clock;
 use crate::config::{Config, ConfigArg};
+use crate::identity::rotation::{self, NextKey};
 use crate::identity::Identity;
 use crate::journal::{self, Kind};
 use crate::keys::TpmAccess;
@@ -81,6 +83,8 @@ pub fn run(args: NodeArgs) -> anyhow::Result<ExitCode> {
         tpm: &tpm,
         identity,
         announced: None,
+        retry_at: None,
+        next_key: None,
     };
     runtime.block_on(node.run(args.once, args.renew_now))
 }
@@ -99,9 +103,18 @@ pub enum Step {
     PastGrace,
 }
 
-/// Half the certificate's lifetime: the spec's "well before expiry".
+/// When to renew: a point between 50 % and 60 % of the certificate's
+/// lifetime (the spec's "well before expiry"), taken from the certificate's
+/// own hash. Machines that joined in one PXE wave hold certificates of the
+/// same age, and renewing all at exactly half their lifetime would send the
+/// whole fleet to the control plane in the same second; a point derived from
+/// the certificate spreads them and stays put across restarts.
 pub fn renew_at(cert: &NodeCert) -> OffsetDateTime {
-    cert.not_before + (cert.not_after - cert.not_before) / 2
+    let lifetime = cert.not_after - cert.not_before;
+    let h = cert.der_sha256;
+    // 0..=1 in steps of 1/65535: fine enough for a 24-hour certificate (~0.13 s).
+    let spread = f64::from(u16::from_be_bytes([h[0], h[1]])) / f64::from(u16::MAX);
+    cert.not_before + lifetime * (0.5 + 0.1 * spread)
 }
 
 pub fn decide(cert: &NodeCert, now: OffsetDateTime, force_renewal: bool) -> Step {
@@ -146,6 +159,11 @@ struct Node<'a> {
     backoff: Backoff,
     /// The renewal time last logged, so that a wait is logged once.
     announced: Option<OffsetDateTime>,
+    /// No attempt before this (the backoff after a failure, as logged).
+    retry_at: Option<OffsetDateTime>,
+    /// The staged next key of a failed attempt: a retry for the same
+    /// identity sends it again rather than making and syncing another.
+    next_key: Option<NextKey>,
 }
 
 impl Node<'_> {
@@ -164,7 +182,7 @@ impl Node<'_> {
         }
         loop {
             let now = clock::now();
-            let wait = match decide(&self.identity.cert, now, force) {
+            let until = match decide(&self.identity.cert, now, force) {
                 Step::Wait { until } => {
                     if once {
                         tracing::info!(
@@ -178,11 +196,16 @@ impl Node<'_> {
                         tracing::info!(
                             renew_at = %rfc3339(until),
                             expiresIn = %expires_in(&self.identity.cert, now),
-                            "next renewal at half the certificate's lifetime"
+                            "next renewal due (50-60 % into the certificate's lifetime)"
                         );
                         self.announced = Some(until);
                     }
-                    std_duration(until - now)
+                    until
+                }
+                // A failed attempt's wait, as logged, is kept whatever wakes
+                // the loop meanwhile.
+                Step::Renew | Step::Rejoin if self.retry_at.is_some_and(|at| now < at) => {
+                    self.retry_at.unwrap_or(now)
                 }
                 step @ (Step::Renew | Step::Rejoin) => {
                     let result = if step == Step::Renew {
@@ -195,13 +218,15 @@ impl Node<'_> {
                     // --renew-now wanted too.
                     match result {
                         Ok(()) if once => return Ok(ExitCode::SUCCESS),
-                        Ok(()) => {
-                            force = false;
-                            continue;
+                        Ok(()) => force = false,
+                        Err(()) if once => {
+                            // No retry follows: the staged next key goes.
+                            self.drop_next_key();
+                            return Ok(ExitCode::FAILURE);
                         }
-                        Err(_) if once => return Ok(ExitCode::FAILURE),
-                        Err(wait) => wait,
+                        Err(()) => {}
                     }
+                    continue;
                 }
                 Step::PastGrace => {
                     let message = past_grace_message(&self.identity.cert, now);
@@ -216,11 +241,8 @@ impl Node<'_> {
                     return Err(anyhow!(message));
                 }
             };
-            // Wake at expiry at the latest, so that a re-join follows it.
-            let to_expiry = std_duration(self.identity.cert.not_after - clock::now());
-            let nap = wait
+            let nap = std_duration(until - clock::now())
                 .min(MAX_NAP)
-                .min(to_expiry + Duration::from_secs(1))
                 .max(Duration::from_millis(50));
             if stop.nap(nap).await {
                 tracing::info!("stopping on a signal");
@@ -229,10 +251,29 @@ impl Node<'_> {
         }
     }
 
-    /// One renewal; on failure, the wait before the next try.
-    async fn renew(&mut self) -> Result<(), Duration> {
+    /// After a failed attempt: the backoff's next wait, but no later than
+    /// expiry while the certificate is valid (a renewal that keeps failing
+    /// gives way to the re-join at expiry). Sets [`Node::retry_at`]; returns
+    /// the attempt's number and the wait, which the caller logs.
+    fn fail(&mut self) -> (u32, Duration) {
+        let now = clock::now();
+        let (attempt, backoff) = self.backoff.fail();
+        let wait = retry_wait(backoff, &self.identity.cert, now);
+        self.retry_at = Some(now + wait);
+        (attempt, wait)
+    }
+
+    /// Forgets the staged next key and removes it from the data directory.
+    fn drop_next_key(&mut self) {
+        if self.next_key.take().is_some() {
+            rotation::abandon(&self.config.data_dir);
+        }
+    }
+
+    /// One renewal; a failure is logged, journaled and scheduled for retry.
+    async fn renew(&mut self) -> Result<(), ()> {
         let dir = &self.config.data_dir;
-        match renew_once(self.config, self.tpm, &self.identity).await {
+        match renew_once(self.config, self.tpm, &self.identity, &mut self.next_key).await {
             Ok(next) => {
                 journal::record(
                     dir,
@@ -249,17 +290,17 @@ impl Node<'_> {
                 Ok(())
             }
             Err(e) => {
-                let (attempt, wait) = self.backoff.fail();
+                let (attempt, wait) = self.fail();
                 let detail = e.to_string();
                 tracing::warn!(
                     attempt,
                     expiresIn = %expires_in(&self.identity.cert, clock::now()),
-                    retryIn = %format!("{}s", wait.as_secs()),
+                    retryIn = ?wait,
                     error = %detail,
                     "renewal failed"
                 );
                 journal::record(
-                    dir,
+                    &self.config.data_dir,
                     Kind::RenewalFailed,
                     &self.identity.node_id,
                     detail,
@@ -268,7 +309,7 @@ impl Node<'_> {
                 if matches!(e, RenewError::Unsaved(_)) {
                     self.reload();
                 }
-                Err(wait)
+                Err(())
             }
         }
     }
@@ -277,11 +318,13 @@ impl Node<'_> {
     fn adopt(&mut self, next: Identity) {
         self.identity = next;
         self.backoff.succeed();
+        self.retry_at = None;
         self.announced = None;
+        self.next_key = None;
     }
 
-    /// One x509pop re-join; on failure, the wait before the next try.
-    async fn rejoin(&mut self, now: OffsetDateTime) -> Result<(), Duration> {
+    /// One x509pop re-join; a failure is logged, journaled and scheduled for retry.
+    async fn rejoin(&mut self, now: OffsetDateTime) -> Result<(), ()> {
         let cert = &self.identity.cert;
         tracing::warn!(
             node_id = %self.identity.node_id,
@@ -291,24 +334,27 @@ impl Node<'_> {
             human(now - cert.not_after),
             self.identity.node_id
         );
-        match crate::join::rejoin_x509pop(self.config, self.tpm, &self.identity).await {
+        let rejoined =
+            crate::join::rejoin_x509pop(self.config, self.tpm, &self.identity, &mut self.next_key)
+                .await;
+        match rejoined {
             Ok(next) => {
                 self.adopt(next);
                 Ok(())
             }
             Err(e) => {
-                let (attempt, wait) = self.backoff.fail();
+                let (attempt, wait) = self.fail();
                 tracing::warn!(
                     attempt,
                     graceLeft = %human(self.identity.cert.not_after + GRACE - clock::now()),
-                    retryIn = %format!("{}s", wait.as_secs()),
+                    retryIn = ?wait,
                     error = %format!("{e:#}"),
                     "re-join failed"
                 );
                 // A re-join whose answer was accepted but not fully saved
                 // left a rotation on disk; loading completes it.
                 self.reload();
-                Err(wait)
+                Err(())
             }
         }
     }
@@ -324,12 +370,23 @@ impl Node<'_> {
                     "using the identity on disk"
                 );
                 self.identity = id;
+                self.next_key = None;
             }
             Ok(_) => {}
             Err(e) => {
                 tracing::warn!(error = %e, "the identity on disk does not load; keeping the one in memory")
             }
         }
+    }
+}
+
+/// The wait after a failure: `backoff`, cut at expiry while `cert` is still
+/// valid so that the re-join follows it; once expired, the whole backoff.
+pub fn retry_wait(backoff: Duration, cert: &NodeCert, now: OffsetDateTime) -> Duration {
+    if now < cert.not_after {
+        backoff.min(std_duration(cert.not_after - now) + Duration::from_millis(100))
+    } else {
+        backoff
     }
 }
 
@@ -377,10 +434,28 @@ mod tests {
     }
 
     #[test]
-    fn renews_at_half_the_lifetime_rejoins_within_grace_stops_after() {
+    fn renewal_points_spread_over_50_to_60_percent_and_stay_put() {
+        let mut fractions: Vec<f64> = (0..64)
+            .map(|_| {
+                let c = cert(24);
+                let at = renew_at(&c);
+                assert_eq!(renew_at(&c), at, "derived from the certificate alone");
+                (at - c.not_before) / (c.not_after - c.not_before)
+            })
+            .collect();
+        fractions.sort_by(f64::total_cmp);
+        assert!(fractions[0] >= 0.5 && fractions[63] <= 0.6, "{fractions:?}");
+        // 64 certificates spread over the window, not bunched in one spot.
+        assert!(fractions[63] - fractions[0] > 0.05, "{fractions:?}");
+        let distinct: std::collections::BTreeSet<_> =
+            fractions.iter().map(|f| (f * 1e6) as u64).collect();
+        assert!(distinct.len() > 60, "{fractions:?}");
+    }
+
+    #[test]
+    fn renews_at_its_point_rejoins_within_grace_stops_after() {
         let c = cert(24);
         let half = renew_at(&c);
-        assert_eq!(half, c.not_before + (c.not_after - c.not_before) / 2);
         let before = half - time::Duration::minutes(1);
         assert_eq!(decide(&c, before, false), Step::Wait { until: half });
         assert_eq!(decide(&c, before, true), Step::Renew);
@@ -406,5 +481,37 @@ mod tests {
         );
         assert_eq!(expires_in(&c, c.not_after), "expired");
         assert_eq!(std_duration(time::Duration::seconds(-5)), Duration::ZERO);
+    }
+
+    /// The figure: a node 30 h past its certificate, retrying with
+    /// the default backoff, makes at most 3 attempts in 90 s.
+    #[test]
+    fn an_expired_node_retries_on_the_backoff_it_logs() {
+        let c = cert(24);
+        let start = c.not_after + time::Duration::hours(30);
+        let mut backoff = Backoff::new(Duration::from_secs(30), Duration::from_secs(600));
+        let mut now = start;
+        let mut attempts = vec![];
+        while now - start <= time::Duration::seconds(90) {
+            assert_eq!(decide(&c, now, false), Step::Rejoin);
+            attempts.push((now - start).whole_seconds());
+            now += retry_wait(backoff.fail().1, &c, now);
+        }
+        assert_eq!(attempts, vec![0, 30, 90]);
+    }
+
+    #[test]
+    fn a_failing_renewal_wakes_at_expiry_for_the_rejoin() {
+        let c = cert(24);
+        let now = c.not_after - time::Duration::seconds(10);
+        let wait = retry_wait(Duration::from_secs(600), &c, now);
+        assert!(
+            wait > Duration::from_secs(10) && wait < Duration::from_secs(11),
+            "{wait:?}"
+        );
+        assert_eq!(
+            retry_wait(Duration::from_secs(30), &c, now),
+            Duration::from_secs(10) + Duration::from_millis(100)
+        );
     }
 }

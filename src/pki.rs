@@ -42,6 +42,9 @@ pub struct NodeCert {
     pub not_after: OffsetDateTime,
     /// The `urn:bc:` statements (the URI SANs after the SPIFFE ID), in order.
     pub statements: Vec<String>,
+    /// SHA-256 of the leaf's DER: what spreads a fleet's renewals
+    /// ([`crate::node::renew_at`]) the same way at every restart.
+    pub der_sha256: [u8; 32],
 }
 
 impl NodeCert {
@@ -92,6 +95,7 @@ impl NodeCert {
             not_before: cert.validity().not_before.to_datetime(),
             not_after: cert.validity().not_after.to_datetime(),
             statements: rest.iter().map(|u| printable(u)).collect(),
+            der_sha256: bc_wire::sha256(der),
         })
     }
 

@@ -29,6 +29,9 @@ struct StatusJson<'a> {
     role: &'a str,
     trust_domain: &'a str,
     not_after: String,
+    /// When `bcd node` renews: a point 50-60 % into the lifetime, fixed by
+    /// the certificate.
+    renew_at: String,
     node_key: &'a str,
     /// The newest renewal attempt in the journal, or null.
     last_renewal: Option<LastRenewal>,
@@ -96,6 +99,7 @@ pub fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
             role: id.role.name(),
             trust_domain: &id.trust_domain,
             not_after,
+            renew_at: rfc3339(crate::node::renew_at(&id.cert)),
             node_key: id.key.kind().as_str(),
             last_renewal: last,
             certificate: id.chain_pem(),
@@ -201,7 +205,7 @@ mod tests {
             !dir.path().join(JOURNAL_FILE).exists(),
             "status creates no journal"
         );
-        let j = Journal::open(dir.path()).unwrap();
+        let mut j = Journal::open(dir.path()).unwrap();
         let at = OffsetDateTime::from_unix_timestamp(1_790_000_000).unwrap();
         let entry = Entry {
             at,

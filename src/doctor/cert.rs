@@ -187,7 +187,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         assert_eq!(last_renewal(dir.path(), t(0)).status, Status::Ok);
         assert!(!dir.path().join(JOURNAL_FILE).exists());
-        let j = Journal::open(dir.path()).unwrap();
+        let mut j = Journal::open(dir.path()).unwrap();
         j.record(&Entry {
             at: t(0),
             kind: Kind::RenewalFailed,

@@ -14,18 +14,7 @@ const PRIVATE_FILES: [&str; 4] = [
     JOURNAL_FILE,
 ];
 
-/// This process's effective uid, from `/proc/self/status` (bcd runs on
-/// Linux); None when it cannot be read, and then ownership is not checked.
-pub fn effective_uid() -> Option<u32> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    parse_euid(&status)
-}
-
-/// `Uid:\t<real>\t<effective>\t<saved>\t<fs>`.
-fn parse_euid(status: &str) -> Option<u32> {
-    let line = status.lines().find_map(|l| l.strip_prefix("Uid:"))?;
-    line.split_whitespace().nth(1)?.parse().ok()
-}
+pub use crate::identity::guard::effective_uid;
 
 pub fn check_data_dir(dir: &Path, euid: Option<u32>) -> Check {
     let shown = dir.display();
@@ -57,7 +46,14 @@ pub fn check_data_dir(dir: &Path, euid: Option<u32>) -> Check {
     let mut problems = Vec::new();
     let mut chmods = Vec::new();
     let mut foreign = false;
+    // What bcd refuses to use (see `identity::guard`), not only a loose mode.
+    let mut refused = Vec::new();
     let mode = meta.mode() & 0o777;
+    if mode & 0o022 != 0 {
+        refused.push(format!(
+            "the directory is writable by group or others ({mode:04o})"
+        ));
+    }
     if mode & 0o077 != 0 {
         problems.push(format!("the directory is {mode:04o}, expected 0700"));
         chmods.push(format!("chmod 700 {shown}"));
@@ -75,11 +71,19 @@ pub fn check_data_dir(dir: &Path, euid: Option<u32>) -> Check {
     let mut loose = Vec::new();
     for name in PRIVATE_FILES {
         let path = dir.join(name);
-        // A link is judged by what it points to, like every reader of it.
-        let Ok(m) = std::fs::metadata(&path) else {
+        let Ok(m) = std::fs::symlink_metadata(&path) else {
             continue;
         };
+        if m.file_type().is_symlink() {
+            refused.push(format!(
+                "{name} is a symbolic link (bcd follows none; remove it)"
+            ));
+            continue;
+        }
         present += 1;
+        if m.mode() & 0o022 != 0 {
+            refused.push(format!("{name} is writable by group or others"));
+        }
         let fmode = m.mode() & 0o777;
         if fmode & 0o077 != 0 {
             problems.push(format!("{name} is {fmode:04o}, expected 0600"));
@@ -94,6 +98,15 @@ pub fn check_data_dir(dir: &Path, euid: Option<u32>) -> Check {
         chmods.push(format!("chmod 600 {}", loose.join(" ")));
     }
 
+    if !refused.is_empty() {
+        let mut hints = vec!["bcd refuses these files".to_owned()];
+        hints.extend(chmods);
+        return Check::fail(
+            DATA_DIR,
+            format!("{shown}: {}", [refused, problems].concat().join(", ")),
+            hints.join("; "),
+        );
+    }
     if problems.is_empty() {
         let files = if present == 0 {
             "no identity files yet".to_owned()
@@ -131,16 +144,6 @@ mod tests {
     }
 
     #[test]
-    fn reads_the_effective_uid() {
-        assert_eq!(
-            parse_euid("Name:\tbcd\nUid:\t1000\t0\t0\t0\nGid:\t1\t1\t1\t1\n"),
-            Some(0)
-        );
-        assert_eq!(parse_euid("Name:\tbcd\n"), None);
-        assert!(effective_uid().is_some());
-    }
-
-    #[test]
     fn modes_and_owner() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("data");
@@ -175,8 +178,20 @@ mod tests {
             )
         );
 
+        chmod(&dir, 0o770);
+        let c = check_data_dir(&dir, euid);
+        assert_eq!(c.status, Status::Fail, "{}", c.line());
         chmod(&dir, 0o700);
         chmod(&dir.join(IDENTITY_FILE), 0o600);
+        std::os::unix::fs::symlink("/etc/passwd", dir.join(JOURNAL_FILE)).unwrap();
+        let c = check_data_dir(&dir, euid);
+        assert_eq!(c.status, Status::Fail, "{}", c.line());
+        assert!(
+            c.message.contains("journal.db is a symbolic link"),
+            "{}",
+            c.message
+        );
+        std::fs::remove_file(dir.join(JOURNAL_FILE)).unwrap();
         let other = euid.map(|u| u.wrapping_add(1));
         let c = check_data_dir(&dir, other);
         assert_eq!(c.status, Status::Warn);

@@ -11,21 +11,16 @@ use std::path::Path;
 pub const DIR_MODE: u32 = 0o700;
 pub const FILE_MODE: u32 = 0o600;
 
-/// Creates `dir` (and missing parents) with mode 0700; an existing one that
-/// group or others can reach is tightened to 0700.
+/// Creates `dir` (and missing parents) with mode 0700. An existing one must
+/// pass [`super::guard::check_dir`] (bcd's own, nobody else can write it);
+/// one that group or others can still read is tightened to 0700.
 pub fn ensure_private_dir(dir: &Path) -> io::Result<()> {
     DirBuilder::new()
         .recursive(true)
         .mode(DIR_MODE)
         .create(dir)?;
-    let meta = fs::metadata(dir)?;
-    if !meta.is_dir() {
-        return Err(io::Error::new(
-            io::ErrorKind::AlreadyExists,
-            "exists and is not a directory",
-        ));
-    }
-    let mode = meta.permissions().mode() & 0o777;
+    super::guard::check_dir(dir)?;
+    let mode = fs::metadata(dir)?.permissions().mode() & 0o777;
     if mode & 0o077 != 0 {
         tracing::warn!(dir = %dir.display(), mode = format!("{mode:o}"), "data directory was reachable by others; setting it to 0700");
         fs::set_permissions(dir, fs::Permissions::from_mode(DIR_MODE))?;
@@ -111,11 +106,14 @@ mod tests {
     }
 
     #[test]
-    fn tightens_a_loose_dir() {
+    fn tightens_a_readable_dir_refuses_a_writable_one() {
         let tmp = tempfile::tempdir().unwrap();
         fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o755)).unwrap();
         assert_eq!(loose_bits(tmp.path()), Some(0o755));
         ensure_private_dir(tmp.path()).unwrap();
         assert_eq!(loose_bits(tmp.path()), None);
+        fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o773)).unwrap();
+        let e = ensure_private_dir(tmp.path()).unwrap_err().to_string();
+        assert!(e.contains("writable by group or others (mode 0773)"), "{e}");
     }
 }

@@ -13,6 +13,7 @@
 //! one that loads. A crash during a rotation leaves the old identity or the
 //! new one, and [`Identity::load`] completes an interrupted rotation.
 mod atomic;
+pub mod guard;
 pub mod reset;
 pub mod rotation;
 
@@ -36,6 +37,9 @@ pub const JOURNAL_FILE: &str = "journal.db";
 
 /// The version of `identity.json` this bcd writes and reads.
 const VERSION: u32 = 1;
+
+/// Far above what bcd writes (a chain of a few KB): a bigger file is not ours.
+const MAX_IDENTITY_BYTES: u64 = 1024 * 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum IdentityError {
@@ -74,7 +78,7 @@ pub enum IdentityError {
         file_td: String,
         cert: String,
     },
-    #[error("cannot prepare the data directory {path}: {source}")]
+    #[error("the data directory {path} is not usable: {source}")]
     DataDir {
         path: PathBuf,
         #[source]
@@ -136,8 +140,8 @@ pub(crate) struct Parsed {
 impl Parsed {
     /// `Ok(None)` when there is no file at `path`.
     pub(crate) fn read(path: &Path) -> Result<Option<Parsed>, IdentityError> {
-        let text = match std::fs::read_to_string(path) {
-            Ok(t) => t,
+        let bytes = match guard::read_private(path, MAX_IDENTITY_BYTES) {
+            Ok(b) => b,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(source) => {
                 return Err(IdentityError::Read {
@@ -150,8 +154,10 @@ impl Parsed {
             path: path.to_owned(),
             message,
         };
+        let text =
+            std::str::from_utf8(&bytes).map_err(|_| malformed("not UTF-8 text".to_owned()))?;
         let file: IdentityFile =
-            serde_json::from_str(&text).map_err(|e| malformed(e.to_string()))?;
+            serde_json::from_str(text).map_err(|e| malformed(e.to_string()))?;
         if file.version != VERSION {
             return Err(IdentityError::Version {
                 path: path.to_owned(),
@@ -258,6 +264,16 @@ impl Identity {
         tpm: &TpmAccess,
         repair: bool,
     ) -> Result<Option<Identity>, IdentityError> {
+        match guard::check_dir(data_dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(source) => {
+                return Err(IdentityError::DataDir {
+                    path: data_dir.to_owned(),
+                    source,
+                })
+            }
+        }
         if let Some(id) = rotation::recover(data_dir, tpm, repair) {
             return Ok(Some(id));
         }

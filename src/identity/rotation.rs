@@ -35,6 +35,19 @@ use super::{
 };
 use crate::keys::{NodeKey, TpmAccess};
 
+/// The next key of a rotation, staged, with what is sent for it: kept by
+/// `bcd node` across failed attempts, so that a retry for the same identity
+/// sends the same key again instead of making (in the TPM), staging and
+/// syncing a new one at every try.
+pub struct NextKey {
+    pub key: Arc<dyn NodeKey>,
+    /// The key's CSR (its SHA-256 is what the answer is bound to).
+    pub csr: Vec<u8>,
+    /// The AK's TPM2_Certify of `key` over sha256(csr), for a certificate
+    /// that names an AK.
+    pub certified: Option<bc_wire::agent::TpmKeyAttestation>,
+}
+
 /// Step 1: writes `key` to `node.key.next` (0600, atomically). A leftover
 /// `identity.json.next` of an earlier attempt goes first: it certifies
 /// another key and must not be paired with this one.

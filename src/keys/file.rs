@@ -51,11 +51,7 @@ impl FileKey {
     }
 
     pub fn load(path: &Path) -> Result<FileKey, KeyError> {
-        let text = std::fs::read_to_string(path).map_err(|source| KeyError::Read {
-            path: path.display().to_string(),
-            source,
-        })?;
-        let text = Zeroizing::new(text);
+        let text = super::read_key_file(path)?;
         FileKey::from_pem(&text, &path.display().to_string())
     }
 }

@@ -167,6 +167,25 @@ pub fn generate(tpm: &TpmAccess, require_tpm: bool) -> Result<Box<dyn NodeKey>, 
     }
 }
 
+/// The text of a key file in the data directory: never through a link,
+/// only bcd's own and private (see [`crate::identity::guard`]), at most
+/// 64 KiB (a PKCS#8 P-256 PEM is under 300 bytes).
+fn read_key_file(path: &Path) -> Result<Zeroizing<String>, KeyError> {
+    let read_err = |source| KeyError::Read {
+        path: path.display().to_string(),
+        source,
+    };
+    let bytes =
+        Zeroizing::new(crate::identity::guard::read_private(path, 64 * 1024).map_err(read_err)?);
+    let text = std::str::from_utf8(&bytes).map_err(|_| {
+        read_err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "not UTF-8 text",
+        ))
+    })?;
+    Ok(Zeroizing::new(text.to_owned()))
+}
+
 /// Loads the node key of `kind` from its file (`node.key`).
 pub fn load(kind: NodeKeyKind, path: &Path, tpm: &TpmAccess) -> Result<Box<dyn NodeKey>, KeyError> {
     match kind {

@@ -43,13 +43,7 @@ impl TpmKey {
 
     /// The key `node.key` names, derived again.
     pub fn load(tpm: SharedTpm, path: &Path) -> Result<TpmKey, KeyError> {
-        let text =
-            Zeroizing::new(
-                std::fs::read_to_string(path).map_err(|source| KeyError::Read {
-                    path: path.display().to_string(),
-                    source,
-                })?,
-            );
+        let text = super::read_key_file(path)?;
         let malformed = || KeyError::MalformedTpm {
             path: path.display().to_string(),
         };

@@ -8,7 +8,8 @@ use bc_wire::agent::{RenewRequest, TpmKeyAttestation};
 use crate::client::renew::{self as answer, RenewExpected};
 use crate::client::{Client, ClientError};
 use crate::config::Config;
-use crate::identity::{rotation, Identity};
+use crate::identity::rotation::{self, NextKey};
+use crate::identity::Identity;
 use crate::keys::{self, NodeKey, TpmAccess, TpmAk, TpmKey};
 use crate::pki::rfc3339;
 use crate::{clock, failpoint};
@@ -41,20 +42,36 @@ impl From<anyhow::Error> for RenewError {
 }
 
 /// Renews `current`; the new identity, already on disk, when it worked.
+///
+/// `staged` is the next key of an earlier failed attempt for `current`, if
+/// any: it is sent again (made and staged here otherwise) and stays staged
+/// when the control plane cannot be reached or refuses, for the next try.
 pub async fn renew_once(
     config: &Config,
     tpm: &TpmAccess,
     current: &Identity,
+    staged: &mut Option<NextKey>,
 ) -> Result<Identity, RenewError> {
     let dir = &config.data_dir;
-    let result = prepare_and_send(config, tpm, current).await;
-    let (next, chain, statement) = match result {
-        Ok(v) => v,
+    let statement = current.cert.ak_statement().map(str::to_owned);
+    // A key staged for a re-join carries no certification; one is made.
+    if statement.is_some() && staged.as_ref().is_some_and(|s| s.certified.is_none()) {
+        *staged = None;
+    }
+    let next = match staged.take() {
+        Some(next) => next,
+        None => {
+            next_key(config, tpm, statement.as_deref()).inspect_err(|_| rotation::abandon(dir))?
+        }
+    };
+    let chain = match send(config, current, &next).await {
+        Ok(chain) => chain,
         Err(e) => {
-            rotation::abandon(dir);
+            *staged = Some(next);
             return Err(e);
         }
     };
+    let next = next.key;
     let expected = RenewExpected {
         node_id: &current.node_id,
         trust_domain: &current.trust_domain,
@@ -102,22 +119,24 @@ pub async fn renew_once(
     Ok(renewed)
 }
 
-/// The next key (staged to `node.key.next`), its CSR and proof, and the
-/// `Renew` call: the next key, the answer's chain and the current AK
-/// statement.
-async fn prepare_and_send(
+/// A new next key, staged to `node.key.next`, with its CSR and, when the
+/// certificate names an AK (`statement`), that AK's certification of it.
+fn next_key(
     config: &Config,
     tpm: &TpmAccess,
-    current: &Identity,
-) -> Result<(Arc<dyn NodeKey>, Vec<Vec<u8>>, Option<String>), RenewError> {
+    statement: Option<&str>,
+) -> Result<NextKey, RenewError> {
     let dir = &config.data_dir;
-    let statement = current.cert.ak_statement().map(str::to_owned);
-    let (next, csr, key_attestation) = match &statement {
+    match statement {
         Some(statement) => {
             let (key, csr, proof) = certified_next_key(tpm, statement, |k| {
                 rotation::stage_key(dir, k).map_err(anyhow::Error::new)
             })?;
-            (Arc::new(key) as Arc<dyn NodeKey>, csr, Some(proof))
+            Ok(NextKey {
+                key: Arc::new(key),
+                csr,
+                certified: Some(proof),
+            })
         }
         None => {
             // TPM when there is one (a file key moves in here), else a file.
@@ -125,9 +144,21 @@ async fn prepare_and_send(
                 Arc::from(keys::generate(tpm, false).map_err(anyhow::Error::new)?);
             rotation::stage_key(dir, key.as_ref()).map_err(anyhow::Error::new)?;
             let csr = keys::make_csr(key.as_ref()).map_err(anyhow::Error::new)?;
-            (key, csr, None)
+            Ok(NextKey {
+                key,
+                csr,
+                certified: None,
+            })
         }
-    };
+    }
+}
+
+/// The `Renew` call for `next` over mTLS with the current key: the answer's chain.
+async fn send(
+    config: &Config,
+    current: &Identity,
+    next: &NextKey,
+) -> Result<Vec<Vec<u8>>, RenewError> {
     failpoint::hit("renew-before-request");
     let client = Client::with_identity(config, &current.chain, current.key.clone())
         .map_err(anyhow::Error::new)?;
@@ -135,20 +166,19 @@ async fn prepare_and_send(
         api = %client.api(),
         node_id = %current.node_id,
         current_key = %current.key.kid(),
-        next_key = %next.kid(),
-        key_in = next.kind().as_str(),
-        certified = key_attestation.is_some(),
+        next_key = %next.key.kid(),
+        key_in = next.key.kind().as_str(),
+        certified = next.certified.is_some(),
         "renewing the certificate"
     );
     let request = RenewRequest {
-        csr,
-        key_attestation,
+        csr: next.csr.clone(),
+        key_attestation: next.certified.clone(),
     };
-    let chain = client.renew(&request).await.map_err(|e| match e {
+    client.renew(&request).await.map_err(|e| match e {
         ClientError::AccessDenied => RenewError::Refused,
         e => RenewError::Failed(e.into()),
-    })?;
-    Ok((next, chain, statement))
+    })
 }
 
 /// The next key for a certificate that names an AK: the AK derived alone

@@ -144,7 +144,7 @@ fn a_healthy_token_joined_node() {
     );
 
     // A failed renewal in the journal: a warning with its detail.
-    let journal = bcd::journal::Journal::open(&agent.data_dir).unwrap();
+    let mut journal = bcd::journal::Journal::open(&agent.data_dir).unwrap();
     journal
         .record(&bcd::journal::Entry {
             at: time::OffsetDateTime::now_utc()

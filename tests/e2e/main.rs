@@ -8,6 +8,7 @@
 mod harness;
 
 mod answers;
+mod datadir;
 mod doctor;
 mod join_token;
 // These move bcd's clock (BCD_CLOCK_OFFSET) or crash it at failpoints, which

@@ -88,8 +88,8 @@ fn a_token_node_renews_over_mtls_and_says_so() {
         "{text}"
     );
 
-    // Half the lifetime later (bcd's clock moved 13 h), it renews by itself.
-    let out = node(&agent, &["--once"], &[("BCD_CLOCK_OFFSET", "+13h")]);
+    // Past its renewal point (at most 60 % of 24 h: bcd's clock moved 15 h), it renews by itself.
+    let out = node(&agent, &["--once"], &[("BCD_CLOCK_OFFSET", "+15h")]);
     assert_ok(&out);
     assert!(
         stderr(&out).contains("renewed the certificate"),
@@ -479,4 +479,140 @@ fn a_new_endorsement_seed_fails_the_renewal_and_the_machine_rejoins_as_a_new_nod
         .map(|n| n["nodeId"].as_str().unwrap().to_owned())
         .collect();
     assert_eq!(nodes, vec![new]);
+}
+
+/// `retryIn=1.5s` (a `Duration`'s debug form) in a log line.
+fn retry_in(line: &str) -> Duration {
+    let v = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("retryIn="))
+        .unwrap_or_else(|| panic!("no retryIn in {line}"));
+    match v.strip_suffix("ms") {
+        Some(ms) => Duration::from_secs_f64(ms.parse::<f64>().unwrap() / 1000.0),
+        None => Duration::from_secs_f64(v.strip_suffix('s').unwrap().parse().unwrap()),
+    }
+}
+
+/// A node 30 h past its certificate's expiry against a control plane that refuses
+/// its x509pop re-join: it retries on the backoff it logs (here 1 s, 2 s,
+/// 4 s: the 30 s, 60 s, 120 s scaled down), with the same staged
+/// key each time, one journal entry per attempt.
+#[test]
+fn a_refused_rejoin_waits_what_it_logs_and_reuses_its_next_key() {
+    let cp = ControlPlane::start();
+    let agent = Agent::new(&cp);
+    let mut config = std::fs::read_to_string(&agent.config).unwrap();
+    config.push_str("\n[node]\nbackoff_min = \"1s\"\nbackoff_max = \"10m\"\n");
+    std::fs::write(&agent.config, config).unwrap();
+    assert_ok(&agent.join_with_token(&cp.token("node", &[])));
+    let node_id = agent.status_json()["nodeId"].as_str().unwrap().to_owned();
+    let journal = || -> i64 {
+        rusqlite::Connection::open(agent.data_dir.join("journal.db"))
+            .unwrap()
+            .query_row("SELECT COUNT(*) FROM journal", [], |r| r.get(0))
+            .unwrap()
+    };
+    let rows_before = journal();
+    // Refused: an identity revoked before the certificate expired.
+    assert_ok(&cp.cli(&["nodes", "revoke-identity", &node_id]));
+    assert_ok(&cp.cli(&["clock", "set", "--offset", "54h"]));
+
+    let mut child = agent
+        .command(&["node"])
+        .env("BCD_CLOCK_OFFSET", "+54h")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let err = child.stderr.take().unwrap();
+    let (tx, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(err).lines().map_while(Result::ok) {
+            if tx.send((Instant::now(), line)).is_err() {
+                break;
+            }
+        }
+    });
+    // Watch 6 s from the first attempt: attempts at 0, 1 and 3 s, the next at 7 s.
+    let mut seen: Vec<(Instant, String)> = vec![];
+    let mut deadline = Instant::now() + Duration::from_secs(30);
+    let mut first = None;
+    while let Ok(l) = lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+        if first.is_none() && l.1.contains("re-joining the control plane with x509pop") {
+            first = Some(l.0);
+            deadline = l.0 + Duration::from_secs(6);
+        }
+        seen.push(l);
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let starts: Vec<&(Instant, String)> = seen
+        .iter()
+        .filter(|(_, l)| l.contains("re-joining the control plane with x509pop"))
+        .collect();
+    let failures: Vec<&(Instant, String)> = seen
+        .iter()
+        .filter(|(_, l)| l.contains("re-join failed"))
+        .collect();
+    let all: Vec<&String> = seen.iter().map(|(_, l)| l).collect();
+    assert_eq!(starts.len(), 3, "3 attempts in 6 s: {all:#?}");
+    assert!(failures.len() >= 2, "{all:#?}");
+    for (i, (failed_at, line)) in failures.iter().enumerate().take(starts.len() - 1) {
+        let logged = retry_in(line);
+        assert_eq!(logged, Duration::from_secs(1 << i), "{line}");
+        let waited = starts[i + 1].0 - *failed_at;
+        assert!(
+            waited + Duration::from_millis(50) >= logged
+                && waited < logged + Duration::from_millis(500),
+            "logged {logged:?}, waited {waited:?}: {all:#?}"
+        );
+    }
+    // One staged key, sent at every attempt.
+    let kids: std::collections::BTreeSet<&str> = starts
+        .iter()
+        .map(|(_, l)| {
+            l.split_whitespace()
+                .find_map(|w| w.strip_prefix("node_key="))
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(kids.len(), 1, "{all:#?}");
+    let rows = journal() - rows_before;
+    assert!(rows <= 3, "{rows} journal rows for 3 attempts");
+}
+
+/// Each certificate has its own renewal point, 50-60 % into its lifetime,
+/// that `bcd status --json` shows and `bcd node` keeps to the second.
+#[test]
+fn the_node_renews_at_the_point_status_shows() {
+    let cp = ControlPlane::start();
+    let agent = Agent::new(&cp);
+    assert_ok(&agent.join_with_token(&cp.token("node", &[])));
+    let status = agent.status_json();
+    let parse = |v: &Value| {
+        time::OffsetDateTime::parse(
+            v.as_str().unwrap(),
+            &time::format_description::well_known::Rfc3339,
+        )
+        .unwrap()
+    };
+    let renew_at = parse(&status["renewAt"]);
+    let cert = identity(&agent, None).cert;
+    let fraction = (renew_at - cert.not_before) / (cert.not_after - cert.not_before);
+    assert!((0.5..=0.6).contains(&fraction), "{fraction}");
+
+    let offset = |seconds: i64| {
+        let to = (renew_at - time::OffsetDateTime::now_utc()).whole_seconds() + seconds;
+        format!("+{to}s")
+    };
+    let out = node(&agent, &["--once"], &[("BCD_CLOCK_OFFSET", &offset(-30))]);
+    assert_ok(&out);
+    assert!(stderr(&out).contains("not due"), "{}", stderr(&out));
+    let out = node(&agent, &["--once"], &[("BCD_CLOCK_OFFSET", &offset(30))]);
+    assert_ok(&out);
+    assert!(
+        stderr(&out).contains("renewed the certificate"),
+        "{}",
+        stderr(&out)
+    );
 }

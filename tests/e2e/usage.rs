@@ -137,3 +137,26 @@ fn control_plane_cli_refuses_bad_input() {
     let out = cp.cli(&["init"]);
     assert!(!out.status.success());
 }
+
+/// A 50 MB value in the config: the error quotes a bounded piece of it.
+#[test]
+fn a_huge_config_value_is_not_echoed() {
+    let cp = ControlPlane::init_only();
+    let good = cp.agent_config(std::path::Path::new("/nonexistent/data"));
+    let huge = "x".repeat(50 << 20);
+    // Within the size limit, one bad value; then a file over the limit.
+    let long = good.replacen(
+        "trust_domain = \"",
+        &format!("trust_domain = \"{}", &huge[..900_000]),
+        1,
+    );
+    let over = good.replacen("trust_domain = \"", &format!("trust_domain = \"{huge}"), 1);
+    for (text, says) in [(long, "trust_domain"), (over, "at most 1048576 bytes")] {
+        let agent = Agent::with_config(&text);
+        let out = agent.run(&["status"]);
+        assert_eq!(out.status.code(), Some(1));
+        let err = stderr(&out);
+        assert!(err.len() < 1024, "{} bytes on stderr", err.len());
+        assert!(err.contains(says), "{err}");
+    }
+}
