@@ -46,7 +46,10 @@ pub struct DbClock {
 impl std::fmt::Debug for DbClock {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DbClock")
-            .field("last_offset_ms", &self.last_offset_ms.load(Ordering::Relaxed))
+            .field(
+                "last_offset_ms",
+                &self.last_offset_ms.load(Ordering::Relaxed),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -191,7 +194,10 @@ mod tests {
             1_000_000_500
         );
         // Expired: its notAfter.
-        assert_eq!(secs(verification_time(&leaf, 2_000_000_000_000)), 1_000_086_400);
+        assert_eq!(
+            secs(verification_time(&leaf, 2_000_000_000_000)),
+            1_000_086_400
+        );
         // Not a certificate: database time.
         assert_eq!(secs(verification_time(b"junk", 5_000)), 5);
         assert_eq!(secs(verification_time(b"junk", -5_000)), 0);

@@ -98,7 +98,11 @@ mod tests {
         // A new use prunes the rest first; a row expiring exactly now stays.
         t.db.write(|tx| spend(tx, "tpm", "s2", 2_000, 1_000))
             .unwrap();
-        assert_eq!(n(&t.db), 3, "s1 rows (expiring at 1000) kept, old6 pruned, s2 added");
+        assert_eq!(
+            n(&t.db),
+            3,
+            "s1 rows (expiring at 1000) kept, old6 pruned, s2 added"
+        );
         t.db.write(|tx| prune(tx, 1_001, PRUNE_BATCH)).unwrap();
         assert_eq!(n(&t.db), 1);
     }

@@ -292,8 +292,7 @@ fn an_expired_certificate_reaches_renew_and_is_refused_as_expired() {
 fn join_with_offset(agent: &Agent, token: &str, offset: &str) -> std::process::Output {
     let file = agent.root.path().join("token");
     std::fs::write(&file, token).unwrap();
-    std::fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o600))
-        .unwrap();
+    std::fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     agent
         .command(&["join", "--token-file", &file.to_string_lossy()])
         .env("BCD_CLOCK_OFFSET", offset)

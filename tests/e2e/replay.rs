@@ -167,7 +167,10 @@ fn a_replayed_tpm_answer_is_refused_and_the_node_keeps_renewing() {
     let refusals = cp.refusals();
     assert_eq!(refusals.len(), 2, "{refusals:?}");
     for r in &refusals {
-        assert_eq!((r["attestor"].as_str(), r["reason"].as_str()), (Some("tpm"), Some("challenge-reused")));
+        assert_eq!(
+            (r["attestor"].as_str(), r["reason"].as_str()),
+            (Some("tpm"), Some("challenge-reused"))
+        );
     }
     let log = cp.log();
     assert!(

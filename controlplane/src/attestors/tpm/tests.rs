@@ -442,7 +442,10 @@ fn a_challenge_admits_once() {
     assert_eq!(f.count("attestation_uses"), 1);
     // The same answer again, and again later while the challenge is open.
     assert_eq!(reason(f.replay_at(&ev, CSR, NOW)), CHALLENGE_REUSED);
-    assert_eq!(reason(f.replay_at(&ev, CSR, NOW + 60_000)), CHALLENGE_REUSED);
+    assert_eq!(
+        reason(f.replay_at(&ev, CSR, NOW + 60_000)),
+        CHALLENGE_REUSED
+    );
     let (subject, expires_at): (String, UnixMs) =
         f.db.with_conn(|c| {
             c.query_row(
@@ -454,15 +457,22 @@ fn a_challenge_admits_once() {
         .unwrap()
         .unwrap();
     // Kept until the challenge's own deadline, keyed by its sealed state.
-    let st = ChallengeState::open(&ChallengeKey::new(*KEY), &answer().state, &bc_wire::sha256(CSR))
-        .unwrap();
+    let st = ChallengeState::open(
+        &ChallengeKey::new(*KEY),
+        &answer().state,
+        &bc_wire::sha256(CSR),
+    )
+    .unwrap();
     assert_eq!(expires_at, st.not_after);
     assert_eq!(subject, hex::encode(bc_wire::sha256(&answer().state)));
     // An answer that is refused (a bad secret) or only deferred spends nothing.
     let g = fixture();
     let mut bad = answer();
     bad.secret[0] ^= 1;
-    assert_eq!(reason(g.replay_at(&answer_evidence(bad), CSR, NOW)), CHALLENGE_SECRET);
+    assert_eq!(
+        reason(g.replay_at(&answer_evidence(bad), CSR, NOW)),
+        CHALLENGE_SECRET
+    );
     assert_eq!(reason(g.replay_at(&ev, CSR, NOW)), "pending");
     assert_eq!(g.count("attestation_uses"), 0);
     g.resolve();
@@ -763,8 +773,14 @@ mod through_join_service {
             c.join(answer_evidence(answer())),
             Err(ApiError::AccessDenied)
         ));
-        assert_eq!(c.refusals(), [(TPM.to_owned(), CHALLENGE_REUSED.to_owned())]);
-        assert_eq!(records::list_nodes(c.db()).unwrap()[0].identity_generation, 1);
+        assert_eq!(
+            c.refusals(),
+            [(TPM.to_owned(), CHALLENGE_REUSED.to_owned())]
+        );
+        assert_eq!(
+            records::list_nodes(c.db()).unwrap()[0].identity_generation,
+            1
+        );
         assert_eq!(records::list_joins(c.db()).unwrap().len(), 1);
 
         // The same TPM again (its identity moved aside) with a new challenge

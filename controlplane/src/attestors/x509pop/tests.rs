@@ -405,7 +405,13 @@ fn a_proof_admits_once_even_across_a_restart() {
         f.refused(|| f.send(csr.clone(), Role::Node, proof.to_json())),
         crate::join::POOL_ATTESTOR
     );
-    assert_eq!(f.db().with_conn(|c| crate::uses::count(c)).unwrap().unwrap(), 0);
+    assert_eq!(
+        f.db()
+            .with_conn(|c| crate::uses::count(c))
+            .unwrap()
+            .unwrap(),
+        0
+    );
     crate::pools::set_join_attestors(
         f.db(),
         "tpm-only",
