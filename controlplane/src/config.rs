@@ -38,7 +38,7 @@ const MAX_RETRY_AFTER_SECONDS: i64 = 3600;
 /// machine as far as trust goes; it joins again with a token or its TPM.
 const MAX_X509POP_GRACE_MS: i64 = 365 * 86_400_000;
 /// Longest `x509pop.window`: beyond an hour a proof is no longer fresh, and
-/// the in-memory replay cache would have to remember too much.
+/// every spent proof stays in `attestation_uses` for a window.
 const MAX_X509POP_WINDOW_MS: i64 = 3_600_000;
 
 /// The whole configuration; every field has a default, so a DIR without the

@@ -161,6 +161,20 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE join_tokens ADD COLUMN expect_product_uuid TEXT;
     ALTER TABLE join_tokens ADD COLUMN expect_mac TEXT;
     "#,
+    // Single-use evidence (spec "Single-use evidence"): what an attestor
+    // accepted, recorded in the join transaction so that the same evidence
+    // admits once, across restarts and replicas. `subject` is a digest the
+    // attestor chooses (a TPM challenge, an x509pop proof); rows past
+    // `expires_at` are pruned (see `uses`).
+    r#"
+    CREATE TABLE attestation_uses (
+        attestor   TEXT NOT NULL,
+        subject    TEXT NOT NULL,
+        expires_at INTEGER NOT NULL,
+        PRIMARY KEY (attestor, subject)
+    ) STRICT;
+    CREATE INDEX attestation_uses_expiry ON attestation_uses (expires_at);
+    "#,
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -382,7 +396,8 @@ pub fn set_clock_offset_ms(tx: &Transaction<'_>, offset_ms: i64) -> Result<(), D
     Ok(())
 }
 
-fn system_now_ms() -> UnixMs {
+/// The system's time, without the database's offset.
+pub fn system_now_ms() -> UnixMs {
     match SystemTime::now().duration_since(UNIX_EPOCH) {
         Ok(d) => i64::try_from(d.as_millis()).unwrap_or(i64::MAX),
         // A clock before 1970 is broken; count backwards rather than panic.

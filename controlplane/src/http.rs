@@ -28,6 +28,8 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
+use crate::client_auth::{DbClock, DbTimeClientVerifier};
+use crate::db::Database;
 use crate::join::{ApiError, JoinService};
 use crate::pki::Bundle;
 
@@ -45,19 +47,25 @@ pub struct PeerCertificates(pub Arc<Vec<CertificateDer<'static>>>);
 
 /// The rustls server config: the bundle's TLS server certificate, TLS 1.2+,
 /// ring only. Client certificates are asked for and, when sent, verified
-/// against the node CA; they are optional so that machines without an
+/// against the node CA at the database's time (`db`'s clock, see
+/// [`crate::client_auth`]); they are optional so that machines without an
 /// identity can join.
-pub fn tls_config(bundle: &Bundle) -> Result<Arc<rustls::ServerConfig>, rustls::Error> {
+pub fn tls_config(
+    bundle: &Bundle,
+    db: &Database,
+) -> Result<Arc<rustls::ServerConfig>, rustls::Error> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut roots = rustls::RootCertStore::empty();
     roots.add(CertificateDer::from(bundle.node_ca.cert_der().to_vec()))?;
-    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+    let webpki = rustls::server::WebPkiClientVerifier::builder_with_provider(
         Arc::new(roots),
         provider.clone(),
     )
     .allow_unauthenticated()
     .build()
     .map_err(|e| rustls::Error::General(e.to_string()))?;
+    let clock = DbClock::open(db.path()).map_err(|e| rustls::Error::General(e.to_string()))?;
+    let verifier = Arc::new(DbTimeClientVerifier::new(webpki, clock));
     let (chain, key) = bundle.tls_server_identity();
     let mut config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()?
@@ -357,7 +365,7 @@ mod tests {
     async fn join_over_https_then_mtls() {
         let cp = crate::test_support::cp();
         let svc = cp.svc.clone();
-        let tls = tls_config(svc.bundle()).unwrap();
+        let tls = tls_config(svc.bundle(), svc.database()).unwrap();
         let app = router(svc.clone()).route(
             "/peer",
             get(|Extension(p): Extension<PeerCertificates>| async move { p.0.len().to_string() }),

@@ -11,7 +11,7 @@
 //! use std::sync::Arc;
 //! bc_controlplane::pki::init(dir, "bc.test")?;
 //! let service = Arc::new(bc_controlplane::join::JoinService::open(dir)?);
-//! let tls = bc_controlplane::http::tls_config(service.bundle())?;
+//! let tls = bc_controlplane::http::tls_config(service.bundle(), service.database())?;
 //! let router = bc_controlplane::http::router(service.clone());
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
 //! bc_controlplane::http::serve(listener, tls, router, std::future::pending()).await?;
@@ -20,6 +20,7 @@
 
 pub mod attestor;
 pub mod attestors;
+pub mod client_auth;
 pub mod config;
 pub mod db;
 pub mod fsutil;
@@ -34,6 +35,7 @@ pub mod renew;
 #[cfg(test)]
 mod test_support;
 pub mod tokens;
+pub mod uses;
 
 pub use attestor::{
     AttestInput, AttestationResult, Attestor, AttestorRegistry, Deferral, Fault, NodeKeyKind,

@@ -2,8 +2,10 @@
 //! 24 hours), over mTLS, before it expires.
 //!
 //! The transport authenticates the TLS client (its chain verified against
-//! the node CA, and the handshake signed by the leaf's key); the service then
-//! decides on the leaf alone. Outline, each failure a refusal with the reason
+//! the node CA at database time, and the handshake signed by the leaf's
+//! key); the service then decides on the leaf alone. An expired leaf passes
+//! the handshake ([`crate::client_auth`]) so that it is refused here, by
+//! name (`expired`), with its event. Outline, each failure a refusal with the reason
 //! named:
 //!
 //! 1. a client certificate (`no-client-certificate`) whose URI SANs are one

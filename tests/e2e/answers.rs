@@ -44,7 +44,7 @@ struct BentServer {
 impl BentServer {
     fn start(cp: &ControlPlane, bend: Bend) -> Self {
         let svc = Arc::new(JoinService::open(cp.path()).expect("open JoinService"));
-        let tls = http::tls_config(svc.bundle()).expect("tls config");
+        let tls = http::tls_config(svc.bundle(), svc.database()).expect("tls config");
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()

@@ -93,8 +93,19 @@ impl ControlPlane {
         cp
     }
 
+    /// Stops the server and starts it again on the same DIR (a new port:
+    /// point agents at the new `url`). The log continues.
+    pub fn restart(mut self) -> Self {
+        self.stop();
+        self.serve()
+    }
+
     fn serve(mut self) -> Self {
-        let log = std::fs::File::create(self.path().join("serve.log")).expect("log file");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.path().join("serve.log"))
+            .expect("log file");
         let mut child = Command::new(bin("bc-controlplane"))
             .args(["serve", "--dir"])
             .arg(self.path())
@@ -282,6 +293,25 @@ impl Agent {
             })
             .collect();
         assert!(replaced, "the config has a [tpm] tcti line");
+        std::fs::write(&self.config, lines.join("\n") + "\n").expect("write config");
+    }
+
+    /// Points this machine at another control plane URL (`api`).
+    pub fn set_api(&self, url: &str) {
+        let config = std::fs::read_to_string(&self.config).expect("config");
+        let mut replaced = false;
+        let lines: Vec<String> = config
+            .lines()
+            .map(|l| {
+                if l.starts_with("api = ") {
+                    replaced = true;
+                    format!("api = \"{url}\"")
+                } else {
+                    l.to_owned()
+                }
+            })
+            .collect();
+        assert!(replaced, "the config has an api line");
         std::fs::write(&self.config, lines.join("\n") + "\n").expect("write config");
     }
 

@@ -17,6 +17,7 @@ mod join_token;
 mod node;
 #[cfg(feature = "failpoints")]
 mod refusals;
+mod replay;
 mod reset;
 mod tpm;
 mod usage;

@@ -154,12 +154,13 @@ fn last_reason(cp: &ControlPlane) -> String {
 }
 
 #[test]
-fn an_x509pop_proof_is_spent_once() {
+fn an_x509pop_proof_is_spent_once_even_across_a_restart() {
     let cp = ControlPlane::start();
     let agent = Agent::new(&cp);
     assert_ok(&agent.join_with_token(&cp.token("node", &[])));
+    let node_id = agent.status_json()["nodeId"].as_str().unwrap().to_owned();
     // The pool refuses x509pop after the attestor accepted the proof: the
-    // proof is spent, so the same request later is a replay.
+    // join is rolled back, the proof's use with it.
     assert_ok(&cp.cli(&[
         "pools",
         "update",
@@ -183,14 +184,28 @@ fn an_x509pop_proof_is_spent_once() {
         "--join-attestors",
         "join-token,x509pop",
     ]));
+    send(&agent, &request).expect("the proof was not spent by the refused join");
+    // Spent now; a replay is named as one.
     assert!(matches!(
         send(&agent, &request),
         Err(ClientError::AccessDenied)
     ));
     assert_eq!(last_reason(&cp), "replayed");
-    // A fresh proof is fine.
-    let fresh = x509pop_request(&agent, &key, time::OffsetDateTime::now_utc());
-    send(&agent, &fresh).expect("a fresh proof re-joins");
+    // And still after a restart: the use is in the database, not in memory.
+    let cp = cp.restart();
+    agent.set_api(&cp.url);
+    assert!(matches!(
+        send(&agent, &request),
+        Err(ClientError::AccessDenied)
+    ));
+    assert_eq!(last_reason(&cp), "replayed");
+    let generation = cp
+        .nodes()
+        .into_iter()
+        .find(|n| n["nodeId"] == node_id.as_str())
+        .expect("node listed")["identityGeneration"]
+        .clone();
+    assert_eq!(generation, 2, "one re-join, no replay");
 }
 
 #[test]
@@ -231,4 +246,80 @@ fn x509pop_refuses_old_proofs_revoked_identities_and_expiries_past_grace() {
         node_id.as_str(),
         "nothing was written"
     );
+}
+
+/// The TLS layer judges client certificates by the database clock, as Renew
+/// does, and lets an expired one through to Renew, which refuses it by
+/// name. The node joined 25 hours ago (both clocks moved back); the control
+/// plane's clock then comes back to now, past the certificate's expiry,
+/// while bcd's stays where it was, so bcd thinks it valid and renews.
+#[test]
+fn an_expired_certificate_reaches_renew_and_is_refused_as_expired() {
+    let cp = ControlPlane::start();
+    assert_ok(&cp.cli(&["clock", "set", "--offset", "-25h"]));
+    let agent = Agent::new(&cp);
+    let token = cp.token("node", &[]);
+    assert_ok(&join_with_offset(&agent, &token, "-25h"));
+    let node_id = agent.status_json()["nodeId"].as_str().unwrap().to_owned();
+    assert_ok(&cp.cli(&["clock", "set", "--offset", "0s"]));
+    let out = agent
+        .command(&["node", "--once", "--renew-now"])
+        .env("BCD_CLOCK_OFFSET", "-25h")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("renewal refused by the control plane (Renew refused)"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(renew_refusals(&cp), ["expired"]);
+    let refused: Vec<_> = cp
+        .events()
+        .into_iter()
+        .filter(|e| e["type"] == "security.renew.refused")
+        .collect();
+    assert_eq!(refused[0]["nodeId"], node_id.as_str());
+    let log = cp.log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("renew refused") && l.contains("expired")),
+        "{log}"
+    );
+}
+
+/// `bcd join --token-file` with bcd's clock moved by `offset`.
+fn join_with_offset(agent: &Agent, token: &str, offset: &str) -> std::process::Output {
+    let file = agent.root.path().join("token");
+    std::fs::write(&file, token).unwrap();
+    std::fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    agent
+        .command(&["join", "--token-file", &file.to_string_lossy()])
+        .env("BCD_CLOCK_OFFSET", offset)
+        .output()
+        .unwrap()
+}
+
+/// The converse: a certificate issued at a database time ahead of the
+/// system clock (not yet valid by the system's) is valid at database time,
+/// and renews.
+#[test]
+fn a_certificate_valid_at_database_time_renews_whatever_the_system_clock() {
+    let cp = ControlPlane::start();
+    assert_ok(&cp.cli(&["clock", "set", "--offset", "2d"]));
+    let agent = Agent::new(&cp);
+    assert_ok(&join_with_offset(&agent, &cp.token("node", &[]), "+2d"));
+    let out = agent
+        .command(&["node", "--once", "--renew-now"])
+        .env("BCD_CLOCK_OFFSET", "+2d")
+        .output()
+        .unwrap();
+    assert_ok(&out);
+    assert!(renew_refusals(&cp).is_empty());
+    let renewed = cp
+        .events()
+        .into_iter()
+        .filter(|e| e["type"] == "node.renewed")
+        .count();
+    assert_eq!(renewed, 1);
 }

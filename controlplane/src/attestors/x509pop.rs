@@ -7,6 +7,9 @@
 //! transaction, in this order, each failure a refusal with the reason named:
 //!
 //! - `evidence-malformed`: not the evidence JSON, or a node id that is not one;
+//! - `replayed`: the proof was already accepted (`attestation_uses`, see
+//!   below). Checked first so that a replay is named as one, rather than as
+//!   the stale certificate its first use made it;
 //! - `unknown-certificate`: the leaf is not byte for byte a `node_certs` row
 //!   of that node (only a certificate this control plane issued counts);
 //! - `deleted`: the node was deleted (`nodes delete`);
@@ -19,8 +22,12 @@
 //! - `past-grace`: the certificate expired more than `grace` ago (one not
 //!   expired yet is fine: a node may re-join before its expiry);
 //! - `clock-window`: `clientTime` is more than `window` away from database time;
-//! - `signature`: the proof does not verify with the leaf's key over this CSR;
-//! - `replayed`: the proof was seen before ([`ReplayCache`]).
+//! - `signature`: the proof does not verify with the leaf's key over this CSR.
+//!
+//! An admitted proof is spent in `attestation_uses` ([`crate::uses`]) with
+//! the join: subject [`replay_subject`], kept until `clientTime + window`,
+//! after which the clock window refuses it anyway. A proof whose join is
+//! refused later in the transaction (a pool's `joinAttestors`) is not spent.
 //!
 //! The result names the node, so JoinService reclaims it in place: a new
 //! identity generation, every older certificate revoked, the node's pool,
@@ -35,9 +42,6 @@
 //! transaction, so only when the join is admitted). The node gets its TPM
 //! assurance back by joining with `tpm`, which its EK binding reclaims; a
 //! pool whose `joinAttestors` lists only `tpm` refuses x509pop altogether.
-
-use std::collections::{HashSet, VecDeque};
-use std::sync::Mutex;
 
 use bc_wire::agent::Role;
 use bc_wire::x509pop::Evidence;
@@ -67,8 +71,6 @@ pub const REPLAYED: &str = "replayed";
 pub const DEFAULT_GRACE_MS: i64 = 7 * 86_400_000;
 /// `windowMs` by default: 60 seconds.
 pub const DEFAULT_WINDOW_MS: i64 = 60_000;
-/// `replayCache` by default: 10,000 proofs.
-pub const REPLAY_CACHE_ENTRIES: usize = 10_000;
 
 /// The `[x509pop]` section of `controlplane.toml`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -88,78 +90,27 @@ impl Default for X509PopConfig {
     }
 }
 
-/// The proofs seen lately, oldest evicted first (FIFO). In memory: a proof
-/// is only good for `window` anyway, and a restart that forgets the cache
-/// reopens at most the proofs of the last `window` (the spec's default).
-///
-/// Keyed by the SHA-256 of the signature with its `s` normalized to the low
-/// half: ECDSA signatures are malleable (`(r, s)` and `(r, n - s)` both
-/// verify), and a cache keyed by the bytes as sent would take the twin for
-/// a new proof.
-pub struct ReplayCache {
-    capacity: usize,
-    seen: HashSet<[u8; 32]>,
-    order: VecDeque<[u8; 32]>,
-}
-
-impl ReplayCache {
-    pub fn new(capacity: usize) -> Self {
-        ReplayCache {
-            capacity: capacity.max(1),
-            seen: HashSet::new(),
-            order: VecDeque::new(),
-        }
-    }
-
-    /// Records a proof; `false` if it was already there.
-    pub fn insert(&mut self, sig: &[u8; 64]) -> bool {
-        let key = replay_key(sig);
-        if !self.seen.insert(key) {
-            return false;
-        }
-        self.order.push_back(key);
-        while self.order.len() > self.capacity {
-            if let Some(old) = self.order.pop_front() {
-                self.seen.remove(&old);
-            }
-        }
-        true
-    }
-
-    pub fn len(&self) -> usize {
-        self.order.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.order.is_empty()
-    }
-}
-
-/// SHA-256 of the low-S form of a P1363 signature (of the bytes as sent when
-/// they are not a signature at all; such a proof never verifies anyway).
-fn replay_key(sig: &[u8; 64]) -> [u8; 32] {
-    match p256::ecdsa::Signature::from_slice(sig) {
+/// The `attestation_uses` subject of a proof: the hex SHA-256 of its
+/// signature with `s` normalized to the low half. ECDSA signatures are
+/// malleable (`(r, s)` and `(r, n - s)` both verify), and a subject taken
+/// from the bytes as sent would take the twin for a new proof. Bytes that
+/// are not a signature at all are hashed as sent (such a proof never
+/// verifies anyway).
+pub fn replay_subject(sig: &[u8; 64]) -> String {
+    let digest = match p256::ecdsa::Signature::from_slice(sig) {
         Ok(s) => bc_wire::sha256(&s.normalize_s().to_bytes()),
         Err(_) => bc_wire::sha256(sig),
-    }
+    };
+    hex::encode(digest)
 }
 
 pub struct X509PopAttestor {
     config: X509PopConfig,
-    replay: Mutex<ReplayCache>,
 }
 
 impl X509PopAttestor {
     pub fn new(config: X509PopConfig) -> Self {
-        Self::with_cache_size(config, REPLAY_CACHE_ENTRIES)
-    }
-
-    /// Like [`Self::new`] with another replay cache size (tests).
-    pub fn with_cache_size(config: X509PopConfig, entries: usize) -> Self {
-        X509PopAttestor {
-            config,
-            replay: Mutex::new(ReplayCache::new(entries)),
-        }
+        X509PopAttestor { config }
     }
 
     pub fn config(&self) -> &X509PopConfig {
@@ -182,6 +133,10 @@ impl Attestor for X509PopAttestor {
         }
         let node_id = ev.node_id.as_str();
         let refuse = |reason: &str| Refusal::new(reason).with_node(Some(node_id));
+        let subject = replay_subject(&ev.sig);
+        if crate::uses::is_spent(tx, X509POP, &subject)? {
+            return Err(refuse(REPLAYED));
+        }
         // `from_json` refuses an empty chain.
         let leaf = ev
             .chain
@@ -210,11 +165,10 @@ impl Attestor for X509PopAttestor {
         if input.now > cert.not_after.saturating_add(self.config.grace_ms) {
             return Err(refuse(PAST_GRACE));
         }
-        let in_window = i64::try_from(ev.client_time_ms)
-            .is_ok_and(|t| t.abs_diff(input.now) <= self.config.window_ms.unsigned_abs());
-        if !in_window {
-            return Err(refuse(CLOCK_WINDOW));
-        }
+        let client_time = i64::try_from(ev.client_time_ms)
+            .ok()
+            .filter(|t| t.abs_diff(input.now) <= self.config.window_ms.unsigned_abs())
+            .ok_or_else(|| refuse(CLOCK_WINDOW))?;
         // The row is our own issuance, so it parses; if it does not, the
         // database is broken, which is not the machine's fault.
         let identity = crate::pki::node_cert_identity(&cert.der).map_err(|e| {
@@ -227,13 +181,10 @@ impl Attestor for X509PopAttestor {
             return Err(refuse(SIGNATURE));
         }
         // Last, so that only a proof that would admit the machine is spent
-        // (a proof refused for its clock can be made again at once).
-        let fresh = self
-            .replay
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(&ev.sig);
-        if !fresh {
+        // (a proof refused for its clock can be made again at once). Past
+        // `clientTime + window` the clock window refuses it by itself.
+        let expires_at = client_time.saturating_add(self.config.window_ms);
+        if !crate::uses::spend(tx, X509POP, &subject, expires_at, input.now)? {
             return Err(refuse(REPLAYED));
         }
 

@@ -28,7 +28,8 @@ pub fn serve(dir: &Path, listen: SocketAddr) -> Result<()> {
         JoinService::open(dir)
             .with_context(|| format!("cannot load the control plane in {}", dir.display()))?,
     );
-    let tls = http::tls_config(service.bundle()).context("cannot build the TLS configuration")?;
+    let tls = http::tls_config(service.bundle(), service.database())
+        .context("cannot build the TLS configuration")?;
     let router = http::router(service);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -11,8 +11,9 @@
 //! take round 2.
 //!
 //! **Round 2** (`TpmAttestation.answer`), each failure a refusal with the
-//! reason named: the state opens for this CSR (`challenge-state`) and is not
-//! past its deadline (`challenge-expired`); the secret is the credential
+//! reason named: the state opens for this CSR (`challenge-state`), is not
+//! past its deadline (`challenge-expired`) and was not answered before
+//! (`challenge-reused`, see below); the secret is the credential
 //! (`challenge-secret`, constant time); the quote is signed by the AK
 //! (`quote-signature`) and is a quote whose extraData is
 //! `sha256(secret ‖ sha256(csr))` (`quote-nonce`); the PCR values are those of
@@ -21,6 +22,15 @@
 //! certification by the AK over `sha256(csr)` (`node-key-*`, see
 //! [`bc_wire::tpm::verify_key_certification`]), required unless
 //! `node_key = "any"` (`node-key-not-certified`).
+//!
+//! **Each challenge admits once.** A captured round-2 request stays valid
+//! until the challenge's deadline, so the final round spends the challenge
+//! in `attestation_uses` ([`crate::uses`]) in the join transaction, until
+//! that deadline. The subject is the SHA-256 of the sealed state: each
+//! round 1 seals a fresh state (a fresh secret and nonce) and nobody else
+//! can make another sealing of it, so one subject is one issued challenge.
+//! A round 2 that only files or finds a pending enrollment request spends
+//! nothing (the agent starts over with a new challenge).
 //!
 //! **Where it joins**, keyed by the SHA-256 of the EK certificate's SPKI: the
 //! node that EK is bound to (a reclaim); else a resolve entry (a pool, or a
@@ -61,6 +71,8 @@ pub const ROLE: &str = "tpm-role";
 pub const AK_ATTRIBUTES: &str = "ak-attributes";
 pub const CHALLENGE_STATE: &str = "challenge-state";
 pub const CHALLENGE_EXPIRED: &str = "challenge-expired";
+/// The challenge was already answered by an admitted join (a replay).
+pub const CHALLENGE_REUSED: &str = "challenge-reused";
 pub const CHALLENGE_SECRET: &str = "challenge-secret";
 pub const QUOTE_SIGNATURE: &str = "quote-signature";
 pub const QUOTE_NONCE: &str = "quote-nonce";
@@ -177,6 +189,10 @@ impl TpmAttestor {
         if input.now > st.not_after {
             return Err(Refusal::new(CHALLENGE_EXPIRED));
         }
+        let subject = challenge_subject(&answer.state);
+        if crate::uses::is_spent(tx, TPM, &subject)? {
+            return Err(Refusal::new(CHALLENGE_REUSED));
+        }
         if !bool::from(answer.secret.as_slice().ct_eq(st.secret.as_slice())) {
             return Err(Refusal::new(CHALLENGE_SECRET));
         }
@@ -196,6 +212,10 @@ impl TpmAttestor {
             Place::Deferred(d) => return Ok(Verdict::Defer(d)),
             Place::Join { node, pool } => (node, pool),
         };
+        // The final round: spent with the join (rolled back with a refusal).
+        if !crate::uses::spend(tx, TPM, &subject, st.not_after, input.now)? {
+            return Err(Refusal::new(CHALLENGE_REUSED));
+        }
         Ok(Verdict::Admit(AttestationResult {
             reclaim_node_id,
             token_id: None,
@@ -271,6 +291,12 @@ impl TpmAttestor {
             .map_err(|e| Refusal::fault(Fault::Internal(format!("AK statement: {e}"))))?;
         Ok((NodeKeyKind::Tpm, Some(statement)))
     }
+}
+
+/// The `attestation_uses` subject of a challenge: the hex SHA-256 of its
+/// sealed state (which opened, so it is one we issued).
+fn challenge_subject(sealed_state: &[u8]) -> String {
+    hex::encode(bc_wire::sha256(sealed_state))
 }
 
 /// The quoted PCRs by index, when the selection is exactly one SHA-256

@@ -95,8 +95,21 @@ fn fixture() -> Fixture {
 impl Fixture {
     /// Runs the attestor for `csr` at database time `now` in a transaction
     /// committed whatever the outcome, so a test sees anything a refusal
-    /// would (wrongly) write.
+    /// would (wrongly) write. The capture holds one challenge: each run
+    /// stands for a fresh challenge of that TPM, so the challenges spent
+    /// before are forgotten first ([`Self::replay_at`] keeps them).
     fn run_at(&self, evidence: &[u8], csr: &[u8], now: UnixMs) -> Result<Verdict, Refusal> {
+        self.db
+            .write(|tx| {
+                tx.execute("DELETE FROM attestation_uses", [])
+                    .map_err(db::DbError::from)
+            })
+            .unwrap();
+        self.replay_at(evidence, csr, now)
+    }
+
+    /// [`Self::run_at`] with the challenges spent so far kept.
+    fn replay_at(&self, evidence: &[u8], csr: &[u8], now: UnixMs) -> Result<Verdict, Refusal> {
         let spki = csr_spki(csr);
         self.db
             .with_conn(|c| {
@@ -421,6 +434,53 @@ fn round_two_state_secret_and_expiry() {
 }
 
 #[test]
+fn a_challenge_admits_once() {
+    let f = fixture();
+    f.resolve();
+    let ev = answer_evidence(answer());
+    assert_eq!(f.reason(&ev), "admitted");
+    assert_eq!(f.count("attestation_uses"), 1);
+    // The same answer again, and again later while the challenge is open.
+    assert_eq!(reason(f.replay_at(&ev, CSR, NOW)), CHALLENGE_REUSED);
+    assert_eq!(
+        reason(f.replay_at(&ev, CSR, NOW + 60_000)),
+        CHALLENGE_REUSED
+    );
+    let (subject, expires_at): (String, UnixMs) =
+        f.db.with_conn(|c| {
+            c.query_row(
+                "SELECT subject, expires_at FROM attestation_uses WHERE attestor = 'tpm'",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+        })
+        .unwrap()
+        .unwrap();
+    // Kept until the challenge's own deadline, keyed by its sealed state.
+    let st = ChallengeState::open(
+        &ChallengeKey::new(*KEY),
+        &answer().state,
+        &bc_wire::sha256(CSR),
+    )
+    .unwrap();
+    assert_eq!(expires_at, st.not_after);
+    assert_eq!(subject, hex::encode(bc_wire::sha256(&answer().state)));
+    // An answer that is refused (a bad secret) or only deferred spends nothing.
+    let g = fixture();
+    let mut bad = answer();
+    bad.secret[0] ^= 1;
+    assert_eq!(
+        reason(g.replay_at(&answer_evidence(bad), CSR, NOW)),
+        CHALLENGE_SECRET
+    );
+    assert_eq!(reason(g.replay_at(&ev, CSR, NOW)), "pending");
+    assert_eq!(g.count("attestation_uses"), 0);
+    g.resolve();
+    assert_eq!(reason(g.replay_at(&ev, CSR, NOW)), "admitted");
+    assert_eq!(reason(g.replay_at(&ev, CSR, NOW)), CHALLENGE_REUSED);
+}
+
+#[test]
 fn round_two_quote_and_pcrs() {
     let f = fixture();
     f.resolve();
@@ -708,8 +768,31 @@ mod through_join_service {
         assert_eq!(ev[0].data["nodeKey"], "tpm");
         assert_eq!(ev[0].data["pool"], "default");
 
-        // The same TPM again (its identity moved aside): the same node, a new
-        // identity generation, the older certificate revoked.
+        // The same answer replayed: refused, nothing moves.
+        assert!(matches!(
+            c.join(answer_evidence(answer())),
+            Err(ApiError::AccessDenied)
+        ));
+        assert_eq!(
+            c.refusals(),
+            [(TPM.to_owned(), CHALLENGE_REUSED.to_owned())]
+        );
+        assert_eq!(
+            records::list_nodes(c.db()).unwrap()[0].identity_generation,
+            1
+        );
+        assert_eq!(records::list_joins(c.db()).unwrap().len(), 1);
+
+        // The same TPM again (its identity moved aside) with a new challenge
+        // (the capture holds one: forgetting its use stands in for a fresh
+        // one): the same node, a new identity generation, the older
+        // certificate revoked.
+        c.db()
+            .write(|tx| {
+                tx.execute("DELETE FROM attestation_uses", [])
+                    .map_err(db::DbError::from)
+            })
+            .unwrap();
         let second = c.join(answer_evidence(answer())).unwrap();
         assert_eq!(second.node_id, first.node_id);
         assert_eq!(uris(&second.chain[0])[1], statement);

@@ -368,10 +368,10 @@ fn only_our_own_current_certificates_rejoin() {
 }
 
 #[test]
-fn a_proof_admits_once() {
+fn a_proof_admits_once_even_across_a_restart() {
     let f = fixture();
     // A pool that admits only tpm: x509pop passes, the pool refuses after
-    // it, and the proof is spent all the same.
+    // it, and the transaction (the proof's use with it) is rolled back.
     crate::pools::create_pool(
         f.db(),
         "tpm-only",
@@ -405,6 +405,13 @@ fn a_proof_admits_once() {
         f.refused(|| f.send(csr.clone(), Role::Node, proof.to_json())),
         crate::join::POOL_ATTESTOR
     );
+    assert_eq!(
+        f.db()
+            .with_conn(|c| crate::uses::count(c))
+            .unwrap()
+            .unwrap(),
+        0
+    );
     crate::pools::set_join_attestors(
         f.db(),
         "tpm-only",
@@ -412,6 +419,22 @@ fn a_proof_admits_once() {
         &crate::attestor::default_attestor_ids(),
     )
     .unwrap();
+    let body = f.send(csr.clone(), Role::Node, proof.to_json()).unwrap();
+    assert_eq!(body.node_id, id.node_id);
+    // Spent until clientTime + window.
+    let expires_at: UnixMs = f
+        .db()
+        .with_conn(|c| {
+            c.query_row(
+                "SELECT expires_at FROM attestation_uses WHERE attestor = 'x509pop'",
+                [],
+                |r| r.get(0),
+            )
+        })
+        .unwrap()
+        .unwrap();
+    assert_eq!(expires_at, i64::try_from(t).unwrap() + DEFAULT_WINDOW_MS);
+    // The replay is named as one (not as the stale certificate it now is).
     assert_eq!(
         f.refused(|| f.send(csr.clone(), Role::Node, proof.to_json())),
         REPLAYED
@@ -437,25 +460,22 @@ fn a_proof_admits_once() {
         f.refused(|| f.send(csr.clone(), Role::Node, malleated.to_json())),
         REPLAYED
     );
-    // A fresh proof for the same CSR is a new proof.
-    let fresh = evidence(&id, &csr, t + 1);
-    let body = f.send(csr, Role::Node, fresh.to_json()).unwrap();
-    assert_eq!(body.node_id, id.node_id);
-}
-
-#[test]
-fn replay_cache_forgets_oldest_first() {
-    let mut c = ReplayCache::new(2);
-    let (a, b, d) = ([1u8; 64], [2u8; 64], [3u8; 64]);
-    assert!(c.insert(&a) && c.insert(&b));
-    assert!(!c.insert(&a));
-    assert!(c.insert(&d));
-    assert_eq!(c.len(), 2);
-    // `a` was evicted; `b` and `d` are remembered.
-    assert!(!c.insert(&b) && !c.insert(&d));
-    assert!(c.insert(&a));
-    assert_eq!(c.len(), 2);
-    assert!(ReplayCache::new(REPLAY_CACHE_ENTRIES).is_empty());
+    // A restart (another JoinService on the same DIR, as another replica
+    // would be) still knows it.
+    let dir = f.db().path().parent().unwrap().to_owned();
+    let restarted = crate::join::JoinService::open(&dir).unwrap();
+    let err = restarted
+        .join(JoinRequest {
+            csr: csr.clone(),
+            role: Role::Node as i32,
+            attestor: X509POP.into(),
+            attestation: proof.to_json(),
+            ..Default::default()
+        })
+        .unwrap_err();
+    assert!(matches!(err, ApiError::AccessDenied));
+    assert_eq!(f.refusals().last().map(String::as_str), Some(REPLAYED));
+    assert_eq!(f.node(&id.node_id).identity_generation, 2);
 }
 
 #[test]
