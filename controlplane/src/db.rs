@@ -161,6 +161,10 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE join_tokens ADD COLUMN expect_product_uuid TEXT;
     ALTER TABLE join_tokens ADD COLUMN expect_mac TEXT;
     "#,
+    // 5: event retention prunes by time (oldest first, in bounded batches).
+    r#"
+    CREATE INDEX events_by_at ON events(at);
+    "#,
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -382,7 +386,9 @@ pub fn set_clock_offset_ms(tx: &Transaction<'_>, offset_ms: i64) -> Result<(), D
     Ok(())
 }
 
-fn system_now_ms() -> UnixMs {
+/// The system clock in milliseconds (no offset): for in-memory bookkeeping
+/// only; records use [`compute_now`].
+pub fn system_now_ms() -> UnixMs {
     match SystemTime::now().duration_since(UNIX_EPOCH) {
         Ok(d) => i64::try_from(d.as_millis()).unwrap_or(i64::MAX),
         // A clock before 1970 is broken; count backwards rather than panic.

@@ -4,12 +4,14 @@
 //!
 //! The accept loop is our own rather than `axum::serve` so that each request
 //! can carry its connection's TLS client certificate chain
-//! ([`PeerCertificates`]), which Renew over mTLS needs.
+//! ([`PeerCertificates`]), which Renew over mTLS needs, and its source
+//! address ([`PeerAddr`]), which refusal events name; and so that it holds
+//! the connection limits of [`crate::connlimit`].
 
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
@@ -27,7 +29,10 @@ use rustls::pki_types::CertificateDer;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
+use tokio::time::Instant;
 
+use crate::connlimit::{Limits, Slot, Tracker};
+use crate::header_errors::WithErrorBodies;
 use crate::join::{ApiError, JoinService};
 use crate::pki::Bundle;
 
@@ -37,11 +42,21 @@ const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long open connections get to finish after shutdown starts.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// A failing `accept` (out of descriptors, ...) is retried after a pause
+/// that doubles from the first to the last while it keeps failing.
+const ACCEPT_BACKOFF_FIRST: Duration = Duration::from_millis(10);
+const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
+/// Connections refused by the limits are logged at most this often.
+const REFUSED_LOG_EVERY: Duration = Duration::from_secs(10);
 
 /// The client certificate chain of the request's TLS connection (leaf
 /// first); empty when the client sent none.
 #[derive(Clone, Debug, Default)]
 pub struct PeerCertificates(pub Arc<Vec<CertificateDer<'static>>>);
+
+/// The address of the request's TCP peer.
+#[derive(Clone, Copy, Debug)]
+pub struct PeerAddr(pub SocketAddr);
 
 /// The rustls server config: the bundle's TLS server certificate, TLS 1.2+,
 /// ring only. Client certificates are asked for and, when sent, verified
@@ -82,11 +97,13 @@ pub fn router(service: Arc<JoinService>) -> Router {
 
 async fn join_handler(
     State(service): State<Arc<JoinService>>,
+    peer: Option<Extension<PeerAddr>>,
     headers: HeaderMap,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Response {
+    let source = peer.map(|Extension(p)| p.0.ip());
     call_service("join", &headers, body, move |body| {
-        service.join_bytes(body).map(|r| r.encode_to_vec())
+        service.join_bytes(body, source).map(|r| r.encode_to_vec())
     })
     .await
 }
@@ -145,22 +162,27 @@ fn read_body(
     })
 }
 
-/// Requests are protobuf; a missing content type is tolerated, another one is not.
+/// Requests are protobuf; a missing content type is tolerated, another one
+/// is not. Parameters (`; charset=utf-8`) are allowed and ignored.
 fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
     match headers.get(header::CONTENT_TYPE) {
         None => Ok(()),
-        Some(v)
-            if v.as_bytes()
-                .eq_ignore_ascii_case(endpoints::CONTENT_TYPE.as_bytes()) =>
-        {
-            Ok(())
-        }
+        Some(v) if is_protobuf(v.as_bytes()) => Ok(()),
         Some(v) => Err(ApiError::InvalidInput(format!(
             "content-type must be {}, not {:?}",
             endpoints::CONTENT_TYPE,
             String::from_utf8_lossy(v.as_bytes())
         ))),
     }
+}
+
+/// Whether a content-type value is the protobuf media type, whatever its
+/// parameters and case.
+fn is_protobuf(value: &[u8]) -> bool {
+    let media_type = value.split(|b| *b == b';').next().unwrap_or_default();
+    media_type
+        .trim_ascii()
+        .eq_ignore_ascii_case(endpoints::CONTENT_TYPE.as_bytes())
 }
 
 /// An error as the wire carries it: HTTP status and an `agent::Error` body.
@@ -186,21 +208,45 @@ fn protobuf_response(status: StatusCode, body: Vec<u8>) -> Response {
 
 /// Serves `router` over TLS on `listener` until `shutdown` completes, then
 /// stops accepting, lets open connections finish their requests (at most
-/// ten seconds) and returns.
-///
-/// Failed handshakes and broken connections are logged at debug and never
-/// stop the server; a failing `accept` (e.g. out of file descriptors) is
-/// retried after a short pause.
+/// ten seconds) and returns. The limits are the defaults for this process's
+/// descriptor limit; see [`serve_with`].
 pub async fn serve(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
     router: Router,
     shutdown: impl Future<Output = ()>,
 ) -> io::Result<()> {
+    let limits = Limits::for_process(&crate::config::ServerConfig::default());
+    serve_with(listener, tls, router, limits, shutdown).await
+}
+
+/// [`serve`] with explicit connection limits.
+///
+/// Failed handshakes and broken connections are logged at debug and never
+/// stop the server. A failing `accept` (e.g. out of file descriptors) is
+/// retried with a doubling pause, logged once per pause. Connections over
+/// the limits are closed at once (see [`crate::connlimit`]), logged at most
+/// every ten seconds with how many.
+pub async fn serve_with(
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    router: Router,
+    limits: Limits,
+    shutdown: impl Future<Output = ()>,
+) -> io::Result<()> {
+    tracing::info!(
+        max_connections = limits.max_connections,
+        max_connections_per_source = limits.max_per_source,
+        request_timeout_s = limits.request_timeout.as_secs(),
+        "connection limits"
+    );
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    let tracker = Tracker::new(limits);
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut conns = JoinSet::new();
     let mut shutdown = std::pin::pin!(shutdown);
+    let mut backoff = ACCEPT_BACKOFF_FIRST;
+    let mut refused = RefusedLog::default();
     loop {
         // Reap finished connections so the set does not grow without bound.
         while conns.try_join_next().is_some() {}
@@ -208,19 +254,35 @@ pub async fn serve(
             biased;
             () = &mut shutdown => break,
             accepted = listener.accept() => match accepted {
-                Ok(a) => a,
+                Ok(a) => {
+                    backoff = ACCEPT_BACKOFF_FIRST;
+                    a
+                }
                 Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64,
+                        held = tracker.held(), "accept failed");
+                    tokio::select! {
+                        biased;
+                        () = &mut shutdown => break,
+                        () = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(ACCEPT_BACKOFF_MAX);
                     continue;
                 }
             },
+        };
+        let slot = match tracker.admit(peer.ip()) {
+            Ok(s) => s,
+            Err(why) => {
+                refused.note(why, peer, &tracker);
+                continue;
+            }
         };
         let acceptor = acceptor.clone();
         let router = router.clone();
         let stop = stop_rx.clone();
         conns.spawn(async move {
-            serve_connection(acceptor, tcp, peer, router, stop).await;
+            serve_connection(acceptor, tcp, peer, router, slot, limits, stop).await;
         });
     }
     drop(listener);
@@ -236,11 +298,101 @@ pub async fn serve(
     Ok(())
 }
 
+/// Counts connections refused by the limits; logs them at most every
+/// [`REFUSED_LOG_EVERY`].
+#[derive(Default)]
+struct RefusedLog {
+    since_log: u64,
+    last_log: Option<Instant>,
+}
+
+impl RefusedLog {
+    fn note(&mut self, why: crate::connlimit::Refusal, peer: SocketAddr, tracker: &Tracker) {
+        self.since_log += 1;
+        let due = self
+            .last_log
+            .is_none_or(|t| t.elapsed() >= REFUSED_LOG_EVERY);
+        if due {
+            let l = tracker.limits();
+            tracing::warn!(
+                refused = self.since_log,
+                last_peer = %peer,
+                last_reason = ?why,
+                max_connections = l.max_connections,
+                max_connections_per_source = l.max_per_source,
+                "connections refused: the server is at its connection limits \
+                 ([server] max_connections, max_connections_per_source)"
+            );
+            self.since_log = 0;
+            self.last_log = Some(Instant::now());
+        }
+    }
+}
+
+/// When the connection's current request must be done: `request_timeout`
+/// after accept, then after each response.
+#[derive(Clone)]
+struct Deadline(Arc<Mutex<Instant>>);
+
+impl Deadline {
+    fn after(timeout: Duration) -> Self {
+        Deadline(Arc::new(Mutex::new(Instant::now() + timeout)))
+    }
+
+    fn get(&self) -> Instant {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn reset(&self, timeout: Duration) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now() + timeout;
+    }
+
+    /// Resolves once the deadline passes without being moved.
+    async fn passed(&self) {
+        loop {
+            let at = self.get();
+            tokio::time::sleep_until(at).await;
+            if self.get() <= Instant::now() {
+                return;
+            }
+        }
+    }
+}
+
+/// One connection: the TLS handshake, then HTTP/1.1 requests, under the
+/// whole-request deadline, and closed when the server needs its slot.
 async fn serve_connection(
     acceptor: tokio_rustls::TlsAcceptor,
     tcp: tokio::net::TcpStream,
     peer: SocketAddr,
     router: Router,
+    slot: Slot,
+    limits: Limits,
+    stop: watch::Receiver<bool>,
+) {
+    let slot = Arc::new(slot);
+    let deadline = Deadline::after(limits.request_timeout);
+    let work = handle_connection(acceptor, tcp, peer, router, slot.clone(), deadline.clone(), limits, stop);
+    tokio::select! {
+        () = work => {}
+        () = deadline.passed() => {
+            tracing::debug!(peer = %peer, "request timed out; connection closed");
+        }
+        () = slot.evicted() => {
+            tracing::debug!(peer = %peer, "idle connection closed to make room");
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn handle_connection(
+    acceptor: tokio_rustls::TlsAcceptor,
+    tcp: tokio::net::TcpStream,
+    peer: SocketAddr,
+    router: Router,
+    slot: Arc<Slot>,
+    deadline: Deadline,
+    limits: Limits,
     mut stop: watch::Receiver<bool>,
 ) {
     let tls = match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
@@ -264,12 +416,21 @@ async fn serve_connection(
     let svc = TowerToHyperService::new(router);
     let svc = hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
         req.extensions_mut().insert(certs.clone());
-        svc.call(req)
+        req.extensions_mut().insert(PeerAddr(peer));
+        let call = svc.call(req);
+        let (slot, deadline) = (slot.clone(), deadline.clone());
+        async move {
+            slot.busy();
+            let resp = call.await;
+            deadline.reset(limits.request_timeout);
+            slot.idle();
+            resp
+        }
     });
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(HEADER_READ_TIMEOUT)
-        .serve_connection(TokioIo::new(tls), svc);
+        .serve_connection(TokioIo::new(WithErrorBodies::new(tls)), svc);
     let mut conn = std::pin::pin!(conn);
     let result = tokio::select! {
         r = conn.as_mut() => r,

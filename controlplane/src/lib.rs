@@ -21,8 +21,11 @@
 pub mod attestor;
 pub mod attestors;
 pub mod config;
+pub mod connlimit;
 pub mod db;
+pub mod eventlog;
 pub mod fsutil;
+pub mod header_errors;
 pub mod http;
 pub mod ids;
 pub mod join;
