@@ -114,6 +114,7 @@ impl Shared {
 /// The refusal log of one database, and its writer thread.
 pub struct EventLog {
     shared: Arc<Shared>,
+    max_keys: usize,
     writer: Mutex<Option<JoinHandle<()>>>,
     /// Only when the thread could not be started: `record` writes inline.
     inline: Option<Mutex<Writer>>,
@@ -123,6 +124,10 @@ impl EventLog {
     /// Starts the writer; events older than `retention_ms` are pruned at
     /// start and then every hour.
     pub fn start(db: Arc<Database>, retention_ms: i64) -> EventLog {
+        Self::start_with(db, retention_ms, MAX_KEYS_PER_MINUTE)
+    }
+
+    fn start_with(db: Arc<Database>, retention_ms: i64, max_keys: usize) -> EventLog {
         let shared = Arc::new(Shared {
             state: Mutex::new(State::default()),
             work: Condvar::new(),
@@ -143,6 +148,7 @@ impl EventLog {
         };
         EventLog {
             shared,
+            max_keys,
             writer: Mutex::new(writer),
             inline,
         }
@@ -157,7 +163,7 @@ impl EventLog {
                 st.seen_minute = minute;
                 st.seen.clear();
             }
-            let key = if st.seen.contains(&r) || st.seen.len() < MAX_KEYS_PER_MINUTE {
+            let key = if st.seen.contains(&r) || st.seen.len() < self.max_keys {
                 r
             } else {
                 r.folded()
@@ -416,5 +422,123 @@ pub fn prune(db: &Database, retention_ms: i64) -> Result<usize, DbError> {
         if n < PRUNE_BATCH {
             return Ok(total);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::records::EVENT_JOIN_REFUSED;
+
+    fn refused(reason: &str, source: &str) -> Refused {
+        Refused {
+            kind: EVENT_JOIN_REFUSED,
+            attestor: Some("join-token".to_owned()),
+            reason: reason.to_owned(),
+            token_id: None,
+            node_id: None,
+            source: Some(source.parse().unwrap()),
+            extra: String::new(),
+            folded: false,
+        }
+    }
+
+    fn counts(db: &Database) -> Vec<(String, u64, bool)> {
+        records::list_events(db)
+            .unwrap()
+            .into_iter()
+            .map(|e| {
+                (
+                    e.reason.unwrap(),
+                    e.data["count"].as_u64().unwrap(),
+                    e.data["folded"] == true,
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn repeats_become_one_event_a_minute_and_counts_add_up() {
+        let t = crate::test_support::temp_db();
+        let db = Arc::new(Database::open(t.db.path()).unwrap());
+        let log = EventLog::start(db.clone(), crate::config::DEFAULT_EVENTS_RETENTION_MS);
+        log.record(refused("token-secret", "127.0.0.2"));
+        log.record(refused("token-unknown", "127.0.0.2"));
+        // Once written, the first is a 1-count event of its own.
+        let first = records::list_events(&db).unwrap();
+        assert_eq!(first.len(), 2);
+        assert_eq!(first[0].data["count"], 1);
+        assert_eq!(first[0].data["source"], "127.0.0.2");
+        assert_eq!(first[0].data["attestor"], "join-token");
+        assert!(first[0].data["windowStart"].is_string());
+        std::thread::scope(|s| {
+            for _ in 0..8 {
+                s.spawn(|| {
+                    for _ in 0..50 {
+                        log.record(refused("token-secret", "127.0.0.2"));
+                    }
+                });
+            }
+        });
+        // Another source is another key.
+        log.record(refused("token-secret", "127.0.0.3"));
+        drop(log);
+        let rows = counts(&db);
+        let total: u64 = rows.iter().map(|r| r.1).sum();
+        assert_eq!(total, 403);
+        // A window boundary may split the repeats in two.
+        assert!(rows.len() <= 6, "{rows:?}");
+        assert_eq!(rows[0], ("token-secret".to_owned(), 1, false));
+    }
+
+    #[test]
+    fn distinct_keys_past_the_cap_fold_but_still_count() {
+        let t = crate::test_support::temp_db();
+        let db = Arc::new(Database::open(t.db.path()).unwrap());
+        let log = EventLog::start_with(db.clone(), crate::config::DEFAULT_EVENTS_RETENTION_MS, 4);
+        std::thread::scope(|s| {
+            for i in 0..4 {
+                let log = &log;
+                s.spawn(move || {
+                    for j in 0..25 {
+                        log.record(refused("token-unknown", &format!("10.0.{i}.{j}")));
+                    }
+                });
+            }
+        });
+        log.flush(Duration::from_secs(10));
+        let rows = counts(&db);
+        assert_eq!(rows.iter().map(|r| r.1).sum::<u64>(), 100);
+        // At most 4 keys (and a minute boundary's 4 more) keep their source.
+        assert!(rows.iter().filter(|r| !r.2).count() <= 8, "{rows:?}");
+        assert!(rows.iter().any(|r| r.2));
+        assert!(rows.len() <= 12, "{rows:?}");
+    }
+
+    #[test]
+    fn prune_deletes_only_expired_events_in_batches() {
+        let t = crate::test_support::temp_db();
+        let now = t.db.with_conn(|c| db::compute_now(c)).unwrap().unwrap();
+        let day = 86_400_000;
+        t.db.write(|tx| -> Result<(), DbError> {
+            for i in 0..(PRUNE_BATCH as i64 * 2 + 10) {
+                let at = if i % 100 == 0 { now - day } else { now - 91 * day };
+                records::insert_event(
+                    tx,
+                    &NewEvent {
+                        kind: EVENT_JOIN_REFUSED,
+                        at,
+                        ..Default::default()
+                    },
+                )?;
+            }
+            Ok(())
+        })
+        .unwrap();
+        let kept = (PRUNE_BATCH * 2 + 10).div_ceil(100);
+        let n = prune(&t.db, crate::config::DEFAULT_EVENTS_RETENTION_MS).unwrap();
+        assert_eq!(n, PRUNE_BATCH * 2 + 10 - kept);
+        assert_eq!(records::list_events(&t.db).unwrap().len(), kept);
+        assert_eq!(prune(&t.db, 90 * day).unwrap(), 0);
     }
 }

@@ -462,17 +462,27 @@ mod tests {
         path: &str,
         body: &[u8],
     ) -> (u16, Vec<u8>) {
+        let head = format!(
+            "{method} {path} HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/x-protobuf\r\n\
+             content-length: {}\r\nconnection: close\r\n\r\n",
+            body.len()
+        );
+        call_raw(addr, cfg, &head, body).await
+    }
+
+    /// Sends `head` (the request line and headers, as given) and `body`.
+    async fn call_raw(
+        addr: SocketAddr,
+        cfg: Arc<rustls::ClientConfig>,
+        head: &str,
+        body: &[u8],
+    ) -> (u16, Vec<u8>) {
         let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
         let name = ServerName::try_from("localhost").unwrap();
         let mut tls = tokio_rustls::TlsConnector::from(cfg)
             .connect(name, tcp)
             .await
             .unwrap();
-        let head = format!(
-            "{method} {path} HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/x-protobuf\r\n\
-             content-length: {}\r\nconnection: close\r\n\r\n",
-            body.len()
-        );
         tls.write_all(head.as_bytes()).await.unwrap();
         tls.write_all(body).await.unwrap();
         let mut buf = Vec::new();
@@ -512,6 +522,67 @@ mod tests {
                 )
                 .unwrap(),
         })
+    }
+
+    /// A POST to Join with `content_type` and `extra` header lines.
+    fn post_head(content_type: &str, extra: &str, len: usize) -> String {
+        format!(
+            "POST {} HTTP/1.1\r\nhost: localhost\r\ncontent-type: {content_type}\r\n{extra}\
+             content-length: {len}\r\nconnection: close\r\n\r\n",
+            endpoints::JOIN
+        )
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn media_type_parameters_and_error_bodies() {
+        let cp = crate::test_support::cp();
+        let svc = cp.svc.clone();
+        let tls = tls_config(svc.bundle()).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve(listener, tls, router(svc.clone()), async {
+            let _ = stopped.await;
+        }));
+        let anonymous = client(svc.bundle(), None);
+        let error = |body: &[u8]| bc_wire::agent::Error::decode(body).unwrap();
+
+        // Parameters on the media type are accepted, in any case and spacing.
+        let (req, _) = cp.token_request(Role::Node, None);
+        let body = req.encode_to_vec();
+        let head = post_head("application/x-protobuf; charset=utf-8", "", body.len());
+        let (status, _) = call_raw(addr, anonymous.clone(), &head, &body).await;
+        assert_eq!(status, 200);
+        let head = post_head("Application/X-Protobuf ;charset=\"utf-8\"", "", 2);
+        let (status, body) = call_raw(addr, anonymous.clone(), &head, b"\xff\xff").await;
+        assert_eq!(status, 400);
+        assert!(error(&body).message.contains("not a JoinRequest"));
+        // Other media types are still refused.
+        for other in [
+            "text/plain",
+            "application/x-protobuffer",
+            "application/json; x=application/x-protobuf",
+        ] {
+            let (status, body) =
+                call_raw(addr, anonymous.clone(), &post_head(other, "", 0), b"").await;
+            assert_eq!(status, 400, "{other}");
+            assert!(error(&body).message.contains("content-type"), "{other}");
+        }
+
+        // Too many headers: hyper's 431, with the protobuf Error body.
+        let many: String = (0..120).map(|i| format!("x-h{i}: v\r\n")).collect();
+        let (status, body) =
+            call_raw(addr, anonymous.clone(), &post_head(endpoints::CONTENT_TYPE, &many, 0), b"").await;
+        assert_eq!(status, 431);
+        let err = error(&body);
+        assert_eq!(err.code, bc_wire::agent::Code::InvalidInput as i32);
+        assert!(err.message.contains("headers"), "{}", err.message);
+        // The server goes on serving.
+        let (status, _) = call(addr, anonymous, "POST", endpoints::JOIN, b"\xff").await;
+        assert_eq!(status, 400);
+
+        stop.send(()).unwrap();
+        server.await.unwrap().unwrap();
     }
 
     #[tokio::test(flavor = "multi_thread")]
