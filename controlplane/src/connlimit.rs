@@ -15,7 +15,7 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use tokio::sync::Notify;
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use crate::config::ServerConfig;
 
@@ -236,6 +236,83 @@ impl Drop for Slot {
     }
 }
 
+/// Requests one source may have in the handlers at once; its others wait
+/// in line, so one client's flood queues behind itself, not before others.
+pub const HANDLER_SLOTS_PER_SOURCE: usize = 4;
+
+/// Bounds the requests in the JoinService's handlers (decoding, crypto,
+/// SQLite): at most [`HANDLER_SLOTS_PER_SOURCE`] per source address and a
+/// few per core overall, each line first come, first served. Without it,
+/// hundreds of refused requests run at once, fight for the SQLite write lock
+/// (whose busy handler sleeps up to 100 ms a try) and a good join waits
+/// seconds behind them.
+pub struct RequestGate {
+    total: Arc<Semaphore>,
+    sources: Mutex<HashMap<IpAddr, Arc<Semaphore>>>,
+}
+
+/// A request's place in the handlers; dropping it lets the next one in.
+pub struct Pass {
+    _source: Option<OwnedSemaphorePermit>,
+    _total: OwnedSemaphorePermit,
+}
+
+/// The line was closed (never happens: the gate never closes it).
+#[derive(Debug)]
+pub struct GateClosed;
+
+impl RequestGate {
+    /// Twice the cores in the handlers overall (at least 4).
+    pub fn new() -> RequestGate {
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        RequestGate::with_total((cores * 2).max(4))
+    }
+
+    pub fn with_total(total: usize) -> RequestGate {
+        RequestGate {
+            total: Arc::new(Semaphore::new(total)),
+            sources: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Waits for a place: first in `source`'s line, then in the common one.
+    pub async fn enter(&self, source: Option<IpAddr>) -> Result<Pass, GateClosed> {
+        let line = source.map(|ip| self.line_of(ip));
+        let source = match line {
+            Some(l) => Some(l.acquire_owned().await.map_err(|_| GateClosed)?),
+            None => None,
+        };
+        let total = self
+            .total
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| GateClosed)?;
+        Ok(Pass {
+            _source: source,
+            _total: total,
+        })
+    }
+
+    fn line_of(&self, ip: IpAddr) -> Arc<Semaphore> {
+        let mut sources = self.sources.lock().unwrap_or_else(|p| p.into_inner());
+        // Forget the lines nobody waits in (bounded by the connections).
+        if sources.len() >= 1024 {
+            sources.retain(|_, l| Arc::strong_count(l) > 1);
+        }
+        sources
+            .entry(ip)
+            .or_insert_with(|| Arc::new(Semaphore::new(HANDLER_SLOTS_PER_SOURCE)))
+            .clone()
+    }
+}
+
+impl Default for RequestGate {
+    fn default() -> Self {
+        RequestGate::new()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -265,6 +342,29 @@ mod tests {
         };
         let l = Limits::new(&cfg, u64::MAX);
         assert_eq!((l.max_connections, l.max_per_source), (10, 10));
+    }
+
+    #[tokio::test]
+    async fn one_source_waits_behind_itself() {
+        let gate = RequestGate::with_total(8);
+        let flood: IpAddr = "127.0.0.2".parse().unwrap();
+        let mut passes = Vec::new();
+        for _ in 0..HANDLER_SLOTS_PER_SOURCE {
+            passes.push(gate.enter(Some(flood)).await.unwrap());
+        }
+        let more = tokio::time::timeout(Duration::from_millis(50), gate.enter(Some(flood))).await;
+        assert!(more.is_err(), "a fifth request from one source waits");
+        // Another source gets in at once.
+        let other = "127.0.0.1".parse().unwrap();
+        tokio::time::timeout(Duration::from_secs(1), gate.enter(Some(other)))
+            .await
+            .unwrap()
+            .unwrap();
+        passes.pop();
+        tokio::time::timeout(Duration::from_secs(1), gate.enter(Some(flood)))
+            .await
+            .unwrap()
+            .unwrap();
     }
 
     #[tokio::test]

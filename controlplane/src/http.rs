@@ -31,7 +31,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use crate::connlimit::{Limits, Slot, Tracker};
+use crate::connlimit::{Limits, RequestGate, Slot, Tracker};
 use crate::header_errors::WithErrorBodies;
 use crate::join::{ApiError, JoinService};
 use crate::pki::Bundle;
@@ -84,6 +84,7 @@ pub fn tls_config(bundle: &Bundle) -> Result<Arc<rustls::ServerConfig>, rustls::
 
 /// The JoinService's HTTP routes. Anything else is a protobuf NOT_FOUND.
 pub fn router(service: Arc<JoinService>) -> Router {
+    let gate = Arc::new(RequestGate::new());
     Router::new()
         .route(endpoints::JOIN, post(join_handler))
         .route(endpoints::RENEW, post(renew_handler))
@@ -92,17 +93,19 @@ pub fn router(service: Arc<JoinService>) -> Router {
         })
         .fallback(|| async { error_response(&ApiError::NotFound("no such endpoint".to_owned())) })
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(Extension(gate))
         .with_state(service)
 }
 
 async fn join_handler(
     State(service): State<Arc<JoinService>>,
+    Extension(gate): Extension<Arc<RequestGate>>,
     peer: Option<Extension<PeerAddr>>,
     headers: HeaderMap,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Response {
     let source = peer.map(|Extension(p)| p.0.ip());
-    call_service("join", &headers, body, move |body| {
+    call_service("join", &gate, source, &headers, body, move |body| {
         service.join_bytes(body, source).map(|r| r.encode_to_vec())
     })
     .await
@@ -113,12 +116,15 @@ async fn join_handler(
 /// identity; without one the request is refused (`no-client-certificate`).
 async fn renew_handler(
     State(service): State<Arc<JoinService>>,
+    Extension(gate): Extension<Arc<RequestGate>>,
+    addr: Option<Extension<PeerAddr>>,
     peer: Option<Extension<PeerCertificates>>,
     headers: HeaderMap,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Response {
+    let source = addr.map(|Extension(p)| p.0.ip());
     let leaf = peer.and_then(|Extension(p)| p.0.first().map(|c| c.as_ref().to_vec()));
-    call_service("renew", &headers, body, move |body| {
+    call_service("renew", &gate, source, &headers, body, move |body| {
         service
             .renew_bytes(leaf.as_deref(), body)
             .map(|r| r.encode_to_vec())
@@ -127,11 +133,14 @@ async fn renew_handler(
 }
 
 /// What every endpoint does around its service call: checks the content
-/// type and the body, runs `call` on a blocking thread (SQLite and signing
+/// type and the body, waits for its place in the handlers (see
+/// [`RequestGate`]), runs `call` on a blocking thread (SQLite and signing
 /// block; they must not stall the async workers) and answers its protobuf
 /// or its error.
 async fn call_service(
     what: &'static str,
+    gate: &RequestGate,
+    source: Option<std::net::IpAddr>,
     headers: &HeaderMap,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
     call: impl FnOnce(&[u8]) -> Result<Vec<u8>, ApiError> + Send + 'static,
@@ -143,7 +152,12 @@ async fn call_service(
         Ok(b) => b,
         Err(e) => return error_response(&e),
     };
-    match tokio::task::spawn_blocking(move || call(&body)).await {
+    let Ok(pass) = gate.enter(source).await else {
+        return error_response(&ApiError::Unavailable("the request gate is closed".to_owned()));
+    };
+    let result = tokio::task::spawn_blocking(move || call(&body)).await;
+    drop(pass);
+    match result {
         Ok(Ok(resp)) => protobuf_response(StatusCode::OK, resp),
         Ok(Err(e)) => error_response(&e),
         Err(e) => error_response(&ApiError::Internal(format!("{what} task failed: {e}"))),
