@@ -463,8 +463,10 @@ enrollment_retry_after = "2m"
         assert_eq!(d.server.max_connections, None);
         assert_eq!(d.server.request_timeout_ms, 30_000);
         assert_eq!(d.events.retention_ms, 90 * 86_400_000);
-        let c = p("[server]\nmax_connections = 100\nmax_connections_per_source = 10\n\
-                   request_timeout = \"5s\"\n[events]\nretention = \"7d\"\n")
+        let c = p(
+            "[server]\nmax_connections = 100\nmax_connections_per_source = 10\n\
+                   request_timeout = \"5s\"\n[events]\nretention = \"7d\"\n",
+        )
         .unwrap();
         assert_eq!(c.server.max_connections, Some(100));
         assert_eq!(c.server.max_connections_per_source, Some(10));

@@ -213,11 +213,7 @@ impl EventLog {
     pub fn shutdown(&self) {
         self.shared.lock().stop = true;
         self.shared.work.notify_all();
-        let handle = self
-            .writer
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
+        let handle = self.writer.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(h) = handle {
             if h.join().is_err() {
                 tracing::error!("the event writer panicked");
@@ -365,7 +361,9 @@ impl Writer {
         match prune(&self.db, self.retention_ms) {
             Ok(0) => {}
             Ok(n) => tracing::info!(deleted = n, "pruned expired events"),
-            Err(e) => tracing::warn!(error = %e, "cannot prune expired events; next try in an hour"),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot prune expired events; next try in an hour")
+            }
         }
     }
 }
@@ -522,7 +520,11 @@ mod tests {
         let day = 86_400_000;
         t.db.write(|tx| -> Result<(), DbError> {
             for i in 0..(PRUNE_BATCH as i64 * 2 + 10) {
-                let at = if i % 100 == 0 { now - day } else { now - 91 * day };
+                let at = if i % 100 == 0 {
+                    now - day
+                } else {
+                    now - 91 * day
+                };
                 records::insert_event(
                     tx,
                     &NewEvent {

@@ -18,11 +18,10 @@ const HYPER_431: &[u8] = b"HTTP/1.1 431 ";
 
 /// The reply that replaces hyper's bare 431.
 pub fn reply_431() -> Vec<u8> {
-    let body = ApiError::InvalidInput(
-        "the request has too many headers, or headers too large".to_owned(),
-    )
-    .to_wire()
-    .encode_to_vec();
+    let body =
+        ApiError::InvalidInput("the request has too many headers, or headers too large".to_owned())
+            .to_wire()
+            .encode_to_vec();
     let mut out = format!(
         "HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: {}\r\n\
          content-length: {}\r\nconnection: close\r\n\r\n",

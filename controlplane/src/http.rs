@@ -153,7 +153,9 @@ async fn call_service(
         Err(e) => return error_response(&e),
     };
     let Ok(pass) = gate.enter(source).await else {
-        return error_response(&ApiError::Unavailable("the request gate is closed".to_owned()));
+        return error_response(&ApiError::Unavailable(
+            "the request gate is closed".to_owned(),
+        ));
     };
     let result = tokio::task::spawn_blocking(move || call(&body)).await;
     drop(pass);
@@ -386,7 +388,16 @@ async fn serve_connection(
 ) {
     let slot = Arc::new(slot);
     let deadline = Deadline::after(limits.request_timeout);
-    let work = handle_connection(acceptor, tcp, peer, router, slot.clone(), deadline.clone(), limits, stop);
+    let work = handle_connection(
+        acceptor,
+        tcp,
+        peer,
+        router,
+        slot.clone(),
+        deadline.clone(),
+        limits,
+        stop,
+    );
     tokio::select! {
         () = work => {}
         () = deadline.passed() => {
@@ -585,8 +596,13 @@ mod tests {
 
         // Too many headers: hyper's 431, with the protobuf Error body.
         let many: String = (0..120).map(|i| format!("x-h{i}: v\r\n")).collect();
-        let (status, body) =
-            call_raw(addr, anonymous.clone(), &post_head(endpoints::CONTENT_TYPE, &many, 0), b"").await;
+        let (status, body) = call_raw(
+            addr,
+            anonymous.clone(),
+            &post_head(endpoints::CONTENT_TYPE, &many, 0),
+            b"",
+        )
+        .await;
         assert_eq!(status, 431);
         let err = error(&body);
         assert_eq!(err.code, bc_wire::agent::Code::InvalidInput as i32);

@@ -372,7 +372,9 @@ impl JoinService {
                         .and_then(|s| JoinToken::parse(s).ok())
                         .map_or(OpenedToken::Malformed, OpenedToken::Parsed),
                 ),
-                Err(_) => return Err(self.refuse(&attestor_id, Refusal::new(TOKEN_UNOPENABLE), source)),
+                Err(_) => {
+                    return Err(self.refuse(&attestor_id, Refusal::new(TOKEN_UNOPENABLE), source))
+                }
             }
         };
         let claims = req.claims.clone().unwrap_or_default();

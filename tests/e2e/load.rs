@@ -104,7 +104,11 @@ fn slow_clients_do_not_lock_out_a_good_join() {
         "the join took {took:?} behind 2,000 slow clients"
     );
     // The server kept accepting them all (and closed the oldest idle ones).
-    assert!(held.len() > 1900, "only {} slow clients connected", held.len());
+    assert!(
+        held.len() > 1900,
+        "only {} slow clients connected",
+        held.len()
+    );
     drop(held);
     let failures = accept_failures(&cp);
     assert!(failures <= 5, "{failures} accept failures: {}", cp.log());
@@ -257,7 +261,10 @@ fn a_refusal_flood_is_counted_not_stored_row_by_row() {
     );
     assert!(refused > 0);
     assert_eq!(other, 0, "every flooding request is answered 403");
-    assert_eq!(counted, refused, "the refusal counts add up to the refusals");
+    assert_eq!(
+        counted, refused,
+        "the refusal counts add up to the refusals"
+    );
     assert!(
         events.iter().all(|e| e["reason"] == "token-secret"
             && e["tokenId"] == id
