@@ -514,6 +514,28 @@ mod tests {
     }
 
     #[test]
+    fn the_writer_prunes_when_it_starts() {
+        let t = crate::test_support::temp_db();
+        let now = t.db.with_conn(|c| db::compute_now(c)).unwrap().unwrap();
+        t.db.write(|tx| {
+            records::insert_event(
+                tx,
+                &NewEvent {
+                    kind: EVENT_JOIN_REFUSED,
+                    at: now - 2 * 86_400_000,
+                    ..Default::default()
+                },
+            )
+        })
+        .unwrap();
+        let db = Arc::new(Database::open(t.db.path()).unwrap());
+        let log = EventLog::start(db.clone(), 86_400_000);
+        // Written after the writer's first prune.
+        log.record(refused("token-secret", "127.0.0.2"));
+        assert_eq!(counts(&db), [("token-secret".to_owned(), 1, false)]);
+    }
+
+    #[test]
     fn prune_deletes_only_expired_events_in_batches() {
         let t = crate::test_support::temp_db();
         let now = t.db.with_conn(|c| db::compute_now(c)).unwrap().unwrap();

@@ -275,6 +275,11 @@ impl JoinService {
         &self.db
     }
 
+    /// Counts a refusal in the refusal log (see [`crate::eventlog`]).
+    pub(crate) fn record_refusal(&self, r: Refused) {
+        self.events.record(r);
+    }
+
     /// Waits until every refusal counted so far is in the database.
     pub fn flush_events(&self) -> bool {
         self.events.flush(std::time::Duration::from_secs(30))
@@ -645,7 +650,7 @@ impl JoinService {
             }
             _ => String::new(),
         };
-        self.events.record(Refused {
+        self.record_refusal(Refused {
             kind: records::EVENT_JOIN_REFUSED,
             attestor: Some(event.attestor.clone()),
             reason: event.reason.clone(),

@@ -9,6 +9,7 @@ mod harness;
 
 mod answers;
 mod doctor;
+mod events;
 mod join_token;
 mod load;
 // These move bcd's clock (BCD_CLOCK_OFFSET) or crash it at failpoints, which
