@@ -90,6 +90,21 @@ pub fn raise_nofile_limit() -> u64 {
     nofile_limit()
 }
 
+/// The address a per-source limit counts: IPv4 (also when mapped into
+/// IPv6) as is, IPv6 by its /64, which one host usually owns whole.
+pub fn source_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => {
+                let s = v6.segments();
+                IpAddr::V6(std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
+            }
+        },
+    }
+}
+
 /// Why a connection was not admitted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Refusal {
@@ -166,6 +181,7 @@ impl Tracker {
     /// Admits a connection from `source` (idle), closing the oldest idle
     /// one when the server is full.
     pub fn admit(self: &Arc<Self>, source: IpAddr) -> Result<Slot, Refusal> {
+        let source = source_key(source);
         let mut inner = self.lock();
         if inner.per_source.get(&source).copied().unwrap_or(0) >= self.limits.max_per_source {
             return Err(Refusal::PerSource);
@@ -277,7 +293,7 @@ impl RequestGate {
 
     /// Waits for a place: first in `source`'s line, then in the common one.
     pub async fn enter(&self, source: Option<IpAddr>) -> Result<Pass, GateClosed> {
-        let line = source.map(|ip| self.line_of(ip));
+        let line = source.map(|ip| self.line_of(source_key(ip)));
         let source = match line {
             Some(l) => Some(l.acquire_owned().await.map_err(|_| GateClosed)?),
             None => None,
@@ -342,6 +358,18 @@ mod tests {
         };
         let l = Limits::new(&cfg, u64::MAX);
         assert_eq!((l.max_connections, l.max_per_source), (10, 10));
+    }
+
+    #[test]
+    fn ipv6_sources_count_by_their_64() {
+        let a: IpAddr = "2001:db8:1:2:aaaa::1".parse().unwrap();
+        let b: IpAddr = "2001:db8:1:2:bbbb::2".parse().unwrap();
+        assert_eq!(source_key(a), source_key(b));
+        let mapped: IpAddr = "::ffff:10.0.0.1".parse().unwrap();
+        assert_eq!(source_key(mapped), "10.0.0.1".parse::<IpAddr>().unwrap());
+        let t = Tracker::new(limits(10, 1));
+        let _a = t.admit(a).unwrap();
+        assert_eq!(t.admit(b).err(), Some(Refusal::PerSource));
     }
 
     #[tokio::test]

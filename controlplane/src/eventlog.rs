@@ -158,6 +158,12 @@ impl EventLog {
     pub fn record(&self, r: Refused) {
         let seq = {
             let mut st = self.shared.lock();
+            if st.stop && self.inline.is_none() {
+                // Only after shutdown_events, when the server has stopped.
+                tracing::error!(kind = r.kind, reason = %r.reason,
+                    "a refusal after the event log stopped is not recorded");
+                return;
+            }
             let minute = crate::db::system_now_ms().div_euclid(WINDOW_MS);
             if minute != st.seen_minute {
                 st.seen_minute = minute;

@@ -615,6 +615,67 @@ mod tests {
         server.await.unwrap().unwrap();
     }
 
+    /// Reads until the server closes; how long that took.
+    async fn closed_after(mut s: impl tokio::io::AsyncRead + Unpin) -> Duration {
+        let started = std::time::Instant::now();
+        let mut buf = [0u8; 1024];
+        let wait = async {
+            while let Ok(n) = s.read(&mut buf).await {
+                if n == 0 {
+                    break;
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(5), wait)
+            .await
+            .expect("the server closes the connection");
+        started.elapsed()
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_request_has_one_deadline_from_accept_to_answer() {
+        let cp = crate::test_support::cp();
+        let svc = cp.svc.clone();
+        let tls = tls_config(svc.bundle()).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let limits = Limits {
+            max_connections: 100,
+            max_per_source: 100,
+            request_timeout: Duration::from_secs(1),
+        };
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve_with(
+            listener,
+            tls,
+            router(svc.clone()),
+            limits,
+            async {
+                let _ = stopped.await;
+            },
+        ));
+
+        // A client that never starts its handshake.
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        assert!(closed_after(tcp).await < Duration::from_secs(3));
+        // One that sends its head, then a body that never ends.
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let name = ServerName::try_from("localhost").unwrap();
+        let mut tls = tokio_rustls::TlsConnector::from(client(svc.bundle(), None))
+            .connect(name, tcp)
+            .await
+            .unwrap();
+        tls.write_all(post_head(endpoints::CONTENT_TYPE, "", 100).as_bytes())
+            .await
+            .unwrap();
+        tls.write_all(&[0; 10]).await.unwrap();
+        let took = closed_after(tls).await;
+        assert!(took < Duration::from_secs(3), "{took:?}");
+
+        stop.send(()).unwrap();
+        server.await.unwrap().unwrap();
+    }
+
     #[tokio::test(flavor = "multi_thread")]
     async fn join_over_https_then_mtls() {
         let cp = crate::test_support::cp();

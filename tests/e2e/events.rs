@@ -15,7 +15,11 @@ fn events_prune_deletes_what_the_retention_expired() {
     // Nothing is a day old yet.
     let out = cp.cli(&["events", "prune"]);
     assert_ok(&out);
-    assert!(stdout(&out).starts_with("deleted 0 events"), "{}", stdout(&out));
+    assert!(
+        stdout(&out).starts_with("deleted 0 events"),
+        "{}",
+        stdout(&out)
+    );
     assert_eq!(cp.events().len(), 1);
     let out = cp.cli(&["events", "prune", "--older-than", "5m"]);
     assert!(!out.status.success(), "--older-than below 1h is refused");
@@ -24,6 +28,10 @@ fn events_prune_deletes_what_the_retention_expired() {
     assert_ok(&cp.cli(&["clock", "set", "--offset", "2d"]));
     let out = cp.cli(&["events", "prune"]);
     assert_ok(&out);
-    assert!(stdout(&out).starts_with("deleted 1 events"), "{}", stdout(&out));
+    assert!(
+        stdout(&out).starts_with("deleted 1 events"),
+        "{}",
+        stdout(&out)
+    );
     assert!(cp.events().is_empty());
 }

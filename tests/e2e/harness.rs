@@ -96,14 +96,15 @@ impl ControlPlane {
     /// Like [`ControlPlane::start`], with `serve` run under `wrapper` (e.g.
     /// `["prlimit", "--nofile=1024:1024", "--"]`).
     pub fn start_wrapped(wrapper: &[&str]) -> Self {
-        ControlPlane::init_only().serve_under(wrapper)
+        ControlPlane::init_only().serve_wrapped(wrapper)
     }
 
     fn serve(self) -> Self {
-        self.serve_under(&[])
+        self.serve_wrapped(&[])
     }
 
-    fn serve_under(mut self, wrapper: &[&str]) -> Self {
+    /// Starts `serve` on an initialized directory, under `wrapper`.
+    pub fn serve_wrapped(mut self, wrapper: &[&str]) -> Self {
         let log = std::fs::File::create(self.path().join("serve.log")).expect("log file");
         let mut command = match wrapper.split_first() {
             None => Command::new(bin("bc-controlplane")),

@@ -54,6 +54,41 @@ fn accept_failures(cp: &ControlPlane) -> usize {
         .count()
 }
 
+/// Opens `n` connections from twenty loopback addresses (127.0.0.2 to .21)
+/// all at once, half of them with the start of a TLS record, and holds them.
+fn slow_clients(
+    rt: &tokio::runtime::Runtime,
+    addr: SocketAddr,
+    n: u32,
+) -> Vec<tokio::net::TcpStream> {
+    rt.block_on(async {
+        let mut connecting = tokio::task::JoinSet::new();
+        for i in 0..n {
+            let source = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2 + (i % 20) as u8));
+            connecting.spawn(async move {
+                let socket = tokio::net::TcpSocket::new_v4().ok()?;
+                socket.bind(SocketAddr::new(source, 0)).ok()?;
+                let connect = socket.connect(addr);
+                let mut tcp = tokio::time::timeout(Duration::from_secs(2), connect)
+                    .await
+                    .ok()?
+                    .ok()?;
+                if i % 2 == 0 {
+                    // A ClientHello that never comes.
+                    use tokio::io::AsyncWriteExt;
+                    let _ = tcp.write_all(&[0x16, 0x03, 0x01, 0x02, 0x00, 0x01]).await;
+                }
+                Some(tcp)
+            });
+        }
+        let mut held = Vec::new();
+        while let Some(done) = connecting.join_next().await {
+            held.extend(done.ok().flatten());
+        }
+        held
+    })
+}
+
 /// 2,000 connections that never finish a handshake, from twenty loopback
 /// addresses, against a control plane limited to 1,024 descriptors: a good
 /// join from 127.0.0.1 still gets through in under two seconds, and `accept`
@@ -68,32 +103,7 @@ fn slow_clients_do_not_lock_out_a_good_join() {
     let addr = listen_addr(&cp);
     let rt = runtime();
     // All at once, as an attacker would: the server must not wait for them.
-    let held = rt.block_on(async {
-        let mut connecting = tokio::task::JoinSet::new();
-        for i in 0..2000u32 {
-            let source = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2 + (i % 20) as u8));
-            connecting.spawn(async move {
-                let socket = tokio::net::TcpSocket::new_v4().ok()?;
-                socket.bind(SocketAddr::new(source, 0)).ok()?;
-                let connect = socket.connect(addr);
-                let mut tcp = tokio::time::timeout(Duration::from_secs(2), connect)
-                    .await
-                    .ok()?
-                    .ok()?;
-                if i % 2 == 0 {
-                    // The start of a TLS record (a ClientHello that never comes).
-                    use tokio::io::AsyncWriteExt;
-                    let _ = tcp.write_all(&[0x16, 0x03, 0x01, 0x02, 0x00, 0x01]).await;
-                }
-                Some(tcp)
-            });
-        }
-        let mut held = Vec::new();
-        while let Some(done) = connecting.join_next().await {
-            held.extend(done.ok().flatten());
-        }
-        held
-    });
+    let held = slow_clients(&rt, addr, 2000);
 
     let started = Instant::now();
     let out = agent.join_with_token(&token);
@@ -115,6 +125,49 @@ fn slow_clients_do_not_lock_out_a_good_join() {
     assert!(
         cp.log().contains("connections refused") || cp.log().contains("connection limits"),
         "the server says what its limits are"
+    );
+}
+
+/// A server configured past its descriptor limit runs out of them: its
+/// failing `accept` backs off (10 ms doubling to 1 s), one log line a step,
+/// instead of logging ten times a second.
+#[test]
+fn failing_accepts_back_off() {
+    raise_own_fd_limit();
+    let cp = ControlPlane::init_only();
+    std::fs::write(
+        cp.path().join("controlplane.toml"),
+        "[server]\nmax_connections = 5000\nmax_connections_per_source = 5000\n",
+    )
+    .expect("write controlplane.toml");
+    let cp = cp.serve_wrapped(&["prlimit", "--nofile=1024:1024", "--"]);
+    let rt = runtime();
+    let held = slow_clients(&rt, listen_addr(&cp), 1500);
+    let waited = Instant::now();
+    while accept_failures(&cp) == 0 {
+        assert!(
+            waited.elapsed() < Duration::from_secs(10),
+            "accept never failed"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // A rate: the one thing here measured by letting time pass.
+    std::thread::sleep(Duration::from_secs(3));
+    let failures = accept_failures(&cp);
+    drop(held);
+    assert!(
+        (3..=12).contains(&failures),
+        "{failures} accept failures in 3 s"
+    );
+    let last = cp
+        .log()
+        .lines()
+        .filter(|l| l.contains("accept failed"))
+        .last()
+        .map(str::to_owned);
+    assert!(
+        last.is_some_and(|l| l.contains("retry_in_ms=1000")),
+        "the pause grew to its cap"
     );
 }
 
