@@ -159,12 +159,8 @@ fn failing_accepts_back_off() {
         (3..=12).contains(&failures),
         "{failures} accept failures in 3 s"
     );
-    let last = cp
-        .log()
-        .lines()
-        .filter(|l| l.contains("accept failed"))
-        .last()
-        .map(str::to_owned);
+    let log = cp.log();
+    let last = log.lines().rev().find(|l| l.contains("accept failed"));
     assert!(
         last.is_some_and(|l| l.contains("retry_in_ms=1000")),
         "the pause grew to its cap"
