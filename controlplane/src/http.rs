@@ -294,11 +294,14 @@ pub async fn serve_with(
                 continue;
             }
         };
-        let acceptor = acceptor.clone();
-        let router = router.clone();
+        let server = Server {
+            acceptor: acceptor.clone(),
+            router: router.clone(),
+            limits,
+        };
         let stop = stop_rx.clone();
         conns.spawn(async move {
-            serve_connection(acceptor, tcp, peer, router, slot, limits, stop).await;
+            serve_connection(server, tcp, peer, slot, stop).await;
         });
     }
     drop(listener);
@@ -375,29 +378,25 @@ impl Deadline {
     }
 }
 
+/// What every connection is served with.
+struct Server {
+    acceptor: tokio_rustls::TlsAcceptor,
+    router: Router,
+    limits: Limits,
+}
+
 /// One connection: the TLS handshake, then HTTP/1.1 requests, under the
 /// whole-request deadline, and closed when the server needs its slot.
 async fn serve_connection(
-    acceptor: tokio_rustls::TlsAcceptor,
+    server: Server,
     tcp: tokio::net::TcpStream,
     peer: SocketAddr,
-    router: Router,
     slot: Slot,
-    limits: Limits,
     stop: watch::Receiver<bool>,
 ) {
     let slot = Arc::new(slot);
-    let deadline = Deadline::after(limits.request_timeout);
-    let work = handle_connection(
-        acceptor,
-        tcp,
-        peer,
-        router,
-        slot.clone(),
-        deadline.clone(),
-        limits,
-        stop,
-    );
+    let deadline = Deadline::after(server.limits.request_timeout);
+    let work = handle_connection(server, tcp, peer, slot.clone(), deadline.clone(), stop);
     tokio::select! {
         () = work => {}
         () = deadline.passed() => {
@@ -409,17 +408,19 @@ async fn serve_connection(
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 async fn handle_connection(
-    acceptor: tokio_rustls::TlsAcceptor,
+    server: Server,
     tcp: tokio::net::TcpStream,
     peer: SocketAddr,
-    router: Router,
     slot: Arc<Slot>,
     deadline: Deadline,
-    limits: Limits,
     mut stop: watch::Receiver<bool>,
 ) {
+    let Server {
+        acceptor,
+        router,
+        limits,
+    } = server;
     let tls = match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {

@@ -27,6 +27,7 @@ pub fn serve(dir: &Path, listen: SocketAddr) -> Result<()> {
     // Every connection costs a descriptor: take all the hard limit allows,
     // and derive the connection cap from it.
     let nofile = connlimit::raise_nofile_limit();
+    tracing::info!(nofile, "file descriptor limit");
     let limits = connlimit::Limits::new(&config::load(dir)?.server, nofile);
     let service = Arc::new(
         JoinService::open(dir)
