@@ -126,9 +126,11 @@ fn slow_clients_do_not_lock_out_a_good_join() {
     drop(held);
     let failures = accept_failures(&cp);
     assert!(failures <= 5, "{failures} accept failures: {}", cp.log());
+    // The cap it derived from its 1,024 descriptors, leaving 256 spare.
+    let log = cp.log();
     assert!(
-        cp.log().contains("connections refused") || cp.log().contains("connection limits"),
-        "the server says what its limits are"
+        log.contains("max_connections=768") && log.contains("nofile=1024"),
+        "the server says what its limits are: {log}"
     );
 }
 
