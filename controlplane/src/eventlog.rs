@@ -154,15 +154,18 @@ impl EventLog {
         }
     }
 
-    /// Counts a refusal and waits (bounded) until it is committed.
-    pub fn record(&self, r: Refused) {
+    /// Counts a refusal and waits (bounded) until it is committed. Returns
+    /// whether it is the first of its kind this minute (callers log only
+    /// those at warn, so a flood does not flood the log either).
+    pub fn record(&self, r: Refused) -> bool {
+        let first;
         let seq = {
             let mut st = self.shared.lock();
             if st.stop && self.inline.is_none() {
                 // Only after shutdown_events, when the server has stopped.
                 tracing::error!(kind = r.kind, reason = %r.reason,
                     "a refusal after the event log stopped is not recorded");
-                return;
+                return true;
             }
             let minute = crate::db::system_now_ms().div_euclid(WINDOW_MS);
             if minute != st.seen_minute {
@@ -174,7 +177,7 @@ impl EventLog {
             } else {
                 r.folded()
             };
-            st.seen.insert(key.clone());
+            first = st.seen.insert(key.clone());
             match st.index.get(&key) {
                 Some(&i) => st.pending[i].1 += 1,
                 None => {
@@ -191,6 +194,7 @@ impl EventLog {
             w.lock().unwrap_or_else(|p| p.into_inner()).drain();
         }
         self.wait_for(seq, WAIT_FOR_WRITE);
+        first
     }
 
     /// Waits until everything recorded so far is committed (or `timeout`).

@@ -276,8 +276,8 @@ impl JoinService {
     }
 
     /// Counts a refusal in the refusal log (see [`crate::eventlog`]).
-    pub(crate) fn record_refusal(&self, r: Refused) {
-        self.events.record(r);
+    pub(crate) fn record_refusal(&self, r: Refused) -> bool {
+        self.events.record(r)
     }
 
     /// Waits until every refusal counted so far is in the database.
@@ -635,22 +635,13 @@ impl JoinService {
             pool_id,
             pool_owner,
         };
-        // The token id may be logged; the secret never reaches this point.
-        tracing::warn!(
-            attestor = %event.attestor,
-            reason = %event.reason,
-            token_id = event.token_id.as_deref().unwrap_or(""),
-            node_id = event.node_id.as_deref().unwrap_or(""),
-            pool_owner = event.pool_owner.as_deref().unwrap_or(""),
-            "join refused"
-        );
         let extra = match (&event.pool_id, &event.pool_owner) {
             (Some(id), Some(owner)) => {
                 serde_json::json!({ "poolId": id, "poolOwner": owner }).to_string()
             }
             _ => String::new(),
         };
-        self.record_refusal(Refused {
+        let first = self.record_refusal(Refused {
             kind: records::EVENT_JOIN_REFUSED,
             attestor: Some(event.attestor.clone()),
             reason: event.reason.clone(),
@@ -660,6 +651,26 @@ impl JoinService {
             extra,
             folded: false,
         });
+        // The token id may be logged; the secret never reaches this point.
+        // Repeats within the minute are counted in the event, logged at debug.
+        macro_rules! log_refusal {
+            ($level:ident) => {
+                tracing::$level!(
+                    attestor = %event.attestor,
+                    reason = %event.reason,
+                    token_id = event.token_id.as_deref().unwrap_or(""),
+                    node_id = event.node_id.as_deref().unwrap_or(""),
+                    pool_owner = event.pool_owner.as_deref().unwrap_or(""),
+                    source = source.map(|s| s.to_string()).unwrap_or_default(),
+                    "join refused"
+                )
+            };
+        }
+        if first {
+            log_refusal!(warn);
+        } else {
+            log_refusal!(debug);
+        }
         let hook = self
             .on_refusal
             .read()

@@ -327,5 +327,8 @@ fn a_refusal_flood_is_counted_not_stored_row_by_row() {
         "refusals keep their reason, token and source"
     );
     assert!(size < 5 * 1024 * 1024, "the database grew to {size} bytes");
+    // Nor the log: the first refusal of a minute is logged, repeats counted.
+    let logged = cp.log().matches("join refused").count();
+    assert!(logged <= 4, "{logged} refusals logged");
     assert!(p99 < Duration::from_secs(1), "good joins p99 {p99:?}");
 }
