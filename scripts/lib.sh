@@ -9,6 +9,7 @@ BCD_PACKAGES=(
   libsqlite3-dev      # rusqlite links the system SQLite
   libtss2-dev         # tss-esapi links libtss2 (esys, tctildr, mu)
   swtpm swtpm-tools tpm2-tools
+  util-linux          # prlimit: the e2e load tests cap the control plane's descriptors
 )
 
 # Installs the missing packages, running `apt-get update` once when needed.

@@ -17,6 +17,14 @@
 //! [x509pop]
 //! grace = "7d"                      # how long after expiry a certificate re-joins (0s to 365d)
 //! window = "60s"                    # clientTime vs database time, either way (1s to 1h)
+//!
+//! [server]
+//! max_connections = 4096            # default: from RLIMIT_NOFILE (raised to its hard limit)
+//! max_connections_per_source = 512  # default: a quarter of max_connections
+//! request_timeout = "30s"           # handshake + headers + body + handling (1s to 10m)
+//!
+//! [events]
+//! retention = "90d"                 # events older than this are pruned (1d to 3650d)
 //! ```
 
 use std::collections::BTreeMap;
@@ -47,7 +55,52 @@ const MAX_X509POP_WINDOW_MS: i64 = 3_600_000;
 pub struct Config {
     pub tpm: TpmConfig,
     pub x509pop: X509PopConfig,
+    pub server: ServerConfig,
+    pub events: EventsConfig,
 }
+
+/// `[server]`: what one client, or all of them, may hold of the server.
+/// `None` is "derive from the file descriptor limit" (see `http::Limits`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServerConfig {
+    pub max_connections: Option<usize>,
+    pub max_connections_per_source: Option<usize>,
+    pub request_timeout_ms: i64,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            max_connections: None,
+            max_connections_per_source: None,
+            request_timeout_ms: DEFAULT_REQUEST_TIMEOUT_MS,
+        }
+    }
+}
+
+/// `[events]`: how long the event log keeps what it recorded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EventsConfig {
+    pub retention_ms: i64,
+}
+
+impl Default for EventsConfig {
+    fn default() -> Self {
+        EventsConfig {
+            retention_ms: DEFAULT_EVENTS_RETENTION_MS,
+        }
+    }
+}
+
+/// A request (handshake, headers, body and handling) must be done in this.
+const DEFAULT_REQUEST_TIMEOUT_MS: i64 = 30_000;
+const MAX_REQUEST_TIMEOUT_MS: i64 = 600_000;
+/// Events are kept 90 days unless `[events] retention` says otherwise.
+pub const DEFAULT_EVENTS_RETENTION_MS: i64 = 90 * 86_400_000;
+const MAX_EVENTS_RETENTION_MS: i64 = 3650 * 86_400_000;
+/// The most connections a setting may allow (each one costs a descriptor
+/// and a TLS session's memory).
+const MAX_CONNECTIONS: i64 = 1_000_000;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -70,6 +123,22 @@ pub enum ConfigError {
 struct RawConfig {
     tpm: Option<RawTpm>,
     x509pop: Option<RawX509Pop>,
+    server: Option<RawServer>,
+    events: Option<RawEvents>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawServer {
+    max_connections: Option<Spanned<i64>>,
+    max_connections_per_source: Option<Spanned<i64>>,
+    request_timeout: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawEvents {
+    retention: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -127,7 +196,44 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         }
         Ok(ms)
     };
+    let count = |v: &Spanned<i64>, key: &str| {
+        let n = *v.get_ref();
+        if !(1..=MAX_CONNECTIONS).contains(&n) {
+            return Err(invalid(
+                Some(v.span()),
+                format!("{key} must be from 1 to {MAX_CONNECTIONS}, not {n}"),
+            ));
+        }
+        usize::try_from(n).map_err(|_| invalid(Some(v.span()), format!("{key}: too large")))
+    };
     let mut config = Config::default();
+    if let Some(s) = raw.server {
+        if let Some(v) = s.max_connections {
+            config.server.max_connections = Some(count(&v, "server.max_connections")?);
+        }
+        if let Some(v) = s.max_connections_per_source {
+            config.server.max_connections_per_source =
+                Some(count(&v, "server.max_connections_per_source")?);
+        }
+        if let Some(v) = s.request_timeout {
+            config.server.request_timeout_ms = duration(
+                &v,
+                "server.request_timeout",
+                |ms| (1000..=MAX_REQUEST_TIMEOUT_MS).contains(&ms),
+                "from 1s to 10m",
+            )?;
+        }
+    }
+    if let Some(e) = raw.events {
+        if let Some(v) = e.retention {
+            config.events.retention_ms = duration(
+                &v,
+                "events.retention",
+                |ms| (86_400_000..=MAX_EVENTS_RETENTION_MS).contains(&ms),
+                "from 1d to 3650d",
+            )?;
+        }
+    }
     if let Some(x) = raw.x509pop {
         if let Some(v) = x.grace {
             config.x509pop.grace_ms = duration(
@@ -342,6 +448,37 @@ enrollment_retry_after = "2m"
             ("[x509pop]\nwindow = \"2h\"\n", 2),
             ("[x509pop]\nwindow = \"soon\"\n", 2),
             ("[x509pop]\ngrace_ms = 1\n", 2),
+        ] {
+            let e = err(bad);
+            assert!(
+                e.starts_with(&format!("/d/controlplane.toml:{line}: ")),
+                "{bad}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn server_and_events_sections() {
+        let d = p("").unwrap();
+        assert_eq!(d.server.max_connections, None);
+        assert_eq!(d.server.request_timeout_ms, 30_000);
+        assert_eq!(d.events.retention_ms, 90 * 86_400_000);
+        let c = p(
+            "[server]\nmax_connections = 100\nmax_connections_per_source = 10\n\
+                   request_timeout = \"5s\"\n[events]\nretention = \"7d\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.server.max_connections, Some(100));
+        assert_eq!(c.server.max_connections_per_source, Some(10));
+        assert_eq!(c.server.request_timeout_ms, 5_000);
+        assert_eq!(c.events.retention_ms, 7 * 86_400_000);
+        for (bad, line) in [
+            ("[server]\nmax_connections = 0\n", 2),
+            ("[server]\n\nmax_connections_per_source = -1\n", 3),
+            ("[server]\nrequest_timeout = \"0s\"\n", 2),
+            ("[server]\nrequest_timeout = \"1h\"\n", 2),
+            ("[events]\nretention = \"1h\"\n", 2),
+            ("[events]\nkeep = \"1d\"\n", 2),
         ] {
             let e = err(bad);
             assert!(

@@ -161,7 +161,11 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE join_tokens ADD COLUMN expect_product_uuid TEXT;
     ALTER TABLE join_tokens ADD COLUMN expect_mac TEXT;
     "#,
-    // Single-use evidence (spec "Single-use evidence"): what an attestor
+    // 5: event retention prunes by time (oldest first, in bounded batches).
+    r#"
+    CREATE INDEX events_by_at ON events(at);
+    "#,
+    // 6: single-use evidence (spec "Single-use evidence"): what an attestor
     // accepted, recorded in the join transaction so that the same evidence
     // admits once, across restarts and replicas. `subject` is a digest the
     // attestor chooses (a TPM challenge, an x509pop proof); rows past
@@ -396,7 +400,8 @@ pub fn set_clock_offset_ms(tx: &Transaction<'_>, offset_ms: i64) -> Result<(), D
     Ok(())
 }
 
-/// The system's time, without the database's offset.
+/// The system clock in milliseconds (no offset): for in-memory bookkeeping
+/// only; records use [`compute_now`].
 pub fn system_now_ms() -> UnixMs {
     match SystemTime::now().duration_since(UNIX_EPOCH) {
         Ok(d) => i64::try_from(d.as_millis()).unwrap_or(i64::MAX),

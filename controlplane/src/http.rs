@@ -4,12 +4,14 @@
 //!
 //! The accept loop is our own rather than `axum::serve` so that each request
 //! can carry its connection's TLS client certificate chain
-//! ([`PeerCertificates`]), which Renew over mTLS needs.
+//! ([`PeerCertificates`]), which Renew over mTLS needs, and its source
+//! address ([`PeerAddr`]), which refusal events name; and so that it holds
+//! the connection limits of [`crate::connlimit`].
 
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
@@ -27,9 +29,12 @@ use rustls::pki_types::CertificateDer;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
+use tokio::time::Instant;
 
 use crate::client_auth::{DbClock, DbTimeClientVerifier};
+use crate::connlimit::{Limits, RequestGate, Slot, Tracker};
 use crate::db::Database;
+use crate::header_errors::WithErrorBodies;
 use crate::join::{ApiError, JoinService};
 use crate::pki::Bundle;
 
@@ -39,11 +44,21 @@ const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long open connections get to finish after shutdown starts.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// A failing `accept` (out of descriptors, ...) is retried after a pause
+/// that doubles from the first to the last while it keeps failing.
+const ACCEPT_BACKOFF_FIRST: Duration = Duration::from_millis(10);
+const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
+/// Connections refused by the limits are logged at most this often.
+const REFUSED_LOG_EVERY: Duration = Duration::from_secs(10);
 
 /// The client certificate chain of the request's TLS connection (leaf
 /// first); empty when the client sent none.
 #[derive(Clone, Debug, Default)]
 pub struct PeerCertificates(pub Arc<Vec<CertificateDer<'static>>>);
+
+/// The address of the request's TCP peer.
+#[derive(Clone, Copy, Debug)]
+pub struct PeerAddr(pub SocketAddr);
 
 /// The rustls server config: the bundle's TLS server certificate, TLS 1.2+,
 /// ring only. Client certificates are asked for and, when sent, verified
@@ -77,6 +92,7 @@ pub fn tls_config(
 
 /// The JoinService's HTTP routes. Anything else is a protobuf NOT_FOUND.
 pub fn router(service: Arc<JoinService>) -> Router {
+    let gate = Arc::new(RequestGate::new());
     Router::new()
         .route(endpoints::JOIN, post(join_handler))
         .route(endpoints::RENEW, post(renew_handler))
@@ -85,16 +101,20 @@ pub fn router(service: Arc<JoinService>) -> Router {
         })
         .fallback(|| async { error_response(&ApiError::NotFound("no such endpoint".to_owned())) })
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(Extension(gate))
         .with_state(service)
 }
 
 async fn join_handler(
     State(service): State<Arc<JoinService>>,
+    Extension(gate): Extension<Arc<RequestGate>>,
+    peer: Option<Extension<PeerAddr>>,
     headers: HeaderMap,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Response {
-    call_service("join", &headers, body, move |body| {
-        service.join_bytes(body).map(|r| r.encode_to_vec())
+    let source = peer.map(|Extension(p)| p.0.ip());
+    call_service("join", &gate, source, &headers, body, move |body| {
+        service.join_bytes(body, source).map(|r| r.encode_to_vec())
     })
     .await
 }
@@ -104,12 +124,15 @@ async fn join_handler(
 /// identity; without one the request is refused (`no-client-certificate`).
 async fn renew_handler(
     State(service): State<Arc<JoinService>>,
+    Extension(gate): Extension<Arc<RequestGate>>,
+    addr: Option<Extension<PeerAddr>>,
     peer: Option<Extension<PeerCertificates>>,
     headers: HeaderMap,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Response {
+    let source = addr.map(|Extension(p)| p.0.ip());
     let leaf = peer.and_then(|Extension(p)| p.0.first().map(|c| c.as_ref().to_vec()));
-    call_service("renew", &headers, body, move |body| {
+    call_service("renew", &gate, source, &headers, body, move |body| {
         service
             .renew_bytes(leaf.as_deref(), body)
             .map(|r| r.encode_to_vec())
@@ -118,11 +141,14 @@ async fn renew_handler(
 }
 
 /// What every endpoint does around its service call: checks the content
-/// type and the body, runs `call` on a blocking thread (SQLite and signing
+/// type and the body, waits for its place in the handlers (see
+/// [`RequestGate`]), runs `call` on a blocking thread (SQLite and signing
 /// block; they must not stall the async workers) and answers its protobuf
 /// or its error.
 async fn call_service(
     what: &'static str,
+    gate: &RequestGate,
+    source: Option<std::net::IpAddr>,
     headers: &HeaderMap,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
     call: impl FnOnce(&[u8]) -> Result<Vec<u8>, ApiError> + Send + 'static,
@@ -134,7 +160,14 @@ async fn call_service(
         Ok(b) => b,
         Err(e) => return error_response(&e),
     };
-    match tokio::task::spawn_blocking(move || call(&body)).await {
+    let Ok(pass) = gate.enter(source).await else {
+        return error_response(&ApiError::Unavailable(
+            "the request gate is closed".to_owned(),
+        ));
+    };
+    let result = tokio::task::spawn_blocking(move || call(&body)).await;
+    drop(pass);
+    match result {
         Ok(Ok(resp)) => protobuf_response(StatusCode::OK, resp),
         Ok(Err(e)) => error_response(&e),
         Err(e) => error_response(&ApiError::Internal(format!("{what} task failed: {e}"))),
@@ -153,22 +186,27 @@ fn read_body(
     })
 }
 
-/// Requests are protobuf; a missing content type is tolerated, another one is not.
+/// Requests are protobuf; a missing content type is tolerated, another one
+/// is not. Parameters (`; charset=utf-8`) are allowed and ignored.
 fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
     match headers.get(header::CONTENT_TYPE) {
         None => Ok(()),
-        Some(v)
-            if v.as_bytes()
-                .eq_ignore_ascii_case(endpoints::CONTENT_TYPE.as_bytes()) =>
-        {
-            Ok(())
-        }
+        Some(v) if is_protobuf(v.as_bytes()) => Ok(()),
         Some(v) => Err(ApiError::InvalidInput(format!(
             "content-type must be {}, not {:?}",
             endpoints::CONTENT_TYPE,
             String::from_utf8_lossy(v.as_bytes())
         ))),
     }
+}
+
+/// Whether a content-type value is the protobuf media type, whatever its
+/// parameters and case.
+fn is_protobuf(value: &[u8]) -> bool {
+    let media_type = value.split(|b| *b == b';').next().unwrap_or_default();
+    media_type
+        .trim_ascii()
+        .eq_ignore_ascii_case(endpoints::CONTENT_TYPE.as_bytes())
 }
 
 /// An error as the wire carries it: HTTP status and an `agent::Error` body.
@@ -194,21 +232,45 @@ fn protobuf_response(status: StatusCode, body: Vec<u8>) -> Response {
 
 /// Serves `router` over TLS on `listener` until `shutdown` completes, then
 /// stops accepting, lets open connections finish their requests (at most
-/// ten seconds) and returns.
-///
-/// Failed handshakes and broken connections are logged at debug and never
-/// stop the server; a failing `accept` (e.g. out of file descriptors) is
-/// retried after a short pause.
+/// ten seconds) and returns. The limits are the defaults for this process's
+/// descriptor limit; see [`serve_with`].
 pub async fn serve(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
     router: Router,
     shutdown: impl Future<Output = ()>,
 ) -> io::Result<()> {
+    let limits = Limits::for_process(&crate::config::ServerConfig::default());
+    serve_with(listener, tls, router, limits, shutdown).await
+}
+
+/// [`serve`] with explicit connection limits.
+///
+/// Failed handshakes and broken connections are logged at debug and never
+/// stop the server. A failing `accept` (e.g. out of file descriptors) is
+/// retried with a doubling pause, logged once per pause. Connections over
+/// the limits are closed at once (see [`crate::connlimit`]), logged at most
+/// every ten seconds with how many.
+pub async fn serve_with(
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    router: Router,
+    limits: Limits,
+    shutdown: impl Future<Output = ()>,
+) -> io::Result<()> {
+    tracing::info!(
+        max_connections = limits.max_connections,
+        max_connections_per_source = limits.max_per_source,
+        request_timeout_s = limits.request_timeout.as_secs(),
+        "connection limits"
+    );
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    let tracker = Tracker::new(limits);
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut conns = JoinSet::new();
     let mut shutdown = std::pin::pin!(shutdown);
+    let mut backoff = ACCEPT_BACKOFF_FIRST;
+    let mut refused = RefusedLog::default();
     loop {
         // Reap finished connections so the set does not grow without bound.
         while conns.try_join_next().is_some() {}
@@ -216,19 +278,38 @@ pub async fn serve(
             biased;
             () = &mut shutdown => break,
             accepted = listener.accept() => match accepted {
-                Ok(a) => a,
+                Ok(a) => {
+                    backoff = ACCEPT_BACKOFF_FIRST;
+                    a
+                }
                 Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64,
+                        held = tracker.held(), "accept failed");
+                    tokio::select! {
+                        biased;
+                        () = &mut shutdown => break,
+                        () = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(ACCEPT_BACKOFF_MAX);
                     continue;
                 }
             },
         };
-        let acceptor = acceptor.clone();
-        let router = router.clone();
+        let slot = match tracker.admit(peer.ip()) {
+            Ok(s) => s,
+            Err(why) => {
+                refused.note(why, peer, &tracker);
+                continue;
+            }
+        };
+        let server = Server {
+            acceptor: acceptor.clone(),
+            router: router.clone(),
+            limits,
+        };
         let stop = stop_rx.clone();
         conns.spawn(async move {
-            serve_connection(acceptor, tcp, peer, router, stop).await;
+            serve_connection(server, tcp, peer, slot, stop).await;
         });
     }
     drop(listener);
@@ -244,13 +325,110 @@ pub async fn serve(
     Ok(())
 }
 
-async fn serve_connection(
+/// Counts connections refused by the limits; logs them at most every
+/// [`REFUSED_LOG_EVERY`].
+#[derive(Default)]
+struct RefusedLog {
+    since_log: u64,
+    last_log: Option<Instant>,
+}
+
+impl RefusedLog {
+    fn note(&mut self, why: crate::connlimit::Refusal, peer: SocketAddr, tracker: &Tracker) {
+        self.since_log += 1;
+        let due = self
+            .last_log
+            .is_none_or(|t| t.elapsed() >= REFUSED_LOG_EVERY);
+        if due {
+            let l = tracker.limits();
+            tracing::warn!(
+                refused = self.since_log,
+                last_peer = %peer,
+                last_reason = ?why,
+                max_connections = l.max_connections,
+                max_connections_per_source = l.max_per_source,
+                "connections refused: the server is at its connection limits \
+                 ([server] max_connections, max_connections_per_source)"
+            );
+            self.since_log = 0;
+            self.last_log = Some(Instant::now());
+        }
+    }
+}
+
+/// When the connection's current request must be done: `request_timeout`
+/// after accept, then after each response.
+#[derive(Clone)]
+struct Deadline(Arc<Mutex<Instant>>);
+
+impl Deadline {
+    fn after(timeout: Duration) -> Self {
+        Deadline(Arc::new(Mutex::new(Instant::now() + timeout)))
+    }
+
+    fn get(&self) -> Instant {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn reset(&self, timeout: Duration) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now() + timeout;
+    }
+
+    /// Resolves once the deadline passes without being moved.
+    async fn passed(&self) {
+        loop {
+            let at = self.get();
+            tokio::time::sleep_until(at).await;
+            if self.get() <= Instant::now() {
+                return;
+            }
+        }
+    }
+}
+
+/// What every connection is served with.
+struct Server {
     acceptor: tokio_rustls::TlsAcceptor,
+    router: Router,
+    limits: Limits,
+}
+
+/// One connection: the TLS handshake, then HTTP/1.1 requests, under the
+/// whole-request deadline, and closed when the server needs its slot.
+async fn serve_connection(
+    server: Server,
     tcp: tokio::net::TcpStream,
     peer: SocketAddr,
-    router: Router,
+    slot: Slot,
+    stop: watch::Receiver<bool>,
+) {
+    let slot = Arc::new(slot);
+    let deadline = Deadline::after(server.limits.request_timeout);
+    let work = handle_connection(server, tcp, peer, slot.clone(), deadline.clone(), stop);
+    tokio::select! {
+        () = work => {}
+        () = deadline.passed() => {
+            tracing::debug!(peer = %peer, "request timed out; connection closed");
+        }
+        () = slot.evicted() => {
+            tracing::debug!(peer = %peer, "idle connection closed to make room");
+        }
+    }
+}
+
+async fn handle_connection(
+    server: Server,
+    tcp: tokio::net::TcpStream,
+    peer: SocketAddr,
+    slot: Arc<Slot>,
+    deadline: Deadline,
     mut stop: watch::Receiver<bool>,
 ) {
+    let Server {
+        acceptor,
+        router,
+        limits,
+    } = server;
     let tls = match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {
@@ -272,12 +450,21 @@ async fn serve_connection(
     let svc = TowerToHyperService::new(router);
     let svc = hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
         req.extensions_mut().insert(certs.clone());
-        svc.call(req)
+        req.extensions_mut().insert(PeerAddr(peer));
+        let call = svc.call(req);
+        let (slot, deadline) = (slot.clone(), deadline.clone());
+        async move {
+            slot.busy();
+            let resp = call.await;
+            deadline.reset(limits.request_timeout);
+            slot.idle();
+            resp
+        }
     });
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(HEADER_READ_TIMEOUT)
-        .serve_connection(TokioIo::new(tls), svc);
+        .serve_connection(TokioIo::new(WithErrorBodies::new(tls)), svc);
     let mut conn = std::pin::pin!(conn);
     let result = tokio::select! {
         r = conn.as_mut() => r,
@@ -309,17 +496,27 @@ mod tests {
         path: &str,
         body: &[u8],
     ) -> (u16, Vec<u8>) {
+        let head = format!(
+            "{method} {path} HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/x-protobuf\r\n\
+             content-length: {}\r\nconnection: close\r\n\r\n",
+            body.len()
+        );
+        call_raw(addr, cfg, &head, body).await
+    }
+
+    /// Sends `head` (the request line and headers, as given) and `body`.
+    async fn call_raw(
+        addr: SocketAddr,
+        cfg: Arc<rustls::ClientConfig>,
+        head: &str,
+        body: &[u8],
+    ) -> (u16, Vec<u8>) {
         let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
         let name = ServerName::try_from("localhost").unwrap();
         let mut tls = tokio_rustls::TlsConnector::from(cfg)
             .connect(name, tcp)
             .await
             .unwrap();
-        let head = format!(
-            "{method} {path} HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/x-protobuf\r\n\
-             content-length: {}\r\nconnection: close\r\n\r\n",
-            body.len()
-        );
         tls.write_all(head.as_bytes()).await.unwrap();
         tls.write_all(body).await.unwrap();
         let mut buf = Vec::new();
@@ -359,6 +556,133 @@ mod tests {
                 )
                 .unwrap(),
         })
+    }
+
+    /// A POST to Join with `content_type` and `extra` header lines.
+    fn post_head(content_type: &str, extra: &str, len: usize) -> String {
+        format!(
+            "POST {} HTTP/1.1\r\nhost: localhost\r\ncontent-type: {content_type}\r\n{extra}\
+             content-length: {len}\r\nconnection: close\r\n\r\n",
+            endpoints::JOIN
+        )
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn media_type_parameters_and_error_bodies() {
+        let cp = crate::test_support::cp();
+        let svc = cp.svc.clone();
+        let tls = tls_config(svc.bundle(), svc.database()).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve(listener, tls, router(svc.clone()), async {
+            let _ = stopped.await;
+        }));
+        let anonymous = client(svc.bundle(), None);
+        let error = |body: &[u8]| bc_wire::agent::Error::decode(body).unwrap();
+
+        // Parameters on the media type are accepted, in any case and spacing.
+        let (req, _) = cp.token_request(Role::Node, None);
+        let body = req.encode_to_vec();
+        let head = post_head("application/x-protobuf; charset=utf-8", "", body.len());
+        let (status, _) = call_raw(addr, anonymous.clone(), &head, &body).await;
+        assert_eq!(status, 200);
+        let head = post_head("Application/X-Protobuf ;charset=\"utf-8\"", "", 2);
+        let (status, body) = call_raw(addr, anonymous.clone(), &head, b"\xff\xff").await;
+        assert_eq!(status, 400);
+        assert!(error(&body).message.contains("not a JoinRequest"));
+        // Other media types are still refused.
+        for other in [
+            "text/plain",
+            "application/x-protobuffer",
+            "application/json; x=application/x-protobuf",
+        ] {
+            let (status, body) =
+                call_raw(addr, anonymous.clone(), &post_head(other, "", 0), b"").await;
+            assert_eq!(status, 400, "{other}");
+            assert!(error(&body).message.contains("content-type"), "{other}");
+        }
+
+        // Too many headers: hyper's 431, with the protobuf Error body.
+        let many: String = (0..120).map(|i| format!("x-h{i}: v\r\n")).collect();
+        let (status, body) = call_raw(
+            addr,
+            anonymous.clone(),
+            &post_head(endpoints::CONTENT_TYPE, &many, 0),
+            b"",
+        )
+        .await;
+        assert_eq!(status, 431);
+        let err = error(&body);
+        assert_eq!(err.code, bc_wire::agent::Code::InvalidInput as i32);
+        assert!(err.message.contains("headers"), "{}", err.message);
+        // The server goes on serving.
+        let (status, _) = call(addr, anonymous, "POST", endpoints::JOIN, b"\xff").await;
+        assert_eq!(status, 400);
+
+        stop.send(()).unwrap();
+        server.await.unwrap().unwrap();
+    }
+
+    /// Reads until the server closes; how long that took.
+    async fn closed_after(mut s: impl tokio::io::AsyncRead + Unpin) -> Duration {
+        let started = std::time::Instant::now();
+        let mut buf = [0u8; 1024];
+        let wait = async {
+            while let Ok(n) = s.read(&mut buf).await {
+                if n == 0 {
+                    break;
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(5), wait)
+            .await
+            .expect("the server closes the connection");
+        started.elapsed()
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_request_has_one_deadline_from_accept_to_answer() {
+        let cp = crate::test_support::cp();
+        let svc = cp.svc.clone();
+        let tls = tls_config(svc.bundle(), svc.database()).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let limits = Limits {
+            max_connections: 100,
+            max_per_source: 100,
+            request_timeout: Duration::from_secs(1),
+        };
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve_with(
+            listener,
+            tls,
+            router(svc.clone()),
+            limits,
+            async {
+                let _ = stopped.await;
+            },
+        ));
+
+        // A client that never starts its handshake.
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        assert!(closed_after(tcp).await < Duration::from_secs(3));
+        // One that sends its head, then a body that never ends.
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let name = ServerName::try_from("localhost").unwrap();
+        let mut tls = tokio_rustls::TlsConnector::from(client(svc.bundle(), None))
+            .connect(name, tcp)
+            .await
+            .unwrap();
+        tls.write_all(post_head(endpoints::CONTENT_TYPE, "", 100).as_bytes())
+            .await
+            .unwrap();
+        tls.write_all(&[0; 10]).await.unwrap();
+        let took = closed_after(tls).await;
+        assert!(took < Duration::from_secs(3), "{took:?}");
+
+        stop.send(()).unwrap();
+        server.await.unwrap().unwrap();
     }
 
     #[tokio::test(flavor = "multi_thread")]

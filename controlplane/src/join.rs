@@ -18,10 +18,12 @@
 //!    `joins` audit row and the `node.joined` event;
 //! 4. sign the answer.
 //!
-//! Every refusal rolls the transaction back, is stored as a
-//! `security.join.refused` event in a transaction of its own, logged, passed
-//! to the `on_refusal` hook, and answered as the same ACCESS_DENIED.
+//! Every refusal rolls the transaction back, is counted in the refusal log
+//! ([`crate::eventlog`]: a `security.join.refused` event, identical ones
+//! aggregated per minute, written by one writer thread), logged, passed to the
+//! `on_refusal` hook, and answered as the same ACCESS_DENIED.
 
+use std::net::IpAddr;
 use std::path::Path;
 use std::sync::{Arc, RwLock};
 
@@ -41,6 +43,7 @@ use crate::attestors::tpm::{state::ChallengeKey, TpmAttestor};
 use crate::attestors::x509pop::X509PopAttestor;
 use crate::config::ConfigError;
 use crate::db::{self, Database, DbError, UnixMs};
+use crate::eventlog::{EventLog, Refused};
 use crate::pki::{Bundle, NodeCertSpec, PkiError, MAX_NODE_CERT_TTL};
 use crate::pools;
 use crate::records::{self, JoinRow, NewEvent, NodeRow};
@@ -170,7 +173,8 @@ pub enum OpenError {
 
 pub struct JoinService {
     bundle: Bundle,
-    db: Database,
+    db: Arc<Database>,
+    events: EventLog,
     attestors: RwLock<AttestorRegistry>,
     on_refusal: RwLock<Option<Arc<RefusalHook>>>,
     cert_ttl: Duration,
@@ -199,7 +203,7 @@ impl JoinService {
         let bundle = Bundle::load(dir)?;
         let challenge_key = crate::pki::load_or_create_challenge_key(dir)?;
         let db = Database::open_dir(dir)?;
-        let svc = Self::new(bundle, db);
+        let svc = Self::with_retention(bundle, db, config.events.retention_ms);
         svc.register_attestor(Arc::new(TpmAttestor::new(
             config.tpm,
             ChallengeKey::new(challenge_key),
@@ -210,8 +214,15 @@ impl JoinService {
 
     /// A JoinService running only the built-in `join-token`; see [`Self::open`].
     pub fn new(bundle: Bundle, db: Database) -> Self {
+        Self::with_retention(bundle, db, crate::config::DEFAULT_EVENTS_RETENTION_MS)
+    }
+
+    /// [`Self::new`], pruning events older than `retention_ms`.
+    fn with_retention(bundle: Bundle, db: Database, retention_ms: i64) -> Self {
+        let db = Arc::new(db);
         JoinService {
             bundle,
+            events: EventLog::start(db.clone(), retention_ms),
             db,
             attestors: RwLock::new(AttestorRegistry::new()),
             on_refusal: RwLock::new(None),
@@ -245,7 +256,8 @@ impl JoinService {
             .collect()
     }
 
-    /// Called with every refusal, after its event is stored.
+    /// Called with every refusal (in the request, after its event is
+    /// counted and, unless the writer is more than 2 s behind, stored).
     pub fn set_on_refusal(&self, hook: Box<RefusalHook>) {
         *self.on_refusal.write().unwrap_or_else(|p| p.into_inner()) = Some(Arc::from(hook));
     }
@@ -261,6 +273,22 @@ impl JoinService {
 
     pub fn database(&self) -> &Database {
         &self.db
+    }
+
+    /// Counts a refusal in the refusal log (see [`crate::eventlog`]).
+    pub(crate) fn record_refusal(&self, r: Refused) -> bool {
+        self.events.record(r)
+    }
+
+    /// Waits until every refusal counted so far is in the database.
+    pub fn flush_events(&self) -> bool {
+        self.events.flush(std::time::Duration::from_secs(30))
+    }
+
+    /// Writes what the refusal log still holds and stops its writer (at
+    /// shutdown; later refusals are still counted, but wait for nothing).
+    pub fn shutdown_events(&self) {
+        self.events.shutdown();
     }
 
     /// The node CA certificate (DER), the last element of every chain.
@@ -285,15 +313,29 @@ impl JoinService {
         }
     }
 
-    /// `Join` on a serialized `JoinRequest`.
-    pub fn join_bytes(&self, body: &[u8]) -> Result<JoinResponse, ApiError> {
+    /// `Join` on a serialized `JoinRequest` from `source` (the client's
+    /// address, which refusal events name).
+    pub fn join_bytes(
+        &self,
+        body: &[u8],
+        source: Option<IpAddr>,
+    ) -> Result<JoinResponse, ApiError> {
         let req = JoinRequest::decode(body).map_err(|e| {
             ApiError::InvalidInput(format!("the body is not a JoinRequest protobuf: {e}"))
         })?;
-        self.join(req)
+        self.join_from(req, source)
     }
 
+    /// `Join` from an unknown source (tests, other transports).
     pub fn join(&self, req: JoinRequest) -> Result<JoinResponse, ApiError> {
+        self.join_from(req, None)
+    }
+
+    pub fn join_from(
+        &self,
+        req: JoinRequest,
+        source: Option<IpAddr>,
+    ) -> Result<JoinResponse, ApiError> {
         let role = match Role::try_from(req.role) {
             Ok(Role::Unspecified) | Err(_) => {
                 return Err(ApiError::InvalidInput(
@@ -309,7 +351,7 @@ impl JoinService {
         };
         let csr = match verify_csr(&req.csr)? {
             Ok(csr) => csr,
-            Err(reason) => return Err(self.refuse(&attestor_name, Refusal::new(reason))),
+            Err(reason) => return Err(self.refuse(&attestor_name, Refusal::new(reason), source)),
         };
         let attestor = self
             .attestors
@@ -317,7 +359,7 @@ impl JoinService {
             .unwrap_or_else(|p| p.into_inner())
             .get(&req.attestor);
         let Some(attestor) = attestor else {
-            return Err(self.refuse(&attestor_name, Refusal::new(UNKNOWN_ATTESTOR)));
+            return Err(self.refuse(&attestor_name, Refusal::new(UNKNOWN_ATTESTOR), source));
         };
         let attestor_id = attestor.id().to_owned();
 
@@ -335,7 +377,9 @@ impl JoinService {
                         .and_then(|s| JoinToken::parse(s).ok())
                         .map_or(OpenedToken::Malformed, OpenedToken::Parsed),
                 ),
-                Err(_) => return Err(self.refuse(&attestor_id, Refusal::new(TOKEN_UNOPENABLE))),
+                Err(_) => {
+                    return Err(self.refuse(&attestor_id, Refusal::new(TOKEN_UNOPENABLE), source))
+                }
             }
         };
         let claims = req.claims.clone().unwrap_or_default();
@@ -377,7 +421,7 @@ impl JoinService {
         })??;
 
         let body = match outcome {
-            Outcome::Refused(refusal) => return Err(self.refuse(&attestor_id, refusal)),
+            Outcome::Refused(refusal) => return Err(self.refuse(&attestor_id, refusal, source)),
             Outcome::Deferred(d) => {
                 tracing::info!(attestor = %attestor_id, "join deferred");
                 JoinResponseBody {
@@ -566,7 +610,7 @@ impl JoinService {
 
     /// Records a refusal and answers ACCESS_DENIED; a server fault dressed
     /// as a refusal is answered as what it is.
-    fn refuse(&self, attestor: &str, refusal: Refusal) -> ApiError {
+    fn refuse(&self, attestor: &str, refusal: Refusal, source: Option<IpAddr>) -> ApiError {
         if let Some(fault) = refusal.as_fault() {
             return match fault {
                 Fault::Unavailable(m) => {
@@ -591,37 +635,41 @@ impl JoinService {
             pool_id,
             pool_owner,
         };
-        // The token id may be logged; the secret never reaches this point.
-        tracing::warn!(
-            attestor = %event.attestor,
-            reason = %event.reason,
-            token_id = event.token_id.as_deref().unwrap_or(""),
-            node_id = event.node_id.as_deref().unwrap_or(""),
-            pool_owner = event.pool_owner.as_deref().unwrap_or(""),
-            "join refused"
-        );
-        let mut data = serde_json::json!({ "attestor": event.attestor, "reason": event.reason });
-        if let (Some(id), Some(owner)) = (&event.pool_id, &event.pool_owner) {
-            data["poolId"] = serde_json::json!(id);
-            data["poolOwner"] = serde_json::json!(owner);
-        }
-        let stored = self.db.write(|tx| {
-            let now = db::compute_now(tx)?;
-            records::insert_event(
-                tx,
-                &NewEvent {
-                    kind: records::EVENT_JOIN_REFUSED,
-                    at: now,
-                    attestor: Some(&event.attestor),
-                    reason: Some(&event.reason),
-                    token_id: event.token_id.as_deref(),
-                    node_id: event.node_id.as_deref(),
-                    data,
-                },
-            )
+        let extra = match (&event.pool_id, &event.pool_owner) {
+            (Some(id), Some(owner)) => {
+                serde_json::json!({ "poolId": id, "poolOwner": owner }).to_string()
+            }
+            _ => String::new(),
+        };
+        let first = self.record_refusal(Refused {
+            kind: records::EVENT_JOIN_REFUSED,
+            attestor: Some(event.attestor.clone()),
+            reason: event.reason.clone(),
+            token_id: event.token_id.clone(),
+            node_id: event.node_id.clone(),
+            source,
+            extra,
+            folded: false,
         });
-        if let Err(e) = stored {
-            tracing::error!(error = %e, reason = %event.reason, "could not store the refusal event");
+        // The token id may be logged; the secret never reaches this point.
+        // Repeats within the minute are counted in the event, logged at debug.
+        macro_rules! log_refusal {
+            ($level:ident) => {
+                tracing::$level!(
+                    attestor = %event.attestor,
+                    reason = %event.reason,
+                    token_id = event.token_id.as_deref().unwrap_or(""),
+                    node_id = event.node_id.as_deref().unwrap_or(""),
+                    pool_owner = event.pool_owner.as_deref().unwrap_or(""),
+                    source = source.map(|s| s.to_string()).unwrap_or_default(),
+                    "join refused"
+                )
+            };
+        }
+        if first {
+            log_refusal!(warn);
+        } else {
+            log_refusal!(debug);
         }
         let hook = self
             .on_refusal
@@ -768,12 +816,16 @@ mod tests {
         JoinResponseBody::decode(resp.body.as_slice()).unwrap()
     }
 
+    /// Every refusal's reason, an aggregated event counting as many.
     fn refusals(svc: &JoinService) -> Vec<String> {
         records::list_events(svc.database())
             .unwrap()
             .into_iter()
             .filter(|e| e.kind == records::EVENT_JOIN_REFUSED)
-            .map(|e| e.reason.unwrap())
+            .flat_map(|e| {
+                let n = e.data["count"].as_u64().unwrap() as usize;
+                std::iter::repeat_n(e.reason.unwrap(), n)
+            })
             .collect()
     }
 

@@ -67,7 +67,7 @@ enum Cmd {
         #[command(subcommand)]
         cmd: nodes::NodesCmd,
     },
-    /// The event log (joins, refusals).
+    /// The event log (joins, refusals) and its retention.
     Events {
         #[command(subcommand)]
         cmd: events::EventsCmd,

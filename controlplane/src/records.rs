@@ -404,6 +404,31 @@ pub fn insert_event(tx: &Transaction<'_>, e: &NewEvent<'_>) -> Result<i64, DbErr
     Ok(tx.last_insert_rowid())
 }
 
+/// Sets `data.count` of an aggregated event.
+pub fn set_event_count(tx: &Transaction<'_>, id: i64, count: u64) -> Result<(), DbError> {
+    let count = i64::try_from(count).unwrap_or(i64::MAX);
+    tx.execute(
+        "UPDATE events SET data = json_set(data, '$.count', ?2) WHERE id = ?1",
+        rusqlite::params![id, count],
+    )?;
+    Ok(())
+}
+
+/// Deletes at most `limit` events older than `before`, oldest first;
+/// returns how many.
+pub fn delete_events_before(
+    tx: &Transaction<'_>,
+    before: UnixMs,
+    limit: usize,
+) -> Result<usize, DbError> {
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    Ok(tx.execute(
+        "DELETE FROM events WHERE id IN
+             (SELECT id FROM events WHERE at < ?1 ORDER BY at LIMIT ?2)",
+        rusqlite::params![before, limit],
+    )?)
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct EventRow {
     pub id: i64,

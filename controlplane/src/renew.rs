@@ -242,6 +242,27 @@ impl JoinService {
 
     /// Logs and stores a refused renewal and answers ACCESS_DENIED.
     fn refuse_renew(&self, node_id: Option<&str>, reason: &str) -> ApiError {
+        if node_id.is_none() {
+            // Nobody proved an identity: anyone can send these, so they are
+            // counted (and aggregated) by the refusal log like join refusals,
+            // and only the first of a minute is logged at warn.
+            let first = self.record_refusal(crate::eventlog::Refused {
+                kind: records::EVENT_RENEW_REFUSED,
+                attestor: None,
+                reason: reason.to_owned(),
+                token_id: None,
+                node_id: None,
+                source: None,
+                extra: serde_json::json!({ "owner": null }).to_string(),
+                folded: false,
+            });
+            if first {
+                tracing::warn!(reason, "renew refused");
+            } else {
+                tracing::debug!(reason, "renew refused");
+            }
+            return ApiError::RenewRefused;
+        }
         tracing::warn!(node_id = node_id.unwrap_or(""), reason, "renew refused");
         let stored = self.database().write(|tx| {
             let now = db::compute_now(tx)?;

@@ -100,13 +100,33 @@ impl ControlPlane {
         self.serve()
     }
 
-    fn serve(mut self) -> Self {
+    /// Like [`ControlPlane::start`], with `serve` run under `wrapper` (e.g.
+    /// `["prlimit", "--nofile=1024:1024", "--"]`).
+    pub fn start_wrapped(wrapper: &[&str]) -> Self {
+        ControlPlane::init_only().serve_wrapped(wrapper)
+    }
+
+    fn serve(self) -> Self {
+        self.serve_wrapped(&[])
+    }
+
+    /// Starts `serve` on an initialized directory, under `wrapper`. The log
+    /// continues across restarts.
+    pub fn serve_wrapped(mut self, wrapper: &[&str]) -> Self {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(self.path().join("serve.log"))
             .expect("log file");
-        let mut child = Command::new(bin("bc-controlplane"))
+        let mut command = match wrapper.split_first() {
+            None => Command::new(bin("bc-controlplane")),
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(bin("bc-controlplane"));
+                c
+            }
+        };
+        let mut child = command
             .args(["serve", "--dir"])
             .arg(self.path())
             .args(["--listen", "127.0.0.1:0"])
@@ -194,11 +214,15 @@ impl ControlPlane {
             .collect()
     }
 
-    /// The refusal reasons stored so far, oldest first.
+    /// The refusal reasons stored so far, oldest first. Repeats within a
+    /// minute are one aggregated event (`data.count`): it counts as many.
     pub fn refusal_reasons(&self) -> Vec<String> {
         self.refusals()
             .iter()
-            .map(|e| e["reason"].as_str().unwrap_or_default().to_owned())
+            .flat_map(|e| {
+                let n = e["data"]["count"].as_u64().unwrap_or(1) as usize;
+                std::iter::repeat_n(e["reason"].as_str().unwrap_or_default().to_owned(), n)
+            })
             .collect()
     }
 

@@ -10,7 +10,9 @@ mod harness;
 mod answers;
 mod datadir;
 mod doctor;
+mod events;
 mod join_token;
+mod load;
 // These move bcd's clock (BCD_CLOCK_OFFSET) or crash it at failpoints, which
 // only a `--features bcd/failpoints` build honours; scripts/test builds so.
 #[cfg(feature = "failpoints")]

@@ -1,23 +1,58 @@
-//! `events list`: the event log (joins, renewals, refusals, lifecycle).
+//! `events list` and `events prune`: the event log (joins, renewals,
+//! refusals, lifecycle) and its retention.
 
 use std::path::Path;
 
-use anyhow::{Context, Result};
-use bc_controlplane::{db, records};
-use clap::Subcommand;
+use anyhow::{anyhow, Context, Result};
+use bc_controlplane::{config, db, eventlog, records};
+use clap::{Args, Subcommand};
 use serde_json::json;
 
-use super::{open_db, print_list, ListArgs};
+use super::{db_now, open_db, print_line, print_list, Dir, ListArgs};
 
 #[derive(Subcommand)]
 pub enum EventsCmd {
     List(ListArgs),
+    /// Delete the events older than the retention (`[events] retention` in
+    /// controlplane.toml, 90d by default; `serve` also does it hourly), in
+    /// batches of 5,000 so a running server is never held up for long.
+    Prune(PruneArgs),
+}
+
+#[derive(Args)]
+pub struct PruneArgs {
+    #[command(flatten)]
+    pub dir: Dir,
+    /// Delete events older than this instead (e.g. 30d); at least 1h.
+    #[arg(long, value_name = "DURATION")]
+    pub older_than: Option<String>,
 }
 
 pub fn run(cmd: EventsCmd) -> Result<()> {
     match cmd {
         EventsCmd::List(ListArgs { dir, json }) => list(&dir.dir, json),
+        EventsCmd::Prune(PruneArgs { dir, older_than }) => prune(&dir.dir, older_than.as_deref()),
     }
+}
+
+fn prune(dir: &Path, older_than: Option<&str>) -> Result<()> {
+    let db = open_db(dir)?;
+    let retention_ms = match older_than {
+        None => config::load(dir)?.events.retention_ms,
+        Some(text) => {
+            let ms = config::parse_duration_ms(text).map_err(|e| anyhow!("--older-than: {e}"))?;
+            if ms < 3_600_000 {
+                return Err(anyhow!("--older-than must be at least 1h, not {text:?}"));
+            }
+            ms
+        }
+    };
+    let cutoff = db_now(&db)?.saturating_sub(retention_ms);
+    let n = eventlog::prune(&db, retention_ms).context("cannot prune events")?;
+    print_line(&format!(
+        "deleted {n} events older than {}",
+        db::rfc3339(cutoff)
+    ))
 }
 
 fn list(dir: &Path, as_json: bool) -> Result<()> {
@@ -49,6 +84,13 @@ fn list(dir: &Path, as_json: bool) -> Result<()> {
                 if let Some(v) = v {
                     line.push_str(&format!(" {k}={v}"));
                 }
+            }
+            if let Some(s) = e.data["source"].as_str() {
+                line.push_str(&format!(" source={s}"));
+            }
+            // Aggregated refusals: how many in their minute.
+            if let Some(n) = e.data["count"].as_u64().filter(|n| *n > 1) {
+                line.push_str(&format!(" count={n}"));
             }
             Ok(line)
         },

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
-use bc_controlplane::{http, join::JoinService, pki};
+use bc_controlplane::{config, connlimit, http, join::JoinService, pki};
 
 use super::{open_db, print_stdout, require_initialized};
 
@@ -24,13 +24,18 @@ pub fn init(dir: &Path, trust_domain: &str) -> Result<()> {
 
 pub fn serve(dir: &Path, listen: SocketAddr) -> Result<()> {
     require_initialized(dir)?;
+    // Every connection costs a descriptor: take all the hard limit allows,
+    // and derive the connection cap from it.
+    let nofile = connlimit::raise_nofile_limit();
+    tracing::info!(nofile, "file descriptor limit");
+    let limits = connlimit::Limits::new(&config::load(dir)?.server, nofile);
     let service = Arc::new(
         JoinService::open(dir)
             .with_context(|| format!("cannot load the control plane in {}", dir.display()))?,
     );
     let tls = http::tls_config(service.bundle(), service.database())
         .context("cannot build the TLS configuration")?;
-    let router = http::router(service);
+    let router = http::router(service.clone());
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -50,12 +55,15 @@ pub fn serve(dir: &Path, listen: SocketAddr) -> Result<()> {
         out.flush().context("cannot write to stdout")?;
         drop(out);
         tracing::info!(%addr, dir = %dir.display(), "serving");
-        http::serve(listener, tls, router, shutdown)
+        http::serve_with(listener, tls, router, limits, shutdown)
             .await
             .context("the server failed")?;
-        tracing::info!("stopped");
-        Ok(())
-    })
+        Ok::<_, anyhow::Error>(())
+    })?;
+    // The refusals still in memory go to the database before exit.
+    service.shutdown_events();
+    tracing::info!("stopped");
+    Ok(())
 }
 
 /// Resolves on the first SIGTERM or SIGINT.
