@@ -1,0 +1,52 @@
+//! The regression corpus on stable, and the seeds it started from.
+
+use std::path::{Path, PathBuf};
+
+use super::*;
+
+fn corpus_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus")
+}
+
+/// Every file of `fuzz/corpus/<target>/` through its target's body: what
+/// the fuzzer kept (and every crash it found) must not panic.
+#[test]
+fn corpus_replays_without_panic() {
+    let mut total = 0;
+    for (name, body) in TARGETS {
+        let dir = corpus_dir().join(name);
+        let entries = std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("{}: {e} (every target has a corpus)", dir.display()));
+        let mut n = 0;
+        for entry in entries {
+            let path = entry.unwrap().path();
+            let data = std::fs::read(&path).unwrap();
+            let outcome = std::panic::catch_unwind(|| body(&data));
+            assert!(outcome.is_ok(), "{name}: {} panics", path.display());
+            n += 1;
+        }
+        assert!(n > 0, "{name}: empty corpus");
+        total += n;
+    }
+    eprintln!("{total} corpus inputs replayed");
+}
+
+#[test]
+fn parts_split_as_joined() {
+    let joined = join_parts(&[b"ab", b"", b"cde"]);
+    assert_eq!(split_parts::<3>(&joined), [&b"ab"[..], b"", b"cde"]);
+    assert_eq!(split_parts::<3>(&[0, 9, 1]), [&[1u8][..], b"", b""]);
+    assert_eq!(split_parts::<2>(&[]), [&b""[..], b""]);
+}
+
+/// Writes the seed inputs into `fuzz/corpus/<target>/seed-*` from the real
+/// fixtures (captured TPM output, certificates the control plane's own CA
+/// issues, sample configs). Run by hand before a first fuzzing run:
+/// `cargo test -p bc-fuzz -- --ignored write_seeds`.
+#[test]
+#[ignore]
+fn write_seeds() {
+    seeds::write(&corpus_dir());
+}
+
+mod seeds;
