@@ -2,6 +2,8 @@
 //! (controlplane/src/attestors/tpm/testdata, tpmsim-fixtures): fixed, so a
 //! corpus file means the same thing in every run.
 
+use std::sync::OnceLock;
+
 use p256::ecdsa::SigningKey;
 use p256::pkcs8::EncodePublicKey;
 
@@ -31,14 +33,23 @@ fn key(byte: u8) -> SigningKey {
     SigningKey::from_slice(&[byte; 32]).expect("a fixed valid P-256 scalar")
 }
 
-/// The JoinService signing key the agent pins.
-pub fn service_key() -> SigningKey {
-    key(5)
+/// The JoinService signing key the agent pins. Made once: deriving a
+/// public key costs a scalar multiplication, which would slow every run.
+pub fn service_key() -> &'static SigningKey {
+    static KEY: OnceLock<SigningKey> = OnceLock::new();
+    KEY.get_or_init(|| key(5))
 }
 
 /// The node key of the agent-side targets.
-pub fn node_key() -> SigningKey {
-    key(7)
+pub fn node_key() -> &'static SigningKey {
+    static KEY: OnceLock<SigningKey> = OnceLock::new();
+    KEY.get_or_init(|| key(7))
+}
+
+/// The node key's SubjectPublicKeyInfo (DER).
+pub fn node_spki() -> &'static [u8] {
+    static SPKI: OnceLock<Vec<u8>> = OnceLock::new();
+    SPKI.get_or_init(|| spki_der(node_key()))
 }
 
 /// The JoinService encryption (token sealing) key, as the control plane stores it.

@@ -31,6 +31,21 @@ fn corpus_replays_without_panic() {
     eprintln!("{total} corpus inputs replayed");
 }
 
+/// A target without a body, or a body without a target, would go unfuzzed
+/// or untested.
+#[test]
+fn every_fuzz_target_has_a_body() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/fuzz_targets");
+    let mut files: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    files.sort();
+    let mut names: Vec<String> = TARGETS.iter().map(|(n, _)| format!("{n}.rs")).collect();
+    names.sort();
+    assert_eq!(files, names);
+}
+
 #[test]
 fn parts_split_as_joined() {
     let joined = join_parts(&[b"ab", b"", b"cde"]);

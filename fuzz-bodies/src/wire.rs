@@ -107,8 +107,8 @@ pub fn x509pop_evidence(data: &[u8]) {
         Evidence::from_json(&evidence.to_json()),
         Ok(evidence.clone())
     );
-    let spki = fixtures::spki_der(&fixtures::node_key());
-    let _ = evidence.verify(&spki, &bc_wire::sha256(fixtures::AGENT_CSR));
+    let spki = fixtures::node_spki();
+    let _ = evidence.verify(spki, &bc_wire::sha256(fixtures::AGENT_CSR));
 }
 
 /// A join token as the operator passes it (`--token-file`, the environment)

@@ -38,7 +38,7 @@ fn node_chain(statements: &[String]) -> Vec<Vec<u8>> {
     let issued = bundle
         .node_ca
         .issue(&bc_controlplane::pki::NodeCertSpec {
-            spki_der: &spki_der(&node_key()),
+            spki_der: node_spki(),
             trust_domain: TRUST_DOMAIN,
             node_id: NODE_ID,
             statements,
@@ -119,7 +119,7 @@ pub(super) fn write(root: &Path) {
         ..Default::default()
     };
     put(root, "join_request", "token", &token_req.encode_to_vec());
-    let evidence = x509pop(&chain, &node, &bc_wire::sha256(&csr));
+    let evidence = x509pop(&chain, node, &bc_wire::sha256(&csr));
     let pop = JoinRequest {
         csr,
         role: Role::Node as i32,
@@ -160,7 +160,7 @@ pub(super) fn write(root: &Path) {
     ] {
         let bytes = body.encode_to_vec();
         let signed = bc_wire::agent::JoinResponse {
-            signature: signing::sign(&service, Purpose::JoinResponse, &[&bytes]).to_vec(),
+            signature: signing::sign(service, Purpose::JoinResponse, &[&bytes]).to_vec(),
             key_id: signing::key_id_of(service.verifying_key()),
             body: bytes.clone(),
         };
@@ -244,7 +244,7 @@ pub(super) fn write(root: &Path) {
         root,
         "x509pop_evidence",
         "proof",
-        &x509pop(&chain, &node, &agent_csr_sha),
+        &x509pop(&chain, node, &agent_csr_sha),
     );
     put(root, "join_token", "token", TOKEN.as_bytes());
     put(
@@ -262,7 +262,7 @@ pub(super) fn write(root: &Path) {
     put(root, "identity_json", "identity", identity.as_bytes());
 
     let ca_pem = bc_controlplane::pki::pem_encode("CERTIFICATE", &plain_chain[1]);
-    let signing_pem = pem_spki(&spki_der(&service));
+    let signing_pem = pem_spki(&spki_der(service));
     let enc_pem = pem_spki(
         &p256::SecretKey::from_slice(&[9u8; 32])
             .unwrap()
