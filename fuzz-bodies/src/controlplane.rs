@@ -207,3 +207,16 @@ pub fn ek_cert(data: &[u8]) {
     let [cert, public] = split_parts(data);
     let _ = ek::verify_ek(cert, public, roots, fixtures::captured_at());
 }
+
+/// The outcomes of a Join and a Renew on the harness, for the test that
+/// the seeds still reach past the checks the fixtures are made to pass.
+#[cfg(test)]
+pub(crate) fn harness_outcomes(join: &[u8], renew: &[u8]) -> Result<(bool, bool), String> {
+    let cp = Cp::new()?;
+    let joined = cp
+        .svc
+        .join_bytes(join)
+        .map_err(|e| format!("join: {e:?}"))?;
+    let renewed = cp.svc.renew_bytes(Some(&cp.leaf), renew).is_ok();
+    Ok((!joined.body.is_empty(), renewed))
+}

@@ -31,6 +31,51 @@ fn corpus_replays_without_panic() {
     eprintln!("{total} corpus inputs replayed");
 }
 
+fn seed(target: &str, name: &str) -> Vec<u8> {
+    std::fs::read(corpus_dir().join(target).join(format!("seed-{name}"))).unwrap()
+}
+
+/// The seeds pass the checks their fixtures are made for (a captured TPM's
+/// hello is challenged, its certified next key renews, a signed answer is
+/// accepted), so the fuzzer starts deep; a fixture that drifts shows here
+/// rather than as a fuzzer that silently stops at the first check.
+#[test]
+fn seeds_reach_past_the_first_checks() {
+    let (challenged, renewed) = controlplane::harness_outcomes(
+        &seed("join_request", "tpm-hello"),
+        &seed("renew_request", "tpm"),
+    )
+    .unwrap();
+    assert!(challenged && renewed);
+
+    let node_spki = fixtures::node_spki();
+    let expected = bcd::client::answer::Expected {
+        signing_key: fixtures::service_key().verifying_key(),
+        csr_sha256: bc_wire::sha256(fixtures::AGENT_CSR),
+        node_spki,
+        trust_domain: fixtures::TRUST_DOMAIN,
+    };
+    let body = seed("join_answer", "joined-body");
+    let opened = bcd::client::answer::read_body(&body[1..], &expected).unwrap();
+    bcd::client::answer::verify_final(opened, &expected).unwrap();
+
+    let evidence =
+        bc_wire::x509pop::Evidence::from_json(&seed("x509pop_evidence", "proof")).unwrap();
+    evidence
+        .verify(node_spki, &bc_wire::sha256(fixtures::AGENT_CSR))
+        .unwrap();
+    let ek = seed("ek_cert", "captured");
+    let [cert, public] = split_parts(&ek);
+    let mut roots =
+        bc_controlplane::attestors::tpm::ek::parse_roots_pem(fixtures::EK_ROOT_PEM).unwrap();
+    roots.extend(
+        bc_controlplane::attestors::tpm::ek::parse_roots_pem(fixtures::EK_INTERMEDIATE_PEM)
+            .unwrap(),
+    );
+    bc_controlplane::attestors::tpm::ek::verify_ek(cert, public, &roots, fixtures::captured_at())
+        .unwrap();
+}
+
 /// A target without a body, or a body without a target, would go unfuzzed
 /// or untested.
 #[test]
