@@ -120,8 +120,7 @@ pub fn open(resp: &JoinResponse, expected: &Expected<'_>) -> Result<Opened, Answ
 /// Public for the fuzz target, which reaches it without signing each input.
 #[doc(hidden)]
 pub fn read_body(body: &[u8], expected: &Expected<'_>) -> Result<Opened, AnswerError> {
-    let body =
-        JoinResponseBody::decode(body).map_err(|e| AnswerError::NotABody(e.to_string()))?;
+    let body = JoinResponseBody::decode(body).map_err(|e| AnswerError::NotABody(e.to_string()))?;
     let bound: bool =
         body.csr_sha256.len() == 32 && bool::from(body.csr_sha256.ct_eq(&expected.csr_sha256));
     if !bound {
