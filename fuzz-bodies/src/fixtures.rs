@@ -1,0 +1,72 @@
+//! Pinned test keys and the real TPM output the targets are built around
+//! (controlplane/src/attestors/tpm/testdata, tpmsim-fixtures): fixed, so a
+//! corpus file means the same thing in every run.
+
+use std::sync::OnceLock;
+
+use p256::ecdsa::SigningKey;
+use p256::pkcs8::EncodePublicKey;
+
+pub const TRUST_DOMAIN: &str = "bc.test";
+pub const NODE_ID: &str = "node_fuzz";
+
+pub const TPM_HELLO: &[u8] =
+    include_bytes!("../../controlplane/src/attestors/tpm/testdata/hello.bin");
+pub const TPM_ANSWER: &[u8] =
+    include_bytes!("../../controlplane/src/attestors/tpm/testdata/answer.bin");
+pub const TPM_CSR: &[u8] = include_bytes!("../../controlplane/src/attestors/tpm/testdata/csr.der");
+pub const CHALLENGE_KEY: &[u8] =
+    include_bytes!("../../controlplane/src/attestors/tpm/testdata/challenge.key");
+const CAPTURED_AT: &str =
+    include_str!("../../controlplane/src/attestors/tpm/testdata/captured-at.txt");
+pub const EK_ROOT_PEM: &[u8] = include_bytes!("../../tpmsim-fixtures/ek-root.pem");
+pub const EK_INTERMEDIATE_PEM: &[u8] = include_bytes!("../../tpmsim-fixtures/ek-intermediate.pem");
+
+/// The database time of the captured round 1 (ms): the fixtures' EK
+/// certificate is valid then, and the challenge state open for 5 minutes.
+pub fn captured_at() -> i64 {
+    CAPTURED_AT.trim().parse().unwrap_or(0)
+}
+
+fn key(byte: u8) -> SigningKey {
+    // A constant non-zero scalar below the group order: always a key.
+    SigningKey::from_slice(&[byte; 32]).expect("a fixed valid P-256 scalar")
+}
+
+/// The JoinService signing key the agent pins. Made once: deriving a
+/// public key costs a scalar multiplication, which would slow every run.
+pub fn service_key() -> &'static SigningKey {
+    static KEY: OnceLock<SigningKey> = OnceLock::new();
+    KEY.get_or_init(|| key(5))
+}
+
+/// The node key of the agent-side targets.
+pub fn node_key() -> &'static SigningKey {
+    static KEY: OnceLock<SigningKey> = OnceLock::new();
+    KEY.get_or_init(|| key(7))
+}
+
+/// The node key's SubjectPublicKeyInfo (DER).
+pub fn node_spki() -> &'static [u8] {
+    static SPKI: OnceLock<Vec<u8>> = OnceLock::new();
+    SPKI.get_or_init(|| spki_der(node_key()))
+}
+
+/// The JoinService encryption (token sealing) key, as the control plane stores it.
+pub fn opening_key_pkcs8() -> Vec<u8> {
+    use p256::pkcs8::EncodePrivateKey;
+    p256::SecretKey::from_slice(&[9u8; 32])
+        .and_then(|k| k.to_pkcs8_der().map_err(|_| p256::elliptic_curve::Error))
+        .map(|d| d.as_bytes().to_vec())
+        .unwrap_or_default()
+}
+
+pub fn spki_der(key: &SigningKey) -> Vec<u8> {
+    key.verifying_key()
+        .to_public_key_der()
+        .map(|d| d.as_bytes().to_vec())
+        .unwrap_or_default()
+}
+
+/// What the agent-side targets bind answers to: sha256 of this "CSR".
+pub const AGENT_CSR: &[u8] = b"the csr";

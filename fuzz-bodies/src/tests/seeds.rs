@@ -1,0 +1,332 @@
+//! The seed inputs, built from the real fixtures and real outputs of both
+//! sides (see [`super::write_seeds`]).
+
+use std::path::Path;
+
+use bc_wire::agent::{
+    join_response_body::Deferral, tpm_attestation::Round, JoinChallenge, JoinPending, JoinRequest,
+    JoinResponseBody, RenewRequest, RenewResponse, Role, TpmAttestation, TpmKeyAttestation,
+};
+use bc_wire::signing::{self, Purpose};
+use prost::Message;
+
+use crate::agent::{AK_STATEMENT, RENEW_NOW};
+use crate::fixtures::{self, *};
+use crate::join_parts;
+
+const TPM_DIR: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../controlplane/src/attestors/tpm/testdata"
+);
+
+fn tpm_file(name: &str) -> Vec<u8> {
+    std::fs::read(Path::new(TPM_DIR).join(name)).unwrap()
+}
+
+fn put(root: &Path, target: &str, name: &str, data: &[u8]) {
+    let dir = root.join(target);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join(format!("seed-{name}")), data).unwrap();
+}
+
+/// A chain (leaf, CA) for the agent-side node key, issued by a real node CA.
+fn node_chain(statements: &[String]) -> Vec<Vec<u8>> {
+    let dir = tempfile::tempdir().unwrap();
+    bc_controlplane::pki::init(dir.path(), TRUST_DOMAIN).unwrap();
+    let bundle = bc_controlplane::pki::Bundle::load(dir.path()).unwrap();
+    let at = time::OffsetDateTime::from_unix_timestamp(RENEW_NOW + 3600).unwrap();
+    let issued = bundle
+        .node_ca
+        .issue(&bc_controlplane::pki::NodeCertSpec {
+            spki_der: node_spki(),
+            trust_domain: TRUST_DOMAIN,
+            node_id: NODE_ID,
+            statements,
+            not_before: at - time::Duration::days(1),
+            not_after: at + time::Duration::days(1),
+        })
+        .unwrap();
+    vec![issued.der, bundle.node_ca.cert_der().to_vec()]
+}
+
+fn tpm_rounds() -> (bc_wire::agent::TpmHello, bc_wire::agent::TpmAnswer) {
+    let Some(Round::Hello(h)) = TpmAttestation::decode(TPM_HELLO).unwrap().round else {
+        panic!("hello.bin")
+    };
+    let Some(Round::Answer(a)) = TpmAttestation::decode(TPM_ANSWER).unwrap().round else {
+        panic!("answer.bin")
+    };
+    (h, a)
+}
+
+fn rcgen_csr() -> Vec<u8> {
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    rcgen::CertificateParams::default()
+        .serialize_request(&key)
+        .unwrap()
+        .der()
+        .to_vec()
+}
+
+const TOKEN: &str = "tok_abc123.AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8";
+
+pub(super) fn write(root: &Path) {
+    let (hello, answer) = tpm_rounds();
+    let chain = node_chain(&[AK_STATEMENT.to_owned()]);
+    let plain_chain = node_chain(&[]);
+    let node = node_key();
+    let service = service_key();
+    let agent_csr_sha = bc_wire::sha256(AGENT_CSR);
+
+    // Join requests: both TPM rounds, a sealed token, x509pop evidence.
+    let tpm = |attestation: &[u8]| JoinRequest {
+        csr: TPM_CSR.to_vec(),
+        role: Role::Node as i32,
+        attestor: "tpm".into(),
+        attestation: attestation.to_vec(),
+        ..Default::default()
+    };
+    put(
+        root,
+        "join_request",
+        "tpm-hello",
+        &tpm(TPM_HELLO).encode_to_vec(),
+    );
+    put(
+        root,
+        "join_request",
+        "tpm-answer",
+        &tpm(TPM_ANSWER).encode_to_vec(),
+    );
+    let csr = rcgen_csr();
+    let sealing = bc_wire::sealing::SealingKey::from_spki_der(
+        &p256::SecretKey::from_slice(&[9u8; 32])
+            .unwrap()
+            .public_key()
+            .to_public_key_der_vec(),
+    )
+    .unwrap();
+    let token_req = JoinRequest {
+        sealed_token: sealing
+            .seal(&bc_wire::sha256(&csr), TOKEN.as_bytes())
+            .unwrap(),
+        csr: csr.clone(),
+        role: Role::Site as i32,
+        claims: Some(bc_wire::agent::HardwareClaims {
+            macs: vec!["52:54:00:12:34:56".into()],
+            product_uuid: "4c4c4544-0035-3010-8057-b4c04f4a4e31".into(),
+        }),
+        ..Default::default()
+    };
+    put(root, "join_request", "token", &token_req.encode_to_vec());
+    let evidence = x509pop(&chain, node, &bc_wire::sha256(&csr));
+    let pop = JoinRequest {
+        csr,
+        role: Role::Node as i32,
+        attestor: "x509pop".into(),
+        attestation: evidence,
+        ..Default::default()
+    };
+    put(root, "join_request", "x509pop", &pop.encode_to_vec());
+
+    // Join answers: signed as sent (mode 0) and bodies to sign (mode 1).
+    let joined = JoinResponseBody {
+        csr_sha256: agent_csr_sha.to_vec(),
+        node_id: NODE_ID.into(),
+        chain: plain_chain.clone(),
+        deferral: None,
+    };
+    let pending = JoinResponseBody {
+        csr_sha256: agent_csr_sha.to_vec(),
+        deferral: Some(Deferral::Pending(JoinPending {
+            request_id: "jr_1".into(),
+            retry_after_seconds: 30,
+        })),
+        ..Default::default()
+    };
+    let challenge = JoinResponseBody {
+        csr_sha256: agent_csr_sha.to_vec(),
+        deferral: Some(Deferral::Challenge(JoinChallenge {
+            attestor: "tpm".into(),
+            payload: vec![1, 2, 3],
+            not_after_unix_ms: 1_796_000_000_000,
+        })),
+        ..Default::default()
+    };
+    for (name, body) in [
+        ("joined", &joined),
+        ("pending", &pending),
+        ("challenge", &challenge),
+    ] {
+        let bytes = body.encode_to_vec();
+        let signed = bc_wire::agent::JoinResponse {
+            signature: signing::sign(service, Purpose::JoinResponse, &[&bytes]).to_vec(),
+            key_id: signing::key_id_of(service.verifying_key()),
+            body: bytes.clone(),
+        };
+        put(
+            root,
+            "join_answer",
+            &format!("{name}-signed"),
+            &[&[0u8][..], &signed.encode_to_vec()].concat(),
+        );
+        put(
+            root,
+            "join_answer",
+            &format!("{name}-body"),
+            &[&[1u8][..], &bytes].concat(),
+        );
+    }
+
+    // Renewals: the captured TPM's certification of its next key, and the answer.
+    let node_cert = answer.node_key.clone().unwrap();
+    let renew = RenewRequest {
+        csr: TPM_CSR.to_vec(),
+        key_attestation: Some(TpmKeyAttestation {
+            ak_public: hello.ak_public.clone(),
+            key_public: node_cert.public.clone(),
+            certify_info: node_cert.certify_info.clone(),
+            signature: node_cert.signature.clone(),
+        }),
+    };
+    put(root, "renew_request", "tpm", &renew.encode_to_vec());
+    let bare = RenewRequest {
+        csr: rcgen_csr(),
+        key_attestation: None,
+    };
+    put(root, "renew_request", "bare", &bare.encode_to_vec());
+    put(
+        root,
+        "renew_answer",
+        "chain",
+        &RenewResponse {
+            chain: chain.clone(),
+        }
+        .encode_to_vec(),
+    );
+
+    // TPM structures, one parser per first byte (see `tpm_wire`).
+    let tpm_seeds: [(&str, u8, Vec<u8>); 10] = [
+        ("ak-public", 0, hello.ak_public.clone()),
+        ("ek-public", 0, hello.ek_public.clone()),
+        ("quote", 1, answer.quote.clone()),
+        ("certify", 1, node_cert.certify_info.clone()),
+        ("signature", 2, answer.quote_signature.clone()),
+        (
+            "verify-quote",
+            3,
+            join_parts(&[&answer.quote, &answer.quote_signature]),
+        ),
+        (
+            "key-certification",
+            4,
+            join_parts(&[
+                &node_cert.public,
+                &node_cert.certify_info,
+                &node_cert.signature,
+            ]),
+        ),
+        ("statement", 5, AK_STATEMENT.as_bytes().to_vec()),
+        ("p1363", 6, join_parts(&[&[0, 0, 1, 2], &[3; 32]])),
+        ("key2-certification", 4, {
+            let c = bc_wire::agent::TpmKeyCertification::decode(
+                tpm_file("key2-certification.bin").as_slice(),
+            )
+            .unwrap();
+            join_parts(&[&c.public, &c.certify_info, &c.signature])
+        }),
+    ];
+    for (name, which, bytes) in tpm_seeds {
+        put(root, "tpm_wire", name, &[&[which][..], &bytes].concat());
+    }
+
+    put(
+        root,
+        "x509pop_evidence",
+        "proof",
+        &x509pop(&chain, node, &agent_csr_sha),
+    );
+    put(root, "join_token", "token", TOKEN.as_bytes());
+    put(
+        root,
+        "sealed_token",
+        "token",
+        &sealing.seal(&agent_csr_sha, TOKEN.as_bytes()).unwrap(),
+    );
+
+    let pem: Vec<String> = bcd::pki::chain_to_pem(&plain_chain);
+    let identity = format!(
+        "{{\n  \"version\": 1,\n  \"nodeId\": \"{NODE_ID}\",\n  \"role\": \"node\",\n  \"trustDomain\": \"{TRUST_DOMAIN}\",\n  \"nodeKey\": \"file\",\n  \"attestor\": \"join-token\",\n  \"joinedAt\": \"2026-11-30T12:00:00Z\",\n  \"chain\": {}\n}}\n",
+        serde_json_string_array(&pem)
+    );
+    put(root, "identity_json", "identity", identity.as_bytes());
+
+    let ca_pem = bc_controlplane::pki::pem_encode("CERTIFICATE", &plain_chain[1]);
+    let signing_pem = pem_spki(&spki_der(service));
+    let enc_pem = pem_spki(
+        &p256::SecretKey::from_slice(&[9u8; 32])
+            .unwrap()
+            .public_key()
+            .to_public_key_der_vec(),
+    );
+    let config = format!(
+        "api = \"https://cp.example:8443\"\ntrust_domain = \"{TRUST_DOMAIN}\"\ndata_dir = \"/var/lib/bcd\"\n\n[pins]\nserver_ca = \"\"\"\n{ca_pem}\"\"\"\njoin_signing_key = \"\"\"\n{signing_pem}\"\"\"\njoin_encryption_key = \"\"\"\n{enc_pem}\"\"\"\n\n[tpm]\ntcti = \"swtpm:host=127.0.0.1,port=2321\"\nek_roots = \"/etc/bcd/ek-roots.pem\"\n\n[node]\nbackoff_min = \"30s\"\nbackoff_max = \"10m\"\n"
+    );
+    put(root, "bcd_config", "full", config.as_bytes());
+    put(
+        root,
+        "cp_config",
+        "full",
+        b"[tpm]\nnode_key = \"any\"\nchallenge_ttl = \"5m\"\nenrollment_retry_after = \"30s\"\n\n[tpm.pcr_policy]\n\"0\" = \"aa00000000000000000000000000000000000000000000000000000000000000\"\n\n[x509pop]\ngrace = \"7d\"\nwindow = \"5m\"\n",
+    );
+    put(
+        root,
+        "ek_cert",
+        "captured",
+        &join_parts(&[&tpm_file("ek-cert.der"), &tpm_file("ek-public.bin")]),
+    );
+    let _ = fixtures::captured_at();
+}
+
+fn x509pop(chain: &[Vec<u8>], key: &p256::ecdsa::SigningKey, csr_sha256: &[u8; 32]) -> Vec<u8> {
+    let client_time_ms = 1_796_057_201_000u64;
+    let sig = signing::sign(
+        key,
+        Purpose::X509Pop,
+        &[
+            csr_sha256,
+            NODE_ID.as_bytes(),
+            &client_time_ms.to_be_bytes(),
+        ],
+    );
+    bc_wire::x509pop::Evidence {
+        node_id: NODE_ID.into(),
+        chain: chain.to_vec(),
+        client_time_ms,
+        sig,
+    }
+    .to_json()
+}
+
+fn serde_json_string_array(items: &[String]) -> String {
+    let quoted: Vec<String> = items
+        .iter()
+        .map(|s| format!("\"{}\"", s.replace('\n', "\\n")))
+        .collect();
+    format!("[{}]", quoted.join(", "))
+}
+
+fn pem_spki(der: &[u8]) -> String {
+    bc_controlplane::pki::pem_encode("PUBLIC KEY", der)
+}
+
+trait SpkiDer {
+    fn to_public_key_der_vec(&self) -> Vec<u8>;
+}
+
+impl SpkiDer for p256::PublicKey {
+    fn to_public_key_der_vec(&self) -> Vec<u8> {
+        use p256::pkcs8::EncodePublicKey;
+        self.to_public_key_der().unwrap().as_bytes().to_vec()
+    }
+}

@@ -1,0 +1,3 @@
+#![no_main]
+// The body is bc_fuzz::cp_config (fuzz/bodies), which the corpus test replays on stable.
+libfuzzer_sys::fuzz_target!(|data: &[u8]| bc_fuzz::cp_config(data));
