@@ -175,7 +175,7 @@ fn with_cp(f: impl FnOnce(&Cp)) {
 /// A `Join` request body, as the HTTPS layer hands it to the JoinService.
 pub fn join_request(data: &[u8]) {
     with_cp(|cp| {
-        let _ = cp.svc.join_bytes(data);
+        let _ = cp.svc.join_bytes(data, None);
     });
 }
 
@@ -215,7 +215,7 @@ pub(crate) fn harness_outcomes(join: &[u8], renew: &[u8]) -> Result<(bool, bool)
     let cp = Cp::new()?;
     let joined = cp
         .svc
-        .join_bytes(join)
+        .join_bytes(join, None)
         .map_err(|e| format!("join: {e:?}"))?;
     let renewed = cp.svc.renew_bytes(Some(&cp.leaf), renew).is_ok();
     Ok((!joined.body.is_empty(), renewed))
