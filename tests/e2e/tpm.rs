@@ -360,7 +360,15 @@ impl ManualJoin {
 /// Runs one altered second round against a fresh control plane and TPM and
 /// returns the refusal reason the server recorded.
 fn refusal_of(alter: impl FnOnce(&ManualJoin, &mut bc_wire::agent::TpmAnswer)) -> String {
-    let cp = ControlPlane::start_trusting_test_maker();
+    refusal_with("", alter)
+}
+
+/// [`refusal_of`] with more control-plane `[tpm]` configuration.
+fn refusal_with(
+    cp_tpm: &str,
+    alter: impl FnOnce(&ManualJoin, &mut bc_wire::agent::TpmAnswer),
+) -> String {
+    let cp = ControlPlane::start_trusting_test_maker_with(cp_tpm);
     let tpm = Swtpm::start();
     let agent = Agent::with_tpm(&cp, &tpm);
     agent.allow_ek(&cp);
@@ -480,6 +488,8 @@ fn a_wrong_credential_is_refused() {
 
 #[test]
 fn pcr_values_must_match_the_quote() {
-    let reason = refusal_of(|_, a| a.pcr_values[0][0] ^= 1);
+    // A policy makes the control plane ask for PCR 0 and its value.
+    let policy = format!("[tpm.pcr_policy]\n\"0\" = \"{}\"\n", "00".repeat(32));
+    let reason = refusal_with(&policy, |_, a| a.pcr_values[0][0] ^= 1);
     assert_eq!(reason, "quote-pcrs");
 }
