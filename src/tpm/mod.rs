@@ -23,8 +23,8 @@ use tss_esapi::interface_types::resource_handles::Hierarchy;
 use tss_esapi::interface_types::session_handles::{AuthSession, PolicySession};
 use tss_esapi::structures::CapabilityData;
 use tss_esapi::structures::{
-    Data, Digest, EncryptedSecret, HashScheme, HashcheckTicket, IdObject, Nonce,
-    Signature, SignatureScheme, SymmetricDefinition,
+    Data, Digest, EncryptedSecret, HashScheme, HashcheckTicket, IdObject, Nonce, Signature,
+    SignatureScheme, SymmetricDefinition,
 };
 use tss_esapi::traits::Marshall;
 use tss_esapi::{Context, TctiNameConf};

@@ -114,9 +114,7 @@ fn slots_of(pcrs: &[u32]) -> Result<Vec<PcrSlot>, TpmError> {
 
 /// Runs `attempt` until its values match its quote, [`QUOTE_ATTEMPTS`] times
 /// at most; a PCR that never holds still is an error, not a refused join.
-fn consistent(
-    mut attempt: impl FnMut() -> Result<Quote, TpmError>,
-) -> Result<Quote, TpmError> {
+fn consistent(mut attempt: impl FnMut() -> Result<Quote, TpmError>) -> Result<Quote, TpmError> {
     for n in 1..=QUOTE_ATTEMPTS {
         let quote = attempt()?;
         if values_match(&quote.attest, &quote.pcr_values)? {

@@ -493,3 +493,16 @@ fn pcr_values_must_match_the_quote() {
     let reason = refusal_with(&policy, |_, a| a.pcr_values[0][0] ^= 1);
     assert_eq!(reason, "quote-pcrs");
 }
+
+#[test]
+fn the_ek_certificate_is_read_with_its_index_auth_when_the_owner_has_a_password() {
+    // A previous OS took ownership: the owner hierarchy has an authorization.
+    let tpm = Swtpm::start();
+    let cp = ControlPlane::start_trusting_test_maker();
+    let agent = Agent::with_tpm(&cp, &tpm);
+    let before = agent.identify();
+    assert_ok(&tpm.tool("tpm2_changeauth", &["-c", "owner", "previous-os"]));
+    let after = agent.identify();
+    assert!(before["ekSha256"].is_string(), "{before}");
+    assert_eq!(after["ekSha256"], before["ekSha256"], "{after}");
+}
