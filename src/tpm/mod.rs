@@ -80,6 +80,8 @@ pub enum TpmError {
     },
     #[error("the TPM returned {0} that bcd cannot use")]
     Unexpected(&'static str),
+    #[error("the TPM's owner hierarchy has an authorization (set by a previous OS or tpm2_changeauth), so bcd cannot derive its node key there: clear it (tpm2_changeauth -c owner -p <current>) or clear the TPM in the firmware")]
+    OwnerAuth,
     #[error("the quoted PCRs were extended between PCR_Read and Quote in each of {0} quotes")]
     PcrsMoving(usize),
     #[error("the TPM's EK certificate is malformed: {0}")]
@@ -202,7 +204,15 @@ impl Tpm {
     /// hierarchy derived from `unique`. Same unique, same TPM owner seed:
     /// same key.
     pub fn node_key(&mut self, unique: &[u8; 32]) -> Result<LoadedKey, TpmError> {
-        self.create_primary(Hierarchy::Owner, templates::node_key_template(unique)?)
+        use tss_esapi::constants::response_code::Tss2ResponseCodeKind;
+        match self.create_primary(Hierarchy::Owner, templates::node_key_template(unique)?) {
+            // A previous OS (or tpm2_changeauth) set an owner authorization.
+            Err(TpmError::Command {
+                source: tss_esapi::Error::Tss2Error(rc),
+                ..
+            }) if rc.kind() == Some(Tss2ResponseCodeKind::BadAuth) => Err(TpmError::OwnerAuth),
+            other => other,
+        }
     }
 
     fn create_primary(

@@ -505,4 +505,13 @@ fn the_ek_certificate_is_read_with_its_index_auth_when_the_owner_has_a_password(
     let after = agent.identify();
     assert!(before["ekSha256"].is_string(), "{before}");
     assert_eq!(after["ekSha256"], before["ekSha256"], "{after}");
+    // The node key, an owner-hierarchy primary, cannot be derived: said so.
+    agent.allow_ek(&cp);
+    let out = agent.run(&["join", "--attestor", "tpm"]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("owner hierarchy has an authorization"),
+        "{}",
+        stderr(&out)
+    );
 }
