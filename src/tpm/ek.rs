@@ -203,7 +203,6 @@ fn read_nv(
 ) -> Result<Vec<u8>, TpmError> {
     let mut out = Vec::with_capacity(size);
     for (offset, len) in nv_chunks(size, max)? {
-        let auth = auth.clone();
         let chunk = cmd(
             "NV_Read",
             tpm.ctx()
@@ -260,23 +259,6 @@ fn nv_buffer_max(tpm: &mut Tpm) -> Result<usize, TpmError> {
     } else {
         reported
     })
-}
-
-#[cfg(test)]
-mod nv_tests {
-    use super::*;
-
-    #[test]
-    fn nv_is_read_in_chunks_of_the_buffer_max() {
-        assert_eq!(nv_chunks(756, 1024).unwrap(), vec![(0, 756)]);
-        assert_eq!(
-            nv_chunks(1300, 512).unwrap(),
-            vec![(0, 512), (512, 512), (1024, 276)]
-        );
-        assert_eq!(nv_chunks(1024, 512).unwrap(), vec![(0, 512), (512, 512)]);
-        assert!(nv_chunks(0, 512).unwrap().is_empty());
-        assert!(nv_chunks(70_000, 1024).is_err());
-    }
 }
 
 /// Some TPMs store the certificate in a larger index with padding: keep
@@ -355,4 +337,21 @@ fn rsa_spki_der(modulus: &[u8], exponent: u32) -> Vec<u8> {
     let mut bits = vec![0u8];
     bits.extend_from_slice(&key);
     tlv(0x30, &[RSA_ALGORITHM, &tlv(0x03, &bits)].concat())
+}
+
+#[cfg(test)]
+mod nv_tests {
+    use super::*;
+
+    #[test]
+    fn nv_is_read_in_chunks_of_the_buffer_max() {
+        assert_eq!(nv_chunks(756, 1024).unwrap(), vec![(0, 756)]);
+        assert_eq!(
+            nv_chunks(1300, 512).unwrap(),
+            vec![(0, 512), (512, 512), (1024, 276)]
+        );
+        assert_eq!(nv_chunks(1024, 512).unwrap(), vec![(0, 512), (512, 512)]);
+        assert!(nv_chunks(0, 512).unwrap().is_empty());
+        assert!(nv_chunks(70_000, 1024).is_err());
+    }
 }
