@@ -13,6 +13,9 @@ use tss_esapi::structures::{Data, PcrSelectionListBuilder, PcrSlot, SignatureSch
 
 use super::{cmd, marshal_attest, LoadedKey, Tpm, TpmError};
 
+/// The failpoint that extends PCR 16 between the first read and quote.
+pub const EXTEND_FAILPOINT: &str = "quote-extend-pcr16";
+
 /// Quotes made before bcd gives up on PCRs that keep moving.
 pub const QUOTE_ATTEMPTS: usize = 3;
 
@@ -33,7 +36,11 @@ impl Tpm {
         pcrs: &[u32],
     ) -> Result<Quote, TpmError> {
         let slots = slots_of(pcrs)?;
-        consistent(|| self.quote_once(ak, extra_data, &slots))
+        let mut first = true;
+        consistent(|| {
+            let extend = std::mem::take(&mut first) && crate::failpoint::active(EXTEND_FAILPOINT);
+            self.quote_once(ak, extra_data, &slots, extend)
+        })
     }
 
     /// PCR_Read of `slots`, then Quote: not checked against each other.
@@ -42,8 +49,12 @@ impl Tpm {
         ak: &LoadedKey,
         extra_data: &[u8],
         slots: &[PcrSlot],
+        extend: bool,
     ) -> Result<Quote, TpmError> {
         let values = self.pcr_values(slots)?;
+        if extend {
+            self.extend_pcr16()?;
+        }
         let build = |command: &'static str, slots: &[PcrSlot]| {
             PcrSelectionListBuilder::new()
                 .with_selection(HashingAlgorithm::Sha256, slots)
@@ -69,6 +80,26 @@ impl Tpm {
             signature,
             pcr_values: values,
         })
+    }
+
+    /// Test only ([`EXTEND_FAILPOINT`]): PCR 16 extended with sha256("bcd"),
+    /// as IMA would extend PCR 10 between the read and the quote.
+    fn extend_pcr16(&mut self) -> Result<(), TpmError> {
+        use tss_esapi::handles::PcrHandle;
+        use tss_esapi::structures::{Digest, DigestValues};
+        let digest = cmd(
+            "PCR_Extend",
+            Digest::try_from(bc_wire::sha256(b"bcd").to_vec()),
+        )?;
+        let mut values = DigestValues::new();
+        values.set(HashingAlgorithm::Sha256, digest);
+        cmd(
+            "PCR_Extend",
+            self.ctx
+                .execute_with_session(Some(AuthSession::Password), |c| {
+                    c.pcr_extend(PcrHandle::Pcr16, values)
+                }),
+        )
     }
 
     /// The SHA-256 values of `slots`, in order; PCR_Read answers at most 8
@@ -120,10 +151,12 @@ fn consistent(mut attempt: impl FnMut() -> Result<Quote, TpmError>) -> Result<Qu
         if values_match(&quote.attest, &quote.pcr_values)? {
             return Ok(quote);
         }
-        tracing::info!(
-            attempt = n,
-            "a quoted PCR was extended between PCR_Read and Quote; quoting again"
-        );
+        if n < QUOTE_ATTEMPTS {
+            tracing::info!(
+                attempt = n,
+                "a quoted PCR was extended between PCR_Read and Quote; quoting again"
+            );
+        }
     }
     Err(TpmError::PcrsMoving(QUOTE_ATTEMPTS))
 }

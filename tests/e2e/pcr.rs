@@ -6,6 +6,7 @@ use crate::harness::*;
 const PCR_READ: u32 = 0x17E;
 const FLUSH_CONTEXT: u32 = 0x165;
 const NV_READ_PUBLIC: u32 = 0x169;
+const QUOTE: u32 = 0x158;
 
 fn policy(pcr: u32, value: &str) -> String {
     format!("[tpm.pcr_policy]\n\"{pcr}\" = \"{value}\"\n")
@@ -53,4 +54,29 @@ fn a_pcr_that_does_not_meet_the_policy_is_refused() {
     assert_access_denied(&agent.run(&["join", "--attestor", "tpm"]));
     assert_eq!(cp.refusal_reasons().pop().as_deref(), Some("pcr-policy"));
     assert!(cp.nodes().is_empty());
+}
+
+#[test]
+fn a_pcr_extended_between_the_read_and_the_quote_is_quoted_again() {
+    // PCR 16 starts at zeros; the failpoint extends it once with sha256("bcd")
+    // after bcd read it and before it quotes.
+    let mut extended = vec![0u8; 32];
+    extended.extend_from_slice(&bc_wire::sha256(b"bcd"));
+    let value = hex::encode(bc_wire::sha256(&extended));
+    let cp = ControlPlane::start_trusting_test_maker_with(&policy(16, &value));
+    let tpm = Swtpm::start();
+    let agent = Agent::with_tpm(&cp, &tpm);
+    agent.allow_ek(&cp);
+    let before = tpm.command_codes().len();
+    let out = agent
+        .command(&["join", "--attestor", "tpm"])
+        .env("BCD_FAILPOINT", "quote-extend-pcr16")
+        .output()
+        .unwrap();
+    assert_ok(&out);
+    let codes = tpm.command_codes().split_off(before);
+    // The first quote did not match the values read before it: a second one.
+    assert_eq!(codes.iter().filter(|&&c| c == QUOTE).count(), 2);
+    assert_eq!(codes.iter().filter(|&&c| c == PCR_READ).count(), 2);
+    assert_eq!(cp.nodes().len(), 1);
 }
