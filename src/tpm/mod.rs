@@ -80,7 +80,7 @@ pub enum TpmError {
     },
     #[error("the TPM returned {0} that bcd cannot use")]
     Unexpected(&'static str),
-    #[error("the TPM's owner hierarchy has an authorization (set by a previous OS or tpm2_changeauth), so bcd cannot derive its node key there: clear it (tpm2_changeauth -c owner -p <current>) or clear the TPM in the firmware")]
+    #[error("the TPM's owner hierarchy has an authorization (set by a previous OS or tpm2_changeauth), so bcd cannot derive its node key there: put it in a 0600 file named by [tpm] owner_auth_file, or clear it (tpm2_changeauth -c owner -p <current>), or clear the TPM in the firmware")]
     OwnerAuth,
     #[error("the quoted PCRs were extended between PCR_Read and Quote in each of {0} quotes")]
     PcrsMoving(usize),
@@ -139,6 +139,17 @@ impl Tpm {
             ctx,
             loaded: Vec::new(),
         })
+    }
+
+    /// The owner hierarchy's authorization, for the node key's CreatePrimary
+    /// on a TPM whose owner a previous OS took. No TPM command.
+    pub fn set_owner_auth(&mut self, auth: &[u8]) -> Result<(), TpmError> {
+        let auth = tss_esapi::structures::Auth::try_from(auth.to_vec())
+            .map_err(|_| TpmError::Unexpected("an owner authorization longer than 64 bytes"))?;
+        cmd(
+            "TR_SetAuth",
+            self.ctx.tr_set_auth(ObjectHandle::Owner, auth),
+        )
     }
 
     /// Manufacturer, vendor, firmware and family, in one GetCapability.

@@ -515,3 +515,32 @@ fn the_ek_certificate_is_read_with_its_index_auth_when_the_owner_has_a_password(
         stderr(&out)
     );
 }
+
+#[test]
+fn with_owner_auth_file_a_tpm_whose_owner_has_a_password_joins() {
+    use std::os::unix::fs::PermissionsExt;
+    let tpm = Swtpm::start();
+    let cp = ControlPlane::start_trusting_test_maker();
+    let agent = Agent::with_tpm(&cp, &tpm);
+    agent.allow_ek(&cp);
+    assert_ok(&tpm.tool("tpm2_changeauth", &["-c", "owner", "previous-os"]));
+    let file = agent.config.with_file_name("owner.auth");
+    std::fs::write(&file, "previous-os\n").unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let config = std::fs::read_to_string(&agent.config).unwrap();
+    let config = config.replace(
+        "[tpm]\n",
+        &format!("[tpm]\nowner_auth_file = \"{}\"\n", file.display()),
+    );
+    std::fs::write(&agent.config, config).unwrap();
+
+    // Readable by others: refused, and the secret is not printed.
+    let out = agent.run(&["join", "--attestor", "tpm"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("chmod 600"), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("previous-os"));
+
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    assert_ok(&agent.run(&["join", "--attestor", "tpm"]));
+    assert_eq!(cp.nodes().len(), 1);
+}
