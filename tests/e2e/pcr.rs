@@ -6,7 +6,6 @@ use crate::harness::*;
 const PCR_READ: u32 = 0x17E;
 const FLUSH_CONTEXT: u32 = 0x165;
 const NV_READ_PUBLIC: u32 = 0x169;
-const QUOTE: u32 = 0x158;
 
 fn policy(pcr: u32, value: &str) -> String {
     format!("[tpm.pcr_policy]\n\"{pcr}\" = \"{value}\"\n")
@@ -60,6 +59,7 @@ fn a_pcr_that_does_not_meet_the_policy_is_refused() {
 #[cfg(feature = "failpoints")]
 #[test]
 fn a_pcr_extended_between_the_read_and_the_quote_is_quoted_again() {
+    const QUOTE: u32 = 0x158;
     // PCR 16 starts at zeros; the failpoint extends it once with sha256("bcd")
     // after bcd read it and before it quotes.
     let mut extended = vec![0u8; 32];
