@@ -73,6 +73,9 @@ pub struct Config {
     /// `[tpm] ek_roots`: a PEM file of the TPM maker's CA certificates, for
     /// `bcd doctor` to check that the EK certificate chains to them.
     pub tpm_ek_roots: Option<PathBuf>,
+    /// `[tpm] owner_auth_file`: the owner hierarchy's authorization, for a
+    /// TPM whose owner a previous OS took (a 0600 file; never logged).
+    pub tpm_owner_auth_file: Option<PathBuf>,
     /// `[node]`: how `bcd node` keeps its certificate.
     pub node: NodeSettings,
 }
@@ -138,6 +141,7 @@ struct RawConfig {
 struct RawTpm {
     tcti: Option<Spanned<String>>,
     ek_roots: Option<Spanned<String>>,
+    owner_auth_file: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -255,6 +259,20 @@ impl Config {
             }
         };
 
+        let tpm_owner_auth_file = match raw.tpm.as_ref().and_then(|t| t.owner_auth_file.as_ref()) {
+            None => None,
+            Some(p) if Path::new(p.get_ref()).is_absolute() => Some(PathBuf::from(p.get_ref())),
+            Some(p) => {
+                return Err(invalid(
+                    Some(p.span()),
+                    format!(
+                        "tpm.owner_auth_file: expected an absolute path, got {:?}",
+                        p.get_ref()
+                    ),
+                ))
+            }
+        };
+
         let mut node = NodeSettings::default();
         if let Some(n) = &raw.node {
             for (field, name, target) in [
@@ -277,6 +295,7 @@ impl Config {
 
         Ok(Config {
             tpm_ek_roots,
+            tpm_owner_auth_file,
             node,
             tpm_tcti,
             api,
@@ -503,6 +522,22 @@ pub(crate) mod tests {
         assert_eq!(c.trust_domain, "bc.test");
         assert_eq!(c.data_dir, PathBuf::from("/tmp/x"));
         assert_eq!(c.pins.server_ca.len(), 1);
+    }
+
+    #[test]
+    fn tpm_owner_auth_file_is_an_absolute_path() {
+        let base = sample("https://h", "/x");
+        let with = |p: &str| format!("{base}\n[tpm]\nowner_auth_file = \"{p}\"\n");
+        let c = Config::parse(
+            Path::new("/etc/bcd/config.toml"),
+            &with("/etc/bcd/owner.auth"),
+        )
+        .unwrap();
+        assert_eq!(
+            c.tpm_owner_auth_file.as_deref(),
+            Some(Path::new("/etc/bcd/owner.auth"))
+        );
+        assert!(err(&with("owner.auth")).contains("tpm.owner_auth_file"));
     }
 
     #[test]

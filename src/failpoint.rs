@@ -13,3 +13,16 @@ pub fn hit(name: &str) {
     #[cfg(not(feature = "failpoints"))]
     let _ = name;
 }
+
+/// Whether `BCD_FAILPOINT` names this point, for the points that make bcd
+/// do something (rather than crash) in a test.
+#[inline]
+pub fn active(name: &str) -> bool {
+    #[cfg(feature = "failpoints")]
+    return std::env::var("BCD_FAILPOINT").is_ok_and(|v| v == name);
+    #[cfg(not(feature = "failpoints"))]
+    {
+        let _ = name;
+        false
+    }
+}

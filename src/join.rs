@@ -117,7 +117,8 @@ pub fn run(args: JoinArgs, env_token: Option<TokenText>) -> anyhow::Result<ExitC
     };
     let config = Config::load(&args.config.path)?;
     let dir = &config.data_dir;
-    let tpm = TpmAccess::new(config.tpm_tcti.as_deref());
+    let tpm = TpmAccess::new(config.tpm_tcti.as_deref())
+        .with_owner_auth(config.tpm_owner_auth_file.clone());
 
     let credential = if args.reset {
         let moves = reset::plan(dir, clock::now())?;
@@ -279,7 +280,8 @@ fn run_x509pop(args: &JoinArgs) -> anyhow::Result<ExitCode> {
     }
     let config = Config::load(&args.config.path)?;
     let dir = &config.data_dir;
-    let tpm = TpmAccess::new(config.tpm_tcti.as_deref());
+    let tpm = TpmAccess::new(config.tpm_tcti.as_deref())
+        .with_owner_auth(config.tpm_owner_auth_file.clone());
     let current = match Identity::load(dir, &tpm) {
         Ok(Some(id)) => id,
         Ok(None) => {

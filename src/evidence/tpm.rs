@@ -107,7 +107,7 @@ impl Answerer for TpmEvidence {
         let mut nonce = secret.clone();
         nonce.extend_from_slice(&self.csr_sha256);
         let quote = tpm
-            .quote(&self.ak, &bc_wire::sha256(&nonce))
+            .quote(&self.ak, &bc_wire::sha256(&nonce), &c.pcrs)
             .map_err(|e| JoinError::Evidence(e.to_string()))?;
         Ok(TpmAttestation {
             round: Some(Round::Answer(TpmAnswer {

@@ -74,6 +74,9 @@ pub enum KeyError {
     Sign,
     #[error("cannot build the CSR: {0}")]
     Csr(String),
+    /// Never with the file's content.
+    #[error("[tpm] owner_auth_file {path}: {reason}")]
+    OwnerAuth { path: String, reason: String },
     #[error("this machine has no TPM for bcd (none configured: set [tpm] tcti, TPM2TOOLS_TCTI or TCTI, or provide /dev/tpmrm0; [tpm] tcti = \"none\" turns it off)")]
     NoTpm,
     #[error(transparent)]
@@ -108,6 +111,7 @@ pub trait NodeKey: Send + Sync + std::fmt::Debug {
 /// for the node key and the attestor.
 pub struct TpmAccess {
     tcti: Option<String>,
+    owner_auth_file: Option<std::path::PathBuf>,
     opened: Mutex<Option<SharedTpm>>,
 }
 
@@ -116,14 +120,23 @@ impl TpmAccess {
     pub fn new(configured: Option<&str>) -> TpmAccess {
         TpmAccess {
             tcti: crate::tpm::resolve_tcti(configured),
+            owner_auth_file: None,
             opened: Mutex::new(None),
         }
+    }
+
+    /// With `[tpm] owner_auth_file`, the owner authorization node keys need
+    /// on a TPM whose owner a previous OS took.
+    pub fn with_owner_auth(mut self, file: Option<std::path::PathBuf>) -> TpmAccess {
+        self.owner_auth_file = file;
+        self
     }
 
     /// No TPM, whatever the machine has: for tests of file keys.
     pub fn none() -> TpmAccess {
         TpmAccess {
             tcti: None,
+            owner_auth_file: None,
             opened: Mutex::new(None),
         }
     }
@@ -143,7 +156,11 @@ impl TpmAccess {
         if let Some(tpm) = opened.as_ref() {
             return Ok(tpm.clone());
         }
-        let tpm = Arc::new(Mutex::new(crate::tpm::Tpm::open(tcti)?));
+        let mut tpm = crate::tpm::Tpm::open(tcti)?;
+        if let Some(path) = &self.owner_auth_file {
+            tpm.set_owner_auth(&read_owner_auth(path)?)?;
+        }
+        let tpm = Arc::new(Mutex::new(tpm));
         *opened = Some(tpm.clone());
         Ok(tpm)
     }
@@ -192,4 +209,29 @@ pub fn load(kind: NodeKeyKind, path: &Path, tpm: &TpmAccess) -> Result<Box<dyn N
         NodeKeyKind::File => Ok(Box::new(FileKey::load(path)?)),
         NodeKeyKind::Tpm => Ok(Box::new(TpmKey::load(tpm.open()?, path)?)),
     }
+}
+
+/// The owner authorization in `path`: a file only its owner can read (mode
+/// 0600 or stricter), its content without a final newline, 64 bytes at most.
+fn read_owner_auth(path: &std::path::Path) -> Result<Vec<u8>, KeyError> {
+    use std::os::unix::fs::PermissionsExt;
+    let fail = |reason: String| KeyError::OwnerAuth {
+        path: path.display().to_string(),
+        reason,
+    };
+    let meta = std::fs::metadata(path).map_err(|e| fail(e.to_string()))?;
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(fail(format!(
+            "mode {mode:04o} lets others read it; chmod 600 it"
+        )));
+    }
+    let mut bytes = std::fs::read(path).map_err(|e| fail(e.to_string()))?;
+    while bytes.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
+        bytes.pop();
+    }
+    if bytes.len() > 64 {
+        return Err(fail("longer than 64 bytes (a TPM2B_AUTH)".into()));
+    }
+    Ok(bytes)
 }

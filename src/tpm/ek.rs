@@ -148,10 +148,16 @@ fn expected_public(
 }
 
 /// Reads the EK certificate from NV: its size from the index's public area,
-/// then NV_BUFFER_MAX-sized chunks (1024 bytes on swtpm; 3 commands for a
-/// typical certificate). None when the index does not exist.
+/// then the data, authorized by the index itself when it allows that
+/// (TPMA_NV_AUTHREAD, empty auth: every EK certificate index the TCG
+/// profile defines does), so an owner authorization a previous OS set does
+/// not stop the read; by the owner otherwise. None when the index does not
+/// exist.
+///
+/// One NV_Read of the whole certificate first (1 KiB, what most TPMs take);
+/// a TPM that refuses it is asked its TPM_PT_NV_BUFFER_MAX and read in
+/// chunks of that (512 when it reports none).
 fn read_certificate(tpm: &mut Tpm) -> Result<Option<Vec<u8>>, TpmError> {
-    const CHUNK: usize = 768; // below every TPM's NV_BUFFER_MAX in practice
     let index = NvIndexTpmHandle::new(EK_CERT_NV_INDEX).map_err(|source| TpmError::Command {
         command: "NV_ReadPublic",
         source,
@@ -163,29 +169,96 @@ fn read_certificate(tpm: &mut Tpm) -> Result<Option<Vec<u8>>, TpmError> {
     let result = (|| {
         let (public, _) = cmd("NV_ReadPublic", tpm.ctx().nv_read_public(nv))?;
         let size = public.data_size();
-        let mut out = Vec::with_capacity(size);
-        while out.len() < size {
-            let n = (size - out.len()).min(CHUNK);
-            let (n16, off16) = (n as u16, out.len() as u16);
-            let chunk = cmd(
-                "NV_Read",
-                tpm.ctx()
-                    .execute_with_session(Some(AuthSession::Password), |c| {
-                        c.nv_read(NvAuth::Owner, nv, n16, off16)
-                    }),
-            )?;
-            if chunk.value().is_empty() {
-                // A TPM that answers nothing would otherwise be asked forever.
-                return Err(TpmError::Unexpected("an empty NV_Read answer"));
+        let auth = if public.attributes().auth_read() {
+            NvAuth::NvIndex(nv)
+        } else {
+            NvAuth::Owner
+        };
+        if size <= OPTIMISTIC_NV_READ {
+            if let Ok(out) = read_nv(tpm, auth, nv, size, size) {
+                return Ok(out);
             }
-            out.extend_from_slice(chunk.value());
         }
-        Ok(out)
+        let max = nv_buffer_max(tpm)?;
+        read_nv(tpm, auth, nv, size, max)
     })();
     let mut object = object;
     let _ = tpm.ctx().tr_close(&mut object);
     let raw = result?;
     trim_der(&raw).map(|der| Some(der.to_vec()))
+}
+
+/// The size bcd reads in one NV_Read before asking the TPM its limit.
+const OPTIMISTIC_NV_READ: usize = 1024;
+/// NV_BUFFER_MAX when the TPM does not report one (the TCG PC Client floor).
+const NV_BUFFER_FLOOR: usize = 512;
+
+/// `size` bytes of `nv` from offset 0, `max` at a time.
+fn read_nv(
+    tpm: &mut Tpm,
+    auth: NvAuth,
+    nv: NvIndexHandle,
+    size: usize,
+    max: usize,
+) -> Result<Vec<u8>, TpmError> {
+    let mut out = Vec::with_capacity(size);
+    for (offset, len) in nv_chunks(size, max)? {
+        let chunk = cmd(
+            "NV_Read",
+            tpm.ctx()
+                .execute_with_session(Some(AuthSession::Password), |c| {
+                    c.nv_read(auth, nv, len, offset)
+                }),
+        )?;
+        if chunk.value().len() != usize::from(len) {
+            return Err(TpmError::Unexpected("an NV_Read answer of another size"));
+        }
+        out.extend_from_slice(chunk.value());
+    }
+    Ok(out)
+}
+
+/// (offset, length) of each NV_Read for `size` bytes, `max` at a time.
+fn nv_chunks(size: usize, max: usize) -> Result<Vec<(u16, u16)>, TpmError> {
+    let too_big = || TpmError::Unexpected("an NV index larger than 64 KiB");
+    let max = max.clamp(1, usize::from(u16::MAX));
+    let mut chunks = Vec::new();
+    let mut offset = 0;
+    while offset < size {
+        let len = (size - offset).min(max);
+        chunks.push((
+            u16::try_from(offset).map_err(|_| too_big())?,
+            u16::try_from(len).map_err(|_| too_big())?,
+        ));
+        offset += len;
+    }
+    Ok(chunks)
+}
+
+/// TPM_PT_NV_BUFFER_MAX, or [`NV_BUFFER_FLOOR`] when the TPM reports 0.
+fn nv_buffer_max(tpm: &mut Tpm) -> Result<usize, TpmError> {
+    use tss_esapi::constants::{CapabilityType, PropertyTag};
+    use tss_esapi::structures::CapabilityData;
+    let (data, _) = cmd(
+        "GetCapability",
+        tpm.ctx().get_capability(
+            CapabilityType::TpmProperties,
+            PropertyTag::NvBufferMax.into(),
+            1,
+        ),
+    )?;
+    let reported = match data {
+        CapabilityData::TpmProperties(props) => props
+            .find(PropertyTag::NvBufferMax)
+            .map(|p| p.value() as usize)
+            .unwrap_or(0),
+        _ => 0,
+    };
+    Ok(if reported == 0 {
+        NV_BUFFER_FLOOR
+    } else {
+        reported
+    })
 }
 
 /// Some TPMs store the certificate in a larger index with padding: keep
@@ -264,4 +337,21 @@ fn rsa_spki_der(modulus: &[u8], exponent: u32) -> Vec<u8> {
     let mut bits = vec![0u8];
     bits.extend_from_slice(&key);
     tlv(0x30, &[RSA_ALGORITHM, &tlv(0x03, &bits)].concat())
+}
+
+#[cfg(test)]
+mod nv_tests {
+    use super::*;
+
+    #[test]
+    fn nv_is_read_in_chunks_of_the_buffer_max() {
+        assert_eq!(nv_chunks(756, 1024).unwrap(), vec![(0, 756)]);
+        assert_eq!(
+            nv_chunks(1300, 512).unwrap(),
+            vec![(0, 512), (512, 512), (1024, 276)]
+        );
+        assert_eq!(nv_chunks(1024, 512).unwrap(), vec![(0, 512), (512, 512)]);
+        assert!(nv_chunks(0, 512).unwrap().is_empty());
+        assert!(nv_chunks(70_000, 1024).is_err());
+    }
 }

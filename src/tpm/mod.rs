@@ -8,11 +8,13 @@
 //! response code's meaning.
 
 mod ek;
+mod quote;
 mod templates;
 
 use std::path::Path;
 use std::str::FromStr;
 
+use tss_esapi::attributes::SessionAttributesBuilder;
 use tss_esapi::constants::tss::{TPM2_RH_NULL, TPM2_ST_HASHCHECK};
 use tss_esapi::constants::{CapabilityType, PropertyTag, SessionType};
 use tss_esapi::handles::{AuthHandle, KeyHandle, ObjectHandle, SessionHandle};
@@ -21,13 +23,14 @@ use tss_esapi::interface_types::resource_handles::Hierarchy;
 use tss_esapi::interface_types::session_handles::{AuthSession, PolicySession};
 use tss_esapi::structures::CapabilityData;
 use tss_esapi::structures::{
-    Data, Digest, EncryptedSecret, HashScheme, HashcheckTicket, IdObject, Nonce,
-    PcrSelectionListBuilder, PcrSlot, Signature, SignatureScheme, SymmetricDefinition,
+    Data, Digest, EncryptedSecret, HashScheme, HashcheckTicket, IdObject, Nonce, Signature,
+    SignatureScheme, SymmetricDefinition,
 };
 use tss_esapi::traits::Marshall;
 use tss_esapi::{Context, TctiNameConf};
 
 pub use ek::{ek_spki_der, Ek};
+pub use quote::Quote;
 pub use templates::{ak_template, node_key_template};
 
 /// Where bcd finds its TPM, in order: the config's `[tpm] tcti`, then
@@ -77,6 +80,10 @@ pub enum TpmError {
     },
     #[error("the TPM returned {0} that bcd cannot use")]
     Unexpected(&'static str),
+    #[error("the TPM's owner hierarchy has an authorization (set by a previous OS or tpm2_changeauth), so bcd cannot derive its node key there: put it in a 0600 file named by [tpm] owner_auth_file, or clear it (tpm2_changeauth -c owner -p <current>), or clear the TPM in the firmware")]
+    OwnerAuth,
+    #[error("the quoted PCRs were extended between PCR_Read and Quote in each of {0} quotes")]
+    PcrsMoving(usize),
     #[error("the TPM's EK certificate is malformed: {0}")]
     EkCertificate(String),
 }
@@ -132,6 +139,17 @@ impl Tpm {
             ctx,
             loaded: Vec::new(),
         })
+    }
+
+    /// The owner hierarchy's authorization, for the node key's CreatePrimary
+    /// on a TPM whose owner a previous OS took. No TPM command.
+    pub fn set_owner_auth(&mut self, auth: &[u8]) -> Result<(), TpmError> {
+        let auth = tss_esapi::structures::Auth::try_from(auth.to_vec())
+            .map_err(|_| TpmError::Unexpected("an owner authorization longer than 64 bytes"))?;
+        cmd(
+            "TR_SetAuth",
+            self.ctx.tr_set_auth(ObjectHandle::Owner, auth),
+        )
     }
 
     /// Manufacturer, vendor, firmware and family, in one GetCapability.
@@ -197,7 +215,15 @@ impl Tpm {
     /// hierarchy derived from `unique`. Same unique, same TPM owner seed:
     /// same key.
     pub fn node_key(&mut self, unique: &[u8; 32]) -> Result<LoadedKey, TpmError> {
-        self.create_primary(Hierarchy::Owner, templates::node_key_template(unique)?)
+        use tss_esapi::constants::response_code::Tss2ResponseCodeKind;
+        match self.create_primary(Hierarchy::Owner, templates::node_key_template(unique)?) {
+            // A previous OS (or tpm2_changeauth) set an owner authorization.
+            Err(TpmError::Command {
+                source: tss_esapi::Error::Tss2Error(rc),
+                ..
+            }) if rc.kind() == Some(Tss2ResponseCodeKind::BadAuth) => Err(TpmError::OwnerAuth),
+            other => other,
+        }
     }
 
     fn create_primary(
@@ -348,13 +374,17 @@ impl Tpm {
         )?
         .ok_or(TpmError::Unexpected("no session"))?;
         let result = self.activate_in(session, ak.handle, ek.handle(), id, secret);
-        let flushed = cmd(
-            "FlushContext",
-            self.ctx.flush_context(SessionHandle::from(session).into()),
-        );
-        let credential = result?;
-        flushed?;
-        Ok(credential)
+        let mut handle: ObjectHandle = SessionHandle::from(session).into();
+        if result.is_err() {
+            // A failed command leaves the session loaded: flush it here.
+            let _ = self.ctx.flush_context(handle);
+        } else {
+            // The TPM flushed it; forget it here too, or dropping the
+            // context would flush it again (tss-esapi reports the closing
+            // of a session it expected to flush as an error: not one).
+            let _ = self.ctx.tr_close(&mut handle);
+        }
+        result
     }
 
     fn activate_in(
@@ -381,6 +411,15 @@ impl Tpm {
                     )
                 }),
         )?;
+        // Its last use: without continueSession the TPM flushes it after
+        // ActivateCredential, one FlushContext fewer.
+        let (attributes, mask) = SessionAttributesBuilder::new()
+            .with_continue_session(false)
+            .build();
+        cmd(
+            "ActivateCredential",
+            self.ctx.tr_sess_set_attributes(session, attributes, mask),
+        )?;
         let cred = cmd(
             "ActivateCredential",
             self.ctx
@@ -389,56 +428,6 @@ impl Tpm {
                 }),
         )?;
         Ok(cred.value().to_vec())
-    }
-
-    /// A quote of the SHA-256 bank's PCRs 0–23 by `ak` with `extra_data`,
-    /// and those PCRs' values in selection order. The values are read after
-    /// the quote; a PCR extended in between makes the verifier's digest check
-    /// fail, and the caller may quote again.
-    pub fn quote(&mut self, ak: &LoadedKey, extra_data: &[u8]) -> Result<Quote, TpmError> {
-        let slots = all_pcr_slots();
-        let selection = PcrSelectionListBuilder::new()
-            .with_selection(HashingAlgorithm::Sha256, &slots)
-            .build()
-            .map_err(|source| TpmError::Command {
-                command: "Quote",
-                source,
-            })?;
-        let data = Data::try_from(extra_data.to_vec()).map_err(|source| TpmError::Command {
-            command: "Quote",
-            source,
-        })?;
-        let handle = ak.handle;
-        let sel = selection.clone();
-        let (attest, sig) = cmd(
-            "Quote",
-            self.ctx
-                .execute_with_session(Some(AuthSession::Password), |c| {
-                    c.quote(handle, data, SignatureScheme::Null, sel)
-                }),
-        )?;
-        let (attest, signature) = marshal_attest(&attest, &sig)?;
-        // PCR_Read answers at most 8 digests at a time.
-        let mut values = Vec::with_capacity(slots.len());
-        for chunk in slots.chunks(8) {
-            let sel = PcrSelectionListBuilder::new()
-                .with_selection(HashingAlgorithm::Sha256, chunk)
-                .build()
-                .map_err(|source| TpmError::Command {
-                    command: "PCR_Read",
-                    source,
-                })?;
-            let (_, _, digests) = cmd("PCR_Read", self.ctx.pcr_read(sel))?;
-            if digests.value().len() != chunk.len() {
-                return Err(TpmError::Unexpected("fewer PCR values than asked for"));
-            }
-            values.extend(digests.value().iter().map(|d| d.value().to_vec()));
-        }
-        Ok(Quote {
-            attest,
-            signature,
-            pcr_values: values,
-        })
     }
 
     pub(crate) fn ctx(&mut self) -> &mut Context {
@@ -460,22 +449,7 @@ impl Drop for Tpm {
     }
 }
 
-pub struct Quote {
-    pub attest: Vec<u8>,
-    pub signature: Vec<u8>,
-    pub pcr_values: Vec<Vec<u8>>,
-}
-
-fn all_pcr_slots() -> Vec<PcrSlot> {
-    use PcrSlot::*;
-    vec![
-        Slot0, Slot1, Slot2, Slot3, Slot4, Slot5, Slot6, Slot7, Slot8, Slot9, Slot10, Slot11,
-        Slot12, Slot13, Slot14, Slot15, Slot16, Slot17, Slot18, Slot19, Slot20, Slot21, Slot22,
-        Slot23,
-    ]
-}
-
-fn marshal_attest(
+pub(crate) fn marshal_attest(
     attest: &tss_esapi::structures::Attest,
     sig: &Signature,
 ) -> Result<(Vec<u8>, Vec<u8>), TpmError> {

@@ -73,7 +73,15 @@ impl ControlPlane {
     /// as an operator adds them: TPMs carry no intermediate in NV) and asks
     /// pending machines to come back after a second.
     pub fn start_trusting_test_maker() -> Self {
-        let cp = ControlPlane::start_with_config("[tpm]\nenrollment_retry_after = \"1s\"\n");
+        ControlPlane::start_trusting_test_maker_with("")
+    }
+
+    /// Like [`ControlPlane::start_trusting_test_maker`], with more TOML
+    /// after the `[tpm]` table (e.g. a `[tpm.pcr_policy]`).
+    pub fn start_trusting_test_maker_with(extra: &str) -> Self {
+        let cp = ControlPlane::start_with_config(&format!(
+            "[tpm]\nenrollment_retry_after = \"1s\"\n{extra}"
+        ));
         for pem in ["ek-root.pem", "ek-intermediate.pem"] {
             assert_ok(&cp.cli(&["ek-roots", "add", &fixture(pem)]));
         }
@@ -554,6 +562,28 @@ impl Swtpm {
             .lines()
             .filter(|l| l.contains("SWTPM_IO_Read"))
             .count()
+    }
+
+    /// The command codes swtpm has executed so far, in order.
+    pub fn command_codes(&self) -> Vec<u32> {
+        let log = std::fs::read_to_string(self.dir.path().join("swtpm.log")).unwrap_or_default();
+        let mut lines = log.lines();
+        let mut codes = Vec::new();
+        while let Some(l) = lines.next() {
+            if !l.contains("SWTPM_IO_Read") {
+                continue;
+            }
+            let hex: Vec<u8> = lines
+                .next()
+                .unwrap_or_default()
+                .split_whitespace()
+                .filter_map(|b| u8::from_str_radix(b, 16).ok())
+                .collect();
+            if let Some(cc) = hex.get(6..10) {
+                codes.push(u32::from_be_bytes([cc[0], cc[1], cc[2], cc[3]]));
+            }
+        }
+        codes
     }
 
     /// tpm2-tools against this TPM.

@@ -13,6 +13,7 @@ mod doctor;
 mod events;
 mod join_token;
 mod load;
+mod pcr;
 // These move bcd's clock (BCD_CLOCK_OFFSET) or crash it at failpoints, which
 // only a `--features bcd/failpoints` build honours; scripts/test builds so.
 #[cfg(feature = "failpoints")]

@@ -360,7 +360,15 @@ impl ManualJoin {
 /// Runs one altered second round against a fresh control plane and TPM and
 /// returns the refusal reason the server recorded.
 fn refusal_of(alter: impl FnOnce(&ManualJoin, &mut bc_wire::agent::TpmAnswer)) -> String {
-    let cp = ControlPlane::start_trusting_test_maker();
+    refusal_with("", alter)
+}
+
+/// [`refusal_of`] with more control-plane `[tpm]` configuration.
+fn refusal_with(
+    cp_tpm: &str,
+    alter: impl FnOnce(&ManualJoin, &mut bc_wire::agent::TpmAnswer),
+) -> String {
+    let cp = ControlPlane::start_trusting_test_maker_with(cp_tpm);
     let tpm = Swtpm::start();
     let agent = Agent::with_tpm(&cp, &tpm);
     agent.allow_ek(&cp);
@@ -480,6 +488,59 @@ fn a_wrong_credential_is_refused() {
 
 #[test]
 fn pcr_values_must_match_the_quote() {
-    let reason = refusal_of(|_, a| a.pcr_values[0][0] ^= 1);
+    // A policy makes the control plane ask for PCR 0 and its value.
+    let policy = format!("[tpm.pcr_policy]\n\"0\" = \"{}\"\n", "00".repeat(32));
+    let reason = refusal_with(&policy, |_, a| a.pcr_values[0][0] ^= 1);
     assert_eq!(reason, "quote-pcrs");
+}
+
+#[test]
+fn the_ek_certificate_is_read_with_its_index_auth_when_the_owner_has_a_password() {
+    // A previous OS took ownership: the owner hierarchy has an authorization.
+    let tpm = Swtpm::start();
+    let cp = ControlPlane::start_trusting_test_maker();
+    let agent = Agent::with_tpm(&cp, &tpm);
+    let before = agent.identify();
+    assert_ok(&tpm.tool("tpm2_changeauth", &["-c", "owner", "previous-os"]));
+    let after = agent.identify();
+    assert!(before["ekSha256"].is_string(), "{before}");
+    assert_eq!(after["ekSha256"], before["ekSha256"], "{after}");
+    // The node key, an owner-hierarchy primary, cannot be derived: said so.
+    agent.allow_ek(&cp);
+    let out = agent.run(&["join", "--attestor", "tpm"]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("owner hierarchy has an authorization"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn with_owner_auth_file_a_tpm_whose_owner_has_a_password_joins() {
+    use std::os::unix::fs::PermissionsExt;
+    let tpm = Swtpm::start();
+    let cp = ControlPlane::start_trusting_test_maker();
+    let agent = Agent::with_tpm(&cp, &tpm);
+    agent.allow_ek(&cp);
+    assert_ok(&tpm.tool("tpm2_changeauth", &["-c", "owner", "previous-os"]));
+    let file = agent.config.with_file_name("owner.auth");
+    std::fs::write(&file, "previous-os\n").unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let config = std::fs::read_to_string(&agent.config).unwrap();
+    let config = config.replace(
+        "[tpm]\n",
+        &format!("[tpm]\nowner_auth_file = \"{}\"\n", file.display()),
+    );
+    std::fs::write(&agent.config, config).unwrap();
+
+    // Readable by others: refused, and the secret is not printed.
+    let out = agent.run(&["join", "--attestor", "tpm"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("chmod 600"), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("previous-os"));
+
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    assert_ok(&agent.run(&["join", "--attestor", "tpm"]));
+    assert_eq!(cp.nodes().len(), 1);
 }

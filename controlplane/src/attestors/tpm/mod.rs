@@ -165,6 +165,8 @@ impl TpmAttestor {
             id_object: made.id_object,
             encrypted_secret: made.encrypted_secret,
             state: sealed,
+            // The agent quotes only what the policy checks: no PCR_Read without one.
+            pcrs: self.config.pcr_policy.keys().copied().collect(),
         }
         .encode_to_vec();
         tracing::info!(
