@@ -158,18 +158,19 @@ fn failing_accepts_back_off() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    // A rate: the one thing here measured by letting time pass.
+    // A rate: the one thing here measured by letting time pass. The old
+    // fixed 100 ms pause made 30 failures in 3 s; doubling to 1 s makes ~9,
+    // a few more when a freed descriptor lets one accept through and the
+    // pause starts over.
+    let before = accept_failures(&cp);
     std::thread::sleep(Duration::from_secs(3));
-    let failures = accept_failures(&cp);
+    let failures = accept_failures(&cp) - before;
     drop(held);
-    assert!(
-        (3..=12).contains(&failures),
-        "{failures} accept failures in 3 s"
-    );
+    assert!(failures <= 20, "{failures} accept failures in 3 s");
     let log = cp.log();
-    let last = log.lines().rev().find(|l| l.contains("accept failed"));
     assert!(
-        last.is_some_and(|l| l.contains("retry_in_ms=1000")),
+        log.lines()
+            .any(|l| l.contains("accept failed") && l.contains("retry_in_ms=1000")),
         "the pause grew to its cap"
     );
 }
