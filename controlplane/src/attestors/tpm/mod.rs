@@ -137,7 +137,13 @@ impl TpmAttestor {
         hello: &TpmHello,
     ) -> Result<Verdict, Refusal> {
         let roots = ek::root_ders(tx)?;
-        let ek = ek::verify_ek(&hello.ek_certificate, &hello.ek_public, &roots, input.now)
+        let ek = ek::verify_ek(
+            &hello.ek_certificate,
+            &hello.ek_public,
+            &roots,
+            &hello.ek_intermediates,
+            input.now,
+        )
             .map_err(|e| {
                 tracing::debug!(error = %e, "tpm: EK refused");
                 Refusal::new(e.reason())
