@@ -73,6 +73,9 @@ pub struct Config {
     /// `[tpm] ek_roots`: a PEM file of the TPM maker's CA certificates, for
     /// `bcd doctor` to check that the EK certificate chains to them.
     pub tpm_ek_roots: Option<PathBuf>,
+    /// `[tpm] ek_intermediates`: a PEM bundle of the maker's intermediates
+    /// an operator dropped on the machine, sent (untrusted) with a tpm join.
+    pub tpm_ek_intermediates: Option<PathBuf>,
     /// `[node]`: how `bcd node` keeps its certificate.
     pub node: NodeSettings,
 }
@@ -138,6 +141,7 @@ struct RawConfig {
 struct RawTpm {
     tcti: Option<Spanned<String>>,
     ek_roots: Option<Spanned<String>>,
+    ek_intermediates: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -241,19 +245,23 @@ impl Config {
             ),
         };
 
-        let tpm_ek_roots = match raw.tpm.as_ref().and_then(|t| t.ek_roots.as_ref()) {
-            None => None,
-            Some(p) if Path::new(p.get_ref()).is_absolute() => Some(PathBuf::from(p.get_ref())),
-            Some(p) => {
-                return Err(invalid(
-                    Some(p.span()),
-                    format!(
-                        "tpm.ek_roots: expected an absolute path, got {:?}",
-                        p.get_ref()
-                    ),
-                ))
-            }
+        let tpm_path = |field: &str, value: Option<&Spanned<String>>| match value {
+            None => Ok(None),
+            Some(p) if Path::new(p.get_ref()).is_absolute() => Ok(Some(PathBuf::from(p.get_ref()))),
+            Some(p) => Err(invalid(
+                Some(p.span()),
+                format!(
+                    "tpm.{field}: expected an absolute path, got {:?}",
+                    p.get_ref()
+                ),
+            )),
         };
+        let raw_tpm = raw.tpm.as_ref();
+        let tpm_ek_roots = tpm_path("ek_roots", raw_tpm.and_then(|t| t.ek_roots.as_ref()))?;
+        let tpm_ek_intermediates = tpm_path(
+            "ek_intermediates",
+            raw_tpm.and_then(|t| t.ek_intermediates.as_ref()),
+        )?;
 
         let mut node = NodeSettings::default();
         if let Some(n) = &raw.node {
@@ -277,6 +285,7 @@ impl Config {
 
         Ok(Config {
             tpm_ek_roots,
+            tpm_ek_intermediates,
             node,
             tpm_tcti,
             api,

@@ -151,8 +151,16 @@ fn expected_public(
 /// then NV_BUFFER_MAX-sized chunks (1024 bytes on swtpm; 3 commands for a
 /// typical certificate). None when the index does not exist.
 fn read_certificate(tpm: &mut Tpm) -> Result<Option<Vec<u8>>, TpmError> {
+    match read_index(tpm, EK_CERT_NV_INDEX)? {
+        Some(raw) => trim_der(&raw).map(|der| Some(der.to_vec())),
+        None => Ok(None),
+    }
+}
+
+/// The whole data of NV index `handle`; None when it does not exist.
+pub(super) fn read_index(tpm: &mut Tpm, handle: u32) -> Result<Option<Vec<u8>>, TpmError> {
     const CHUNK: usize = 768; // below every TPM's NV_BUFFER_MAX in practice
-    let index = NvIndexTpmHandle::new(EK_CERT_NV_INDEX).map_err(|source| TpmError::Command {
+    let index = NvIndexTpmHandle::new(handle).map_err(|source| TpmError::Command {
         command: "NV_ReadPublic",
         source,
     })?;
@@ -184,14 +192,20 @@ fn read_certificate(tpm: &mut Tpm) -> Result<Option<Vec<u8>>, TpmError> {
     })();
     let mut object = object;
     let _ = tpm.ctx().tr_close(&mut object);
-    let raw = result?;
-    trim_der(&raw).map(|der| Some(der.to_vec()))
+    result.map(Some)
 }
 
 /// Some TPMs store the certificate in a larger index with padding: keep
-/// exactly the DER SEQUENCE.
-fn trim_der(raw: &[u8]) -> Result<&[u8], TpmError> {
+/// exactly the DER SEQUENCE. Some put the TCG PC Client header before it
+/// (`10 01 00` and a 2-byte length): it is stripped.
+pub(super) fn trim_der(raw: &[u8]) -> Result<&[u8], TpmError> {
     let bad = || TpmError::EkCertificate("not a DER certificate".into());
+    let raw = match raw {
+        [0x10, 0x01, 0x00, hi, lo, rest @ ..] => rest
+            .get(..usize::from(*hi) << 8 | usize::from(*lo))
+            .ok_or_else(bad)?,
+        _ => raw,
+    };
     if raw.len() < 2 || raw[0] != 0x30 {
         return Err(bad());
     }
