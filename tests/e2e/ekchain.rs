@@ -80,6 +80,29 @@ fn the_intermediate_nowhere_is_refused_ek_chain() {
     agent.assert_nothing_written();
     assert_eq!(cp.refusal_reasons().last().unwrap(), "ek-chain");
     assert!(cp.log().contains("ek-chain"), "{}", cp.log());
+
+    // bcd doctor, checking against the root, names the missing issuer.
+    let config = std::fs::read_to_string(&agent.config).unwrap();
+    std::fs::write(
+        &agent.config,
+        format!("{config}ek_roots = \"{}\"\n", fixture("ek-root.pem")),
+    )
+    .unwrap();
+    let out = agent.run(&["doctor"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    assert!(
+        stdout(&out).contains("no path: the issuer C=XX, O=BCD Test TPM Manufacturer, CN=BCD Test EK Issuing CA 01 is missing"),
+        "{}",
+        stdout(&out)
+    );
+    // With the intermediate in NV, the doctor finds the path too.
+    nv_write(&tpm, "0x01c00100", &intermediate_der());
+    let out = agent.run(&["doctor"]);
+    assert!(
+        stdout(&out).contains("ok    ek certificate: issued by"),
+        "{}",
+        stdout(&out)
+    );
 }
 
 #[test]
