@@ -314,13 +314,19 @@ mod tests {
         let c = ek_certificate(Some(&ek), Some(&roots), &[]);
         assert_eq!(c.status, Status::Ok, "{}", c.line());
         std::fs::write(&roots, ca("Other", true).cert.pem()).unwrap();
-        assert_eq!(ek_certificate(Some(&ek), Some(&roots), &[]).status, Status::Fail);
+        assert_eq!(
+            ek_certificate(Some(&ek), Some(&roots), &[]).status,
+            Status::Fail
+        );
         let missing = dir.path().join("absent.pem");
         assert_eq!(
             ek_certificate(Some(&ek), Some(&missing), &[]).status,
             Status::Fail
         );
-        assert_eq!(ek_certificate(Some(b"junk"), None, &[]).status, Status::Fail);
+        assert_eq!(
+            ek_certificate(Some(b"junk"), None, &[]).status,
+            Status::Fail
+        );
     }
 
     #[test]

@@ -47,7 +47,11 @@ pub(super) fn read(tpm: &mut Tpm) -> Result<Vec<Vec<u8>>, TpmError> {
 /// a TCG header), up to padding or anything that is not one.
 fn split(mut raw: &[u8], out: &mut Vec<Vec<u8>>) {
     while let Ok(der) = ek::trim_der(raw) {
-        let header = if raw.starts_with(&[0x10, 0x01, 0x00]) { 5 } else { 0 };
+        let header = if raw.starts_with(&[0x10, 0x01, 0x00]) {
+            5
+        } else {
+            0
+        };
         let taken = header + der.len();
         out.push(der.to_vec());
         raw = &raw[taken..];
@@ -69,7 +73,10 @@ mod tests {
         let mut out = Vec::new();
         split(&raw, &mut out);
         assert_eq!(out, vec![a.to_vec(), b.to_vec()]);
-        assert_eq!(ek::trim_der(&[0x10, 0x01, 0x00, 0x00, 0x05, 0x30, 0x03, 1, 2, 3]).unwrap(), &a);
+        assert_eq!(
+            ek::trim_der(&[0x10, 0x01, 0x00, 0x00, 0x05, 0x30, 0x03, 1, 2, 3]).unwrap(),
+            &a
+        );
         assert!(ek::trim_der(&[0x10, 0x01, 0x00, 0x00, 0x09, 0x30]).is_err());
     }
 }

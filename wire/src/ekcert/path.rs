@@ -355,7 +355,10 @@ pub(crate) mod tests {
         assert_eq!(found.anchor, "CN=Maker Root");
         // Only the expired old root configured: the cross path is refused.
         let e = path(&ek, &[&old.der], &[&r_by_old, &i.der]).unwrap_err();
-        assert!(matches!(e, ChainError::Invalid(ref m) if m.contains("not valid at this time")), "{e}");
+        assert!(
+            matches!(e, ChainError::Invalid(ref m) if m.contains("not valid at this time")),
+            "{e}"
+        );
         // A re-keyed root under the same name, expired, configured beside
         // the current one: the walk backtracks to the one that verifies.
         let stale = root("Maker Root", (2000, 2025));
@@ -371,7 +374,10 @@ pub(crate) mod tests {
         let impostor = sub("Maker EK CA 7", &r, None);
         let ek = leaf(&i);
         let e = path(&ek, &[&r.der], &[&impostor.der]).unwrap_err();
-        assert!(matches!(e, ChainError::Invalid(ref m) if m.contains("does not verify")), "{e}");
+        assert!(
+            matches!(e, ChainError::Invalid(ref m) if m.contains("does not verify")),
+            "{e}"
+        );
         // Beside the real one, the real one is found.
         path(&ek, &[&r.der], &[&impostor.der, &i.der]).unwrap();
         // Not a CA.
@@ -379,18 +385,27 @@ pub(crate) mod tests {
         p.is_ca = IsCa::ExplicitNoCa;
         let leafy = sub("Leafy", &r, Some(p));
         let e = path(&leaf(&leafy), &[&r.der], &[&leafy.der]).unwrap_err();
-        assert!(matches!(e, ChainError::Invalid(ref m) if m.contains("is not a CA")), "{e}");
+        assert!(
+            matches!(e, ChainError::Invalid(ref m) if m.contains("is not a CA")),
+            "{e}"
+        );
         // pathlen:0 above another CA.
         let mut p = ca_params("Constrained", (2020, 2040));
         p.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
         let c = sub("Constrained", &r, Some(p));
         let below = sub("Below", &c, None);
         let e = path(&leaf(&below), &[&r.der], &[&c.der, &below.der]).unwrap_err();
-        assert!(matches!(e, ChainError::Invalid(ref m) if m.contains("path length")), "{e}");
+        assert!(
+            matches!(e, ChainError::Invalid(ref m) if m.contains("path length")),
+            "{e}"
+        );
         // Expired intermediate.
         let old = sub("Old CA", &r, Some(ca_params("Old CA", (2000, 2025))));
         let e = path(&leaf(&old), &[&r.der], &[&old.der]).unwrap_err();
-        assert!(matches!(e, ChainError::Invalid(ref m) if m.contains("not valid")), "{e}");
+        assert!(
+            matches!(e, ChainError::Invalid(ref m) if m.contains("not valid")),
+            "{e}"
+        );
     }
 
     #[test]
@@ -405,7 +420,10 @@ pub(crate) mod tests {
         let ek = leaf(chain.last().unwrap());
         let ints: Vec<&[u8]> = chain.iter().map(|c| c.der.as_slice()).collect();
         let e = path(&ek, &[&r.der], &ints).unwrap_err();
-        assert!(matches!(e, ChainError::Invalid(ref m) if m.contains("longer than")), "{e}");
+        assert!(
+            matches!(e, ChainError::Invalid(ref m) if m.contains("longer than")),
+            "{e}"
+        );
         path(&ek, &[&r.der], &ints[..0]).unwrap_err();
         // Three deep is fine.
         let ek3 = leaf(&chain[2]);
@@ -416,6 +434,9 @@ pub(crate) mod tests {
         let fakes: Vec<Ca> = (0..40).map(|_| sub("Maker EK CA", &r, None)).collect();
         let ints: Vec<&[u8]> = fakes.iter().map(|c| c.der.as_slice()).collect();
         let e = path(&ek, &[&r.der], &ints).unwrap_err();
-        assert!(matches!(e, ChainError::Invalid(ref m) if m.contains("candidate issuers")), "{e}");
+        assert!(
+            matches!(e, ChainError::Invalid(ref m) if m.contains("candidate issuers")),
+            "{e}"
+        );
     }
 }

@@ -15,7 +15,9 @@ pub const EK_CERTIFICATE_EKU: &str = "2.23.133.8.1";
 pub fn check_profile(cert: &X509Certificate<'_>) -> Result<(), String> {
     match cert.basic_constraints() {
         Ok(Some(bc)) if bc.value.ca => {
-            return Err("it is a CA certificate (basicConstraints cA), not an EK certificate".into())
+            return Err(
+                "it is a CA certificate (basicConstraints cA), not an EK certificate".into(),
+            )
         }
         Ok(_) => {}
         Err(_) => return Err("its basicConstraints is malformed".into()),

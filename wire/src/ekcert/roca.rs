@@ -66,7 +66,11 @@ mod tests {
     #[test]
     fn the_published_masks() {
         // detect.py's first prints: bit r set when r is a power of 65537 mod p.
-        let mask = |p: u32| (0..p).fold(0u64, |m, r| m | (u64::from(in_subgroup_of_65537(r, p)) << r));
+        let mask = |p: u32| {
+            (0..p).fold(0u64, |m, r| {
+                m | (u64::from(in_subgroup_of_65537(r, p)) << r)
+            })
+        };
         assert_eq!(mask(3), 6);
         assert_eq!(mask(5), 30);
         assert_eq!(mask(7), 126);

@@ -144,10 +144,10 @@ impl TpmAttestor {
             &hello.ek_intermediates,
             input.now,
         )
-            .map_err(|e| {
-                tracing::debug!(error = %e, "tpm: EK refused");
-                Refusal::new(e.reason())
-            })?;
+        .map_err(|e| {
+            tracing::debug!(error = %e, "tpm: EK refused");
+            Refusal::new(e.reason())
+        })?;
         let ak = Public::parse(&hello.ak_public)
             .ok()
             .filter(wtpm::is_attestation_key)
