@@ -536,4 +536,86 @@ pub(crate) mod tests {
         let stored = db.with_conn(|c| root_ders(c)).unwrap().unwrap();
         assert!(stored.contains(&ders[0]));
     }
+
+    /// An RSA public key given by its modulus (never used to encrypt).
+    struct RsaPublic(Vec<u8>);
+
+    impl rcgen::PublicKeyData for RsaPublic {
+        fn der_bytes(&self) -> &[u8] {
+            &self.0
+        }
+        fn algorithm(&self) -> &'static rcgen::SignatureAlgorithm {
+            &rcgen::PKCS_RSA_SHA256
+        }
+    }
+
+    fn rsa_public(modulus: &[u8]) -> RsaPublic {
+        let mut n = vec![0x02, 0x82, 0, 0];
+        if modulus[0] & 0x80 != 0 {
+            n.push(0); // positive, minimally
+        }
+        n.extend_from_slice(modulus);
+        let len = n.len() - 4;
+        (n[2], n[3]) = ((len >> 8) as u8, len as u8);
+        let body = [n, vec![0x02, 0x03, 0x01, 0x00, 0x01]].concat();
+        let mut der = vec![0x30, 0x82, (body.len() >> 8) as u8, body.len() as u8];
+        der.extend_from_slice(&body);
+        RsaPublic(der)
+    }
+
+    /// 65537^k, big-endian: a power of 65537 modulo every small prime.
+    fn power_of_65537(k: u32) -> Vec<u8> {
+        let mut n = vec![1u8];
+        for _ in 0..k {
+            let mut carry = 0u64;
+            for b in n.iter_mut().rev() {
+                let v = u64::from(*b) * 65_537 + carry;
+                *b = v as u8;
+                carry = v >> 8;
+            }
+            while carry > 0 {
+                n.insert(0, carry as u8);
+                carry >>= 8;
+            }
+        }
+        n
+    }
+
+    /// An EK certificate for `modulus` from a fresh root, and that root.
+    fn ek_with_modulus(modulus: &[u8], ca: bool) -> (Vec<u8>, Vec<u8>) {
+        use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, KeyUsagePurpose};
+        let key = KeyPair::generate().unwrap();
+        let mut rp = CertificateParams::new(Vec::<String>::new()).unwrap();
+        rp.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let root = rp.self_signed(&key).unwrap().der().to_vec();
+        let issuer = Issuer::new(rp, key);
+        let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.key_usages = vec![KeyUsagePurpose::KeyEncipherment];
+        if ca {
+            p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        }
+        let ek = p.signed_by(&rsa_public(modulus), &issuer).unwrap();
+        (ek.der().to_vec(), root)
+    }
+
+    #[test]
+    fn refuses_roca_weak_eks_and_non_ek_certificates() {
+        let reason = |modulus: &[u8], ca: bool| {
+            let (ek, root) = ek_with_modulus(modulus, ca);
+            verify_ek(&ek, EK_PUBLIC, &[root], &[], CAPTURED_AT)
+                .map(|_| "ok")
+                .unwrap_or_else(|e| e.reason())
+        };
+        let weak = power_of_65537(128);
+        assert!(weak.len() >= 256);
+        assert_eq!(reason(&weak, false), "ek-roca");
+        // A clean key of another TPM reaches the public area check.
+        let mut clean = weak.clone();
+        clean[0] ^= 0x40;
+        *clean.last_mut().unwrap() ^= 0x02;
+        assert!(!bc_wire::ekcert::has_roca_fingerprint(&clean));
+        assert_eq!(reason(&clean, false), "ek-mismatch");
+        // A CA certificate is no EK certificate.
+        assert_eq!(reason(&clean, true), "ek-certificate");
+    }
 }
