@@ -543,6 +543,20 @@ pub(crate) mod tests {
             .unwrap()
             .tpm_tcti
             .is_none());
+        // [tpm] ek_intermediates: an absolute path, typed.
+        let with = |p: &str| format!("{base}\n[tpm]\nek_intermediates = \"{p}\"\n");
+        let c = Config::parse(Path::new("c.toml"), &with("/etc/bcd/ek-int.pem")).unwrap();
+        assert_eq!(
+            c.tpm_ek_intermediates.as_deref(),
+            Some(Path::new("/etc/bcd/ek-int.pem"))
+        );
+        let e = Config::parse(Path::new("c.toml"), &with("ek-int.pem"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("tpm.ek_intermediates: expected an absolute path"),
+            "{e}"
+        );
     }
 
     #[test]
