@@ -76,6 +76,9 @@ pub struct Config {
     /// `[tpm] owner_auth_file`: the owner hierarchy's authorization, for a
     /// TPM whose owner a previous OS took (a 0600 file; never logged).
     pub tpm_owner_auth_file: Option<PathBuf>,
+    /// `[tpm] ek_intermediates`: a PEM bundle of the maker's intermediates
+    /// an operator dropped on the machine, sent (untrusted) with a tpm join.
+    pub tpm_ek_intermediates: Option<PathBuf>,
     /// `[node]`: how `bcd node` keeps its certificate.
     pub node: NodeSettings,
 }
@@ -142,6 +145,7 @@ struct RawTpm {
     tcti: Option<Spanned<String>>,
     ek_roots: Option<Spanned<String>>,
     owner_auth_file: Option<Spanned<String>>,
+    ek_intermediates: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -245,33 +249,28 @@ impl Config {
             ),
         };
 
-        let tpm_ek_roots = match raw.tpm.as_ref().and_then(|t| t.ek_roots.as_ref()) {
-            None => None,
-            Some(p) if Path::new(p.get_ref()).is_absolute() => Some(PathBuf::from(p.get_ref())),
-            Some(p) => {
-                return Err(invalid(
-                    Some(p.span()),
-                    format!(
-                        "tpm.ek_roots: expected an absolute path, got {:?}",
-                        p.get_ref()
-                    ),
-                ))
-            }
+        let tpm_path = |field: &str, value: Option<&Spanned<String>>| match value {
+            None => Ok(None),
+            Some(p) if Path::new(p.get_ref()).is_absolute() => Ok(Some(PathBuf::from(p.get_ref()))),
+            Some(p) => Err(invalid(
+                Some(p.span()),
+                format!(
+                    "tpm.{field}: expected an absolute path, got {:?}",
+                    p.get_ref()
+                ),
+            )),
         };
+        let raw_tpm = raw.tpm.as_ref();
+        let tpm_ek_roots = tpm_path("ek_roots", raw_tpm.and_then(|t| t.ek_roots.as_ref()))?;
+        let tpm_ek_intermediates = tpm_path(
+            "ek_intermediates",
+            raw_tpm.and_then(|t| t.ek_intermediates.as_ref()),
+        )?;
 
-        let tpm_owner_auth_file = match raw.tpm.as_ref().and_then(|t| t.owner_auth_file.as_ref()) {
-            None => None,
-            Some(p) if Path::new(p.get_ref()).is_absolute() => Some(PathBuf::from(p.get_ref())),
-            Some(p) => {
-                return Err(invalid(
-                    Some(p.span()),
-                    format!(
-                        "tpm.owner_auth_file: expected an absolute path, got {:?}",
-                        p.get_ref()
-                    ),
-                ))
-            }
-        };
+        let tpm_owner_auth_file = tpm_path(
+            "owner_auth_file",
+            raw_tpm.and_then(|t| t.owner_auth_file.as_ref()),
+        )?;
 
         let mut node = NodeSettings::default();
         if let Some(n) = &raw.node {
@@ -296,6 +295,7 @@ impl Config {
         Ok(Config {
             tpm_ek_roots,
             tpm_owner_auth_file,
+            tpm_ek_intermediates,
             node,
             tpm_tcti,
             api,
@@ -569,6 +569,20 @@ pub(crate) mod tests {
             .unwrap()
             .tpm_tcti
             .is_none());
+        // [tpm] ek_intermediates: an absolute path, typed.
+        let with = |p: &str| format!("{base}\n[tpm]\nek_intermediates = \"{p}\"\n");
+        let c = Config::parse(Path::new("c.toml"), &with("/etc/bcd/ek-int.pem")).unwrap();
+        assert_eq!(
+            c.tpm_ek_intermediates.as_deref(),
+            Some(Path::new("/etc/bcd/ek-int.pem"))
+        );
+        let e = Config::parse(Path::new("c.toml"), &with("ek-int.pem"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("tpm.ek_intermediates: expected an absolute path"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -505,8 +505,11 @@ fn prepare(
             let key =
                 TpmKey::generate(shared.clone()).context("the TPM cannot make the node key")?;
             let csr = keys::make_csr(&key)?;
-            let evidence = TpmEvidence::new(shared, &key, bc_wire::sha256(&csr))
+            let mut evidence = TpmEvidence::new(shared, &key, bc_wire::sha256(&csr))
                 .context("cannot read the TPM's endorsement and attestation keys")?;
+            if let Some(file) = &config.tpm_ek_intermediates {
+                evidence.add_intermediates(crate::pki::read_pem_bundle(file)?);
+            }
             let attestation = evidence.hello();
             tracing::info!(api = %client.api(), role = %role.name(), node_key = %key.kid(), "joining the control plane with the TPM");
             Ok(Prepared {

@@ -182,6 +182,37 @@ pub fn parse_cert(der: &[u8]) -> Result<CertSummary, CertError> {
     })
 }
 
+/// The certificates of a PEM bundle an operator dropped on the machine
+/// (`[tpm] ek_intermediates`): absent is empty (the file is optional);
+/// anything but CERTIFICATE blocks that parse is an error naming the file.
+pub fn read_pem_bundle(path: &std::path::Path) -> anyhow::Result<Vec<Vec<u8>>> {
+    const MAX: u64 = 1 << 20;
+    let text = match std::fs::metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            tracing::info!(file = %path.display(), "no [tpm] ek_intermediates file");
+            return Ok(Vec::new());
+        }
+        Ok(m) if m.len() > MAX => anyhow::bail!("{} is larger than 1 MiB", path.display()),
+        _ => std::fs::read(path)
+            .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?,
+    };
+    let mut out = Vec::new();
+    for section in <(SectionKind, Vec<u8>)>::pem_slice_iter(&text) {
+        match section {
+            Ok((SectionKind::Certificate, der)) => {
+                if x509_parser::certificate::X509Certificate::from_der(&der).is_err() {
+                    anyhow::bail!("{}: a certificate does not parse", path.display());
+                }
+                out.push(der);
+            }
+            // Never echo a block: a misplaced private key must not reach a log.
+            Ok(_) => anyhow::bail!("{}: only CERTIFICATE blocks belong there", path.display()),
+            Err(e) => anyhow::bail!("{} is not PEM ({e})", path.display()),
+        }
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;

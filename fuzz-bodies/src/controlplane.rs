@@ -205,7 +205,7 @@ pub fn ek_cert(data: &[u8]) {
         roots
     });
     let [cert, public] = split_parts(data);
-    let _ = ek::verify_ek(cert, public, roots, fixtures::captured_at());
+    let _ = ek::verify_ek(cert, public, roots, &[], fixtures::captured_at());
 }
 
 /// The outcomes of a Join and a Renew on the harness, for the test that

@@ -235,7 +235,11 @@ pub fn diagnose(path: &Path) -> Report {
     // The node key leaves the TPM now: the TPM checks load what they need.
     drop(loaded);
 
-    checks.extend(tpm::checks(&access, config.tpm_ek_roots.as_deref()));
+    checks.extend(tpm::checks(
+        &access,
+        config.tpm_ek_roots.as_deref(),
+        config.tpm_ek_intermediates.as_deref(),
+    ));
     checks.extend(net::checks(&config));
     Report::new(checks)
 }

@@ -16,7 +16,11 @@ use crate::pki::printable;
 use crate::tpm::TpmInfo;
 
 /// The `tpm` and `ek certificate` checks (only `tpm` on a host without one).
-pub fn checks(access: &TpmAccess, ek_roots: Option<&Path>) -> Vec<Check> {
+pub fn checks(
+    access: &TpmAccess,
+    ek_roots: Option<&Path>,
+    ek_intermediates: Option<&Path>,
+) -> Vec<Check> {
     // No TPM, no EK: one line says both.
     let Some(tcti) = access.tcti() else {
         return vec![Check::ok(TPM, "none (node keys are file keys)")];
@@ -59,7 +63,14 @@ pub fn checks(access: &TpmAccess, ek_roots: Option<&Path>) -> Vec<Check> {
     }
     let ek_check = match tpm.ek() {
         Ok(ek) => {
-            let c = ek_certificate(ek.certificate.as_deref(), ek_roots);
+            let mut intermediates = tpm.ek_chain().unwrap_or_default();
+            if let Some(file) = ek_intermediates {
+                match crate::pki::read_pem_bundle(file) {
+                    Ok(more) => intermediates.extend(more),
+                    Err(e) => tracing::warn!(error = %e, "[tpm] ek_intermediates"),
+                }
+            }
+            let c = ek_certificate(ek.certificate.as_deref(), ek_roots, &intermediates);
             if let Err(e) = tpm.release_ek(&ek) {
                 tracing::debug!(error = %e, "cannot flush the EK");
             }
@@ -111,7 +122,11 @@ pub fn info_check(info: &TpmInfo, tcti: &str) -> Check {
 }
 
 /// The EK certificate: present, and chaining to `ek_roots` when configured.
-pub fn ek_certificate(der: Option<&[u8]>, ek_roots: Option<&Path>) -> Check {
+pub fn ek_certificate(
+    der: Option<&[u8]>,
+    ek_roots: Option<&Path>,
+    intermediates: &[Vec<u8>],
+) -> Check {
     let Some(der) = der else {
         return Check::warn(
             EK_CERTIFICATE,
@@ -136,7 +151,7 @@ pub fn ek_certificate(der: Option<&[u8]>, ek_roots: Option<&Path>) -> Check {
         );
     };
     let roots_hint = format!(
-        "[tpm] ek_roots ({}) must hold this TPM maker's CA certificates, including the CA that issued the EK certificate ({issuer}): TPMs carry no intermediate",
+        "[tpm] ek_roots ({}) must hold this TPM maker's root; the intermediates up to the EK certificate's issuer ({issuer}) come from the TPM's EK chain NV indices, [tpm] ek_intermediates or ek_roots",
         roots.display()
     );
     let pem = match std::fs::read(roots) {
@@ -149,7 +164,7 @@ pub fn ek_certificate(der: Option<&[u8]>, ek_roots: Option<&Path>) -> Check {
             )
         }
     };
-    match verify_chain(der, &pem) {
+    match verify_chain(der, &pem, intermediates) {
         Ok(anchor) => Check::ok(
             EK_CERTIFICATE,
             format!(
@@ -165,12 +180,16 @@ pub fn ek_certificate(der: Option<&[u8]>, ek_roots: Option<&Path>) -> Check {
     }
 }
 
-/// Checks that `ek_der` was issued by one of the CA certificates in
-/// `roots_pem`, every one of which is trusted as given: a certificate there
-/// whose subject is the EK certificate's issuer, a CA (basicConstraints
-/// cA, keyCertSign when it has a key usage), whose key verifies the
-/// signature. Returns that CA's subject.
-pub fn verify_chain(ek_der: &[u8], roots_pem: &[u8]) -> Result<String, String> {
+/// Builds a path from `ek_der` to a self-signed certificate of
+/// `roots_pem` through the file's other certificates and `intermediates`
+/// (untrusted), as the control plane does ([`bc_wire::ekcert::path`]).
+/// Returns the anchor's subject; else why not, naming a missing issuer.
+pub fn verify_chain(
+    ek_der: &[u8],
+    roots_pem: &[u8],
+    intermediates: &[Vec<u8>],
+) -> Result<String, String> {
+    use bc_wire::ekcert;
     let (_, ek) = X509Certificate::from_der(ek_der)
         .map_err(|_| "the EK certificate does not parse".to_owned())?;
     let mut roots = Vec::new();
@@ -185,39 +204,29 @@ pub fn verify_chain(ek_der: &[u8], roots_pem: &[u8]) -> Result<String, String> {
     if roots.is_empty() {
         return Err("the file holds no PEM \"CERTIFICATE\" block".to_owned());
     }
-    let mut refusals = Vec::new();
+    let mut parsed = Vec::new();
     for (i, der) in roots.iter().enumerate() {
         let Ok((_, ca)) = X509Certificate::from_der(der) else {
             return Err(format!("certificate {} in the file does not parse", i + 1));
         };
-        if ca.subject().as_raw() != ek.issuer().as_raw() {
-            continue;
-        }
-        let subject = printable(&ca.subject().to_string());
-        if !ca.is_ca() {
-            refusals.push(format!("{subject} is not a CA (basicConstraints)"));
-            continue;
-        }
-        if let Ok(Some(ku)) = ca.key_usage() {
-            if !ku.value.key_cert_sign() {
-                refusals.push(format!("{subject} may not sign certificates (keyUsage)"));
-                continue;
-            }
-        }
-        match ek.verify_signature(Some(ca.public_key())) {
-            Ok(()) => return Ok(subject),
-            Err(e) => refusals.push(format!(
-                "{subject}'s key does not verify its signature ({e})"
-            )),
-        }
+        parsed.push(ca);
     }
-    if refusals.is_empty() {
-        return Err(format!(
-            "no certificate in it is the issuer, {}",
-            printable(&ek.issuer().to_string())
-        ));
+    let (anchors, mut others): (Vec<_>, Vec<_>) =
+        parsed.into_iter().partition(ekcert::is_self_signed);
+    others.extend(
+        intermediates
+            .iter()
+            .filter_map(|d| X509Certificate::from_der(d).ok().map(|(_, c)| c)),
+    );
+    ekcert::check_profile(&ek).map_err(|e| format!("not an EK certificate: {e}"))?;
+    match ekcert::build_path(&ek, &anchors, &others, crate::clock::now().unix_timestamp()) {
+        Ok(found) => Ok(printable(&found.anchor)),
+        Err(ekcert::ChainError::MissingIssuer { missing }) => Err(format!(
+            "no path: the issuer {} is missing",
+            printable(&missing)
+        )),
+        Err(e) => Err(printable(&e.to_string())),
     }
-    Err(refusals.join("; "))
 }
 
 #[cfg(test)]
@@ -268,16 +277,16 @@ mod tests {
         let ek = ek_cert(&maker);
         let both = format!("{}{}", other.cert.pem(), maker.cert.pem());
         assert_eq!(
-            verify_chain(&ek, both.as_bytes()).unwrap(),
+            verify_chain(&ek, both.as_bytes(), &[]).unwrap(),
             "CN=Maker EK CA"
         );
-        let e = verify_chain(&ek, other.cert.pem().as_bytes()).unwrap_err();
+        let e = verify_chain(&ek, other.cert.pem().as_bytes(), &[]).unwrap_err();
         assert!(
-            e.starts_with("no certificate in it is the issuer, CN=Maker EK CA"),
+            e.starts_with("no path: the issuer CN=Maker EK CA is missing"),
             "{e}"
         );
-        assert!(verify_chain(&ek, b"").is_err());
-        assert!(verify_chain(&ek, b"-----BEGIN CERTIFICATE-----\nAAAA\n").is_err());
+        assert!(verify_chain(&ek, b"", &[]).is_err());
+        assert!(verify_chain(&ek, b"-----BEGIN CERTIFICATE-----\nAAAA\n", &[]).is_err());
     }
 
     #[test]
@@ -285,33 +294,39 @@ mod tests {
         let maker = ca("Maker EK CA", true);
         let impostor = ca("Maker EK CA", true);
         let ek = ek_cert(&maker);
-        let e = verify_chain(&ek, impostor.cert.pem().as_bytes()).unwrap_err();
-        assert!(e.contains("does not verify its signature"), "{e}");
+        let e = verify_chain(&ek, impostor.cert.pem().as_bytes(), &[]).unwrap_err();
+        assert!(e.contains("does not verify the signature"), "{e}");
         let leafy = ca("Maker EK CA", false);
         let ek = ek_cert(&leafy);
-        let e = verify_chain(&ek, leafy.cert.pem().as_bytes()).unwrap_err();
+        let e = verify_chain(&ek, leafy.cert.pem().as_bytes(), &[]).unwrap_err();
         assert!(e.contains("is not a CA"), "{e}");
     }
 
     #[test]
     fn ek_certificate_check() {
-        assert_eq!(ek_certificate(None, None).status, Status::Warn);
+        assert_eq!(ek_certificate(None, None, &[]).status, Status::Warn);
         let maker = ca("Maker EK CA", true);
         let ek = ek_cert(&maker);
-        assert_eq!(ek_certificate(Some(&ek), None).status, Status::Ok);
+        assert_eq!(ek_certificate(Some(&ek), None, &[]).status, Status::Ok);
         let dir = tempfile::tempdir().unwrap();
         let roots = dir.path().join("roots.pem");
         std::fs::write(&roots, maker.cert.pem()).unwrap();
-        let c = ek_certificate(Some(&ek), Some(&roots));
+        let c = ek_certificate(Some(&ek), Some(&roots), &[]);
         assert_eq!(c.status, Status::Ok, "{}", c.line());
         std::fs::write(&roots, ca("Other", true).cert.pem()).unwrap();
-        assert_eq!(ek_certificate(Some(&ek), Some(&roots)).status, Status::Fail);
-        let missing = dir.path().join("absent.pem");
         assert_eq!(
-            ek_certificate(Some(&ek), Some(&missing)).status,
+            ek_certificate(Some(&ek), Some(&roots), &[]).status,
             Status::Fail
         );
-        assert_eq!(ek_certificate(Some(b"junk"), None).status, Status::Fail);
+        let missing = dir.path().join("absent.pem");
+        assert_eq!(
+            ek_certificate(Some(&ek), Some(&missing), &[]).status,
+            Status::Fail
+        );
+        assert_eq!(
+            ek_certificate(Some(b"junk"), None, &[]).status,
+            Status::Fail
+        );
     }
 
     #[test]

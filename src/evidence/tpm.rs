@@ -24,6 +24,8 @@ pub struct TpmEvidence {
     ak: LoadedKey,
     csr_sha256: [u8; 32],
     node_key: TpmKeyCertification,
+    /// Untrusted intermediates toward the maker's root: NV, then the file's.
+    intermediates: Vec<Vec<u8>>,
 }
 
 impl TpmEvidence {
@@ -34,14 +36,18 @@ impl TpmEvidence {
         key: &TpmKey,
         csr_sha256: [u8; 32],
     ) -> Result<TpmEvidence, KeyError> {
-        let (ek, ak) = {
+        let (ek, ak, intermediates) = {
             let mut t = crate::keys::lock_tpm(&tpm)?;
             let ek = t.ek()?;
+            let intermediates = t.ek_chain().unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "cannot read the EK chain NV indices");
+                Vec::new()
+            });
             if ek.certificate.is_none() {
                 tracing::warn!("the TPM has no EK certificate at NV 0x01c00002; the control plane will not trust this EK");
             }
             match t.ak() {
-                Ok(ak) => (ek, ak),
+                Ok(ak) => (ek, ak, intermediates),
                 Err(e) => {
                     // The EK must not keep one of the connection's three slots.
                     let _ = t.release_ek(&ek);
@@ -57,6 +63,7 @@ impl TpmEvidence {
             ak,
             csr_sha256,
             node_key: TpmKeyCertification::default(),
+            intermediates,
         };
         let (certify_info, signature) = key.certify_by(&evidence.ak, &csr_sha256)?;
         evidence.node_key = TpmKeyCertification {
@@ -65,6 +72,18 @@ impl TpmEvidence {
             signature,
         };
         Ok(evidence)
+    }
+
+    /// Adds intermediates (`[tpm] ek_intermediates`) after the TPM's own,
+    /// without duplicates, up to what the control plane accepts.
+    pub fn add_intermediates(&mut self, ders: Vec<Vec<u8>>) {
+        for der in ders {
+            if self.intermediates.len() < bc_wire::ekcert::MAX_AGENT_INTERMEDIATES
+                && !self.intermediates.contains(&der)
+            {
+                self.intermediates.push(der);
+            }
+        }
     }
 
     /// The AK this evidence was made with.
@@ -79,6 +98,7 @@ impl TpmEvidence {
                 ek_public: self.ek.public.clone(),
                 ek_certificate: self.ek.certificate.clone().unwrap_or_default(),
                 ak_public: self.ak.public.clone(),
+                ek_intermediates: self.intermediates.clone(),
             })),
         }
         .encode_to_vec()

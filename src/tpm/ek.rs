@@ -147,18 +147,28 @@ fn expected_public(
     Ok(Some(bytes))
 }
 
-/// Reads the EK certificate from NV: its size from the index's public area,
-/// then the data, authorized by the index itself when it allows that
-/// (TPMA_NV_AUTHREAD, empty auth: every EK certificate index the TCG
-/// profile defines does), so an owner authorization a previous OS set does
-/// not stop the read; by the owner otherwise. None when the index does not
-/// exist.
+/// Reads the EK certificate from NV ([`read_index`]), without the TCG
+/// header or padding some makers put around the DER. None when the index
+/// does not exist.
+fn read_certificate(tpm: &mut Tpm) -> Result<Option<Vec<u8>>, TpmError> {
+    match read_index(tpm, EK_CERT_NV_INDEX)? {
+        Some(raw) => trim_der(&raw).map(|der| Some(der.to_vec())),
+        None => Ok(None),
+    }
+}
+
+/// The whole data of NV index `handle` (None when it does not exist): its
+/// size from the index's public area, then the data, authorized by the
+/// index itself when it allows that (TPMA_NV_AUTHREAD, empty auth: every EK
+/// certificate and chain index the TCG profile defines does), so an owner
+/// authorization a previous OS set does not stop the read; by the owner
+/// otherwise.
 ///
-/// One NV_Read of the whole certificate first (1 KiB, what most TPMs take);
+/// One NV_Read of the whole index first (up to 1 KiB, what most TPMs take);
 /// a TPM that refuses it is asked its TPM_PT_NV_BUFFER_MAX and read in
 /// chunks of that (512 when it reports none).
-fn read_certificate(tpm: &mut Tpm) -> Result<Option<Vec<u8>>, TpmError> {
-    let index = NvIndexTpmHandle::new(EK_CERT_NV_INDEX).map_err(|source| TpmError::Command {
+pub(super) fn read_index(tpm: &mut Tpm, handle: u32) -> Result<Option<Vec<u8>>, TpmError> {
+    let index = NvIndexTpmHandle::new(handle).map_err(|source| TpmError::Command {
         command: "NV_ReadPublic",
         source,
     })?;
@@ -184,8 +194,7 @@ fn read_certificate(tpm: &mut Tpm) -> Result<Option<Vec<u8>>, TpmError> {
     })();
     let mut object = object;
     let _ = tpm.ctx().tr_close(&mut object);
-    let raw = result?;
-    trim_der(&raw).map(|der| Some(der.to_vec()))
+    result.map(Some)
 }
 
 /// The size bcd reads in one NV_Read before asking the TPM its limit.
@@ -262,9 +271,16 @@ fn nv_buffer_max(tpm: &mut Tpm) -> Result<usize, TpmError> {
 }
 
 /// Some TPMs store the certificate in a larger index with padding: keep
-/// exactly the DER SEQUENCE.
-fn trim_der(raw: &[u8]) -> Result<&[u8], TpmError> {
+/// exactly the DER SEQUENCE. Some put the TCG PC Client header before it
+/// (`10 01 00` and a 2-byte length): it is stripped.
+pub(super) fn trim_der(raw: &[u8]) -> Result<&[u8], TpmError> {
     let bad = || TpmError::EkCertificate("not a DER certificate".into());
+    let raw = match raw {
+        [0x10, 0x01, 0x00, hi, lo, rest @ ..] => rest
+            .get(..usize::from(*hi) << 8 | usize::from(*lo))
+            .ok_or_else(bad)?,
+        _ => raw,
+    };
     if raw.len() < 2 || raw[0] != 0x30 {
         return Err(bad());
     }

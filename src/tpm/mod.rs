@@ -8,6 +8,7 @@
 //! response code's meaning.
 
 mod ek;
+mod ekchain;
 mod quote;
 mod templates;
 
@@ -202,6 +203,11 @@ impl Tpm {
     /// else derived from the default template.
     pub fn ek(&mut self) -> Result<Ek, TpmError> {
         ek::load(self)
+    }
+
+    /// The maker's intermediates in the EK chain NV indices (untrusted).
+    pub fn ek_chain(&mut self) -> Result<Vec<Vec<u8>>, TpmError> {
+        ekchain::read(self)
     }
 
     /// The AK: a restricted P-256 signing primary of the endorsement

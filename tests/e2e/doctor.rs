@@ -260,7 +260,7 @@ fn a_tpm_joined_node_and_its_ek_roots() {
         d.dump()
     );
 
-    // The root alone: TPMs carry no intermediate, so the chain stops short.
+    // The root alone: this TPM carries no intermediate, so the path stops short.
     let root_only = agent.root.path().join("root-only.pem");
     std::fs::copy(fixture("ek-root.pem"), &root_only).unwrap();
     std::fs::write(&agent.config, with_roots(&root_only)).unwrap();
@@ -269,7 +269,7 @@ fn a_tpm_joined_node_and_its_ek_roots() {
     d.expect(
         "ek certificate",
         &format!(
-            "fail  ek certificate: does not chain to {}: no certificate in it is the issuer",
+            "fail  ek certificate: does not chain to {}: no path: the issuer C=XX, O=BCD Test TPM Manufacturer, CN=BCD Test EK Issuing CA 01 is missing",
             root_only.display()
         ),
     );

@@ -69,8 +69,9 @@ impl ControlPlane {
         cp.serve()
     }
 
-    /// A control plane that trusts the test TPM maker (root and issuing CA,
-    /// as an operator adds them: TPMs carry no intermediate in NV) and asks
+    /// A control plane that trusts the test TPM maker (its root as the
+    /// anchor, its issuing CA as a configured intermediate, since the
+    /// manufactured TPMs carry none in NV) and asks
     /// pending machines to come back after a second.
     pub fn start_trusting_test_maker() -> Self {
         ControlPlane::start_trusting_test_maker_with("")

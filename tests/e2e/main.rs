@@ -10,6 +10,7 @@ mod harness;
 mod answers;
 mod datadir;
 mod doctor;
+mod ekchain;
 mod events;
 mod join_token;
 mod load;

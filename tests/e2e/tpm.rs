@@ -211,7 +211,7 @@ fn an_ek_from_an_unknown_maker_is_refused() {
     let out = agent.run(&["join", "--attestor", "tpm"]);
     assert_access_denied(&out);
     agent.assert_nothing_written();
-    assert_eq!(cp.refusal_reasons().last().unwrap(), "ek-certificate");
+    assert_eq!(cp.refusal_reasons().last().unwrap(), "ek-chain");
 }
 
 #[test]

@@ -14,7 +14,8 @@ use super::{open_db, print_line, print_list, print_stdout, Dir, ListArgs};
 
 #[derive(Subcommand)]
 pub enum EkRootsCmd {
-    /// Trust the CA certificates in FILE.pem (a maker's root or intermediate).
+    /// Add the CA certificates in FILE.pem: self-signed ones are anchors,
+    /// the others intermediates (trusted only through a path to an anchor).
     Add {
         #[command(flatten)]
         dir: Dir,
@@ -93,6 +94,7 @@ pub fn run_ek_roots(cmd: EkRootsCmd) -> Result<()> {
                 |r| {
                     json!({
                         "sha256": r.sha256,
+                        "kind": kind(r.anchor),
                         "subject": r.subject,
                         "notAfter": db::rfc3339(r.not_after),
                         "addedAt": db::rfc3339(r.added_at),
@@ -100,14 +102,24 @@ pub fn run_ek_roots(cmd: EkRootsCmd) -> Result<()> {
                 },
                 |r| {
                     Ok(format!(
-                        "{} {} not_after={}",
+                        "{} {} {} not_after={}",
                         r.sha256,
+                        kind(r.anchor),
                         r.subject,
                         db::rfc3339(r.not_after)
                     ))
                 },
             )
         }
+    }
+}
+
+/// How `ek-roots` names a configured certificate's role.
+fn kind(anchor: bool) -> &'static str {
+    if anchor {
+        "anchor"
+    } else {
+        "intermediate"
     }
 }
 
@@ -119,7 +131,12 @@ fn ek_roots_add(dir: &Path, file: &Path) -> Result<()> {
     let mut out = String::new();
     for (root, new) in added {
         let what = if new { "added" } else { "already present" };
-        out.push_str(&format!("{what} {} {}\n", root.sha256, root.subject));
+        out.push_str(&format!(
+            "{what} {} {} {}\n",
+            root.sha256,
+            kind(root.anchor),
+            root.subject
+        ));
     }
     print_stdout(&out)
 }

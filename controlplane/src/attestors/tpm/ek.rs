@@ -8,15 +8,13 @@
 //!
 //! * the EK certificate parses as exactly one DER certificate and is valid at
 //!   the database's time;
-//! * its issuer is a configured EK root (found by subject, its signature
-//!   verified with that root's key); every configured certificate is a trust
-//!   anchor, a maker's root or one of its intermediates alike;
-//! * when the issuer's own issuer is configured too, that link is verified
-//!   as well, up to a self-issued certificate or at most [`MAX_DEPTH`]
-//!   issuers;
-//! * every issuer is a CA by basicConstraints, has keyCertSign when it has a
-//!   keyUsage, respects its pathLenConstraint and is valid at the
-//!   database's time.
+//! * it is an EK certificate (EKU, keyUsage, not a CA: `ek-certificate`);
+//! * a path leads from it to an anchor (a self-signed configured root)
+//!   through the other configured certificates and at most 8 intermediates
+//!   the agent sent, untrusted (`ek-chain`, [`bc_wire::ekcert::path`]):
+//!   every issuer a CA valid at the database's time, at most
+//!   [`MAX_DEPTH`] issuers, the walk stopping at the first anchor;
+//! * an RSA EK does not have the ROCA fingerprint (`ek-roca`).
 //!
 //! Roots are stored in the `ek_roots` table by `bc-controlplane ek-roots add`.
 
@@ -30,7 +28,7 @@ use bc_wire::tpm::{KeyParams, Public, ALG_NULL};
 use crate::db::{self, Database, DbError, UnixMs};
 
 /// Most issuers walked above an EK certificate.
-pub const MAX_DEPTH: usize = 4;
+pub const MAX_DEPTH: usize = bc_wire::ekcert::path::MAX_DEPTH;
 
 /// TPMA_OBJECT of the TCG default EK templates (L-1): fixedTPM,
 /// fixedParent, sensitiveDataOrigin, adminWithPolicy, restricted, decrypt.
@@ -50,6 +48,12 @@ pub enum EkError {
     /// No chain to a root, a bad signature, expired, or not parseable.
     #[error("ek-certificate: {0}")]
     Certificate(String),
+    /// No path to a configured anchor (a missing or failing issuer).
+    #[error("ek-chain: {0}")]
+    Chain(String),
+    /// The RSA EK has the ROCA fingerprint (CVE-2017-15361): factorable.
+    #[error("ek-roca: the RSA EK was made by a flawed Infineon key generator (CVE-2017-15361)")]
+    Roca,
     /// The EK public area is not the L-1 RSA-2048 EK holding the
     /// certificate's key.
     #[error("ek-mismatch: {0}")]
@@ -60,6 +64,8 @@ impl EkError {
     pub fn reason(&self) -> &'static str {
         match self {
             EkError::Certificate(_) => "ek-certificate",
+            EkError::Chain(_) => "ek-chain",
+            EkError::Roca => "ek-roca",
             EkError::Mismatch(_) => "ek-mismatch",
         }
     }
@@ -84,11 +90,12 @@ pub fn verify_ek(
     cert_der: &[u8],
     ek_public: &[u8],
     roots: &[Vec<u8>],
+    intermediates: &[Vec<u8>],
     now: UnixMs,
 ) -> Result<VerifiedEk, EkError> {
     let cert = parse_exact(cert_der)
         .ok_or_else(|| EkError::Certificate("not one DER X.509 certificate".into()))?;
-    verify_chain(&cert, roots, now)?;
+    verify_chain(&cert, roots, intermediates, now)?;
     check_public(&cert, ek_public)?;
     let spki_der = cert.public_key().raw.to_vec();
     let mut issuer = cert.issuer().to_string();
@@ -124,58 +131,46 @@ fn valid_at(cert: &X509Certificate<'_>, now: UnixMs) -> bool {
     v.not_before.timestamp() <= now_s && now_s <= v.not_after.timestamp()
 }
 
-fn verify_chain(leaf: &X509Certificate<'_>, roots: &[Vec<u8>], now: UnixMs) -> Result<(), EkError> {
-    let bad = |m: &str| EkError::Certificate(m.to_owned());
+/// A path from the EK certificate to a configured anchor (a self-signed
+/// configured certificate) through the other configured certificates and
+/// the agent's untrusted intermediates ([`bc_wire::ekcert::path`]); then
+/// what makes it an EK certificate, and the ROCA fingerprint.
+fn verify_chain(
+    leaf: &X509Certificate<'_>,
+    roots: &[Vec<u8>],
+    agent_intermediates: &[Vec<u8>],
+    now: UnixMs,
+) -> Result<(), EkError> {
+    use bc_wire::ekcert;
     if !valid_at(leaf, now) {
-        return Err(bad("the EK certificate is not valid at this time"));
+        return Err(EkError::Certificate(
+            "the EK certificate is not valid at this time".into(),
+        ));
+    }
+    ekcert::check_profile(leaf).map_err(EkError::Certificate)?;
+    if agent_intermediates.len() > ekcert::MAX_AGENT_INTERMEDIATES {
+        return Err(EkError::Chain(format!(
+            "{} intermediates sent, at most {} accepted",
+            agent_intermediates.len(),
+            ekcert::MAX_AGENT_INTERMEDIATES
+        )));
     }
     // Stored roots were checked when added; one that no longer parses is skipped.
-    let anchors: Vec<X509Certificate<'_>> = roots.iter().filter_map(|d| parse_exact(d)).collect();
-    let mut child = leaf;
-    // `cas_below`: CA certificates between the current issuer and the leaf.
-    for (depth, cas_below) in (0..MAX_DEPTH).enumerate() {
-        let issuer = anchors.iter().find(|a| {
-            a.subject().as_raw() == child.issuer().as_raw()
-                && child.verify_signature(Some(a.public_key())).is_ok()
-        });
-        let Some(issuer) = issuer else {
-            return if depth == 0 {
-                Err(bad("not issued by a configured EK root"))
-            } else {
-                // `child` is itself a configured root: the chain is anchored.
-                Ok(())
-            };
-        };
-        check_issuer(issuer, cas_below, now)?;
-        if issuer.subject().as_raw() == issuer.issuer().as_raw() {
-            return Ok(());
+    let (anchors, mut intermediates): (Vec<_>, Vec<_>) = roots
+        .iter()
+        .filter_map(|d| parse_exact(d))
+        .partition(ekcert::is_self_signed);
+    for der in agent_intermediates {
+        let cert = parse_exact(der)
+            .ok_or_else(|| EkError::Chain("an intermediate is not one DER certificate".into()))?;
+        intermediates.push(cert);
+    }
+    ekcert::build_path(leaf, &anchors, &intermediates, now.div_euclid(1000))
+        .map_err(|e| EkError::Chain(e.to_string()))?;
+    if let Ok(PublicKey::RSA(rsa)) = leaf.public_key().parsed() {
+        if ekcert::has_roca_fingerprint(rsa.modulus) {
+            return Err(EkError::Roca);
         }
-        child = issuer;
-    }
-    Err(bad("the chain is longer than 4 issuers"))
-}
-
-fn check_issuer(ca: &X509Certificate<'_>, cas_below: usize, now: UnixMs) -> Result<(), EkError> {
-    let bad = |m: String| EkError::Certificate(m);
-    let name = ca.subject().to_string();
-    let bc = ca
-        .basic_constraints()
-        .map_err(|_| bad(format!("issuer {name}: malformed basicConstraints")))?;
-    let Some(bc) = bc.filter(|bc| bc.value.ca) else {
-        return Err(bad(format!("issuer {name} is not a CA")));
-    };
-    if let Some(max) = bc.value.path_len_constraint {
-        if usize::try_from(max).is_ok_and(|max| cas_below > max) {
-            return Err(bad(format!("issuer {name}: path length exceeded")));
-        }
-    }
-    match ca.key_usage() {
-        Ok(None) => {}
-        Ok(Some(ku)) if ku.value.key_cert_sign() => {}
-        _ => return Err(bad(format!("issuer {name} may not sign certificates"))),
-    }
-    if !valid_at(ca, now) {
-        return Err(bad(format!("issuer {name} is not valid at this time")));
     }
     Ok(())
 }
@@ -234,6 +229,9 @@ fn strip_zeros(b: &[u8]) -> &[u8] {
 /// A configured EK root.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EkRoot {
+    /// Self-signed: a trust anchor. Else an intermediate, trusted only
+    /// through a path to an anchor.
+    pub anchor: bool,
     /// Lowercase hex SHA-256 of the DER.
     pub sha256: String,
     pub der: Vec<u8>,
@@ -299,6 +297,7 @@ pub fn add_roots(db: &Database, ders: &[Vec<u8>]) -> Result<Vec<(EkRoot, bool)>,
             let cert = parse_exact(der)
                 .ok_or_else(|| EkRootError::Invalid("not a DER X.509 certificate".into()))?;
             let root = EkRoot {
+                anchor: bc_wire::ekcert::is_self_signed(&cert),
                 sha256: hex::encode(bc_wire::sha256(der)),
                 der: der.clone(),
                 subject: cert.subject().to_string(),
@@ -337,9 +336,11 @@ pub fn list_roots(db: &Database) -> Result<Vec<EkRoot>, DbError> {
             "SELECT sha256, der, subject, not_after, added_at FROM ek_roots ORDER BY added_at, sha256",
         )?;
         let rows = st.query_map([], |r| {
+            let der: Vec<u8> = r.get(1)?;
             Ok(EkRoot {
+                anchor: parse_exact(&der).is_some_and(|c| bc_wire::ekcert::is_self_signed(&c)),
                 sha256: r.get(0)?,
-                der: r.get(1)?,
+                der,
                 subject: r.get(2)?,
                 not_after: r.get(3)?,
                 added_at: r.get(4)?,
@@ -371,28 +372,44 @@ pub(crate) mod tests {
     #[test]
     fn chains_through_the_intermediate() {
         let both = [der(ROOT_PEM), der(INTERMEDIATE_PEM)];
-        let ek = verify_ek(EK_CERT, EK_PUBLIC, &both, CAPTURED_AT).unwrap();
+        let ek = verify_ek(EK_CERT, EK_PUBLIC, &both, &[], CAPTURED_AT).unwrap();
         assert_eq!(ek.spki_sha256, bc_wire::sha256(&ek.spki_der));
         assert!(
             ek.issuer.contains("BCD Test EK Issuing CA 01"),
             "{}",
             ek.issuer
         );
-        // The intermediate alone is an anchor too.
-        verify_ek(EK_CERT, EK_PUBLIC, &both[1..], CAPTURED_AT).unwrap();
+        // The root configured, the intermediate sent by the agent.
+        let (root, int) = (vec![der(ROOT_PEM)], vec![der(INTERMEDIATE_PEM)]);
+        verify_ek(EK_CERT, EK_PUBLIC, &root, &int, CAPTURED_AT).unwrap();
+        // The intermediate alone is no anchor: it is not self-signed.
+        assert_eq!(
+            verify_ek(EK_CERT, EK_PUBLIC, &both[1..], &[], CAPTURED_AT)
+                .unwrap_err()
+                .reason(),
+            "ek-chain"
+        );
+        // More than 8 from the agent are refused unread.
+        let nine = vec![der(INTERMEDIATE_PEM); 9];
+        assert_eq!(
+            verify_ek(EK_CERT, EK_PUBLIC, &root, &nine, CAPTURED_AT)
+                .unwrap_err()
+                .reason(),
+            "ek-chain"
+        );
     }
 
     #[test]
     fn refuses_other_roots_and_bad_times() {
         let reason = |roots: &[Vec<u8>], at| {
-            verify_ek(EK_CERT, EK_PUBLIC, roots, at)
+            verify_ek(EK_CERT, EK_PUBLIC, roots, &[], at)
                 .map(|_| "ok")
                 .unwrap_or_else(|e| e.reason())
         };
         // The root alone: the agent sends no intermediate, so no chain.
-        assert_eq!(reason(&[der(ROOT_PEM)], CAPTURED_AT), "ek-certificate");
-        assert_eq!(reason(&[der(OTHER_PEM)], CAPTURED_AT), "ek-certificate");
-        assert_eq!(reason(&[], CAPTURED_AT), "ek-certificate");
+        assert_eq!(reason(&[der(ROOT_PEM)], CAPTURED_AT), "ek-chain");
+        assert_eq!(reason(&[der(OTHER_PEM)], CAPTURED_AT), "ek-chain");
+        assert_eq!(reason(&[], CAPTURED_AT), "ek-chain");
         let both = [der(ROOT_PEM), der(INTERMEDIATE_PEM)];
         // Before the certificates existed.
         assert_eq!(reason(&both, CAPTURED_AT - 86_400_000), "ek-certificate");
@@ -400,11 +417,14 @@ pub(crate) mod tests {
         // A CA with the intermediate's exact subject but another key.
         let forged = forged_intermediate();
         assert_eq!(
-            reason(std::slice::from_ref(&forged), CAPTURED_AT),
-            "ek-certificate"
+            reason(&[der(ROOT_PEM), forged.clone()], CAPTURED_AT),
+            "ek-chain"
         );
         // Beside the real one, the real one is found by its signature.
-        assert_eq!(reason(&[forged, der(INTERMEDIATE_PEM)], CAPTURED_AT), "ok");
+        assert_eq!(
+            reason(&[der(ROOT_PEM), forged, der(INTERMEDIATE_PEM)], CAPTURED_AT),
+            "ok"
+        );
     }
 
     fn forged_intermediate() -> Vec<u8> {
@@ -442,15 +462,15 @@ pub(crate) mod tests {
         let n = cert.len();
         cert[n - 5] ^= 1;
         assert_eq!(
-            verify_ek(&cert, EK_PUBLIC, &both, CAPTURED_AT)
+            verify_ek(&cert, EK_PUBLIC, &both, &[], CAPTURED_AT)
                 .unwrap_err()
                 .reason(),
-            "ek-certificate"
+            "ek-chain"
         );
         let mut trailing = EK_CERT.to_vec();
         trailing.push(0);
         assert_eq!(
-            verify_ek(&trailing, EK_PUBLIC, &both, CAPTURED_AT)
+            verify_ek(&trailing, EK_PUBLIC, &both, &[], CAPTURED_AT)
                 .unwrap_err()
                 .reason(),
             "ek-certificate"
@@ -460,19 +480,19 @@ pub(crate) mod tests {
         let n = public.len();
         public[n - 1] ^= 1;
         assert_eq!(
-            verify_ek(EK_CERT, &public, &both, CAPTURED_AT).unwrap_err(),
+            verify_ek(EK_CERT, &public, &both, &[], CAPTURED_AT).unwrap_err(),
             EkError::Mismatch("the EK public area does not hold the certificate's key")
         );
         let mut public = EK_PUBLIC.to_vec();
         public[7] |= 0x40; // userWithAuth
         assert_eq!(
-            verify_ek(EK_CERT, &public, &both, CAPTURED_AT)
+            verify_ek(EK_CERT, &public, &both, &[], CAPTURED_AT)
                 .unwrap_err()
                 .reason(),
             "ek-mismatch"
         );
         assert_eq!(
-            verify_ek(EK_CERT, b"junk", &both, CAPTURED_AT)
+            verify_ek(EK_CERT, b"junk", &both, &[], CAPTURED_AT)
                 .unwrap_err()
                 .reason(),
             "ek-mismatch"
@@ -505,8 +525,97 @@ pub(crate) mod tests {
         assert!(!again[0].1);
         let listed = list_roots(&db).unwrap();
         assert_eq!(listed.len(), 1);
+        assert!(listed[0].anchor, "a self-signed root is an anchor");
+        let int = add_roots(&db, &parse_roots_pem(INTERMEDIATE_PEM).unwrap()).unwrap();
+        assert!(!int[0].0.anchor, "the issuing CA is an intermediate");
+        assert!(list_roots(&db)
+            .unwrap()
+            .iter()
+            .any(|r| !r.anchor && r.subject.contains("Issuing CA")));
         assert!(listed[0].subject.contains("BCD Test EK Root CA"));
         let stored = db.with_conn(|c| root_ders(c)).unwrap().unwrap();
-        assert_eq!(stored, ders);
+        assert!(stored.contains(&ders[0]));
+    }
+
+    /// An RSA public key given by its modulus (never used to encrypt).
+    struct RsaPublic(Vec<u8>);
+
+    impl rcgen::PublicKeyData for RsaPublic {
+        fn der_bytes(&self) -> &[u8] {
+            &self.0
+        }
+        fn algorithm(&self) -> &'static rcgen::SignatureAlgorithm {
+            &rcgen::PKCS_RSA_SHA256
+        }
+    }
+
+    fn rsa_public(modulus: &[u8]) -> RsaPublic {
+        let mut n = vec![0x02, 0x82, 0, 0];
+        if modulus[0] & 0x80 != 0 {
+            n.push(0); // positive, minimally
+        }
+        n.extend_from_slice(modulus);
+        let len = n.len() - 4;
+        (n[2], n[3]) = ((len >> 8) as u8, len as u8);
+        let body = [n, vec![0x02, 0x03, 0x01, 0x00, 0x01]].concat();
+        let mut der = vec![0x30, 0x82, (body.len() >> 8) as u8, body.len() as u8];
+        der.extend_from_slice(&body);
+        RsaPublic(der)
+    }
+
+    /// 65537^k, big-endian: a power of 65537 modulo every small prime.
+    fn power_of_65537(k: u32) -> Vec<u8> {
+        let mut n = vec![1u8];
+        for _ in 0..k {
+            let mut carry = 0u64;
+            for b in n.iter_mut().rev() {
+                let v = u64::from(*b) * 65_537 + carry;
+                *b = v as u8;
+                carry = v >> 8;
+            }
+            while carry > 0 {
+                n.insert(0, carry as u8);
+                carry >>= 8;
+            }
+        }
+        n
+    }
+
+    /// An EK certificate for `modulus` from a fresh root, and that root.
+    fn ek_with_modulus(modulus: &[u8], ca: bool) -> (Vec<u8>, Vec<u8>) {
+        use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, KeyUsagePurpose};
+        let key = KeyPair::generate().unwrap();
+        let mut rp = CertificateParams::new(Vec::<String>::new()).unwrap();
+        rp.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let root = rp.self_signed(&key).unwrap().der().to_vec();
+        let issuer = Issuer::new(rp, key);
+        let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.key_usages = vec![KeyUsagePurpose::KeyEncipherment];
+        if ca {
+            p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        }
+        let ek = p.signed_by(&rsa_public(modulus), &issuer).unwrap();
+        (ek.der().to_vec(), root)
+    }
+
+    #[test]
+    fn refuses_roca_weak_eks_and_non_ek_certificates() {
+        let reason = |modulus: &[u8], ca: bool| {
+            let (ek, root) = ek_with_modulus(modulus, ca);
+            verify_ek(&ek, EK_PUBLIC, &[root], &[], CAPTURED_AT)
+                .map(|_| "ok")
+                .unwrap_or_else(|e| e.reason())
+        };
+        let weak = power_of_65537(128);
+        assert!(weak.len() >= 256);
+        assert_eq!(reason(&weak, false), "ek-roca");
+        // A clean key of another TPM reaches the public area check.
+        let mut clean = weak.clone();
+        clean[0] ^= 0x40;
+        *clean.last_mut().unwrap() ^= 0x02;
+        assert!(!bc_wire::ekcert::has_roca_fingerprint(&clean));
+        assert_eq!(reason(&clean, false), "ek-mismatch");
+        // A CA certificate is no EK certificate.
+        assert_eq!(reason(&clean, true), "ek-certificate");
     }
 }

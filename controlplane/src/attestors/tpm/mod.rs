@@ -137,11 +137,17 @@ impl TpmAttestor {
         hello: &TpmHello,
     ) -> Result<Verdict, Refusal> {
         let roots = ek::root_ders(tx)?;
-        let ek = ek::verify_ek(&hello.ek_certificate, &hello.ek_public, &roots, input.now)
-            .map_err(|e| {
-                tracing::debug!(error = %e, "tpm: EK refused");
-                Refusal::new(e.reason())
-            })?;
+        let ek = ek::verify_ek(
+            &hello.ek_certificate,
+            &hello.ek_public,
+            &roots,
+            &hello.ek_intermediates,
+            input.now,
+        )
+        .map_err(|e| {
+            tracing::debug!(error = %e, "tpm: EK refused");
+            Refusal::new(e.reason())
+        })?;
         let ak = Public::parse(&hello.ak_public)
             .ok()
             .filter(wtpm::is_attestation_key)

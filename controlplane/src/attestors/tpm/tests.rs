@@ -241,7 +241,7 @@ fn round_one_refusals() {
             attestor: TpmAttestor::new(TpmConfig::default(), ChallengeKey::new(*KEY)),
         }
     };
-    assert_eq!(bare.reason(&hello_evidence(hello())), "ek-certificate");
+    assert_eq!(bare.reason(&hello_evidence(hello())), "ek-chain");
     assert_eq!(f.count("events") + f.count("join_requests"), 0);
 }
 

@@ -1,0 +1,26 @@
+//! EK certificates, judged the same way by the control plane (which refuses
+//! a join for them) and by `bcd doctor` (which says why before a join):
+//!
+//! * [`path`]: a path from the EK certificate through untrusted
+//!   intermediates (the TPM's NV chain, `[tpm] ek_intermediates`, the
+//!   operator's) to a configured anchor (a maker's self-signed root);
+//! * [`profile`]: what makes a certificate an EK certificate (the TCG EKU
+//!   when present, the key usage of its key type, not a CA);
+//! * [`roca`]: the Infineon RSA key-generation flaw (CVE-2017-15361).
+//!
+//! The chain is verified here and not by a TLS verifier: EK certificates
+//! carry a critical subjectAltName holding only a directoryName (the TPM's
+//! maker, model and version) and the EKU 2.23.133.8.1, which webpki and
+//! friends reject.
+
+pub mod path;
+pub mod profile;
+pub mod roca;
+
+pub use path::{build_path, is_self_signed, Anchored, ChainError};
+pub use profile::check_profile;
+pub use roca::has_roca_fingerprint;
+
+/// Most intermediates the control plane accepts from an agent (in
+/// `TpmHello.ek_intermediates`); bcd sends at most this many.
+pub const MAX_AGENT_INTERMEDIATES: usize = 8;
