@@ -10,7 +10,9 @@
 //! The TPM recomputes `Z` as `ek_private·Q` in ActivateCredential.
 
 use p256::elliptic_curve::sec1::{FromSec1Point, ModulusSize, ToSec1Point};
-use p256::elliptic_curve::{AffinePoint, CurveArithmetic, FieldBytesSize, NonZeroScalar, PublicKey};
+use p256::elliptic_curve::{
+    AffinePoint, CurveArithmetic, FieldBytesSize, NonZeroScalar, PublicKey,
+};
 use x509_parser::prelude::FromDer;
 use x509_parser::x509::SubjectPublicKeyInfo;
 

@@ -50,11 +50,7 @@ pub fn check_public(cert: &X509Certificate<'_>, ek_public: &[u8]) -> Result<EkTe
     };
     let template = match curve_of(cert) {
         Some(t) => t,
-        None => {
-            return Err(m(
-                "the EK certificate's curve is not NIST P-256 or P-384",
-            ))
-        }
+        None => return Err(m("the EK certificate's curve is not NIST P-256 or P-384")),
     };
     let n = template.coordinate_len();
     let sec1 = point.data();
@@ -64,7 +60,9 @@ pub fn check_public(cert: &X509Certificate<'_>, ek_public: &[u8]) -> Result<EkTe
     let expected = expected_public(template, &sec1[1..1 + n], &sec1[1 + n..]);
     let template_len = expected.len() - 2 * (2 + n);
     if ek_public.get(..template_len) != expected.get(..template_len) {
-        return Err(m("the EK public area is not the default ECC EK template of the certificate's curve"));
+        return Err(m(
+            "the EK public area is not the default ECC EK template of the certificate's curve",
+        ));
     }
     if ek_public != expected.as_slice() {
         return Err(m("the EK public area does not hold the certificate's key"));
@@ -110,10 +108,8 @@ pub fn expected_public(template: EkTemplate, x: &[u8], y: &[u8]) -> Vec<u8> {
         out.extend_from_slice(&v.to_be_bytes());
     }
     out.extend_from_slice(&attributes.to_be_bytes());
-    for tpm2b in [policy] {
-        out.extend_from_slice(&(tpm2b.len() as u16).to_be_bytes());
-        out.extend_from_slice(tpm2b);
-    }
+    out.extend_from_slice(&(policy.len() as u16).to_be_bytes());
+    out.extend_from_slice(policy);
     for v in [ALG_AES, sym_bits, ALG_CFB, ALG_NULL, curve, ALG_NULL] {
         out.extend_from_slice(&v.to_be_bytes());
     }
@@ -122,4 +118,88 @@ pub fn expected_public(template: EkTemplate, x: &[u8], y: &[u8]) -> Vec<u8> {
         out.extend_from_slice(c);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::credential::make_credential;
+    use super::super::ek::tests::{INTERMEDIATE_PEM, ROOT_PEM};
+    use super::super::ek::{parse_roots_pem, verify_ek};
+    use super::*;
+
+    /// swtpm's P-384 EK (H-3, persisted at 0x81010016) and a P-256 EK made
+    /// with `tpm2_createek -G ecc` (L-2), both certified by the test maker.
+    const P384_CERT: &[u8] = include_bytes!("testdata/ek-p384-cert.der");
+    const P384_PUBLIC: &[u8] = include_bytes!("testdata/ek-p384-public.bin");
+    const P256_CERT: &[u8] = include_bytes!("testdata/ek-p256-cert.der");
+    const P256_PUBLIC: &[u8] = include_bytes!("testdata/ek-p256-public.bin");
+
+    fn roots() -> Vec<Vec<u8>> {
+        let mut r = parse_roots_pem(ROOT_PEM).unwrap();
+        r.extend(parse_roots_pem(INTERMEDIATE_PEM).unwrap());
+        r
+    }
+
+    /// A day after the fixtures were issued.
+    fn at(cert: &[u8]) -> crate::db::UnixMs {
+        use x509_parser::prelude::FromDer;
+        let (_, c) = X509Certificate::from_der(cert).unwrap();
+        (c.validity().not_before.timestamp() + 86_400) * 1000
+    }
+
+    #[test]
+    fn ecc_eks_verify_with_their_templates() {
+        let ek = verify_ek(P384_CERT, P384_PUBLIC, &roots(), at(P384_CERT)).unwrap();
+        assert_eq!(ek.template, EkTemplate::EccH3P384);
+        let ek = verify_ek(P256_CERT, P256_PUBLIC, &roots(), at(P256_CERT)).unwrap();
+        assert_eq!(ek.template, EkTemplate::EccL2P256);
+    }
+
+    #[test]
+    fn ecc_ek_refusals() {
+        let reason = |cert: &[u8], public: &[u8]| {
+            verify_ek(cert, public, &roots(), at(cert))
+                .map(|_| "ok")
+                .unwrap_or_else(|e| e.reason())
+        };
+        // Wrong curve: a P-256 certificate for the P-384 EK and back.
+        assert_eq!(reason(P256_CERT, P384_PUBLIC), "ek-mismatch");
+        assert_eq!(reason(P384_CERT, P256_PUBLIC), "ek-mismatch");
+        // Another point, another attribute.
+        let mut public = P384_PUBLIC.to_vec();
+        let n = public.len();
+        public[n - 1] ^= 1;
+        assert_eq!(reason(P384_CERT, &public), "ek-mismatch");
+        let mut public = P256_PUBLIC.to_vec();
+        public[7] |= 0x40; // userWithAuth
+        assert_eq!(reason(P256_CERT, &public), "ek-mismatch");
+        // A bad signature.
+        let mut cert = P384_CERT.to_vec();
+        let n = cert.len();
+        cert[n - 5] ^= 1;
+        assert_eq!(reason(&cert, P384_PUBLIC), "ek-certificate");
+    }
+
+    #[test]
+    fn ecc_make_credential_fixed_vector() {
+        use super::super::credential::wrap;
+        use super::super::credential_ecc::ecc_seed_with;
+        let ek = verify_ek(P256_CERT, P256_PUBLIC, &roots(), at(P256_CERT)).unwrap();
+        let (seed, secret) = ecc_seed_with(ek.template, &ek.spki_der, &[7; 32]).unwrap();
+        assert_eq!(seed.len(), 32);
+        assert_eq!(secret.len(), 4 + 64);
+        let id = wrap(ek.template, &seed, &[0, 0x0b, 1, 2], &[9; 32]).unwrap();
+        assert_eq!(id.len(), 2 + 32 + 34);
+        let again = ecc_seed_with(ek.template, &ek.spki_der, &[7; 32]).unwrap();
+        assert_eq!(
+            (seed, secret),
+            again,
+            "deterministic for a fixed ephemeral key"
+        );
+
+        let ek = verify_ek(P384_CERT, P384_PUBLIC, &roots(), at(P384_CERT)).unwrap();
+        let made = make_credential(ek.template, &ek.spki_der, &[0, 0x0b, 1], &[1; 32]).unwrap();
+        assert_eq!(made.encrypted_secret.len(), 4 + 96);
+        assert_eq!(made.id_object.len(), 2 + 48 + 34);
+    }
 }
