@@ -72,8 +72,14 @@ fn seeds_reach_past_the_first_checks() {
         bc_controlplane::attestors::tpm::ek::parse_roots_pem(fixtures::EK_INTERMEDIATE_PEM)
             .unwrap(),
     );
-    bc_controlplane::attestors::tpm::ek::verify_ek(cert, public, &roots, &[], fixtures::captured_at())
-        .unwrap();
+    bc_controlplane::attestors::tpm::ek::verify_ek(
+        cert,
+        public,
+        &roots,
+        &[],
+        fixtures::captured_at(),
+    )
+    .unwrap();
 }
 
 /// A target without a body, or a body without a target, would go unfuzzed

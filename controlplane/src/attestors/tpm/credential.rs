@@ -1,20 +1,25 @@
 //! TPM2_MakeCredential in software: the control plane has no TPM.
 //!
-//! Binds a credential to the AK's name and encrypts it to the EK (RSA-2048,
-//! L-1 template: nameAlg SHA-256, AES-128-CFB), following TPM 2.0 Part 1
-//! §24 (credential protection). Only the TPM that holds that EK, with a
-//! loaded object of that name, can release it with ActivateCredential.
+//! Binds a credential to the AK's name and encrypts it to the EK, following
+//! TPM 2.0 Part 1 §24 (credential protection). Only the TPM that holds that
+//! EK, with a loaded object of that name, can release it with
+//! ActivateCredential.
+//!
+//! The seed is protected by the EK's kind of key: RSA-OAEP for an RSA EK,
+//! an ephemeral ECDH for an ECC EK ([`super::credential_ecc`]). The rest
+//! (symmetric key, HMAC) uses the EK template's nameAlg and symmetric key
+//! size ([`EkTemplate`]).
 
 use aes::cipher::KeyIvInit;
 use hmac::{KeyInit, Mac};
 use rsa::pkcs8::DecodePublicKey;
-use sha2::Sha256;
+use sha2::{Sha256, Sha384};
 
-type HmacSha256 = hmac::Hmac<Sha256>;
+use super::ek::EkTemplate;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum CredentialError {
-    #[error("the EK is not an RSA public key")]
+    #[error("the EK is not a public key of its template's kind")]
     EkKey,
     #[error("the credential must be 1 to 64 bytes")]
     Credential,
@@ -26,14 +31,70 @@ pub enum CredentialError {
 
 /// What ActivateCredential takes: the TPM2B_ID_OBJECT and
 /// TPM2B_ENCRYPTED_SECRET bodies, without their u16 size prefixes.
+#[derive(Debug, PartialEq, Eq)]
 pub struct MadeCredential {
     pub id_object: Vec<u8>,
     pub encrypted_secret: Vec<u8>,
 }
 
-/// Makes `credential` activatable only by the TPM holding `ek_spki_der`
-/// with an object named `ak_name` loaded.
+/// The hash of an EK template (its nameAlg): KDFa, KDFe and the outer HMAC
+/// use it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NameAlg {
+    Sha256,
+    Sha384,
+}
+
+impl NameAlg {
+    pub fn digest_len(self) -> usize {
+        match self {
+            NameAlg::Sha256 => 32,
+            NameAlg::Sha384 => 48,
+        }
+    }
+
+    /// H(parts…).
+    pub fn hash(self, parts: &[&[u8]]) -> Vec<u8> {
+        use sha2::Digest;
+        fn run<D: Digest>(parts: &[&[u8]]) -> Vec<u8> {
+            let mut h = D::new();
+            for p in parts {
+                h.update(p);
+            }
+            h.finalize().to_vec()
+        }
+        match self {
+            NameAlg::Sha256 => run::<Sha256>(parts),
+            NameAlg::Sha384 => run::<Sha384>(parts),
+        }
+    }
+
+    /// HMAC-H(key, parts…).
+    fn hmac(self, key: &[u8], parts: &[&[u8]]) -> Vec<u8> {
+        macro_rules! run {
+            ($d:ty) => {{
+                // An HMAC takes a key of any length: new_from_slice cannot fail.
+                let Ok(mut mac) = hmac::Hmac::<$d>::new_from_slice(key) else {
+                    return Vec::new();
+                };
+                for p in parts {
+                    mac.update(p);
+                }
+                mac.finalize().into_bytes().to_vec()
+            }};
+        }
+        match self {
+            NameAlg::Sha256 => run!(Sha256),
+            NameAlg::Sha384 => run!(Sha384),
+        }
+    }
+}
+
+/// Makes `credential` activatable only by the TPM holding the EK of
+/// `template` whose key is `ek_spki_der`, with an object named `ak_name`
+/// loaded.
 pub fn make_credential(
+    template: EkTemplate,
     ek_spki_der: &[u8],
     ak_name: &[u8],
     credential: &[u8],
@@ -41,62 +102,110 @@ pub fn make_credential(
     if credential.is_empty() || credential.len() > 64 {
         return Err(CredentialError::Credential);
     }
-    let ek =
-        rsa::PublicKey::from_public_key_der(ek_spki_der).map_err(|_| CredentialError::EkKey)?;
-    // The seed: at most the EK nameAlg's digest size.
-    let mut seed = [0u8; 32];
-    getrandom::fill(&mut seed).map_err(|_| CredentialError::Random)?;
-    let oaep = rsa::Oaep::<Sha256>::new_with_label(&b"IDENTITY\0"[..]);
-    let encrypted_secret = ek
-        .encrypt(&mut rand_core::UnwrapErr(getrandom::SysRng), oaep, &seed)
-        .map_err(|_| CredentialError::Encrypt)?;
-
-    // encIdentity = AES-128-CFB(symKey, IV 0) over TPM2B_DIGEST(credential).
-    let sym_key = kdfa(&seed, b"STORAGE", ak_name, &[], 128);
-    let mut enc_identity = Vec::with_capacity(2 + credential.len());
-    enc_identity.extend_from_slice(&(credential.len() as u16).to_be_bytes());
-    enc_identity.extend_from_slice(credential);
-    let key: [u8; 16] = sym_key
-        .as_slice()
-        .try_into()
-        .map_err(|_| CredentialError::Encrypt)?;
-    cfb_mode::Encryptor::<aes::Aes128>::new(&key.into(), &[0u8; 16].into())
-        .encrypt(&mut enc_identity);
-
-    // outerHMAC = HMAC(hmacKey, encIdentity ‖ name).
-    let hmac_key = kdfa(&seed, b"INTEGRITY", &[], &[], 256);
-    let mut mac = HmacSha256::new_from_slice(&hmac_key).map_err(|_| CredentialError::Encrypt)?;
-    mac.update(&enc_identity);
-    mac.update(ak_name);
-    let outer = mac.finalize().into_bytes();
-
-    let mut id_object = Vec::with_capacity(2 + outer.len() + enc_identity.len());
-    id_object.extend_from_slice(&(outer.len() as u16).to_be_bytes());
-    id_object.extend_from_slice(&outer);
-    id_object.extend_from_slice(&enc_identity);
+    let (seed, encrypted_secret) = match template {
+        EkTemplate::RsaL1 => rsa_seed(ek_spki_der)?,
+        EkTemplate::EccL2P256 | EkTemplate::EccH3P384 => {
+            super::credential_ecc::ecc_seed(template, ek_spki_der)?
+        }
+    };
+    let id_object = wrap(template, &seed, ak_name, credential)?;
     Ok(MadeCredential {
         id_object,
         encrypted_secret,
     })
 }
 
-/// KDFa with HMAC-SHA256 (TPM 2.0 Part 1 §11.4.10.2).
-fn kdfa(key: &[u8], label: &[u8], context_u: &[u8], context_v: &[u8], bits: u32) -> Vec<u8> {
+/// A 32-byte seed (the nameAlg's digest size) encrypted with RSA-OAEP
+/// (SHA-256, label "IDENTITY\0") to the EK.
+fn rsa_seed(ek_spki_der: &[u8]) -> Result<(Vec<u8>, Vec<u8>), CredentialError> {
+    let ek =
+        rsa::PublicKey::from_public_key_der(ek_spki_der).map_err(|_| CredentialError::EkKey)?;
+    let mut seed = [0u8; 32];
+    getrandom::fill(&mut seed).map_err(|_| CredentialError::Random)?;
+    let oaep = rsa::Oaep::<Sha256>::new_with_label(&b"IDENTITY\0"[..]);
+    let encrypted_secret = ek
+        .encrypt(&mut rand_core::UnwrapErr(getrandom::SysRng), oaep, &seed)
+        .map_err(|_| CredentialError::Encrypt)?;
+    Ok((seed.to_vec(), encrypted_secret))
+}
+
+/// The TPM2B_ID_OBJECT body for `credential` under `seed`:
+/// `u16 ‖ outerHMAC ‖ encIdentity`.
+pub(super) fn wrap(
+    template: EkTemplate,
+    seed: &[u8],
+    ak_name: &[u8],
+    credential: &[u8],
+) -> Result<Vec<u8>, CredentialError> {
+    let alg = template.name_alg();
+    // encIdentity = AES-CFB(symKey, IV 0) over TPM2B_DIGEST(credential).
+    let sym_key = kdfa(alg, seed, b"STORAGE", ak_name, &[], template.sym_key_bits());
+    let mut enc_identity = Vec::with_capacity(2 + credential.len());
+    enc_identity.extend_from_slice(&(credential.len() as u16).to_be_bytes());
+    enc_identity.extend_from_slice(credential);
+    let iv = [0u8; 16];
+    match sym_key.len() {
+        16 => {
+            let key: [u8; 16] = sym_key
+                .as_slice()
+                .try_into()
+                .map_err(|_| CredentialError::Encrypt)?;
+            cfb_mode::Encryptor::<aes::Aes128>::new(&key.into(), &iv.into())
+                .encrypt(&mut enc_identity);
+        }
+        32 => {
+            let key: [u8; 32] = sym_key
+                .as_slice()
+                .try_into()
+                .map_err(|_| CredentialError::Encrypt)?;
+            cfb_mode::Encryptor::<aes::Aes256>::new(&key.into(), &iv.into())
+                .encrypt(&mut enc_identity);
+        }
+        _ => return Err(CredentialError::Encrypt),
+    }
+
+    // outerHMAC = HMAC(hmacKey, encIdentity ‖ name), hmacKey the digest's size.
+    let hmac_key = kdfa(
+        alg,
+        seed,
+        b"INTEGRITY",
+        &[],
+        &[],
+        (alg.digest_len() * 8) as u32,
+    );
+    let outer = alg.hmac(&hmac_key, &[&enc_identity, ak_name]);
+
+    let mut id_object = Vec::with_capacity(2 + outer.len() + enc_identity.len());
+    id_object.extend_from_slice(&(outer.len() as u16).to_be_bytes());
+    id_object.extend_from_slice(&outer);
+    id_object.extend_from_slice(&enc_identity);
+    Ok(id_object)
+}
+
+/// KDFa with HMAC-`alg` (TPM 2.0 Part 1 §11.4.10.2).
+fn kdfa(
+    alg: NameAlg,
+    key: &[u8],
+    label: &[u8],
+    context_u: &[u8],
+    context_v: &[u8],
+    bits: u32,
+) -> Vec<u8> {
     let bytes = (bits as usize).div_ceil(8);
-    let mut out = Vec::with_capacity(bytes + 32);
+    let mut out = Vec::with_capacity(bytes + alg.digest_len());
     let mut counter: u32 = 1;
     while out.len() < bytes {
-        // An HMAC takes a key of any length: new_from_slice cannot fail.
-        let Ok(mut mac) = HmacSha256::new_from_slice(key) else {
-            break;
-        };
-        mac.update(&counter.to_be_bytes());
-        mac.update(label);
-        mac.update(&[0]);
-        mac.update(context_u);
-        mac.update(context_v);
-        mac.update(&bits.to_be_bytes());
-        out.extend_from_slice(&mac.finalize().into_bytes());
+        out.extend_from_slice(&alg.hmac(
+            key,
+            &[
+                &counter.to_be_bytes(),
+                label,
+                &[0],
+                context_u,
+                context_v,
+                &bits.to_be_bytes(),
+            ],
+        ));
         counter += 1;
     }
     out.truncate(bytes);
@@ -110,11 +219,13 @@ mod tests {
     /// KDFa yields the asked-for length, and the label changes the output.
     #[test]
     fn kdfa_lengths() {
-        assert_eq!(kdfa(b"k", b"STORAGE", b"u", b"", 128).len(), 16);
-        assert_eq!(kdfa(b"k", b"INTEGRITY", b"", b"", 256).len(), 32);
+        let a = NameAlg::Sha256;
+        assert_eq!(kdfa(a, b"k", b"STORAGE", b"u", b"", 128).len(), 16);
+        assert_eq!(kdfa(a, b"k", b"INTEGRITY", b"", b"", 256).len(), 32);
+        assert_eq!(kdfa(NameAlg::Sha384, b"k", b"S", b"", b"", 384).len(), 48);
         assert_ne!(
-            kdfa(b"k", b"A", b"", b"", 256),
-            kdfa(b"k", b"B", b"", b"", 256)
+            kdfa(a, b"k", b"A", b"", b"", 256),
+            kdfa(a, b"k", b"B", b"", b"", 256)
         );
     }
 }

@@ -16,6 +16,11 @@
 //!   [`MAX_DEPTH`] issuers, the walk stopping at the first anchor;
 //! * an RSA EK does not have the ROCA fingerprint (`ek-roca`).
 //!
+//! The EK public area must be the TCG template of the certificate's key
+//! holding that key: RSA-2048 (L-1, here), or ECC P-256 (L-2) or P-384 (H-3)
+//! ([`super::ek_ecc`]). Which one it is ([`EkTemplate`]) decides how
+//! MakeCredential protects the seed.
+//!
 //! Roots are stored in the `ek_roots` table by `bc-controlplane ek-roots add`.
 
 use rusqlite::Connection;
@@ -42,6 +47,52 @@ const ALG_AES: u16 = 0x0006;
 const RSA_2048: u16 = 2048;
 const DEFAULT_RSA_EXPONENT: u32 = 65_537;
 
+/// The TCG EK template an EK was made with: MakeCredential needs its key
+/// type, nameAlg and symmetric key size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EkTemplate {
+    /// RSA-2048, SHA-256, AES-128-CFB (certificate at NV 0x01c00002).
+    RsaL1,
+    /// NIST P-256, SHA-256, AES-128-CFB (certificate at NV 0x01c0000a).
+    EccL2P256,
+    /// NIST P-384, SHA-384, AES-256-CFB (certificate at NV 0x01c00016).
+    EccH3P384,
+}
+
+impl EkTemplate {
+    pub fn name_alg(self) -> super::credential::NameAlg {
+        match self {
+            EkTemplate::EccH3P384 => super::credential::NameAlg::Sha384,
+            _ => super::credential::NameAlg::Sha256,
+        }
+    }
+
+    pub fn sym_key_bits(self) -> u32 {
+        match self {
+            EkTemplate::EccH3P384 => 256,
+            _ => 128,
+        }
+    }
+
+    /// Bytes of one ECC coordinate (0 for RSA).
+    pub fn coordinate_len(self) -> usize {
+        match self {
+            EkTemplate::RsaL1 => 0,
+            EkTemplate::EccL2P256 => 32,
+            EkTemplate::EccH3P384 => 48,
+        }
+    }
+
+    /// For logs: the `[tpm] ek` name bcd uses for it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EkTemplate::RsaL1 => "rsa",
+            EkTemplate::EccL2P256 => "ecc-p256",
+            EkTemplate::EccH3P384 => "ecc-p384",
+        }
+    }
+}
+
 /// Why an EK is refused; [`EkError::reason`] is the refusal reason.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum EkError {
@@ -54,8 +105,8 @@ pub enum EkError {
     /// The RSA EK has the ROCA fingerprint (CVE-2017-15361): factorable.
     #[error("ek-roca: the RSA EK was made by a flawed Infineon key generator (CVE-2017-15361)")]
     Roca,
-    /// The EK public area is not the L-1 RSA-2048 EK holding the
-    /// certificate's key.
+    /// The EK public area is not the TCG template of the certificate's key
+    /// holding that key.
     #[error("ek-mismatch: {0}")]
     Mismatch(&'static str),
 }
@@ -74,6 +125,7 @@ impl EkError {
 /// An EK whose certificate chains to a root and whose public area matches it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct VerifiedEk {
+    pub template: EkTemplate,
     /// The certificate's SubjectPublicKeyInfo, DER: MakeCredential encrypts
     /// to this key, never to one the agent chose.
     pub spki_der: Vec<u8>,
@@ -96,11 +148,12 @@ pub fn verify_ek(
     let cert = parse_exact(cert_der)
         .ok_or_else(|| EkError::Certificate("not one DER X.509 certificate".into()))?;
     verify_chain(&cert, roots, intermediates, now)?;
-    check_public(&cert, ek_public)?;
+    let template = check_public(&cert, ek_public)?;
     let spki_der = cert.public_key().raw.to_vec();
     let mut issuer = cert.issuer().to_string();
     truncate(&mut issuer, super::state::MAX_ISSUER_LEN);
     Ok(VerifiedEk {
+        template,
         spki_sha256: bc_wire::sha256(&spki_der),
         spki_der,
         issuer,
@@ -175,9 +228,18 @@ fn verify_chain(
     Ok(())
 }
 
-/// The EK public area must be the L-1 RSA-2048 template holding the
-/// certificate's key: the challenge is computed for exactly that EK.
-fn check_public(cert: &X509Certificate<'_>, ek_public: &[u8]) -> Result<(), EkError> {
+/// The EK public area must be the template of the certificate's key holding
+/// that key: the challenge is computed for exactly that EK.
+fn check_public(cert: &X509Certificate<'_>, ek_public: &[u8]) -> Result<EkTemplate, EkError> {
+    if super::ek_ecc::is_ecc_public(ek_public) {
+        return super::ek_ecc::check_public(cert, ek_public);
+    }
+    check_rsa_public(cert, ek_public)?;
+    Ok(EkTemplate::RsaL1)
+}
+
+/// The L-1 RSA-2048 template holding the certificate's key.
+fn check_rsa_public(cert: &X509Certificate<'_>, ek_public: &[u8]) -> Result<(), EkError> {
     let m = EkError::Mismatch;
     let public = Public::parse(ek_public).map_err(|_| m("the EK public area does not parse"))?;
     let KeyParams::Rsa {

@@ -41,7 +41,9 @@
 //! off a machine files no request and learns nothing.
 
 pub mod credential;
+mod credential_ecc;
 pub mod ek;
+pub mod ek_ecc;
 pub mod enroll;
 pub mod state;
 
@@ -154,7 +156,7 @@ impl TpmAttestor {
             .ok_or_else(|| Refusal::new(AK_ATTRIBUTES))?;
         let secret: [u8; SECRET_LEN] = crate::ids::random_bytes()
             .map_err(|e| Refusal::fault(Fault::Internal(format!("random secret: {e}"))))?;
-        let made = credential::make_credential(&ek.spki_der, &ak.name(), &secret)
+        let made = credential::make_credential(ek.template, &ek.spki_der, &ak.name(), &secret)
             .map_err(|e| Refusal::fault(Fault::Internal(format!("MakeCredential: {e}"))))?;
         let not_after = input.now.saturating_add(self.config.challenge_ttl_ms);
         let sealed = ChallengeState {
@@ -177,6 +179,7 @@ impl TpmAttestor {
         .encode_to_vec();
         tracing::info!(
             ek_sha256 = %hex::encode(ek.spki_sha256),
+            ek = ek.template.as_str(),
             "tpm: EK verified, credential challenge sent"
         );
         Ok(Verdict::Defer(Deferral::Challenge {
