@@ -37,56 +37,24 @@ enum Bend {
 /// A misbehaving control plane over real HTTPS, in this process.
 struct BentServer {
     url: String,
-    rt: tokio::runtime::Runtime,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    _server: InProcessServer,
 }
 
 impl BentServer {
     fn start(cp: &ControlPlane, bend: Bend) -> Self {
         let svc = Arc::new(JoinService::open(cp.path()).expect("open JoinService"));
         let tls = http::tls_config(svc.bundle(), svc.database()).expect("tls config");
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let listener = rt
-            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-            .unwrap();
-        let url = format!(
-            "https://127.0.0.1:{}",
-            listener.local_addr().unwrap().port()
-        );
         let handler = move |body: Bytes| {
             let svc = svc.clone();
             async move { answer(&svc, bend, &body) }
         };
         let router =
             axum::Router::new().route(bc_wire::endpoints::JOIN, axum::routing::post(handler));
-        rt.spawn(http::serve(listener, tls, router, async {
-            let _ = stopped.await;
-        }));
+        let server = InProcessServer::start(tls, router);
         BentServer {
-            url,
-            rt,
-            stop: Some(stop),
+            url: server.url.clone(),
+            _server: server,
         }
-    }
-}
-
-impl Drop for BentServer {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        let rt = std::mem::replace(
-            &mut self.rt,
-            tokio::runtime::Builder::new_current_thread()
-                .build()
-                .unwrap(),
-        );
-        rt.shutdown_background();
     }
 }
 

@@ -659,3 +659,49 @@ impl Agent {
         agent
     }
 }
+
+/// An HTTPS server in the test process (`bc_controlplane::http::serve`
+/// with `router` on a free loopback port), for control planes that
+/// misbehave or record on purpose; stopped when dropped.
+pub struct InProcessServer {
+    pub url: String,
+    rt: Option<tokio::runtime::Runtime>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl InProcessServer {
+    pub fn start(tls: std::sync::Arc<rustls::ServerConfig>, router: axum::Router) -> Self {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .expect("bind");
+        let url = format!(
+            "https://127.0.0.1:{}",
+            listener.local_addr().expect("local addr").port()
+        );
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        rt.spawn(bc_controlplane::http::serve(listener, tls, router, async {
+            let _ = stopped.await;
+        }));
+        InProcessServer {
+            url,
+            rt: Some(rt),
+            stop: Some(stop),
+        }
+    }
+}
+
+impl Drop for InProcessServer {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
+}

@@ -21,8 +21,7 @@ use crate::harness::*;
 struct RecordingProxy {
     url: String,
     seen: Arc<Mutex<Vec<Vec<u8>>>>,
-    rt: tokio::runtime::Runtime,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    _server: InProcessServer,
 }
 
 impl RecordingProxy {
@@ -41,18 +40,6 @@ impl RecordingProxy {
         .with_single_cert(chain, key)
         .unwrap();
         tls.alpn_protocols = vec![b"http/1.1".to_vec()];
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .unwrap();
-        let listener = rt
-            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-            .unwrap();
-        let url = format!(
-            "https://127.0.0.1:{}",
-            listener.local_addr().unwrap().port()
-        );
         let seen = Arc::new(Mutex::new(Vec::new()));
         let recorded = seen.clone();
         let handler = move |body: Bytes| {
@@ -62,15 +49,11 @@ impl RecordingProxy {
         };
         let router =
             axum::Router::new().route(bc_wire::endpoints::JOIN, axum::routing::post(handler));
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        rt.spawn(http::serve(listener, Arc::new(tls), router, async {
-            let _ = stopped.await;
-        }));
+        let server = InProcessServer::start(Arc::new(tls), router);
         RecordingProxy {
-            url,
+            url: server.url.clone(),
             seen,
-            rt,
-            stop: Some(stop),
+            _server: server,
         }
     }
 
@@ -107,21 +90,6 @@ async fn forward(upstream: &Client, body: &[u8]) -> Response {
             .into_response(),
         Err(ClientError::AccessDenied) => http::error_response(&ApiError::AccessDenied),
         Err(e) => http::error_response(&ApiError::Unavailable(e.to_string())),
-    }
-}
-
-impl Drop for RecordingProxy {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        let rt = std::mem::replace(
-            &mut self.rt,
-            tokio::runtime::Builder::new_current_thread()
-                .build()
-                .unwrap(),
-        );
-        rt.shutdown_background();
     }
 }
 
