@@ -11,8 +11,10 @@
 //! node_key = "certified"            # or "any"
 //! challenge_ttl = "5m"              # at most 5m
 //! enrollment_retry_after = "30s"    # JoinPending.retry_after_seconds
-//! [tpm.pcr_policy]                  # optional
+//! [tpm.pcr_policy]                  # optional: SHA-256 PCR values
 //! "0" = "<hex sha256>"
+//! [tpm.pcr_policy.sha1]             # optional: SHA-1 values (TPMs with only a SHA-1 bank)
+//! "0" = "<hex sha1>"
 //!
 //! [x509pop]
 //! grace = "7d"                      # how long after expiry a certificate re-joins (0s to 365d)
@@ -30,6 +32,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use bc_wire::pcr::PcrBank;
 use serde::Deserialize;
 use toml::Spanned;
 
@@ -154,7 +157,47 @@ struct RawTpm {
     node_key: Option<Spanned<String>>,
     challenge_ttl: Option<Spanned<String>>,
     enrollment_retry_after: Option<Spanned<String>>,
-    pcr_policy: Option<BTreeMap<String, Spanned<String>>>,
+    pcr_policy: Option<RawPcrPolicy>,
+}
+
+/// `[tpm.pcr_policy]`: `"<index>" = "<hex>"` entries are SHA-256 values (the
+/// first form, kept), and `sha256`/`sha1` sub-tables hold each bank's.
+#[derive(Default)]
+struct RawPcrPolicy {
+    entries: Vec<(PcrBank, String, Spanned<String>)>,
+}
+
+impl<'de> Deserialize<'de> for RawPcrPolicy {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = RawPcrPolicy;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("PCR index = hex value entries, or a sha256/sha1 table of them")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut raw = RawPcrPolicy::default();
+                while let Some(key) = map.next_key::<String>()? {
+                    if let Some(bank) = PcrBank::from_name(&key) {
+                        let values: BTreeMap<String, Spanned<String>> = map.next_value()?;
+                        raw.entries
+                            .extend(values.into_iter().map(|(i, v)| (bank, i, v)));
+                    } else if key.starts_with(|c: char| c.is_ascii_digit()) {
+                        raw.entries.push((PcrBank::Sha256, key, map.next_value()?));
+                    } else {
+                        return Err(serde::de::Error::custom(format!(
+                            "tpm.pcr_policy: {key:?} is neither a PCR index nor a bank (sha256, sha1)"
+                        )));
+                    }
+                }
+                Ok(raw)
+            }
+        }
+        d.deserialize_map(Visitor)
+    }
 }
 
 /// Reads `DIR/controlplane.toml`; a missing file is the default config.
@@ -286,7 +329,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
             u32::try_from(ms / 1000).map_err(|_| invalid(Some(v.span()), "too large".into()))?;
     }
     if let Some(policy) = tpm.pcr_policy {
-        for (index, value) in policy {
+        for (bank, index, value) in policy.entries {
             let pcr = index
                 .parse::<u32>()
                 .ok()
@@ -297,25 +340,24 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
                         format!("tpm.pcr_policy: {index:?} is not a PCR index from 0 to 23"),
                     )
                 })?;
-            let digest = parse_sha256_hex(value.get_ref()).ok_or_else(|| {
-                invalid(
-                    Some(value.span()),
-                    format!("tpm.pcr_policy.{pcr}: expected 64 hex digits (a SHA-256 PCR value)"),
-                )
-            })?;
-            config.tpm.pcr_policy.insert(pcr, digest);
+            let digits = 2 * bank.digest_len();
+            let digest = hex::decode(value.get_ref())
+                .ok()
+                .filter(|d| d.len() == bank.digest_len())
+                .ok_or_else(|| {
+                    invalid(
+                        Some(value.span()),
+                        format!("tpm.pcr_policy.{pcr}: expected {digits} hex digits (a {bank} PCR value)"),
+                    )
+                })?;
+            config
+                .tpm
+                .pcr_policy
+                .insert(bank, pcr, digest)
+                .map_err(|e| invalid(Some(value.span()), format!("tpm.pcr_policy: {e}")))?;
         }
     }
     Ok(config)
-}
-
-/// 64 hex digits (either case) as 32 bytes.
-pub fn parse_sha256_hex(s: &str) -> Option<[u8; 32]> {
-    if s.len() != 64 {
-        return None;
-    }
-    let bytes = hex::decode(s).ok()?;
-    <[u8; 32]>::try_from(bytes.as_slice()).ok()
 }
 
 /// The 1-based line of byte `offset` in `text`.
@@ -390,9 +432,55 @@ enrollment_retry_after = "2m"
         assert_eq!(c.tpm.node_key, NodeKeyPolicy::Any);
         assert_eq!(c.tpm.challenge_ttl_ms, 90_000);
         assert_eq!(c.tpm.enrollment_retry_after_seconds, 120);
-        assert_eq!(c.tpm.pcr_policy.len(), 2);
-        assert_eq!(c.tpm.pcr_policy[&0][0], 0xaa);
-        assert_eq!(c.tpm.pcr_policy[&23][31], 1);
+        let mut want = crate::attestors::tpm::PcrPolicy::default();
+        let mut v0 = vec![0; 32];
+        v0[0] = 0xaa;
+        let mut v23 = vec![0; 32];
+        v23[31] = 1;
+        want.insert(PcrBank::Sha256, 0, v0).unwrap();
+        want.insert(PcrBank::Sha256, 23, v23).unwrap();
+        assert_eq!(c.tpm.pcr_policy, want);
+    }
+
+    #[test]
+    fn pcr_policy_banks() {
+        // The first form, a sha256 table and a sha1 table: one policy.
+        let c = p(&format!(
+            "[tpm.pcr_policy]\n\"0\" = \"{}\"\n[tpm.pcr_policy.sha256]\n\"7\" = \"{}\"\n\
+             [tpm.pcr_policy.sha1]\n\"0\" = \"{}\"\n",
+            "11".repeat(32),
+            "77".repeat(32),
+            "aa".repeat(20)
+        ))
+        .unwrap();
+        let mut want = crate::attestors::tpm::PcrPolicy::default();
+        want.insert(PcrBank::Sha256, 0, vec![0x11; 32]).unwrap();
+        want.insert(PcrBank::Sha256, 7, vec![0x77; 32]).unwrap();
+        want.insert(PcrBank::Sha1, 0, vec![0xaa; 20]).unwrap();
+        assert_eq!(c.tpm.pcr_policy, want);
+        assert_eq!(c.tpm.pcr_policy.pcrs(), [0, 7]);
+        // A SHA-256 value in the sha1 table, and the reverse.
+        let e = err(&format!(
+            "[tpm.pcr_policy.sha1]\n\"0\" = \"{}\"\n",
+            "00".repeat(32)
+        ));
+        assert!(e.starts_with("/d/controlplane.toml:2: "), "{e}");
+        assert!(e.contains("40 hex digits (a SHA-1 PCR value)"), "{e}");
+        let e = err(&format!(
+            "[tpm.pcr_policy]\n\"0\" = \"{}\"\n",
+            "00".repeat(20)
+        ));
+        assert!(e.contains("64 hex digits (a SHA-256 PCR value)"), "{e}");
+        // The same PCR twice in SHA-256, in both forms.
+        let e = err(&format!(
+            "[tpm.pcr_policy]\n\"0\" = \"{v}\"\n[tpm.pcr_policy.sha256]\n\"0\" = \"{v}\"\n",
+            v = "00".repeat(32)
+        ));
+        assert!(e.contains("two SHA-256 values"), "{e}");
+        let e = err("[tpm.pcr_policy.sha384]\n\"0\" = \"00\"\n");
+        assert!(e.contains("neither a PCR index nor a bank"), "{e}");
+        let e = err("[tpm.pcr_policy.sha1]\n\"24\" = \"00\"\n");
+        assert!(e.contains("not a PCR index from 0 to 23"), "{e}");
     }
 
     #[test]

@@ -4,14 +4,15 @@
 //! Round 1 ([`TpmEvidence::hello`]) names the EK (public area and the maker's
 //! certificate) and the AK. The control plane answers with a credential that
 //! only this TPM, holding that EK with that AK loaded, can activate. Round 2
-//! ([`Answerer::answer`]) returns it with a quote of the SHA-256 PCR bank
-//! whose extraData is `sha256(secret ‖ sha256(csr))`, and the AK's
+//! ([`Answerer::answer`]) returns it with a quote of the PCRs the challenge
+//! names, in a bank the TPM has and the policy names, whose extraData is `sha256(secret ‖ sha256(csr))`, and the AK's
 //! certification of the node key over `sha256(csr)`, made once before round 1.
 
 use bc_wire::agent::tpm_attestation::Round;
 use bc_wire::agent::{
     JoinChallenge, TpmAnswer, TpmAttestation, TpmChallenge, TpmHello, TpmKeyCertification,
 };
+use bc_wire::pcr::PcrBank;
 use prost::Message;
 
 use crate::client::join::{Answerer, JoinError};
@@ -121,13 +122,21 @@ impl Answerer for TpmEvidence {
             .map_err(|e| JoinError::Evidence(format!("the tpm challenge does not parse: {e}")))?;
         let mut tpm =
             crate::keys::lock_tpm(&self.tpm).map_err(|e| JoinError::Evidence(e.to_string()))?;
+        // Before anything else of round 2: a TPM that cannot meet the PCR
+        // policy activates nothing and sends no quote. No PCR, no question.
+        let bank = if c.pcrs.is_empty() {
+            PcrBank::Sha256
+        } else {
+            tpm.pcr_bank_for(&c.pcr_banks, &c.pcrs)
+                .map_err(|e| JoinError::Evidence(e.to_string()))?
+        };
         let secret = tpm
             .activate_credential(&self.ak, &self.ek, &c.id_object, &c.encrypted_secret)
             .map_err(|e| JoinError::Evidence(e.to_string()))?;
         let mut nonce = secret.clone();
         nonce.extend_from_slice(&self.csr_sha256);
         let quote = tpm
-            .quote(&self.ak, &bc_wire::sha256(&nonce), &c.pcrs)
+            .quote(&self.ak, &bc_wire::sha256(&nonce), &c.pcrs, bank)
             .map_err(|e| JoinError::Evidence(e.to_string()))?;
         Ok(TpmAttestation {
             round: Some(Round::Answer(TpmAnswer {

@@ -7,6 +7,7 @@
 //! manager allow three), and every error names the TPM command and the
 //! response code's meaning.
 
+mod banks;
 mod ek;
 mod ekchain;
 mod quote;
@@ -30,6 +31,7 @@ use tss_esapi::structures::{
 use tss_esapi::traits::Marshall;
 use tss_esapi::{Context, TctiNameConf};
 
+pub use banks::BankError;
 pub use ek::{ek_spki_der, Ek};
 pub use quote::Quote;
 pub use templates::{ak_template, node_key_template};
@@ -87,6 +89,8 @@ pub enum TpmError {
     PcrsMoving(usize),
     #[error("the TPM's EK certificate is malformed: {0}")]
     EkCertificate(String),
+    #[error(transparent)]
+    PcrBank(#[from] BankError),
 }
 
 /// Wraps a tss-esapi error with the TPM command that failed.

@@ -1,16 +1,23 @@
-//! The quote of round 2: only the SHA-256 PCRs the control plane's policy
-//! checks, with their values.
+//! The quote of round 2: only the PCRs the control plane's policy checks, in
+//! the bank [`super::banks`] chose, with their values.
 //!
 //! The values are read before the quote, and the quote's own PCR digest says
 //! whether they are still the quoted ones: IMA extends PCR 10 at any time, so
 //! a PCR that moved in between makes bcd quote again (3 attempts at most)
 //! rather than send values the control plane would refuse. No PCR asked for:
 //! an empty selection, and no PCR_Read at all.
+//!
+//! The quote's pcrDigest is the AK's signing hash (SHA-256) over the values,
+//! whatever the bank: a SHA-1 bank's 20-byte values are hashed with SHA-256
+//! too (TPM 2.0 Part 3, TPM2_Quote: `PCRComputeCurrentDigest(inScheme.hashAlg,
+//! …)`; go-attestation checks it with the AK's hash as well).
 
+use bc_wire::pcr::PcrBank;
 use tss_esapi::interface_types::algorithm::HashingAlgorithm;
 use tss_esapi::interface_types::session_handles::AuthSession;
 use tss_esapi::structures::{Data, PcrSelectionListBuilder, PcrSlot, SignatureScheme};
 
+use super::banks::hashing;
 use super::{cmd, marshal_attest, LoadedKey, Tpm, TpmError};
 
 /// The failpoint that extends PCR 16 between the first read and quote.
@@ -27,19 +34,23 @@ pub struct Quote {
 }
 
 impl Tpm {
-    /// A quote by `ak` with `extra_data` of the SHA-256 PCRs `pcrs` (any
-    /// order, duplicates ignored), whose values match the quote's digest.
+    /// A quote by `ak` with `extra_data` of the PCRs `pcrs` (any order,
+    /// duplicates ignored) in `bank`, whose values match the quote's digest.
+    /// `bank` must allocate them (the TPM would drop the others from the
+    /// selection): [`Tpm::pcr_bank_for`].
     pub fn quote(
         &mut self,
         ak: &LoadedKey,
         extra_data: &[u8],
         pcrs: &[u32],
+        bank: PcrBank,
     ) -> Result<Quote, TpmError> {
         let slots = slots_of(pcrs)?;
+        let hash = hashing(bank);
         let mut first = true;
         consistent(|| {
             let extend = std::mem::take(&mut first) && crate::failpoint::active(EXTEND_FAILPOINT);
-            self.quote_once(ak, extra_data, &slots, extend)
+            self.quote_once(ak, extra_data, hash, &slots, extend)
         })
     }
 
@@ -48,16 +59,17 @@ impl Tpm {
         &mut self,
         ak: &LoadedKey,
         extra_data: &[u8],
+        hash: HashingAlgorithm,
         slots: &[PcrSlot],
         extend: bool,
     ) -> Result<Quote, TpmError> {
-        let values = self.pcr_values(slots)?;
+        let values = self.pcr_values(hash, slots)?;
         if extend {
             self.extend_pcr16()?;
         }
         let build = |command: &'static str, slots: &[PcrSlot]| {
             PcrSelectionListBuilder::new()
-                .with_selection(HashingAlgorithm::Sha256, slots)
+                .with_selection(hash, slots)
                 .build()
                 .map_err(|source| TpmError::Command { command, source })
         };
@@ -102,13 +114,17 @@ impl Tpm {
         )
     }
 
-    /// The SHA-256 values of `slots`, in order; PCR_Read answers at most 8
-    /// digests at a time, and none is sent for no slot.
-    fn pcr_values(&mut self, slots: &[PcrSlot]) -> Result<Vec<Vec<u8>>, TpmError> {
+    /// The values of `slots` in bank `hash`, in order; PCR_Read answers at
+    /// most 8 digests at a time, and none is sent for no slot.
+    fn pcr_values(
+        &mut self,
+        hash: HashingAlgorithm,
+        slots: &[PcrSlot],
+    ) -> Result<Vec<Vec<u8>>, TpmError> {
         let mut values = Vec::with_capacity(slots.len());
         for chunk in slots.chunks(8) {
             let sel = PcrSelectionListBuilder::new()
-                .with_selection(HashingAlgorithm::Sha256, chunk)
+                .with_selection(hash, chunk)
                 .build()
                 .map_err(|source| TpmError::Command {
                     command: "PCR_Read",
@@ -161,7 +177,8 @@ fn consistent(mut attempt: impl FnMut() -> Result<Quote, TpmError>) -> Result<Qu
     Err(TpmError::PcrsMoving(QUOTE_ATTEMPTS))
 }
 
-/// Whether `values` hash to the quote's PCR digest (SHA-256, the AK's hash).
+/// Whether `values` hash to the quote's PCR digest (SHA-256, the AK's
+/// signing hash, whatever the bank).
 fn values_match(attest: &[u8], values: &[Vec<u8>]) -> Result<bool, TpmError> {
     let parsed = bc_wire::tpm::Attest::parse(attest)
         .map_err(|_| TpmError::Unexpected("a quote that does not parse"))?;

@@ -17,8 +17,9 @@
 //! (`challenge-secret`, constant time); the quote is signed by the AK
 //! (`quote-signature`) and is a quote whose extraData is
 //! `sha256(secret ‖ sha256(csr))` (`quote-nonce`); the PCR values are those of
-//! one SHA-256 selection and hash to the quote's digest (`quote-pcrs`); the
-//! configured PCR policy holds (`pcr-policy`); then the node key: its
+//! one SHA-256 or SHA-1 selection and hash to the quote's digest
+//! (`quote-pcrs`); the configured PCR policy holds in that bank
+//! (`pcr-policy`, [`pcr`]); then the node key: its
 //! certification by the AK over `sha256(csr)` (`node-key-*`, see
 //! [`bc_wire::tpm::verify_key_certification`]), required unless
 //! `node_key = "any"` (`node-key-not-certified`).
@@ -45,12 +46,11 @@ mod credential_ecc;
 pub mod ek;
 pub mod ek_ecc;
 pub mod enroll;
+pub mod pcr;
 pub mod state;
 
-use std::collections::BTreeMap;
-
 use bc_wire::agent::{tpm_attestation, Role, TpmAnswer, TpmAttestation, TpmChallenge, TpmHello};
-use bc_wire::tpm::{self as wtpm, Attested, Public, ALG_SHA256};
+use bc_wire::tpm::{self as wtpm, Attested, Public};
 use prost::Message;
 use rusqlite::Transaction;
 use subtle::ConstantTimeEq;
@@ -60,6 +60,7 @@ use crate::attestor::{
     Verdict, BINDING_TPM_EK,
 };
 use crate::records;
+pub use pcr::PcrPolicy;
 use state::{ChallengeKey, ChallengeState};
 
 /// The attestor's id.
@@ -104,9 +105,9 @@ pub struct TpmConfig {
     pub challenge_ttl_ms: i64,
     /// `JoinPending.retry_after_seconds` while a request waits for an operator.
     pub enrollment_retry_after_seconds: u32,
-    /// PCR index → the SHA-256 value it must have; every listed PCR must be
-    /// in the quote.
-    pub pcr_policy: BTreeMap<u32, [u8; 32]>,
+    /// The PCR values a quote must have, in SHA-256 and/or SHA-1; every PCR
+    /// the quoted bank lists must be in the quote.
+    pub pcr_policy: PcrPolicy,
 }
 
 impl Default for TpmConfig {
@@ -115,7 +116,7 @@ impl Default for TpmConfig {
             node_key: NodeKeyPolicy::Certified,
             challenge_ttl_ms: MAX_CHALLENGE_TTL_MS,
             enrollment_retry_after_seconds: 30,
-            pcr_policy: BTreeMap::new(),
+            pcr_policy: PcrPolicy::default(),
         }
     }
 }
@@ -174,7 +175,8 @@ impl TpmAttestor {
             encrypted_secret: made.encrypted_secret,
             state: sealed,
             // The agent quotes only what the policy checks: no PCR_Read without one.
-            pcrs: self.config.pcr_policy.keys().copied().collect(),
+            pcrs: self.config.pcr_policy.pcrs(),
+            pcr_banks: self.config.pcr_policy.bank_algs(),
         }
         .encode_to_vec();
         tracing::info!(
@@ -267,12 +269,10 @@ impl TpmAttestor {
         if quote.extra_data != bc_wire::sha256(&nonce_input) {
             return Err(Refusal::new(QUOTE_NONCE));
         }
-        let pcrs = quoted_pcrs(selection, &answer.pcr_values, pcr_digest)
+        let (bank, pcrs) = pcr::quoted_pcrs(selection, &answer.pcr_values, pcr_digest)
             .ok_or_else(|| Refusal::new(QUOTE_PCRS))?;
-        for (index, expected) in &self.config.pcr_policy {
-            if pcrs.get(index) != Some(&expected.as_slice()) {
-                return Err(Refusal::new(PCR_POLICY));
-            }
+        if !self.config.pcr_policy.is_met(bank, &pcrs) {
+            return Err(Refusal::new(PCR_POLICY));
         }
         Ok(())
     }
@@ -308,41 +308,6 @@ impl TpmAttestor {
 /// sealed state (which opened, so it is one we issued).
 fn challenge_subject(sealed_state: &[u8]) -> String {
     hex::encode(bc_wire::sha256(sealed_state))
-}
-
-/// The quoted PCRs by index, when the selection is exactly one SHA-256
-/// bank, there is one 32-byte value per selected PCR, and the values (in
-/// selection order) hash to the quote's digest.
-fn quoted_pcrs<'a>(
-    selection: &[(u16, Vec<u8>)],
-    values: &'a [Vec<u8>],
-    digest: &[u8],
-) -> Option<BTreeMap<u32, &'a [u8]>> {
-    let [(ALG_SHA256, bitmap)] = selection else {
-        return None;
-    };
-    let indices: Vec<u32> = bitmap
-        .iter()
-        .enumerate()
-        .flat_map(|(byte, bits)| {
-            (0..8u32)
-                .filter(move |b| bits & (1 << b) != 0)
-                // A selection bitmap has at most 255 bytes: no overflow.
-                .map(move |b| byte as u32 * 8 + b)
-        })
-        .collect();
-    if indices.len() != values.len() || values.iter().any(|v| v.len() != 32) {
-        return None;
-    }
-    if bc_wire::sha256(&values.concat()) != digest {
-        return None;
-    }
-    Some(
-        indices
-            .into_iter()
-            .zip(values.iter().map(Vec::as_slice))
-            .collect(),
-    )
 }
 
 enum Place {

@@ -5,6 +5,7 @@ use super::*;
 use crate::attestor::OpenedToken;
 use crate::db::{self, Database, UnixMs};
 use bc_wire::agent::{HardwareClaims, TpmKeyCertification};
+use bc_wire::tpm::ALG_SHA256;
 
 const HELLO: &[u8] = include_bytes!("testdata/hello.bin");
 const ANSWER: &[u8] = include_bytes!("testdata/answer.bin");
@@ -529,20 +530,44 @@ fn round_two_quote_and_pcrs() {
 
 #[test]
 fn pcr_policy() {
-    let pcr = |i: usize| -> [u8; 32] { answer().pcr_values[i].as_slice().try_into().unwrap() };
+    use bc_wire::pcr::PcrBank;
+    let pcr = |i: usize| answer().pcr_values[i].clone();
     let mut config = TpmConfig::default();
-    config.pcr_policy.insert(0, pcr(0));
-    config.pcr_policy.insert(23, pcr(23));
+    config
+        .pcr_policy
+        .insert(PcrBank::Sha256, 0, pcr(0))
+        .unwrap();
+    config
+        .pcr_policy
+        .insert(PcrBank::Sha256, 23, pcr(23))
+        .unwrap();
     let f = fixture_with(config.clone());
     f.resolve();
     assert_eq!(f.reason(&answer_evidence(answer())), "admitted");
-    let mut wrong = config;
+    let mut wrong = config.clone();
     let mut v = pcr(7);
     v[31] ^= 1;
-    wrong.pcr_policy.insert(7, v);
+    wrong.pcr_policy.insert(PcrBank::Sha256, 7, v).unwrap();
     let f = fixture_with(wrong);
     f.resolve();
     assert_eq!(f.reason(&answer_evidence(answer())), PCR_POLICY);
+    // A SHA-256 quote against a policy that names only SHA-1 values.
+    let mut sha1_only = TpmConfig::default();
+    sha1_only
+        .pcr_policy
+        .insert(PcrBank::Sha1, 0, vec![0; 20])
+        .unwrap();
+    let f = fixture_with(sha1_only);
+    f.resolve();
+    assert_eq!(f.reason(&answer_evidence(answer())), PCR_POLICY);
+    // Both banks: the SHA-256 quote meets its SHA-256 half.
+    let mut both = config;
+    both.pcr_policy
+        .insert(PcrBank::Sha1, 0, vec![0xab; 20])
+        .unwrap();
+    let f = fixture_with(both);
+    f.resolve();
+    assert_eq!(f.reason(&answer_evidence(answer())), "admitted");
 }
 
 #[test]
@@ -551,14 +576,15 @@ fn pcr_selection_checks() {
     let digest = bc_wire::sha256(&v.concat());
     // PCRs 1 and 9.
     let sel = vec![(ALG_SHA256, vec![0b10, 0b10, 0])];
-    let got = quoted_pcrs(&sel, &v, &digest).unwrap();
+    let (bank, got) = pcr::quoted_pcrs(&sel, &v, &digest).unwrap();
+    assert_eq!(bank, bc_wire::pcr::PcrBank::Sha256);
     assert_eq!(got.keys().copied().collect::<Vec<_>>(), [1, 9]);
     assert_eq!(got[&9], &[2u8; 32][..]);
-    // Another bank, two entries, a count mismatch, a wrong digest.
-    assert!(quoted_pcrs(&[(0x0004, vec![0b10, 0b10, 0])], &v, &digest).is_none());
-    assert!(quoted_pcrs(&[sel[0].clone(), sel[0].clone()], &v, &digest).is_none());
-    assert!(quoted_pcrs(&[(ALG_SHA256, vec![0b10, 0, 0])], &v, &digest).is_none());
-    assert!(quoted_pcrs(&sel, &v, &[0; 32]).is_none());
+    // SHA-1 with 32-byte values, two entries, a count mismatch, a wrong digest.
+    assert!(pcr::quoted_pcrs(&[(0x0004, vec![0b10, 0b10, 0])], &v, &digest).is_none());
+    assert!(pcr::quoted_pcrs(&[sel[0].clone(), sel[0].clone()], &v, &digest).is_none());
+    assert!(pcr::quoted_pcrs(&[(ALG_SHA256, vec![0b10, 0, 0])], &v, &digest).is_none());
+    assert!(pcr::quoted_pcrs(&sel, &v, &[0; 32]).is_none());
 }
 
 #[test]
