@@ -471,16 +471,18 @@ pub fn manufactured(machine: &'static str) -> &'static Path {
     static A: OnceLock<tempfile::TempDir> = OnceLock::new();
     static B: OnceLock<tempfile::TempDir> = OnceLock::new();
     static OTHER: OnceLock<tempfile::TempDir> = OnceLock::new();
-    let (cell, maker) = match machine {
-        "a" => (&A, "test"),
-        "b" => (&B, "test"),
-        _ => (&OTHER, "other"),
+    static SHA1: OnceLock<tempfile::TempDir> = OnceLock::new();
+    let (cell, maker, banks) = match machine {
+        "a" => (&A, "test", "sha256"),
+        "b" => (&B, "test", "sha256"),
+        "sha1" => (&SHA1, "test", "sha1"),
+        _ => (&OTHER, "other", "sha256"),
     };
     cell.get_or_init(|| {
         let dir = tempfile::tempdir().expect("tempdir");
         let out = Command::new(workspace().join("tpmsim-fixtures/manufacture"))
             .arg(dir.path())
-            .args(["--maker", maker])
+            .args(["--maker", maker, "--pcr-banks", banks])
             .output()
             .expect("run tpmsim-fixtures/manufacture (are swtpm and swtpm-tools installed?)");
         assert_ok(&out);
@@ -509,6 +511,12 @@ impl Swtpm {
     /// A TPM whose EK certificate comes from a maker the control plane does not know.
     pub fn start_other_maker() -> Self {
         Swtpm::start_from(manufactured("other"))
+    }
+
+    /// A TPM of older server firmware: only a SHA-1 PCR bank (another EK
+    /// from the same maker).
+    pub fn start_sha1_only() -> Self {
+        Swtpm::start_from(manufactured("sha1"))
     }
 
     fn start_from(template: &Path) -> Self {

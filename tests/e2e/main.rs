@@ -15,6 +15,7 @@ mod events;
 mod join_token;
 mod load;
 mod pcr;
+mod pcrbanks;
 // These move bcd's clock (BCD_CLOCK_OFFSET) or crash it at failpoints, which
 // only a `--features bcd/failpoints` build honours; scripts/test builds so.
 #[cfg(feature = "failpoints")]
