@@ -6,6 +6,7 @@ use crate::harness::*;
 const PCR_READ: u32 = 0x17E;
 const FLUSH_CONTEXT: u32 = 0x165;
 const NV_READ_PUBLIC: u32 = 0x169;
+const GET_CAPABILITY: u32 = 0x17A;
 
 fn policy(pcr: u32, value: &str) -> String {
     format!("[tpm.pcr_policy]\n\"{pcr}\" = \"{value}\"\n")
@@ -25,6 +26,8 @@ fn a_join_without_a_pcr_policy_reads_no_pcr_and_flushes_no_session() {
     // The AK and the node key; the policy session ends with ActivateCredential.
     assert_eq!(count(FLUSH_CONTEXT), 2, "{codes:x?}");
     assert!(count(NV_READ_PUBLIC) <= 2, "{codes:x?}");
+    // The EK chain listing at most: no PCR bank query without a policy.
+    assert!(count(GET_CAPABILITY) <= 1, "{codes:x?}");
     // 18 before; 13 is the goal: one NV_ReadPublic too many is left, and
     // one GetCapability lists the EK chain NV indices (0x01c00100..).
     assert!(codes.len() <= 15, "{} commands: {codes:x?}", codes.len());
@@ -42,6 +45,10 @@ fn a_join_quotes_the_pcrs_the_policy_names_and_meets_it() {
     let codes = tpm.command_codes().split_off(before);
     // One PCR, one PCR_Read: its value checked against the quote once.
     assert_eq!(codes.iter().filter(|&&c| c == PCR_READ).count(), 1);
+    // The banks, asked once (beside the EK chain listing): 17 commands in
+    // all, 16 before bcd knew banks.
+    let get_capability = codes.iter().filter(|&&c| c == GET_CAPABILITY).count();
+    assert_eq!(get_capability, 2, "{codes:x?}");
     assert_eq!(cp.nodes().len(), 1);
 }
 
