@@ -38,8 +38,10 @@ pub enum BankError {
     #[error("the control plane's PCR policy names only PCR banks this bcd cannot quote (TPM_ALG_IDs {0:?}): upgrade bcd")]
     Unknown(Vec<u32>),
     /// None of the banks the policy names is allocated.
-    #[error("the control plane's PCR policy checks PCRs {pcrs} in the {wanted} bank, but this TPM has {has}: enable the {enable} PCR bank in the firmware's TPM settings (often \"TPM2 active PCR banks\"; it takes effect after a reboot)", pcrs = List(.pcrs), wanted = Banks(.wanted, " or "), has = Has(.allocated), enable = .wanted[0])]
+    #[error("the control plane's PCR policy checks PCRs {pcrs} in the {wanted} bank, but this TPM has {has}: enable the {enable} PCR bank in the firmware's TPM settings (often \"TPM2 active PCR banks\"; it takes effect after a reboot)", pcrs = List(.pcrs), wanted = Banks(.wanted, " or "), has = Has(.allocated))]
     NotAllocated {
+        /// The one to enable: the policy's preferred bank.
+        enable: PcrBank,
         wanted: Vec<PcrBank>,
         pcrs: Vec<u32>,
         allocated: Allocation,
@@ -58,9 +60,12 @@ pub enum BankError {
 /// every PCR, else SHA-1.
 pub fn choose(algs: &[u32], pcrs: &[u32], allocated: &Allocation) -> Result<PcrBank, BankError> {
     let wanted = PcrBank::from_challenge(algs);
-    if wanted.is_empty() {
+    let Some(&enable) = wanted.first() else {
         return Err(BankError::Unknown(algs.to_vec()));
-    }
+    };
+    let mut pcrs = pcrs.to_vec();
+    pcrs.sort_unstable();
+    pcrs.dedup();
     let missing = |bank: PcrBank| -> Option<Vec<u32>> {
         let have = allocated.pcrs(bank)?;
         Some(pcrs.iter().filter(|p| !have.contains(p)).copied().collect())
@@ -73,9 +78,6 @@ pub fn choose(algs: &[u32], pcrs: &[u32], allocated: &Allocation) -> Result<PcrB
         return Ok(bank);
     }
     // Nothing fits: name the preferred bank that is there, else ask for one.
-    let mut pcrs = pcrs.to_vec();
-    pcrs.sort_unstable();
-    pcrs.dedup();
     match wanted.iter().find_map(|b| Some((*b, missing(*b)?))) {
         Some((bank, missing)) => Err(BankError::Missing {
             bank,
@@ -83,6 +85,7 @@ pub fn choose(algs: &[u32], pcrs: &[u32], allocated: &Allocation) -> Result<PcrB
             missing,
         }),
         None => Err(BankError::NotAllocated {
+            enable,
             wanted,
             pcrs,
             allocated: allocated.clone(),
@@ -232,7 +235,7 @@ mod tests {
     #[test]
     fn a_bank_without_a_pcr_names_it() {
         let partial = Allocation(vec![(PcrBank::Sha256, (0..16).collect())]);
-        let e = choose(&[SHA256, SHA1], &[0, 17, 23], &partial).unwrap_err();
+        let e = choose(&[SHA256, SHA1], &[23, 0, 17, 23], &partial).unwrap_err();
         assert_eq!(
             e,
             BankError::Missing {
