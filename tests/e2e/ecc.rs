@@ -38,16 +38,16 @@ fn a_tpm_with_only_its_p384_ek_joins_with_it() {
     let tpm = Swtpm::start();
     remove_rsa_ek(&tpm);
     let agent = Agent::with_tpm(&cp, &tpm);
-    let id = agent.identify();
-    assert_eq!(id["ekKind"], "ecc-p384", "{id}");
-    assert_eq!(id["ekPersistent"], true, "{id}");
-    assert_eq!(id["ekMatchesCertificate"], true, "{id}");
     agent.allow_ek(&cp);
     let before = tpm.command_codes().len();
     let out = agent.run(&["join", "--attestor", "tpm"]);
     assert_ok(&out);
     assert!(agent.status_json()["nodeId"].is_string());
     assert_eq!(verified_ek_kinds(&cp), ["ecc-p384"], "{}", cp.log());
+    let id = agent.identify();
+    assert_eq!(id["ekKind"], "ecc-p384", "{id}");
+    assert_eq!(id["ekPersistent"], true, "{id}");
+    assert_eq!(id["ekMatchesCertificate"], true, "{id}");
     // swtpm released the credential to the EK's own (empty) password: the
     // H-3 EK has userWithAuth, and its PolicyB is SHA-384.
     let join = &tpm.command_codes()[before..];
@@ -67,13 +67,13 @@ fn a_p256_ek_made_by_tpm2_createek_joins_with_its_certificate() {
     remove_rsa_ek(&tpm);
     with_p256_ek(&tpm);
     let agent = Agent::with_tpm(&cp, &tpm);
-    let id = agent.identify();
-    assert_eq!(id["ekKind"], "ecc-p256", "{id}");
-    assert_eq!(id["ekPersistent"], true, "{id}");
     let ek_sha256 = agent.allow_ek(&cp);
     let before = tpm.command_codes().len();
     assert_ok(&agent.run(&["join", "--attestor", "tpm"]));
     assert_eq!(verified_ek_kinds(&cp), ["ecc-p256"], "{}", cp.log());
+    let id = agent.identify();
+    assert_eq!(id["ekKind"], "ecc-p256", "{id}");
+    assert_eq!(id["ekPersistent"], true, "{id}");
     // The L-2 EK takes its PolicySecret session, like the RSA one.
     let join = &tpm.command_codes()[before..];
     assert!(join.contains(&ACTIVATE_CREDENTIAL) && join.contains(&POLICY_SECRET));
