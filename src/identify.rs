@@ -82,6 +82,7 @@ pub fn run(args: IdentifyArgs) -> anyhow::Result<ExitCode> {
     let ek = tpm.ek().context("cannot read the EK")?;
     let spki = crate::tpm::ek_spki_der(&ek).context("cannot encode the EK")?;
     let own_spki = crate::tpm::public_spki_der(&ek.public).context("cannot encode the EK")?;
+    let source_text = source_text(&ek);
     if let Err(e) = tpm.release_ek(&ek) {
         tracing::debug!(error = %e, "cannot flush the EK");
     }
@@ -144,13 +145,8 @@ pub fn run(args: IdentifyArgs) -> anyhow::Result<ExitCode> {
         ))?,
     }
     out::line(format_args!(
-        "EK             {}, {}",
-        kind.as_str(),
-        match id.ek_source.as_str() {
-            "persistent" => format!("persistent at {:#010x}", kind.persistent_handle()),
-            "default-template" => "derived from the default template".to_owned(),
-            other => format!("derived from {}", other.replace('+', " and ")),
-        }
+        "EK             {}, {source_text}",
+        kind.as_str()
     ))?;
     if id.persistent_ek_mismatch {
         out::line(format_args!(
@@ -186,4 +182,21 @@ fn source(ek: &Ek) -> String {
         true => format!("{template}+nv-nonce"),
         false => template.to_owned(),
     }
+}
+
+/// Where the EK came from, for people.
+fn source_text(ek: &Ek) -> String {
+    if ek.persistent {
+        return format!("persistent at {:#010x}", ek.kind.persistent_handle());
+    }
+    let d = ek.derivation;
+    let (nonce, template) = ek.kind.nonce_and_template_indices().unwrap_or_default();
+    let mut text = match d.nv_template {
+        true => format!("derived from the maker's template in NV {template:#010x}"),
+        false => "derived from the default template".to_owned(),
+    };
+    if d.nv_nonce {
+        text.push_str(&format!(" with the maker's nonce in NV {nonce:#010x}"));
+    }
+    text
 }

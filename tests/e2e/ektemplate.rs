@@ -35,6 +35,12 @@ fn a_nonce_ek_without_a_persistent_ek_joins() {
     assert_eq!(id["ekSource"], "nv-template+nv-nonce", "{id}");
     assert_eq!(id["ekMatchesCertificate"], true, "{id}");
     assert_eq!(id["tpmEkSha256"], id["ekSha256"], "{id}");
+    let out = agent.run(&["tpm", "identify"]);
+    assert!(
+        stdout(&out).contains("EK             rsa, derived from the maker's template in NV 0x01c00004 with the maker's nonce in NV 0x01c00003\n"),
+        "{}",
+        stdout(&out)
+    );
 
     // The nonce alone (the template is the default one) derives it too.
     nv_remove(&tpm, "0x01c00004");
