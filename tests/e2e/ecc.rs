@@ -60,6 +60,18 @@ fn a_tpm_with_only_its_p384_ek_joins_with_it() {
         "join with a persistent P-384 EK: {} TPM commands: {join:x?}",
         join.len()
     );
+
+    // Without the persistent EK, the H-3 template derives the same one.
+    let ek_sha256 = id["ekSha256"].clone();
+    evict(&tpm, "0x81010016");
+    let id = agent.identify();
+    assert_eq!(id["ekSha256"], ek_sha256, "{id}");
+    assert_eq!(id["ekPersistent"], false, "{id}");
+    assert_eq!(id["ekMatchesCertificate"], true, "{id}");
+    // and swtpm releases a credential to the derived EK too (the machine
+    // joins again from a new data directory).
+    let again = Agent::with_tpm(&cp, &tpm);
+    assert_ok(&again.run(&["join", "--attestor", "tpm"]));
 }
 
 #[test]
