@@ -79,6 +79,9 @@ pub struct Config {
     /// `[tpm] ek_intermediates`: a PEM bundle of the maker's intermediates
     /// an operator dropped on the machine, sent (untrusted) with a tpm join.
     pub tpm_ek_intermediates: Option<PathBuf>,
+    /// `[tpm] ek`: which EK ("rsa", "ecc-p256", "ecc-p384"); None lets bcd
+    /// choose the first with a certificate in that order.
+    pub tpm_ek: Option<crate::tpm::EkKind>,
     /// `[node]`: how `bcd node` keeps its certificate.
     pub node: NodeSettings,
 }
@@ -146,6 +149,7 @@ struct RawTpm {
     ek_roots: Option<Spanned<String>>,
     owner_auth_file: Option<Spanned<String>>,
     ek_intermediates: Option<Spanned<String>>,
+    ek: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -267,6 +271,20 @@ impl Config {
             raw_tpm.and_then(|t| t.ek_intermediates.as_ref()),
         )?;
 
+        let tpm_ek = match raw_tpm.and_then(|t| t.ek.as_ref()) {
+            None => None,
+            Some(v) => Some(crate::tpm::EkKind::parse(v.get_ref()).ok_or_else(|| {
+                invalid(
+                    Some(v.span()),
+                    format!(
+                        "tpm.ek: expected {}, got {:?}",
+                        crate::tpm::EkKind::NAMES,
+                        v.get_ref()
+                    ),
+                )
+            })?),
+        };
+
         let tpm_owner_auth_file = tpm_path(
             "owner_auth_file",
             raw_tpm.and_then(|t| t.owner_auth_file.as_ref()),
@@ -296,6 +314,7 @@ impl Config {
             tpm_ek_roots,
             tpm_owner_auth_file,
             tpm_ek_intermediates,
+            tpm_ek,
             node,
             tpm_tcti,
             api,
@@ -581,6 +600,32 @@ pub(crate) mod tests {
             .to_string();
         assert!(
             e.contains("tpm.ek_intermediates: expected an absolute path"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn tpm_ek_is_one_of_the_known_eks() {
+        use crate::tpm::EkKind;
+        let base = sample("https://h", "/x");
+        assert_eq!(
+            Config::parse(Path::new("c.toml"), &base).unwrap().tpm_ek,
+            None
+        );
+        let with = |k: &str| format!("{base}\n[tpm]\nek = \"{k}\"\n");
+        for (name, kind) in [
+            ("rsa", EkKind::Rsa),
+            ("ecc-p256", EkKind::EccP256),
+            ("ecc-p384", EkKind::EccP384),
+        ] {
+            let c = Config::parse(Path::new("c.toml"), &with(name)).unwrap();
+            assert_eq!(c.tpm_ek, Some(kind));
+        }
+        let e = Config::parse(Path::new("c.toml"), &with("ecc"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("tpm.ek: expected \"rsa\", \"ecc-p256\" or \"ecc-p384\", got \"ecc\""),
             "{e}"
         );
     }

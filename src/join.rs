@@ -117,8 +117,7 @@ pub fn run(args: JoinArgs, env_token: Option<TokenText>) -> anyhow::Result<ExitC
     };
     let config = Config::load(&args.config.path)?;
     let dir = &config.data_dir;
-    let tpm = TpmAccess::new(config.tpm_tcti.as_deref())
-        .with_owner_auth(config.tpm_owner_auth_file.clone());
+    let tpm = TpmAccess::configured(&config);
 
     let credential = if args.reset {
         let moves = reset::plan(dir, clock::now())?;
@@ -280,8 +279,7 @@ fn run_x509pop(args: &JoinArgs) -> anyhow::Result<ExitCode> {
     }
     let config = Config::load(&args.config.path)?;
     let dir = &config.data_dir;
-    let tpm = TpmAccess::new(config.tpm_tcti.as_deref())
-        .with_owner_auth(config.tpm_owner_auth_file.clone());
+    let tpm = TpmAccess::configured(&config);
     let current = match Identity::load(dir, &tpm) {
         Ok(Some(id)) => id,
         Ok(None) => {

@@ -209,8 +209,7 @@ pub fn diagnose(path: &Path) -> Report {
     let dir = &config.data_dir;
     checks.push(files::check_data_dir(dir, files::effective_uid()));
 
-    let access = TpmAccess::new(config.tpm_tcti.as_deref())
-        .with_owner_auth(config.tpm_owner_auth_file.clone());
+    let access = TpmAccess::configured(&config);
     let loaded = Identity::inspect(dir, &access);
     checks.push(identity_check(&loaded, dir));
     // bcd's own clock (moved in test builds), as bcd node judges expiry by it.

@@ -63,14 +63,17 @@ pub fn checks(
     }
     let ek_check = match tpm.ek() {
         Ok(ek) => {
-            let mut intermediates = tpm.ek_chain().unwrap_or_default();
+            let mut intermediates = tpm.ek_chain(&ek).unwrap_or_default();
             if let Some(file) = ek_intermediates {
                 match crate::pki::read_pem_bundle(file) {
                     Ok(more) => intermediates.extend(more),
                     Err(e) => tracing::warn!(error = %e, "[tpm] ek_intermediates"),
                 }
             }
-            let c = ek_certificate(ek.certificate.as_deref(), ek_roots, &intermediates);
+            let c = match ek.matches_certificate {
+                Some(false) => mismatch_check(&ek),
+                _ => ek_certificate(ek.certificate.as_deref(), ek_roots, &intermediates),
+            };
             if let Err(e) = tpm.release_ek(&ek) {
                 tracing::debug!(error = %e, "cannot flush the EK");
             }
@@ -121,6 +124,20 @@ pub fn info_check(info: &TpmInfo, tcti: &str) -> Check {
     Check::ok(TPM, what)
 }
 
+/// The TPM's EK is not the key its certificate names: the control plane
+/// refuses it `ek-mismatch`.
+fn mismatch_check(ek: &crate::tpm::Ek) -> Check {
+    Check::fail(
+        EK_CERTIFICATE,
+        format!(
+            "the TPM's {} EK is not the key its certificate (NV {:#010x}) names",
+            ek.kind.as_str(),
+            ek.kind.certificate_index()
+        ),
+        "run bcd tpm identify for details; the control plane refuses this EK (ek-mismatch)",
+    )
+}
+
 /// The EK certificate: present, and chaining to `ek_roots` when configured.
 pub fn ek_certificate(
     der: Option<&[u8]>,
@@ -130,7 +147,7 @@ pub fn ek_certificate(
     let Some(der) = der else {
         return Check::warn(
             EK_CERTIFICATE,
-            "none in NV 0x01c00002",
+            "none in NV 0x01c00002 (RSA), 0x01c0000a (P-256) or 0x01c00016 (P-384)",
             "the control plane cannot verify this TPM's maker: a tpm join is refused unless it allows uncertified EKs",
         );
     };

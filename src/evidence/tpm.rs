@@ -40,12 +40,14 @@ impl TpmEvidence {
         let (ek, ak, intermediates) = {
             let mut t = crate::keys::lock_tpm(&tpm)?;
             let ek = t.ek()?;
-            let intermediates = t.ek_chain().unwrap_or_else(|e| {
+            let intermediates = t.ek_chain(&ek).unwrap_or_else(|e| {
                 tracing::warn!(error = %e, "cannot read the EK chain NV indices");
                 Vec::new()
             });
             if ek.certificate.is_none() {
-                tracing::warn!("the TPM has no EK certificate at NV 0x01c00002; the control plane will not trust this EK");
+                tracing::warn!("the TPM has no EK certificate (NV 0x01c00002, 0x01c0000a or 0x01c00016); the control plane will not trust this EK");
+            } else if ek.matches_certificate == Some(false) {
+                tracing::warn!(ek = ek.kind.as_str(), "the TPM's EK is not the key its certificate names; the control plane will refuse it (ek-mismatch)");
             }
             match t.ak() {
                 Ok(ak) => (ek, ak, intermediates),

@@ -112,6 +112,7 @@ pub trait NodeKey: Send + Sync + std::fmt::Debug {
 pub struct TpmAccess {
     tcti: Option<String>,
     owner_auth_file: Option<std::path::PathBuf>,
+    ek: Option<crate::tpm::EkKind>,
     opened: Mutex<Option<SharedTpm>>,
 }
 
@@ -121,8 +122,17 @@ impl TpmAccess {
         TpmAccess {
             tcti: crate::tpm::resolve_tcti(configured),
             owner_auth_file: None,
+            ek: None,
             opened: Mutex::new(None),
         }
+    }
+
+    /// The TPM the config names, with its `[tpm] owner_auth_file` and `ek`.
+    pub fn configured(config: &crate::config::Config) -> TpmAccess {
+        let mut access = TpmAccess::new(config.tpm_tcti.as_deref())
+            .with_owner_auth(config.tpm_owner_auth_file.clone());
+        access.ek = config.tpm_ek;
+        access
     }
 
     /// With `[tpm] owner_auth_file`, the owner authorization node keys need
@@ -137,6 +147,7 @@ impl TpmAccess {
         TpmAccess {
             tcti: None,
             owner_auth_file: None,
+            ek: None,
             opened: Mutex::new(None),
         }
     }
@@ -157,6 +168,7 @@ impl TpmAccess {
             return Ok(tpm.clone());
         }
         let mut tpm = crate::tpm::Tpm::open(tcti)?;
+        tpm.set_ek_kind(self.ek);
         if let Some(path) = &self.owner_auth_file {
             tpm.set_owner_auth(&read_owner_auth(path)?)?;
         }

@@ -1,37 +1,57 @@
 //! The endorsement key and its manufacturer certificate.
 //!
-//! Regenerating an RSA EK takes seconds on real TPMs, so bcd uses the
-//! persistent EK at 0x81010001 whenever it is exactly the default (L-1)
-//! template holding the certificate's key. It checks that without reading
-//! the object's public area: the expected TPMT_PUBLIC is the template with
-//! the certificate's modulus, and its name must equal the name the TPM
-//! reports for the handle.
+//! Which EK ([`EkKind`]): `[tpm] ek` when set, else the first of RSA-2048,
+//! P-256 and P-384 whose certificate NV index exists, learnt from one
+//! GetCapability listing that also serves the chain indices
+//! ([`super::ekchain`]).
+//!
+//! Regenerating an EK takes seconds on real TPMs, so bcd uses the kind's
+//! persistent EK whenever it is exactly the template holding the
+//! certificate's key. It checks that without reading the object's public
+//! area: the expected TPMT_PUBLIC is the template with the certificate's
+//! key as unique, and its name must equal the name the TPM reports for the
+//! handle. Otherwise the EK is derived as tpm2_createek derives it: the
+//! maker's template from NV when there is one, else the TCG default, with
+//! the maker's nonce from NV as unique when there is one.
 
-use tss_esapi::abstraction::ek::create_ek_public_from_default_template_2;
-use tss_esapi::abstraction::{AsymmetricAlgorithmSelection, DefaultKey};
 use tss_esapi::handles::{
     KeyHandle, NvIndexHandle, NvIndexTpmHandle, PersistentTpmHandle, TpmHandle,
 };
-use tss_esapi::interface_types::key_bits::RsaKeyBits;
 use tss_esapi::interface_types::resource_handles::{Hierarchy, NvAuth};
 use tss_esapi::interface_types::session_handles::AuthSession;
-use tss_esapi::traits::Marshall;
+use tss_esapi::traits::{Marshall, UnMarshall};
 
-use super::{cmd, Tpm, TpmError};
-
-/// NV index of the RSA-2048 EK certificate (TCG EK Credential Profile).
-const EK_CERT_NV_INDEX: u32 = 0x01C0_0002;
-/// The conventional persistent handle of the RSA EK.
-const EK_PERSISTENT_HANDLE: u32 = 0x8101_0001;
+use super::ek_kind::{EkKind, PREFERENCE};
+use super::{cmd, ekchain, Tpm, TpmError};
 
 pub struct Ek {
     handle: KeyHandle,
+    pub kind: EkKind,
     /// Marshalled TPMT_PUBLIC.
     pub public: Vec<u8>,
     /// DER, trimmed to its own length; None when the TPM has none.
     pub certificate: Option<Vec<u8>>,
     /// Whether the persistent EK was used (else it was derived).
     pub persistent: bool,
+    /// Where a derived EK's template and unique came from.
+    pub derivation: Derivation,
+    /// Whether the EK is the key its certificate names (None: no
+    /// certificate). The control plane refuses it `ek-mismatch` otherwise.
+    pub matches_certificate: Option<bool>,
+    /// The kind's persistent handle holds another key than the
+    /// certificate's (bcd derived the EK instead).
+    pub persistent_mismatch: bool,
+    /// The TPM's NV indices from 0x01c00002 to 0x01c001ff.
+    pub(super) nv_indices: Vec<u32>,
+}
+
+/// Where the template a derived EK was made from came from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Derivation {
+    /// The maker's template in NV (0x01c00004, 0x01c0000c).
+    pub nv_template: bool,
+    /// The maker's nonce in NV (0x01c00003, 0x01c0000b) as unique.
+    pub nv_nonce: bool,
 }
 
 impl Ek {
@@ -40,29 +60,57 @@ impl Ek {
     }
 }
 
-pub(super) fn load(tpm: &mut Tpm) -> Result<Ek, TpmError> {
-    let template = create_ek_public_from_default_template_2(
-        AsymmetricAlgorithmSelection::Rsa(RsaKeyBits::Rsa2048),
-        None::<DefaultKey>,
-    )
-    .map_err(|source| TpmError::Command {
-        command: "CreatePrimary",
-        source,
-    })?;
-    let certificate = read_certificate(tpm)?;
+pub(super) fn load(tpm: &mut Tpm, forced: Option<EkKind>) -> Result<Ek, TpmError> {
+    let nv_indices = ekchain::list_indices(tpm)?;
+    let certified: Vec<EkKind> = PREFERENCE
+        .into_iter()
+        .filter(|k| nv_indices.contains(&k.certificate_index()))
+        .collect();
+    let kind = match forced {
+        Some(k) if certified.contains(&k) => k,
+        Some(k) => {
+            return Err(TpmError::EkNotCertified {
+                kind: k.as_str(),
+                index: k.certificate_index(),
+                certified: certified.iter().map(|k| k.as_str()).collect(),
+            })
+        }
+        // None certified: the RSA EK, which the control plane will refuse
+        // with a reason the operator can act on.
+        None => certified.first().copied().unwrap_or(EkKind::Rsa),
+    };
+    let certificate = match certified.contains(&kind) {
+        true => read_certificate(tpm, kind.certificate_index())?,
+        false => None,
+    };
 
-    if let Some(cert) = &certificate {
-        if let Some(expected) = expected_public(&template, cert)? {
-            if let Some(handle) = persistent_matching(tpm, &expected)? {
+    let (template, derivation) = template(tpm, kind, &nv_indices)?;
+    let expected = match &certificate {
+        Some(cert) => kind.expected_public(&template, cert)?,
+        None => None,
+    };
+    let mut persistent_mismatch = false;
+    if let Some(expected) = &expected {
+        match persistent_matching(tpm, kind.persistent_handle(), expected)? {
+            Persistent::Matching(handle) => {
                 return Ok(Ek {
                     handle,
-                    public: expected,
+                    kind,
+                    public: expected.clone(),
                     certificate,
                     persistent: true,
-                });
+                    derivation: Derivation::default(),
+                    matches_certificate: Some(true),
+                    persistent_mismatch: false,
+                    nv_indices,
+                })
             }
+            Persistent::Other => persistent_mismatch = true,
+            Persistent::None => {}
         }
     }
+    let template = tss_esapi::structures::Public::unmarshall(&template)
+        .map_err(|_| TpmError::Unexpected("an EK template that does not unmarshal"))?;
     let created = cmd(
         "CreatePrimary",
         tpm.ctx()
@@ -77,81 +125,98 @@ pub(super) fn load(tpm: &mut Tpm) -> Result<Ek, TpmError> {
             "an EK public area that does not marshal",
         ));
     };
+    let matches_certificate = certificate
+        .as_ref()
+        .map(|_| expected.as_deref() == Some(public.as_slice()));
     Ok(Ek {
         handle: created.key_handle,
+        kind,
         public,
         certificate,
         persistent: false,
+        derivation,
+        matches_certificate,
+        persistent_mismatch,
+        nv_indices,
     })
 }
 
-/// The persistent EK's handle if its name is the expected public area's.
-fn persistent_matching(tpm: &mut Tpm, expected: &[u8]) -> Result<Option<KeyHandle>, TpmError> {
-    let tpm_handle =
-        PersistentTpmHandle::new(EK_PERSISTENT_HANDLE).map_err(|source| TpmError::Command {
-            command: "ReadPublic",
-            source,
-        })?;
+/// The template an EK of `kind` derives from: the maker's in NV, else the
+/// TCG default; with the maker's nonce as unique when NV holds one.
+fn template(
+    tpm: &mut Tpm,
+    kind: EkKind,
+    nv_indices: &[u32],
+) -> Result<(Vec<u8>, Derivation), TpmError> {
+    let mut derivation = Derivation::default();
+    let Some((nonce_index, template_index)) = kind.nonce_and_template_indices() else {
+        return Ok((kind.default_template()?, derivation));
+    };
+    let mut read = |index: u32| match nv_indices.contains(&index) {
+        true => read_index(tpm, index),
+        false => Ok(None),
+    };
+    let template = match read(template_index)? {
+        Some(t) => {
+            derivation.nv_template = true;
+            t
+        }
+        None => kind.default_template()?,
+    };
+    match read(nonce_index)? {
+        Some(nonce) => {
+            derivation.nv_nonce = true;
+            Ok((kind.with_nonce(&template, &nonce)?, derivation))
+        }
+        None => Ok((template, derivation)),
+    }
+}
+
+enum Persistent {
+    /// The handle holds the expected EK.
+    Matching(KeyHandle),
+    /// The handle holds another key.
+    Other,
+    /// Nothing at the handle.
+    None,
+}
+
+/// Whether the persistent object at `handle` has the expected public
+/// area's name.
+fn persistent_matching(
+    tpm: &mut Tpm,
+    handle: u32,
+    expected: &[u8],
+) -> Result<Persistent, TpmError> {
+    let tpm_handle = PersistentTpmHandle::new(handle).map_err(|source| TpmError::Command {
+        command: "ReadPublic",
+        source,
+    })?;
     // A missing handle (e.g. after TPM2_Clear) is not an error: derive instead.
     let Ok(object) = tpm
         .ctx()
         .tr_from_tpm_public(TpmHandle::Persistent(tpm_handle))
     else {
-        return Ok(None);
+        return Ok(Persistent::None);
     };
     let name = cmd("ReadPublic", tpm.ctx().tr_get_name(object))?;
-    let mut want = vec![0x00, 0x0B];
-    want.extend_from_slice(&bc_wire::sha256(expected));
+    let want = bc_wire::tpm::Public::parse(expected)
+        .map_err(|_| TpmError::Unexpected("an EK template that does not parse"))?
+        .name();
     if name.value() == want.as_slice() {
-        Ok(Some(object.into()))
+        Ok(Persistent::Matching(object.into()))
     } else {
         let mut object = object;
         let _ = tpm.ctx().tr_close(&mut object);
-        Ok(None)
+        Ok(Persistent::Other)
     }
-}
-
-/// The default template with the certificate's RSA modulus as its unique.
-/// None when the certificate holds another kind of key.
-fn expected_public(
-    template: &tss_esapi::structures::Public,
-    cert: &[u8],
-) -> Result<Option<Vec<u8>>, TpmError> {
-    use x509_parser::prelude::*;
-    use x509_parser::public_key::PublicKey;
-    let (_, parsed) =
-        X509Certificate::from_der(cert).map_err(|e| TpmError::EkCertificate(e.to_string()))?;
-    let Ok(PublicKey::RSA(rsa)) = parsed.public_key().parsed() else {
-        return Ok(None);
-    };
-    let modulus: &[u8] = {
-        let m = rsa.modulus;
-        let first = m.iter().position(|&b| b != 0).unwrap_or(m.len());
-        &m[first..]
-    };
-    if modulus.len() != 256 || rsa.try_exponent().ok() != Some(65537) {
-        return Ok(None);
-    }
-    let mut bytes = template
-        .marshall()
-        .map_err(|_| TpmError::Unexpected("an EK template that does not marshal"))?;
-    // The template ends with its unique: TPM2B of 256 zero bytes.
-    let at = bytes
-        .len()
-        .checked_sub(258)
-        .ok_or(TpmError::Unexpected("a short EK template"))?;
-    if bytes[at..at + 2] != [0x01, 0x00] || bytes[at + 2..].iter().any(|&b| b != 0) {
-        return Err(TpmError::Unexpected("an EK template with another unique"));
-    }
-    bytes[at + 2..].copy_from_slice(modulus);
-    Ok(Some(bytes))
 }
 
 /// Reads the EK certificate from NV ([`read_index`]), without the TCG
 /// header or padding some makers put around the DER. None when the index
 /// does not exist.
-fn read_certificate(tpm: &mut Tpm) -> Result<Option<Vec<u8>>, TpmError> {
-    match read_index(tpm, EK_CERT_NV_INDEX)? {
+fn read_certificate(tpm: &mut Tpm, index: u32) -> Result<Option<Vec<u8>>, TpmError> {
+    match read_index(tpm, index)? {
         Some(raw) => trim_der(&raw).map(|der| Some(der.to_vec())),
         None => Ok(None),
     }
@@ -295,64 +360,6 @@ pub(super) fn trim_der(raw: &[u8]) -> Result<&[u8], TpmError> {
         _ => return Err(bad()),
     };
     raw.get(..header + len).ok_or_else(bad)
-}
-
-/// The EK's SubjectPublicKeyInfo (DER), the key the control plane knows the
-/// machine by: the certificate's when there is one (the control plane reads
-/// it from there), else encoded from the public area.
-pub fn ek_spki_der(ek: &Ek) -> Result<Vec<u8>, TpmError> {
-    use x509_parser::prelude::*;
-    if let Some(cert) = &ek.certificate {
-        let (_, parsed) =
-            X509Certificate::from_der(cert).map_err(|e| TpmError::EkCertificate(e.to_string()))?;
-        return Ok(parsed.public_key().raw.to_vec());
-    }
-    let public = bc_wire::tpm::Public::parse(&ek.public)
-        .map_err(|_| TpmError::Unexpected("an EK public area"))?;
-    let bc_wire::tpm::KeyParams::Rsa {
-        modulus, exponent, ..
-    } = &public.params
-    else {
-        return Err(TpmError::Unexpected("an EK that is not RSA"));
-    };
-    let e = if *exponent == 0 { 65537 } else { *exponent };
-    Ok(rsa_spki_der(modulus, e))
-}
-
-/// SEQUENCE { SEQUENCE { rsaEncryption, NULL }, BIT STRING { SEQUENCE { n, e } } }.
-fn rsa_spki_der(modulus: &[u8], exponent: u32) -> Vec<u8> {
-    fn tlv(tag: u8, body: &[u8]) -> Vec<u8> {
-        let mut out = vec![tag];
-        match body.len() {
-            n if n < 0x80 => out.push(n as u8),
-            n if n < 0x100 => out.extend_from_slice(&[0x81, n as u8]),
-            n => out.extend_from_slice(&[0x82, (n >> 8) as u8, n as u8]),
-        }
-        out.extend_from_slice(body);
-        out
-    }
-    fn integer(bytes: &[u8]) -> Vec<u8> {
-        let first = bytes
-            .iter()
-            .position(|&b| b != 0)
-            .unwrap_or(bytes.len().saturating_sub(1));
-        let mut body = Vec::new();
-        if bytes.get(first).is_some_and(|b| b & 0x80 != 0) {
-            body.push(0);
-        }
-        body.extend_from_slice(&bytes[first..]);
-        tlv(0x02, &body)
-    }
-    const RSA_ALGORITHM: &[u8] = &[
-        0x30, 0x0d, 0x06, 0x09, 0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01, 0x01, 0x05, 0x00,
-    ];
-    let key = tlv(
-        0x30,
-        &[integer(modulus), integer(&exponent.to_be_bytes())].concat(),
-    );
-    let mut bits = vec![0u8];
-    bits.extend_from_slice(&key);
-    tlv(0x30, &[RSA_ALGORITHM, &tlv(0x03, &bits)].concat())
 }
 
 #[cfg(test)]

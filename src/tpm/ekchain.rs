@@ -2,6 +2,10 @@
 //! intermediates a maker stored in the TPM, one DER certificate or a
 //! concatenation of them per index. They are untrusted: the control plane
 //! builds a path through them to a root its operator configured.
+//!
+//! One GetCapability lists the NV indices from the RSA EK certificate's
+//! (0x01c00002) to the chain's last: the EK's certificate, nonce and
+//! template indices and the chain indices in one command.
 
 use tss_esapi::constants::CapabilityType;
 use tss_esapi::structures::CapabilityData;
@@ -10,25 +14,38 @@ use super::{cmd, ek, Tpm, TpmError};
 
 const FIRST: u32 = 0x01C0_0100;
 const LAST: u32 = 0x01C0_01FF;
+/// The first EK index the TCG EK Credential Profile defines.
+const FIRST_EK: u32 = 0x01C0_0002;
+/// Most handles asked for: the EK range holds a dozen, the chain a few.
+const LISTED: u32 = 128;
 /// Most certificates taken from NV (what the control plane accepts).
 pub const MAX_CERTIFICATES: usize = bc_wire::ekcert::MAX_AGENT_INTERMEDIATES;
 
-/// The certificates in the chain indices, in index order; one
-/// GetCapability when there are none.
-pub(super) fn read(tpm: &mut Tpm) -> Result<Vec<Vec<u8>>, TpmError> {
+/// The TPM's NV indices from 0x01c00002 to 0x01c001ff, in order.
+pub(super) fn list_indices(tpm: &mut Tpm) -> Result<Vec<u32>, TpmError> {
     let (data, _) = cmd(
         "GetCapability",
-        tpm.ctx().get_capability(CapabilityType::Handles, FIRST, 64),
+        tpm.ctx()
+            .get_capability(CapabilityType::Handles, FIRST_EK, LISTED),
     )?;
     let CapabilityData::Handles(handles) = data else {
         return Err(TpmError::Unexpected("a capability of another kind"));
     };
-    let indices: Vec<u32> = handles
+    Ok(handles
         .into_inner()
         .into_iter()
         .map(u32::from)
-        .filter(|h| (FIRST..=LAST).contains(h))
-        .collect();
+        .filter(|h| (FIRST_EK..=LAST).contains(h))
+        .collect())
+}
+
+/// The certificates in the chain indices of `listed` ([`list_indices`]),
+/// in index order.
+pub(super) fn read(tpm: &mut Tpm, listed: &[u32]) -> Result<Vec<Vec<u8>>, TpmError> {
+    let indices = listed
+        .iter()
+        .copied()
+        .filter(|h| (FIRST..=LAST).contains(h));
     let mut out = Vec::new();
     for index in indices {
         if out.len() >= MAX_CERTIFICATES {

@@ -9,6 +9,8 @@
 
 mod banks;
 mod ek;
+mod ek_kind;
+mod ek_spki;
 mod ekchain;
 mod quote;
 mod templates;
@@ -32,7 +34,9 @@ use tss_esapi::traits::Marshall;
 use tss_esapi::{Context, TctiNameConf};
 
 pub use banks::BankError;
-pub use ek::{ek_spki_der, Ek};
+pub use ek::{Derivation, Ek};
+pub use ek_kind::EkKind;
+pub use ek_spki::{ek_spki_der, public_spki_der};
 pub use quote::Quote;
 pub use templates::{ak_template, node_key_template};
 
@@ -91,6 +95,12 @@ pub enum TpmError {
     EkCertificate(String),
     #[error(transparent)]
     PcrBank(#[from] BankError),
+    #[error("[tpm] ek = \"{kind}\": the TPM has no EK certificate at NV {index:#010x} (it has {}); name one it has, or remove the setting to let bcd choose", if certified.is_empty() { "none".to_owned() } else { certified.join(", ") })]
+    EkNotCertified {
+        kind: &'static str,
+        index: u32,
+        certified: Vec<&'static str>,
+    },
 }
 
 /// Wraps a tss-esapi error with the TPM command that failed.
@@ -128,6 +138,8 @@ pub struct Tpm {
     ctx: Context,
     /// Transient objects this connection loaded and has not flushed.
     loaded: Vec<KeyHandle>,
+    /// `[tpm] ek`: the EK to use; None lets bcd choose.
+    ek_kind: Option<EkKind>,
 }
 
 impl Tpm {
@@ -143,7 +155,13 @@ impl Tpm {
         Ok(Tpm {
             ctx,
             loaded: Vec::new(),
+            ek_kind: None,
         })
+    }
+
+    /// `[tpm] ek`: the EK [`Tpm::ek`] uses (None: bcd chooses).
+    pub fn set_ek_kind(&mut self, kind: Option<EkKind>) {
+        self.ek_kind = kind;
     }
 
     /// The owner hierarchy's authorization, for the node key's CreatePrimary
@@ -204,14 +222,16 @@ impl Tpm {
     }
 
     /// The EK and its certificate: the persistent EK when it checks out,
-    /// else derived from the default template.
+    /// else derived from its template ([`ek`]).
     pub fn ek(&mut self) -> Result<Ek, TpmError> {
-        ek::load(self)
+        let kind = self.ek_kind;
+        ek::load(self, kind)
     }
 
-    /// The maker's intermediates in the EK chain NV indices (untrusted).
-    pub fn ek_chain(&mut self) -> Result<Vec<Vec<u8>>, TpmError> {
-        ekchain::read(self)
+    /// The maker's intermediates in the EK chain NV indices (untrusted),
+    /// from the listing [`Tpm::ek`] made.
+    pub fn ek_chain(&mut self, ek: &Ek) -> Result<Vec<Vec<u8>>, TpmError> {
+        ekchain::read(self, &ek.nv_indices)
     }
 
     /// The AK: a restricted P-256 signing primary of the endorsement
@@ -353,7 +373,9 @@ impl Tpm {
     /// TPM2_ActivateCredential: releases the credential that a verifier
     /// bound to the AK's name and encrypted to the EK. Only this TPM, with
     /// this AK loaded, can do it. The EK's policy session (PolicySecret of the
-    /// endorsement hierarchy) authorizes its use and is flushed after.
+    /// endorsement hierarchy) authorizes its use and is flushed after; an
+    /// EK with userWithAuth (the high-range templates, e.g. P-384 H-3,
+    /// whose PolicyB is SHA-384) takes its empty password instead.
     pub fn activate_credential(
         &mut self,
         ak: &LoadedKey,
@@ -371,6 +393,23 @@ impl Tpm {
                 source,
             }
         })?;
+        let user_with_auth = bc_wire::tpm::Public::parse(&ek.public)
+            .is_ok_and(|p| p.has(bc_wire::tpm::attr::USER_WITH_AUTH));
+        if user_with_auth {
+            let (ak, ek) = (ak.handle, ek.handle());
+            let cred = cmd(
+                "ActivateCredential",
+                self.ctx.execute_with_sessions(
+                    (
+                        Some(AuthSession::Password),
+                        Some(AuthSession::Password),
+                        None,
+                    ),
+                    |c| c.activate_credential(ak, ek, id, secret),
+                ),
+            )?;
+            return Ok(cred.value().to_vec());
+        }
         let session = cmd(
             "StartAuthSession",
             self.ctx.start_auth_session(

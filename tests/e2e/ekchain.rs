@@ -3,6 +3,7 @@
 //! the TPM's EK chain NV index, in `[tpm] ek_intermediates`, or nowhere.
 
 use crate::harness::*;
+use crate::maker::nv_write;
 
 /// A control plane that knows only the test maker's root.
 fn trusting_root_only() -> ControlPlane {
@@ -17,29 +18,6 @@ fn trusting_root_only() -> ControlPlane {
 fn intermediate_der() -> Vec<u8> {
     let pem = std::fs::read(fixture("ek-intermediate.pem")).unwrap();
     ::pem::parse(pem).unwrap().into_contents()
-}
-
-/// Writes `data` into a new platform NV index, as a maker does.
-fn nv_write(tpm: &Swtpm, index: &str, data: &[u8]) {
-    let file = tpm.dir.path().join(format!("nv-{index}"));
-    std::fs::write(&file, data).unwrap();
-    let size = data.len().to_string();
-    assert_ok(&tpm.tool(
-        "tpm2_nvdefine",
-        &[
-            index,
-            "-C",
-            "p",
-            "-s",
-            &size,
-            "-a",
-            "ppwrite|ppread|ownerread|authread|no_da|platformcreate",
-        ],
-    ));
-    assert_ok(&tpm.tool(
-        "tpm2_nvwrite",
-        &[index, "-C", "p", "-i", &file.to_string_lossy()],
-    ));
 }
 
 #[test]

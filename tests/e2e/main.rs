@@ -10,10 +10,13 @@ mod harness;
 mod answers;
 mod datadir;
 mod doctor;
+mod ecc;
 mod ekchain;
+mod ektemplate;
 mod events;
 mod join_token;
 mod load;
+mod maker;
 mod pcr;
 mod pcrbanks;
 // These move bcd's clock (BCD_CLOCK_OFFSET) or crash it at failpoints, which

@@ -12,6 +12,7 @@ use p256::pkcs8::EncodePublicKey;
 
 pub const ALG_RSA: u16 = 0x0001;
 pub const ALG_SHA256: u16 = 0x000B;
+pub const ALG_SHA384: u16 = 0x000C;
 pub const ALG_NULL: u16 = 0x0010;
 pub const ALG_ECDSA: u16 = 0x0018;
 pub const ALG_ECC: u16 = 0x0023;
@@ -153,7 +154,8 @@ impl Public {
         let mut r = Reader::new(raw, "TPMT_PUBLIC");
         let kind = r.u16()?;
         let name_alg = r.u16()?;
-        if name_alg != ALG_SHA256 {
+        // SHA-384: the high-range EK templates (H-3, P-384).
+        if name_alg != ALG_SHA256 && name_alg != ALG_SHA384 {
             return Err(TpmError::Unsupported {
                 what: "nameAlg",
                 value: name_alg.into(),
@@ -229,9 +231,14 @@ impl Public {
 
     /// The TPM name: nameAlg ‖ H_nameAlg(TPMT_PUBLIC).
     pub fn name(&self) -> Vec<u8> {
-        let mut name = Vec::with_capacity(34);
+        use sha2::Digest as _;
+        let mut name = Vec::with_capacity(50);
         name.extend_from_slice(&self.name_alg.to_be_bytes());
-        name.extend_from_slice(&crate::sha256(&self.raw));
+        if self.name_alg == ALG_SHA384 {
+            name.extend_from_slice(&sha2::Sha384::digest(&self.raw));
+        } else {
+            name.extend_from_slice(&crate::sha256(&self.raw));
+        }
         name
     }
 
@@ -404,13 +411,16 @@ pub fn verify_attest(signer: &Public, attest: &[u8], signature: &[u8]) -> Result
 /// Attributes an attestation key must have: a restricted signing key that
 /// was made in the TPM and can never leave it.
 pub fn is_attestation_key(ak: &Public) -> bool {
-    ak.has(
-        attr::FIXED_TPM
-            | attr::FIXED_PARENT
-            | attr::SENSITIVE_DATA_ORIGIN
-            | attr::RESTRICTED
-            | attr::SIGN,
-    ) && !ak.has(attr::DECRYPT)
+    // Its statement is a SHA-256 name.
+    ak.name_alg == ALG_SHA256
+        && ak.has(
+            attr::FIXED_TPM
+                | attr::FIXED_PARENT
+                | attr::SENSITIVE_DATA_ORIGIN
+                | attr::RESTRICTED
+                | attr::SIGN,
+        )
+        && !ak.has(attr::DECRYPT)
         && matches!(
             ak.params,
             KeyParams::Ecc {
@@ -467,6 +477,12 @@ pub fn verify_key_certification(
 ) -> Result<Public, CertificationError> {
     use CertificationError as E;
     let key = Public::parse(key_public).map_err(E::Malformed)?;
+    if key.name_alg != ALG_SHA256 {
+        return Err(E::Malformed(TpmError::Unsupported {
+            what: "nameAlg",
+            value: key.name_alg.into(),
+        }));
+    }
     let attest = Attest::parse(certify_info).map_err(E::Malformed)?;
     let sig = parse_ecdsa_signature(signature).map_err(E::Malformed)?;
     let ak_key = ak.p256_key().map_err(E::Malformed)?;

@@ -6,7 +6,9 @@
 //!   operator's) to a configured anchor (a maker's self-signed root);
 //! * [`profile`]: what makes a certificate an EK certificate (the TCG EKU
 //!   when present, the key usage of its key type, not a CA);
-//! * [`roca`]: the Infineon RSA key-generation flaw (CVE-2017-15361).
+//! * [`roca`]: the Infineon RSA key-generation flaw (CVE-2017-15361);
+//! * [`sha512`]: ecdsa-with-SHA512 signatures, which x509-parser does not
+//!   verify.
 //!
 //! The chain is verified here and not by a TLS verifier: EK certificates
 //! carry a critical subjectAltName holding only a directoryName (the TPM's
@@ -16,10 +18,23 @@
 pub mod path;
 pub mod profile;
 pub mod roca;
+pub mod sha512;
 
 pub use path::{build_path, is_self_signed, Anchored, ChainError};
 pub use profile::check_profile;
 pub use roca::has_roca_fingerprint;
+
+/// Whether `issuer`'s key verifies `cert`'s signature: x509-parser's
+/// algorithms, and ecdsa-with-SHA512 ([`sha512`]).
+pub fn signed_by(
+    cert: &x509_parser::certificate::X509Certificate<'_>,
+    issuer: &x509_parser::x509::SubjectPublicKeyInfo<'_>,
+) -> bool {
+    match sha512::is_ecdsa_sha512(cert) {
+        true => sha512::verifies(cert, issuer),
+        false => cert.verify_signature(Some(issuer)).is_ok(),
+    }
+}
 
 /// Most intermediates the control plane accepts from an agent (in
 /// `TpmHello.ek_intermediates`); bcd sends at most this many.

@@ -202,4 +202,49 @@ mod tests {
         assert_eq!(made.encrypted_secret.len(), 4 + 96);
         assert_eq!(made.id_object.len(), 2 + 48 + 34);
     }
+
+    /// Pinned bytes, computed apart from this code by
+    /// `testdata/ecc-credential-vector.py` (pyca/cryptography ECDH, KDFe,
+    /// KDFa, AES-CFB, HMAC): a change in any step of the ECC
+    /// MakeCredential fails here, not only on a TPM.
+    #[test]
+    fn ecc_make_credential_matches_the_independent_vector() {
+        use super::super::credential::wrap;
+        use super::super::credential_ecc::ecc_seed_with;
+        let ak_name: Vec<u8> = [0, 0x0b].into_iter().chain(0..32).collect();
+        for (cert, public, n, secret, id_object) in [
+            (
+                P256_CERT,
+                P256_PUBLIC,
+                32,
+                "00201e18532fd4754c02f3041d9c75ceb33b83ffd81ac7ce4fe882ccb1c98bc5896e0020a46c311c4e2ff40dd96a3653e6e45445d32dfe486eced75c7a90c6a18881c0a3",
+                "00200f6e81f6cf50f08d77e15374021a1d00b1343d1a5fb3c8caef3194d6a17e03e1fb6e24954ff5da9dee624297b8f3b843e1ef803ee97e618cf085df9b4e0f9edc4499",
+            ),
+            (
+                P384_CERT,
+                P384_PUBLIC,
+                48,
+                "0030b01bfc4a2d7fe2095e6627cc5caf9abd153d5b551fe7f6da615da9d1bfd101e8d191e85902c0a34eaa3a16e666880b730030059f658c4d6a6e57c0959de80109b0fa6b56bd63d1d5701a93d15322f2267a15526641c60cd07c912a6df58aa993d89b",
+                "0030c468e74c2a5ef4a8a1387b47cb9f9830111a9e3593a5d52d182b93159caa024b3704c95bcc2daa10dce3522f05e508a11138e89908b6041201f91d01e5273e83468bbe1ff7d4ae329878922028ecd3a22b94",
+            ),
+        ] {
+            let ek = verify_ek(cert, public, &roots(), &[], at(cert)).unwrap();
+            let (seed, got_secret) = ecc_seed_with(ek.template, &ek.spki_der, &vec![7; n]).unwrap();
+            assert_eq!(hex::encode(got_secret), secret, "{:?}", ek.template);
+            let got_id = wrap(ek.template, &seed, &ak_name, &[9; 32]).unwrap();
+            assert_eq!(hex::encode(got_id), id_object, "{:?}", ek.template);
+        }
+    }
+
+    /// The wire's parser takes the H-3 EK's SHA-384 nameAlg and names it
+    /// with SHA-384.
+    #[test]
+    fn a_p384_ek_public_area_parses_with_its_sha384_name() {
+        let public = bc_wire::tpm::Public::parse(P384_PUBLIC).unwrap();
+        assert_eq!(public.name_alg, bc_wire::tpm::ALG_SHA384);
+        let name = public.name();
+        assert_eq!(name.len(), 2 + 48);
+        assert_eq!(&name[..2], &[0x00, 0x0C]);
+        assert!(!bc_wire::tpm::is_attestation_key(&public));
+    }
 }
