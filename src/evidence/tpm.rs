@@ -29,8 +29,8 @@ pub struct TpmEvidence {
 }
 
 impl TpmEvidence {
-    /// Loads the EK (with its certificate) and the AK, and has the AK
-    /// certify `key` over `sha256(csr)`.
+    /// Loads the EK (with its certificate) and the AK, has the AK certify
+    /// `key` over `sha256(csr)`, and unloads `key`.
     pub fn new(
         tpm: SharedTpm,
         key: &TpmKey,
@@ -66,6 +66,9 @@ impl TpmEvidence {
             intermediates,
         };
         let (certify_info, signature) = key.certify_by(&evidence.ak, &csr_sha256)?;
+        // Round 2 needs the AK and the EK, not the node key: out of the
+        // TPM's object slots now (the identity keeps only its unique).
+        key.unload();
         evidence.node_key = TpmKeyCertification {
             public: key.public().to_vec(),
             certify_info,

@@ -17,7 +17,7 @@ use tss_esapi::interface_types::resource_handles::{Hierarchy, NvAuth};
 use tss_esapi::interface_types::session_handles::AuthSession;
 use tss_esapi::traits::Marshall;
 
-use super::{cmd, Tpm, TpmError};
+use super::{cmd, nvpublic, Tpm, TpmError};
 
 /// NV index of the RSA-2048 EK certificate (TCG EK Credential Profile).
 const EK_CERT_NV_INDEX: u32 = 0x01C0_0002;
@@ -158,11 +158,11 @@ fn read_certificate(tpm: &mut Tpm) -> Result<Option<Vec<u8>>, TpmError> {
 }
 
 /// The whole data of NV index `handle` (None when it does not exist): its
-/// size from the index's public area, then the data, authorized by the
-/// index itself when it allows that (TPMA_NV_AUTHREAD, empty auth: every EK
-/// certificate and chain index the TCG profile defines does), so an owner
-/// authorization a previous OS set does not stop the read; by the owner
-/// otherwise.
+/// size from the index's public area (one NV_ReadPublic), then the data,
+/// authorized by the index itself when it allows that (TPMA_NV_AUTHREAD,
+/// empty auth: every EK certificate and chain index the TCG profile defines
+/// does), so an owner authorization a previous OS set does not stop the
+/// read; by the owner otherwise.
 ///
 /// One NV_Read of the whole index first (up to 1 KiB, what most TPMs take);
 /// a TPM that refuses it is asked its TPM_PT_NV_BUFFER_MAX and read in
@@ -177,9 +177,8 @@ pub(super) fn read_index(tpm: &mut Tpm, handle: u32) -> Result<Option<Vec<u8>>, 
     };
     let nv = NvIndexHandle::from(object);
     let result = (|| {
-        let (public, _) = cmd("NV_ReadPublic", tpm.ctx().nv_read_public(nv))?;
-        let size = public.data_size();
-        let auth = if public.attributes().auth_read() {
+        let (size, auth_read) = nvpublic::read(tpm, handle, nv)?;
+        let auth = if auth_read {
             NvAuth::NvIndex(nv)
         } else {
             NvAuth::Owner

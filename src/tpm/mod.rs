@@ -9,6 +9,7 @@
 
 mod ek;
 mod ekchain;
+mod nvpublic;
 mod quote;
 mod templates;
 

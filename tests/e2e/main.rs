@@ -24,4 +24,5 @@ mod refusals;
 mod replay;
 mod reset;
 mod tpm;
+mod tpmcount;
 mod usage;
