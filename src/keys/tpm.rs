@@ -84,7 +84,7 @@ impl TpmKey {
     }
 
     /// TPM2_Certify of this key by `ak` over `qualifying` (sha256 of the
-    /// CSR): the TPMS_ATTEST and TPMT_SIGNATURE.
+    /// CSR, or a join's round-2 nonce): the TPMS_ATTEST and TPMT_SIGNATURE.
     pub fn certify_by(
         &self,
         ak: &LoadedKey,

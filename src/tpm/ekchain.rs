@@ -13,22 +13,13 @@ const LAST: u32 = 0x01C0_01FF;
 /// Most certificates taken from NV (what the control plane accepts).
 pub const MAX_CERTIFICATES: usize = bc_wire::ekcert::MAX_AGENT_INTERMEDIATES;
 
+/// Most NV indices one listing returns.
+const MAX_LISTED: u32 = 64;
+
 /// The certificates in the chain indices, in index order; one
 /// GetCapability when there are none.
 pub(super) fn read(tpm: &mut Tpm) -> Result<Vec<Vec<u8>>, TpmError> {
-    let (data, _) = cmd(
-        "GetCapability",
-        tpm.ctx().get_capability(CapabilityType::Handles, FIRST, 64),
-    )?;
-    let CapabilityData::Handles(handles) = data else {
-        return Err(TpmError::Unexpected("a capability of another kind"));
-    };
-    let indices: Vec<u32> = handles
-        .into_inner()
-        .into_iter()
-        .map(u32::from)
-        .filter(|h| (FIRST..=LAST).contains(h))
-        .collect();
+    let indices = nv_indices(tpm, FIRST..=LAST)?;
     let mut out = Vec::new();
     for index in indices {
         if out.len() >= MAX_CERTIFICATES {
@@ -41,6 +32,29 @@ pub(super) fn read(tpm: &mut Tpm) -> Result<Vec<Vec<u8>>, TpmError> {
     }
     out.truncate(MAX_CERTIFICATES);
     Ok(out)
+}
+
+/// The NV indices defined in `range` (at most 64, in order), in one
+/// GetCapability: what to read without an NV_ReadPublic failing on each
+/// index that does not exist.
+pub(super) fn nv_indices(
+    tpm: &mut Tpm,
+    range: std::ops::RangeInclusive<u32>,
+) -> Result<Vec<u32>, TpmError> {
+    let (data, _) = cmd(
+        "GetCapability",
+        tpm.ctx()
+            .get_capability(CapabilityType::Handles, *range.start(), MAX_LISTED),
+    )?;
+    let CapabilityData::Handles(handles) = data else {
+        return Err(TpmError::Unexpected("a capability of another kind"));
+    };
+    Ok(handles
+        .into_inner()
+        .into_iter()
+        .map(u32::from)
+        .filter(|h| range.contains(h))
+        .collect())
 }
 
 /// Appends the DER certificates concatenated in `raw` (each possibly after
