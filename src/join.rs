@@ -240,7 +240,7 @@ fn join(
         joined_at: clock::now_seconds(),
         chain: accepted.chain,
         cert: accepted.cert,
-        key: Arc::from(key),
+        key,
     };
     identity.save(&config.data_dir).with_context(|| {
         format!(
@@ -461,7 +461,7 @@ async fn rejoin_inner(
 /// A join ready to send: the new key (in memory only), its CSR, and the
 /// attestor's evidence and answerer.
 struct Prepared {
-    key: Box<dyn NodeKey>,
+    key: Arc<dyn NodeKey>,
     csr: Vec<u8>,
     answerer: Box<dyn Answerer>,
     attestor_id: &'static str,
@@ -478,7 +478,7 @@ fn prepare(
 ) -> anyhow::Result<Prepared> {
     match credential {
         Credential::Token(token) => {
-            let key = keys::generate(tpm, false)?;
+            let key: Arc<dyn NodeKey> = Arc::from(keys::generate(tpm, false)?);
             let csr = keys::make_csr(key.as_ref())?;
             let sealed_token = join_token::seal(
                 &config.pins.join_encryption_key,
@@ -500,10 +500,11 @@ fn prepare(
             let shared = tpm
                 .open()
                 .context("--attestor tpm needs this machine's TPM")?;
-            let key =
-                TpmKey::generate(shared.clone()).context("the TPM cannot make the node key")?;
-            let csr = keys::make_csr(&key)?;
-            let mut evidence = TpmEvidence::new(shared, &key, bc_wire::sha256(&csr))
+            let key = Arc::new(
+                TpmKey::generate(shared.clone()).context("the TPM cannot make the node key")?,
+            );
+            let csr = keys::make_csr(key.as_ref())?;
+            let mut evidence = TpmEvidence::new(shared, key.clone(), bc_wire::sha256(&csr))
                 .context("cannot read the TPM's endorsement and attestation keys")?;
             if let Some(file) = &config.tpm_ek_intermediates {
                 evidence.add_intermediates(crate::pki::read_pem_bundle(file)?);
@@ -511,7 +512,7 @@ fn prepare(
             let attestation = evidence.hello();
             tracing::info!(api = %client.api(), role = %role.name(), node_key = %key.kid(), "joining the control plane with the TPM");
             Ok(Prepared {
-                key: Box::new(key),
+                key,
                 csr,
                 answerer: Box::new(evidence),
                 attestor_id: attestor::TPM,

@@ -5,8 +5,14 @@
 //! certificate) and the AK. The control plane answers with a credential that
 //! only this TPM, holding that EK with that AK loaded, can activate. Round 2
 //! ([`Answerer::answer`]) returns it with a quote of the PCRs the challenge
-//! names, in a bank the TPM has and the policy names, whose extraData is `sha256(secret ‖ sha256(csr))`, and the AK's
-//! certification of the node key over `sha256(csr)`, made once before round 1.
+//! names, in a bank the TPM has and the policy names, whose extraData is
+//! `sha256(secret ‖ sha256(csr))`, and the AK's certification of the node key
+//! over `sha256(csr)`. When the challenge names no PCR and takes a
+//! `fresh_certification`, the quote is left out and the certification is
+//! over `sha256(secret ‖ sha256(csr))` instead: the same AK signature over
+//! the same nonce, one TPM command fewer.
+
+use std::sync::Arc;
 
 use bc_wire::agent::tpm_attestation::Round;
 use bc_wire::agent::{
@@ -23,18 +29,19 @@ pub struct TpmEvidence {
     tpm: SharedTpm,
     ek: Ek,
     ak: LoadedKey,
+    /// Certified in round 2, then unloaded.
+    key: Arc<TpmKey>,
     csr_sha256: [u8; 32],
-    node_key: TpmKeyCertification,
     /// Untrusted intermediates toward the maker's root: NV, then the file's.
     intermediates: Vec<Vec<u8>>,
 }
 
 impl TpmEvidence {
-    /// Loads the EK (with its certificate) and the AK, and has the AK
-    /// certify `key` over `sha256(csr)`.
+    /// Loads the EK (with its certificate) and the AK, for round 1 and for
+    /// answering with `key` (the CSR's) in round 2.
     pub fn new(
         tpm: SharedTpm,
-        key: &TpmKey,
+        key: Arc<TpmKey>,
         csr_sha256: [u8; 32],
     ) -> Result<TpmEvidence, KeyError> {
         let (ek, ak, intermediates) = {
@@ -58,23 +65,14 @@ impl TpmEvidence {
                 }
             }
         };
-        // Made before the certification, so that its Drop flushes the EK
-        // and the AK when that fails.
-        let mut evidence = TpmEvidence {
+        Ok(TpmEvidence {
             tpm,
             ek,
             ak,
+            key,
             csr_sha256,
-            node_key: TpmKeyCertification::default(),
             intermediates,
-        };
-        let (certify_info, signature) = key.certify_by(&evidence.ak, &csr_sha256)?;
-        evidence.node_key = TpmKeyCertification {
-            public: key.public().to_vec(),
-            certify_info,
-            signature,
-        };
-        Ok(evidence)
+        })
     }
 
     /// Adds intermediates (`[tpm] ek_intermediates`) after the TPM's own,
@@ -122,33 +120,54 @@ impl Answerer for TpmEvidence {
     fn answer(&mut self, challenge: &JoinChallenge) -> Result<Vec<u8>, JoinError> {
         let c = TpmChallenge::decode(challenge.payload.as_slice())
             .map_err(|e| JoinError::Evidence(format!("the tpm challenge does not parse: {e}")))?;
-        let mut tpm =
-            crate::keys::lock_tpm(&self.tpm).map_err(|e| JoinError::Evidence(e.to_string()))?;
+        let evidence = |e: &dyn std::fmt::Display| JoinError::Evidence(e.to_string());
         // Before anything else of round 2: a TPM that cannot meet the PCR
         // policy activates nothing and sends no quote. No PCR, no question.
         let bank = if c.pcrs.is_empty() {
             PcrBank::Sha256
         } else {
-            tpm.pcr_bank_for(&c.pcr_banks, &c.pcrs)
-                .map_err(|e| JoinError::Evidence(e.to_string()))?
+            crate::keys::lock_tpm(&self.tpm)
+                .map_err(|e| evidence(&e))?
+                .pcr_bank_for(&c.pcr_banks, &c.pcrs)
+                .map_err(|e| evidence(&e))?
         };
-        let secret = tpm
+        let secret = crate::keys::lock_tpm(&self.tpm)
+            .map_err(|e| evidence(&e))?
             .activate_credential(&self.ak, &self.ek, &c.id_object, &c.encrypted_secret)
-            .map_err(|e| JoinError::Evidence(e.to_string()))?;
-        let mut nonce = secret.clone();
-        nonce.extend_from_slice(&self.csr_sha256);
-        let quote = tpm
-            .quote(&self.ak, &bc_wire::sha256(&nonce), &c.pcrs, bank)
-            .map_err(|e| JoinError::Evidence(e.to_string()))?;
+            .map_err(|e| evidence(&e))?;
+        let mut nonce_input = secret.clone();
+        nonce_input.extend_from_slice(&self.csr_sha256);
+        let nonce = bc_wire::sha256(&nonce_input);
+        let fresh = c.fresh_certification && c.pcrs.is_empty();
+        let qualifying = if fresh { nonce } else { self.csr_sha256 };
+        let (certify_info, signature) = self
+            .key
+            .certify_by(&self.ak, &qualifying)
+            .map_err(|e| evidence(&e))?;
+        // The rest of the join does not need the node key in the TPM (the
+        // identity keeps only its unique): out of the connection's slots.
+        self.key.unload();
+        let mut answer = TpmAnswer {
+            state: c.state,
+            secret,
+            node_key: Some(TpmKeyCertification {
+                public: self.key.public().to_vec(),
+                certify_info,
+                signature,
+            }),
+            ..TpmAnswer::default()
+        };
+        if !fresh {
+            let quote = crate::keys::lock_tpm(&self.tpm)
+                .map_err(|e| evidence(&e))?
+                .quote(&self.ak, &nonce, &c.pcrs, bank)
+                .map_err(|e| evidence(&e))?;
+            answer.quote = quote.attest;
+            answer.quote_signature = quote.signature;
+            answer.pcr_values = quote.pcr_values;
+        }
         Ok(TpmAttestation {
-            round: Some(Round::Answer(TpmAnswer {
-                state: c.state,
-                secret,
-                quote: quote.attest,
-                quote_signature: quote.signature,
-                pcr_values: quote.pcr_values,
-                node_key: Some(self.node_key.clone()),
-            })),
+            round: Some(Round::Answer(answer)),
         }
         .encode_to_vec())
     }

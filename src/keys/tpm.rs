@@ -20,7 +20,11 @@ const PEM_LABEL: &str = "BCD TPM NODE KEY";
 
 pub struct TpmKey {
     tpm: SharedTpm,
-    key: LoadedKey,
+    /// The TPM object while it is loaded; derived again from `unique` when
+    /// a command needs it after [`TpmKey::unload`].
+    loaded: Mutex<Option<LoadedKey>>,
+    /// Its TPMT_PUBLIC: the same at every derivation.
+    public: Vec<u8>,
     unique: Zeroizing<[u8; 32]>,
     spki: Vec<u8>,
 }
@@ -67,7 +71,8 @@ impl TpmKey {
         };
         Ok(TpmKey {
             tpm,
-            key,
+            public: key.public.clone(),
+            loaded: Mutex::new(Some(key)),
             unique,
             spki,
         })
@@ -75,19 +80,57 @@ impl TpmKey {
 
     /// The key's TPMT_PUBLIC, as a certification names it.
     pub fn public(&self) -> &[u8] {
-        &self.key.public
+        &self.public
     }
 
     /// TPM2_Certify of this key by `ak` over `qualifying` (sha256 of the
-    /// CSR): the TPMS_ATTEST and TPMT_SIGNATURE.
+    /// CSR, or a join's round-2 nonce): the TPMS_ATTEST and TPMT_SIGNATURE.
     pub fn certify_by(
         &self,
         ak: &LoadedKey,
         qualifying: &[u8],
     ) -> Result<(Vec<u8>, Vec<u8>), KeyError> {
-        lock(&self.tpm)?
-            .certify(&self.key, ak, qualifying)
-            .map_err(KeyError::Tpm)
+        self.with_loaded(|tpm, key| tpm.certify(key, ak, qualifying))
+    }
+
+    /// Flushes the key from the TPM now, when no command needs it for a
+    /// while: the kernel's resource manager gives a connection three object
+    /// slots and swaps every loaded object around each command. A later use
+    /// derives it again.
+    pub fn unload(&self) {
+        let Ok(mut slot) = self.loaded.lock() else {
+            return;
+        };
+        if let (Some(key), Ok(mut tpm)) = (slot.take(), self.tpm.lock()) {
+            if let Err(e) = tpm.release(&key) {
+                tracing::debug!(error = %e, "cannot flush the node key from the TPM");
+            }
+        }
+    }
+
+    /// Runs one TPM command with the key loaded (derived again first when
+    /// it was unloaded, and checked to be the same key).
+    fn with_loaded<T>(
+        &self,
+        command: impl FnOnce(&mut Tpm, &LoadedKey) -> Result<T, crate::tpm::TpmError>,
+    ) -> Result<T, KeyError> {
+        let mut slot = self.loaded.lock().map_err(|_| KeyError::TpmBusy)?;
+        let mut tpm = lock(&self.tpm)?;
+        let key = match slot.take() {
+            Some(key) => key,
+            None => {
+                let key = tpm.node_key(&self.unique).map_err(KeyError::Tpm)?;
+                if key.public != self.public {
+                    // The owner seed changed (TPM2_Clear) since it was made.
+                    let _ = tpm.release(&key);
+                    return Err(KeyError::BadPublicKey);
+                }
+                key
+            }
+        };
+        let result = command(&mut tpm, &key);
+        *slot = Some(key);
+        result.map_err(KeyError::Tpm)
     }
 }
 
@@ -102,9 +145,7 @@ impl NodeKey for TpmKey {
 
     fn sign(&self, msg: &[u8]) -> Result<[u8; 64], KeyError> {
         let digest = bc_wire::sha256(msg);
-        lock(&self.tpm)?
-            .sign_digest(&self.key, &digest)
-            .map_err(KeyError::Tpm)
+        self.with_loaded(|tpm, key| tpm.sign_digest(key, &digest))
     }
 
     fn to_file_contents(&self) -> Result<Zeroizing<String>, KeyError> {
@@ -117,11 +158,7 @@ impl NodeKey for TpmKey {
 /// that is no longer used leaves it now, not when the connection closes.
 impl Drop for TpmKey {
     fn drop(&mut self) {
-        if let Ok(mut tpm) = self.tpm.lock() {
-            if let Err(e) = tpm.release(&self.key) {
-                tracing::debug!(error = %e, "cannot flush the node key from the TPM");
-            }
-        }
+        self.unload();
     }
 }
 

@@ -22,7 +22,7 @@ use tss_esapi::interface_types::session_handles::AuthSession;
 use tss_esapi::traits::{Marshall, UnMarshall};
 
 use super::ek_kind::{EkKind, PREFERENCE};
-use super::{cmd, ekchain, Tpm, TpmError};
+use super::{cmd, ekchain, nvpublic, Tpm, TpmError};
 
 pub struct Ek {
     handle: KeyHandle,
@@ -223,11 +223,11 @@ fn read_certificate(tpm: &mut Tpm, index: u32) -> Result<Option<Vec<u8>>, TpmErr
 }
 
 /// The whole data of NV index `handle` (None when it does not exist): its
-/// size from the index's public area, then the data, authorized by the
-/// index itself when it allows that (TPMA_NV_AUTHREAD, empty auth: every EK
-/// certificate and chain index the TCG profile defines does), so an owner
-/// authorization a previous OS set does not stop the read; by the owner
-/// otherwise.
+/// size from the index's public area (one NV_ReadPublic), then the data,
+/// authorized by the index itself when it allows that (TPMA_NV_AUTHREAD,
+/// empty auth: every EK certificate and chain index the TCG profile defines
+/// does), so an owner authorization a previous OS set does not stop the
+/// read; by the owner otherwise.
 ///
 /// One NV_Read of the whole index first (up to 1 KiB, what most TPMs take);
 /// a TPM that refuses it is asked its TPM_PT_NV_BUFFER_MAX and read in
@@ -242,9 +242,8 @@ pub(super) fn read_index(tpm: &mut Tpm, handle: u32) -> Result<Option<Vec<u8>>, 
     };
     let nv = NvIndexHandle::from(object);
     let result = (|| {
-        let (public, _) = cmd("NV_ReadPublic", tpm.ctx().nv_read_public(nv))?;
-        let size = public.data_size();
-        let auth = if public.attributes().auth_read() {
+        let (size, auth_read) = nvpublic::read(tpm, handle, nv)?;
+        let auth = if auth_read {
             NvAuth::NvIndex(nv)
         } else {
             NvAuth::Owner

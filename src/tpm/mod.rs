@@ -12,6 +12,7 @@ mod ek;
 mod ek_kind;
 mod ek_spki;
 mod ekchain;
+mod nvpublic;
 mod quote;
 mod templates;
 

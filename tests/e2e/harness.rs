@@ -595,6 +595,19 @@ impl Swtpm {
         codes
     }
 
+    /// The transient objects swtpm holds now (`tpm2_getcap
+    /// handles-transient`): what a process left loaded, since nothing
+    /// flushes for it on swtpm's TCP TCTI.
+    pub fn transient_handles(&self) -> Vec<String> {
+        let out = self.tool("tpm2_getcap", &["handles-transient"]);
+        assert_ok(&out);
+        stdout(&out)
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("- "))
+            .map(str::to_owned)
+            .collect()
+    }
+
     /// tpm2-tools against this TPM.
     pub fn tool(&self, tool: &str, args: &[&str]) -> Output {
         Command::new(tool)

@@ -28,4 +28,5 @@ mod refusals;
 mod replay;
 mod reset;
 mod tpm;
+mod tpmcount;
 mod usage;

@@ -331,6 +331,49 @@ fn renewal_backs_off_while_the_control_plane_is_down_then_succeeds() {
     assert_eq!(agent.status_json()["lastRenewal"]["ok"], true);
 }
 
+/// A renewal inside a running node costs 7 TPM commands; the one-shot
+/// `bcd node --once --renew-now` (tpmcount.rs) adds the current key's
+/// derivation as it starts and the renewed key's flush as it exits.
+#[test]
+fn a_renewal_in_a_running_tpm_node_costs_7_tpm_commands() {
+    const CREATE_PRIMARY: u32 = 0x131;
+    const CERTIFY: u32 = 0x148;
+    const SIGN: u32 = 0x15D;
+    const FLUSH_CONTEXT: u32 = 0x165;
+    let cp = ControlPlane::start_trusting_test_maker();
+    let tpm = Swtpm::start();
+    let agent = Agent::tpm_joined(&cp, &tpm);
+    let before = tpm.command_codes().len();
+    let mut node = Running::start(&agent, &["--renew-now"]);
+    node.wait_for("renewed the certificate", 1);
+    // The old key is flushed when its last holder (the renewal's TLS
+    // connection) lets go, with no log line: wait for the 8th command.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while tpm.command_codes().len() < before + 8 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Killed: nothing flushes at exit.
+    drop(node);
+    let codes = tpm.command_codes().split_off(before);
+    assert_eq!(
+        codes,
+        [
+            // As the node starts: the current key.
+            CREATE_PRIMARY,
+            // The renewal: the AK, the next key, its CSR and certification,
+            // the AK out, the mTLS handshake, the old key out.
+            CREATE_PRIMARY,
+            CREATE_PRIMARY,
+            SIGN,
+            CERTIFY,
+            FLUSH_CONTEXT,
+            SIGN,
+            FLUSH_CONTEXT,
+        ],
+        "{codes:x?}"
+    );
+}
+
 /// `bc-controlplane serve` on a given address (the harness picks a free one).
 struct Server(Child);
 

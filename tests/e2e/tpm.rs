@@ -282,7 +282,7 @@ fn a_token_join_on_a_machine_with_a_tpm_keeps_its_key_there() {
 struct ManualJoin {
     config: bcd::config::Config,
     shared: bcd::keys::SharedTpm,
-    key: TpmKey,
+    key: std::sync::Arc<TpmKey>,
     request: JoinRequest,
     evidence: bcd::evidence::tpm::TpmEvidence,
     rt: tokio::runtime::Runtime,
@@ -293,10 +293,11 @@ impl ManualJoin {
         let config = bcd::config::Config::load(&agent.config).unwrap();
         let access = TpmAccess::new(config.tpm_tcti.as_deref());
         let shared = access.open().unwrap();
-        let key = TpmKey::generate(shared.clone()).unwrap();
-        let csr = bcd::keys::make_csr(&key).unwrap();
+        let key = std::sync::Arc::new(TpmKey::generate(shared.clone()).unwrap());
+        let csr = bcd::keys::make_csr(key.as_ref()).unwrap();
         let evidence =
-            bcd::evidence::tpm::TpmEvidence::new(shared, &key, bc_wire::sha256(&csr)).unwrap();
+            bcd::evidence::tpm::TpmEvidence::new(shared, key.clone(), bc_wire::sha256(&csr))
+                .unwrap();
         let request = JoinRequest {
             csr,
             role: Role::Node as i32,
@@ -326,12 +327,23 @@ impl ManualJoin {
 
     /// Round 1, and the real answer to its challenge.
     fn answer(&mut self) -> bc_wire::agent::TpmAnswer {
+        self.answer_to(|_| {})
+    }
+
+    /// Round 1, and the real answer to its challenge as `alter` leaves it.
+    fn answer_to(
+        &mut self,
+        alter: impl FnOnce(&mut bc_wire::agent::TpmChallenge),
+    ) -> bc_wire::agent::TpmAnswer {
         let body = self
             .send(&self.request.clone())
             .expect("round 1 is challenged");
-        let Some(Deferral::Challenge(c)) = body.deferral else {
+        let Some(Deferral::Challenge(mut c)) = body.deferral else {
             panic!("expected a challenge")
         };
+        let mut payload = bc_wire::agent::TpmChallenge::decode(c.payload.as_slice()).unwrap();
+        alter(&mut payload);
+        c.payload = payload.encode_to_vec();
         let bytes = self.evidence.answer(&c).unwrap();
         match TpmAttestation::decode(bytes.as_slice()).unwrap().round {
             Some(Round::Answer(a)) => a,
@@ -384,6 +396,17 @@ fn csr_sha256(join: &ManualJoin) -> [u8; 32] {
     bc_wire::sha256(&join.request.csr)
 }
 
+/// What the node key's certification in `answer` is qualified by: with no
+/// quote (`fresh_certification`), the nonce a quote would carry.
+fn qualifying(join: &ManualJoin, answer: &bc_wire::agent::TpmAnswer) -> [u8; 32] {
+    if !answer.quote.is_empty() {
+        return csr_sha256(join);
+    }
+    let mut input = answer.secret.clone();
+    input.extend_from_slice(&csr_sha256(join));
+    bc_wire::sha256(&input)
+}
+
 #[test]
 fn an_unaltered_manual_join_succeeds() {
     // The baseline for the tests below: the same steps, nothing altered.
@@ -401,6 +424,37 @@ fn an_unaltered_manual_join_succeeds() {
     let body = join.send(&request).expect("admitted");
     assert!(!body.node_id.is_empty());
     assert!(join.key.kid().len() == 64);
+}
+
+/// As a control plane from before `fresh_certification` asks: the quote,
+/// and the certification over sha256(csr), which this one still admits.
+#[test]
+fn a_challenge_without_fresh_certification_is_answered_with_a_quote() {
+    let cp = ControlPlane::start_trusting_test_maker();
+    let tpm = Swtpm::start();
+    let agent = Agent::with_tpm(&cp, &tpm);
+    agent.allow_ek(&cp);
+    let mut join = ManualJoin::new(&agent);
+    let answer = join.answer_to(|c| c.fresh_certification = false);
+    assert!(!answer.quote.is_empty() && !answer.quote_signature.is_empty());
+    let mut request = join.request.clone();
+    request.attestation = TpmAttestation {
+        round: Some(Round::Answer(answer)),
+    }
+    .encode_to_vec();
+    assert!(!join.send(&request).expect("admitted").node_id.is_empty());
+}
+
+#[test]
+fn without_a_quote_a_certification_over_the_csr_alone_is_refused() {
+    let reason = refusal_of(|j, a| {
+        assert!(a.quote.is_empty(), "no PCR policy: no quote");
+        // What a certification made before round 1 would be: not fresh.
+        let (info, sig) = j.key.certify_by(j.evidence.ak(), &csr_sha256(j)).unwrap();
+        let nk = a.node_key.as_mut().unwrap();
+        (nk.certify_info, nk.signature) = (info, sig);
+    });
+    assert_eq!(reason, "node-key-nonce");
 }
 
 #[test]
@@ -442,7 +496,7 @@ fn node_key_name() {
 fn node_key_attributes() {
     // The AK certifies itself: a real certification of a restricted key.
     let reason = refusal_of(|j, a| {
-        let q = csr_sha256(j);
+        let q = qualifying(j, a);
         let ak = j.evidence.ak();
         let (info, sig) = j.tpm().certify(ak, ak, &q).unwrap();
         let nk = a.node_key.as_mut().unwrap();
@@ -455,7 +509,7 @@ fn node_key_attributes() {
 fn node_key_not_csr() {
     // Another TPM key, correctly certified over this CSR: not the CSR's key.
     let reason = refusal_of(|j, a| {
-        let q = csr_sha256(j);
+        let q = qualifying(j, a);
         let mut tpm = j.tpm();
         let other = tpm.node_key(&[3; 32]).unwrap();
         let (info, sig) = tpm.certify(&other, j.evidence.ak(), &q).unwrap();

@@ -22,7 +22,13 @@
 //! (`pcr-policy`, [`pcr`]); then the node key: its
 //! certification by the AK over `sha256(csr)` (`node-key-*`, see
 //! [`bc_wire::tpm::verify_key_certification`]), required unless
-//! `node_key = "any"` (`node-key-not-certified`).
+//! `node_key = "any"` (`node-key-not-certified`). With no PCR policy the
+//! challenge says `fresh_certification`, and an answer may leave the quote
+//! out when the node key's certification is over the quote's extraData
+//! instead: the same AK signature over the same fresh nonce, one TPM
+//! command fewer for the agent (no quote and a policy: `quote-signature`;
+//! no quote and no certification: `node-key-not-certified`, or
+//! `quote-signature` with `node_key = "any"`).
 //!
 //! **Each challenge admits once.** A captured round-2 request stays valid
 //! until the challenge's deadline, so the final round spends the challenge
@@ -177,6 +183,8 @@ impl TpmAttestor {
             // The agent quotes only what the policy checks: no PCR_Read without one.
             pcrs: self.config.pcr_policy.pcrs(),
             pcr_banks: self.config.pcr_policy.bank_algs(),
+            // With no PCR to quote, a certification over the nonce will do.
+            fresh_certification: true,
         }
         .encode_to_vec();
         tracing::info!(
@@ -211,8 +219,8 @@ impl TpmAttestor {
         }
         // We sealed it, so it parsed in round 1.
         let ak = Public::parse(&st.ak_public).map_err(|_| Refusal::new(CHALLENGE_STATE))?;
-        self.check_quote(&ak, input, answer, &st.secret)?;
-        let (node_key, node_key_uri) = self.check_node_key(&ak, input, answer)?;
+        let qualifying = self.check_quote(&ak, input, answer, &st.secret)?;
+        let (node_key, node_key_uri) = self.check_node_key(&ak, input, answer, &qualifying)?;
         let ek_sha256 = hex::encode(st.ek_spki_sha256);
         let place = place(
             tx,
@@ -244,13 +252,33 @@ impl TpmAttestor {
         }))
     }
 
+    /// The quote, or its absence (`fresh_certification`); returns what the
+    /// node key's certification must be qualified by.
     fn check_quote(
         &self,
         ak: &Public,
         input: &AttestInput<'_>,
         answer: &TpmAnswer,
         secret: &[u8; SECRET_LEN],
-    ) -> Result<(), Refusal> {
+    ) -> Result<[u8; 32], Refusal> {
+        let mut nonce_input = secret.to_vec();
+        nonce_input.extend_from_slice(&input.csr_sha256);
+        let nonce = bc_wire::sha256(&nonce_input);
+        if answer.quote.is_empty() {
+            // The node key's certification over the nonce is then the AK's
+            // signature over it, as a quote of no PCR would be.
+            let bare = answer.quote_signature.is_empty() && answer.pcr_values.is_empty();
+            if !bare || !self.config.pcr_policy.is_empty() {
+                return Err(Refusal::new(QUOTE_SIGNATURE));
+            }
+            if answer.node_key.is_none() {
+                return Err(Refusal::new(match self.config.node_key {
+                    NodeKeyPolicy::Certified => NODE_KEY_NOT_CERTIFIED,
+                    NodeKeyPolicy::Any => QUOTE_SIGNATURE,
+                }));
+            }
+            return Ok(nonce);
+        }
         let quote = match wtpm::verify_attest(ak, &answer.quote, &answer.quote_signature) {
             Ok(q) => q,
             // Signed by the AK, but not a quote (a certification, say).
@@ -264,9 +292,7 @@ impl TpmAttestor {
         else {
             return Err(Refusal::new(QUOTE_NONCE));
         };
-        let mut nonce_input = secret.to_vec();
-        nonce_input.extend_from_slice(&input.csr_sha256);
-        if quote.extra_data != bc_wire::sha256(&nonce_input) {
+        if quote.extra_data != nonce {
             return Err(Refusal::new(QUOTE_NONCE));
         }
         let (bank, pcrs) = pcr::quoted_pcrs(selection, &answer.pcr_values, pcr_digest)
@@ -274,7 +300,7 @@ impl TpmAttestor {
         if !self.config.pcr_policy.is_met(bank, &pcrs) {
             return Err(Refusal::new(PCR_POLICY));
         }
-        Ok(())
+        Ok(input.csr_sha256)
     }
 
     fn check_node_key(
@@ -282,6 +308,7 @@ impl TpmAttestor {
         ak: &Public,
         input: &AttestInput<'_>,
         answer: &TpmAnswer,
+        qualifying: &[u8],
     ) -> Result<(NodeKeyKind, Option<String>), Refusal> {
         let Some(cert) = &answer.node_key else {
             return match self.config.node_key {
@@ -294,7 +321,7 @@ impl TpmAttestor {
             &cert.public,
             &cert.certify_info,
             &cert.signature,
-            &input.csr_sha256,
+            qualifying,
             input.csr_spki_der,
         )
         .map_err(|e| Refusal::new(e.reason()))?;

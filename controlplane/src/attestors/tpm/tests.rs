@@ -199,6 +199,8 @@ fn round_one_challenges_and_writes_nothing() {
     assert!(st.ek_issuer.contains("BCD Test EK Issuing CA 01"));
     // Sealed for this CSR only.
     assert!(ChallengeState::open(&ChallengeKey::new(*KEY), &ch.state, &[0; 32]).is_err());
+    // No PCR policy: no PCR to quote, and a certification over the nonce will do.
+    assert!(ch.pcrs.is_empty() && ch.fresh_certification);
     for table in ["join_requests", "node_bindings", "nodes", "events"] {
         assert_eq!(f.count(table), 0, "{table}");
     }
@@ -526,6 +528,52 @@ fn round_two_quote_and_pcrs() {
     let mut a = answer();
     a.pcr_values[0].push(0);
     assert_eq!(f.reason(&answer_evidence(a)), QUOTE_PCRS);
+}
+
+/// An answer without a quote (`fresh_certification`) stands only with the
+/// node key certified over the nonce the quote would carry.
+#[test]
+fn round_two_without_a_quote() {
+    let quoteless = |node_key: Option<TpmKeyCertification>| {
+        let mut a = answer();
+        a.quote.clear();
+        a.quote_signature.clear();
+        a.pcr_values.clear();
+        a.node_key = node_key;
+        answer_evidence(a)
+    };
+    let real = answer().node_key;
+    let f = fixture();
+    f.resolve();
+    // A real certification, but over sha256(csr) (made before round 1):
+    // not fresh, so it cannot stand for the quote.
+    assert_eq!(f.reason(&quoteless(real.clone())), "node-key-nonce");
+    assert_eq!(
+        f.reason(&quoteless(Some(certification(OTHER_NONCE_CERT)))),
+        "node-key-nonce"
+    );
+    // Nothing signed by the AK over the nonce at all.
+    assert_eq!(f.reason(&quoteless(None)), NODE_KEY_NOT_CERTIFIED);
+    let any = fixture_with(TpmConfig {
+        node_key: NodeKeyPolicy::Any,
+        ..TpmConfig::default()
+    });
+    any.resolve();
+    assert_eq!(any.reason(&quoteless(None)), QUOTE_SIGNATURE);
+    // Parts of a quote without the quote.
+    let mut a = answer();
+    a.quote.clear();
+    assert_eq!(f.reason(&answer_evidence(a)), QUOTE_SIGNATURE);
+    // A PCR policy needs its quote.
+    let mut config = TpmConfig::default();
+    config
+        .pcr_policy
+        .insert(bc_wire::pcr::PcrBank::Sha256, 0, vec![0; 32])
+        .unwrap();
+    let f = fixture_with(config);
+    f.resolve();
+    assert_eq!(f.reason(&quoteless(real)), QUOTE_SIGNATURE);
+    assert_eq!(f.count("attestation_uses"), 0);
 }
 
 #[test]
