@@ -14,6 +14,7 @@ mod ekchain;
 mod events;
 mod join_token;
 mod load;
+mod package;
 mod pcr;
 // These move bcd's clock (BCD_CLOCK_OFFSET) or crash it at failpoints, which
 // only a `--features bcd/failpoints` build honours; scripts/test builds so.
