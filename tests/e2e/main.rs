@@ -12,6 +12,7 @@ mod datadir;
 mod doctor;
 mod ekchain;
 mod events;
+mod install;
 mod join_token;
 mod load;
 mod package;
