@@ -191,7 +191,12 @@ fn package_units_verify_and_are_hardened() {
         "only /dev/tpmrm0"
     );
     assert!(!helper.contains("\nUser="), "the helper runs as root");
+    // ... in the group that owns /dev/tpmrm0, with no capability.
+    assert!(helper.contains("\nSupplementaryGroups=tss\n"));
+    assert!(helper.contains("\nCapabilityBoundingSet=\n"));
+
     let node = unit("bcd-node.service");
+    assert!(!node.contains("SupplementaryGroups"));
     for line in [
         "\nUser=bcd\n",
         "\nPrivateDevices=yes\n",

@@ -33,6 +33,7 @@ kv cloud_init "$(cloud-init status 2>&1 | sed -n 's/^status: //p')"
 block cloud_init_output </var/log/cloud-init-output.log
 kv package "$(dpkg-query -W -f='${Version}' bcd 2>&1)"
 kv node_active "$(systemctl is-active bcd-node.service)"
+kv node_restarts "$(systemctl show -p NRestarts --value bcd-node.service)"
 kv node_user "$(unit_user bcd-node.service)"
 kv helper_socket "$(systemctl is-active bcd-helper.socket)"
 kv helper_active "$(systemctl is-active bcd-helper.service)"
@@ -41,9 +42,9 @@ kv bcd_groups "$(id -nG bcd 2>&1)"
 kv tpm_openers "$(tpm_openers)"
 kv token_file "$(if [ -e /run/bcd/join-token ]; then echo present; else echo absent; fi)"
 kv data_dir "$(stat -c '%U %a' /var/lib/bcd)"
-bcd status --json --config "$config" 2>&1 | block status
-bcd doctor --config "$config" 2>&1 | block doctor
-kv doctor_rc "$(bcd doctor --config "$config" >/dev/null 2>&1; echo $?)"
+as_node_user bcd status --json --config "$config" 2>&1 | block status
+as_node_user bcd doctor --config "$config" 2>&1 | block doctor
+kv doctor_rc "$(as_node_user bcd doctor --config "$config" >/dev/null 2>&1; echo $?)"
 
 # A renewal, by bcd node itself as the unit's user (stopped meanwhile so
 # that one process holds the identity).
@@ -51,7 +52,7 @@ systemctl stop bcd-node.service
 as_node_user bcd node --once --renew-now --config "$config" 2>&1 | block renew
 kv renew_rc "$(as_node_user bcd node --once --config "$config" >/dev/null 2>&1; echo $?)"
 systemctl start bcd-node.service
-bcd status --json --config "$config" 2>&1 | block status_renewed
+as_node_user bcd status --json --config "$config" 2>&1 | block status_renewed
 
 # Running the install script again (the host serves a newer package's
 # script, for the first guest only).
@@ -59,8 +60,15 @@ if curl -fsS -o /run/upgrade.sh "${seed}upgrade.sh" 2>/dev/null; then
   sh /run/upgrade.sh 2>&1 | block upgrade
   kv upgrade_package "$(dpkg-query -W -f='${Version}' bcd 2>&1)"
   kv upgrade_node_active "$(systemctl is-active bcd-node.service)"
+  kv upgrade_node_restarts "$(systemctl show -p NRestarts --value bcd-node.service)"
   kv upgrade_node_user "$(unit_user bcd-node.service)"
-  bcd status --json --config "$config" 2>&1 | block status_upgraded
+  as_node_user bcd status --json --config "$config" 2>&1 | block status_upgraded
+else
+  # Removing the package (the other guest) keeps the identity.
+  DEBIAN_FRONTEND=noninteractive apt-get remove -y -q bcd >/dev/null 2>&1
+  kv removed "$(dpkg-query -W -f='${Status}' bcd 2>&1)"
+  kv removed_node "$(systemctl is-active bcd-node.service)"
+  kv removed_kept "$(ls /var/lib/bcd | tr '\n' ' ')"
 fi
 journalctl -b -u bcd-node.service -u bcd-helper.service --no-pager 2>&1 | tail -n 40 | block journal
 kv done yes

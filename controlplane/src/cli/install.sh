@@ -20,6 +20,7 @@ config=/etc/bcd/config.toml
 # Transitional: bcd node runs as root, opening the TPM itself, only while
 # the installed bcd has no `bcd helper` (see step 3).
 no_helper_dropin=/etc/systemd/system/bcd-node.service.d/10-no-helper.conf
+no_helper_tmpfiles=/etc/tmpfiles.d/bcd.conf
 
 say() { printf 'bcd-install: %s\n' "$*" >&2; }
 die() { say "$*"; exit 1; }
@@ -68,7 +69,10 @@ cat >"$work/config.toml" <<'BCD_CONFIG_EOF'
 @CONFIG@BCD_CONFIG_EOF
 if bcd helper --help >/dev/null 2>&1; then
   printf '\n# bcd node (user bcd) reaches the TPM only through bcd helper (root).\n[helper]\n' >>"$work/config.toml"
-  rm -f "$no_helper_dropin"
+  rm -f "$no_helper_dropin" "$no_helper_tmpfiles"
+  # The data directory is the node's user's (a root node may have left it root's).
+  systemd-tmpfiles --create bcd.conf
+  chown -R bcd:bcd /var/lib/bcd
   helper=yes
 else
   say "bcd $version has no root helper: bcd node runs as root until a bcd with one is installed"
@@ -82,8 +86,12 @@ Group=root
 PrivateUsers=no
 PrivateDevices=no
 DeviceAllow=/dev/tpmrm0 rw
-CapabilityBoundingSet=CAP_DAC_OVERRIDE
+# /dev/tpmrm0 is tss:tss 0660 and the unit keeps no capability.
+SupplementaryGroups=tss
 BCD_DROPIN_EOF
+  # bcd refuses a data directory that is not its user's: root's, then.
+  printf 'd /var/lib/bcd 0700 root root -\nd /run/bcd 0755 root root -\n' >"$no_helper_tmpfiles"
+  systemd-tmpfiles --create bcd.conf
   helper=no
 fi
 install -d -m 0755 /etc/bcd
