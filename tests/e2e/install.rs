@@ -342,3 +342,32 @@ fn which(tool: &str) -> bool {
         .map(|o| o.status.success())
         .unwrap_or(false)
 }
+
+/// `init --tls-name`: the HTTPS certificate names the host machines reach
+/// the control plane by (the install script's `--api`), besides loopback.
+#[test]
+fn init_tls_names_go_into_the_server_certificate() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = Command::new(crate::harness::bin("bc-controlplane"))
+        .args(["init", "--dir"])
+        .arg(dir.path())
+        .args(["--tls-name", "10.0.2.100", "--tls-name", "cp.example"])
+        .output()
+        .expect("run bc-controlplane init");
+    assert_ok(&out);
+    let out = Command::new("openssl")
+        .args(["x509", "-noout", "-ext", "subjectAltName", "-in"])
+        .arg(dir.path().join("tls-server.pem"))
+        .output()
+        .expect("run openssl");
+    assert_ok(&out);
+    let sans = stdout(&out);
+    for name in [
+        "DNS:localhost",
+        "IP Address:127.0.0.1",
+        "IP Address:10.0.2.100",
+        "DNS:cp.example",
+    ] {
+        assert!(sans.contains(name), "{name} missing: {sans}");
+    }
+}
