@@ -105,9 +105,13 @@ if id -nG bcd 2>/dev/null | tr ' ' '\n' | grep -qx tss; then
 fi
 
 # 5. Join, unless this machine already has an identity.
+# bcd status runs as the user that runs bcd node (whose data directory it is).
 node_id() {
-  bcd status --json --config "$config" 2>/dev/null |
-    sed -n 's/^ *"nodeId": *"\([^"]*\)".*/\1/p'
+  if [ "$helper" = yes ]; then
+    setpriv --reuid=bcd --regid=bcd --init-groups -- bcd status --json --config "$config" 2>/dev/null
+  else
+    bcd status --json --config "$config" 2>/dev/null
+  fi | sed -n 's/^ *"nodeId": *"\([^"]*\)".*/\1/p'
 }
 node=$(node_id)
 if [ -n "$node" ]; then
