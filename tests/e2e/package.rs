@@ -222,3 +222,42 @@ fn package_units_verify_and_are_hardened() {
     assert!(tmpfiles.contains("d /var/lib/bcd 0700 bcd bcd"));
     assert!(tmpfiles.contains("d /run/bcd "));
 }
+
+/// The shell that packages, installs and tests the deployment passes
+/// shellcheck (when installed: scripts/lib.sh installs it).
+#[test]
+fn packaging_and_vm_scripts_pass_shellcheck() {
+    if Command::new("shellcheck")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("skipped: no shellcheck");
+        return;
+    }
+    let ws = workspace();
+    for (shell, files) in [
+        (
+            "bash",
+            &["scripts/package", "scripts/vmtest", "scripts/vmlib.sh"][..],
+        ),
+        (
+            "sh",
+            &[
+                "packaging/debian/postinst",
+                "packaging/debian/prerm",
+                "packaging/debian/postrm",
+                "tests/vm/report.sh",
+                "tests/vm/image/bcd-vmtest-report",
+            ][..],
+        ),
+    ] {
+        let out = Command::new("shellcheck")
+            .args(["-x", "-s", shell])
+            .args(files.iter().map(|f| ws.join(f)))
+            .current_dir(&ws)
+            .output()
+            .expect("run shellcheck");
+        assert_ok(&out);
+    }
+}

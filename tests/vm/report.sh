@@ -62,13 +62,15 @@ if curl -fsS -o /run/upgrade.sh "${seed}upgrade.sh" 2>/dev/null; then
   kv upgrade_node_active "$(systemctl is-active bcd-node.service)"
   kv upgrade_node_restarts "$(systemctl show -p NRestarts --value bcd-node.service)"
   kv upgrade_node_user "$(unit_user bcd-node.service)"
+  # The running node is the new binary, not the replaced one ("(deleted)").
+  kv upgrade_node_exe "$(readlink "/proc/$(systemctl show -p MainPID --value bcd-node.service)/exe")"
   as_node_user bcd status --json --config "$config" 2>&1 | block status_upgraded
 else
   # Removing the package (the other guest) keeps the identity.
   DEBIAN_FRONTEND=noninteractive apt-get remove -y -q bcd >/dev/null 2>&1
   kv removed "$(dpkg-query -W -f='${Status}' bcd 2>&1)"
   kv removed_node "$(systemctl is-active bcd-node.service)"
-  kv removed_kept "$(ls /var/lib/bcd | tr '\n' ' ')"
+  kv removed_kept "$(find /var/lib/bcd -mindepth 1 -maxdepth 1 -printf '%f ')"
 fi
 journalctl -b -u bcd-node.service -u bcd-helper.service --no-pager 2>&1 | tail -n 40 | block journal
-kv done yes
+kv 'done' yes
