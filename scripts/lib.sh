@@ -10,6 +10,8 @@ BCD_PACKAGES=(
   libtss2-dev         # tss-esapi links libtss2 (esys, tctildr, mu)
   swtpm swtpm-tools tpm2-tools
   util-linux          # prlimit: the e2e load tests cap the control plane's descriptors
+  shellcheck          # the e2e tests lint the install script
+  dpkg-dev            # scripts/package: dpkg-shlibdeps computes Depends
 )
 
 # Installs the missing packages, running `apt-get update` once when needed.

@@ -5,11 +5,11 @@
 use std::io::IsTerminal as _;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory as _, Parser, Subcommand};
 use p256::elliptic_curve::zeroize::Zeroizing;
 
 use crate::evidence::join_token::TokenText;
-use crate::{doctor, identify, join, node, out, status};
+use crate::{doctor, gendocs, identify, join, node, out, status};
 
 /// The environment variable that may carry a join token.
 const TOKEN_ENV: &str = "BCD_JOIN_TOKEN";
@@ -38,6 +38,9 @@ enum Command {
     /// The TPM, as an operator admitting this machine needs to know it
     #[command(subcommand)]
     Tpm(TpmCommand),
+    /// The man page and shell completions, for packaging (scripts/package)
+    #[command(hide = true)]
+    GenerateDocs(gendocs::GenerateDocsArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -73,6 +76,10 @@ pub fn main() -> ExitCode {
         Command::Tpm(TpmCommand::Identify(args)) => {
             drop(env_token);
             identify::run(args)
+        }
+        Command::GenerateDocs(args) => {
+            drop(env_token);
+            gendocs::run(args, Cli::command())
         }
     };
     match result {

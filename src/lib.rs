@@ -15,6 +15,7 @@ pub mod doctor;
 mod environ;
 pub mod evidence;
 pub mod failpoint;
+pub mod gendocs;
 pub mod identify;
 pub mod identity;
 pub mod join;

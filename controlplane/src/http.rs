@@ -15,10 +15,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
+use axum::extract::Path as UrlPath;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing::{get, post};
 use axum::{Extension, Router};
 use bc_wire::endpoints;
 use hyper::service::Service as _;
@@ -103,6 +104,69 @@ pub fn router(service: Arc<JoinService>) -> Router {
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .layer(Extension(gate))
         .with_state(service)
+}
+
+/// How many `GET /dist/...` are served at once: each holds its package in
+/// memory (at most [`crate::dist::MAX_PACKAGE_BYTES`]) while it is sent.
+const DIST_CONCURRENCY: usize = 4;
+
+struct DistState {
+    dir: std::path::PathBuf,
+    slots: tokio::sync::Semaphore,
+}
+
+/// `router` with `GET /dist/<name>`: the packages `dist add` recorded in
+/// `DIR/dist` (see [`crate::dist`]). Unauthenticated, like the download of
+/// any package: the install script pins the SHA-256 it expects. A name that
+/// is not a recorded package is NOT_FOUND, whatever it tries.
+pub fn with_dist(router: Router, dir: &std::path::Path) -> Router {
+    let state = Arc::new(DistState {
+        dir: dir.to_owned(),
+        slots: tokio::sync::Semaphore::new(DIST_CONCURRENCY),
+    });
+    router.route("/dist/{name}", get(dist_handler).with_state(state))
+}
+
+async fn dist_handler(
+    State(state): State<Arc<DistState>>,
+    UrlPath(name): UrlPath<String>,
+) -> Response {
+    use crate::dist::{self, DistError};
+    let Ok(_slot) = state.slots.acquire().await else {
+        return (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n").into_response();
+    };
+    let dir = state.dir.clone();
+    let read = tokio::task::spawn_blocking(move || dist::read(&dir, &name)).await;
+    match read {
+        Ok(Ok((_, bytes))) => (
+            StatusCode::OK,
+            [(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/vnd.debian.binary-package"),
+            )],
+            Body::from(bytes),
+        )
+            .into_response(),
+        Ok(Err(DistError::BadName(_) | DistError::NotFound(_))) => {
+            (StatusCode::NOT_FOUND, "no such package\n").into_response()
+        }
+        Ok(Err(e)) => {
+            tracing::error!(error = %e, "cannot serve a package");
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "cannot serve this package\n",
+            )
+                .into_response()
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "the dist task failed");
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "cannot serve this package\n",
+            )
+                .into_response()
+        }
+    }
 }
 
 async fn join_handler(

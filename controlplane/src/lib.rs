@@ -24,6 +24,7 @@ pub mod client_auth;
 pub mod config;
 pub mod connlimit;
 pub mod db;
+pub mod dist;
 pub mod eventlog;
 pub mod fsutil;
 pub mod header_errors;

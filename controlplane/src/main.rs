@@ -15,7 +15,7 @@ use anyhow::Result;
 use bc_controlplane::pki;
 use clap::{Parser, Subcommand};
 
-use cli::{clock, events, nodes, pools, server, tokens, tpm, Dir};
+use cli::{clock, dist, events, install_script, nodes, pools, server, tokens, tpm, user_data, Dir};
 
 #[derive(Parser)]
 #[command(
@@ -37,6 +37,11 @@ enum Cmd {
         /// SPIFFE trust domain of the node identities.
         #[arg(long, default_value = pki::DEFAULT_TRUST_DOMAIN)]
         trust_domain: String,
+        /// Another name (DNS name or IP address) of the TLS certificate,
+        /// besides localhost, 127.0.0.1 and ::1: the host machines reach
+        /// this control plane by. Repeatable.
+        #[arg(long = "tls-name", value_name = "NAME")]
+        tls_names: Vec<String>,
     },
     /// Serve the JoinService over HTTPS until SIGTERM or SIGINT.
     Serve {
@@ -97,6 +102,15 @@ enum Cmd {
         #[command(subcommand)]
         cmd: pools::PoolsCmd,
     },
+    /// Packages machines install (served at GET /dist/<name>).
+    Dist {
+        #[command(subcommand)]
+        cmd: dist::DistCmd,
+    },
+    /// Print a POSIX sh script that installs or upgrades bcd and joins.
+    InstallScript(install_script::InstallScriptArgs),
+    /// Print a #cloud-config that runs the install script on first boot.
+    UserData(user_data::UserDataArgs),
 }
 
 fn main() -> ExitCode {
@@ -125,7 +139,11 @@ fn init_tracing() {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
-        Cmd::Init { dir, trust_domain } => server::init(&dir.dir, &trust_domain),
+        Cmd::Init {
+            dir,
+            trust_domain,
+            tls_names,
+        } => server::init(&dir.dir, &trust_domain, &tls_names),
         Cmd::Serve { dir, listen } => server::serve(&dir.dir, listen),
         Cmd::AgentConfig { dir, api, data_dir } => server::agent_config(&dir.dir, &api, &data_dir),
         Cmd::Token { cmd } => tokens::run(cmd),
@@ -136,6 +154,9 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Resolve { cmd } => tpm::run_resolve(cmd),
         Cmd::Requests { cmd } => tpm::run_requests(cmd),
         Cmd::Pools { cmd } => pools::run(cmd),
+        Cmd::Dist { cmd } => dist::run(cmd),
+        Cmd::InstallScript(args) => install_script::run(args),
+        Cmd::UserData(args) => user_data::run(args),
     }
 }
 

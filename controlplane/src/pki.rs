@@ -386,6 +386,17 @@ pub struct AgentPins {
 /// bundle file, so a second `init` can never replace the keys of a running
 /// control plane.
 pub fn init(dir: &Path, trust_domain: &str) -> Result<(), PkiError> {
+    init_with_names(dir, trust_domain, &[])
+}
+
+/// [`init`], with more names (DNS names or IP addresses) in the TLS server
+/// certificate besides `localhost`, 127.0.0.1 and ::1: the names machines
+/// reach this control plane by (the install script's `--api` host).
+pub fn init_with_names(
+    dir: &Path,
+    trust_domain: &str,
+    tls_names: &[String],
+) -> Result<(), PkiError> {
     bc_wire::spiffe::check_trust_domain(trust_domain)?;
     fsutil::ensure_private_dir(dir).map_err(|e| io_err(dir, e))?;
     for name in BUNDLE_FILES {
@@ -426,9 +437,13 @@ pub fn init(dir: &Path, trust_domain: &str) -> Result<(), PkiError> {
         .map_err(|e| gen_err("the TLS CA", e))?;
     let tls_issuer = Issuer::new(tls_ca_params, &tls_ca_key);
     let tls_key = generate_key("the TLS server key")?;
-    let tls_cert = tls_server_params(now - Duration::hours(1), now + Duration::days(3650))?
-        .signed_by(&tls_key, &tls_issuer)
-        .map_err(|e| gen_err("the TLS server certificate", e))?;
+    let tls_cert = tls_server_params(
+        now - Duration::hours(1),
+        now + Duration::days(3650),
+        tls_names,
+    )?
+    .signed_by(&tls_key, &tls_issuer)
+    .map_err(|e| gen_err("the TLS server certificate", e))?;
 
     let challenge_key: [u8; CHALLENGE_KEY_LEN] =
         crate::ids::random_bytes().map_err(|e| PkiError::Generate {
@@ -555,13 +570,22 @@ fn ca_params(
 fn tls_server_params(
     not_before: OffsetDateTime,
     not_after: OffsetDateTime,
+    extra_names: &[String],
 ) -> Result<CertificateParams, PkiError> {
-    let mut p = CertificateParams::new(vec![
+    let mut names = vec![
         "localhost".to_owned(),
         "127.0.0.1".to_owned(),
         "::1".to_owned(),
-    ])
-    .map_err(|e| gen_err("the TLS server certificate", e))?;
+    ];
+    names.extend(
+        extra_names
+            .iter()
+            .filter(|n| !names.contains(n))
+            .cloned()
+            .collect::<Vec<_>>(),
+    );
+    let mut p =
+        CertificateParams::new(names).map_err(|e| gen_err("the TLS server certificate", e))?;
     p.distinguished_name = DistinguishedName::new();
     p.distinguished_name.push(DnType::CommonName, "localhost");
     p.serial_number = Some(SerialNumber::from_slice(&random_serial()?));

@@ -14,9 +14,11 @@ mod ecc;
 mod ekchain;
 mod ektemplate;
 mod events;
+mod install;
 mod join_token;
 mod load;
 mod maker;
+mod package;
 mod pcr;
 mod pcrbanks;
 // These move bcd's clock (BCD_CLOCK_OFFSET) or crash it at failpoints, which

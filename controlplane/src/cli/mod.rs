@@ -5,12 +5,15 @@
 //! every list command prints one line per row, or a JSON array with `--json`.
 
 pub mod clock;
+pub mod dist;
 pub mod events;
+pub mod install_script;
 pub mod nodes;
 pub mod pools;
 pub mod server;
 pub mod tokens;
 pub mod tpm;
+pub mod user_data;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

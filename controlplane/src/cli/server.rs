@@ -11,8 +11,8 @@ use bc_controlplane::{config, connlimit, http, join::JoinService, pki};
 
 use super::{open_db, print_stdout, require_initialized};
 
-pub fn init(dir: &Path, trust_domain: &str) -> Result<()> {
-    pki::init(dir, trust_domain)
+pub fn init(dir: &Path, trust_domain: &str, tls_names: &[String]) -> Result<()> {
+    pki::init_with_names(dir, trust_domain, tls_names)
         .with_context(|| format!("cannot initialize a control plane in {}", dir.display()))?;
     open_db(dir)?;
     super::print_line(&format!(
@@ -35,7 +35,7 @@ pub fn serve(dir: &Path, listen: SocketAddr) -> Result<()> {
     );
     let tls = http::tls_config(service.bundle(), service.database())
         .context("cannot build the TLS configuration")?;
-    let router = http::router(service.clone());
+    let router = http::with_dist(http::router(service.clone()), dir);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -80,6 +80,11 @@ fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
 }
 
 pub fn agent_config(dir: &Path, api: &str, data_dir: &str) -> Result<()> {
+    print_stdout(&agent_config_text(dir, api, data_dir)?)
+}
+
+/// The text `agent-config` prints (the install script embeds it too).
+pub fn agent_config_text(dir: &Path, api: &str, data_dir: &str) -> Result<String> {
     require_initialized(dir)?;
     if !api.starts_with("https://") || api.len() <= "https://".len() {
         bail!("--api must be an https:// URL, e.g. https://127.0.0.1:8443 (got {api:?})");
@@ -104,7 +109,7 @@ pub fn agent_config(dir: &Path, api: &str, data_dir: &str) -> Result<()> {
         pins.join_signing_key,
         pins.join_encryption_key,
     );
-    print_stdout(&text)
+    Ok(text)
 }
 
 /// A TOML basic string.

@@ -1,0 +1,111 @@
+//! `user-data`: a `#cloud-config` that runs the install script on a
+//! machine's first boot (`install/cloud-init.example.yaml` is an annotated
+//! copy). For `--attestor join-token` it also writes the token, from
+//! `--token-file`, to the 0600 file the script reads and then removes.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+
+use super::install_script::{self, Attestor, Target};
+use super::{print_stdout, Dir};
+
+/// Where the script lands on the machine; runcmd runs it from there, and an
+/// operator can run it again by hand.
+const SCRIPT_PATH: &str = "/var/lib/bcd-install/install.sh";
+const TOKEN_PATH: &str = "/run/bcd/join-token";
+/// A join token is one short line; anything longer is not one.
+const MAX_TOKEN_BYTES: u64 = 4096;
+
+#[derive(Args)]
+pub struct UserDataArgs {
+    #[command(flatten)]
+    pub dir: Dir,
+    #[command(flatten)]
+    pub target: Target,
+    /// With --attestor join-token: a file holding the token (never on the command line).
+    #[arg(long, value_name = "F")]
+    pub token_file: Option<PathBuf>,
+}
+
+pub fn run(args: UserDataArgs) -> Result<()> {
+    let token = match (args.target.attestor, &args.token_file) {
+        (Attestor::JoinToken, Some(f)) => Some(read_token(f)?),
+        (Attestor::JoinToken, None) => {
+            bail!("--attestor join-token needs --token-file F (the token goes into the user data, 0600 on the machine)")
+        }
+        (Attestor::Tpm, Some(_)) => {
+            bail!("--attestor tpm reads no token: drop --token-file")
+        }
+        (Attestor::Tpm, None) => None,
+    };
+    let script = install_script::script(&args.dir.dir, &args.target)?;
+    print_stdout(&user_data(&script, token.as_deref()))
+}
+
+fn read_token(path: &std::path::Path) -> Result<String> {
+    let meta =
+        std::fs::metadata(path).with_context(|| format!("cannot read {}", path.display()))?;
+    if meta.len() > MAX_TOKEN_BYTES {
+        bail!(
+            "{} is {} bytes: not a join token",
+            path.display(),
+            meta.len()
+        );
+    }
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let token = text.trim();
+    if token.is_empty()
+        || !token.bytes().all(|b| {
+            b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'~' | b'+' | b'/' | b'=')
+        })
+    {
+        bail!("{} does not hold one join token", path.display());
+    }
+    Ok(token.to_owned())
+}
+
+/// The `#cloud-config` text. The script goes in as a YAML literal block
+/// (every line indented), so it reads as it will run.
+fn user_data(script: &str, token: Option<&str>) -> String {
+    let mut out = String::from(
+        "#cloud-config\n\
+         # Installs bcd and joins this machine on first boot (bc-controlplane user-data).\n\
+         write_files:\n",
+    );
+    if let Some(token) = token {
+        out.push_str(&format!(
+            "  - path: {TOKEN_PATH}\n    owner: root:root\n    permissions: '0600'\n    content: '{token}'\n"
+        ));
+    }
+    out.push_str(&format!(
+        "  - path: {SCRIPT_PATH}\n    owner: root:root\n    permissions: '0700'\n    content: |\n"
+    ));
+    for line in script.lines() {
+        if line.is_empty() {
+            out.push('\n');
+        } else {
+            out.push_str("      ");
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out.push_str(&format!("runcmd:\n  - [sh, {SCRIPT_PATH}]\n"));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn literal_block_keeps_the_script() {
+        let text = user_data("#!/bin/sh\n\necho 'a: b'\n", Some("bcjt_x.y"));
+        assert!(text.starts_with("#cloud-config\n"));
+        assert!(text.contains("    content: 'bcjt_x.y'\n"));
+        assert!(text.contains("      #!/bin/sh\n\n      echo 'a: b'\n"));
+        assert!(text.ends_with("runcmd:\n  - [sh, /var/lib/bcd-install/install.sh]\n"));
+    }
+}

@@ -1,0 +1,32 @@
+# Shared by scripts/vmtest (and scripts/pxetest): the Debian packages that
+# run QEMU guests on these machines (../shared/vm-notes.md).
+
+# QEMU comes from bookworm-backports: the image's qemu-utils is 10.x from
+# there, and bookworm's QEMU 7.2 would remove it. The backports source is
+# derived from the mirror already configured, never written into the repo.
+BCD_VM_PACKAGES=(qemu-system-x86 ipxe-qemu busybox-static mmdebstrap e2fsprogs openssl python3)
+
+ensure_vm_packages() {
+  local missing=() p
+  for p in "${BCD_VM_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+  done
+  ((${#missing[@]})) || return 0
+  local sudo=()
+  [ "$(id -u)" -eq 0 ] || sudo=(sudo)
+  local bpo=/etc/apt/sources.list.d/bcd-bookworm-backports.sources
+  if [ ! -e "$bpo" ] && ! grep -rqs 'bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/; then
+    local uri
+    uri=$(awk '/^URIs:/ && $2 !~ /security/ { print $2; exit }' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)
+    if [ -n "$uri" ]; then
+      printf 'Types: deb\nURIs: %s\nSuites: bookworm-backports\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' "$uri" |
+        "${sudo[@]}" tee "$bpo" >/dev/null
+    fi
+  fi
+  echo "installing Debian packages: ${missing[*]}" >&2
+  "${sudo[@]}" apt-get update -qq
+  local release=()
+  apt-cache policy qemu-system-x86 | grep -q bookworm-backports && release=(-t bookworm-backports)
+  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends \
+    "${release[@]}" "${missing[@]}" >/dev/null
+}

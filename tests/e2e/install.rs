@@ -1,0 +1,373 @@
+//! The control plane's packages (`dist add`, `GET /dist/<name>`) and the
+//! install script it writes: what the script pins, that it parses (and
+//! passes shellcheck when installed), and that against the real control
+//! plane it refuses a package whose hash differs and a server whose CA
+//! differs, before it installs anything. Running it for real (install,
+//! join, units) is scripts/vmtest's job, in a guest.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use sha2::{Digest, Sha256};
+
+use crate::harness::{assert_ok, stderr, stdout, ControlPlane};
+
+const PACKAGE: &str = "bcd_0.1.0+test_amd64.deb";
+
+/// A control plane serving a package (any bytes do: nothing here installs it).
+fn with_package(bytes: &[u8]) -> (ControlPlane, tempfile::TempDir) {
+    let cp = ControlPlane::start();
+    let files = tempfile::tempdir().expect("tempdir");
+    let deb = files.path().join(PACKAGE);
+    std::fs::write(&deb, bytes).expect("write package");
+    let out = cp.cli(&["dist", "add", deb.to_str().expect("utf-8")]);
+    assert_ok(&out);
+    assert_eq!(
+        stdout(&out).trim(),
+        format!(
+            "added {PACKAGE} sha256 {}",
+            hex::encode(Sha256::digest(bytes))
+        )
+    );
+    (cp, files)
+}
+
+fn script(cp: &ControlPlane, api: &str, attestor: &str) -> String {
+    let out = cp.cli(&["install-script", "--api", api, "--attestor", attestor]);
+    assert_ok(&out);
+    stdout(&out)
+}
+
+/// `curl` pinned to the control plane's CA: (HTTP status, body).
+fn get(cp: &ControlPlane, path: &str) -> (String, Vec<u8>) {
+    let body = cp.path().join("download");
+    let out = Command::new("curl")
+        .args(["--silent", "--show-error", "--path-as-is", "--cacert"])
+        .arg(cp.path().join("tls-ca.pem"))
+        .args(["--write-out", "%{http_code}", "--output"])
+        .arg(&body)
+        .arg(format!("{}{path}", cp.url))
+        .output()
+        .expect("run curl");
+    assert_ok(&out);
+    let bytes = std::fs::read(&body).unwrap_or_default();
+    let _ = std::fs::remove_file(&body);
+    (stdout(&out), bytes)
+}
+
+#[test]
+fn dist_serves_recorded_packages_and_nothing_else() {
+    let (cp, _files) = with_package(b"the package bytes");
+    assert_eq!(
+        get(&cp, &format!("/dist/{PACKAGE}")),
+        ("200".into(), b"the package bytes".to_vec())
+    );
+    for path in [
+        "/dist/current",
+        "/dist/bcd_9.9_amd64.deb",
+        &format!("/dist/{PACKAGE}.sha256"),
+        "/dist/..%2fcontrolplane.db",
+        "/dist/../controlplane.db",
+        "/dist/%2e%2e%2ftls-ca.key",
+        "/dist/.deb",
+    ] {
+        assert_ne!(get(&cp, path).0, "200", "{path} was served");
+    }
+    // A file changed behind the control plane's back is not served.
+    std::fs::write(cp.path().join("dist").join(PACKAGE), b"other bytes").expect("write");
+    assert_eq!(get(&cp, &format!("/dist/{PACKAGE}")).0, "500");
+}
+
+#[test]
+fn install_script_pins_ca_hash_and_config_and_parses() {
+    let bytes = b"package for the script";
+    let (cp, _files) = with_package(bytes);
+    let ca = std::fs::read_to_string(cp.path().join("tls-ca.pem")).expect("CA");
+    let hash = hex::encode(Sha256::digest(bytes));
+    for attestor in ["tpm", "join-token"] {
+        let text = script(&cp, "https://cp.example:8443", attestor);
+        assert!(text.starts_with("#!/bin/sh\n"));
+        assert!(text.contains(&ca), "{attestor}: the CA is embedded");
+        assert!(text.contains(&format!("package_sha256='{hash}'")));
+        assert!(text.contains(&format!("package='{PACKAGE}'")));
+        assert!(
+            text.contains("api = \"https://cp.example:8443\""),
+            "the config pins the API"
+        );
+        assert!(text.contains("join_signing_key = \"\"\""));
+        assert!(text.contains("--cacert \"$work/ca.pem\""));
+        assert!(text.contains("gpasswd -d bcd tss"));
+        assert!(text.contains("already joined as $node"));
+        let path = cp.path().join(format!("install-{attestor}.sh"));
+        std::fs::write(&path, &text).expect("write script");
+        assert_ok(
+            &Command::new("sh")
+                .arg("-n")
+                .arg(&path)
+                .output()
+                .expect("sh -n"),
+        );
+        if which("shellcheck") {
+            assert_ok(
+                &Command::new("shellcheck")
+                    .args(["-s", "sh"])
+                    .arg(&path)
+                    .output()
+                    .expect("shellcheck"),
+            );
+        }
+    }
+    let tpm = script(&cp, "https://cp.example:8443", "tpm");
+    assert!(tpm.contains("bcd join --config \"$config\" --attestor tpm </dev/null"));
+    assert!(
+        !tpm.contains("token_file") && !tpm.contains("BCD_TOKEN_FILE"),
+        "a tpm script reads no token"
+    );
+    let token = script(&cp, "https://cp.example:8443", "join-token");
+    assert!(token.contains("token_file=${BCD_TOKEN_FILE:-/run/bcd/join-token}"));
+    assert!(token.contains("--token-file \"$token_file\""));
+    assert!(token.contains("rm -f \"$token_file\""));
+
+    // Nothing to install yet, a URL that is no plain https origin: refused.
+    let bare = ControlPlane::init_only();
+    let out = bare.cli(&[
+        "install-script",
+        "--api",
+        "https://cp.example",
+        "--attestor",
+        "tpm",
+    ]);
+    assert!(
+        !out.status.success() && stderr(&out).contains("dist add"),
+        "{}",
+        stderr(&out)
+    );
+    for api in [
+        "http://cp.example",
+        "https://cp.example/x",
+        "https://cp'$(id)",
+    ] {
+        let out = cp.cli(&["install-script", "--api", api, "--attestor", "tpm"]);
+        assert!(!out.status.success(), "{api} accepted");
+    }
+}
+
+#[test]
+fn user_data_runs_the_script_and_carries_the_token_in_a_0600_file() {
+    let (cp, files) = with_package(b"package");
+    let out = cp.cli(&[
+        "user-data",
+        "--api",
+        "https://cp.example",
+        "--attestor",
+        "tpm",
+    ]);
+    assert_ok(&out);
+    let text = stdout(&out);
+    assert!(text.starts_with("#cloud-config\n"));
+    assert!(text.contains("runcmd:\n  - [sh, /var/lib/bcd-install/install.sh]\n"));
+    assert!(text.contains("      #!/bin/sh\n"));
+    assert!(!text.contains("/run/bcd/join-token"));
+
+    let token_file = files.path().join("token");
+    std::fs::write(&token_file, "bcjt_secret.value\n").expect("write token");
+    let out = cp.cli(&[
+        "user-data",
+        "--api",
+        "https://cp.example",
+        "--attestor",
+        "join-token",
+        "--token-file",
+        token_file.to_str().expect("utf-8"),
+    ]);
+    assert_ok(&out);
+    let text = stdout(&out);
+    assert!(text.contains(
+        "  - path: /run/bcd/join-token\n    owner: root:root\n    permissions: '0600'\n    content: 'bcjt_secret.value'\n"
+    ));
+    // The token is in the user data's file, never in the script.
+    let script_part = text
+        .split("/var/lib/bcd-install/install.sh\n")
+        .nth(1)
+        .expect("script");
+    assert!(!script_part.contains("bcjt_secret"));
+    let out = cp.cli(&[
+        "user-data",
+        "--api",
+        "https://cp.example",
+        "--attestor",
+        "join-token",
+    ]);
+    assert!(!out.status.success() && stderr(&out).contains("--token-file"));
+}
+
+/// A directory of stand-ins that record their calls and fail, put first
+/// on PATH: if the script ever got past its checks it would only reach
+/// these, never the host's package manager or systemd. `id -u` says 0 so
+/// that the script runs the same as root or not.
+fn stubs(dir: &Path) -> PathBuf {
+    let bin = dir.join("stubs");
+    std::fs::create_dir(&bin).expect("mkdir");
+    let log = dir.join("calls.log");
+    for tool in [
+        "apt-get",
+        "dpkg",
+        "dpkg-query",
+        "systemctl",
+        "bcd",
+        "gpasswd",
+        "install",
+    ] {
+        let path = bin.join(tool);
+        std::fs::write(
+            &path,
+            format!(
+                "#!/bin/sh\necho \"{tool} $*\" >>'{}'\nexit 1\n",
+                log.display()
+            ),
+        )
+        .expect("write stub");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    }
+    let id = bin.join("id");
+    std::fs::write(
+        &id,
+        "#!/bin/sh\n[ \"$1\" = -u ] && { echo 0; exit 0; }\nexec /usr/bin/id \"$@\"\n",
+    )
+    .expect("id");
+    std::fs::set_permissions(&id, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    bin
+}
+
+fn run_script(text: &str, dir: &Path) -> Output {
+    let path = dir.join("install.sh");
+    std::fs::write(&path, text).expect("write script");
+    let stubs = stubs(dir);
+    let path_env = format!(
+        "{}:{}",
+        stubs.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    Command::new("sh")
+        .arg(&path)
+        .env("PATH", path_env)
+        .env("BCD_TOKEN_FILE", dir.join("no-token"))
+        .output()
+        .expect("run the install script")
+}
+
+fn calls(dir: &Path) -> String {
+    std::fs::read_to_string(dir.join("calls.log")).unwrap_or_default()
+}
+
+#[test]
+fn install_script_refuses_a_package_whose_hash_differs() {
+    let (cp, _files) = with_package(b"the package the script pins");
+    let text = script(&cp, &cp.url, "join-token");
+    // The control plane now serves other bytes (as a compromised mirror
+    // would): recorded and served consistently, but not what the script pins.
+    let other = _files.path().join(PACKAGE);
+    std::fs::write(&other, b"a package nobody pinned").expect("write");
+    assert_ok(&cp.cli(&["dist", "add", other.to_str().expect("utf-8")]));
+    assert_eq!(
+        get(&cp, &format!("/dist/{PACKAGE}")).1,
+        b"a package nobody pinned"
+    );
+
+    let work = tempfile::tempdir().expect("tempdir");
+    let out = run_script(&text, work.path());
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("not the pinned") && stderr(&out).contains("refusing to install it"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(
+        calls(work.path()),
+        "",
+        "nothing was installed, configured or started"
+    );
+
+    // The same script, with the package it pins served again, gets past the
+    // hash to the install step (a stub here).
+    let pinned = _files.path().join(PACKAGE);
+    std::fs::write(&pinned, b"the package the script pins").expect("write");
+    assert_ok(&cp.cli(&["dist", "add", pinned.to_str().expect("utf-8")]));
+    let work = tempfile::tempdir().expect("tempdir");
+    let out = run_script(&text, work.path());
+    assert!(!out.status.success());
+    assert!(
+        calls(work.path()).starts_with("apt-get install -y -q --no-install-recommends "),
+        "{}",
+        calls(work.path())
+    );
+}
+
+#[test]
+fn install_script_trusts_only_its_control_planes_ca() {
+    let (cp, _files) = with_package(b"package");
+    let (other, _other_files) = with_package(b"package");
+    // cp's script (cp's CA) pointed at the other control plane's URL.
+    let text = script(&cp, &other.url, "join-token");
+    let work = tempfile::tempdir().expect("tempdir");
+    let out = run_script(&text, work.path());
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("cannot download"), "{}", stderr(&out));
+    assert_eq!(calls(work.path()), "");
+}
+
+#[test]
+fn tpm_install_script_stops_early_without_a_tpm() {
+    if Path::new("/dev/tpmrm0").exists() {
+        eprintln!("skipped: this host has /dev/tpmrm0");
+        return;
+    }
+    let (cp, _files) = with_package(b"package");
+    let work = tempfile::tempdir().expect("tempdir");
+    let out = run_script(&script(&cp, &cp.url, "tpm"), work.path());
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("no TPM: /dev/tpmrm0 is missing"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(calls(work.path()), "");
+}
+
+fn which(tool: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}
+
+/// `init --tls-name`: the HTTPS certificate names the host machines reach
+/// the control plane by (the install script's `--api`), besides loopback.
+#[test]
+fn init_tls_names_go_into_the_server_certificate() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = Command::new(crate::harness::bin("bc-controlplane"))
+        .args(["init", "--dir"])
+        .arg(dir.path())
+        .args(["--tls-name", "10.0.2.100", "--tls-name", "cp.example"])
+        .output()
+        .expect("run bc-controlplane init");
+    assert_ok(&out);
+    let out = Command::new("openssl")
+        .args(["x509", "-noout", "-ext", "subjectAltName", "-in"])
+        .arg(dir.path().join("tls-server.pem"))
+        .output()
+        .expect("run openssl");
+    assert_ok(&out);
+    let sans = stdout(&out);
+    for name in [
+        "DNS:localhost",
+        "IP Address:127.0.0.1",
+        "IP Address:10.0.2.100",
+        "DNS:cp.example",
+    ] {
+        assert!(sans.contains(name), "{name} missing: {sans}");
+    }
+}

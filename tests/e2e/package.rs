@@ -1,0 +1,263 @@
+//! `scripts/package`: the Debian package holds what an operator needs, its
+//! Depends name the libraries the binary links, and every unit it ships
+//! passes `systemd-analyze verify` and stays well hardened. (Installing,
+//! upgrading and removing it is proven in a real guest: scripts/vmtest.)
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::harness::{assert_ok, bin, stdout, workspace};
+
+const UNITS: &[&str] = &[
+    "bcd-helper.service",
+    "bcd-helper.socket",
+    "bcd-node.service",
+    "bcd-site.service",
+];
+
+/// Packages the bcd the tests run into `out`; returns the .deb's path.
+fn build_deb(out: &Path, version: &str) -> PathBuf {
+    let run = Command::new(workspace().join("scripts/package"))
+        .arg("--binary")
+        .arg(bin("bcd"))
+        .args(["--version", version, "--out"])
+        .arg(out)
+        .output()
+        .expect("run scripts/package");
+    assert_ok(&run);
+    let deb = PathBuf::from(stdout(&run).trim());
+    assert_eq!(deb, out.join(format!("bcd_{version}_amd64.deb")));
+    deb
+}
+
+fn dpkg_deb(args: &[&str], deb: &Path) -> String {
+    let out = Command::new("dpkg-deb")
+        .args(args)
+        .arg(deb)
+        .output()
+        .expect("run dpkg-deb");
+    assert_ok(&out);
+    stdout(&out)
+}
+
+#[test]
+fn package_holds_binary_units_docs_and_depends() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let deb = build_deb(tmp.path(), "0.1.0+test1");
+
+    let files = dpkg_deb(&["-c"], &deb);
+    for path in [
+        "./usr/bin/bcd",
+        "./lib/systemd/system/bcd-helper.service",
+        "./lib/systemd/system/bcd-helper.socket",
+        "./lib/systemd/system/bcd-node.service",
+        "./lib/systemd/system/bcd-site.service",
+        "./usr/lib/sysusers.d/bcd.conf",
+        "./usr/lib/tmpfiles.d/bcd.conf",
+        "./usr/share/doc/bcd/config.toml.example",
+        "./usr/share/doc/bcd/copyright",
+        "./usr/share/man/man1/bcd.1.gz",
+        "./usr/share/man/man1/bcd-join.1.gz",
+        "./usr/share/bash-completion/completions/bcd",
+        "./usr/share/zsh/vendor-completions/_bcd",
+        "./usr/share/fish/vendor_completions.d/bcd.fish",
+    ] {
+        assert!(
+            files.lines().any(|l| l.ends_with(path)),
+            "{path} missing from the package:\n{files}"
+        );
+    }
+    assert!(
+        files.lines().all(|l| l.contains(" root/root ")),
+        "every file is root's:\n{files}"
+    );
+    // Nothing under /var/lib or /etc: the identity and the config are the
+    // machine's, never the package's (remove and upgrade keep them).
+    assert!(!files.contains("./var/") && !files.contains("./etc/"));
+
+    let control = dpkg_deb(&["-f"], &deb);
+    assert!(control.contains("Package: bcd\n"), "{control}");
+    assert!(control.contains("Version: 0.1.0+test1\n"), "{control}");
+    assert!(control.contains("Architecture: amd64\n"), "{control}");
+    let depends = control
+        .lines()
+        .find_map(|l| l.strip_prefix("Depends: "))
+        .expect("a Depends field");
+    // What `ldd bcd` lists, by package, and the TCTI libtss2 dlopen()s.
+    for pkg in [
+        "libc6 (>=",
+        "libsqlite3-0 (>=",
+        "libtss2-esys-3.0.2-0 (>=",
+        "libtss2-mu0 (>=",
+        "libtss2-tctildr0 (>=",
+        "libtss2-tcti-device0",
+    ] {
+        assert!(depends.contains(pkg), "Depends lacks {pkg}: {depends}");
+    }
+
+    // The maintainer scripts parse, and removal keeps the identity.
+    let control_dir = tmp.path().join("control");
+    assert_ok(
+        &Command::new("dpkg-deb")
+            .arg("-e")
+            .arg(&deb)
+            .arg(&control_dir)
+            .output()
+            .expect("dpkg-deb -e"),
+    );
+    for script in ["postinst", "prerm", "postrm"] {
+        let path = control_dir.join(script);
+        assert_ok(
+            &Command::new("sh")
+                .arg("-n")
+                .arg(&path)
+                .output()
+                .expect("sh -n"),
+        );
+        let text = std::fs::read_to_string(&path).expect("read script");
+        assert!(
+            !text.contains("rm -rf /var/lib/bcd"),
+            "{script} deletes the identity"
+        );
+    }
+    let postinst = std::fs::read_to_string(control_dir.join("postinst")).expect("postinst");
+    assert!(postinst.contains("systemd-sysusers bcd.conf"));
+    assert!(postinst.contains("gpasswd -d bcd tss"));
+    assert!(postinst.contains("systemctl daemon-reload"));
+}
+
+/// `systemd-analyze verify` on every unit of the package, with the binary
+/// path pointed at the unpacked package's bcd (verify checks that
+/// ExecStart exists); `systemd-analyze security` keeps every service at
+/// exposure 2.0 or below ("OK"), and the units say what the issue asks.
+#[test]
+fn package_units_verify_and_are_hardened() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let deb = build_deb(tmp.path(), "0.1.0");
+    let root = tmp.path().join("root");
+    assert_ok(
+        &Command::new("dpkg-deb")
+            .arg("-x")
+            .arg(&deb)
+            .arg(&root)
+            .output()
+            .expect("dpkg-deb -x"),
+    );
+    let units = tmp.path().join("units");
+    std::fs::create_dir(&units).expect("mkdir");
+    let bcd = root.join("usr/bin/bcd");
+    for unit in UNITS {
+        let text =
+            std::fs::read_to_string(root.join("lib/systemd/system").join(unit)).expect("unit");
+        let text = text.replace("/usr/bin/bcd", bcd.to_str().expect("utf-8 path"));
+        std::fs::write(units.join(unit), text).expect("write unit");
+    }
+    for unit in UNITS {
+        let out = Command::new("systemd-analyze")
+            .args(["verify", "--man=no"])
+            .arg(units.join(unit))
+            .output()
+            .expect("run systemd-analyze");
+        assert_ok(&out);
+        assert!(
+            crate::harness::stderr(&out).trim().is_empty(),
+            "{unit}: {}",
+            crate::harness::stderr(&out)
+        );
+    }
+    for unit in UNITS.iter().filter(|u| u.ends_with(".service")) {
+        let out = Command::new("systemd-analyze")
+            .args(["security", "--offline=true", "--no-pager"])
+            .arg(units.join(unit))
+            .output()
+            .expect("run systemd-analyze security");
+        let text = stdout(&out);
+        let score: f64 = text
+            .lines()
+            .find_map(|l| l.split("Overall exposure level for ").nth(1))
+            .and_then(|rest| rest.split_whitespace().nth(1))
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("no exposure level for {unit}: {text}"));
+        assert!(score <= 2.0, "{unit}: exposure {score}\n{text}");
+    }
+
+    let unit = |name: &str| std::fs::read_to_string(units.join(name)).expect("unit");
+    let helper = unit("bcd-helper.service");
+    assert!(helper.contains("\nDevicePolicy=closed\n"));
+    assert!(helper.contains("\nDeviceAllow=/dev/tpmrm0 rw\n"));
+    assert_eq!(
+        helper.matches("\nDeviceAllow=").count(),
+        1,
+        "only /dev/tpmrm0"
+    );
+    assert!(!helper.contains("\nUser="), "the helper runs as root");
+    // ... in the group that owns /dev/tpmrm0, with no capability.
+    assert!(helper.contains("\nSupplementaryGroups=tss\n"));
+    assert!(helper.contains("\nCapabilityBoundingSet=\n"));
+
+    let node = unit("bcd-node.service");
+    assert!(!node.contains("SupplementaryGroups"));
+    for line in [
+        "\nUser=bcd\n",
+        "\nPrivateDevices=yes\n",
+        "\nNoNewPrivileges=yes\n",
+        "\nProtectSystem=strict\n",
+        "\nReadWritePaths=/var/lib/bcd\n",
+        "\nPrivateTmp=yes\n",
+        "\nCapabilityBoundingSet=\n",
+    ] {
+        assert!(node.contains(line), "bcd-node.service lacks {line:?}");
+    }
+    assert!(!node.contains("DeviceAllow"), "the node opens no device");
+    let sysusers =
+        std::fs::read_to_string(root.join("usr/lib/sysusers.d/bcd.conf")).expect("sysusers");
+    assert!(sysusers.contains("u bcd "));
+    let lines: Vec<&str> = sysusers.lines().filter(|l| !l.starts_with('#')).collect();
+    assert!(
+        lines.iter().all(|l| !l.contains("tss")),
+        "bcd is never put in tss: {lines:?}"
+    );
+    let tmpfiles =
+        std::fs::read_to_string(root.join("usr/lib/tmpfiles.d/bcd.conf")).expect("tmpfiles");
+    assert!(tmpfiles.contains("d /var/lib/bcd 0700 bcd bcd"));
+    assert!(tmpfiles.contains("d /run/bcd "));
+}
+
+/// The shell that packages, installs and tests the deployment passes
+/// shellcheck (when installed: scripts/lib.sh installs it).
+#[test]
+fn packaging_and_vm_scripts_pass_shellcheck() {
+    if Command::new("shellcheck")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("skipped: no shellcheck");
+        return;
+    }
+    let ws = workspace();
+    for (shell, files) in [
+        (
+            "bash",
+            &["scripts/package", "scripts/vmtest", "scripts/vmlib.sh"][..],
+        ),
+        (
+            "sh",
+            &[
+                "packaging/debian/postinst",
+                "packaging/debian/prerm",
+                "packaging/debian/postrm",
+                "tests/vm/report.sh",
+                "tests/vm/image/bcd-vmtest-report",
+            ][..],
+        ),
+    ] {
+        let out = Command::new("shellcheck")
+            .args(["-x", "-s", shell])
+            .args(files.iter().map(|f| ws.join(f)))
+            .current_dir(&ws)
+            .output()
+            .expect("run shellcheck");
+        assert_ok(&out);
+    }
+}

@@ -1,0 +1,76 @@
+#!/bin/sh
+# The guest half of scripts/vmtest (served by its seed server): what the install script left behind,
+# one `key=value` line each (multi-line values between `begin KEY` and
+# `end KEY`), on stdout, which the unit sends to the host's report file.
+# The host decides what passes; this script only looks.
+set -u
+config=/etc/bcd/config.toml
+seed=$(sed -n 's/.*s=\(http[^;]*\).*/\1/p' /sys/class/dmi/id/product_serial)
+
+kv() { printf '%s=%s\n' "$1" "$2"; }
+block() { echo "begin $1"; cat; echo "end $1"; }
+unit_user() {
+  pid=$(systemctl show -p MainPID --value "$1")
+  [ "${pid:-0}" -gt 0 ] && ps_user "$pid"
+}
+ps_user() { stat -c %U "/proc/$1"; }
+tpm_openers() {
+  for fd in /proc/[0-9]*/fd/*; do
+    [ "$(readlink "$fd" 2>/dev/null)" = /dev/tpmrm0 ] || continue
+    pid=${fd#/proc/}; pid=${pid%%/*}
+    echo "$(cat "/proc/$pid/comm") $(ps_user "$pid")"
+  done | sort -u | tr '\n' ';'
+}
+node_user() { systemctl show -p User --value bcd-node; }
+as_node_user() {
+  u=$(node_user)
+  if [ -n "$u" ] && [ "$u" != root ]; then setpriv --reuid="$u" --regid="$u" --init-groups -- "$@"; else "$@"; fi
+}
+
+kv started "$(date -u +%FT%TZ)"
+cloud-init status --wait >/dev/null 2>&1
+kv cloud_init "$(cloud-init status 2>&1 | sed -n 's/^status: //p')"
+block cloud_init_output </var/log/cloud-init-output.log
+kv package "$(dpkg-query -W -f='${Version}' bcd 2>&1)"
+kv node_active "$(systemctl is-active bcd-node.service)"
+kv node_restarts "$(systemctl show -p NRestarts --value bcd-node.service)"
+kv node_user "$(unit_user bcd-node.service)"
+kv helper_socket "$(systemctl is-active bcd-helper.socket)"
+kv helper_active "$(systemctl is-active bcd-helper.service)"
+kv helper_user "$(unit_user bcd-helper.service)"
+kv bcd_groups "$(id -nG bcd 2>&1)"
+kv tpm_openers "$(tpm_openers)"
+kv token_file "$(if [ -e /run/bcd/join-token ]; then echo present; else echo absent; fi)"
+kv data_dir "$(stat -c '%U %a' /var/lib/bcd)"
+as_node_user bcd status --json --config "$config" 2>&1 | block status
+as_node_user bcd doctor --config "$config" 2>&1 | block doctor
+kv doctor_rc "$(as_node_user bcd doctor --config "$config" >/dev/null 2>&1; echo $?)"
+
+# A renewal, by bcd node itself as the unit's user (stopped meanwhile so
+# that one process holds the identity).
+systemctl stop bcd-node.service
+as_node_user bcd node --once --renew-now --config "$config" 2>&1 | block renew
+kv renew_rc "$(as_node_user bcd node --once --config "$config" >/dev/null 2>&1; echo $?)"
+systemctl start bcd-node.service
+as_node_user bcd status --json --config "$config" 2>&1 | block status_renewed
+
+# Running the install script again (the host serves a newer package's
+# script, for the first guest only).
+if curl -fsS -o /run/upgrade.sh "${seed}upgrade.sh" 2>/dev/null; then
+  sh /run/upgrade.sh 2>&1 | block upgrade
+  kv upgrade_package "$(dpkg-query -W -f='${Version}' bcd 2>&1)"
+  kv upgrade_node_active "$(systemctl is-active bcd-node.service)"
+  kv upgrade_node_restarts "$(systemctl show -p NRestarts --value bcd-node.service)"
+  kv upgrade_node_user "$(unit_user bcd-node.service)"
+  # The running node is the new binary, not the replaced one ("(deleted)").
+  kv upgrade_node_exe "$(readlink "/proc/$(systemctl show -p MainPID --value bcd-node.service)/exe")"
+  as_node_user bcd status --json --config "$config" 2>&1 | block status_upgraded
+else
+  # Removing the package (the other guest) keeps the identity.
+  DEBIAN_FRONTEND=noninteractive apt-get remove -y -q bcd >/dev/null 2>&1
+  kv removed "$(dpkg-query -W -f='${Status}' bcd 2>&1)"
+  kv removed_node "$(systemctl is-active bcd-node.service)"
+  kv removed_kept "$(find /var/lib/bcd -mindepth 1 -maxdepth 1 -printf '%f ')"
+fi
+journalctl -b -u bcd-node.service -u bcd-helper.service --no-pager 2>&1 | tail -n 40 | block journal
+kv 'done' yes
