@@ -332,7 +332,7 @@ mod tests {
     struct Running {
         path: std::path::PathBuf,
         _dir: tempfile::TempDir,
-        rt: tokio::runtime::Runtime,
+        _rt: tokio::runtime::Runtime,
         stop: Option<tokio::sync::oneshot::Sender<()>>,
     }
 
@@ -360,7 +360,7 @@ mod tests {
         Running {
             path,
             _dir: dir,
-            rt,
+            _rt: rt,
             stop: Some(stop),
         }
     }
