@@ -76,8 +76,8 @@ fn last_renewal(data_dir: &std::path::Path) -> Option<LastRenewal> {
 pub fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
     let config = Config::load(&args.config.path)?;
     let dir = &config.data_dir;
-    let tpm = TpmAccess::new(config.tpm_tcti.as_deref())
-        .with_owner_auth(config.tpm_owner_auth_file.clone());
+    crate::helper::trust_node_user(&config)?;
+    let tpm = TpmAccess::for_node(&config);
     let identity = Identity::inspect(dir, &tpm)
         .with_context(|| format!("the identity in {} does not load", dir.display()))?;
     let Some(id) = identity else {

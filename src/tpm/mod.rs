@@ -11,6 +11,7 @@ mod ek;
 mod ekchain;
 mod quote;
 mod templates;
+mod transient;
 
 use std::path::Path;
 use std::str::FromStr;
