@@ -12,6 +12,7 @@ mod datadir;
 mod doctor;
 mod ekchain;
 mod events;
+mod helper;
 mod join_token;
 mod load;
 mod pcr;
