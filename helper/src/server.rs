@@ -1,7 +1,8 @@
 //! The root side: accepts callers on a unix socket, serves those whose uid
 //! is allowed (SO_PEERCRED, checked before a byte is read) and refuses and
 //! logs anyone else. Requests are served in turn through one [`Backend`]
-//! (one TPM connection); a malformed, oversized or slow request closes its
+//! (one TPM connection, called on the connection's task: the runtime's
+//! thread waits for the TPM like every caller does); a malformed, oversized or slow request closes its
 //! connection only. The caller owns the listener and says when to stop
 //! (`shutdown`), so a test, systemd's socket or `bcd helper` can drive it.
 use std::future::Future;
@@ -195,13 +196,13 @@ async fn connection<B: Backend>(
             }
         };
         let name = op.name();
-        let backend = backend.clone();
-        let result = tokio::task::spawn_blocking(move || match backend.lock() {
+        // On this task, not a blocking thread: the TPM is one resource used
+        // in turn anyway, and a hand-off to another thread and back would
+        // cost a signature through the helper about a tenth of its time.
+        let result = match backend.lock() {
             Ok(mut b) => run(&mut *b, &op),
             Err(_) => error("the helper's TPM is unusable after an earlier failure"),
-        })
-        .await
-        .unwrap_or_else(|_| error("the operation failed in the helper"));
+        };
         if let Some(response::Result::Error(e)) = &result.result {
             tracing::warn!(uid, operation = name, error = %e.message, "operation failed");
         } else {

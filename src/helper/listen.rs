@@ -7,7 +7,7 @@
 //!
 //! sd_listen_fds is these few lines; a crate for it would bring more than
 //! it saves.
-use std::os::unix::fs::{FileTypeExt as _, PermissionsExt as _};
+use std::os::unix::fs::{DirBuilderExt as _, FileTypeExt as _, PermissionsExt as _};
 use std::os::unix::io::FromRawFd as _;
 use std::path::Path;
 
@@ -47,6 +47,14 @@ pub fn activated() -> anyhow::Result<Option<UnixListener>> {
 
 /// Binds `path` for the user whose primary group is `gid`.
 pub fn bind(path: &Path, gid: u32) -> anyhow::Result<UnixListener> {
+    // /run/bcd comes from the package's tmpfiles.d; made here when run without it.
+    if let Some(parent) = path.parent().filter(|p| !p.exists()) {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(parent)
+            .with_context(|| format!("cannot create {}", parent.display()))?;
+    }
     match std::fs::symlink_metadata(path) {
         Ok(m) if m.file_type().is_socket() => std::fs::remove_file(path)
             .with_context(|| format!("cannot remove the stale socket {}", path.display()))?,

@@ -7,7 +7,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use bc_helper::{Client, Hash, HelperKeyPublic};
+use bc_helper::{Client, HelperKeyPublic};
 use p256::elliptic_curve::zeroize::Zeroizing;
 
 use super::{KeyError, NodeKey, NodeKeyKind};
@@ -70,8 +70,7 @@ impl NodeKey for HelperKey {
     }
 
     fn sign(&self, msg: &[u8]) -> Result<[u8; 64], KeyError> {
-        let digest = bc_wire::sha256(msg);
-        Ok(self.client.sign(&self.public, Hash::Sha256, &digest)?)
+        Ok(self.client.sign(&self.public, msg)?)
     }
 
     fn to_file_contents(&self) -> Result<Zeroizing<String>, KeyError> {

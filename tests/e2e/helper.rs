@@ -249,10 +249,20 @@ fn the_node_renews_through_the_helper_with_a_certified_next_key() {
         assert_eq!(mode(&m.agent.data_dir.join(&f)), (NODE_UID, 0o600), "{f}");
     }
 
-    // The node's user sees a TPM node key, and its doctor the helper.
-    let status = m.as_user(NODE_UID, &["status", "--json"]).output().unwrap();
-    let json: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
-    assert_eq!(json["nodeKey"], "tpm", "{json}");
+    // The node's user sees a TPM node key, and its doctor the helper. The
+    // helper keeps the key loaded: loading it again derives nothing.
+    let create_primaries = || tpm.command_codes().iter().filter(|c| **c == 0x131).count();
+    let before = create_primaries();
+    for _ in 0..2 {
+        let status = m.as_user(NODE_UID, &["status", "--json"]).output().unwrap();
+        let json: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+        assert_eq!(json["nodeKey"], "tpm", "{json}");
+    }
+    assert_eq!(
+        create_primaries(),
+        before,
+        "the helper kept the node key loaded"
+    );
     let doctor = m.as_user(NODE_UID, &["doctor"]).output().unwrap();
     let text = stdout(&doctor);
     assert!(
@@ -315,6 +325,30 @@ fn the_helper_serves_root_and_its_user_and_refuses_others() {
     }
     helper.wait_for("closed a connection", 2);
     assert_ok(&m.node(&["--once", "--renew-now"]));
+
+    // A node user in the tss group could open the TPM itself: doctor's tpm
+    // check fails. (`tss`, whose primary group that is, where it exists.)
+    if nix::unistd::User::from_name("tss").ok().flatten().is_some() {
+        let config = std::fs::read_to_string(&m.agent.config).unwrap();
+        let in_tss = m.agent.root.path().join("tss.toml");
+        std::fs::write(
+            &in_tss,
+            config.replace("user = \"daemon\"", "user = \"tss\""),
+        )
+        .unwrap();
+        let out = Command::new(bin("bcd"))
+            .args(["doctor", "--config"])
+            .arg(&in_tss)
+            .output()
+            .unwrap();
+        let text = stdout(&out);
+        assert_eq!(out.status.code(), Some(1), "{text}");
+        assert!(
+            text.contains("fail  tpm: the node's user tss is in the tss group")
+                && text.contains("gpasswd -d tss tss"),
+            "{text}"
+        );
+    }
 }
 
 /// Lies on one operation, tells the truth (its TPM's) otherwise.
@@ -327,7 +361,7 @@ enum Lie {
     /// Signs with a key of its own.
     Signature,
     /// Certifies with another TPM's AK (the other machine's key of the same unique).
-    Certification(TpmBackend),
+    Certification(Box<TpmBackend>),
 }
 
 impl Backend for Liar {
@@ -376,7 +410,7 @@ fn a_lying_helper_is_caught_and_nothing_is_sent() {
             "a signature that does not verify against the key's public half",
         ),
         (
-            Lie::Certification(other),
+            Lie::Certification(Box::new(other)),
             "the certification is not the announced AK's of this key: node-key-signature",
         ),
     ] {
