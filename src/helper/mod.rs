@@ -84,13 +84,12 @@ pub fn open_backend(config: &Config) -> anyhow::Result<TpmBackend> {
         ),
         Err(e) => tracing::warn!(error = %e, "cannot list the TPM's transient objects"),
     }
-    let describe = format!(
-        "{} ({} {}, firmware {})",
-        tcti,
-        info.manufacturer.trim(),
-        info.vendor,
-        info.firmware
-    );
+    // "IBM " and "SW   TPM" read as "IBM SW TPM".
+    let maker = format!("{} {}", info.manufacturer, info.vendor)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    let describe = format!("{tcti} ({maker}, firmware {})", info.firmware);
     Ok(TpmBackend::new(tpm, describe))
 }
 
