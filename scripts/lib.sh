@@ -10,6 +10,7 @@ BCD_PACKAGES=(
   libtss2-dev         # tss-esapi links libtss2 (esys, tctildr, mu)
   swtpm swtpm-tools tpm2-tools
   util-linux          # prlimit: the e2e load tests cap the control plane's descriptors
+  systemd             # systemd-socket-activate: the e2e test of bcd helper under socket activation
 )
 
 # Installs the missing packages, running `apt-get update` once when needed.

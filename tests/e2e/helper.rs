@@ -531,3 +531,39 @@ fn a_helper_killed_mid_renewal_is_retried_until_it_is_back() {
         assert_eq!(mode(&m.agent.data_dir.join(&f)), (NODE_UID, 0o600), "{f}");
     }
 }
+
+#[test]
+fn a_socket_activated_helper_serves_the_node() {
+    let cp = ControlPlane::start_trusting_test_maker();
+    let tpm = Swtpm::start();
+    let m = Machine::join(&cp, &tpm);
+    // systemd's socket activation, as bcd-helper.socket does it: the
+    // socket exists first, the helper starts at the first connection with
+    // it as descriptor 3 (LISTEN_PID, LISTEN_FDS).
+    let mut activate = Command::new("systemd-socket-activate");
+    activate
+        .arg("-l")
+        .arg(&m.socket)
+        .arg(bin("bcd"))
+        .args(["helper", "--config"])
+        .arg(&m.agent.config)
+        .env("TSS2_LOG", "all+none");
+    let mut helper = Logged::spawn(activate);
+    helper.wait_for("Listening on", 1);
+    // SocketMode=0660, SocketGroup= the node's group.
+    std::os::unix::fs::chown(&m.socket, Some(0), Some(NODE_GID)).unwrap();
+    std::fs::set_permissions(&m.socket, std::fs::Permissions::from_mode(0o660)).unwrap();
+
+    let out = m.node(&["--once", "--renew-now"]);
+    assert_ok(&out);
+    assert!(stderr(&out).contains("certified=true"), "{}", stderr(&out));
+    helper.wait_for("bcd helper serving", 1);
+    assert!(
+        helper
+            .seen
+            .iter()
+            .any(|l| l.contains("socket=(from systemd)")),
+        "{:#?}",
+        helper.seen
+    );
+}
