@@ -289,12 +289,27 @@ fn exchange(stream: &mut UnixStream, request: &[u8]) -> Result<Response, ClientE
         _ => ClientError::Io(e),
     };
     stream.write_all(request).map_err(closed)?;
-    let mut prefix = [0u8; 4];
-    stream.read_exact(&mut prefix).map_err(closed)?;
-    let len = proto::body_len(prefix, proto::MAX_RESPONSE).map_err(ClientError::Protocol)?;
-    let mut body = vec![0u8; len];
-    stream.read_exact(&mut body).map_err(closed)?;
-    Response::decode(body.as_slice()).map_err(|_| ClientError::Protocol("it does not decode"))
+    // Usually the whole response in the first read; the helper sends
+    // nothing unasked, so nothing past it is read.
+    let mut buf = vec![0u8; 4 + proto::MAX_RESPONSE];
+    let mut filled = 0;
+    let len = loop {
+        if let Some(prefix) = buf[..filled].first_chunk::<4>() {
+            let len =
+                4 + proto::body_len(*prefix, proto::MAX_RESPONSE).map_err(ClientError::Protocol)?;
+            if filled >= len {
+                break len;
+            }
+        }
+        match stream.read(&mut buf[filled..]).map_err(closed)? {
+            0 => return Err(ClientError::Closed),
+            n => filled += n,
+        }
+    };
+    if filled > len {
+        return Err(ClientError::Protocol("more than one response"));
+    }
+    Response::decode(&buf[4..len]).map_err(|_| ClientError::Protocol("it does not decode"))
 }
 
 fn into_result(r: Response) -> Result<response::Result, ClientError> {

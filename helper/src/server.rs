@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use prost::Message as _;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::Semaphore;
 
@@ -186,8 +186,9 @@ async fn connection<B: Backend>(
     backend: Arc<Mutex<B>>,
     limits: &Limits,
 ) {
+    let mut inbox = Inbox::new();
     loop {
-        let op = match read_request(&mut stream, limits).await {
+        let op = match read_request(&mut stream, &mut inbox, limits).await {
             Ok(Some(op)) => op,
             Ok(None) => return,
             Err(why) => {
@@ -219,33 +220,76 @@ async fn connection<B: Backend>(
     }
 }
 
+/// What a caller sent and the helper has not used yet: at most one whole
+/// request (the largest frame fits, nothing bigger is kept), so a request
+/// usually arrives in one read.
+struct Inbox {
+    buf: Box<[u8; 4 + proto::MAX_REQUEST]>,
+    filled: usize,
+}
+
+impl Inbox {
+    fn new() -> Inbox {
+        Inbox {
+            buf: Box::new([0; 4 + proto::MAX_REQUEST]),
+            filled: 0,
+        }
+    }
+
+    /// The length of the whole frame at the front, once it is all here.
+    fn frame_len(&self) -> Result<Option<usize>, &'static str> {
+        let Some(prefix) = self.buf[..self.filled].first_chunk::<4>() else {
+            return Ok(None);
+        };
+        let len = 4 + proto::body_len(*prefix, proto::MAX_REQUEST)?;
+        Ok((self.filled >= len).then_some(len))
+    }
+
+    /// One read; 0 when the caller closed.
+    async fn fill(&mut self, stream: &mut UnixStream) -> std::io::Result<usize> {
+        let n = stream.read(&mut self.buf[self.filled..]).await?;
+        self.filled += n;
+        Ok(n)
+    }
+
+    /// Takes the frame of `len` bytes at the front: its body.
+    fn take(&mut self, len: usize) -> Vec<u8> {
+        let body = self.buf[4..len].to_vec();
+        self.buf.copy_within(len..self.filled, 0);
+        self.filled -= len;
+        body
+    }
+}
+
 /// The next request: `None` when the caller closed between requests.
 async fn read_request(
     stream: &mut UnixStream,
+    inbox: &mut Inbox,
     limits: &Limits,
 ) -> Result<Option<Operation>, String> {
-    let mut prefix = [0u8; 4];
-    // Waiting for the first byte is idle time; the rest of the request must
+    // Waiting for a request's first byte is idle time; the rest of it must
     // follow promptly.
-    match tokio::time::timeout(limits.idle, stream.read(&mut prefix[..1])).await {
-        Err(_) => return Err("idle for too long".into()),
-        Ok(Err(e)) => return Err(format!("cannot read: {e}")),
-        Ok(Ok(0)) => return Ok(None),
-        Ok(Ok(_)) => {}
+    if inbox.filled == 0 {
+        match tokio::time::timeout(limits.idle, inbox.fill(stream)).await {
+            Err(_) => return Err("idle for too long".into()),
+            Ok(Err(e)) => return Err(format!("cannot read: {e}")),
+            Ok(Ok(0)) => return Ok(None),
+            Ok(Ok(_)) => {}
+        }
     }
-    let rest = async {
-        stream.read_exact(&mut prefix[1..]).await?;
-        let len = proto::body_len(prefix, proto::MAX_REQUEST)
-            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
-        let mut body = vec![0u8; len];
-        stream.read_exact(&mut body).await?;
-        Ok::<_, std::io::Error>(body)
+    let deadline = tokio::time::Instant::now() + limits.request;
+    let len = loop {
+        if let Some(len) = inbox.frame_len().map_err(|e| format!("bad request: {e}"))? {
+            break len;
+        }
+        match tokio::time::timeout_at(deadline, inbox.fill(stream)).await {
+            Err(_) => return Err("a request that did not arrive in time".into()),
+            Ok(Err(e)) => return Err(format!("bad request: {e}")),
+            Ok(Ok(0)) => return Err("the caller closed in the middle of a request".into()),
+            Ok(Ok(_)) => {}
+        }
     };
-    let body = match tokio::time::timeout(limits.request, rest).await {
-        Err(_) => return Err("a request that did not arrive in time".into()),
-        Ok(Err(e)) => return Err(format!("bad request: {e}")),
-        Ok(Ok(body)) => body,
-    };
+    let body = inbox.take(len);
     let request =
         proto::Request::decode(body.as_slice()).map_err(|_| "a request that does not decode")?;
     Operation::from_request(request)
@@ -447,6 +491,32 @@ mod tests {
         assert!(closed(&mut short));
         // The first caller is still served.
         assert!(ask(&mut good, &Operation::NodeKey { unique: [1; 32] }).is_some());
+    }
+
+    #[test]
+    fn requests_split_or_sent_together_are_each_answered() {
+        let r = start(Allowed::only(&[me()]), Limits::default());
+        let mut s = connect(&r);
+        let one = proto::frame(&Operation::NodeKey { unique: [1; 32] }.to_request());
+        let two = proto::frame(&Operation::NodeKey { unique: [2; 32] }.to_request());
+        // Two in one write, then one a byte at a time.
+        s.write_all(&[one.clone(), two].concat()).unwrap();
+        for b in &one {
+            s.write_all(std::slice::from_ref(b)).unwrap();
+        }
+        for want in [1u8, 2, 1] {
+            let mut prefix = [0u8; 4];
+            s.read_exact(&mut prefix).unwrap();
+            let mut body = vec![0u8; u32::from_be_bytes(prefix) as usize];
+            s.read_exact(&mut body).unwrap();
+            let got = Response::decode(body.as_slice()).unwrap();
+            assert_eq!(
+                got.result,
+                Some(response::Result::NodeKey(proto::NodeKeyResponse {
+                    public: vec![want; 32]
+                }))
+            );
+        }
     }
 
     #[test]
