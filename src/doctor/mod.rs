@@ -6,8 +6,8 @@
 //! identity (loads, key matches the certificate); the certificate's time
 //! left and the last renewal in the journal; where the node key is held; the
 //! TPM and its EK certificate (under `[helper]`: that the node's user
-//! cannot open the TPM, and the helper); the control plane (reachable with the pinned
-//! CA) and the clock against it.
+//! cannot open the TPM, and the helper); the control plane (reachable with
+//! the pinned CA) and the clock against it.
 //!
 //! Every check is a function from what was found to a [`Check`], so that the
 //! wording is tested without a machine in that state; `run` only gathers.
