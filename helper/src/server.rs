@@ -123,6 +123,7 @@ pub async fn serve<B: Backend>(
     let limits = Arc::new(limits);
     tokio::pin!(shutdown);
     let mut accept_backoff = Duration::from_millis(100);
+    let mut refusals = Refusals::default();
     loop {
         let stream = tokio::select! {
             () = &mut shutdown => return,
@@ -144,11 +145,14 @@ pub async fn serve<B: Backend>(
             continue;
         };
         if !allowed.allows(uid) {
-            tracing::warn!(
-                uid,
-                pid,
-                "refused a caller that is neither root nor the helper's user"
-            );
+            if let Some(count) = refusals.note(uid, std::time::Instant::now()) {
+                tracing::warn!(
+                    uid,
+                    pid,
+                    count,
+                    "refused a caller that is neither root nor the helper's user"
+                );
+            }
             continue;
         }
         let Ok(slot) = slots.clone().try_acquire_owned() else {
@@ -165,6 +169,43 @@ pub async fn serve<B: Backend>(
             connection(stream, uid, backend, &limits).await;
             drop(slot);
         });
+    }
+}
+
+/// Refused callers, counted so that a loop of connections is one log line
+/// a minute per uid, not one per connection.
+#[derive(Default)]
+struct Refusals {
+    /// uid → when its last line was logged, and refusals since.
+    seen: std::collections::HashMap<u32, (std::time::Instant, u64)>,
+}
+
+impl Refusals {
+    const EVERY: Duration = Duration::from_secs(60);
+    /// More uids than this and the table starts over (a uid is 32 bits).
+    const MAX_UIDS: usize = 256;
+
+    /// Counts a refusal of `uid`; the count to log, when a line is due.
+    fn note(&mut self, uid: u32, now: std::time::Instant) -> Option<u64> {
+        if self.seen.len() >= Self::MAX_UIDS && !self.seen.contains_key(&uid) {
+            self.seen.clear();
+        }
+        match self.seen.get_mut(&uid) {
+            None => {
+                self.seen.insert(uid, (now, 0));
+                Some(1)
+            }
+            Some((at, count)) => {
+                *count += 1;
+                if now.duration_since(*at) < Self::EVERY {
+                    return None;
+                }
+                let logged = *count;
+                *at = now;
+                *count = 0;
+                Some(logged)
+            }
+        }
     }
 }
 
@@ -491,6 +532,23 @@ mod tests {
         assert!(closed(&mut short));
         // The first caller is still served.
         assert!(ask(&mut good, &Operation::NodeKey { unique: [1; 32] }).is_some());
+    }
+
+    #[test]
+    fn refusals_are_one_line_a_minute_per_uid() {
+        let mut r = Refusals::default();
+        let t0 = std::time::Instant::now();
+        assert_eq!(r.note(7, t0), Some(1));
+        for i in 1..100 {
+            assert_eq!(r.note(7, t0 + Duration::from_millis(i)), None);
+        }
+        assert_eq!(r.note(8, t0), Some(1), "another uid is its own line");
+        assert_eq!(r.note(7, t0 + Duration::from_secs(61)), Some(100));
+        assert_eq!(r.note(7, t0 + Duration::from_secs(62)), None);
+        for uid in 1000..1300 {
+            r.note(uid, t0);
+        }
+        assert!(r.seen.len() <= Refusals::MAX_UIDS);
     }
 
     #[test]
