@@ -12,6 +12,7 @@ BCD_PACKAGES=(
   util-linux          # prlimit: the e2e load tests cap the control plane's descriptors
   shellcheck          # the e2e tests lint the install script
   dpkg-dev            # scripts/package: dpkg-shlibdeps computes Depends
+  systemd             # systemd-socket-activate: the e2e test of bcd helper under socket activation
 )
 
 # Installs the missing packages, running `apt-get update` once when needed.

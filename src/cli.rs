@@ -9,7 +9,7 @@ use clap::{CommandFactory as _, Parser, Subcommand};
 use p256::elliptic_curve::zeroize::Zeroizing;
 
 use crate::evidence::join_token::TokenText;
-use crate::{doctor, gendocs, identify, join, node, out, status};
+use crate::{doctor, gendocs, helper, identify, join, node, out, status};
 
 /// The environment variable that may carry a join token.
 const TOKEN_ENV: &str = "BCD_JOIN_TOKEN";
@@ -31,6 +31,8 @@ enum Command {
     Join(join::JoinArgs),
     /// Run as a node: stay joined (renewals, re-joins)
     Node(node::NodeArgs),
+    /// Run the root helper: serve [helper] user's node keys from the TPM
+    Helper(helper::HelperArgs),
     /// Show the node identity
     Status(status::StatusArgs),
     /// Check the configuration, identity, TPM and control plane, and say what to do
@@ -68,6 +70,10 @@ pub fn main() -> ExitCode {
         Command::Node(args) => {
             drop(env_token);
             node::run(args)
+        }
+        Command::Helper(args) => {
+            drop(env_token);
+            helper::run(args)
         }
         Command::Doctor(args) => {
             drop(env_token);

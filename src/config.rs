@@ -6,7 +6,8 @@
 //! line and what was expected, because an operator edits this file by hand.
 //!
 //! Optional sections: `[tpm]` (which TPM; absent means the environment or
-//! `/dev/tpmrm0`). `[helper]` (the root helper) comes with `bcd helper`.
+//! `/dev/tpmrm0`), `[node]` (renewal timing) and `[helper]` (the root
+//! helper: present, `bcd node` reaches its node keys only through it).
 use std::fmt;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -84,6 +85,30 @@ pub struct Config {
     pub tpm_ek: Option<crate::tpm::EkKind>,
     /// `[node]`: how `bcd node` keeps its certificate.
     pub node: NodeSettings,
+    /// `[helper]`: when present, the node runs unprivileged and never opens
+    /// the TPM; `bcd helper` (root) holds it.
+    pub helper: Option<HelperSettings>,
+}
+
+/// `[helper]`: where `bcd helper` listens and whom it serves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HelperSettings {
+    /// The unix socket (`/run/bcd/helper.sock`).
+    pub socket: PathBuf,
+    /// The user `bcd node` runs as, the only one served besides root (`bcd`).
+    pub user: String,
+}
+
+pub const DEFAULT_HELPER_SOCKET: &str = "/run/bcd/helper.sock";
+pub const DEFAULT_HELPER_USER: &str = "bcd";
+
+impl Default for HelperSettings {
+    fn default() -> Self {
+        HelperSettings {
+            socket: PathBuf::from(DEFAULT_HELPER_SOCKET),
+            user: DEFAULT_HELPER_USER.to_owned(),
+        }
+    }
 }
 
 /// `[node]`: renewal timing. The defaults are the spec's.
@@ -140,6 +165,14 @@ struct RawConfig {
     pins: RawPins,
     tpm: Option<RawTpm>,
     node: Option<RawNode>,
+    helper: Option<RawHelper>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHelper {
+    socket: Option<Spanned<String>>,
+    user: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -310,7 +343,37 @@ impl Config {
             }
         }
 
+        let helper = match &raw.helper {
+            None => None,
+            Some(h) => {
+                let mut settings = HelperSettings::default();
+                if let Some(p) = &h.socket {
+                    if !Path::new(p.get_ref()).is_absolute() {
+                        return Err(invalid(
+                            Some(p.span()),
+                            format!(
+                                "helper.socket: expected an absolute path, got {:?}",
+                                p.get_ref()
+                            ),
+                        ));
+                    }
+                    settings.socket = PathBuf::from(p.get_ref());
+                }
+                if let Some(u) = &h.user {
+                    if !is_user_name(u.get_ref()) {
+                        return Err(invalid(
+                            Some(u.span()),
+                            format!("helper.user: expected a user name, got {:?}", u.get_ref()),
+                        ));
+                    }
+                    settings.user = u.get_ref().clone();
+                }
+                Some(settings)
+            }
+        };
+
         Ok(Config {
+            helper,
             tpm_ek_roots,
             tpm_owner_auth_file,
             tpm_ek_intermediates,
@@ -327,6 +390,16 @@ impl Config {
             },
         })
     }
+}
+
+/// A POSIX portable user name (letters, digits, `.`, `_`, `-`; not first
+/// a `-`), at most 32 characters, as useradd takes them.
+fn is_user_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 32
+        && !s.starts_with('-')
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
 /// 1-based line of a byte offset.
@@ -660,6 +733,31 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn helper_section_is_typed() {
+        let base = sample("https://cp.example", "/var/lib/bcd");
+        let c = Config::parse(Path::new("c.toml"), &base).unwrap();
+        assert_eq!(c.helper, None);
+        let c = Config::parse(Path::new("c.toml"), &format!("{base}\n[helper]\n")).unwrap();
+        assert_eq!(c.helper, Some(HelperSettings::default()));
+        let text = format!("{base}\n[helper]\nsocket = \"/run/x.sock\"\nuser = \"node-agent\"\n");
+        let h = Config::parse(Path::new("c.toml"), &text)
+            .unwrap()
+            .helper
+            .unwrap();
+        assert_eq!(
+            (h.socket.to_str(), h.user.as_str()),
+            (Some("/run/x.sock"), "node-agent")
+        );
+        let e = err(&format!("{base}\n[helper]\nsocket = \"x.sock\"\n"));
+        assert!(
+            e.contains("helper.socket: expected an absolute path"),
+            "{e}"
+        );
+        let e = err(&format!("{base}\n[helper]\nuser = \"root; rm\"\n"));
+        assert!(e.contains("helper.user: expected a user name"), "{e}");
+    }
+
+    #[test]
     fn data_dir_defaults() {
         let text = sample("https://h", "/x").replace("data_dir = \"/x\"\n", "");
         let c = Config::parse(Path::new("c.toml"), &text).unwrap();
@@ -671,7 +769,7 @@ pub(crate) mod tests {
         let text = sample("https://h", "/x").replace("trust_domain", "apii = 1\ntrust_domain");
         assert_eq!(
             err(&text),
-            "/etc/bcd/config.toml:2: unknown key \"apii\"; expected one of api, trust_domain, data_dir, pins, tpm, node"
+            "/etc/bcd/config.toml:2: unknown key \"apii\"; expected one of api, trust_domain, data_dir, pins, tpm, node, helper"
         );
     }
 

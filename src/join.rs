@@ -117,6 +117,9 @@ pub fn run(args: JoinArgs, env_token: Option<TokenText>) -> anyhow::Result<ExitC
     };
     let config = Config::load(&args.config.path)?;
     let dir = &config.data_dir;
+    // bcd join opens the TPM itself, [helper] or not; under [helper] it
+    // leaves the data directory to the node's user.
+    let node_user = crate::helper::trust_node_user(&config)?;
     let tpm = TpmAccess::configured(&config);
 
     let credential = if args.reset {
@@ -151,6 +154,7 @@ pub fn run(args: JoinArgs, env_token: Option<TokenText>) -> anyhow::Result<ExitC
     } else {
         match Identity::load(dir, &tpm) {
             Ok(Some(id)) => {
+                hand_over(dir, node_user)?;
                 out::line(format_args!("already joined as {}", id.node_id))?;
                 return Ok(ExitCode::SUCCESS);
             }
@@ -168,8 +172,23 @@ pub fn run(args: JoinArgs, env_token: Option<TokenText>) -> anyhow::Result<ExitC
     };
 
     let node_id = join(&config, &tpm, credential, args.role.wire())?;
+    hand_over(dir, node_user)?;
     out::line(format_args!("joined as {node_id}"))?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Under `[helper]` (`node_user`): the data directory and its files to the
+/// node's user, 0700/0600.
+fn hand_over(dir: &std::path::Path, node_user: Option<(u32, u32)>) -> anyhow::Result<()> {
+    let Some((uid, gid)) = node_user else {
+        return Ok(());
+    };
+    crate::identity::owner::hand_over(dir, uid, gid).with_context(|| {
+        format!(
+            "cannot give {} to the [helper] user (uid {uid})",
+            dir.display()
+        )
+    })
 }
 
 /// Joins and saves the identity; returns the node id.

@@ -1,6 +1,6 @@
 //! `bcd`: the node agent, as a library under a thin binary (`src/main.rs`).
 //!
-//! One module per subcommand (`join`, `node`, `status`, `doctor`, `identify`), plus the shared
+//! One module per subcommand (`join`, `node`, `helper`, `status`, `doctor`, `identify`), plus the shared
 //! parts: `config`, `keys` (the node key signer and its holders), `identity`
 //! (the data directory), `client` (the control plane), `evidence` (one
 //! builder per attestor), `pki` (reading node certificates) and `tpm` (the
@@ -16,6 +16,7 @@ mod environ;
 pub mod evidence;
 pub mod failpoint;
 pub mod gendocs;
+pub mod helper;
 pub mod identify;
 pub mod identity;
 pub mod join;

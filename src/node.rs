@@ -58,7 +58,9 @@ pub struct NodeArgs {
 
 pub fn run(args: NodeArgs) -> anyhow::Result<ExitCode> {
     let config = Config::load(&args.config.path)?;
-    let tpm = TpmAccess::configured(&config);
+    crate::helper::trust_node_user(&config)?;
+    // Under [helper], node keys only through bcd helper: no TPM opened here.
+    let tpm = TpmAccess::for_node(&config);
     let dir = &config.data_dir;
     let identity = match Identity::load(dir, &tpm) {
         Ok(Some(id)) => id,

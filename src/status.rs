@@ -76,7 +76,8 @@ fn last_renewal(data_dir: &std::path::Path) -> Option<LastRenewal> {
 pub fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
     let config = Config::load(&args.config.path)?;
     let dir = &config.data_dir;
-    let tpm = TpmAccess::configured(&config);
+    crate::helper::trust_node_user(&config)?;
+    let tpm = TpmAccess::for_node(&config);
     let identity = Identity::inspect(dir, &tpm)
         .with_context(|| format!("the identity in {} does not load", dir.display()))?;
     let Some(id) = identity else {

@@ -5,13 +5,15 @@
 //! The checks, in order: the config; the data directory (owner, modes); the
 //! identity (loads, key matches the certificate); the certificate's time
 //! left and the last renewal in the journal; where the node key is held; the
-//! TPM and its EK certificate; the control plane (reachable with the pinned
-//! CA) and the clock against it.
+//! TPM and its EK certificate (under `[helper]`: that the node's user
+//! cannot open the TPM, and the helper); the control plane (reachable with
+//! the pinned CA) and the clock against it.
 //!
 //! Every check is a function from what was found to a [`Check`], so that the
 //! wording is tested without a machine in that state; `run` only gathers.
 mod cert;
 mod files;
+mod helper;
 mod net;
 mod tpm;
 
@@ -142,6 +144,7 @@ const LAST_RENEWAL: &str = "last renewal";
 const NODE_KEY: &str = "node key";
 const TPM: &str = "tpm";
 const EK_CERTIFICATE: &str = "ek certificate";
+const HELPER: &str = "helper";
 const CONTROL_PLANE: &str = "control plane";
 const CLOCK: &str = "clock";
 
@@ -207,9 +210,18 @@ pub fn diagnose(path: &Path) -> Report {
     ));
 
     let dir = &config.data_dir;
-    checks.push(files::check_data_dir(dir, files::effective_uid()));
+    // Under [helper] the data directory is the node user's, whoever runs this.
+    let owner = match crate::helper::trust_node_user(&config) {
+        Ok(Some((uid, _))) => Some(uid),
+        Ok(None) => files::effective_uid(),
+        Err(e) => {
+            tracing::warn!(error = %e, "[helper] user");
+            files::effective_uid()
+        }
+    };
+    checks.push(files::check_data_dir(dir, owner));
 
-    let access = TpmAccess::configured(&config);
+    let access = TpmAccess::for_node(&config);
     let loaded = Identity::inspect(dir, &access);
     checks.push(identity_check(&loaded, dir));
     // bcd's own clock (moved in test builds), as bcd node judges expiry by it.
@@ -234,11 +246,14 @@ pub fn diagnose(path: &Path) -> Report {
     // The node key leaves the TPM now: the TPM checks load what they need.
     drop(loaded);
 
-    checks.extend(tpm::checks(
-        &access,
-        config.tpm_ek_roots.as_deref(),
-        config.tpm_ek_intermediates.as_deref(),
-    ));
+    match &config.helper {
+        Some(settings) => checks.extend(helper::checks(settings, access.helper().map(|c| &**c))),
+        None => checks.extend(tpm::checks(
+            &access,
+            config.tpm_ek_roots.as_deref(),
+            config.tpm_ek_intermediates.as_deref(),
+        )),
+    }
     checks.extend(net::checks(&config));
     Report::new(checks)
 }
@@ -279,6 +294,11 @@ fn identity_check(loaded: &Result<Option<Identity>, IdentityError>, dir: &Path) 
             IDENTITY,
             format!("the node key is in the TPM and cannot be loaded: {e}"),
             "see the tpm check",
+        ),
+        Err(e @ IdentityError::Key(KeyError::Helper(_))) => Check::fail(
+            IDENTITY,
+            format!("the node key is in the TPM and cannot be reached through bcd helper: {e}"),
+            "see the helper check",
         ),
         Err(e @ (IdentityError::Read { .. } | IdentityError::Key(KeyError::Read { .. }))) => {
             Check::fail(

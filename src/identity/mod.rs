@@ -14,6 +14,7 @@
 //! new one, and [`Identity::load`] completes an interrupted rotation.
 mod atomic;
 pub mod guard;
+pub mod owner;
 pub mod reset;
 pub mod rotation;
 

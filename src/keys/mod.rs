@@ -6,11 +6,13 @@
 //! nothing above this module. A holder only has to produce ES256 signatures
 //! and its public half.
 //!
-//! Holders: `file.rs` (PKCS#8) and `tpm.rs` (an owner-hierarchy primary);
-//! the root helper's comes with `bcd helper`. `tls.rs` makes any holder a
-//! rustls client identity for mTLS.
+//! Holders: `file.rs` (PKCS#8), `tpm.rs` (an owner-hierarchy primary) and
+//! `helper.rs` (the same TPM key, through `bcd helper`). [`TpmAccess`] says
+//! which TPM holder this process uses. `tls.rs` makes any holder a rustls
+//! client identity for mTLS.
 mod csr;
 mod file;
+mod helper;
 pub mod tls;
 mod tpm;
 
@@ -21,6 +23,7 @@ use p256::elliptic_curve::zeroize::Zeroizing;
 
 pub use csr::make_csr;
 pub use file::FileKey;
+pub use helper::HelperKey;
 pub use tpm::{lock as lock_tpm, SharedTpm, TpmAk, TpmKey};
 
 /// Where a node key is held. Recorded in `identity.json` (`nodeKey`) and
@@ -83,6 +86,10 @@ pub enum KeyError {
     Tpm(#[from] crate::tpm::TpmError),
     #[error("the TPM connection is unusable after an earlier failure")]
     TpmBusy,
+    #[error(transparent)]
+    Helper(#[from] bc_helper::ClientError),
+    #[error("under [helper] bcd node does not open the TPM: it goes through bcd helper")]
+    UnderHelper,
 }
 
 /// A P-256 signing key, wherever it is held. `Send + Sync` because rustls
@@ -107,13 +114,16 @@ pub trait NodeKey: Send + Sync + std::fmt::Debug {
     fn to_file_contents(&self) -> Result<Zeroizing<String>, KeyError>;
 }
 
-/// The machine's TPM, opened on first use and then shared: one connection
-/// for the node key and the attestor.
+/// Where this process reaches the TPM that holds node keys: the machine's
+/// TPM, opened on first use and then shared (one connection for the node
+/// key and the attestor), or, under `[helper]`, `bcd helper`'s socket, in
+/// which case this process never opens the TPM.
 pub struct TpmAccess {
     tcti: Option<String>,
     owner_auth_file: Option<std::path::PathBuf>,
     ek: Option<crate::tpm::EkKind>,
     opened: Mutex<Option<SharedTpm>>,
+    helper: Option<Arc<bc_helper::Client>>,
 }
 
 impl TpmAccess {
@@ -124,6 +134,7 @@ impl TpmAccess {
             owner_auth_file: None,
             ek: None,
             opened: Mutex::new(None),
+            helper: None,
         }
     }
 
@@ -133,6 +144,29 @@ impl TpmAccess {
             .with_owner_auth(config.tpm_owner_auth_file.clone());
         access.ek = config.tpm_ek;
         access
+    }
+
+    /// Node keys through `bcd helper` at `socket`: nothing here opens the TPM.
+    pub fn through_helper(socket: &Path) -> TpmAccess {
+        TpmAccess {
+            helper: Some(Arc::new(bc_helper::Client::new(socket))),
+            ..TpmAccess::none()
+        }
+    }
+
+    /// What a node (`bcd node`, `bcd status`, `bcd doctor`) uses with this
+    /// config: the helper under `[helper]`, else the TPM directly. `bcd join`
+    /// opens the TPM itself whatever the config says.
+    pub fn for_node(config: &crate::config::Config) -> TpmAccess {
+        match &config.helper {
+            Some(h) => TpmAccess::through_helper(&h.socket),
+            None => TpmAccess::configured(config),
+        }
+    }
+
+    /// The helper's client, under `[helper]`.
+    pub fn helper(&self) -> Option<&Arc<bc_helper::Client>> {
+        self.helper.as_ref()
     }
 
     /// With `[tpm] owner_auth_file`, the owner authorization node keys need
@@ -149,12 +183,13 @@ impl TpmAccess {
             owner_auth_file: None,
             ek: None,
             opened: Mutex::new(None),
+            helper: None,
         }
     }
 
-    /// Whether this machine has a TPM bcd would use.
+    /// Whether this machine has a TPM bcd would use (the helper's counts).
     pub fn present(&self) -> bool {
-        self.tcti.is_some()
+        self.tcti.is_some() || self.helper.is_some()
     }
 
     pub fn tcti(&self) -> Option<&str> {
@@ -162,6 +197,9 @@ impl TpmAccess {
     }
 
     pub fn open(&self) -> Result<SharedTpm, KeyError> {
+        if self.helper.is_some() {
+            return Err(KeyError::UnderHelper);
+        }
         let tcti = self.tcti.as_deref().ok_or(KeyError::NoTpm)?;
         let mut opened = self.opened.lock().map_err(|_| KeyError::TpmBusy)?;
         if let Some(tpm) = opened.as_ref() {
@@ -182,7 +220,13 @@ impl TpmAccess {
 /// accepted. In the TPM when there is one; when the TPM cannot hold it, a
 /// warning and a file key, unless `require_tpm` (a TPM-attested join), which
 /// stops with the TPM's error instead.
+///
+/// Through the helper, a failure is an error, never a file key: a helper
+/// that is restarting must not move the node key out of the TPM for good.
 pub fn generate(tpm: &TpmAccess, require_tpm: bool) -> Result<Box<dyn NodeKey>, KeyError> {
+    if let Some(helper) = tpm.helper() {
+        return Ok(Box::new(HelperKey::generate(helper.clone())?));
+    }
     if !tpm.present() && !require_tpm {
         return Ok(Box::new(FileKey::generate()?));
     }
@@ -219,13 +263,16 @@ fn read_key_file(path: &Path) -> Result<Zeroizing<String>, KeyError> {
 pub fn load(kind: NodeKeyKind, path: &Path, tpm: &TpmAccess) -> Result<Box<dyn NodeKey>, KeyError> {
     match kind {
         NodeKeyKind::File => Ok(Box::new(FileKey::load(path)?)),
-        NodeKeyKind::Tpm => Ok(Box::new(TpmKey::load(tpm.open()?, path)?)),
+        NodeKeyKind::Tpm => match tpm.helper() {
+            Some(helper) => Ok(Box::new(HelperKey::load(helper.clone(), path)?)),
+            None => Ok(Box::new(TpmKey::load(tpm.open()?, path)?)),
+        },
     }
 }
 
 /// The owner authorization in `path`: a file only its owner can read (mode
 /// 0600 or stricter), its content without a final newline, 64 bytes at most.
-fn read_owner_auth(path: &std::path::Path) -> Result<Vec<u8>, KeyError> {
+pub(crate) fn read_owner_auth(path: &std::path::Path) -> Result<Vec<u8>, KeyError> {
     use std::os::unix::fs::PermissionsExt;
     let fail = |reason: String| KeyError::OwnerAuth {
         path: path.display().to_string(),

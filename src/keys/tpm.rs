@@ -47,16 +47,7 @@ impl TpmKey {
 
     /// The key `node.key` names, derived again.
     pub fn load(tpm: SharedTpm, path: &Path) -> Result<TpmKey, KeyError> {
-        let text = super::read_key_file(path)?;
-        let malformed = || KeyError::MalformedTpm {
-            path: path.display().to_string(),
-        };
-        let block = pem::parse(text.as_bytes()).map_err(|_| malformed())?;
-        if block.tag() != PEM_LABEL {
-            return Err(malformed());
-        }
-        let unique: [u8; 32] = block.contents().try_into().map_err(|_| malformed())?;
-        TpmKey::derive(tpm, Zeroizing::new(unique))
+        TpmKey::derive(tpm, read_unique(path)?)
     }
 
     fn derive(tpm: SharedTpm, unique: Zeroizing<[u8; 32]>) -> Result<TpmKey, KeyError> {
@@ -149,9 +140,28 @@ impl NodeKey for TpmKey {
     }
 
     fn to_file_contents(&self) -> Result<Zeroizing<String>, KeyError> {
-        let block = pem::Pem::new(PEM_LABEL, self.unique.to_vec());
-        Ok(Zeroizing::new(pem::encode(&block)))
+        Ok(unique_pem(&self.unique))
     }
+}
+
+/// The unique a `node.key` record holds (wherever the TPM is reached from).
+pub(super) fn read_unique(path: &Path) -> Result<Zeroizing<[u8; 32]>, KeyError> {
+    let text = super::read_key_file(path)?;
+    let malformed = || KeyError::MalformedTpm {
+        path: path.display().to_string(),
+    };
+    let block = pem::parse(text.as_bytes()).map_err(|_| malformed())?;
+    if block.tag() != PEM_LABEL {
+        return Err(malformed());
+    }
+    let unique: [u8; 32] = block.contents().try_into().map_err(|_| malformed())?;
+    Ok(Zeroizing::new(unique))
+}
+
+/// The `node.key` record of a TPM key: its unique as PEM `BCD TPM NODE KEY`.
+pub(super) fn unique_pem(unique: &[u8; 32]) -> Zeroizing<String> {
+    let block = pem::Pem::new(PEM_LABEL, unique.to_vec());
+    Zeroizing::new(pem::encode(&block))
 }
 
 /// Three transient objects is all a TPM may hold for one connection: a key

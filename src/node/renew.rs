@@ -10,7 +10,7 @@ use crate::client::{Client, ClientError};
 use crate::config::Config;
 use crate::identity::rotation::{self, NextKey};
 use crate::identity::Identity;
-use crate::keys::{self, NodeKey, TpmAccess, TpmAk, TpmKey};
+use crate::keys::{self, HelperKey, NodeKey, TpmAccess, TpmAk, TpmKey};
 use crate::pki::rfc3339;
 use crate::{clock, failpoint};
 
@@ -133,7 +133,7 @@ fn next_key(
                 rotation::stage_key(dir, k).map_err(anyhow::Error::new)
             })?;
             Ok(NextKey {
-                key: Arc::new(key),
+                key: Arc::from(key),
                 csr,
                 certified: Some(proof),
             })
@@ -185,14 +185,18 @@ async fn send(
 /// and checked against the statement, the key made in the same TPM and
 /// staged by `stage`, its CSR, and the AK's certification of it over
 /// sha256(csr). No fallback: without that AK or that TPM, nothing is sent.
+/// Under `[helper]` the same steps go through the helper.
 fn certified_next_key(
     tpm: &TpmAccess,
     statement: &str,
-    stage: impl FnOnce(&TpmKey) -> anyhow::Result<()>,
-) -> anyhow::Result<(TpmKey, Vec<u8>, TpmKeyAttestation)> {
+    stage: impl FnOnce(&dyn NodeKey) -> anyhow::Result<()>,
+) -> anyhow::Result<(Box<dyn NodeKey>, Vec<u8>, TpmKeyAttestation)> {
     let want = bc_wire::tpm::parse_ak_statement(statement).map_err(|_| {
         anyhow::anyhow!("the certificate's AK statement {statement:?} is not one bcd can prove")
     })?;
+    if let Some(helper) = tpm.helper() {
+        return certified_through_helper(helper, &want, stage);
+    }
     let no_tpm = |e: keys::KeyError| {
         anyhow::anyhow!(
             "the certificate names a TPM AK, but the TPM cannot provide it: {e}; a renewal of this certificate needs that TPM, so nothing was sent"
@@ -217,5 +221,39 @@ fn certified_next_key(
         certify_info,
         signature,
     };
-    Ok((key, csr, proof))
+    Ok((Box::new(key), csr, proof))
+}
+
+/// [`certified_next_key`] through `bcd helper` (tpm.ak, tpm.nodekey,
+/// tpm.certify): the client checked the AK's name against its public area,
+/// the key's signatures against its public half, and that the
+/// certification is the announced AK's, of this key, over sha256(csr).
+fn certified_through_helper(
+    helper: &Arc<bc_helper::Client>,
+    want: &[u8],
+    stage: impl FnOnce(&dyn NodeKey) -> anyhow::Result<()>,
+) -> anyhow::Result<(Box<dyn NodeKey>, Vec<u8>, TpmKeyAttestation)> {
+    let ak = helper.ak().map_err(|e| {
+        anyhow::anyhow!(
+            "the certificate names a TPM AK, but bcd helper cannot provide it: {e}; a renewal of this certificate needs that TPM, so nothing was sent"
+        )
+    })?;
+    if ak.name != want {
+        anyhow::bail!(OTHER_AK);
+    }
+    let key = HelperKey::generate(helper.clone()).map_err(|e| {
+        anyhow::anyhow!("bcd helper cannot make the next node key: {e}; nothing was sent")
+    })?;
+    stage(&key)?;
+    let csr = keys::make_csr(&key)?;
+    let (certify_info, signature) = key
+        .certify_by(&ak, &bc_wire::sha256(&csr))
+        .map_err(|e| anyhow::anyhow!("the AK cannot certify the next node key: {e}"))?;
+    let proof = TpmKeyAttestation {
+        ak_public: ak.public.clone(),
+        key_public: key.public().to_vec(),
+        certify_info,
+        signature,
+    };
+    Ok((Box::new(key), csr, proof))
 }

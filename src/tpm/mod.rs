@@ -15,6 +15,7 @@ mod ekchain;
 mod nvpublic;
 mod quote;
 mod templates;
+mod transient;
 
 use std::path::Path;
 use std::str::FromStr;

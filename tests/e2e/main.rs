@@ -14,6 +14,7 @@ mod ecc;
 mod ekchain;
 mod ektemplate;
 mod events;
+mod helper;
 mod install;
 mod join_token;
 mod load;

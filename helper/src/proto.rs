@@ -1,0 +1,360 @@
+//! The helper's protocol: one request, one response, each a frame of a
+//! 4-byte big-endian length and a protobuf message.
+//!
+//! Protobuf (prost, as `wire/` uses) rather than a hand-made layout: its
+//! decoder takes arbitrary bytes without panicking, unknown fields are
+//! skipped so either side can grow, and the messages are declared here with
+//! prost's derives, so no `protoc` run is needed. Frames are bounded
+//! ([`MAX_REQUEST`], [`MAX_RESPONSE`]) before a byte of the body is read,
+//! and a decoded request is checked into an [`Operation`] (exact key and
+//! digest sizes) before the backend sees it.
+
+/// The largest request: a certify carries a 32-byte unique and at most 64
+/// bytes of qualifying data, a sign a 64-byte digest; a few hundred bytes
+/// is plenty, and anything longer is refused unread.
+pub const MAX_REQUEST: usize = 1024;
+
+/// The largest response: a TPMS_ATTEST and a TPMT_SIGNATURE, or an AK's
+/// public area and name, are well under 1 KiB each.
+pub const MAX_RESPONSE: usize = 16 * 1024;
+
+/// TPM2B_DATA holds at most a TPMT_HA (a SHA-512 digest and its algorithm).
+pub const MAX_QUALIFYING: usize = 64;
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Request {
+    #[prost(oneof = "request::Op", tags = "1, 2, 3, 4")]
+    pub op: Option<request::Op>,
+}
+
+pub mod request {
+    #[derive(Clone, PartialEq, prost::Oneof)]
+    pub enum Op {
+        /// `tpm.ak`
+        #[prost(message, tag = "1")]
+        Ak(super::AkRequest),
+        /// `tpm.nodekey`
+        #[prost(message, tag = "2")]
+        NodeKey(super::NodeKeyRequest),
+        /// `tpm.sign`
+        #[prost(message, tag = "3")]
+        Sign(super::SignRequest),
+        /// `tpm.certify`
+        #[prost(message, tag = "4")]
+        Certify(super::CertifyRequest),
+    }
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct AkRequest {}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct NodeKeyRequest {
+    #[prost(bytes = "vec", tag = "1")]
+    pub unique: Vec<u8>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SignRequest {
+    #[prost(bytes = "vec", tag = "1")]
+    pub unique: Vec<u8>,
+    /// [`Hash`] as its TPM algorithm id.
+    #[prost(uint32, tag = "2")]
+    pub hash: u32,
+    #[prost(bytes = "vec", tag = "3")]
+    pub digest: Vec<u8>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct CertifyRequest {
+    #[prost(bytes = "vec", tag = "1")]
+    pub unique: Vec<u8>,
+    #[prost(bytes = "vec", tag = "2")]
+    pub qualifying: Vec<u8>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Response {
+    #[prost(oneof = "response::Result", tags = "1, 2, 3, 4, 5")]
+    pub result: Option<response::Result>,
+}
+
+pub mod response {
+    #[derive(Clone, PartialEq, prost::Oneof)]
+    pub enum Result {
+        #[prost(message, tag = "1")]
+        Ak(super::AkResponse),
+        #[prost(message, tag = "2")]
+        NodeKey(super::NodeKeyResponse),
+        #[prost(message, tag = "3")]
+        Sign(super::SignResponse),
+        #[prost(message, tag = "4")]
+        Certify(super::CertifyResponse),
+        /// The operation failed in the helper (its TPM's error, in words).
+        #[prost(message, tag = "5")]
+        Error(super::ErrorResponse),
+    }
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct AkResponse {
+    /// The AK's TPMT_PUBLIC.
+    #[prost(bytes = "vec", tag = "1")]
+    pub public: Vec<u8>,
+    /// Its TPM name (nameAlg ‖ digest of the public area).
+    #[prost(bytes = "vec", tag = "2")]
+    pub name: Vec<u8>,
+    /// Which TPM the helper holds, in words (maker, firmware), for `bcd doctor`.
+    #[prost(string, tag = "3")]
+    pub tpm: String,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct NodeKeyResponse {
+    /// The node key's TPMT_PUBLIC.
+    #[prost(bytes = "vec", tag = "1")]
+    pub public: Vec<u8>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SignResponse {
+    /// ECDSA P-256, P1363 `r‖s`.
+    #[prost(bytes = "vec", tag = "1")]
+    pub signature: Vec<u8>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct CertifyResponse {
+    /// TPMS_ATTEST.
+    #[prost(bytes = "vec", tag = "1")]
+    pub certify_info: Vec<u8>,
+    /// TPMT_SIGNATURE by the AK.
+    #[prost(bytes = "vec", tag = "2")]
+    pub signature: Vec<u8>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ErrorResponse {
+    #[prost(string, tag = "1")]
+    pub message: String,
+}
+
+/// The hash a digest to sign was made with; the TPM signs with the same.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hash {
+    Sha256,
+    Sha384,
+    Sha512,
+}
+
+impl Hash {
+    /// TPM_ALG_ID.
+    pub fn alg_id(self) -> u32 {
+        match self {
+            Hash::Sha256 => 0x000B,
+            Hash::Sha384 => 0x000C,
+            Hash::Sha512 => 0x000D,
+        }
+    }
+
+    pub fn from_alg_id(id: u32) -> Option<Hash> {
+        match id {
+            0x000B => Some(Hash::Sha256),
+            0x000C => Some(Hash::Sha384),
+            0x000D => Some(Hash::Sha512),
+            _ => None,
+        }
+    }
+
+    pub fn digest_len(self) -> usize {
+        match self {
+            Hash::Sha256 => 32,
+            Hash::Sha384 => 48,
+            Hash::Sha512 => 64,
+        }
+    }
+}
+
+/// A request, checked: the closed set of things a caller may ask. The
+/// caller names a key by its unique and nothing else; the helper picks
+/// every template, hierarchy, handle and authorization itself.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Operation {
+    Ak,
+    NodeKey {
+        unique: [u8; 32],
+    },
+    Sign {
+        unique: [u8; 32],
+        hash: Hash,
+        digest: Vec<u8>,
+    },
+    Certify {
+        unique: [u8; 32],
+        qualifying: Vec<u8>,
+    },
+}
+
+impl Operation {
+    /// The operation's name, as logs and errors say it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Operation::Ak => "tpm.ak",
+            Operation::NodeKey { .. } => "tpm.nodekey",
+            Operation::Sign { .. } => "tpm.sign",
+            Operation::Certify { .. } => "tpm.certify",
+        }
+    }
+
+    /// Checks a decoded request; the error says what was wrong.
+    pub fn from_request(r: Request) -> Result<Operation, &'static str> {
+        use request::Op;
+        let unique = |u: Vec<u8>| -> Result<[u8; 32], &'static str> {
+            u.try_into().map_err(|_| "a key's unique is not 32 bytes")
+        };
+        match r.op.ok_or("a request without an operation")? {
+            Op::Ak(_) => Ok(Operation::Ak),
+            Op::NodeKey(k) => Ok(Operation::NodeKey {
+                unique: unique(k.unique)?,
+            }),
+            Op::Sign(s) => {
+                let hash = Hash::from_alg_id(s.hash).ok_or("a hash other than SHA-256/384/512")?;
+                if s.digest.len() != hash.digest_len() {
+                    return Err("a digest whose length is not its hash's");
+                }
+                Ok(Operation::Sign {
+                    unique: unique(s.unique)?,
+                    hash,
+                    digest: s.digest,
+                })
+            }
+            Op::Certify(c) => {
+                if c.qualifying.len() > MAX_QUALIFYING {
+                    return Err("qualifying data longer than 64 bytes");
+                }
+                Ok(Operation::Certify {
+                    unique: unique(c.unique)?,
+                    qualifying: c.qualifying,
+                })
+            }
+        }
+    }
+
+    /// The request that asks for this operation.
+    pub fn to_request(&self) -> Request {
+        use request::Op;
+        let op = match self {
+            Operation::Ak => Op::Ak(AkRequest {}),
+            Operation::NodeKey { unique } => Op::NodeKey(NodeKeyRequest {
+                unique: unique.to_vec(),
+            }),
+            Operation::Sign {
+                unique,
+                hash,
+                digest,
+            } => Op::Sign(SignRequest {
+                unique: unique.to_vec(),
+                hash: hash.alg_id(),
+                digest: digest.clone(),
+            }),
+            Operation::Certify { unique, qualifying } => Op::Certify(CertifyRequest {
+                unique: unique.to_vec(),
+                qualifying: qualifying.clone(),
+            }),
+        };
+        Request { op: Some(op) }
+    }
+}
+
+/// A message as a frame: its length (u32, big-endian), then its bytes.
+pub fn frame(msg: &impl prost::Message) -> Vec<u8> {
+    let body = msg.encode_to_vec();
+    let mut out = Vec::with_capacity(4 + body.len());
+    out.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    out.extend_from_slice(&body);
+    out
+}
+
+/// A frame's length prefix, checked against `max` before any body is read.
+pub fn body_len(prefix: [u8; 4], max: usize) -> Result<usize, &'static str> {
+    let len = u32::from_be_bytes(prefix) as usize;
+    if len > max {
+        Err("a frame longer than the limit")
+    } else {
+        Ok(len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prost::Message as _;
+
+    #[test]
+    fn operations_round_trip_and_bad_ones_are_named() {
+        let ops = [
+            Operation::Ak,
+            Operation::NodeKey { unique: [7; 32] },
+            Operation::Sign {
+                unique: [1; 32],
+                hash: Hash::Sha384,
+                digest: vec![2; 48],
+            },
+            Operation::Certify {
+                unique: [3; 32],
+                qualifying: vec![4; 32],
+            },
+        ];
+        for op in ops {
+            let bytes = op.to_request().encode_to_vec();
+            let back = Operation::from_request(Request::decode(bytes.as_slice()).unwrap());
+            assert_eq!(back, Ok(op));
+        }
+        let bad = |r: Request| Operation::from_request(r).unwrap_err();
+        assert_eq!(bad(Request { op: None }), "a request without an operation");
+        let sign = |hash, len, unique: usize| Request {
+            op: Some(request::Op::Sign(SignRequest {
+                unique: vec![0; unique],
+                hash,
+                digest: vec![0; len],
+            })),
+        };
+        assert_eq!(
+            bad(sign(0x000B, 48, 32)),
+            "a digest whose length is not its hash's"
+        );
+        assert_eq!(
+            bad(sign(0x0004, 20, 32)),
+            "a hash other than SHA-256/384/512"
+        );
+        assert_eq!(bad(sign(0x000B, 32, 31)), "a key's unique is not 32 bytes");
+        let certify = Request {
+            op: Some(request::Op::Certify(CertifyRequest {
+                unique: vec![0; 32],
+                qualifying: vec![0; 65],
+            })),
+        };
+        assert_eq!(bad(certify), "qualifying data longer than 64 bytes");
+    }
+
+    #[test]
+    fn arbitrary_bytes_decode_or_fail_without_panicking() {
+        let mut seed = 0x1234_5678_u32;
+        for len in 0..400 {
+            let bytes: Vec<u8> = (0..len)
+                .map(|_| {
+                    seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+                    (seed >> 16) as u8
+                })
+                .collect();
+            if let Ok(r) = Request::decode(bytes.as_slice()) {
+                let _ = Operation::from_request(r);
+            }
+        }
+        assert_eq!(
+            body_len([0, 0, 4, 1], MAX_REQUEST),
+            Err("a frame longer than the limit")
+        );
+        assert_eq!(body_len([0, 0, 4, 0], MAX_REQUEST), Ok(1024));
+    }
+}

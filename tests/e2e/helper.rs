@@ -1,0 +1,569 @@
+//! `bcd helper` and the node under `[helper]`: the real helper binary as
+//! root on a swtpm, the real node as another user (`daemon`, uid 1) whose
+//! config names a TPM that does not exist (so it cannot have used one), and
+//! purpose-built helpers in this process (a lying one, a dying one) serving
+//! the same protocol with bcd's own TPM backend.
+
+use std::io::{BufRead, BufReader, Write as _};
+use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+use std::os::unix::process::CommandExt as _;
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use bc_helper::server::AkInfo;
+use bc_helper::{Backend, BackendError, Hash};
+use bcd::helper::TpmBackend;
+
+use crate::harness::*;
+
+/// The node's user: present on every Debian system, not root.
+const NODE_USER: &str = "daemon";
+const NODE_UID: u32 = 1;
+const NODE_GID: u32 = 1;
+/// A caller the helper must refuse (in the node's group, so the socket's
+/// mode lets it connect and only the uid check stands in its way).
+const OTHER_UID: u32 = 65534;
+
+/// A TPM-joined machine whose node runs under `[helper]`.
+struct Machine {
+    agent: Agent,
+    /// The node's config: the agent's, with a TPM that does not exist.
+    node_config: PathBuf,
+    socket: PathBuf,
+}
+
+impl Machine {
+    fn join(cp: &ControlPlane, tpm: &Swtpm) -> Machine {
+        let agent = Agent::with_tpm(cp, tpm);
+        let socket = agent.root.path().join("helper.sock");
+        let mut config = std::fs::read_to_string(&agent.config).unwrap();
+        config.push_str(&format!(
+            "\n[helper]\nsocket = \"{}\"\nuser = \"{NODE_USER}\"\n\n[node]\nbackoff_min = \"1s\"\nbackoff_max = \"1s\"\n",
+            socket.display()
+        ));
+        std::fs::write(&agent.config, &config).unwrap();
+        let node_config = agent.root.path().join("node.toml");
+        let dead = config.replace(&tpm.tcti(), "swtpm:host=127.0.0.1,port=1");
+        assert_ne!(dead, config);
+        std::fs::write(&node_config, dead).unwrap();
+        // The node's user reaches its config and the socket through here.
+        std::fs::set_permissions(agent.root.path(), std::fs::Permissions::from_mode(0o755))
+            .unwrap();
+        agent.allow_ek(cp);
+        assert_ok(&agent.run(&["join", "--attestor", "tpm"]));
+        Machine {
+            agent,
+            node_config,
+            socket,
+        }
+    }
+
+    /// `bcd ARGS --config node.toml` as `uid` (the node's user by default).
+    fn as_user(&self, uid: u32, args: &[&str]) -> Command {
+        let mut cmd = Command::new(bin("bcd"));
+        cmd.args(args)
+            .arg("--config")
+            .arg(&self.node_config)
+            .env_remove("BCD_JOIN_TOKEN")
+            .env_remove("TPM2TOOLS_TCTI")
+            .env_remove("TCTI")
+            .env("TSS2_LOG", "all+none")
+            .stdin(Stdio::null())
+            .uid(uid)
+            .gid(NODE_GID);
+        cmd
+    }
+
+    fn node(&self, args: &[&str]) -> Output {
+        let mut all = vec!["node"];
+        all.extend_from_slice(args);
+        self.as_user(NODE_UID, &all).output().expect("run bcd node")
+    }
+
+    fn identity(&self) -> bcd::identity::Identity {
+        // This (root) process reads the node user's files, as bcd status does.
+        bcd::identity::guard::trust_owner(NODE_UID);
+        let access = bcd::keys::TpmAccess::through_helper(&self.socket);
+        bcd::identity::Identity::load(&self.agent.data_dir, &access)
+            .expect("the identity loads")
+            .expect("an identity")
+    }
+
+    /// The helper's TPM backend, as `bcd helper` opens it.
+    fn backend(&self) -> TpmBackend {
+        let config = bcd::config::Config::load(&self.agent.config).unwrap();
+        bcd::helper::open_backend(&config).expect("open the helper's TPM")
+    }
+}
+
+/// A process whose stderr lines the test waits on.
+struct Logged {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Logged {
+    fn spawn(mut cmd: Command) -> Logged {
+        let mut child = cmd
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        let err = child.stderr.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(err).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Logged {
+            child,
+            lines,
+            seen: vec![],
+        }
+    }
+
+    /// The real `bcd helper`, as root, serving once it says so.
+    fn helper(m: &Machine) -> Logged {
+        let mut h = Logged::spawn(m.agent.command(&["helper"]));
+        h.wait_for("bcd helper serving", 1);
+        h
+    }
+
+    /// Waits (at most 30 s) until `n` lines contain `needle`.
+    #[track_caller]
+    fn wait_for(&mut self, needle: &str, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.seen.iter().filter(|l| l.contains(needle)).count() < n {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) => self.seen.push(l),
+                Err(_) => panic!("no {n}× {needle:?} in: {:#?}", self.seen),
+            }
+        }
+    }
+
+    /// SIGTERM, as systemd stops a service, and its exit.
+    fn stop(&mut self) {
+        let pid = self.child.id().to_string();
+        let _ = Command::new("kill").arg(&pid).status();
+        let _ = self.child.wait();
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Logged {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A helper in this process: the protocol's server with `backend`.
+struct InProcessHelper {
+    rt: Option<tokio::runtime::Runtime>,
+}
+
+impl InProcessHelper {
+    fn start(m: &Machine, backend: impl Backend) -> InProcessHelper {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let _ = std::fs::remove_file(&m.socket);
+        let listener = rt
+            .block_on(async { tokio::net::UnixListener::bind(&m.socket) })
+            .unwrap();
+        std::os::unix::fs::chown(&m.socket, Some(0), Some(NODE_GID)).unwrap();
+        std::fs::set_permissions(&m.socket, std::fs::Permissions::from_mode(0o660)).unwrap();
+        rt.spawn(bc_helper::server::serve(
+            listener,
+            backend,
+            bc_helper::Allowed::root_and(NODE_UID),
+            bc_helper::Limits::default(),
+            std::future::pending(),
+        ));
+        InProcessHelper { rt: Some(rt) }
+    }
+
+    /// Gone at once, as a killed helper: connections dropped mid-request.
+    fn kill(&mut self) {
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+impl Drop for InProcessHelper {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn mode(path: &std::path::Path) -> (u32, u32) {
+    let m = std::fs::symlink_metadata(path).unwrap();
+    (m.uid(), m.mode() & 0o777)
+}
+
+#[test]
+fn the_node_renews_through_the_helper_with_a_certified_next_key() {
+    let cp = ControlPlane::start_trusting_test_maker();
+    let tpm = Swtpm::start();
+    let m = Machine::join(&cp, &tpm);
+    // bcd join (root, its own TPM connection) left everything to the node's user.
+    assert_eq!(mode(&m.agent.data_dir), (NODE_UID, 0o700));
+    for f in m.agent.files() {
+        assert_eq!(mode(&m.agent.data_dir.join(&f)), (NODE_UID, 0o600), "{f}");
+    }
+    let _helper = Logged::helper(&m);
+    assert_eq!(mode(&m.socket), (0, 0o660));
+    let first = m.identity();
+    let statement = bcd::pki::NodeCert::parse(&first.chain[0])
+        .unwrap()
+        .statements;
+    assert!(statement[0].starts_with("urn:bc:tpm-ak:sha256:"));
+
+    let out = m.node(&["--once", "--renew-now"]);
+    assert_ok(&out);
+    assert!(stderr(&out).contains("certified=true"), "{}", stderr(&out));
+    let renewed = m.identity();
+    assert_ne!(renewed.key.spki_der(), first.key.spki_der(), "a new key");
+    assert_eq!(renewed.key.kind().as_str(), "tpm");
+    assert_eq!(
+        bcd::pki::NodeCert::parse(&renewed.chain[0])
+            .unwrap()
+            .statements,
+        statement,
+        "the control plane accepted the AK's certification of the next key"
+    );
+    for f in m.agent.files() {
+        assert_eq!(mode(&m.agent.data_dir.join(&f)), (NODE_UID, 0o600), "{f}");
+    }
+
+    // The node's user sees a TPM node key, and its doctor the helper. The
+    // helper keeps the key loaded: loading it again derives nothing.
+    let create_primaries = || tpm.command_codes().iter().filter(|c| **c == 0x131).count();
+    let before = create_primaries();
+    for _ in 0..2 {
+        let status = m.as_user(NODE_UID, &["status", "--json"]).output().unwrap();
+        let json: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+        assert_eq!(json["nodeKey"], "tpm", "{json}");
+    }
+    assert_eq!(
+        create_primaries(),
+        before,
+        "the helper kept the node key loaded"
+    );
+    let doctor = m.as_user(NODE_UID, &["doctor"]).output().unwrap();
+    let text = stdout(&doctor);
+    assert!(
+        text.contains("ok    helper: bcd helper at ")
+            && text.contains(&format!("serves uid {NODE_UID}; its TPM: swtpm:"))
+            && text
+                .contains("ok    tpm: held by bcd helper; the node's user daemon cannot open it")
+            && text.contains("ok    node key: in the TPM")
+            && text.contains("ok    data dir:"),
+        "{text}"
+    );
+}
+
+#[test]
+fn the_helper_serves_root_and_its_user_and_refuses_others() {
+    let cp = ControlPlane::start_trusting_test_maker();
+    let tpm = Swtpm::start();
+    let m = Machine::join(&cp, &tpm);
+    let mut helper = Logged::helper(&m);
+    let helper_line = |uid: u32| {
+        let out = m.as_user(uid, &["doctor"]).output().unwrap();
+        stdout(&out)
+            .lines()
+            .find(|l| l.contains(" helper: "))
+            .unwrap_or_default()
+            .to_owned()
+    };
+    assert!(
+        helper_line(0).starts_with("ok    helper:"),
+        "{}",
+        helper_line(0)
+    );
+    assert!(helper_line(NODE_UID).starts_with("ok    helper:"));
+    let refused = helper_line(OTHER_UID);
+    assert!(
+        refused.starts_with("fail  helper:") && refused.contains("does not serve uid 65534"),
+        "{refused}"
+    );
+    helper.wait_for(
+        "refused a caller that is neither root nor the helper's user",
+        1,
+    );
+    assert!(
+        helper.seen.iter().any(|l| l.contains("uid=65534")),
+        "{:#?}",
+        helper.seen
+    );
+
+    // A malformed and an oversized request close their own connections; the
+    // helper goes on serving.
+    for bad in [&[0u8, 0, 0, 2, 0xff, 0xff][..], &[0, 1, 0, 0][..]] {
+        let mut s = std::os::unix::net::UnixStream::connect(&m.socket).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(bad).unwrap();
+        let mut buf = [0u8; 1];
+        assert!(matches!(
+            std::io::Read::read(&mut s, &mut buf),
+            Ok(0) | Err(_)
+        ));
+    }
+    helper.wait_for("closed a connection", 2);
+    assert_ok(&m.node(&["--once", "--renew-now"]));
+
+    // A node user in the tss group could open the TPM itself: doctor's tpm
+    // check fails. (`tss`, whose primary group that is, where it exists.)
+    if nix::unistd::User::from_name("tss").ok().flatten().is_some() {
+        let config = std::fs::read_to_string(&m.agent.config).unwrap();
+        let in_tss = m.agent.root.path().join("tss.toml");
+        std::fs::write(
+            &in_tss,
+            config.replace("user = \"daemon\"", "user = \"tss\""),
+        )
+        .unwrap();
+        let out = Command::new(bin("bcd"))
+            .args(["doctor", "--config"])
+            .arg(&in_tss)
+            .output()
+            .unwrap();
+        let text = stdout(&out);
+        assert_eq!(out.status.code(), Some(1), "{text}");
+        assert!(
+            text.contains("fail  tpm: the node's user tss is in the tss group")
+                && text.contains("gpasswd -d tss tss"),
+            "{text}"
+        );
+    }
+}
+
+/// Lies on one operation, tells the truth (its TPM's) otherwise.
+struct Liar {
+    honest: TpmBackend,
+    lie: Lie,
+}
+
+enum Lie {
+    /// Signs with a key of its own.
+    Signature,
+    /// Certifies with another TPM's AK (the other machine's key of the same unique).
+    Certification(Box<TpmBackend>),
+}
+
+impl Backend for Liar {
+    fn ak(&mut self) -> Result<AkInfo, BackendError> {
+        self.honest.ak()
+    }
+    fn node_key(&mut self, unique: &[u8; 32]) -> Result<Vec<u8>, BackendError> {
+        self.honest.node_key(unique)
+    }
+    fn sign(&mut self, u: &[u8; 32], h: Hash, digest: &[u8]) -> Result<[u8; 64], BackendError> {
+        match self.lie {
+            Lie::Signature => {
+                use p256::ecdsa::signature::hazmat::PrehashSigner as _;
+                let other = p256::ecdsa::SigningKey::from_slice(&[7u8; 32]).unwrap();
+                let sig: p256::ecdsa::Signature = other.sign_prehash(digest).unwrap();
+                Ok(sig.to_bytes().into())
+            }
+            Lie::Certification(_) => self.honest.sign(u, h, digest),
+        }
+    }
+    fn certify(&mut self, u: &[u8; 32], q: &[u8]) -> Result<(Vec<u8>, Vec<u8>), BackendError> {
+        match &mut self.lie {
+            Lie::Certification(other) => other.certify(u, q),
+            Lie::Signature => self.honest.certify(u, q),
+        }
+    }
+}
+
+#[test]
+fn a_lying_helper_is_caught_and_nothing_is_sent() {
+    let cp = ControlPlane::start_trusting_test_maker();
+    let tpm = Swtpm::start();
+    let other_tpm = Swtpm::start_another_machine();
+    let m = Machine::join(&cp, &tpm);
+    let before = std::fs::read(m.agent.data_dir.join("identity.json")).unwrap();
+    let files = m.agent.files();
+
+    let other = {
+        let agent = Agent::with_tpm(&cp, &other_tpm);
+        let config = bcd::config::Config::load(&agent.config).unwrap();
+        bcd::helper::open_backend(&config).unwrap()
+    };
+    for (lie, caught) in [
+        (
+            Lie::Signature,
+            "a signature that does not verify against the key's public half",
+        ),
+        (
+            Lie::Certification(Box::new(other)),
+            "the certification is not the announced AK's of this key: node-key-signature",
+        ),
+    ] {
+        let liar = Liar {
+            honest: m.backend(),
+            lie,
+        };
+        let helper = InProcessHelper::start(&m, liar);
+        let out = m.node(&["--once", "--renew-now"]);
+        assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+        let err = stderr(&out);
+        assert!(
+            err.contains("renewal failed")
+                && err.contains("bcd helper's answer does not check out")
+                && err.contains(caught),
+            "{err}"
+        );
+        // Nothing changed: the same identity, no next key left behind.
+        assert_eq!(
+            std::fs::read(m.agent.data_dir.join("identity.json")).unwrap(),
+            before
+        );
+        assert_eq!(m.agent.files(), files);
+        drop(helper);
+    }
+    // The control plane never saw a renewal request.
+    let log = cp.log();
+    assert!(
+        !log.contains("node renewed") && !log.contains("renew refused"),
+        "{log}"
+    );
+}
+
+/// Answers `tpm.certify` only once the test lets it: the test kills the
+/// helper while the node waits for it.
+struct Stalls {
+    inner: TpmBackend,
+    reached: mpsc::Sender<()>,
+    release: mpsc::Receiver<()>,
+}
+
+impl Backend for Stalls {
+    fn ak(&mut self) -> Result<AkInfo, BackendError> {
+        self.inner.ak()
+    }
+    fn node_key(&mut self, unique: &[u8; 32]) -> Result<Vec<u8>, BackendError> {
+        self.inner.node_key(unique)
+    }
+    fn sign(&mut self, u: &[u8; 32], h: Hash, d: &[u8]) -> Result<[u8; 64], BackendError> {
+        self.inner.sign(u, h, d)
+    }
+    fn certify(&mut self, _: &[u8; 32], _: &[u8]) -> Result<(Vec<u8>, Vec<u8>), BackendError> {
+        let _ = self.reached.send(());
+        let _ = self.release.recv();
+        Err(BackendError("killed".into()))
+    }
+}
+
+#[test]
+fn a_helper_killed_mid_renewal_is_retried_until_it_is_back() {
+    let cp = ControlPlane::start_trusting_test_maker();
+    let tpm = Swtpm::start();
+    let m = Machine::join(&cp, &tpm);
+
+    // A real helper, killed (-9) with the node's key loaded in the TPM.
+    let mut real = Logged::helper(&m);
+    let first = m.identity().chain;
+    assert_ok(&m.node(&["--once"]));
+    real.kill();
+
+    let (reached, reached_rx) = mpsc::channel();
+    let (release, release_rx) = mpsc::channel();
+    let mut stalling = InProcessHelper::start(
+        &m,
+        Stalls {
+            inner: m.backend(),
+            reached,
+            release: release_rx,
+        },
+    );
+    let mut node = Logged::spawn(m.as_user(NODE_UID, &["node", "--renew-now"]));
+    reached_rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the node asks for the certification");
+    stalling.kill();
+    drop(release);
+    node.wait_for("renewal failed", 2);
+    let failures: Vec<&String> = node
+        .seen
+        .iter()
+        .filter(|l| l.contains("renewal failed"))
+        .collect();
+    assert!(
+        failures[0].contains("attempt=1") && failures[1].contains("attempt=2"),
+        "{failures:#?}"
+    );
+    assert!(
+        failures.iter().all(|l| l.contains("retryIn=1s")),
+        "{failures:#?}"
+    );
+    assert!(
+        failures[1].contains("cannot reach bcd helper"),
+        "{}",
+        failures[1]
+    );
+
+    // The helper is back (it flushes what its killed predecessor left).
+    let _helper = Logged::helper(&m);
+    node.wait_for("renewed the certificate", 1);
+    node.stop();
+    let renewed = m.identity();
+    assert_ne!(renewed.chain, first);
+    assert_eq!(
+        m.agent.files(),
+        vec!["identity.json", "journal.db", "node.key"]
+    );
+    for f in m.agent.files() {
+        assert_eq!(mode(&m.agent.data_dir.join(&f)), (NODE_UID, 0o600), "{f}");
+    }
+}
+
+#[test]
+fn a_socket_activated_helper_serves_the_node() {
+    let cp = ControlPlane::start_trusting_test_maker();
+    let tpm = Swtpm::start();
+    let m = Machine::join(&cp, &tpm);
+    // systemd's socket activation, as bcd-helper.socket does it: the
+    // socket exists first, the helper starts at the first connection with
+    // it as descriptor 3 (LISTEN_PID, LISTEN_FDS).
+    let mut activate = Command::new("systemd-socket-activate");
+    activate
+        .arg("-l")
+        .arg(&m.socket)
+        .arg(bin("bcd"))
+        .args(["helper", "--config"])
+        .arg(&m.agent.config)
+        .env("TSS2_LOG", "all+none");
+    let mut helper = Logged::spawn(activate);
+    helper.wait_for("Listening on", 1);
+    // SocketMode=0660, SocketGroup= the node's group.
+    std::os::unix::fs::chown(&m.socket, Some(0), Some(NODE_GID)).unwrap();
+    std::fs::set_permissions(&m.socket, std::fs::Permissions::from_mode(0o660)).unwrap();
+
+    let out = m.node(&["--once", "--renew-now"]);
+    assert_ok(&out);
+    assert!(stderr(&out).contains("certified=true"), "{}", stderr(&out));
+    helper.wait_for("bcd helper serving", 1);
+    assert!(
+        helper
+            .seen
+            .iter()
+            .any(|l| l.contains("socket=(from systemd)")),
+        "{:#?}",
+        helper.seen
+    );
+}
