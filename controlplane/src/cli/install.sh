@@ -104,7 +104,18 @@ if id -nG bcd 2>/dev/null | tr ' ' '\n' | grep -qx tss; then
   say "took bcd out of the tss group"
 fi
 
-# 5. Join, unless this machine already has an identity.
+# 5. The helper first: bcd status, as the node's user, reaches the node key
+# through it.
+systemctl daemon-reload
+if [ "$helper" = yes ]; then
+  systemctl enable bcd-helper.socket >/dev/null 2>&1
+  systemctl start bcd-helper.socket
+  systemctl try-restart bcd-helper.service
+else
+  systemctl disable --now bcd-helper.socket >/dev/null 2>&1 || true
+fi
+
+# 6. Join, unless this machine already has an identity.
 # bcd status runs as the user that runs bcd node (whose data directory it is).
 node_id() {
   if [ "$helper" = yes ]; then
@@ -123,15 +134,7 @@ else
   say "joined as $node"
 fi
 
-# 6. The units, restarted so that an upgrade runs the new binary.
-systemctl daemon-reload
-if [ "$helper" = yes ]; then
-  systemctl enable bcd-helper.socket >/dev/null 2>&1
-  systemctl start bcd-helper.socket
-  systemctl try-restart bcd-helper.service
-else
-  systemctl disable --now bcd-helper.socket >/dev/null 2>&1 || true
-fi
+# 7. The node, restarted so that an upgrade runs the new binary.
 systemctl enable bcd-node.service >/dev/null 2>&1
 systemctl restart bcd-node.service
 say "bcd $version installed; node $node; bcd-node restarted"
