@@ -119,6 +119,12 @@ pub struct AttestationResult {
     /// each attestor, compares it with the request's claims, so every
     /// token-based attestor enforces it the same way.
     pub expect: Expect,
+    /// The site a new node belongs to (a site token's; a ramdisk's).
+    pub site_id: Option<String>,
+    /// The command kinds the node may be sent; `None`: no restriction.
+    pub allowed_kinds: Option<Vec<String>>,
+    /// Caps the node's certificates (at join and every renewal).
+    pub max_cert_ttl_ms: Option<i64>,
 }
 
 /// The machine a token was minted for (`token create --expect-*`): values
@@ -323,6 +329,7 @@ pub fn default_attestor_ids() -> Vec<&'static str> {
         JOIN_TOKEN,
         crate::attestors::tpm::TPM,
         crate::attestors::x509pop::X509POP,
+        crate::attestors::discovery::DISCOVERY,
     ]
 }
 

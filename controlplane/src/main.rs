@@ -15,7 +15,7 @@ use anyhow::Result;
 use bc_controlplane::pki;
 use clap::{Parser, Subcommand};
 
-use cli::{clock, events, nodes, pools, server, tokens, tpm, Dir};
+use cli::{clock, events, nodes, pools, server, sites, tokens, tpm, Dir};
 
 #[derive(Parser)]
 #[command(
@@ -37,6 +37,11 @@ enum Cmd {
         /// SPIFFE trust domain of the node identities.
         #[arg(long, default_value = pki::DEFAULT_TRUST_DOMAIN)]
         trust_domain: String,
+        /// A host name or IP address to add to the TLS certificate (beside
+        /// localhost, 127.0.0.1, ::1), so agents can reach it at the address
+        /// they see. Repeatable.
+        #[arg(long = "san", value_name = "HOST_OR_IP")]
+        sans: Vec<String>,
     },
     /// Serve the JoinService over HTTPS until SIGTERM or SIGINT.
     Serve {
@@ -97,6 +102,16 @@ enum Cmd {
         #[command(subcommand)]
         cmd: pools::PoolsCmd,
     },
+    /// Sites: each has a boot server (site nodes holding its boot lease).
+    Sites {
+        #[command(subcommand)]
+        cmd: sites::SitesCmd,
+    },
+    /// Machines a site commissions over PXE (discovery).
+    Boot {
+        #[command(subcommand)]
+        cmd: sites::BootCmd,
+    },
 }
 
 fn main() -> ExitCode {
@@ -125,7 +140,11 @@ fn init_tracing() {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
-        Cmd::Init { dir, trust_domain } => server::init(&dir.dir, &trust_domain),
+        Cmd::Init {
+            dir,
+            trust_domain,
+            sans,
+        } => server::init(&dir.dir, &trust_domain, &sans),
         Cmd::Serve { dir, listen } => server::serve(&dir.dir, listen),
         Cmd::AgentConfig { dir, api, data_dir } => server::agent_config(&dir.dir, &api, &data_dir),
         Cmd::Token { cmd } => tokens::run(cmd),
@@ -136,6 +155,8 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Resolve { cmd } => tpm::run_resolve(cmd),
         Cmd::Requests { cmd } => tpm::run_requests(cmd),
         Cmd::Pools { cmd } => pools::run(cmd),
+        Cmd::Sites { cmd } => sites::run_sites(cmd),
+        Cmd::Boot { cmd } => sites::run_boot(cmd),
     }
 }
 

@@ -386,7 +386,22 @@ pub struct AgentPins {
 /// bundle file, so a second `init` can never replace the keys of a running
 /// control plane.
 pub fn init(dir: &Path, trust_domain: &str) -> Result<(), PkiError> {
+    init_with_sans(dir, trust_domain, &[])
+}
+
+/// [`init`], adding `extra_sans` (host names or IP addresses) to the TLS
+/// server certificate beside localhost, 127.0.0.1 and ::1, so agents can
+/// reach the control plane at the address they see (a PXE guest behind
+/// QEMU's user network sees the host as 10.0.2.2).
+pub fn init_with_sans(
+    dir: &Path,
+    trust_domain: &str,
+    extra_sans: &[String],
+) -> Result<(), PkiError> {
     bc_wire::spiffe::check_trust_domain(trust_domain)?;
+    for san in extra_sans {
+        check_san(san)?;
+    }
     fsutil::ensure_private_dir(dir).map_err(|e| io_err(dir, e))?;
     for name in BUNDLE_FILES {
         let p = dir.join(name);
@@ -426,9 +441,13 @@ pub fn init(dir: &Path, trust_domain: &str) -> Result<(), PkiError> {
         .map_err(|e| gen_err("the TLS CA", e))?;
     let tls_issuer = Issuer::new(tls_ca_params, &tls_ca_key);
     let tls_key = generate_key("the TLS server key")?;
-    let tls_cert = tls_server_params(now - Duration::hours(1), now + Duration::days(3650))?
-        .signed_by(&tls_key, &tls_issuer)
-        .map_err(|e| gen_err("the TLS server certificate", e))?;
+    let tls_cert = tls_server_params(
+        now - Duration::hours(1),
+        now + Duration::days(3650),
+        extra_sans,
+    )?
+    .signed_by(&tls_key, &tls_issuer)
+    .map_err(|e| gen_err("the TLS server certificate", e))?;
 
     let challenge_key: [u8; CHALLENGE_KEY_LEN] =
         crate::ids::random_bytes().map_err(|e| PkiError::Generate {
@@ -552,16 +571,48 @@ fn ca_params(
     Ok(p)
 }
 
+/// A `--san`: an IP address, or a DNS name of letters, digits, '-' and '.'.
+fn check_san(san: &str) -> Result<(), PkiError> {
+    let dns_ok = !san.is_empty()
+        && san.len() <= 253
+        && san.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        });
+    if dns_ok || san.parse::<std::net::IpAddr>().is_ok() {
+        Ok(())
+    } else {
+        Err(PkiError::Generate {
+            what: "the TLS server certificate",
+            detail: format!("{san:?} is neither a host name nor an IP address"),
+        })
+    }
+}
+
 fn tls_server_params(
     not_before: OffsetDateTime,
     not_after: OffsetDateTime,
+    extra_sans: &[String],
 ) -> Result<CertificateParams, PkiError> {
-    let mut p = CertificateParams::new(vec![
+    let mut names = vec![
         "localhost".to_owned(),
         "127.0.0.1".to_owned(),
         "::1".to_owned(),
-    ])
-    .map_err(|e| gen_err("the TLS server certificate", e))?;
+    ];
+    names.extend(
+        extra_sans
+            .iter()
+            .filter(|s| !names.contains(s))
+            .cloned()
+            .collect::<Vec<_>>(),
+    );
+    let mut p =
+        CertificateParams::new(names).map_err(|e| gen_err("the TLS server certificate", e))?;
     p.distinguished_name = DistinguishedName::new();
     p.distinguished_name.push(DnType::CommonName, "localhost");
     p.serial_number = Some(SerialNumber::from_slice(&random_serial()?));

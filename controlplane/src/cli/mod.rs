@@ -9,6 +9,7 @@ pub mod events;
 pub mod nodes;
 pub mod pools;
 pub mod server;
+pub mod sites;
 pub mod tokens;
 pub mod tpm;
 
