@@ -9,7 +9,7 @@ use clap::{Parser, Subcommand};
 use p256::elliptic_curve::zeroize::Zeroizing;
 
 use crate::evidence::join_token::TokenText;
-use crate::{doctor, identify, join, node, out, status};
+use crate::{doctor, identify, join, node, out, ramdisk, status};
 
 /// The environment variable that may carry a join token.
 const TOKEN_ENV: &str = "BCD_JOIN_TOKEN";
@@ -31,6 +31,8 @@ enum Command {
     Join(join::JoinArgs),
     /// Run as a node: stay joined (renewals, re-joins)
     Node(node::NodeArgs),
+    /// As a PXE ramdisk: join with the boot server's assertion (bc.token, bc.assertion on the kernel command line) and stay joined
+    Ramdisk(ramdisk::RamdiskArgs),
     /// Show the node identity
     Status(status::StatusArgs),
     /// Check the configuration, identity, TPM and control plane, and say what to do
@@ -65,6 +67,10 @@ pub fn main() -> ExitCode {
         Command::Node(args) => {
             drop(env_token);
             node::run(args)
+        }
+        Command::Ramdisk(args) => {
+            drop(env_token);
+            ramdisk::run(args)
         }
         Command::Doctor(args) => {
             drop(env_token);
