@@ -242,6 +242,13 @@ fn a_ramdisk_joins_once_with_its_site_nodes_assertion() {
         ])
     );
     assert_eq!(boot_state(&cp, &wf), "joined");
+    // Its renewals stay as short as its first certificate.
+    assert_ok(&machine.agent.run(&["node", "--once", "--renew-now"]));
+    let renewed = Identity::load(&machine.agent.data_dir, &TpmAccess::none())
+        .unwrap()
+        .unwrap();
+    assert_ne!(renewed.chain[0], id.chain[0], "renewed");
+    assert!(renewed.cert.not_after - renewed.cert.not_before <= time::Duration::hours(2));
     // A spent entry's token is no longer handed out.
     assert_site_refused(&cp, holder.secret(&wf), "workflow-closed");
 
@@ -406,6 +413,13 @@ fn every_discovery_refusal_names_its_reason() {
         "token-site",
     );
     let _ = c_epoch;
+    // A site node of another site vouching for this one.
+    let c_for_dc1 = c.assertion(c_epoch, |x| x.site_id = site_id.clone());
+    assert_refused_as(
+        &cp,
+        &machine.boot(&cmdline(&t, &c_for_dc1)),
+        "signer-not-site",
+    );
     let other_mac_token = a
         .secret(&boot_add(&cp, "dc1", "52:54:00:aa:bb:cc", &[]))
         .unwrap();
