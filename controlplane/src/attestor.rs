@@ -119,12 +119,10 @@ pub struct AttestationResult {
     /// each attestor, compares it with the request's claims, so every
     /// token-based attestor enforces it the same way.
     pub expect: Expect,
-    /// The site a new node belongs to (a site token's; a ramdisk's).
-    pub site_id: Option<String>,
-    /// The command kinds the node may be sent; `None`: no restriction.
-    pub allowed_kinds: Option<Vec<String>>,
-    /// Caps the node's certificates (at join and every renewal).
-    pub max_cert_ttl_ms: Option<i64>,
+    /// What a new node is scoped to: its site (a site token's, a
+    /// ramdisk's), the command kinds it may be sent, the longest
+    /// certificate it may hold. `None`: unscoped. Boxed: it is rare.
+    pub scope: Option<Box<crate::records::NodeScope>>,
 }
 
 /// The machine a token was minted for (`token create --expect-*`): values

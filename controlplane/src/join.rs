@@ -576,12 +576,10 @@ impl JoinService {
         // A new node gets its site, kinds and certificate cap from the
         // attestor; a reclaimed one keeps its own.
         let scope = if reclaim.is_none() {
-            let scope = records::NodeScope {
-                site_id: result.site_id.clone(),
-                allowed_kinds: result.allowed_kinds.clone(),
-                max_cert_ttl_ms: result.max_cert_ttl_ms,
-            };
-            records::set_node_scope(tx, &node_id, &scope)?;
+            let scope = result.scope.as_deref().cloned().unwrap_or_default();
+            if scope != records::NodeScope::default() {
+                records::set_node_scope(tx, &node_id, &scope)?;
+            }
             scope
         } else {
             records::node_scope(tx, &node_id)?

@@ -190,8 +190,7 @@ fn assert_site_refused(
     let last = cp
         .events()
         .into_iter()
-        .filter(|e| e["type"] == "security.site.refused")
-        .last()
+        .rfind(|e| e["type"] == "security.site.refused")
         .expect("a site refusal event");
     assert_eq!(last["reason"], reason);
 }

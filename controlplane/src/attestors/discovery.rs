@@ -183,9 +183,11 @@ impl Attestor for DiscoveryAttestor {
             node_key: NodeKeyKind::Unattested,
             pool_id: row.pool_id,
             expect: row.expect,
-            site_id: Some(assertion.site_id),
-            allowed_kinds: Some(self.config.allowed_kinds.clone()),
-            max_cert_ttl_ms: Some(self.config.cert_ttl_ms),
+            scope: Some(Box::new(records::NodeScope {
+                site_id: Some(assertion.site_id),
+                allowed_kinds: Some(self.config.allowed_kinds.clone()),
+                max_cert_ttl_ms: Some(self.config.cert_ttl_ms),
+            })),
             ..AttestationResult::default()
         }))
     }

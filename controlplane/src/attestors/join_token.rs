@@ -86,7 +86,12 @@ impl Attestor for JoinTokenAttestor {
             // JoinService enforces it (for every token-based attestor).
             expect: row.expect,
             // A site token makes a site node of its site.
-            site_id: row.site_id,
+            scope: row.site_id.map(|site_id| {
+                Box::new(crate::records::NodeScope {
+                    site_id: Some(site_id),
+                    ..Default::default()
+                })
+            }),
             ..AttestationResult::default()
         }))
     }
