@@ -499,6 +499,24 @@ mod tests {
     }
 
     #[test]
+    fn discovery_defaults_and_bounds() {
+        let d = p("").unwrap().discovery;
+        assert_eq!(d.cert_ttl_ms, 2 * 3_600_000);
+        assert_eq!(d.lease_ttl_ms, 30_000);
+        assert_eq!(d.allowed_kinds, DISCOVERY_ALLOWED_KINDS);
+        let d = p(
+            "[discovery]\ncert_ttl = \"30m\"\nlease_ttl = \"10s\"\nallowed_kinds = [\"diag.*\"]\n",
+        )
+        .unwrap()
+        .discovery;
+        assert_eq!((d.cert_ttl_ms, d.lease_ttl_ms), (1_800_000, 10_000));
+        assert_eq!(d.allowed_kinds, ["diag.*"]);
+        assert!(err("[discovery]\ncert_ttl = \"3h\"\n").contains("from 1m to 2h"));
+        assert!(err("[discovery]\nlease_ttl = \"0s\"\n").contains("discovery.lease_ttl"));
+        assert!(err("[discovery]\nallowed_kinds = [\"a b\"]\n").contains("allowed_kinds"));
+    }
+
+    #[test]
     fn defaults_and_full_file() {
         assert_eq!(p("").unwrap(), Config::default());
         let d = TpmConfig::default();

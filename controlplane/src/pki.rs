@@ -806,6 +806,41 @@ mod tests {
         assert!(err.to_string().contains(CHALLENGE_KEY), "{err}");
     }
 
+    /// `init --san`: the TLS certificate names the extra host or address
+    /// too (a PXE guest reaches the host as 10.0.2.2); junk is refused
+    /// before anything is written.
+    #[test]
+    fn extra_sans_are_in_the_tls_certificate() {
+        use x509_parser::extensions::GeneralName;
+        let tmp = tempfile::tempdir().unwrap();
+        let junk = init_with_sans(tmp.path(), "bc.test", &["not a host!".to_owned()]);
+        assert!(junk.unwrap_err().to_string().contains("not a host!"));
+        assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
+        init_with_sans(
+            tmp.path(),
+            "bc.test",
+            &["10.0.2.2".into(), "cp.example".into()],
+        )
+        .unwrap();
+        let b = Bundle::load(tmp.path()).unwrap();
+        let (chain, _) = b.tls_server_identity();
+        let (_, cert) = x509_parser::parse_x509_certificate(chain[0].as_ref()).unwrap();
+        let san = cert.subject_alternative_name().unwrap().unwrap();
+        let names: Vec<String> = san
+            .value
+            .general_names
+            .iter()
+            .map(|n| match n {
+                GeneralName::DNSName(d) => (*d).to_owned(),
+                GeneralName::IPAddress(ip) => format!("{ip:?}"),
+                other => format!("{other:?}"),
+            })
+            .collect();
+        assert!(names.contains(&"cp.example".to_owned()), "{names:?}");
+        assert!(names.contains(&"localhost".to_owned()), "{names:?}");
+        assert!(names.iter().any(|n| n == "[10, 0, 2, 2]"), "{names:?}");
+    }
+
     #[test]
     fn refuses_bad_trust_domain() {
         let tmp = tempfile::tempdir().unwrap();

@@ -383,6 +383,13 @@ fn every_discovery_refusal_names_its_reason() {
     assert_refused_as(&cp, &machine.boot(&cmdline(&t, &stale)), "assertion-stale");
     let past = good(&|x| x.not_after_unix_ms = now_ms() - 1);
     assert_refused_as(&cp, &machine.boot(&cmdline(&t, &past)), "assertion-stale");
+    let ahead = good(&|x| {
+        x.issued_at_unix_ms = now_ms() + 5 * 60_000;
+        x.not_after_unix_ms = now_ms() + 10 * 60_000;
+    });
+    assert_refused_as(&cp, &machine.boot(&cmdline(&t, &ahead)), "assertion-future");
+    let nobody = good(&|x| x.node_id = "node_nobody".into());
+    assert_refused_as(&cp, &machine.boot(&cmdline(&t, &nobody)), "signer-unknown");
     // The machine: the asserted MAC is not among its own; another product UUID.
     let elsewhere = Machine::new(&cp, "52:54:00:aa:bb:cc", UUID);
     assert_refused_as(
