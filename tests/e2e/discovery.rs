@@ -505,3 +505,62 @@ fn an_expired_signer_certificate_vouches_for_nobody() {
         "signer-certificate",
     );
 }
+
+/// What bcd never sends but a caller could: a discovery token minted for
+/// two machines (tokens of the CLI are single-use, so it is written to the
+/// database directly), and a discovery join for another role (sent to the
+/// control plane's JoinService in process, on the same directory).
+#[test]
+fn only_single_use_tokens_and_ramdisks_are_admitted() {
+    use bc_controlplane::attestor::Expect;
+    use bc_controlplane::tokens::{insert_token, TokenScope};
+    let cp = ControlPlane::start();
+    let site_id = site(&cp, "dc1");
+    let a = SiteNode::join(&cp, &site_id);
+    let epoch = a.acquire().unwrap().epoch;
+    let db = bc_controlplane::db::Database::open_dir(cp.path()).unwrap();
+    let (two, _) = db
+        .write(|tx| {
+            let scope = TokenScope {
+                pool: None,
+                expect: Expect {
+                    mac: Some(MAC.to_owned()),
+                    product_uuid: None,
+                },
+                site: Some(&site_id),
+            };
+            insert_token(tx, "discovery", 2, 600_000, &scope)
+        })
+        .unwrap();
+    let machine = Machine::new(&cp, MAC, UUID);
+    let assertion = a.assertion(epoch, |_| {});
+    assert_refused_as(
+        &cp,
+        &machine.boot(&cmdline(&two.expose(), &assertion)),
+        "token-not-single-use",
+    );
+
+    let svc = bc_controlplane::JoinService::open(cp.path()).unwrap();
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let csr = rcgen::CertificateParams::default()
+        .serialize_request(&key)
+        .unwrap()
+        .der()
+        .to_vec();
+    let req = bc_wire::agent::JoinRequest {
+        csr,
+        role: bc_wire::agent::Role::Node as i32,
+        attestor: "discovery".into(),
+        attestation: site::from_cmdline(&assertion).unwrap(),
+        ..Default::default()
+    };
+    assert!(matches!(
+        svc.join(req),
+        Err(bc_controlplane::ApiError::AccessDenied)
+    ));
+    svc.flush_events();
+    assert_eq!(
+        cp.refusal_reasons().last().map(String::as_str),
+        Some("discovery-role")
+    );
+}
