@@ -219,6 +219,7 @@ fn a_ramdisk_joins_once_with_its_site_nodes_assertion() {
         .unwrap()
         .unwrap();
     assert!(stdout(&out).contains(&format!("joined as {}", id.node_id)));
+    assert_eq!(machine.agent.status_json()["role"], "ramdisk");
     let lifetime = id.cert.not_after - id.cert.not_before;
     assert!(lifetime <= time::Duration::hours(2), "{lifetime}");
     let node = cp
