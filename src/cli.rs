@@ -9,7 +9,7 @@ use clap::{CommandFactory as _, Parser, Subcommand};
 use p256::elliptic_curve::zeroize::Zeroizing;
 
 use crate::evidence::join_token::TokenText;
-use crate::{doctor, gendocs, helper, identify, join, node, out, status};
+use crate::{doctor, gendocs, helper, identify, join, node, out, ramdisk, status};
 
 /// The environment variable that may carry a join token.
 const TOKEN_ENV: &str = "BCD_JOIN_TOKEN";
@@ -33,6 +33,8 @@ enum Command {
     Node(node::NodeArgs),
     /// Run the root helper: serve [helper] user's node keys from the TPM
     Helper(helper::HelperArgs),
+    /// As a PXE ramdisk: join with the boot server's assertion (bc.token, bc.assertion on the kernel command line) and stay joined
+    Ramdisk(ramdisk::RamdiskArgs),
     /// Show the node identity
     Status(status::StatusArgs),
     /// Check the configuration, identity, TPM and control plane, and say what to do
@@ -74,6 +76,10 @@ pub fn main() -> ExitCode {
         Command::Helper(args) => {
             drop(env_token);
             helper::run(args)
+        }
+        Command::Ramdisk(args) => {
+            drop(env_token);
+            ramdisk::run(args)
         }
         Command::Doctor(args) => {
             drop(env_token);

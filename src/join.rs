@@ -34,6 +34,8 @@ use crate::{clock, failpoint, out};
 pub const ACCESS_DENIED: &str = "access denied: the control plane refused the join (check the token: wrong, expired, revoked, used up, or for another role)";
 /// The same for a TPM join, where the TPM is the credential.
 pub const ACCESS_DENIED_TPM: &str = "access denied: the control plane refused the TPM join (check that it trusts the EK's maker (ek-roots), that this EK is allowed or approved, that it is not bound to another node, and that the pool admits tpm; `bcd tpm identify` shows the EK)";
+/// The same for a PXE ramdisk's discovery join.
+pub const ACCESS_DENIED_DISCOVERY: &str = "access denied: the control plane refused the discovery join (the boot entry's token may be used, expired or for another MAC or site, the assertion stale or already used, or the boot server no longer the site's lease holder; add a new boot entry and PXE-boot again)";
 /// The same for an x509pop re-join, where the last certificate is the credential.
 pub const ACCESS_DENIED_X509POP: &str = "access denied: the control plane refused the x509pop re-join (the certificate may have expired more than 7 days ago, be revoked or older than the node's current identity, the node may be retired, or this clock may be more than 60 s off the control plane's; join again: bcd join --reset --yes, then bcd join with a token or --attestor tpm)";
 
@@ -70,8 +72,10 @@ enum AttestorArg {
 }
 
 /// What the join proves itself with.
-enum Credential {
+pub(crate) enum Credential {
     Token(JoinToken),
+    /// A PXE ramdisk: its discovery token and the boot server's assertion.
+    Discovery(crate::evidence::discovery::Discovery),
     /// The TPM is the credential: no token is read or sent.
     Tpm,
 }
@@ -192,7 +196,7 @@ fn hand_over(dir: &std::path::Path, node_user: Option<(u32, u32)>) -> anyhow::Re
 }
 
 /// Joins and saves the identity; returns the node id.
-fn join(
+pub(crate) fn join(
     config: &Config,
     tpm: &TpmAccess,
     credential: Credential,
@@ -240,10 +244,10 @@ fn join(
     let accepted = match outcome {
         Ok(a) => a,
         Err(JoinError::Client(ClientError::AccessDenied)) => {
-            return Err(anyhow!(if attestor_id == attestor::TPM {
-                ACCESS_DENIED_TPM
-            } else {
-                ACCESS_DENIED
+            return Err(anyhow!(match attestor_id {
+                attestor::TPM => ACCESS_DENIED_TPM,
+                attestor::DISCOVERY => ACCESS_DENIED_DISCOVERY,
+                _ => ACCESS_DENIED,
             }))
         }
         Err(e) => return Err(e.into()),
@@ -512,6 +516,24 @@ fn prepare(
                 attestor_id: attestor::JOIN_TOKEN,
                 sealed_token,
                 attestation: Vec::new(),
+            })
+        }
+        Credential::Discovery(d) => {
+            let key: Arc<dyn NodeKey> = Arc::from(keys::generate(tpm, false)?);
+            let csr = keys::make_csr(key.as_ref())?;
+            let sealed_token = join_token::seal(
+                &config.pins.join_encryption_key,
+                &bc_wire::sha256(&csr),
+                &d.token,
+            )?;
+            tracing::info!(api = %client.api(), token_id = %d.token.id, role = %role.name(), node_key = %key.kid(), key_in = key.kind().as_str(), "joining the control plane as a PXE ramdisk (discovery)");
+            Ok(Prepared {
+                key,
+                csr,
+                answerer: Box::new(NoChallenges(attestor::DISCOVERY)),
+                attestor_id: attestor::DISCOVERY,
+                sealed_token,
+                attestation: d.assertion.clone(),
             })
         }
         Credential::Tpm => {

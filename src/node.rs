@@ -56,6 +56,18 @@ pub struct NodeArgs {
     renew_now: bool,
 }
 
+impl NodeArgs {
+    /// Stay up with the configuration `config` (what `bcd ramdisk` runs
+    /// after its join).
+    pub fn new(config: ConfigArg) -> Self {
+        NodeArgs {
+            config,
+            once: false,
+            renew_now: false,
+        }
+    }
+}
+
 pub fn run(args: NodeArgs) -> anyhow::Result<ExitCode> {
     let config = Config::load(&args.config.path)?;
     crate::helper::trust_node_user(&config)?;

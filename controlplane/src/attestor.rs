@@ -119,6 +119,10 @@ pub struct AttestationResult {
     /// each attestor, compares it with the request's claims, so every
     /// token-based attestor enforces it the same way.
     pub expect: Expect,
+    /// What a new node is scoped to: its site (a site token's, a
+    /// ramdisk's), the command kinds it may be sent, the longest
+    /// certificate it may hold. `None`: unscoped. Boxed: it is rare.
+    pub scope: Option<Box<crate::records::NodeScope>>,
 }
 
 /// The machine a token was minted for (`token create --expect-*`): values
@@ -323,6 +327,7 @@ pub fn default_attestor_ids() -> Vec<&'static str> {
         JOIN_TOKEN,
         crate::attestors::tpm::TPM,
         crate::attestors::x509pop::X509POP,
+        crate::attestors::discovery::DISCOVERY,
     ]
 }
 

@@ -27,6 +27,11 @@
 //!
 //! [events]
 //! retention = "90d"                 # events older than this are pruned (1d to 3650d)
+//!
+//! [discovery]
+//! cert_ttl = "2h"                   # a ramdisk's certificate (1m to 2h)
+//! lease_ttl = "30s"                 # the boot lease (1s to 7d)
+//! allowed_kinds = ["inventory.refresh", …]  # default: DISCOVERY_ALLOWED_KINDS
 //! ```
 
 use std::collections::BTreeMap;
@@ -60,6 +65,43 @@ pub struct Config {
     pub x509pop: X509PopConfig,
     pub server: ServerConfig,
     pub events: EventsConfig,
+    pub discovery: DiscoveryConfig,
+}
+
+/// `[discovery]`: what a PXE ramdisk admitted by the `discovery` attestor
+/// gets, and the boot lease's TTL.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DiscoveryConfig {
+    pub cert_ttl_ms: i64,
+    pub lease_ttl_ms: i64,
+    pub allowed_kinds: Vec<String>,
+}
+
+/// The spec's `discoveryAllowedKinds`: the commissioning command kinds, the
+/// registered kinds whose roles include ramdisk.
+pub const DISCOVERY_ALLOWED_KINDS: &[&str] = &[
+    "inventory.refresh",
+    "logs.collect",
+    "diag.*",
+    "disk.wipe",
+    "deploy.*",
+    "boot.kexec",
+];
+/// A ramdisk certificate lasts at most this long.
+pub const MAX_DISCOVERY_CERT_TTL_MS: i64 = 2 * 3_600_000;
+const MAX_LEASE_TTL_MS: i64 = 7 * 86_400_000;
+
+impl Default for DiscoveryConfig {
+    fn default() -> Self {
+        DiscoveryConfig {
+            cert_ttl_ms: MAX_DISCOVERY_CERT_TTL_MS,
+            lease_ttl_ms: crate::sites::DEFAULT_LEASE_TTL_MS,
+            allowed_kinds: DISCOVERY_ALLOWED_KINDS
+                .iter()
+                .map(|k| (*k).to_owned())
+                .collect(),
+        }
+    }
 }
 
 /// `[server]`: what one client, or all of them, may hold of the server.
@@ -128,6 +170,15 @@ struct RawConfig {
     x509pop: Option<RawX509Pop>,
     server: Option<RawServer>,
     events: Option<RawEvents>,
+    discovery: Option<RawDiscovery>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDiscovery {
+    cert_ttl: Option<Spanned<String>>,
+    lease_ttl: Option<Spanned<String>>,
+    allowed_kinds: Option<Spanned<Vec<String>>>,
 }
 
 #[derive(Deserialize)]
@@ -277,6 +328,41 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
             )?;
         }
     }
+    if let Some(d) = raw.discovery {
+        if let Some(v) = d.cert_ttl {
+            config.discovery.cert_ttl_ms = duration(
+                &v,
+                "discovery.cert_ttl",
+                |ms| (60_000..=MAX_DISCOVERY_CERT_TTL_MS).contains(&ms),
+                "from 1m to 2h",
+            )?;
+        }
+        if let Some(v) = d.lease_ttl {
+            config.discovery.lease_ttl_ms = duration(
+                &v,
+                "discovery.lease_ttl",
+                |ms| (1000..=MAX_LEASE_TTL_MS).contains(&ms),
+                "from 1s to 7d",
+            )?;
+        }
+        if let Some(v) = d.allowed_kinds {
+            let ok = v.get_ref().len() <= 64
+                && v.get_ref().iter().all(|k| {
+                    !k.is_empty()
+                        && k.len() <= 64
+                        && k.bytes().all(|b| {
+                            b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'*')
+                        })
+                });
+            if !ok {
+                return Err(invalid(
+                    Some(v.span()),
+                    "discovery.allowed_kinds must be at most 64 command kinds (letters, digits, '.', '_', '-', '*')".to_owned(),
+                ));
+            }
+            config.discovery.allowed_kinds = v.into_inner();
+        }
+    }
     if let Some(x) = raw.x509pop {
         if let Some(v) = x.grace {
             config.x509pop.grace_ms = duration(
@@ -410,6 +496,24 @@ mod tests {
 
     fn err(text: &str) -> String {
         p(text).err().map(|e| e.to_string()).unwrap_or_default()
+    }
+
+    #[test]
+    fn discovery_defaults_and_bounds() {
+        let d = p("").unwrap().discovery;
+        assert_eq!(d.cert_ttl_ms, 2 * 3_600_000);
+        assert_eq!(d.lease_ttl_ms, 30_000);
+        assert_eq!(d.allowed_kinds, DISCOVERY_ALLOWED_KINDS);
+        let d = p(
+            "[discovery]\ncert_ttl = \"30m\"\nlease_ttl = \"10s\"\nallowed_kinds = [\"diag.*\"]\n",
+        )
+        .unwrap()
+        .discovery;
+        assert_eq!((d.cert_ttl_ms, d.lease_ttl_ms), (1_800_000, 10_000));
+        assert_eq!(d.allowed_kinds, ["diag.*"]);
+        assert!(err("[discovery]\ncert_ttl = \"3h\"\n").contains("from 1m to 2h"));
+        assert!(err("[discovery]\nlease_ttl = \"0s\"\n").contains("discovery.lease_ttl"));
+        assert!(err("[discovery]\nallowed_kinds = [\"a b\"]\n").contains("allowed_kinds"));
     }
 
     #[test]

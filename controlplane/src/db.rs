@@ -179,6 +179,44 @@ const MIGRATIONS: &[&str] = &[
     ) STRICT;
     CREATE INDEX attestation_uses_expiry ON attestation_uses (expires_at);
     "#,
+    // 7: discovery. Sites; the site a token admits to and a node belongs to;
+    // what a node may be sent (`allowed_kinds`, a JSON array; NULL: no
+    // restriction) and how long its certificates may last (ramdisks); boot
+    // entries (machines to commission, each with its single-use discovery
+    // token, whose secret is kept sealed for the lease holder); leases.
+    r#"
+    CREATE TABLE sites (
+        id         TEXT PRIMARY KEY,
+        name       TEXT NOT NULL UNIQUE,
+        created_at INTEGER NOT NULL
+    ) STRICT;
+    ALTER TABLE join_tokens ADD COLUMN site_id TEXT;
+    ALTER TABLE nodes ADD COLUMN site_id TEXT;
+    ALTER TABLE nodes ADD COLUMN allowed_kinds TEXT CHECK (allowed_kinds IS NULL OR json_valid(allowed_kinds));
+    ALTER TABLE nodes ADD COLUMN max_cert_ttl_ms INTEGER;
+
+    CREATE TABLE boot_entries (
+        workflow_id   TEXT PRIMARY KEY,
+        site_id       TEXT NOT NULL REFERENCES sites(id),
+        mac           TEXT NOT NULL,
+        product_uuid  TEXT,
+        token_id      TEXT NOT NULL REFERENCES join_tokens(id),
+        sealed_secret BLOB NOT NULL,
+        not_after     INTEGER NOT NULL,
+        created_at    INTEGER NOT NULL,
+        vouched_at    INTEGER,
+        joined_at     INTEGER,
+        node_id       TEXT
+    ) STRICT;
+    CREATE INDEX boot_entries_by_site ON boot_entries(site_id, created_at);
+
+    CREATE TABLE leases (
+        name       TEXT PRIMARY KEY,
+        holder     TEXT,
+        epoch      INTEGER NOT NULL,
+        expires_at INTEGER NOT NULL
+    ) STRICT;
+    "#,
 ];
 
 #[derive(Debug, thiserror::Error)]

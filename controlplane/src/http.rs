@@ -97,6 +97,10 @@ pub fn router(service: Arc<JoinService>) -> Router {
     Router::new()
         .route(endpoints::JOIN, post(join_handler))
         .route(endpoints::RENEW, post(renew_handler))
+        .route(endpoints::ACQUIRE_LEASE, post(site_handler::<0>))
+        .route(endpoints::RENEW_LEASE, post(site_handler::<1>))
+        .route(endpoints::RELEASE_LEASE, post(site_handler::<2>))
+        .route(endpoints::GET_SECRET, post(site_handler::<3>))
         .method_not_allowed_fallback(|| async {
             error_response(&ApiError::NotFound("endpoints take POST".to_owned()))
         })
@@ -200,6 +204,30 @@ async fn renew_handler(
         service
             .renew_bytes(leaf.as_deref(), body)
             .map(|r| r.encode_to_vec())
+    })
+    .await
+}
+
+/// The site endpoints (see [`crate::siteapi`]): like Renew, the TLS
+/// client's leaf is the caller. `CALL` picks the endpoint.
+async fn site_handler<const CALL: u8>(
+    State(service): State<Arc<JoinService>>,
+    Extension(gate): Extension<Arc<RequestGate>>,
+    addr: Option<Extension<PeerAddr>>,
+    peer: Option<Extension<PeerCertificates>>,
+    headers: HeaderMap,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Response {
+    let source = addr.map(|Extension(p)| p.0.ip());
+    let leaf = peer.and_then(|Extension(p)| p.0.first().map(|c| c.as_ref().to_vec()));
+    call_service("site", &gate, source, &headers, body, move |body| {
+        let leaf = leaf.as_deref();
+        match CALL {
+            0 => service.acquire_lease_bytes(leaf, body),
+            1 => service.renew_lease_bytes(leaf, body),
+            2 => service.release_lease_bytes(leaf, body),
+            _ => service.get_secret_bytes(leaf, body),
+        }
     })
     .await
 }

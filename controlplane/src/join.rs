@@ -84,6 +84,9 @@ pub enum ApiError {
     /// the spec's own message ("Renew refused").
     #[error("renew refused")]
     RenewRefused,
+    /// Every refusal of a site call (lease, SecretRequest).
+    #[error("site request refused")]
+    SiteRefused,
     #[error("invalid input: {0}")]
     InvalidInput(String),
     #[error("not found: {0}")]
@@ -97,7 +100,9 @@ pub enum ApiError {
 impl ApiError {
     pub fn code(&self) -> agent::Code {
         match self {
-            ApiError::AccessDenied | ApiError::RenewRefused => agent::Code::AccessDenied,
+            ApiError::AccessDenied | ApiError::RenewRefused | ApiError::SiteRefused => {
+                agent::Code::AccessDenied
+            }
             ApiError::InvalidInput(_) => agent::Code::InvalidInput,
             ApiError::NotFound(_) => agent::Code::NotFound,
             ApiError::Unavailable(_) => agent::Code::Unavailable,
@@ -107,7 +112,7 @@ impl ApiError {
 
     pub fn http_status(&self) -> u16 {
         match self {
-            ApiError::AccessDenied | ApiError::RenewRefused => 403,
+            ApiError::AccessDenied | ApiError::RenewRefused | ApiError::SiteRefused => 403,
             ApiError::InvalidInput(_) => 400,
             ApiError::NotFound(_) => 404,
             ApiError::Unavailable(_) => 503,
@@ -121,6 +126,7 @@ impl ApiError {
         match self {
             ApiError::AccessDenied => "join refused".to_owned(),
             ApiError::RenewRefused => "Renew refused".to_owned(),
+            ApiError::SiteRefused => "site request refused".to_owned(),
             ApiError::InvalidInput(m) | ApiError::NotFound(m) => m.clone(),
             ApiError::Unavailable(_) => {
                 "the control plane cannot serve now; retry later".to_owned()
@@ -178,6 +184,8 @@ pub struct JoinService {
     attestors: RwLock<AttestorRegistry>,
     on_refusal: RwLock<Option<Arc<RefusalHook>>>,
     cert_ttl: Duration,
+    lease_ttl_ms: i64,
+    boot_key: Option<crate::boot::BootKey>,
 }
 
 /// A CSR whose signature verified.
@@ -203,7 +211,12 @@ impl JoinService {
         let bundle = Bundle::load(dir)?;
         let challenge_key = crate::pki::load_or_create_challenge_key(dir)?;
         let db = Database::open_dir(dir)?;
-        let svc = Self::with_retention(bundle, db, config.events.retention_ms);
+        let mut svc = Self::with_retention(bundle, db, config.events.retention_ms);
+        svc.lease_ttl_ms = config.discovery.lease_ttl_ms;
+        svc.boot_key = Some(crate::boot::BootKey::derive(&challenge_key));
+        svc.register_attestor(Arc::new(
+            crate::attestors::discovery::DiscoveryAttestor::new(config.discovery),
+        ));
         svc.register_attestor(Arc::new(TpmAttestor::new(
             config.tpm,
             ChallengeKey::new(challenge_key),
@@ -227,6 +240,8 @@ impl JoinService {
             attestors: RwLock::new(AttestorRegistry::new()),
             on_refusal: RwLock::new(None),
             cert_ttl: MAX_NODE_CERT_TTL,
+            lease_ttl_ms: crate::sites::DEFAULT_LEASE_TTL_MS,
+            boot_key: None,
         }
     }
 
@@ -235,6 +250,16 @@ impl JoinService {
         let ttl = Duration::try_from(ttl).unwrap_or(MAX_NODE_CERT_TTL);
         self.cert_ttl = ttl.clamp(Duration::seconds(1), MAX_NODE_CERT_TTL);
         self
+    }
+
+    /// The boot lease's TTL (`[discovery] lease_ttl`).
+    pub fn lease_ttl_ms(&self) -> i64 {
+        self.lease_ttl_ms
+    }
+
+    /// The key boot entries' tokens are sealed under (loaded by [`Self::open`]).
+    pub fn boot_key(&self) -> Option<&crate::boot::BootKey> {
+        self.boot_key.as_ref()
     }
 
     /// Adds an attestor; one with id `join-token` replaces the built-in.
@@ -548,6 +573,26 @@ impl JoinService {
         if let Some(b) = new_binding {
             records::insert_binding(tx, &b.kind, &b.key, &node_id, now)?;
         }
+        // A new node gets its site, kinds and certificate cap from the
+        // attestor; a reclaimed one keeps its own.
+        let scope = if reclaim.is_none() {
+            let scope = result.scope.as_deref().cloned().unwrap_or_default();
+            if scope != records::NodeScope::default() {
+                records::set_node_scope(tx, &node_id, &scope)?;
+            }
+            scope
+        } else {
+            records::node_scope(tx, &node_id)?
+        };
+        if role == Role::Ramdisk {
+            if let Some(token_id) = &result.token_id {
+                crate::boot::mark_joined(tx, token_id, &node_id, now)?;
+            }
+        }
+        let cert_ttl = match scope.max_cert_ttl_ms {
+            Some(ms) => self.cert_ttl.min(Duration::milliseconds(ms)),
+            None => self.cert_ttl,
+        };
 
         // X.509 times have whole seconds; issue at whole seconds so the
         // stored validity is the certificate's.
@@ -561,7 +606,7 @@ impl JoinService {
                 node_id: &node_id,
                 statements: &statements,
                 not_before,
-                not_after: not_before + self.cert_ttl,
+                not_after: not_before + cert_ttl,
             })
             .map_err(|e| Refusal::fault(Fault::Internal(e.to_string())))?;
         records::insert_cert(tx, &node_id, generation, &issued)?;

@@ -20,6 +20,7 @@
 
 pub mod attestor;
 pub mod attestors;
+pub mod boot;
 pub mod client_auth;
 pub mod config;
 pub mod connlimit;
@@ -36,6 +37,8 @@ pub mod pki;
 pub mod pools;
 pub mod records;
 pub mod renew;
+pub mod siteapi;
+pub mod sites;
 #[cfg(test)]
 mod test_support;
 pub mod tokens;

@@ -15,7 +15,9 @@ use anyhow::Result;
 use bc_controlplane::pki;
 use clap::{Parser, Subcommand};
 
-use cli::{clock, dist, events, install_script, nodes, pools, server, tokens, tpm, user_data, Dir};
+use cli::{
+    clock, dist, events, install_script, nodes, pools, server, sites, tokens, tpm, user_data, Dir,
+};
 
 #[derive(Parser)]
 #[command(
@@ -37,11 +39,11 @@ enum Cmd {
         /// SPIFFE trust domain of the node identities.
         #[arg(long, default_value = pki::DEFAULT_TRUST_DOMAIN)]
         trust_domain: String,
-        /// Another name (DNS name or IP address) of the TLS certificate,
-        /// besides localhost, 127.0.0.1 and ::1: the host machines reach
-        /// this control plane by. Repeatable.
-        #[arg(long = "tls-name", value_name = "NAME")]
-        tls_names: Vec<String>,
+        /// A host name or IP address to add to the TLS certificate (beside
+        /// localhost, 127.0.0.1, ::1), so agents can reach it at the address
+        /// they see. Repeatable.
+        #[arg(long = "san", value_name = "HOST_OR_IP")]
+        sans: Vec<String>,
     },
     /// Serve the JoinService over HTTPS until SIGTERM or SIGINT.
     Serve {
@@ -111,6 +113,16 @@ enum Cmd {
     InstallScript(install_script::InstallScriptArgs),
     /// Print a #cloud-config that runs the install script on first boot.
     UserData(user_data::UserDataArgs),
+    /// Sites: each has a boot server (site nodes holding its boot lease).
+    Sites {
+        #[command(subcommand)]
+        cmd: sites::SitesCmd,
+    },
+    /// Machines a site commissions over PXE (discovery).
+    Boot {
+        #[command(subcommand)]
+        cmd: sites::BootCmd,
+    },
 }
 
 fn main() -> ExitCode {
@@ -142,8 +154,8 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Init {
             dir,
             trust_domain,
-            tls_names,
-        } => server::init(&dir.dir, &trust_domain, &tls_names),
+            sans,
+        } => server::init(&dir.dir, &trust_domain, &sans),
         Cmd::Serve { dir, listen } => server::serve(&dir.dir, listen),
         Cmd::AgentConfig { dir, api, data_dir } => server::agent_config(&dir.dir, &api, &data_dir),
         Cmd::Token { cmd } => tokens::run(cmd),
@@ -157,6 +169,8 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Dist { cmd } => dist::run(cmd),
         Cmd::InstallScript(args) => install_script::run(args),
         Cmd::UserData(args) => user_data::run(args),
+        Cmd::Sites { cmd } => sites::run_sites(cmd),
+        Cmd::Boot { cmd } => sites::run_boot(cmd),
     }
 }
 

@@ -386,18 +386,22 @@ pub struct AgentPins {
 /// bundle file, so a second `init` can never replace the keys of a running
 /// control plane.
 pub fn init(dir: &Path, trust_domain: &str) -> Result<(), PkiError> {
-    init_with_names(dir, trust_domain, &[])
+    init_with_sans(dir, trust_domain, &[])
 }
 
-/// [`init`], with more names (DNS names or IP addresses) in the TLS server
-/// certificate besides `localhost`, 127.0.0.1 and ::1: the names machines
-/// reach this control plane by (the install script's `--api` host).
-pub fn init_with_names(
+/// [`init`], adding `extra_sans` (host names or IP addresses) to the TLS
+/// server certificate beside localhost, 127.0.0.1 and ::1, so agents can
+/// reach the control plane at the address they see (a PXE guest behind
+/// QEMU's user network sees the host as 10.0.2.2).
+pub fn init_with_sans(
     dir: &Path,
     trust_domain: &str,
-    tls_names: &[String],
+    extra_sans: &[String],
 ) -> Result<(), PkiError> {
     bc_wire::spiffe::check_trust_domain(trust_domain)?;
+    for san in extra_sans {
+        check_san(san)?;
+    }
     fsutil::ensure_private_dir(dir).map_err(|e| io_err(dir, e))?;
     for name in BUNDLE_FILES {
         let p = dir.join(name);
@@ -440,7 +444,7 @@ pub fn init_with_names(
     let tls_cert = tls_server_params(
         now - Duration::hours(1),
         now + Duration::days(3650),
-        tls_names,
+        extra_sans,
     )?
     .signed_by(&tls_key, &tls_issuer)
     .map_err(|e| gen_err("the TLS server certificate", e))?;
@@ -567,10 +571,33 @@ fn ca_params(
     Ok(p)
 }
 
+/// A `--san`: an IP address, or a DNS name of letters, digits, '-' and '.'.
+fn check_san(san: &str) -> Result<(), PkiError> {
+    let dns_ok = !san.is_empty()
+        && san.len() <= 253
+        && san.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        });
+    if dns_ok || san.parse::<std::net::IpAddr>().is_ok() {
+        Ok(())
+    } else {
+        Err(PkiError::Generate {
+            what: "the TLS server certificate",
+            detail: format!("{san:?} is neither a host name nor an IP address"),
+        })
+    }
+}
+
 fn tls_server_params(
     not_before: OffsetDateTime,
     not_after: OffsetDateTime,
-    extra_names: &[String],
+    extra_sans: &[String],
 ) -> Result<CertificateParams, PkiError> {
     let mut names = vec![
         "localhost".to_owned(),
@@ -578,9 +605,9 @@ fn tls_server_params(
         "::1".to_owned(),
     ];
     names.extend(
-        extra_names
+        extra_sans
             .iter()
-            .filter(|n| !names.contains(n))
+            .filter(|s| !names.contains(s))
             .cloned()
             .collect::<Vec<_>>(),
     );
@@ -777,6 +804,41 @@ mod tests {
         std::fs::write(tmp.path().join(CHALLENGE_KEY), b"short").unwrap();
         let err = load_or_create_challenge_key(tmp.path()).unwrap_err();
         assert!(err.to_string().contains(CHALLENGE_KEY), "{err}");
+    }
+
+    /// `init --san`: the TLS certificate names the extra host or address
+    /// too (a PXE guest reaches the host as 10.0.2.2); junk is refused
+    /// before anything is written.
+    #[test]
+    fn extra_sans_are_in_the_tls_certificate() {
+        use x509_parser::extensions::GeneralName;
+        let tmp = tempfile::tempdir().unwrap();
+        let junk = init_with_sans(tmp.path(), "bc.test", &["not a host!".to_owned()]);
+        assert!(junk.unwrap_err().to_string().contains("not a host!"));
+        assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
+        init_with_sans(
+            tmp.path(),
+            "bc.test",
+            &["10.0.2.2".into(), "cp.example".into()],
+        )
+        .unwrap();
+        let b = Bundle::load(tmp.path()).unwrap();
+        let (chain, _) = b.tls_server_identity();
+        let (_, cert) = x509_parser::parse_x509_certificate(chain[0].as_ref()).unwrap();
+        let san = cert.subject_alternative_name().unwrap().unwrap();
+        let names: Vec<String> = san
+            .value
+            .general_names
+            .iter()
+            .map(|n| match n {
+                GeneralName::DNSName(d) => (*d).to_owned(),
+                GeneralName::IPAddress(ip) => format!("{ip:?}"),
+                other => format!("{other:?}"),
+            })
+            .collect();
+        assert!(names.contains(&"cp.example".to_owned()), "{names:?}");
+        assert!(names.contains(&"localhost".to_owned()), "{names:?}");
+        assert!(names.iter().any(|n| n == "[10, 0, 2, 2]"), "{names:?}");
     }
 
     #[test]

@@ -109,6 +109,68 @@ pub fn insert_node(tx: &Transaction<'_>, n: &NodeRow) -> Result<(), DbError> {
     Ok(())
 }
 
+/// What a node is scoped to beyond its role (migration 7).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeScope {
+    /// The site of a site node or a ramdisk.
+    pub site_id: Option<String>,
+    /// The command kinds it may be sent; `None`: no restriction.
+    pub allowed_kinds: Option<Vec<String>>,
+    /// The longest certificate it may hold (ramdisks).
+    pub max_cert_ttl_ms: Option<i64>,
+}
+
+pub fn set_node_scope(tx: &Transaction<'_>, node_id: &str, s: &NodeScope) -> Result<(), DbError> {
+    let kinds = s
+        .allowed_kinds
+        .as_ref()
+        .map(|k| serde_json::to_string(k).unwrap_or_else(|_| "[]".to_owned()));
+    tx.execute(
+        "UPDATE nodes SET site_id = ?2, allowed_kinds = ?3, max_cert_ttl_ms = ?4 WHERE id = ?1",
+        rusqlite::params![node_id, s.site_id, kinds, s.max_cert_ttl_ms],
+    )?;
+    Ok(())
+}
+
+pub fn node_scope(conn: &rusqlite::Connection, node_id: &str) -> Result<NodeScope, DbError> {
+    let row: Option<(Option<String>, Option<String>, Option<i64>)> = conn
+        .query_row(
+            "SELECT site_id, allowed_kinds, max_cert_ttl_ms FROM nodes WHERE id = ?1",
+            [node_id],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .optional()?;
+    let Some((site_id, kinds, max_cert_ttl_ms)) = row else {
+        return Ok(NodeScope::default());
+    };
+    let allowed_kinds = match kinds {
+        None => None,
+        Some(text) => Some(serde_json::from_str(&text).map_err(|e| DbError::Corrupt {
+            what: "allowed kinds",
+            detail: format!("{node_id}: {e}"),
+        })?),
+    };
+    Ok(NodeScope {
+        site_id,
+        allowed_kinds,
+        max_cert_ttl_ms,
+    })
+}
+
+/// Every node's scope, by node id (for `nodes list`).
+pub fn node_scopes(db: &Database) -> Result<std::collections::HashMap<String, NodeScope>, DbError> {
+    let ids: Vec<String> = db.with_conn(|c| {
+        let mut st = c.prepare("SELECT id FROM nodes")?;
+        let rows = st.query_map([], |r| r.get(0))?;
+        rows.collect::<Result<Vec<String>, _>>()
+    })??;
+    db.with_conn(|c| {
+        ids.into_iter()
+            .map(|id| node_scope(c, &id).map(|s| (id, s)))
+            .collect()
+    })?
+}
+
 /// Moves a node to a new identity generation (a reclaim) and revokes every
 /// certificate of the older generations: only the new certificate is valid.
 pub fn start_generation(

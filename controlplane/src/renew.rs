@@ -195,6 +195,11 @@ impl JoinService {
         let node_key = check_node_key(&identity.statements, req.key_attestation.as_ref(), csr)
             .map_err(Stop::Refused)?;
 
+        // A ramdisk's certificates stay as short as its first one.
+        let cert_ttl = match records::node_scope(tx, node_id)?.max_cert_ttl_ms {
+            Some(ms) => self.cert_ttl().min(time::Duration::milliseconds(ms)),
+            None => self.cert_ttl(),
+        };
         // X.509 times have whole seconds; issue at whole seconds so the
         // stored validity is the certificate's.
         let not_before = db::to_datetime(now - now.rem_euclid(1000));
@@ -207,7 +212,7 @@ impl JoinService {
                 node_id,
                 statements: &identity.statements,
                 not_before,
-                not_after: not_before + self.cert_ttl(),
+                not_after: not_before + cert_ttl,
             })
             .map_err(|e| Stop::Failed(ApiError::Internal(e.to_string())))?;
         records::insert_cert(tx, node_id, node.identity_generation, &issued)?;

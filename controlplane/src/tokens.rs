@@ -23,6 +23,8 @@ pub struct TokenRow {
     pub pool_id: Option<String>,
     /// The machine the token was minted for, if it is bound to one.
     pub expect: Expect,
+    /// The site a site or discovery token admits to.
+    pub site_id: Option<String>,
 }
 
 /// SHA-256 of a token secret, as stored.
@@ -59,6 +61,15 @@ pub fn create_token_in_pool(
     create_bound_token(db, role, uses, ttl_ms, pool, &Expect::default())
 }
 
+/// What a token is minted for, beyond its role and uses.
+#[derive(Clone, Debug, Default)]
+pub struct TokenScope<'a> {
+    pub pool: Option<&'a str>,
+    pub expect: Expect,
+    /// A site token's (and a discovery token's) site; must exist.
+    pub site: Option<&'a str>,
+}
+
 /// [`create_token_in_pool`] bound to the machine `expect` describes
 /// (values already normalized, see [`crate::attestor::normalize_mac`]):
 /// JoinService refuses a join whose claims do not match.
@@ -70,11 +81,33 @@ pub fn create_bound_token(
     pool: Option<&str>,
     expect: &Expect,
 ) -> Result<(JoinToken, TokenRow), PoolError> {
+    let scope = TokenScope {
+        pool,
+        expect: expect.clone(),
+        site: None,
+    };
+    db.write(|tx| insert_token(tx, role.name(), uses, ttl_ms, &scope))
+}
+
+/// Mints a token inside a write transaction (so a boot entry and its token
+/// are written together).
+pub fn insert_token(
+    tx: &Transaction<'_>,
+    role: &str,
+    uses: u32,
+    ttl_ms: i64,
+    scope: &TokenScope<'_>,
+) -> Result<(JoinToken, TokenRow), PoolError> {
+    let pool = scope.pool;
+    let expect = &scope.expect;
     let id = crate::ids::random_id("tok_").map_err(DbError::Random)?;
     let secret =
         crate::ids::random_bytes::<{ bc_wire::token::SECRET_LEN }>().map_err(DbError::Random)?;
     let token = JoinToken { id, secret };
-    let row = db.write(|tx| {
+    let row = {
+        if let Some(site) = scope.site {
+            crate::sites::require(tx, site)?;
+        }
         if let Some(pool) = pool {
             pools::require(tx, pool)?;
         }
@@ -82,18 +115,19 @@ pub fn create_bound_token(
         let row = TokenRow {
             id: token.id.clone(),
             secret_sha256: secret_sha256(&token.secret),
-            role: role.name().to_owned(),
+            role: role.to_owned(),
             uses_left: i64::from(uses),
             expires_at: now.saturating_add(ttl_ms),
             revoked_at: None,
             created_at: now,
             pool_id: pool.map(str::to_owned),
             expect: expect.clone(),
+            site_id: scope.site.map(str::to_owned),
         };
         tx.execute(
             "INSERT INTO join_tokens (id, secret_sha256, role, uses_left, expires_at, created_at, pool_id,
-                                      expect_product_uuid, expect_mac)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                                      expect_product_uuid, expect_mac, site_id)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
             rusqlite::params![
                 row.id,
                 row.secret_sha256.as_slice(),
@@ -103,12 +137,13 @@ pub fn create_bound_token(
                 row.created_at,
                 row.pool_id,
                 row.expect.product_uuid,
-                row.expect.mac
+                row.expect.mac,
+                row.site_id
             ],
         )
         .map_err(DbError::from)?;
-        Ok::<_, PoolError>(row)
-    })?;
+        row
+    };
     Ok((token, row))
 }
 
@@ -176,7 +211,7 @@ pub fn consume_use(tx: &Transaction<'_>, id: &str) -> Result<(), DbError> {
 
 const SELECT: &str =
     "SELECT id, secret_sha256, role, uses_left, expires_at, revoked_at, created_at, pool_id,
-            expect_product_uuid, expect_mac
+            expect_product_uuid, expect_mac, site_id
      FROM join_tokens";
 
 type RowResult = Result<TokenRow, DbError>;
@@ -203,5 +238,6 @@ fn read_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RowResult> {
             product_uuid: r.get(8)?,
             mac: r.get(9)?,
         },
+        site_id: r.get(10)?,
     }))
 }

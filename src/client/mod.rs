@@ -11,6 +11,7 @@
 pub mod answer;
 pub mod join;
 pub mod renew;
+pub mod site;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -4,6 +4,7 @@
 //! clock, and for `tpm` the TPM itself); none talks to the network. The join flow
 //! picks the builder for the configured attestor.
 pub mod claims;
+pub mod discovery;
 pub mod join_token;
 pub mod tpm;
 pub mod x509pop;
@@ -16,4 +17,6 @@ pub mod attestor {
     pub const TPM: &str = "tpm";
     /// Re-joining as itself with the last certificate and its key.
     pub const X509POP: &str = "x509pop";
+    /// A PXE ramdisk vouched for by its site's boot server.
+    pub const DISCOVERY: &str = "discovery";
 }

@@ -275,7 +275,8 @@ fn split_command<'a>(args: &'a [&'a str]) -> (&'a [&'a str], &'a [&'a str]) {
     let n = args.iter().take_while(|a| !a.starts_with('-')).count();
     let n = match args.first() {
         Some(&"token") | Some(&"nodes") | Some(&"events") | Some(&"clock") | Some(&"requests")
-        | Some(&"resolve") | Some(&"pools") | Some(&"ek-roots") | Some(&"dist") => n.min(2),
+        | Some(&"resolve") | Some(&"pools") | Some(&"ek-roots") | Some(&"sites")
+        | Some(&"boot") | Some(&"dist") => n.min(2),
         _ => n.min(1),
     };
     args.split_at(n)

@@ -343,15 +343,15 @@ fn which(tool: &str) -> bool {
         .unwrap_or(false)
 }
 
-/// `init --tls-name`: the HTTPS certificate names the host machines reach
+/// `init --san`: the HTTPS certificate names the host machines reach
 /// the control plane by (the install script's `--api`), besides loopback.
 #[test]
-fn init_tls_names_go_into_the_server_certificate() {
+fn init_sans_go_into_the_server_certificate() {
     let dir = tempfile::tempdir().expect("tempdir");
     let out = Command::new(crate::harness::bin("bc-controlplane"))
         .args(["init", "--dir"])
         .arg(dir.path())
-        .args(["--tls-name", "10.0.2.100", "--tls-name", "cp.example"])
+        .args(["--san", "10.0.2.100", "--san", "cp.example"])
         .output()
         .expect("run bc-controlplane init");
     assert_ok(&out);

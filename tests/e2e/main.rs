@@ -24,6 +24,9 @@ mod pcr;
 mod pcrbanks;
 // These move bcd's clock (BCD_CLOCK_OFFSET) or crash it at failpoints, which
 // only a `--features bcd/failpoints` build honours; scripts/test builds so.
+// Reads the machine's claims from a fake sysfs (BCD_SYSFS_ROOT).
+#[cfg(feature = "failpoints")]
+mod discovery;
 #[cfg(feature = "failpoints")]
 mod node;
 #[cfg(feature = "failpoints")]

@@ -10,6 +10,7 @@ pub mod ekcert;
 pub mod pcr;
 pub mod sealing;
 pub mod signing;
+pub mod site;
 pub mod spiffe;
 pub mod token;
 pub mod tpm;
@@ -20,11 +21,20 @@ pub mod agent {
     include!(concat!(env!("OUT_DIR"), "/bettercompute.agent.v1.rs"));
 }
 
+/// The generated protobuf messages of `bettercompute.site.v1`.
+pub mod site_v1 {
+    include!(concat!(env!("OUT_DIR"), "/bettercompute.site.v1.rs"));
+}
+
 /// HTTPS endpoints. Unary calls are POSTs of a protobuf body answered with a
 /// protobuf body; a non-2xx answer carries an [`agent::Error`].
 pub mod endpoints {
     pub const JOIN: &str = "/bettercompute.agent.v1.JoinService/Join";
     pub const RENEW: &str = "/bettercompute.agent.v1.JoinService/Renew";
+    pub const ACQUIRE_LEASE: &str = "/bettercompute.site.v1.SiteService/AcquireLease";
+    pub const RENEW_LEASE: &str = "/bettercompute.site.v1.SiteService/RenewLease";
+    pub const RELEASE_LEASE: &str = "/bettercompute.site.v1.SiteService/ReleaseLease";
+    pub const GET_SECRET: &str = "/bettercompute.site.v1.SiteService/GetSecret";
     pub const CONTENT_TYPE: &str = "application/x-protobuf";
 }
 

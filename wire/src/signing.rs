@@ -25,6 +25,8 @@ pub enum Purpose {
     DiscoveryAssertion,
     /// A node's proof of possession at renewal.
     Renew,
+    /// A site node asking for a secret bound to a workflow of its site.
+    SecretRequest,
 }
 
 impl Purpose {
@@ -34,6 +36,7 @@ impl Purpose {
             Purpose::X509Pop => "x509pop",
             Purpose::DiscoveryAssertion => "discovery-assertion",
             Purpose::Renew => "renew",
+            Purpose::SecretRequest => "secret-request",
         }
     }
 }

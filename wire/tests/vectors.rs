@@ -15,6 +15,9 @@ const VECTOR_SPKI: &str = "3059301306072a8648ce3d020106082a8648ce3d0301070342000
 const VECTOR_SEALED: &str = "04618f6247cfb8ba7e8574a9c6cbb29b0a0507e136cf537c71c6b734357c0fdee27b4dbb6784ae92a39320d41f72fe0ce290556e1d6145c6f1a83acfae5ba56b69646b4b1817d942fd49e674f4a1c58f70cba69863e5566a83b0009e1c619563683589e3f0ed66fa0caa248758d8cd98b222d135a5df153ad9fbc49bb0a153e8169889d79d3351";
 const VECTOR_TOKEN: &str = "tok_vector.AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA";
 
+/// signing_input("discovery-assertion", [the assertion below]).
+const PINNED_ASSERTION_INPUT: &str = "62632d7369672d763100646973636f766572792d617373657274696f6e00000000440a06736974655f6112066e6f64655f621807221135323a35343a30303a31323a33343a35362a0931302e302e322e31353a0477665f634080d8c1a28c3448a0cff8a28c34";
+
 fn unhex(s: &str) -> Vec<u8> {
     hex::decode(s).expect("vector hex")
 }
@@ -35,6 +38,7 @@ fn purposes_are_pinned_and_distinct() {
         (Purpose::X509Pop, "x509pop"),
         (Purpose::DiscoveryAssertion, "discovery-assertion"),
         (Purpose::Renew, "renew"),
+        (Purpose::SecretRequest, "secret-request"),
     ];
     for (p, s) in all {
         assert_eq!(p.as_str(), s);
@@ -215,4 +219,85 @@ fn x509pop_evidence_round_trips_and_binds_csr_node_and_time() {
     )
     .is_err());
     assert!(Evidence::from_json(b"not json").is_err());
+}
+
+/// The discovery assertion: its signing input is purpose
+/// `discovery-assertion` over the one serialized DiscoveryAssertion, and the
+/// command line form is unpadded base64url of the envelope.
+#[test]
+fn discovery_assertion_signing_input_is_pinned() {
+    use bc_wire::site;
+    use bc_wire::site_v1::DiscoveryAssertion;
+    let a = DiscoveryAssertion {
+        site_id: "site_a".into(),
+        node_id: "node_b".into(),
+        lease_epoch: 7,
+        mac: "52:54:00:12:34:56".into(),
+        ip: "10.0.2.15".into(),
+        product_uuid: String::new(),
+        workflow_id: "wf_c".into(),
+        issued_at_unix_ms: 1_790_000_000_000,
+        not_after_unix_ms: 1_790_000_900_000,
+    };
+    let mut seen = Vec::new();
+    let signed = site::sign_assertion(&a, "kid".into(), |input| {
+        seen = input.to_vec();
+        Ok::<_, ()>([0u8; 64])
+    })
+    .unwrap();
+    assert_eq!(hex::encode(&seen), PINNED_ASSERTION_INPUT);
+    assert_eq!(
+        signed.assertion,
+        seen[seen.len() - signed.assertion.len()..]
+    );
+    assert_eq!(a.valid_until_ms(), 1_790_000_900_000);
+    let text = site::to_cmdline(&signed);
+    let back = site::from_cmdline(&text).unwrap();
+    let (s2, a2) = site::parse_signed(&back).unwrap();
+    assert_eq!((s2, a2), (signed, a));
+    assert_eq!(site::boot_lease_name("site_a"), "site:site_a:boot");
+}
+
+#[test]
+fn discovery_assertion_verifies_only_under_its_purpose() {
+    use bc_wire::site;
+    use bc_wire::site_v1::{DiscoveryAssertion, SecretRequestBody};
+    let sk = SigningKey::from_pkcs8_der(&unhex(VECTOR_PKCS8)).unwrap();
+    let spki = unhex(VECTOR_SPKI);
+    let a = DiscoveryAssertion {
+        site_id: "s".into(),
+        ..Default::default()
+    };
+    let signed = site::sign_assertion(&a, String::new(), |m| {
+        use p256::ecdsa::signature::Signer;
+        let s: p256::ecdsa::Signature = sk.sign(m);
+        Ok::<_, ()>(s.to_bytes().into())
+    })
+    .unwrap();
+    assert_eq!(site::verify_assertion(&spki, &signed), Ok(()));
+    // The same bytes signed under another purpose do not verify.
+    let other = signing::sign(&sk, Purpose::SecretRequest, &[&signed.assertion]);
+    let forged = bc_wire::site_v1::SignedDiscoveryAssertion {
+        signature: other.to_vec(),
+        ..signed.clone()
+    };
+    assert_eq!(
+        site::verify_assertion(&spki, &forged),
+        Err(signing::SignatureError::Invalid)
+    );
+    let body = SecretRequestBody {
+        workflow_id: "wf".into(),
+        ..Default::default()
+    };
+    let req = site::sign_secret_request(&body, |m| {
+        use p256::ecdsa::signature::Signer;
+        let s: p256::ecdsa::Signature = sk.sign(m);
+        Ok::<_, ()>(s.to_bytes().into())
+    })
+    .unwrap();
+    assert_eq!(site::verify_secret_request(&spki, &req), Ok(Some(body)));
+    assert_eq!(
+        signing::signing_input(Purpose::SecretRequest, &[])[..24],
+        *b"bc-sig-v1\0secret-request"
+    );
 }

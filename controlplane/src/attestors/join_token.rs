@@ -10,6 +10,7 @@
 //! expect binding travels in the result: JoinService enforces it (and rolls
 //! the use back when the claims do not match).
 
+use bc_wire::token::JoinToken;
 use subtle::ConstantTimeEq;
 
 use crate::attestor::{
@@ -32,6 +33,33 @@ const TOKEN_ROLES: &[&str] = &["node", "site"];
 
 pub struct JoinTokenAttestor;
 
+/// The checks every token-based attestor starts with: a token that opened,
+/// parses, exists (row locked by the transaction), whose secret matches
+/// (constant time), not revoked, not expired at the database's time.
+pub(crate) fn live_token<'t>(
+    tx: &rusqlite::Transaction<'_>,
+    input: &AttestInput<'t>,
+) -> Result<(&'t JoinToken, tokens::TokenRow), Refusal> {
+    let token = match input.token {
+        None => return Err(Refusal::new(TOKEN_MISSING)),
+        Some(OpenedToken::Malformed) => return Err(Refusal::new(TOKEN_MALFORMED)),
+        Some(OpenedToken::Parsed(t)) => t,
+    };
+    let refuse = |reason: &str| Refusal::new(reason).with_token(Some(&token.id));
+    let row = tokens::token_for_update(tx, &token.id)?.ok_or_else(|| refuse(TOKEN_UNKNOWN))?;
+    let presented = tokens::secret_sha256(&token.secret);
+    if !bool::from(presented.ct_eq(&row.secret_sha256)) {
+        return Err(refuse(TOKEN_SECRET));
+    }
+    if row.revoked_at.is_some() {
+        return Err(refuse(TOKEN_REVOKED));
+    }
+    if input.now >= row.expires_at {
+        return Err(refuse(TOKEN_EXPIRED));
+    }
+    Ok((token, row))
+}
+
 impl Attestor for JoinTokenAttestor {
     fn id(&self) -> &str {
         JOIN_TOKEN
@@ -42,24 +70,8 @@ impl Attestor for JoinTokenAttestor {
         tx: &rusqlite::Transaction<'_>,
         input: &AttestInput<'_>,
     ) -> Result<Verdict, Refusal> {
-        let token = match input.token {
-            None => return Err(Refusal::new(TOKEN_MISSING)),
-            Some(OpenedToken::Malformed) => return Err(Refusal::new(TOKEN_MALFORMED)),
-            Some(OpenedToken::Parsed(t)) => t,
-        };
+        let (token, row) = live_token(tx, input)?;
         let refuse = |reason: &str| Refusal::new(reason).with_token(Some(&token.id));
-
-        let row = tokens::token_for_update(tx, &token.id)?.ok_or_else(|| refuse(TOKEN_UNKNOWN))?;
-        let presented = tokens::secret_sha256(&token.secret);
-        if !bool::from(presented.ct_eq(&row.secret_sha256)) {
-            return Err(refuse(TOKEN_SECRET));
-        }
-        if row.revoked_at.is_some() {
-            return Err(refuse(TOKEN_REVOKED));
-        }
-        if input.now >= row.expires_at {
-            return Err(refuse(TOKEN_EXPIRED));
-        }
         if row.uses_left <= 0 {
             return Err(refuse(TOKEN_EXHAUSTED));
         }
@@ -73,6 +85,13 @@ impl Attestor for JoinTokenAttestor {
             pool_id: row.pool_id,
             // JoinService enforces it (for every token-based attestor).
             expect: row.expect,
+            // A site token makes a site node of its site.
+            scope: row.site_id.map(|site_id| {
+                Box::new(crate::records::NodeScope {
+                    site_id: Some(site_id),
+                    ..Default::default()
+                })
+            }),
             ..AttestationResult::default()
         }))
     }

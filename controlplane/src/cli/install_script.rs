@@ -26,7 +26,7 @@ pub struct InstallScriptArgs {
 #[derive(Args)]
 pub struct Target {
     /// The control plane URL machines use (https; its host must be a name of
-    /// the TLS certificate: see init --tls-name).
+    /// the TLS certificate: see init --san).
     #[arg(long, value_name = "URL")]
     pub api: String,
     /// How the machine proves itself when it joins.

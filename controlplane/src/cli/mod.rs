@@ -11,6 +11,7 @@ pub mod install_script;
 pub mod nodes;
 pub mod pools;
 pub mod server;
+pub mod sites;
 pub mod tokens;
 pub mod tpm;
 pub mod user_data;

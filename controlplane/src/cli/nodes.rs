@@ -87,6 +87,9 @@ fn list(dir: &Path, as_json: bool) -> Result<()> {
     } else {
         Default::default()
     };
+    let scopes = records::node_scopes(&db).context("cannot list node scopes")?;
+    let no_scope = records::NodeScope::default();
+    let scope = |id: &str| scopes.get(id).unwrap_or(&no_scope);
     print_list(
         &rows,
         as_json,
@@ -107,11 +110,22 @@ fn list(dir: &Path, as_json: bool) -> Result<()> {
                 "pool": n.pool_id,
                 "nodeKey": node_keys.get(&n.id),
                 "bindings": bound,
+                "site": scope(&n.id).site_id,
+                "allowedKinds": scope(&n.id).allowed_kinds,
+                "maxCertTtlSeconds": scope(&n.id).max_cert_ttl_ms.map(|ms| ms / 1000),
             })
         },
         |n| {
+            let sc = scope(&n.id);
+            let mut extra = String::new();
+            if let Some(site) = &sc.site_id {
+                extra.push_str(&format!(" site={site}"));
+            }
+            if let Some(kinds) = &sc.allowed_kinds {
+                extra.push_str(&format!(" kinds={}", kinds.join(",")));
+            }
             Ok(format!(
-                "{} {} generation={} attestor={} joined={}{}{}",
+                "{} {} generation={} attestor={} joined={}{}{}{extra}",
                 n.id,
                 n.role,
                 n.identity_generation,

@@ -11,8 +11,8 @@ use bc_controlplane::{config, connlimit, http, join::JoinService, pki};
 
 use super::{open_db, print_stdout, require_initialized};
 
-pub fn init(dir: &Path, trust_domain: &str, tls_names: &[String]) -> Result<()> {
-    pki::init_with_names(dir, trust_domain, tls_names)
+pub fn init(dir: &Path, trust_domain: &str, sans: &[String]) -> Result<()> {
+    pki::init_with_sans(dir, trust_domain, sans)
         .with_context(|| format!("cannot initialize a control plane in {}", dir.display()))?;
     open_db(dir)?;
     super::print_line(&format!(

@@ -38,6 +38,9 @@ pub enum TokenCmd {
         /// its interfaces' (aa:bb:cc:dd:ee:ff).
         #[arg(long, value_name = "MAC", value_parser = parse_expect_mac)]
         expect_mac: Option<String>,
+        /// The site (id or name) a site token's node serves (role site only).
+        #[arg(long, value_name = "SITE")]
+        site: Option<String>,
     },
     /// Revoke a token by id.
     Revoke {
@@ -75,6 +78,7 @@ pub fn run(cmd: TokenCmd) -> Result<()> {
             pool,
             expect_product_uuid,
             expect_mac,
+            site,
         } => create(
             &dir.dir,
             role.into(),
@@ -85,6 +89,7 @@ pub fn run(cmd: TokenCmd) -> Result<()> {
                 product_uuid: expect_product_uuid,
                 mac: expect_mac,
             },
+            site.as_deref(),
         ),
         TokenCmd::Revoke { dir, id } => revoke(&dir.dir, &id),
         TokenCmd::List(ListArgs { dir, json }) => list(&dir.dir, json),
@@ -98,9 +103,25 @@ fn create(
     ttl_ms: i64,
     pool: Option<&str>,
     expect: &Expect,
+    site: Option<&str>,
 ) -> Result<()> {
     let db = open_db(dir)?;
-    let (token, _) = tokens::create_bound_token(&db, role, uses, ttl_ms, pool, expect)?;
+    let Some(site) = site else {
+        let (token, _) = tokens::create_bound_token(&db, role, uses, ttl_ms, pool, expect)?;
+        return print_line(&token.expose());
+    };
+    if role != Role::Site {
+        bail!("--site is for site tokens (--role site)");
+    }
+    let (token, _) = db.write(|tx| {
+        let site_id = bc_controlplane::sites::resolve(tx, site)?;
+        let scope = tokens::TokenScope {
+            pool,
+            expect: expect.clone(),
+            site: Some(&site_id),
+        };
+        tokens::insert_token(tx, role.name(), uses, ttl_ms, &scope)
+    })?;
     print_line(&token.expose())
 }
 
@@ -140,6 +161,7 @@ fn list(dir: &Path, as_json: bool) -> Result<()> {
                 "pool": t.pool_id.as_deref().unwrap_or(pools::DEFAULT_POOL),
                 "expectProductUuid": t.expect.product_uuid,
                 "expectMac": t.expect.mac,
+                "site": t.site_id,
             })
         },
         |t| {

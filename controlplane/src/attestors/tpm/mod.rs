@@ -249,6 +249,7 @@ impl TpmAttestor {
             }),
             // No token: nothing to bind.
             expect: Default::default(),
+            ..AttestationResult::default()
         }))
     }
 

@@ -1,0 +1,152 @@
+//! `sites create|list` and `boot add|list`: sites, and the machines a site
+//! commissions over PXE.
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use bc_controlplane::attestor::{normalize_mac, normalize_product_uuid};
+use bc_controlplane::boot::{self, BootKey, NewEntry};
+use bc_controlplane::config::parse_duration_ms;
+use bc_controlplane::{db, pki, sites};
+use clap::Subcommand;
+use serde_json::json;
+
+use super::{db_now, open_db, print_line, print_list, Dir, ListArgs};
+
+#[derive(Subcommand)]
+pub enum SitesCmd {
+    /// Create a site and print its id.
+    Create {
+        #[command(flatten)]
+        dir: Dir,
+        /// A unique name (letters, digits, '.', '_', '-').
+        name: String,
+    },
+    /// List sites.
+    List(ListArgs),
+}
+
+#[derive(Subcommand)]
+pub enum BootCmd {
+    /// Add a machine to commission: prints its workflow id. Its single-use
+    /// discovery token (bound to the MAC and the site) is fetched by the
+    /// site's lease holder, never printed.
+    Add {
+        #[command(flatten)]
+        dir: Dir,
+        /// The site (id or name) whose boot server will serve it.
+        #[arg(long, value_name = "SITE")]
+        site: String,
+        /// The MAC it PXE-boots from (aa:bb:cc:dd:ee:ff).
+        #[arg(long, value_name = "MAC", value_parser = parse_mac)]
+        mac: String,
+        /// Its product UUID, when known.
+        #[arg(long, value_name = "UUID", value_parser = parse_uuid)]
+        product_uuid: Option<String>,
+        /// How long the entry (and its token) stays valid, e.g. 2h, 1d.
+        #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = parse_ttl)]
+        not_after: i64,
+    },
+    /// List boot entries and their state (waiting, vouched, joined, expired).
+    List(ListArgs),
+}
+
+fn parse_mac(s: &str) -> Result<String, String> {
+    normalize_mac(s).map_err(|e| e.to_string())
+}
+
+fn parse_uuid(s: &str) -> Result<String, String> {
+    normalize_product_uuid(s).map_err(|e| e.to_string())
+}
+
+fn parse_ttl(s: &str) -> Result<i64, String> {
+    let ms = parse_duration_ms(s)?;
+    if ms <= 0 {
+        return Err(format!("{s:?} must be more than 0s"));
+    }
+    Ok(ms)
+}
+
+pub fn run_sites(cmd: SitesCmd) -> Result<()> {
+    match cmd {
+        SitesCmd::Create { dir, name } => {
+            let db = open_db(&dir.dir)?;
+            let site = sites::create(&db, &name)?;
+            print_line(&site.id)
+        }
+        SitesCmd::List(ListArgs { dir, json }) => {
+            let db = open_db(&dir.dir)?;
+            let rows = sites::list(&db).context("cannot list sites")?;
+            print_list(
+                &rows,
+                json,
+                |s| json!({ "id": s.id, "name": s.name, "createdAt": db::rfc3339(s.created_at) }),
+                |s| Ok(format!("{} {}", s.id, s.name)),
+            )
+        }
+    }
+}
+
+pub fn run_boot(cmd: BootCmd) -> Result<()> {
+    match cmd {
+        BootCmd::Add {
+            dir,
+            site,
+            mac,
+            product_uuid,
+            not_after,
+        } => add(&dir.dir, &site, &mac, product_uuid.as_deref(), not_after),
+        BootCmd::List(ListArgs { dir, json }) => list(&dir.dir, json),
+    }
+}
+
+fn add(dir: &Path, site: &str, mac: &str, uuid: Option<&str>, ttl_ms: i64) -> Result<()> {
+    let db = open_db(dir)?;
+    let key = BootKey::derive(&pki::load_or_create_challenge_key(dir)?);
+    let entry = boot::add(
+        &db,
+        &key,
+        &NewEntry {
+            site,
+            mac,
+            product_uuid: uuid,
+            ttl_ms,
+        },
+    )?;
+    print_line(&entry.workflow_id)
+}
+
+fn list(dir: &Path, as_json: bool) -> Result<()> {
+    let db = open_db(dir)?;
+    let rows = boot::list(&db).context("cannot list boot entries")?;
+    let now = db_now(&db)?;
+    print_list(
+        &rows,
+        as_json,
+        |e| {
+            json!({
+                "workflowId": e.workflow_id,
+                "site": e.site_id,
+                "mac": e.mac,
+                "productUuid": e.product_uuid,
+                "state": e.state(now),
+                "tokenId": e.token_id,
+                "notAfter": db::rfc3339(e.not_after),
+                "nodeId": e.node_id,
+            })
+        },
+        |e| {
+            Ok(format!(
+                "{} {} {} {}{}",
+                e.workflow_id,
+                e.site_id,
+                e.mac,
+                e.state(now),
+                e.node_id
+                    .as_deref()
+                    .map(|n| format!(" node={n}"))
+                    .unwrap_or_default()
+            ))
+        },
+    )
+}

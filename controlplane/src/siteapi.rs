@@ -1,0 +1,286 @@
+//! `bettercompute.site.v1.SiteService`: the boot lease and SecretRequest,
+//! for site nodes over mTLS.
+//!
+//! The caller is the TLS client's leaf certificate (verified against the
+//! node CA in the handshake, which its key signed). Every call first checks,
+//! in one transaction at database time, that the leaf is a current
+//! certificate of a live site node of the site named in the request: a
+//! `node_certs` row of its current identity generation, not revoked, not
+//! expired; the node not retired; role `site` with that site. Any failure is
+//! ACCESS_DENIED ("site request refused") with the reason in a
+//! `security.site.refused` event and the log.
+
+use bc_wire::site;
+use bc_wire::site_v1::{
+    AcquireLeaseRequest, LeaseResponse, ReleaseLeaseRequest, RenewLeaseRequest, SecretRequest,
+    SecretResponse,
+};
+use prost::Message;
+use rusqlite::Transaction;
+
+use crate::db::{self, DbError, UnixMs};
+use crate::join::{ApiError, JoinService};
+use crate::records::{self, NewEvent};
+use crate::sites::{self, Lease, LeaseOutcome};
+
+pub const EVENT_SITE_REFUSED: &str = "security.site.refused";
+
+pub const NO_CLIENT_CERTIFICATE: &str = "no-client-certificate";
+pub const CERTIFICATE_IDENTITY: &str = "certificate-identity";
+pub const UNKNOWN_CERTIFICATE: &str = "unknown-certificate";
+pub const CERTIFICATE_STALE: &str = "certificate-stale";
+pub const NODE_RETIRED: &str = "node-retired";
+pub const NOT_SITE_NODE: &str = "not-site-node";
+pub const LEASE_LOST: &str = "lease-lost";
+pub const NOT_LEASE_HOLDER: &str = "not-lease-holder";
+pub const SECRET_SIGNATURE: &str = "secret-signature";
+pub const SECRET_STALE: &str = "secret-stale";
+pub const UNKNOWN_WORKFLOW: &str = "unknown-workflow";
+pub const WORKFLOW_CLOSED: &str = "workflow-closed";
+
+/// A SecretRequest's issued_at must be this close to database time.
+const SECRET_WINDOW_MS: i64 = 60_000;
+
+/// The authenticated caller.
+struct Caller {
+    node_id: String,
+    spki_der: Vec<u8>,
+}
+
+/// A refusal: the reason and the node it names.
+struct Refused {
+    reason: &'static str,
+    node_id: Option<String>,
+}
+
+fn refused(reason: &'static str, node_id: Option<&str>) -> Refused {
+    Refused {
+        reason,
+        node_id: node_id.map(str::to_owned),
+    }
+}
+
+enum Stop {
+    Refused(Refused),
+    Failed(ApiError),
+}
+
+impl From<DbError> for Stop {
+    fn from(e: DbError) -> Self {
+        Stop::Failed(e.into())
+    }
+}
+
+impl From<Refused> for Stop {
+    fn from(r: Refused) -> Self {
+        Stop::Refused(r)
+    }
+}
+
+impl JoinService {
+    /// `AcquireLease`: takes or keeps `site:<id>:boot` for the caller, or
+    /// says who holds it.
+    pub fn acquire_lease_bytes(
+        &self,
+        leaf: Option<&[u8]>,
+        body: &[u8],
+    ) -> Result<Vec<u8>, ApiError> {
+        let req = AcquireLeaseRequest::decode(body)
+            .map_err(|e| ApiError::InvalidInput(format!("not an AcquireLeaseRequest: {e}")))?;
+        let ttl = self.lease_ttl_ms();
+        self.site_call("acquire-lease", leaf, &req.site_id, |tx, caller, now| {
+            let name = site::boot_lease_name(&req.site_id);
+            let out = sites::acquire(tx, &name, &caller.node_id, now, ttl)?;
+            Ok(lease_response(&name, &out, &caller.node_id))
+        })
+    }
+
+    /// `RenewLease`: extends the caller's hold at the epoch it names.
+    pub fn renew_lease_bytes(&self, leaf: Option<&[u8]>, body: &[u8]) -> Result<Vec<u8>, ApiError> {
+        let req = RenewLeaseRequest::decode(body)
+            .map_err(|e| ApiError::InvalidInput(format!("not a RenewLeaseRequest: {e}")))?;
+        let ttl = self.lease_ttl_ms();
+        self.site_call("renew-lease", leaf, &req.site_id, |tx, caller, now| {
+            let name = site::boot_lease_name(&req.site_id);
+            match sites::renew(tx, &name, &caller.node_id, req.epoch, now, ttl)? {
+                LeaseOutcome::Lost(_) => Err(refused(LEASE_LOST, Some(&caller.node_id)).into()),
+                out => Ok(lease_response(&name, &out, &caller.node_id)),
+            }
+        })
+    }
+
+    /// `ReleaseLease`: gives the lease up so a standby takes it at once.
+    pub fn release_lease_bytes(
+        &self,
+        leaf: Option<&[u8]>,
+        body: &[u8],
+    ) -> Result<Vec<u8>, ApiError> {
+        let req = ReleaseLeaseRequest::decode(body)
+            .map_err(|e| ApiError::InvalidInput(format!("not a ReleaseLeaseRequest: {e}")))?;
+        self.site_call("release-lease", leaf, &req.site_id, |tx, caller, now| {
+            let name = site::boot_lease_name(&req.site_id);
+            let out = sites::release(tx, &name, &caller.node_id, req.epoch, now)?;
+            Ok(lease_response(&name, &out, &caller.node_id))
+        })
+    }
+
+    /// `GetSecret`: the discovery token of a boot entry of the caller's
+    /// site, for the current lease holder only, on a request signed by the
+    /// key of the certificate it called with.
+    pub fn get_secret_bytes(&self, leaf: Option<&[u8]>, body: &[u8]) -> Result<Vec<u8>, ApiError> {
+        let req = SecretRequest::decode(body)
+            .map_err(|e| ApiError::InvalidInput(format!("not a SecretRequest: {e}")))?;
+        let Some(key) = self.boot_key() else {
+            return Err(ApiError::Unavailable("no boot entry key loaded".to_owned()));
+        };
+        // The site is in the signed body; read it before the signature is
+        // checked only to know which site to authenticate the caller for.
+        let unverified = bc_wire::site_v1::SecretRequestBody::decode(req.body.as_slice())
+            .map_err(|e| ApiError::InvalidInput(format!("not a SecretRequestBody: {e}")))?;
+        self.site_call("get-secret", leaf, &unverified.site_id, |tx, caller, now| {
+            let me = Some(caller.node_id.as_str());
+            let body = match site::verify_secret_request(&caller.spki_der, &req) {
+                Ok(Some(body)) if body.node_id == caller.node_id => body,
+                _ => return Err(refused(SECRET_SIGNATURE, me).into()),
+            };
+            if (body.issued_at_unix_ms - now).abs() > SECRET_WINDOW_MS {
+                return Err(refused(SECRET_STALE, me).into());
+            }
+            let name = site::boot_lease_name(&body.site_id);
+            let holds = sites::get_lease(tx, &name)?
+                .is_some_and(|l: Lease| l.holder_at(now) == me);
+            if !holds {
+                return Err(refused(NOT_LEASE_HOLDER, me).into());
+            }
+            let entry = crate::boot::get(tx, &body.workflow_id)?
+                .filter(|e| e.site_id == body.site_id)
+                .ok_or_else(|| refused(UNKNOWN_WORKFLOW, me))?;
+            if entry.state(now) == "joined" || entry.state(now) == "expired" {
+                return Err(refused(WORKFLOW_CLOSED, me).into());
+            }
+            let token = crate::boot::fetch_token(tx, key, &entry, now)?;
+            tracing::info!(node_id = %caller.node_id, workflow = %entry.workflow_id, token_id = %token.id, "discovery token fetched");
+            Ok(SecretResponse {
+                token: token.expose(),
+                mac: entry.mac,
+                product_uuid: entry.product_uuid.unwrap_or_default(),
+                not_after_unix_ms: entry.not_after,
+            }
+            .encode_to_vec())
+        })
+    }
+
+    /// Authenticates the caller as a site node of `site_id`, runs `f` in the
+    /// same transaction, commits on success; records a refusal otherwise.
+    fn site_call(
+        &self,
+        call: &'static str,
+        leaf: Option<&[u8]>,
+        site_id: &str,
+        f: impl FnOnce(&Transaction<'_>, &Caller, UnixMs) -> Result<Vec<u8>, Stop>,
+    ) -> Result<Vec<u8>, ApiError> {
+        let outcome =
+            self.database()
+                .with_conn(|conn| -> Result<Result<Vec<u8>, Refused>, ApiError> {
+                    let tx = db::immediate(conn)?;
+                    let now = db::compute_now(&tx)?;
+                    let result = self
+                        .site_caller(&tx, leaf, site_id, now)
+                        .and_then(|caller| f(&tx, &caller, now));
+                    match result {
+                        Ok(out) => {
+                            tx.commit().map_err(DbError::from)?;
+                            Ok(Ok(out))
+                        }
+                        Err(Stop::Refused(r)) => Ok(Err(r)),
+                        Err(Stop::Failed(e)) => Err(e),
+                    }
+                })??;
+        outcome.map_err(|r| self.refuse_site(call, site_id, r))
+    }
+
+    fn site_caller(
+        &self,
+        tx: &Transaction<'_>,
+        leaf: Option<&[u8]>,
+        site_id: &str,
+        now: UnixMs,
+    ) -> Result<Caller, Stop> {
+        let leaf = leaf
+            .filter(|l| !l.is_empty())
+            .ok_or_else(|| refused(NO_CLIENT_CERTIFICATE, None))?;
+        let identity = match crate::pki::node_cert_identity(leaf) {
+            Ok(id) if id.trust_domain == self.bundle().trust_domain => id,
+            _ => return Err(refused(CERTIFICATE_IDENTITY, None).into()),
+        };
+        let id = Some(identity.node_id.as_str());
+        let cert = records::cert_by_der(tx, &identity.node_id, leaf)?
+            .ok_or_else(|| refused(UNKNOWN_CERTIFICATE, id))?;
+        let node = records::node_for_update(tx, &identity.node_id)?
+            .ok_or_else(|| refused(UNKNOWN_CERTIFICATE, id))?;
+        if node.retired_at.is_some() {
+            return Err(refused(NODE_RETIRED, id).into());
+        }
+        if cert.identity_generation != node.identity_generation
+            || cert.revoked_at.is_some()
+            || now >= cert.not_after
+        {
+            return Err(refused(CERTIFICATE_STALE, id).into());
+        }
+        let scope = records::node_scope(tx, &node.id)?;
+        if node.role != bc_wire::agent::Role::Site.name()
+            || scope.site_id.as_deref() != Some(site_id)
+        {
+            return Err(refused(NOT_SITE_NODE, id).into());
+        }
+        Ok(Caller {
+            node_id: node.id,
+            spki_der: identity.spki_der,
+        })
+    }
+
+    fn refuse_site(&self, call: &'static str, site_id: &str, r: Refused) -> ApiError {
+        tracing::warn!(
+            call,
+            site_id,
+            node_id = r.node_id.as_deref().unwrap_or(""),
+            reason = r.reason,
+            "site request refused"
+        );
+        let stored = self.database().write(|tx| {
+            let now = db::compute_now(tx)?;
+            records::insert_event(
+                tx,
+                &NewEvent {
+                    kind: EVENT_SITE_REFUSED,
+                    at: now,
+                    attestor: None,
+                    reason: Some(r.reason),
+                    token_id: None,
+                    node_id: r.node_id.as_deref(),
+                    data: serde_json::json!({ "call": call, "site": site_id }),
+                },
+            )
+        });
+        if let Err(e) = stored {
+            tracing::error!(error = %e, "cannot record a site refusal");
+        }
+        ApiError::SiteRefused
+    }
+}
+
+fn lease_response(name: &str, out: &LeaseOutcome, caller: &str) -> Vec<u8> {
+    let (lease, held) = match out {
+        LeaseOutcome::Held(l) => (Some(l), true),
+        LeaseOutcome::HeldByOther(l) => (Some(l), false),
+        LeaseOutcome::Lost(l) => (l.as_ref(), false),
+    };
+    LeaseResponse {
+        name: name.to_owned(),
+        held: held && lease.and_then(|l| l.holder.as_deref()) == Some(caller),
+        holder_node_id: lease.and_then(|l| l.holder.clone()).unwrap_or_default(),
+        epoch: lease.map_or(0, |l| l.epoch),
+        expires_at_unix_ms: lease.map_or(0, |l| l.expires_at),
+    }
+    .encode_to_vec()
+}

@@ -1,0 +1,82 @@
+//! `bcd ramdisk`: a PXE-booted platform ramdisk joins and stays joined.
+//!
+//! Reads `bc.token` and `bc.assertion` from the kernel command line (what
+//! `bcd site` put there), refuses a malformed one naming what was wrong
+//! before anything is sent, joins with attestor `discovery` and role
+//! `ramdisk` (the token sealed to the pinned JoinService key, the assertion
+//! as the attestation, the machine's MACs and product UUID as claims; a
+//! deferral is retried with the same CSR), prints its node id on the
+//! console, and then runs `bcd node`'s loop to keep its (at most 2-hour)
+//! certificate renewed. Its identity lives in the configured data
+//! directory, which on a ramdisk is the initramfs's tmpfs: it ends with the
+//! boot, as a commissioning identity should.
+
+use std::io::Read as _;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use bc_wire::agent::Role;
+
+use crate::config::{Config, ConfigArg};
+use crate::evidence::discovery::{self, MAX_CMDLINE};
+use crate::identity::Identity;
+use crate::join::{self, Credential};
+use crate::keys::TpmAccess;
+use crate::{node, out};
+
+#[derive(clap::Args, Debug)]
+pub struct RamdiskArgs {
+    #[command(flatten)]
+    config: ConfigArg,
+    /// The kernel command line to read bc.token and bc.assertion from
+    #[arg(long, value_name = "FILE", default_value = "/proc/cmdline")]
+    cmdline: PathBuf,
+    /// Join (or find the identity), then exit instead of staying up renewing
+    #[arg(long)]
+    once: bool,
+}
+
+pub fn run(args: RamdiskArgs) -> anyhow::Result<ExitCode> {
+    let config = Config::load(&args.config.path)?;
+    let tpm = TpmAccess::configured(&config);
+    let dir = &config.data_dir;
+    let node_id = match Identity::load(dir, &tpm) {
+        // A restarted bcd ramdisk in the same boot keeps its identity: the
+        // token and the assertion admitted one join only.
+        Ok(Some(id)) => {
+            out::line(format_args!("already joined as {}", id.node_id))?;
+            id.node_id
+        }
+        Ok(None) | Err(_) => {
+            let text = read_cmdline(&args.cmdline)?;
+            let d = discovery::parse_cmdline(&text)
+                .with_context(|| format!("cannot join from {}", args.cmdline.display()))?;
+            let node_id = join::join(&config, &tpm, Credential::Discovery(d), Role::Ramdisk)?;
+            out::line(format_args!("joined as {node_id}"))?;
+            node_id
+        }
+    };
+    tracing::info!(node_id = %node_id, "ramdisk joined");
+    if args.once {
+        return Ok(ExitCode::SUCCESS);
+    }
+    node::run(node::NodeArgs::new(args.config))
+}
+
+/// The command line, bounded: it is input nobody authenticated yet.
+fn read_cmdline(path: &Path) -> anyhow::Result<String> {
+    let file = std::fs::File::open(path)
+        .with_context(|| format!("cannot read the kernel command line {}", path.display()))?;
+    let mut bytes = Vec::new();
+    file.take(MAX_CMDLINE as u64 + 1)
+        .read_to_end(&mut bytes)
+        .with_context(|| format!("cannot read the kernel command line {}", path.display()))?;
+    if bytes.len() > MAX_CMDLINE {
+        anyhow::bail!(
+            "{} is longer than {MAX_CMDLINE} bytes: not a kernel command line",
+            path.display()
+        );
+    }
+    String::from_utf8(bytes).with_context(|| format!("{} is not UTF-8", path.display()))
+}

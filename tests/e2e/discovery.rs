@@ -1,0 +1,567 @@
+//! Discovery: a site node holds its site's boot lease and vouches for a
+//! machine it served; `bcd ramdisk` joins with that assertion and the boot
+//! entry's discovery token from its kernel command line. The site side is
+//! driven here through bcd's own site client and node key (what `bcd site`
+//! uses); every refusal reason of the attestor, the lease and the
+//! SecretRequest is checked at the control plane's event log.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bc_wire::signing::{self, Purpose};
+use bc_wire::site;
+use bc_wire::site_v1::{DiscoveryAssertion, LeaseResponse, SecretRequestBody};
+use bcd::client::{Client, ClientError};
+use bcd::identity::Identity;
+use bcd::keys::TpmAccess;
+
+use crate::harness::*;
+
+const MAC: &str = "52:54:00:12:34:56";
+const UUID: &str = "4c4c4544-0042-3510-8052-b4c04f4e4d32";
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(f)
+}
+
+/// A site node: a bcd that joined with a site token of `site_id`.
+struct SiteNode {
+    agent: Agent,
+    site_id: String,
+}
+
+impl SiteNode {
+    fn join(cp: &ControlPlane, site_id: &str) -> SiteNode {
+        let agent = Agent::new(cp);
+        let token = cp.token("site", &["--site", site_id]);
+        let file = agent.root.path().join("site-token");
+        std::fs::write(&file, token).unwrap();
+        assert_ok(&agent.run(&[
+            "join",
+            "--role",
+            "site",
+            "--token-file",
+            &file.to_string_lossy(),
+        ]));
+        SiteNode {
+            agent,
+            site_id: site_id.to_owned(),
+        }
+    }
+
+    fn identity(&self) -> Identity {
+        Identity::load(&self.agent.data_dir, &TpmAccess::none())
+            .expect("identity loads")
+            .expect("an identity")
+    }
+
+    fn client(&self) -> Client {
+        let config = bcd::config::Config::load(&self.agent.config).expect("config");
+        let id = self.identity();
+        Client::with_identity(&config, &id.chain, id.key.clone()).expect("client")
+    }
+
+    fn acquire(&self) -> Result<LeaseResponse, ClientError> {
+        block_on(self.client().acquire_lease(&self.site_id))
+    }
+
+    /// The holder's SecretRequest for a workflow: the discovery token.
+    fn secret(&self, workflow: &str) -> Result<String, ClientError> {
+        let id = self.identity();
+        let body = SecretRequestBody {
+            node_id: id.node_id.clone(),
+            site_id: self.site_id.clone(),
+            workflow_id: workflow.to_owned(),
+            issued_at_unix_ms: now_ms(),
+        };
+        let req = site::sign_secret_request(&body, |m| id.key.sign(m)).expect("sign");
+        block_on(self.client().get_secret(&req)).map(|r| r.token)
+    }
+
+    /// An assertion for `mac` at `epoch`, fresh, signed under its purpose.
+    fn assertion(&self, epoch: u64, edit: impl FnOnce(&mut DiscoveryAssertion)) -> String {
+        let id = self.identity();
+        let mut a = DiscoveryAssertion {
+            site_id: self.site_id.clone(),
+            node_id: id.node_id.clone(),
+            lease_epoch: epoch,
+            mac: MAC.to_owned(),
+            ip: "10.0.2.15".to_owned(),
+            product_uuid: String::new(),
+            workflow_id: String::new(),
+            issued_at_unix_ms: now_ms(),
+            not_after_unix_ms: now_ms() + 10 * 60_000,
+        };
+        edit(&mut a);
+        let signed = site::sign_assertion(&a, id.key.kid(), |m| id.key.sign(m)).expect("sign");
+        site::to_cmdline(&signed)
+    }
+}
+
+/// A bare machine booted into the ramdisk: its own config, data dir and
+/// sysfs (MACs, product UUID).
+struct Machine {
+    agent: Agent,
+    sysfs: std::path::PathBuf,
+}
+
+impl Machine {
+    fn new(cp: &ControlPlane, mac: &str, uuid: &str) -> Machine {
+        let agent = Agent::new(cp);
+        let sysfs = agent.root.path().join("sys");
+        for (rel, text) in [
+            ("class/net/eth0/address", format!("{mac}\n")),
+            ("class/net/lo/address", "00:00:00:00:00:00\n".to_owned()),
+            ("class/dmi/id/product_uuid", format!("{uuid}\n")),
+        ] {
+            let p = sysfs.join(rel);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, text).unwrap();
+        }
+        Machine { agent, sysfs }
+    }
+
+    fn boot(&self, cmdline: &str) -> std::process::Output {
+        let file = self.agent.root.path().join("cmdline");
+        std::fs::write(&file, format!("console=ttyS0 {cmdline} ip=dhcp\n")).unwrap();
+        self.agent
+            .command(&["ramdisk", "--once", "--cmdline", &file.to_string_lossy()])
+            .env("BCD_SYSFS_ROOT", &self.sysfs)
+            .output()
+            .expect("run bcd ramdisk")
+    }
+}
+
+fn site(cp: &ControlPlane, name: &str) -> String {
+    let out = cp.cli(&["sites", "create", name]);
+    assert_ok(&out);
+    stdout(&out).trim().to_owned()
+}
+
+fn boot_add(cp: &ControlPlane, site: &str, mac: &str, extra: &[&str]) -> String {
+    let mut args = vec!["boot", "add", "--site", site, "--mac", mac];
+    args.extend_from_slice(extra);
+    let out = cp.cli(&args);
+    assert_ok(&out);
+    stdout(&out).trim().to_owned()
+}
+
+fn boot_state(cp: &ControlPlane, workflow: &str) -> String {
+    let list = cp.json(&["boot", "list"]);
+    list.as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["workflowId"] == workflow)
+        .map(|e| e["state"].as_str().unwrap().to_owned())
+        .expect("the boot entry is listed")
+}
+
+fn cmdline(token: &str, assertion: &str) -> String {
+    format!("bc.token={token} bc.assertion={assertion}")
+}
+
+#[track_caller]
+fn assert_refused_as(cp: &ControlPlane, out: &std::process::Output, reason: &str) {
+    assert_access_denied(out);
+    assert_eq!(
+        cp.refusal_reasons().last().map(String::as_str),
+        Some(reason),
+        "the control plane's last refusal"
+    );
+}
+
+#[track_caller]
+fn assert_site_refused(
+    cp: &ControlPlane,
+    r: Result<impl std::fmt::Debug, ClientError>,
+    reason: &str,
+) {
+    assert!(matches!(r, Err(ClientError::AccessDenied)), "{r:?}");
+    let last = cp
+        .events()
+        .into_iter()
+        .rfind(|e| e["type"] == "security.site.refused")
+        .expect("a site refusal event");
+    assert_eq!(last["reason"], reason);
+}
+
+#[test]
+fn a_ramdisk_joins_once_with_its_site_nodes_assertion() {
+    let cp = ControlPlane::start();
+    let site_id = site(&cp, "dc1");
+    let holder = SiteNode::join(&cp, &site_id);
+    let lease = holder.acquire().unwrap();
+    assert!(lease.held);
+    assert_eq!(lease.name, format!("site:{site_id}:boot"));
+    let wf = boot_add(&cp, "dc1", "52:54:00:12:34:56", &["--product-uuid", UUID]);
+    assert_eq!(boot_state(&cp, &wf), "waiting");
+    let token = holder.secret(&wf).unwrap();
+    assert_eq!(boot_state(&cp, &wf), "vouched");
+    let assertion = holder.assertion(lease.epoch, |a| {
+        a.workflow_id = wf.clone();
+        a.product_uuid = UUID.to_owned();
+    });
+
+    let machine = Machine::new(&cp, MAC, UUID);
+    let out = machine.boot(&cmdline(&token, &assertion));
+    assert_ok(&out);
+    let id = Identity::load(&machine.agent.data_dir, &TpmAccess::none())
+        .unwrap()
+        .unwrap();
+    assert!(stdout(&out).contains(&format!("joined as {}", id.node_id)));
+    assert_eq!(machine.agent.status_json()["role"], "ramdisk");
+    let lifetime = id.cert.not_after - id.cert.not_before;
+    assert!(lifetime <= time::Duration::hours(2), "{lifetime}");
+    let node = cp
+        .nodes()
+        .into_iter()
+        .find(|n| n["nodeId"] == id.node_id.as_str())
+        .unwrap();
+    assert_eq!(node["role"], "ramdisk");
+    assert_eq!(node["attestor"], "discovery");
+    assert_eq!(node["site"], site_id.as_str());
+    assert_eq!(
+        node["allowedKinds"],
+        serde_json::json!([
+            "inventory.refresh",
+            "logs.collect",
+            "diag.*",
+            "disk.wipe",
+            "deploy.*",
+            "boot.kexec"
+        ])
+    );
+    assert_eq!(boot_state(&cp, &wf), "joined");
+    // Its renewals stay as short as its first certificate.
+    assert_ok(&machine.agent.run(&["node", "--once", "--renew-now"]));
+    let renewed = Identity::load(&machine.agent.data_dir, &TpmAccess::none())
+        .unwrap()
+        .unwrap();
+    assert_ne!(renewed.chain[0], id.chain[0], "renewed");
+    assert!(renewed.cert.not_after - renewed.cert.not_before <= time::Duration::hours(2));
+    // A spent entry's token is no longer handed out.
+    assert_site_refused(&cp, holder.secret(&wf), "workflow-closed");
+
+    // The same command line again (a replayed boot): the assertion admitted
+    // its one join.
+    let replay = Machine::new(&cp, MAC, UUID);
+    assert_refused_as(
+        &cp,
+        &replay.boot(&cmdline(&token, &assertion)),
+        "assertion-reused",
+    );
+    replay.agent.assert_nothing_written();
+    // A fresh assertion with the spent token: the token admitted its one join.
+    let fresh = holder.assertion(lease.epoch, |_| {});
+    assert_refused_as(
+        &cp,
+        &replay.boot(&cmdline(&token, &fresh)),
+        "token-exhausted",
+    );
+    // A new boot entry for the same MAC gets a new token: it joins.
+    let wf2 = boot_add(&cp, "dc1", MAC, &[]);
+    let token2 = holder.secret(&wf2).unwrap();
+    assert_ok(&replay.boot(&cmdline(&token2, &fresh)));
+    assert_eq!(boot_state(&cp, &wf2), "joined");
+}
+
+#[test]
+fn malformed_command_lines_send_nothing() {
+    let cp = ControlPlane::start();
+    let machine = Machine::new(&cp, MAC, UUID);
+    for (line, says) in [
+        ("quiet", "no bc.token="),
+        (
+            "bc.token=tok_x.AAAA bc.assertion=AAAA",
+            "not a discovery token",
+        ),
+        (
+            "bc.token=tok_abc.AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8 bc.assertion=%%%",
+            "not unpadded base64url",
+        ),
+    ] {
+        let out = machine.boot(line);
+        assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+        assert!(stderr(&out).contains(says), "{}", stderr(&out));
+        assert!(
+            !stderr(&out).contains("AAECAwQF"),
+            "the token is never quoted"
+        );
+    }
+    machine.agent.assert_nothing_written();
+    assert!(cp.refusal_reasons().is_empty(), "nothing was sent");
+}
+
+/// Every refusal of the attestor, of the lease and of the SecretRequest,
+/// each naming its reason in the control plane's events.
+#[test]
+fn every_discovery_refusal_names_its_reason() {
+    let cp = ControlPlane::start();
+    let site_id = site(&cp, "dc1");
+    let other_site = site(&cp, "dc2");
+    let a = SiteNode::join(&cp, &site_id);
+    let b = SiteNode::join(&cp, &site_id);
+    let epoch = a.acquire().unwrap().epoch;
+    // b stands by.
+    let standby = b.acquire().unwrap();
+    assert!(!standby.held);
+    assert_eq!(standby.holder_node_id, a.identity().node_id);
+    // SecretRequest by a site node that does not hold the lease.
+    let wf = boot_add(&cp, "dc1", MAC, &[]);
+    assert_site_refused(&cp, b.secret(&wf), "not-lease-holder");
+    // A site node of another site cannot even ask.
+    let c = SiteNode::join(&cp, &other_site);
+    assert_site_refused(
+        &cp,
+        block_on(c.client().acquire_lease(&site_id)),
+        "not-site-node",
+    );
+
+    let machine = Machine::new(&cp, MAC, UUID);
+    let token = |cp: &ControlPlane| a.secret(&boot_add(cp, "dc1", MAC, &[])).unwrap();
+    let good = |edit: &dyn Fn(&mut DiscoveryAssertion)| a.assertion(epoch, |x| edit(x));
+    let t = token(&cp);
+
+    // The signer: not the holder; wrong epoch.
+    assert_refused_as(
+        &cp,
+        &machine.boot(&cmdline(&t, &b.assertion(epoch, |_| {}))),
+        "lease-not-held",
+    );
+    assert_refused_as(
+        &cp,
+        &machine.boot(&cmdline(&t, &a.assertion(epoch + 1, |_| {}))),
+        "lease-epoch",
+    );
+    // A signature by another key, and the node key's under another purpose.
+    let id = a.identity();
+    let other_key = b.identity().key;
+    let forged = |purpose: Option<Purpose>| {
+        let aa = DiscoveryAssertion {
+            site_id: site_id.clone(),
+            node_id: id.node_id.clone(),
+            lease_epoch: epoch,
+            mac: MAC.to_owned(),
+            issued_at_unix_ms: now_ms(),
+            not_after_unix_ms: now_ms() + 60_000,
+            ..Default::default()
+        };
+        let signed = site::sign_assertion(&aa, id.key.kid(), |m| match purpose {
+            None => other_key.sign(m),
+            Some(p) => {
+                let bytes = &m[m.len() - prost::Message::encoded_len(&aa)..];
+                id.key.sign(&signing::signing_input(p, &[bytes]))
+            }
+        })
+        .unwrap();
+        site::to_cmdline(&signed)
+    };
+    assert_refused_as(
+        &cp,
+        &machine.boot(&cmdline(&t, &forged(None))),
+        "assertion-signature",
+    );
+    assert_refused_as(
+        &cp,
+        &machine.boot(&cmdline(&t, &forged(Some(Purpose::SecretRequest)))),
+        "assertion-signature",
+    );
+    // Freshness: 16 minutes old, or past its not_after.
+    let stale = good(&|x| {
+        x.issued_at_unix_ms = now_ms() - 16 * 60_000;
+        x.not_after_unix_ms = now_ms() + 60_000;
+    });
+    assert_refused_as(&cp, &machine.boot(&cmdline(&t, &stale)), "assertion-stale");
+    let past = good(&|x| x.not_after_unix_ms = now_ms() - 1);
+    assert_refused_as(&cp, &machine.boot(&cmdline(&t, &past)), "assertion-stale");
+    let ahead = good(&|x| {
+        x.issued_at_unix_ms = now_ms() + 5 * 60_000;
+        x.not_after_unix_ms = now_ms() + 10 * 60_000;
+    });
+    assert_refused_as(&cp, &machine.boot(&cmdline(&t, &ahead)), "assertion-future");
+    let nobody = good(&|x| x.node_id = "node_nobody".into());
+    assert_refused_as(&cp, &machine.boot(&cmdline(&t, &nobody)), "signer-unknown");
+    // The machine: the asserted MAC is not among its own; another product UUID.
+    let elsewhere = Machine::new(&cp, "52:54:00:aa:bb:cc", UUID);
+    assert_refused_as(
+        &cp,
+        &elsewhere.boot(&cmdline(&t, &good(&|_| {}))),
+        "mac-not-claimed",
+    );
+    let other_uuid = good(&|x| x.product_uuid = "00000000-0000-0000-0000-000000000001".into());
+    assert_refused_as(
+        &cp,
+        &machine.boot(&cmdline(&t, &other_uuid)),
+        "product-uuid-mismatch",
+    );
+    // The token: of another role, of another site, for another MAC.
+    let node_token = cp.token("node", &[]);
+    assert_refused_as(
+        &cp,
+        &machine.boot(&cmdline(&node_token, &good(&|_| {}))),
+        "token-role",
+    );
+    let elsewhere_wf = boot_add(&cp, "dc2", MAC, &[]);
+    let c_epoch = c.acquire().unwrap().epoch;
+    let c_token = c.secret(&elsewhere_wf).unwrap();
+    assert_refused_as(
+        &cp,
+        &machine.boot(&cmdline(&c_token, &good(&|_| {}))),
+        "token-site",
+    );
+    let _ = c_epoch;
+    // A site node of another site vouching for this one.
+    let c_for_dc1 = c.assertion(c_epoch, |x| x.site_id = site_id.clone());
+    assert_refused_as(
+        &cp,
+        &machine.boot(&cmdline(&t, &c_for_dc1)),
+        "signer-not-site",
+    );
+    let other_mac_token = a
+        .secret(&boot_add(&cp, "dc1", "52:54:00:aa:bb:cc", &[]))
+        .unwrap();
+    assert_refused_as(
+        &cp,
+        &machine.boot(&cmdline(&other_mac_token, &good(&|_| {}))),
+        "token-mac",
+    );
+    // Nothing above spent the token: it still joins.
+    machine.agent.assert_nothing_written();
+    assert_ok(&machine.boot(&cmdline(&t, &good(&|_| {}))));
+
+    // a stops renewing: 31 s later b takes over with a higher epoch, and a
+    // is fenced: its renewal is refused, its assertions too (not the
+    // holder), and b's under the old epoch are refused (wrong epoch).
+    assert_ok(&cp.cli(&["clock", "set", "--offset", "31s"]));
+    let taken = b.acquire().unwrap();
+    assert!(taken.held);
+    assert_eq!(taken.epoch, epoch + 1);
+    assert_site_refused(
+        &cp,
+        block_on(a.client().renew_lease(&site_id, epoch)),
+        "lease-lost",
+    );
+    let soon = |x: &mut DiscoveryAssertion| {
+        x.issued_at_unix_ms = now_ms() + 31_000;
+        x.not_after_unix_ms = now_ms() + 600_000;
+    };
+    let m2 = Machine::new(&cp, MAC, UUID);
+    let t2 = b.secret(&boot_add(&cp, "dc1", MAC, &[])).unwrap();
+    assert_site_refused(
+        &cp,
+        a.secret(&boot_add(&cp, "dc1", MAC, &[])),
+        "not-lease-holder",
+    );
+    assert_refused_as(
+        &cp,
+        &m2.boot(&cmdline(&t2, &a.assertion(epoch, soon))),
+        "lease-not-held",
+    );
+    assert_refused_as(
+        &cp,
+        &m2.boot(&cmdline(&t2, &b.assertion(epoch, soon))),
+        "lease-epoch",
+    );
+    // A retired signer vouches for nobody, lease or not.
+    let b_id = b.identity().node_id;
+    assert_ok(&cp.cli(&["nodes", "retire", &b_id]));
+    assert_refused_as(
+        &cp,
+        &m2.boot(&cmdline(&t2, &b.assertion(taken.epoch, soon))),
+        "signer-retired",
+    );
+    m2.agent.assert_nothing_written();
+}
+
+/// The signer's certificate expired while it still held the lease (a lease
+/// TTL longer than a certificate): its assertions no longer verify.
+#[test]
+fn an_expired_signer_certificate_vouches_for_nobody() {
+    let cp = ControlPlane::start_with_config("[discovery]\nlease_ttl = \"2d\"\n");
+    let site_id = site(&cp, "dc1");
+    let a = SiteNode::join(&cp, &site_id);
+    let epoch = a.acquire().unwrap().epoch;
+    let t = a
+        .secret(&boot_add(&cp, "dc1", MAC, &["--not-after", "3d"]))
+        .unwrap();
+    assert_ok(&cp.cli(&["clock", "set", "--offset", "25h"]));
+    let later = a.assertion(epoch, |x| {
+        x.issued_at_unix_ms = now_ms() + 25 * 3_600_000;
+        x.not_after_unix_ms = x.issued_at_unix_ms + 600_000;
+    });
+    let machine = Machine::new(&cp, MAC, UUID);
+    assert_refused_as(
+        &cp,
+        &machine.boot(&cmdline(&t, &later)),
+        "signer-certificate",
+    );
+}
+
+/// What bcd never sends but a caller could: a discovery token minted for
+/// two machines (tokens of the CLI are single-use, so it is written to the
+/// database directly), and a discovery join for another role (sent to the
+/// control plane's JoinService in process, on the same directory).
+#[test]
+fn only_single_use_tokens_and_ramdisks_are_admitted() {
+    use bc_controlplane::attestor::Expect;
+    use bc_controlplane::tokens::{insert_token, TokenScope};
+    let cp = ControlPlane::start();
+    let site_id = site(&cp, "dc1");
+    let a = SiteNode::join(&cp, &site_id);
+    let epoch = a.acquire().unwrap().epoch;
+    let db = bc_controlplane::db::Database::open_dir(cp.path()).unwrap();
+    let (two, _) = db
+        .write(|tx| {
+            let scope = TokenScope {
+                pool: None,
+                expect: Expect {
+                    mac: Some(MAC.to_owned()),
+                    product_uuid: None,
+                },
+                site: Some(&site_id),
+            };
+            insert_token(tx, "discovery", 2, 600_000, &scope)
+        })
+        .unwrap();
+    let machine = Machine::new(&cp, MAC, UUID);
+    let assertion = a.assertion(epoch, |_| {});
+    assert_refused_as(
+        &cp,
+        &machine.boot(&cmdline(&two.expose(), &assertion)),
+        "token-not-single-use",
+    );
+
+    let svc = bc_controlplane::JoinService::open(cp.path()).unwrap();
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let csr = rcgen::CertificateParams::default()
+        .serialize_request(&key)
+        .unwrap()
+        .der()
+        .to_vec();
+    let req = bc_wire::agent::JoinRequest {
+        csr,
+        role: bc_wire::agent::Role::Node as i32,
+        attestor: "discovery".into(),
+        attestation: site::from_cmdline(&assertion).unwrap(),
+        ..Default::default()
+    };
+    assert!(matches!(
+        svc.join(req),
+        Err(bc_controlplane::ApiError::AccessDenied)
+    ));
+    svc.flush_events();
+    assert_eq!(
+        cp.refusal_reasons().last().map(String::as_str),
+        Some("discovery-role")
+    );
+}
