@@ -25,5 +25,6 @@ pub mod keys;
 pub mod node;
 pub mod out;
 pub mod pki;
+pub mod site;
 pub mod status;
 pub mod tpm;
