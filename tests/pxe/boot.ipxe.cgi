@@ -1,3 +1,4 @@
+# shellcheck shell=sh
 # A stand-in for `bcd site`'s GET /boot.ipxe, run by busybox httpd as a CGI
 # (httpd.conf maps *.ipxe to /bin/sh) until `bcd site` lands: it renders
 # ramdisk/boot.ipxe.in for a MAC that has an entry under $PXE_ENTRIES
@@ -5,6 +6,7 @@
 # for any other, and logs one line per script to $PXE_LOG.
 #
 # httpd passes no environment of its own: the paths come from ./site.env.
+# shellcheck disable=SC1091
 . ./site.env
 # iPXE sends the MAC URL-encoded (52%3A54%3A...).
 mac=$(printf '%s' "&$QUERY_STRING&" | sed -n 's/.*&mac=\([^&]*\)&.*/\1/p' | sed 's/%3[aA]/:/g' | tr 'A-F' 'a-f')
