@@ -277,6 +277,52 @@ mod tests {
         );
     }
 
+    /// A real reader: busybox's cpio unpacks it (the kernel's own reading
+    /// is proven by scripts/pxetest once `bcd site` serves the archive).
+    #[test]
+    fn busybox_cpio_unpacks_it() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let tmp = tempfile::tempdir().unwrap();
+        let bytes = archive(&[
+            File {
+                path: "etc/bcd/config.toml",
+                mode: 0o600,
+                data: b"api = 1\n",
+            },
+            File {
+                path: "etc/hosts",
+                mode: 0o644,
+                data: b"10.0.2.100 localhost\n",
+            },
+        ])
+        .unwrap();
+        let run = std::process::Command::new("busybox")
+            .args(["cpio", "-i", "-d"])
+            .current_dir(tmp.path())
+            .stdin(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn();
+        let Ok(mut child) = run else {
+            eprintln!("skipped: no busybox (scripts/pxetest installs busybox-static)");
+            return;
+        };
+        std::io::Write::write_all(&mut child.stdin.take().unwrap(), &bytes).unwrap();
+        let done = child.wait_with_output().unwrap();
+        assert!(
+            done.status.success(),
+            "{}",
+            String::from_utf8_lossy(&done.stderr)
+        );
+        let config = tmp.path().join("etc/bcd/config.toml");
+        assert_eq!(std::fs::read(&config).unwrap(), b"api = 1\n");
+        let mode = std::fs::metadata(&config).unwrap().permissions().mode();
+        assert_eq!(mode & 0o7777, 0o600);
+        assert_eq!(
+            std::fs::read(tmp.path().join("etc/hosts")).unwrap(),
+            b"10.0.2.100 localhost\n"
+        );
+    }
+
     #[test]
     fn padding_aligns_the_appended_archive() {
         assert_eq!(
