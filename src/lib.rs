@@ -26,5 +26,6 @@ pub mod node;
 pub mod out;
 pub mod pki;
 pub mod ramdisk;
+pub mod site;
 pub mod status;
 pub mod tpm;

@@ -223,8 +223,9 @@ fn package_units_verify_and_are_hardened() {
     assert!(tmpfiles.contains("d /run/bcd "));
 }
 
-/// The shell that packages, installs and tests the deployment passes
-/// shellcheck (when installed: scripts/lib.sh installs it).
+/// The shell that packages, installs and tests the deployment, and builds
+/// and PXE-boots the ramdisk, passes shellcheck (when installed:
+/// scripts/lib.sh installs it).
 #[test]
 fn packaging_and_vm_scripts_pass_shellcheck() {
     if Command::new("shellcheck")
@@ -239,7 +240,14 @@ fn packaging_and_vm_scripts_pass_shellcheck() {
     for (shell, files) in [
         (
             "bash",
-            &["scripts/package", "scripts/vmtest", "scripts/vmlib.sh"][..],
+            &[
+                "scripts/package",
+                "scripts/vmtest",
+                "scripts/vmlib.sh",
+                "scripts/pxetest",
+                "ramdisk/build",
+                "ramdisk/append-config",
+            ][..],
         ),
         (
             "sh",
@@ -249,6 +257,9 @@ fn packaging_and_vm_scripts_pass_shellcheck() {
                 "packaging/debian/postrm",
                 "tests/vm/report.sh",
                 "tests/vm/image/bcd-vmtest-report",
+                "ramdisk/init",
+                "ramdisk/udhcpc.script",
+                "tests/pxe/boot.ipxe.cgi",
             ][..],
         ),
     ] {
