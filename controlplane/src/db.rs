@@ -217,6 +217,21 @@ const MIGRATIONS: &[&str] = &[
         expires_at INTEGER NOT NULL
     ) STRICT;
     "#,
+    // 8: provisioned tokens and hardware keys (spec "provisioned", "join-token":
+    // the reclaim flag). A token may name the node it re-keys and may allow a
+    // reclaim; a node records its trusted hardware key (`tpm-ek:<sha256>` or
+    // `product-uuid:<uuid>`) and the product UUID an attestor proved, so that
+    // one machine never becomes two live nodes; each join keeps the product
+    // UUID it claimed (a provisioned token's target is read from it).
+    r#"
+    ALTER TABLE join_tokens ADD COLUMN target_node_id TEXT;
+    ALTER TABLE join_tokens ADD COLUMN allow_reclaim INTEGER NOT NULL DEFAULT 0 CHECK (allow_reclaim IN (0, 1));
+    ALTER TABLE nodes ADD COLUMN hardware_key TEXT;
+    ALTER TABLE nodes ADD COLUMN product_uuid TEXT;
+    CREATE INDEX nodes_by_hardware_key ON nodes(hardware_key) WHERE hardware_key IS NOT NULL;
+    CREATE INDEX nodes_by_product_uuid ON nodes(product_uuid) WHERE product_uuid IS NOT NULL;
+    ALTER TABLE joins ADD COLUMN product_uuid TEXT;
+    "#,
 ];
 
 #[derive(Debug, thiserror::Error)]

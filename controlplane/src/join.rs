@@ -45,7 +45,7 @@ use crate::config::ConfigError;
 use crate::db::{self, Database, DbError, UnixMs};
 use crate::eventlog::{EventLog, Refused};
 use crate::pki::{Bundle, NodeCertSpec, PkiError, MAX_NODE_CERT_TTL};
-use crate::pools;
+use crate::{hardware, pools};
 use crate::records::{self, JoinRow, NewEvent, NodeRow};
 
 pub const CSR_NOT_VERIFIED: &str = "join:csr-signature";
@@ -222,6 +222,9 @@ impl JoinService {
             ChallengeKey::new(challenge_key),
         )));
         svc.register_attestor(Arc::new(X509PopAttestor::new(config.x509pop)));
+        svc.register_attestor(Arc::new(
+            crate::attestors::provisioned::ProvisionedAttestor,
+        ));
         Ok(svc)
     }
 
@@ -433,7 +436,9 @@ impl JoinService {
                 }
                 Ok(Verdict::Admit(result)) => {
                     let admitted = check_expect(&result, &claims)
-                        .and_then(|()| self.admit(&tx, now, role, &attestor_id, &csr, &result));
+                        .and_then(|()| {
+                            self.admit(&tx, now, role, &attestor_id, &csr, &result, &claims)
+                        });
                     match admitted {
                         Ok((node_id, leaf)) => {
                             tx.commit().map_err(DbError::from)?;
@@ -479,13 +484,26 @@ impl JoinService {
         attestor_id: &str,
         csr: &VerifiedCsr,
         result: &AttestationResult,
+        claims: &agent::HardwareClaims,
     ) -> Result<(String, Vec<u8>), Refusal> {
         let refuse = |reason: &str, node: Option<&str>| {
             Refusal::new(reason)
                 .with_token(result.token_id.as_deref())
                 .with_node(node)
         };
-        let reclaim = result.reclaim_node_id.as_deref();
+        // One machine, one live node: a hardware key another node holds is
+        // a reclaim, allowed only by the token (a tpm join has none).
+        let hardware = hardware::of_result(result);
+        let mut reclaim = result.reclaim_node_id.clone();
+        if let Some(hk) = &hardware {
+            if let Some(holder) = hardware::holder(tx, hk, role.name(), reclaim.as_deref())? {
+                if !result.allow_reclaim || reclaim.is_some() {
+                    return Err(refuse(hardware::RECLAIM, Some(&holder)));
+                }
+                reclaim = Some(holder);
+            }
+        }
+        let reclaim = reclaim.as_deref();
         let statements: Vec<String> = match &result.node_key_uri {
             None => Vec::new(),
             Some(uri) if knows_key_statement(uri) => vec![uri.clone()],
@@ -573,6 +591,9 @@ impl JoinService {
         if let Some(b) = new_binding {
             records::insert_binding(tx, &b.kind, &b.key, &node_id, now)?;
         }
+        if let Some(hk) = &hardware {
+            hardware::record(tx, &node_id, hk)?;
+        }
         // A new node gets its site, kinds and certificate cap from the
         // attestor; a reclaimed one keeps its own.
         let scope = if reclaim.is_none() {
@@ -618,6 +639,7 @@ impl JoinService {
                 node_key: result.node_key.as_str().to_owned(),
                 identity_generation: generation,
                 at: now,
+                product_uuid: crate::attestor::normalize_product_uuid(&claims.product_uuid).ok(),
             },
         )?;
         records::insert_event(
@@ -634,7 +656,7 @@ impl JoinService {
                     "nodeKey": result.node_key.as_str(),
                     "role": role.name(),
                     "identityGeneration": generation,
-                    "reclaim": result.reclaim_node_id.is_some(),
+                    "reclaim": reclaim.is_some(),
                     "pool": pool.id,
                     "serial": issued.serial_hex,
                     "notAfter": db::rfc3339(db::from_datetime(issued.not_after)),
