@@ -45,8 +45,8 @@ use crate::config::ConfigError;
 use crate::db::{self, Database, DbError, UnixMs};
 use crate::eventlog::{EventLog, Refused};
 use crate::pki::{Bundle, NodeCertSpec, PkiError, MAX_NODE_CERT_TTL};
-use crate::{hardware, pools};
 use crate::records::{self, JoinRow, NewEvent, NodeRow};
+use crate::{hardware, pools};
 
 pub const CSR_NOT_VERIFIED: &str = "join:csr-signature";
 pub const CSR_KEY: &str = "join:csr-key";
@@ -222,9 +222,7 @@ impl JoinService {
             ChallengeKey::new(challenge_key),
         )));
         svc.register_attestor(Arc::new(X509PopAttestor::new(config.x509pop)));
-        svc.register_attestor(Arc::new(
-            crate::attestors::provisioned::ProvisionedAttestor,
-        ));
+        svc.register_attestor(Arc::new(crate::attestors::provisioned::ProvisionedAttestor));
         Ok(svc)
     }
 
@@ -435,10 +433,9 @@ impl JoinService {
                     Ok(Outcome::Deferred(d))
                 }
                 Ok(Verdict::Admit(result)) => {
-                    let admitted = check_expect(&result, &claims)
-                        .and_then(|()| {
-                            self.admit(&tx, now, role, &attestor_id, &csr, &result, &claims)
-                        });
+                    let admitted = check_expect(&result, &claims).and_then(|()| {
+                        self.admit(&tx, now, role, &attestor_id, &csr, &result, &claims)
+                    });
                     match admitted {
                         Ok((node_id, leaf)) => {
                             tx.commit().map_err(DbError::from)?;

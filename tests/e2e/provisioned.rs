@@ -18,7 +18,11 @@ pub fn machine(cp: &ControlPlane, uuid: Option<&str>) -> Agent {
     let dmi = agent.root.path().join("sys/class/dmi/id");
     std::fs::create_dir_all(&dmi).unwrap();
     if let Some(uuid) = uuid {
-        std::fs::write(dmi.join("product_uuid"), format!("{}\n", uuid.to_uppercase())).unwrap();
+        std::fs::write(
+            dmi.join("product_uuid"),
+            format!("{}\n", uuid.to_uppercase()),
+        )
+        .unwrap();
     }
     agent
 }
@@ -68,7 +72,10 @@ pub fn assert_refused(cp: &ControlPlane, agent: &Agent, attestor: &str, token: &
     let out = join_as(agent, attestor, token);
     assert_access_denied(&out);
     agent.assert_nothing_written();
-    assert!(!stderr(&out).contains(reason), "the reason stays on the server");
+    assert!(
+        !stderr(&out).contains(reason),
+        "the reason stays on the server"
+    );
     let last = cp.refusals().pop().expect("a refusal event");
     assert_eq!(last["reason"], reason, "{last}");
     assert_eq!(last["attestor"], attestor);
@@ -101,7 +108,10 @@ fn provisioned_refusals() {
     let right = machine(&cp, Some(UUID));
 
     // Minted for several machines: never a machine credential.
-    let several = cp.token("provisioned", &["--expect-product-uuid", UUID, "--uses", "2"]);
+    let several = cp.token(
+        "provisioned",
+        &["--expect-product-uuid", UUID, "--uses", "2"],
+    );
     assert_refused(&cp, &right, "provisioned", &several, "not-single-use");
 
     let bound = cp.token("provisioned", &["--expect-product-uuid", UUID]);
@@ -136,11 +146,20 @@ fn a_provisioned_token_for_a_node_rekeys_it_in_place() {
 
     let token = cp.token("provisioned", &["--node", &id]);
     let listed = cp.json(&["token", "list"]);
-    assert_eq!(listed.as_array().unwrap().last().unwrap()["node"], id.as_str());
+    assert_eq!(
+        listed.as_array().unwrap().last().unwrap()["node"],
+        id.as_str()
+    );
 
     // The target's product UUID comes from its newest join's claims.
     let elsewhere = machine(&cp, Some(OTHER_UUID));
-    assert_refused(&cp, &elsewhere, "provisioned", &token, "product-uuid-mismatch");
+    assert_refused(
+        &cp,
+        &elsewhere,
+        "provisioned",
+        &token,
+        "product-uuid-mismatch",
+    );
     assert_eq!(cp.refusals().pop().unwrap()["nodeId"], id.as_str());
 
     // The reinstalled system (a fresh data directory, same machine).
@@ -170,5 +189,73 @@ fn a_provisioned_token_for_a_node_rekeys_it_in_place() {
     let gone = cp.token("provisioned", &["--node", &id]);
     assert_ok(&cp.cli(&["nodes", "cordon", &id]));
     assert_ok(&cp.cli(&["nodes", "delete", &id, "--yes"]));
-    assert_refused(&cp, &machine(&cp, Some(UUID)), "provisioned", &gone, "unbound");
+    assert_refused(
+        &cp,
+        &machine(&cp, Some(UUID)),
+        "provisioned",
+        &gone,
+        "unbound",
+    );
+}
+
+/// `user-data --attestor provisioned` mints the single-use token into the
+/// `#cloud-config` (a 0600 file the script joins with, then removes); the
+/// machine it names joins with it, another machine with the same user data
+/// is refused. (The guest VM that boots such user data is not run here.)
+#[test]
+fn user_data_mints_a_provisioned_token_for_one_machine() {
+    let cp = ControlPlane::start();
+    let files = tempfile::tempdir().unwrap();
+    let deb = files.path().join("bcd_0.1.0+test_amd64.deb");
+    std::fs::write(&deb, b"package").unwrap();
+    assert_ok(&cp.cli(&["dist", "add", deb.to_str().unwrap()]));
+    let user_data = |extra: &[&str]| {
+        let mut args = vec![
+            "user-data",
+            "--api",
+            "https://cp.example",
+            "--attestor",
+            "provisioned",
+        ];
+        args.extend_from_slice(extra);
+        cp.cli(&args)
+    };
+    let out = user_data(&[]);
+    assert!(!out.status.success() && stderr(&out).contains("--expect-product-uuid"));
+    assert!(
+        cp.json(&["token", "list"]).as_array().unwrap().is_empty(),
+        "nothing minted"
+    );
+
+    let out = user_data(&["--expect-product-uuid", &UUID.to_uppercase()]);
+    assert_ok(&out);
+    let text = stdout(&out);
+    let head = "  - path: /run/bcd/join-token\n    owner: root:root\n    permissions: '0600'\n    content: '";
+    let token = text
+        .split_once(head)
+        .and_then(|(_, rest)| rest.split_once("'\n"))
+        .expect("the token file in write_files")
+        .0
+        .to_owned();
+    assert!(text.contains("--attestor provisioned --token-file \"$token_file\""));
+    assert!(text.contains("rm -f \"$token_file\""));
+    let listed = cp.json(&["token", "list"]);
+    let row = &listed.as_array().unwrap()[0];
+    assert_eq!(row["role"], "provisioned");
+    assert_eq!(row["usesLeft"], 1);
+    assert_eq!(row["expectProductUuid"], UUID);
+
+    let other = machine(&cp, Some(OTHER_UUID));
+    assert_refused(&cp, &other, "provisioned", &token, "product-uuid-mismatch");
+    let right = machine(&cp, Some(UUID));
+    assert_ok(&join_as(&right, "provisioned", &token));
+
+    // --node: the token re-keys that node.
+    let id = node_id(&right);
+    let out = user_data(&["--node", &id]);
+    assert_ok(&out);
+    let listed = cp.json(&["token", "list"]);
+    assert_eq!(listed.as_array().unwrap()[1]["node"], id.as_str());
+    let out = user_data(&["--node", "node_nosuchnode"]);
+    assert!(!out.status.success(), "{}", stdout(&out));
 }

@@ -12,7 +12,10 @@ fn a_known_machine_is_refused_unless_the_token_allows_a_reclaim() {
     let bound = cp.token("node", &["--expect-product-uuid", UUID]);
     assert_ok(&join_as(&first, "join-token", &bound));
     let id = node_id(&first);
-    assert_eq!(node(&cp, &id)["hardwareKey"], format!("product-uuid:{UUID}"));
+    assert_eq!(
+        node(&cp, &id)["hardwareKey"],
+        format!("product-uuid:{UUID}")
+    );
 
     // The same machine again, by a token bound to it or by its user data.
     let again = machine(&cp, Some(UUID));
@@ -26,15 +29,19 @@ fn a_known_machine_is_refused_unless_the_token_allows_a_reclaim() {
     let unbound_machine = machine(&cp, Some(UUID));
     assert_ok(&unbound_machine.join_with_token(&cp.token("node", &[])));
     assert_ne!(node_id(&unbound_machine), id);
-    assert_eq!(node(&cp, &node_id(&unbound_machine))["hardwareKey"], serde_json::Value::Null);
+    assert_eq!(
+        node(&cp, &node_id(&unbound_machine))["hardwareKey"],
+        serde_json::Value::Null
+    );
 
     // --allow-reclaim: the known machine reclaims its node in place.
-    let reclaim = cp.token(
-        "node",
-        &["--expect-product-uuid", UUID, "--allow-reclaim"],
-    );
+    let reclaim = cp.token("node", &["--expect-product-uuid", UUID, "--allow-reclaim"]);
     assert_eq!(
-        cp.json(&["token", "list"]).as_array().unwrap().last().unwrap()["allowReclaim"],
+        cp.json(&["token", "list"])
+            .as_array()
+            .unwrap()
+            .last()
+            .unwrap()["allowReclaim"],
         true
     );
     assert_ok(&join_as(&again, "join-token", &reclaim));
@@ -54,7 +61,14 @@ fn a_known_machine_is_refused_unless_the_token_allows_a_reclaim() {
 #[test]
 fn a_tpm_pool_refuses_a_token_reclaim_of_a_tpm_machine() {
     let cp = ControlPlane::start_trusting_test_maker();
-    assert_ok(&cp.cli(&["pools", "create", "--id", "metal", "--join-attestors", "tpm"]));
+    assert_ok(&cp.cli(&[
+        "pools",
+        "create",
+        "--id",
+        "metal",
+        "--join-attestors",
+        "tpm",
+    ]));
     let tpm = Swtpm::start();
     let agent = machine(&cp, Some(UUID));
     agent.set_tpm(&tpm);

@@ -18,8 +18,7 @@ use bc_wire::agent::Role;
 use rusqlite::Transaction;
 
 use crate::attestor::{
-    normalize_product_uuid, AttestInput, AttestationResult, Attestor, NodeKeyKind, Refusal,
-    Verdict,
+    normalize_product_uuid, AttestInput, AttestationResult, Attestor, NodeKeyKind, Refusal, Verdict,
 };
 use crate::attestors::join_token::{live_token, TOKEN_EXHAUSTED, TOKEN_ROLE};
 use crate::{hardware, records, tokens};

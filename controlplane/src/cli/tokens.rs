@@ -235,7 +235,7 @@ fn list(dir: &Path, as_json: bool) -> Result<()> {
 }
 
 /// `--expect-product-uuid`: validated here, stored lowercase.
-fn parse_expect_product_uuid(s: &str) -> Result<String, String> {
+pub(super) fn parse_expect_product_uuid(s: &str) -> Result<String, String> {
     normalize_product_uuid(s).map_err(|e| e.to_string())
 }
 
@@ -245,7 +245,7 @@ fn parse_expect_mac(s: &str) -> Result<String, String> {
 }
 
 /// A token lifetime: positive.
-fn parse_ttl(s: &str) -> Result<i64, String> {
+pub(super) fn parse_ttl(s: &str) -> Result<i64, String> {
     if s.starts_with('-') {
         return Err(format!("the lifetime must be positive, not {s:?}"));
     }
