@@ -433,9 +433,14 @@ impl JoinService {
                     Ok(Outcome::Deferred(d))
                 }
                 Ok(Verdict::Admit(result)) => {
-                    let admitted = check_expect(&result, &claims).and_then(|()| {
-                        self.admit(&tx, now, role, &attestor_id, &csr, &result, &claims)
-                    });
+                    let request = Admission {
+                        role,
+                        attestor_id: &attestor_id,
+                        csr: &csr,
+                        claims: &claims,
+                    };
+                    let admitted = check_expect(&result, &claims)
+                        .and_then(|()| self.admit(&tx, now, &request, &result));
                     match admitted {
                         Ok((node_id, leaf)) => {
                             tx.commit().map_err(DbError::from)?;
@@ -477,22 +482,30 @@ impl JoinService {
         &self,
         tx: &Transaction<'_>,
         now: UnixMs,
-        role: Role,
-        attestor_id: &str,
-        csr: &VerifiedCsr,
+        request: &Admission<'_>,
         result: &AttestationResult,
-        claims: &agent::HardwareClaims,
     ) -> Result<(String, Vec<u8>), Refusal> {
+        let Admission {
+            role,
+            attestor_id,
+            csr,
+            claims,
+        } = *request;
         let refuse = |reason: &str, node: Option<&str>| {
             Refusal::new(reason)
                 .with_token(result.token_id.as_deref())
                 .with_node(node)
         };
         // One machine, one live node: a hardware key another node holds is
-        // a reclaim, allowed only by the token (a tpm join has none).
+        // a reclaim, allowed only by the token (a tpm join has none). A
+        // bound key (an EK in node_bindings) is the binding check's below.
         let hardware = hardware::of_result(result);
+        let bound = match &result.binding {
+            Some(b) => records::binding_by_key(tx, &b.kind, &b.key)?.is_some(),
+            None => false,
+        };
         let mut reclaim = result.reclaim_node_id.clone();
-        if let Some(hk) = &hardware {
+        if let Some(hk) = hardware.as_ref().filter(|_| !bound) {
             if let Some(holder) = hardware::holder(tx, hk, role.name(), reclaim.as_deref())? {
                 if !result.allow_reclaim || reclaim.is_some() {
                     return Err(refuse(hardware::RECLAIM, Some(&holder)));
@@ -753,6 +766,15 @@ impl JoinService {
         }
         ApiError::AccessDenied
     }
+}
+
+/// The request an attestor admitted, as [`JoinService::admit`] needs it.
+#[derive(Clone, Copy)]
+struct Admission<'a> {
+    role: Role,
+    attestor_id: &'a str,
+    csr: &'a VerifiedCsr,
+    claims: &'a agent::HardwareClaims,
 }
 
 /// Enforces the expect binding of the token an attestor admitted with. Done

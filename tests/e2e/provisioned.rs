@@ -179,8 +179,8 @@ fn a_provisioned_token_for_a_node_rekeys_it_in_place() {
     let joined = cp
         .events()
         .into_iter()
-        .filter(|e| e["type"] == "node.joined")
-        .last()
+        .rev()
+        .find(|e| e["type"] == "node.joined")
         .unwrap();
     assert_eq!(joined["data"]["reclaim"], true);
     assert_eq!(joined["attestor"], "provisioned");
