@@ -88,3 +88,82 @@ fn target_uuid(tx: &Transaction<'_>, node_id: &str) -> Result<Option<String>, Re
     }
     Ok(hardware::newest_claimed_product_uuid(tx, node_id)?)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attestor::{Expect, OpenedToken};
+    use crate::db::{self, Database};
+    use crate::test_support::temp_db as fixture;
+    use crate::tokens::TokenScope;
+    use bc_wire::agent::HardwareClaims;
+    use bc_wire::token::JoinToken;
+
+    const UUID: &str = "4c4c4544-0042-3510-8052-b4c04f4e4d32";
+
+    fn mint(db: &Database, uses: u32, expect: Option<&str>) -> JoinToken {
+        let scope = TokenScope {
+            expect: Expect {
+                product_uuid: expect.map(str::to_owned),
+                mac: None,
+            },
+            ..TokenScope::default()
+        };
+        db.write(|tx| tokens::insert_token(tx, PROVISIONED, uses, 60_000, &scope))
+            .unwrap()
+            .0
+    }
+
+    /// The attestor in a transaction committed whatever the outcome, so a
+    /// refusal that (wrongly) spent a use would show.
+    fn run(db: &Database, token: &JoinToken, uuid: &str) -> String {
+        let claims = HardwareClaims {
+            product_uuid: uuid.to_owned(),
+            ..HardwareClaims::default()
+        };
+        let opened = OpenedToken::Parsed(token.clone());
+        db.with_conn(|c| {
+            let tx = db::immediate(c).unwrap();
+            let input = AttestInput {
+                role: Role::Node,
+                evidence: &[],
+                token: Some(&opened),
+                csr_der: &[],
+                csr_sha256: [0; 32],
+                csr_spki_der: &[],
+                csr_spki_sha256: [0; 32],
+                claims: &claims,
+                now: db::compute_now(&tx).unwrap(),
+            };
+            let out = match ProvisionedAttestor.verify(&tx, &input) {
+                Ok(Verdict::Admit(r)) => {
+                    assert_eq!(r.proven_product_uuid.as_deref(), Some(UUID));
+                    "admitted".to_owned()
+                }
+                Ok(Verdict::Defer(_)) => "deferred".to_owned(),
+                Err(r) => r.reason,
+            };
+            tx.commit().unwrap();
+            out
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn refusals_in_order_then_one_admission() {
+        let f = fixture();
+        let several = mint(&f.db, 2, Some(UUID));
+        assert_eq!(run(&f.db, &several, UUID), NOT_SINGLE_USE);
+        let bound = mint(&f.db, 1, Some(UUID));
+        assert_eq!(run(&f.db, &bound, ""), NO_PRODUCT_UUID);
+        assert_eq!(run(&f.db, &bound, "not-a-uuid"), NO_PRODUCT_UUID);
+        assert_eq!(
+            run(&f.db, &bound, "4c4c4544-0042-3510-8052-b4c04f4e4d33"),
+            PRODUCT_UUID_MISMATCH
+        );
+        assert_eq!(run(&f.db, &mint(&f.db, 1, None), UUID), UNBOUND);
+        // Claims compare case-insensitively; the one use is then spent.
+        assert_eq!(run(&f.db, &bound, &UUID.to_uppercase()), "admitted");
+        assert_eq!(run(&f.db, &bound, UUID), TOKEN_EXHAUSTED);
+    }
+}
