@@ -20,6 +20,7 @@ use crate::config::{Config, ConfigArg};
 use crate::evidence::attestor;
 use crate::evidence::claims;
 use crate::evidence::join_token::{self, TokenText};
+use crate::evidence::provisioned;
 use crate::evidence::tpm::TpmEvidence;
 use crate::evidence::x509pop;
 use crate::identity::rotation::{self, NextKey};
@@ -36,6 +37,8 @@ pub const ACCESS_DENIED: &str = "access denied: the control plane refused the jo
 pub const ACCESS_DENIED_TPM: &str = "access denied: the control plane refused the TPM join (check that it trusts the EK's maker (ek-roots), that this EK is allowed or approved, that it is not bound to another node, and that the pool admits tpm; `bcd tpm identify` shows the EK)";
 /// The same for a PXE ramdisk's discovery join.
 pub const ACCESS_DENIED_DISCOVERY: &str = "access denied: the control plane refused the discovery join (the boot entry's token may be used, expired or for another MAC or site, the assertion stale or already used, or the boot server no longer the site's lease holder; add a new boot entry and PXE-boot again)";
+/// The same for a provisioned join (the token from the machine's user data).
+pub const ACCESS_DENIED_PROVISIONED: &str = "access denied: the control plane refused the provisioned join (the token may be used, expired or revoked, minted for another machine (product UUID), or for a machine another node already is; deploy again for a new token)";
 /// The same for an x509pop re-join, where the last certificate is the credential.
 pub const ACCESS_DENIED_X509POP: &str = "access denied: the control plane refused the x509pop re-join (the certificate may have expired more than 7 days ago, be revoked or older than the node's current identity, the node may be retired, or this clock may be more than 60 s off the control plane's; join again: bcd join --reset --yes, then bcd join with a token or --attestor tpm)";
 
@@ -58,8 +61,9 @@ pub struct JoinArgs {
     /// Confirm --reset
     #[arg(long, requires = "reset")]
     yes: bool,
-    /// How the machine proves it may join: a join token, its TPM (no token), or its last
-    /// certificate (x509pop: re-join as itself, with the role it has)
+    /// How the machine proves it may join: a join token, its TPM (no token), its last
+    /// certificate (x509pop: re-join as itself, with the role it has), or the single-use
+    /// token of its user data (provisioned: bound to this machine's product UUID)
     #[arg(long, value_enum, default_value_t = AttestorArg::JoinToken)]
     attestor: AttestorArg,
 }
@@ -69,11 +73,16 @@ enum AttestorArg {
     JoinToken,
     Tpm,
     X509pop,
+    Provisioned,
 }
 
 /// What the join proves itself with.
 pub(crate) enum Credential {
-    Token(JoinToken),
+    /// A sealed token, for `join-token` or `provisioned`.
+    Token {
+        token: JoinToken,
+        attestor: &'static str,
+    },
     /// A PXE ramdisk: its discovery token and the boot server's assertion.
     Discovery(crate::evidence::discovery::Discovery),
     /// The TPM is the credential: no token is read or sent.
@@ -102,6 +111,17 @@ pub fn run(args: JoinArgs, env_token: Option<TokenText>) -> anyhow::Result<ExitC
         return run_x509pop(&args);
     }
     let tpm_join = args.attestor == AttestorArg::Tpm;
+    let token_attestor = if args.attestor == AttestorArg::Provisioned {
+        if args.role != JoinRole::Node {
+            out::err_line(format_args!(
+                "bcd: --attestor provisioned joins a node: leave out --role"
+            ));
+            return Ok(ExitCode::from(2));
+        }
+        attestor::PROVISIONED
+    } else {
+        attestor::JOIN_TOKEN
+    };
     if tpm_join && args.token_file.is_some() {
         out::err_line(format_args!(
             "bcd: --token-file with --attestor tpm: the TPM is the credential, no token is read"
@@ -115,9 +135,10 @@ pub fn run(args: JoinArgs, env_token: Option<TokenText>) -> anyhow::Result<ExitC
         if tpm_join {
             return Ok(Credential::Tpm);
         }
-        Ok(Credential::Token(
-            obtain_token(args.token_file.as_deref(), env_token)?.parse()?,
-        ))
+        Ok(Credential::Token {
+            token: obtain_token(args.token_file.as_deref(), env_token)?.parse()?,
+            attestor: token_attestor,
+        })
     };
     let config = Config::load(&args.config.path)?;
     let dir = &config.data_dir;
@@ -247,6 +268,7 @@ pub(crate) fn join(
             return Err(anyhow!(match attestor_id {
                 attestor::TPM => ACCESS_DENIED_TPM,
                 attestor::DISCOVERY => ACCESS_DENIED_DISCOVERY,
+                attestor::PROVISIONED => ACCESS_DENIED_PROVISIONED,
                 _ => ACCESS_DENIED,
             }))
         }
@@ -500,7 +522,7 @@ fn prepare(
     client: &Client,
 ) -> anyhow::Result<Prepared> {
     match credential {
-        Credential::Token(token) => {
+        Credential::Token { token, attestor } => {
             let key: Arc<dyn NodeKey> = Arc::from(keys::generate(tpm, false)?);
             let csr = keys::make_csr(key.as_ref())?;
             let sealed_token = join_token::seal(
@@ -508,12 +530,17 @@ fn prepare(
                 &bc_wire::sha256(&csr),
                 token,
             )?;
-            tracing::info!(api = %client.api(), token_id = %token.id, role = %role.name(), node_key = %key.kid(), key_in = key.kind().as_str(), "joining the control plane");
+            tracing::info!(api = %client.api(), token_id = %token.id, role = %role.name(), attestor = %attestor, node_key = %key.kid(), key_in = key.kind().as_str(), "joining the control plane");
+            if *attestor == attestor::PROVISIONED {
+                if let Some(problem) = provisioned::claims_problem(&claims::collect()) {
+                    tracing::warn!("{problem}");
+                }
+            }
             Ok(Prepared {
                 key,
                 csr,
-                answerer: Box::new(NoChallenges(attestor::JOIN_TOKEN)),
-                attestor_id: attestor::JOIN_TOKEN,
+                answerer: Box::new(NoChallenges(attestor)),
+                attestor_id: attestor,
                 sealed_token,
                 attestation: Vec::new(),
             })

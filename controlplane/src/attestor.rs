@@ -123,6 +123,13 @@ pub struct AttestationResult {
     /// ramdisk's), the command kinds it may be sent, the longest
     /// certificate it may hold. `None`: unscoped. Boxed: it is rare.
     pub scope: Option<Box<crate::records::NodeScope>>,
+    /// The product UUID the attestor proved (normalized): the TPM's
+    /// machine, a provisioned token's bound machine, a discovery
+    /// assertion's. Recorded as the node's trusted hardware key.
+    pub proven_product_uuid: Option<String>,
+    /// The token allows reclaiming the live node that holds this machine's
+    /// hardware key (`token create --allow-reclaim`).
+    pub allow_reclaim: bool,
 }
 
 /// The machine a token was minted for (`token create --expect-*`): values
@@ -328,6 +335,7 @@ pub fn default_attestor_ids() -> Vec<&'static str> {
         crate::attestors::tpm::TPM,
         crate::attestors::x509pop::X509POP,
         crate::attestors::discovery::DISCOVERY,
+        crate::attestors::provisioned::PROVISIONED,
     ]
 }
 

@@ -135,6 +135,7 @@ pub fn add(db: &Database, key: &BootKey, new: &NewEntry<'_>) -> Result<BootEntry
                 product_uuid: None,
             },
             site: Some(&site_id),
+            ..TokenScope::default()
         };
         let (token, row) = tokens::insert_token(tx, DISCOVERY_ROLE, 1, new.ttl_ms, &scope)?;
         let sealed = key.seal(&workflow_id, &token.expose())?;

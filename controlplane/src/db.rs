@@ -217,6 +217,26 @@ const MIGRATIONS: &[&str] = &[
         expires_at INTEGER NOT NULL
     ) STRICT;
     "#,
+    // 8: provisioned tokens and hardware keys (spec "provisioned", "join-token":
+    // the reclaim flag). A token may name the node it re-keys and may allow a
+    // reclaim; a node records its trusted hardware key (`tpm-ek:<sha256>` or
+    // `product-uuid:<uuid>`) and the product UUID an attestor proved, so that
+    // one machine never becomes two live nodes; each join keeps the product
+    // UUID it claimed (a provisioned token's target is read from it).
+    r#"
+    ALTER TABLE join_tokens ADD COLUMN target_node_id TEXT;
+    ALTER TABLE join_tokens ADD COLUMN allow_reclaim INTEGER NOT NULL DEFAULT 0 CHECK (allow_reclaim IN (0, 1));
+    ALTER TABLE nodes ADD COLUMN hardware_key TEXT;
+    ALTER TABLE nodes ADD COLUMN product_uuid TEXT;
+    CREATE INDEX nodes_by_hardware_key ON nodes(hardware_key) WHERE hardware_key IS NOT NULL;
+    CREATE INDEX nodes_by_product_uuid ON nodes(product_uuid) WHERE product_uuid IS NOT NULL;
+    ALTER TABLE joins ADD COLUMN product_uuid TEXT;
+    -- Nodes that joined before: a TPM-bound node's key is its EK.
+    UPDATE nodes SET hardware_key = 'tpm-ek:' || (
+        SELECT key FROM node_bindings b WHERE b.node_id = nodes.id AND b.kind = 'tpm-ek')
+    WHERE deleted_at IS NULL
+      AND EXISTS (SELECT 1 FROM node_bindings b WHERE b.node_id = nodes.id AND b.kind = 'tpm-ek');
+    "#,
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -493,6 +513,32 @@ mod tests {
         let after = db2.with_conn(|c| compute_now(c)).unwrap().unwrap();
         assert!(after - before >= 3_600_000);
         assert!(after - before < 3_660_000);
+    }
+
+    /// Migration 8 gives a node bound to an EK before it that EK as its
+    /// hardware key, so an upgrade does not let its machine join twice.
+    #[test]
+    fn migration_8_backfills_tpm_hardware_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("old.db");
+        {
+            let conn = Connection::open(&path).unwrap();
+            for sql in &MIGRATIONS[..7] {
+                conn.execute_batch(sql).unwrap();
+            }
+            conn.pragma_update(None, "user_version", 7).unwrap();
+            conn.execute_batch(
+                "INSERT INTO nodes (id, role, identity_generation, attestor, joined_at)
+                     VALUES ('node_a', 'node', 1, 'tpm', 1), ('node_b', 'node', 1, 'join-token', 1);
+                 INSERT INTO node_bindings (kind, key, node_id, created_at)
+                     VALUES ('tpm-ek', 'ab12', 'node_a', 1);",
+            )
+            .unwrap();
+        }
+        let db = Database::open(&path).unwrap();
+        let keys = crate::hardware::keys(&db).unwrap();
+        assert_eq!(keys.len(), 1);
+        assert_eq!(keys["node_a"], "tpm-ek:ab12");
     }
 
     #[test]

@@ -45,8 +45,8 @@ use crate::config::ConfigError;
 use crate::db::{self, Database, DbError, UnixMs};
 use crate::eventlog::{EventLog, Refused};
 use crate::pki::{Bundle, NodeCertSpec, PkiError, MAX_NODE_CERT_TTL};
-use crate::pools;
 use crate::records::{self, JoinRow, NewEvent, NodeRow};
+use crate::{hardware, pools};
 
 pub const CSR_NOT_VERIFIED: &str = "join:csr-signature";
 pub const CSR_KEY: &str = "join:csr-key";
@@ -222,6 +222,7 @@ impl JoinService {
             ChallengeKey::new(challenge_key),
         )));
         svc.register_attestor(Arc::new(X509PopAttestor::new(config.x509pop)));
+        svc.register_attestor(Arc::new(crate::attestors::provisioned::ProvisionedAttestor));
         Ok(svc)
     }
 
@@ -432,8 +433,14 @@ impl JoinService {
                     Ok(Outcome::Deferred(d))
                 }
                 Ok(Verdict::Admit(result)) => {
+                    let request = Admission {
+                        role,
+                        attestor_id: &attestor_id,
+                        csr: &csr,
+                        claims: &claims,
+                    };
                     let admitted = check_expect(&result, &claims)
-                        .and_then(|()| self.admit(&tx, now, role, &attestor_id, &csr, &result));
+                        .and_then(|()| self.admit(&tx, now, &request, &result));
                     match admitted {
                         Ok((node_id, leaf)) => {
                             tx.commit().map_err(DbError::from)?;
@@ -475,17 +482,38 @@ impl JoinService {
         &self,
         tx: &Transaction<'_>,
         now: UnixMs,
-        role: Role,
-        attestor_id: &str,
-        csr: &VerifiedCsr,
+        request: &Admission<'_>,
         result: &AttestationResult,
     ) -> Result<(String, Vec<u8>), Refusal> {
+        let Admission {
+            role,
+            attestor_id,
+            csr,
+            claims,
+        } = *request;
         let refuse = |reason: &str, node: Option<&str>| {
             Refusal::new(reason)
                 .with_token(result.token_id.as_deref())
                 .with_node(node)
         };
-        let reclaim = result.reclaim_node_id.as_deref();
+        // One machine, one live node: a hardware key another node holds is
+        // a reclaim, allowed only by the token (a tpm join has none). A
+        // bound key (an EK in node_bindings) is the binding check's below.
+        let hardware = hardware::of_result(result);
+        let bound = match &result.binding {
+            Some(b) => records::binding_by_key(tx, &b.kind, &b.key)?.is_some(),
+            None => false,
+        };
+        let mut reclaim = result.reclaim_node_id.clone();
+        if let Some(hk) = hardware.as_ref().filter(|_| !bound) {
+            if let Some(holder) = hardware::holder(tx, hk, role.name(), reclaim.as_deref())? {
+                if !result.allow_reclaim || reclaim.is_some() {
+                    return Err(refuse(hardware::RECLAIM, Some(&holder)));
+                }
+                reclaim = Some(holder);
+            }
+        }
+        let reclaim = reclaim.as_deref();
         let statements: Vec<String> = match &result.node_key_uri {
             None => Vec::new(),
             Some(uri) if knows_key_statement(uri) => vec![uri.clone()],
@@ -573,6 +601,9 @@ impl JoinService {
         if let Some(b) = new_binding {
             records::insert_binding(tx, &b.kind, &b.key, &node_id, now)?;
         }
+        if let Some(hk) = &hardware {
+            hardware::record(tx, &node_id, hk)?;
+        }
         // A new node gets its site, kinds and certificate cap from the
         // attestor; a reclaimed one keeps its own.
         let scope = if reclaim.is_none() {
@@ -618,6 +649,7 @@ impl JoinService {
                 node_key: result.node_key.as_str().to_owned(),
                 identity_generation: generation,
                 at: now,
+                product_uuid: crate::attestor::normalize_product_uuid(&claims.product_uuid).ok(),
             },
         )?;
         records::insert_event(
@@ -634,7 +666,7 @@ impl JoinService {
                     "nodeKey": result.node_key.as_str(),
                     "role": role.name(),
                     "identityGeneration": generation,
-                    "reclaim": result.reclaim_node_id.is_some(),
+                    "reclaim": reclaim.is_some(),
                     "pool": pool.id,
                     "serial": issued.serial_hex,
                     "notAfter": db::rfc3339(db::from_datetime(issued.not_after)),
@@ -734,6 +766,15 @@ impl JoinService {
         }
         ApiError::AccessDenied
     }
+}
+
+/// The request an attestor admitted, as [`JoinService::admit`] needs it.
+#[derive(Clone, Copy)]
+struct Admission<'a> {
+    role: Role,
+    attestor_id: &'a str,
+    csr: &'a VerifiedCsr,
+    claims: &'a agent::HardwareClaims,
 }
 
 /// Enforces the expect binding of the token an attestor admitted with. Done

@@ -28,6 +28,7 @@ pub mod db;
 pub mod dist;
 pub mod eventlog;
 pub mod fsutil;
+pub mod hardware;
 pub mod header_errors;
 pub mod http;
 pub mod ids;

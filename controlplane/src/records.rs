@@ -392,18 +392,21 @@ pub struct JoinRow {
     pub node_key: String,
     pub identity_generation: i64,
     pub at: UnixMs,
+    /// The product UUID the join claimed (normalized), if well-formed.
+    pub product_uuid: Option<String>,
 }
 
 pub fn insert_join(tx: &Transaction<'_>, j: &JoinRow) -> Result<(), DbError> {
     tx.execute(
-        "INSERT INTO joins (node_id, attestor, node_key, identity_generation, at)
-         VALUES (?1, ?2, ?3, ?4, ?5)",
+        "INSERT INTO joins (node_id, attestor, node_key, identity_generation, at, product_uuid)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
         rusqlite::params![
             j.node_id,
             j.attestor,
             j.node_key,
             j.identity_generation,
-            j.at
+            j.at,
+            j.product_uuid
         ],
     )?;
     Ok(())
@@ -425,7 +428,8 @@ pub fn last_node_keys(db: &Database) -> Result<std::collections::HashMap<String,
 pub fn list_joins(db: &Database) -> Result<Vec<JoinRow>, DbError> {
     db.with_conn(|c| {
         let mut st = c.prepare(
-            "SELECT node_id, attestor, node_key, identity_generation, at FROM joins ORDER BY id",
+            "SELECT node_id, attestor, node_key, identity_generation, at, product_uuid
+             FROM joins ORDER BY id",
         )?;
         let rows = st.query_map([], |r| {
             Ok(JoinRow {
@@ -434,6 +438,7 @@ pub fn list_joins(db: &Database) -> Result<Vec<JoinRow>, DbError> {
                 node_key: r.get(2)?,
                 identity_generation: r.get(3)?,
                 at: r.get(4)?,
+                product_uuid: r.get(5)?,
             })
         })?;
         rows.collect::<Result<Vec<_>, _>>().map_err(DbError::from)

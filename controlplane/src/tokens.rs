@@ -8,6 +8,7 @@ use rusqlite::{OptionalExtension, Transaction};
 use crate::attestor::Expect;
 use crate::db::{self, Database, DbError, UnixMs};
 use crate::pools::{self, PoolError};
+use crate::records;
 
 /// A `join_tokens` row; never holds the secret.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -25,6 +26,10 @@ pub struct TokenRow {
     pub expect: Expect,
     /// The site a site or discovery token admits to.
     pub site_id: Option<String>,
+    /// The node a provisioned token re-keys in place (`--node`).
+    pub target_node_id: Option<String>,
+    /// A join whose hardware key a live node holds reclaims that node.
+    pub allow_reclaim: bool,
 }
 
 /// SHA-256 of a token secret, as stored.
@@ -68,6 +73,9 @@ pub struct TokenScope<'a> {
     pub expect: Expect,
     /// A site token's (and a discovery token's) site; must exist.
     pub site: Option<&'a str>,
+    /// A provisioned token's target node; must be a live node.
+    pub target_node: Option<&'a str>,
+    pub allow_reclaim: bool,
 }
 
 /// [`create_token_in_pool`] bound to the machine `expect` describes
@@ -84,7 +92,7 @@ pub fn create_bound_token(
     let scope = TokenScope {
         pool,
         expect: expect.clone(),
-        site: None,
+        ..TokenScope::default()
     };
     db.write(|tx| insert_token(tx, role.name(), uses, ttl_ms, &scope))
 }
@@ -111,6 +119,14 @@ pub fn insert_token(
         if let Some(pool) = pool {
             pools::require(tx, pool)?;
         }
+        if let Some(node) = scope.target_node {
+            let live = records::node_for_update(tx, node)?.is_some_and(|n| n.retired_at.is_none());
+            if !live {
+                return Err(PoolError::InvalidInput(format!(
+                    "--node {node}: no such live node"
+                )));
+            }
+        }
         let now = db::compute_now(tx)?;
         let row = TokenRow {
             id: token.id.clone(),
@@ -123,11 +139,14 @@ pub fn insert_token(
             pool_id: pool.map(str::to_owned),
             expect: expect.clone(),
             site_id: scope.site.map(str::to_owned),
+            target_node_id: scope.target_node.map(str::to_owned),
+            allow_reclaim: scope.allow_reclaim,
         };
         tx.execute(
             "INSERT INTO join_tokens (id, secret_sha256, role, uses_left, expires_at, created_at, pool_id,
-                                      expect_product_uuid, expect_mac, site_id)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                                      expect_product_uuid, expect_mac, site_id,
+                                      target_node_id, allow_reclaim)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
             rusqlite::params![
                 row.id,
                 row.secret_sha256.as_slice(),
@@ -138,7 +157,9 @@ pub fn insert_token(
                 row.pool_id,
                 row.expect.product_uuid,
                 row.expect.mac,
-                row.site_id
+                row.site_id,
+                row.target_node_id,
+                row.allow_reclaim
             ],
         )
         .map_err(DbError::from)?;
@@ -211,7 +232,7 @@ pub fn consume_use(tx: &Transaction<'_>, id: &str) -> Result<(), DbError> {
 
 const SELECT: &str =
     "SELECT id, secret_sha256, role, uses_left, expires_at, revoked_at, created_at, pool_id,
-            expect_product_uuid, expect_mac, site_id
+            expect_product_uuid, expect_mac, site_id, target_node_id, allow_reclaim
      FROM join_tokens";
 
 type RowResult = Result<TokenRow, DbError>;
@@ -239,5 +260,7 @@ fn read_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RowResult> {
             mac: r.get(9)?,
         },
         site_id: r.get(10)?,
+        target_node_id: r.get(11)?,
+        allow_reclaim: r.get(12)?,
     }))
 }

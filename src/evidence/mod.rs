@@ -6,6 +6,7 @@
 pub mod claims;
 pub mod discovery;
 pub mod join_token;
+pub mod provisioned;
 pub mod tpm;
 pub mod x509pop;
 
@@ -19,4 +20,7 @@ pub mod attestor {
     pub const X509POP: &str = "x509pop";
     /// A PXE ramdisk vouched for by its site's boot server.
     pub const DISCOVERY: &str = "discovery";
+    /// An installed system's single-use token from its user data, bound to
+    /// its product UUID.
+    pub const PROVISIONED: &str = "provisioned";
 }

@@ -529,6 +529,7 @@ fn only_single_use_tokens_and_ramdisks_are_admitted() {
                     product_uuid: None,
                 },
                 site: Some(&site_id),
+                ..TokenScope::default()
             };
             insert_token(tx, "discovery", 2, 600_000, &scope)
         })

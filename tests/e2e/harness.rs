@@ -371,6 +371,10 @@ impl Agent {
             .env_remove("TPM2TOOLS_TCTI")
             .env_remove("TCTI")
             .env("TSS2_LOG", "all+none")
+            // Its own hardware (product UUID, MACs) under a fake sysfs that
+            // a test may fill (failpoints builds only; empty by default), so
+            // that no two test machines claim this host's product UUID.
+            .env("BCD_SYSFS_ROOT", self.root.path().join("sys"))
             .stdin(Stdio::null());
         cmd
     }

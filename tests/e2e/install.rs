@@ -85,7 +85,7 @@ fn install_script_pins_ca_hash_and_config_and_parses() {
     let (cp, _files) = with_package(bytes);
     let ca = std::fs::read_to_string(cp.path().join("tls-ca.pem")).expect("CA");
     let hash = hex::encode(Sha256::digest(bytes));
-    for attestor in ["tpm", "join-token"] {
+    for attestor in ["tpm", "join-token", "provisioned"] {
         let text = script(&cp, "https://cp.example:8443", attestor);
         assert!(text.starts_with("#!/bin/sh\n"));
         assert!(text.contains(&ca), "{attestor}: the CA is embedded");

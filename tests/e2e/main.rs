@@ -30,6 +30,10 @@ mod discovery;
 #[cfg(feature = "failpoints")]
 mod node;
 #[cfg(feature = "failpoints")]
+mod provisioned;
+#[cfg(feature = "failpoints")]
+mod reclaim;
+#[cfg(feature = "failpoints")]
 mod refusals;
 mod replay;
 mod reset;

@@ -165,12 +165,14 @@ impl Attestor for DiscoveryAttestor {
         if !claimed {
             return Err(refuse(MAC_NOT_CLAIMED));
         }
+        let mut proven_product_uuid = None;
         if !assertion.product_uuid.is_empty() {
             let want = normalize_product_uuid(&assertion.product_uuid).ok();
             let have = normalize_product_uuid(&input.claims.product_uuid).ok();
             if want.is_none() || want != have {
                 return Err(refuse(PRODUCT_UUID_MISMATCH));
             }
+            proven_product_uuid = want;
         }
 
         // One join per assertion; the token is spent.
@@ -188,6 +190,7 @@ impl Attestor for DiscoveryAttestor {
                 allowed_kinds: Some(self.config.allowed_kinds.clone()),
                 max_cert_ttl_ms: Some(self.config.cert_ttl_ms),
             })),
+            proven_product_uuid,
             ..AttestationResult::default()
         }))
     }

@@ -83,8 +83,9 @@ impl Attestor for JoinTokenAttestor {
             token_id: Some(token.id.clone()),
             node_key: NodeKeyKind::Unattested,
             pool_id: row.pool_id,
-            // JoinService enforces it (for every token-based attestor).
+            // JoinService enforces both (for every token-based attestor).
             expect: row.expect,
+            allow_reclaim: row.allow_reclaim,
             // A site token makes a site node of its site.
             scope: row.site_id.map(|site_id| {
                 Box::new(crate::records::NodeScope {

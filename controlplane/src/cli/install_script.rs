@@ -43,6 +43,9 @@ pub enum Attestor {
     Tpm,
     /// A join token from a 0600 file (BCD_TOKEN_FILE, default /run/bcd/join-token).
     JoinToken,
+    /// A single-use provisioned token, bound to the machine's product UUID,
+    /// from the same 0600 file (`user-data` mints it).
+    Provisioned,
 }
 
 impl Attestor {
@@ -50,6 +53,7 @@ impl Attestor {
         match self {
             Attestor::Tpm => "tpm",
             Attestor::JoinToken => "join-token",
+            Attestor::Provisioned => "provisioned",
         }
     }
 }
@@ -76,13 +80,23 @@ pub fn script(dir: &Path, target: &Target) -> Result<String> {
         }
     }
     let (doc, vars, join) = match target.attestor {
-        Attestor::Tpm => (TPM_DOC, "", TPM_JOIN),
-        Attestor::JoinToken => (TOKEN_DOC, TOKEN_VARS, TOKEN_JOIN),
+        Attestor::Tpm => (TPM_DOC, "", TPM_JOIN.to_owned()),
+        Attestor::JoinToken => (
+            TOKEN_DOC,
+            TOKEN_VARS,
+            TOKEN_JOIN.replace("@JOIN_ATTESTOR@", ""),
+        ),
+        // The same flow as join-token: only the attestor the join names differs.
+        Attestor::Provisioned => (
+            TOKEN_DOC,
+            TOKEN_VARS,
+            TOKEN_JOIN.replace("@JOIN_ATTESTOR@", " --attestor provisioned"),
+        ),
     };
     Ok(TEMPLATE
         .replace("@ATTESTOR_DOC@\n", doc)
         .replace("@VARS@\n", vars)
-        .replace("@JOIN@\n", join)
+        .replace("@JOIN@\n", &join)
         .replace("@VERSION@", package.version().unwrap_or(&package.name))
         .replace("@API@", &target.api)
         .replace("@PACKAGE@", &package.name)
@@ -116,7 +130,7 @@ fn check_api(api: &str) -> Result<()> {
 }
 
 const TPM_DOC: &str = "#\n# With --attestor tpm the TPM is the credential: the script reads no token\n# and stops at once on a machine without /dev/tpmrm0.\n";
-const TOKEN_DOC: &str = "#\n# With --attestor join-token the token is read from a 0600 root-owned file,\n# $BCD_TOKEN_FILE (default /run/bcd/join-token; cloud-init's write_files puts\n# it there), never from this script, and the file is removed after the join.\n";
+const TOKEN_DOC: &str = "#\n# With --attestor join-token or provisioned the token is read from a 0600 root-owned file,\n# $BCD_TOKEN_FILE (default /run/bcd/join-token; cloud-init's write_files puts\n# it there), never from this script, and the file is removed after the join.\n";
 
 const TOKEN_VARS: &str = "token_file=${BCD_TOKEN_FILE:-/run/bcd/join-token}\n";
 
@@ -125,7 +139,7 @@ const TOKEN_JOIN: &str = r#"  [ -f "$token_file" ] ||
     die "no join token in $token_file: write it there (mode 0600, root's) or set BCD_TOKEN_FILE"
   perms=$(stat -c '%a %u' "$token_file")
   [ "$perms" = "600 0" ] || die "$token_file must be mode 0600 and root's (it is $perms)"
-  bcd join --config "$config" --token-file "$token_file" </dev/null || die "bcd join failed"
+  bcd join --config "$config"@JOIN_ATTESTOR@ --token-file "$token_file" </dev/null || die "bcd join failed"
   rm -f "$token_file"
 "#;
 

@@ -88,6 +88,8 @@ fn list(dir: &Path, as_json: bool) -> Result<()> {
         Default::default()
     };
     let scopes = records::node_scopes(&db).context("cannot list node scopes")?;
+    let hardware_keys =
+        bc_controlplane::hardware::keys(&db).context("cannot list hardware keys")?;
     let no_scope = records::NodeScope::default();
     let scope = |id: &str| scopes.get(id).unwrap_or(&no_scope);
     print_list(
@@ -110,6 +112,7 @@ fn list(dir: &Path, as_json: bool) -> Result<()> {
                 "pool": n.pool_id,
                 "nodeKey": node_keys.get(&n.id),
                 "bindings": bound,
+                "hardwareKey": hardware_keys.get(&n.id),
                 "site": scope(&n.id).site_id,
                 "allowedKinds": scope(&n.id).allowed_kinds,
                 "maxCertTtlSeconds": scope(&n.id).max_cert_ttl_ms.map(|ms| ms / 1000),

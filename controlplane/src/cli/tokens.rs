@@ -41,6 +41,15 @@ pub enum TokenCmd {
         /// The site (id or name) a site token's node serves (role site only).
         #[arg(long, value_name = "SITE")]
         site: Option<String>,
+        /// The node a provisioned token re-keys in place (role provisioned
+        /// only): the join must claim the product UUID of that node's newest join.
+        #[arg(long, value_name = "NODE")]
+        node: Option<String>,
+        /// A join of a machine whose hardware key a live node holds
+        /// reclaims that node in place (same id, next identity generation)
+        /// instead of being refused.
+        #[arg(long)]
+        allow_reclaim: bool,
     },
     /// Revoke a token by id.
     Revoke {
@@ -57,15 +66,28 @@ pub enum TokenCmd {
 pub enum TokenRole {
     Node,
     Site,
+    /// Single use, bound to one machine, for an installed system's user
+    /// data (`bcd join --attestor provisioned`).
+    Provisioned,
 }
 
-impl From<TokenRole> for Role {
-    fn from(r: TokenRole) -> Role {
-        match r {
-            TokenRole::Node => Role::Node,
-            TokenRole::Site => Role::Site,
+impl TokenRole {
+    fn name(self) -> &'static str {
+        match self {
+            TokenRole::Node => Role::Node.name(),
+            TokenRole::Site => Role::Site.name(),
+            TokenRole::Provisioned => bc_controlplane::attestors::provisioned::PROVISIONED,
         }
     }
+}
+
+/// `token create`'s options beyond role, uses and lifetime.
+pub struct CreateOpts<'a> {
+    pub pool: Option<&'a str>,
+    pub expect: Expect,
+    pub site: Option<&'a str>,
+    pub node: Option<&'a str>,
+    pub allow_reclaim: bool,
 }
 
 pub fn run(cmd: TokenCmd) -> Result<()> {
@@ -79,50 +101,62 @@ pub fn run(cmd: TokenCmd) -> Result<()> {
             expect_product_uuid,
             expect_mac,
             site,
-        } => create(
-            &dir.dir,
-            role.into(),
-            uses,
-            ttl,
-            pool.as_deref(),
-            &Expect {
-                product_uuid: expect_product_uuid,
-                mac: expect_mac,
-            },
-            site.as_deref(),
-        ),
+            node,
+            allow_reclaim,
+        } => {
+            let db = open_db(&dir.dir)?;
+            let token = create(
+                &db,
+                role,
+                uses,
+                ttl,
+                &CreateOpts {
+                    pool: pool.as_deref(),
+                    expect: Expect {
+                        product_uuid: expect_product_uuid,
+                        mac: expect_mac,
+                    },
+                    site: site.as_deref(),
+                    node: node.as_deref(),
+                    allow_reclaim,
+                },
+            )?;
+            print_line(&token)
+        }
         TokenCmd::Revoke { dir, id } => revoke(&dir.dir, &id),
         TokenCmd::List(ListArgs { dir, json }) => list(&dir.dir, json),
     }
 }
 
-fn create(
-    dir: &Path,
-    role: Role,
+/// Mints a token; returns its text (shown once). Also `user-data`'s.
+pub fn create(
+    db: &db::Database,
+    role: TokenRole,
     uses: u32,
     ttl_ms: i64,
-    pool: Option<&str>,
-    expect: &Expect,
-    site: Option<&str>,
-) -> Result<()> {
-    let db = open_db(dir)?;
-    let Some(site) = site else {
-        let (token, _) = tokens::create_bound_token(&db, role, uses, ttl_ms, pool, expect)?;
-        return print_line(&token.expose());
-    };
-    if role != Role::Site {
+    opts: &CreateOpts<'_>,
+) -> Result<String> {
+    if opts.site.is_some() && !matches!(role, TokenRole::Site) {
         bail!("--site is for site tokens (--role site)");
     }
+    if opts.node.is_some() && !matches!(role, TokenRole::Provisioned) {
+        bail!("--node is for provisioned tokens (--role provisioned)");
+    }
     let (token, _) = db.write(|tx| {
-        let site_id = bc_controlplane::sites::resolve(tx, site)?;
+        let site_id = match opts.site {
+            Some(site) => Some(bc_controlplane::sites::resolve(tx, site)?),
+            None => None,
+        };
         let scope = tokens::TokenScope {
-            pool,
-            expect: expect.clone(),
-            site: Some(&site_id),
+            pool: opts.pool,
+            expect: opts.expect.clone(),
+            site: site_id.as_deref(),
+            target_node: opts.node,
+            allow_reclaim: opts.allow_reclaim,
         };
         tokens::insert_token(tx, role.name(), uses, ttl_ms, &scope)
     })?;
-    print_line(&token.expose())
+    Ok(token.expose())
 }
 
 fn revoke(dir: &Path, id: &str) -> Result<()> {
@@ -162,6 +196,8 @@ fn list(dir: &Path, as_json: bool) -> Result<()> {
                 "expectProductUuid": t.expect.product_uuid,
                 "expectMac": t.expect.mac,
                 "site": t.site_id,
+                "node": t.target_node_id,
+                "allowReclaim": t.allow_reclaim,
             })
         },
         |t| {
@@ -181,6 +217,12 @@ fn list(dir: &Path, as_json: bool) -> Result<()> {
             if let Some(m) = &t.expect.mac {
                 bound.push_str(&format!(" expect_mac={m}"));
             }
+            if let Some(n) = &t.target_node_id {
+                bound.push_str(&format!(" node={n}"));
+            }
+            if t.allow_reclaim {
+                bound.push_str(" allow_reclaim");
+            }
             Ok(format!(
                 "{} {} uses_left={} expires={} {state}{bound}",
                 t.id,
@@ -193,7 +235,7 @@ fn list(dir: &Path, as_json: bool) -> Result<()> {
 }
 
 /// `--expect-product-uuid`: validated here, stored lowercase.
-fn parse_expect_product_uuid(s: &str) -> Result<String, String> {
+pub(super) fn parse_expect_product_uuid(s: &str) -> Result<String, String> {
     normalize_product_uuid(s).map_err(|e| e.to_string())
 }
 
@@ -203,7 +245,7 @@ fn parse_expect_mac(s: &str) -> Result<String, String> {
 }
 
 /// A token lifetime: positive.
-fn parse_ttl(s: &str) -> Result<i64, String> {
+pub(super) fn parse_ttl(s: &str) -> Result<i64, String> {
     if s.starts_with('-') {
         return Err(format!("the lifetime must be positive, not {s:?}"));
     }

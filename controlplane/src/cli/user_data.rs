@@ -1,11 +1,15 @@
 //! `user-data`: a `#cloud-config` that runs the install script on a
 //! machine's first boot (`install/cloud-init.example.yaml` is an annotated
 //! copy). For `--attestor join-token` it also writes the token, from
-//! `--token-file`, to the 0600 file the script reads and then removes.
+//! `--token-file`, to the 0600 file the script reads and then removes; for
+//! `--attestor provisioned` it mints a single-use provisioned token bound to
+//! the machine (`--expect-product-uuid U`, or `--node N` to re-key that node
+//! in place) and writes it there the same way.
 
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
+use bc_controlplane::attestor::Expect;
 use clap::Args;
 
 use super::install_script::{self, Attestor, Target};
@@ -27,10 +31,43 @@ pub struct UserDataArgs {
     /// With --attestor join-token: a file holding the token (never on the command line).
     #[arg(long, value_name = "F")]
     pub token_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub provisioned: ProvisionedArgs,
+}
+
+/// What `--attestor provisioned` mints the token for.
+#[derive(Args)]
+pub struct ProvisionedArgs {
+    /// With --attestor provisioned: the machine's product UUID
+    /// (/sys/class/dmi/id/product_uuid); it joins as a new node.
+    #[arg(long, value_name = "UUID", value_parser = super::tokens::parse_expect_product_uuid, conflicts_with = "node")]
+    pub expect_product_uuid: Option<String>,
+    /// With --attestor provisioned: the node this machine is; the join
+    /// re-keys it in place (it must claim that node's product UUID).
+    #[arg(long, value_name = "NODE")]
+    pub node: Option<String>,
+    /// With --attestor provisioned: how long the token lasts (e.g. 24h).
+    #[arg(long, default_value = "24h", value_parser = super::tokens::parse_ttl)]
+    pub ttl: i64,
 }
 
 pub fn run(args: UserDataArgs) -> Result<()> {
+    let p = &args.provisioned;
+    let binds = p.expect_product_uuid.is_some() || p.node.is_some();
+    if binds && args.target.attestor != Attestor::Provisioned {
+        bail!("--expect-product-uuid and --node are for --attestor provisioned");
+    }
+    // Before any token is minted: a directory that cannot make the script
+    // mints nothing.
+    let script = install_script::script(&args.dir.dir, &args.target)?;
     let token = match (args.target.attestor, &args.token_file) {
+        (Attestor::Provisioned, Some(_)) => {
+            bail!("--attestor provisioned mints its own token: drop --token-file")
+        }
+        (Attestor::Provisioned, None) if !binds => {
+            bail!("--attestor provisioned needs --expect-product-uuid U or --node N (the token is bound to one machine)")
+        }
+        (Attestor::Provisioned, None) => Some(mint(&args.dir.dir, p)?),
         (Attestor::JoinToken, Some(f)) => Some(read_token(f)?),
         (Attestor::JoinToken, None) => {
             bail!("--attestor join-token needs --token-file F (the token goes into the user data, 0600 on the machine)")
@@ -40,8 +77,23 @@ pub fn run(args: UserDataArgs) -> Result<()> {
         }
         (Attestor::Tpm, None) => None,
     };
-    let script = install_script::script(&args.dir.dir, &args.target)?;
     print_stdout(&user_data(&script, token.as_deref()))
+}
+
+/// A single-use provisioned token for the machine `p` names.
+fn mint(dir: &std::path::Path, p: &ProvisionedArgs) -> Result<String> {
+    let db = super::open_db(dir)?;
+    let opts = super::tokens::CreateOpts {
+        pool: None,
+        expect: Expect {
+            product_uuid: p.expect_product_uuid.clone(),
+            mac: None,
+        },
+        site: None,
+        node: p.node.as_deref(),
+        allow_reclaim: false,
+    };
+    super::tokens::create(&db, super::tokens::TokenRole::Provisioned, 1, p.ttl, &opts)
 }
 
 fn read_token(path: &std::path::Path) -> Result<String> {

@@ -1,0 +1,169 @@
+//! `provisioned`: an installed system joining with the single-use token its
+//! deploy rendered into its user data (spec "provisioned").
+//!
+//! In the join transaction, in this order (each failure is a refusal with the
+//! reason named; the transaction rolls back, so nothing is spent): the
+//! join-token checks (`token-missing` … `token-expired`), role `provisioned`
+//! and a node join (`token-role`), uses left (`token-exhausted`), exactly one
+//! (`not-single-use`), a product UUID in the claims (`no-product-uuid`), a
+//! binding to one machine: the token's expected product UUID, else the
+//! product UUID of its target node's newest join (`unbound` when there is
+//! neither, or the target is gone), and the claimed UUID equal to it
+//! (`product-uuid-mismatch`). Then one use is spent. With a target node the
+//! join re-keys that node in place (JoinService reclaims it); without one
+//! the machine joins as a new node. Either way the UUID is proven, so it
+//! becomes the node's trusted hardware key.
+
+use bc_wire::agent::Role;
+use rusqlite::Transaction;
+
+use crate::attestor::{
+    normalize_product_uuid, AttestInput, AttestationResult, Attestor, NodeKeyKind, Refusal, Verdict,
+};
+use crate::attestors::join_token::{live_token, TOKEN_EXHAUSTED, TOKEN_ROLE};
+use crate::{hardware, records, tokens};
+
+pub const PROVISIONED: &str = "provisioned";
+
+pub const NOT_SINGLE_USE: &str = "not-single-use";
+pub const NO_PRODUCT_UUID: &str = "no-product-uuid";
+pub const UNBOUND: &str = "unbound";
+pub const PRODUCT_UUID_MISMATCH: &str = "product-uuid-mismatch";
+
+pub struct ProvisionedAttestor;
+
+impl Attestor for ProvisionedAttestor {
+    fn id(&self) -> &str {
+        PROVISIONED
+    }
+
+    fn verify(&self, tx: &Transaction<'_>, input: &AttestInput<'_>) -> Result<Verdict, Refusal> {
+        let (token, row) = live_token(tx, input)?;
+        let target = row.target_node_id.as_deref();
+        let refuse = |reason: &str| {
+            Refusal::new(reason)
+                .with_token(Some(&token.id))
+                .with_node(target)
+        };
+        if row.role != PROVISIONED || input.role != Role::Node {
+            return Err(refuse(TOKEN_ROLE));
+        }
+        if row.uses_left <= 0 {
+            return Err(refuse(TOKEN_EXHAUSTED));
+        }
+        if row.uses_left != 1 {
+            return Err(refuse(NOT_SINGLE_USE));
+        }
+        let claimed = normalize_product_uuid(&input.claims.product_uuid)
+            .map_err(|_| refuse(NO_PRODUCT_UUID))?;
+        let expected = match (&row.expect.product_uuid, target) {
+            (Some(uuid), _) => uuid.clone(),
+            (None, Some(node)) => target_uuid(tx, node)?.ok_or_else(|| refuse(UNBOUND))?,
+            (None, None) => return Err(refuse(UNBOUND)),
+        };
+        if claimed != expected {
+            return Err(refuse(PRODUCT_UUID_MISMATCH));
+        }
+        tokens::consume_use(tx, &token.id)?;
+        Ok(Verdict::Admit(AttestationResult {
+            reclaim_node_id: row.target_node_id,
+            token_id: Some(token.id.clone()),
+            node_key: NodeKeyKind::Unattested,
+            pool_id: row.pool_id,
+            expect: row.expect,
+            proven_product_uuid: Some(claimed),
+            allow_reclaim: row.allow_reclaim,
+            ..AttestationResult::default()
+        }))
+    }
+}
+
+/// The product UUID of the live node a token was minted for, from its
+/// newest join's claims (spec: resolveTarget). `None` when the node is gone
+/// or never claimed one.
+fn target_uuid(tx: &Transaction<'_>, node_id: &str) -> Result<Option<String>, Refusal> {
+    let live = records::node_for_update(tx, node_id)?.is_some_and(|n| n.retired_at.is_none());
+    if !live {
+        return Ok(None);
+    }
+    Ok(hardware::newest_claimed_product_uuid(tx, node_id)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attestor::{Expect, OpenedToken};
+    use crate::db::{self, Database};
+    use crate::test_support::temp_db as fixture;
+    use crate::tokens::TokenScope;
+    use bc_wire::agent::HardwareClaims;
+    use bc_wire::token::JoinToken;
+
+    const UUID: &str = "4c4c4544-0042-3510-8052-b4c04f4e4d32";
+
+    fn mint(db: &Database, uses: u32, expect: Option<&str>) -> JoinToken {
+        let scope = TokenScope {
+            expect: Expect {
+                product_uuid: expect.map(str::to_owned),
+                mac: None,
+            },
+            ..TokenScope::default()
+        };
+        db.write(|tx| tokens::insert_token(tx, PROVISIONED, uses, 60_000, &scope))
+            .unwrap()
+            .0
+    }
+
+    /// The attestor in a transaction committed whatever the outcome, so a
+    /// refusal that (wrongly) spent a use would show.
+    fn run(db: &Database, token: &JoinToken, uuid: &str) -> String {
+        let claims = HardwareClaims {
+            product_uuid: uuid.to_owned(),
+            ..HardwareClaims::default()
+        };
+        let opened = OpenedToken::Parsed(token.clone());
+        db.with_conn(|c| {
+            let tx = db::immediate(c).unwrap();
+            let input = AttestInput {
+                role: Role::Node,
+                evidence: &[],
+                token: Some(&opened),
+                csr_der: &[],
+                csr_sha256: [0; 32],
+                csr_spki_der: &[],
+                csr_spki_sha256: [0; 32],
+                claims: &claims,
+                now: db::compute_now(&tx).unwrap(),
+            };
+            let out = match ProvisionedAttestor.verify(&tx, &input) {
+                Ok(Verdict::Admit(r)) => {
+                    assert_eq!(r.proven_product_uuid.as_deref(), Some(UUID));
+                    "admitted".to_owned()
+                }
+                Ok(Verdict::Defer(_)) => "deferred".to_owned(),
+                Err(r) => r.reason,
+            };
+            tx.commit().unwrap();
+            out
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn refusals_in_order_then_one_admission() {
+        let f = fixture();
+        let several = mint(&f.db, 2, Some(UUID));
+        assert_eq!(run(&f.db, &several, UUID), NOT_SINGLE_USE);
+        let bound = mint(&f.db, 1, Some(UUID));
+        assert_eq!(run(&f.db, &bound, ""), NO_PRODUCT_UUID);
+        assert_eq!(run(&f.db, &bound, "not-a-uuid"), NO_PRODUCT_UUID);
+        assert_eq!(
+            run(&f.db, &bound, "4c4c4544-0042-3510-8052-b4c04f4e4d33"),
+            PRODUCT_UUID_MISMATCH
+        );
+        assert_eq!(run(&f.db, &mint(&f.db, 1, None), UUID), UNBOUND);
+        // Claims compare case-insensitively; the one use is then spent.
+        assert_eq!(run(&f.db, &bound, &UUID.to_uppercase()), "admitted");
+        assert_eq!(run(&f.db, &bound, UUID), TOKEN_EXHAUSTED);
+    }
+}
