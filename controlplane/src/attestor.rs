@@ -328,6 +328,7 @@ pub fn default_attestor_ids() -> Vec<&'static str> {
         crate::attestors::tpm::TPM,
         crate::attestors::x509pop::X509POP,
         crate::attestors::discovery::DISCOVERY,
+        crate::attestors::cloud_iid::CLOUD_IID,
     ]
 }
 

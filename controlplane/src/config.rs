@@ -32,6 +32,12 @@
 //! cert_ttl = "2h"                   # a ramdisk's certificate (1m to 2h)
 //! lease_ttl = "30s"                 # the boot lease (1s to 7d)
 //! allowed_kinds = ["inventory.refresh", …]  # default: DISCOVERY_ALLOWED_KINDS
+//!
+//! [cloud_iid]
+//! audience = "https://cp.example.com:8443"  # the api URL agents use (GCP tokens must name it)
+//! max_age = "10m"                   # identity documents older than this are refused (1m to 1h)
+//! [cloud_iid.gcp]
+//! jwks = "gcp-jwks.json"            # Google's signing keys (JWKS), relative to DIR
 //! ```
 
 use std::collections::BTreeMap;
@@ -66,6 +72,7 @@ pub struct Config {
     pub server: ServerConfig,
     pub events: EventsConfig,
     pub discovery: DiscoveryConfig,
+    pub cloud_iid: crate::attestors::cloud_iid::CloudIidConfig,
 }
 
 /// `[discovery]`: what a PXE ramdisk admitted by the `discovery` attestor
@@ -171,6 +178,21 @@ struct RawConfig {
     server: Option<RawServer>,
     events: Option<RawEvents>,
     discovery: Option<RawDiscovery>,
+    cloud_iid: Option<RawCloudIid>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCloudIid {
+    audience: Option<Spanned<String>>,
+    max_age: Option<Spanned<String>>,
+    gcp: Option<RawCloudGcp>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCloudGcp {
+    jwks: Spanned<String>,
 }
 
 #[derive(Deserialize)]
@@ -361,6 +383,34 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
                 ));
             }
             config.discovery.allowed_kinds = v.into_inner();
+        }
+    }
+    if let Some(c) = raw.cloud_iid {
+        if let Some(v) = c.audience {
+            config.cloud_iid.audience = Some(v.into_inner());
+        }
+        if let Some(v) = c.max_age {
+            config.cloud_iid.max_age_ms = duration(
+                &v,
+                "cloud_iid.max_age",
+                |ms| (60_000..=3_600_000).contains(&ms),
+                "from 1m to 1h",
+            )?;
+        }
+        if let Some(g) = c.gcp {
+            // Relative to DIR, the directory of this file.
+            let dir = path.parent().unwrap_or(Path::new("."));
+            let file = dir.join(g.jwks.get_ref());
+            let keys = crate::attestors::cloud_iid::gcp::load_jwks(&file)
+                .map_err(|e| invalid(Some(g.jwks.span()), format!("cloud_iid.gcp.jwks: {e}")))?;
+            config.cloud_iid.gcp = Some(keys);
+        }
+        if config.cloud_iid.gcp.is_some() && config.cloud_iid.audience.is_none() {
+            return Err(invalid(
+                None,
+                "cloud_iid.audience is required with [cloud_iid.gcp] (the api URL agents use)"
+                    .to_owned(),
+            ));
         }
     }
     if let Some(x) = raw.x509pop {

@@ -222,6 +222,9 @@ impl JoinService {
             ChallengeKey::new(challenge_key),
         )));
         svc.register_attestor(Arc::new(X509PopAttestor::new(config.x509pop)));
+        svc.register_attestor(Arc::new(
+            crate::attestors::cloud_iid::CloudIidAttestor::new(config.cloud_iid),
+        ));
         Ok(svc)
     }
 
