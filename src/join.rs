@@ -36,6 +36,8 @@ pub const ACCESS_DENIED: &str = "access denied: the control plane refused the jo
 pub const ACCESS_DENIED_TPM: &str = "access denied: the control plane refused the TPM join (check that it trusts the EK's maker (ek-roots), that this EK is allowed or approved, that it is not bound to another node, and that the pool admits tpm; `bcd tpm identify` shows the EK)";
 /// The same for a PXE ramdisk's discovery join.
 pub const ACCESS_DENIED_DISCOVERY: &str = "access denied: the control plane refused the discovery join (the boot entry's token may be used, expired or for another MAC or site, the assertion stale or already used, or the boot server no longer the site's lease holder; add a new boot entry and PXE-boot again)";
+/// The same for a cloud VM's identity document.
+pub const ACCESS_DENIED_CLOUD_IID: &str = "access denied: the control plane refused the cloud-iid join (check that it has keys for this cloud ([cloud_iid]) and audience = this bcd's api URL, that `cloud resolve list` covers this account and zone, that this instance never joined before (a known instance re-joins with --attestor x509pop), and that this clock's time is right)";
 /// The same for an x509pop re-join, where the last certificate is the credential.
 pub const ACCESS_DENIED_X509POP: &str = "access denied: the control plane refused the x509pop re-join (the certificate may have expired more than 7 days ago, be revoked or older than the node's current identity, the node may be retired, or this clock may be more than 60 s off the control plane's; join again: bcd join --reset --yes, then bcd join with a token or --attestor tpm)";
 
@@ -59,7 +61,8 @@ pub struct JoinArgs {
     #[arg(long, requires = "reset")]
     yes: bool,
     /// How the machine proves it may join: a join token, its TPM (no token), or its last
-    /// certificate (x509pop: re-join as itself, with the role it has)
+    /// certificate (x509pop: re-join as itself, with the role it has), or its cloud's identity
+    /// document (cloud-iid: a cloud VM, no token)
     #[arg(long, value_enum, default_value_t = AttestorArg::JoinToken)]
     attestor: AttestorArg,
 }
@@ -69,6 +72,7 @@ enum AttestorArg {
     JoinToken,
     Tpm,
     X509pop,
+    CloudIid,
 }
 
 /// What the join proves itself with.
@@ -78,6 +82,8 @@ pub(crate) enum Credential {
     Discovery(crate::evidence::discovery::Discovery),
     /// The TPM is the credential: no token is read or sent.
     Tpm,
+    /// A cloud VM: the evidence JSON with its identity document; no token.
+    CloudIid(Vec<u8>),
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -101,25 +107,38 @@ pub fn run(args: JoinArgs, env_token: Option<TokenText>) -> anyhow::Result<ExitC
         drop(env_token);
         return run_x509pop(&args);
     }
-    let tpm_join = args.attestor == AttestorArg::Tpm;
-    if tpm_join && args.token_file.is_some() {
+    let tokenless = match args.attestor {
+        AttestorArg::Tpm => Some("the TPM is the credential"),
+        AttestorArg::CloudIid => Some("the cloud's identity document is the credential"),
+        _ => None,
+    };
+    if let (Some(why), true) = (tokenless, args.token_file.is_some()) {
         out::err_line(format_args!(
-            "bcd: --token-file with --attestor tpm: the TPM is the credential, no token is read"
+            "bcd: --token-file with --attestor {}: {why}, no token is read",
+            if args.attestor == AttestorArg::Tpm {
+                "tpm"
+            } else {
+                "cloud-iid"
+            }
         ));
         return Ok(ExitCode::from(2));
     }
-    // A TPM join reads no token: BCD_JOIN_TOKEN, already out of the
+    // A tokenless join reads no token: BCD_JOIN_TOKEN, already out of the
     // environment, is dropped unread.
-    let env_token = if tpm_join { None } else { env_token };
-    let obtain = |env_token| -> anyhow::Result<Credential> {
-        if tpm_join {
-            return Ok(Credential::Tpm);
-        }
-        Ok(Credential::Token(
-            obtain_token(args.token_file.as_deref(), env_token)?.parse()?,
-        ))
-    };
+    let env_token = if tokenless.is_some() { None } else { env_token };
     let config = Config::load(&args.config.path)?;
+    let obtain = |env_token| -> anyhow::Result<Credential> {
+        match args.attestor {
+            AttestorArg::Tpm => Ok(Credential::Tpm),
+            AttestorArg::CloudIid => Ok(Credential::CloudIid(crate::evidence::cloud_iid::fetch(
+                config.cloud_metadata_url.as_deref(),
+                config.api.as_str(),
+            )?)),
+            _ => Ok(Credential::Token(
+                obtain_token(args.token_file.as_deref(), env_token)?.parse()?,
+            )),
+        }
+    };
     let dir = &config.data_dir;
     // bcd join opens the TPM itself, [helper] or not; under [helper] it
     // leaves the data directory to the node's user.
@@ -247,6 +266,7 @@ pub(crate) fn join(
             return Err(anyhow!(match attestor_id {
                 attestor::TPM => ACCESS_DENIED_TPM,
                 attestor::DISCOVERY => ACCESS_DENIED_DISCOVERY,
+                attestor::CLOUD_IID => ACCESS_DENIED_CLOUD_IID,
                 _ => ACCESS_DENIED,
             }))
         }
@@ -534,6 +554,19 @@ fn prepare(
                 attestor_id: attestor::DISCOVERY,
                 sealed_token,
                 attestation: d.assertion.clone(),
+            })
+        }
+        Credential::CloudIid(evidence) => {
+            let key: Arc<dyn NodeKey> = Arc::from(keys::generate(tpm, false)?);
+            let csr = keys::make_csr(key.as_ref())?;
+            tracing::info!(api = %client.api(), role = %role.name(), node_key = %key.kid(), key_in = key.kind().as_str(), "joining the control plane with the cloud's identity document");
+            Ok(Prepared {
+                key,
+                csr,
+                answerer: Box::new(NoChallenges(attestor::CLOUD_IID)),
+                attestor_id: attestor::CLOUD_IID,
+                sealed_token: Vec::new(),
+                attestation: evidence.clone(),
             })
         }
         Credential::Tpm => {

@@ -16,7 +16,8 @@ use bc_controlplane::pki;
 use clap::{Parser, Subcommand};
 
 use cli::{
-    clock, cloud, dist, events, install_script, nodes, pools, server, sites, tokens, tpm, user_data, Dir,
+    clock, cloud, dist, events, install_script, nodes, pools, server, sites, tokens, tpm,
+    user_data, Dir,
 };
 
 #[derive(Parser)]

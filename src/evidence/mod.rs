@@ -1,9 +1,11 @@
 //! Evidence builders, one per attestor.
 //!
 //! Each is a function of its inputs (token, keys, CSR digest, claims,
-//! clock, and for `tpm` the TPM itself); none talks to the network. The join flow
+//! clock, and for `tpm` the TPM itself); none talks to the control plane
+//! (`cloud-iid` asks the VM's own metadata service for its document). The join flow
 //! picks the builder for the configured attestor.
 pub mod claims;
+pub mod cloud_iid;
 pub mod discovery;
 pub mod join_token;
 pub mod tpm;
@@ -19,4 +21,6 @@ pub mod attestor {
     pub const X509POP: &str = "x509pop";
     /// A PXE ramdisk vouched for by its site's boot server.
     pub const DISCOVERY: &str = "discovery";
+    /// A cloud VM's identity document, signed by its cloud; no token.
+    pub const CLOUD_IID: &str = "cloud-iid";
 }

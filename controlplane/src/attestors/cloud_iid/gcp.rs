@@ -65,8 +65,7 @@ pub fn load_jwks(file: &Path) -> Result<GcpKeys, String> {
 }
 
 pub fn parse_jwks(bytes: &[u8]) -> Result<GcpKeys, String> {
-    let raw: RawJwks =
-        serde_json::from_slice(bytes).map_err(|e| format!("not a JWKS ({e})"))?;
+    let raw: RawJwks = serde_json::from_slice(bytes).map_err(|e| format!("not a JWKS ({e})"))?;
     let mut keys = Vec::new();
     for k in raw.keys.into_iter().filter(|k| k.kty == "RSA") {
         let (Some(kid), Some(n), Some(e)) = (k.kid, k.n, k.e) else {
@@ -140,8 +139,7 @@ pub fn verify(
         return Err(CLOUD_MALFORMED);
     };
     let decode = |v: &str| B64URL.decode(v).map_err(|_| CLOUD_MALFORMED);
-    let header: Header =
-        serde_json::from_slice(&decode(h64)?).map_err(|_| CLOUD_MALFORMED)?;
+    let header: Header = serde_json::from_slice(&decode(h64)?).map_err(|_| CLOUD_MALFORMED)?;
     if header.alg != "RS256" {
         return Err(CLOUD_MALFORMED);
     }
@@ -156,8 +154,7 @@ pub fn verify(
     if !verified {
         return Err(CLOUD_SIGNATURE);
     }
-    let claims: Claims =
-        serde_json::from_slice(&decode(p64)?).map_err(|_| CLOUD_MALFORMED)?;
+    let claims: Claims = serde_json::from_slice(&decode(p64)?).map_err(|_| CLOUD_MALFORMED)?;
     if !ISSUERS.contains(&claims.iss.as_str()) {
         return Err(CLOUD_ISSUER);
     }

@@ -140,8 +140,7 @@ impl CloudIidAttestor {
         };
         match evidence.provider.as_str() {
             GCP => {
-                let (Some(keys), Some(audience)) = (&self.config.gcp, &self.config.audience)
-                else {
+                let (Some(keys), Some(audience)) = (&self.config.gcp, &self.config.audience) else {
                     return Err(CLOUD_UNKNOWN_PROVIDER);
                 };
                 gcp::verify(keys, &evidence.document, audience, &fresh)
@@ -191,7 +190,10 @@ mod tests {
             max_age_ms: DEFAULT_MAX_AGE_MS,
         };
         assert_eq!(f.check(1_000_000, 2_000_000), Ok(()));
-        assert_eq!(f.check(1_000_000 - DEFAULT_MAX_AGE_MS, 9_000_000), Err(CLOUD_STALE));
+        assert_eq!(
+            f.check(1_000_000 - DEFAULT_MAX_AGE_MS, 9_000_000),
+            Err(CLOUD_STALE)
+        );
         assert_eq!(f.check(999_000, 1_000_000), Err(CLOUD_STALE));
         assert_eq!(f.check(1_000_000 + 61_000, 9_000_000), Err(CLOUD_FUTURE));
         assert_eq!(f.check(1_000_000 + 60_000, 9_000_000), Ok(()));
