@@ -38,6 +38,8 @@
 //! max_age = "10m"                   # identity documents older than this are refused (1m to 1h)
 //! [cloud_iid.gcp]
 //! jwks = "gcp-jwks.json"            # Google's signing keys (JWKS), relative to DIR
+//! [cloud_iid.aws]
+//! certificates = "aws-certs.pem"    # AWS's RSA certificates of the regions you use, relative to DIR
 //! ```
 
 use std::collections::BTreeMap;
@@ -187,6 +189,13 @@ struct RawCloudIid {
     audience: Option<Spanned<String>>,
     max_age: Option<Spanned<String>>,
     gcp: Option<RawCloudGcp>,
+    aws: Option<RawCloudAws>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCloudAws {
+    certificates: Spanned<String>,
 }
 
 #[derive(Deserialize)]
@@ -404,6 +413,17 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
             let keys = crate::attestors::cloud_iid::gcp::load_jwks(&file)
                 .map_err(|e| invalid(Some(g.jwks.span()), format!("cloud_iid.gcp.jwks: {e}")))?;
             config.cloud_iid.gcp = Some(keys);
+        }
+        if let Some(a) = c.aws {
+            let dir = path.parent().unwrap_or(Path::new("."));
+            let file = dir.join(a.certificates.get_ref());
+            let keys = crate::attestors::cloud_iid::aws::load_certificates(&file).map_err(|e| {
+                invalid(
+                    Some(a.certificates.span()),
+                    format!("cloud_iid.aws.certificates: {e}"),
+                )
+            })?;
+            config.cloud_iid.aws = Some(keys);
         }
         if config.cloud_iid.gcp.is_some() && config.cloud_iid.audience.is_none() {
             return Err(invalid(

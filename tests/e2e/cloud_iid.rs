@@ -32,6 +32,8 @@ struct Mint {
     project: String,
     zone: String,
     instance: String,
+    /// AWS: serve a document other than the one signed.
+    tampered: bool,
     /// Leave out the `google.compute_engine` claims (format=standard).
     standard: bool,
     /// Served as is instead of a token.
@@ -50,6 +52,7 @@ impl Default for Mint {
             project: "proj-a".into(),
             zone: "europe-west1-b".into(),
             instance: "4242424242".into(),
+            tampered: false,
             standard: false,
             raw: None,
             last: None,
@@ -129,45 +132,122 @@ fn query_param(uri: &Uri, name: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
+/// AWS's instance identity document, as IMDS prints it, and its
+/// signature (base64 RSA-SHA256, wrapped at 64 columns as IMDS does).
+fn aws_document(m: &Mint) -> (String, String) {
+    let doc = |instance: &str| {
+        format!(
+            "{{\n  \"accountId\" : \"{}\",\n  \"architecture\" : \"x86_64\",\n  \"availabilityZone\" : \"{}\",\n  \"imageId\" : \"ami-0123456789abcdef0\",\n  \"instanceId\" : \"{instance}\",\n  \"instanceType\" : \"t3.micro\",\n  \"pendingTime\" : \"2026-01-01T00:00:00Z\",\n  \"region\" : \"eu-west-1\",\n  \"version\" : \"2017-09-30\"\n}}",
+            m.project, m.zone
+        )
+    };
+    let signed = doc(&m.instance);
+    let k = key(if m.trusted_key {
+        "cloud-aws.key"
+    } else {
+        "cloud-other.key"
+    });
+    let sig = k
+        .pkcs1v15_sign::<rsa::sha2::Sha256>(signed.as_bytes())
+        .expect("sign");
+    let b64 = base64::engine::general_purpose::STANDARD.encode(sig);
+    let wrapped: Vec<String> = b64
+        .as_bytes()
+        .chunks(64)
+        .map(|c| String::from_utf8_lossy(c).into_owned())
+        .collect();
+    let served = if m.tampered {
+        doc("i-0someoneelse")
+    } else {
+        signed
+    };
+    (served, wrapped.join("\n"))
+}
+
+const AWS_TOKEN: &str = "AQAEAtestsessiontoken==";
+
 /// The stand-in metadata server: GCP's identity endpoint, which wants the
-/// `Metadata-Flavor: Google` header, an audience and `format=full`.
+/// `Metadata-Flavor: Google` header, an audience and `format=full`, and
+/// AWS's IMDSv2 (a session token from PUT, then the document and its
+/// signature with it).
 fn metadata_server(mint: Arc<Mutex<Mint>>) -> PlainServer {
-    let router = axum::Router::new().route(
-        IDENTITY_PATH,
-        get(move |headers: HeaderMap, uri: Uri| {
-            let mint = mint.clone();
-            async move {
-                if headers.get("metadata-flavor").and_then(|v| v.to_str().ok()) != Some("Google")
-                    || query_param(&uri, "format").as_deref() != Some("full")
-                {
-                    return (StatusCode::FORBIDDEN, String::new());
-                }
-                let Some(audience) = query_param(&uri, "audience") else {
-                    return (StatusCode::BAD_REQUEST, String::new());
-                };
-                let mut m = mint.lock().expect("mint");
-                let body = match (&m.raw, &m.last) {
-                    (Some(raw), _) => raw.clone(),
-                    _ => jwt(&m, &audience),
-                };
-                m.last = Some(body.clone());
-                (StatusCode::OK, body)
+    let aws = |part: usize, mint: Arc<Mutex<Mint>>| {
+        get(move |headers: HeaderMap| async move {
+            if headers
+                .get("x-aws-ec2-metadata-token")
+                .and_then(|v| v.to_str().ok())
+                != Some(AWS_TOKEN)
+            {
+                return (StatusCode::UNAUTHORIZED, String::new());
             }
-        }),
-    );
+            let (doc, sig) = aws_document(&mint.lock().expect("mint"));
+            (StatusCode::OK, if part == 0 { doc } else { sig })
+        })
+    };
+    let router = axum::Router::new()
+        .route(
+            "/latest/api/token",
+            axum::routing::put(|headers: HeaderMap| async move {
+                if headers.contains_key("x-aws-ec2-metadata-token-ttl-seconds") {
+                    (StatusCode::OK, AWS_TOKEN.to_owned())
+                } else {
+                    (StatusCode::BAD_REQUEST, String::new())
+                }
+            }),
+        )
+        .route(
+            "/latest/dynamic/instance-identity/document",
+            aws(0, mint.clone()),
+        )
+        .route(
+            "/latest/dynamic/instance-identity/signature",
+            aws(1, mint.clone()),
+        )
+        .route(
+            IDENTITY_PATH,
+            get(move |headers: HeaderMap, uri: Uri| {
+                let mint = mint.clone();
+                async move {
+                    if headers.get("metadata-flavor").and_then(|v| v.to_str().ok())
+                        != Some("Google")
+                        || query_param(&uri, "format").as_deref() != Some("full")
+                    {
+                        return (StatusCode::FORBIDDEN, String::new());
+                    }
+                    let Some(audience) = query_param(&uri, "audience") else {
+                        return (StatusCode::BAD_REQUEST, String::new());
+                    };
+                    let mut m = mint.lock().expect("mint");
+                    let body = match (&m.raw, &m.last) {
+                        (Some(raw), _) => raw.clone(),
+                        _ => jwt(&m, &audience),
+                    };
+                    m.last = Some(body.clone());
+                    (StatusCode::OK, body)
+                }
+            }),
+        );
     PlainServer::start(router)
 }
 
 /// A GCP VM: DMI says Google, `[cloud] metadata_url` is the stand-in.
 fn gcp_vm(cp: &ControlPlane, metadata_url: &str) -> Agent {
+    vm(
+        cp,
+        metadata_url,
+        ["Google", "Google Compute Engine", "Google"],
+    )
+}
+
+/// A VM with this DMI (sys_vendor, product_name, bios_vendor).
+fn vm(cp: &ControlPlane, metadata_url: &str, dmi_values: [&str; 3]) -> Agent {
     let agent = Agent::new(cp);
     let dmi = agent.root.path().join("sys/class/dmi/id");
     std::fs::create_dir_all(&dmi).expect("dmi dir");
-    for (f, v) in [
-        ("sys_vendor", "Google"),
-        ("product_name", "Google Compute Engine"),
-        ("bios_vendor", "Google"),
-    ] {
+    for (f, v) in ["sys_vendor", "product_name", "bios_vendor"]
+        .into_iter()
+        .zip(dmi_values)
+    {
         std::fs::write(dmi.join(f), format!("{v}\n")).expect("dmi file");
     }
     let mut config = std::fs::read_to_string(&agent.config).expect("config");
@@ -336,4 +416,65 @@ fn cloud_iid_refusals_and_errors_outside_the_happy_cloud() {
     ]);
     assert_eq!(out.status.code(), Some(2));
     assert_eq!(cp.refusal_reasons(), ["cloud-unknown-provider"]);
+}
+
+#[test]
+fn an_aws_vm_joins_once_with_its_signed_document() {
+    let mint = Arc::new(Mutex::new(Mint {
+        project: "111122223333".into(),
+        zone: "eu-west-1a".into(),
+        instance: "i-0123456789abcdef0".into(),
+        ..Mint::default()
+    }));
+    let md = metadata_server(mint.clone());
+    let cp = ControlPlane::start_with_config(&format!(
+        "[cloud_iid.aws]\ncertificates = \"{}\"\n",
+        fixture("cloud-aws.pem")
+    ));
+    let ec2 = ["Amazon EC2", "t3.micro", "Amazon EC2"];
+    let vm1 = vm(&cp, &md.url, ec2);
+    let set = |f: &dyn Fn(&mut Mint)| f(&mut mint.lock().expect("mint"));
+
+    assert_refused(&cp, &vm1, "unknown-instance");
+    // A zone row for another zone does not cover it; the right one does.
+    assert_ok(&cp.cli(&[
+        "cloud",
+        "resolve",
+        "add",
+        "--provider",
+        "aws",
+        "--account",
+        "111122223333",
+        "--zone",
+        "eu-west-1b",
+    ]));
+    assert_refused(&cp, &vm1, "unknown-instance");
+    assert_ok(&cp.cli(&[
+        "cloud",
+        "resolve",
+        "add",
+        "--provider",
+        "aws",
+        "--account",
+        "111122223333",
+        "--zone",
+        "eu-west-1a",
+    ]));
+    set(&|m| m.trusted_key = false);
+    assert_refused(&cp, &vm1, "cloud-signature");
+    set(&|m| {
+        m.trusted_key = true;
+        m.tampered = true;
+    });
+    assert_refused(&cp, &vm1, "cloud-signature");
+    set(&|m| m.tampered = false);
+    assert_ok(&join(&vm1));
+    assert_eq!(cp.nodes().len(), 1);
+    // The document is readable by any process on the VM, and never
+    // changes: a copy on another machine is refused for good.
+    let copy = vm(&cp, &md.url, ec2);
+    assert_refused(&cp, &copy, "instance-reused");
+    // A GCP VM: this control plane has no keys for GCP.
+    let gcp = gcp_vm(&cp, &md.url);
+    assert_refused(&cp, &gcp, "cloud-unknown-provider");
 }

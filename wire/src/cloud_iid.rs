@@ -6,10 +6,15 @@
 //! The document is the provider's own, passed through untouched: for `gcp`
 //! the instance identity token (an RS256 JWT, `format=full`, audience the
 //! control plane's api URL). The control plane verifies it with the keys it
-//! is configured to trust for that provider.
+//! is configured to trust for that provider. `aws`: the instance identity
+//! document (JSON text, byte for byte as IMDSv2 served it) and, in
+//! `signature`, the base64 RSA-SHA256 signature IMDS serves beside it
+//! (`/latest/dynamic/instance-identity/signature`).
 
 /// Google Compute Engine.
 pub const GCP: &str = "gcp";
+/// Amazon EC2.
+pub const AWS: &str = "aws";
 
 /// The largest evidence accepted (a GCP identity token is about 1 KiB).
 pub const MAX_EVIDENCE_LEN: usize = 16 * 1024;
@@ -28,6 +33,9 @@ pub enum CloudIidError {
 pub struct Evidence {
     pub provider: String,
     pub document: String,
+    /// `aws`: the document's signature (base64); no other provider has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signature: Option<String>,
 }
 
 impl Evidence {
@@ -53,7 +61,11 @@ mod tests {
         let e = Evidence {
             provider: GCP.into(),
             document: "a.b.c".into(),
+            signature: None,
         };
+        assert!(!String::from_utf8(e.to_json())
+            .unwrap()
+            .contains("signature"));
         assert_eq!(Evidence::from_json(&e.to_json()).unwrap(), e);
         assert!(matches!(
             Evidence::from_json(br#"{"provider":"gcp","document":"x","token":"y"}"#),

@@ -2,7 +2,7 @@
 //! identity document (cloud-iid), and into which pool.
 
 use anyhow::{bail, Context, Result};
-use bc_controlplane::attestors::cloud_iid::{resolve, GCP};
+use bc_controlplane::attestors::cloud_iid::{resolve, AWS, GCP};
 use bc_controlplane::{db, pools};
 use clap::Subcommand;
 use serde_json::json;
@@ -25,13 +25,13 @@ pub enum ResolveCmd {
     Add {
         #[command(flatten)]
         dir: Dir,
-        /// The provider: gcp.
-        #[arg(long, value_name = "P", value_parser = [GCP])]
+        /// The provider: gcp or aws.
+        #[arg(long, value_name = "P", value_parser = [GCP, AWS])]
         provider: String,
-        /// The account: the GCP project id.
+        /// The account: the GCP project id, the AWS account id.
         #[arg(long, value_name = "A", value_parser = parse_id)]
         account: String,
-        /// Only VMs in this zone (else any zone of the account).
+        /// Only VMs in this zone (AWS: availability zone; else any zone of the account).
         #[arg(long, value_name = "Z", value_parser = parse_id)]
         zone: Option<String>,
         /// The pool they join (else the default pool).

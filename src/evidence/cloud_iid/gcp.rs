@@ -12,7 +12,8 @@ pub const IDENTITY_PATH: &str = "/computeMetadata/v1/instance/service-accounts/d
 /// The token for `audience`, from the metadata server at `base`.
 pub fn fetch(base: &str, audience: &str) -> Result<String, CloudIidError> {
     let url = identity_url(base, audience);
-    let token = get(Provider::Gcp, &url, &[("Metadata-Flavor", "Google")])?;
+    let answer = get(Provider::Gcp, &url, &[("Metadata-Flavor", "Google")])?;
+    let token = answer.trim().to_owned();
     // A JWT: three base64url parts; anything else is not what was asked.
     let jwt_chars = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
     if token.split('.').count() != 3 || !token.chars().all(jwt_chars) {

@@ -6,6 +6,7 @@
 //! well-known address, or `[cloud] metadata_url`. Every fetch is bounded in
 //! time and size, and every error names the provider and what failed.
 
+pub mod aws;
 pub mod gcp;
 
 use std::path::Path;
@@ -45,7 +46,7 @@ pub enum CloudIidError {
         vendor: String,
         product: String,
     },
-    #[error("--attestor cloud-iid: {0} VMs are not supported by this bcd yet (GCP is); join with a token")]
+    #[error("--attestor cloud-iid: {0} VMs are not supported by this bcd yet (GCP and AWS are); join with a token")]
     Unsupported(&'static str),
     #[error(
         "{provider}: cannot fetch the identity document from the metadata service {url}: {reason}"
@@ -91,16 +92,21 @@ pub fn detect(root: &Path) -> Result<Provider, CloudIidError> {
 /// the provider's address), for `audience` (the control plane's api URL).
 pub fn fetch(metadata_url: Option<&str>, audience: &str) -> Result<Vec<u8>, CloudIidError> {
     let provider = detect(&crate::evidence::claims::sysfs_root())?;
-    let (wire, document) = match provider {
-        Provider::Gcp => (
-            bc_wire::cloud_iid::GCP,
-            gcp::fetch(metadata_url.unwrap_or(gcp::METADATA_URL), audience)?,
-        ),
+    let evidence = match provider {
+        Provider::Gcp => Evidence {
+            provider: bc_wire::cloud_iid::GCP.to_owned(),
+            document: gcp::fetch(metadata_url.unwrap_or(gcp::METADATA_URL), audience)?,
+            signature: None,
+        },
+        Provider::Aws => {
+            let (document, signature) = aws::fetch(metadata_url.unwrap_or(aws::METADATA_URL))?;
+            Evidence {
+                provider: bc_wire::cloud_iid::AWS.to_owned(),
+                document,
+                signature: Some(signature),
+            }
+        }
         other => return Err(CloudIidError::Unsupported(other.name())),
-    };
-    let evidence = Evidence {
-        provider: wire.to_owned(),
-        document,
     }
     .to_json();
     debug_assert!(evidence.len() <= MAX_EVIDENCE_LEN);
@@ -109,6 +115,16 @@ pub fn fetch(metadata_url: Option<&str>, audience: &str) -> Result<Vec<u8>, Clou
 
 /// One GET with `headers`, bounded in time and size; the body as text.
 fn get(provider: Provider, url: &str, headers: &[(&str, &str)]) -> Result<String, CloudIidError> {
+    request(provider, reqwest::Method::GET, url, headers)
+}
+
+/// One request, bounded in time and size; the body as text.
+fn request(
+    provider: Provider,
+    method: reqwest::Method,
+    url: &str,
+    headers: &[(&str, &str)],
+) -> Result<String, CloudIidError> {
     let err = |reason: String| CloudIidError::Fetch {
         provider: provider.name(),
         url: url.to_owned(),
@@ -127,7 +143,7 @@ fn get(provider: Provider, url: &str, headers: &[(&str, &str)]) -> Result<String
             .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| err(e.to_string()))?;
-        let mut req = client.get(url);
+        let mut req = client.request(method, url);
         for (k, v) in headers {
             req = req.header(*k, *v);
         }
@@ -144,9 +160,8 @@ fn get(provider: Provider, url: &str, headers: &[(&str, &str)]) -> Result<String
             }
             body.extend_from_slice(&chunk);
         }
-        String::from_utf8(body)
-            .map(|s| s.trim().to_owned())
-            .map_err(|_| err("the answer is not UTF-8 text".to_owned()))
+        // Untrimmed: an AWS document is verified byte for byte.
+        String::from_utf8(body).map_err(|_| err("the answer is not UTF-8 text".to_owned()))
     })
 }
 

@@ -5,7 +5,8 @@
 //! reason named; the transaction rolls back, so nothing is spent):
 //! 1. the evidence parses (`cloud-malformed`) and names a provider this
 //!    control plane has keys for (`cloud-unknown-provider`);
-//! 2. that provider's verifier: signature (`cloud-signature`), issuer
+//! 2. that provider's verifier (GCP; AWS checks the signature alone, see
+//!    [`aws`]): signature (`cloud-signature`), issuer
 //!    (`cloud-issuer`), audience = `[cloud_iid] audience`
 //!    (`cloud-audience`), issued less than `max_age` ago and not expired
 //!    (`cloud-stale`), not issued in the future (`cloud-future`);
@@ -18,6 +19,7 @@
 //! the VM joins as a new node of the resolved pool. A known instance that
 //! lost its certificate re-joins with x509pop.
 
+pub mod aws;
 pub mod gcp;
 pub mod resolve;
 
@@ -29,7 +31,7 @@ use crate::db::UnixMs;
 use crate::uses;
 
 pub const CLOUD_IID: &str = "cloud-iid";
-pub use bc_wire::cloud_iid::GCP;
+pub use bc_wire::cloud_iid::{AWS, GCP};
 
 pub const CLOUD_MALFORMED: &str = "cloud-malformed";
 pub const CLOUD_UNKNOWN_PROVIDER: &str = "cloud-unknown-provider";
@@ -56,6 +58,7 @@ pub struct CloudIidConfig {
     pub audience: Option<String>,
     pub max_age_ms: i64,
     pub gcp: Option<gcp::GcpKeys>,
+    pub aws: Option<aws::AwsKeys>,
 }
 
 impl Default for CloudIidConfig {
@@ -64,6 +67,7 @@ impl Default for CloudIidConfig {
             audience: None,
             max_age_ms: DEFAULT_MAX_AGE_MS,
             gcp: None,
+            aws: None,
         }
     }
 }
@@ -144,6 +148,10 @@ impl CloudIidAttestor {
                     return Err(CLOUD_UNKNOWN_PROVIDER);
                 };
                 gcp::verify(keys, &evidence.document, audience, &fresh)
+            }
+            AWS => {
+                let keys = self.config.aws.as_ref().ok_or(CLOUD_UNKNOWN_PROVIDER)?;
+                aws::verify(keys, &evidence.document, evidence.signature.as_deref())
             }
             _ => Err(CLOUD_UNKNOWN_PROVIDER),
         }
