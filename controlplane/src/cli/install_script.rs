@@ -43,6 +43,8 @@ pub enum Attestor {
     Tpm,
     /// A join token from a 0600 file (BCD_TOKEN_FILE, default /run/bcd/join-token).
     JoinToken,
+    /// A cloud VM's identity document (GCP, AWS): no token, no secret.
+    CloudIid,
 }
 
 impl Attestor {
@@ -50,6 +52,7 @@ impl Attestor {
         match self {
             Attestor::Tpm => "tpm",
             Attestor::JoinToken => "join-token",
+            Attestor::CloudIid => "cloud-iid",
         }
     }
 }
@@ -78,6 +81,7 @@ pub fn script(dir: &Path, target: &Target) -> Result<String> {
     let (doc, vars, join) = match target.attestor {
         Attestor::Tpm => (TPM_DOC, "", TPM_JOIN),
         Attestor::JoinToken => (TOKEN_DOC, TOKEN_VARS, TOKEN_JOIN),
+        Attestor::CloudIid => (CLOUD_DOC, "", CLOUD_JOIN),
     };
     Ok(TEMPLATE
         .replace("@ATTESTOR_DOC@\n", doc)
@@ -120,6 +124,8 @@ const TOKEN_DOC: &str = "#\n# With --attestor join-token the token is read from 
 
 const TOKEN_VARS: &str = "token_file=${BCD_TOKEN_FILE:-/run/bcd/join-token}\n";
 
+const CLOUD_DOC: &str = "#\n# With --attestor cloud-iid the VM's cloud vouches for it: bcd fetches the\n# identity document from the metadata service; the script reads no token\n# and the user data holds no secret.\n";
+const CLOUD_JOIN: &str = "  bcd join --config \"$config\" --attestor cloud-iid </dev/null || die \"bcd join --attestor cloud-iid failed\"\n";
 const TPM_JOIN: &str = "  bcd join --config \"$config\" --attestor tpm </dev/null || die \"bcd join --attestor tpm failed\"\n";
 const TOKEN_JOIN: &str = r#"  [ -f "$token_file" ] ||
     die "no join token in $token_file: write it there (mode 0600, root's) or set BCD_TOKEN_FILE"
