@@ -569,6 +569,36 @@ mod tests {
     }
 
     #[test]
+    fn cloud_iid_keys_are_read_relative_to_dir_and_checked() {
+        let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tpmsim-fixtures");
+        let path = fixtures.join(CONFIG_FILE);
+        let parse = |text: &str| parse(&path, text).map_err(|e| e.to_string());
+        let c = parse(
+            "[cloud_iid]\naudience = \"https://cp:8443\"\nmax_age = \"5m\"\n\
+             [cloud_iid.gcp]\njwks = \"cloud-gcp-jwks.json\"\n\
+             [cloud_iid.aws]\ncertificates = \"cloud-aws.pem\"\n",
+        )
+        .unwrap()
+        .cloud_iid;
+        assert_eq!(c.max_age_ms, 300_000);
+        assert!(c.gcp.is_some() && c.aws.is_some());
+        assert_eq!(p("").unwrap().cloud_iid.max_age_ms, 600_000);
+        let e = parse("[cloud_iid.gcp]\njwks = \"cloud-gcp-jwks.json\"\n").unwrap_err();
+        assert!(e.contains("cloud_iid.audience is required"), "{e}");
+        // A JWKS that is not one, a bundle of no certificate: refused with the line.
+        let e = parse("[cloud_iid]\naudience = \"x\"\n[cloud_iid.gcp]\njwks = \"cloud-aws.pem\"\n")
+            .unwrap_err();
+        assert!(
+            e.contains(":4: cloud_iid.gcp.jwks:") && e.contains("not a JWKS"),
+            "{e}"
+        );
+        let e = parse("[cloud_iid.aws]\ncertificates = \"cloud-gcp-jwks.json\"\n").unwrap_err();
+        assert!(e.contains("expected 1 to 64 certificates"), "{e}");
+        let e = parse("[cloud_iid]\nmax_age = \"2h\"\n").unwrap_err();
+        assert!(e.contains("from 1m to 1h"), "{e}");
+    }
+
+    #[test]
     fn discovery_defaults_and_bounds() {
         let d = p("").unwrap().discovery;
         assert_eq!(d.cert_ttl_ms, 2 * 3_600_000);

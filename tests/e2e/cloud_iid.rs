@@ -449,6 +449,15 @@ fn an_aws_vm_joins_once_with_its_signed_document() {
         "eu-west-1b",
     ]));
     assert_refused(&cp, &vm1, "unknown-instance");
+    // Into a pool that admits only cloud-iid: the pool's policy takes it.
+    assert_ok(&cp.cli(&[
+        "pools",
+        "create",
+        "--id",
+        "ec2",
+        "--join-attestors",
+        "cloud-iid",
+    ]));
     assert_ok(&cp.cli(&[
         "cloud",
         "resolve",
@@ -459,6 +468,8 @@ fn an_aws_vm_joins_once_with_its_signed_document() {
         "111122223333",
         "--zone",
         "eu-west-1a",
+        "--pool",
+        "ec2",
     ]));
     set(&|m| m.trusted_key = false);
     assert_refused(&cp, &vm1, "cloud-signature");
@@ -469,7 +480,9 @@ fn an_aws_vm_joins_once_with_its_signed_document() {
     assert_refused(&cp, &vm1, "cloud-signature");
     set(&|m| m.tampered = false);
     assert_ok(&join(&vm1));
-    assert_eq!(cp.nodes().len(), 1);
+    let nodes = cp.nodes();
+    assert_eq!(nodes.len(), 1);
+    assert_eq!(nodes[0]["pool"], "ec2", "{nodes:?}");
     // The document is readable by any process on the VM, and never
     // changes: a copy on another machine is refused for good.
     let copy = vm(&cp, &md.url, ec2);
