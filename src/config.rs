@@ -88,6 +88,9 @@ pub struct Config {
     /// `[helper]`: when present, the node runs unprivileged and never opens
     /// the TPM; `bcd helper` (root) holds it.
     pub helper: Option<HelperSettings>,
+    /// `[cloud] metadata_url`: the cloud metadata service `bcd join
+    /// --attestor cloud-iid` asks (`None`: the provider's own address).
+    pub cloud_metadata_url: Option<String>,
 }
 
 /// `[helper]`: where `bcd helper` listens and whom it serves.
@@ -166,6 +169,13 @@ struct RawConfig {
     tpm: Option<RawTpm>,
     node: Option<RawNode>,
     helper: Option<RawHelper>,
+    cloud: Option<RawCloud>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCloud {
+    metadata_url: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -372,8 +382,25 @@ impl Config {
             }
         };
 
+        let cloud_metadata_url = match raw.cloud.and_then(|c| c.metadata_url) {
+            None => None,
+            Some(v) => {
+                let u = v.get_ref();
+                // The metadata services speak plain HTTP on a link-local
+                // address; tests point it at loopback.
+                if !u.starts_with("http://") || u.len() > 256 {
+                    return Err(invalid(
+                        Some(v.span()),
+                        format!("cloud.metadata_url: expected http://HOST[:PORT], got {u:?}"),
+                    ));
+                }
+                Some(u.trim_end_matches('/').to_owned())
+            }
+        };
+
         Ok(Config {
             helper,
+            cloud_metadata_url,
             tpm_ek_roots,
             tpm_owner_auth_file,
             tpm_ek_intermediates,
@@ -769,7 +796,7 @@ pub(crate) mod tests {
         let text = sample("https://h", "/x").replace("trust_domain", "apii = 1\ntrust_domain");
         assert_eq!(
             err(&text),
-            "/etc/bcd/config.toml:2: unknown key \"apii\"; expected one of api, trust_domain, data_dir, pins, tpm, node, helper"
+            "/etc/bcd/config.toml:2: unknown key \"apii\"; expected one of api, trust_domain, data_dir, pins, tpm, node, helper, cloud"
         );
     }
 

@@ -39,6 +39,8 @@ pub const ACCESS_DENIED_TPM: &str = "access denied: the control plane refused th
 pub const ACCESS_DENIED_DISCOVERY: &str = "access denied: the control plane refused the discovery join (the boot entry's token may be used, expired or for another MAC or site, the assertion stale or already used, or the boot server no longer the site's lease holder; add a new boot entry and PXE-boot again)";
 /// The same for a provisioned join (the token from the machine's user data).
 pub const ACCESS_DENIED_PROVISIONED: &str = "access denied: the control plane refused the provisioned join (the token may be used, expired or revoked, minted for another machine (product UUID), or for a machine another node already is; deploy again for a new token)";
+/// The same for a cloud VM's identity document.
+pub const ACCESS_DENIED_CLOUD_IID: &str = "access denied: the control plane refused the cloud-iid join (check that it has keys for this cloud ([cloud_iid]) and audience = this bcd's api URL, that `cloud resolve list` covers this account and zone, that this instance never joined before (a known instance re-joins with --attestor x509pop), and that this clock's time is right)";
 /// The same for an x509pop re-join, where the last certificate is the credential.
 pub const ACCESS_DENIED_X509POP: &str = "access denied: the control plane refused the x509pop re-join (the certificate may have expired more than 7 days ago, be revoked or older than the node's current identity, the node may be retired, or this clock may be more than 60 s off the control plane's; join again: bcd join --reset --yes, then bcd join with a token or --attestor tpm)";
 
@@ -62,8 +64,9 @@ pub struct JoinArgs {
     #[arg(long, requires = "reset")]
     yes: bool,
     /// How the machine proves it may join: a join token, its TPM (no token), its last
-    /// certificate (x509pop: re-join as itself, with the role it has), or the single-use
-    /// token of its user data (provisioned: bound to this machine's product UUID)
+    /// certificate (x509pop: re-join as itself, with the role it has), the single-use
+    /// token of its user data (provisioned: bound to this machine's product UUID), or its
+    /// cloud's identity document (cloud-iid: a cloud VM, no token)
     #[arg(long, value_enum, default_value_t = AttestorArg::JoinToken)]
     attestor: AttestorArg,
 }
@@ -74,6 +77,7 @@ enum AttestorArg {
     Tpm,
     X509pop,
     Provisioned,
+    CloudIid,
 }
 
 /// What the join proves itself with.
@@ -87,6 +91,8 @@ pub(crate) enum Credential {
     Discovery(crate::evidence::discovery::Discovery),
     /// The TPM is the credential: no token is read or sent.
     Tpm,
+    /// A cloud VM: the evidence JSON with its identity document; no token.
+    CloudIid(Vec<u8>),
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -110,7 +116,6 @@ pub fn run(args: JoinArgs, env_token: Option<TokenText>) -> anyhow::Result<ExitC
         drop(env_token);
         return run_x509pop(&args);
     }
-    let tpm_join = args.attestor == AttestorArg::Tpm;
     let token_attestor = if args.attestor == AttestorArg::Provisioned {
         if args.role != JoinRole::Node {
             out::err_line(format_args!(
@@ -122,25 +127,39 @@ pub fn run(args: JoinArgs, env_token: Option<TokenText>) -> anyhow::Result<ExitC
     } else {
         attestor::JOIN_TOKEN
     };
-    if tpm_join && args.token_file.is_some() {
+    let tokenless = match args.attestor {
+        AttestorArg::Tpm => Some("the TPM is the credential"),
+        AttestorArg::CloudIid => Some("the cloud's identity document is the credential"),
+        _ => None,
+    };
+    if let (Some(why), true) = (tokenless, args.token_file.is_some()) {
         out::err_line(format_args!(
-            "bcd: --token-file with --attestor tpm: the TPM is the credential, no token is read"
+            "bcd: --token-file with --attestor {}: {why}, no token is read",
+            if args.attestor == AttestorArg::Tpm {
+                "tpm"
+            } else {
+                "cloud-iid"
+            }
         ));
         return Ok(ExitCode::from(2));
     }
-    // A TPM join reads no token: BCD_JOIN_TOKEN, already out of the
+    // A tokenless join reads no token: BCD_JOIN_TOKEN, already out of the
     // environment, is dropped unread.
-    let env_token = if tpm_join { None } else { env_token };
-    let obtain = |env_token| -> anyhow::Result<Credential> {
-        if tpm_join {
-            return Ok(Credential::Tpm);
-        }
-        Ok(Credential::Token {
-            token: obtain_token(args.token_file.as_deref(), env_token)?.parse()?,
-            attestor: token_attestor,
-        })
-    };
+    let env_token = if tokenless.is_some() { None } else { env_token };
     let config = Config::load(&args.config.path)?;
+    let obtain = |env_token| -> anyhow::Result<Credential> {
+        match args.attestor {
+            AttestorArg::Tpm => Ok(Credential::Tpm),
+            AttestorArg::CloudIid => Ok(Credential::CloudIid(crate::evidence::cloud_iid::fetch(
+                config.cloud_metadata_url.as_deref(),
+                config.api.as_str(),
+            )?)),
+            _ => Ok(Credential::Token {
+                token: obtain_token(args.token_file.as_deref(), env_token)?.parse()?,
+                attestor: token_attestor,
+            }),
+        }
+    };
     let dir = &config.data_dir;
     // bcd join opens the TPM itself, [helper] or not; under [helper] it
     // leaves the data directory to the node's user.
@@ -269,6 +288,7 @@ pub(crate) fn join(
                 attestor::TPM => ACCESS_DENIED_TPM,
                 attestor::DISCOVERY => ACCESS_DENIED_DISCOVERY,
                 attestor::PROVISIONED => ACCESS_DENIED_PROVISIONED,
+                attestor::CLOUD_IID => ACCESS_DENIED_CLOUD_IID,
                 _ => ACCESS_DENIED,
             }))
         }
@@ -561,6 +581,19 @@ fn prepare(
                 attestor_id: attestor::DISCOVERY,
                 sealed_token,
                 attestation: d.assertion.clone(),
+            })
+        }
+        Credential::CloudIid(evidence) => {
+            let key: Arc<dyn NodeKey> = Arc::from(keys::generate(tpm, false)?);
+            let csr = keys::make_csr(key.as_ref())?;
+            tracing::info!(api = %client.api(), role = %role.name(), node_key = %key.kid(), key_in = key.kind().as_str(), "joining the control plane with the cloud's identity document");
+            Ok(Prepared {
+                key,
+                csr,
+                answerer: Box::new(NoChallenges(attestor::CLOUD_IID)),
+                attestor_id: attestor::CLOUD_IID,
+                sealed_token: Vec::new(),
+                attestation: evidence.clone(),
             })
         }
         Credential::Tpm => {

@@ -336,6 +336,7 @@ pub fn default_attestor_ids() -> Vec<&'static str> {
         crate::attestors::x509pop::X509POP,
         crate::attestors::discovery::DISCOVERY,
         crate::attestors::provisioned::PROVISIONED,
+        crate::attestors::cloud_iid::CLOUD_IID,
     ]
 }
 

@@ -32,6 +32,14 @@
 //! cert_ttl = "2h"                   # a ramdisk's certificate (1m to 2h)
 //! lease_ttl = "30s"                 # the boot lease (1s to 7d)
 //! allowed_kinds = ["inventory.refresh", …]  # default: DISCOVERY_ALLOWED_KINDS
+//!
+//! [cloud_iid]
+//! audience = "https://cp.example.com:8443"  # the api URL agents use (GCP tokens must name it)
+//! max_age = "10m"                   # identity documents older than this are refused (1m to 1h)
+//! [cloud_iid.gcp]
+//! jwks = "gcp-jwks.json"            # Google's signing keys (JWKS), relative to DIR
+//! [cloud_iid.aws]
+//! certificates = "aws-certs.pem"    # AWS's RSA certificates of the regions you use, relative to DIR
 //! ```
 
 use std::collections::BTreeMap;
@@ -66,6 +74,7 @@ pub struct Config {
     pub server: ServerConfig,
     pub events: EventsConfig,
     pub discovery: DiscoveryConfig,
+    pub cloud_iid: crate::attestors::cloud_iid::CloudIidConfig,
 }
 
 /// `[discovery]`: what a PXE ramdisk admitted by the `discovery` attestor
@@ -171,6 +180,28 @@ struct RawConfig {
     server: Option<RawServer>,
     events: Option<RawEvents>,
     discovery: Option<RawDiscovery>,
+    cloud_iid: Option<RawCloudIid>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCloudIid {
+    audience: Option<Spanned<String>>,
+    max_age: Option<Spanned<String>>,
+    gcp: Option<RawCloudGcp>,
+    aws: Option<RawCloudAws>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCloudAws {
+    certificates: Spanned<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCloudGcp {
+    jwks: Spanned<String>,
 }
 
 #[derive(Deserialize)]
@@ -363,6 +394,45 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
             config.discovery.allowed_kinds = v.into_inner();
         }
     }
+    if let Some(c) = raw.cloud_iid {
+        if let Some(v) = c.audience {
+            config.cloud_iid.audience = Some(v.into_inner());
+        }
+        if let Some(v) = c.max_age {
+            config.cloud_iid.max_age_ms = duration(
+                &v,
+                "cloud_iid.max_age",
+                |ms| (60_000..=3_600_000).contains(&ms),
+                "from 1m to 1h",
+            )?;
+        }
+        if let Some(g) = c.gcp {
+            // Relative to DIR, the directory of this file.
+            let dir = path.parent().unwrap_or(Path::new("."));
+            let file = dir.join(g.jwks.get_ref());
+            let keys = crate::attestors::cloud_iid::gcp::load_jwks(&file)
+                .map_err(|e| invalid(Some(g.jwks.span()), format!("cloud_iid.gcp.jwks: {e}")))?;
+            config.cloud_iid.gcp = Some(keys);
+        }
+        if let Some(a) = c.aws {
+            let dir = path.parent().unwrap_or(Path::new("."));
+            let file = dir.join(a.certificates.get_ref());
+            let keys = crate::attestors::cloud_iid::aws::load_certificates(&file).map_err(|e| {
+                invalid(
+                    Some(a.certificates.span()),
+                    format!("cloud_iid.aws.certificates: {e}"),
+                )
+            })?;
+            config.cloud_iid.aws = Some(keys);
+        }
+        if config.cloud_iid.gcp.is_some() && config.cloud_iid.audience.is_none() {
+            return Err(invalid(
+                None,
+                "cloud_iid.audience is required with [cloud_iid.gcp] (the api URL agents use)"
+                    .to_owned(),
+            ));
+        }
+    }
     if let Some(x) = raw.x509pop {
         if let Some(v) = x.grace {
             config.x509pop.grace_ms = duration(
@@ -496,6 +566,36 @@ mod tests {
 
     fn err(text: &str) -> String {
         p(text).err().map(|e| e.to_string()).unwrap_or_default()
+    }
+
+    #[test]
+    fn cloud_iid_keys_are_read_relative_to_dir_and_checked() {
+        let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tpmsim-fixtures");
+        let path = fixtures.join(CONFIG_FILE);
+        let parse = |text: &str| parse(&path, text).map_err(|e| e.to_string());
+        let c = parse(
+            "[cloud_iid]\naudience = \"https://cp:8443\"\nmax_age = \"5m\"\n\
+             [cloud_iid.gcp]\njwks = \"cloud-gcp-jwks.json\"\n\
+             [cloud_iid.aws]\ncertificates = \"cloud-aws.pem\"\n",
+        )
+        .unwrap()
+        .cloud_iid;
+        assert_eq!(c.max_age_ms, 300_000);
+        assert!(c.gcp.is_some() && c.aws.is_some());
+        assert_eq!(p("").unwrap().cloud_iid.max_age_ms, 600_000);
+        let e = parse("[cloud_iid.gcp]\njwks = \"cloud-gcp-jwks.json\"\n").unwrap_err();
+        assert!(e.contains("cloud_iid.audience is required"), "{e}");
+        // A JWKS that is not one, a bundle of no certificate: refused with the line.
+        let e = parse("[cloud_iid]\naudience = \"x\"\n[cloud_iid.gcp]\njwks = \"cloud-aws.pem\"\n")
+            .unwrap_err();
+        assert!(
+            e.contains(":4: cloud_iid.gcp.jwks:") && e.contains("not a JWKS"),
+            "{e}"
+        );
+        let e = parse("[cloud_iid.aws]\ncertificates = \"cloud-gcp-jwks.json\"\n").unwrap_err();
+        assert!(e.contains("expected 1 to 64 certificates"), "{e}");
+        let e = parse("[cloud_iid]\nmax_age = \"2h\"\n").unwrap_err();
+        assert!(e.contains("from 1m to 1h"), "{e}");
     }
 
     #[test]

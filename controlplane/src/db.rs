@@ -237,6 +237,18 @@ const MIGRATIONS: &[&str] = &[
     WHERE deleted_at IS NULL
       AND EXISTS (SELECT 1 FROM node_bindings b WHERE b.node_id = nodes.id AND b.kind = 'tpm-ek');
     "#,
+    // 9: cloud-iid's resolve table: where a VM of a provider account (and
+    // zone; '' is any zone) joins. A VM of an account not listed is refused.
+    r#"
+    CREATE TABLE cloud_resolve (
+        provider   TEXT NOT NULL,
+        account    TEXT NOT NULL,
+        zone       TEXT NOT NULL,
+        pool_id    TEXT,
+        created_at INTEGER NOT NULL,
+        PRIMARY KEY (provider, account, zone)
+    ) STRICT;
+    "#,
 ];
 
 #[derive(Debug, thiserror::Error)]

@@ -223,6 +223,9 @@ impl JoinService {
         )));
         svc.register_attestor(Arc::new(X509PopAttestor::new(config.x509pop)));
         svc.register_attestor(Arc::new(crate::attestors::provisioned::ProvisionedAttestor));
+        svc.register_attestor(Arc::new(
+            crate::attestors::cloud_iid::CloudIidAttestor::new(config.cloud_iid),
+        ));
         Ok(svc)
     }
 

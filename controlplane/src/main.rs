@@ -16,7 +16,8 @@ use bc_controlplane::pki;
 use clap::{Parser, Subcommand};
 
 use cli::{
-    clock, dist, events, install_script, nodes, pools, server, sites, tokens, tpm, user_data, Dir,
+    clock, cloud, dist, events, install_script, nodes, pools, server, sites, tokens, tpm,
+    user_data, Dir,
 };
 
 #[derive(Parser)]
@@ -118,6 +119,11 @@ enum Cmd {
         #[command(subcommand)]
         cmd: sites::SitesCmd,
     },
+    /// Cloud VMs joining with their identity document (cloud-iid).
+    Cloud {
+        #[command(subcommand)]
+        cmd: cloud::CloudCmd,
+    },
     /// Machines a site commissions over PXE (discovery).
     Boot {
         #[command(subcommand)]
@@ -171,6 +177,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::UserData(args) => user_data::run(args),
         Cmd::Sites { cmd } => sites::run_sites(cmd),
         Cmd::Boot { cmd } => sites::run_boot(cmd),
+        Cmd::Cloud { cmd } => cloud::run(cmd),
     }
 }
 

@@ -95,7 +95,7 @@ pub fn parse_product_uuid(text: &str) -> String {
 }
 
 /// `/sys`; in a `failpoints` build, `BCD_SYSFS_ROOT` when set.
-fn sysfs_root() -> PathBuf {
+pub(crate) fn sysfs_root() -> PathBuf {
     #[cfg(feature = "failpoints")]
     {
         if let Some(root) = std::env::var_os(SYSFS_ROOT_ENV) {

@@ -1,9 +1,11 @@
 //! Evidence builders, one per attestor.
 //!
 //! Each is a function of its inputs (token, keys, CSR digest, claims,
-//! clock, and for `tpm` the TPM itself); none talks to the network. The join flow
+//! clock, and for `tpm` the TPM itself); none talks to the control plane
+//! (`cloud-iid` asks the VM's own metadata service for its document). The join flow
 //! picks the builder for the configured attestor.
 pub mod claims;
+pub mod cloud_iid;
 pub mod discovery;
 pub mod join_token;
 pub mod provisioned;
@@ -23,4 +25,6 @@ pub mod attestor {
     /// An installed system's single-use token from its user data, bound to
     /// its product UUID.
     pub const PROVISIONED: &str = "provisioned";
+    /// A cloud VM's identity document, signed by its cloud; no token.
+    pub const CLOUD_IID: &str = "cloud-iid";
 }

@@ -119,9 +119,30 @@ impl ControlPlane {
         self.serve_wrapped(&[])
     }
 
+    /// Like [`ControlPlane::start_with_config`], for a config that names
+    /// the server's own URL (e.g. `[cloud_iid] audience`): `toml` gets the
+    /// URL it will listen on (a port picked free just before).
+    pub fn start_with_config_for_url(toml: impl FnOnce(&str) -> String) -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let cp = ControlPlane::init_only();
+        let url = format!("https://127.0.0.1:{port}");
+        std::fs::write(cp.path().join("controlplane.toml"), toml(&url))
+            .expect("write controlplane.toml");
+        let cp = cp.spawn_serve(&[], &format!("127.0.0.1:{port}"));
+        assert_eq!(cp.url, url);
+        cp
+    }
+
     /// Starts `serve` on an initialized directory, under `wrapper`. The log
     /// continues across restarts.
-    pub fn serve_wrapped(mut self, wrapper: &[&str]) -> Self {
+    pub fn serve_wrapped(self, wrapper: &[&str]) -> Self {
+        self.spawn_serve(wrapper, "127.0.0.1:0")
+    }
+
+    fn spawn_serve(mut self, wrapper: &[&str], listen: &str) -> Self {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -138,7 +159,7 @@ impl ControlPlane {
         let mut child = command
             .args(["serve", "--dir"])
             .arg(self.path())
-            .args(["--listen", "127.0.0.1:0"])
+            .args(["--listen", listen])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(log)
@@ -277,6 +298,7 @@ fn split_command<'a>(args: &'a [&'a str]) -> (&'a [&'a str], &'a [&'a str]) {
         Some(&"token") | Some(&"nodes") | Some(&"events") | Some(&"clock") | Some(&"requests")
         | Some(&"resolve") | Some(&"pools") | Some(&"ek-roots") | Some(&"sites")
         | Some(&"boot") | Some(&"dist") => n.min(2),
+        Some(&"cloud") => n.min(3),
         _ => n.min(1),
     };
     args.split_at(n)
@@ -726,6 +748,41 @@ impl Drop for InProcessServer {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// A plain-HTTP server in the test process (`router` on a free loopback
+/// port), for the link-local services a VM talks to without TLS (a cloud's
+/// metadata service); stopped when dropped.
+pub struct PlainServer {
+    pub url: String,
+    rt: Option<tokio::runtime::Runtime>,
+}
+
+impl PlainServer {
+    pub fn start(router: axum::Router) -> Self {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .expect("bind");
+        let url = format!(
+            "http://127.0.0.1:{}",
+            listener.local_addr().expect("local addr").port()
+        );
+        rt.spawn(async move { axum::serve(listener, router).await });
+        PlainServer { url, rt: Some(rt) }
+    }
+}
+
+impl Drop for PlainServer {
+    fn drop(&mut self) {
         if let Some(rt) = self.rt.take() {
             rt.shutdown_background();
         }

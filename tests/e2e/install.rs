@@ -124,6 +124,12 @@ fn install_script_pins_ca_hash_and_config_and_parses() {
         !tpm.contains("token_file") && !tpm.contains("BCD_TOKEN_FILE"),
         "a tpm script reads no token"
     );
+    let cloud = script(&cp, "https://cp.example:8443", "cloud-iid");
+    assert!(cloud.contains("bcd join --config \"$config\" --attestor cloud-iid </dev/null"));
+    assert!(
+        !cloud.contains("token_file") && !cloud.contains("BCD_TOKEN_FILE"),
+        "a cloud-iid script reads no token"
+    );
     let token = script(&cp, "https://cp.example:8443", "join-token");
     assert!(token.contains("token_file=${BCD_TOKEN_FILE:-/run/bcd/join-token}"));
     assert!(token.contains("--token-file \"$token_file\""));
@@ -168,6 +174,18 @@ fn user_data_runs_the_script_and_carries_the_token_in_a_0600_file() {
     assert!(text.starts_with("#cloud-config\n"));
     assert!(text.contains("runcmd:\n  - [sh, /var/lib/bcd-install/install.sh]\n"));
     assert!(text.contains("      #!/bin/sh\n"));
+    assert!(!text.contains("/run/bcd/join-token"));
+    // A cloud image's user data: no secret at all.
+    let out = cp.cli(&[
+        "user-data",
+        "--api",
+        "https://cp.example",
+        "--attestor",
+        "cloud-iid",
+    ]);
+    assert_ok(&out);
+    let text = stdout(&out);
+    assert!(text.contains("--attestor cloud-iid </dev/null"));
     assert!(!text.contains("/run/bcd/join-token"));
 
     let token_file = files.path().join("token");

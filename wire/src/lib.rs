@@ -6,6 +6,7 @@
 //! pinned by vectors in `tests/vectors.rs`, so a change of the wire shows up
 //! as a failing test rather than as a machine that can no longer join.
 
+pub mod cloud_iid;
 pub mod ekcert;
 pub mod pcr;
 pub mod sealing;

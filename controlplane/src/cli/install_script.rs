@@ -46,6 +46,8 @@ pub enum Attestor {
     /// A single-use provisioned token, bound to the machine's product UUID,
     /// from the same 0600 file (`user-data` mints it).
     Provisioned,
+    /// A cloud VM's identity document (GCP, AWS): no token, no secret.
+    CloudIid,
 }
 
 impl Attestor {
@@ -54,6 +56,7 @@ impl Attestor {
             Attestor::Tpm => "tpm",
             Attestor::JoinToken => "join-token",
             Attestor::Provisioned => "provisioned",
+            Attestor::CloudIid => "cloud-iid",
         }
     }
 }
@@ -92,6 +95,7 @@ pub fn script(dir: &Path, target: &Target) -> Result<String> {
             TOKEN_VARS,
             TOKEN_JOIN.replace("@JOIN_ATTESTOR@", " --attestor provisioned"),
         ),
+        Attestor::CloudIid => (CLOUD_DOC, "", CLOUD_JOIN.to_owned()),
     };
     Ok(TEMPLATE
         .replace("@ATTESTOR_DOC@\n", doc)
@@ -134,6 +138,8 @@ const TOKEN_DOC: &str = "#\n# With --attestor join-token or provisioned the toke
 
 const TOKEN_VARS: &str = "token_file=${BCD_TOKEN_FILE:-/run/bcd/join-token}\n";
 
+const CLOUD_DOC: &str = "#\n# With --attestor cloud-iid the VM's cloud vouches for it: bcd fetches the\n# identity document from the metadata service; the script reads no token\n# and the user data holds no secret.\n";
+const CLOUD_JOIN: &str = "  bcd join --config \"$config\" --attestor cloud-iid </dev/null || die \"bcd join --attestor cloud-iid failed\"\n";
 const TPM_JOIN: &str = "  bcd join --config \"$config\" --attestor tpm </dev/null || die \"bcd join --attestor tpm failed\"\n";
 const TOKEN_JOIN: &str = r#"  [ -f "$token_file" ] ||
     die "no join token in $token_file: write it there (mode 0600, root's) or set BCD_TOKEN_FILE"

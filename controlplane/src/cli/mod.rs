@@ -5,6 +5,7 @@
 //! every list command prints one line per row, or a JSON array with `--json`.
 
 pub mod clock;
+pub mod cloud;
 pub mod dist;
 pub mod events;
 pub mod install_script;

@@ -76,6 +76,10 @@ pub fn run(args: UserDataArgs) -> Result<()> {
             bail!("--attestor tpm reads no token: drop --token-file")
         }
         (Attestor::Tpm, None) => None,
+        (Attestor::CloudIid, Some(_)) => {
+            bail!("--attestor cloud-iid reads no token: drop --token-file")
+        }
+        (Attestor::CloudIid, None) => None,
     };
     print_stdout(&user_data(&script, token.as_deref()))
 }

@@ -1,0 +1,94 @@
+//! AWS: the instance identity document and its RSA-SHA256 signature, as
+//! IMDSv2 serves them (`/latest/dynamic/instance-identity/{document,
+//! signature}`), verified with the per-region certificates AWS publishes
+//! (`[cloud_iid.aws] certificates`).
+//!
+//! The document has no issue time (it lasts the instance's life), so no
+//! age or audience applies: the once-ever use per instance is what stops a
+//! copy. Checked: the signature by a configured certificate's key
+//! (`cloud-signature`), then the signed fields (`cloud-malformed`).
+
+use std::path::Path;
+
+use base64::engine::general_purpose::STANDARD as B64;
+use base64::Engine;
+use rsa::pkcs8::DecodePublicKey;
+use serde::Deserialize;
+
+use super::{CloudIdentity, CLOUD_MALFORMED, CLOUD_SIGNATURE};
+
+/// The largest certificate bundle read (AWS publishes one per region).
+const MAX_BUNDLE_LEN: u64 = 1024 * 1024;
+const MAX_CERTS: usize = 64;
+
+/// The public keys (SPKI DER) of the configured certificates.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AwsKeys {
+    spkis: Vec<Vec<u8>>,
+}
+
+/// Reads a PEM bundle of RSA certificates; none, or one that is not RSA,
+/// is an error.
+pub fn load_certificates(file: &Path) -> Result<AwsKeys, String> {
+    let size = std::fs::metadata(file)
+        .map_err(|e| format!("{}: {e}", file.display()))?
+        .len();
+    if size > MAX_BUNDLE_LEN {
+        return Err(format!("{} is larger than 1 MiB", file.display()));
+    }
+    let bytes = std::fs::read(file).map_err(|e| format!("{}: {e}", file.display()))?;
+    let mut spkis = Vec::new();
+    for der in rustls_pemfile::certs(&mut &bytes[..]) {
+        let der = der.map_err(|e| format!("{}: {e}", file.display()))?;
+        let (_, cert) = x509_parser::parse_x509_certificate(&der)
+            .map_err(|e| format!("{}: a certificate does not parse: {e}", file.display()))?;
+        let spki = cert.tbs_certificate.subject_pki.raw.to_vec();
+        rsa::PublicKey::from_public_key_der(&spki)
+            .map_err(|_| format!("{}: a certificate's key is not RSA", file.display()))?;
+        spkis.push(spki);
+    }
+    if spkis.is_empty() || spkis.len() > MAX_CERTS {
+        return Err(format!(
+            "{}: expected 1 to {MAX_CERTS} certificates",
+            file.display()
+        ));
+    }
+    Ok(AwsKeys { spkis })
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Document {
+    account_id: String,
+    instance_id: String,
+    availability_zone: String,
+}
+
+pub fn verify(
+    keys: &AwsKeys,
+    document: &str,
+    signature: Option<&str>,
+) -> Result<CloudIdentity, &'static str> {
+    let sig = signature.ok_or(CLOUD_MALFORMED)?;
+    // IMDS wraps the base64 at 64 columns.
+    let sig: String = sig.chars().filter(|c| !c.is_ascii_whitespace()).collect();
+    let sig = B64.decode(sig).map_err(|_| CLOUD_MALFORMED)?;
+    let verified = keys
+        .spkis
+        .iter()
+        .filter_map(|spki| rsa::PublicKey::from_public_key_der(spki).ok())
+        .any(|k| {
+            k.pkcs1v15_verify::<rsa::sha2::Sha256>(document.as_bytes(), &sig)
+                .is_ok()
+        });
+    if !verified {
+        return Err(CLOUD_SIGNATURE);
+    }
+    let doc: Document = serde_json::from_str(document).map_err(|_| CLOUD_MALFORMED)?;
+    CloudIdentity::new(
+        super::AWS,
+        doc.account_id,
+        doc.availability_zone,
+        doc.instance_id,
+    )
+}

@@ -1,0 +1,218 @@
+//! `cloud-iid`: a cloud VM joins with the identity document its cloud signs,
+//! without a token (see the spec's *cloud-iid* and *Single-use evidence*).
+//!
+//! In the join transaction, in this order (each failure a refusal with the
+//! reason named; the transaction rolls back, so nothing is spent):
+//! 1. the evidence parses (`cloud-malformed`) and names a provider this
+//!    control plane has keys for (`cloud-unknown-provider`);
+//! 2. that provider's verifier (GCP; AWS checks the signature alone, see
+//!    [`aws`]): signature (`cloud-signature`), issuer
+//!    (`cloud-issuer`), audience = `[cloud_iid] audience`
+//!    (`cloud-audience`), issued less than `max_age` ago and not expired
+//!    (`cloud-stale`), not issued in the future (`cloud-future`);
+//! 3. the (provider, account, instance) never admitted before
+//!    (`instance-reused`): a document is readable by any process on the VM,
+//!    so it must never mint a second node;
+//! 4. the resolve table names where it joins (`unknown-instance`).
+//!
+//! The use is recorded for good (`attestation_uses`, never expiring), and
+//! the VM joins as a new node of the resolved pool. A known instance that
+//! lost its certificate re-joins with x509pop.
+
+pub mod aws;
+pub mod gcp;
+pub mod resolve;
+
+use bc_wire::cloud_iid::Evidence;
+use rusqlite::Transaction;
+
+use crate::attestor::{AttestInput, AttestationResult, Attestor, NodeKeyKind, Refusal, Verdict};
+use crate::db::UnixMs;
+use crate::uses;
+
+pub const CLOUD_IID: &str = "cloud-iid";
+pub use bc_wire::cloud_iid::{AWS, GCP};
+
+pub const CLOUD_MALFORMED: &str = "cloud-malformed";
+pub const CLOUD_UNKNOWN_PROVIDER: &str = "cloud-unknown-provider";
+pub const CLOUD_SIGNATURE: &str = "cloud-signature";
+pub const CLOUD_ISSUER: &str = "cloud-issuer";
+pub const CLOUD_AUDIENCE: &str = "cloud-audience";
+pub const CLOUD_STALE: &str = "cloud-stale";
+pub const CLOUD_FUTURE: &str = "cloud-future";
+pub const INSTANCE_REUSED: &str = "instance-reused";
+pub const UNKNOWN_INSTANCE: &str = "unknown-instance";
+
+/// The spec's `maxAgeMs` default for GCP identity tokens.
+pub const DEFAULT_MAX_AGE_MS: i64 = 10 * 60_000;
+/// How far ahead of the database's time a document may be issued.
+const MAX_FUTURE_MS: i64 = 60_000;
+/// The longest account, zone or instance id taken from a document.
+const MAX_ID_LEN: usize = 128;
+
+/// `[cloud_iid]`: the audience documents must name, their maximum age, and
+/// one verifier configuration per provider (`None`: that provider is
+/// refused as unknown).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CloudIidConfig {
+    pub audience: Option<String>,
+    pub max_age_ms: i64,
+    pub gcp: Option<gcp::GcpKeys>,
+    pub aws: Option<aws::AwsKeys>,
+}
+
+impl Default for CloudIidConfig {
+    fn default() -> Self {
+        CloudIidConfig {
+            audience: None,
+            max_age_ms: DEFAULT_MAX_AGE_MS,
+            gcp: None,
+            aws: None,
+        }
+    }
+}
+
+/// Who a verified document says the VM is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CloudIdentity {
+    pub provider: &'static str,
+    /// GCP: the project id.
+    pub account: String,
+    pub zone: String,
+    pub instance: String,
+}
+
+impl CloudIdentity {
+    /// Refuses empty or overlong ids (`cloud-malformed`).
+    fn new(
+        provider: &'static str,
+        account: String,
+        zone: String,
+        instance: String,
+    ) -> Result<Self, &'static str> {
+        let ok = |s: &str| !s.is_empty() && s.len() <= MAX_ID_LEN && !s.contains('/');
+        if !ok(&account) || !ok(&instance) || zone.len() > MAX_ID_LEN {
+            return Err(CLOUD_MALFORMED);
+        }
+        Ok(CloudIdentity {
+            provider,
+            account,
+            zone,
+            instance,
+        })
+    }
+
+    /// The `attestation_uses` subject: one per instance, ever.
+    fn subject(&self) -> String {
+        format!("{}/{}/{}", self.provider, self.account, self.instance)
+    }
+}
+
+/// The time window a document must fall in, from the database's clock.
+pub struct Freshness {
+    pub now: UnixMs,
+    pub max_age_ms: i64,
+}
+
+impl Freshness {
+    /// `issued_at` and `expires_at` in Unix milliseconds.
+    fn check(&self, issued_at: i64, expires_at: i64) -> Result<(), &'static str> {
+        if issued_at > self.now.saturating_add(MAX_FUTURE_MS) {
+            return Err(CLOUD_FUTURE);
+        }
+        if self.now >= issued_at.saturating_add(self.max_age_ms) || self.now >= expires_at {
+            return Err(CLOUD_STALE);
+        }
+        Ok(())
+    }
+}
+
+pub struct CloudIidAttestor {
+    config: CloudIidConfig,
+}
+
+impl CloudIidAttestor {
+    pub fn new(config: CloudIidConfig) -> Self {
+        CloudIidAttestor { config }
+    }
+
+    /// The provider's verifier, or the refusal reason.
+    fn identify(&self, evidence: &Evidence, now: UnixMs) -> Result<CloudIdentity, &'static str> {
+        let fresh = Freshness {
+            now,
+            max_age_ms: self.config.max_age_ms,
+        };
+        match evidence.provider.as_str() {
+            GCP => {
+                let (Some(keys), Some(audience)) = (&self.config.gcp, &self.config.audience) else {
+                    return Err(CLOUD_UNKNOWN_PROVIDER);
+                };
+                gcp::verify(keys, &evidence.document, audience, &fresh)
+            }
+            AWS => {
+                let keys = self.config.aws.as_ref().ok_or(CLOUD_UNKNOWN_PROVIDER)?;
+                aws::verify(keys, &evidence.document, evidence.signature.as_deref())
+            }
+            _ => Err(CLOUD_UNKNOWN_PROVIDER),
+        }
+    }
+}
+
+impl Attestor for CloudIidAttestor {
+    fn id(&self) -> &str {
+        CLOUD_IID
+    }
+
+    fn verify(&self, tx: &Transaction<'_>, input: &AttestInput<'_>) -> Result<Verdict, Refusal> {
+        let evidence =
+            Evidence::from_json(input.evidence).map_err(|_| Refusal::new(CLOUD_MALFORMED))?;
+        let id = self.identify(&evidence, input.now).map_err(Refusal::new)?;
+        let subject = id.subject();
+        if uses::is_spent(tx, CLOUD_IID, &subject)? {
+            return Err(Refusal::new(INSTANCE_REUSED));
+        }
+        let Some(pool_id) = resolve::lookup(tx, id.provider, &id.account, &id.zone)? else {
+            return Err(Refusal::new(UNKNOWN_INSTANCE));
+        };
+        // Admitted exactly once, ever: the row never expires.
+        if !uses::spend(tx, CLOUD_IID, &subject, UnixMs::MAX, input.now)? {
+            return Err(Refusal::new(INSTANCE_REUSED));
+        }
+        tracing::info!(provider = id.provider, account = %id.account, zone = %id.zone, instance = %id.instance, "cloud-iid: verified identity document");
+        Ok(Verdict::Admit(AttestationResult {
+            node_key: NodeKeyKind::Unattested,
+            pool_id,
+            ..AttestationResult::default()
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn freshness_window() {
+        let f = Freshness {
+            now: 1_000_000,
+            max_age_ms: DEFAULT_MAX_AGE_MS,
+        };
+        assert_eq!(f.check(1_000_000, 2_000_000), Ok(()));
+        assert_eq!(
+            f.check(1_000_000 - DEFAULT_MAX_AGE_MS, 9_000_000),
+            Err(CLOUD_STALE)
+        );
+        assert_eq!(f.check(999_000, 1_000_000), Err(CLOUD_STALE));
+        assert_eq!(f.check(1_000_000 + 61_000, 9_000_000), Err(CLOUD_FUTURE));
+        assert_eq!(f.check(1_000_000 + 60_000, 9_000_000), Ok(()));
+    }
+
+    #[test]
+    fn identities_are_bounded() {
+        let id = |a: &str, i: &str| CloudIdentity::new(GCP, a.into(), "z".into(), i.into());
+        assert_eq!(id("p", "1").unwrap().subject(), "gcp/p/1");
+        assert!(id("", "1").is_err());
+        assert!(id("p/q", "1").is_err());
+        assert!(id("p", &"9".repeat(129)).is_err());
+    }
+}

@@ -1,0 +1,118 @@
+//! `cloud resolve add|list`: which cloud accounts' VMs may join with their
+//! identity document (cloud-iid), and into which pool.
+
+use anyhow::{bail, Context, Result};
+use bc_controlplane::attestors::cloud_iid::{resolve, AWS, GCP};
+use bc_controlplane::{db, pools};
+use clap::Subcommand;
+use serde_json::json;
+
+use super::{db_now, open_db, print_list, Dir, ListArgs};
+
+#[derive(Subcommand)]
+pub enum CloudCmd {
+    /// The resolve table: where a VM of a provider account joins.
+    Resolve {
+        #[command(subcommand)]
+        cmd: ResolveCmd,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum ResolveCmd {
+    /// Let the VMs of an account (and zone) join, into a pool. Adding the
+    /// same provider, account and zone again replaces the pool.
+    Add {
+        #[command(flatten)]
+        dir: Dir,
+        /// The provider: gcp or aws.
+        #[arg(long, value_name = "P", value_parser = [GCP, AWS])]
+        provider: String,
+        /// The account: the GCP project id, the AWS account id.
+        #[arg(long, value_name = "A", value_parser = parse_id)]
+        account: String,
+        /// Only VMs in this zone (AWS: availability zone; else any zone of the account).
+        #[arg(long, value_name = "Z", value_parser = parse_id)]
+        zone: Option<String>,
+        /// The pool they join (else the default pool).
+        #[arg(long, value_name = "POOL")]
+        pool: Option<String>,
+    },
+    /// List the resolve table.
+    List(ListArgs),
+}
+
+fn parse_id(s: &str) -> Result<String, String> {
+    let ok = !s.is_empty()
+        && s.len() <= 128
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'));
+    if !ok {
+        return Err(format!(
+            "{s:?}: 1 to 128 letters, digits, '-', '_', '.', ':'"
+        ));
+    }
+    Ok(s.to_owned())
+}
+
+pub fn run(cmd: CloudCmd) -> Result<()> {
+    let CloudCmd::Resolve { cmd } = cmd;
+    match cmd {
+        ResolveCmd::Add {
+            dir,
+            provider,
+            account,
+            zone,
+            pool,
+        } => {
+            let db = open_db(&dir.dir)?;
+            let now = db_now(&db)?;
+            db.write(|tx| {
+                if let Some(p) = &pool {
+                    if pools::get(tx, p)?.is_none() {
+                        bail!("no pool {p:?}; see bc-controlplane pools list");
+                    }
+                }
+                resolve::add(
+                    tx,
+                    &provider,
+                    &account,
+                    zone.as_deref(),
+                    pool.as_deref(),
+                    now,
+                )?;
+                Ok(())
+            })
+            .context("cannot add the resolve entry")
+        }
+        ResolveCmd::List(ListArgs { dir, json }) => {
+            let db = open_db(&dir.dir)?;
+            let rows = db
+                .with_conn(|c| resolve::list(c))
+                .and_then(|r| r)
+                .context("cannot list the resolve table")?;
+            print_list(
+                &rows,
+                json,
+                |r| {
+                    json!({
+                        "provider": r.provider,
+                        "account": r.account,
+                        "zone": r.zone,
+                        "pool": r.pool,
+                        "createdAt": db::rfc3339(r.created_at),
+                    })
+                },
+                |r| {
+                    Ok(format!(
+                        "{} {} {} {}",
+                        r.provider,
+                        r.account,
+                        r.zone.as_deref().unwrap_or("*"),
+                        r.pool.as_deref().unwrap_or("default")
+                    ))
+                },
+            )
+        }
+    }
+}
