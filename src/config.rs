@@ -88,6 +88,8 @@ pub struct Config {
     /// `[helper]`: when present, the node runs unprivileged and never opens
     /// the TPM; `bcd helper` (root) holds it.
     pub helper: Option<HelperSettings>,
+    /// `[site]`: what `bcd site` serves (a site node only).
+    pub site: Option<crate::site::settings::SiteSettings>,
 }
 
 /// `[helper]`: where `bcd helper` listens and whom it serves.
@@ -166,6 +168,7 @@ struct RawConfig {
     tpm: Option<RawTpm>,
     node: Option<RawNode>,
     helper: Option<RawHelper>,
+    site: Option<crate::site::settings::RawSite>,
 }
 
 #[derive(Deserialize)]
@@ -372,7 +375,16 @@ impl Config {
             }
         };
 
+        let site = match &raw.site {
+            None => None,
+            Some(s) => Some(
+                s.check(parse_api)
+                    .map_err(|(span, m)| invalid(Some(span), m))?,
+            ),
+        };
+
         Ok(Config {
+            site,
             helper,
             tpm_ek_roots,
             tpm_owner_auth_file,

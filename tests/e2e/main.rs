@@ -33,6 +33,7 @@ mod node;
 mod refusals;
 mod replay;
 mod reset;
+mod site;
 mod tpm;
 mod tpmcount;
 mod usage;
