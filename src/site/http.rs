@@ -53,7 +53,11 @@ pub async fn serve(listener: TcpListener, site: Arc<Site>, mut shutdown: watch::
     }
 }
 
-async fn connection(mut stream: TcpStream, peer: SocketAddr, site: &Arc<Site>) -> std::io::Result<()> {
+async fn connection(
+    mut stream: TcpStream,
+    peer: SocketAddr,
+    site: &Arc<Site>,
+) -> std::io::Result<()> {
     let head = match tokio::time::timeout(HEAD_TIMEOUT, read_head(&mut stream)).await {
         Ok(Ok(Some(h))) => h,
         Ok(Ok(None)) => return reply(&mut stream, 431, "request head too large\n", false).await,
@@ -121,7 +125,12 @@ async fn write(stream: &mut TcpStream, bytes: &[u8]) -> std::io::Result<()> {
         .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))?
 }
 
-async fn reply(stream: &mut TcpStream, code: u16, body: &str, head_only: bool) -> std::io::Result<()> {
+async fn reply(
+    stream: &mut TcpStream,
+    code: u16,
+    body: &str,
+    head_only: bool,
+) -> std::io::Result<()> {
     let head = format!(
         "HTTP/1.1 {code} {}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         status_text(code),
@@ -135,7 +144,11 @@ async fn reply(stream: &mut TcpStream, code: u16, body: &str, head_only: bool) -
 }
 
 /// The file's first `len` bytes, then its suffix.
-async fn send_file(stream: &mut TcpStream, served: &Served, head_only: bool) -> std::io::Result<()> {
+async fn send_file(
+    stream: &mut TcpStream,
+    served: &Served,
+    head_only: bool,
+) -> std::io::Result<()> {
     let mut file = match tokio::fs::File::open(&served.path).await {
         Ok(f) => f,
         Err(e) => {

@@ -77,8 +77,8 @@ impl Image {
 fn ramdisk_config(config: &Config, config_path: &Path) -> anyhow::Result<String> {
     let text = std::fs::read_to_string(config_path)
         .with_context(|| format!("cannot read {}", config_path.display()))?;
-    let table: toml::Table = toml::from_str(&text)
-        .with_context(|| format!("{} is not TOML", config_path.display()))?;
+    let table: toml::Table =
+        toml::from_str(&text).with_context(|| format!("{} is not TOML", config_path.display()))?;
     let pins = table
         .get("pins")
         .cloned()
@@ -93,7 +93,10 @@ fn ramdisk_config(config: &Config, config_path: &Path) -> anyhow::Result<String>
             .unwrap_or_else(|| config.api.as_str().to_owned())
             .into(),
     );
-    out.insert("trust_domain".to_owned(), config.trust_domain.clone().into());
+    out.insert(
+        "trust_domain".to_owned(),
+        config.trust_domain.clone().into(),
+    );
     out.insert("data_dir".to_owned(), RAMDISK_DATA_DIR.into());
     out.insert("pins".to_owned(), pins);
     let rendered = toml::to_string(&out).context("cannot write the ramdisk's configuration")?;

@@ -138,8 +138,12 @@ impl Holder {
         let Some(h) = *self.tx.borrow() else { return };
         self.tx.send_replace(None);
         match self.client.release_lease(&self.site_id, h.epoch).await {
-            Ok(_) => tracing::info!(site_id = %self.site_id, epoch = h.epoch, "boot lease released"),
-            Err(e) => tracing::warn!(site_id = %self.site_id, error = %e, "cannot release the boot lease; it expires by itself"),
+            Ok(_) => {
+                tracing::info!(site_id = %self.site_id, epoch = h.epoch, "boot lease released")
+            }
+            Err(e) => {
+                tracing::warn!(site_id = %self.site_id, error = %e, "cannot release the boot lease; it expires by itself")
+            }
         }
     }
 }

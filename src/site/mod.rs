@@ -36,10 +36,12 @@ pub struct SiteArgs {
 pub fn run(args: SiteArgs) -> anyhow::Result<ExitCode> {
     let path = &args.config.path;
     let config = Config::load(path)?;
-    let settings = config
-        .site
-        .clone()
-        .ok_or_else(|| anyhow!("{} has no [site] section: bcd site needs one", path.display()))?;
+    let settings = config.site.clone().ok_or_else(|| {
+        anyhow!(
+            "{} has no [site] section: bcd site needs one",
+            path.display()
+        )
+    })?;
     crate::helper::trust_node_user(&config)?;
     let tpm = TpmAccess::for_node(&config);
     let identity = match Identity::load(&config.data_dir, &tpm) {
@@ -59,7 +61,11 @@ pub fn run(args: SiteArgs) -> anyhow::Result<ExitCode> {
         ));
     }
     let image = image::Image::prepare(&config, path, &settings.ramdisk_dir)?;
-    let client = Arc::new(Client::with_identity(&config, &identity.chain, identity.key.clone())?);
+    let client = Arc::new(Client::with_identity(
+        &config,
+        &identity.chain,
+        identity.key.clone(),
+    )?);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

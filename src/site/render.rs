@@ -159,11 +159,19 @@ mod tests {
 
     #[test]
     fn ipxe_queries_are_read_and_normalized() {
-        let q = parse_query("mac=52%3A54%3A00%3AAB%3Acd%3Aef&uuid=4C4C4544-0042-3510-8052-B4C04F4E4D32")
-            .unwrap();
+        let q = parse_query(
+            "mac=52%3A54%3A00%3AAB%3Acd%3Aef&uuid=4C4C4544-0042-3510-8052-B4C04F4E4D32",
+        )
+        .unwrap();
         assert_eq!(q.mac, "52:54:00:ab:cd:ef");
-        assert_eq!(q.uuid.as_deref(), Some("4c4c4544-0042-3510-8052-b4c04f4e4d32"));
-        assert_eq!(parse_query("mac=52:54:00:ab:cd:ef&uuid=").unwrap().uuid, None);
+        assert_eq!(
+            q.uuid.as_deref(),
+            Some("4c4c4544-0042-3510-8052-b4c04f4e4d32")
+        );
+        assert_eq!(
+            parse_query("mac=52:54:00:ab:cd:ef&uuid=").unwrap().uuid,
+            None
+        );
         assert_eq!(parse_query("uuid=x"), Err(QueryError::NoMac));
         assert_eq!(parse_query("mac=52:54:00"), Err(QueryError::BadMac));
         assert_eq!(parse_query("mac=%zz"), Err(QueryError::BadMac));
@@ -191,6 +199,9 @@ mod tests {
     #[test]
     fn exit_scripts_expand_nothing() {
         let s = exit_script("no entry for ${net0/mac}\nshell");
-        assert!(s.contains("echo bc-site: no entry for  {net0/mac} shell\n"), "{s}");
+        assert!(
+            s.contains("echo bc-site: no entry for  {net0/mac} shell\n"),
+            "{s}"
+        );
     }
 }

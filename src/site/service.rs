@@ -58,7 +58,7 @@ impl Site {
     }
 
     fn exit(&self, mac: &str, reason: &str) -> String {
-        tracing::info!(mac, reason, "boot script rendered: exit");
+        tracing::info!(mac = %mac, reason = %reason, "boot script rendered: exit");
         render::exit_script(reason)
     }
 
@@ -104,7 +104,8 @@ impl Site {
         });
         let key = self.key.clone();
         let kid = key.kid();
-        let signed = blocking(move || site::sign_assertion(&assertion, kid, |m| key.sign(m))).await?;
+        let signed =
+            blocking(move || site::sign_assertion(&assertion, kid, |m| key.sign(m))).await?;
         tracing::info!(mac = %q.mac, workflow = %secret.workflow_id, epoch = held.epoch, "discovery assertion signed");
         let script = render::boot_script(
             &self.settings.public_url,

@@ -46,7 +46,9 @@ impl RawSite {
         let id = self.id.get_ref();
         if id.is_empty()
             || id.len() > 64
-            || !id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+            || !id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
         {
             return Err((
                 self.id.span(),
@@ -96,7 +98,10 @@ fn check_public_url(s: &str) -> Result<String, String> {
             url.scheme()
         ));
     }
-    if url.host_str().is_none_or(str::is_empty) || url.query().is_some() || !url.username().is_empty() {
+    if url.host_str().is_none_or(str::is_empty)
+        || url.query().is_some()
+        || !url.username().is_empty()
+    {
         return Err("expected http://HOST[:PORT][/PATH], no user, query or fragment".to_owned());
     }
     let text = url.as_str().trim_end_matches('/').to_owned();
@@ -104,7 +109,9 @@ fn check_public_url(s: &str) -> Result<String, String> {
         .bytes()
         .all(|b| b.is_ascii_alphanumeric() || b"-._~:/[]".contains(&b))
     {
-        return Err(format!("{text:?} has characters an iPXE script would need quoted"));
+        return Err(format!(
+            "{text:?} has characters an iPXE script would need quoted"
+        ));
     }
     Ok(text)
 }

@@ -88,7 +88,10 @@ impl BootServer {
                         return line;
                     }
                 }
-                Err(_) => panic!("bcd site never logged {text:?}; it logged:\n{}", self.seen.join("\n")),
+                Err(_) => panic!(
+                    "bcd site never logged {text:?}; it logged:\n{}",
+                    self.seen.join("\n")
+                ),
             }
         }
     }
@@ -104,7 +107,11 @@ impl BootServer {
     /// A GET as iPXE sends it: (status, body).
     fn get(&self, target: &str) -> (u16, Vec<u8>) {
         let mut s = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
-        write!(s, "GET {target} HTTP/1.1\r\nHost: site\r\nUser-Agent: iPXE/1.21\r\n\r\n").unwrap();
+        write!(
+            s,
+            "GET {target} HTTP/1.1\r\nHost: site\r\nUser-Agent: iPXE/1.21\r\n\r\n"
+        )
+        .unwrap();
         let mut answer = Vec::new();
         s.read_to_end(&mut answer).unwrap();
         let end = answer.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
@@ -169,8 +176,14 @@ fn a_machine_pxe_booted_by_bcd_site_joins() {
 
     let script = server.script(MAC);
     let base = format!("http://127.0.0.1:{}", server.port);
-    assert!(script.contains(&format!("kernel {base}/ramdisk/vmlinuz ")), "{script}");
-    assert!(script.contains(&format!("initrd {base}/ramdisk/initrd")), "{script}");
+    assert!(
+        script.contains(&format!("kernel {base}/ramdisk/vmlinuz ")),
+        "{script}"
+    );
+    assert!(
+        script.contains(&format!("initrd {base}/ramdisk/initrd")),
+        "{script}"
+    );
     assert_eq!(server.count("discovery assertion signed"), 1);
     assert_eq!(boot_state(&cp, &wf), "vouched");
 
@@ -192,7 +205,10 @@ fn a_machine_pxe_booted_by_bcd_site_joins() {
     assert_eq!(&initrd[INITRD.len() + 2..INITRD.len() + 8], b"070701");
     let text = String::from_utf8_lossy(&initrd);
     assert!(text.contains("etc/bcd/config.toml"));
-    assert!(text.contains("api = \"https://guests.example:8443\""), "{text}");
+    assert!(
+        text.contains("api = \"https://guests.example:8443\""),
+        "{text}"
+    );
     assert!(text.contains("join_signing_key"));
     assert_eq!(server.get("/etc/passwd").0, 404);
 }
