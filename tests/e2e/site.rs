@@ -224,6 +224,9 @@ fn a_standby_site_node_takes_over_when_the_holder_dies() {
     let mut standby = BootServer::start(&second);
     standby.wait_for("standing by");
     let wf = boot_add(&cp, "dc1", MAC, &[]);
+    // An entry that will have expired by the takeover.
+    let brief = "52:54:00:00:00:77";
+    boot_add(&cp, "dc1", brief, &["--not-after", "30s"]);
 
     // The standby signs nothing.
     assert_exit_script(&standby.script(MAC));
@@ -247,6 +250,9 @@ fn a_standby_site_node_takes_over_when_the_holder_dies() {
     let machine = Machine::new(&cp, MAC, UUID);
     assert_refused_as(&cp, &machine.boot(&boot_cmdline(&stale)), "lease-not-held");
     machine.agent.assert_nothing_written();
+    // An expired entry boots nothing.
+    assert_exit_script(&standby.script(brief));
+    assert_eq!(standby.count("discovery assertion signed"), 0);
     // The new holder serves the next boot of the same entry.
     let fresh = standby.script(MAC);
     assert_ok(&machine.boot(&boot_cmdline(&fresh)));
