@@ -781,8 +781,36 @@ pub(crate) mod tests {
         let text = sample("https://h", "/x").replace("trust_domain", "apii = 1\ntrust_domain");
         assert_eq!(
             err(&text),
-            "/etc/bcd/config.toml:2: unknown key \"apii\"; expected one of api, trust_domain, data_dir, pins, tpm, node, helper"
+            "/etc/bcd/config.toml:2: unknown key \"apii\"; expected one of api, trust_domain, data_dir, pins, tpm, node, helper, site"
         );
+    }
+
+    #[test]
+    fn site_section_is_typed_and_names_the_bad_line() {
+        let base = sample("https://h", "/x");
+        let site = |listen: &str, public: &str, dir: &str, api: &str| {
+            format!(
+                "{base}\n[site]\nid = \"site_a\"\nlisten = \"{listen}\"\npublic_url = \"{public}\"\nramdisk_dir = \"{dir}\"\nramdisk_api = \"{api}\"\n"
+            )
+        };
+        let good = site(
+            "0.0.0.0:8080",
+            "http://10.0.0.5:8080/",
+            "/srv/ramdisk",
+            "https://cp:8443",
+        );
+        let c = Config::parse(Path::new("c.toml"), &good).unwrap();
+        let s = c.site.unwrap();
+        assert_eq!(s.public_url, "http://10.0.0.5:8080");
+        assert_eq!(s.listen.port(), 8080);
+        assert!(err(&site("8080", "http://a", "/d", "https://cp"))
+            .contains("site.listen: expected ADDRESS:PORT"));
+        assert!(err(&site("0.0.0.0:1", "https://a", "/d", "https://cp"))
+            .contains("site.public_url: expected an http URL"));
+        assert!(err(&site("0.0.0.0:1", "http://a", "d", "https://cp"))
+            .contains("site.ramdisk_dir: expected an absolute path"));
+        assert!(err(&site("0.0.0.0:1", "http://a", "/d", "http://cp"))
+            .contains("site.ramdisk_api: expected an https URL"));
     }
 
     #[test]

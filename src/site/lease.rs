@@ -65,6 +65,7 @@ pub struct Holder {
     site_id: String,
     tx: watch::Sender<Option<Held>>,
     backoff: Backoff,
+    state: super::state::StateFile,
 }
 
 impl Holder {
@@ -72,6 +73,7 @@ impl Holder {
         client: std::sync::Arc<Client>,
         site_id: String,
         backoff: Backoff,
+        state: super::state::StateFile,
     ) -> (Holder, LeaseView) {
         let (tx, rx) = watch::channel(None);
         (
@@ -80,6 +82,7 @@ impl Holder {
                 site_id,
                 tx,
                 backoff,
+                state,
             },
             LeaseView(rx),
         )
@@ -107,15 +110,15 @@ impl Holder {
         match answer {
             Ok(resp) => match after_answer(&resp, clock::now()) {
                 Some((held, wait)) => {
+                    self.publish(Some(held));
                     if current.map(|h| h.epoch) != Some(held.epoch) {
                         tracing::info!(site_id = %self.site_id, epoch = held.epoch, expires_at = %crate::pki::rfc3339(held.expires_at), "boot lease acquired");
                     }
-                    self.tx.send_replace(Some(held));
                     self.backoff.succeed();
                     wait
                 }
                 None => {
-                    self.tx.send_replace(None);
+                    self.publish(None);
                     let (attempt, wait) = self.backoff.fail();
                     tracing::info!(site_id = %self.site_id, holder = %resp.holder_node_id, epoch = resp.epoch, attempt, retry_in_ms = wait.as_millis() as u64, "boot lease held by another site node; standing by");
                     wait
@@ -125,7 +128,7 @@ impl Holder {
                 if matches!(e, ClientError::AccessDenied) || current.is_none() {
                     // Refused: the lease moved on (or this node may not
                     // hold it). Stop signing now, not at its expiry.
-                    self.tx.send_replace(None);
+                    self.publish(None);
                 }
                 let (attempt, wait) = self.backoff.fail();
                 tracing::warn!(site_id = %self.site_id, error = %e, held = self.tx.borrow().is_some(), attempt, retry_in_ms = wait.as_millis() as u64, "boot lease call failed");
@@ -134,9 +137,16 @@ impl Holder {
         }
     }
 
+    /// Tells the boot server first (it stops signing at once), then
+    /// `bcd status` through the state file.
+    fn publish(&self, lease: Option<Held>) {
+        self.tx.send_replace(lease);
+        self.state.save(lease);
+    }
+
     async fn release(&self) {
         let Some(h) = *self.tx.borrow() else { return };
-        self.tx.send_replace(None);
+        self.publish(None);
         match self.client.release_lease(&self.site_id, h.epoch).await {
             Ok(_) => {
                 tracing::info!(site_id = %self.site_id, epoch = h.epoch, "boot lease released")

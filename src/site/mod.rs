@@ -14,6 +14,7 @@ pub mod lease;
 pub mod render;
 pub mod service;
 pub mod settings;
+pub mod state;
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -75,7 +76,19 @@ pub fn run(args: SiteArgs) -> anyhow::Result<ExitCode> {
             .await
             .with_context(|| format!("[site] listen: cannot listen on {}", settings.listen))?;
         let backoff = Backoff::new(config.node.backoff_min, config.node.backoff_max);
-        let (holder, view) = lease::Holder::new(client.clone(), settings.id.clone(), backoff);
+        let state = state::StateFile {
+            dir: config.data_dir.clone(),
+            base: state::SiteState {
+                site_id: settings.id.clone(),
+                held: false,
+                epoch: 0,
+                expires_at: String::new(),
+                vmlinuz_bytes: image.kernel.total(),
+                initrd_bytes: image.initrd.total(),
+            },
+        };
+        let (holder, view) =
+            lease::Holder::new(client.clone(), settings.id.clone(), backoff, state);
         tracing::info!(
             site_id = %settings.id,
             node_id = %identity.node_id,

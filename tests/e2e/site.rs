@@ -153,6 +153,15 @@ fn boot_cmdline(script: &str) -> String {
     cmdline(&value("bc.token="), &value("bc.assertion="))
 }
 
+/// `epoch=N` of a log line.
+fn epoch_of(line: &str) -> u64 {
+    line.split("epoch=")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|e| e.parse().ok())
+        .unwrap_or_else(|| panic!("no epoch in {line}"))
+}
+
 #[track_caller]
 fn assert_exit_script(script: &str) {
     assert!(script.starts_with("#!ipxe"), "{script}");
@@ -211,6 +220,14 @@ fn a_machine_pxe_booted_by_bcd_site_joins() {
     );
     assert!(text.contains("join_signing_key"));
     assert_eq!(server.get("/etc/passwd").0, 404);
+
+    // bcd status shows the lease and the ramdisk.
+    let status = node.agent.status_json();
+    assert_eq!(status["site"]["siteId"], site_id.as_str());
+    assert_eq!(status["site"]["held"], true);
+    assert_eq!(status["site"]["initrdBytes"], initrd.len() as u64);
+    let line = stdout(&node.agent.run(&["status"]));
+    assert!(line.contains("boot lease held (epoch 1)"), "{line}");
 }
 
 #[test]
@@ -237,14 +254,14 @@ fn a_standby_site_node_takes_over_when_the_holder_dies() {
     drop(holder);
     assert_ok(&cp.cli(&["clock", "set", "--offset", "31s"]));
     let taken = standby.wait_for("boot lease acquired");
-    let epoch = |line: &str| -> u64 {
-        line.split("epoch=")
-            .nth(1)
-            .and_then(|r| r.split(' ').next())
-            .and_then(|e| e.parse().ok())
-            .unwrap_or_else(|| panic!("no epoch in {line}"))
-    };
-    assert!(epoch(&taken) > epoch(&acquired), "{acquired} / {taken}");
+    assert_eq!(
+        second.agent.status_json()["site"]["epoch"],
+        epoch_of(&taken)
+    );
+    assert!(
+        epoch_of(&taken) > epoch_of(&acquired),
+        "{acquired} / {taken}"
+    );
 
     // The dead holder's assertion vouches for nothing now.
     let machine = Machine::new(&cp, MAC, UUID);
