@@ -60,7 +60,10 @@ async fn connection(
 ) -> std::io::Result<()> {
     let head = match tokio::time::timeout(HEAD_TIMEOUT, read_head(&mut stream)).await {
         Ok(Ok(Some(h))) => h,
-        Ok(Ok(None)) => return reply(&mut stream, 431, "request head too large\n", false).await,
+        Ok(Ok(None)) => {
+            reply(&mut stream, 431, "request head too large\n", false).await?;
+            return linger(&mut stream).await;
+        }
         Ok(Err(e)) => return Err(e),
         Err(_) => return Ok(()),
     };
@@ -79,12 +82,32 @@ async fn connection(
     }
 }
 
+/// Reads (and drops) what the client still sends, briefly, so that closing
+/// with unread bytes does not reset the connection before it read our answer.
+async fn linger(stream: &mut TcpStream) -> std::io::Result<()> {
+    let mut sink = [0u8; 4096];
+    let drain = async {
+        let mut total = 0usize;
+        while total < 64 * 1024 {
+            match stream.read(&mut sink).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => total += n,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
+    Ok(())
+}
+
 /// Reads up to the blank line; None when it is longer than [`MAX_HEAD`].
 async fn read_head(stream: &mut TcpStream) -> std::io::Result<Option<String>> {
     let mut buf = Vec::with_capacity(1024);
     let mut chunk = [0u8; 1024];
     loop {
         if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            if end > MAX_HEAD {
+                return Ok(None);
+            }
             buf.truncate(end);
             return Ok(Some(String::from_utf8_lossy(&buf).into_owned()));
         }

@@ -193,6 +193,8 @@ fn a_machine_pxe_booted_by_bcd_site_joins() {
         script.contains(&format!("initrd {base}/ramdisk/initrd")),
         "{script}"
     );
+    // One assertion for one script (the log line may trail the answer).
+    server.wait_for("boot script rendered: boot");
     assert_eq!(server.count("discovery assertion signed"), 1);
     assert_eq!(boot_state(&cp, &wf), "vouched");
 
@@ -220,6 +222,11 @@ fn a_machine_pxe_booted_by_bcd_site_joins() {
     );
     assert!(text.contains("join_signing_key"));
     assert_eq!(server.get("/etc/passwd").0, 404);
+    // Bounded: a head past 8 KiB is refused; an idle connection holds up nobody.
+    let long = format!("/boot.ipxe?mac={MAC}&pad={}", "x".repeat(9000));
+    assert_eq!(server.get(&long).0, 431);
+    let _idle = TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+    assert_exit_script(&server.script("52:54:00:00:00:98"));
 
     // bcd status shows the lease and the ramdisk.
     let status = node.agent.status_json();
