@@ -15,8 +15,8 @@ use crate::discovery::{
 use crate::harness::*;
 
 const KERNEL: &[u8] = b"not a kernel, but served as one";
-/// Odd length: the appended archive needs padding to 4 bytes.
-const INITRD: &[u8] = b"070701 an initrd of 31 bytes..";
+/// 30 bytes, not a multiple of 4: the appended archive needs 2 of padding.
+const INITRD: &[u8] = b"070701 an initrd of 30 bytes..";
 
 /// A running `bcd site` of a site node, its log lines as they come.
 struct BootServer {
@@ -235,6 +235,16 @@ fn a_machine_pxe_booted_by_bcd_site_joins() {
     assert_eq!(status["site"]["initrdBytes"], initrd.len() as u64);
     let line = stdout(&node.agent.run(&["status"]));
     assert!(line.contains("boot lease held (epoch 1)"), "{line}");
+    let doctor = stdout(&node.agent.run(&["doctor"]));
+    assert!(
+        doctor.contains(&format!(
+            "vmlinuz {} bytes, initrd {} bytes",
+            KERNEL.len(),
+            INITRD.len()
+        )),
+        "{doctor}"
+    );
+    assert!(doctor.contains("held at epoch 1 until"), "{doctor}");
 }
 
 #[test]
