@@ -9,7 +9,7 @@ use clap::{CommandFactory as _, Parser, Subcommand};
 use p256::elliptic_curve::zeroize::Zeroizing;
 
 use crate::evidence::join_token::TokenText;
-use crate::{doctor, gendocs, helper, identify, join, node, out, ramdisk, status};
+use crate::{doctor, gendocs, helper, identify, join, node, out, ramdisk, site, status};
 
 /// The environment variable that may carry a join token.
 const TOKEN_ENV: &str = "BCD_JOIN_TOKEN";
@@ -35,6 +35,8 @@ enum Command {
     Helper(helper::HelperArgs),
     /// As a PXE ramdisk: join with the boot server's assertion (bc.token, bc.assertion on the kernel command line) and stay joined
     Ramdisk(ramdisk::RamdiskArgs),
+    /// As a site node: hold the site's boot lease and serve PXE ([site]): iPXE scripts with a signed discovery assertion, and the ramdisk
+    Site(site::SiteArgs),
     /// Show the node identity
     Status(status::StatusArgs),
     /// Check the configuration, identity, TPM and control plane, and say what to do
@@ -80,6 +82,10 @@ pub fn main() -> ExitCode {
         Command::Ramdisk(args) => {
             drop(env_token);
             ramdisk::run(args)
+        }
+        Command::Site(args) => {
+            drop(env_token);
+            site::run(args)
         }
         Command::Doctor(args) => {
             drop(env_token);

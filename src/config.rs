@@ -91,6 +91,8 @@ pub struct Config {
     /// `[cloud] metadata_url`: the cloud metadata service `bcd join
     /// --attestor cloud-iid` asks (`None`: the provider's own address).
     pub cloud_metadata_url: Option<String>,
+    /// `[site]`: what `bcd site` serves (a site node only).
+    pub site: Option<crate::site::settings::SiteSettings>,
 }
 
 /// `[helper]`: where `bcd helper` listens and whom it serves.
@@ -170,6 +172,7 @@ struct RawConfig {
     node: Option<RawNode>,
     helper: Option<RawHelper>,
     cloud: Option<RawCloud>,
+    site: Option<crate::site::settings::RawSite>,
 }
 
 #[derive(Deserialize)]
@@ -398,7 +401,16 @@ impl Config {
             }
         };
 
+        let site = match &raw.site {
+            None => None,
+            Some(s) => Some(
+                s.check(parse_api)
+                    .map_err(|(span, m)| invalid(Some(span), m))?,
+            ),
+        };
+
         Ok(Config {
+            site,
             helper,
             cloud_metadata_url,
             tpm_ek_roots,
@@ -796,8 +808,36 @@ pub(crate) mod tests {
         let text = sample("https://h", "/x").replace("trust_domain", "apii = 1\ntrust_domain");
         assert_eq!(
             err(&text),
-            "/etc/bcd/config.toml:2: unknown key \"apii\"; expected one of api, trust_domain, data_dir, pins, tpm, node, helper, cloud"
+            "/etc/bcd/config.toml:2: unknown key \"apii\"; expected one of api, trust_domain, data_dir, pins, tpm, node, helper, cloud, site"
         );
+    }
+
+    #[test]
+    fn site_section_is_typed_and_names_the_bad_line() {
+        let base = sample("https://h", "/x");
+        let site = |listen: &str, public: &str, dir: &str, api: &str| {
+            format!(
+                "{base}\n[site]\nid = \"site_a\"\nlisten = \"{listen}\"\npublic_url = \"{public}\"\nramdisk_dir = \"{dir}\"\nramdisk_api = \"{api}\"\n"
+            )
+        };
+        let good = site(
+            "0.0.0.0:8080",
+            "http://10.0.0.5:8080/",
+            "/srv/ramdisk",
+            "https://cp:8443",
+        );
+        let c = Config::parse(Path::new("c.toml"), &good).unwrap();
+        let s = c.site.unwrap();
+        assert_eq!(s.public_url, "http://10.0.0.5:8080");
+        assert_eq!(s.listen.port(), 8080);
+        assert!(err(&site("8080", "http://a", "/d", "https://cp"))
+            .contains("site.listen: expected ADDRESS:PORT"));
+        assert!(err(&site("0.0.0.0:1", "https://a", "/d", "https://cp"))
+            .contains("site.public_url: expected an http URL"));
+        assert!(err(&site("0.0.0.0:1", "http://a", "d", "https://cp"))
+            .contains("site.ramdisk_dir: expected an absolute path"));
+        assert!(err(&site("0.0.0.0:1", "http://a", "/d", "http://cp"))
+            .contains("site.ramdisk_api: expected an https URL"));
     }
 
     #[test]

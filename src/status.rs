@@ -37,6 +37,9 @@ struct StatusJson<'a> {
     last_renewal: Option<LastRenewal>,
     /// The chain as PEM, leaf first.
     certificate: String,
+    /// A site node's boot lease and ramdisk, as `bcd site` last wrote them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    site: Option<crate::site::state::SiteState>,
 }
 
 /// `lastRenewal`: when, whether it worked, and the journal's one line.
@@ -93,6 +96,7 @@ pub fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
     };
     let not_after = rfc3339(id.cert.not_after);
     let last = last_renewal(dir);
+    let site = crate::site::state::load(dir, clock::now());
     if args.json {
         let out = StatusJson {
             joined: true,
@@ -104,6 +108,7 @@ pub fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
             node_key: id.key.kind().as_str(),
             last_renewal: last,
             certificate: id.chain_pem(),
+            site,
         };
         out::line(format_args!(
             "{}",
@@ -111,6 +116,9 @@ pub fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
         ))?;
     } else {
         out::line(format_args!("{}", line(&id, last.as_ref(), clock::now())))?;
+        if let Some(s) = &site {
+            out::line(format_args!("{}", crate::site::state::line(s)))?;
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -207,6 +207,26 @@ pub fn get(tx: &Transaction<'_>, workflow_id: &str) -> Result<Option<BootEntry>,
         .optional()?)
 }
 
+/// The newest entry of `site_id` for `mac` that is neither joined nor
+/// expired at `now`: the one a site boots when iPXE asks by MAC.
+pub fn open_for_mac(
+    tx: &Transaction<'_>,
+    site_id: &str,
+    mac: &str,
+    now: UnixMs,
+) -> Result<Option<BootEntry>, DbError> {
+    Ok(tx
+        .query_row(
+            &format!(
+                "{SELECT} WHERE site_id = ?1 AND mac = ?2 AND joined_at IS NULL AND not_after > ?3
+                 ORDER BY created_at DESC, workflow_id DESC LIMIT 1"
+            ),
+            rusqlite::params![site_id, mac, now],
+            read_row,
+        )
+        .optional()?)
+}
+
 /// The token of an entry for its site's lease holder; marks it vouched.
 pub fn fetch_token(
     tx: &Transaction<'_>,

@@ -152,9 +152,13 @@ impl JoinService {
             if !holds {
                 return Err(refused(NOT_LEASE_HOLDER, me).into());
             }
-            let entry = crate::boot::get(tx, &body.workflow_id)?
-                .filter(|e| e.site_id == body.site_id)
-                .ok_or_else(|| refused(UNKNOWN_WORKFLOW, me))?;
+            let entry = if body.workflow_id.is_empty() {
+                crate::boot::open_for_mac(tx, &body.site_id, &body.mac, now)?
+            } else {
+                crate::boot::get(tx, &body.workflow_id)?
+            }
+            .filter(|e| e.site_id == body.site_id)
+            .ok_or_else(|| refused(UNKNOWN_WORKFLOW, me))?;
             if entry.state(now) == "joined" || entry.state(now) == "expired" {
                 return Err(refused(WORKFLOW_CLOSED, me).into());
             }
@@ -165,6 +169,7 @@ impl JoinService {
                 mac: entry.mac,
                 product_uuid: entry.product_uuid.unwrap_or_default(),
                 not_after_unix_ms: entry.not_after,
+                workflow_id: entry.workflow_id,
             }
             .encode_to_vec())
         })

@@ -15,6 +15,7 @@ mod cert;
 mod files;
 mod helper;
 mod net;
+mod site;
 mod tpm;
 
 use std::path::Path;
@@ -255,6 +256,9 @@ pub fn diagnose(path: &Path) -> Report {
         )),
     }
     checks.extend(net::checks(&config));
+    if let Some(settings) = &config.site {
+        checks.extend(site::checks(settings, dir, crate::clock::now()));
+    }
     Report::new(checks)
 }
 

@@ -12,7 +12,7 @@
 //! identity: a crash during a join leaves either no identity (join again) or
 //! one that loads. A crash during a rotation leaves the old identity or the
 //! new one, and [`Identity::load`] completes an interrupted rotation.
-mod atomic;
+pub(crate) mod atomic;
 pub mod guard;
 pub mod owner;
 pub mod reset;

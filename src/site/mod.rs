@@ -1,5 +1,134 @@
-//! `bcd site`: the boot server of a site (issue 10). For now only what the
-//! ramdisk's image needs from it: the configuration archive appended to the
-//! initrd it serves (`cpio`).
+//! `bcd site`: the boot server of a site. A site node (role `site`) holds
+//! its site's boot lease ([`lease`]) and serves iPXE over plain HTTP on
+//! `[site] listen` ([`http`]): for a machine with an open boot entry, a
+//! script that boots the platform ramdisk with the entry's discovery token
+//! and an assertion this node signs ([`service`], [`render`]); for any
+//! other, or without the lease, a script that exits. It also serves the
+//! ramdisk, its initrd with the ramdisk's configuration appended
+//! ([`image`], [`cpio`]).
 
 pub mod cpio;
+pub mod http;
+pub mod image;
+pub mod lease;
+pub mod render;
+pub mod service;
+pub mod settings;
+pub mod state;
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{anyhow, Context as _};
+use bc_wire::agent::Role;
+
+use crate::client::Client;
+use crate::config::{Config, ConfigArg};
+use crate::identity::Identity;
+use crate::keys::TpmAccess;
+use crate::node::Backoff;
+
+#[derive(clap::Args, Debug)]
+pub struct SiteArgs {
+    #[command(flatten)]
+    config: ConfigArg,
+}
+
+pub fn run(args: SiteArgs) -> anyhow::Result<ExitCode> {
+    let path = &args.config.path;
+    let config = Config::load(path)?;
+    let settings = config.site.clone().ok_or_else(|| {
+        anyhow!(
+            "{} has no [site] section: bcd site needs one",
+            path.display()
+        )
+    })?;
+    crate::helper::trust_node_user(&config)?;
+    let tpm = TpmAccess::for_node(&config);
+    let identity = match Identity::load(&config.data_dir, &tpm) {
+        Ok(Some(id)) => id,
+        Ok(None) => {
+            return Err(anyhow!(
+                "not joined (no identity in {}); join first: bcd join --role site",
+                config.data_dir.display()
+            ))
+        }
+        Err(e) => return Err(anyhow::Error::new(e).context("the identity does not load")),
+    };
+    if identity.role != Role::Site {
+        return Err(anyhow!(
+            "this node joined as role {}; bcd site runs on a site node (bcd join --role site with a site token)",
+            identity.role.name()
+        ));
+    }
+    let image = image::Image::prepare(&config, path, &settings.ramdisk_dir)?;
+    let client = Arc::new(Client::with_identity(
+        &config,
+        &identity.chain,
+        identity.key.clone(),
+    )?);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(settings.listen)
+            .await
+            .with_context(|| format!("[site] listen: cannot listen on {}", settings.listen))?;
+        let backoff = Backoff::new(config.node.backoff_min, config.node.backoff_max);
+        let state = state::StateFile {
+            dir: config.data_dir.clone(),
+            base: state::SiteState {
+                site_id: settings.id.clone(),
+                held: false,
+                epoch: 0,
+                expires_at: String::new(),
+                vmlinuz_bytes: image.kernel.total(),
+                initrd_bytes: image.initrd.total(),
+            },
+        };
+        let (holder, view) =
+            lease::Holder::new(client.clone(), settings.id.clone(), backoff, state);
+        tracing::info!(
+            site_id = %settings.id,
+            node_id = %identity.node_id,
+            listen = %listener.local_addr().map_or(settings.listen, |a| a),
+            public_url = %settings.public_url,
+            initrd_bytes = image.initrd.total(),
+            "bcd site serving"
+        );
+        let site = Arc::new(service::Site {
+            settings,
+            node_id: identity.node_id.clone(),
+            key: identity.key.clone(),
+            client,
+            lease: view,
+            image,
+        });
+        let (stop, shutdown) = tokio::sync::watch::channel(false);
+        let lease_task = tokio::spawn(holder.run(shutdown.clone()));
+        let server = tokio::spawn(http::serve(listener, site, shutdown));
+        wait_for_signal().await;
+        tracing::info!("bcd site stopping");
+        let _ = stop.send(true);
+        let _ = server.await;
+        let _ = lease_task.await;
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+/// SIGINT or SIGTERM.
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}

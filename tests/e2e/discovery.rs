@@ -16,8 +16,8 @@ use bcd::keys::TpmAccess;
 
 use crate::harness::*;
 
-const MAC: &str = "52:54:00:12:34:56";
-const UUID: &str = "4c4c4544-0042-3510-8052-b4c04f4e4d32";
+pub const MAC: &str = "52:54:00:12:34:56";
+pub const UUID: &str = "4c4c4544-0042-3510-8052-b4c04f4e4d32";
 
 fn now_ms() -> i64 {
     SystemTime::now()
@@ -35,13 +35,13 @@ fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
 }
 
 /// A site node: a bcd that joined with a site token of `site_id`.
-struct SiteNode {
-    agent: Agent,
-    site_id: String,
+pub struct SiteNode {
+    pub agent: Agent,
+    pub site_id: String,
 }
 
 impl SiteNode {
-    fn join(cp: &ControlPlane, site_id: &str) -> SiteNode {
+    pub fn join(cp: &ControlPlane, site_id: &str) -> SiteNode {
         let agent = Agent::new(cp);
         let token = cp.token("site", &["--site", site_id]);
         let file = agent.root.path().join("site-token");
@@ -59,7 +59,7 @@ impl SiteNode {
         }
     }
 
-    fn identity(&self) -> Identity {
+    pub fn identity(&self) -> Identity {
         Identity::load(&self.agent.data_dir, &TpmAccess::none())
             .expect("identity loads")
             .expect("an identity")
@@ -83,6 +83,7 @@ impl SiteNode {
             site_id: self.site_id.clone(),
             workflow_id: workflow.to_owned(),
             issued_at_unix_ms: now_ms(),
+            mac: String::new(),
         };
         let req = site::sign_secret_request(&body, |m| id.key.sign(m)).expect("sign");
         block_on(self.client().get_secret(&req)).map(|r| r.token)
@@ -110,13 +111,13 @@ impl SiteNode {
 
 /// A bare machine booted into the ramdisk: its own config, data dir and
 /// sysfs (MACs, product UUID).
-struct Machine {
-    agent: Agent,
+pub struct Machine {
+    pub agent: Agent,
     sysfs: std::path::PathBuf,
 }
 
 impl Machine {
-    fn new(cp: &ControlPlane, mac: &str, uuid: &str) -> Machine {
+    pub fn new(cp: &ControlPlane, mac: &str, uuid: &str) -> Machine {
         let agent = Agent::new(cp);
         let sysfs = agent.root.path().join("sys");
         for (rel, text) in [
@@ -131,7 +132,7 @@ impl Machine {
         Machine { agent, sysfs }
     }
 
-    fn boot(&self, cmdline: &str) -> std::process::Output {
+    pub fn boot(&self, cmdline: &str) -> std::process::Output {
         let file = self.agent.root.path().join("cmdline");
         std::fs::write(&file, format!("console=ttyS0 {cmdline} ip=dhcp\n")).unwrap();
         self.agent
@@ -142,13 +143,13 @@ impl Machine {
     }
 }
 
-fn site(cp: &ControlPlane, name: &str) -> String {
+pub fn site(cp: &ControlPlane, name: &str) -> String {
     let out = cp.cli(&["sites", "create", name]);
     assert_ok(&out);
     stdout(&out).trim().to_owned()
 }
 
-fn boot_add(cp: &ControlPlane, site: &str, mac: &str, extra: &[&str]) -> String {
+pub fn boot_add(cp: &ControlPlane, site: &str, mac: &str, extra: &[&str]) -> String {
     let mut args = vec!["boot", "add", "--site", site, "--mac", mac];
     args.extend_from_slice(extra);
     let out = cp.cli(&args);
@@ -156,7 +157,7 @@ fn boot_add(cp: &ControlPlane, site: &str, mac: &str, extra: &[&str]) -> String 
     stdout(&out).trim().to_owned()
 }
 
-fn boot_state(cp: &ControlPlane, workflow: &str) -> String {
+pub fn boot_state(cp: &ControlPlane, workflow: &str) -> String {
     let list = cp.json(&["boot", "list"]);
     list.as_array()
         .unwrap()
@@ -166,12 +167,12 @@ fn boot_state(cp: &ControlPlane, workflow: &str) -> String {
         .expect("the boot entry is listed")
 }
 
-fn cmdline(token: &str, assertion: &str) -> String {
+pub fn cmdline(token: &str, assertion: &str) -> String {
     format!("bc.token={token} bc.assertion={assertion}")
 }
 
 #[track_caller]
-fn assert_refused_as(cp: &ControlPlane, out: &std::process::Output, reason: &str) {
+pub fn assert_refused_as(cp: &ControlPlane, out: &std::process::Output, reason: &str) {
     assert_access_denied(out);
     assert_eq!(
         cp.refusal_reasons().last().map(String::as_str),

@@ -39,6 +39,7 @@ mod reclaim;
 mod refusals;
 mod replay;
 mod reset;
+mod site;
 mod tpm;
 mod tpmcount;
 mod usage;

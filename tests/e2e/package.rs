@@ -259,7 +259,6 @@ fn packaging_and_vm_scripts_pass_shellcheck() {
                 "tests/vm/image/bcd-vmtest-report",
                 "ramdisk/init",
                 "ramdisk/udhcpc.script",
-                "tests/pxe/boot.ipxe.cgi",
             ][..],
         ),
     ] {

@@ -1,0 +1,137 @@
+//! The boot server's answers, one per request, independent of sockets:
+//! `/boot.ipxe` (a signed boot script or the exit script), the ramdisk's
+//! two files, nothing else.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use bc_wire::site;
+use bc_wire::site_v1::SecretRequestBody;
+
+use super::image::{Image, Served};
+use super::lease::LeaseView;
+use super::render::{self, BootQuery, Vouch};
+use super::settings::SiteSettings;
+use crate::client::{Client, ClientError};
+use crate::clock;
+use crate::keys::NodeKey;
+
+/// What a request gets.
+#[derive(Debug)]
+pub enum Response {
+    Script(String),
+    File(Served),
+    NotFound,
+}
+
+/// Everything a request needs, shared by all connections.
+pub struct Site {
+    pub settings: SiteSettings,
+    pub node_id: String,
+    pub key: Arc<dyn NodeKey>,
+    pub client: Arc<Client>,
+    pub lease: LeaseView,
+    pub image: Image,
+}
+
+impl Site {
+    pub async fn respond(self: &Arc<Self>, path: &str, query: &str, peer: IpAddr) -> Response {
+        match path {
+            "/boot.ipxe" => Response::Script(self.boot_ipxe(query, peer).await),
+            "/ramdisk/vmlinuz" => Response::File(self.image.kernel.clone()),
+            "/ramdisk/initrd" => Response::File(self.image.initrd.clone()),
+            _ => Response::NotFound,
+        }
+    }
+
+    /// The script for the machine asking. Signs at most one assertion, and
+    /// only while the lease is held.
+    async fn boot_ipxe(self: &Arc<Self>, query: &str, peer: IpAddr) -> String {
+        let q = match render::parse_query(query) {
+            Ok(q) => q,
+            Err(e) => return self.exit("", &e.to_string()),
+        };
+        match self.vouch(&q, peer).await {
+            Ok(script) => script,
+            Err(reason) => self.exit(&q.mac, &reason),
+        }
+    }
+
+    fn exit(&self, mac: &str, reason: &str) -> String {
+        tracing::info!(mac = %mac, reason = %reason, "boot script rendered: exit");
+        render::exit_script(reason)
+    }
+
+    async fn vouch(self: &Arc<Self>, q: &BootQuery, peer: IpAddr) -> Result<String, String> {
+        let site_id = &self.settings.id;
+        let held = self
+            .lease
+            .held(clock::now())
+            .ok_or("this site node does not hold the boot lease")?;
+        let body = SecretRequestBody {
+            node_id: self.node_id.clone(),
+            site_id: site_id.clone(),
+            workflow_id: String::new(),
+            issued_at_unix_ms: now_ms(),
+            mac: q.mac.clone(),
+        };
+        let key = self.key.clone();
+        let req = blocking(move || site::sign_secret_request(&body, |m| key.sign(m))).await?;
+        let secret = match self.client.get_secret(&req).await {
+            Ok(s) => s,
+            Err(ClientError::AccessDenied) => {
+                return Err(format!("no open boot entry for {} at this site", q.mac))
+            }
+            Err(e) => {
+                tracing::warn!(mac = %q.mac, error = %e, "cannot fetch the boot entry's token");
+                return Err("the site cannot reach its control plane".to_owned());
+            }
+        };
+        // The lease may have moved during the call: sign only under one
+        // still held at the same epoch.
+        if self.lease.held(clock::now()).map(|h| h.epoch) != Some(held.epoch) {
+            return Err("this site node lost the boot lease".to_owned());
+        }
+        let assertion = render::assertion(&Vouch {
+            site_id,
+            node_id: &self.node_id,
+            epoch: held.epoch,
+            query: q,
+            ip: q.ip.unwrap_or(peer),
+            workflow_id: &secret.workflow_id,
+            entry_not_after_ms: secret.not_after_unix_ms,
+            now_ms: now_ms(),
+        });
+        let key = self.key.clone();
+        let kid = key.kid();
+        let signed =
+            blocking(move || site::sign_assertion(&assertion, kid, |m| key.sign(m))).await?;
+        tracing::info!(mac = %q.mac, workflow = %secret.workflow_id, epoch = held.epoch, "discovery assertion signed");
+        let script = render::boot_script(
+            &self.settings.public_url,
+            &secret.token,
+            &site::to_cmdline(&signed),
+            clock::now().unix_timestamp(),
+        );
+        tracing::info!(mac = %q.mac, workflow = %secret.workflow_id, "boot script rendered: boot");
+        Ok(script)
+    }
+}
+
+/// A node key signs off the async thread: a TPM or the helper blocks.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, crate::keys::KeyError> + Send + 'static,
+) -> Result<T, String> {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "the node key cannot sign");
+            Err("the site's node key cannot sign".to_owned())
+        }
+        Err(_) => Err("the site's node key cannot sign".to_owned()),
+    }
+}
+
+fn now_ms() -> i64 {
+    i64::try_from(clock::unix_ms(clock::now())).unwrap_or(i64::MAX)
+}

@@ -1,0 +1,294 @@
+//! `bcd site`, the real boot server: a site node runs it, the test plays
+//! iPXE (a plain HTTP GET of /boot.ipxe for a MAC) and boots the script's
+//! command line with `bcd ramdisk`; a standby site node takes over when
+//! the holder dies.
+
+use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+use std::net::TcpStream;
+use std::process::{Child, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use crate::discovery::{
+    assert_refused_as, boot_add, boot_state, cmdline, site, Machine, SiteNode, MAC, UUID,
+};
+use crate::harness::*;
+
+const KERNEL: &[u8] = b"not a kernel, but served as one";
+/// 30 bytes, not a multiple of 4: the appended archive needs 2 of padding.
+const INITRD: &[u8] = b"070701 an initrd of 30 bytes..";
+
+/// A running `bcd site` of a site node, its log lines as they come.
+struct BootServer {
+    child: Child,
+    port: u16,
+    lines: mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl BootServer {
+    fn start(node: &SiteNode) -> BootServer {
+        let dir = node.agent.root.path().join("ramdisk");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("vmlinuz"), KERNEL).unwrap();
+        std::fs::write(dir.join("initrd"), INITRD).unwrap();
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let mut config = std::fs::read_to_string(&node.agent.config).unwrap();
+        if !config.contains("[site]") {
+            config.push_str(&format!(
+                "\n[node]\nbackoff_min = \"1s\"\nbackoff_max = \"1s\"\n\n[site]\nid = \"{}\"\nlisten = \"127.0.0.1:{port}\"\npublic_url = \"http://127.0.0.1:{port}/\"\nramdisk_dir = \"{}\"\nramdisk_api = \"https://guests.example:8443\"\n",
+                node.site_id,
+                dir.display()
+            ));
+            std::fs::write(&node.agent.config, &config).unwrap();
+        }
+        let port = config
+            .lines()
+            .find_map(|l| l.strip_prefix("listen = \"127.0.0.1:"))
+            .and_then(|p| p.trim_end_matches('"').parse().ok())
+            .unwrap();
+        let mut child = node
+            .agent
+            .command(&["site"])
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start bcd site");
+        let stderr = child.stderr.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        BootServer {
+            child,
+            port,
+            lines,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Waits for a log line containing `text` (bounded: a minute).
+    #[track_caller]
+    fn wait_for(&mut self, text: &str) -> String {
+        if let Some(l) = self.seen.iter().find(|l| l.contains(text)) {
+            return l.clone();
+        }
+        loop {
+            match self.lines.recv_timeout(Duration::from_secs(60)) {
+                Ok(line) => {
+                    self.seen.push(line.clone());
+                    if line.contains(text) {
+                        return line;
+                    }
+                }
+                Err(_) => panic!(
+                    "bcd site never logged {text:?}; it logged:\n{}",
+                    self.seen.join("\n")
+                ),
+            }
+        }
+    }
+
+    /// Log lines so far containing `text`.
+    fn count(&mut self, text: &str) -> usize {
+        while let Ok(line) = self.lines.try_recv() {
+            self.seen.push(line);
+        }
+        self.seen.iter().filter(|l| l.contains(text)).count()
+    }
+
+    /// A GET as iPXE sends it: (status, body).
+    fn get(&self, target: &str) -> (u16, Vec<u8>) {
+        let mut s = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        write!(
+            s,
+            "GET {target} HTTP/1.1\r\nHost: site\r\nUser-Agent: iPXE/1.21\r\n\r\n"
+        )
+        .unwrap();
+        let mut answer = Vec::new();
+        s.read_to_end(&mut answer).unwrap();
+        let end = answer.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+        let head = String::from_utf8_lossy(&answer[..end]).into_owned();
+        let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+        (status, answer[end + 4..].to_vec())
+    }
+
+    fn script(&self, mac: &str) -> String {
+        let (status, body) = self.get(&format!(
+            "/boot.ipxe?mac={}&uuid={UUID}",
+            mac.replace(':', "%3A")
+        ));
+        assert_eq!(status, 200);
+        String::from_utf8(body).unwrap()
+    }
+}
+
+impl Drop for BootServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `bc.token=… bc.assertion=…` from a boot script's kernel line.
+fn boot_cmdline(script: &str) -> String {
+    let kernel = script
+        .lines()
+        .find(|l| l.starts_with("kernel "))
+        .unwrap_or_else(|| panic!("no kernel line in\n{script}"));
+    let value = |key: &str| {
+        kernel
+            .split(' ')
+            .find_map(|w| w.strip_prefix(key))
+            .unwrap_or_else(|| panic!("no {key} in {kernel}"))
+            .to_owned()
+    };
+    cmdline(&value("bc.token="), &value("bc.assertion="))
+}
+
+/// `epoch=N` of a log line.
+fn epoch_of(line: &str) -> u64 {
+    line.split("epoch=")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|e| e.parse().ok())
+        .unwrap_or_else(|| panic!("no epoch in {line}"))
+}
+
+#[track_caller]
+fn assert_exit_script(script: &str) {
+    assert!(script.starts_with("#!ipxe"), "{script}");
+    assert!(script.contains("\nexit 1"), "{script}");
+    assert!(!script.contains("bc.token"), "{script}");
+}
+
+#[test]
+fn a_machine_pxe_booted_by_bcd_site_joins() {
+    let cp = ControlPlane::start();
+    let site_id = site(&cp, "dc1");
+    let node = SiteNode::join(&cp, &site_id);
+    let mut server = BootServer::start(&node);
+    server.wait_for("boot lease acquired");
+    let wf = boot_add(&cp, "dc1", MAC, &["--product-uuid", UUID]);
+
+    // Unknown MAC: the exit script, nothing signed.
+    assert_exit_script(&server.script("52:54:00:00:00:99"));
+    assert_exit_script(&String::from_utf8(server.get("/boot.ipxe?uuid=x").1).unwrap());
+    assert_eq!(server.count("discovery assertion signed"), 0);
+
+    let script = server.script(MAC);
+    let base = format!("http://127.0.0.1:{}", server.port);
+    assert!(
+        script.contains(&format!("kernel {base}/ramdisk/vmlinuz ")),
+        "{script}"
+    );
+    assert!(
+        script.contains(&format!("initrd {base}/ramdisk/initrd")),
+        "{script}"
+    );
+    // One assertion for one script (the log line may trail the answer).
+    server.wait_for("boot script rendered: boot");
+    assert_eq!(server.count("discovery assertion signed"), 1);
+    assert_eq!(boot_state(&cp, &wf), "vouched");
+
+    let machine = Machine::new(&cp, MAC, UUID);
+    let out = machine.boot(&boot_cmdline(&script));
+    assert_ok(&out);
+    assert_eq!(machine.agent.status_json()["role"], "ramdisk");
+    assert_eq!(boot_state(&cp, &wf), "joined");
+    // A joined entry boots nothing more.
+    assert_exit_script(&server.script(MAC));
+
+    // The ramdisk: the kernel as it is, the initrd with the guests'
+    // configuration appended 4-byte aligned.
+    assert_eq!(server.get("/ramdisk/vmlinuz"), (200, KERNEL.to_vec()));
+    let (status, initrd) = server.get("/ramdisk/initrd");
+    assert_eq!(status, 200);
+    assert!(initrd.starts_with(INITRD));
+    assert_eq!(&initrd[INITRD.len()..INITRD.len() + 2], &[0, 0]);
+    assert_eq!(&initrd[INITRD.len() + 2..INITRD.len() + 8], b"070701");
+    let text = String::from_utf8_lossy(&initrd);
+    assert!(text.contains("etc/bcd/config.toml"));
+    assert!(
+        text.contains("api = \"https://guests.example:8443\""),
+        "{text}"
+    );
+    assert!(text.contains("join_signing_key"));
+    assert_eq!(server.get("/etc/passwd").0, 404);
+    // Bounded: a head past 8 KiB is refused; an idle connection holds up nobody.
+    let long = format!("/boot.ipxe?mac={MAC}&pad={}", "x".repeat(9000));
+    assert_eq!(server.get(&long).0, 431);
+    let _idle = TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+    assert_exit_script(&server.script("52:54:00:00:00:98"));
+
+    // bcd status shows the lease and the ramdisk.
+    let status = node.agent.status_json();
+    assert_eq!(status["site"]["siteId"], site_id.as_str());
+    assert_eq!(status["site"]["held"], true);
+    assert_eq!(status["site"]["initrdBytes"], initrd.len() as u64);
+    let line = stdout(&node.agent.run(&["status"]));
+    assert!(line.contains("boot lease held (epoch 1)"), "{line}");
+    let doctor = stdout(&node.agent.run(&["doctor"]));
+    assert!(
+        doctor.contains(&format!(
+            "vmlinuz {} bytes, initrd {} bytes",
+            KERNEL.len(),
+            INITRD.len()
+        )),
+        "{doctor}"
+    );
+    assert!(doctor.contains("held at epoch 1 until"), "{doctor}");
+}
+
+#[test]
+fn a_standby_site_node_takes_over_when_the_holder_dies() {
+    let cp = ControlPlane::start();
+    let site_id = site(&cp, "dc1");
+    let first = SiteNode::join(&cp, &site_id);
+    let second = SiteNode::join(&cp, &site_id);
+    let mut holder = BootServer::start(&first);
+    let acquired = holder.wait_for("boot lease acquired");
+    let mut standby = BootServer::start(&second);
+    standby.wait_for("standing by");
+    let wf = boot_add(&cp, "dc1", MAC, &[]);
+    // An entry that will have expired by the takeover.
+    let brief = "52:54:00:00:00:77";
+    boot_add(&cp, "dc1", brief, &["--not-after", "30s"]);
+
+    // The standby signs nothing.
+    assert_exit_script(&standby.script(MAC));
+    assert_eq!(standby.count("discovery assertion signed"), 0);
+    let stale = holder.script(MAC);
+
+    // The holder dies without releasing; its lease runs out (30 s TTL).
+    drop(holder);
+    assert_ok(&cp.cli(&["clock", "set", "--offset", "31s"]));
+    let taken = standby.wait_for("boot lease acquired");
+    assert_eq!(
+        second.agent.status_json()["site"]["epoch"],
+        epoch_of(&taken)
+    );
+    assert!(
+        epoch_of(&taken) > epoch_of(&acquired),
+        "{acquired} / {taken}"
+    );
+
+    // The dead holder's assertion vouches for nothing now.
+    let machine = Machine::new(&cp, MAC, UUID);
+    assert_refused_as(&cp, &machine.boot(&boot_cmdline(&stale)), "lease-not-held");
+    machine.agent.assert_nothing_written();
+    // An expired entry boots nothing.
+    assert_exit_script(&standby.script(brief));
+    assert_eq!(standby.count("discovery assertion signed"), 0);
+    // The new holder serves the next boot of the same entry.
+    let fresh = standby.script(MAC);
+    assert_ok(&machine.boot(&boot_cmdline(&fresh)));
+    assert_eq!(boot_state(&cp, &wf), "joined");
+}
