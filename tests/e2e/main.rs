@@ -39,6 +39,8 @@ mod reclaim;
 mod refusals;
 mod replay;
 mod reset;
+// Reuses discovery's helpers (and its fake sysfs).
+#[cfg(feature = "failpoints")]
 mod site;
 mod tpm;
 mod tpmcount;
