@@ -199,7 +199,7 @@ async fn renew_handler(
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Response {
     let source = addr.map(|Extension(p)| p.0.ip());
-    let leaf = peer.and_then(|Extension(p)| p.0.first().map(|c| c.as_ref().to_vec()));
+    let leaf = client_leaf(peer);
     call_service("renew", &gate, source, &headers, body, move |body| {
         service
             .renew_bytes(leaf.as_deref(), body)
@@ -219,7 +219,7 @@ async fn site_handler<const CALL: u8>(
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Response {
     let source = addr.map(|Extension(p)| p.0.ip());
-    let leaf = peer.and_then(|Extension(p)| p.0.first().map(|c| c.as_ref().to_vec()));
+    let leaf = client_leaf(peer);
     call_service("site", &gate, source, &headers, body, move |body| {
         let leaf = leaf.as_deref();
         match CALL {
@@ -230,6 +230,11 @@ async fn site_handler<const CALL: u8>(
         }
     })
     .await
+}
+
+/// The TLS client's leaf certificate (DER), the caller of the mTLS endpoints.
+fn client_leaf(peer: Option<Extension<PeerCertificates>>) -> Option<Vec<u8>> {
+    peer.and_then(|Extension(p)| p.0.first().map(|c| c.as_ref().to_vec()))
 }
 
 /// What every endpoint does around its service call: checks the content

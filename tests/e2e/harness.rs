@@ -717,20 +717,25 @@ pub struct InProcessServer {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
+/// A runtime for an in-process server and a listener on a free loopback
+/// port (bound in that runtime), with the port.
+fn loopback_runtime(workers: usize) -> (tokio::runtime::Runtime, tokio::net::TcpListener, u16) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .expect("bind");
+    let port = listener.local_addr().expect("local addr").port();
+    (rt, listener, port)
+}
+
 impl InProcessServer {
     pub fn start(tls: std::sync::Arc<rustls::ServerConfig>, router: axum::Router) -> Self {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("runtime");
-        let listener = rt
-            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-            .expect("bind");
-        let url = format!(
-            "https://127.0.0.1:{}",
-            listener.local_addr().expect("local addr").port()
-        );
+        let (rt, listener, port) = loopback_runtime(2);
+        let url = format!("https://127.0.0.1:{port}");
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         rt.spawn(bc_controlplane::http::serve(listener, tls, router, async {
             let _ = stopped.await;
@@ -764,18 +769,8 @@ pub struct PlainServer {
 
 impl PlainServer {
     pub fn start(router: axum::Router) -> Self {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .expect("runtime");
-        let listener = rt
-            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-            .expect("bind");
-        let url = format!(
-            "http://127.0.0.1:{}",
-            listener.local_addr().expect("local addr").port()
-        );
+        let (rt, listener, port) = loopback_runtime(1);
+        let url = format!("http://127.0.0.1:{port}");
         rt.spawn(async move { axum::serve(listener, router).await });
         PlainServer { url, rt: Some(rt) }
     }
