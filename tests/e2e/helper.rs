@@ -62,7 +62,7 @@ impl Machine {
 
     /// `bcd ARGS --config node.toml` as `uid` (the node's user by default).
     fn as_user(&self, uid: u32, args: &[&str]) -> Command {
-        let mut cmd = Command::new(bin("bcd"));
+        let mut cmd = Command::new(bcd_for_any_user());
         cmd.args(args)
             .arg("--config")
             .arg(&self.node_config)
@@ -566,4 +566,21 @@ fn a_socket_activated_helper_serves_the_node() {
         "{:#?}",
         helper.seen
     );
+}
+
+/// `bcd`, copied once into a directory every user may enter: the build's own
+/// may sit under a 0700 directory (a `mktemp -d` clone), which the node's
+/// user cannot reach.
+fn bcd_for_any_user() -> &'static std::path::Path {
+    use std::os::unix::fs::PermissionsExt;
+    static COPY: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    COPY.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("bcd-e2e-bin-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a directory for bcd");
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let copy = dir.join("bcd");
+        std::fs::copy(bin("bcd"), &copy).expect("copy bcd");
+        std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        copy
+    })
 }
