@@ -9,7 +9,7 @@ use bc_wire::site_v1::LeaseResponse;
 use time::OffsetDateTime;
 use tokio::sync::watch;
 
-use crate::client::{Client, ClientError};
+use crate::client::ClientError;
 use crate::clock;
 use crate::node::Backoff;
 
@@ -61,7 +61,7 @@ fn ms_to_time(ms: i64) -> OffsetDateTime {
 
 /// Holds the lease of `site_id` until `shutdown` changes, then releases it.
 pub struct Holder {
-    client: std::sync::Arc<Client>,
+    identity: std::sync::Arc<super::identity::NodeIdentity>,
     site_id: String,
     tx: watch::Sender<Option<Held>>,
     backoff: Backoff,
@@ -70,7 +70,7 @@ pub struct Holder {
 
 impl Holder {
     pub fn new(
-        client: std::sync::Arc<Client>,
+        identity: std::sync::Arc<super::identity::NodeIdentity>,
         site_id: String,
         backoff: Backoff,
         state: super::state::StateFile,
@@ -78,7 +78,7 @@ impl Holder {
         let (tx, rx) = watch::channel(None);
         (
             Holder {
-                client,
+                identity,
                 site_id,
                 tx,
                 backoff,
@@ -103,9 +103,10 @@ impl Holder {
     async fn step(&mut self) -> Duration {
         let now = clock::now();
         let current = (*self.tx.borrow()).filter(|h| now < h.expires_at);
+        let client = self.identity.current().await.client.clone();
         let answer = match current {
-            Some(h) => self.client.renew_lease(&self.site_id, h.epoch).await,
-            None => self.client.acquire_lease(&self.site_id).await,
+            Some(h) => client.renew_lease(&self.site_id, h.epoch).await,
+            None => client.acquire_lease(&self.site_id).await,
         };
         match answer {
             Ok(resp) => match after_answer(&resp, clock::now()) {
@@ -147,7 +148,14 @@ impl Holder {
     async fn release(&self) {
         let Some(h) = *self.tx.borrow() else { return };
         self.publish(None);
-        match self.client.release_lease(&self.site_id, h.epoch).await {
+        match self
+            .identity
+            .current()
+            .await
+            .client
+            .release_lease(&self.site_id, h.epoch)
+            .await
+        {
             Ok(_) => {
                 tracing::info!(site_id = %self.site_id, epoch = h.epoch, "boot lease released")
             }

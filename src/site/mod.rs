@@ -9,6 +9,7 @@
 
 pub mod cpio;
 pub mod http;
+pub mod identity;
 pub mod image;
 pub mod lease;
 pub mod render;
@@ -20,12 +21,8 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::{anyhow, Context as _};
-use bc_wire::agent::Role;
 
-use crate::client::Client;
 use crate::config::{Config, ConfigArg};
-use crate::identity::Identity;
-use crate::keys::TpmAccess;
 use crate::node::Backoff;
 
 #[derive(clap::Args, Debug)]
@@ -44,29 +41,9 @@ pub fn run(args: SiteArgs) -> anyhow::Result<ExitCode> {
         )
     })?;
     crate::helper::trust_node_user(&config)?;
-    let tpm = TpmAccess::for_node(&config);
-    let identity = match Identity::load(&config.data_dir, &tpm) {
-        Ok(Some(id)) => id,
-        Ok(None) => {
-            return Err(anyhow!(
-                "not joined (no identity in {}); join first: bcd join --role site",
-                config.data_dir.display()
-            ))
-        }
-        Err(e) => return Err(anyhow::Error::new(e).context("the identity does not load")),
-    };
-    if identity.role != Role::Site {
-        return Err(anyhow!(
-            "this node joined as role {}; bcd site runs on a site node (bcd join --role site with a site token)",
-            identity.role.name()
-        ));
-    }
+    let config = Arc::new(config);
+    let identity = Arc::new(identity::NodeIdentity::load(config.clone())?);
     let image = image::Image::prepare(&config, path, &settings.ramdisk_dir)?;
-    let client = Arc::new(Client::with_identity(
-        &config,
-        &identity.chain,
-        identity.key.clone(),
-    )?);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -88,10 +65,10 @@ pub fn run(args: SiteArgs) -> anyhow::Result<ExitCode> {
             },
         };
         let (holder, view) =
-            lease::Holder::new(client.clone(), settings.id.clone(), backoff, state);
+            lease::Holder::new(identity.clone(), settings.id.clone(), backoff, state);
         tracing::info!(
             site_id = %settings.id,
-            node_id = %identity.node_id,
+            node_id = %identity.current().await.node_id,
             listen = %listener.local_addr().map_or(settings.listen, |a| a),
             public_url = %settings.public_url,
             initrd_bytes = image.initrd.total(),
@@ -99,9 +76,7 @@ pub fn run(args: SiteArgs) -> anyhow::Result<ExitCode> {
         );
         let site = Arc::new(service::Site {
             settings,
-            node_id: identity.node_id.clone(),
-            key: identity.key.clone(),
-            client,
+            identity,
             lease: view,
             image,
         });

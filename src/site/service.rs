@@ -8,13 +8,13 @@ use std::sync::Arc;
 use bc_wire::site;
 use bc_wire::site_v1::SecretRequestBody;
 
+use super::identity::NodeIdentity;
 use super::image::{Image, Served};
 use super::lease::LeaseView;
 use super::render::{self, BootQuery, Vouch};
 use super::settings::SiteSettings;
-use crate::client::{Client, ClientError};
+use crate::client::ClientError;
 use crate::clock;
-use crate::keys::NodeKey;
 
 /// What a request gets.
 #[derive(Debug)]
@@ -27,9 +27,8 @@ pub enum Response {
 /// Everything a request needs, shared by all connections.
 pub struct Site {
     pub settings: SiteSettings,
-    pub node_id: String,
-    pub key: Arc<dyn NodeKey>,
-    pub client: Arc<Client>,
+    /// Re-read when `bcd node` renews it.
+    pub identity: Arc<NodeIdentity>,
     pub lease: LeaseView,
     pub image: Image,
 }
@@ -68,16 +67,18 @@ impl Site {
             .lease
             .held(clock::now())
             .ok_or("this site node does not hold the boot lease")?;
+        // One generation of the identity for the whole script.
+        let me = self.identity.current().await;
         let body = SecretRequestBody {
-            node_id: self.node_id.clone(),
+            node_id: me.node_id.clone(),
             site_id: site_id.clone(),
             workflow_id: String::new(),
             issued_at_unix_ms: now_ms(),
             mac: q.mac.clone(),
         };
-        let key = self.key.clone();
+        let key = me.key.clone();
         let req = blocking(move || site::sign_secret_request(&body, |m| key.sign(m))).await?;
-        let secret = match self.client.get_secret(&req).await {
+        let secret = match me.client.get_secret(&req).await {
             Ok(s) => s,
             Err(ClientError::AccessDenied) => {
                 return Err(format!("no open boot entry for {} at this site", q.mac))
@@ -94,7 +95,7 @@ impl Site {
         }
         let assertion = render::assertion(&Vouch {
             site_id,
-            node_id: &self.node_id,
+            node_id: &me.node_id,
             epoch: held.epoch,
             query: q,
             ip: q.ip.unwrap_or(peer),
@@ -102,7 +103,7 @@ impl Site {
             entry_not_after_ms: secret.not_after_unix_ms,
             now_ms: now_ms(),
         });
-        let key = self.key.clone();
+        let key = me.key.clone();
         let kid = key.kid();
         let signed =
             blocking(move || site::sign_assertion(&assertion, kid, |m| key.sign(m))).await?;

@@ -303,6 +303,53 @@ fn malformed_command_lines_send_nothing() {
     assert!(cp.refusal_reasons().is_empty(), "nothing was sent");
 }
 
+/// Evidence that bcd ramdisk would never send (it parses its command line
+/// first), sent raw over HTTPS: `assertion-malformed`, before any token is
+/// looked at.
+#[test]
+fn a_malformed_assertion_is_refused_by_name() {
+    let cp = ControlPlane::start();
+    let machine = Machine::new(&cp, MAC, UUID);
+    let config = bcd::config::Config::load(&machine.agent.config).unwrap();
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let csr = rcgen::CertificateParams::default()
+        .serialize_request(&key)
+        .unwrap()
+        .der()
+        .to_vec();
+    // Not protobuf; a SignedDiscoveryAssertion with no body; one whose body
+    // is not a DiscoveryAssertion.
+    let empty = bc_wire::site_v1::SignedDiscoveryAssertion::default();
+    let not_a_body = bc_wire::site_v1::SignedDiscoveryAssertion {
+        assertion: vec![0xff; 7],
+        ..Default::default()
+    };
+    for attestation in [
+        vec![0xff, 0xff, 0xff],
+        prost::Message::encode_to_vec(&empty),
+        prost::Message::encode_to_vec(&not_a_body),
+    ] {
+        let req = bc_wire::agent::JoinRequest {
+            csr: csr.clone(),
+            role: bc_wire::agent::Role::Ramdisk as i32,
+            attestor: "discovery".into(),
+            attestation,
+            ..Default::default()
+        };
+        let answer = block_on(Client::new(&config).unwrap().join(&req));
+        assert!(
+            matches!(answer, Err(ClientError::AccessDenied)),
+            "{:?}",
+            answer.err()
+        );
+        assert_eq!(
+            cp.refusal_reasons().last().map(String::as_str),
+            Some("assertion-malformed")
+        );
+    }
+    assert_eq!(cp.refusal_reasons().len(), 3);
+}
+
 /// Every refusal of the attestor, of the lease and of the SecretRequest,
 /// each naming its reason in the control plane's events.
 #[test]

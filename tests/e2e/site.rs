@@ -77,19 +77,23 @@ impl BootServer {
     /// Waits for a log line containing `text` (bounded: a minute).
     #[track_caller]
     fn wait_for(&mut self, text: &str) -> String {
-        if let Some(l) = self.seen.iter().find(|l| l.contains(text)) {
-            return l.clone();
-        }
+        self.wait_for_nth(text, 1)
+    }
+
+    /// Waits for the `n`th log line containing `text` (bounded: a minute in
+    /// all, however chatty the server is meanwhile).
+    #[track_caller]
+    fn wait_for_nth(&mut self, text: &str, n: usize) -> String {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
         loop {
-            match self.lines.recv_timeout(Duration::from_secs(60)) {
-                Ok(line) => {
-                    self.seen.push(line.clone());
-                    if line.contains(text) {
-                        return line;
-                    }
-                }
+            if let Some(l) = self.seen.iter().filter(|l| l.contains(text)).nth(n - 1) {
+                return l.clone();
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => self.seen.push(line),
                 Err(_) => panic!(
-                    "bcd site never logged {text:?}; it logged:\n{}",
+                    "bcd site never logged {text:?} {n} times; it logged:\n{}",
                     self.seen.join("\n")
                 ),
             }
@@ -290,5 +294,43 @@ fn a_standby_site_node_takes_over_when_the_holder_dies() {
     // The new holder serves the next boot of the same entry.
     let fresh = standby.script(MAC);
     assert_ok(&machine.boot(&boot_cmdline(&fresh)));
+    assert_eq!(boot_state(&cp, &wf), "joined");
+}
+
+/// bcd node renews the site node beside a running bcd site; the site's
+/// first certificate then runs out. A site that kept its first identity
+/// could no longer hold the lease nor vouch (mTLS and the signer check both
+/// refuse an expired certificate).
+#[test]
+fn bcd_site_follows_its_node_key_when_bcd_node_renews_it() {
+    // A short lease, so that its loss is noticed in a second.
+    let cp = ControlPlane::start_with_config("[discovery]\nlease_ttl = \"3s\"\n");
+    let site_id = site(&cp, "dc1");
+    // Joined 23 h 59 m 30 s ago: its certificate runs out in 30 seconds.
+    assert_ok(&cp.cli(&["clock", "set", "--offset", "-86370s"]));
+    let node = SiteNode::join(&cp, &site_id);
+    assert_ok(&cp.cli(&["clock", "set", "--offset", "0s"]));
+    let mut server = BootServer::start(&node);
+    let first = server.wait_for("boot lease acquired");
+    let before = node.identity();
+
+    // Past its renewal point, `bcd node` renews: a next key, a certificate
+    // for the next 24 h.
+    assert_ok(&node.agent.run(&["node", "--once"]));
+    let after = node.identity();
+    assert_ne!(before.chain[0], after.chain[0], "bcd node did not renew");
+
+    // 35 seconds on (within what a SecretRequest may lag), the first
+    // certificate has expired, and the lease with it: the site takes the
+    // lease again over its renewed certificate …
+    assert_ok(&cp.cli(&["clock", "set", "--offset", "35s"]));
+    let again = server.wait_for_nth("boot lease acquired", 2);
+    assert!(epoch_of(&again) > epoch_of(&first), "{first} / {again}");
+    assert!(server.count("identity reloaded") >= 1);
+    // … and vouches with its renewed key: the machine joins.
+    let wf = boot_add(&cp, "dc1", MAC, &[]);
+    let script = server.script(MAC);
+    let machine = Machine::new(&cp, MAC, UUID);
+    assert_ok(&machine.boot(&boot_cmdline(&script)));
     assert_eq!(boot_state(&cp, &wf), "joined");
 }
