@@ -630,6 +630,36 @@ mod tests {
         assert!(e.contains("expected 1 to 64 certificates"), "{e}");
         let e = parse("[cloud_iid]\nmax_age = \"2h\"\n").unwrap_err();
         assert!(e.contains("from 1m to 1h"), "{e}");
+        // Azure: roots required, the signer name defaulted, the audience needed.
+        let azure = |t: &str| {
+            parse(&format!(
+                "[cloud_iid]\naudience = \"x\"\n[cloud_iid.azure]\n{t}"
+            ))
+        };
+        let a = azure("roots = \"cloud-aws.pem\"\n")
+            .unwrap()
+            .cloud_iid
+            .azure
+            .unwrap();
+        assert_eq!((a.roots.len(), a.intermediates.len()), (1, 0));
+        assert_eq!(a.signer, "metadata.azure.com");
+        let a = azure("roots = \"cloud-aws.pem\"\nintermediates = \"cloud-aws.pem\"\nsigner = \"metadata.azure.us\"\n")
+            .unwrap()
+            .cloud_iid
+            .azure
+            .unwrap();
+        assert_eq!(
+            (a.intermediates.len(), a.signer.as_str()),
+            (1, "metadata.azure.us")
+        );
+        let e = azure("roots = \"cloud-gcp-jwks.json\"\n").unwrap_err();
+        assert!(
+            e.contains(":4: cloud_iid.azure:") && e.contains("expected 1 to 64"),
+            "{e}"
+        );
+        assert!(azure("signer = \"x\"\n").unwrap_err().contains("roots"));
+        let e = parse("[cloud_iid.azure]\nroots = \"cloud-aws.pem\"\n").unwrap_err();
+        assert!(e.contains("cloud_iid.audience is required"), "{e}");
     }
 
     #[test]

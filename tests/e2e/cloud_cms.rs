@@ -450,8 +450,5 @@ fn aws_pkcs7_documents_are_accepted_and_a_bad_signature_refused() {
     assert!(join_with(sign(&doc, "cloud-aws.key")).is_ok());
     assert_eq!(cp.nodes().len(), 1);
     assert!(denied(join_with(sign(&doc, "cloud-aws.key"))));
-    assert_eq!(
-        cp.refusal_reasons(),
-        ["cloud-signature", "instance-reused"]
-    );
+    assert_eq!(cp.refusal_reasons(), ["cloud-signature", "instance-reused"]);
 }

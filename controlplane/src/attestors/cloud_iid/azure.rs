@@ -39,7 +39,11 @@ pub struct AzureTrust {
 impl AzureTrust {
     /// Reads the PEM bundles (`intermediates` optional: Azure's signer
     /// certificate may not carry its issuer).
-    pub fn load(roots: &Path, intermediates: Option<&Path>, signer: String) -> Result<Self, String> {
+    pub fn load(
+        roots: &Path,
+        intermediates: Option<&Path>,
+        signer: String,
+    ) -> Result<Self, String> {
         Ok(AzureTrust {
             roots: chain::load_bundle(roots)?,
             intermediates: intermediates
@@ -84,7 +88,12 @@ pub fn verify(
         .chain(&trust.intermediates)
         .map(Vec::as_slice)
         .collect();
-    if !chain::verify(cert, &intermediates, &trust.roots, fresh.now.div_euclid(1000)) {
+    if !chain::verify(
+        cert,
+        &intermediates,
+        &trust.roots,
+        fresh.now.div_euclid(1000),
+    ) {
         return Err(CLOUD_CHAIN);
     }
     if !chain::names(cert, &trust.signer) {
@@ -113,7 +122,9 @@ fn time_stamp(s: &str) -> Option<i64> {
     let nums = |s: &str, sep: char| -> Option<Vec<u8>> {
         let v: Vec<u8> = s
             .split(sep)
-            .map(|p| (p.len() == 2 && p.bytes().all(|b| b.is_ascii_digit())).then(|| p.parse().ok())?)
+            .map(|p| {
+                (p.len() == 2 && p.bytes().all(|b| b.is_ascii_digit())).then(|| p.parse().ok())?
+            })
             .collect::<Option<_>>()?;
         (v.len() == 3).then_some(v)
     };
@@ -140,8 +151,14 @@ mod tests {
 
     #[test]
     fn time_stamps() {
-        assert_eq!(time_stamp("11/30/20 21:19:19 -0000"), Some(1_606_771_159_000));
-        assert_eq!(time_stamp("11/30/20 22:19:19 +0100"), Some(1_606_771_159_000));
+        assert_eq!(
+            time_stamp("11/30/20 21:19:19 -0000"),
+            Some(1_606_771_159_000)
+        );
+        assert_eq!(
+            time_stamp("11/30/20 22:19:19 +0100"),
+            Some(1_606_771_159_000)
+        );
         for bad in [
             "",
             "11/30/20",

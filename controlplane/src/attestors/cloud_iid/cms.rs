@@ -257,7 +257,11 @@ mod tests {
 
     #[test]
     fn openssl_messages_verify_with_and_without_signed_attributes() {
-        for (name, sample) in [("attrs", SIGNED_ATTRS), ("noattr", NO_ATTRS), ("stream", STREAMED)] {
+        for (name, sample) in [
+            ("attrs", SIGNED_ATTRS),
+            ("noattr", NO_ATTRS),
+            ("stream", STREAMED),
+        ] {
             let s = Signed::from_der(sample).unwrap_or_else(|e| panic!("{name}: {e}"));
             assert_eq!(s.content(), CONTENT, "{name}");
             assert_eq!(s.signer_cert(), Some(&signer_der()[..]), "{name}");

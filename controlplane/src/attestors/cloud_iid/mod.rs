@@ -25,7 +25,7 @@ pub mod aws;
 pub mod azure;
 mod ber;
 mod chain;
-mod cms;
+pub mod cms;
 pub mod gcp;
 pub mod resolve;
 
