@@ -210,6 +210,8 @@ struct AzMint {
     wrong_digest: bool,
     /// Served as the signature as is.
     raw: Option<String>,
+    /// The answer's `encoding`.
+    encoding: &'static str,
     subscription: String,
     vm_id: String,
 }
@@ -223,6 +225,7 @@ impl Default for AzMint {
             nonce: None,
             wrong_digest: false,
             raw: None,
+            encoding: "pkcs7",
             subscription: "8d10da13-8125-4ba9-a717-bf7490507b3d".into(),
             vm_id: "02aab8a4-74ef-476e-8182-f6d2ba4166a6".into(),
         }
@@ -294,7 +297,7 @@ fn azure_metadata_server(mint: Arc<Mutex<AzMint>>, pki: Arc<Pki>) -> PlainServer
             }
             let nonce = param("nonce").unwrap_or_default();
             let m = mint.lock().expect("mint").clone();
-            let body = json!({ "encoding": "pkcs7", "signature": attested(&m, &pki, &nonce) });
+            let body = json!({ "encoding": m.encoding, "signature": attested(&m, &pki, &nonce) });
             (StatusCode::OK, body.to_string())
         }
     };
@@ -365,6 +368,18 @@ fn an_azure_vm_joins_once_with_its_attested_document_and_every_bad_one_is_refuse
     set(&|m| m.raw = Some(B64.encode(b"\x30\x03\x02\x01\x01")));
     assert_refused(&cp, &vm1, "cloud-malformed");
     assert!(cp.nodes().is_empty(), "no refusal admitted anything");
+    // Not the answer bcd asked for: it says so and sends nothing.
+    let refusals = cp.refusal_reasons().len();
+    set(&|m| m.encoding = "json");
+    let out = join(&vm1);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("Azure: cannot fetch the identity document")
+            && stderr(&out).contains("encoding is not pkcs7"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(cp.refusal_reasons().len(), refusals);
 
     set(&|_| {});
     let out = join(&vm1);
