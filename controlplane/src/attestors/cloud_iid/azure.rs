@@ -20,10 +20,10 @@ use std::path::Path;
 use serde::Deserialize;
 
 use super::cms::Signed;
-use super::{chain, CloudIdentity, Freshness, CLOUD_AUDIENCE, CLOUD_MALFORMED};
+use super::{
+    chain, CloudIdentity, Freshness, CLOUD_AUDIENCE, CLOUD_CHAIN, CLOUD_MALFORMED, CLOUD_SIGNER,
+};
 
-pub const CLOUD_CHAIN: &str = "cloud-chain";
-pub const CLOUD_SIGNER: &str = "cloud-signer";
 /// The name Azure's attested documents are signed with (public cloud).
 pub const DEFAULT_SIGNER: &str = "metadata.azure.com";
 

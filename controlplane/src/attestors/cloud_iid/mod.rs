@@ -43,6 +43,11 @@ pub const CLOUD_MALFORMED: &str = "cloud-malformed";
 pub const CLOUD_UNKNOWN_PROVIDER: &str = "cloud-unknown-provider";
 pub const CLOUD_SIGNATURE: &str = "cloud-signature";
 pub const CLOUD_ISSUER: &str = "cloud-issuer";
+/// Azure: the signer certificate does not chain to a configured root, or a
+/// certificate on the path is outside its validity.
+pub const CLOUD_CHAIN: &str = "cloud-chain";
+/// Azure: the signer certificate does not name the configured signer.
+pub const CLOUD_SIGNER: &str = "cloud-signer";
 pub const CLOUD_AUDIENCE: &str = "cloud-audience";
 pub const CLOUD_STALE: &str = "cloud-stale";
 pub const CLOUD_FUTURE: &str = "cloud-future";
