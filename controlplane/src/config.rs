@@ -40,6 +40,10 @@
 //! jwks = "gcp-jwks.json"            # Google's signing keys (JWKS), relative to DIR
 //! [cloud_iid.aws]
 //! certificates = "aws-certs.pem"    # AWS's RSA certificates of the regions you use, relative to DIR
+//! [cloud_iid.azure]                 # needs audience (the attested document's nonce is derived from it)
+//! roots = "azure-roots.pem"         # the CA roots Azure's signer certificate chains to, relative to DIR
+//! intermediates = "azure-int.pem"   # optional: issuers the document may not carry
+//! signer = "metadata.azure.com"     # the name the signer certificate must bear (this default)
 //! ```
 
 use std::collections::BTreeMap;
@@ -190,6 +194,15 @@ struct RawCloudIid {
     max_age: Option<Spanned<String>>,
     gcp: Option<RawCloudGcp>,
     aws: Option<RawCloudAws>,
+    azure: Option<RawCloudAzure>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCloudAzure {
+    roots: Spanned<String>,
+    intermediates: Option<Spanned<String>>,
+    signer: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -425,10 +438,31 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
             })?;
             config.cloud_iid.aws = Some(keys);
         }
-        if config.cloud_iid.gcp.is_some() && config.cloud_iid.audience.is_none() {
+        if let Some(a) = c.azure {
+            let dir = path.parent().unwrap_or(Path::new("."));
+            let err = |span, e: String| invalid(Some(span), format!("cloud_iid.azure: {e}"));
+            let signer = match a.signer {
+                Some(s) if s.get_ref().is_empty() || s.get_ref().len() > 253 => {
+                    return Err(err(s.span(), "signer must be a DNS name".to_owned()))
+                }
+                Some(s) => s.into_inner(),
+                None => crate::attestors::cloud_iid::azure::DEFAULT_SIGNER.to_owned(),
+            };
+            let intermediates = a.intermediates.as_ref().map(|i| dir.join(i.get_ref()));
+            let trust = crate::attestors::cloud_iid::azure::AzureTrust::load(
+                &dir.join(a.roots.get_ref()),
+                intermediates.as_deref(),
+                signer,
+            )
+            .map_err(|e| err(a.roots.span(), e))?;
+            config.cloud_iid.azure = Some(trust);
+        }
+        if (config.cloud_iid.gcp.is_some() || config.cloud_iid.azure.is_some())
+            && config.cloud_iid.audience.is_none()
+        {
             return Err(invalid(
                 None,
-                "cloud_iid.audience is required with [cloud_iid.gcp] (the api URL agents use)"
+                "cloud_iid.audience is required with [cloud_iid.gcp] or [cloud_iid.azure] (the api URL agents use)"
                     .to_owned(),
             ));
         }
@@ -596,6 +630,36 @@ mod tests {
         assert!(e.contains("expected 1 to 64 certificates"), "{e}");
         let e = parse("[cloud_iid]\nmax_age = \"2h\"\n").unwrap_err();
         assert!(e.contains("from 1m to 1h"), "{e}");
+        // Azure: roots required, the signer name defaulted, the audience needed.
+        let azure = |t: &str| {
+            parse(&format!(
+                "[cloud_iid]\naudience = \"x\"\n[cloud_iid.azure]\n{t}"
+            ))
+        };
+        let a = azure("roots = \"cloud-aws.pem\"\n")
+            .unwrap()
+            .cloud_iid
+            .azure
+            .unwrap();
+        assert_eq!((a.roots.len(), a.intermediates.len()), (1, 0));
+        assert_eq!(a.signer, "metadata.azure.com");
+        let a = azure("roots = \"cloud-aws.pem\"\nintermediates = \"cloud-aws.pem\"\nsigner = \"metadata.azure.us\"\n")
+            .unwrap()
+            .cloud_iid
+            .azure
+            .unwrap();
+        assert_eq!(
+            (a.intermediates.len(), a.signer.as_str()),
+            (1, "metadata.azure.us")
+        );
+        let e = azure("roots = \"cloud-gcp-jwks.json\"\n").unwrap_err();
+        assert!(
+            e.contains(":4: cloud_iid.azure:") && e.contains("expected 1 to 64"),
+            "{e}"
+        );
+        assert!(azure("signer = \"x\"\n").unwrap_err().contains("roots"));
+        let e = parse("[cloud_iid.azure]\nroots = \"cloud-aws.pem\"\n").unwrap_err();
+        assert!(e.contains("cloud_iid.audience is required"), "{e}");
     }
 
     #[test]

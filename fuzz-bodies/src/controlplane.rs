@@ -208,6 +208,29 @@ pub fn ek_cert(data: &[u8]) {
     let _ = ek::verify_ek(cert, public, roots, &[], fixtures::captured_at());
 }
 
+/// A CMS SignedData (Azure's attested document, AWS's PKCS#7 form), DER
+/// or BER: parsed, and its signature checked with the OpenSSL sample's
+/// signer key when it parses.
+pub fn cloud_cms(data: &[u8]) {
+    use bc_controlplane::attestors::cloud_iid::cms::Signed;
+    static SPKI: OnceLock<Vec<u8>> = OnceLock::new();
+    let spki = SPKI.get_or_init(|| {
+        let pem = include_bytes!("../../controlplane/testdata/cms/signer.pem");
+        let der = rustls_pemfile::certs(&mut &pem[..]).next();
+        let der = der
+            .and_then(Result::ok)
+            .map(|d| d.to_vec())
+            .unwrap_or_default();
+        x509_parser::parse_x509_certificate(&der)
+            .map(|(_, c)| c.tbs_certificate.subject_pki.raw.to_vec())
+            .unwrap_or_default()
+    });
+    if let Ok(signed) = Signed::from_der(data) {
+        let _ = signed.verify(spki);
+        let _ = (signed.content(), signed.signer_cert(), signed.certs());
+    }
+}
+
 /// The outcomes of a Join and a Renew on the harness, for the test that
 /// the seeds still reach past the checks the fixtures are made to pass.
 #[cfg(test)]

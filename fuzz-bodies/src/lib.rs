@@ -15,7 +15,7 @@ pub mod fixtures;
 mod wire;
 
 pub use agent::{bcd_config, identity_json, join_answer, renew_answer};
-pub use controlplane::{cp_config, ek_cert, join_request, renew_request};
+pub use controlplane::{cloud_cms, cp_config, ek_cert, join_request, renew_request};
 pub use wire::{join_token, sealed_token, tpm_wire, x509pop_evidence};
 
 /// A target's body.
@@ -36,6 +36,7 @@ pub const TARGETS: &[(&str, Body)] = &[
     ("bcd_config", bcd_config),
     ("cp_config", cp_config),
     ("ek_cert", ek_cert),
+    ("cloud_cms", cloud_cms),
 ];
 
 /// Splits an input into `N` parts: every part but the last is prefixed by

@@ -240,7 +240,7 @@ fn gcp_vm(cp: &ControlPlane, metadata_url: &str) -> Agent {
 }
 
 /// A VM with this DMI (sys_vendor, product_name, bios_vendor).
-fn vm(cp: &ControlPlane, metadata_url: &str, dmi_values: [&str; 3]) -> Agent {
+pub(crate) fn vm(cp: &ControlPlane, metadata_url: &str, dmi_values: [&str; 3]) -> Agent {
     let agent = Agent::new(cp);
     let dmi = agent.root.path().join("sys/class/dmi/id");
     std::fs::create_dir_all(&dmi).expect("dmi dir");
@@ -256,7 +256,7 @@ fn vm(cp: &ControlPlane, metadata_url: &str, dmi_values: [&str; 3]) -> Agent {
     agent
 }
 
-fn join(agent: &Agent) -> std::process::Output {
+pub(crate) fn join(agent: &Agent) -> std::process::Output {
     agent
         .command(&["join", "--attestor", "cloud-iid"])
         .env("BCD_SYSFS_ROOT", agent.root.path().join("sys"))
@@ -265,7 +265,7 @@ fn join(agent: &Agent) -> std::process::Output {
 }
 
 #[track_caller]
-fn assert_refused(cp: &ControlPlane, agent: &Agent, reason: &str) {
+pub(crate) fn assert_refused(cp: &ControlPlane, agent: &Agent, reason: &str) {
     let out = join(agent);
     assert_access_denied(&out);
     assert!(stderr(&out).contains("cloud-iid join"), "{}", stderr(&out));

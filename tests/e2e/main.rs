@@ -26,6 +26,7 @@ mod pcrbanks;
 // only a `--features bcd/failpoints` build honours; scripts/test builds so.
 // Reads the machine's claims from a fake sysfs (BCD_SYSFS_ROOT).
 #[cfg(feature = "failpoints")]
+mod cloud_cms;
 mod cloud_iid;
 #[cfg(feature = "failpoints")]
 mod discovery;

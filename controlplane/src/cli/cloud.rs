@@ -2,7 +2,7 @@
 //! identity document (cloud-iid), and into which pool.
 
 use anyhow::{bail, Context, Result};
-use bc_controlplane::attestors::cloud_iid::{resolve, AWS, GCP};
+use bc_controlplane::attestors::cloud_iid::{resolve, AWS, AZURE, GCP};
 use bc_controlplane::{db, pools};
 use clap::Subcommand;
 use serde_json::json;
@@ -25,13 +25,13 @@ pub enum ResolveCmd {
     Add {
         #[command(flatten)]
         dir: Dir,
-        /// The provider: gcp or aws.
-        #[arg(long, value_name = "P", value_parser = [GCP, AWS])]
+        /// The provider: gcp, aws or azure.
+        #[arg(long, value_name = "P", value_parser = [GCP, AWS, AZURE])]
         provider: String,
-        /// The account: the GCP project id, the AWS account id.
+        /// The account: the GCP project id, the AWS account id, the Azure subscription id.
         #[arg(long, value_name = "A", value_parser = parse_id)]
         account: String,
-        /// Only VMs in this zone (AWS: availability zone; else any zone of the account).
+        /// Only VMs in this zone (AWS: availability zone; Azure: the document's location; else any zone of the account).
         #[arg(long, value_name = "Z", value_parser = parse_id)]
         zone: Option<String>,
         /// The pool they join (else the default pool).

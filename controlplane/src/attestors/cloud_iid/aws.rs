@@ -3,6 +3,12 @@
 //! signature}`), verified with the per-region certificates AWS publishes
 //! (`[cloud_iid.aws] certificates`).
 //!
+//! The same document also comes as PKCS#7 (`/latest/dynamic/instance-
+//! identity/rsa2048`: a CMS SignedData carrying it, RSA-SHA256 by the same
+//! regional certificate, which it does not carry): evidence without
+//! `signature` is that form, checked by the [`super::cms`] verifier Azure
+//! uses, with the configured keys.
+//!
 //! The document has no issue time (it lasts the instance's life), so no
 //! age or audience applies: the once-ever use per instance is what stops a
 //! copy. Checked: the signature by a configured certificate's key
@@ -15,6 +21,7 @@ use base64::Engine;
 use rsa::pkcs8::DecodePublicKey;
 use serde::Deserialize;
 
+use super::cms::Signed;
 use super::{CloudIdentity, CLOUD_MALFORMED, CLOUD_SIGNATURE};
 
 /// The largest certificate bundle read (AWS publishes one per region).
@@ -69,7 +76,9 @@ pub fn verify(
     document: &str,
     signature: Option<&str>,
 ) -> Result<CloudIdentity, &'static str> {
-    let sig = signature.ok_or(CLOUD_MALFORMED)?;
+    let Some(sig) = signature else {
+        return verify_pkcs7(keys, document);
+    };
     // IMDS wraps the base64 at 64 columns.
     let sig: String = sig.chars().filter(|c| !c.is_ascii_whitespace()).collect();
     let sig = B64.decode(sig).map_err(|_| CLOUD_MALFORMED)?;
@@ -84,7 +93,26 @@ pub fn verify(
     if !verified {
         return Err(CLOUD_SIGNATURE);
     }
-    let doc: Document = serde_json::from_str(document).map_err(|_| CLOUD_MALFORMED)?;
+    identity(document.as_bytes())
+}
+
+/// The PKCS#7 form: the document is the SignedData's content.
+fn verify_pkcs7(keys: &AwsKeys, pkcs7: &str) -> Result<CloudIdentity, &'static str> {
+    let signed = Signed::from_base64(pkcs7)?;
+    for spki in &keys.spkis {
+        match signed.verify(spki) {
+            Ok(()) => return identity(signed.content()),
+            // Unsupported algorithms fail alike with every key.
+            Err(CLOUD_MALFORMED) => return Err(CLOUD_MALFORMED),
+            Err(_) => {}
+        }
+    }
+    Err(CLOUD_SIGNATURE)
+}
+
+/// The identity a verified document names.
+fn identity(document: &[u8]) -> Result<CloudIdentity, &'static str> {
+    let doc: Document = serde_json::from_slice(document).map_err(|_| CLOUD_MALFORMED)?;
     CloudIdentity::new(
         super::AWS,
         doc.account_id,

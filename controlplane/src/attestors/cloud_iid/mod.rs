@@ -5,11 +5,13 @@
 //! reason named; the transaction rolls back, so nothing is spent):
 //! 1. the evidence parses (`cloud-malformed`) and names a provider this
 //!    control plane has keys for (`cloud-unknown-provider`);
-//! 2. that provider's verifier (GCP; AWS checks the signature alone, see
-//!    [`aws`]): signature (`cloud-signature`), issuer
-//!    (`cloud-issuer`), audience = `[cloud_iid] audience`
-//!    (`cloud-audience`), issued less than `max_age` ago and not expired
-//!    (`cloud-stale`), not issued in the future (`cloud-future`);
+//! 2. that provider's verifier (GCP, [`azure`]; AWS checks the signature
+//!    alone, see [`aws`]): signature (`cloud-signature`), issuer
+//!    (`cloud-issuer`; Azure: certificate chain `cloud-chain` and signer
+//!    name `cloud-signer`), audience = `[cloud_iid] audience`
+//!    (`cloud-audience`; Azure: the nonce), issued less than `max_age` ago
+//!    and not expired (`cloud-stale`), not issued in the future
+//!    (`cloud-future`);
 //! 3. the (provider, account, instance) never admitted before
 //!    (`instance-reused`): a document is readable by any process on the VM,
 //!    so it must never mint a second node;
@@ -20,6 +22,10 @@
 //! lost its certificate re-joins with x509pop.
 
 pub mod aws;
+pub mod azure;
+mod ber;
+mod chain;
+pub mod cms;
 pub mod gcp;
 pub mod resolve;
 
@@ -31,12 +37,17 @@ use crate::db::UnixMs;
 use crate::uses;
 
 pub const CLOUD_IID: &str = "cloud-iid";
-pub use bc_wire::cloud_iid::{AWS, GCP};
+pub use bc_wire::cloud_iid::{AWS, AZURE, GCP};
 
 pub const CLOUD_MALFORMED: &str = "cloud-malformed";
 pub const CLOUD_UNKNOWN_PROVIDER: &str = "cloud-unknown-provider";
 pub const CLOUD_SIGNATURE: &str = "cloud-signature";
 pub const CLOUD_ISSUER: &str = "cloud-issuer";
+/// Azure: the signer certificate does not chain to a configured root, or a
+/// certificate on the path is outside its validity.
+pub const CLOUD_CHAIN: &str = "cloud-chain";
+/// Azure: the signer certificate does not name the configured signer.
+pub const CLOUD_SIGNER: &str = "cloud-signer";
 pub const CLOUD_AUDIENCE: &str = "cloud-audience";
 pub const CLOUD_STALE: &str = "cloud-stale";
 pub const CLOUD_FUTURE: &str = "cloud-future";
@@ -59,6 +70,7 @@ pub struct CloudIidConfig {
     pub max_age_ms: i64,
     pub gcp: Option<gcp::GcpKeys>,
     pub aws: Option<aws::AwsKeys>,
+    pub azure: Option<azure::AzureTrust>,
 }
 
 impl Default for CloudIidConfig {
@@ -68,6 +80,7 @@ impl Default for CloudIidConfig {
             max_age_ms: DEFAULT_MAX_AGE_MS,
             gcp: None,
             aws: None,
+            azure: None,
         }
     }
 }
@@ -76,7 +89,7 @@ impl Default for CloudIidConfig {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CloudIdentity {
     pub provider: &'static str,
-    /// GCP: the project id.
+    /// GCP: the project id; AWS: the account id; Azure: the subscription id.
     pub account: String,
     pub zone: String,
     pub instance: String,
@@ -152,6 +165,13 @@ impl CloudIidAttestor {
             AWS => {
                 let keys = self.config.aws.as_ref().ok_or(CLOUD_UNKNOWN_PROVIDER)?;
                 aws::verify(keys, &evidence.document, evidence.signature.as_deref())
+            }
+            AZURE => {
+                let (Some(trust), Some(audience)) = (&self.config.azure, &self.config.audience)
+                else {
+                    return Err(CLOUD_UNKNOWN_PROVIDER);
+                };
+                azure::verify(trust, &evidence.document, audience, &fresh)
             }
             _ => Err(CLOUD_UNKNOWN_PROVIDER),
         }
