@@ -24,10 +24,6 @@ use serde::Deserialize;
 use super::cms::Signed;
 use super::{CloudIdentity, CLOUD_MALFORMED, CLOUD_SIGNATURE};
 
-/// The largest certificate bundle read (AWS publishes one per region).
-const MAX_BUNDLE_LEN: u64 = 1024 * 1024;
-const MAX_CERTS: usize = 64;
-
 /// The public keys (SPKI DER) of the configured certificates.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AwsKeys {
@@ -37,28 +33,14 @@ pub struct AwsKeys {
 /// Reads a PEM bundle of RSA certificates; none, or one that is not RSA,
 /// is an error.
 pub fn load_certificates(file: &Path) -> Result<AwsKeys, String> {
-    let size = std::fs::metadata(file)
-        .map_err(|e| format!("{}: {e}", file.display()))?
-        .len();
-    if size > MAX_BUNDLE_LEN {
-        return Err(format!("{} is larger than 1 MiB", file.display()));
-    }
-    let bytes = std::fs::read(file).map_err(|e| format!("{}: {e}", file.display()))?;
     let mut spkis = Vec::new();
-    for der in rustls_pemfile::certs(&mut &bytes[..]) {
-        let der = der.map_err(|e| format!("{}: {e}", file.display()))?;
+    for der in super::chain::load_bundle(file)? {
         let (_, cert) = x509_parser::parse_x509_certificate(&der)
             .map_err(|e| format!("{}: a certificate does not parse: {e}", file.display()))?;
         let spki = cert.tbs_certificate.subject_pki.raw.to_vec();
         rsa::PublicKey::from_public_key_der(&spki)
             .map_err(|_| format!("{}: a certificate's key is not RSA", file.display()))?;
         spkis.push(spki);
-    }
-    if spkis.is_empty() || spkis.len() > MAX_CERTS {
-        return Err(format!(
-            "{}: expected 1 to {MAX_CERTS} certificates",
-            file.display()
-        ));
     }
     Ok(AwsKeys { spkis })
 }

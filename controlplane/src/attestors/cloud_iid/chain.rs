@@ -10,7 +10,7 @@ use x509_parser::time::ASN1Time;
 
 /// The largest bundle read.
 const MAX_BUNDLE_LEN: u64 = 1024 * 1024;
-pub const MAX_CERTS: usize = 64;
+const MAX_CERTS: usize = 64;
 /// Signer, intermediates, root: a longer path is refused.
 const MAX_DEPTH: usize = 4;
 
