@@ -397,13 +397,13 @@ fn an_azure_vm_joins_once_with_its_attested_document_and_every_bad_one_is_refuse
 }
 
 /// AWS's PKCS#7 form (`rsa2048`): bcd sends the document and its signature,
-/// so this sends a JoinRequest to the real JoinService on the control
-/// plane's database directly, as another agent could.
+/// so this sends the JoinRequest another agent could, over HTTPS through
+/// bcd's client.
 #[test]
 fn aws_pkcs7_documents_are_accepted_and_a_bad_signature_refused() {
-    use bc_controlplane::join::ApiError;
     use bc_wire::agent::{JoinRequest, Role};
     use bc_wire::cloud_iid::Evidence;
+    use bcd::client::{Client, ClientError};
 
     let cp = ControlPlane::start_with_config(&format!(
         "[cloud_iid.aws]\ncertificates = \"{}\"\n",
@@ -418,7 +418,13 @@ fn aws_pkcs7_documents_are_accepted_and_a_bad_signature_refused() {
         "--account",
         "111122223333",
     ]));
-    let svc = bc_controlplane::join::JoinService::open(cp.path()).expect("JoinService");
+    let agent = Agent::new(&cp);
+    let client =
+        Client::new(&bcd::config::Config::load(&agent.config).expect("config")).expect("client");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
     let aws_cert = {
         let pem = std::fs::read(fixture("cloud-aws.pem")).expect("cert");
         let first = rustls_pemfile::certs(&mut &pem[..]).next();
@@ -445,20 +451,20 @@ fn aws_pkcs7_documents_are_accepted_and_a_bad_signature_refused() {
             document: pkcs7,
             signature: None,
         };
-        svc.join(JoinRequest {
+        runtime.block_on(client.join(&JoinRequest {
             csr,
             role: Role::Node as i32,
             attestor: "cloud-iid".into(),
             attestation: evidence.to_json(),
             ..Default::default()
-        })
+        }))
     };
     let sign = |doc: &str, key: &str| {
         let digest = bc_wire::sha256(doc.as_bytes());
         signed_data(doc.as_bytes(), &aws_cert, &rsa_key(key), &[], digest)
     };
 
-    let denied = |r: Result<_, ApiError>| matches!(r, Err(ApiError::AccessDenied));
+    let denied = |r: Result<_, ClientError>| matches!(r, Err(ClientError::AccessDenied));
     let doc = document("i-0pkcs7");
     assert!(denied(join_with(sign(&doc, "cloud-other.key"))));
     assert_eq!(cp.refusal_reasons(), ["cloud-signature"]);
