@@ -249,6 +249,12 @@ const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (provider, account, zone)
     ) STRICT;
     "#,
+    // 10: the site a TPM joins as a site node of: a resolve entry's or an
+    // approved join request's (NULL: a plain node).
+    r#"
+    ALTER TABLE tpm_resolve ADD COLUMN site_id TEXT;
+    ALTER TABLE join_requests ADD COLUMN site_id TEXT;
+    "#,
 ];
 
 #[derive(Debug, thiserror::Error)]

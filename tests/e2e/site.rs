@@ -334,3 +334,70 @@ fn bcd_site_follows_its_node_key_when_bcd_node_renews_it() {
     assert_ok(&machine.boot(&boot_cmdline(&script)));
     assert_eq!(boot_state(&cp, &wf), "joined");
 }
+
+/// A site node that joined with nothing but its TPM: `resolve add --site`
+/// makes it a site node of that site, which holds the lease and vouches
+/// with its TPM node key. An entry naming no site admits no site node.
+#[test]
+fn a_tpm_joined_site_node_serves_and_vouches() {
+    let cp = ControlPlane::start_trusting_test_maker();
+    let site_id = site(&cp, "dc1");
+    let tpm = Swtpm::start();
+    let agent = Agent::with_tpm(&cp, &tpm);
+    let join = ["join", "--role", "site", "--attestor", "tpm"];
+
+    // An entry without a site: refused as a site node, nothing written.
+    let ek = agent.allow_ek(&cp);
+    assert_refused_as(&cp, &agent.run(&join), "tpm-role");
+    agent.assert_nothing_written();
+
+    // An unknown site is refused by the command; the entry stays as it was.
+    let out = cp.cli(&["resolve", "add", "--ek-sha256", &ek, "--site", "nowhere"]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("no site \"nowhere\""),
+        "{}",
+        stderr(&out)
+    );
+    assert!(cp.json(&["resolve", "list"])[0]["site"].is_null());
+
+    let out = cp.cli(&["resolve", "add", "--ek-sha256", &ek, "--site", "dc1"]);
+    assert_ok(&out);
+    assert!(
+        stdout(&out).contains(&format!("site={site_id}")),
+        "{}",
+        stdout(&out)
+    );
+    assert_eq!(cp.json(&["resolve", "list"])[0]["site"], site_id.as_str());
+    // The place fixes the role: not a plain node any more.
+    assert_refused_as(&cp, &agent.run(&["join", "--attestor", "tpm"]), "tpm-role");
+    assert_ok(&agent.run(&join));
+    let status = agent.status_json();
+    assert_eq!(status["role"], "site");
+    assert_eq!(status["nodeKey"], "tpm");
+    let node_id = status["nodeId"].as_str().unwrap().to_owned();
+    let listed = cp.nodes();
+    let row = listed
+        .iter()
+        .find(|n| n["nodeId"] == node_id.as_str())
+        .unwrap();
+    assert_eq!(row["site"], site_id.as_str());
+    assert_eq!(row["attestor"], "tpm");
+
+    // It holds the lease and its TPM key signs the assertion a machine
+    // joins with (the discovery attestor verifies it against this node's
+    // certificate, whose key the TPM certified).
+    let node = SiteNode {
+        agent,
+        site_id: site_id.clone(),
+    };
+    let mut server = BootServer::start(&node);
+    server.wait_for("boot lease acquired");
+    let wf = boot_add(&cp, "dc1", MAC, &["--product-uuid", UUID]);
+    let script = server.script(MAC);
+    server.wait_for("discovery assertion signed");
+    let machine = Machine::new(&cp, MAC, UUID);
+    assert_ok(&machine.boot(&boot_cmdline(&script)));
+    assert_eq!(machine.agent.status_json()["role"], "ramdisk");
+    assert_eq!(boot_state(&cp, &wf), "joined");
+}

@@ -42,6 +42,10 @@ pub enum ResolveCmd {
         /// Join as this existing node instead of a new one.
         #[arg(long, value_name = "ID")]
         node: Option<String>,
+        /// The new node is a site node of this site (id or name): it joins
+        /// with role site, and only with it.
+        #[arg(long, value_name = "SITE", conflicts_with = "node")]
+        site: Option<String>,
     },
     /// Remove the entry of an EK.
     Remove {
@@ -67,6 +71,10 @@ pub enum RequestsCmd {
         /// The pool its node joins (default: default).
         #[arg(long, value_name = "P")]
         pool: Option<String>,
+        /// Its node is a site node of this site (id or name): it joins with
+        /// role site, and only with it.
+        #[arg(long, value_name = "SITE")]
+        site: Option<String>,
     },
     /// Deny a pending request: that TPM's joins are refused.
     Deny {
@@ -80,6 +88,11 @@ pub enum RequestsCmd {
 /// A pool as the commands print it: `None` is the default pool.
 fn pool_name(pool: Option<&str>) -> &str {
     pool.unwrap_or(pools::DEFAULT_POOL)
+}
+
+/// ` site=ID` for a place that names a site, else nothing.
+fn site_part(site: Option<&str>) -> String {
+    site.map(|s| format!(" site={s}")).unwrap_or_default()
 }
 
 pub fn run_ek_roots(cmd: EkRootsCmd) -> Result<()> {
@@ -148,16 +161,22 @@ pub fn run_resolve(cmd: ResolveCmd) -> Result<()> {
             ek_sha256,
             pool,
             node,
+            site,
         } => {
             let db = open_db(&dir.dir)?;
-            let (entry, replaced) =
-                enroll::add_resolve(&db, &ek_sha256, pool.as_deref(), node.as_deref())?;
+            let target = enroll::ResolveTarget {
+                pool: pool.as_deref(),
+                node: node.as_deref(),
+                site: site.as_deref(),
+            };
+            let (entry, replaced) = enroll::add_resolve(&db, &ek_sha256, target)?;
             print_line(&format!(
-                "{} {} pool={} node={}",
+                "{} {} pool={} node={}{}",
                 if replaced { "replaced" } else { "added" },
                 entry.ek_sha256,
                 pool_name(entry.pool_id.as_deref()),
                 entry.node_id.as_deref().unwrap_or("new"),
+                site_part(entry.site_id.as_deref()),
             ))
         }
         ResolveCmd::Remove { dir, ek_sha256 } => {
@@ -178,15 +197,17 @@ pub fn run_resolve(cmd: ResolveCmd) -> Result<()> {
                         "ekSha256": r.ek_sha256,
                         "pool": pool_name(r.pool_id.as_deref()),
                         "nodeId": r.node_id,
+                        "site": r.site_id,
                         "createdAt": db::rfc3339(r.created_at),
                     })
                 },
                 |r| {
                     Ok(format!(
-                        "{} pool={} node={}",
+                        "{} pool={} node={}{}",
                         r.ek_sha256,
                         pool_name(r.pool_id.as_deref()),
-                        r.node_id.as_deref().unwrap_or("new")
+                        r.node_id.as_deref().unwrap_or("new"),
+                        site_part(r.site_id.as_deref()),
                     ))
                 },
             )
@@ -197,13 +218,22 @@ pub fn run_resolve(cmd: ResolveCmd) -> Result<()> {
 pub fn run_requests(cmd: RequestsCmd) -> Result<()> {
     match cmd {
         RequestsCmd::List(ListArgs { dir, json }) => requests_list(&dir.dir, json),
-        RequestsCmd::Approve { dir, id, pool } => {
+        RequestsCmd::Approve {
+            dir,
+            id,
+            pool,
+            site,
+        } => {
             let db = open_db(&dir.dir)?;
-            let row = enroll::approve(&db, &id, pool.as_deref())?;
+            let row = enroll::approve(&db, &id, pool.as_deref(), site.as_deref())?;
             print_line(&format!(
-                "approved {} (pool {})",
+                "approved {} (pool {}{})",
                 row.id,
-                pool_name(row.pool_id.as_deref())
+                pool_name(row.pool_id.as_deref()),
+                row.site_id
+                    .as_deref()
+                    .map(|s| format!(", site {s}"))
+                    .unwrap_or_default()
             ))
         }
         RequestsCmd::Deny { dir, id } => {
@@ -229,6 +259,7 @@ fn requests_list(dir: &Path, as_json: bool) -> Result<()> {
                 "createdAt": db::rfc3339(r.created_at),
                 "decidedAt": r.decided_at.map(db::rfc3339),
                 "pool": pool_name(r.pool_id.as_deref()),
+                "site": r.site_id,
                 "ekIssuer": r.ek_issuer,
                 "ekSerial": r.ek_serial,
                 "used": r.used_at.is_some(),
@@ -236,12 +267,13 @@ fn requests_list(dir: &Path, as_json: bool) -> Result<()> {
         },
         |r| {
             Ok(format!(
-                "{} {}{} ek={} pool={} created={} issuer={:?}",
+                "{} {}{} ek={} pool={}{} created={} issuer={:?}",
                 r.id,
                 r.status,
                 if r.used_at.is_some() { " (used)" } else { "" },
                 r.ek_sha256,
                 pool_name(r.pool_id.as_deref()),
+                site_part(r.site_id.as_deref()),
                 db::rfc3339(r.created_at),
                 r.ek_issuer
             ))

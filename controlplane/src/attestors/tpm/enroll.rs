@@ -4,12 +4,16 @@
 //!
 //! Both are keyed by `ek_sha256`, the lowercase hex SHA-256 of the EK
 //! certificate's SubjectPublicKeyInfo DER (what `bcd tpm identify` prints).
+//!
+//! Either may name a site: the TPM then joins as a site node of that site
+//! (role `site`, like a site token's node), and only as one.
 
 use rusqlite::{Connection, OptionalExtension, Transaction};
 
 use crate::db::{self, Database, DbError, UnixMs};
 use crate::pools::{self, PoolError};
 use crate::records;
+use crate::sites;
 
 pub const STATUS_PENDING: &str = "pending";
 pub const STATUS_APPROVED: &str = "approved";
@@ -49,27 +53,53 @@ pub fn normalize_ek_sha256(s: &str) -> Result<String, EnrollError> {
     }
 }
 
-/// A resolve entry: this EK may join, into `pool_id` or as `node_id`.
+/// A resolve entry: this EK may join, into `pool_id` (as a site node of
+/// `site_id` when set) or as `node_id`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ResolveEntry {
     pub ek_sha256: String,
     pub pool_id: Option<String>,
     pub node_id: Option<String>,
+    pub site_id: Option<String>,
     pub created_at: UnixMs,
+}
+
+/// Where a resolve entry sends a TPM.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ResolveTarget<'a> {
+    pub pool: Option<&'a str>,
+    /// An existing node it joins as (a reclaim).
+    pub node: Option<&'a str>,
+    /// The site (id or name) a new node is a site node of.
+    pub site: Option<&'a str>,
+}
+
+/// The id of the site `site` (an id or a name) names, if one is given.
+fn site_id(tx: &Transaction<'_>, site: Option<&str>) -> Result<Option<String>, EnrollError> {
+    site.map(|s| sites::resolve(tx, s))
+        .transpose()
+        .map_err(EnrollError::from)
 }
 
 /// Adds or replaces the entry of an EK. Returns whether one was replaced.
 pub fn add_resolve(
     db: &Database,
     ek_sha256: &str,
-    pool: Option<&str>,
-    node: Option<&str>,
+    target: ResolveTarget<'_>,
 ) -> Result<(ResolveEntry, bool), EnrollError> {
+    let ResolveTarget { pool, node, site } = target;
     let ek_sha256 = normalize_ek_sha256(ek_sha256)?;
+    if node.is_some() && site.is_some() {
+        return Err(EnrollError::InvalidInput(
+            "--site is for a new node; with --node the TPM joins as that node, which keeps its own site"
+                .to_owned(),
+        ));
+    }
     db.write(|tx| {
         if let Some(pool) = pool {
             pools::require(tx, pool)?;
         }
+        let site_id = site_id(tx, site)?;
         if let Some(node) = node {
             let row = records::node_for_update(tx, node)?
                 .ok_or_else(|| EnrollError::NotFound(format!("no node {node:?}")))?;
@@ -80,10 +110,12 @@ pub fn add_resolve(
         let now = db::compute_now(tx)?;
         let replaced = resolve_entry(tx, &ek_sha256)?.is_some();
         tx.execute(
-            "INSERT INTO tpm_resolve (ek_sha256, pool_id, node_id, created_at) VALUES (?1, ?2, ?3, ?4)
+            "INSERT INTO tpm_resolve (ek_sha256, pool_id, node_id, site_id, created_at)
+             VALUES (?1, ?2, ?3, ?4, ?5)
              ON CONFLICT (ek_sha256) DO UPDATE SET pool_id = excluded.pool_id,
-                 node_id = excluded.node_id, created_at = excluded.created_at",
-            rusqlite::params![ek_sha256, pool, node, now],
+                 node_id = excluded.node_id, site_id = excluded.site_id,
+                 created_at = excluded.created_at",
+            rusqlite::params![ek_sha256, pool, node, site_id, now],
         )
         .map_err(DbError::from)?;
         Ok((
@@ -91,6 +123,7 @@ pub fn add_resolve(
                 ek_sha256: ek_sha256.clone(),
                 pool_id: pool.map(str::to_owned),
                 node_id: node.map(str::to_owned),
+                site_id,
                 created_at: now,
             },
             replaced,
@@ -112,7 +145,7 @@ pub fn remove_resolve(db: &Database, ek_sha256: &str) -> Result<bool, EnrollErro
 pub fn resolve_entry(conn: &Connection, ek_sha256: &str) -> Result<Option<ResolveEntry>, DbError> {
     Ok(conn
         .query_row(
-            "SELECT ek_sha256, pool_id, node_id, created_at FROM tpm_resolve WHERE ek_sha256 = ?1",
+            "SELECT ek_sha256, pool_id, node_id, site_id, created_at FROM tpm_resolve WHERE ek_sha256 = ?1",
             [ek_sha256],
             read_resolve,
         )
@@ -122,7 +155,7 @@ pub fn resolve_entry(conn: &Connection, ek_sha256: &str) -> Result<Option<Resolv
 pub fn list_resolve(db: &Database) -> Result<Vec<ResolveEntry>, DbError> {
     db.with_conn(|c| {
         let mut st = c.prepare(
-            "SELECT ek_sha256, pool_id, node_id, created_at FROM tpm_resolve ORDER BY created_at, ek_sha256",
+            "SELECT ek_sha256, pool_id, node_id, site_id, created_at FROM tpm_resolve ORDER BY created_at, ek_sha256",
         )?;
         let rows = st.query_map([], read_resolve)?;
         rows.collect::<Result<Vec<_>, _>>().map_err(DbError::from)
@@ -134,7 +167,8 @@ fn read_resolve(r: &rusqlite::Row<'_>) -> rusqlite::Result<ResolveEntry> {
         ek_sha256: r.get(0)?,
         pool_id: r.get(1)?,
         node_id: r.get(2)?,
-        created_at: r.get(3)?,
+        site_id: r.get(3)?,
+        created_at: r.get(4)?,
     })
 }
 
@@ -150,6 +184,8 @@ pub struct JoinRequestRow {
     /// `pending`, `approved` or `denied`.
     pub status: String,
     pub pool_id: Option<String>,
+    /// The site its node is a site node of (set on approval).
+    pub site_id: Option<String>,
     pub created_at: UnixMs,
     pub decided_at: Option<UnixMs>,
     /// When an approved request admitted its machine (it admits once).
@@ -158,7 +194,7 @@ pub struct JoinRequestRow {
 
 const REQUEST_SELECT: &str =
     "SELECT id, attestor, ek_sha256, ek_issuer, ek_serial, status, pool_id,
-     created_at, decided_at, used_at FROM join_requests";
+     created_at, decided_at, used_at, site_id FROM join_requests";
 
 fn read_request(r: &rusqlite::Row<'_>) -> rusqlite::Result<JoinRequestRow> {
     Ok(JoinRequestRow {
@@ -172,6 +208,7 @@ fn read_request(r: &rusqlite::Row<'_>) -> rusqlite::Result<JoinRequestRow> {
         created_at: r.get(7)?,
         decided_at: r.get(8)?,
         used_at: r.get(9)?,
+        site_id: r.get(10)?,
     })
 }
 
@@ -210,6 +247,7 @@ pub fn insert_pending(
         ek_serial: ek_serial.to_owned(),
         status: STATUS_PENDING.to_owned(),
         pool_id: None,
+        site_id: None,
         created_at: now,
         decided_at: None,
         used_at: None,
@@ -226,15 +264,20 @@ pub fn mark_used(tx: &Transaction<'_>, id: &str, now: UnixMs) -> Result<(), DbEr
 }
 
 /// Approves a pending request, optionally into `pool` (else the pool it
-/// names, else `default`).
-pub fn approve(db: &Database, id: &str, pool: Option<&str>) -> Result<JoinRequestRow, EnrollError> {
-    decide(db, id, STATUS_APPROVED, pool)
+/// names, else `default`) and as a site node of `site` (an id or a name).
+pub fn approve(
+    db: &Database,
+    id: &str,
+    pool: Option<&str>,
+    site: Option<&str>,
+) -> Result<JoinRequestRow, EnrollError> {
+    decide(db, id, STATUS_APPROVED, pool, site)
 }
 
 /// Denies a pending request: that EK's joins are refused
 /// (`enrollment-denied`) until a resolve entry admits it.
 pub fn deny(db: &Database, id: &str) -> Result<JoinRequestRow, EnrollError> {
-    decide(db, id, STATUS_DENIED, None)
+    decide(db, id, STATUS_DENIED, None, None)
 }
 
 fn decide(
@@ -242,6 +285,7 @@ fn decide(
     id: &str,
     status: &str,
     pool: Option<&str>,
+    site: Option<&str>,
 ) -> Result<JoinRequestRow, EnrollError> {
     db.write(|tx| {
         let mut row = tx
@@ -268,10 +312,14 @@ fn decide(
             pools::require(tx, pool)?;
             row.pool_id = Some(pool.to_owned());
         }
+        if let Some(site) = site_id(tx, site)? {
+            row.site_id = Some(site);
+        }
         let now = db::compute_now(tx)?;
         tx.execute(
-            "UPDATE join_requests SET status = ?2, decided_at = ?3, pool_id = ?4 WHERE id = ?1",
-            rusqlite::params![id, status, now, row.pool_id],
+            "UPDATE join_requests SET status = ?2, decided_at = ?3, pool_id = ?4, site_id = ?5
+             WHERE id = ?1",
+            rusqlite::params![id, status, now, row.pool_id, row.site_id],
         )
         .map_err(DbError::from)?;
         row.status = status.to_owned();

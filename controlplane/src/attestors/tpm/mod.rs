@@ -46,6 +46,15 @@
 //! the request's pool) or denied (`enrollment-denied`). Only a machine that
 //! proved its EK in round 2 reaches this point, so an EK certificate copied
 //! off a machine files no request and learns nothing.
+//!
+//! **As what.** A resolve entry or an approval may name a site (the spec's
+//! resolved result carries one): the new node is then a site node of that
+//! site, as a site token's is. Like a token's role, the place fixes the
+//! role: a new node placed with a site joins only with role `site`, one
+//! placed without only with role `node`, else `tpm-role`. Admitting the
+//! other role would drop what the operator said (a site node without its
+//! site, which the lease refuses, or a plain node that holds a site).
+//! A reclaim keeps its node's role and site (JoinService checks the role).
 
 pub mod credential;
 mod credential_ecc;
@@ -76,6 +85,8 @@ pub const TPM: &str = "tpm";
 pub const MAX_CHALLENGE_TTL_MS: i64 = 5 * 60 * 1000;
 
 pub const EVIDENCE_MALFORMED: &str = "evidence-malformed";
+/// The role is not node or site, or not the one the place admits (a site
+/// named: `site`; none: `node`).
 pub const ROLE: &str = "tpm-role";
 pub const AK_ATTRIBUTES: &str = "ak-attributes";
 pub const CHALLENGE_STATE: &str = "challenge-state";
@@ -229,9 +240,9 @@ impl TpmAttestor {
             &st,
             self.config.enrollment_retry_after_seconds,
         )?;
-        let (reclaim_node_id, pool_id) = match place {
+        let (reclaim_node_id, pool_id, site_id) = match place {
             Place::Deferred(d) => return Ok(Verdict::Defer(d)),
-            Place::Join { node, pool } => (node, pool),
+            Place::Join { node, pool, site } => (node, pool, site),
         };
         // The final round: spent with the join (rolled back with a refusal).
         if !crate::uses::spend(tx, TPM, &subject, st.not_after, input.now)? {
@@ -243,6 +254,13 @@ impl TpmAttestor {
             node_key_uri,
             node_key,
             pool_id,
+            // A site node of the site its place names, as a site token's.
+            scope: site_id.map(|site_id| {
+                Box::new(records::NodeScope {
+                    site_id: Some(site_id),
+                    ..Default::default()
+                })
+            }),
             binding: Some(Binding {
                 kind: BINDING_TPM_EK.to_owned(),
                 key: ek_sha256,
@@ -349,8 +367,30 @@ enum Place {
     Join {
         node: Option<String>,
         pool: Option<String>,
+        /// A new node's site (it joins as a site node of it).
+        site: Option<String>,
     },
     Deferred(Deferral),
+}
+
+/// A new node placed with `site` joins only with role `site`, one placed
+/// without only with role `node` (`tpm-role`). Checked before an approval
+/// is marked used, so a wrong role spends nothing.
+fn check_placed_role(input: &AttestInput<'_>, site: Option<&str>) -> Result<(), Refusal> {
+    let placed_as = if site.is_some() {
+        Role::Site
+    } else {
+        Role::Node
+    };
+    if input.role == placed_as {
+        return Ok(());
+    }
+    tracing::info!(
+        role = input.role.name(),
+        placed_as = placed_as.name(),
+        "tpm: the role is not the one its resolve entry or approval admits"
+    );
+    Err(Refusal::new(ROLE))
 }
 
 /// Where a machine that proved its EK joins: its bound node, else a resolve
@@ -366,12 +406,17 @@ fn place(
         return Ok(Place::Join {
             node: Some(b.node_id),
             pool: None,
+            site: None,
         });
     }
     if let Some(entry) = enroll::resolve_entry(tx, ek_sha256)? {
+        if entry.node_id.is_none() {
+            check_placed_role(input, entry.site_id.as_deref())?;
+        }
         return Ok(Place::Join {
             node: entry.node_id,
             pool: entry.pool_id,
+            site: entry.site_id,
         });
     }
     match enroll::open_request(tx, ek_sha256)? {
@@ -396,10 +441,12 @@ fn place(
                 retry_after_seconds,
             })),
             enroll::STATUS_APPROVED => {
+                check_placed_role(input, req.site_id.as_deref())?;
                 enroll::mark_used(tx, &req.id, input.now)?;
                 Ok(Place::Join {
                     node: None,
                     pool: req.pool_id,
+                    site: req.site_id,
                 })
             }
             _ => Err(Refusal::new(ENROLLMENT_DENIED)),

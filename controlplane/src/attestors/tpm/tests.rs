@@ -111,6 +111,17 @@ impl Fixture {
 
     /// [`Self::run_at`] with the challenges spent so far kept.
     fn replay_at(&self, evidence: &[u8], csr: &[u8], now: UnixMs) -> Result<Verdict, Refusal> {
+        self.verify_as(Role::Node, evidence, csr, now)
+    }
+
+    /// One verification with role `role`, committed whatever the outcome.
+    fn verify_as(
+        &self,
+        role: Role,
+        evidence: &[u8],
+        csr: &[u8],
+        now: UnixMs,
+    ) -> Result<Verdict, Refusal> {
         let spki = csr_spki(csr);
         self.db
             .with_conn(|c| {
@@ -118,7 +129,7 @@ impl Fixture {
                 let claims = HardwareClaims::default();
                 let token = OpenedToken::Malformed;
                 let input = AttestInput {
-                    role: Role::Node,
+                    role,
                     evidence,
                     // A token is ignored by this attestor.
                     token: Some(&token),
@@ -161,7 +172,7 @@ impl Fixture {
 
     /// Lets the fixture's EK join as a new node in the default pool.
     fn resolve(&self) {
-        enroll::add_resolve(&self.db, &ek_sha256(), None, None).unwrap();
+        enroll::add_resolve(&self.db, &ek_sha256(), enroll::ResolveTarget::default()).unwrap();
     }
 }
 
@@ -276,7 +287,7 @@ fn enrollment_pending_approved_once() {
     assert!(reqs[0].ek_issuer.contains("BCD Test EK Issuing CA 01"));
 
     crate::pools::create_pool(&f.db, "metal", "alice", None, &["join-token", "tpm"]).unwrap();
-    enroll::approve(&f.db, &request_id, Some("metal")).unwrap();
+    enroll::approve(&f.db, &request_id, Some("metal"), None).unwrap();
     let r = f.admitted(&ev);
     assert_eq!(r.reclaim_node_id, None);
     assert_eq!(r.pool_id.as_deref(), Some("metal"));
@@ -301,6 +312,75 @@ fn enrollment_pending_approved_once() {
     assert_eq!(enroll::list_requests(&f.db).unwrap().len(), 2);
 }
 
+/// A place naming a site admits a site node of it, and only a site node;
+/// a place without one admits only a plain node.
+#[test]
+fn a_site_in_the_place_fixes_the_role_and_the_site() {
+    let f = fixture();
+    let ev = answer_evidence(answer());
+    let site = crate::sites::create(&f.db, "dc1").unwrap().id;
+    let as_role = |role| {
+        f.db.write(|tx| {
+            tx.execute("DELETE FROM attestation_uses", [])
+                .map_err(db::DbError::from)
+        })
+        .unwrap();
+        f.verify_as(role, &ev, CSR, NOW)
+    };
+    // No site: a site join is refused, a node join admitted unscoped.
+    f.resolve();
+    assert_eq!(reason(as_role(Role::Site)), ROLE);
+    let Ok(Verdict::Admit(r)) = as_role(Role::Node) else {
+        panic!("node not admitted")
+    };
+    assert_eq!(r.scope, None);
+
+    // A resolve entry naming the site (by name): a site node of it only.
+    let target = enroll::ResolveTarget {
+        site: Some("dc1"),
+        ..Default::default()
+    };
+    enroll::add_resolve(&f.db, &ek_sha256(), target).unwrap();
+    assert_eq!(
+        enroll::list_resolve(&f.db).unwrap()[0].site_id.as_deref(),
+        Some(site.as_str())
+    );
+    assert_eq!(reason(as_role(Role::Node)), ROLE);
+    let Ok(Verdict::Admit(r)) = as_role(Role::Site) else {
+        panic!("site node not admitted")
+    };
+    assert_eq!(r.scope.unwrap().site_id.as_deref(), Some(site.as_str()));
+
+    // An unknown site, or a site with --node, is refused at the command.
+    let unknown = enroll::ResolveTarget {
+        site: Some("nowhere"),
+        ..Default::default()
+    };
+    let e = enroll::add_resolve(&f.db, &ek_sha256(), unknown).unwrap_err();
+    assert!(e.to_string().contains("no site \"nowhere\""), "{e}");
+    let node = insert_node(&f.db, "node_aaaaaaaaaaaaaaaaaaaaaaaaaa");
+    let both = enroll::ResolveTarget {
+        site: Some("dc1"),
+        node: Some(&node),
+        ..Default::default()
+    };
+    assert!(enroll::add_resolve(&f.db, &ek_sha256(), both).is_err());
+
+    // An approval naming the site: the same.
+    assert!(enroll::remove_resolve(&f.db, &ek_sha256()).unwrap());
+    let Ok(Verdict::Defer(Deferral::Pending { request_id, .. })) = as_role(Role::Site) else {
+        panic!("not pending")
+    };
+    assert!(enroll::approve(&f.db, &request_id, None, Some("nowhere")).is_err());
+    enroll::approve(&f.db, &request_id, None, Some(&site)).unwrap();
+    // A wrong role spends nothing: the approval is still unused.
+    assert_eq!(reason(as_role(Role::Node)), ROLE);
+    let Ok(Verdict::Admit(r)) = as_role(Role::Site) else {
+        panic!("approved site node not admitted")
+    };
+    assert_eq!(r.scope.unwrap().site_id.as_deref(), Some(site.as_str()));
+}
+
 #[test]
 fn denied_request_is_refused_until_resolved() {
     let f = fixture();
@@ -310,7 +390,7 @@ fn denied_request_is_refused_until_resolved() {
     };
     enroll::deny(&f.db, &request_id).unwrap();
     assert_eq!(f.reason(&ev), ENROLLMENT_DENIED);
-    assert!(enroll::approve(&f.db, &request_id, None).is_err());
+    assert!(enroll::approve(&f.db, &request_id, None, None).is_err());
     f.resolve();
     assert_eq!(f.reason(&ev), "admitted");
 }
@@ -321,7 +401,15 @@ fn placement_order_binding_then_resolve_then_requests() {
     let ev = answer_evidence(answer());
     crate::pools::create_pool(&f.db, "metal", "alice", None, &["join-token", "tpm"]).unwrap();
     // A resolve entry into a pool.
-    enroll::add_resolve(&f.db, &ek_sha256().to_uppercase(), Some("metal"), None).unwrap();
+    enroll::add_resolve(
+        &f.db,
+        &ek_sha256().to_uppercase(),
+        enroll::ResolveTarget {
+            pool: Some("metal"),
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let r = f.admitted(&ev);
     assert_eq!(
         (r.reclaim_node_id, r.pool_id.as_deref()),
@@ -331,7 +419,15 @@ fn placement_order_binding_then_resolve_then_requests() {
 
     // A resolve entry naming a node.
     let node = insert_node(&f.db, "node_aaaaaaaaaaaaaaaaaaaaaaaaaa");
-    enroll::add_resolve(&f.db, &ek_sha256(), None, Some(&node)).unwrap();
+    enroll::add_resolve(
+        &f.db,
+        &ek_sha256(),
+        enroll::ResolveTarget {
+            node: Some(&node),
+            ..Default::default()
+        },
+    )
+    .unwrap();
     assert_eq!(
         f.admitted(&ev).reclaim_node_id.as_deref(),
         Some(node.as_str())
@@ -812,7 +908,7 @@ mod through_join_service {
     #[test]
     fn joins_then_reclaims_the_same_node() {
         let c = cp();
-        enroll::add_resolve(c.db(), &ek_sha256(), None, None).unwrap();
+        enroll::add_resolve(c.db(), &ek_sha256(), enroll::ResolveTarget::default()).unwrap();
         let first = c.join(answer_evidence(answer())).unwrap();
         assert!(first.deferral.is_none());
         let ak = Public::parse(&hello().ak_public).unwrap();
@@ -909,7 +1005,7 @@ mod through_join_service {
             (reqs.len(), reqs[0].id.as_str()),
             (1, p.request_id.as_str())
         );
-        enroll::approve(c.db(), &p.request_id, None).unwrap();
+        enroll::approve(c.db(), &p.request_id, None, None).unwrap();
         let joined = c.join(answer_evidence(answer())).unwrap();
         assert!(!joined.node_id.is_empty());
         assert!(enroll::list_requests(c.db()).unwrap()[0].used_at.is_some());
@@ -922,7 +1018,15 @@ mod through_join_service {
         c.db()
             .write(|tx| records::insert_binding(tx, "tpm-ek", &"f".repeat(64), &node_a, NOW))
             .unwrap();
-        enroll::add_resolve(c.db(), &ek_sha256(), None, Some(&node_a)).unwrap();
+        enroll::add_resolve(
+            c.db(),
+            &ek_sha256(),
+            enroll::ResolveTarget {
+                node: Some(&node_a),
+                ..Default::default()
+            },
+        )
+        .unwrap();
         assert!(matches!(
             c.join(answer_evidence(answer())),
             Err(ApiError::AccessDenied)
@@ -946,7 +1050,15 @@ mod through_join_service {
             &["join-token", "tpm"],
         )
         .unwrap();
-        enroll::add_resolve(c.db(), &ek_sha256(), Some("tokens"), None).unwrap();
+        enroll::add_resolve(
+            c.db(),
+            &ek_sha256(),
+            enroll::ResolveTarget {
+                pool: Some("tokens"),
+                ..Default::default()
+            },
+        )
+        .unwrap();
         assert!(matches!(
             c.join(answer_evidence(answer())),
             Err(ApiError::AccessDenied)

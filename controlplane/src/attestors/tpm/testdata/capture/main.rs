@@ -136,7 +136,7 @@ fn main() {
     let body = join(&svc, &csr, &answer);
     let Some(Deferral::Pending(p)) = body.deferral else { panic!("not pending: {body:?}") };
     println!("pending {} retry after {}s", p.request_id, p.retry_after_seconds);
-    enroll::approve(svc.database(), &p.request_id, None).unwrap();
+    enroll::approve(svc.database(), &p.request_id, None, None).unwrap();
     let body = join(&svc, &csr, &answer);
     assert!(body.deferral.is_none(), "{body:?}");
     println!("joined as {}", body.node_id);
