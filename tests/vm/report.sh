@@ -50,7 +50,7 @@ as_node_user bcd doctor --config "$config" 2>&1 | block doctor
 kv doctor_rc "$(as_node_user bcd doctor --config "$config" >/dev/null 2>&1; echo $?)"
 
 # What else this guest does, as the host's seed says (`steps`, words of
-# renew, upgrade, remove): each costs tens of seconds under TCG, so only the
+# renew, upgrade, remove, join-fresh): each costs tens of seconds under TCG, so only the
 # guests that test it do it.
 steps=" $(curl -fsS "${seed}steps" 2>/dev/null | tr '\n' ' ') "
 step() { case $steps in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
@@ -83,6 +83,14 @@ if step remove; then
   kv removed "$(dpkg-query -W -f='${Status}' bcd 2>&1)"
   kv removed_node "$(systemctl is-active bcd-node.service)"
   kv removed_kept "$(find /var/lib/bcd -mindepth 1 -maxdepth 1 -printf '%f ')"
+fi
+# A join with a fresh token the host minted for another machine (a refused
+# guest): refused as well, and still nothing written.
+if step join-fresh && (umask 077 && curl -fsS -o /run/bcd/fresh-token "${seed}fresh-token"); then
+  out=$(bcd join --config "$config" --attestor provisioned --token-file /run/bcd/fresh-token </dev/null 2>&1)
+  kv join_fresh_rc $?
+  printf '%s\n' "$out" | block join_fresh
+  kv join_fresh_files "$(find /var/lib/bcd -mindepth 1 -printf '%P ' 2>&1)"
 fi
 journalctl -b -u bcd-node.service -u bcd-helper.service --no-pager 2>&1 | tail -n 40 | block journal
 kv 'done' yes
