@@ -134,7 +134,7 @@ fn check_api(api: &str) -> Result<()> {
 }
 
 const TPM_DOC: &str = "#\n# With --attestor tpm the TPM is the credential: the script reads no token\n# and stops at once on a machine without /dev/tpmrm0.\n";
-const TOKEN_DOC: &str = "#\n# With --attestor join-token or provisioned the token is read from a 0600 root-owned file,\n# $BCD_TOKEN_FILE (default /run/bcd/join-token; cloud-init's write_files puts\n# it there), never from this script, and the file is removed after the join.\n";
+const TOKEN_DOC: &str = "#\n# With --attestor join-token or provisioned the token is read from a 0600 root-owned file,\n# $BCD_TOKEN_FILE (default /run/bcd/join-token; cloud-init's write_files puts\n# it there), never from this script, and the file is removed once the join succeeds\n# (kept after a failure, so that the script can be run again).\n";
 
 const TOKEN_VARS: &str = "token_file=${BCD_TOKEN_FILE:-/run/bcd/join-token}\n";
 
