@@ -37,7 +37,15 @@ pub struct NodeIdentity {
     config: Arc<Config>,
     tpm: TpmAccess,
     file: PathBuf,
-    current: Mutex<(Stamp, Arc<Signer>)>,
+    current: Mutex<Current>,
+}
+
+struct Current {
+    stamp: Stamp,
+    signer: Arc<Signer>,
+    /// A file that did not load: not read again until it changes, so that
+    /// boot requests cannot make the TPM derive a key on every call.
+    failed: Option<Stamp>,
 }
 
 impl NodeIdentity {
@@ -56,7 +64,11 @@ impl NodeIdentity {
             config,
             tpm,
             file,
-            current: Mutex::new((stamp, Arc::new(signer))),
+            current: Mutex::new(Current {
+                stamp,
+                signer: Arc::new(signer),
+                failed: None,
+            }),
         })
     }
 
@@ -64,14 +76,14 @@ impl NodeIdentity {
     /// file that does not load (mid-rotation, damaged) keeps the previous
     /// one, logged; `bcd node` owns repairs, so this only looks.
     pub async fn current(self: &Arc<Self>) -> Arc<Signer> {
-        let (seen, signer) = match self.current.lock() {
-            Ok(c) => (c.0, c.1.clone()),
-            Err(p) => (p.get_ref().0, p.get_ref().1.clone()),
+        let (seen, failed, signer) = {
+            let c = self.current.lock().unwrap_or_else(|p| p.into_inner());
+            (c.stamp, c.failed, c.signer.clone())
         };
         let Some(now) = stamp(&self.file) else {
             return signer;
         };
-        if now == seen {
+        if now == seen || Some(now) == failed {
             return signer;
         }
         let this = self.clone();
@@ -79,20 +91,24 @@ impl NodeIdentity {
             .await
             .map_err(|e| anyhow!("the reload task failed: {e}"))
             .and_then(|r| r);
+        let mut c = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        if c.stamp != seen {
+            // Another caller reloaded meanwhile: its result is as new.
+            return c.signer.clone();
+        }
         match reloaded {
             Ok(fresh) => {
                 tracing::info!(node_id = %fresh.node_id, "identity reloaded: bcd node renewed it");
-                let fresh = Arc::new(fresh);
-                if let Ok(mut c) = self.current.lock() {
-                    *c = (now, fresh.clone());
-                }
-                fresh
+                c.stamp = now;
+                c.signer = Arc::new(fresh);
+                c.failed = None;
             }
             Err(e) => {
                 tracing::warn!(error = %format!("{e:#}"), "identity.json changed but does not load; keeping the previous identity");
-                signer
+                c.failed = Some(now);
             }
         }
+        c.signer.clone()
     }
 
     fn reload(&self) -> anyhow::Result<Signer> {

@@ -335,6 +335,24 @@ fn an_azure_vm_joins_once_with_its_attested_document_and_every_bad_one_is_refuse
     let subscription = AzMint::default().subscription;
 
     assert_refused(&cp, &vm1, "unknown-instance");
+    // The document names no location: a zone row could never match.
+    let zoned = cp.cli(&[
+        "cloud",
+        "resolve",
+        "add",
+        "--provider",
+        "azure",
+        "--account",
+        &subscription,
+        "--zone",
+        "westeurope",
+    ]);
+    assert!(!zoned.status.success());
+    assert!(
+        stderr(&zoned).contains("names no location"),
+        "{}",
+        stderr(&zoned)
+    );
     assert_ok(&cp.cli(&[
         "cloud",
         "resolve",

@@ -333,6 +333,31 @@ fn bcd_site_follows_its_node_key_when_bcd_node_renews_it() {
     let machine = Machine::new(&cp, MAC, UUID);
     assert_ok(&machine.boot(&boot_cmdline(&script)));
     assert_eq!(boot_state(&cp, &wf), "joined");
+
+    // An identity.json that does not load keeps the last good identity,
+    // and is tried once, not at every request.
+    let file = node.agent.data_dir.join("identity.json");
+    let damaged = node.agent.data_dir.join("identity.json.damaged");
+    std::fs::write(&damaged, b"{ not json").unwrap();
+    std::fs::set_permissions(
+        &damaged,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
+    std::fs::rename(&damaged, &file).unwrap();
+    let second = "52:54:00:00:00:42";
+    let wf2 = boot_add(&cp, "dc1", second, &[]);
+    for _ in 0..3 {
+        assert_exit_script(&server.script("52:54:00:00:00:99"));
+    }
+    let script = server.script(second);
+    assert!(script.contains("bc.assertion="), "{script}");
+    server.wait_for("does not load; keeping the previous identity");
+    assert_eq!(
+        server.count("does not load; keeping the previous identity"),
+        1
+    );
+    assert_eq!(boot_state(&cp, &wf2), "vouched");
 }
 
 /// A site node that joined with nothing but its TPM: `resolve add --site`

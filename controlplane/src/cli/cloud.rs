@@ -31,7 +31,7 @@ pub enum ResolveCmd {
         /// The account: the GCP project id, the AWS account id, the Azure subscription id.
         #[arg(long, value_name = "A", value_parser = parse_id)]
         account: String,
-        /// Only VMs in this zone (AWS: availability zone; Azure: the document's location; else any zone of the account).
+        /// Only VMs in this zone (AWS: availability zone; GCP: zone; Azure has none: its document names no location).
         #[arg(long, value_name = "Z", value_parser = parse_id)]
         zone: Option<String>,
         /// The pool they join (else the default pool).
@@ -65,6 +65,9 @@ pub fn run(cmd: CloudCmd) -> Result<()> {
             zone,
             pool,
         } => {
+            if zone.is_some() && provider == bc_wire::cloud_iid::AZURE {
+                bail!("--zone: Azure's attested document names no location; add the subscription without a zone");
+            }
             let db = open_db(&dir.dir)?;
             let now = db_now(&db)?;
             db.write(|tx| {

@@ -4,10 +4,11 @@
 //! (`[cloud_iid.aws] certificates`).
 //!
 //! The same document also comes as PKCS#7 (`/latest/dynamic/instance-
-//! identity/rsa2048`: a CMS SignedData carrying it, RSA-SHA256 by the same
-//! regional certificate, which it does not carry): evidence without
-//! `signature` is that form, checked by the [`super::cms`] verifier Azure
-//! uses, with the configured keys.
+//! identity/rsa2048`: a CMS SignedData carrying it, RSA-SHA256, signed by
+//! the region's "RSA-2048" certificate, which AWS publishes beside the "RSA"
+//! one of the `signature` form and the message does not carry): evidence
+//! without `signature` is that form, checked by the [`super::cms`] verifier
+//! Azure uses, with the configured keys. The bundle holds both kinds.
 //!
 //! The document has no issue time (it lasts the instance's life), so no
 //! age or audience applies: the once-ever use per instance is what stops a

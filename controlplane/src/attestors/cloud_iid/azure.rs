@@ -62,7 +62,6 @@ struct Document {
     subscription_id: String,
     nonce: Option<String>,
     time_stamp: TimeStamp,
-    location: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -109,7 +108,9 @@ pub fn verify(
     CloudIdentity::new(
         super::AZURE,
         doc.subscription_id,
-        doc.location.unwrap_or_default(),
+        // The attested document names no location: Azure rows are per
+        // subscription (`cloud resolve add` refuses a zone for azure).
+        String::new(),
         doc.vm_id,
     )
 }

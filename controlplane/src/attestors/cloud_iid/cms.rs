@@ -152,11 +152,13 @@ impl Signed {
                 if digest.as_bytes() != bc_wire::sha256(&self.content) {
                     return Err(CLOUD_SIGNATURE);
                 }
-                if let Some(ct) = single_value(attrs, ID_CONTENT_TYPE)? {
-                    let ct: ObjectIdentifier = ct.decode_as().map_err(|_| CLOUD_MALFORMED)?;
-                    if ct != ID_DATA {
-                        return Err(CLOUD_MALFORMED);
-                    }
+                // RFC 5652 5.3: present whenever signed attributes are.
+                let ct: ObjectIdentifier = single_value(attrs, ID_CONTENT_TYPE)?
+                    .ok_or(CLOUD_MALFORMED)?
+                    .decode_as()
+                    .map_err(|_| CLOUD_MALFORMED)?;
+                if ct != ID_DATA {
+                    return Err(CLOUD_MALFORMED);
                 }
                 // The DER SET OF, not the [0] IMPLICIT it travels as.
                 attrs.to_der().map_err(|_| CLOUD_MALFORMED)?
