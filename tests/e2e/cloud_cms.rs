@@ -458,12 +458,7 @@ fn aws_pkcs7_documents_are_accepted_and_a_bad_signature_refused() {
         .to_string()
     };
     let join_with = |pkcs7: String| {
-        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("key");
-        let csr = rcgen::CertificateParams::default()
-            .serialize_request(&key)
-            .expect("csr")
-            .der()
-            .to_vec();
+        let csr = throwaway_csr();
         let evidence = Evidence {
             provider: "aws".into(),
             document: pkcs7,

@@ -311,12 +311,7 @@ fn a_malformed_assertion_is_refused_by_name() {
     let cp = ControlPlane::start();
     let machine = Machine::new(&cp, MAC, UUID);
     let config = bcd::config::Config::load(&machine.agent.config).unwrap();
-    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
-    let csr = rcgen::CertificateParams::default()
-        .serialize_request(&key)
-        .unwrap()
-        .der()
-        .to_vec();
+    let csr = throwaway_csr();
     // Not protobuf; a SignedDiscoveryAssertion with no body; one whose body
     // is not a DiscoveryAssertion.
     let empty = bc_wire::site_v1::SignedDiscoveryAssertion::default();
@@ -591,12 +586,7 @@ fn only_single_use_tokens_and_ramdisks_are_admitted() {
     );
 
     let svc = bc_controlplane::JoinService::open(cp.path()).unwrap();
-    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
-    let csr = rcgen::CertificateParams::default()
-        .serialize_request(&key)
-        .unwrap()
-        .der()
-        .to_vec();
+    let csr = throwaway_csr();
     let req = bc_wire::agent::JoinRequest {
         csr,
         role: bc_wire::agent::Role::Node as i32,

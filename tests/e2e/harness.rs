@@ -783,3 +783,14 @@ impl Drop for PlainServer {
         }
     }
 }
+
+/// A CSR for a fresh P-256 key nobody keeps: for requests the test sends
+/// itself, where only the evidence matters.
+pub fn throwaway_csr() -> Vec<u8> {
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("key");
+    rcgen::CertificateParams::default()
+        .serialize_request(&key)
+        .expect("csr")
+        .der()
+        .to_vec()
+}

@@ -202,12 +202,7 @@ fn client(bundle: &Bundle, reuse: bool, source: IpAddr) -> reqwest::Client {
 
 /// A JoinRequest carrying `token`, sealed to the control plane.
 fn join_request(bundle: &Bundle, token: &str) -> Vec<u8> {
-    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("key");
-    let csr = rcgen::CertificateParams::default()
-        .serialize_request(&key)
-        .expect("csr")
-        .der()
-        .to_vec();
+    let csr = throwaway_csr();
     let sealed = bc_wire::sealing::SealingKey::from_spki_der(bundle.join_encryption_spki_der())
         .expect("sealing key")
         .seal(&bc_wire::sha256(&csr), token.as_bytes())
