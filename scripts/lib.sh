@@ -13,6 +13,9 @@ BCD_PACKAGES=(
   shellcheck          # the e2e tests lint the install script
   dpkg-dev            # scripts/package: dpkg-shlibdeps computes Depends
   systemd             # systemd-socket-activate: the e2e test of bcd helper under socket activation
+  curl openssl        # the e2e tests fetch from the control plane and read its certificates
+  busybox-static      # a unit test unpacks bcd site's cpio archive with busybox cpio
+  xxd time            # scripts/bench: tpm2-tools' inputs, peak memory (/usr/bin/time)
 )
 
 # Installs the missing packages, running `apt-get update` once when needed.
@@ -20,7 +23,7 @@ ensure_packages() {
   local missing=()
   local p
   for p in "${BCD_PACKAGES[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+    [ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" = 'install ok installed' ] || missing+=("$p")
   done
   if ((${#missing[@]})); then
     local sudo=()

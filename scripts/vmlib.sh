@@ -9,7 +9,7 @@ BCD_VM_PACKAGES=(qemu-system-x86 ipxe-qemu busybox-static mmdebstrap e2fsprogs o
 ensure_vm_packages() {
   local missing=() p
   for p in "${BCD_VM_PACKAGES[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+    [ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" = 'install ok installed' ] || missing+=("$p")
   done
   ((${#missing[@]})) || return 0
   local sudo=()
@@ -26,7 +26,12 @@ ensure_vm_packages() {
   echo "installing Debian packages: ${missing[*]}" >&2
   "${sudo[@]}" apt-get update -qq
   local release=()
-  apt-cache policy qemu-system-x86 | grep -q bookworm-backports && release=(-t bookworm-backports)
+  # Not `apt-cache policy … | grep -q`: under pipefail grep's early exit
+  # kills apt-cache with SIGPIPE, the test reads 141 and backports are never
+  # asked for (issue 16).
+  local policy
+  policy=$(apt-cache policy qemu-system-x86)
+  [[ $policy == *bookworm-backports* ]] && release=(-t bookworm-backports)
   DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends \
     "${release[@]}" "${missing[@]}" >/dev/null
 }

@@ -223,32 +223,36 @@ fn package_units_verify_and_are_hardened() {
     assert!(tmpfiles.contains("d /run/bcd "));
 }
 
-/// The shell that packages, installs and tests the deployment, and builds
-/// and PXE-boots the ramdisk, passes shellcheck (when installed:
-/// scripts/lib.sh installs it).
+/// The project's bash scripts: the README's commands and what they call,
+/// packaging, the VM and PXE tests, the ramdisk build, the fixtures.
+const BASH_SCRIPTS: &[&str] = &[
+    ".ci/run",
+    "scripts/demo",
+    "scripts/test",
+    "scripts/lib.sh",
+    "scripts/fresh-check",
+    "scripts/bench",
+    "scripts/bench-helper",
+    "scripts/fuzz",
+    "scripts/tpm2-tools-join",
+    "scripts/tpm2-tools-renew",
+    "scripts/package",
+    "scripts/vmtest",
+    "scripts/vmlib.sh",
+    "scripts/pxetest",
+    "ramdisk/build",
+    "ramdisk/append-config",
+    "tpmsim-fixtures/manufacture",
+    "tpmsim-fixtures/regenerate",
+];
+
+/// Every shell script passes shellcheck. Not optional: scripts/lib.sh
+/// installs it, so a missing shellcheck is a broken set-up, not a skip.
 #[test]
-fn packaging_and_vm_scripts_pass_shellcheck() {
-    if Command::new("shellcheck")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        eprintln!("skipped: no shellcheck");
-        return;
-    }
+fn every_script_passes_shellcheck() {
     let ws = workspace();
     for (shell, files) in [
-        (
-            "bash",
-            &[
-                "scripts/package",
-                "scripts/vmtest",
-                "scripts/vmlib.sh",
-                "scripts/pxetest",
-                "ramdisk/build",
-                "ramdisk/append-config",
-            ][..],
-        ),
+        ("bash", BASH_SCRIPTS),
         (
             "sh",
             &[
@@ -267,7 +271,84 @@ fn packaging_and_vm_scripts_pass_shellcheck() {
             .args(files.iter().map(|f| ws.join(f)))
             .current_dir(&ws)
             .output()
-            .expect("run shellcheck");
+            .expect("run shellcheck (scripts/lib.sh installs it)");
         assert_ok(&out);
     }
+}
+
+/// No pipeline in the bash scripts (all run under `set -o pipefail`, or are
+/// sourced by one that does) ends in a reader that stops early: `grep -q`
+/// or `head` exit at the first line, the writer dies of SIGPIPE, and the
+/// pipeline's status is 141. That is how `apt-cache policy … | grep -q`
+/// never asked for bookworm-backports on a fresh machine (issue 16).
+/// Read the whole input instead (`sed -n 1p`, `grep -c`, `[[ $(…) == *x* ]]`),
+/// or let sed quit on a file it reads itself.
+#[test]
+fn no_pipeline_ends_in_an_early_exiting_reader() {
+    let ws = workspace();
+    let mut found = Vec::new();
+    for file in BASH_SCRIPTS {
+        let text = std::fs::read_to_string(ws.join(file)).expect("read script");
+        for (n, line) in text.lines().enumerate() {
+            if line.trim_start().starts_with('#') {
+                continue;
+            }
+            if let Some(reader) = early_exiting_reader(line) {
+                found.push(format!("{file}:{}: `{reader}` in `{}`", n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "early-exiting readers under pipefail:\n{}",
+        found.join("\n")
+    );
+}
+
+/// The first command after a `|` (not `||`) on the line that is one of the
+/// readers that may exit before their input ends.
+fn early_exiting_reader(line: &str) -> Option<String> {
+    let bytes = line.as_bytes();
+    let mut i = 0;
+    while let Some(off) = line[i..].find('|') {
+        let at = i + off;
+        i = at + 1;
+        let double = bytes.get(at + 1) == Some(&b'|') || (at > 0 && bytes[at - 1] == b'|');
+        if double {
+            i = at + 2;
+            continue;
+        }
+        let mut words = line[at + 1..].split_whitespace();
+        let Some(cmd) = words.next() else { continue };
+        let early = match cmd {
+            "head" => true,
+            "grep" | "egrep" | "fgrep" => words
+                .take_while(|w| w.starts_with('-') && !w.starts_with("--"))
+                .any(|w| w.contains('q') || w.contains('m')),
+            _ => false,
+        };
+        if early {
+            return Some(cmd.to_string());
+        }
+    }
+    None
+}
+
+#[test]
+fn the_reader_lint_sees_what_broke_the_fresh_machine() {
+    let bug = "  apt-cache policy qemu-system-x86 | grep -q bookworm-backports && release=(-t x)";
+    assert_eq!(early_exiting_reader(bug).as_deref(), Some("grep"));
+    assert_eq!(
+        early_exiting_reader("x=$(a | sed -n 1p | head -n1)").as_deref(),
+        Some("head")
+    );
+    assert_eq!(
+        early_exiting_reader("a | grep -Eqx y").as_deref(),
+        Some("grep")
+    );
+    assert_eq!(early_exiting_reader("a || grep -q y; b | grep -c y"), None);
+    assert_eq!(
+        early_exiting_reader("head -c 32 /dev/urandom | xxd -p"),
+        None
+    );
 }
