@@ -1,6 +1,9 @@
 //! Starts what a test needs and stops it when the test ends: a control plane
 //! in its own directory on a free loopback port, and agents with their own
-//! config and data directory.
+//! config and data directory. Every command a test runs through it
+//! ([`ControlPlane::cli`], [`Agent::run`], [`output_within`]) has a
+//! deadline, so a hang fails its test with the process's output instead of
+//! stalling the suite.
 
 #![allow(dead_code)]
 
@@ -21,6 +24,44 @@ pub fn bin(name: &str) -> PathBuf {
         path.display()
     );
     path
+}
+
+/// How long a test waits for one command it runs: far more than any command
+/// takes on a loaded 2-core machine, far less than CI's limit.
+pub const DEADLINE: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// Runs `cmd` to completion like [`Command::output`], but kills it (SIGKILL)
+/// and fails the test, showing what it printed, if it is still running
+/// after `deadline`.
+#[track_caller]
+pub fn output_within(mut cmd: Command, deadline: std::time::Duration) -> Output {
+    use std::sync::mpsc::{channel, RecvTimeoutError};
+    let child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    let (done, finished) = channel::<()>();
+    let watchdog = std::thread::spawn(move || {
+        let timed_out = finished.recv_timeout(deadline) == Err(RecvTimeoutError::Timeout);
+        if timed_out {
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+        }
+        timed_out
+    });
+    let out = child
+        .wait_with_output()
+        .unwrap_or_else(|e| panic!("waiting for {cmd:?}: {e}"));
+    let _ = done.send(());
+    let timed_out = watchdog.join().unwrap_or(false);
+    assert!(
+        !timed_out,
+        "{cmd:?} still ran after {deadline:?} and was killed\nstdout: {}\nstderr: {}",
+        stdout(&out),
+        stderr(&out)
+    );
+    out
 }
 
 pub fn stdout(out: &Output) -> String {
@@ -197,14 +238,14 @@ impl ControlPlane {
 
     pub fn cli(&self, args: &[&str]) -> Output {
         let (cmd, rest) = split_command(args);
-        Command::new(bin("bc-controlplane"))
+        let mut command = Command::new(bin("bc-controlplane"));
+        command
             .args(cmd)
             .arg("--dir")
             .arg(self.path())
             .args(rest)
-            .stdin(Stdio::null())
-            .output()
-            .expect("run bc-controlplane")
+            .stdin(Stdio::null());
+        output_within(command, DEADLINE)
     }
 
     /// `token create`: returns the token text.
@@ -402,7 +443,7 @@ impl Agent {
     }
 
     pub fn run(&self, args: &[&str]) -> Output {
-        self.command(args).output().expect("run bcd")
+        output_within(self.command(args), DEADLINE)
     }
 
     /// `bcd join --token-file F` with the token in a 0600 file.

@@ -231,6 +231,7 @@ const BASH_SCRIPTS: &[&str] = &[
     "scripts/test",
     "scripts/lib.sh",
     "scripts/fresh-check",
+    "scripts/release-check",
     "scripts/bench",
     "scripts/bench-helper",
     "scripts/fuzz",

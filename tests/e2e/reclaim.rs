@@ -3,7 +3,7 @@
 //! changed*). Product UUIDs come from a fake sysfs (failpoints builds).
 
 use crate::harness::*;
-use crate::provisioned::{assert_refused, join_as, machine, node, node_id, UUID};
+use crate::provisioned::{assert_refused, join_as, machine, node, node_id, OTHER_UUID, UUID};
 
 #[test]
 fn a_known_machine_is_refused_unless_the_token_allows_a_reclaim() {
@@ -121,4 +121,66 @@ fn a_replaced_tpm_joins_only_after_the_old_node_is_deleted() {
     assert_ne!(new, old, "a new node");
     assert_eq!(node(&cp, &new)["hardwareKey"], format!("tpm-ek:{new_ek}"));
     assert_eq!(cp.nodes().len(), 1);
+}
+
+/// A token that names the node it re-keys (`token create --role provisioned
+/// --node N`) is refused, each by its own reason, when N was deleted
+/// (`join:reclaim-unknown-node`), retired (`join:reclaim-retired`) or has
+/// another role than the join (`join:reclaim-role`) by the time the machine
+/// joins: ACCESS_DENIED at bcd, nothing written, the token keeps its use.
+#[test]
+fn a_reclaim_of_a_deleted_retired_or_other_role_node_is_refused() {
+    use std::os::unix::fs::PermissionsExt as _;
+    const THIRD_UUID: &str = "4c4c4544-0042-3510-8052-b4c04f4e4d34";
+    let cp = ControlPlane::start();
+    let joined = |uuid: &str, extra: &[&str]| -> String {
+        let agent = machine(&cp, Some(uuid));
+        let role = if extra.is_empty() { "node" } else { "site" };
+        let file = agent.root.path().join("token");
+        std::fs::write(&file, cp.token(role, extra)).unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert_ok(&agent.run(&[
+            "join",
+            "--role",
+            role,
+            "--token-file",
+            &file.to_string_lossy(),
+        ]));
+        node_id(&agent)
+    };
+    let rekey = |node: &str, uuid: &str| {
+        cp.token(
+            "provisioned",
+            &["--node", node, "--expect-product-uuid", uuid],
+        )
+    };
+
+    let deleted = joined(UUID, &[]);
+    let token = rekey(&deleted, UUID);
+    assert_ok(&cp.cli(&["nodes", "cordon", &deleted]));
+    assert_ok(&cp.cli(&["nodes", "delete", &deleted, "--yes"]));
+    let again = machine(&cp, Some(UUID));
+    assert_refused(
+        &cp,
+        &again,
+        "provisioned",
+        &token,
+        "join:reclaim-unknown-node",
+    );
+    assert_eq!(cp.refusals().pop().unwrap()["nodeId"], deleted.as_str());
+
+    let retired = joined(OTHER_UUID, &[]);
+    let token = rekey(&retired, OTHER_UUID);
+    assert_ok(&cp.cli(&["nodes", "retire", &retired]));
+    let again = machine(&cp, Some(OTHER_UUID));
+    assert_refused(&cp, &again, "provisioned", &token, "join:reclaim-retired");
+    assert_eq!(cp.refusals().pop().unwrap()["nodeId"], retired.as_str());
+
+    assert_ok(&cp.cli(&["sites", "create", "dc1"]));
+    let site_node = joined(THIRD_UUID, &["--site", "dc1"]);
+    let token = rekey(&site_node, THIRD_UUID);
+    let again = machine(&cp, Some(THIRD_UUID));
+    assert_refused(&cp, &again, "provisioned", &token, "join:reclaim-role");
+    assert_eq!(cp.refusals().pop().unwrap()["nodeId"], site_node.as_str());
+    assert_eq!(cp.refusals().len(), 3);
 }
