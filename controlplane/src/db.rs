@@ -255,6 +255,31 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE tpm_resolve ADD COLUMN site_id TEXT;
     ALTER TABLE join_requests ADD COLUMN site_id TEXT;
     "#,
+    // 11: a boot entry's discovery tokens: one per boot script (each single
+    // use), so that the entry is spent by a join, not by a request. The
+    // entry's own token (boot_entries.token_id) is the first.
+    r#"
+    CREATE TABLE boot_tokens (
+        token_id    TEXT PRIMARY KEY REFERENCES join_tokens(id),
+        workflow_id TEXT NOT NULL REFERENCES boot_entries(workflow_id),
+        created_at  INTEGER NOT NULL
+    ) STRICT;
+    CREATE INDEX boot_tokens_by_workflow ON boot_tokens(workflow_id);
+    INSERT INTO boot_tokens (token_id, workflow_id, created_at)
+        SELECT token_id, workflow_id, created_at FROM boot_entries;
+    CREATE INDEX boot_entries_by_node ON boot_entries(node_id) WHERE node_id IS NOT NULL;
+    -- Claimed UUIDs were kept as trusted ones before: a TPM join's SMBIOS
+    -- UUID, a ramdisk's asserted (iPXE's) UUID, and placeholders. Only the EK
+    -- of a TPM node stays its key.
+    UPDATE nodes SET product_uuid = NULL WHERE hardware_key LIKE 'tpm-ek:%';
+    UPDATE nodes SET hardware_key = NULL, product_uuid = NULL WHERE role = 'ramdisk';
+    UPDATE nodes SET hardware_key = NULL, product_uuid = NULL
+     WHERE product_uuid IN ('00000000-0000-0000-0000-000000000000',
+                            'ffffffff-ffff-ffff-ffff-ffffffffffff',
+                            '03000200-0400-0500-0006-000700080009',
+                            '00020003-0004-0005-0006-000700080009',
+                            '12345678-1234-5678-90ab-cddeefaabbcc');
+    "#,
 ];
 
 #[derive(Debug, thiserror::Error)]
