@@ -12,6 +12,14 @@
 //! refusal log ([`crate::eventlog`]) as join refusals do: identical ones
 //! (same call, site, node, reason and source) are counted per minute, not
 //! stored one by one, and only the first of a minute is logged at warn.
+//!
+//! Reasons: of the caller `no-client-certificate`, `certificate-identity`,
+//! `unknown-certificate`, `certificate-stale`, `node-retired`,
+//! `not-site-node`; of the lease `lease-lost`, `not-lease-holder`; of a
+//! SecretRequest `secret-signature`, `secret-stale`, `unknown-workflow`
+//! (none named, or not of this site), `workflow-closed` (joined or expired),
+//! `workflow-mac` (its MAC is not the entry's), `workflow-busy` (the entry
+//! has [`crate::boot::MAX_LIVE_TOKENS`] unspent tokens).
 
 use bc_wire::site;
 use std::net::IpAddr;

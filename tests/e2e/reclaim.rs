@@ -22,6 +22,19 @@ fn a_known_machine_is_refused_unless_the_token_allows_a_reclaim() {
     let bound = cp.token("node", &["--expect-product-uuid", UUID]);
     assert_refused(&cp, &again, "join-token", &bound, "reclaim");
     assert_eq!(cp.refusals().pop().unwrap()["nodeId"], id.as_str());
+    // bcd's message names the case among the others (the reason itself
+    // stays on the server).
+    let out = join_as(
+        &again,
+        "join-token",
+        &cp.token("node", &["--expect-product-uuid", UUID]),
+    );
+    assert_access_denied(&out);
+    assert!(
+        stderr(&out).contains("is already another live node: delete that node first"),
+        "{}",
+        stderr(&out)
+    );
     let provisioned = cp.token("provisioned", &["--expect-product-uuid", UUID]);
     assert_refused(&cp, &again, "provisioned", &provisioned, "reclaim");
 
