@@ -8,8 +8,9 @@
 //!   machine boots always boots it;
 //!   listings are made one at a time, at most one per [`MISS_FRESH`], and
 //!   every request waiting meanwhile is answered by the same one;
-//! - a MAC answered unknown is answered so again from memory for
-//!   [`NEGATIVE`] (a machine retrying, a client repeating itself);
+//! - a MAC answered unknown, or whose SecretRequest was refused, is
+//!   answered unknown again from memory for [`NEGATIVE`] (a machine
+//!   retrying, a client repeating itself);
 //! - a known MAC is answered from a copy up to [`FRESH`] old: an entry
 //!   that joined or closed since is refused at its SecretRequest, and then
 //!   forgotten.
@@ -52,6 +53,15 @@ struct Copy {
     failed: bool,
     /// MACs answered unknown, and when.
     unknown: HashMap<String, Instant>,
+}
+
+impl Copy {
+    fn remember_unknown(&mut self, mac: &str) {
+        if self.unknown.len() >= MAX_NEGATIVE {
+            self.unknown.clear();
+        }
+        self.unknown.insert(mac.to_owned(), Instant::now());
+    }
 }
 
 #[derive(Default)]
@@ -119,19 +129,20 @@ impl Entries {
         match copy.by_mac.get(mac) {
             Some(e) => Lookup::Found(e.clone()),
             None => {
-                if copy.unknown.len() >= MAX_NEGATIVE {
-                    copy.unknown.clear();
-                }
-                copy.unknown.insert(mac.to_owned(), Instant::now());
+                copy.remember_unknown(mac);
                 Lookup::Unknown
             }
         }
     }
 
-    /// Drops `mac`'s entry from the copy (the control plane refused its
-    /// SecretRequest: it joined or closed since the listing).
+    /// Drops `mac`'s entry from the copy and answers it unknown for
+    /// [`NEGATIVE`]: the control plane refused its SecretRequest (it joined
+    /// or closed since the listing, or has all the tokens it may have), so
+    /// a client repeating the request costs a signature a second at most.
     pub async fn forget(&self, mac: &str) {
-        self.copy.lock().await.by_mac.remove(mac);
+        let mut copy = self.copy.lock().await;
+        copy.by_mac.remove(mac);
+        copy.remember_unknown(mac);
     }
 }
 
@@ -219,9 +230,13 @@ mod tests {
         tokio::time::advance(FRESH).await;
         assert_eq!(entries.lookup(KNOWN, list.clone()).await, found);
         assert_eq!(n(), 4);
-        // Forgotten (refused at its SecretRequest): listed again when asked.
+        // Forgotten (refused at its SecretRequest): unknown for NEGATIVE,
+        // then listed again.
         entries.forget(KNOWN).await;
         tick().await;
+        assert_eq!(entries.lookup(KNOWN, list.clone()).await, Lookup::Unknown);
+        assert_eq!(n(), 4);
+        tokio::time::advance(NEGATIVE).await;
         assert_eq!(entries.lookup(KNOWN, list.clone()).await, found);
         assert_eq!(n(), 5);
         // A failed listing answers Unreachable; the next request lists

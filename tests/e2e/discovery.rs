@@ -621,6 +621,18 @@ fn secret_requests_name_their_workflow_and_each_gets_its_own_token() {
     let holder = SiteNode::join(&cp, &site_id);
     let epoch = holder.acquire().unwrap().epoch;
     let wf = boot_add(&cp, "dc1", MAC, &["--product-uuid", UUID]);
+    // What bcd site answers iPXE from: the open entries, to the holder only.
+    let listed = block_on(holder.client().list_boot_entries(&site_id)).unwrap();
+    assert_eq!(listed.entries.len(), 1);
+    let e = &listed.entries[0];
+    assert_eq!((e.workflow_id.as_str(), e.mac.as_str()), (wf.as_str(), MAC));
+    assert_eq!(e.product_uuid, UUID);
+    let standby = SiteNode::join(&cp, &site_id);
+    assert_site_refused(
+        &cp,
+        block_on(standby.client().list_boot_entries(&site_id)),
+        "not-lease-holder",
+    );
     // No workflow (only the MAC), or a MAC that is not the workflow's.
     assert_site_refused(&cp, holder.secret_for("", MAC), "unknown-workflow");
     assert_site_refused(
