@@ -89,7 +89,8 @@ impl Site {
         };
         if let (Some(want), Some(said)) = (&entry.product_uuid, &q.uuid) {
             if want != said {
-                tracing::warn!(mac = %q.mac, workflow = %entry.workflow_id, uuid = %said, "boot request refused: its product UUID is not its boot entry's");
+                // Said on the console and in the exit line (info: a client
+                // repeating it must not flood the log).
                 return Err(format!(
                     "the product UUID {said} is not the one of {}'s boot entry",
                     q.mac
@@ -110,10 +111,7 @@ impl Site {
             Err(ClientError::AccessDenied) => {
                 // Joined or closed since the listing.
                 self.entries.forget(&q.mac).await;
-                return Err(format!(
-                    "the control plane refused the boot entry of {} (joined or closed)",
-                    q.mac
-                ));
+                return Err(format!("no open boot entry for {} at this site", q.mac));
             }
             Err(e) => {
                 tracing::warn!(mac = %q.mac, error = %e, "cannot fetch the boot entry's token");
