@@ -32,9 +32,9 @@ use crate::{clock, failpoint, out};
 
 /// The one answer to every refusal: the control plane keeps the reason, so
 /// this lists what the operator can check on their side.
-pub const ACCESS_DENIED: &str = "access denied: the control plane refused the join (check the token: wrong, expired, revoked, used up, or for another role)";
+pub const ACCESS_DENIED: &str = "access denied: the control plane refused the join (check the token: wrong, expired, revoked, used up, or for another role; or this machine, the product UUID the token is bound to, is already another live node: delete that node first, or use a token that may take it over)";
 /// The same for a TPM join, where the TPM is the credential.
-pub const ACCESS_DENIED_TPM: &str = "access denied: the control plane refused the TPM join (check that it trusts the EK's maker (ek-roots), that this EK is allowed or approved, that it is not bound to another node, and that the pool admits tpm; `bcd tpm identify` shows the EK)";
+pub const ACCESS_DENIED_TPM: &str = "access denied: the control plane refused the TPM join (check that it trusts the EK's maker (ek-roots), that this EK is allowed or approved, that it is not bound to another node, that no other live node holds this machine's hardware key (delete the old node first), and that the pool admits tpm; `bcd tpm identify` shows the EK)";
 /// The same for a PXE ramdisk's discovery join.
 pub const ACCESS_DENIED_DISCOVERY: &str = "access denied: the control plane refused the discovery join (the boot entry's token may be used, expired or for another MAC or site, the assertion stale or already used, or the boot server no longer the site's lease holder; add a new boot entry and PXE-boot again)";
 /// The same for a provisioned join (the token from the machine's user data).

@@ -123,9 +123,10 @@ pub struct AttestationResult {
     /// ramdisk's), the command kinds it may be sent, the longest
     /// certificate it may hold. `None`: unscoped. Boxed: it is rare.
     pub scope: Option<Box<crate::records::NodeScope>>,
-    /// The product UUID the attestor proved (normalized): the TPM's
-    /// machine, a provisioned token's bound machine, a discovery
-    /// assertion's. Recorded as the node's trusted hardware key.
+    /// The product UUID the attestor proved or an operator bound (normalized):
+    /// a provisioned token's bound machine. Never a UUID the machine merely
+    /// claims (a TPM join's, a discovery assertion's). Recorded as the node's
+    /// trusted hardware key unless it is a placeholder ([`crate::hardware`]).
     pub proven_product_uuid: Option<String>,
     /// The token allows reclaiming the live node that holds this machine's
     /// hardware key (`token create --allow-reclaim`).

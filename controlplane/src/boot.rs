@@ -2,15 +2,27 @@
 //!
 //! `boot add` writes an entry (site, MAC, optional product UUID, expiry) with
 //! a workflow id and mints its discovery token: role `discovery`, one use,
-//! that site, `expect.mac` = the MAC, expiring with the entry. Unlike every
-//! other token, the site's lease holder must be able to fetch it again (it
-//! puts it on the ramdisk's command line), so its text is kept here sealed
-//! (AES-256-GCM, a key derived from the control plane's challenge key, the
-//! workflow id as associated data): the database alone still admits nothing.
+//! that site, `expect.mac` = the MAC and `expect.productUuid` = the entry's
+//! UUID when it has one, expiring with the entry. Unlike every other token,
+//! the site's lease holder must be able to fetch it (it puts it on the
+//! ramdisk's command line), so its text is kept here sealed (AES-256-GCM, a
+//! key derived from the control plane's challenge key, the workflow id as
+//! associated data): the database alone still admits nothing.
 //!
-//! An entry is `waiting`, then `vouched` once the lease holder fetched its
+//! The entry is spent by a join, not by a request: the first SecretRequest
+//! gets that token, every later one a new single-use token of the same
+//! binding ([`issue_token`], at most [`MAX_LIVE_TOKENS`] unspent at once),
+//! so a neighbour on the boot LAN that fetched the machine's script first
+//! takes nothing from it: its refused join leaves the entry open. The join
+//! one of them admits closes the entry and revokes the others
+//! ([`mark_joined`]).
+//!
+//! An entry is `waiting`, then `vouched` once the lease holder fetched a
 //! token, then `joined` by the node the discovery attestor admitted with it;
-//! `expired` when its time passed before that.
+//! `expired` when its time passed before that. A ramdisk node lives no
+//! longer than its entry ([`cert_not_after`]) and is retired when a later
+//! entry of the same machine joins or its own entry expired
+//! ([`retire_superseded`]).
 
 use aes_gcm::aead::{Aead, KeyInit, Payload};
 use aes_gcm::{Aes256Gcm, Nonce};
@@ -21,10 +33,22 @@ use rusqlite::{OptionalExtension, Transaction};
 use crate::attestor::Expect;
 use crate::db::{self, Database, DbError, UnixMs};
 use crate::pools::PoolError;
+use crate::records::{self, NewEvent};
 use crate::tokens::{self, TokenScope};
 
 /// The role of discovery tokens: no join-token join accepts it.
 pub const DISCOVERY_ROLE: &str = "discovery";
+
+/// Unspent, unrevoked tokens one entry may have at once. Each boot script
+/// gets one; a machine retrying its PXE boot needs a few, a flood of
+/// requests for its MAC gets refused past this rather than filling the
+/// token table (the tokens expire with the entry).
+pub const MAX_LIVE_TOKENS: i64 = 32;
+
+/// The most open entries [`list_open`] answers (newest first): about
+/// 100 bytes each, well under the 1 MiB an agent reads of an answer. A site
+/// with more open entries boots only its newest ones.
+pub const MAX_LISTED: i64 = 4096;
 
 const NONCE_LEN: usize = 12;
 
@@ -128,29 +152,22 @@ pub fn add(db: &Database, key: &BootKey, new: &NewEntry<'_>) -> Result<BootEntry
     db.write(|tx| {
         let site_id = crate::sites::resolve(tx, new.site)?;
         let now = db::compute_now(tx)?;
-        let scope = TokenScope {
-            pool: None,
-            expect: Expect {
-                mac: Some(new.mac.to_owned()),
-                product_uuid: None,
-            },
-            site: Some(&site_id),
-            ..TokenScope::default()
-        };
-        let (token, row) = tokens::insert_token(tx, DISCOVERY_ROLE, 1, new.ttl_ms, &scope)?;
-        let sealed = key.seal(&workflow_id, &token.expose())?;
-        let entry = BootEntry {
+        let mut entry = BootEntry {
             workflow_id: workflow_id.clone(),
             site_id,
             mac: new.mac.to_owned(),
             product_uuid: new.product_uuid.map(str::to_owned),
-            token_id: row.id,
-            not_after: row.expires_at,
+            token_id: String::new(),
+            not_after: now.saturating_add(new.ttl_ms),
             created_at: now,
             vouched_at: None,
             joined_at: None,
             node_id: None,
         };
+        let (token, row) = mint(tx, &entry, new.ttl_ms)?;
+        let sealed = key.seal(&workflow_id, &token.expose())?;
+        entry.token_id = row.id;
+        entry.not_after = row.expires_at;
         tx.execute(
             "INSERT INTO boot_entries (workflow_id, site_id, mac, product_uuid, token_id,
                                        sealed_secret, not_after, created_at)
@@ -167,8 +184,41 @@ pub fn add(db: &Database, key: &BootKey, new: &NewEntry<'_>) -> Result<BootEntry
             ],
         )
         .map_err(DbError::from)?;
+        link_token(tx, &entry.token_id, &entry.workflow_id, now)?;
         Ok(entry)
     })
+}
+
+/// A new single-use discovery token bound as the entry is: its site, its
+/// MAC and (when it has one) its product UUID, living `ttl_ms`.
+fn mint(
+    tx: &Transaction<'_>,
+    entry: &BootEntry,
+    ttl_ms: i64,
+) -> Result<(JoinToken, tokens::TokenRow), PoolError> {
+    let scope = TokenScope {
+        pool: None,
+        expect: Expect {
+            mac: Some(entry.mac.clone()),
+            product_uuid: entry.product_uuid.clone(),
+        },
+        site: Some(&entry.site_id),
+        ..TokenScope::default()
+    };
+    tokens::insert_token(tx, DISCOVERY_ROLE, 1, ttl_ms, &scope)
+}
+
+fn link_token(
+    tx: &Transaction<'_>,
+    token_id: &str,
+    workflow_id: &str,
+    now: UnixMs,
+) -> Result<(), DbError> {
+    tx.execute(
+        "INSERT INTO boot_tokens (token_id, workflow_id, created_at) VALUES (?1, ?2, ?3)",
+        rusqlite::params![token_id, workflow_id, now],
+    )?;
+    Ok(())
 }
 
 const SELECT: &str = "SELECT workflow_id, site_id, mac, product_uuid, token_id, not_after,
@@ -207,60 +257,168 @@ pub fn get(tx: &Transaction<'_>, workflow_id: &str) -> Result<Option<BootEntry>,
         .optional()?)
 }
 
-/// The newest entry of `site_id` for `mac` that is neither joined nor
-/// expired at `now`: the one a site boots when iPXE asks by MAC.
-pub fn open_for_mac(
+/// The open entries of a site (neither joined nor expired at `now`),
+/// newest first, at most [`MAX_LISTED`]: what its boot server answers from.
+pub fn list_open(
     tx: &Transaction<'_>,
     site_id: &str,
-    mac: &str,
     now: UnixMs,
-) -> Result<Option<BootEntry>, DbError> {
+) -> Result<Vec<BootEntry>, DbError> {
+    let mut st = tx.prepare(&format!(
+        "{SELECT} WHERE site_id = ?1 AND joined_at IS NULL AND not_after > ?2
+         ORDER BY created_at DESC, workflow_id DESC LIMIT ?3"
+    ))?;
+    let rows = st.query_map(rusqlite::params![site_id, now, MAX_LISTED], read_row)?;
+    Ok(rows.collect::<Result<Vec<_>, _>>()?)
+}
+
+/// Why [`issue_token`] gave no token.
+#[derive(Debug, PartialEq, Eq)]
+pub enum NoToken {
+    /// [`MAX_LIVE_TOKENS`] unspent tokens of the entry are live.
+    TooMany,
+}
+
+/// A token of an open entry for its site's lease holder, one per boot
+/// script: the entry's own token the first time, a new one of the same
+/// binding after (expiring with the entry). Marks the entry vouched.
+pub fn issue_token(
+    tx: &Transaction<'_>,
+    key: &BootKey,
+    entry: &BootEntry,
+    now: UnixMs,
+) -> Result<Result<JoinToken, NoToken>, PoolError> {
+    let token = if entry.vouched_at.is_none() {
+        let sealed: Vec<u8> = tx
+            .query_row(
+                "SELECT sealed_secret FROM boot_entries WHERE workflow_id = ?1",
+                [&entry.workflow_id],
+                |r| r.get(0),
+            )
+            .map_err(DbError::from)?;
+        let text = key.open(&entry.workflow_id, &sealed)?;
+        JoinToken::parse(&text).map_err(|_| DbError::Corrupt {
+            what: "boot entry token",
+            detail: format!("{}: not a token", entry.workflow_id),
+        })?
+    } else {
+        let live: i64 = tx
+            .query_row(
+                "SELECT count(*) FROM boot_tokens b JOIN join_tokens t ON t.id = b.token_id
+                 WHERE b.workflow_id = ?1 AND t.uses_left > 0 AND t.revoked_at IS NULL
+                   AND t.expires_at > ?2",
+                rusqlite::params![entry.workflow_id, now],
+                |r| r.get(0),
+            )
+            .map_err(DbError::from)?;
+        if live >= MAX_LIVE_TOKENS {
+            return Ok(Err(NoToken::TooMany));
+        }
+        let (token, row) = mint(tx, entry, entry.not_after.saturating_sub(now))?;
+        link_token(tx, &row.id, &entry.workflow_id, now)?;
+        token
+    };
+    tx.execute(
+        "UPDATE boot_entries SET vouched_at = ?2 WHERE workflow_id = ?1 AND vouched_at IS NULL",
+        rusqlite::params![entry.workflow_id, now],
+    )
+    .map_err(DbError::from)?;
+    Ok(Ok(token))
+}
+
+/// The entry a discovery token belongs to.
+pub fn entry_of_token(tx: &Transaction<'_>, token_id: &str) -> Result<Option<BootEntry>, DbError> {
     Ok(tx
         .query_row(
             &format!(
-                "{SELECT} WHERE site_id = ?1 AND mac = ?2 AND joined_at IS NULL AND not_after > ?3
-                 ORDER BY created_at DESC, workflow_id DESC LIMIT 1"
+                "{SELECT} WHERE workflow_id = (SELECT workflow_id FROM boot_tokens WHERE token_id = ?1)"
             ),
-            rusqlite::params![site_id, mac, now],
+            [token_id],
             read_row,
         )
         .optional()?)
 }
 
-/// The token of an entry for its site's lease holder; marks it vouched.
-pub fn fetch_token(
-    tx: &Transaction<'_>,
-    key: &BootKey,
-    entry: &BootEntry,
-    now: UnixMs,
-) -> Result<JoinToken, DbError> {
-    let sealed: Vec<u8> = tx.query_row(
-        "SELECT sealed_secret FROM boot_entries WHERE workflow_id = ?1",
-        [&entry.workflow_id],
-        |r| r.get(0),
-    )?;
-    let text = key.open(&entry.workflow_id, &sealed)?;
-    let token = JoinToken::parse(&text).map_err(|_| DbError::Corrupt {
-        what: "boot entry token",
-        detail: format!("{}: not a token", entry.workflow_id),
-    })?;
-    tx.execute(
-        "UPDATE boot_entries SET vouched_at = ?2 WHERE workflow_id = ?1 AND vouched_at IS NULL",
-        rusqlite::params![entry.workflow_id, now],
-    )?;
-    Ok(token)
-}
-
-/// Records that `node_id` joined with the entry whose token is `token_id`.
+/// Records that `node_id` joined with the entry `token_id` belongs to, and
+/// revokes the entry's other tokens: one entry, one join.
 pub fn mark_joined(
     tx: &Transaction<'_>,
     token_id: &str,
     node_id: &str,
     now: UnixMs,
 ) -> Result<(), DbError> {
+    let Some(entry) = entry_of_token(tx, token_id)? else {
+        return Ok(());
+    };
     tx.execute(
-        "UPDATE boot_entries SET joined_at = ?2, node_id = ?3 WHERE token_id = ?1",
-        rusqlite::params![token_id, now, node_id],
+        "UPDATE boot_entries SET joined_at = ?2, node_id = ?3 WHERE workflow_id = ?1",
+        rusqlite::params![entry.workflow_id, now, node_id],
+    )?;
+    tx.execute(
+        "UPDATE join_tokens SET revoked_at = ?2
+         WHERE revoked_at IS NULL AND id != ?3
+           AND id IN (SELECT token_id FROM boot_tokens WHERE workflow_id = ?1)",
+        rusqlite::params![entry.workflow_id, now, token_id],
     )?;
     Ok(())
+}
+
+/// The latest a ramdisk node's certificate may last: its boot entry's end
+/// (`None` for a node no entry admitted).
+pub fn cert_not_after(tx: &Transaction<'_>, node_id: &str) -> Result<Option<UnixMs>, DbError> {
+    Ok(tx
+        .query_row(
+            "SELECT min(not_after) FROM boot_entries WHERE node_id = ?1",
+            [node_id],
+            |r| r.get::<_, Option<UnixMs>>(0),
+        )
+        .optional()?
+        .flatten())
+}
+
+/// Retires the live ramdisk nodes that `entry`'s join supersedes, so that
+/// none of them blocks it: those admitted by an earlier entry of the same
+/// site and MAC (an earlier commissioning of this machine), those whose
+/// trusted hardware key is `hardware_key` (the same operator-bound UUID),
+/// and those whose own entry has expired. Returns how many.
+pub fn retire_superseded(
+    tx: &Transaction<'_>,
+    entry: &BootEntry,
+    hardware_key: Option<&str>,
+    now: UnixMs,
+) -> Result<usize, DbError> {
+    let mut st = tx.prepare(
+        "SELECT id FROM nodes
+         WHERE role = 'ramdisk' AND retired_at IS NULL AND deleted_at IS NULL AND (
+               id IN (SELECT node_id FROM boot_entries
+                      WHERE node_id IS NOT NULL
+                        AND ((site_id = ?1 AND mac = ?2) OR not_after <= ?4))
+            OR (?3 IS NOT NULL AND hardware_key = ?3))",
+    )?;
+    let ids = st
+        .query_map(
+            rusqlite::params![entry.site_id, entry.mac, hardware_key, now],
+            |r| r.get::<_, String>(0),
+        )?
+        .collect::<Result<Vec<_>, _>>()?;
+    for id in &ids {
+        tx.execute(
+            "UPDATE nodes SET retired_at = ?2 WHERE id = ?1",
+            rusqlite::params![id, now],
+        )?;
+        records::insert_event(
+            tx,
+            &NewEvent {
+                kind: records::EVENT_NODE_RETIRED,
+                at: now,
+                attestor: None,
+                reason: Some("superseded"),
+                token_id: None,
+                node_id: Some(id),
+                data: serde_json::json!({ "supersededBy": entry.workflow_id }),
+            },
+        )?;
+        tracing::info!(node_id = %id, workflow = %entry.workflow_id, "ramdisk node retired: superseded by a later commissioning or its entry closed");
+    }
+    Ok(ids.len())
 }

@@ -31,6 +31,7 @@
 //! [discovery]
 //! cert_ttl = "2h"                   # a ramdisk's certificate (1m to 2h)
 //! lease_ttl = "30s"                 # the boot lease (1s to 7d)
+//! max_age = "15m"                   # an assertion is stale this long after issued_at (1m to 1h)
 //! allowed_kinds = ["inventory.refresh", …]  # default: DISCOVERY_ALLOWED_KINDS
 //!
 //! [cloud_iid]
@@ -88,6 +89,9 @@ pub struct DiscoveryConfig {
     pub cert_ttl_ms: i64,
     pub lease_ttl_ms: i64,
     pub allowed_kinds: Vec<String>,
+    /// The spec's `maxAgeMs`: an assertion is valid until the earlier of
+    /// its not_after and issued_at + this.
+    pub max_age_ms: i64,
 }
 
 /// The spec's `discoveryAllowedKinds`: the commissioning command kinds, the
@@ -102,6 +106,9 @@ pub const DISCOVERY_ALLOWED_KINDS: &[&str] = &[
 ];
 /// A ramdisk certificate lasts at most this long.
 pub const MAX_DISCOVERY_CERT_TTL_MS: i64 = 2 * 3_600_000;
+/// The longest `[discovery] max_age`: an hour (bcd site's own assertions
+/// carry a not_after of at most 15 minutes anyway).
+const MAX_DISCOVERY_MAX_AGE_MS: i64 = 3_600_000;
 const MAX_LEASE_TTL_MS: i64 = 7 * 86_400_000;
 
 impl Default for DiscoveryConfig {
@@ -109,6 +116,7 @@ impl Default for DiscoveryConfig {
         DiscoveryConfig {
             cert_ttl_ms: MAX_DISCOVERY_CERT_TTL_MS,
             lease_ttl_ms: crate::sites::DEFAULT_LEASE_TTL_MS,
+            max_age_ms: bc_wire::site::ASSERTION_MAX_AGE_MS,
             allowed_kinds: DISCOVERY_ALLOWED_KINDS
                 .iter()
                 .map(|k| (*k).to_owned())
@@ -223,6 +231,7 @@ struct RawDiscovery {
     cert_ttl: Option<Spanned<String>>,
     lease_ttl: Option<Spanned<String>>,
     allowed_kinds: Option<Spanned<Vec<String>>>,
+    max_age: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -387,6 +396,14 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
                 "discovery.lease_ttl",
                 |ms| (1000..=MAX_LEASE_TTL_MS).contains(&ms),
                 "from 1s to 7d",
+            )?;
+        }
+        if let Some(v) = d.max_age {
+            config.discovery.max_age_ms = duration(
+                &v,
+                "discovery.max_age",
+                |ms| (60_000..=MAX_DISCOVERY_MAX_AGE_MS).contains(&ms),
+                "from 1m to 1h",
             )?;
         }
         if let Some(v) = d.allowed_kinds {
@@ -677,6 +694,14 @@ mod tests {
         assert_eq!(d.allowed_kinds, ["diag.*"]);
         assert!(err("[discovery]\ncert_ttl = \"3h\"\n").contains("from 1m to 2h"));
         assert!(err("[discovery]\nlease_ttl = \"0s\"\n").contains("discovery.lease_ttl"));
+        assert!(err("[discovery]\nmax_age = \"2h\"\n").contains("discovery.max_age"));
+        assert_eq!(
+            p("[discovery]\nmax_age = \"5m\"\n")
+                .unwrap()
+                .discovery
+                .max_age_ms,
+            300_000
+        );
         assert!(err("[discovery]\nallowed_kinds = [\"a b\"]\n").contains("allowed_kinds"));
     }
 

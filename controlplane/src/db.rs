@@ -255,6 +255,31 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE tpm_resolve ADD COLUMN site_id TEXT;
     ALTER TABLE join_requests ADD COLUMN site_id TEXT;
     "#,
+    // 11: a boot entry's discovery tokens: one per boot script (each single
+    // use), so that the entry is spent by a join, not by a request. The
+    // entry's own token (boot_entries.token_id) is the first.
+    r#"
+    CREATE TABLE boot_tokens (
+        token_id    TEXT PRIMARY KEY REFERENCES join_tokens(id),
+        workflow_id TEXT NOT NULL REFERENCES boot_entries(workflow_id),
+        created_at  INTEGER NOT NULL
+    ) STRICT;
+    CREATE INDEX boot_tokens_by_workflow ON boot_tokens(workflow_id);
+    INSERT INTO boot_tokens (token_id, workflow_id, created_at)
+        SELECT token_id, workflow_id, created_at FROM boot_entries;
+    CREATE INDEX boot_entries_by_node ON boot_entries(node_id) WHERE node_id IS NOT NULL;
+    -- Claimed UUIDs were kept as trusted ones before: a TPM join's SMBIOS
+    -- UUID, a ramdisk's asserted (iPXE's) UUID, and placeholders. Only the EK
+    -- of a TPM node stays its key.
+    UPDATE nodes SET product_uuid = NULL WHERE hardware_key LIKE 'tpm-ek:%';
+    UPDATE nodes SET hardware_key = NULL, product_uuid = NULL WHERE role = 'ramdisk';
+    UPDATE nodes SET hardware_key = NULL, product_uuid = NULL
+     WHERE product_uuid IN ('00000000-0000-0000-0000-000000000000',
+                            'ffffffff-ffff-ffff-ffff-ffffffffffff',
+                            '03000200-0400-0500-0006-000700080009',
+                            '00020003-0004-0005-0006-000700080009',
+                            '12345678-1234-5678-90ab-cddeefaabbcc');
+    "#,
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -557,6 +582,60 @@ mod tests {
         let keys = crate::hardware::keys(&db).unwrap();
         assert_eq!(keys.len(), 1);
         assert_eq!(keys["node_a"], "tpm-ek:ab12");
+    }
+
+    /// Migration 11 keeps only attested or operator-bound hardware keys:
+    /// a TPM node's claimed UUID, a ramdisk's asserted one and placeholders
+    /// go; an EK and a bound UUID stay. Boot entries' tokens are linked.
+    #[test]
+    fn migration_11_drops_claimed_hardware_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("old.db");
+        {
+            let conn = Connection::open(&path).unwrap();
+            for sql in &MIGRATIONS[..10] {
+                conn.execute_batch(sql).unwrap();
+            }
+            conn.pragma_update(None, "user_version", 10).unwrap();
+            conn.execute_batch(
+                "INSERT INTO nodes (id, role, identity_generation, attestor, joined_at,
+                                    hardware_key, product_uuid) VALUES
+                   ('node_tpm', 'node', 1, 'tpm', 1, 'tpm-ek:ab12',
+                    '03000200-0400-0500-0006-000700080009'),
+                   ('node_ram', 'ramdisk', 1, 'discovery', 1,
+                    'product-uuid:4c4c4544-0042-3510-8052-b4c04f4e4d32',
+                    '4c4c4544-0042-3510-8052-b4c04f4e4d32'),
+                   ('node_zero', 'node', 1, 'join-token', 1,
+                    'product-uuid:00000000-0000-0000-0000-000000000000',
+                    '00000000-0000-0000-0000-000000000000'),
+                   ('node_bound', 'node', 1, 'join-token', 1,
+                    'product-uuid:4c4c4544-0042-3510-8052-b4c04f4e4d32',
+                    '4c4c4544-0042-3510-8052-b4c04f4e4d32');
+                 INSERT INTO sites (id, name, created_at) VALUES ('site_1', 'dc1', 1);
+                 INSERT INTO join_tokens (id, secret_sha256, role, uses_left, expires_at, created_at)
+                     VALUES ('tok_1', zeroblob(32), 'discovery', 1, 9, 1);
+                 INSERT INTO boot_entries (workflow_id, site_id, mac, token_id, sealed_secret,
+                                           not_after, created_at)
+                     VALUES ('wf_1', 'site_1', '52:54:00:12:34:56', 'tok_1', x'00', 9, 1);",
+            )
+            .unwrap();
+        }
+        let db = Database::open(&path).unwrap();
+        let keys = crate::hardware::keys(&db).unwrap();
+        assert_eq!(keys.len(), 2, "{keys:?}");
+        assert_eq!(keys["node_tpm"], "tpm-ek:ab12");
+        assert!(keys["node_bound"].starts_with("product-uuid:4c4c4544"));
+        let linked: String = db
+            .with_conn(|c| {
+                c.query_row(
+                    "SELECT workflow_id FROM boot_tokens WHERE token_id = 'tok_1'",
+                    [],
+                    |r| r.get(0),
+                )
+            })
+            .unwrap()
+            .unwrap();
+        assert_eq!(linked, "wf_1");
     }
 
     #[test]

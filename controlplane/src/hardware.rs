@@ -2,17 +2,26 @@
 //! nodes (spec "join-token", the reclaim flag, and "Recovering a node whose
 //! TPM changed").
 //!
-//! Each admitted node records the key that identifies its machine, when an
-//! attestor proved one: the EK's SHA-256 for a TPM join (`tpm-ek:<hex>`),
-//! else the product UUID (`product-uuid:<uuid>`). The product UUID is kept
-//! on its own as well, because a TPM join proves it too (the old node of a
-//! replaced TPM holds the old EK but the same UUID). A join whose key or
-//! proven UUID another live node holds is refused (`reclaim`), unless its
-//! token allows a reclaim: then it reclaims that node in place. Deleting a
-//! node frees both (only live nodes are searched). Only nodes of the join's
-//! role are searched: a machine's PXE ramdisk (role ramdisk) and the system
+//! Only what a machine proved or an operator bound is a hardware key: the
+//! EK's SHA-256 of a TPM join (`tpm-ek:<hex>`), else a product UUID an
+//! operator bound the admitting token or entry to (a token's
+//! `expect.productUuid`, a boot entry's `--product-uuid`, a provisioned
+//! token's machine): `product-uuid:<uuid>`. A UUID a machine merely claims
+//! (a TPM join's or a discovery join's claims, iPXE's query) is recorded in
+//! the join's audit row, never trusted: anyone on the boot LAN can claim any
+//! UUID, and squatting a victim's would lock it out. Placeholder UUIDs
+//! ([`is_placeholder`]) are never keys, whoever bound them: thousands of
+//! boards ship the same one.
+//!
+//! The product UUID is kept on its own as well. A join whose key or bound
+//! UUID another live node holds is refused (`reclaim`), unless its token
+//! allows a reclaim: then it reclaims that node in place. Deleting a node
+//! frees both (only live nodes are searched). Only nodes of the join's role
+//! are searched: a machine's PXE ramdisk (role ramdisk) and the system
 //! installed on it (role node) are two stages of one machine, not two
-//! claims to it.
+//! claims to it; and a ramdisk node is retired when a later commissioning
+//! of its machine joins ([`crate::boot::retire_superseded`]), so it blocks
+//! nothing.
 
 use rusqlite::{OptionalExtension, Transaction};
 
@@ -38,12 +47,34 @@ pub fn of_result(result: &AttestationResult) -> Option<HardwareKey> {
     let product_uuid = result
         .proven_product_uuid
         .clone()
-        .or_else(|| result.expect.product_uuid.clone());
+        .or_else(|| result.expect.product_uuid.clone())
+        .filter(|u| !is_placeholder(u));
     let key = match &result.binding {
         Some(b) if b.kind == BINDING_TPM_EK => format!("{BINDING_TPM_EK}:{}", b.key),
         _ => format!("product-uuid:{}", product_uuid.as_deref()?),
     };
     Some(HardwareKey { key, product_uuid })
+}
+
+/// Product UUIDs that name no machine: firmware defaults that many boards
+/// ship unchanged (AMI's "To Be Filled By O.E.M." UUID in both byte orders,
+/// a well-known test pattern), and any UUID of one repeated hex digit (all
+/// zeros, all F: "no UUID set"). Compared normalized (lowercase).
+const PLACEHOLDER_UUIDS: &[&str] = &[
+    "03000200-0400-0500-0006-000700080009",
+    "00020003-0004-0005-0006-000700080009",
+    "12345678-1234-5678-90ab-cddeefaabbcc",
+];
+
+/// Whether `uuid` (normalized, lowercase 8-4-4-4-12) is a placeholder that
+/// identifies no machine.
+pub fn is_placeholder(uuid: &str) -> bool {
+    let mut digits = uuid.bytes().filter(|b| *b != b'-');
+    let repeated = match digits.next() {
+        Some(first) => digits.all(|b| b == first),
+        None => true,
+    };
+    repeated || PLACEHOLDER_UUIDS.contains(&uuid)
 }
 
 /// The live (not deleted, not retired) node of `role` other than `except`
@@ -102,4 +133,43 @@ pub fn keys(
         let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
         rows.collect::<Result<_, _>>().map_err(DbError::from)
     })?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attestor::{Binding, Expect};
+
+    #[test]
+    fn placeholder_uuids_are_never_hardware_keys() {
+        for p in [
+            "00000000-0000-0000-0000-000000000000",
+            "ffffffff-ffff-ffff-ffff-ffffffffffff",
+            "03000200-0400-0500-0006-000700080009",
+            "11111111-1111-1111-1111-111111111111",
+        ] {
+            assert!(is_placeholder(p), "{p}");
+            let bound = AttestationResult {
+                expect: Expect {
+                    product_uuid: Some(p.to_owned()),
+                    mac: None,
+                },
+                ..AttestationResult::default()
+            };
+            assert_eq!(of_result(&bound), None, "{p}");
+        }
+        assert!(!is_placeholder("4c4c4544-0042-3510-8052-b4c04f4e4d32"));
+        // An EK stays a key; the placeholder beside it is not recorded.
+        let tpm = AttestationResult {
+            binding: Some(Binding {
+                kind: BINDING_TPM_EK.to_owned(),
+                key: "ab".repeat(32),
+            }),
+            proven_product_uuid: Some("03000200-0400-0500-0006-000700080009".to_owned()),
+            ..AttestationResult::default()
+        };
+        let hk = of_result(&tpm).unwrap();
+        assert_eq!(hk.key, format!("tpm-ek:{}", "ab".repeat(32)));
+        assert_eq!(hk.product_uuid, None);
+    }
 }

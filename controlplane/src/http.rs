@@ -101,6 +101,7 @@ pub fn router(service: Arc<JoinService>) -> Router {
         .route(endpoints::RENEW_LEASE, post(site_handler::<1>))
         .route(endpoints::RELEASE_LEASE, post(site_handler::<2>))
         .route(endpoints::GET_SECRET, post(site_handler::<3>))
+        .route(endpoints::LIST_BOOT_ENTRIES, post(site_handler::<4>))
         .method_not_allowed_fallback(|| async {
             error_response(&ApiError::NotFound("endpoints take POST".to_owned()))
         })
@@ -223,10 +224,11 @@ async fn site_handler<const CALL: u8>(
     call_service("site", &gate, source, &headers, body, move |body| {
         let leaf = leaf.as_deref();
         match CALL {
-            0 => service.acquire_lease_bytes(leaf, body),
-            1 => service.renew_lease_bytes(leaf, body),
-            2 => service.release_lease_bytes(leaf, body),
-            _ => service.get_secret_bytes(leaf, body),
+            0 => service.acquire_lease_bytes(leaf, body, source),
+            1 => service.renew_lease_bytes(leaf, body, source),
+            2 => service.release_lease_bytes(leaf, body, source),
+            3 => service.get_secret_bytes(leaf, body, source),
+            _ => service.list_boot_entries_bytes(leaf, body, source),
         }
     })
     .await

@@ -627,10 +627,16 @@ impl JoinService {
             Some(ms) => self.cert_ttl.min(Duration::milliseconds(ms)),
             None => self.cert_ttl,
         };
+        // A ramdisk's certificate never outlives its boot entry.
+        let entry_end = match role {
+            Role::Ramdisk => crate::boot::cert_not_after(tx, &node_id)?,
+            _ => None,
+        };
 
         // X.509 times have whole seconds; issue at whole seconds so the
         // stored validity is the certificate's.
         let not_before = db::to_datetime(now - now.rem_euclid(1000));
+        let cert_ttl = capped_ttl(cert_ttl, now, entry_end);
         let issued = self
             .bundle
             .node_ca
@@ -778,6 +784,16 @@ struct Admission<'a> {
     attestor_id: &'a str,
     csr: &'a VerifiedCsr,
     claims: &'a agent::HardwareClaims,
+}
+
+/// `ttl` from `now` (whole seconds), ending no later than `end` when there
+/// is one (a ramdisk's boot entry; floored to a whole second, and at least
+/// zero).
+pub(crate) fn capped_ttl(ttl: Duration, now: UnixMs, end: Option<UnixMs>) -> Duration {
+    let Some(end) = end else { return ttl };
+    let start = now - now.rem_euclid(1000);
+    let left_ms = (end - end.rem_euclid(1000)).saturating_sub(start).max(0);
+    ttl.min(Duration::milliseconds(left_ms))
 }
 
 /// Enforces the expect binding of the token an attestor admitted with. Done

@@ -200,6 +200,12 @@ impl JoinService {
             Some(ms) => self.cert_ttl().min(time::Duration::milliseconds(ms)),
             None => self.cert_ttl(),
         };
+        // Nor past its boot entry's end: a ramdisk lives as long as its entry.
+        let entry_end = match node.role.as_str() {
+            "ramdisk" => crate::boot::cert_not_after(tx, node_id)?,
+            _ => None,
+        };
+        let cert_ttl = crate::join::capped_ttl(cert_ttl, now, entry_end);
         // X.509 times have whole seconds; issue at whole seconds so the
         // stored validity is the certificate's.
         let not_before = db::to_datetime(now - now.rem_euclid(1000));

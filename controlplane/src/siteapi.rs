@@ -8,19 +8,33 @@
 //! `node_certs` row of its current identity generation, not revoked, not
 //! expired; the node not retired; role `site` with that site. Any failure is
 //! ACCESS_DENIED ("site request refused") with the reason in a
-//! `security.site.refused` event and the log.
+//! `security.site.refused` event and the log. Those events go through the
+//! refusal log ([`crate::eventlog`]) as join refusals do: identical ones
+//! (same call, site, node, reason and source) are counted per minute, not
+//! stored one by one, and only the first of a minute is logged at warn.
+//!
+//! Reasons: of the caller `no-client-certificate`, `certificate-identity`,
+//! `unknown-certificate`, `certificate-stale`, `node-retired`,
+//! `not-site-node`; of the lease `lease-lost`, `not-lease-holder`; of a
+//! SecretRequest `secret-signature`, `secret-stale`, `unknown-workflow`
+//! (none named, or not of this site), `workflow-closed` (joined or expired),
+//! `workflow-mac` (its MAC is not the entry's), `workflow-busy` (the entry
+//! has [`crate::boot::MAX_LIVE_TOKENS`] unspent tokens).
 
 use bc_wire::site;
+use std::net::IpAddr;
+
 use bc_wire::site_v1::{
-    AcquireLeaseRequest, LeaseResponse, ReleaseLeaseRequest, RenewLeaseRequest, SecretRequest,
-    SecretResponse,
+    AcquireLeaseRequest, BootEntries, BootEntryInfo, LeaseResponse, ListBootEntriesRequest,
+    ReleaseLeaseRequest, RenewLeaseRequest, SecretRequest, SecretResponse,
 };
 use prost::Message;
 use rusqlite::Transaction;
 
 use crate::db::{self, DbError, UnixMs};
+use crate::eventlog::Refused as Counted;
 use crate::join::{ApiError, JoinService};
-use crate::records::{self, NewEvent};
+use crate::records;
 use crate::sites::{self, Lease, LeaseOutcome};
 
 pub const EVENT_SITE_REFUSED: &str = "security.site.refused";
@@ -37,6 +51,10 @@ pub const SECRET_SIGNATURE: &str = "secret-signature";
 pub const SECRET_STALE: &str = "secret-stale";
 pub const UNKNOWN_WORKFLOW: &str = "unknown-workflow";
 pub const WORKFLOW_CLOSED: &str = "workflow-closed";
+/// The SecretRequest's MAC is not its workflow's.
+pub const WORKFLOW_MAC: &str = "workflow-mac";
+/// The entry has [`crate::boot::MAX_LIVE_TOKENS`] unspent tokens already.
+pub const WORKFLOW_BUSY: &str = "workflow-busy";
 
 /// A SecretRequest's issued_at must be this close to database time.
 const SECRET_WINDOW_MS: i64 = 60_000;
@@ -84,29 +102,47 @@ impl JoinService {
         &self,
         leaf: Option<&[u8]>,
         body: &[u8],
+        source: Option<IpAddr>,
     ) -> Result<Vec<u8>, ApiError> {
         let req = AcquireLeaseRequest::decode(body)
             .map_err(|e| ApiError::InvalidInput(format!("not an AcquireLeaseRequest: {e}")))?;
         let ttl = self.lease_ttl_ms();
-        self.site_call("acquire-lease", leaf, &req.site_id, |tx, caller, now| {
-            let name = site::boot_lease_name(&req.site_id);
-            let out = sites::acquire(tx, &name, &caller.node_id, now, ttl)?;
-            Ok(lease_response(&name, &out, &caller.node_id))
-        })
+        self.site_call(
+            "acquire-lease",
+            leaf,
+            source,
+            &req.site_id,
+            |tx, caller, now| {
+                let name = site::boot_lease_name(&req.site_id);
+                let out = sites::acquire(tx, &name, &caller.node_id, now, ttl)?;
+                Ok(lease_response(&name, &out, &caller.node_id))
+            },
+        )
     }
 
     /// `RenewLease`: extends the caller's hold at the epoch it names.
-    pub fn renew_lease_bytes(&self, leaf: Option<&[u8]>, body: &[u8]) -> Result<Vec<u8>, ApiError> {
+    pub fn renew_lease_bytes(
+        &self,
+        leaf: Option<&[u8]>,
+        body: &[u8],
+        source: Option<IpAddr>,
+    ) -> Result<Vec<u8>, ApiError> {
         let req = RenewLeaseRequest::decode(body)
             .map_err(|e| ApiError::InvalidInput(format!("not a RenewLeaseRequest: {e}")))?;
         let ttl = self.lease_ttl_ms();
-        self.site_call("renew-lease", leaf, &req.site_id, |tx, caller, now| {
-            let name = site::boot_lease_name(&req.site_id);
-            match sites::renew(tx, &name, &caller.node_id, req.epoch, now, ttl)? {
-                LeaseOutcome::Lost(_) => Err(refused(LEASE_LOST, Some(&caller.node_id)).into()),
-                out => Ok(lease_response(&name, &out, &caller.node_id)),
-            }
-        })
+        self.site_call(
+            "renew-lease",
+            leaf,
+            source,
+            &req.site_id,
+            |tx, caller, now| {
+                let name = site::boot_lease_name(&req.site_id);
+                match sites::renew(tx, &name, &caller.node_id, req.epoch, now, ttl)? {
+                    LeaseOutcome::Lost(_) => Err(refused(LEASE_LOST, Some(&caller.node_id)).into()),
+                    out => Ok(lease_response(&name, &out, &caller.node_id)),
+                }
+            },
+        )
     }
 
     /// `ReleaseLease`: gives the lease up so a standby takes it at once.
@@ -114,20 +150,33 @@ impl JoinService {
         &self,
         leaf: Option<&[u8]>,
         body: &[u8],
+        source: Option<IpAddr>,
     ) -> Result<Vec<u8>, ApiError> {
         let req = ReleaseLeaseRequest::decode(body)
             .map_err(|e| ApiError::InvalidInput(format!("not a ReleaseLeaseRequest: {e}")))?;
-        self.site_call("release-lease", leaf, &req.site_id, |tx, caller, now| {
-            let name = site::boot_lease_name(&req.site_id);
-            let out = sites::release(tx, &name, &caller.node_id, req.epoch, now)?;
-            Ok(lease_response(&name, &out, &caller.node_id))
-        })
+        self.site_call(
+            "release-lease",
+            leaf,
+            source,
+            &req.site_id,
+            |tx, caller, now| {
+                let name = site::boot_lease_name(&req.site_id);
+                let out = sites::release(tx, &name, &caller.node_id, req.epoch, now)?;
+                Ok(lease_response(&name, &out, &caller.node_id))
+            },
+        )
     }
 
-    /// `GetSecret`: the discovery token of a boot entry of the caller's
-    /// site, for the current lease holder only, on a request signed by the
-    /// key of the certificate it called with.
-    pub fn get_secret_bytes(&self, leaf: Option<&[u8]>, body: &[u8]) -> Result<Vec<u8>, ApiError> {
+    /// `GetSecret`: a new single-use discovery token of the boot entry the
+    /// request names, of the caller's site, for the current lease holder
+    /// only, on a request signed by the key of the certificate it called
+    /// with (see [`crate::boot::issue_token`]).
+    pub fn get_secret_bytes(
+        &self,
+        leaf: Option<&[u8]>,
+        body: &[u8],
+        source: Option<IpAddr>,
+    ) -> Result<Vec<u8>, ApiError> {
         let req = SecretRequest::decode(body)
             .map_err(|e| ApiError::InvalidInput(format!("not a SecretRequest: {e}")))?;
         let Some(key) = self.boot_key() else {
@@ -137,33 +186,40 @@ impl JoinService {
         // checked only to know which site to authenticate the caller for.
         let unverified = bc_wire::site_v1::SecretRequestBody::decode(req.body.as_slice())
             .map_err(|e| ApiError::InvalidInput(format!("not a SecretRequestBody: {e}")))?;
-        self.site_call("get-secret", leaf, &unverified.site_id, |tx, caller, now| {
+        let site_id = unverified.site_id;
+        self.site_call("get-secret", leaf, source, &site_id, |tx, caller, now| {
             let me = Some(caller.node_id.as_str());
-            let body = match site::verify_secret_request(&caller.spki_der, &req) {
+            let body = match bc_wire::site::verify_secret_request(&caller.spki_der, &req) {
                 Ok(Some(body)) if body.node_id == caller.node_id => body,
                 _ => return Err(refused(SECRET_SIGNATURE, me).into()),
             };
             if (body.issued_at_unix_ms - now).abs() > SECRET_WINDOW_MS {
                 return Err(refused(SECRET_STALE, me).into());
             }
-            let name = site::boot_lease_name(&body.site_id);
-            let holds = sites::get_lease(tx, &name)?
-                .is_some_and(|l: Lease| l.holder_at(now) == me);
-            if !holds {
-                return Err(refused(NOT_LEASE_HOLDER, me).into());
-            }
-            let entry = if body.workflow_id.is_empty() {
-                crate::boot::open_for_mac(tx, &body.site_id, &body.mac, now)?
-            } else {
-                crate::boot::get(tx, &body.workflow_id)?
-            }
-            .filter(|e| e.site_id == body.site_id)
-            .ok_or_else(|| refused(UNKNOWN_WORKFLOW, me))?;
+            self.require_holder(tx, &body.site_id, me, now)?;
+            // Bound to the workflow named, never "the newest for the MAC".
+            let entry = Some(body.workflow_id.as_str())
+                .filter(|w| !w.is_empty())
+                .map(|w| crate::boot::get(tx, w))
+                .transpose()?
+                .flatten()
+                .filter(|e| e.site_id == body.site_id)
+                .ok_or_else(|| refused(UNKNOWN_WORKFLOW, me))?;
             if entry.state(now) == "joined" || entry.state(now) == "expired" {
                 return Err(refused(WORKFLOW_CLOSED, me).into());
             }
-            let token = crate::boot::fetch_token(tx, key, &entry, now)?;
-            tracing::info!(node_id = %caller.node_id, workflow = %entry.workflow_id, token_id = %token.id, "discovery token fetched");
+            if !body.mac.is_empty() && body.mac != entry.mac {
+                return Err(refused(WORKFLOW_MAC, me).into());
+            }
+            let token = match crate::boot::issue_token(tx, key, &entry, now) {
+                Ok(Ok(token)) => token,
+                Ok(Err(crate::boot::NoToken::TooMany)) => {
+                    return Err(refused(WORKFLOW_BUSY, me).into())
+                }
+                Err(crate::pools::PoolError::Db(e)) => return Err(e.into()),
+                Err(e) => return Err(Stop::Failed(ApiError::Internal(e.to_string()))),
+            };
+            tracing::info!(node_id = %caller.node_id, workflow = %entry.workflow_id, token_id = %token.id, "discovery token issued");
             Ok(SecretResponse {
                 token: token.expose(),
                 mac: entry.mac,
@@ -175,12 +231,61 @@ impl JoinService {
         })
     }
 
+    /// `ListBootEntries`: the open boot entries of the caller's site, for
+    /// its lease holder (what `bcd site` answers iPXE from).
+    pub fn list_boot_entries_bytes(
+        &self,
+        leaf: Option<&[u8]>,
+        body: &[u8],
+        source: Option<IpAddr>,
+    ) -> Result<Vec<u8>, ApiError> {
+        let req = ListBootEntriesRequest::decode(body)
+            .map_err(|e| ApiError::InvalidInput(format!("not a ListBootEntriesRequest: {e}")))?;
+        self.site_call(
+            "list-boot-entries",
+            leaf,
+            source,
+            &req.site_id,
+            |tx, caller, now| {
+                self.require_holder(tx, &req.site_id, Some(caller.node_id.as_str()), now)?;
+                let entries = crate::boot::list_open(tx, &req.site_id, now)?
+                    .into_iter()
+                    .map(|e| BootEntryInfo {
+                        workflow_id: e.workflow_id,
+                        mac: e.mac,
+                        product_uuid: e.product_uuid.unwrap_or_default(),
+                        not_after_unix_ms: e.not_after,
+                    })
+                    .collect();
+                Ok(BootEntries { entries }.encode_to_vec())
+            },
+        )
+    }
+
+    /// Refuses (`not-lease-holder`) unless `me` holds `site_id`'s boot lease.
+    fn require_holder(
+        &self,
+        tx: &Transaction<'_>,
+        site_id: &str,
+        me: Option<&str>,
+        now: UnixMs,
+    ) -> Result<(), Stop> {
+        let name = bc_wire::site::boot_lease_name(site_id);
+        let holds = sites::get_lease(tx, &name)?.is_some_and(|l: Lease| l.holder_at(now) == me);
+        if holds {
+            Ok(())
+        } else {
+            Err(refused(NOT_LEASE_HOLDER, me).into())
+        }
+    }
+
     /// Authenticates the caller as a site node of `site_id`, runs `f` in the
     /// same transaction, commits on success; records a refusal otherwise.
     fn site_call(
         &self,
         call: &'static str,
         leaf: Option<&[u8]>,
+        source: Option<IpAddr>,
         site_id: &str,
         f: impl FnOnce(&Transaction<'_>, &Caller, UnixMs) -> Result<Vec<u8>, Stop>,
     ) -> Result<Vec<u8>, ApiError> {
@@ -201,7 +306,7 @@ impl JoinService {
                         Err(Stop::Failed(e)) => Err(e),
                     }
                 })??;
-        outcome.map_err(|r| self.refuse_site(call, site_id, r))
+        outcome.map_err(|r| self.refuse_site(call, site_id, source, r))
     }
 
     fn site_caller(
@@ -244,34 +349,53 @@ impl JoinService {
         })
     }
 
-    fn refuse_site(&self, call: &'static str, site_id: &str, r: Refused) -> ApiError {
-        tracing::warn!(
-            call,
-            site_id,
-            node_id = r.node_id.as_deref().unwrap_or(""),
-            reason = r.reason,
-            "site request refused"
-        );
-        let stored = self.database().write(|tx| {
-            let now = db::compute_now(tx)?;
-            records::insert_event(
-                tx,
-                &NewEvent {
-                    kind: EVENT_SITE_REFUSED,
-                    at: now,
-                    attestor: None,
-                    reason: Some(r.reason),
-                    token_id: None,
-                    node_id: r.node_id.as_deref(),
-                    data: serde_json::json!({ "call": call, "site": site_id }),
-                },
-            )
+    /// Counts the refusal in the refusal log (aggregated per minute, as
+    /// join refusals are) and answers ACCESS_DENIED.
+    fn refuse_site(
+        &self,
+        call: &'static str,
+        site_id: &str,
+        source: Option<IpAddr>,
+        r: Refused,
+    ) -> ApiError {
+        let first = self.record_refusal(Counted {
+            kind: EVENT_SITE_REFUSED,
+            attestor: None,
+            reason: r.reason.to_owned(),
+            token_id: None,
+            node_id: r.node_id.clone(),
+            source,
+            extra: serde_json::json!({ "call": call, "site": printable(site_id) }).to_string(),
+            folded: false,
         });
-        if let Err(e) = stored {
-            tracing::error!(error = %e, "cannot record a site refusal");
+        macro_rules! log_refusal {
+            ($level:ident) => {
+                tracing::$level!(
+                    call,
+                    site_id = %printable(site_id),
+                    node_id = r.node_id.as_deref().unwrap_or(""),
+                    reason = r.reason,
+                    source = source.map(|s| s.to_string()).unwrap_or_default(),
+                    "site request refused"
+                )
+            };
+        }
+        if first {
+            log_refusal!(warn);
+        } else {
+            log_refusal!(debug);
         }
         ApiError::SiteRefused
     }
+}
+
+/// A site id from the request, safe for logs and events: at most 64
+/// characters, control characters replaced.
+fn printable(s: &str) -> String {
+    s.chars()
+        .take(64)
+        .map(|c| if c.is_control() { '\u{fffd}' } else { c })
+        .collect()
 }
 
 fn lease_response(name: &str, out: &LeaseOutcome, caller: &str) -> Vec<u8> {

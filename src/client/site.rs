@@ -4,8 +4,8 @@
 
 use bc_wire::endpoints;
 use bc_wire::site_v1::{
-    AcquireLeaseRequest, LeaseResponse, ReleaseLeaseRequest, RenewLeaseRequest, SecretRequest,
-    SecretResponse,
+    AcquireLeaseRequest, BootEntries, LeaseResponse, ListBootEntriesRequest, ReleaseLeaseRequest,
+    RenewLeaseRequest, SecretRequest, SecretResponse,
 };
 use prost::Message;
 use reqwest::Url;
@@ -55,6 +55,16 @@ impl Client {
     /// [`bc_wire::site::sign_secret_request`]).
     pub async fn get_secret(&self, req: &SecretRequest) -> Result<SecretResponse, ClientError> {
         self.site_call(endpoints::GET_SECRET, req, "SecretResponse")
+            .await
+    }
+
+    /// The site's open boot entries (for its lease holder): which MACs it
+    /// boots, with which product UUID, under which workflow.
+    pub async fn list_boot_entries(&self, site_id: &str) -> Result<BootEntries, ClientError> {
+        let req = ListBootEntriesRequest {
+            site_id: site_id.to_owned(),
+        };
+        self.site_call(endpoints::LIST_BOOT_ENTRIES, &req, "BootEntries")
             .await
     }
 

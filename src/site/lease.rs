@@ -54,6 +54,19 @@ pub fn after_answer(resp: &LeaseResponse, now: OffsetDateTime) -> Option<(Held, 
     ))
 }
 
+/// How long to wait after a failed call: the backoff, but while a lease is
+/// still held, within what it has left (a third of it, at least
+/// [`MIN_RENEW`]), so that one failed renewal does not lose the lease and
+/// fail the assertions in flight (`lease-epoch`) when a retry would have
+/// kept it.
+pub fn retry_wait(backoff: Duration, held: Option<Held>, now: OffsetDateTime) -> Duration {
+    let Some(h) = held.filter(|h| now < h.expires_at) else {
+        return backoff;
+    };
+    let left = Duration::try_from((h.expires_at - now) / 3).unwrap_or(MIN_RENEW);
+    backoff.min(left.max(MIN_RENEW))
+}
+
 fn ms_to_time(ms: i64) -> OffsetDateTime {
     OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
         .unwrap_or(OffsetDateTime::UNIX_EPOCH)
@@ -131,7 +144,8 @@ impl Holder {
                     // hold it). Stop signing now, not at its expiry.
                     self.publish(None);
                 }
-                let (attempt, wait) = self.backoff.fail();
+                let (attempt, backoff) = self.backoff.fail();
+                let wait = retry_wait(backoff, *self.tx.borrow(), clock::now());
                 tracing::warn!(site_id = %self.site_id, error = %e, held = self.tx.borrow().is_some(), attempt, retry_in_ms = wait.as_millis() as u64, "boot lease call failed");
                 wait
             }
@@ -169,6 +183,26 @@ impl Holder {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failed_renewal_is_retried_within_what_the_lease_has_left() {
+        let now = OffsetDateTime::from_unix_timestamp(1_000).unwrap();
+        let held = Held {
+            epoch: 2,
+            expires_at: now + time::Duration::seconds(9),
+        };
+        // The node's backoff starts at 30 s, longer than the 9 s left.
+        let backoff = Duration::from_secs(30);
+        assert_eq!(retry_wait(backoff, Some(held), now), Duration::from_secs(3));
+        // Close to the end: still tried before it, never a busy loop.
+        let late = held.expires_at - time::Duration::milliseconds(100);
+        assert_eq!(retry_wait(backoff, Some(held), late), MIN_RENEW);
+        // A short backoff stays; without a lease (or past it) the backoff.
+        let short = Duration::from_secs(1);
+        assert_eq!(retry_wait(short, Some(held), now), short);
+        assert_eq!(retry_wait(backoff, None, now), backoff);
+        assert_eq!(retry_wait(backoff, Some(held), held.expires_at), backoff);
+    }
 
     #[test]
     fn a_held_lease_is_renewed_at_a_third_of_what_is_left() {

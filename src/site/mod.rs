@@ -8,6 +8,7 @@
 //! ([`image`], [`cpio`]).
 
 pub mod cpio;
+pub mod entries;
 pub mod http;
 pub mod identity;
 pub mod image;
@@ -79,6 +80,7 @@ pub fn run(args: SiteArgs) -> anyhow::Result<ExitCode> {
             identity,
             lease: view,
             image,
+            entries: entries::Entries::default(),
         });
         let (stop, shutdown) = tokio::sync::watch::channel(false);
         let lease_task = tokio::spawn(holder.run(shutdown.clone()));

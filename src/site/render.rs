@@ -12,6 +12,8 @@ const EXIT_TEMPLATE: &str = include_str!("../../ramdisk/exit.ipxe.in");
 pub const MAX_QUERY: usize = 512;
 
 /// What iPXE says about the machine (`?mac=${net0/mac}&uuid=${uuid}`).
+/// Other keys (an `ip=` among them: the asserted IP is the connection's
+/// peer) are ignored.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BootQuery {
     /// `aa:bb:cc:dd:ee:ff`, lowercase.
@@ -19,8 +21,6 @@ pub struct BootQuery {
     /// Lowercase 8-4-4-4-12; None when absent or not a UUID (iPXE prints
     /// nothing for a machine without SMBIOS).
     pub uuid: Option<String>,
-    /// `ip=` when given and an IP address.
-    pub ip: Option<std::net::IpAddr>,
 }
 
 /// Why a query is unusable; said on the machine's console.
@@ -34,25 +34,24 @@ pub enum QueryError {
     TooLong,
 }
 
-/// Reads `mac`, `uuid` and `ip` from a query string (percent-decoded;
-/// other keys ignored).
+/// Reads `mac` and `uuid` from a query string (percent-decoded; other keys
+/// ignored).
 pub fn parse_query(query: &str) -> Result<BootQuery, QueryError> {
     if query.len() > MAX_QUERY {
         return Err(QueryError::TooLong);
     }
-    let (mut mac, mut uuid, mut ip) = (None, None, None);
+    let (mut mac, mut uuid) = (None, None);
     for pair in query.split('&') {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
         let value = percent_decode(value);
         match key {
             "mac" => mac = Some(value.ok_or(QueryError::BadMac)?),
             "uuid" => uuid = value.and_then(|v| normalize_uuid(&v)),
-            "ip" => ip = value.and_then(|v| v.parse().ok()),
             _ => {}
         }
     }
     let mac = normalize_mac(&mac.ok_or(QueryError::NoMac)?).ok_or(QueryError::BadMac)?;
-    Ok(BootQuery { mac, uuid, ip })
+    Ok(BootQuery { mac, uuid })
 }
 
 fn percent_decode(s: &str) -> Option<String> {
@@ -107,8 +106,11 @@ pub struct Vouch<'a> {
     pub site_id: &'a str,
     pub node_id: &'a str,
     pub epoch: u64,
-    pub query: &'a BootQuery,
-    /// From the query, else the connection's peer.
+    /// The MAC iPXE asked for (its boot entry's).
+    pub mac: &'a str,
+    /// The boot entry's, else iPXE's, else none.
+    pub product_uuid: Option<&'a str>,
+    /// The connection's peer.
     pub ip: std::net::IpAddr,
     pub workflow_id: &'a str,
     pub entry_not_after_ms: i64,
@@ -121,9 +123,9 @@ pub fn assertion(v: &Vouch<'_>) -> DiscoveryAssertion {
         site_id: v.site_id.to_owned(),
         node_id: v.node_id.to_owned(),
         lease_epoch: v.epoch,
-        mac: v.query.mac.clone(),
+        mac: v.mac.to_owned(),
         ip: v.ip.to_string(),
-        product_uuid: v.query.uuid.clone().unwrap_or_default(),
+        product_uuid: v.product_uuid.unwrap_or_default().to_owned(),
         workflow_id: v.workflow_id.to_owned(),
         issued_at_unix_ms: v.now_ms,
         not_after_unix_ms: v
@@ -180,12 +182,13 @@ mod tests {
 
     #[test]
     fn an_assertion_never_outlives_its_boot_entry() {
-        let query = parse_query("mac=52:54:00:ab:cd:ef").unwrap();
+        let query = parse_query("mac=52:54:00:ab:cd:ef&ip=10.9.9.9").unwrap();
         let mut v = Vouch {
             site_id: "site_1",
             node_id: "n",
             epoch: 3,
-            query: &query,
+            mac: &query.mac,
+            product_uuid: None,
             ip: "10.0.2.15".parse().unwrap(),
             workflow_id: "wf_1",
             entry_not_after_ms: 1_000_000_000,

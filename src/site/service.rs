@@ -8,6 +8,7 @@ use std::sync::Arc;
 use bc_wire::site;
 use bc_wire::site_v1::SecretRequestBody;
 
+use super::entries::{Entries, Lookup};
 use super::identity::NodeIdentity;
 use super::image::{Image, Served};
 use super::lease::LeaseView;
@@ -31,6 +32,8 @@ pub struct Site {
     pub identity: Arc<NodeIdentity>,
     pub lease: LeaseView,
     pub image: Image,
+    /// The site's open boot entries (see [`super::entries`]).
+    pub entries: Entries,
 }
 
 impl Site {
@@ -44,7 +47,10 @@ impl Site {
     }
 
     /// The script for the machine asking. Signs at most one assertion, and
-    /// only while the lease is held.
+    /// only while the lease is held, for a MAC with an open boot entry whose
+    /// product UUID (when it names one) is the one iPXE sent, if any. The
+    /// asserted IP is the connection's peer: a query says what a client
+    /// wants, not what it is.
     async fn boot_ipxe(self: &Arc<Self>, query: &str, peer: IpAddr) -> String {
         let q = match render::parse_query(query) {
             Ok(q) => q,
@@ -69,10 +75,32 @@ impl Site {
             .ok_or("this site node does not hold the boot lease")?;
         // One generation of the identity for the whole script.
         let me = self.identity.current().await;
+        let client = me.client.clone();
+        let entry = match self
+            .entries
+            .lookup(&q.mac, || client.list_boot_entries(site_id))
+            .await
+        {
+            Lookup::Found(e) => e,
+            Lookup::Unknown => {
+                return Err(format!("no open boot entry for {} at this site", q.mac))
+            }
+            Lookup::Unreachable => return Err("the site cannot reach its control plane".to_owned()),
+        };
+        if let (Some(want), Some(said)) = (&entry.product_uuid, &q.uuid) {
+            if want != said {
+                // Said on the console and in the exit line (info: a client
+                // repeating it must not flood the log).
+                return Err(format!(
+                    "the product UUID {said} is not the one of {}'s boot entry",
+                    q.mac
+                ));
+            }
+        }
         let body = SecretRequestBody {
             node_id: me.node_id.clone(),
             site_id: site_id.clone(),
-            workflow_id: String::new(),
+            workflow_id: entry.workflow_id.clone(),
             issued_at_unix_ms: now_ms(),
             mac: q.mac.clone(),
         };
@@ -81,7 +109,9 @@ impl Site {
         let secret = match me.client.get_secret(&req).await {
             Ok(s) => s,
             Err(ClientError::AccessDenied) => {
-                return Err(format!("no open boot entry for {} at this site", q.mac))
+                // Joined or closed since the listing.
+                self.entries.forget(&q.mac).await;
+                return Err(format!("no open boot entry for {} at this site", q.mac));
             }
             Err(e) => {
                 tracing::warn!(mac = %q.mac, error = %e, "cannot fetch the boot entry's token");
@@ -93,12 +123,18 @@ impl Site {
         if self.lease.held(clock::now()).map(|h| h.epoch) != Some(held.epoch) {
             return Err("this site node lost the boot lease".to_owned());
         }
+        // The entry's UUID when it has one (an iPXE UUID that differs was
+        // refused above), else iPXE's.
+        let product_uuid = Some(secret.product_uuid.to_ascii_lowercase())
+            .filter(|u| !u.is_empty())
+            .or_else(|| q.uuid.clone());
         let assertion = render::assertion(&Vouch {
             site_id,
             node_id: &me.node_id,
             epoch: held.epoch,
-            query: q,
-            ip: q.ip.unwrap_or(peer),
+            mac: &q.mac,
+            product_uuid: product_uuid.as_deref(),
+            ip: peer,
             workflow_id: &secret.workflow_id,
             entry_not_after_ms: secret.not_after_unix_ms,
             now_ms: now_ms(),

@@ -77,13 +77,18 @@ impl SiteNode {
 
     /// The holder's SecretRequest for a workflow: the discovery token.
     fn secret(&self, workflow: &str) -> Result<String, ClientError> {
+        self.secret_for(workflow, "")
+    }
+
+    /// A SecretRequest naming `workflow` and `mac` (either may be empty).
+    fn secret_for(&self, workflow: &str, mac: &str) -> Result<String, ClientError> {
         let id = self.identity();
         let body = SecretRequestBody {
             node_id: id.node_id.clone(),
             site_id: self.site_id.clone(),
             workflow_id: workflow.to_owned(),
             issued_at_unix_ms: now_ms(),
-            mac: String::new(),
+            mac: mac.to_owned(),
         };
         let req = site::sign_secret_request(&body, |m| id.key.sign(m)).expect("sign");
         block_on(self.client().get_secret(&req)).map(|r| r.token)
@@ -182,7 +187,7 @@ pub fn assert_refused_as(cp: &ControlPlane, out: &std::process::Output, reason: 
 }
 
 #[track_caller]
-fn assert_site_refused(
+pub fn assert_site_refused(
     cp: &ControlPlane,
     r: Result<impl std::fmt::Debug, ClientError>,
     reason: &str,
@@ -603,4 +608,258 @@ fn only_single_use_tokens_and_ramdisks_are_admitted() {
         cp.refusal_reasons().last().map(String::as_str),
         Some("discovery-role")
     );
+}
+
+/// The spec's "a SecretRequest bound to the workflow": the request names
+/// its boot entry, never "the newest entry for this MAC"; each answer is a
+/// new single-use token of that entry, and the join one of them admits
+/// spends the entry and revokes the others.
+#[test]
+fn secret_requests_name_their_workflow_and_each_gets_its_own_token() {
+    let cp = ControlPlane::start();
+    let site_id = site(&cp, "dc1");
+    let holder = SiteNode::join(&cp, &site_id);
+    let epoch = holder.acquire().unwrap().epoch;
+    let wf = boot_add(&cp, "dc1", MAC, &["--product-uuid", UUID]);
+    // What bcd site answers iPXE from: the open entries, to the holder only.
+    let listed = block_on(holder.client().list_boot_entries(&site_id)).unwrap();
+    assert_eq!(listed.entries.len(), 1);
+    let e = &listed.entries[0];
+    assert_eq!((e.workflow_id.as_str(), e.mac.as_str()), (wf.as_str(), MAC));
+    assert_eq!(e.product_uuid, UUID);
+    let standby = SiteNode::join(&cp, &site_id);
+    assert_site_refused(
+        &cp,
+        block_on(standby.client().list_boot_entries(&site_id)),
+        "not-lease-holder",
+    );
+    // No workflow (only the MAC), or a MAC that is not the workflow's.
+    assert_site_refused(&cp, holder.secret_for("", MAC), "unknown-workflow");
+    assert_site_refused(
+        &cp,
+        holder.secret_for(&wf, "52:54:00:aa:bb:cc"),
+        "workflow-mac",
+    );
+    assert_eq!(boot_state(&cp, &wf), "waiting");
+
+    // Two boot scripts, two tokens, each bound to the entry's MAC and UUID.
+    let first = holder.secret_for(&wf, MAC).unwrap();
+    let second = holder.secret_for(&wf, MAC).unwrap();
+    assert_ne!(first, second);
+    let tokens = cp.json(&["token", "list"]);
+    let of = |t: &str| {
+        let id = t.split_once('.').unwrap().0;
+        tokens
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["id"] == id)
+            .cloned()
+            .unwrap()
+    };
+    for t in [&first, &second] {
+        let row = of(t);
+        assert_eq!(row["usesLeft"], 1, "{row}");
+        assert_eq!(row["expectProductUuid"], UUID, "{row}");
+        assert_eq!(row["expectMac"], MAC, "{row}");
+    }
+    let assertion = |wf: &str| {
+        holder.assertion(epoch, |a| {
+            a.workflow_id = wf.to_owned();
+            a.product_uuid = UUID.to_owned();
+        })
+    };
+    // A machine claiming another UUID is refused by the token's binding
+    // too (the assertion names none here), and nothing is spent.
+    let impostor = Machine::new(&cp, MAC, "4c4c4544-0000-0000-0000-000000000001");
+    let unnamed = holder.assertion(epoch, |a| a.workflow_id = wf.clone());
+    assert_refused_as(
+        &cp,
+        &impostor.boot(&cmdline(&first, &unnamed)),
+        "join:expect-product-uuid",
+    );
+    assert_eq!(boot_state(&cp, &wf), "vouched");
+
+    // The second joins; the entry is spent and the first is revoked.
+    let machine = Machine::new(&cp, MAC, UUID);
+    assert_ok(&machine.boot(&cmdline(&second, &assertion(&wf))));
+    assert_eq!(boot_state(&cp, &wf), "joined");
+    let late = Machine::new(&cp, MAC, UUID);
+    assert_refused_as(
+        &cp,
+        &late.boot(&cmdline(&first, &assertion(&wf))),
+        "token-revoked",
+    );
+    assert_site_refused(&cp, holder.secret_for(&wf, MAC), "workflow-closed");
+
+    // A flood of requests for one entry is capped (32 unspent tokens).
+    let wf2 = boot_add(&cp, "dc1", "52:54:00:aa:bb:cc", &[]);
+    for _ in 0..32 {
+        holder.secret(&wf2).unwrap();
+    }
+    assert_site_refused(&cp, holder.secret(&wf2), "workflow-busy");
+}
+
+/// Site refusals are counted like join refusals: a flood of identical ones
+/// is a few rows, whose counts add up.
+#[test]
+fn site_refusals_are_aggregated_per_minute() {
+    let cp = ControlPlane::start();
+    let site_id = site(&cp, "dc1");
+    let a = SiteNode::join(&cp, &site_id);
+    let b = SiteNode::join(&cp, &site_id);
+    a.acquire().unwrap();
+    let wf = boot_add(&cp, "dc1", MAC, &[]);
+    let before = cp.events().len();
+    let client = b.client();
+    let id = b.identity();
+    block_on(async {
+        for _ in 0..300 {
+            let body = SecretRequestBody {
+                node_id: id.node_id.clone(),
+                site_id: site_id.clone(),
+                workflow_id: wf.clone(),
+                issued_at_unix_ms: now_ms(),
+                mac: String::new(),
+            };
+            let req = site::sign_secret_request(&body, |m| id.key.sign(m)).unwrap();
+            let r = client.get_secret(&req).await;
+            assert!(matches!(r, Err(ClientError::AccessDenied)), "{r:?}");
+        }
+    });
+    let events = cp.events();
+    let added = &events[before..];
+    // The first of a minute, then one aggregated row (twice if a minute
+    // boundary passes).
+    assert!(added.len() <= 4, "{} rows: {added:?}", added.len());
+    let count: u64 = added
+        .iter()
+        .filter(|e| e["type"] == "security.site.refused" && e["reason"] == "not-lease-holder")
+        .map(|e| e["data"]["count"].as_u64().unwrap())
+        .sum();
+    assert_eq!(count, 300);
+    assert_eq!(added[0]["data"]["call"], "get-secret");
+    assert_eq!(added[0]["data"]["source"], "127.0.0.1");
+}
+
+/// Re-commissioning: the same machine PXE-boots into the ramdisk again
+/// with a new boot entry (the same MAC and operator-bound UUID). Its first
+/// ramdisk node is retired by the second join instead of blocking it, and
+/// neither node's certificates outlive its entry.
+#[test]
+fn the_same_machine_commissions_twice() {
+    let cp = ControlPlane::start();
+    let site_id = site(&cp, "dc1");
+    let holder = SiteNode::join(&cp, &site_id);
+    let epoch = holder.acquire().unwrap().epoch;
+    let commission = |not_after: &str| {
+        let wf = boot_add(
+            &cp,
+            "dc1",
+            MAC,
+            &["--product-uuid", UUID, "--not-after", not_after],
+        );
+        let token = holder.secret(&wf).unwrap();
+        let assertion = holder.assertion(epoch, |a| {
+            a.workflow_id = wf.clone();
+            a.product_uuid = UUID.to_owned();
+        });
+        let machine = Machine::new(&cp, MAC, UUID);
+        assert_ok(&machine.boot(&cmdline(&token, &assertion)));
+        let id = Identity::load(&machine.agent.data_dir, &TpmAccess::none())
+            .unwrap()
+            .unwrap();
+        (wf, machine, id)
+    };
+    let (_, first_machine, first) = commission("30m");
+    let lifetime = first.cert.not_after - first.cert.not_before;
+    assert!(lifetime <= time::Duration::minutes(30), "{lifetime}");
+    let node = |id: &str| cp.nodes().into_iter().find(|n| n["nodeId"] == id).unwrap();
+    assert_eq!(
+        node(&first.node_id)["hardwareKey"],
+        format!("product-uuid:{UUID}")
+    );
+    // Renewing does not stretch it past the entry either.
+    assert_ok(&first_machine.agent.run(&["node", "--once", "--renew-now"]));
+    let renewed = Identity::load(&first_machine.agent.data_dir, &TpmAccess::none())
+        .unwrap()
+        .unwrap();
+    assert_ne!(renewed.chain[0], first.chain[0]);
+    assert!(renewed.cert.not_after <= first.cert.not_after);
+
+    let (wf2, _, second) = commission("1h");
+    assert_ne!(second.node_id, first.node_id);
+    assert_eq!(boot_state(&cp, &wf2), "joined");
+    assert_eq!(node(&first.node_id)["retired"], true);
+    assert_eq!(node(&second.node_id)["retired"], false);
+    // And a third time.
+    let (_, _, third) = commission("1h");
+    assert_eq!(node(&second.node_id)["retired"], true);
+    assert_eq!(
+        node(&third.node_id)["hardwareKey"],
+        format!("product-uuid:{UUID}")
+    );
+    // The retired ramdisk renews no more.
+    let out = first_machine.agent.run(&["node", "--once", "--renew-now"]);
+    assert!(stderr(&out).contains("(Renew refused)"), "{}", stderr(&out));
+    let refused = cp
+        .events()
+        .into_iter()
+        .rfind(|e| e["type"] == "security.renew.refused")
+        .expect("a renewal refusal");
+    assert_eq!(refused["reason"], "retired");
+    assert_eq!(refused["nodeId"], first.node_id.as_str());
+}
+
+/// Thousands of boards ship the same firmware UUID: two machines bound to
+/// it both commission, and neither holds it as a hardware key.
+#[test]
+fn two_machines_with_the_placeholder_uuid_both_commission() {
+    const PLACEHOLDER: &str = "03000200-0400-0500-0006-000700080009";
+    let cp = ControlPlane::start();
+    let site_id = site(&cp, "dc1");
+    let holder = SiteNode::join(&cp, &site_id);
+    let epoch = holder.acquire().unwrap().epoch;
+    let mut ids = Vec::new();
+    for mac in [MAC, "52:54:00:aa:bb:cc"] {
+        let wf = boot_add(&cp, "dc1", mac, &["--product-uuid", PLACEHOLDER]);
+        let token = holder.secret(&wf).unwrap();
+        let assertion = holder.assertion(epoch, |a| {
+            a.mac = mac.to_owned();
+            a.workflow_id = wf.clone();
+            a.product_uuid = PLACEHOLDER.to_owned();
+        });
+        let machine = Machine::new(&cp, mac, PLACEHOLDER);
+        assert_ok(&machine.boot(&cmdline(&token, &assertion)));
+        ids.push(machine.agent.status_json()["nodeId"].clone());
+    }
+    for n in cp.nodes().iter().filter(|n| ids.contains(&n["nodeId"])) {
+        assert_eq!(n["hardwareKey"], serde_json::Value::Null, "{n}");
+        assert_eq!(n["retired"], false, "{n}");
+    }
+    assert_eq!(ids.len(), 2);
+}
+
+/// `[discovery] max_age` (the spec's maxAgeMs) replaces the fixed 15
+/// minutes: an assertion whose not_after is later is stale once it passed.
+#[test]
+fn assertions_are_stale_after_the_configured_max_age() {
+    let cp = ControlPlane::start_with_config("[discovery]\nmax_age = \"5m\"\nlease_ttl = \"1h\"\n");
+    let site_id = site(&cp, "dc1");
+    let holder = SiteNode::join(&cp, &site_id);
+    let epoch = holder.acquire().unwrap().epoch;
+    let wf = boot_add(&cp, "dc1", MAC, &[]);
+    let token = holder.secret(&wf).unwrap();
+    let assertion = holder.assertion(epoch, |a| {
+        a.not_after_unix_ms = a.issued_at_unix_ms + 10 * 60_000;
+    });
+    let machine = Machine::new(&cp, MAC, UUID);
+    assert_ok(&cp.cli(&["clock", "set", "--offset", "301s"]));
+    assert_refused_as(
+        &cp,
+        &machine.boot(&cmdline(&token, &assertion)),
+        "assertion-stale",
+    );
+    assert_ok(&cp.cli(&["clock", "set", "--offset", "299s"]));
+    assert_ok(&machine.boot(&cmdline(&token, &assertion)));
 }

@@ -22,6 +22,19 @@ fn a_known_machine_is_refused_unless_the_token_allows_a_reclaim() {
     let bound = cp.token("node", &["--expect-product-uuid", UUID]);
     assert_refused(&cp, &again, "join-token", &bound, "reclaim");
     assert_eq!(cp.refusals().pop().unwrap()["nodeId"], id.as_str());
+    // bcd's message names the case among the others (the reason itself
+    // stays on the server).
+    let out = join_as(
+        &again,
+        "join-token",
+        &cp.token("node", &["--expect-product-uuid", UUID]),
+    );
+    assert_access_denied(&out);
+    assert!(
+        stderr(&out).contains("is already another live node: delete that node first"),
+        "{}",
+        stderr(&out)
+    );
     let provisioned = cp.token("provisioned", &["--expect-product-uuid", UUID]);
     assert_refused(&cp, &again, "provisioned", &provisioned, "reclaim");
 
@@ -57,7 +70,9 @@ fn a_known_machine_is_refused_unless_the_token_allows_a_reclaim() {
 }
 
 /// A pool that requires tpm refuses a token reclaim of its TPM-bound
-/// machine (`join:pool-attestor`), while the TPM still reclaims it.
+/// machine (`join:pool-attestor`), while the TPM still reclaims it. The
+/// UUID the TPM machine claimed is no hardware key: a token bound to that
+/// UUID reclaims nothing, it admits a new node outside the pool.
 #[test]
 fn a_tpm_pool_refuses_a_token_reclaim_of_a_tpm_machine() {
     let cp = ControlPlane::start_trusting_test_maker();
@@ -78,48 +93,50 @@ fn a_tpm_pool_refuses_a_token_reclaim_of_a_tpm_machine() {
     let id = node_id(&agent);
     assert_eq!(node(&cp, &id)["hardwareKey"], format!("tpm-ek:{ek}"));
 
-    let token = cp.token("node", &["--expect-product-uuid", UUID, "--allow-reclaim"]);
+    let token = cp.token("provisioned", &["--node", &id]);
     let by_token = machine(&cp, Some(UUID));
-    assert_refused(&cp, &by_token, "join-token", &token, "join:pool-attestor");
+    assert_refused(&cp, &by_token, "provisioned", &token, "join:pool-attestor");
     let refusal = cp.refusals().pop().unwrap();
     assert_eq!(refusal["nodeId"], id.as_str());
     assert_eq!(refusal["data"]["poolId"], "metal");
+    let by_uuid = cp.token("node", &["--expect-product-uuid", UUID, "--allow-reclaim"]);
+    let other = machine(&cp, Some(UUID));
+    assert_ok(&join_as(&other, "join-token", &by_uuid));
+    assert_ne!(node_id(&other), id);
+    assert_eq!(node(&cp, &node_id(&other))["pool"], "default");
+    assert_eq!(node(&cp, &id)["identityGeneration"], 1);
 
     assert_ok(&agent.run(&["join", "--attestor", "tpm", "--reset", "--yes"]));
     assert_eq!(node_id(&agent), id);
     assert_eq!(node(&cp, &id)["identityGeneration"], 2);
 }
 
-/// The spec's recovery walk-through when the EK is new: the old node holds
-/// the machine's product UUID, so the new TPM's join is a reclaim (refused:
-/// a tpm join carries no allowReclaim) until the old node is cordoned and
-/// deleted; then the machine joins as a new node.
+/// A replaced TPM (a new EK): the old node holds the old EK, and the
+/// product UUID both TPMs' machine claims is only a claim, never a hardware
+/// key (anyone can claim any UUID). So the new TPM, once allowed, joins as
+/// a new node at once; the old node stays the operator's to cordon and
+/// delete, and its EK never admits another node.
 #[test]
-fn a_replaced_tpm_joins_only_after_the_old_node_is_deleted() {
+fn a_replaced_tpm_joins_as_a_new_node_its_claimed_uuid_binds_nothing() {
     let cp = ControlPlane::start_trusting_test_maker();
     let old_tpm = Swtpm::start();
     let agent = machine(&cp, Some(UUID));
     agent.set_tpm(&old_tpm);
-    agent.allow_ek(&cp);
+    let old_ek = agent.allow_ek(&cp);
     assert_ok(&agent.run(&["join", "--attestor", "tpm"]));
     let old = node_id(&agent);
+    assert_eq!(node(&cp, &old)["hardwareKey"], format!("tpm-ek:{old_ek}"));
 
     let new_tpm = Swtpm::start_another_machine();
     agent.set_tpm(&new_tpm);
     let new_ek = agent.allow_ek(&cp);
-    let out = agent.run(&["join", "--reset", "--yes", "--attestor", "tpm"]);
-    assert_access_denied(&out);
-    let refusal = cp.refusals().pop().unwrap();
-    assert_eq!(refusal["reason"], "reclaim");
-    assert_eq!(refusal["attestor"], "tpm");
-    assert_eq!(refusal["nodeId"], old.as_str());
-
-    assert_ok(&cp.cli(&["nodes", "cordon", &old]));
-    assert_ok(&cp.cli(&["nodes", "delete", &old, "--yes"]));
     assert_ok(&agent.run(&["join", "--reset", "--yes", "--attestor", "tpm"]));
     let new = node_id(&agent);
     assert_ne!(new, old, "a new node");
     assert_eq!(node(&cp, &new)["hardwareKey"], format!("tpm-ek:{new_ek}"));
+    assert_eq!(cp.nodes().len(), 2);
+    assert_ok(&cp.cli(&["nodes", "cordon", &old]));
+    assert_ok(&cp.cli(&["nodes", "delete", &old, "--yes"]));
     assert_eq!(cp.nodes().len(), 1);
 }
 
@@ -183,4 +200,31 @@ fn a_reclaim_of_a_deleted_retired_or_other_role_node_is_refused() {
     assert_refused(&cp, &again, "provisioned", &token, "join:reclaim-role");
     assert_eq!(cp.refusals().pop().unwrap()["nodeId"], site_node.as_str());
     assert_eq!(cp.refusals().len(), 3);
+}
+
+/// Two TPM machines whose firmware kept the common placeholder UUID both
+/// join: their EKs tell them apart, and the placeholder is nobody's key.
+#[test]
+fn two_tpm_machines_with_the_placeholder_uuid_both_join() {
+    const PLACEHOLDER: &str = "03000200-0400-0500-0006-000700080009";
+    let cp = ControlPlane::start_trusting_test_maker();
+    let mut ids = Vec::new();
+    for tpm in [Swtpm::start(), Swtpm::start_another_machine()] {
+        let agent = machine(&cp, Some(PLACEHOLDER));
+        agent.set_tpm(&tpm);
+        let ek = agent.allow_ek(&cp);
+        assert_ok(&agent.run(&["join", "--attestor", "tpm"]));
+        let id = node_id(&agent);
+        assert_eq!(node(&cp, &id)["hardwareKey"], format!("tpm-ek:{ek}"));
+        ids.push(id);
+    }
+    assert_ne!(ids[0], ids[1]);
+    // A token bound to the placeholder binds no hardware key either.
+    let bound = cp.token("node", &["--expect-product-uuid", PLACEHOLDER]);
+    let third = machine(&cp, Some(PLACEHOLDER));
+    assert_ok(&join_as(&third, "join-token", &bound));
+    assert_eq!(
+        node(&cp, &node_id(&third))["hardwareKey"],
+        serde_json::Value::Null
+    );
 }

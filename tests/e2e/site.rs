@@ -13,6 +13,7 @@ use crate::discovery::{
     assert_refused_as, boot_add, boot_state, cmdline, site, Machine, SiteNode, MAC, UUID,
 };
 use crate::harness::*;
+use bc_wire::site_v1::DiscoveryAssertion;
 
 const KERNEL: &[u8] = b"not a kernel, but served as one";
 /// 30 bytes, not a multiple of 4: the appended archive needs 2 of padding.
@@ -155,6 +156,17 @@ fn boot_cmdline(script: &str) -> String {
             .to_owned()
     };
     cmdline(&value("bc.token="), &value("bc.assertion="))
+}
+
+/// The assertion a boot script's kernel line carries.
+fn assertion_of(script: &str) -> DiscoveryAssertion {
+    let kernel = script.lines().find(|l| l.starts_with("kernel ")).unwrap();
+    let text = kernel
+        .split(' ')
+        .find_map(|w| w.strip_prefix("bc.assertion="))
+        .unwrap();
+    let bytes = bc_wire::site::from_cmdline(text).unwrap();
+    bc_wire::site::parse_signed(&bytes).unwrap().1
 }
 
 /// `epoch=N` of a log line.
@@ -425,4 +437,89 @@ fn a_tpm_joined_site_node_serves_and_vouches() {
     assert_ok(&machine.boot(&boot_cmdline(&script)));
     assert_eq!(machine.agent.status_json()["role"], "ramdisk");
     assert_eq!(boot_state(&cp, &wf), "joined");
+}
+
+/// A neighbour on the boot LAN asks bcd site for a registered machine's
+/// script before the machine does, with a UUID and an IP of its choosing.
+/// A UUID that is not the entry's gets the exit script (nothing signed,
+/// no SecretRequest); without one it gets a script whose assertion and
+/// token name the entry's UUID and its own address, not the one it asked
+/// for; its join from there is refused and leaves the entry open; the
+/// machine then commissions with a script of its own.
+#[test]
+fn a_neighbour_that_fetches_a_machines_script_first_takes_nothing() {
+    const FORGED: &str = "4c4c4544-0000-0000-0000-00000000beef";
+    let cp = ControlPlane::start();
+    let site_id = site(&cp, "dc1");
+    let node = SiteNode::join(&cp, &site_id);
+    let mut server = BootServer::start(&node);
+    server.wait_for("boot lease acquired");
+    let wf = boot_add(&cp, "dc1", MAC, &["--product-uuid", UUID]);
+    let mac = MAC.replace(':', "%3A");
+
+    let (status, body) = server.get(&format!("/boot.ipxe?mac={mac}&uuid={FORGED}&ip=10.9.9.9"));
+    assert_eq!(status, 200);
+    assert_exit_script(&String::from_utf8(body).unwrap());
+    assert_eq!(server.count("discovery assertion signed"), 0);
+    assert_eq!(boot_state(&cp, &wf), "waiting", "no SecretRequest was made");
+
+    let (_, body) = server.get(&format!("/boot.ipxe?mac={mac}&ip=10.9.9.9"));
+    let stolen = String::from_utf8(body).unwrap();
+    let asserted = assertion_of(&stolen);
+    assert_eq!(asserted.ip, "127.0.0.1", "the peer, not the query");
+    assert_eq!(asserted.product_uuid, UUID, "the entry's UUID");
+    assert_eq!(asserted.workflow_id, wf);
+    // The thief joins claiming the victim's MAC and its own UUID: refused.
+    let thief = Machine::new(&cp, MAC, FORGED);
+    assert_refused_as(
+        &cp,
+        &thief.boot(&boot_cmdline(&stolen)),
+        "product-uuid-mismatch",
+    );
+    thief.agent.assert_nothing_written();
+    assert_eq!(boot_state(&cp, &wf), "vouched", "the entry stays open");
+
+    // The machine's own script carries a token of its own.
+    let script = server.script(MAC);
+    assert_ne!(boot_cmdline(&script), boot_cmdline(&stolen));
+    let machine = Machine::new(&cp, MAC, UUID);
+    assert_ok(&machine.boot(&boot_cmdline(&script)));
+    assert_eq!(boot_state(&cp, &wf), "joined");
+    let id = machine.agent.status_json()["nodeId"].clone();
+    let row = cp.nodes().into_iter().find(|n| n["nodeId"] == id).unwrap();
+    assert_eq!(row["hardwareKey"], format!("product-uuid:{UUID}"));
+    // The stolen token died with the entry.
+    let late = Machine::new(&cp, MAC, UUID);
+    assert_refused_as(&cp, &late.boot(&boot_cmdline(&stolen)), "token-revoked");
+}
+
+/// iPXE requests for MACs with no boot entry are answered from the site's
+/// copy of its open entries: no SecretRequest, no signature, no row at the
+/// control plane, however many (here 2,000: ten unregistered machines
+/// asking 200 times each).
+#[test]
+fn unknown_macs_cost_the_control_plane_nothing() {
+    let cp = ControlPlane::start();
+    let site_id = site(&cp, "dc1");
+    let node = SiteNode::join(&cp, &site_id);
+    let mut server = BootServer::start(&node);
+    server.wait_for("boot lease acquired");
+    boot_add(&cp, "dc1", MAC, &[]);
+    let before = cp.events().len();
+    let started = std::time::Instant::now();
+    for i in 0..2000u32 {
+        let (status, body) = server.get(&format!(
+            "/boot.ipxe?mac=52:54:01:00:00:{:02x}&uuid={UUID}",
+            i / 200
+        ));
+        assert_eq!(status, 200);
+        assert!(!String::from_utf8_lossy(&body).contains("bc.token"));
+    }
+    let took = started.elapsed();
+    let added = cp.events().len() - before;
+    assert!(added <= 5, "{added} rows for 2,000 unknown MACs");
+    assert_eq!(server.count("discovery assertion signed"), 0);
+    eprintln!("2,000 unknown-MAC requests: {took:?}, {added} rows");
+    // The registered machine still boots.
+    assert!(server.script(MAC).contains("bc.assertion="));
 }

@@ -36,6 +36,7 @@ pub mod endpoints {
     pub const RENEW_LEASE: &str = "/bettercompute.site.v1.SiteService/RenewLease";
     pub const RELEASE_LEASE: &str = "/bettercompute.site.v1.SiteService/ReleaseLease";
     pub const GET_SECRET: &str = "/bettercompute.site.v1.SiteService/GetSecret";
+    pub const LIST_BOOT_ENTRIES: &str = "/bettercompute.site.v1.SiteService/ListBootEntries";
     pub const CONTENT_TYPE: &str = "application/x-protobuf";
 }
 

@@ -48,8 +48,14 @@ impl DiscoveryAssertion {
     /// The end of the assertion's validity: the earlier of its `not_after`
     /// and `issued_at` + [`ASSERTION_MAX_AGE_MS`].
     pub fn valid_until_ms(&self) -> i64 {
+        self.valid_until_with(ASSERTION_MAX_AGE_MS)
+    }
+
+    /// [`Self::valid_until_ms`] with a maximum age of `max_age_ms` (the
+    /// control plane's `[discovery] max_age`).
+    pub fn valid_until_with(&self, max_age_ms: i64) -> i64 {
         self.not_after_unix_ms
-            .min(self.issued_at_unix_ms.saturating_add(ASSERTION_MAX_AGE_MS))
+            .min(self.issued_at_unix_ms.saturating_add(max_age_ms))
     }
 }
 

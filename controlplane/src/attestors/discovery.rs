@@ -17,8 +17,9 @@
 //!    epoch (`lease-epoch`), with an unexpired, unrevoked certificate of its
 //!    current identity (`signer-certificate`) whose key verified the
 //!    signature under purpose discovery-assertion (`assertion-signature`);
-//! 4. freshness: not after the earlier of not_after and issued_at + 15 min
-//!    (`assertion-stale`), nor issued more than a minute ahead of the
+//! 4. freshness: not after the earlier of not_after and issued_at +
+//!    `[discovery] max_age` (15 min by default: the spec's maxAgeMs;
+//!    `assertion-stale`), nor issued more than a minute ahead of the
 //!    database's time (`assertion-future`);
 //! 5. the machine: its claimed MACs include the asserted MAC
 //!    (`mac-not-claimed`), its product UUID is the asserted one when there is
@@ -27,7 +28,14 @@
 //! Then the assertion is recorded in `attestation_uses` until it would be
 //! stale anyway, the token's use is spent, and the machine joins as a new
 //! ramdisk node of that site whose certificate lasts at most
-//! `[discovery] cert_ttl` and which may be sent only `allowed_kinds`.
+//! `[discovery] cert_ttl`, never past its boot entry's end, and which may be
+//! sent only `allowed_kinds`. The ramdisk nodes of earlier commissionings of
+//! the same machine are retired ([`crate::boot::retire_superseded`]).
+//!
+//! The UUIDs here are claims: the asserted one is what iPXE or the boot
+//! entry said, the machine's is its own word. Only the boot entry's UUID,
+//! which its token's expect carries (JoinService checks the claims against
+//! it), becomes the node's hardware key ([`crate::hardware`]).
 
 use bc_wire::agent::Role;
 use bc_wire::site;
@@ -41,7 +49,7 @@ use crate::attestors::join_token::{live_token, TOKEN_EXHAUSTED, TOKEN_ROLE};
 use crate::boot::DISCOVERY_ROLE;
 use crate::config::DiscoveryConfig;
 use crate::db::{DbError, UnixMs};
-use crate::{records, sites, tokens, uses};
+use crate::{hardware, records, sites, tokens, uses};
 
 pub const DISCOVERY: &str = "discovery";
 
@@ -148,7 +156,7 @@ impl Attestor for DiscoveryAttestor {
         }
 
         // Freshness.
-        let valid_until = assertion.valid_until_ms();
+        let valid_until = assertion.valid_until_with(self.config.max_age_ms);
         if input.now >= valid_until {
             return Err(refuse(ASSERTION_STALE));
         }
@@ -165,14 +173,12 @@ impl Attestor for DiscoveryAttestor {
         if !claimed {
             return Err(refuse(MAC_NOT_CLAIMED));
         }
-        let mut proven_product_uuid = None;
         if !assertion.product_uuid.is_empty() {
             let want = normalize_product_uuid(&assertion.product_uuid).ok();
             let have = normalize_product_uuid(&input.claims.product_uuid).ok();
             if want.is_none() || want != have {
                 return Err(refuse(PRODUCT_UUID_MISMATCH));
             }
-            proven_product_uuid = want;
         }
 
         // One join per assertion; the token is spent.
@@ -180,6 +186,20 @@ impl Attestor for DiscoveryAttestor {
             return Err(refuse(ASSERTION_REUSED));
         }
         tokens::consume_use(tx, &token.id)?;
+        // An earlier ramdisk of this machine blocks nothing (rolled back
+        // with the transaction if JoinService refuses this join after all).
+        if let Some(entry) = crate::boot::entry_of_token(tx, &token.id)? {
+            let hk = hardware::of_result(&AttestationResult {
+                expect: row.expect.clone(),
+                ..AttestationResult::default()
+            });
+            crate::boot::retire_superseded(
+                tx,
+                &entry,
+                hk.as_ref().map(|k| k.key.as_str()),
+                input.now,
+            )?;
+        }
         Ok(Verdict::Admit(AttestationResult {
             token_id: Some(token.id.clone()),
             node_key: NodeKeyKind::Unattested,
@@ -190,7 +210,8 @@ impl Attestor for DiscoveryAttestor {
                 allowed_kinds: Some(self.config.allowed_kinds.clone()),
                 max_cert_ttl_ms: Some(self.config.cert_ttl_ms),
             })),
-            proven_product_uuid,
+            // Claims only: the token's expect is what an operator bound.
+            proven_product_uuid: None,
             ..AttestationResult::default()
         }))
     }

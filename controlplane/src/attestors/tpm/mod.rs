@@ -267,13 +267,9 @@ impl TpmAttestor {
             }),
             // No token: nothing to bind.
             expect: Default::default(),
-            // The machine the TPM is soldered to: its UUID stays with the
-            // node when the TPM is replaced (spec "Recovering a node whose
-            // TPM changed").
-            proven_product_uuid: crate::attestor::normalize_product_uuid(
-                &input.claims.product_uuid,
-            )
-            .ok(),
+            // The claimed product UUID is only a claim (the joins row
+            // records it): the EK is this machine's hardware key.
+            proven_product_uuid: None,
             ..AttestationResult::default()
         }))
     }
