@@ -189,7 +189,13 @@ fn user_data_runs_the_script_and_carries_the_token_in_a_0600_file() {
     assert!(!text.contains("/run/bcd/join-token"));
 
     let token_file = files.path().join("token");
-    std::fs::write(&token_file, "bcjt_secret.value\n").expect("write token");
+    let token = cp.token("node", &[]);
+    let secret = token
+        .split_once('.')
+        .expect("tok_<id>.<secret>")
+        .1
+        .to_owned();
+    std::fs::write(&token_file, format!("{token}\n")).expect("write token");
     let out = cp.cli(&[
         "user-data",
         "--api",
@@ -201,15 +207,15 @@ fn user_data_runs_the_script_and_carries_the_token_in_a_0600_file() {
     ]);
     assert_ok(&out);
     let text = stdout(&out);
-    assert!(text.contains(
-        "  - path: /run/bcd/join-token\n    owner: root:root\n    permissions: '0600'\n    content: 'bcjt_secret.value'\n"
-    ));
+    assert!(text.contains(&format!(
+        "  - path: /run/bcd/join-token\n    owner: root:root\n    permissions: '0600'\n    content: '{token}'\n"
+    )));
     // The token is in the user data's file, never in the script.
     let script_part = text
         .split("/var/lib/bcd-install/install.sh\n")
         .nth(1)
         .expect("script");
-    assert!(!script_part.contains("bcjt_secret"));
+    assert!(!script_part.contains(&secret));
     let out = cp.cli(&[
         "user-data",
         "--api",
@@ -218,6 +224,73 @@ fn user_data_runs_the_script_and_carries_the_token_in_a_0600_file() {
         "join-token",
     ]);
     assert!(!out.status.success() && stderr(&out).contains("--token-file"));
+}
+
+/// User data outlives the join (the cloud's metadata service serves it for
+/// the VM's life), so a token that could join again is refused there
+/// unless the operator says so; so is a token this directory never issued.
+/// A refusal prints nothing on stdout.
+#[test]
+fn user_data_refuses_a_multi_use_token_unless_allowed() {
+    let (cp, files) = with_package(b"package");
+    let token_file = files.path().join("token");
+    let user_data = |extra: &[&str]| {
+        let mut args = vec![
+            "user-data",
+            "--api",
+            "https://cp.example",
+            "--attestor",
+            "join-token",
+            "--token-file",
+            token_file.to_str().expect("utf-8"),
+        ];
+        args.extend_from_slice(extra);
+        cp.cli(&args)
+    };
+    let multi = cp.token("node", &["--uses", "3"]);
+    std::fs::write(&token_file, &multi).expect("write token");
+    let out = user_data(&[]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        out.stdout.is_empty(),
+        "printed on refusal: {}",
+        stdout(&out)
+    );
+    let err = stderr(&out);
+    assert!(
+        err.contains("3 uses left")
+            && err.contains("metadata service")
+            && err.contains("--attestor provisioned")
+            && err.contains("--allow-multi-use"),
+        "{err}"
+    );
+    assert!(
+        !err.contains(multi.split_once('.').unwrap().1),
+        "the secret in an error"
+    );
+    // Said so: embedded.
+    let out = user_data(&["--allow-multi-use"]);
+    assert_ok(&out);
+    assert!(stdout(&out).contains(&format!("content: '{multi}'")));
+
+    // A token of another control plane, or not a token at all.
+    let other = ControlPlane::init_only().token("node", &[]);
+    std::fs::write(&token_file, &other).expect("write token");
+    let out = user_data(&[]);
+    assert!(!out.status.success() && out.stdout.is_empty());
+    assert!(
+        stderr(&out).contains("has no token tok_"),
+        "{}",
+        stderr(&out)
+    );
+    std::fs::write(&token_file, "bcjt_secret.value").expect("write token");
+    let out = user_data(&[]);
+    assert!(!out.status.success() && out.stdout.is_empty());
+    assert!(
+        stderr(&out).contains("does not hold one join token"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 /// A directory of stand-ins that record their calls and fail, put first
