@@ -255,6 +255,11 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE tpm_resolve ADD COLUMN site_id TEXT;
     ALTER TABLE join_requests ADD COLUMN site_id TEXT;
     "#,
+    // The roles a cloud resolve row admits beyond `[cloud_iid] roles`
+    // (`cloud resolve add --role`): role names separated by ',' (NULL: none).
+    r#"
+    ALTER TABLE cloud_resolve ADD COLUMN roles TEXT;
+    "#,
 ];
 
 #[derive(Debug, thiserror::Error)]
