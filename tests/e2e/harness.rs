@@ -190,6 +190,11 @@ impl ControlPlane {
         self.dir.path()
     }
 
+    /// The `serve` process (for `/proc/<pid>/status`).
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("serve is running").id()
+    }
+
     /// The server's log (stderr).
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.path().join("serve.log")).unwrap_or_default()
