@@ -196,7 +196,13 @@ pub fn run(args: JoinArgs, env_token: Option<TokenText>) -> anyhow::Result<ExitC
                 m.to.display()
             ))?;
         }
-        obtain(env_token).context("the identity is moved aside, and a later `bcd join` joins")?
+        match obtain(env_token) {
+            Ok(credential) => credential,
+            Err(e) if !moves.is_empty() => {
+                return Err(e.context("the identity is moved aside; a later `bcd join` joins"))
+            }
+            Err(e) => return Err(e),
+        }
     } else {
         match Identity::load(dir, &tpm) {
             Ok(Some(id)) => {
