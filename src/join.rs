@@ -40,7 +40,7 @@ pub const ACCESS_DENIED_DISCOVERY: &str = "access denied: the control plane refu
 /// The same for a provisioned join (the token from the machine's user data).
 pub const ACCESS_DENIED_PROVISIONED: &str = "access denied: the control plane refused the provisioned join (the token may be used, expired or revoked, minted for another machine (product UUID), or for a machine another node already is; deploy again for a new token)";
 /// The same for a cloud VM's identity document.
-pub const ACCESS_DENIED_CLOUD_IID: &str = "access denied: the control plane refused the cloud-iid join (check that it has keys for this cloud ([cloud_iid]) and audience = this bcd's api URL, that `cloud resolve list` covers this account and zone, that this instance never joined before (a known instance re-joins with --attestor x509pop), and that this clock's time is right)";
+pub const ACCESS_DENIED_CLOUD_IID: &str = "access denied: the control plane refused the cloud-iid join (check that it has keys for this cloud ([cloud_iid]) and audience = this bcd's api URL, that `cloud resolve list` covers this account and zone, and the role if not node ([cloud_iid] roles, cloud resolve add --role), that this instance never joined before (a known instance re-joins with --attestor x509pop), and that this clock's time is right)";
 /// The same for an x509pop re-join, where the last certificate is the credential.
 pub const ACCESS_DENIED_X509POP: &str = "access denied: the control plane refused the x509pop re-join (the certificate may have expired more than 7 days ago, be revoked or older than the node's current identity, the node may be retired, or this clock may be more than 60 s off the control plane's; join again: bcd join --reset --yes, then bcd join with a token or --attestor tpm)";
 
@@ -184,8 +184,10 @@ pub fn run(args: JoinArgs, env_token: Option<TokenText>) -> anyhow::Result<ExitC
             ));
             return Ok(ExitCode::from(2));
         }
-        // A missing or malformed token must not leave the machine reset and unjoined.
-        let credential = obtain(env_token)?;
+        // The spec: the reset happens before the join reads any credential,
+        // and a join that then fails leaves the identity moved aside. So the
+        // two-run recovery bcd prints (`bcd join --reset --yes`, then `bcd
+        // join`) works, and its first run may carry no token at all.
         reset::apply(dir, &moves)?;
         for m in &moves {
             out::line(format_args!(
@@ -194,7 +196,13 @@ pub fn run(args: JoinArgs, env_token: Option<TokenText>) -> anyhow::Result<ExitC
                 m.to.display()
             ))?;
         }
-        credential
+        match obtain(env_token) {
+            Ok(credential) => credential,
+            Err(e) if !moves.is_empty() => {
+                return Err(e.context("the identity is moved aside; a later `bcd join` joins"))
+            }
+            Err(e) => return Err(e),
+        }
     } else {
         match Identity::load(dir, &tpm) {
             Ok(Some(id)) => {

@@ -131,6 +131,11 @@ pub struct AttestationResult {
     /// The token allows reclaiming the live node that holds this machine's
     /// hardware key (`token create --allow-reclaim`).
     pub allow_reclaim: bool,
+    /// The roles this machine may join as, narrower than what its attestor
+    /// admits at all (JoinService's table, `join::check_role`): its token's
+    /// role, the role its place fixes, what its resolve row allows. `None`:
+    /// any of the attestor's.
+    pub roles: Option<Vec<Role>>,
 }
 
 /// The machine a token was minted for (`token create --expect-*`): values
@@ -324,21 +329,6 @@ impl From<crate::db::DbError> for Refusal {
             other => Fault::Internal(other.to_string()),
         })
     }
-}
-
-/// The ids of the attestors `bc-controlplane serve` runs: the built-in
-/// `join-token`, `tpm` and `x509pop`. Pool policies may name only these (the
-/// CLI validates `policy.joinAttestors` against them without a running
-/// server).
-pub fn default_attestor_ids() -> Vec<&'static str> {
-    vec![
-        JOIN_TOKEN,
-        crate::attestors::tpm::TPM,
-        crate::attestors::x509pop::X509POP,
-        crate::attestors::discovery::DISCOVERY,
-        crate::attestors::provisioned::PROVISIONED,
-        crate::attestors::cloud_iid::CLOUD_IID,
-    ]
 }
 
 /// The attestors a JoinService runs, by id. `join-token` is always there;

@@ -11,6 +11,7 @@
 //! node_key = "certified"            # or "any"
 //! challenge_ttl = "5m"              # at most 5m
 //! enrollment_retry_after = "30s"    # JoinPending.retry_after_seconds
+//! enrollment = true                 # false: an unknown EK is refused (unknown-ek), no join request
 //! [tpm.pcr_policy]                  # optional: SHA-256 PCR values
 //! "0" = "<hex sha256>"
 //! [tpm.pcr_policy.sha1]             # optional: SHA-1 values (TPMs with only a SHA-1 bank)
@@ -37,6 +38,7 @@
 //! [cloud_iid]
 //! audience = "https://cp.example.com:8443"  # the api URL agents use (GCP tokens must name it)
 //! max_age = "10m"                   # identity documents older than this are refused (1m to 1h)
+//! roles = ["node"]                  # the roles a VM may join as (this default); `cloud resolve add --role` adds per account
 //! [cloud_iid.gcp]
 //! jwks = "gcp-jwks.json"            # Google's signing keys (JWKS), relative to DIR
 //! [cloud_iid.aws]
@@ -200,6 +202,7 @@ struct RawConfig {
 struct RawCloudIid {
     audience: Option<Spanned<String>>,
     max_age: Option<Spanned<String>>,
+    roles: Option<Spanned<Vec<String>>>,
     gcp: Option<RawCloudGcp>,
     aws: Option<RawCloudAws>,
     azure: Option<RawCloudAzure>,
@@ -261,6 +264,7 @@ struct RawTpm {
     node_key: Option<Spanned<String>>,
     challenge_ttl: Option<Spanned<String>>,
     enrollment_retry_after: Option<Spanned<String>>,
+    enrollment: Option<bool>,
     pcr_policy: Option<RawPcrPolicy>,
 }
 
@@ -436,6 +440,25 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
                 "from 1m to 1h",
             )?;
         }
+        if let Some(v) = c.roles {
+            let roles: Option<Vec<bc_wire::agent::Role>> = v
+                .get_ref()
+                .iter()
+                .map(|r| bc_wire::agent::Role::from_name(r))
+                .collect();
+            match roles {
+                Some(roles) if !roles.is_empty() => config.cloud_iid.roles = roles,
+                _ => {
+                    return Err(invalid(
+                        Some(v.span()),
+                        format!(
+                        "cloud_iid.roles must list one or more of node, site, ramdisk, not {:?}",
+                        v.get_ref()
+                    ),
+                    ))
+                }
+            }
+        }
         if let Some(g) = c.gcp {
             // Relative to DIR, the directory of this file.
             let dir = path.parent().unwrap_or(Path::new("."));
@@ -535,6 +558,9 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         config.tpm.enrollment_retry_after_seconds =
             u32::try_from(ms / 1000).map_err(|_| invalid(Some(v.span()), "too large".into()))?;
     }
+    if let Some(on) = tpm.enrollment {
+        config.tpm.enrollment = on;
+    }
     if let Some(policy) = tpm.pcr_policy {
         for (bank, index, value) in policy.entries {
             let pcr = index
@@ -617,6 +643,26 @@ mod tests {
 
     fn err(text: &str) -> String {
         p(text).err().map(|e| e.to_string()).unwrap_or_default()
+    }
+
+    #[test]
+    fn cloud_iid_roles_and_tpm_enrollment() {
+        use bc_wire::agent::Role;
+        let c = p("").unwrap();
+        assert_eq!(c.cloud_iid.roles, [Role::Node]);
+        assert!(c.tpm.enrollment);
+        let c =
+            p("[cloud_iid]\nroles = [\"node\", \"site\"]\n[tpm]\nenrollment = false\n").unwrap();
+        assert_eq!(c.cloud_iid.roles, [Role::Node, Role::Site]);
+        assert!(!c.tpm.enrollment);
+        for bad in ["[]", "[\"admin\"]", "[\"node\", \"\"]"] {
+            let e = err(&format!("[cloud_iid]\nroles = {bad}\n"));
+            assert!(
+                e.starts_with("/d/controlplane.toml:2: cloud_iid.roles must list one or more of node, site, ramdisk"),
+                "{bad}: {e}"
+            );
+        }
+        assert!(err("[tpm]\nenrollment = \"no\"\n").contains(":2"));
     }
 
     #[test]

@@ -280,6 +280,11 @@ const MIGRATIONS: &[&str] = &[
                             '00020003-0004-0005-0006-000700080009',
                             '12345678-1234-5678-90ab-cddeefaabbcc');
     "#,
+    // The roles a cloud resolve row admits beyond `[cloud_iid] roles`
+    // (`cloud resolve add --role`): role names separated by ',' (NULL: none).
+    r#"
+    ALTER TABLE cloud_resolve ADD COLUMN roles TEXT;
+    "#,
 ];
 
 #[derive(Debug, thiserror::Error)]

@@ -15,11 +15,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::extract::Path as UrlPath;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::post;
 use axum::{Extension, Router};
 use bc_wire::endpoints;
 use hyper::service::Service as _;
@@ -111,68 +110,8 @@ pub fn router(service: Arc<JoinService>) -> Router {
         .with_state(service)
 }
 
-/// How many `GET /dist/...` are served at once: each holds its package in
-/// memory (at most [`crate::dist::MAX_PACKAGE_BYTES`]) while it is sent.
-const DIST_CONCURRENCY: usize = 4;
-
-struct DistState {
-    dir: std::path::PathBuf,
-    slots: tokio::sync::Semaphore,
-}
-
-/// `router` with `GET /dist/<name>`: the packages `dist add` recorded in
-/// `DIR/dist` (see [`crate::dist`]). Unauthenticated, like the download of
-/// any package: the install script pins the SHA-256 it expects. A name that
-/// is not a recorded package is NOT_FOUND, whatever it tries.
-pub fn with_dist(router: Router, dir: &std::path::Path) -> Router {
-    let state = Arc::new(DistState {
-        dir: dir.to_owned(),
-        slots: tokio::sync::Semaphore::new(DIST_CONCURRENCY),
-    });
-    router.route("/dist/{name}", get(dist_handler).with_state(state))
-}
-
-async fn dist_handler(
-    State(state): State<Arc<DistState>>,
-    UrlPath(name): UrlPath<String>,
-) -> Response {
-    use crate::dist::{self, DistError};
-    let Ok(_slot) = state.slots.acquire().await else {
-        return (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n").into_response();
-    };
-    let dir = state.dir.clone();
-    let read = tokio::task::spawn_blocking(move || dist::read(&dir, &name)).await;
-    match read {
-        Ok(Ok((_, bytes))) => (
-            StatusCode::OK,
-            [(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/vnd.debian.binary-package"),
-            )],
-            Body::from(bytes),
-        )
-            .into_response(),
-        Ok(Err(DistError::BadName(_) | DistError::NotFound(_))) => {
-            (StatusCode::NOT_FOUND, "no such package\n").into_response()
-        }
-        Ok(Err(e)) => {
-            tracing::error!(error = %e, "cannot serve a package");
-            (
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "cannot serve this package\n",
-            )
-                .into_response()
-        }
-        Err(e) => {
-            tracing::error!(error = %e, "the dist task failed");
-            (
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "cannot serve this package\n",
-            )
-                .into_response()
-        }
-    }
-}
+/// `router` with `GET /dist/<name>` (see [`crate::dist_serve`]).
+pub use crate::dist_serve::with_dist;
 
 async fn join_handler(
     State(service): State<Arc<JoinService>>,
@@ -738,6 +677,67 @@ mod tests {
             .await
             .expect("the server closes the connection");
         started.elapsed()
+    }
+
+    /// The request deadline runs to the end of the response body: a
+    /// download the client stops reading is cut when it passes (the wait is
+    /// the server's own timeout, which nothing else signals).
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_stalled_download_is_cut_at_the_request_deadline() {
+        let cp = crate::test_support::cp();
+        let svc = cp.svc.clone();
+        // Larger than loopback's socket buffers can take.
+        const SIZE: usize = 48 << 20;
+        let file = cp.path().join("bcd_1_amd64.deb");
+        std::fs::write(&file, vec![7u8; SIZE]).unwrap();
+        crate::dist::add(cp.path(), &file).unwrap();
+        let tls = tls_config(svc.bundle(), svc.database()).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let limits = Limits {
+            max_connections: 100,
+            max_per_source: 100,
+            request_timeout: Duration::from_secs(1),
+        };
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve_with(
+            listener,
+            tls,
+            with_dist(router(svc.clone()), cp.path()),
+            limits,
+            async {
+                let _ = stopped.await;
+            },
+        ));
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let name = ServerName::try_from("localhost").unwrap();
+        let mut tls = tokio_rustls::TlsConnector::from(client(svc.bundle(), None))
+            .connect(name, tcp)
+            .await
+            .unwrap();
+        tls.write_all(b"GET /dist/bcd_1_amd64.deb HTTP/1.1\r\nhost: localhost\r\n\r\n")
+            .await
+            .unwrap();
+        let mut head = [0u8; 12];
+        tls.read_exact(&mut head).await.unwrap();
+        assert_eq!(&head, b"HTTP/1.1 200");
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        let mut got = 0usize;
+        let mut buf = vec![0u8; 1 << 16];
+        while let Ok(Ok(n)) = tokio::time::timeout(Duration::from_secs(5), tls.read(&mut buf)).await
+        {
+            if n == 0 {
+                break;
+            }
+            got += n;
+        }
+        assert!(
+            got < SIZE,
+            "the whole {SIZE} bytes arrived after the deadline"
+        );
+
+        stop.send(()).unwrap();
+        server.await.unwrap().unwrap();
     }
 
     #[tokio::test(flavor = "multi_thread")]

@@ -39,8 +39,9 @@ use crate::attestor::{
     AttestInput, AttestationResult, Attestor, AttestorRegistry, Deferral, ExpectMismatch, Fault,
     OpenedToken, Refusal, Verdict, JOIN_TOKEN,
 };
-use crate::attestors::tpm::{state::ChallengeKey, TpmAttestor};
-use crate::attestors::x509pop::X509PopAttestor;
+use crate::attestors::tpm::{self, state::ChallengeKey, TpmAttestor};
+use crate::attestors::x509pop::{self, X509PopAttestor};
+use crate::attestors::{cloud_iid, discovery, join_token, provisioned};
 use crate::config::ConfigError;
 use crate::db::{self, Database, DbError, UnixMs};
 use crate::eventlog::{EventLog, Refused};
@@ -391,6 +392,10 @@ impl JoinService {
             return Err(self.refuse(&attestor_name, Refusal::new(UNKNOWN_ATTESTOR), source));
         };
         let attestor_id = attestor.id().to_owned();
+        // A role the attestor never admits is refused before it runs.
+        if let Err(refusal) = check_role(&attestor_id, role, None) {
+            return Err(self.refuse(&attestor_id, refusal, source));
+        }
 
         let token = if req.sealed_token.is_empty() {
             None
@@ -442,7 +447,8 @@ impl JoinService {
                         csr: &csr,
                         claims: &claims,
                     };
-                    let admitted = check_expect(&result, &claims)
+                    let admitted = check_role(&attestor_id, role, Some(&result))
+                        .and_then(|()| check_expect(&result, &claims))
                         .and_then(|()| self.admit(&tx, now, &request, &result));
                     match admitted {
                         Ok((node_id, leaf)) => {
@@ -763,15 +769,9 @@ impl JoinService {
             .unwrap_or_else(|p| p.into_inner())
             .clone();
         if let Some(hook) = hook {
-            // The spec's convention: JoinService's own refusals are stored
-            // as `join:<reason>` (security.join.refused reason
-            // join:pool-attestor) but reported to onRefusal as the bare
-            // reason (refused with pool-attestor).
-            let bare = event.reason.strip_prefix("join:").map(str::to_owned);
-            match bare {
-                Some(reason) => hook(&RefusalEvent { reason, ..event }),
-                None => hook(&event),
-            }
+            // The event's spelling, `join:` prefix and all (one name per
+            // reason, whoever reads it).
+            hook(&event);
         }
         ApiError::AccessDenied
     }
@@ -794,6 +794,67 @@ pub(crate) fn capped_ttl(ttl: Duration, now: UnixMs, end: Option<UnixMs>) -> Dur
     let start = now - now.rem_euclid(1000);
     let left_ms = (end - end.rem_euclid(1000)).saturating_sub(start).max(0);
     ttl.min(Duration::milliseconds(left_ms))
+}
+
+/// Which roles each attestor admits, and the reason any other is refused
+/// with: the README's table, enforced here and nowhere else (bar
+/// discovery's own first check, which says the same). An attestor not
+/// listed (a plugin's) admits `node` only.
+pub const ATTESTOR_ROLES: &[(&str, &[Role], &str)] = &[
+    (
+        JOIN_TOKEN,
+        &[Role::Node, Role::Site],
+        join_token::TOKEN_ROLE,
+    ),
+    (tpm::TPM, &[Role::Node, Role::Site], tpm::ROLE),
+    (x509pop::X509POP, &[Role::Node, Role::Site], x509pop::ROLE),
+    (
+        provisioned::PROVISIONED,
+        &[Role::Node],
+        join_token::TOKEN_ROLE,
+    ),
+    (
+        discovery::DISCOVERY,
+        &[Role::Ramdisk],
+        discovery::DISCOVERY_ROLE_REASON,
+    ),
+    (
+        cloud_iid::CLOUD_IID,
+        &[Role::Node, Role::Site, Role::Ramdisk],
+        cloud_iid::CLOUD_ROLE,
+    ),
+];
+/// An unlisted attestor's role refusal.
+pub const ROLE: &str = "join:role";
+
+/// Checks the role against [`ATTESTOR_ROLES`] before the attestor runs
+/// (`result` `None`), and once it admitted, against the roles its result
+/// narrows that to (a token's role, a TPM's place, a certificate's, a cloud
+/// resolve row's). After an admission the refusal rolls back whatever the
+/// attestor spent.
+pub(crate) fn check_role(
+    attestor_id: &str,
+    role: Role,
+    result: Option<&AttestationResult>,
+) -> Result<(), Refusal> {
+    let (admits, reason) = ATTESTOR_ROLES
+        .iter()
+        .find(|(id, _, _)| *id == attestor_id)
+        .map_or((&[Role::Node][..], ROLE), |(_, roles, reason)| {
+            (*roles, *reason)
+        });
+    let narrowed = result.and_then(|r| r.roles.as_deref());
+    if admits.contains(&role) && narrowed.is_none_or(|roles| roles.contains(&role)) {
+        return Ok(());
+    }
+    tracing::info!(
+        attestor = attestor_id,
+        role = role.name(),
+        "join: the attestor does not admit this role"
+    );
+    Err(Refusal::new(reason)
+        .with_token(result.and_then(|r| r.token_id.as_deref()))
+        .with_node(result.and_then(|r| r.reclaim_node_id.as_deref())))
 }
 
 /// Enforces the expect binding of the token an attestor admitted with. Done
@@ -1080,9 +1141,8 @@ mod tests {
             .iter()
             .map(|e| e.reason.clone())
             .collect();
-        // onRefusal gets JoinService's own reasons bare, as the spec names them.
-        let bare: Vec<_> = want.iter().map(|r| r.trim_start_matches("join:")).collect();
-        assert_eq!(hooked, bare);
+        // onRefusal spells every reason as the event does (`join:` included).
+        assert_eq!(hooked, want);
         assert_eq!(seen.lock().unwrap()[2].attestor, "nope");
         // Nothing was spent.
         assert_eq!(
@@ -1168,6 +1228,71 @@ mod tests {
         fn verify(&self, _: &Transaction<'_>, _: &AttestInput<'_>) -> Result<Verdict, Refusal> {
             Ok(Verdict::Admit(self.result.lock().unwrap().clone()))
         }
+    }
+
+    /// Every attestor `serve` runs has its row in the role table: one
+    /// forgotten would admit `node` only, silently.
+    #[test]
+    fn the_role_table_covers_every_attestor_serve_runs() {
+        let cp = crate::test_support::cp();
+        let mut ids = cp.svc.attestor_ids();
+        ids.sort();
+        let mut listed: Vec<String> = ATTESTOR_ROLES
+            .iter()
+            .map(|(id, _, _)| (*id).to_owned())
+            .collect();
+        listed.sort();
+        assert_eq!(ids, listed);
+    }
+
+    /// A role the attestor's row does not list is refused before it runs
+    /// (an unlisted attestor admits `node` only, `join:role`), and one its
+    /// result narrows away after it ran, with the attestor's own reason.
+    #[test]
+    fn roles_are_checked_in_one_place() {
+        let f = fixture();
+        let a = Scripted::new("hw");
+        f.svc.register_attestor(a.clone());
+        let join_as = |id: &str, role: Role| {
+            let (_, csr) = new_csr();
+            let mut req = request(&f.svc, &csr, None, role);
+            req.attestor = id.into();
+            f.svc.join(req)
+        };
+        assert!(matches!(
+            join_as("hw", Role::Site),
+            Err(ApiError::AccessDenied)
+        ));
+        assert_eq!(refusals(&f.svc).last().unwrap(), ROLE);
+        a.set(AttestationResult {
+            roles: Some(vec![Role::Site]),
+            ..AttestationResult::default()
+        });
+        assert!(matches!(
+            join_as("hw", Role::Node),
+            Err(ApiError::AccessDenied)
+        ));
+        assert_eq!(refusals(&f.svc).last().unwrap(), ROLE);
+        assert!(records::list_nodes(f.svc.database()).unwrap().is_empty());
+        a.set(AttestationResult::default());
+        assert!(join_as("hw", Role::Node).is_ok());
+
+        let x = Scripted::new(crate::attestors::cloud_iid::CLOUD_IID);
+        f.svc.register_attestor(x.clone());
+        x.set(AttestationResult {
+            roles: Some(vec![Role::Node]),
+            ..AttestationResult::default()
+        });
+        assert!(matches!(
+            join_as("cloud-iid", Role::Site),
+            Err(ApiError::AccessDenied)
+        ));
+        assert_eq!(refusals(&f.svc).last().unwrap(), "cloud-role");
+        x.set(AttestationResult {
+            roles: Some(vec![Role::Node, Role::Site]),
+            ..AttestationResult::default()
+        });
+        assert!(join_as("cloud-iid", Role::Site).is_ok());
     }
 
     fn scripted_join(f: &Fixture, id: &str) -> Result<JoinResponseBody, ApiError> {
@@ -1285,8 +1410,8 @@ mod tests {
         assert_eq!(seen.lock().unwrap()[0].pool_owner.as_deref(), Some("alice"));
         assert_eq!(
             seen.lock().unwrap()[0].reason,
-            "pool-attestor",
-            "onRefusal: the bare reason"
+            POOL_ATTESTOR,
+            "onRefusal: the event's spelling"
         );
         // Nothing written, nothing spent.
         assert!(records::list_nodes(f.svc.database()).unwrap().is_empty());

@@ -23,6 +23,13 @@ pub(crate) struct Cp {
     pub(crate) svc: Arc<JoinService>,
 }
 
+impl Cp {
+    /// The DIR.
+    pub(crate) fn path(&self) -> &std::path::Path {
+        self._dir.path()
+    }
+}
+
 /// A fresh DIR with the default configuration.
 pub(crate) fn cp() -> Cp {
     cp_with(None, |_| {})

@@ -8,27 +8,99 @@ fn corpus_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus")
 }
 
+/// Every file of `fuzz/corpus/<target>/`, with its path, sorted by name.
+fn corpus(name: &str) -> Vec<(PathBuf, Vec<u8>)> {
+    let dir = corpus_dir().join(name);
+    let entries = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e} (every target has a corpus)", dir.display()));
+    let mut files: Vec<(PathBuf, Vec<u8>)> = entries
+        .map(|entry| {
+            let path = entry.unwrap().path();
+            let data = std::fs::read(&path).unwrap();
+            (path, data)
+        })
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "{name}: empty corpus");
+    files
+}
+
 /// Every file of `fuzz/corpus/<target>/` through its target's body: what
 /// the fuzzer kept (and every crash it found) must not panic.
 #[test]
 fn corpus_replays_without_panic() {
     let mut total = 0;
     for (name, body) in TARGETS {
-        let dir = corpus_dir().join(name);
-        let entries = std::fs::read_dir(&dir)
-            .unwrap_or_else(|e| panic!("{}: {e} (every target has a corpus)", dir.display()));
-        let mut n = 0;
-        for entry in entries {
-            let path = entry.unwrap().path();
-            let data = std::fs::read(&path).unwrap();
-            let outcome = std::panic::catch_unwind(|| body(&data));
+        let files = corpus(name);
+        for (path, data) in &files {
+            let outcome = std::panic::catch_unwind(|| body(data));
             assert!(outcome.is_ok(), "{name}: {} panics", path.display());
-            n += 1;
         }
-        assert!(n > 0, "{name}: empty corpus");
-        total += n;
+        total += files.len();
     }
     eprintln!("{total} corpus inputs replayed");
+}
+
+/// The whole budget of [`fresh_inputs_hold_every_invariant`], shared by the
+/// targets: `BC_FUZZ_MS` (milliseconds), 2 s by default.
+fn fresh_budget() -> std::time::Duration {
+    let ms = std::env::var("BC_FUZZ_MS")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(2_000u64);
+    std::time::Duration::from_millis(ms)
+}
+
+/// Every target's body on freshly generated inputs: the corpus replay only
+/// proves that old inputs still pass, while a parser change can make a
+/// body's assertion stale for inputs no one kept. First, deterministically,
+/// every corpus entry with each algorithm id or tag in its headers swapped
+/// for each other one ([`random::swaps`]: how a value the parser newly
+/// accepts shows); then the corpus mutated at random for the target's share
+/// of a few seconds. A failure prints the input and, for the random part,
+/// the seed that replays it (`BC_FUZZ_SEED=<seed> cargo test -p bc-fuzz
+/// fresh_inputs`).
+#[test]
+fn fresh_inputs_hold_every_invariant() {
+    let seed = random::seed();
+    let share = fresh_budget() / TARGETS.len() as u32;
+    let mut report = Vec::new();
+    for (name, body) in TARGETS {
+        let corpus: Vec<Vec<u8>> = corpus(name).into_iter().map(|(_, d)| d).collect();
+        let run = |data: &[u8], what: &str| {
+            let outcome = std::panic::catch_unwind(|| body(data));
+            assert!(
+                outcome.is_ok(),
+                "{name}: {what} panics (add it to fuzz/corpus/{name}/); input (hex): {}",
+                random::hex(data)
+            );
+        };
+        let mut swapped = 0;
+        for (i, entry) in corpus.iter().enumerate() {
+            for variant in random::swaps(entry) {
+                run(&variant, &format!("a swap of corpus entry {i}"));
+                swapped += 1;
+            }
+        }
+        let mut rng = random::target_rng(seed, name);
+        let start = std::time::Instant::now();
+        let mut runs: u64 = 0;
+        while runs == 0 || start.elapsed() < share {
+            let data = random::input(&mut rng, &corpus);
+            run(
+                &data,
+                &format!(
+                    "random input {runs} (replay: BC_FUZZ_SEED={seed} cargo test -p bc-fuzz fresh_inputs)"
+                ),
+            );
+            runs += 1;
+        }
+        report.push(format!("{name} {swapped}+{runs}"));
+    }
+    eprintln!(
+        "fresh inputs (swaps+random, seed {seed}): {}",
+        report.join(", ")
+    );
 }
 
 fn seed(target: &str, name: &str) -> Vec<u8> {
@@ -115,4 +187,5 @@ fn write_seeds() {
     seeds::write(&corpus_dir());
 }
 
+mod random;
 mod seeds;

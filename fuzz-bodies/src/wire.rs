@@ -51,9 +51,8 @@ pub fn tpm_wire(data: &[u8]) {
         0 => {
             if let Ok(p) = Public::parse(rest) {
                 assert_eq!(p.raw, rest);
-                assert_eq!(p.name().len(), 34);
+                public_name_holds(&p);
                 let _ = p.p256_spki_der();
-                let _ = tpm::is_attestation_key(&p);
             }
         }
         1 => {
@@ -93,6 +92,26 @@ pub fn tpm_wire(data: &[u8]) {
             let [r, s] = split_parts(rest);
             let _ = tpm::p1363(r, s);
         }
+    }
+}
+
+/// What `Public::parse` promises about the TPM name of any public area it
+/// accepts: nameAlg (SHA-256, or SHA-384 for the high-range EK templates)
+/// followed by that hash's digest. Only an attestation key is held to a
+/// SHA-256 name, the one its `urn:bc:tpm-ak:sha256:` statement can carry.
+fn public_name_holds(p: &Public) {
+    let name = p.name();
+    let digest_len = match p.name_alg {
+        tpm::ALG_SHA256 => 32,
+        tpm::ALG_SHA384 => 48,
+        other => panic!("Public::parse accepted nameAlg {other:#06x}"),
+    };
+    assert_eq!(name[..2], p.name_alg.to_be_bytes());
+    assert_eq!(name.len(), 2 + digest_len);
+    if tpm::is_attestation_key(p) {
+        assert_eq!(name.len(), 34);
+        let statement = tpm::ak_statement(&name).expect("an AK's name has a statement");
+        assert_eq!(tpm::parse_ak_statement(&statement), Ok(name));
     }
 }
 

@@ -279,12 +279,136 @@ pub(crate) fn assert_refused(cp: &ControlPlane, agent: &Agent, reason: &str) {
 }
 
 fn gcp_control_plane() -> ControlPlane {
+    gcp_control_plane_with("")
+}
+
+/// [`gcp_control_plane`] with more `[cloud_iid]` keys (e.g. `roles`).
+fn gcp_control_plane_with(extra: &str) -> ControlPlane {
     ControlPlane::start_with_config_for_url(|url| {
         format!(
-            "[cloud_iid]\naudience = \"{url}\"\n[cloud_iid.gcp]\njwks = \"{}\"\n",
+            "[cloud_iid]\naudience = \"{url}\"\n{extra}\n[cloud_iid.gcp]\njwks = \"{}\"\n",
             fixture("cloud-gcp-jwks.json")
         )
     })
+}
+
+/// `bcd join --attestor cloud-iid --role site`.
+fn join_as_site(agent: &Agent) -> std::process::Output {
+    agent
+        .command(&["join", "--attestor", "cloud-iid", "--role", "site"])
+        .output()
+        .expect("run bcd")
+}
+
+/// A Join as `ramdisk` with this VM's identity token, through bcd's own
+/// client (bcd joins a ramdisk only with discovery, so no subcommand asks
+/// for it): what a VM that crafts its request could send.
+fn join_as_ramdisk(
+    cp: &ControlPlane,
+    agent: &Agent,
+    mint: &Mint,
+) -> Result<bc_wire::agent::JoinResponse, bcd::client::ClientError> {
+    let config = bcd::config::Config::load(&agent.config).expect("agent config");
+    let client = bcd::client::Client::new(&config).expect("client");
+    let evidence = bc_wire::cloud_iid::Evidence {
+        provider: "gcp".into(),
+        document: jwt(mint, &cp.url),
+        signature: None,
+    };
+    let request = bc_wire::agent::JoinRequest {
+        csr: throwaway_csr(),
+        role: bc_wire::agent::Role::Ramdisk as i32,
+        attestor: "cloud-iid".into(),
+        attestation: evidence.to_json(),
+        sealed_token: Vec::new(),
+        claims: None,
+    };
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(client.join(&request))
+}
+
+fn last_reason(cp: &ControlPlane) -> String {
+    cp.refusal_reasons().pop().unwrap_or_default()
+}
+
+/// cloud-iid admits `node` only, unless `[cloud_iid] roles` or the VM's
+/// resolve row (`cloud resolve add --role`) allows more: a cloud's word
+/// about which VM this is makes no site node (a site node with no site)
+/// and no ramdisk (without the ramdisk's scope). A refused role is
+/// `cloud-role` and spends nothing: the same instance joins afterwards.
+#[test]
+fn a_cloud_vm_joins_only_as_a_role_it_is_allowed() {
+    let mint = Arc::new(Mutex::new(Mint::default()));
+    let md = metadata_server(mint.clone());
+    let cp = gcp_control_plane();
+    let resolve = |extra: &[&str]| {
+        let mut args = vec![
+            "cloud",
+            "resolve",
+            "add",
+            "--provider",
+            "gcp",
+            "--account",
+            "proj-a",
+        ];
+        args.extend_from_slice(extra);
+        assert_ok(&cp.cli(&args));
+    };
+    resolve(&[]);
+    let vm = gcp_vm(&cp, &md.url);
+
+    let out = join_as_site(&vm);
+    assert_access_denied(&out);
+    vm.assert_nothing_written();
+    assert_eq!(last_reason(&cp), "cloud-role", "log: {}", cp.log());
+    let m = mint.lock().expect("mint").clone();
+    assert!(matches!(
+        join_as_ramdisk(&cp, &vm, &m),
+        Err(bcd::client::ClientError::AccessDenied)
+    ));
+    assert_eq!(last_reason(&cp), "cloud-role");
+    assert!(cp.nodes().is_empty());
+
+    // The account's resolve row allows site: this instance joins as one.
+    resolve(&["--role", "site"]);
+    let table = cp.json(&["cloud", "resolve", "list"]);
+    assert_eq!(table[0]["roles"], json!(["site"]), "{table}");
+    assert_ok(&join_as_site(&vm));
+    let nodes = cp.nodes();
+    assert_eq!(nodes.len(), 1);
+    assert_eq!(nodes[0]["role"], "site", "{nodes:?}");
+    // Not as ramdisk, another instance.
+    let m = Mint {
+        instance: "4343434343".into(),
+        ..Mint::default()
+    };
+    assert!(matches!(
+        join_as_ramdisk(&cp, &vm, &m),
+        Err(bcd::client::ClientError::AccessDenied)
+    ));
+    assert_eq!(last_reason(&cp), "cloud-role");
+
+    // `[cloud_iid] roles` allows it for every account.
+    let cp = gcp_control_plane_with("roles = [\"node\", \"ramdisk\"]");
+    assert_ok(&cp.cli(&[
+        "cloud",
+        "resolve",
+        "add",
+        "--provider",
+        "gcp",
+        "--account",
+        "proj-a",
+    ]));
+    let vm = gcp_vm(&cp, &md.url);
+    assert_access_denied(&join_as_site(&vm));
+    assert_eq!(last_reason(&cp), "cloud-role");
+    join_as_ramdisk(&cp, &vm, &m).expect("a ramdisk join admitted");
+    let nodes = cp.nodes();
+    assert_eq!(nodes.len(), 1);
+    assert_eq!(nodes[0]["role"], "ramdisk", "{nodes:?}");
 }
 
 #[test]

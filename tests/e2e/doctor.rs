@@ -338,20 +338,10 @@ fn a_file_key_on_a_host_with_a_tpm_is_a_warning() {
     );
 }
 
-/// Joins while the control plane's clock is `offset` behind, so that the
-/// certificate has already expired when doctor runs.
-fn expired_agent(cp: &ControlPlane, offset: &str) -> Agent {
-    assert_ok(&cp.cli(&["clock", "set", "--offset", offset]));
-    let agent = Agent::new(cp);
-    assert_ok(&agent.join_with_token(&cp.token("node", &[])));
-    assert_ok(&cp.cli(&["clock", "set", "--offset", "0s"]));
-    agent
-}
-
 #[test]
 fn an_expired_node_within_and_past_the_x509pop_grace() {
     let cp = ControlPlane::start();
-    let agent = expired_agent(&cp, "-25h");
+    let agent = Agent::joined_at_offset(&cp, "-25h");
     let d = Doctor::run(&agent);
     assert_eq!(d.code(), Some(1), "{}", d.dump());
     let line = d.line("certificate");
@@ -366,7 +356,7 @@ fn an_expired_node_within_and_past_the_x509pop_grace() {
     );
     d.expect("identity", "ok    identity: ");
 
-    let late = expired_agent(&cp, "-9d");
+    let late = Agent::joined_at_offset(&cp, "-9d");
     let d = Doctor::run(&late);
     assert_eq!(d.code(), Some(1), "{}", d.dump());
     let line = d.line("certificate");

@@ -231,6 +231,11 @@ impl ControlPlane {
         self.dir.path()
     }
 
+    /// The `serve` process (for `/proc/<pid>/status`).
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("serve is running").id()
+    }
+
     /// The server's log (stderr).
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.path().join("serve.log")).unwrap_or_default()
@@ -444,6 +449,51 @@ impl Agent {
 
     pub fn run(&self, args: &[&str]) -> Output {
         output_within(self.command(args), DEADLINE)
+    }
+
+    /// A machine that joined with a token while the control plane's clock
+    /// was `offset` (e.g. `-9d`) away, then put back: its certificate is as
+    /// old as that, expired by now for an offset past -24h.
+    pub fn joined_at_offset(cp: &ControlPlane, offset: &str) -> Self {
+        assert_ok(&cp.cli(&["clock", "set", "--offset", offset]));
+        let agent = Agent::new(cp);
+        assert_ok(&agent.join_with_token(&cp.token("node", &[])));
+        assert_ok(&cp.cli(&["clock", "set", "--offset", "0s"]));
+        agent
+    }
+
+    /// `/proc/<pid>/environ` of `bcd ARGS` (with `envs`) once it connects to
+    /// its control plane: the config is pointed at a listener that accepts
+    /// and never answers, which keeps bcd running, past reading its
+    /// environment, while the test looks. bcd is then killed.
+    pub fn environ_at_connect(&self, args: &[&str], envs: &[(&str, &str)]) -> String {
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        self.set_api(&format!("https://{}", silent.local_addr().expect("addr")));
+        let mut child = self
+            .command(args)
+            .envs(envs.iter().copied())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn bcd");
+        silent.set_nonblocking(true).expect("nonblocking");
+        let _conn = loop {
+            match silent.accept() {
+                Ok((conn, _)) => break conn,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if child.try_wait().expect("try_wait").is_some() {
+                        let out = child.wait_with_output().expect("output");
+                        panic!("bcd exited before connecting: {}", stderr(&out));
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                Err(e) => panic!("accept: {e}"),
+            }
+        };
+        let environ = std::fs::read(format!("/proc/{}/environ", child.id()));
+        let _ = child.kill();
+        let _ = child.wait();
+        String::from_utf8_lossy(&environ.expect("read environ")).into_owned()
     }
 
     /// `bcd join --token-file F` with the token in a 0600 file.

@@ -79,6 +79,114 @@ fn dist_serves_recorded_packages_and_nothing_else() {
     assert_eq!(get(&cp, &format!("/dist/{PACKAGE}")).0, "500");
 }
 
+/// The resident memory of a process, from `/proc/<pid>/status` (VmRSS).
+fn vm_rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().strip_suffix("kB"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("VmRSS");
+    kb * 1024
+}
+
+/// A TLS client of the control plane that asks for `path`, reads the
+/// status line, and then reads nothing more: a slow reader.
+fn stalled_reader(
+    cp: &ControlPlane,
+    config: &std::sync::Arc<rustls::ClientConfig>,
+    path: &str,
+) -> rustls::StreamOwned<rustls::ClientConnection, std::net::TcpStream> {
+    use std::io::{Read, Write};
+    let addr = cp.url.strip_prefix("https://").expect("https URL");
+    let tcp = std::net::TcpStream::connect(addr).expect("connect");
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").expect("name");
+    let conn = rustls::ClientConnection::new(config.clone(), name).expect("client");
+    let mut tls = rustls::StreamOwned::new(conn, tcp);
+    write!(tls, "GET {path} HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n").expect("request");
+    tls.flush().expect("flush");
+    let mut head = [0u8; 12];
+    tls.read_exact(&mut head).expect("status line");
+    assert_eq!(&head, b"HTTP/1.1 200", "{}", String::from_utf8_lossy(&head));
+    tls
+}
+
+fn client_config(cp: &ControlPlane) -> std::sync::Arc<rustls::ClientConfig> {
+    let pem = std::fs::read(cp.path().join("tls-ca.pem")).expect("CA");
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_pemfile::certs(&mut pem.as_slice()) {
+        roots.add(cert.expect("CA PEM")).expect("CA");
+    }
+    std::sync::Arc::new(
+        rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("TLS versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth(),
+    )
+}
+
+/// Readers that stop reading share the one verified copy of the package:
+/// as many as one address may have (16), each holding an 8 MiB download
+/// open, leave the control plane's resident memory (VmRSS) within a few
+/// MiB of where one complete download put it, where a copy per reader
+/// would add 128 MiB; one more from that address is refused (503) until
+/// they are gone.
+#[test]
+fn slow_readers_share_one_copy_of_the_package() {
+    const SIZE: usize = 8 << 20;
+    // Incompressible, deterministic bytes.
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    let bytes: Vec<u8> = (0..SIZE)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    let (cp, _files) = with_package(&bytes);
+    let path = format!("/dist/{PACKAGE}");
+    let (status, body) = get(&cp, &path);
+    assert_eq!((status.as_str(), body.len()), ("200", SIZE));
+    let before = vm_rss_bytes(cp.pid());
+
+    let config = client_config(&cp);
+    let readers: Vec<_> = (0..16)
+        .map(|_| stalled_reader(&cp, &config, &path))
+        .collect();
+    let after = vm_rss_bytes(cp.pid());
+    let grown = after.saturating_sub(before);
+    eprintln!(
+        "VmRSS after one download {} KiB, with 16 stalled readers {} KiB (+{} KiB)",
+        before / 1024,
+        after / 1024,
+        grown / 1024
+    );
+    assert!(
+        grown < 2 * SIZE as u64,
+        "16 stalled readers grew the control plane by {} MiB",
+        grown >> 20
+    );
+    assert_eq!(get(&cp, &path).0, "503", "a 17th download from one address");
+
+    // Once they are gone, the address downloads again.
+    drop(readers);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let (status, body) = get(&cp, &path);
+        if status == "200" {
+            assert_eq!(body, bytes);
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "still {status}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 #[test]
 fn install_script_pins_ca_hash_and_config_and_parses() {
     let bytes = b"package for the script";
@@ -188,7 +296,13 @@ fn user_data_runs_the_script_and_carries_the_token_in_a_0600_file() {
     assert!(!text.contains("/run/bcd/join-token"));
 
     let token_file = files.path().join("token");
-    std::fs::write(&token_file, "bcjt_secret.value\n").expect("write token");
+    let token = cp.token("node", &[]);
+    let secret = token
+        .split_once('.')
+        .expect("tok_<id>.<secret>")
+        .1
+        .to_owned();
+    std::fs::write(&token_file, format!("{token}\n")).expect("write token");
     let out = cp.cli(&[
         "user-data",
         "--api",
@@ -200,15 +314,15 @@ fn user_data_runs_the_script_and_carries_the_token_in_a_0600_file() {
     ]);
     assert_ok(&out);
     let text = stdout(&out);
-    assert!(text.contains(
-        "  - path: /run/bcd/join-token\n    owner: root:root\n    permissions: '0600'\n    content: 'bcjt_secret.value'\n"
-    ));
+    assert!(text.contains(&format!(
+        "  - path: /run/bcd/join-token\n    owner: root:root\n    permissions: '0600'\n    content: '{token}'\n"
+    )));
     // The token is in the user data's file, never in the script.
     let script_part = text
         .split("/var/lib/bcd-install/install.sh\n")
         .nth(1)
         .expect("script");
-    assert!(!script_part.contains("bcjt_secret"));
+    assert!(!script_part.contains(&secret));
     let out = cp.cli(&[
         "user-data",
         "--api",
@@ -217,6 +331,73 @@ fn user_data_runs_the_script_and_carries_the_token_in_a_0600_file() {
         "join-token",
     ]);
     assert!(!out.status.success() && stderr(&out).contains("--token-file"));
+}
+
+/// User data outlives the join (the cloud's metadata service serves it for
+/// the VM's life), so a token that could join again is refused there
+/// unless the operator says so; so is a token this directory never issued.
+/// A refusal prints nothing on stdout.
+#[test]
+fn user_data_refuses_a_multi_use_token_unless_allowed() {
+    let (cp, files) = with_package(b"package");
+    let token_file = files.path().join("token");
+    let user_data = |extra: &[&str]| {
+        let mut args = vec![
+            "user-data",
+            "--api",
+            "https://cp.example",
+            "--attestor",
+            "join-token",
+            "--token-file",
+            token_file.to_str().expect("utf-8"),
+        ];
+        args.extend_from_slice(extra);
+        cp.cli(&args)
+    };
+    let multi = cp.token("node", &["--uses", "3"]);
+    std::fs::write(&token_file, &multi).expect("write token");
+    let out = user_data(&[]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        out.stdout.is_empty(),
+        "printed on refusal: {}",
+        stdout(&out)
+    );
+    let err = stderr(&out);
+    assert!(
+        err.contains("3 uses left")
+            && err.contains("metadata service")
+            && err.contains("--attestor provisioned")
+            && err.contains("--allow-multi-use"),
+        "{err}"
+    );
+    assert!(
+        !err.contains(multi.split_once('.').unwrap().1),
+        "the secret in an error"
+    );
+    // Said so: embedded.
+    let out = user_data(&["--allow-multi-use"]);
+    assert_ok(&out);
+    assert!(stdout(&out).contains(&format!("content: '{multi}'")));
+
+    // A token of another control plane, or not a token at all.
+    let other = ControlPlane::init_only().token("node", &[]);
+    std::fs::write(&token_file, &other).expect("write token");
+    let out = user_data(&[]);
+    assert!(!out.status.success() && out.stdout.is_empty());
+    assert!(
+        stderr(&out).contains("has no token tok_"),
+        "{}",
+        stderr(&out)
+    );
+    std::fs::write(&token_file, "bcjt_secret.value").expect("write token");
+    let out = user_data(&[]);
+    assert!(!out.status.success() && out.stdout.is_empty());
+    assert!(
+        stderr(&out).contains("does not hold one join token"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 /// A directory of stand-ins that record their calls and fail, put first

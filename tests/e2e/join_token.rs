@@ -4,7 +4,6 @@
 
 use crate::harness::*;
 use std::os::unix::fs::PermissionsExt;
-use std::process::Stdio;
 
 use x509_parser::prelude::*;
 
@@ -408,41 +407,11 @@ mod expect_binding {
 fn the_environment_token_is_erased_from_proc_environ() {
     let cp = ControlPlane::init_only();
     let agent = Agent::new(&cp);
-    // A control plane that accepts the connection and never answers keeps
-    // bcd running, past reading its environment, while the test looks.
-    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let config = std::fs::read_to_string(&agent.config).unwrap().replace(
-        "https://127.0.0.1:1",
-        &format!("https://{}", silent.local_addr().unwrap()),
-    );
-    std::fs::write(&agent.config, config).unwrap();
     let token = "tok_environ.c2VjcmV0LXRoYXQtbXVzdC1ub3QtbGluZ2VyLWluLXA";
-    let mut child = agent
-        .command(&["join"])
-        .env("BCD_JOIN_TOKEN", token)
-        .env("BCD_OTHER", "kept")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    silent.set_nonblocking(true).unwrap();
-    let _conn = loop {
-        match silent.accept() {
-            Ok((conn, _)) => break conn,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                if child.try_wait().unwrap().is_some() {
-                    let out = child.wait_with_output().unwrap();
-                    panic!("bcd exited before connecting: {}", stderr(&out));
-                }
-                std::thread::sleep(std::time::Duration::from_millis(10));
-            }
-            Err(e) => panic!("accept: {e}"),
-        }
-    };
-    let environ = std::fs::read(format!("/proc/{}/environ", child.id())).unwrap();
-    let _ = child.kill();
-    let _ = child.wait();
-    let text = String::from_utf8_lossy(&environ);
+    let text = agent.environ_at_connect(
+        &["join"],
+        &[("BCD_JOIN_TOKEN", token), ("BCD_OTHER", "kept")],
+    );
     assert!(
         !text.contains("c2VjcmV0LXRoYXQtbXVzdC1ub3QtbGluZ2VyLWluLXA"),
         "the token is readable in /proc/<pid>/environ: {text:?}"

@@ -109,3 +109,89 @@ fn a_failed_join_after_a_reset_leaves_the_identity_moved_aside() {
     // And a later join joins.
     assert_ok(&agent.join_with_token(&cp.token("node", &[])));
 }
+
+/// The recovery bcd prints for a node past the x509pop grace, run exactly
+/// as printed: the first run (`bcd join --reset --yes`) carries no
+/// credential, moves the identity aside and then fails for want of a
+/// token; the identity stays moved aside, and the second run (`bcd join`,
+/// the token in BCD_JOIN_TOKEN) joins as a new machine.
+#[test]
+fn the_printed_two_run_recovery_works() {
+    let cp = ControlPlane::start();
+    let agent = Agent::joined_at_offset(&cp, "-9d");
+    let old = agent.status_json()["nodeId"].as_str().unwrap().to_owned();
+
+    // Where bcd prints it: doctor's hint for a certificate past the grace.
+    let doctor = stdout(&agent.run(&["doctor"]));
+    let recipe = doctor
+        .lines()
+        .find_map(|l| l.split_once("join again: ").map(|(_, r)| r.to_owned()))
+        .unwrap_or_else(|| panic!("no recipe in: {doctor}"));
+    let runs: Vec<Vec<&str>> = recipe
+        .split(", then ")
+        .map(|run| run.split(' ').collect())
+        .collect();
+    assert_eq!(
+        runs,
+        [vec!["bcd", "join", "--reset", "--yes"], vec!["bcd", "join"]],
+        "{recipe}"
+    );
+
+    // The first run, exactly: no token anywhere.
+    let out = agent.run(&runs[0][1..]);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    assert!(stderr(&out).contains("no join token"), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("moved ") && stdout(&out).contains("identity.json.reset-"),
+        "{}",
+        stdout(&out)
+    );
+    agent.assert_nothing_written();
+    let moved = agent.files();
+    for name in ["identity.json", "node.key"] {
+        assert!(
+            moved
+                .iter()
+                .any(|f| f.starts_with(&format!("{name}.reset-"))),
+            "{name} moved aside: {moved:?}"
+        );
+    }
+
+    // The second run, exactly, with the token in the environment.
+    let out = agent
+        .command(&runs[1][1..])
+        .env("BCD_JOIN_TOKEN", cp.token("node", &[]))
+        .output()
+        .unwrap();
+    assert_ok(&out);
+    let new = agent.status_json()["nodeId"].as_str().unwrap().to_owned();
+    assert_ne!(new, old, "a token join after a reset is a new machine");
+    assert!(stdout(&out).contains(&format!("joined as {new}")));
+}
+
+/// An identity that loads is kept whatever state its certificate is in:
+/// `bcd join` on a machine whose certificate expired answers `already
+/// joined as <node>` and spends no token.
+#[test]
+fn an_expired_identity_is_already_joined() {
+    let cp = ControlPlane::start();
+    for offset in ["-25h", "-9d"] {
+        let agent = Agent::joined_at_offset(&cp, offset);
+        let node = agent.status_json()["nodeId"].as_str().unwrap().to_owned();
+        let before = agent.files();
+        let token = cp.token("node", &[]);
+        let out = agent.join_with_token(&token);
+        assert_ok(&out);
+        assert_eq!(stdout(&out).trim(), format!("already joined as {node}"));
+        assert_eq!(agent.files(), before, "{offset}: nothing written");
+        let id = token.split_once('.').unwrap().0;
+        let tokens = cp.json(&["token", "list"]);
+        let row = tokens
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["id"] == id)
+            .unwrap();
+        assert_eq!(row["usesLeft"], 1, "{offset}: the token is not spent");
+    }
+}

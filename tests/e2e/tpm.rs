@@ -249,6 +249,64 @@ fn a_pool_that_requires_tpm_refuses_a_token_join() {
     assert!(stderr(&out).contains("INVALID_INPUT"), "{}", stderr(&out));
 }
 
+/// `[tpm] enrollment = false`: an EK neither bound nor resolved is refused
+/// (`unknown-ek`) rather than filed as a join request; a resolve entry
+/// still admits it.
+#[test]
+fn without_enrollment_an_unknown_ek_is_refused() {
+    let cp = ControlPlane::start_trusting_test_maker_with("enrollment = false\n");
+    let tpm = Swtpm::start();
+    let agent = Agent::with_tpm(&cp, &tpm);
+    let out = agent.run(&["join", "--attestor", "tpm"]);
+    assert_access_denied(&out);
+    agent.assert_nothing_written();
+    assert_eq!(cp.refusal_reasons().last().unwrap(), "unknown-ek");
+    let requests = cp.json(&["requests", "list"]);
+    assert_eq!(requests.as_array().map(Vec::len), Some(0), "{requests}");
+    agent.allow_ek(&cp);
+    assert_ok(&agent.run(&["join", "--attestor", "tpm"]));
+}
+
+/// Under --attestor tpm the TPM is the credential: a BCD_JOIN_TOKEN in the
+/// environment is neither read nor sent (the token stays unspent, the join
+/// names no token) and is erased from /proc/<pid>/environ all the same.
+#[test]
+fn a_tpm_join_ignores_and_erases_the_environment_token() {
+    let cp = ControlPlane::start_trusting_test_maker();
+    let tpm = Swtpm::start();
+    let agent = Agent::with_tpm(&cp, &tpm);
+    agent.allow_ek(&cp);
+    let token = cp.token("node", &[]);
+    let out = agent
+        .command(&["join", "--attestor", "tpm"])
+        .env("BCD_JOIN_TOKEN", &token)
+        .output()
+        .unwrap();
+    assert_ok(&out);
+    let tokens = cp.json(&["token", "list"]);
+    assert_eq!(tokens[0]["usesLeft"], 1, "the token is not spent: {tokens}");
+    let joined: Vec<Value> = cp
+        .events()
+        .into_iter()
+        .filter(|e| e["type"] == "node.joined")
+        .collect();
+    assert_eq!(joined.len(), 1);
+    assert_eq!(joined[0]["attestor"], "tpm");
+    assert!(joined[0]["tokenId"].is_null(), "{:?}", joined[0]);
+
+    let other = Agent::with_tpm(&cp, &tpm);
+    let secret = token.split_once('.').unwrap().1;
+    let environ = other.environ_at_connect(
+        &["join", "--attestor", "tpm"],
+        &[("BCD_JOIN_TOKEN", &token)],
+    );
+    assert!(
+        !environ.contains(secret),
+        "the token is readable in /proc/<pid>/environ"
+    );
+    assert!(environ.contains("TSS2_LOG="), "other variables stay");
+}
+
 #[test]
 fn a_tpm_join_reads_no_token() {
     let cp = ControlPlane::start_trusting_test_maker();

@@ -6,10 +6,13 @@
 //! `token-missing`, `token-malformed`, `token-unknown` (row selected under the
 //! transaction's write lock), `token-secret` (SHA-256 compared in constant
 //! time), `token-revoked`, `token-expired` (at the database's time),
-//! `token-exhausted`, `token-role`; then one use is consumed. The token's
+//! `token-exhausted`, `token-role` (a token of another kind); then one use is
+//! consumed, and the result holds the request to the token's role
+//! (JoinService's role check: `token-role`, the use rolled back). The token's
 //! expect binding travels in the result: JoinService enforces it (and rolls
 //! the use back when the claims do not match).
 
+use bc_wire::agent::Role;
 use bc_wire::token::JoinToken;
 use subtle::ConstantTimeEq;
 
@@ -75,9 +78,13 @@ impl Attestor for JoinTokenAttestor {
         if row.uses_left <= 0 {
             return Err(refuse(TOKEN_EXHAUSTED));
         }
-        if !TOKEN_ROLES.contains(&row.role.as_str()) || row.role != input.role.name() {
-            return Err(refuse(TOKEN_ROLE));
-        }
+        // A token of another kind (provisioned, discovery) is for its own
+        // attestor; JoinService holds the request to the token's role.
+        let role = TOKEN_ROLES
+            .contains(&row.role.as_str())
+            .then(|| Role::from_name(&row.role))
+            .flatten()
+            .ok_or_else(|| refuse(TOKEN_ROLE))?;
         tokens::consume_use(tx, &token.id)?;
         Ok(Verdict::Admit(AttestationResult {
             token_id: Some(token.id.clone()),
@@ -86,6 +93,7 @@ impl Attestor for JoinTokenAttestor {
             // JoinService enforces both (for every token-based attestor).
             expect: row.expect,
             allow_reclaim: row.allow_reclaim,
+            roles: Some(vec![role]),
             // A site token makes a site node of its site.
             scope: row.site_id.map(|site_id| {
                 Box::new(crate::records::NodeScope {
@@ -108,7 +116,8 @@ mod tests {
     use crate::test_support::temp_db as fixture;
 
     /// Runs the attestor in a transaction that is committed whatever the
-    /// outcome, so a test sees anything a refusal would (wrongly) write.
+    /// outcome, so a test sees anything a refusal would (wrongly) write,
+    /// with JoinService's role check around it (whose refusal rolls back).
     fn run(db: &Database, role: Role, token: Option<OpenedToken>) -> Result<Verdict, Refusal> {
         db.with_conn(|c| {
             let tx = db::immediate(c).unwrap();
@@ -125,7 +134,11 @@ mod tests {
                 claims: &claims,
                 now,
             };
+            crate::join::check_role(JOIN_TOKEN, role, None)?;
             let out = JoinTokenAttestor.verify(&tx, &input);
+            if let Ok(Verdict::Admit(result)) = &out {
+                crate::join::check_role(JOIN_TOKEN, role, Some(result))?;
+            }
             tx.commit().unwrap();
             out
         })

@@ -4,7 +4,8 @@
 //! In the join transaction, in this order (each failure is a refusal with the
 //! reason named; the transaction rolls back, so nothing is spent): the
 //! join-token checks (`token-missing` … `token-expired`), role `provisioned`
-//! and a node join (`token-role`), uses left (`token-exhausted`), exactly one
+//! (`token-role`; that it is a node join is JoinService's role table's
+//! check, with the same reason), uses left (`token-exhausted`), exactly one
 //! (`not-single-use`), a product UUID in the claims (`no-product-uuid`), a
 //! binding to one machine: the token's expected product UUID, else the
 //! product UUID of its target node's newest join (`unbound` when there is
@@ -14,7 +15,6 @@
 //! the machine joins as a new node. Either way the UUID is proven, so it
 //! becomes the node's trusted hardware key.
 
-use bc_wire::agent::Role;
 use rusqlite::Transaction;
 
 use crate::attestor::{
@@ -45,7 +45,8 @@ impl Attestor for ProvisionedAttestor {
                 .with_token(Some(&token.id))
                 .with_node(target)
         };
-        if row.role != PROVISIONED || input.role != Role::Node {
+        // A node join only: JoinService's role table (`token-role`).
+        if row.role != PROVISIONED {
             return Err(refuse(TOKEN_ROLE));
         }
         if row.uses_left <= 0 {
@@ -96,7 +97,7 @@ mod tests {
     use crate::db::{self, Database};
     use crate::test_support::temp_db as fixture;
     use crate::tokens::TokenScope;
-    use bc_wire::agent::HardwareClaims;
+    use bc_wire::agent::{HardwareClaims, Role};
     use bc_wire::token::JoinToken;
 
     const UUID: &str = "4c4c4544-0042-3510-8052-b4c04f4e4d32";

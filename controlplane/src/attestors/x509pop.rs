@@ -17,12 +17,13 @@
 //!   identity generation (an older join, or `nodes revoke-identity`);
 //! - `revoked`: the certificate was revoked;
 //! - `retired`: the node is retired;
-//! - `role`: the requested role is not the node's (node or site; a ramdisk
-//!   never re-joins, it joins afresh with discovery);
 //! - `past-grace`: the certificate expired more than `grace` ago (one not
 //!   expired yet is fine: a node may re-join before its expiry);
 //! - `clock-window`: `clientTime` is more than `window` away from database time;
-//! - `signature`: the proof does not verify with the leaf's key over this CSR.
+//! - `signature`: the proof does not verify with the leaf's key over this CSR;
+//! - `role` (JoinService's check, after all of the above): the requested
+//!   role is not the node's (node or site; a ramdisk never re-joins, it
+//!   joins afresh with discovery).
 //!
 //! An admitted proof is spent in `attestation_uses` ([`crate::uses`]) with
 //! the join: subject [`replay_subject`], kept until `clientTime + window`,
@@ -159,9 +160,6 @@ impl Attestor for X509PopAttestor {
         if node.retired_at.is_some() {
             return Err(refuse(RETIRED));
         }
-        if !matches!(input.role, Role::Node | Role::Site) || node.role != input.role.name() {
-            return Err(refuse(ROLE));
-        }
         if input.now > cert.not_after.saturating_add(self.config.grace_ms) {
             return Err(refuse(PAST_GRACE));
         }
@@ -220,6 +218,8 @@ impl Attestor for X509PopAttestor {
         }
         tracing::info!(node_id, serial = %cert.serial, "x509pop: the node proved its last certificate");
         Ok(Verdict::Admit(AttestationResult {
+            // The node's own role only (JoinService refuses another: `role`).
+            roles: Some(Role::from_name(&node.role).into_iter().collect()),
             reclaim_node_id: Some(node.id),
             node_key: NodeKeyKind::Unattested,
             ..AttestationResult::default()

@@ -37,6 +37,11 @@ pub enum ResolveCmd {
         /// The pool they join (else the default pool).
         #[arg(long, value_name = "POOL")]
         pool: Option<String>,
+        /// A role they may join as beyond `[cloud_iid] roles` (default node
+        /// only); repeat for more. A cloud's word about a VM makes it a site
+        /// node or a ramdisk only where you say so.
+        #[arg(long = "role", value_name = "ROLE", value_parser = ["node", "site", "ramdisk"])]
+        roles: Vec<String>,
     },
     /// List the resolve table.
     List(ListArgs),
@@ -64,7 +69,12 @@ pub fn run(cmd: CloudCmd) -> Result<()> {
             account,
             zone,
             pool,
+            roles,
         } => {
+            let roles: Vec<bc_wire::agent::Role> = roles
+                .iter()
+                .filter_map(|r| bc_wire::agent::Role::from_name(r))
+                .collect();
             if zone.is_some() && provider == bc_wire::cloud_iid::AZURE {
                 bail!("--zone: Azure's attested document names no location; add the subscription without a zone");
             }
@@ -82,6 +92,7 @@ pub fn run(cmd: CloudCmd) -> Result<()> {
                     &account,
                     zone.as_deref(),
                     pool.as_deref(),
+                    &roles,
                     now,
                 )?;
                 Ok(())
@@ -103,12 +114,25 @@ pub fn run(cmd: CloudCmd) -> Result<()> {
                         "account": r.account,
                         "zone": r.zone,
                         "pool": r.pool,
+                        "roles": r.roles.iter().map(|r| r.name()).collect::<Vec<_>>(),
                         "createdAt": db::rfc3339(r.created_at),
                     })
                 },
                 |r| {
+                    let roles = if r.roles.is_empty() {
+                        String::new()
+                    } else {
+                        format!(
+                            " roles={}",
+                            r.roles
+                                .iter()
+                                .map(|r| r.name())
+                                .collect::<Vec<_>>()
+                                .join(",")
+                        )
+                    };
                     Ok(format!(
-                        "{} {} {} {}",
+                        "{} {} {} {}{roles}",
                         r.provider,
                         r.account,
                         r.zone.as_deref().unwrap_or("*"),

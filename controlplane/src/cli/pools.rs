@@ -4,7 +4,8 @@
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use bc_controlplane::{attestor, db, pools};
+use bc_controlplane::join::JoinService;
+use bc_controlplane::{db, pools};
 use clap::Subcommand;
 use serde_json::json;
 
@@ -45,9 +46,17 @@ pub enum PoolsCmd {
     List(ListArgs),
 }
 
+/// The ids of the attestors `serve` runs on DIR: the JoinService it would
+/// open, asked (not a list kept beside it, which would drift).
+fn served_attestor_ids(dir: &Path) -> Result<Vec<String>> {
+    let svc = JoinService::open(dir)
+        .with_context(|| format!("cannot open the control plane in {}", dir.display()))?;
+    let ids = svc.attestor_ids();
+    svc.shutdown_events();
+    Ok(ids)
+}
+
 pub fn run(cmd: PoolsCmd) -> Result<()> {
-    // The CLI runs no server: validate against what `serve` would run.
-    let known = attestor::default_attestor_ids();
     match cmd {
         PoolsCmd::Create {
             dir,
@@ -56,6 +65,8 @@ pub fn run(cmd: PoolsCmd) -> Result<()> {
             join_attestors,
         } => {
             let db = open_db(&dir.dir)?;
+            let known = served_attestor_ids(&dir.dir)?;
+            let known: Vec<&str> = known.iter().map(String::as_str).collect();
             let pool = pools::create_pool(&db, &id, &owner, join_attestors.as_deref(), &known)?;
             print_line(&format!(
                 "created pool {} owner={} join_attestors={}",
@@ -71,6 +82,8 @@ pub fn run(cmd: PoolsCmd) -> Result<()> {
             any_attestor: _,
         } => {
             let db = open_db(&dir.dir)?;
+            let known = served_attestor_ids(&dir.dir)?;
+            let known: Vec<&str> = known.iter().map(String::as_str).collect();
             let pool = pools::set_join_attestors(&db, &id, join_attestors.as_deref(), &known)?;
             print_line(&format!(
                 "updated pool {} join_attestors={}",

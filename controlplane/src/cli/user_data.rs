@@ -1,7 +1,10 @@
 //! `user-data`: a `#cloud-config` that runs the install script on a
 //! machine's first boot (`install/cloud-init.example.yaml` is an annotated
 //! copy). For `--attestor join-token` it also writes the token, from
-//! `--token-file`, to the 0600 file the script reads and then removes; for
+//! `--token-file`, to the 0600 file the script reads and then removes: a
+//! token of this directory with one use left, since user data stays
+//! readable through the metadata service for the VM's life (more uses only
+//! with `--allow-multi-use`); for
 //! `--attestor provisioned` it mints a single-use provisioned token bound to
 //! the machine (`--expect-product-uuid U`, or `--node N` to re-key that node
 //! in place) and writes it there the same way.
@@ -10,6 +13,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use bc_controlplane::attestor::Expect;
+use bc_wire::token::JoinToken;
 use clap::Args;
 
 use super::install_script::{self, Attestor, Target};
@@ -31,6 +35,11 @@ pub struct UserDataArgs {
     /// With --attestor join-token: a file holding the token (never on the command line).
     #[arg(long, value_name = "F")]
     pub token_file: Option<PathBuf>,
+    /// With --token-file: embed a token with more than one use left. User
+    /// data stays readable through the cloud's metadata service for the
+    /// VM's whole life, so anyone who reads it later could join with it.
+    #[arg(long, requires = "token_file")]
+    pub allow_multi_use: bool,
     #[command(flatten)]
     pub provisioned: ProvisionedArgs,
 }
@@ -68,7 +77,11 @@ pub fn run(args: UserDataArgs) -> Result<()> {
             bail!("--attestor provisioned needs --expect-product-uuid U or --node N (the token is bound to one machine)")
         }
         (Attestor::Provisioned, None) => Some(mint(&args.dir.dir, p)?),
-        (Attestor::JoinToken, Some(f)) => Some(read_token(f)?),
+        (Attestor::JoinToken, Some(f)) => {
+            let token = read_token(f)?;
+            check_uses(&args.dir.dir, &token, args.allow_multi_use)?;
+            Some(token.expose())
+        }
         (Attestor::JoinToken, None) => {
             bail!("--attestor join-token needs --token-file F (the token goes into the user data, 0600 on the machine)")
         }
@@ -100,7 +113,33 @@ fn mint(dir: &std::path::Path, p: &ProvisionedArgs) -> Result<String> {
     super::tokens::create(&db, super::tokens::TokenRole::Provisioned, 1, p.ttl, &opts)
 }
 
-fn read_token(path: &std::path::Path) -> Result<String> {
+/// Refuses a token this directory did not issue, and (without
+/// `--allow-multi-use`) one with more than one use left: the user data
+/// outlives the join, readable through the metadata service by whoever
+/// gets onto the VM or its metadata later.
+fn check_uses(dir: &std::path::Path, token: &JoinToken, allow_multi_use: bool) -> Result<()> {
+    let db = super::open_db(dir)?;
+    let row = db
+        .write(|tx| bc_controlplane::tokens::token_for_update(tx, &token.id))
+        .context("cannot read the token's uses")?
+        .map(|r| r.uses_left);
+    let Some(uses_left) = row else {
+        bail!(
+            "{} has no token {}: user-data embeds only a token of this control plane (bc-controlplane token create)",
+            dir.display(),
+            token.id
+        );
+    };
+    if uses_left > 1 && !allow_multi_use {
+        bail!(
+            "token {} has {uses_left} uses left: user data stays readable through the cloud's metadata service for the VM's whole life, so anyone who reads it later could join more machines with it; use --attestor provisioned (a single-use token bound to this machine), a token with --uses 1, or --allow-multi-use",
+            token.id
+        );
+    }
+    Ok(())
+}
+
+fn read_token(path: &std::path::Path) -> Result<JoinToken> {
     let meta =
         std::fs::metadata(path).with_context(|| format!("cannot read {}", path.display()))?;
     if meta.len() > MAX_TOKEN_BYTES {
@@ -112,15 +151,8 @@ fn read_token(path: &std::path::Path) -> Result<String> {
     }
     let text =
         std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let token = text.trim();
-    if token.is_empty()
-        || !token.bytes().all(|b| {
-            b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'~' | b'+' | b'/' | b'=')
-        })
-    {
-        bail!("{} does not hold one join token", path.display());
-    }
-    Ok(token.to_owned())
+    JoinToken::parse(&text)
+        .map_err(|e| anyhow::anyhow!("{} does not hold one join token: {e}", path.display()))
 }
 
 /// The `#cloud-config` text. The script goes in as a YAML literal block

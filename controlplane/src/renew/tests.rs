@@ -185,14 +185,7 @@ fn renews_a_token_node_and_keeps_older_certificates() {
 #[test]
 fn refusals_name_their_reason() {
     let f = fixture();
-    crate::pools::create_pool(
-        f.db(),
-        "metal",
-        "alice",
-        None,
-        &crate::attestor::default_attestor_ids(),
-    )
-    .unwrap();
+    crate::pools::create_pool(f.db(), "metal", "alice", None, &[]).unwrap();
     let (node_id, leaf) = f.join(Some("metal"));
     let good = || request(plain_csr(&key()));
 

@@ -15,7 +15,9 @@
 //! 3. the (provider, account, instance) never admitted before
 //!    (`instance-reused`): a document is readable by any process on the VM,
 //!    so it must never mint a second node;
-//! 4. the resolve table names where it joins (`unknown-instance`).
+//! 4. the resolve table names where it joins (`unknown-instance`);
+//! 5. (JoinService) the role is one `[cloud_iid] roles` (default `node`) or
+//!    the resolve row (`--role`) admits (`cloud-role`).
 //!
 //! The use is recorded for good (`attestation_uses`, never expiring), and
 //! the VM joins as a new node of the resolved pool. A known instance that
@@ -29,6 +31,7 @@ pub mod cms;
 pub mod gcp;
 pub mod resolve;
 
+use bc_wire::agent::Role;
 use bc_wire::cloud_iid::Evidence;
 use rusqlite::Transaction;
 
@@ -53,6 +56,9 @@ pub const CLOUD_STALE: &str = "cloud-stale";
 pub const CLOUD_FUTURE: &str = "cloud-future";
 pub const INSTANCE_REUSED: &str = "instance-reused";
 pub const UNKNOWN_INSTANCE: &str = "unknown-instance";
+/// The VM asked for a role neither `[cloud_iid] roles` nor its resolve row
+/// admits.
+pub const CLOUD_ROLE: &str = "cloud-role";
 
 /// The spec's `maxAgeMs` default for GCP identity tokens.
 pub const DEFAULT_MAX_AGE_MS: i64 = 10 * 60_000;
@@ -68,6 +74,10 @@ const MAX_ID_LEN: usize = 128;
 pub struct CloudIidConfig {
     pub audience: Option<String>,
     pub max_age_ms: i64,
+    /// The roles any admitted VM may join as (`[cloud_iid] roles`, default
+    /// `node` only): a site node or a ramdisk needs more than a cloud's
+    /// word about which VM it is, so the operator says so.
+    pub roles: Vec<Role>,
     pub gcp: Option<gcp::GcpKeys>,
     pub aws: Option<aws::AwsKeys>,
     pub azure: Option<azure::AzureTrust>,
@@ -78,6 +88,7 @@ impl Default for CloudIidConfig {
         CloudIidConfig {
             audience: None,
             max_age_ms: DEFAULT_MAX_AGE_MS,
+            roles: vec![Role::Node],
             gcp: None,
             aws: None,
             azure: None,
@@ -191,9 +202,11 @@ impl Attestor for CloudIidAttestor {
         if uses::is_spent(tx, CLOUD_IID, &subject)? {
             return Err(Refusal::new(INSTANCE_REUSED));
         }
-        let Some(pool_id) = resolve::lookup(tx, id.provider, &id.account, &id.zone)? else {
+        let Some(row) = resolve::lookup(tx, id.provider, &id.account, &id.zone)? else {
             return Err(Refusal::new(UNKNOWN_INSTANCE));
         };
+        let mut roles = self.config.roles.clone();
+        roles.extend(row.roles.iter().filter(|r| !self.config.roles.contains(r)));
         // Admitted exactly once, ever: the row never expires.
         if !uses::spend(tx, CLOUD_IID, &subject, UnixMs::MAX, input.now)? {
             return Err(Refusal::new(INSTANCE_REUSED));
@@ -201,7 +214,8 @@ impl Attestor for CloudIidAttestor {
         tracing::info!(provider = id.provider, account = %id.account, zone = %id.zone, instance = %id.instance, "cloud-iid: verified identity document");
         Ok(Verdict::Admit(AttestationResult {
             node_key: NodeKeyKind::Unattested,
-            pool_id,
+            pool_id: row.pool,
+            roles: Some(roles),
             ..AttestationResult::default()
         }))
     }

@@ -100,6 +100,9 @@ pub const QUOTE_PCRS: &str = "quote-pcrs";
 pub const PCR_POLICY: &str = "pcr-policy";
 pub const NODE_KEY_NOT_CERTIFIED: &str = "node-key-not-certified";
 pub const ENROLLMENT_DENIED: &str = "enrollment-denied";
+/// `[tpm] enrollment = false`: an EK neither bound nor resolved is refused
+/// instead of filing a join request.
+pub const UNKNOWN_EK: &str = "unknown-ek";
 
 const SECRET_LEN: usize = 32;
 
@@ -122,6 +125,10 @@ pub struct TpmConfig {
     pub challenge_ttl_ms: i64,
     /// `JoinPending.retry_after_seconds` while a request waits for an operator.
     pub enrollment_retry_after_seconds: u32,
+    /// Whether an unknown EK files a join request for an operator (`true`,
+    /// the default) or is refused (`unknown-ek`): a fleet that admits only
+    /// what its resolve entries list.
+    pub enrollment: bool,
     /// The PCR values a quote must have, in SHA-256 and/or SHA-1; every PCR
     /// the quoted bank lists must be in the quote.
     pub pcr_policy: PcrPolicy,
@@ -133,6 +140,7 @@ impl Default for TpmConfig {
             node_key: NodeKeyPolicy::Certified,
             challenge_ttl_ms: MAX_CHALLENGE_TTL_MS,
             enrollment_retry_after_seconds: 30,
+            enrollment: true,
             pcr_policy: PcrPolicy::default(),
         }
     }
@@ -233,13 +241,7 @@ impl TpmAttestor {
         let qualifying = self.check_quote(&ak, input, answer, &st.secret)?;
         let (node_key, node_key_uri) = self.check_node_key(&ak, input, answer, &qualifying)?;
         let ek_sha256 = hex::encode(st.ek_spki_sha256);
-        let place = place(
-            tx,
-            input,
-            &ek_sha256,
-            &st,
-            self.config.enrollment_retry_after_seconds,
-        )?;
+        let place = place(tx, input, &ek_sha256, &st, &self.config)?;
         let (reclaim_node_id, pool_id, site_id) = match place {
             Place::Deferred(d) => return Ok(Verdict::Defer(d)),
             Place::Join { node, pool, site } => (node, pool, site),
@@ -249,6 +251,7 @@ impl TpmAttestor {
             return Err(Refusal::new(CHALLENGE_REUSED));
         }
         Ok(Verdict::Admit(AttestationResult {
+            roles: placed_roles(reclaim_node_id.as_deref(), site_id.as_deref()),
             reclaim_node_id,
             token_id: None,
             node_key_uri,
@@ -369,35 +372,28 @@ enum Place {
     Deferred(Deferral),
 }
 
-/// A new node placed with `site` joins only with role `site`, one placed
-/// without only with role `node` (`tpm-role`). Checked before an approval
-/// is marked used, so a wrong role spends nothing.
-fn check_placed_role(input: &AttestInput<'_>, site: Option<&str>) -> Result<(), Refusal> {
-    let placed_as = if site.is_some() {
-        Role::Site
-    } else {
-        Role::Node
-    };
-    if input.role == placed_as {
-        return Ok(());
+/// The one role a new node's place admits: `site` when it names a site,
+/// else `node` (JoinService refuses any other with `tpm-role`, and its
+/// rollback un-marks the approval). A reclaim keeps its node's role, which
+/// JoinService checks against the node.
+fn placed_roles(reclaim: Option<&str>, site: Option<&str>) -> Option<Vec<Role>> {
+    match (reclaim, site) {
+        (Some(_), _) => None,
+        (None, Some(_)) => Some(vec![Role::Site]),
+        (None, None) => Some(vec![Role::Node]),
     }
-    tracing::info!(
-        role = input.role.name(),
-        placed_as = placed_as.name(),
-        "tpm: the role is not the one its resolve entry or approval admits"
-    );
-    Err(Refusal::new(ROLE))
 }
 
 /// Where a machine that proved its EK joins: its bound node, else a resolve
-/// entry, else enrollment.
+/// entry, else enrollment (when `[tpm] enrollment` is on; else `unknown-ek`).
 fn place(
     tx: &Transaction<'_>,
     input: &AttestInput<'_>,
     ek_sha256: &str,
     st: &ChallengeState,
-    retry_after_seconds: u32,
+    config: &TpmConfig,
 ) -> Result<Place, Refusal> {
+    let retry_after_seconds = config.enrollment_retry_after_seconds;
     if let Some(b) = records::binding_by_key(tx, BINDING_TPM_EK, ek_sha256)? {
         return Ok(Place::Join {
             node: Some(b.node_id),
@@ -406,14 +402,18 @@ fn place(
         });
     }
     if let Some(entry) = enroll::resolve_entry(tx, ek_sha256)? {
-        if entry.node_id.is_none() {
-            check_placed_role(input, entry.site_id.as_deref())?;
-        }
         return Ok(Place::Join {
             node: entry.node_id,
             pool: entry.pool_id,
             site: entry.site_id,
         });
+    }
+    if !config.enrollment {
+        tracing::info!(
+            ek_sha256,
+            "tpm: unknown TPM refused ([tpm] enrollment = false files no join request)"
+        );
+        return Err(Refusal::new(UNKNOWN_EK));
     }
     match enroll::open_request(tx, ek_sha256)? {
         None => {
@@ -437,7 +437,6 @@ fn place(
                 retry_after_seconds,
             })),
             enroll::STATUS_APPROVED => {
-                check_placed_role(input, req.site_id.as_deref())?;
                 enroll::mark_used(tx, &req.id, input.now)?;
                 Ok(Place::Join {
                     node: None,
@@ -456,9 +455,6 @@ impl Attestor for TpmAttestor {
     }
 
     fn verify(&self, tx: &Transaction<'_>, input: &AttestInput<'_>) -> Result<Verdict, Refusal> {
-        if !matches!(input.role, Role::Node | Role::Site) {
-            return Err(Refusal::new(ROLE));
-        }
         let evidence =
             TpmAttestation::decode(input.evidence).map_err(|_| Refusal::new(EVIDENCE_MALFORMED))?;
         match &evidence.round {

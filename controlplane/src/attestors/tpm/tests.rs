@@ -140,7 +140,13 @@ impl Fixture {
                     claims: &claims,
                     now,
                 };
+                // JoinService's role check around the attestor, as a join
+                // has it (its refusal rolls back what the attestor wrote).
+                crate::join::check_role(TPM, role, None)?;
                 let out = self.attestor.verify(&tx, &input);
+                if let Ok(Verdict::Admit(result)) = &out {
+                    crate::join::check_role(TPM, role, Some(result))?;
+                }
                 tx.commit().unwrap();
                 out
             })
@@ -804,26 +810,9 @@ fn node_key_any_admits_uncertified_only() {
 #[test]
 fn roles_other_than_node_or_site_are_refused() {
     let f = fixture();
-    let out =
-        f.db.with_conn(|c| {
-            let tx = db::immediate(c).unwrap();
-            let claims = HardwareClaims::default();
-            let ev = hello_evidence(hello());
-            let input = AttestInput {
-                role: Role::Ramdisk,
-                evidence: &ev,
-                token: None,
-                csr_der: CSR,
-                csr_sha256: bc_wire::sha256(CSR),
-                csr_spki_der: &[],
-                csr_spki_sha256: [0; 32],
-                claims: &claims,
-                now: NOW,
-            };
-            reason(f.attestor.verify(&tx, &input))
-        })
-        .unwrap();
-    assert_eq!(out, ROLE);
+    let out = f.verify_as(Role::Ramdisk, &hello_evidence(hello()), CSR, NOW);
+    assert_eq!(reason(out), ROLE);
+    assert_eq!(f.count("join_requests"), 0);
 }
 
 /// The whole join through JoinService, with the real TPM's answer: the

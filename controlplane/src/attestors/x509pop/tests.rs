@@ -378,14 +378,7 @@ fn a_proof_admits_once_even_across_a_restart() {
     let f = fixture();
     // A pool that admits only tpm: x509pop passes, the pool refuses after
     // it, and the transaction (the proof's use with it) is rolled back.
-    crate::pools::create_pool(
-        f.db(),
-        "tpm-only",
-        "alice",
-        None,
-        &crate::attestor::default_attestor_ids(),
-    )
-    .unwrap();
+    crate::pools::create_pool(f.db(), "tpm-only", "alice", None, &[]).unwrap();
     let id = f.token_node(Role::Node);
     f.db()
         .write(|tx| {
@@ -396,13 +389,8 @@ fn a_proof_admits_once_even_across_a_restart() {
             .map_err(DbError::from)
         })
         .unwrap();
-    crate::pools::set_join_attestors(
-        f.db(),
-        "tpm-only",
-        Some(&["tpm".to_owned()]),
-        &crate::attestor::default_attestor_ids(),
-    )
-    .unwrap();
+    crate::pools::set_join_attestors(f.db(), "tpm-only", Some(&["tpm".to_owned()]), &["tpm"])
+        .unwrap();
     let next = key();
     let csr = csr_for(&next);
     let t = u64::try_from(f.now()).unwrap();
@@ -418,13 +406,7 @@ fn a_proof_admits_once_even_across_a_restart() {
             .unwrap(),
         0
     );
-    crate::pools::set_join_attestors(
-        f.db(),
-        "tpm-only",
-        None,
-        &crate::attestor::default_attestor_ids(),
-    )
-    .unwrap();
+    crate::pools::set_join_attestors(f.db(), "tpm-only", None, &[]).unwrap();
     let body = f.send(csr.clone(), Role::Node, proof.to_json()).unwrap();
     assert_eq!(body.node_id, id.node_id);
     // Spent until clientTime + window.
