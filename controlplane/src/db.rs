@@ -27,7 +27,7 @@ const POOL_MAX_IDLE: usize = 8;
 
 /// Schema migrations; `PRAGMA user_version` is the number applied. Append
 /// only: a shipped migration never changes.
-const MIGRATIONS: &[&str] = &[
+pub(crate) const MIGRATIONS: &[&str] = &[
     // 1: tokens, nodes, certificates, events, settings.
     r#"
     CREATE TABLE settings (
@@ -254,6 +254,13 @@ const MIGRATIONS: &[&str] = &[
     r#"
     ALTER TABLE tpm_resolve ADD COLUMN site_id TEXT;
     ALTER TABLE join_requests ADD COLUMN site_id TEXT;
+    "#,
+    // 11: what a configured EK CA is for: `anchor` (every certificate
+    // `ek-roots add` adds, self-signed or not) or `intermediate` (`ek-roots
+    // add --intermediate`). Rows added before (NULL) keep their meaning: an
+    // anchor when self-signed, else an intermediate.
+    r#"
+    ALTER TABLE ek_roots ADD COLUMN kind TEXT CHECK (kind IS NULL OR kind IN ('anchor', 'intermediate'));
     "#,
 ];
 
