@@ -22,6 +22,7 @@ mod maker;
 mod package;
 mod pcr;
 mod pcrbanks;
+mod realek;
 // These move bcd's clock (BCD_CLOCK_OFFSET) or crash it at failpoints, which
 // only a `--features bcd/failpoints` build honours; scripts/test builds so.
 // Reads the machine's claims from a fake sysfs (BCD_SYSFS_ROOT).
