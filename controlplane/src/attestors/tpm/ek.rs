@@ -825,10 +825,10 @@ pub(crate) mod tests {
         let kinds: Vec<_> = list_roots(&db).unwrap().iter().map(|r| r.kind).collect();
         assert!(kinds.contains(&RootKind::Anchor) && kinds.contains(&RootKind::Intermediate));
         // The self-signed root added again: still an anchor, now recorded.
-        let again = add_roots(&db, &[root.clone()], RootKind::Anchor).unwrap();
+        let again = add_roots(&db, std::slice::from_ref(&root), RootKind::Anchor).unwrap();
         assert_eq!(again[0].1, Added::Present);
         // The intermediate added again (without --intermediate): an anchor.
-        let again = add_roots(&db, &[int.clone()], RootKind::Anchor).unwrap();
+        let again = add_roots(&db, std::slice::from_ref(&int), RootKind::Anchor).unwrap();
         assert_eq!(again[0].1, Added::KindChanged);
         let trust = db.with_conn(|c| super::trust(c)).unwrap().unwrap();
         assert_eq!(trust.anchors.len(), 2);
