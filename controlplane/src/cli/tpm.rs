@@ -15,8 +15,8 @@ use super::{open_db, print_line, print_list, print_stdout, Dir, ListArgs};
 #[derive(Subcommand)]
 pub enum EkRootsCmd {
     /// Add the CA certificates in PATH (a PEM or DER file, or a directory
-    /// of them, as keylime's tpm_cert_store): each is a trust anchor, self-
-    /// signed or not, unless --intermediate.
+    /// of them, as keylime's tpm_cert_store): each is a trust anchor,
+    /// self-signed or not, unless --intermediate.
     Add {
         #[command(flatten)]
         dir: Dir,

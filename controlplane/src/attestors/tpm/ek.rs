@@ -450,10 +450,17 @@ pub fn parse_roots_pem(text: &[u8]) -> Result<Vec<Vec<u8>>, EkRootError> {
 fn require_ca(cert: &X509Certificate<'_>) -> Result<(), EkRootError> {
     match cert.basic_constraints() {
         Ok(Some(bc)) if bc.value.ca => Ok(()),
-        _ => Err(EkRootError::Invalid(format!(
-            "{} is not a CA certificate (basicConstraints CA:TRUE); an EK root must be a maker's root or intermediate",
-            cert.subject()
-        ))),
+        _ => {
+            let subject = cert.subject().to_string();
+            let who = match subject.is_empty() {
+                // EK certificates have an empty subject.
+                true => "a certificate with an empty subject".to_owned(),
+                false => subject,
+            };
+            Err(EkRootError::Invalid(format!(
+                "{who} is not a CA certificate (basicConstraints CA:TRUE); an EK root must be a maker's root or intermediate"
+            )))
+        }
     }
 }
 
