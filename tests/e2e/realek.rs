@@ -15,7 +15,7 @@ use x509_parser::prelude::{FromDer, X509Certificate};
 use x509_parser::public_key::PublicKey;
 
 use crate::harness::*;
-use crate::maker::{nv_remove, nv_write};
+use crate::maker::{create_ek, nv_remove, nv_write, remove_rsa_ek};
 
 const RSA_INDEX: &str = "0x01c00002";
 const ECC_INDEX: &str = "0x01c0000a";
@@ -371,4 +371,57 @@ fn ek_roots_add_reads_a_directory_file_by_file() {
         cp.json(&["ek-roots", "list"]).as_array().unwrap().len(),
         ROOTS.len() + 1
     );
+}
+
+/// An EK certificate as Intel PTT issues its P-256 EKs' (keyUsage
+/// keyEncipherment alone, no keyAgreement), made to match (there is no
+/// real PTT certificate among the fixtures) by the test maker's issuing CA
+/// for the swtpm's own P-256 EK: the join is admitted.
+#[test]
+fn an_intel_ptt_style_p256_ek_certificate_joins() {
+    use bc_wire::tpm::{KeyParams, Public};
+    let cp = ControlPlane::start_trusting_test_maker();
+    let tpm = Swtpm::start();
+    remove_rsa_ek(&tpm);
+    let public = create_ek(&tpm, &["-G", "ecc", "-c", "0x81010002"]);
+    let Ok(Public {
+        params: KeyParams::Ecc { x, y, .. },
+        ..
+    }) = Public::parse(&public)
+    else {
+        panic!("not an ECC EK")
+    };
+    // SubjectPublicKeyInfo { id-ecPublicKey, prime256v1 }, uncompressed point.
+    let mut spki = hex::decode("3059301306072a8648ce3d020106082a8648ce3d03010703420004").unwrap();
+    spki.extend_from_slice(&x);
+    spki.extend_from_slice(&y);
+    let ca_key = std::fs::read_to_string(fixture("ek-intermediate.key")).unwrap();
+    let ca_pem = std::fs::read_to_string(fixture("ek-intermediate.pem")).unwrap();
+    let issuer =
+        rcgen::Issuer::from_ca_cert_pem(&ca_pem, rcgen::KeyPair::from_pem(&ca_key).unwrap())
+            .unwrap();
+    let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    p.distinguished_name = rcgen::DistinguishedName::new();
+    p.not_before = rcgen::date_time_ymd(2020, 1, 1);
+    p.not_after = rcgen::date_time_ymd(2049, 12, 31);
+    p.key_usages = vec![rcgen::KeyUsagePurpose::KeyEncipherment];
+    p.is_ca = rcgen::IsCa::ExplicitNoCa;
+    p.use_authority_key_identifier_extension = true;
+    // extendedKeyUsage { tcg-kp-EKCertificate }
+    p.custom_extensions = vec![rcgen::CustomExtension::from_oid_content(
+        &[2, 5, 29, 37],
+        hex::decode("300706056781050801").unwrap(),
+    )];
+    let key = rcgen::SubjectPublicKeyInfo::from_der(&spki).unwrap();
+    let cert = p.signed_by(&key, &issuer).unwrap().der().to_vec();
+    with_cert(&cert, |c| {
+        let ku = c.key_usage().unwrap().unwrap().value;
+        assert!(ku.key_encipherment() && !ku.key_agreement());
+    });
+    nv_write(&tpm, ECC_INDEX, &cert);
+    let agent = Agent::with_tpm(&cp, &tpm);
+    assert_eq!(agent.identify()["ekKind"], "ecc-p256");
+    agent.allow_ek(&cp);
+    assert_ok(&agent.run(&["join", "--attestor", "tpm"]));
+    assert!(agent.status_json()["nodeId"].is_string());
 }
