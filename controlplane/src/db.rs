@@ -27,7 +27,7 @@ const POOL_MAX_IDLE: usize = 8;
 
 /// Schema migrations; `PRAGMA user_version` is the number applied. Append
 /// only: a shipped migration never changes.
-const MIGRATIONS: &[&str] = &[
+pub(crate) const MIGRATIONS: &[&str] = &[
     // 1: tokens, nodes, certificates, events, settings.
     r#"
     CREATE TABLE settings (
@@ -280,10 +280,17 @@ const MIGRATIONS: &[&str] = &[
                             '00020003-0004-0005-0006-000700080009',
                             '12345678-1234-5678-90ab-cddeefaabbcc');
     "#,
-    // The roles a cloud resolve row admits beyond `[cloud_iid] roles`
+    // 12: the roles a cloud resolve row admits beyond `[cloud_iid] roles`
     // (`cloud resolve add --role`): role names separated by ',' (NULL: none).
     r#"
     ALTER TABLE cloud_resolve ADD COLUMN roles TEXT;
+    "#,
+    // 13: what a configured EK CA is for: `anchor` (every certificate
+    // `ek-roots add` adds, self-signed or not) or `intermediate` (`ek-roots
+    // add --intermediate`). Rows added before (NULL) keep their meaning: an
+    // anchor when self-signed, else an intermediate.
+    r#"
+    ALTER TABLE ek_roots ADD COLUMN kind TEXT CHECK (kind IS NULL OR kind IN ('anchor', 'intermediate'));
     "#,
 ];
 

@@ -55,7 +55,7 @@ impl Cp {
         let mut roots = ek::parse_roots_pem(fixtures::EK_ROOT_PEM).map_err(|e| e.to_string())?;
         roots
             .extend(ek::parse_roots_pem(fixtures::EK_INTERMEDIATE_PEM).map_err(|e| e.to_string())?);
-        ek::add_roots(svc.database(), &roots).map_err(|e| e.to_string())?;
+        ek::add_roots(svc.database(), &roots, ek::RootKind::Anchor).map_err(|e| e.to_string())?;
         let mut cp = Cp {
             dir,
             svc,
@@ -198,11 +198,11 @@ pub fn cp_config(data: &[u8]) {
 /// An EK certificate and EK public area, as a TPM hello carries them,
 /// verified against the test maker's roots at the capture's time.
 pub fn ek_cert(data: &[u8]) {
-    static ROOTS: OnceLock<Vec<Vec<u8>>> = OnceLock::new();
+    static ROOTS: OnceLock<ek::EkTrust> = OnceLock::new();
     let roots = ROOTS.get_or_init(|| {
         let mut roots = ek::parse_roots_pem(fixtures::EK_ROOT_PEM).unwrap_or_default();
         roots.extend(ek::parse_roots_pem(fixtures::EK_INTERMEDIATE_PEM).unwrap_or_default());
-        roots
+        ek::EkTrust::anchors(roots)
     });
     let [cert, public] = split_parts(data);
     let _ = ek::verify_ek(cert, public, roots, &[], fixtures::captured_at());

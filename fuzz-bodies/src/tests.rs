@@ -147,7 +147,7 @@ fn seeds_reach_past_the_first_checks() {
     bc_controlplane::attestors::tpm::ek::verify_ek(
         cert,
         public,
-        &roots,
+        &bc_controlplane::attestors::tpm::ek::EkTrust::anchors(roots),
         &[],
         fixtures::captured_at(),
     )

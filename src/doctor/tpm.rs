@@ -197,9 +197,10 @@ pub fn ek_certificate(
     }
 }
 
-/// Builds a path from `ek_der` to a self-signed certificate of
-/// `roots_pem` through the file's other certificates and `intermediates`
-/// (untrusted), as the control plane does ([`bc_wire::ekcert::path`]).
+/// Builds a path from `ek_der` to a certificate of `roots_pem`, each an
+/// anchor as every certificate `ek-roots add` adds is at the control plane,
+/// through `intermediates` (untrusted), as the control plane does
+/// ([`bc_wire::ekcert::path`]).
 /// Returns the anchor's subject; else why not, naming a missing issuer.
 pub fn verify_chain(
     ek_der: &[u8],
@@ -228,13 +229,11 @@ pub fn verify_chain(
         };
         parsed.push(ca);
     }
-    let (anchors, mut others): (Vec<_>, Vec<_>) =
-        parsed.into_iter().partition(ekcert::is_self_signed);
-    others.extend(
-        intermediates
-            .iter()
-            .filter_map(|d| X509Certificate::from_der(d).ok().map(|(_, c)| c)),
-    );
+    let anchors = parsed;
+    let others: Vec<_> = intermediates
+        .iter()
+        .filter_map(|d| X509Certificate::from_der(d).ok().map(|(_, c)| c))
+        .collect();
     ekcert::check_profile(&ek).map_err(|e| format!("not an EK certificate: {e}"))?;
     match ekcert::build_path(&ek, &anchors, &others, crate::clock::now().unix_timestamp()) {
         Ok(found) => Ok(printable(&found.anchor)),

@@ -336,34 +336,34 @@ fn nv_buffer_max(tpm: &mut Tpm) -> Result<usize, TpmError> {
 
 /// Some TPMs store the certificate in a larger index with padding: keep
 /// exactly the DER SEQUENCE. Some put the TCG PC Client header before it
-/// (`10 01 00` and a 2-byte length): it is stripped.
+/// (`10 01 00` and a 2-byte length): it is stripped
+/// ([`bc_wire::ekcert::nv::der_prefix`]).
 pub(super) fn trim_der(raw: &[u8]) -> Result<&[u8], TpmError> {
-    let bad = || TpmError::EkCertificate("not a DER certificate".into());
-    let raw = match raw {
-        [0x10, 0x01, 0x00, hi, lo, rest @ ..] => rest
-            .get(..usize::from(*hi) << 8 | usize::from(*lo))
-            .ok_or_else(bad)?,
-        _ => raw,
-    };
-    if raw.len() < 2 || raw[0] != 0x30 {
-        return Err(bad());
-    }
-    let (len, header) = match raw[1] {
-        n if n < 0x80 => (usize::from(n), 2),
-        0x81 => (usize::from(*raw.get(2).ok_or_else(bad)?), 3),
-        0x82 => (
-            usize::from(*raw.get(2).ok_or_else(bad)?) << 8
-                | usize::from(*raw.get(3).ok_or_else(bad)?),
-            4,
-        ),
-        _ => return Err(bad()),
-    };
-    raw.get(..header + len).ok_or_else(bad)
+    bc_wire::ekcert::nv::der_prefix(raw)
+        .ok_or_else(|| TpmError::EkCertificate("not a DER certificate".into()))
 }
 
 #[cfg(test)]
 mod nv_tests {
     use super::*;
+
+    /// STMicro's ST33 holds its RSA EK certificate in a 1,600-byte index,
+    /// the rest 0xFF (the real NV content, wire/src/ekcert/testdata/real).
+    #[test]
+    fn the_certificate_is_cut_out_of_real_padded_nv() {
+        let nv = include_bytes!(
+            "../../wire/src/ekcert/testdata/real/stm-st33htph-rsa-ek-intca05-nvpadded.der"
+        );
+        let der = trim_der(nv).unwrap();
+        assert_eq!(der.len(), 1169);
+        use x509_parser::prelude::FromDer;
+        let (rest, cert) = x509_parser::certificate::X509Certificate::from_der(der).unwrap();
+        assert!(rest.is_empty());
+        assert!(cert
+            .issuer()
+            .to_string()
+            .contains("STM TPM EK Intermediate CA 05"));
+    }
 
     #[test]
     fn nv_is_read_in_chunks_of_the_buffer_max() {

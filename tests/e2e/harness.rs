@@ -111,8 +111,8 @@ impl ControlPlane {
     }
 
     /// A control plane that trusts the test TPM maker (its root as the
-    /// anchor, its issuing CA as a configured intermediate, since the
-    /// manufactured TPMs carry none in NV) and asks
+    /// anchor, its issuing CA as a configured intermediate, `ek-roots add
+    /// --intermediate`, since the manufactured TPMs carry none in NV) and asks
     /// pending machines to come back after a second.
     pub fn start_trusting_test_maker() -> Self {
         ControlPlane::start_trusting_test_maker_with("")
@@ -124,9 +124,13 @@ impl ControlPlane {
         let cp = ControlPlane::start_with_config(&format!(
             "[tpm]\nenrollment_retry_after = \"1s\"\n{extra}"
         ));
-        for pem in ["ek-root.pem", "ek-intermediate.pem"] {
-            assert_ok(&cp.cli(&["ek-roots", "add", &fixture(pem)]));
-        }
+        assert_ok(&cp.cli(&["ek-roots", "add", &fixture("ek-root.pem")]));
+        assert_ok(&cp.cli(&[
+            "ek-roots",
+            "add",
+            "--intermediate",
+            &fixture("ek-intermediate.pem"),
+        ]));
         cp
     }
 

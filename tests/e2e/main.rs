@@ -22,6 +22,7 @@ mod maker;
 mod package;
 mod pcr;
 mod pcrbanks;
+mod realek;
 // These move bcd's clock (BCD_CLOCK_OFFSET), crash it at failpoints or give
 // it a fake sysfs (BCD_SYSFS_ROOT), which only a `--features bcd/failpoints`
 // build honours; scripts/test builds so, and a plain `cargo test` leaves

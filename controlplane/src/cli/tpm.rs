@@ -14,14 +14,23 @@ use super::{open_db, print_line, print_list, print_stdout, Dir, ListArgs};
 
 #[derive(Subcommand)]
 pub enum EkRootsCmd {
-    /// Add the CA certificates in FILE.pem: self-signed ones are anchors,
-    /// the others intermediates (trusted only through a path to an anchor).
+    /// Add the CA certificates in PATH (a PEM or DER file, or a directory
+    /// of them, as keylime's tpm_cert_store): each is a trust anchor,
+    /// self-signed or not, unless --intermediate.
     Add {
         #[command(flatten)]
         dir: Dir,
-        /// PEM file with one or more CA certificates.
-        #[arg(value_name = "FILE.pem")]
-        file: PathBuf,
+        /// Keep the certificates as intermediates only: trusted through a
+        /// path to an anchor, never an anchor themselves.
+        #[arg(long)]
+        intermediate: bool,
+        /// Print a JSON array, one object per certificate kept or file skipped.
+        #[arg(long)]
+        json: bool,
+        /// A PEM file with one or more CA certificates, one DER certificate,
+        /// or a directory of such files (not read recursively).
+        #[arg(value_name = "PATH")]
+        path: PathBuf,
     },
     /// List the trusted EK roots.
     List(ListArgs),
@@ -97,7 +106,18 @@ fn site_part(site: Option<&str>) -> String {
 
 pub fn run_ek_roots(cmd: EkRootsCmd) -> Result<()> {
     match cmd {
-        EkRootsCmd::Add { dir, file } => ek_roots_add(&dir.dir, &file),
+        EkRootsCmd::Add {
+            dir,
+            intermediate,
+            json,
+            path,
+        } => {
+            let kind = match intermediate {
+                true => ek::RootKind::Intermediate,
+                false => ek::RootKind::Anchor,
+            };
+            ek_roots_add(&dir.dir, &path, kind, json)
+        }
         EkRootsCmd::List(ListArgs { dir, json }) => {
             let db = open_db(&dir.dir)?;
             let rows = ek::list_roots(&db).context("cannot list the EK roots")?;
@@ -107,7 +127,7 @@ pub fn run_ek_roots(cmd: EkRootsCmd) -> Result<()> {
                 |r| {
                     json!({
                         "sha256": r.sha256,
-                        "kind": kind(r.anchor),
+                        "kind": r.kind.as_str(),
                         "subject": r.subject,
                         "notAfter": db::rfc3339(r.not_after),
                         "addedAt": db::rfc3339(r.added_at),
@@ -117,7 +137,7 @@ pub fn run_ek_roots(cmd: EkRootsCmd) -> Result<()> {
                     Ok(format!(
                         "{} {} {} not_after={}",
                         r.sha256,
-                        kind(r.anchor),
+                        r.kind.as_str(),
                         r.subject,
                         db::rfc3339(r.not_after)
                     ))
@@ -127,29 +147,154 @@ pub fn run_ek_roots(cmd: EkRootsCmd) -> Result<()> {
     }
 }
 
-/// How `ek-roots` names a configured certificate's role.
-fn kind(anchor: bool) -> &'static str {
-    if anchor {
-        "anchor"
-    } else {
-        "intermediate"
-    }
+/// Most files `ek-roots add` reads from a directory.
+const MAX_DIR_FILES: usize = 1024;
+/// Largest file `ek-roots add` reads (a bundle of every maker's CAs is
+/// ~200 KiB).
+const MAX_FILE_BYTES: u64 = 1 << 20;
+
+/// What `ek-roots add` made of one file.
+struct FileRoots {
+    /// As given, or the directory's path joined with the file's name.
+    file: PathBuf,
+    /// The certificates to keep, or why the file is skipped.
+    ders: Result<Vec<Vec<u8>>, String>,
 }
 
-fn ek_roots_add(dir: &Path, file: &Path) -> Result<()> {
-    let db = open_db(dir)?;
-    let text = std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?;
-    let ders = ek::parse_roots_pem(&text).with_context(|| format!("{}", file.display()))?;
-    let added = ek::add_roots(&db, &ders).context("cannot add the EK roots")?;
-    let mut out = String::new();
-    for (root, new) in added {
-        let what = if new { "added" } else { "already present" };
-        out.push_str(&format!(
-            "{what} {} {} {}\n",
-            root.sha256,
-            kind(root.anchor),
-            root.subject
+fn read_roots_file(file: &Path) -> Result<Vec<Vec<u8>>, String> {
+    let meta = std::fs::metadata(file).map_err(|e| format!("cannot read it: {e}"))?;
+    if meta.is_dir() {
+        return Err("a directory (ek-roots add reads one level)".into());
+    }
+    if meta.len() > MAX_FILE_BYTES {
+        return Err(format!("larger than {MAX_FILE_BYTES} bytes"));
+    }
+    let bytes = std::fs::read(file).map_err(|e| format!("cannot read it: {e}"))?;
+    ek::parse_roots(&bytes).map_err(|e| e.to_string())
+}
+
+/// The files of `path`: itself, or a directory's entries by name.
+fn roots_files(path: &Path) -> Result<(bool, Vec<FileRoots>)> {
+    let meta =
+        std::fs::metadata(path).with_context(|| format!("cannot read {}", path.display()))?;
+    if !meta.is_dir() {
+        let ders = read_roots_file(path);
+        return Ok((
+            false,
+            vec![FileRoots {
+                file: path.to_owned(),
+                ders,
+            }],
         ));
+    }
+    let mut names = Vec::new();
+    for entry in
+        std::fs::read_dir(path).with_context(|| format!("cannot read {}", path.display()))?
+    {
+        let entry = entry.with_context(|| format!("cannot read {}", path.display()))?;
+        names.push(entry.file_name());
+        if names.len() > MAX_DIR_FILES {
+            bail!(
+                "{} holds more than {MAX_DIR_FILES} files: not an EK CA directory",
+                path.display()
+            );
+        }
+    }
+    names.sort();
+    let files = names
+        .into_iter()
+        .map(|name| {
+            let file = path.join(name);
+            let ders = read_roots_file(&file);
+            FileRoots { file, ders }
+        })
+        .collect();
+    Ok((true, files))
+}
+
+/// `ek-roots add`: one file's certificates all or nothing (a bad file is an
+/// error); a directory's files each kept or skipped with the reason, at
+/// least one certificate kept. Everything kept is written in one
+/// transaction.
+fn ek_roots_add(dir: &Path, path: &Path, kind: ek::RootKind, as_json: bool) -> Result<()> {
+    let db = open_db(dir)?;
+    let (is_dir, files) = roots_files(path)?;
+    if !is_dir {
+        if let Some(FileRoots { ders: Err(e), .. }) = files.first() {
+            bail!("{}: {e}", path.display());
+        }
+    }
+    let mut ders = Vec::new();
+    let mut owners = Vec::new();
+    for (i, f) in files.iter().enumerate() {
+        for der in f.ders.iter().flatten() {
+            ders.push(der.clone());
+            owners.push(i);
+        }
+    }
+    if ders.is_empty() {
+        let why: Vec<String> = files
+            .iter()
+            .filter_map(|f| {
+                f.ders
+                    .as_ref()
+                    .err()
+                    .map(|e| format!("{}: {e}", f.file.display()))
+            })
+            .collect();
+        bail!(
+            "no CA certificate in {}{}",
+            path.display(),
+            if why.is_empty() {
+                " (it is empty)".to_owned()
+            } else {
+                format!(" ({})", why.join("; "))
+            }
+        );
+    }
+    let added = ek::add_roots(&db, &ders, kind).context("cannot add the EK roots")?;
+    let mut rows: Vec<(usize, serde_json::Value, String)> = Vec::new();
+    for (owner, (root, what)) in owners.iter().zip(added) {
+        let file = files[*owner].file.display().to_string();
+        rows.push((
+            *owner,
+            json!({
+                "file": file,
+                "status": what.as_str(),
+                "sha256": root.sha256,
+                "kind": root.kind.as_str(),
+                "subject": root.subject,
+                "notAfter": db::rfc3339(root.not_after),
+            }),
+            format!(
+                "{file}: {} {} {} {}",
+                what.as_str(),
+                root.sha256,
+                root.kind.as_str(),
+                root.subject
+            ),
+        ));
+    }
+    for (i, f) in files.iter().enumerate() {
+        if let Err(why) = &f.ders {
+            let file = f.file.display().to_string();
+            rows.push((
+                i,
+                json!({ "file": file, "status": "skipped", "reason": why }),
+                format!("{file}: skipped: {why}"),
+            ));
+        }
+    }
+    rows.sort_by_key(|(i, _, _)| *i);
+    if as_json {
+        let v: Vec<_> = rows.into_iter().map(|(_, j, _)| j).collect();
+        let text = serde_json::to_string_pretty(&v).context("cannot encode JSON")?;
+        return print_line(&text);
+    }
+    let mut out = String::new();
+    for (_, _, line) in rows {
+        out.push_str(&line);
+        out.push('\n');
     }
     print_stdout(&out)
 }

@@ -3,7 +3,10 @@
 //!
 //! * [`path`]: a path from the EK certificate through untrusted
 //!   intermediates (the TPM's NV chain, `[tpm] ek_intermediates`, the
-//!   operator's) to a configured anchor (a maker's self-signed root);
+//!   operator's) to a configured anchor (any certificate the operator
+//!   trusts, self-signed or not), issuers found by key identifier and by
+//!   name ([`name`]);
+//! * [`nv`]: the certificate cut out of what NV holds (header, padding);
 //! * [`profile`]: what makes a certificate an EK certificate (the TCG EKU
 //!   when present, the key usage of its key type, not a CA);
 //! * [`roca`]: the Infineon RSA key-generation flaw (CVE-2017-15361);
@@ -15,6 +18,8 @@
 //! maker, model and version) and the EKU 2.23.133.8.1, which webpki and
 //! friends reject.
 
+pub mod name;
+pub mod nv;
 pub mod path;
 pub mod profile;
 pub mod roca;
@@ -39,3 +44,20 @@ pub fn signed_by(
 /// Most intermediates the control plane accepts from an agent (in
 /// `TpmHello.ek_intermediates`); bcd sends at most this many.
 pub const MAX_AGENT_INTERMEDIATES: usize = 8;
+
+/// The real makers' certificates in `testdata/real/` (see its README).
+#[cfg(test)]
+pub(crate) mod real {
+    /// The DER of `testdata/real/NAME` (a PEM file or raw NV bytes).
+    pub fn der(name: &str) -> Vec<u8> {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("src/ekcert/testdata/real")
+            .join(name);
+        let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        if !name.ends_with(".pem") {
+            return bytes;
+        }
+        let (_, pem) = x509_parser::pem::parse_x509_pem(&bytes).expect("PEM");
+        pem.contents
+    }
+}

@@ -1,9 +1,22 @@
 //! What makes a certificate an EK certificate (TCG EK Credential Profile):
 //! the EKU 2.23.133.8.1 (tcg-kp-EKCertificate) when there is an EKU, the
-//! key usage an EK's key type needs when there is a keyUsage
-//! (keyEncipherment for RSA, keyAgreement for ECC: an EK decrypts, it never
-//! signs), and not a CA. A maker's CA certificate or a TLS certificate
-//! that happens to chain to the maker's root is not an EK certificate.
+//! key usage an EK's key type needs when there is a keyUsage (an EK
+//! decrypts, it never signs), and not a CA. A maker's CA certificate or a
+//! TLS certificate that happens to chain to the maker's root is not an EK
+//! certificate.
+//!
+//! The key usages real makers ship:
+//! * RSA EKs: keyEncipherment (Infineon, STMicro, Nuvoton, Intel PTT, the
+//!   vTPMs), the only one the profile allows;
+//! * ECC EKs: keyAgreement (Infineon OPTIGA and STMicro ST33 P-256 EKs, as
+//!   the profile says) or keyEncipherment alone (Intel PTT's P-256 EKs),
+//!   so either is accepted;
+//! * no EKU and no subjectAltName at all (Google's newer vTPM EKs): nothing
+//!   to check, nothing refused.
+//!
+//! Infineon encodes its leaves' keyUsage without declaring the unused bits
+//! (`03 02 00 20`, not DER's minimal `03 02 05 20`); x509-parser reads the
+//! bits all the same.
 
 use x509_parser::certificate::X509Certificate;
 use x509_parser::public_key::PublicKey;
@@ -43,12 +56,16 @@ pub fn check_profile(cert: &X509Certificate<'_>) -> Result<(), String> {
         Err(_) => return Err("its keyUsage is malformed".into()),
     };
     if let Some(ku) = ku {
+        let ku = ku.value;
         match cert.public_key().parsed() {
-            Ok(PublicKey::RSA(_)) if !ku.value.key_encipherment() => {
+            Ok(PublicKey::RSA(_)) if !ku.key_encipherment() => {
                 return Err("its keyUsage lacks keyEncipherment, which an RSA EK needs".into())
             }
-            Ok(PublicKey::EC(_)) if !ku.value.key_agreement() => {
-                return Err("its keyUsage lacks keyAgreement, which an ECC EK needs".into())
+            Ok(PublicKey::EC(_)) if !ku.key_agreement() && !ku.key_encipherment() => {
+                return Err(
+                    "its keyUsage has neither keyAgreement nor keyEncipherment, one of which an ECC EK needs"
+                        .into(),
+                )
             }
             _ => {}
         }
@@ -115,19 +132,36 @@ mod tests {
         check_profile(&cert)
     }
 
+    /// keyUsage (critical) with the BIT STRING `bits` as its value.
+    fn key_usage(bits: &[u8]) -> CustomExtension {
+        let mut ext = CustomExtension::from_oid_content(&[2, 5, 29, 15], bits.to_vec());
+        ext.set_criticality(true);
+        ext
+    }
+
     #[test]
     fn what_an_ek_certificate_is() {
         let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
-        // No EKU, no keyUsage, no basicConstraints: nothing refuses it.
+        // No EKU, no keyUsage, no SAN, no basicConstraints (Google's newer
+        // vTPM EKs carry neither EKU nor SAN): nothing refuses it.
         check(&p, true).unwrap();
         check(&p, false).unwrap();
         p.custom_extensions = vec![ek_eku()];
         p.key_usages = vec![KeyUsagePurpose::KeyEncipherment];
         check(&p, true).unwrap();
-        let e = check(&p, false).unwrap_err();
-        assert!(e.contains("keyAgreement"), "{e}");
+        // An ECC EK with keyEncipherment alone, as Intel PTT ships its P-256 EKs.
+        check(&p, false).unwrap();
         p.key_usages = vec![KeyUsagePurpose::KeyAgreement];
         check(&p, false).unwrap();
+        let e = check(&p, true).unwrap_err();
+        assert!(e.contains("keyEncipherment"), "{e}");
+        // A signing key is no EK, whatever its type.
+        p.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        let e = check(&p, false).unwrap_err();
+        assert!(
+            e.contains("neither keyAgreement nor keyEncipherment"),
+            "{e}"
+        );
         let e = check(&p, true).unwrap_err();
         assert!(e.contains("keyEncipherment"), "{e}");
         // A TLS client certificate chaining to the maker's root is no EK.
@@ -142,5 +176,56 @@ mod tests {
         ca.is_ca = IsCa::ExplicitNoCa;
         ca.key_usages.clear();
         check(&ca, false).unwrap();
+    }
+
+    /// keyUsage BIT STRINGs as makers encode them: DER's minimal form,
+    /// Infineon's (no unused bits declared), a trailing zero octet. Bits set
+    /// in the declared padding are malformed.
+    #[test]
+    fn key_usage_bit_strings_not_minimally_encoded() {
+        let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+        for (bits, rsa_ok, ecc_ok) in [
+            (&[0x03, 0x02, 0x05, 0x20][..], true, true),
+            (&[0x03, 0x02, 0x00, 0x20][..], true, true),
+            (&[0x03, 0x03, 0x00, 0x20, 0x00][..], true, true),
+            (&[0x03, 0x03, 0x07, 0x20, 0x00][..], true, true),
+            (&[0x03, 0x02, 0x03, 0x08][..], false, true),
+            (&[0x03, 0x02, 0x00, 0x08][..], false, true),
+            (&[0x03, 0x02, 0x07, 0x80][..], false, false),
+        ] {
+            p.custom_extensions = vec![ek_eku(), key_usage(bits)];
+            assert_eq!(check(&p, true).is_ok(), rsa_ok, "RSA {bits:02x?}");
+            assert_eq!(check(&p, false).is_ok(), ecc_ok, "ECC {bits:02x?}");
+        }
+        p.custom_extensions = vec![ek_eku(), key_usage(&[0x03, 0x02, 0x07, 0xa0])];
+        let e = check(&p, true).unwrap_err();
+        assert!(e.contains("malformed"), "{e}");
+    }
+
+    /// Every real maker's EK certificate is one; their CAs are not.
+    #[test]
+    fn real_ek_certificates_pass_and_their_cas_do_not() {
+        use crate::ekcert::real;
+        for leaf in [
+            "ifx-optiga-ecc-ek-mfgca035.pem",
+            "ifx-optiga-rsa-ek-mfgca035.pem",
+            "nuvoton-npct75x-rsa-ek-rootca2111-b.pem",
+            "stm-st33htph-ecc-ek-eccintca01.pem",
+            "stm-st33htph-rsa-ek-intca05.pem",
+        ] {
+            let der = real::der(leaf);
+            let (_, cert) = X509Certificate::from_der(&der).unwrap();
+            check_profile(&cert).unwrap_or_else(|e| panic!("{leaf}: {e}"));
+        }
+        for ca in [
+            "ifx-optiga-ecc-manufacturing-ca-035-1f61aed7.pem",
+            "stm-tpm-ek-root-ca-f8e37a86.pem",
+            "nuvoton-tpm-root-ca-2111-cd8185ff.pem",
+        ] {
+            let der = real::der(ca);
+            let (_, cert) = X509Certificate::from_der(&der).unwrap();
+            let e = check_profile(&cert).unwrap_err();
+            assert!(e.contains("CA certificate"), "{ca}: {e}");
+        }
     }
 }

@@ -6,14 +6,16 @@
 //! maker, model and version) and the EKU 2.23.133.8.1, which webpki and
 //! friends reject. What is checked instead:
 //!
-//! * the EK certificate parses as exactly one DER certificate and is valid at
-//!   the database's time;
+//! * the EK certificate parses as exactly one DER certificate (0xFF padding
+//!   after it, what NV holds on some chips, is dropped:
+//!   [`bc_wire::ekcert::nv`]) and is valid at the database's time;
 //! * it is an EK certificate (EKU, keyUsage, not a CA: `ek-certificate`);
-//! * a path leads from it to an anchor (a self-signed configured root)
-//!   through the other configured certificates and at most 8 intermediates
-//!   the agent sent, untrusted (`ek-chain`, [`bc_wire::ekcert::path`]):
-//!   every issuer a CA valid at the database's time, at most
-//!   [`MAX_DEPTH`] issuers, the walk stopping at the first anchor;
+//! * a path leads from it to an anchor (a configured certificate of kind
+//!   `anchor`, self-signed or not) through the configured intermediates and
+//!   at most 8 intermediates the agent sent, untrusted (`ek-chain`,
+//!   [`bc_wire::ekcert::path`]): every issuer a CA valid at the database's
+//!   time, at most [`MAX_DEPTH`] issuers, the walk stopping at the first
+//!   anchor;
 //! * an RSA EK does not have the ROCA fingerprint (`ek-roca`).
 //!
 //! The EK public area must be the TCG template of the certificate's key
@@ -21,9 +23,13 @@
 //! ([`super::ek_ecc`]). Which one it is ([`EkTemplate`]) decides how
 //! MakeCredential protects the seed.
 //!
-//! Roots are stored in the `ek_roots` table by `bc-controlplane ek-roots add`.
+//! Roots are stored in the `ek_roots` table by `bc-controlplane ek-roots add`:
+//! every certificate the operator adds is an anchor (kind `anchor`), but
+//! for `--intermediate`. Rows added before kinds were recorded (kind NULL)
+//! keep the meaning they had: an anchor when self-signed, else an
+//! intermediate; adding the certificate again records its kind.
 
-use rusqlite::Connection;
+use rusqlite::{Connection, OptionalExtension};
 use x509_parser::certificate::X509Certificate;
 use x509_parser::prelude::FromDer;
 use x509_parser::public_key::PublicKey;
@@ -136,18 +142,38 @@ pub struct VerifiedEk {
     pub serial: String,
 }
 
-/// Verifies the EK certificate against `roots` (DER) at database time
-/// `now`, then the EK public area against it.
+/// The configured CA certificates (DER): the anchors a path must end at,
+/// and the intermediates it may go through.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EkTrust {
+    pub anchors: Vec<Vec<u8>>,
+    pub intermediates: Vec<Vec<u8>>,
+}
+
+impl EkTrust {
+    /// Every certificate an anchor (what `ek-roots add` makes them).
+    pub fn anchors(anchors: Vec<Vec<u8>>) -> Self {
+        EkTrust {
+            anchors,
+            intermediates: Vec::new(),
+        }
+    }
+}
+
+/// Verifies the EK certificate against `trust` and the agent's untrusted
+/// `intermediates` (DER) at database time `now`, then the EK public area
+/// against it.
 pub fn verify_ek(
     cert_der: &[u8],
     ek_public: &[u8],
-    roots: &[Vec<u8>],
+    trust: &EkTrust,
     intermediates: &[Vec<u8>],
     now: UnixMs,
 ) -> Result<VerifiedEk, EkError> {
-    let cert = parse_exact(cert_der)
+    let cert = bc_wire::ekcert::nv::without_padding(cert_der)
+        .and_then(parse_exact)
         .ok_or_else(|| EkError::Certificate("not one DER X.509 certificate".into()))?;
-    verify_chain(&cert, roots, intermediates, now)?;
+    verify_chain(&cert, trust, intermediates, now)?;
     let template = check_public(&cert, ek_public)?;
     let spki_der = cert.public_key().raw.to_vec();
     let mut issuer = cert.issuer().to_string();
@@ -184,13 +210,13 @@ fn valid_at(cert: &X509Certificate<'_>, now: UnixMs) -> bool {
     v.not_before.timestamp() <= now_s && now_s <= v.not_after.timestamp()
 }
 
-/// A path from the EK certificate to a configured anchor (a self-signed
-/// configured certificate) through the other configured certificates and
-/// the agent's untrusted intermediates ([`bc_wire::ekcert::path`]); then
-/// what makes it an EK certificate, and the ROCA fingerprint.
+/// A path from the EK certificate to a configured anchor through the
+/// configured intermediates and the agent's untrusted ones
+/// ([`bc_wire::ekcert::path`]); then what makes it an EK certificate, and
+/// the ROCA fingerprint.
 fn verify_chain(
     leaf: &X509Certificate<'_>,
-    roots: &[Vec<u8>],
+    trust: &EkTrust,
     agent_intermediates: &[Vec<u8>],
     now: UnixMs,
 ) -> Result<(), EkError> {
@@ -209,10 +235,16 @@ fn verify_chain(
         )));
     }
     // Stored roots were checked when added; one that no longer parses is skipped.
-    let (anchors, mut intermediates): (Vec<_>, Vec<_>) = roots
+    let anchors: Vec<_> = trust
+        .anchors
         .iter()
         .filter_map(|d| parse_exact(d))
-        .partition(ekcert::is_self_signed);
+        .collect();
+    let mut intermediates: Vec<_> = trust
+        .intermediates
+        .iter()
+        .filter_map(|d| parse_exact(d))
+        .collect();
     for der in agent_intermediates {
         let cert = parse_exact(der)
             .ok_or_else(|| EkError::Chain("an intermediate is not one DER certificate".into()))?;
@@ -288,12 +320,49 @@ fn strip_zeros(b: &[u8]) -> &[u8] {
     &b[first..]
 }
 
+/// What a configured CA certificate is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RootKind {
+    /// A trust anchor: a path may end at it, whatever is above it.
+    Anchor,
+    /// Trusted only through a path to an anchor (`ek-roots add
+    /// --intermediate`; not self-signed rows added before kinds).
+    Intermediate,
+}
+
+impl RootKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RootKind::Anchor => "anchor",
+            RootKind::Intermediate => "intermediate",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Self> {
+        match s {
+            "anchor" => Some(RootKind::Anchor),
+            "intermediate" => Some(RootKind::Intermediate),
+            _ => None,
+        }
+    }
+
+    /// A row's kind: the one stored, or for a row added before kinds were
+    /// recorded (NULL), what it was then: an anchor when self-signed.
+    fn of_row(stored: Option<&str>, der: &[u8]) -> Self {
+        match stored.and_then(RootKind::parse) {
+            Some(kind) => kind,
+            None if parse_exact(der).is_some_and(|c| bc_wire::ekcert::is_self_signed(&c)) => {
+                RootKind::Anchor
+            }
+            None => RootKind::Intermediate,
+        }
+    }
+}
+
 /// A configured EK root.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EkRoot {
-    /// Self-signed: a trust anchor. Else an intermediate, trusted only
-    /// through a path to an anchor.
-    pub anchor: bool,
+    pub kind: RootKind,
     /// Lowercase hex SHA-256 of the DER.
     pub sha256: String,
     pub der: Vec<u8>,
@@ -302,12 +371,47 @@ pub struct EkRoot {
     pub added_at: UnixMs,
 }
 
+/// What adding one certificate did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Added {
+    New,
+    /// Already configured with that kind.
+    Present,
+    /// Already configured, now with the kind asked for.
+    KindChanged,
+}
+
+impl Added {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Added::New => "added",
+            Added::Present => "already present",
+            Added::KindChanged => "kind changed",
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum EkRootError {
     #[error("{0}")]
     Invalid(String),
     #[error(transparent)]
     Db(#[from] DbError),
+}
+
+/// Parses the CA certificates in one file: PEM text with one or more
+/// CERTIFICATE blocks, or one DER certificate. Anything else (another PEM
+/// block type, a leaf certificate, bytes after the DER) refuses the whole
+/// file.
+pub fn parse_roots(bytes: &[u8]) -> Result<Vec<Vec<u8>>, EkRootError> {
+    if bytes.first() == Some(&0x30) {
+        let cert = parse_exact(bytes).ok_or_else(|| {
+            EkRootError::Invalid("not one DER X.509 certificate (nor PEM)".into())
+        })?;
+        require_ca(&cert)?;
+        return Ok(vec![bytes.to_vec()]);
+    }
+    parse_roots_pem(bytes)
 }
 
 /// Parses PEM text holding one or more CERTIFICATE blocks, each of which
@@ -325,13 +429,7 @@ pub fn parse_roots_pem(text: &[u8]) -> Result<Vec<Vec<u8>>, EkRootError> {
                         out.len() + 1
                     ))
                 })?;
-                let is_ca = matches!(cert.basic_constraints(), Ok(Some(bc)) if bc.value.ca);
-                if !is_ca {
-                    return Err(EkRootError::Invalid(format!(
-                        "{} is not a CA certificate (basicConstraints CA:TRUE); an EK root must be a maker's root or intermediate",
-                        cert.subject()
-                    )));
-                }
+                require_ca(&cert)?;
                 out.push(der.to_vec());
             }
             _ => {
@@ -343,64 +441,126 @@ pub fn parse_roots_pem(text: &[u8]) -> Result<Vec<Vec<u8>>, EkRootError> {
     }
     if out.is_empty() {
         return Err(EkRootError::Invalid(
-            "no PEM CERTIFICATE block found (DER or other input is refused)".into(),
+            "no certificate found (neither PEM CERTIFICATE blocks nor one DER certificate)".into(),
         ));
     }
     Ok(out)
 }
 
-/// Adds CA certificates (DER, checked by [`parse_roots_pem`]); returns each
-/// root and whether it was new.
-pub fn add_roots(db: &Database, ders: &[Vec<u8>]) -> Result<Vec<(EkRoot, bool)>, EkRootError> {
+fn require_ca(cert: &X509Certificate<'_>) -> Result<(), EkRootError> {
+    match cert.basic_constraints() {
+        Ok(Some(bc)) if bc.value.ca => Ok(()),
+        _ => {
+            let subject = cert.subject().to_string();
+            let who = match subject.is_empty() {
+                // EK certificates have an empty subject.
+                true => "a certificate with an empty subject".to_owned(),
+                false => subject,
+            };
+            Err(EkRootError::Invalid(format!(
+                "{who} is not a CA certificate (basicConstraints CA:TRUE); an EK root must be a maker's root or intermediate"
+            )))
+        }
+    }
+}
+
+/// Adds CA certificates (DER, checked by [`parse_roots`]) as `kind`, in one
+/// transaction; returns each root and what adding it did. A certificate
+/// already configured takes the kind asked for.
+pub fn add_roots(
+    db: &Database,
+    ders: &[Vec<u8>],
+    kind: RootKind,
+) -> Result<Vec<(EkRoot, Added)>, EkRootError> {
     db.write(|tx| {
         let now = db::compute_now(tx)?;
         let mut out = Vec::new();
         for der in ders {
             let cert = parse_exact(der)
                 .ok_or_else(|| EkRootError::Invalid("not a DER X.509 certificate".into()))?;
+            let sha256 = hex::encode(bc_wire::sha256(der));
+            let existing: Option<(Option<String>, i64)> = tx
+                .query_row(
+                    "SELECT kind, added_at FROM ek_roots WHERE sha256 = ?1",
+                    [&sha256],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .optional()
+                .map_err(DbError::from)?;
+            let added = match &existing {
+                None => {
+                    tx.execute(
+                        "INSERT INTO ek_roots (sha256, der, subject, not_after, added_at, kind)
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                        rusqlite::params![
+                            sha256,
+                            der,
+                            cert.subject().to_string(),
+                            cert.validity().not_after.timestamp().saturating_mul(1000),
+                            now,
+                            kind.as_str()
+                        ],
+                    )
+                    .map_err(DbError::from)?;
+                    Added::New
+                }
+                Some((stored, _)) => {
+                    let was = RootKind::of_row(stored.as_deref(), der);
+                    if stored.as_deref() != Some(kind.as_str()) {
+                        tx.execute(
+                            "UPDATE ek_roots SET kind = ?2 WHERE sha256 = ?1",
+                            rusqlite::params![sha256, kind.as_str()],
+                        )
+                        .map_err(DbError::from)?;
+                    }
+                    if was == kind {
+                        Added::Present
+                    } else {
+                        Added::KindChanged
+                    }
+                }
+            };
             let root = EkRoot {
-                anchor: bc_wire::ekcert::is_self_signed(&cert),
-                sha256: hex::encode(bc_wire::sha256(der)),
+                kind,
+                sha256,
                 der: der.clone(),
                 subject: cert.subject().to_string(),
                 not_after: cert.validity().not_after.timestamp().saturating_mul(1000),
-                added_at: now,
+                added_at: existing.map_or(now, |(_, at)| at),
             };
-            let n = tx
-                .execute(
-                    "INSERT INTO ek_roots (sha256, der, subject, not_after, added_at)
-                     VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (sha256) DO NOTHING",
-                    rusqlite::params![
-                        root.sha256,
-                        root.der,
-                        root.subject,
-                        root.not_after,
-                        root.added_at
-                    ],
-                )
-                .map_err(DbError::from)?;
-            out.push((root, n == 1));
+            out.push((root, added));
         }
         Ok(out)
     })
 }
 
-/// The DER of every configured root, read in `conn`'s transaction.
-pub fn root_ders(conn: &Connection) -> Result<Vec<Vec<u8>>, DbError> {
-    let mut st = conn.prepare("SELECT der FROM ek_roots ORDER BY added_at, sha256")?;
-    let rows = st.query_map([], |r| r.get::<_, Vec<u8>>(0))?;
-    rows.collect::<Result<Vec<_>, _>>().map_err(DbError::from)
+/// The configured anchors and intermediates, read in `conn`'s transaction.
+pub fn trust(conn: &Connection) -> Result<EkTrust, DbError> {
+    let mut st = conn.prepare("SELECT der, kind FROM ek_roots ORDER BY added_at, sha256")?;
+    let rows = st.query_map([], |r| {
+        Ok((r.get::<_, Vec<u8>>(0)?, r.get::<_, Option<String>>(1)?))
+    })?;
+    let mut trust = EkTrust::default();
+    for row in rows {
+        let (der, kind) = row?;
+        match RootKind::of_row(kind.as_deref(), &der) {
+            RootKind::Anchor => trust.anchors.push(der),
+            RootKind::Intermediate => trust.intermediates.push(der),
+        }
+    }
+    Ok(trust)
 }
 
 pub fn list_roots(db: &Database) -> Result<Vec<EkRoot>, DbError> {
     db.with_conn(|c| {
         let mut st = c.prepare(
-            "SELECT sha256, der, subject, not_after, added_at FROM ek_roots ORDER BY added_at, sha256",
+            "SELECT sha256, der, subject, not_after, added_at, kind FROM ek_roots ORDER BY added_at, sha256",
         )?;
         let rows = st.query_map([], |r| {
             let der: Vec<u8> = r.get(1)?;
+            let kind: Option<String> = r.get(5)?;
             Ok(EkRoot {
-                anchor: parse_exact(&der).is_some_and(|c| bc_wire::ekcert::is_self_signed(&c)),
+                kind: RootKind::of_row(kind.as_deref(), &der),
                 sha256: r.get(0)?,
                 der,
                 subject: r.get(2)?,
@@ -431,10 +591,15 @@ pub(crate) mod tests {
         parse_roots_pem(pem).unwrap().remove(0)
     }
 
+    /// Every certificate in `ders` an anchor.
+    fn anchors(ders: &[Vec<u8>]) -> EkTrust {
+        EkTrust::anchors(ders.to_vec())
+    }
+
     #[test]
     fn chains_through_the_intermediate() {
         let both = [der(ROOT_PEM), der(INTERMEDIATE_PEM)];
-        let ek = verify_ek(EK_CERT, EK_PUBLIC, &both, &[], CAPTURED_AT).unwrap();
+        let ek = verify_ek(EK_CERT, EK_PUBLIC, &anchors(&both), &[], CAPTURED_AT).unwrap();
         assert_eq!(ek.spki_sha256, bc_wire::sha256(&ek.spki_der));
         assert!(
             ek.issuer.contains("BCD Test EK Issuing CA 01"),
@@ -443,18 +608,30 @@ pub(crate) mod tests {
         );
         // The root configured, the intermediate sent by the agent.
         let (root, int) = (vec![der(ROOT_PEM)], vec![der(INTERMEDIATE_PEM)]);
-        verify_ek(EK_CERT, EK_PUBLIC, &root, &int, CAPTURED_AT).unwrap();
-        // The intermediate alone is no anchor: it is not self-signed.
+        verify_ek(EK_CERT, EK_PUBLIC, &anchors(&root), &int, CAPTURED_AT).unwrap();
+        // The intermediate configured as an anchor: the path ends there.
+        verify_ek(EK_CERT, EK_PUBLIC, &anchors(&both[1..]), &[], CAPTURED_AT).unwrap();
+        // Configured as an intermediate, it is no anchor.
+        let only_int = EkTrust {
+            anchors: Vec::new(),
+            intermediates: int.clone(),
+        };
         assert_eq!(
-            verify_ek(EK_CERT, EK_PUBLIC, &both[1..], &[], CAPTURED_AT)
+            verify_ek(EK_CERT, EK_PUBLIC, &only_int, &[], CAPTURED_AT)
                 .unwrap_err()
                 .reason(),
             "ek-chain"
         );
+        // The root an anchor, the intermediate a configured intermediate.
+        let split = EkTrust {
+            anchors: root.clone(),
+            intermediates: int.clone(),
+        };
+        verify_ek(EK_CERT, EK_PUBLIC, &split, &[], CAPTURED_AT).unwrap();
         // More than 8 from the agent are refused unread.
         let nine = vec![der(INTERMEDIATE_PEM); 9];
         assert_eq!(
-            verify_ek(EK_CERT, EK_PUBLIC, &root, &nine, CAPTURED_AT)
+            verify_ek(EK_CERT, EK_PUBLIC, &anchors(&root), &nine, CAPTURED_AT)
                 .unwrap_err()
                 .reason(),
             "ek-chain"
@@ -464,7 +641,7 @@ pub(crate) mod tests {
     #[test]
     fn refuses_other_roots_and_bad_times() {
         let reason = |roots: &[Vec<u8>], at| {
-            verify_ek(EK_CERT, EK_PUBLIC, roots, &[], at)
+            verify_ek(EK_CERT, EK_PUBLIC, &anchors(roots), &[], at)
                 .map(|_| "ok")
                 .unwrap_or_else(|e| e.reason())
         };
@@ -519,7 +696,7 @@ pub(crate) mod tests {
 
     #[test]
     fn refuses_altered_certificate_or_public() {
-        let both = [der(ROOT_PEM), der(INTERMEDIATE_PEM)];
+        let both = anchors(&[der(ROOT_PEM), der(INTERMEDIATE_PEM)]);
         let mut cert = EK_CERT.to_vec();
         let n = cert.len();
         cert[n - 5] ^= 1;
@@ -533,6 +710,17 @@ pub(crate) mod tests {
         trailing.push(0);
         assert_eq!(
             verify_ek(&trailing, EK_PUBLIC, &both, &[], CAPTURED_AT)
+                .unwrap_err()
+                .reason(),
+            "ek-certificate"
+        );
+        // 0xFF padding after the DER, as NV holds it, is dropped.
+        let mut padded = EK_CERT.to_vec();
+        padded.extend_from_slice(&[0xff; 431]);
+        verify_ek(&padded, EK_PUBLIC, &both, &[], CAPTURED_AT).unwrap();
+        padded.push(0);
+        assert_eq!(
+            verify_ek(&padded, EK_PUBLIC, &both, &[], CAPTURED_AT)
                 .unwrap_err()
                 .reason(),
             "ek-certificate"
@@ -569,6 +757,14 @@ pub(crate) mod tests {
         assert_eq!(parse_roots_pem(&two).unwrap().len(), 2);
         assert!(parse_roots_pem(b"").is_err());
         assert!(parse_roots_pem(EK_CERT).is_err(), "DER is not PEM");
+        // parse_roots takes one DER CA certificate too, nothing after it.
+        assert_eq!(parse_roots(&der(ROOT_PEM)).unwrap(), vec![der(ROOT_PEM)]);
+        let e = parse_roots(EK_CERT).unwrap_err().to_string();
+        assert!(e.contains("not a CA"), "{e}");
+        let mut trailing = der(ROOT_PEM);
+        trailing.push(0);
+        assert!(parse_roots(&trailing).is_err());
+        assert!(parse_roots(b"# a README\n").is_err());
         let leaf = crate::pki::pem_encode("CERTIFICATE", EK_CERT);
         let e = parse_roots_pem(leaf.as_bytes()).unwrap_err().to_string();
         assert!(e.contains("not a CA"), "{e}");
@@ -577,26 +773,72 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn roots_are_stored_once() {
+    fn roots_are_stored_once_with_their_kind() {
         let dir = tempfile::tempdir().unwrap();
         let db = Database::open_dir(dir.path()).unwrap();
         let ders = parse_roots_pem(ROOT_PEM).unwrap();
-        let added = add_roots(&db, &ders).unwrap();
-        assert!(added[0].1);
-        let again = add_roots(&db, &ders).unwrap();
-        assert!(!again[0].1);
+        let added = add_roots(&db, &ders, RootKind::Anchor).unwrap();
+        assert_eq!(added[0].1, Added::New);
+        let again = add_roots(&db, &ders, RootKind::Anchor).unwrap();
+        assert_eq!(again[0].1, Added::Present);
         let listed = list_roots(&db).unwrap();
         assert_eq!(listed.len(), 1);
-        assert!(listed[0].anchor, "a self-signed root is an anchor");
-        let int = add_roots(&db, &parse_roots_pem(INTERMEDIATE_PEM).unwrap()).unwrap();
-        assert!(!int[0].0.anchor, "the issuing CA is an intermediate");
+        assert_eq!(listed[0].kind, RootKind::Anchor);
+        assert!(listed[0].subject.contains("BCD Test EK Root CA"));
+        // The issuing CA, not self-signed, is an anchor too when added so.
+        let int = parse_roots_pem(INTERMEDIATE_PEM).unwrap();
+        let added = add_roots(&db, &int, RootKind::Anchor).unwrap();
+        assert_eq!(added[0].0.kind, RootKind::Anchor);
+        // Added again as an intermediate, it becomes one.
+        let again = add_roots(&db, &int, RootKind::Intermediate).unwrap();
+        assert_eq!(again[0].1, Added::KindChanged);
+        assert_eq!(again[0].0.added_at, added[0].0.added_at);
         assert!(list_roots(&db)
             .unwrap()
             .iter()
-            .any(|r| !r.anchor && r.subject.contains("Issuing CA")));
-        assert!(listed[0].subject.contains("BCD Test EK Root CA"));
-        let stored = db.with_conn(|c| root_ders(c)).unwrap().unwrap();
-        assert!(stored.contains(&ders[0]));
+            .any(|r| r.kind == RootKind::Intermediate && r.subject.contains("Issuing CA")));
+        let trust = db.with_conn(|c| super::trust(c)).unwrap().unwrap();
+        assert_eq!(trust.anchors, ders);
+        assert_eq!(trust.intermediates, int);
+    }
+
+    /// A database whose roots were added before kinds were recorded keeps
+    /// working as it did: self-signed rows are anchors, the others
+    /// intermediates, until they are added again.
+    #[test]
+    fn roots_added_before_kinds_keep_their_meaning() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("old.db");
+        let (root, int) = (der(ROOT_PEM), der(INTERMEDIATE_PEM));
+        {
+            let conn = Connection::open(&path).unwrap();
+            for sql in &crate::db::MIGRATIONS[..10] {
+                conn.execute_batch(sql).unwrap();
+            }
+            conn.pragma_update(None, "user_version", 10).unwrap();
+            for der in [&root, &int] {
+                conn.execute(
+                    "INSERT INTO ek_roots (sha256, der, subject, not_after, added_at)
+                     VALUES (?1, ?2, 'old', 0, 1)",
+                    rusqlite::params![hex::encode(bc_wire::sha256(der)), der],
+                )
+                .unwrap();
+            }
+        }
+        let db = Database::open(&path).unwrap();
+        let trust = db.with_conn(|c| super::trust(c)).unwrap().unwrap();
+        assert_eq!(trust.anchors, vec![root.clone()]);
+        assert_eq!(trust.intermediates, vec![int.clone()]);
+        let kinds: Vec<_> = list_roots(&db).unwrap().iter().map(|r| r.kind).collect();
+        assert!(kinds.contains(&RootKind::Anchor) && kinds.contains(&RootKind::Intermediate));
+        // The self-signed root added again: still an anchor, now recorded.
+        let again = add_roots(&db, std::slice::from_ref(&root), RootKind::Anchor).unwrap();
+        assert_eq!(again[0].1, Added::Present);
+        // The intermediate added again (without --intermediate): an anchor.
+        let again = add_roots(&db, std::slice::from_ref(&int), RootKind::Anchor).unwrap();
+        assert_eq!(again[0].1, Added::KindChanged);
+        let trust = db.with_conn(|c| super::trust(c)).unwrap().unwrap();
+        assert_eq!(trust.anchors.len(), 2);
     }
 
     /// An RSA public key given by its modulus (never used to encrypt).
@@ -664,7 +906,7 @@ pub(crate) mod tests {
     fn refuses_roca_weak_eks_and_non_ek_certificates() {
         let reason = |modulus: &[u8], ca: bool| {
             let (ek, root) = ek_with_modulus(modulus, ca);
-            verify_ek(&ek, EK_PUBLIC, &[root], &[], CAPTURED_AT)
+            verify_ek(&ek, EK_PUBLIC, &anchors(&[root]), &[], CAPTURED_AT)
                 .map(|_| "ok")
                 .unwrap_or_else(|e| e.reason())
         };

@@ -124,7 +124,7 @@ pub fn expected_public(template: EkTemplate, x: &[u8], y: &[u8]) -> Vec<u8> {
 mod tests {
     use super::super::credential::make_credential;
     use super::super::ek::tests::{INTERMEDIATE_PEM, ROOT_PEM};
-    use super::super::ek::{parse_roots_pem, verify_ek};
+    use super::super::ek::{parse_roots_pem, verify_ek, EkTrust};
     use super::*;
 
     /// swtpm's P-384 EK (H-3, persisted at 0x81010016) and a P-256 EK made
@@ -134,10 +134,10 @@ mod tests {
     const P256_CERT: &[u8] = include_bytes!("testdata/ek-p256-cert.der");
     const P256_PUBLIC: &[u8] = include_bytes!("testdata/ek-p256-public.bin");
 
-    fn roots() -> Vec<Vec<u8>> {
+    fn roots() -> EkTrust {
         let mut r = parse_roots_pem(ROOT_PEM).unwrap();
         r.extend(parse_roots_pem(INTERMEDIATE_PEM).unwrap());
-        r
+        EkTrust::anchors(r)
     }
 
     /// A day after the fixtures were issued.

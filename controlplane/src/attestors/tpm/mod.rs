@@ -164,11 +164,11 @@ impl TpmAttestor {
         input: &AttestInput<'_>,
         hello: &TpmHello,
     ) -> Result<Verdict, Refusal> {
-        let roots = ek::root_ders(tx)?;
+        let trust = ek::trust(tx)?;
         let ek = ek::verify_ek(
             &hello.ek_certificate,
             &hello.ek_public,
-            &roots,
+            &trust,
             &hello.ek_intermediates,
             input.now,
         )

@@ -69,7 +69,7 @@ fn csr_spki(csr: &[u8]) -> Vec<u8> {
 pub(crate) fn add_test_roots(db: &Database) {
     let mut ders = ek::parse_roots_pem(ek::tests::ROOT_PEM).unwrap();
     ders.extend(ek::parse_roots_pem(ek::tests::INTERMEDIATE_PEM).unwrap());
-    ek::add_roots(db, &ders).unwrap();
+    ek::add_roots(db, &ders, ek::RootKind::Anchor).unwrap();
 }
 
 struct Fixture {

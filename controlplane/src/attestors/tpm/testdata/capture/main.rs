@@ -78,7 +78,7 @@ fn main() {
     for f in ["ek-root.pem", "ek-intermediate.pem"] {
         roots.extend(ek::parse_roots_pem(&std::fs::read(Path::new(FIXTURES).join(f)).unwrap()).unwrap());
     }
-    ek::add_roots(svc.database(), &roots).unwrap();
+    ek::add_roots(svc.database(), &roots, ek::RootKind::Anchor).unwrap();
 
     let t = RefCell::new(tpm::Tpm::open(tcti).unwrap());
     let ekey = t.borrow_mut().ek().unwrap();
