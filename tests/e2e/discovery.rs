@@ -863,3 +863,45 @@ fn assertions_are_stale_after_the_configured_max_age() {
     assert_ok(&cp.cli(&["clock", "set", "--offset", "299s"]));
     assert_ok(&machine.boot(&cmdline(&token, &assertion)));
 }
+
+/// `[discovery] cert_ttl` shortens a ramdisk's certificate below the 2 h
+/// default (the entry here lives longer, so the setting is what caps it),
+/// and a renewal keeps to it.
+#[test]
+fn discovery_cert_ttl_shortens_the_ramdisk_certificate() {
+    let cp = ControlPlane::start_with_config("[discovery]\ncert_ttl = \"10m\"\n");
+    let site_id = site(&cp, "dc1");
+    let holder = SiteNode::join(&cp, &site_id);
+    let epoch = holder.acquire().unwrap().epoch;
+    let wf = boot_add(
+        &cp,
+        "dc1",
+        MAC,
+        &["--product-uuid", UUID, "--not-after", "4h"],
+    );
+    let token = holder.secret(&wf).unwrap();
+    let assertion = holder.assertion(epoch, |a| {
+        a.workflow_id = wf.clone();
+        a.product_uuid = UUID.to_owned();
+    });
+    let machine = Machine::new(&cp, MAC, UUID);
+    assert_ok(&machine.boot(&cmdline(&token, &assertion)));
+    let id = Identity::load(&machine.agent.data_dir, &TpmAccess::none())
+        .unwrap()
+        .unwrap();
+    let lifetime = id.cert.not_after - id.cert.not_before;
+    assert!(
+        lifetime <= time::Duration::minutes(10) && lifetime > time::Duration::minutes(9),
+        "a 10 min certificate, got {lifetime}"
+    );
+    assert_ok(&machine.agent.run(&["node", "--once", "--renew-now"]));
+    let renewed = Identity::load(&machine.agent.data_dir, &TpmAccess::none())
+        .unwrap()
+        .unwrap();
+    assert_ne!(renewed.chain[0], id.chain[0]);
+    let lifetime = renewed.cert.not_after - renewed.cert.not_before;
+    assert!(
+        lifetime <= time::Duration::minutes(10),
+        "renewed: {lifetime}"
+    );
+}

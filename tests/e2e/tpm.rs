@@ -628,6 +628,29 @@ fn the_ek_certificate_is_read_with_its_index_auth_when_the_owner_has_a_password(
     );
 }
 
+/// A token join on a machine whose TPM cannot hold the node key (its owner
+/// hierarchy has a password bcd was not given) still joins: bcd says why
+/// and keeps a file key, which `bcd status` shows. (A tpm join has no such
+/// fallback: the test above.)
+#[test]
+fn a_token_join_keeps_a_file_key_when_the_tpm_cannot_hold_the_node_key() {
+    let tpm = Swtpm::start();
+    let cp = ControlPlane::start();
+    let agent = Agent::with_tpm(&cp, &tpm);
+    assert_ok(&tpm.tool("tpm2_changeauth", &["-c", "owner", "previous-os"]));
+    let out = agent.join_with_token(&cp.token("node", &[]));
+    assert_ok(&out);
+    assert!(
+        stderr(&out).contains("the TPM cannot hold the node key; using a file key instead"),
+        "{}",
+        stderr(&out)
+    );
+    let status = agent.status_json();
+    assert_eq!(status["nodeKey"], "file", "{status}");
+    // Nothing of the key was left in the TPM.
+    assert!(tpm.transient_handles().is_empty());
+}
+
 #[test]
 fn with_owner_auth_file_a_tpm_whose_owner_has_a_password_joins() {
     use std::os::unix::fs::PermissionsExt;

@@ -67,8 +67,12 @@ fi
 
 # Running the install script again (the host serves a newer package's
 # script).
+# First put bcd in tss, as an admin's mistake would: the run must take it out.
 if step upgrade && curl -fsS -o /run/upgrade.sh "${seed}upgrade.sh"; then
+  usermod -aG tss bcd 2>&1 | block pre_upgrade_usermod
+  kv pre_upgrade_groups "$(id -nG bcd 2>&1)"
   sh /run/upgrade.sh 2>&1 | block upgrade
+  kv upgrade_bcd_groups "$(id -nG bcd 2>&1)"
   kv upgrade_package "$(dpkg-query -W -f='${Version}' bcd 2>&1)"
   kv upgrade_node_active "$(systemctl is-active bcd-node.service)"
   kv upgrade_node_restarts "$(systemctl show -p NRestarts --value bcd-node.service)"
