@@ -616,7 +616,10 @@ impl JoinService {
         // A new node gets its site, kinds and certificate cap from the
         // attestor; a reclaimed one keeps its own.
         let scope = if reclaim.is_none() {
-            let scope = result.scope.as_deref().cloned().unwrap_or_default();
+            let mut scope = result.scope.as_deref().cloned().unwrap_or_default();
+            if role == Role::Ramdisk {
+                ramdisk_scope(&mut scope);
+            }
             if scope != records::NodeScope::default() {
                 records::set_node_scope(tx, &node_id, &scope)?;
             }
@@ -784,6 +787,26 @@ struct Admission<'a> {
     attestor_id: &'a str,
     csr: &'a VerifiedCsr,
     claims: &'a agent::HardwareClaims,
+}
+
+/// A ramdisk is scoped whichever attestor admitted it: discovery sets its
+/// configured kinds and certificate cap; any other (a cloud VM that
+/// `[cloud_iid] roles` lets join as `ramdisk`) gets the commissioning kinds
+/// and at most the 2 h certificate, never a node's whole reach.
+fn ramdisk_scope(scope: &mut records::NodeScope) {
+    use crate::config::{DISCOVERY_ALLOWED_KINDS, MAX_DISCOVERY_CERT_TTL_MS};
+    scope.allowed_kinds.get_or_insert_with(|| {
+        DISCOVERY_ALLOWED_KINDS
+            .iter()
+            .map(|k| (*k).to_owned())
+            .collect()
+    });
+    let cap = scope
+        .max_cert_ttl_ms
+        .map_or(MAX_DISCOVERY_CERT_TTL_MS, |ms| {
+            ms.min(MAX_DISCOVERY_CERT_TTL_MS)
+        });
+    scope.max_cert_ttl_ms = Some(cap);
 }
 
 /// `ttl` from `now` (whole seconds), ending no later than `end` when there

@@ -409,6 +409,13 @@ fn a_cloud_vm_joins_only_as_a_role_it_is_allowed() {
     let nodes = cp.nodes();
     assert_eq!(nodes.len(), 1);
     assert_eq!(nodes[0]["role"], "ramdisk", "{nodes:?}");
+    // With a ramdisk's scope, as if discovery had admitted it.
+    assert_eq!(nodes[0]["maxCertTtlSeconds"], 7200, "{nodes:?}");
+    assert_eq!(
+        nodes[0]["allowedKinds"],
+        json!(bc_controlplane::config::DISCOVERY_ALLOWED_KINDS),
+        "{nodes:?}"
+    );
 }
 
 #[test]
