@@ -306,6 +306,93 @@ impl ControlPlane {
             .collect()
     }
 
+    /// Every refusal counted so far, by (event type, reason): an
+    /// aggregated event counts its `data.count`.
+    pub fn refusal_counts(&self) -> std::collections::BTreeMap<(String, String), u64> {
+        let mut counts = std::collections::BTreeMap::new();
+        for e in self.events() {
+            let kind = e["type"].as_str().unwrap_or_default();
+            if REFUSAL_EVENTS.contains(&kind) {
+                let key = (
+                    kind.to_owned(),
+                    e["reason"].as_str().unwrap_or_default().to_owned(),
+                );
+                *counts.entry(key).or_insert(0) += e["data"]["count"].as_u64().unwrap_or(1);
+            }
+        }
+        counts
+    }
+
+    /// Runs `f` (what should be refused) and asserts that the control plane
+    /// counted exactly one refusal meanwhile: `reason`, as an `event`
+    /// ([`JOIN_REFUSED`], [`RENEW_REFUSED`], [`SITE_REFUSED`]). The way to
+    /// check a refusal's reason: the newest event row proves nothing, since
+    /// repeats within a minute grow the count of an older row.
+    #[track_caller]
+    pub fn refused_once<T>(&self, event: &str, reason: &str, f: impl FnOnce() -> T) -> T {
+        let before = self.refusal_counts();
+        let out = f();
+        let mut expected = before.clone();
+        *expected
+            .entry((event.to_owned(), reason.to_owned()))
+            .or_insert(0) += 1;
+        let after = self.refusal_counts();
+        assert_eq!(
+            after, expected,
+            "expected exactly one more {event} {reason:?} (before: {before:?})"
+        );
+        out
+    }
+
+    /// POSTs `body` to `path` over HTTPS (the server pinned by its TLS CA)
+    /// without a client certificate, which bcd's own client never does for
+    /// an mTLS call: the answer's status and its `Error` message, which
+    /// must be ACCESS_DENIED.
+    pub fn post_without_client_certificate(&self, path: &str, body: Vec<u8>) -> (u16, String) {
+        let ca = std::fs::read(self.path().join("tls-ca.pem")).expect("tls-ca.pem");
+        let ca = ::pem::parse(ca).expect("TLS CA PEM").into_contents();
+        let mut roots = rustls::RootCertStore::empty();
+        roots
+            .add(rustls::pki_types::CertificateDer::from(ca))
+            .expect("TLS CA");
+        let tls = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("TLS versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        let client = reqwest::Client::builder()
+            .use_preconfigured_tls(tls)
+            .timeout(DEADLINE)
+            .build()
+            .expect("client");
+        let url = format!("{}{path}", self.url);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            let resp = client
+                .post(url)
+                .header("content-type", "application/x-protobuf")
+                .body(body)
+                .send()
+                .await
+                .expect("an answer");
+            let status = resp.status().as_u16();
+            let body = resp.bytes().await.expect("the answer's body");
+            let err =
+                <bc_wire::agent::Error as prost::Message>::decode(body.as_ref()).expect("an Error");
+            assert_eq!(
+                err.code,
+                bc_wire::agent::Code::AccessDenied as i32,
+                "{err:?}"
+            );
+            (status, err.message)
+        })
+    }
+
     pub fn nodes(&self) -> Vec<Value> {
         self.json(&["nodes", "list"])
             .as_array()
@@ -339,6 +426,14 @@ impl ControlPlane {
         }
     }
 }
+
+/// The event a refused join is recorded as (`attestor` and `reason`).
+pub const JOIN_REFUSED: &str = "security.join.refused";
+/// A refused renewal.
+pub const RENEW_REFUSED: &str = "security.renew.refused";
+/// A refused site API call (lease, SecretRequest, boot entries).
+pub const SITE_REFUSED: &str = "security.site.refused";
+const REFUSAL_EVENTS: [&str; 3] = [JOIN_REFUSED, RENEW_REFUSED, SITE_REFUSED];
 
 /// `["token", "create", "--role", "node"]` → (`token create`, rest): the
 /// subcommand words come before `--dir`.

@@ -99,7 +99,7 @@ fn the_token_can_come_from_the_environment() {
 /// Runs a join that the server must refuse with `reason`.
 #[track_caller]
 fn assert_refused(cp: &ControlPlane, agent: &Agent, token: &str, reason: &str) {
-    let out = agent.join_with_token(token);
+    let out = cp.refused_once(JOIN_REFUSED, reason, || agent.join_with_token(token));
     assert_access_denied(&out);
     agent.assert_nothing_written();
     let err = stderr(&out);
@@ -107,14 +107,12 @@ fn assert_refused(cp: &ControlPlane, agent: &Agent, token: &str, reason: &str) {
         !err.contains(reason),
         "the reason stays on the server: {err}"
     );
-    let reasons = cp.refusal_reasons();
-    assert_eq!(
-        reasons.last().map(String::as_str),
-        Some(reason),
-        "all refusals: {reasons:?}"
-    );
-    let last = cp.refusals().pop().unwrap();
-    assert_eq!(last["attestor"], "join-token");
+    let event = cp
+        .refusals()
+        .into_iter()
+        .rfind(|e| e["reason"] == reason)
+        .unwrap();
+    assert_eq!(event["attestor"], "join-token");
     assert!(cp.log().contains(reason), "the server log names the reason");
     assert!(cp.nodes().is_empty(), "no node was created");
 }
@@ -303,15 +301,18 @@ mod expect_binding {
 
     #[track_caller]
     fn assert_refused_with(cp: &ControlPlane, agent: &Agent, token: &str, reason: &str) {
-        let out = join(agent, token);
+        let out = cp.refused_once(JOIN_REFUSED, reason, || join(agent, token));
         assert_access_denied(&out);
         agent.assert_nothing_written();
         assert!(
             !stderr(&out).contains(reason),
             "the reason stays on the server"
         );
-        let last = cp.refusals().pop().expect("a refusal event");
-        assert_eq!(last["reason"], reason);
+        let last = cp
+            .refusals()
+            .into_iter()
+            .rfind(|e| e["reason"] == reason)
+            .unwrap();
         assert_eq!(last["attestor"], "join-token");
         assert_eq!(last["tokenId"], token.split_once('.').unwrap().0);
     }

@@ -69,15 +69,18 @@ fn uses_left(cp: &ControlPlane, token: &str) -> i64 {
 #[track_caller]
 pub fn assert_refused(cp: &ControlPlane, agent: &Agent, attestor: &str, token: &str, reason: &str) {
     let before = uses_left(cp, token);
-    let out = join_as(agent, attestor, token);
+    let out = cp.refused_once(JOIN_REFUSED, reason, || join_as(agent, attestor, token));
     assert_access_denied(&out);
     agent.assert_nothing_written();
     assert!(
         !stderr(&out).contains(reason),
         "the reason stays on the server"
     );
-    let last = cp.refusals().pop().expect("a refusal event");
-    assert_eq!(last["reason"], reason, "{last}");
+    let last = cp
+        .refusals()
+        .into_iter()
+        .rfind(|e| e["reason"] == reason)
+        .unwrap();
     assert_eq!(last["attestor"], attestor);
     assert_eq!(last["tokenId"], token.split_once('.').unwrap().0);
     assert_eq!(uses_left(cp, token), before, "a refusal spends nothing");

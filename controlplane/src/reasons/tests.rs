@@ -164,7 +164,11 @@ fn imports(text: &str) -> Vec<(String, String, String)> {
         for name in names.split(',') {
             let name = name.trim();
             let (orig, local) = name.split_once(" as ").unwrap_or((name, name));
-            out.push((module.clone(), orig.trim().to_owned(), local.trim().to_owned()));
+            out.push((
+                module.clone(),
+                orig.trim().to_owned(),
+                local.trim().to_owned(),
+            ));
         }
     }
     out
@@ -241,7 +245,9 @@ fn every_reason_in_the_source_is_listed_at_its_place() {
                 continue;
             }
             if !listed.contains(&(place, value.as_str())) {
-                missing.push(format!("({place}, {value:?}) imported by {file} as {local}"));
+                missing.push(format!(
+                    "({place}, {value:?}) imported by {file} as {local}"
+                ));
             }
         }
         // Never a literal.
