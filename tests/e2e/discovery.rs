@@ -914,28 +914,6 @@ fn discovery_cert_ttl_shortens_the_ramdisk_certificate() {
     );
 }
 
-/// A client that calls with a certificate for `uri` and a fresh key,
-/// issued with the node CA's own key: what only someone holding that key
-/// could forge, so that the site API's own checks are what refuses it.
-fn client_with_forged_certificate(cp: &ControlPlane, agent: &Agent, uri: &str) -> Client {
-    let ca_pem = std::fs::read_to_string(cp.path().join("node-ca.pem")).unwrap();
-    let ca_key = std::fs::read_to_string(cp.path().join("node-ca.key")).unwrap();
-    let issuer =
-        rcgen::Issuer::from_ca_cert_pem(&ca_pem, rcgen::KeyPair::from_pem(&ca_key).unwrap())
-            .unwrap();
-    let key = bcd::keys::FileKey::generate().unwrap();
-    let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    p.subject_alt_names = vec![rcgen::SanType::URI(uri.try_into().unwrap())];
-    p.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
-    p.not_before = time::OffsetDateTime::now_utc() - time::Duration::hours(1);
-    p.not_after = time::OffsetDateTime::now_utc() + time::Duration::hours(1);
-    let spki = rcgen::SubjectPublicKeyInfo::from_der(bcd::keys::NodeKey::spki_der(&key)).unwrap();
-    let leaf = p.signed_by(&spki, &issuer).unwrap().der().to_vec();
-    let ca_der = ::pem::parse(ca_pem).unwrap().into_contents();
-    let config = bcd::config::Config::load(&agent.config).unwrap();
-    Client::with_identity(&config, &[leaf, ca_der], std::sync::Arc::new(key)).unwrap()
-}
-
 /// Every check of the site API's caller and of a SecretRequest's signature,
 /// through bcd's site client over mTLS: ACCESS_DENIED at the client, the
 /// reason in a `security.site.refused` event, one each. The caller must
@@ -967,21 +945,17 @@ fn the_site_api_refuses_callers_and_secret_requests_by_name() {
     });
     assert_eq!((status, message.as_str()), (403, "site request refused"));
     // Certificates the node CA signed that this control plane never issued.
-    let elsewhere = client_with_forged_certificate(
-        &cp,
-        &holder.agent,
-        &format!("spiffe://other.test/node/{}", id.node_id),
-    );
+    let elsewhere = holder
+        .agent
+        .client_with_forged_certificate(&cp, &format!("spiffe://other.test/node/{}", id.node_id));
     assert_site_refused(
         &cp,
         || block_on(elsewhere.acquire_lease(&site_id)),
         "certificate-identity",
     );
-    let copy = client_with_forged_certificate(
-        &cp,
-        &holder.agent,
-        &format!("spiffe://bc.test/node/{}", id.node_id),
-    );
+    let copy = holder
+        .agent
+        .client_with_forged_certificate(&cp, &format!("spiffe://bc.test/node/{}", id.node_id));
     assert_site_refused(
         &cp,
         || block_on(copy.acquire_lease(&site_id)),

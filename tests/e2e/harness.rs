@@ -595,6 +595,34 @@ impl Agent {
         String::from_utf8_lossy(&environ.expect("read environ")).into_owned()
     }
 
+    /// bcd's client, calling with a certificate for `uri` and a fresh key,
+    /// issued with the node CA's own key: what only someone holding that key
+    /// could forge, so that the site API's own checks are what refuses it.
+    pub fn client_with_forged_certificate(
+        &self,
+        cp: &ControlPlane,
+        uri: &str,
+    ) -> bcd::client::Client {
+        let ca_pem = std::fs::read_to_string(cp.path().join("node-ca.pem")).unwrap();
+        let ca_key = std::fs::read_to_string(cp.path().join("node-ca.key")).unwrap();
+        let issuer =
+            rcgen::Issuer::from_ca_cert_pem(&ca_pem, rcgen::KeyPair::from_pem(&ca_key).unwrap())
+                .unwrap();
+        let key = bcd::keys::FileKey::generate().unwrap();
+        let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.subject_alt_names = vec![rcgen::SanType::URI(uri.try_into().unwrap())];
+        p.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        p.not_before = time::OffsetDateTime::now_utc() - time::Duration::hours(1);
+        p.not_after = time::OffsetDateTime::now_utc() + time::Duration::hours(1);
+        let spki =
+            rcgen::SubjectPublicKeyInfo::from_der(bcd::keys::NodeKey::spki_der(&key)).unwrap();
+        let leaf = p.signed_by(&spki, &issuer).unwrap().der().to_vec();
+        let ca_der = ::pem::parse(ca_pem).unwrap().into_contents();
+        let config = bcd::config::Config::load(&self.config).unwrap();
+        bcd::client::Client::with_identity(&config, &[leaf, ca_der], std::sync::Arc::new(key))
+            .unwrap()
+    }
+
     /// `bcd join --token-file F` with the token in a 0600 file.
     pub fn join_with_token(&self, token: &str) -> Output {
         let file = self.root.path().join("token");

@@ -369,3 +369,244 @@ fn a_join_whose_csr_key_is_not_p256_is_refused() {
     // The same token with bcd's own (P-256) CSR joins.
     assert_ok(&agent.join_with_token(&text));
 }
+
+/// Sends `request` through bcd's client and asserts it was refused as
+/// `reason`, once.
+#[track_caller]
+fn join_refused(cp: &ControlPlane, agent: &Agent, request: &JoinRequest, reason: &str) {
+    let answer = cp.refused_once(JOIN_REFUSED, reason, || send(agent, request));
+    assert!(
+        matches!(answer, Err(ClientError::AccessDenied)),
+        "{reason}: {answer:?}"
+    );
+}
+
+/// A P-256 CSR whose signature does not verify (its last byte changed).
+fn csr_with_a_bad_signature() -> Vec<u8> {
+    let mut csr = throwaway_csr();
+    let last = csr.len() - 1;
+    csr[last] ^= 0x01;
+    csr
+}
+
+/// What JoinService refuses before or around any attestor, through bcd's
+/// client (bcd itself never sends these): a CSR whose signature does not
+/// verify, an attestor it does not run, a sealed token that does not open
+/// for this CSR, and for join-token no token at all or one that opens to
+/// something that is no token.
+#[test]
+fn joins_refused_for_the_request_itself_name_their_reason() {
+    let cp = ControlPlane::start();
+    let agent = Agent::new(&cp);
+    let base = |csr: Vec<u8>| JoinRequest {
+        csr,
+        role: Role::Node as i32,
+        attestor: "join-token".into(),
+        ..Default::default()
+    };
+    join_refused(
+        &cp,
+        &agent,
+        &base(csr_with_a_bad_signature()),
+        "join:csr-signature",
+    );
+    join_refused(
+        &cp,
+        &agent,
+        &JoinRequest {
+            attestor: "no-such-attestor".into(),
+            ..base(throwaway_csr())
+        },
+        "join:unknown-attestor",
+    );
+    join_refused(
+        &cp,
+        &agent,
+        &JoinRequest {
+            sealed_token: vec![0x42; 200],
+            ..base(throwaway_csr())
+        },
+        "token-unopenable",
+    );
+    join_refused(&cp, &agent, &base(throwaway_csr()), "token-missing");
+    let csr = throwaway_csr();
+    let sealed = bc_wire::sealing::SealingKey::from_spki_der(
+        &::pem::parse(std::fs::read(cp.path().join("join-encryption.pub")).unwrap())
+            .unwrap()
+            .into_contents(),
+    )
+    .unwrap()
+    .seal(&bc_wire::sha256(&csr), b"no token at all")
+    .unwrap();
+    join_refused(
+        &cp,
+        &agent,
+        &JoinRequest {
+            sealed_token: sealed,
+            ..base(csr)
+        },
+        "token-malformed",
+    );
+    assert!(cp.nodes().is_empty());
+}
+
+/// x509pop's other refusals, from a node's own identity: evidence that is
+/// no evidence, a proof bound to another CSR, a certificate presented for
+/// another node, a role the certificate does not have, and (through `bcd
+/// join --attestor x509pop`) a retired or deleted node.
+#[test]
+fn x509pop_refuses_bad_evidence_other_csrs_nodes_and_roles_and_gone_nodes() {
+    let cp = ControlPlane::start();
+    let agent = Agent::new(&cp);
+    assert_ok(&agent.join_with_token(&cp.token("node", &[])));
+    let other = Agent::new(&cp);
+    assert_ok(&other.join_with_token(&cp.token("node", &[])));
+    let other_id = other.status_json()["nodeId"].as_str().unwrap().to_owned();
+    let key = FileKey::generate().unwrap();
+    let now = time::OffsetDateTime::now_utc;
+
+    let mut malformed = x509pop_request(&agent, &key, now());
+    malformed.attestation = b"{\"v\":1}".to_vec();
+    join_refused(&cp, &agent, &malformed, "evidence-malformed");
+
+    let mut other_csr = x509pop_request(&agent, &key, now());
+    other_csr.csr = bcd::keys::make_csr(&FileKey::generate().unwrap()).unwrap();
+    join_refused(&cp, &agent, &other_csr, "signature");
+
+    // This node's certificate, presented as the other node's.
+    let id = Identity::load(&agent.data_dir, &TpmAccess::none())
+        .unwrap()
+        .unwrap();
+    let csr = bcd::keys::make_csr(&key).unwrap();
+    let evidence = bcd::evidence::x509pop::build(
+        &id.chain,
+        id.key.as_ref(),
+        &bc_wire::sha256(&csr),
+        &other_id,
+        now(),
+    )
+    .unwrap();
+    let as_other = JoinRequest {
+        csr,
+        attestation: evidence,
+        ..x509pop_request(&agent, &key, now())
+    };
+    join_refused(&cp, &agent, &as_other, "unknown-certificate");
+
+    let mut as_site = x509pop_request(&agent, &key, now());
+    as_site.role = Role::Site as i32;
+    join_refused(&cp, &agent, &as_site, "role");
+
+    let node_id = agent.status_json()["nodeId"].as_str().unwrap().to_owned();
+    assert_ok(&cp.cli(&["nodes", "retire", &node_id]));
+    let out = cp.refused_once(JOIN_REFUSED, "retired", || {
+        agent.run(&["join", "--attestor", "x509pop"])
+    });
+    assert_access_denied(&out);
+    assert_ok(&cp.cli(&["nodes", "cordon", &other_id]));
+    assert_ok(&cp.cli(&["nodes", "delete", &other_id, "--yes"]));
+    let out = cp.refused_once(JOIN_REFUSED, "deleted", || {
+        other.run(&["join", "--attestor", "x509pop"])
+    });
+    assert_access_denied(&out);
+    let joins = cp
+        .events()
+        .into_iter()
+        .filter(|e| e["type"] == "node.joined")
+        .count();
+    assert_eq!(joins, 2, "nothing re-joined");
+}
+
+/// Sends `request` as a Renew through `client` and asserts it was refused
+/// as `reason`, once.
+#[track_caller]
+fn renew_refused_as(cp: &ControlPlane, client: &Client, request: &RenewRequest, reason: &str) {
+    let answer = cp.refused_once(RENEW_REFUSED, reason, || {
+        rt().block_on(client.renew(request))
+    });
+    assert!(
+        matches!(answer, Err(ClientError::AccessDenied)),
+        "{reason}: {:?}",
+        answer.map(|c| c.len())
+    );
+}
+
+/// Renew's refusals of the caller and of the CSR, through bcd's client over
+/// mTLS (bcd itself sends none of these), and of a node whose identity was
+/// revoked or that was deleted, through `bcd node --once --renew-now`.
+#[test]
+fn renewals_refused_for_the_caller_the_csr_or_the_node_name_their_reason() {
+    let cp = ControlPlane::start();
+    let agent = Agent::new(&cp);
+    assert_ok(&agent.join_with_token(&cp.token("node", &[])));
+    let node_id = agent.status_json()["nodeId"].as_str().unwrap().to_owned();
+    let good = RenewRequest {
+        csr: throwaway_csr(),
+        key_attestation: None,
+    };
+
+    let (status, _) = cp.refused_once(RENEW_REFUSED, "no-client-certificate", || {
+        cp.post_without_client_certificate(
+            bc_wire::endpoints::RENEW,
+            prost::Message::encode_to_vec(&good),
+        )
+    });
+    assert_eq!(status, 403);
+    let elsewhere =
+        agent.client_with_forged_certificate(&cp, &format!("spiffe://other.test/node/{node_id}"));
+    renew_refused_as(&cp, &elsewhere, &good, "certificate-identity");
+    let copy =
+        agent.client_with_forged_certificate(&cp, &format!("spiffe://bc.test/node/{node_id}"));
+    renew_refused_as(&cp, &copy, &good, "unknown-certificate");
+
+    let config = bcd::config::Config::load(&agent.config).unwrap();
+    let id = Identity::load(&agent.data_dir, &TpmAccess::none())
+        .unwrap()
+        .unwrap();
+    let own = Client::with_identity(&config, &id.chain, id.key.clone()).unwrap();
+    let p384 = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P384_SHA384).unwrap();
+    let p384_csr = rcgen::CertificateParams::default()
+        .serialize_request(&p384)
+        .unwrap()
+        .der()
+        .to_vec();
+    renew_refused_as(
+        &cp,
+        &own,
+        &RenewRequest {
+            csr: p384_csr,
+            key_attestation: None,
+        },
+        "csr-key",
+    );
+    renew_refused_as(
+        &cp,
+        &own,
+        &RenewRequest {
+            csr: csr_with_a_bad_signature(),
+            key_attestation: None,
+        },
+        "csr-signature",
+    );
+    let renewed = |e: &serde_json::Value| e["type"] == "node.renewed";
+    assert!(!cp.events().iter().any(renewed), "nothing renewed");
+
+    // Its identity revoked: the certificate is of an older generation.
+    assert_ok(&cp.cli(&["nodes", "revoke-identity", &node_id]));
+    let out = cp.refused_once(RENEW_REFUSED, "stale-generation", || {
+        agent.run(&["node", "--once", "--renew-now"])
+    });
+    assert!(stderr(&out).contains("(Renew refused)"), "{}", stderr(&out));
+
+    // A deleted node renews no more.
+    let gone = Agent::new(&cp);
+    assert_ok(&gone.join_with_token(&cp.token("node", &[])));
+    let gone_id = gone.status_json()["nodeId"].as_str().unwrap().to_owned();
+    assert_ok(&cp.cli(&["nodes", "cordon", &gone_id]));
+    assert_ok(&cp.cli(&["nodes", "delete", &gone_id, "--yes"]));
+    let out = cp.refused_once(RENEW_REFUSED, "deleted", || {
+        gone.run(&["node", "--once", "--renew-now"])
+    });
+    assert!(stderr(&out).contains("(Renew refused)"), "{}", stderr(&out));
+    assert!(!cp.events().iter().any(renewed), "nothing renewed");
+}
