@@ -529,6 +529,26 @@ const TESTED: &[(&str, &str, &str)] = &[
         "deleted",
         "refusals::renewals_refused_for_the_caller_the_csr_or_the_node_name_their_reason",
     ),
+    (
+        "tpm",
+        "challenge-state",
+        "tpm::a_challenge_state_that_does_not_open_is_refused",
+    ),
+    (
+        "tpm",
+        "quote-signature",
+        "tpm::a_quote_with_a_bad_signature_or_another_nonce_is_refused",
+    ),
+    (
+        "tpm",
+        "quote-nonce",
+        "tpm::a_quote_with_a_bad_signature_or_another_nonce_is_refused",
+    ),
+    (
+        "tpm",
+        "evidence-malformed",
+        "tpm::tpm_evidence_that_does_not_parse_is_refused",
+    ),
 ];
 
 /// Reasons no e2e test sees yet: only unit tests of the control plane do.
@@ -539,13 +559,9 @@ const UNTESTED: &[(&str, &str)] = &[
     ("join", "join:role"),
     ("join", "join:node-key-statement"),
     ("join", "join:unknown-pool"),
-    ("tpm", "evidence-malformed"),
     ("tpm", "ek-roca"),
     ("tpm", "ak-attributes"),
-    ("tpm", "challenge-state"),
     ("tpm", "challenge-expired"),
-    ("tpm", "quote-signature"),
-    ("tpm", "quote-nonce"),
     ("tpm", "enrollment-denied"),
     ("x509pop", "revoked"),
     ("renew", "revoked"),

@@ -684,3 +684,70 @@ fn with_owner_auth_file_a_tpm_whose_owner_has_a_password_joins() {
     assert_ok(&agent.run(&["join", "--attestor", "tpm"]));
     assert_eq!(cp.nodes().len(), 1);
 }
+
+#[test]
+fn a_challenge_state_that_does_not_open_is_refused() {
+    let reason = refusal_of(|_, a| {
+        let n = a.state.len();
+        a.state[n - 1] ^= 1;
+    });
+    assert_eq!(reason, "challenge-state");
+}
+
+/// With a PCR policy the answer carries a quote: one by the AK whose
+/// signature does not verify, or whose extraData is not the challenge's
+/// nonce, is refused by name.
+#[test]
+fn a_quote_with_a_bad_signature_or_another_nonce_is_refused() {
+    let policy = format!("[tpm.pcr_policy]\n\"0\" = \"{}\"\n", "00".repeat(32));
+    let reason = refusal_with(&policy, |_, a| {
+        let n = a.quote_signature.len();
+        a.quote_signature[n - 3] ^= 1;
+    });
+    assert_eq!(reason, "quote-signature");
+    let reason = refusal_with(&policy, |j, a| {
+        // A real quote by the same AK, over another nonce.
+        let mut tpm = j.tpm();
+        let ak = tpm.ak().unwrap();
+        let quote = tpm
+            .quote(&ak, &[0x5a; 32], &[0], bc_wire::pcr::PcrBank::Sha256)
+            .unwrap();
+        tpm.flush(ak).unwrap();
+        a.quote = quote.attest;
+        a.quote_signature = quote.signature;
+        a.pcr_values = quote.pcr_values;
+    });
+    assert_eq!(reason, "quote-nonce");
+}
+
+/// A round that is no TpmAttestation, or neither hello nor answer.
+#[test]
+fn tpm_evidence_that_does_not_parse_is_refused() {
+    let cp = ControlPlane::start_trusting_test_maker();
+    let agent = Agent::new(&cp);
+    let config = bcd::config::Config::load(&agent.config).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    for attestation in [
+        vec![0xff, 0xff, 0xff],
+        TpmAttestation { round: None }.encode_to_vec(),
+    ] {
+        let request = JoinRequest {
+            csr: throwaway_csr(),
+            role: Role::Node as i32,
+            attestor: "tpm".into(),
+            attestation,
+            ..Default::default()
+        };
+        let answer = cp.refused_once(JOIN_REFUSED, "evidence-malformed", || {
+            rt.block_on(bcd::client::Client::new(&config).unwrap().join(&request))
+        });
+        assert!(
+            matches!(answer, Err(bcd::client::ClientError::AccessDenied)),
+            "{:?}",
+            answer.err()
+        );
+    }
+}
