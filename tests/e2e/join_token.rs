@@ -419,3 +419,39 @@ fn the_environment_token_is_erased_from_proc_environ() {
     );
     assert!(text.contains("BCD_OTHER=kept"), "other variables stay");
 }
+
+/// Why a refusal is checked by its count: a repeat within the minute grows
+/// an older aggregated row, so the newest row names the refusal before it.
+/// `refused_once` tells them apart; the newest row does not.
+#[test]
+fn a_repeated_refusal_is_told_apart_from_the_newest_row() {
+    let cp = ControlPlane::start();
+    let agent = Agent::new(&cp);
+    let token = cp.token("node", &[]);
+    let (id, _) = token.split_once('.').unwrap();
+    let wrong_secret = format!("{id}.AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA");
+    let unknown = "tok_nosuch.AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA";
+    for t in [&wrong_secret[..], &wrong_secret, unknown] {
+        assert_access_denied(&agent.join_with_token(t));
+    }
+    // token-secret again: its count grows in the row before token-unknown.
+    let out = cp.refused_once(JOIN_REFUSED, "token-secret", || {
+        agent.join_with_token(&wrong_secret)
+    });
+    assert_access_denied(&out);
+    let rows = cp.refusals();
+    assert_eq!(
+        rows.last().unwrap()["reason"],
+        "token-unknown",
+        "the newest row is not the newest refusal: {rows:?}"
+    );
+    let stale = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        cp.refused_once(JOIN_REFUSED, "token-unknown", || {
+            agent.join_with_token(&wrong_secret)
+        })
+    }));
+    assert!(
+        stale.is_err(),
+        "refused_once is not fooled by the newest row"
+    );
+}
