@@ -610,3 +610,91 @@ fn renewals_refused_for_the_caller_the_csr_or_the_node_name_their_reason() {
     assert!(stderr(&out).contains("(Renew refused)"), "{}", stderr(&out));
     assert!(!cp.events().iter().any(renewed), "nothing renewed");
 }
+
+/// An attestor of someone else's (a plugin), which admits whatever it is
+/// sent with the result it was made with.
+struct Plugin {
+    id: &'static str,
+    result: fn() -> bc_controlplane::AttestationResult,
+}
+
+impl bc_controlplane::Attestor for Plugin {
+    fn id(&self) -> &str {
+        self.id
+    }
+
+    fn verify(
+        &self,
+        _: &rusqlite::Transaction<'_>,
+        _: &bc_controlplane::AttestInput<'_>,
+    ) -> Result<bc_controlplane::Verdict, bc_controlplane::Refusal> {
+        Ok(bc_controlplane::Verdict::Admit((self.result)()))
+    }
+}
+
+/// What JoinService holds any attestor to, shown with plugin attestors on
+/// the real JoinService and router over HTTPS in this process (`serve`
+/// runs none): an attestor outside the role table admits `node` only
+/// (`join:role`), its result may name no node-key statement the control
+/// plane cannot renew (`join:node-key-statement`) and no pool that does not
+/// exist (`join:unknown-pool`). Through bcd's client.
+#[test]
+fn joinservice_holds_plugin_attestors_to_its_own_checks() {
+    let cp = ControlPlane::init_only();
+    let svc = std::sync::Arc::new(bc_controlplane::JoinService::open(cp.path()).unwrap());
+    for plugin in [
+        Plugin {
+            id: "plugin",
+            result: bc_controlplane::AttestationResult::default,
+        },
+        Plugin {
+            id: "plugin-statement",
+            result: || bc_controlplane::AttestationResult {
+                node_key_uri: Some("urn:bc:something-else:1".into()),
+                ..Default::default()
+            },
+        },
+        Plugin {
+            id: "plugin-pool",
+            result: || bc_controlplane::AttestationResult {
+                pool_id: Some("pool_nosuch".into()),
+                ..Default::default()
+            },
+        },
+    ] {
+        svc.register_attestor(std::sync::Arc::new(plugin));
+    }
+    let tls = bc_controlplane::http::tls_config(svc.bundle(), svc.database()).unwrap();
+    let server = InProcessServer::start(tls, bc_controlplane::http::router(svc.clone()));
+    let agent = Agent::new(&cp);
+    agent.set_api(&server.url);
+    for (attestor, role, reason) in [
+        ("plugin", Role::Site, "join:role"),
+        ("plugin-statement", Role::Node, "join:node-key-statement"),
+        ("plugin-pool", Role::Node, "join:unknown-pool"),
+    ] {
+        let request = JoinRequest {
+            csr: throwaway_csr(),
+            role: role as i32,
+            attestor: attestor.into(),
+            ..Default::default()
+        };
+        let answer = cp.refused_once(JOIN_REFUSED, reason, || {
+            let answer = send(&agent, &request);
+            svc.flush_events();
+            answer
+        });
+        assert!(
+            matches!(answer, Err(ClientError::AccessDenied)),
+            "{reason}: {answer:?}"
+        );
+    }
+    // The plain plugin admits a node.
+    let request = JoinRequest {
+        csr: throwaway_csr(),
+        role: Role::Node as i32,
+        attestor: "plugin".into(),
+        ..Default::default()
+    };
+    send(&agent, &request).expect("admitted");
+}
