@@ -564,6 +564,31 @@ const TESTED: &[(&str, &str, &str)] = &[
         "join:unknown-pool",
         "refusals::joinservice_holds_plugin_attestors_to_its_own_checks",
     ),
+    (
+        "renew",
+        "node-key-malformed",
+        "refusals::a_tpm_node_cannot_renew_without_its_aks_proof_of_the_next_key",
+    ),
+    (
+        "renew",
+        "node-key-signature",
+        "refusals::a_tpm_node_cannot_renew_without_its_aks_proof_of_the_next_key",
+    ),
+    (
+        "renew",
+        "node-key-nonce",
+        "refusals::a_tpm_node_cannot_renew_without_its_aks_proof_of_the_next_key",
+    ),
+    (
+        "renew",
+        "node-key-name",
+        "refusals::a_tpm_node_cannot_renew_without_its_aks_proof_of_the_next_key",
+    ),
+    (
+        "renew",
+        "node-key-attributes",
+        "refusals::a_tpm_node_cannot_renew_without_its_aks_proof_of_the_next_key",
+    ),
 ];
 
 /// Reasons no e2e test sees yet: only unit tests of the control plane do.
@@ -577,11 +602,6 @@ const UNTESTED: &[(&str, &str)] = &[
     ("renew", "revoked"),
     ("renew", "statement-malformed"),
     ("renew", "ak-attributes"),
-    ("renew", "node-key-malformed"),
-    ("renew", "node-key-signature"),
-    ("renew", "node-key-nonce"),
-    ("renew", "node-key-name"),
-    ("renew", "node-key-attributes"),
 ];
 
 /// The body of `fn name` in `text` (to the closing brace at its indent).

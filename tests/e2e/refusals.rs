@@ -92,14 +92,83 @@ fn a_tpm_node_cannot_renew_without_its_aks_proof_of_the_next_key() {
         &agent,
         &access,
         &RenewRequest {
-            csr,
+            csr: csr.clone(),
             key_attestation: Some(not_csr),
         },
     );
 
+    // 4. The same, altered: a key that does not parse, a signature that
+    // does not verify, another key's public area (another name).
+    let base = attestation_by(&tpm.tcti(), &|t| t.node_key(&[7; 32]).unwrap());
+    let other_public = attestation_by(&tpm.tcti(), &|t| t.node_key(&[8; 32]).unwrap()).key_public;
+    let mut signature = base.signature.clone();
+    let n = signature.len();
+    signature[n - 3] ^= 1;
+    for attestation in [
+        TpmKeyAttestation {
+            key_public: vec![1, 2, 3],
+            ..base.clone()
+        },
+        TpmKeyAttestation {
+            signature,
+            ..base.clone()
+        },
+        TpmKeyAttestation {
+            key_public: other_public,
+            ..base.clone()
+        },
+    ] {
+        renew_refused(
+            &agent,
+            &access,
+            &RenewRequest {
+                csr: csr.clone(),
+                key_attestation: Some(attestation),
+            },
+        );
+    }
+    // 5. The AK's certification of itself: over the right nonce, of a key
+    // that is no signing key of its own (restricted); then over another nonce.
+    let self_certified = |qualifying: &[u8]| {
+        let mut t = bcd::tpm::Tpm::open(&tpm.tcti()).unwrap();
+        let ak = t.ak().unwrap();
+        let (certify_info, signature) = t.certify(&ak, &ak, qualifying).unwrap();
+        let a = TpmKeyAttestation {
+            ak_public: ak.public.clone(),
+            key_public: ak.public.clone(),
+            certify_info,
+            signature,
+        };
+        t.flush(ak).unwrap();
+        a
+    };
+    let csr = throwaway_csr();
+    for attestation in [
+        self_certified(&bc_wire::sha256(&csr)),
+        self_certified(&[0; 32]),
+    ] {
+        renew_refused(
+            &agent,
+            &access,
+            &RenewRequest {
+                csr: csr.clone(),
+                key_attestation: Some(attestation),
+            },
+        );
+    }
+
     assert_eq!(
         renew_refusals(&cp),
-        vec!["key-attestation-missing", "ak-mismatch", "node-key-not-csr"]
+        vec![
+            "key-attestation-missing",
+            "ak-mismatch",
+            "node-key-not-csr",
+            "node-key-malformed",
+            "node-key-signature",
+            "node-key-name",
+            "node-key-attributes",
+            "node-key-nonce",
+        ]
     );
     let refused = cp
         .events()
