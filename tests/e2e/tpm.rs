@@ -751,3 +751,75 @@ fn tpm_evidence_that_does_not_parse_is_refused() {
         );
     }
 }
+
+/// A pending enrollment the operator denies: the waiting `bcd join` is
+/// refused (`enrollment-denied`) at its next round and writes nothing.
+#[test]
+fn a_denied_enrollment_refuses_the_waiting_join() {
+    let cp = ControlPlane::start_trusting_test_maker();
+    let tpm = Swtpm::start();
+    let agent = Agent::with_tpm(&cp, &tpm);
+    let ek = agent.identify()["ekSha256"].as_str().unwrap().to_owned();
+    // The join runs under the harness's deadline while this thread denies.
+    let join = agent.command(&["join", "--attestor", "tpm"]);
+    let waiting = std::thread::spawn(move || output_within(join, DEADLINE));
+    let request = wait_for(|| {
+        cp.json(&["requests", "list"])
+            .as_array()
+            .and_then(|a| a.iter().find(|r| r["ekSha256"] == ek.as_str()).cloned())
+    });
+    let out = cp.refused_once(JOIN_REFUSED, "enrollment-denied", || {
+        assert_ok(&cp.cli(&["requests", "deny", request["id"].as_str().unwrap()]));
+        waiting.join().expect("the join's thread")
+    });
+    assert_access_denied(&out);
+    agent.assert_nothing_written();
+    assert!(cp.nodes().is_empty());
+}
+
+/// Round 2 after the challenge's deadline (the control plane's clock moved
+/// past its five minutes): `challenge-expired`.
+#[test]
+fn an_answer_after_the_challenges_deadline_is_refused() {
+    let cp = ControlPlane::start_trusting_test_maker();
+    let tpm = Swtpm::start();
+    let agent = Agent::with_tpm(&cp, &tpm);
+    agent.allow_ek(&cp);
+    let mut join = ManualJoin::new(&agent);
+    let answer = join.answer();
+    assert_ok(&cp.cli(&["clock", "set", "--offset", "6m"]));
+    cp.refused_once(JOIN_REFUSED, "challenge-expired", || join.refused(answer));
+    assert!(cp.nodes().is_empty());
+}
+
+/// A hello whose AK is no restricted signing key (here the node key's
+/// public area): `ak-attributes`, before any challenge.
+#[test]
+fn a_hello_whose_ak_is_no_attestation_key_is_refused() {
+    let cp = ControlPlane::start_trusting_test_maker();
+    let tpm = Swtpm::start();
+    let agent = Agent::with_tpm(&cp, &tpm);
+    agent.allow_ek(&cp);
+    let join = ManualJoin::new(&agent);
+    let mut hello = match TpmAttestation::decode(join.request.attestation.as_slice())
+        .unwrap()
+        .round
+    {
+        Some(Round::Hello(h)) => h,
+        _ => panic!("a hello"),
+    };
+    let node_key = join.tpm().node_key(&[3; 32]).unwrap();
+    hello.ak_public = node_key.public.clone();
+    join.tpm().flush(node_key).unwrap();
+    let mut request = join.request.clone();
+    request.attestation = TpmAttestation {
+        round: Some(Round::Hello(hello)),
+    }
+    .encode_to_vec();
+    let answer = cp.refused_once(JOIN_REFUSED, "ak-attributes", || join.send(&request));
+    assert!(
+        matches!(answer, Err(bcd::client::ClientError::AccessDenied)),
+        "{:?}",
+        answer.map(|b| b.node_id)
+    );
+}
