@@ -306,6 +306,16 @@ impl ControlPlane {
             .collect()
     }
 
+    /// The newest join refusal event with this reason (for its token,
+    /// node or attestor; [`ControlPlane::refused_once`] says it happened).
+    #[track_caller]
+    pub fn refusal(&self, reason: &str) -> Value {
+        self.refusals()
+            .into_iter()
+            .rfind(|e| e["reason"] == reason)
+            .unwrap_or_else(|| panic!("no {reason:?} refusal"))
+    }
+
     /// Every refusal counted so far, by (event type, reason): an
     /// aggregated event counts its `data.count`.
     pub fn refusal_counts(&self) -> std::collections::BTreeMap<(String, String), u64> {

@@ -107,11 +107,7 @@ fn assert_refused(cp: &ControlPlane, agent: &Agent, token: &str, reason: &str) {
         !err.contains(reason),
         "the reason stays on the server: {err}"
     );
-    let event = cp
-        .refusals()
-        .into_iter()
-        .rfind(|e| e["reason"] == reason)
-        .unwrap();
+    let event = cp.refusal(reason);
     assert_eq!(event["attestor"], "join-token");
     assert!(cp.log().contains(reason), "the server log names the reason");
     assert!(cp.nodes().is_empty(), "no node was created");
@@ -125,7 +121,7 @@ fn wrong_secret_is_refused() {
     let (id, _) = token.split_once('.').unwrap();
     let forged = format!("{id}.AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA");
     assert_refused(&cp, &agent, &forged, "token-secret");
-    let last = cp.refusals().pop().unwrap();
+    let last = cp.refusal("token-secret");
     assert_eq!(
         last["tokenId"], id,
         "the event names the token, never its secret"
@@ -308,11 +304,7 @@ mod expect_binding {
             !stderr(&out).contains(reason),
             "the reason stays on the server"
         );
-        let last = cp
-            .refusals()
-            .into_iter()
-            .rfind(|e| e["reason"] == reason)
-            .unwrap();
+        let last = cp.refusal(reason);
         assert_eq!(last["attestor"], "join-token");
         assert_eq!(last["tokenId"], token.split_once('.').unwrap().0);
     }

@@ -76,11 +76,7 @@ pub fn assert_refused(cp: &ControlPlane, agent: &Agent, attestor: &str, token: &
         !stderr(&out).contains(reason),
         "the reason stays on the server"
     );
-    let last = cp
-        .refusals()
-        .into_iter()
-        .rfind(|e| e["reason"] == reason)
-        .unwrap();
+    let last = cp.refusal(reason);
     assert_eq!(last["attestor"], attestor);
     assert_eq!(last["tokenId"], token.split_once('.').unwrap().0);
     assert_eq!(uses_left(cp, token), before, "a refusal spends nothing");
@@ -163,7 +159,7 @@ fn a_provisioned_token_for_a_node_rekeys_it_in_place() {
         &token,
         "product-uuid-mismatch",
     );
-    assert_eq!(cp.refusals().pop().unwrap()["nodeId"], id.as_str());
+    assert_eq!(cp.refusal("product-uuid-mismatch")["nodeId"], id.as_str());
 
     // The reinstalled system (a fresh data directory, same machine).
     let reinstalled = machine(&cp, Some(UUID));

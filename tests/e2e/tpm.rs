@@ -228,10 +228,11 @@ fn a_pool_that_requires_tpm_refuses_a_token_join() {
         "tpm",
     ]));
     let agent = Agent::new(&cp);
-    let out = agent.join_with_token(&cp.token("node", &[]));
+    let out = cp.refused_once(JOIN_REFUSED, "join:pool-attestor", || {
+        agent.join_with_token(&cp.token("node", &[]))
+    });
     assert_access_denied(&out);
-    let refusal = cp.refusals().pop().unwrap();
-    assert_eq!(refusal["reason"], "join:pool-attestor");
+    let refusal = cp.refusal("join:pool-attestor");
     assert_eq!(refusal["attestor"], "join-token");
     // And still admits a TPM.
     let tpm = Swtpm::start();
