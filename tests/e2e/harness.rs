@@ -3,7 +3,10 @@
 //! config and data directory. Every command a test runs through it
 //! ([`ControlPlane::cli`], [`Agent::run`], [`output_within`]) has a
 //! deadline, so a hang fails its test with the process's output instead of
-//! stalling the suite.
+//! stalling the suite. A refusal is checked with [`ControlPlane::refused_once`]
+//! (exactly one more of that reason, aggregated repeats counted), never by
+//! the newest event row; `tests/e2e/reasons.rs` names the test of each
+//! refusal reason.
 
 #![allow(dead_code)]
 
