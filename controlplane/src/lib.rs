@@ -37,6 +37,7 @@ pub mod join;
 pub mod nodes;
 pub mod pki;
 pub mod pools;
+pub mod reasons;
 pub mod records;
 pub mod renew;
 pub mod siteapi;

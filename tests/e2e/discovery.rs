@@ -176,29 +176,28 @@ pub fn cmdline(token: &str, assertion: &str) -> String {
     format!("bc.token={token} bc.assertion={assertion}")
 }
 
+/// Runs a join that must be refused: ACCESS_DENIED at bcd and exactly one
+/// more `reason` at the control plane.
 #[track_caller]
-pub fn assert_refused_as(cp: &ControlPlane, out: &std::process::Output, reason: &str) {
-    assert_access_denied(out);
-    assert_eq!(
-        cp.refusal_reasons().last().map(String::as_str),
-        Some(reason),
-        "the control plane's last refusal"
-    );
-}
-
-#[track_caller]
-pub fn assert_site_refused(
+pub fn assert_refused_as(
     cp: &ControlPlane,
-    r: Result<impl std::fmt::Debug, ClientError>,
+    run: impl FnOnce() -> std::process::Output,
     reason: &str,
 ) {
+    let out = cp.refused_once(JOIN_REFUSED, reason, run);
+    assert_access_denied(&out);
+}
+
+/// Runs a site API call that must be refused: ACCESS_DENIED at bcd's
+/// client and exactly one more `reason` at the control plane.
+#[track_caller]
+pub fn assert_site_refused<T: std::fmt::Debug>(
+    cp: &ControlPlane,
+    call: impl FnOnce() -> Result<T, ClientError>,
+    reason: &str,
+) {
+    let r = cp.refused_once(SITE_REFUSED, reason, call);
     assert!(matches!(r, Err(ClientError::AccessDenied)), "{r:?}");
-    let last = cp
-        .events()
-        .into_iter()
-        .rfind(|e| e["type"] == "security.site.refused")
-        .expect("a site refusal event");
-    assert_eq!(last["reason"], reason);
 }
 
 #[test]
@@ -256,14 +255,14 @@ fn a_ramdisk_joins_once_with_its_site_nodes_assertion() {
     assert_ne!(renewed.chain[0], id.chain[0], "renewed");
     assert!(renewed.cert.not_after - renewed.cert.not_before <= time::Duration::hours(2));
     // A spent entry's token is no longer handed out.
-    assert_site_refused(&cp, holder.secret(&wf), "workflow-closed");
+    assert_site_refused(&cp, || holder.secret(&wf), "workflow-closed");
 
     // The same command line again (a replayed boot): the assertion admitted
     // its one join.
     let replay = Machine::new(&cp, MAC, UUID);
     assert_refused_as(
         &cp,
-        &replay.boot(&cmdline(&token, &assertion)),
+        || replay.boot(&cmdline(&token, &assertion)),
         "assertion-reused",
     );
     replay.agent.assert_nothing_written();
@@ -271,7 +270,7 @@ fn a_ramdisk_joins_once_with_its_site_nodes_assertion() {
     let fresh = holder.assertion(lease.epoch, |_| {});
     assert_refused_as(
         &cp,
-        &replay.boot(&cmdline(&token, &fresh)),
+        || replay.boot(&cmdline(&token, &fresh)),
         "token-exhausted",
     );
     // A new boot entry for the same MAC gets a new token: it joins.
@@ -336,15 +335,13 @@ fn a_malformed_assertion_is_refused_by_name() {
             attestation,
             ..Default::default()
         };
-        let answer = block_on(Client::new(&config).unwrap().join(&req));
+        let answer = cp.refused_once(JOIN_REFUSED, "assertion-malformed", || {
+            block_on(Client::new(&config).unwrap().join(&req))
+        });
         assert!(
             matches!(answer, Err(ClientError::AccessDenied)),
             "{:?}",
             answer.err()
-        );
-        assert_eq!(
-            cp.refusal_reasons().last().map(String::as_str),
-            Some("assertion-malformed")
         );
     }
     assert_eq!(cp.refusal_reasons().len(), 3);
@@ -366,12 +363,12 @@ fn every_discovery_refusal_names_its_reason() {
     assert_eq!(standby.holder_node_id, a.identity().node_id);
     // SecretRequest by a site node that does not hold the lease.
     let wf = boot_add(&cp, "dc1", MAC, &[]);
-    assert_site_refused(&cp, b.secret(&wf), "not-lease-holder");
+    assert_site_refused(&cp, || b.secret(&wf), "not-lease-holder");
     // A site node of another site cannot even ask.
     let c = SiteNode::join(&cp, &other_site);
     assert_site_refused(
         &cp,
-        block_on(c.client().acquire_lease(&site_id)),
+        || block_on(c.client().acquire_lease(&site_id)),
         "not-site-node",
     );
 
@@ -383,12 +380,12 @@ fn every_discovery_refusal_names_its_reason() {
     // The signer: not the holder; wrong epoch.
     assert_refused_as(
         &cp,
-        &machine.boot(&cmdline(&t, &b.assertion(epoch, |_| {}))),
+        || machine.boot(&cmdline(&t, &b.assertion(epoch, |_| {}))),
         "lease-not-held",
     );
     assert_refused_as(
         &cp,
-        &machine.boot(&cmdline(&t, &a.assertion(epoch + 1, |_| {}))),
+        || machine.boot(&cmdline(&t, &a.assertion(epoch + 1, |_| {}))),
         "lease-epoch",
     );
     // A signature by another key, and the node key's under another purpose.
@@ -416,12 +413,12 @@ fn every_discovery_refusal_names_its_reason() {
     };
     assert_refused_as(
         &cp,
-        &machine.boot(&cmdline(&t, &forged(None))),
+        || machine.boot(&cmdline(&t, &forged(None))),
         "assertion-signature",
     );
     assert_refused_as(
         &cp,
-        &machine.boot(&cmdline(&t, &forged(Some(Purpose::SecretRequest)))),
+        || machine.boot(&cmdline(&t, &forged(Some(Purpose::SecretRequest)))),
         "assertion-signature",
     );
     // Freshness: 16 minutes old, or past its not_after.
@@ -429,34 +426,46 @@ fn every_discovery_refusal_names_its_reason() {
         x.issued_at_unix_ms = now_ms() - 16 * 60_000;
         x.not_after_unix_ms = now_ms() + 60_000;
     });
-    assert_refused_as(&cp, &machine.boot(&cmdline(&t, &stale)), "assertion-stale");
+    assert_refused_as(
+        &cp,
+        || machine.boot(&cmdline(&t, &stale)),
+        "assertion-stale",
+    );
     let past = good(&|x| x.not_after_unix_ms = now_ms() - 1);
-    assert_refused_as(&cp, &machine.boot(&cmdline(&t, &past)), "assertion-stale");
+    assert_refused_as(&cp, || machine.boot(&cmdline(&t, &past)), "assertion-stale");
     let ahead = good(&|x| {
         x.issued_at_unix_ms = now_ms() + 5 * 60_000;
         x.not_after_unix_ms = now_ms() + 10 * 60_000;
     });
-    assert_refused_as(&cp, &machine.boot(&cmdline(&t, &ahead)), "assertion-future");
+    assert_refused_as(
+        &cp,
+        || machine.boot(&cmdline(&t, &ahead)),
+        "assertion-future",
+    );
     let nobody = good(&|x| x.node_id = "node_nobody".into());
-    assert_refused_as(&cp, &machine.boot(&cmdline(&t, &nobody)), "signer-unknown");
+    assert_refused_as(
+        &cp,
+        || machine.boot(&cmdline(&t, &nobody)),
+        "signer-unknown",
+    );
     // The machine: the asserted MAC is not among its own; another product UUID.
     let elsewhere = Machine::new(&cp, "52:54:00:aa:bb:cc", UUID);
     assert_refused_as(
         &cp,
-        &elsewhere.boot(&cmdline(&t, &good(&|_| {}))),
+        || elsewhere.boot(&cmdline(&t, &good(&|_| {}))),
         "mac-not-claimed",
     );
     let other_uuid = good(&|x| x.product_uuid = "00000000-0000-0000-0000-000000000001".into());
     assert_refused_as(
         &cp,
-        &machine.boot(&cmdline(&t, &other_uuid)),
+        || machine.boot(&cmdline(&t, &other_uuid)),
         "product-uuid-mismatch",
     );
     // The token: of another role, of another site, for another MAC.
     let node_token = cp.token("node", &[]);
     assert_refused_as(
         &cp,
-        &machine.boot(&cmdline(&node_token, &good(&|_| {}))),
+        || machine.boot(&cmdline(&node_token, &good(&|_| {}))),
         "token-role",
     );
     let elsewhere_wf = boot_add(&cp, "dc2", MAC, &[]);
@@ -464,7 +473,7 @@ fn every_discovery_refusal_names_its_reason() {
     let c_token = c.secret(&elsewhere_wf).unwrap();
     assert_refused_as(
         &cp,
-        &machine.boot(&cmdline(&c_token, &good(&|_| {}))),
+        || machine.boot(&cmdline(&c_token, &good(&|_| {}))),
         "token-site",
     );
     let _ = c_epoch;
@@ -472,7 +481,7 @@ fn every_discovery_refusal_names_its_reason() {
     let c_for_dc1 = c.assertion(c_epoch, |x| x.site_id = site_id.clone());
     assert_refused_as(
         &cp,
-        &machine.boot(&cmdline(&t, &c_for_dc1)),
+        || machine.boot(&cmdline(&t, &c_for_dc1)),
         "signer-not-site",
     );
     let other_mac_token = a
@@ -480,7 +489,7 @@ fn every_discovery_refusal_names_its_reason() {
         .unwrap();
     assert_refused_as(
         &cp,
-        &machine.boot(&cmdline(&other_mac_token, &good(&|_| {}))),
+        || machine.boot(&cmdline(&other_mac_token, &good(&|_| {}))),
         "token-mac",
     );
     // Nothing above spent the token: it still joins.
@@ -496,7 +505,7 @@ fn every_discovery_refusal_names_its_reason() {
     assert_eq!(taken.epoch, epoch + 1);
     assert_site_refused(
         &cp,
-        block_on(a.client().renew_lease(&site_id, epoch)),
+        || block_on(a.client().renew_lease(&site_id, epoch)),
         "lease-lost",
     );
     let soon = |x: &mut DiscoveryAssertion| {
@@ -507,17 +516,17 @@ fn every_discovery_refusal_names_its_reason() {
     let t2 = b.secret(&boot_add(&cp, "dc1", MAC, &[])).unwrap();
     assert_site_refused(
         &cp,
-        a.secret(&boot_add(&cp, "dc1", MAC, &[])),
+        || a.secret(&boot_add(&cp, "dc1", MAC, &[])),
         "not-lease-holder",
     );
     assert_refused_as(
         &cp,
-        &m2.boot(&cmdline(&t2, &a.assertion(epoch, soon))),
+        || m2.boot(&cmdline(&t2, &a.assertion(epoch, soon))),
         "lease-not-held",
     );
     assert_refused_as(
         &cp,
-        &m2.boot(&cmdline(&t2, &b.assertion(epoch, soon))),
+        || m2.boot(&cmdline(&t2, &b.assertion(epoch, soon))),
         "lease-epoch",
     );
     // A retired signer vouches for nobody, lease or not.
@@ -525,7 +534,7 @@ fn every_discovery_refusal_names_its_reason() {
     assert_ok(&cp.cli(&["nodes", "retire", &b_id]));
     assert_refused_as(
         &cp,
-        &m2.boot(&cmdline(&t2, &b.assertion(taken.epoch, soon))),
+        || m2.boot(&cmdline(&t2, &b.assertion(taken.epoch, soon))),
         "signer-retired",
     );
     m2.agent.assert_nothing_written();
@@ -550,7 +559,7 @@ fn an_expired_signer_certificate_vouches_for_nobody() {
     let machine = Machine::new(&cp, MAC, UUID);
     assert_refused_as(
         &cp,
-        &machine.boot(&cmdline(&t, &later)),
+        || machine.boot(&cmdline(&t, &later)),
         "signer-certificate",
     );
 }
@@ -586,7 +595,7 @@ fn only_single_use_tokens_and_ramdisks_are_admitted() {
     let assertion = a.assertion(epoch, |_| {});
     assert_refused_as(
         &cp,
-        &machine.boot(&cmdline(&two.expose(), &assertion)),
+        || machine.boot(&cmdline(&two.expose(), &assertion)),
         "token-not-single-use",
     );
 
@@ -599,15 +608,13 @@ fn only_single_use_tokens_and_ramdisks_are_admitted() {
         attestation: site::from_cmdline(&assertion).unwrap(),
         ..Default::default()
     };
-    assert!(matches!(
-        svc.join(req),
-        Err(bc_controlplane::ApiError::AccessDenied)
-    ));
-    svc.flush_events();
-    assert_eq!(
-        cp.refusal_reasons().last().map(String::as_str),
-        Some("discovery-role")
-    );
+    cp.refused_once(JOIN_REFUSED, "discovery-role", || {
+        assert!(matches!(
+            svc.join(req),
+            Err(bc_controlplane::ApiError::AccessDenied)
+        ));
+        svc.flush_events();
+    });
 }
 
 /// The spec's "a SecretRequest bound to the workflow": the request names
@@ -630,14 +637,14 @@ fn secret_requests_name_their_workflow_and_each_gets_its_own_token() {
     let standby = SiteNode::join(&cp, &site_id);
     assert_site_refused(
         &cp,
-        block_on(standby.client().list_boot_entries(&site_id)),
+        || block_on(standby.client().list_boot_entries(&site_id)),
         "not-lease-holder",
     );
     // No workflow (only the MAC), or a MAC that is not the workflow's.
-    assert_site_refused(&cp, holder.secret_for("", MAC), "unknown-workflow");
+    assert_site_refused(&cp, || holder.secret_for("", MAC), "unknown-workflow");
     assert_site_refused(
         &cp,
-        holder.secret_for(&wf, "52:54:00:aa:bb:cc"),
+        || holder.secret_for(&wf, "52:54:00:aa:bb:cc"),
         "workflow-mac",
     );
     assert_eq!(boot_state(&cp, &wf), "waiting");
@@ -675,7 +682,7 @@ fn secret_requests_name_their_workflow_and_each_gets_its_own_token() {
     let unnamed = holder.assertion(epoch, |a| a.workflow_id = wf.clone());
     assert_refused_as(
         &cp,
-        &impostor.boot(&cmdline(&first, &unnamed)),
+        || impostor.boot(&cmdline(&first, &unnamed)),
         "join:expect-product-uuid",
     );
     assert_eq!(boot_state(&cp, &wf), "vouched");
@@ -687,17 +694,17 @@ fn secret_requests_name_their_workflow_and_each_gets_its_own_token() {
     let late = Machine::new(&cp, MAC, UUID);
     assert_refused_as(
         &cp,
-        &late.boot(&cmdline(&first, &assertion(&wf))),
+        || late.boot(&cmdline(&first, &assertion(&wf))),
         "token-revoked",
     );
-    assert_site_refused(&cp, holder.secret_for(&wf, MAC), "workflow-closed");
+    assert_site_refused(&cp, || holder.secret_for(&wf, MAC), "workflow-closed");
 
     // A flood of requests for one entry is capped (32 unspent tokens).
     let wf2 = boot_add(&cp, "dc1", "52:54:00:aa:bb:cc", &[]);
     for _ in 0..32 {
         holder.secret(&wf2).unwrap();
     }
-    assert_site_refused(&cp, holder.secret(&wf2), "workflow-busy");
+    assert_site_refused(&cp, || holder.secret(&wf2), "workflow-busy");
 }
 
 /// Site refusals are counted like join refusals: a flood of identical ones
@@ -800,14 +807,15 @@ fn the_same_machine_commissions_twice() {
         format!("product-uuid:{UUID}")
     );
     // The retired ramdisk renews no more.
-    let out = first_machine.agent.run(&["node", "--once", "--renew-now"]);
+    let out = cp.refused_once(RENEW_REFUSED, "retired", || {
+        first_machine.agent.run(&["node", "--once", "--renew-now"])
+    });
     assert!(stderr(&out).contains("(Renew refused)"), "{}", stderr(&out));
     let refused = cp
         .events()
         .into_iter()
-        .rfind(|e| e["type"] == "security.renew.refused")
+        .rfind(|e| e["type"] == RENEW_REFUSED)
         .expect("a renewal refusal");
-    assert_eq!(refused["reason"], "retired");
     assert_eq!(refused["nodeId"], first.node_id.as_str());
 }
 
@@ -857,7 +865,7 @@ fn assertions_are_stale_after_the_configured_max_age() {
     assert_ok(&cp.cli(&["clock", "set", "--offset", "301s"]));
     assert_refused_as(
         &cp,
-        &machine.boot(&cmdline(&token, &assertion)),
+        || machine.boot(&cmdline(&token, &assertion)),
         "assertion-stale",
     );
     assert_ok(&cp.cli(&["clock", "set", "--offset", "299s"]));
@@ -903,5 +911,114 @@ fn discovery_cert_ttl_shortens_the_ramdisk_certificate() {
     assert!(
         lifetime <= time::Duration::minutes(10),
         "renewed: {lifetime}"
+    );
+}
+
+/// Every check of the site API's caller and of a SecretRequest's signature,
+/// through bcd's site client over mTLS: ACCESS_DENIED at the client, the
+/// reason in a `security.site.refused` event, one each. The caller must
+/// present a certificate (`no-client-certificate`) naming a node of this
+/// trust domain (`certificate-identity`) that the control plane issued to
+/// that node (`unknown-certificate`: a certificate the node CA's key signed
+/// but that was never stored), current (`certificate-stale`: revoked by
+/// `nodes revoke-identity`), of a node not retired (`node-retired`); a
+/// SecretRequest is signed by the caller's key for the caller
+/// (`secret-signature`) within a minute of database time (`secret-stale`).
+#[test]
+fn the_site_api_refuses_callers_and_secret_requests_by_name() {
+    let cp = ControlPlane::start();
+    let site_id = site(&cp, "dc1");
+    let holder = SiteNode::join(&cp, &site_id);
+    assert!(holder.acquire().unwrap().held);
+    let wf = boot_add(&cp, "dc1", MAC, &[]);
+    let id = holder.identity();
+
+    // No client certificate at all (bcd's client never calls so).
+    let lease = bc_wire::site_v1::AcquireLeaseRequest {
+        site_id: site_id.clone(),
+    };
+    let (status, message) = cp.refused_once(SITE_REFUSED, "no-client-certificate", || {
+        cp.post_without_client_certificate(
+            bc_wire::endpoints::ACQUIRE_LEASE,
+            prost::Message::encode_to_vec(&lease),
+        )
+    });
+    assert_eq!((status, message.as_str()), (403, "site request refused"));
+    // Certificates the node CA signed that this control plane never issued.
+    let elsewhere = holder
+        .agent
+        .client_with_forged_certificate(&cp, &format!("spiffe://other.test/node/{}", id.node_id));
+    assert_site_refused(
+        &cp,
+        || block_on(elsewhere.acquire_lease(&site_id)),
+        "certificate-identity",
+    );
+    let copy = holder
+        .agent
+        .client_with_forged_certificate(&cp, &format!("spiffe://bc.test/node/{}", id.node_id));
+    assert_site_refused(
+        &cp,
+        || block_on(copy.acquire_lease(&site_id)),
+        "unknown-certificate",
+    );
+
+    // SecretRequests: signed by another key, or for another node; stale.
+    let request = |node_id: &str, issued_at: i64, key: &dyn bcd::keys::NodeKey| {
+        let body = SecretRequestBody {
+            node_id: node_id.to_owned(),
+            site_id: site_id.clone(),
+            workflow_id: wf.clone(),
+            issued_at_unix_ms: issued_at,
+            mac: String::new(),
+        };
+        site::sign_secret_request(&body, |m| key.sign(m)).unwrap()
+    };
+    let other_key = bcd::keys::FileKey::generate().unwrap();
+    for req in [
+        request(&id.node_id, now_ms(), &other_key),
+        request("node_someone_else", now_ms(), id.key.as_ref()),
+    ] {
+        assert_site_refused(
+            &cp,
+            || block_on(holder.client().get_secret(&req)),
+            "secret-signature",
+        );
+    }
+    for issued_at in [now_ms() - 2 * 60_000, now_ms() + 2 * 60_000] {
+        let req = request(&id.node_id, issued_at, id.key.as_ref());
+        assert_site_refused(
+            &cp,
+            || block_on(holder.client().get_secret(&req)),
+            "secret-stale",
+        );
+    }
+    assert_eq!(boot_state(&cp, &wf), "waiting", "no token was issued");
+    // The same node's good request still gets one.
+    holder.secret(&wf).expect("a token");
+
+    // Its certificate revoked: stale, whatever else it asks.
+    assert_ok(&cp.cli(&["nodes", "revoke-identity", &id.node_id]));
+    assert_site_refused(&cp, || holder.acquire(), "certificate-stale");
+    assert_site_refused(&cp, || holder.secret(&wf), "certificate-stale");
+
+    // A retired node: refused as one, before its certificate is looked at.
+    let standby = SiteNode::join(&cp, &site_id);
+    let standby_id = standby.identity().node_id;
+    assert_ok(&cp.cli(&["nodes", "retire", &standby_id]));
+    assert_site_refused(&cp, || standby.acquire(), "node-retired");
+
+    let refused: Vec<_> = cp
+        .events()
+        .into_iter()
+        .filter(|e| e["type"] == SITE_REFUSED)
+        .collect();
+    assert!(
+        refused
+            .iter()
+            .filter(
+                |e| e["reason"] != "no-client-certificate" && e["reason"] != "certificate-identity"
+            )
+            .all(|e| e["nodeId"].is_string()),
+        "a refusal names the node its certificate names: {refused:?}"
     );
 }

@@ -3,7 +3,10 @@
 //! config and data directory. Every command a test runs through it
 //! ([`ControlPlane::cli`], [`Agent::run`], [`output_within`]) has a
 //! deadline, so a hang fails its test with the process's output instead of
-//! stalling the suite.
+//! stalling the suite. A refusal is checked with [`ControlPlane::refused_once`]
+//! (exactly one more of that reason, aggregated repeats counted), never by
+//! the newest event row; `tests/e2e/reasons.rs` names the test of each
+//! refusal reason.
 
 #![allow(dead_code)]
 
@@ -306,6 +309,103 @@ impl ControlPlane {
             .collect()
     }
 
+    /// The newest join refusal event with this reason (for its token,
+    /// node or attestor; [`ControlPlane::refused_once`] says it happened).
+    #[track_caller]
+    pub fn refusal(&self, reason: &str) -> Value {
+        self.refusals()
+            .into_iter()
+            .rfind(|e| e["reason"] == reason)
+            .unwrap_or_else(|| panic!("no {reason:?} refusal"))
+    }
+
+    /// Every refusal counted so far, by (event type, reason): an
+    /// aggregated event counts its `data.count`.
+    pub fn refusal_counts(&self) -> std::collections::BTreeMap<(String, String), u64> {
+        let mut counts = std::collections::BTreeMap::new();
+        for e in self.events() {
+            let kind = e["type"].as_str().unwrap_or_default();
+            if REFUSAL_EVENTS.contains(&kind) {
+                let key = (
+                    kind.to_owned(),
+                    e["reason"].as_str().unwrap_or_default().to_owned(),
+                );
+                *counts.entry(key).or_insert(0) += e["data"]["count"].as_u64().unwrap_or(1);
+            }
+        }
+        counts
+    }
+
+    /// Runs `f` (what should be refused) and asserts that the control plane
+    /// counted exactly one refusal meanwhile: `reason`, as an `event`
+    /// ([`JOIN_REFUSED`], [`RENEW_REFUSED`], [`SITE_REFUSED`]). The way to
+    /// check a refusal's reason: the newest event row proves nothing, since
+    /// repeats within a minute grow the count of an older row.
+    #[track_caller]
+    pub fn refused_once<T>(&self, event: &str, reason: &str, f: impl FnOnce() -> T) -> T {
+        let before = self.refusal_counts();
+        let out = f();
+        let mut expected = before.clone();
+        *expected
+            .entry((event.to_owned(), reason.to_owned()))
+            .or_insert(0) += 1;
+        let after = self.refusal_counts();
+        assert_eq!(
+            after, expected,
+            "expected exactly one more {event} {reason:?} (before: {before:?})"
+        );
+        out
+    }
+
+    /// POSTs `body` to `path` over HTTPS (the server pinned by its TLS CA)
+    /// without a client certificate, which bcd's own client never does for
+    /// an mTLS call: the answer's status and its `Error` message, which
+    /// must be ACCESS_DENIED.
+    pub fn post_without_client_certificate(&self, path: &str, body: Vec<u8>) -> (u16, String) {
+        let ca = std::fs::read(self.path().join("tls-ca.pem")).expect("tls-ca.pem");
+        let ca = ::pem::parse(ca).expect("TLS CA PEM").into_contents();
+        let mut roots = rustls::RootCertStore::empty();
+        roots
+            .add(rustls::pki_types::CertificateDer::from(ca))
+            .expect("TLS CA");
+        let tls = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("TLS versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        let client = reqwest::Client::builder()
+            .use_preconfigured_tls(tls)
+            .timeout(DEADLINE)
+            .build()
+            .expect("client");
+        let url = format!("{}{path}", self.url);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            let resp = client
+                .post(url)
+                .header("content-type", "application/x-protobuf")
+                .body(body)
+                .send()
+                .await
+                .expect("an answer");
+            let status = resp.status().as_u16();
+            let body = resp.bytes().await.expect("the answer's body");
+            let err =
+                <bc_wire::agent::Error as prost::Message>::decode(body.as_ref()).expect("an Error");
+            assert_eq!(
+                err.code,
+                bc_wire::agent::Code::AccessDenied as i32,
+                "{err:?}"
+            );
+            (status, err.message)
+        })
+    }
+
     pub fn nodes(&self) -> Vec<Value> {
         self.json(&["nodes", "list"])
             .as_array()
@@ -339,6 +439,14 @@ impl ControlPlane {
         }
     }
 }
+
+/// The event a refused join is recorded as (`attestor` and `reason`).
+pub const JOIN_REFUSED: &str = "security.join.refused";
+/// A refused renewal.
+pub const RENEW_REFUSED: &str = "security.renew.refused";
+/// A refused site API call (lease, SecretRequest, boot entries).
+pub const SITE_REFUSED: &str = "security.site.refused";
+const REFUSAL_EVENTS: [&str; 3] = [JOIN_REFUSED, RENEW_REFUSED, SITE_REFUSED];
 
 /// `["token", "create", "--role", "node"]` → (`token create`, rest): the
 /// subcommand words come before `--dir`.
@@ -498,6 +606,34 @@ impl Agent {
         let _ = child.kill();
         let _ = child.wait();
         String::from_utf8_lossy(&environ.expect("read environ")).into_owned()
+    }
+
+    /// bcd's client, calling with a certificate for `uri` and a fresh key,
+    /// issued with the node CA's own key: what only someone holding that key
+    /// could forge, so that the site API's own checks are what refuses it.
+    pub fn client_with_forged_certificate(
+        &self,
+        cp: &ControlPlane,
+        uri: &str,
+    ) -> bcd::client::Client {
+        let ca_pem = std::fs::read_to_string(cp.path().join("node-ca.pem")).unwrap();
+        let ca_key = std::fs::read_to_string(cp.path().join("node-ca.key")).unwrap();
+        let issuer =
+            rcgen::Issuer::from_ca_cert_pem(&ca_pem, rcgen::KeyPair::from_pem(&ca_key).unwrap())
+                .unwrap();
+        let key = bcd::keys::FileKey::generate().unwrap();
+        let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.subject_alt_names = vec![rcgen::SanType::URI(uri.try_into().unwrap())];
+        p.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        p.not_before = time::OffsetDateTime::now_utc() - time::Duration::hours(1);
+        p.not_after = time::OffsetDateTime::now_utc() + time::Duration::hours(1);
+        let spki =
+            rcgen::SubjectPublicKeyInfo::from_der(bcd::keys::NodeKey::spki_der(&key)).unwrap();
+        let leaf = p.signed_by(&spki, &issuer).unwrap().der().to_vec();
+        let ca_der = ::pem::parse(ca_pem).unwrap().into_contents();
+        let config = bcd::config::Config::load(&self.config).unwrap();
+        bcd::client::Client::with_identity(&config, &[leaf, ca_der], std::sync::Arc::new(key))
+            .unwrap()
     }
 
     /// `bcd join --token-file F` with the token in a 0600 file.

@@ -99,7 +99,7 @@ fn the_token_can_come_from_the_environment() {
 /// Runs a join that the server must refuse with `reason`.
 #[track_caller]
 fn assert_refused(cp: &ControlPlane, agent: &Agent, token: &str, reason: &str) {
-    let out = agent.join_with_token(token);
+    let out = cp.refused_once(JOIN_REFUSED, reason, || agent.join_with_token(token));
     assert_access_denied(&out);
     agent.assert_nothing_written();
     let err = stderr(&out);
@@ -107,14 +107,8 @@ fn assert_refused(cp: &ControlPlane, agent: &Agent, token: &str, reason: &str) {
         !err.contains(reason),
         "the reason stays on the server: {err}"
     );
-    let reasons = cp.refusal_reasons();
-    assert_eq!(
-        reasons.last().map(String::as_str),
-        Some(reason),
-        "all refusals: {reasons:?}"
-    );
-    let last = cp.refusals().pop().unwrap();
-    assert_eq!(last["attestor"], "join-token");
+    let event = cp.refusal(reason);
+    assert_eq!(event["attestor"], "join-token");
     assert!(cp.log().contains(reason), "the server log names the reason");
     assert!(cp.nodes().is_empty(), "no node was created");
 }
@@ -127,7 +121,7 @@ fn wrong_secret_is_refused() {
     let (id, _) = token.split_once('.').unwrap();
     let forged = format!("{id}.AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA");
     assert_refused(&cp, &agent, &forged, "token-secret");
-    let last = cp.refusals().pop().unwrap();
+    let last = cp.refusal("token-secret");
     assert_eq!(
         last["tokenId"], id,
         "the event names the token, never its secret"
@@ -303,15 +297,14 @@ mod expect_binding {
 
     #[track_caller]
     fn assert_refused_with(cp: &ControlPlane, agent: &Agent, token: &str, reason: &str) {
-        let out = join(agent, token);
+        let out = cp.refused_once(JOIN_REFUSED, reason, || join(agent, token));
         assert_access_denied(&out);
         agent.assert_nothing_written();
         assert!(
             !stderr(&out).contains(reason),
             "the reason stays on the server"
         );
-        let last = cp.refusals().pop().expect("a refusal event");
-        assert_eq!(last["reason"], reason);
+        let last = cp.refusal(reason);
         assert_eq!(last["attestor"], "join-token");
         assert_eq!(last["tokenId"], token.split_once('.').unwrap().0);
     }
@@ -417,4 +410,40 @@ fn the_environment_token_is_erased_from_proc_environ() {
         "the token is readable in /proc/<pid>/environ: {text:?}"
     );
     assert!(text.contains("BCD_OTHER=kept"), "other variables stay");
+}
+
+/// Why a refusal is checked by its count: a repeat within the minute grows
+/// an older aggregated row, so the newest row names the refusal before it.
+/// `refused_once` tells them apart; the newest row does not.
+#[test]
+fn a_repeated_refusal_is_told_apart_from_the_newest_row() {
+    let cp = ControlPlane::start();
+    let agent = Agent::new(&cp);
+    let token = cp.token("node", &[]);
+    let (id, _) = token.split_once('.').unwrap();
+    let wrong_secret = format!("{id}.AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA");
+    let unknown = "tok_nosuch.AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA";
+    for t in [&wrong_secret[..], &wrong_secret, unknown] {
+        assert_access_denied(&agent.join_with_token(t));
+    }
+    // token-secret again: its count grows in the row before token-unknown.
+    let out = cp.refused_once(JOIN_REFUSED, "token-secret", || {
+        agent.join_with_token(&wrong_secret)
+    });
+    assert_access_denied(&out);
+    let rows = cp.refusals();
+    assert_eq!(
+        rows.last().unwrap()["reason"],
+        "token-unknown",
+        "the newest row is not the newest refusal: {rows:?}"
+    );
+    let stale = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        cp.refused_once(JOIN_REFUSED, "token-unknown", || {
+            agent.join_with_token(&wrong_secret)
+        })
+    }));
+    assert!(
+        stale.is_err(),
+        "refused_once is not fooled by the newest row"
+    );
 }

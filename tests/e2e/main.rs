@@ -23,6 +23,8 @@ mod package;
 mod pcr;
 mod pcrbanks;
 mod realek;
+// Every refusal reason of the control plane, and the test that sees it.
+mod reasons;
 // These move bcd's clock (BCD_CLOCK_OFFSET), crash it at failpoints or give
 // it a fake sysfs (BCD_SYSFS_ROOT), which only a `--features bcd/failpoints`
 // build honours; scripts/test builds so, and a plain `cargo test` leaves

@@ -106,8 +106,16 @@ fn a_refused_renewal_is_logged_and_journaled() {
     let node_id = agent.status_json()["nodeId"].as_str().unwrap().to_owned();
     assert_ok(&cp.cli(&["nodes", "revoke-identity", &node_id]));
 
-    let out = node(&agent, &["--once", "--renew-now"], &[]);
+    let before = std::fs::read(agent.data_dir.join("identity.json")).unwrap();
+    let out = cp.refused_once(RENEW_REFUSED, "stale-generation", || {
+        node(&agent, &["--once", "--renew-now"], &[])
+    });
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert_eq!(
+        std::fs::read(agent.data_dir.join("identity.json")).unwrap(),
+        before,
+        "the identity is unchanged"
+    );
     let err = stderr(&out);
     assert!(
         err.contains("renewal failed")

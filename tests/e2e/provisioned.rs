@@ -69,15 +69,14 @@ fn uses_left(cp: &ControlPlane, token: &str) -> i64 {
 #[track_caller]
 pub fn assert_refused(cp: &ControlPlane, agent: &Agent, attestor: &str, token: &str, reason: &str) {
     let before = uses_left(cp, token);
-    let out = join_as(agent, attestor, token);
+    let out = cp.refused_once(JOIN_REFUSED, reason, || join_as(agent, attestor, token));
     assert_access_denied(&out);
     agent.assert_nothing_written();
     assert!(
         !stderr(&out).contains(reason),
         "the reason stays on the server"
     );
-    let last = cp.refusals().pop().expect("a refusal event");
-    assert_eq!(last["reason"], reason, "{last}");
+    let last = cp.refusal(reason);
     assert_eq!(last["attestor"], attestor);
     assert_eq!(last["tokenId"], token.split_once('.').unwrap().0);
     assert_eq!(uses_left(cp, token), before, "a refusal spends nothing");
@@ -160,7 +159,7 @@ fn a_provisioned_token_for_a_node_rekeys_it_in_place() {
         &token,
         "product-uuid-mismatch",
     );
-    assert_eq!(cp.refusals().pop().unwrap()["nodeId"], id.as_str());
+    assert_eq!(cp.refusal("product-uuid-mismatch")["nodeId"], id.as_str());
 
     // The reinstalled system (a fresh data directory, same machine).
     let reinstalled = machine(&cp, Some(UUID));

@@ -21,7 +21,7 @@ fn a_known_machine_is_refused_unless_the_token_allows_a_reclaim() {
     let again = machine(&cp, Some(UUID));
     let bound = cp.token("node", &["--expect-product-uuid", UUID]);
     assert_refused(&cp, &again, "join-token", &bound, "reclaim");
-    assert_eq!(cp.refusals().pop().unwrap()["nodeId"], id.as_str());
+    assert_eq!(cp.refusal("reclaim")["nodeId"], id.as_str());
     // bcd's message names the case among the others (the reason itself
     // stays on the server).
     let out = join_as(
@@ -96,7 +96,7 @@ fn a_tpm_pool_refuses_a_token_reclaim_of_a_tpm_machine() {
     let token = cp.token("provisioned", &["--node", &id]);
     let by_token = machine(&cp, Some(UUID));
     assert_refused(&cp, &by_token, "provisioned", &token, "join:pool-attestor");
-    let refusal = cp.refusals().pop().unwrap();
+    let refusal = cp.refusal("join:pool-attestor");
     assert_eq!(refusal["nodeId"], id.as_str());
     assert_eq!(refusal["data"]["poolId"], "metal");
     let by_uuid = cp.token("node", &["--expect-product-uuid", UUID, "--allow-reclaim"]);
@@ -184,21 +184,30 @@ fn a_reclaim_of_a_deleted_retired_or_other_role_node_is_refused() {
         &token,
         "join:reclaim-unknown-node",
     );
-    assert_eq!(cp.refusals().pop().unwrap()["nodeId"], deleted.as_str());
+    assert_eq!(
+        cp.refusal("join:reclaim-unknown-node")["nodeId"],
+        deleted.as_str()
+    );
 
     let retired = joined(OTHER_UUID, &[]);
     let token = rekey(&retired, OTHER_UUID);
     assert_ok(&cp.cli(&["nodes", "retire", &retired]));
     let again = machine(&cp, Some(OTHER_UUID));
     assert_refused(&cp, &again, "provisioned", &token, "join:reclaim-retired");
-    assert_eq!(cp.refusals().pop().unwrap()["nodeId"], retired.as_str());
+    assert_eq!(
+        cp.refusal("join:reclaim-retired")["nodeId"],
+        retired.as_str()
+    );
 
     assert_ok(&cp.cli(&["sites", "create", "dc1"]));
     let site_node = joined(THIRD_UUID, &["--site", "dc1"]);
     let token = rekey(&site_node, THIRD_UUID);
     let again = machine(&cp, Some(THIRD_UUID));
     assert_refused(&cp, &again, "provisioned", &token, "join:reclaim-role");
-    assert_eq!(cp.refusals().pop().unwrap()["nodeId"], site_node.as_str());
+    assert_eq!(
+        cp.refusal("join:reclaim-role")["nodeId"],
+        site_node.as_str()
+    );
     assert_eq!(cp.refusals().len(), 3);
 }
 

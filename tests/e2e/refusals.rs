@@ -92,14 +92,83 @@ fn a_tpm_node_cannot_renew_without_its_aks_proof_of_the_next_key() {
         &agent,
         &access,
         &RenewRequest {
-            csr,
+            csr: csr.clone(),
             key_attestation: Some(not_csr),
         },
     );
 
+    // 4. The same, altered: a key that does not parse, a signature that
+    // does not verify, another key's public area (another name).
+    let base = attestation_by(&tpm.tcti(), &|t| t.node_key(&[7; 32]).unwrap());
+    let other_public = attestation_by(&tpm.tcti(), &|t| t.node_key(&[8; 32]).unwrap()).key_public;
+    let mut signature = base.signature.clone();
+    let n = signature.len();
+    signature[n - 3] ^= 1;
+    for attestation in [
+        TpmKeyAttestation {
+            key_public: vec![1, 2, 3],
+            ..base.clone()
+        },
+        TpmKeyAttestation {
+            signature,
+            ..base.clone()
+        },
+        TpmKeyAttestation {
+            key_public: other_public,
+            ..base.clone()
+        },
+    ] {
+        renew_refused(
+            &agent,
+            &access,
+            &RenewRequest {
+                csr: csr.clone(),
+                key_attestation: Some(attestation),
+            },
+        );
+    }
+    // 5. The AK's certification of itself: over the right nonce, of a key
+    // that is no signing key of its own (restricted); then over another nonce.
+    let self_certified = |qualifying: &[u8]| {
+        let mut t = bcd::tpm::Tpm::open(&tpm.tcti()).unwrap();
+        let ak = t.ak().unwrap();
+        let (certify_info, signature) = t.certify(&ak, &ak, qualifying).unwrap();
+        let a = TpmKeyAttestation {
+            ak_public: ak.public.clone(),
+            key_public: ak.public.clone(),
+            certify_info,
+            signature,
+        };
+        t.flush(ak).unwrap();
+        a
+    };
+    let csr = throwaway_csr();
+    for attestation in [
+        self_certified(&bc_wire::sha256(&csr)),
+        self_certified(&[0; 32]),
+    ] {
+        renew_refused(
+            &agent,
+            &access,
+            &RenewRequest {
+                csr: csr.clone(),
+                key_attestation: Some(attestation),
+            },
+        );
+    }
+
     assert_eq!(
         renew_refusals(&cp),
-        vec!["key-attestation-missing", "ak-mismatch", "node-key-not-csr"]
+        vec![
+            "key-attestation-missing",
+            "ak-mismatch",
+            "node-key-not-csr",
+            "node-key-malformed",
+            "node-key-signature",
+            "node-key-name",
+            "node-key-attributes",
+            "node-key-nonce",
+        ]
     );
     let refused = cp
         .events()
@@ -149,10 +218,6 @@ fn send(agent: &Agent, request: &JoinRequest) -> Result<(), ClientError> {
         .map(|_| ())
 }
 
-fn last_reason(cp: &ControlPlane) -> String {
-    cp.refusal_reasons().pop().unwrap_or_default()
-}
-
 #[test]
 fn an_x509pop_proof_is_spent_once_even_across_a_restart() {
     let cp = ControlPlane::start();
@@ -172,10 +237,11 @@ fn an_x509pop_proof_is_spent_once_even_across_a_restart() {
     let key = FileKey::generate().unwrap();
     let request = x509pop_request(&agent, &key, time::OffsetDateTime::now_utc());
     assert!(matches!(
-        send(&agent, &request),
+        cp.refused_once(JOIN_REFUSED, "join:pool-attestor", || send(
+            &agent, &request
+        )),
         Err(ClientError::AccessDenied)
     ));
-    assert_eq!(last_reason(&cp), "join:pool-attestor");
     assert_ok(&cp.cli(&[
         "pools",
         "update",
@@ -187,18 +253,16 @@ fn an_x509pop_proof_is_spent_once_even_across_a_restart() {
     send(&agent, &request).expect("the proof was not spent by the refused join");
     // Spent now; a replay is named as one.
     assert!(matches!(
-        send(&agent, &request),
+        cp.refused_once(JOIN_REFUSED, "replayed", || send(&agent, &request)),
         Err(ClientError::AccessDenied)
     ));
-    assert_eq!(last_reason(&cp), "replayed");
     // And still after a restart: the use is in the database, not in memory.
     let cp = cp.restart();
     agent.set_api(&cp.url);
     assert!(matches!(
-        send(&agent, &request),
+        cp.refused_once(JOIN_REFUSED, "replayed", || send(&agent, &request)),
         Err(ClientError::AccessDenied)
     ));
-    assert_eq!(last_reason(&cp), "replayed");
     let generation = cp
         .nodes()
         .into_iter()
@@ -222,25 +286,29 @@ fn x509pop_refuses_old_proofs_revoked_identities_and_expiries_past_grace() {
         &key,
         time::OffsetDateTime::now_utc() - time::Duration::minutes(2),
     );
-    assert!(matches!(send(&agent, &old), Err(ClientError::AccessDenied)));
-    assert_eq!(last_reason(&cp), "clock-window");
+    assert!(matches!(
+        cp.refused_once(JOIN_REFUSED, "clock-window", || send(&agent, &old)),
+        Err(ClientError::AccessDenied)
+    ));
 
     // Eight days after expiry (db clock moved; bcd's too): past the 7-day grace.
     assert_ok(&cp.cli(&["clock", "set", "--offset", "9d"]));
-    let late = agent
-        .command(&["join", "--attestor", "x509pop"])
-        .env("BCD_CLOCK_OFFSET", "+9d")
-        .output()
-        .unwrap();
+    let late = cp.refused_once(JOIN_REFUSED, "past-grace", || {
+        agent
+            .command(&["join", "--attestor", "x509pop"])
+            .env("BCD_CLOCK_OFFSET", "+9d")
+            .output()
+            .unwrap()
+    });
     assert_access_denied(&late);
-    assert_eq!(last_reason(&cp), "past-grace");
     assert_ok(&cp.cli(&["clock", "set", "--offset", "0s"]));
 
     // After revoke-identity, no certificate from before it re-joins.
     assert_ok(&cp.cli(&["nodes", "revoke-identity", &node_id]));
-    let out = agent.run(&["join", "--attestor", "x509pop"]);
+    let out = cp.refused_once(JOIN_REFUSED, "stale-generation", || {
+        agent.run(&["join", "--attestor", "x509pop"])
+    });
     assert_access_denied(&out);
-    assert_eq!(last_reason(&cp), "stale-generation");
     assert_eq!(
         agent.status_json()["nodeId"],
         node_id.as_str(),
@@ -369,4 +437,333 @@ fn a_join_whose_csr_key_is_not_p256_is_refused() {
     assert_eq!(tokens[0]["usesLeft"], 1, "the token is not spent: {tokens}");
     // The same token with bcd's own (P-256) CSR joins.
     assert_ok(&agent.join_with_token(&text));
+}
+
+/// Sends `request` through bcd's client and asserts it was refused as
+/// `reason`, once.
+#[track_caller]
+fn join_refused(cp: &ControlPlane, agent: &Agent, request: &JoinRequest, reason: &str) {
+    let answer = cp.refused_once(JOIN_REFUSED, reason, || send(agent, request));
+    assert!(
+        matches!(answer, Err(ClientError::AccessDenied)),
+        "{reason}: {answer:?}"
+    );
+}
+
+/// A P-256 CSR whose signature does not verify (its last byte changed).
+fn csr_with_a_bad_signature() -> Vec<u8> {
+    let mut csr = throwaway_csr();
+    let last = csr.len() - 1;
+    csr[last] ^= 0x01;
+    csr
+}
+
+/// What JoinService refuses before or around any attestor, through bcd's
+/// client (bcd itself never sends these): a CSR whose signature does not
+/// verify, an attestor it does not run, a sealed token that does not open
+/// for this CSR, and for join-token no token at all or one that opens to
+/// something that is no token.
+#[test]
+fn joins_refused_for_the_request_itself_name_their_reason() {
+    let cp = ControlPlane::start();
+    let agent = Agent::new(&cp);
+    let base = |csr: Vec<u8>| JoinRequest {
+        csr,
+        role: Role::Node as i32,
+        attestor: "join-token".into(),
+        ..Default::default()
+    };
+    join_refused(
+        &cp,
+        &agent,
+        &base(csr_with_a_bad_signature()),
+        "join:csr-signature",
+    );
+    join_refused(
+        &cp,
+        &agent,
+        &JoinRequest {
+            attestor: "no-such-attestor".into(),
+            ..base(throwaway_csr())
+        },
+        "join:unknown-attestor",
+    );
+    join_refused(
+        &cp,
+        &agent,
+        &JoinRequest {
+            sealed_token: vec![0x42; 200],
+            ..base(throwaway_csr())
+        },
+        "token-unopenable",
+    );
+    join_refused(&cp, &agent, &base(throwaway_csr()), "token-missing");
+    let csr = throwaway_csr();
+    let sealed = bc_wire::sealing::SealingKey::from_spki_der(
+        &::pem::parse(std::fs::read(cp.path().join("join-encryption.pub")).unwrap())
+            .unwrap()
+            .into_contents(),
+    )
+    .unwrap()
+    .seal(&bc_wire::sha256(&csr), b"no token at all")
+    .unwrap();
+    join_refused(
+        &cp,
+        &agent,
+        &JoinRequest {
+            sealed_token: sealed,
+            ..base(csr)
+        },
+        "token-malformed",
+    );
+    assert!(cp.nodes().is_empty());
+}
+
+/// x509pop's other refusals, from a node's own identity: evidence that is
+/// no evidence, a proof bound to another CSR, a certificate presented for
+/// another node, a role the certificate does not have, and (through `bcd
+/// join --attestor x509pop`) a retired or deleted node.
+#[test]
+fn x509pop_refuses_bad_evidence_other_csrs_nodes_and_roles_and_gone_nodes() {
+    let cp = ControlPlane::start();
+    let agent = Agent::new(&cp);
+    assert_ok(&agent.join_with_token(&cp.token("node", &[])));
+    let other = Agent::new(&cp);
+    assert_ok(&other.join_with_token(&cp.token("node", &[])));
+    let other_id = other.status_json()["nodeId"].as_str().unwrap().to_owned();
+    let key = FileKey::generate().unwrap();
+    let now = time::OffsetDateTime::now_utc;
+
+    let mut malformed = x509pop_request(&agent, &key, now());
+    malformed.attestation = b"{\"v\":1}".to_vec();
+    join_refused(&cp, &agent, &malformed, "evidence-malformed");
+
+    let mut other_csr = x509pop_request(&agent, &key, now());
+    other_csr.csr = bcd::keys::make_csr(&FileKey::generate().unwrap()).unwrap();
+    join_refused(&cp, &agent, &other_csr, "signature");
+
+    // This node's certificate, presented as the other node's.
+    let id = Identity::load(&agent.data_dir, &TpmAccess::none())
+        .unwrap()
+        .unwrap();
+    let csr = bcd::keys::make_csr(&key).unwrap();
+    let evidence = bcd::evidence::x509pop::build(
+        &id.chain,
+        id.key.as_ref(),
+        &bc_wire::sha256(&csr),
+        &other_id,
+        now(),
+    )
+    .unwrap();
+    let as_other = JoinRequest {
+        csr,
+        attestation: evidence,
+        ..x509pop_request(&agent, &key, now())
+    };
+    join_refused(&cp, &agent, &as_other, "unknown-certificate");
+
+    let mut as_site = x509pop_request(&agent, &key, now());
+    as_site.role = Role::Site as i32;
+    join_refused(&cp, &agent, &as_site, "role");
+
+    let node_id = agent.status_json()["nodeId"].as_str().unwrap().to_owned();
+    assert_ok(&cp.cli(&["nodes", "retire", &node_id]));
+    let out = cp.refused_once(JOIN_REFUSED, "retired", || {
+        agent.run(&["join", "--attestor", "x509pop"])
+    });
+    assert_access_denied(&out);
+    assert_ok(&cp.cli(&["nodes", "cordon", &other_id]));
+    assert_ok(&cp.cli(&["nodes", "delete", &other_id, "--yes"]));
+    let out = cp.refused_once(JOIN_REFUSED, "deleted", || {
+        other.run(&["join", "--attestor", "x509pop"])
+    });
+    assert_access_denied(&out);
+    let joins = cp
+        .events()
+        .into_iter()
+        .filter(|e| e["type"] == "node.joined")
+        .count();
+    assert_eq!(joins, 2, "nothing re-joined");
+}
+
+/// Sends `request` as a Renew through `client` and asserts it was refused
+/// as `reason`, once.
+#[track_caller]
+fn renew_refused_as(cp: &ControlPlane, client: &Client, request: &RenewRequest, reason: &str) {
+    let answer = cp.refused_once(RENEW_REFUSED, reason, || {
+        rt().block_on(client.renew(request))
+    });
+    assert!(
+        matches!(answer, Err(ClientError::AccessDenied)),
+        "{reason}: {:?}",
+        answer.map(|c| c.len())
+    );
+}
+
+/// Renew's refusals of the caller and of the CSR, through bcd's client over
+/// mTLS (bcd itself sends none of these), and of a node whose identity was
+/// revoked or that was deleted, through `bcd node --once --renew-now`.
+#[test]
+fn renewals_refused_for_the_caller_the_csr_or_the_node_name_their_reason() {
+    let cp = ControlPlane::start();
+    let agent = Agent::new(&cp);
+    assert_ok(&agent.join_with_token(&cp.token("node", &[])));
+    let node_id = agent.status_json()["nodeId"].as_str().unwrap().to_owned();
+    let good = RenewRequest {
+        csr: throwaway_csr(),
+        key_attestation: None,
+    };
+
+    let (status, _) = cp.refused_once(RENEW_REFUSED, "no-client-certificate", || {
+        cp.post_without_client_certificate(
+            bc_wire::endpoints::RENEW,
+            prost::Message::encode_to_vec(&good),
+        )
+    });
+    assert_eq!(status, 403);
+    let elsewhere =
+        agent.client_with_forged_certificate(&cp, &format!("spiffe://other.test/node/{node_id}"));
+    renew_refused_as(&cp, &elsewhere, &good, "certificate-identity");
+    let copy =
+        agent.client_with_forged_certificate(&cp, &format!("spiffe://bc.test/node/{node_id}"));
+    renew_refused_as(&cp, &copy, &good, "unknown-certificate");
+
+    let config = bcd::config::Config::load(&agent.config).unwrap();
+    let id = Identity::load(&agent.data_dir, &TpmAccess::none())
+        .unwrap()
+        .unwrap();
+    let own = Client::with_identity(&config, &id.chain, id.key.clone()).unwrap();
+    let p384 = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P384_SHA384).unwrap();
+    let p384_csr = rcgen::CertificateParams::default()
+        .serialize_request(&p384)
+        .unwrap()
+        .der()
+        .to_vec();
+    renew_refused_as(
+        &cp,
+        &own,
+        &RenewRequest {
+            csr: p384_csr,
+            key_attestation: None,
+        },
+        "csr-key",
+    );
+    renew_refused_as(
+        &cp,
+        &own,
+        &RenewRequest {
+            csr: csr_with_a_bad_signature(),
+            key_attestation: None,
+        },
+        "csr-signature",
+    );
+    let renewed = |e: &serde_json::Value| e["type"] == "node.renewed";
+    assert!(!cp.events().iter().any(renewed), "nothing renewed");
+
+    // Its identity revoked: the certificate is of an older generation.
+    assert_ok(&cp.cli(&["nodes", "revoke-identity", &node_id]));
+    let out = cp.refused_once(RENEW_REFUSED, "stale-generation", || {
+        agent.run(&["node", "--once", "--renew-now"])
+    });
+    assert!(stderr(&out).contains("(Renew refused)"), "{}", stderr(&out));
+
+    // A deleted node renews no more.
+    let gone = Agent::new(&cp);
+    assert_ok(&gone.join_with_token(&cp.token("node", &[])));
+    let gone_id = gone.status_json()["nodeId"].as_str().unwrap().to_owned();
+    assert_ok(&cp.cli(&["nodes", "cordon", &gone_id]));
+    assert_ok(&cp.cli(&["nodes", "delete", &gone_id, "--yes"]));
+    let out = cp.refused_once(RENEW_REFUSED, "deleted", || {
+        gone.run(&["node", "--once", "--renew-now"])
+    });
+    assert!(stderr(&out).contains("(Renew refused)"), "{}", stderr(&out));
+    assert!(!cp.events().iter().any(renewed), "nothing renewed");
+}
+
+/// An attestor of someone else's (a plugin), which admits whatever it is
+/// sent with the result it was made with.
+struct Plugin {
+    id: &'static str,
+    result: fn() -> bc_controlplane::AttestationResult,
+}
+
+impl bc_controlplane::Attestor for Plugin {
+    fn id(&self) -> &str {
+        self.id
+    }
+
+    fn verify(
+        &self,
+        _: &rusqlite::Transaction<'_>,
+        _: &bc_controlplane::AttestInput<'_>,
+    ) -> Result<bc_controlplane::Verdict, bc_controlplane::Refusal> {
+        Ok(bc_controlplane::Verdict::Admit((self.result)()))
+    }
+}
+
+/// What JoinService holds any attestor to, shown with plugin attestors on
+/// the real JoinService and router over HTTPS in this process (`serve`
+/// runs none): an attestor outside the role table admits `node` only
+/// (`join:role`), its result may name no node-key statement the control
+/// plane cannot renew (`join:node-key-statement`) and no pool that does not
+/// exist (`join:unknown-pool`). Through bcd's client.
+#[test]
+fn joinservice_holds_plugin_attestors_to_its_own_checks() {
+    let cp = ControlPlane::init_only();
+    let svc = std::sync::Arc::new(bc_controlplane::JoinService::open(cp.path()).unwrap());
+    for plugin in [
+        Plugin {
+            id: "plugin",
+            result: bc_controlplane::AttestationResult::default,
+        },
+        Plugin {
+            id: "plugin-statement",
+            result: || bc_controlplane::AttestationResult {
+                node_key_uri: Some("urn:bc:something-else:1".into()),
+                ..Default::default()
+            },
+        },
+        Plugin {
+            id: "plugin-pool",
+            result: || bc_controlplane::AttestationResult {
+                pool_id: Some("pool_nosuch".into()),
+                ..Default::default()
+            },
+        },
+    ] {
+        svc.register_attestor(std::sync::Arc::new(plugin));
+    }
+    let tls = bc_controlplane::http::tls_config(svc.bundle(), svc.database()).unwrap();
+    let server = InProcessServer::start(tls, bc_controlplane::http::router(svc.clone()));
+    let agent = Agent::new(&cp);
+    agent.set_api(&server.url);
+    for (attestor, role, reason) in [
+        ("plugin", Role::Site, "join:role"),
+        ("plugin-statement", Role::Node, "join:node-key-statement"),
+        ("plugin-pool", Role::Node, "join:unknown-pool"),
+    ] {
+        let request = JoinRequest {
+            csr: throwaway_csr(),
+            role: role as i32,
+            attestor: attestor.into(),
+            ..Default::default()
+        };
+        let answer = cp.refused_once(JOIN_REFUSED, reason, || {
+            let answer = send(&agent, &request);
+            svc.flush_events();
+            answer
+        });
+        assert!(
+            matches!(answer, Err(ClientError::AccessDenied)),
+            "{reason}: {answer:?}"
+        );
+    }
+    // The plain plugin admits a node.
+    let request = JoinRequest {
+        csr: throwaway_csr(),
+        role: Role::Node as i32,
+        attestor: "plugin".into(),
+        ..Default::default()
+    };
+    send(&agent, &request).expect("admitted");
 }

@@ -93,14 +93,17 @@ fn a_failed_join_after_a_reset_leaves_the_identity_moved_aside() {
         "tok_nosuch.AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA",
     )
     .unwrap();
-    let out = agent.run(&[
-        "join",
-        "--reset",
-        "--yes",
-        "--token-file",
-        &file.to_string_lossy(),
-    ]);
+    let out = cp.refused_once(JOIN_REFUSED, "token-unknown", || {
+        agent.run(&[
+            "join",
+            "--reset",
+            "--yes",
+            "--token-file",
+            &file.to_string_lossy(),
+        ])
+    });
     assert_access_denied(&out);
+    assert_eq!(cp.nodes().len(), 1, "only the first join");
     agent.assert_nothing_written();
     assert!(agent
         .files()

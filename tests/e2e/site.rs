@@ -298,7 +298,11 @@ fn a_standby_site_node_takes_over_when_the_holder_dies() {
 
     // The dead holder's assertion vouches for nothing now.
     let machine = Machine::new(&cp, MAC, UUID);
-    assert_refused_as(&cp, &machine.boot(&boot_cmdline(&stale)), "lease-not-held");
+    assert_refused_as(
+        &cp,
+        || machine.boot(&boot_cmdline(&stale)),
+        "lease-not-held",
+    );
     machine.agent.assert_nothing_written();
     // An expired entry boots nothing.
     assert_exit_script(&standby.script(brief));
@@ -385,7 +389,7 @@ fn a_tpm_joined_site_node_serves_and_vouches() {
 
     // An entry without a site: refused as a site node, nothing written.
     let ek = agent.allow_ek(&cp);
-    assert_refused_as(&cp, &agent.run(&join), "tpm-role");
+    assert_refused_as(&cp, || agent.run(&join), "tpm-role");
     agent.assert_nothing_written();
 
     // An unknown site is refused by the command; the entry stays as it was.
@@ -407,7 +411,11 @@ fn a_tpm_joined_site_node_serves_and_vouches() {
     );
     assert_eq!(cp.json(&["resolve", "list"])[0]["site"], site_id.as_str());
     // The place fixes the role: not a plain node any more.
-    assert_refused_as(&cp, &agent.run(&["join", "--attestor", "tpm"]), "tpm-role");
+    assert_refused_as(
+        &cp,
+        || agent.run(&["join", "--attestor", "tpm"]),
+        "tpm-role",
+    );
     assert_ok(&agent.run(&join));
     let status = agent.status_json();
     assert_eq!(status["role"], "site");
@@ -473,7 +481,7 @@ fn a_neighbour_that_fetches_a_machines_script_first_takes_nothing() {
     let thief = Machine::new(&cp, MAC, FORGED);
     assert_refused_as(
         &cp,
-        &thief.boot(&boot_cmdline(&stolen)),
+        || thief.boot(&boot_cmdline(&stolen)),
         "product-uuid-mismatch",
     );
     thief.agent.assert_nothing_written();
@@ -490,7 +498,7 @@ fn a_neighbour_that_fetches_a_machines_script_first_takes_nothing() {
     assert_eq!(row["hardwareKey"], format!("product-uuid:{UUID}"));
     // The stolen token died with the entry.
     let late = Machine::new(&cp, MAC, UUID);
-    assert_refused_as(&cp, &late.boot(&boot_cmdline(&stolen)), "token-revoked");
+    assert_refused_as(&cp, || late.boot(&boot_cmdline(&stolen)), "token-revoked");
 }
 
 /// iPXE requests for MACs with no boot entry are answered from the site's

@@ -196,10 +196,11 @@ fn another_tpm_cannot_join_as_the_first_ones_node() {
         "two TPMs, two EKs"
     );
     assert_ok(&cp.cli(&["resolve", "add", "--ek-sha256", &ek_b, "--node", &node_a]));
-    let out = b.run(&["join", "--attestor", "tpm"]);
+    let out = cp.refused_once(JOIN_REFUSED, "bound-elsewhere", || {
+        b.run(&["join", "--attestor", "tpm"])
+    });
     assert_access_denied(&out);
     b.assert_nothing_written();
-    assert_eq!(cp.refusal_reasons().last().unwrap(), "bound-elsewhere");
 }
 
 #[test]
@@ -208,10 +209,11 @@ fn an_ek_from_an_unknown_maker_is_refused() {
     let tpm = Swtpm::start_other_maker();
     let agent = Agent::with_tpm(&cp, &tpm);
     agent.allow_ek(&cp);
-    let out = agent.run(&["join", "--attestor", "tpm"]);
+    let out = cp.refused_once(JOIN_REFUSED, "ek-chain", || {
+        agent.run(&["join", "--attestor", "tpm"])
+    });
     assert_access_denied(&out);
     agent.assert_nothing_written();
-    assert_eq!(cp.refusal_reasons().last().unwrap(), "ek-chain");
 }
 
 #[test]
@@ -226,10 +228,11 @@ fn a_pool_that_requires_tpm_refuses_a_token_join() {
         "tpm",
     ]));
     let agent = Agent::new(&cp);
-    let out = agent.join_with_token(&cp.token("node", &[]));
+    let out = cp.refused_once(JOIN_REFUSED, "join:pool-attestor", || {
+        agent.join_with_token(&cp.token("node", &[]))
+    });
     assert_access_denied(&out);
-    let refusal = cp.refusals().pop().unwrap();
-    assert_eq!(refusal["reason"], "join:pool-attestor");
+    let refusal = cp.refusal("join:pool-attestor");
     assert_eq!(refusal["attestor"], "join-token");
     // And still admits a TPM.
     let tpm = Swtpm::start();
@@ -257,10 +260,11 @@ fn without_enrollment_an_unknown_ek_is_refused() {
     let cp = ControlPlane::start_trusting_test_maker_with("enrollment = false\n");
     let tpm = Swtpm::start();
     let agent = Agent::with_tpm(&cp, &tpm);
-    let out = agent.run(&["join", "--attestor", "tpm"]);
+    let out = cp.refused_once(JOIN_REFUSED, "unknown-ek", || {
+        agent.run(&["join", "--attestor", "tpm"])
+    });
     assert_access_denied(&out);
     agent.assert_nothing_written();
-    assert_eq!(cp.refusal_reasons().last().unwrap(), "unknown-ek");
     let requests = cp.json(&["requests", "list"]);
     assert_eq!(requests.as_array().map(Vec::len), Some(0), "{requests}");
     agent.allow_ek(&cp);
@@ -447,7 +451,9 @@ fn refusal_with(
     alter(&join, &mut answer);
     join.refused(answer);
     assert!(cp.nodes().is_empty());
-    cp.refusal_reasons().pop().expect("a refusal event")
+    let mut reasons = cp.refusal_reasons();
+    assert_eq!(reasons.len(), 1, "one refusal: {reasons:?}");
+    reasons.remove(0)
 }
 
 fn csr_sha256(join: &ManualJoin) -> [u8; 32] {
@@ -678,4 +684,143 @@ fn with_owner_auth_file_a_tpm_whose_owner_has_a_password_joins() {
     std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
     assert_ok(&agent.run(&["join", "--attestor", "tpm"]));
     assert_eq!(cp.nodes().len(), 1);
+}
+
+#[test]
+fn a_challenge_state_that_does_not_open_is_refused() {
+    let reason = refusal_of(|_, a| {
+        let n = a.state.len();
+        a.state[n - 1] ^= 1;
+    });
+    assert_eq!(reason, "challenge-state");
+}
+
+/// With a PCR policy the answer carries a quote: one by the AK whose
+/// signature does not verify, or whose extraData is not the challenge's
+/// nonce, is refused by name.
+#[test]
+fn a_quote_with_a_bad_signature_or_another_nonce_is_refused() {
+    let policy = format!("[tpm.pcr_policy]\n\"0\" = \"{}\"\n", "00".repeat(32));
+    let reason = refusal_with(&policy, |_, a| {
+        let n = a.quote_signature.len();
+        a.quote_signature[n - 3] ^= 1;
+    });
+    assert_eq!(reason, "quote-signature");
+    let reason = refusal_with(&policy, |j, a| {
+        // A real quote by the same AK, over another nonce.
+        let mut tpm = j.tpm();
+        let ak = tpm.ak().unwrap();
+        let quote = tpm
+            .quote(&ak, &[0x5a; 32], &[0], bc_wire::pcr::PcrBank::Sha256)
+            .unwrap();
+        tpm.flush(ak).unwrap();
+        a.quote = quote.attest;
+        a.quote_signature = quote.signature;
+        a.pcr_values = quote.pcr_values;
+    });
+    assert_eq!(reason, "quote-nonce");
+}
+
+/// A round that is no TpmAttestation, or neither hello nor answer.
+#[test]
+fn tpm_evidence_that_does_not_parse_is_refused() {
+    let cp = ControlPlane::start_trusting_test_maker();
+    let agent = Agent::new(&cp);
+    let config = bcd::config::Config::load(&agent.config).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    for attestation in [
+        vec![0xff, 0xff, 0xff],
+        TpmAttestation { round: None }.encode_to_vec(),
+    ] {
+        let request = JoinRequest {
+            csr: throwaway_csr(),
+            role: Role::Node as i32,
+            attestor: "tpm".into(),
+            attestation,
+            ..Default::default()
+        };
+        let answer = cp.refused_once(JOIN_REFUSED, "evidence-malformed", || {
+            rt.block_on(bcd::client::Client::new(&config).unwrap().join(&request))
+        });
+        assert!(
+            matches!(answer, Err(bcd::client::ClientError::AccessDenied)),
+            "{:?}",
+            answer.err()
+        );
+    }
+}
+
+/// A pending enrollment the operator denies: the waiting `bcd join` is
+/// refused (`enrollment-denied`) at its next round and writes nothing.
+#[test]
+fn a_denied_enrollment_refuses_the_waiting_join() {
+    let cp = ControlPlane::start_trusting_test_maker();
+    let tpm = Swtpm::start();
+    let agent = Agent::with_tpm(&cp, &tpm);
+    let ek = agent.identify()["ekSha256"].as_str().unwrap().to_owned();
+    // The join runs under the harness's deadline while this thread denies.
+    let join = agent.command(&["join", "--attestor", "tpm"]);
+    let waiting = std::thread::spawn(move || output_within(join, DEADLINE));
+    let request = wait_for(|| {
+        cp.json(&["requests", "list"])
+            .as_array()
+            .and_then(|a| a.iter().find(|r| r["ekSha256"] == ek.as_str()).cloned())
+    });
+    let out = cp.refused_once(JOIN_REFUSED, "enrollment-denied", || {
+        assert_ok(&cp.cli(&["requests", "deny", request["id"].as_str().unwrap()]));
+        waiting.join().expect("the join's thread")
+    });
+    assert_access_denied(&out);
+    agent.assert_nothing_written();
+    assert!(cp.nodes().is_empty());
+}
+
+/// Round 2 after the challenge's deadline (the control plane's clock moved
+/// past its five minutes): `challenge-expired`.
+#[test]
+fn an_answer_after_the_challenges_deadline_is_refused() {
+    let cp = ControlPlane::start_trusting_test_maker();
+    let tpm = Swtpm::start();
+    let agent = Agent::with_tpm(&cp, &tpm);
+    agent.allow_ek(&cp);
+    let mut join = ManualJoin::new(&agent);
+    let answer = join.answer();
+    assert_ok(&cp.cli(&["clock", "set", "--offset", "6m"]));
+    cp.refused_once(JOIN_REFUSED, "challenge-expired", || join.refused(answer));
+    assert!(cp.nodes().is_empty());
+}
+
+/// A hello whose AK is no restricted signing key (here the node key's
+/// public area): `ak-attributes`, before any challenge.
+#[test]
+fn a_hello_whose_ak_is_no_attestation_key_is_refused() {
+    let cp = ControlPlane::start_trusting_test_maker();
+    let tpm = Swtpm::start();
+    let agent = Agent::with_tpm(&cp, &tpm);
+    agent.allow_ek(&cp);
+    let join = ManualJoin::new(&agent);
+    let mut hello = match TpmAttestation::decode(join.request.attestation.as_slice())
+        .unwrap()
+        .round
+    {
+        Some(Round::Hello(h)) => h,
+        _ => panic!("a hello"),
+    };
+    let node_key = join.tpm().node_key(&[3; 32]).unwrap();
+    hello.ak_public = node_key.public.clone();
+    join.tpm().flush(node_key).unwrap();
+    let mut request = join.request.clone();
+    request.attestation = TpmAttestation {
+        round: Some(Round::Hello(hello)),
+    }
+    .encode_to_vec();
+    let answer = cp.refused_once(JOIN_REFUSED, "ak-attributes", || join.send(&request));
+    assert!(
+        matches!(answer, Err(bcd::client::ClientError::AccessDenied)),
+        "{:?}",
+        answer.map(|b| b.node_id)
+    );
 }

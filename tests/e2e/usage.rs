@@ -116,26 +116,60 @@ fn status_of_a_machine_that_never_joined() {
 #[test]
 fn control_plane_cli_refuses_bad_input() {
     let cp = ControlPlane::init_only();
-    for args in [
-        &["token", "create", "--role", "admin"][..],
-        &["token", "create", "--role", "node", "--uses", "0"],
-        &["token", "create", "--role", "node", "--ttl", "soon"],
+    for (args, names) in [
+        (&["token", "create", "--role", "admin"][..], "admin"),
+        (&["token", "create", "--role", "node", "--uses", "0"], "0"),
+        (
+            &["token", "create", "--role", "node", "--ttl", "soon"],
+            "soon",
+        ),
     ] {
         let out = cp.cli(args);
         assert!(!out.status.success(), "{args:?} must fail");
         assert!(stdout(&out).is_empty(), "{args:?} prints no token");
+        assert!(stderr(&out).contains(names), "{args:?}: {}", stderr(&out));
     }
+    assert_eq!(
+        cp.json(&["token", "list"]),
+        serde_json::json!([]),
+        "no token made"
+    );
     // A whole token pasted as the id is refused without echoing its secret.
     let token = cp.token("node", &[]);
+    let tokens = cp.json(&["token", "list"]);
     let out = cp.cli(&["token", "revoke", &token]);
     assert_eq!(out.status.code(), Some(1));
     let secret = token.split_once('.').unwrap().1;
     assert!(!stderr(&out).contains(secret) && !stdout(&out).contains(secret));
+    assert!(!stderr(&out).is_empty(), "the refusal says why");
+    assert_eq!(cp.json(&["token", "list"]), tokens, "nothing revoked");
+    let events = cp.events();
+    assert!(
+        !serde_json::to_string(&events).unwrap().contains(secret),
+        "the secret reaches no event"
+    );
     let out = cp.cli(&["token", "revoke", "tok_nosuch"]);
     assert_eq!(out.status.code(), Some(1));
-    // init refuses to overwrite a bundle.
+    // init refuses to overwrite a bundle, and changes nothing in DIR.
+    let snapshot = || -> Vec<(String, Vec<u8>)> {
+        let mut files: Vec<_> = std::fs::read_dir(cp.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.is_file())
+            .map(|p| {
+                let name = p.file_name().unwrap().to_string_lossy().into_owned();
+                (name, std::fs::read(&p).unwrap())
+            })
+            .collect();
+        files.sort();
+        files
+    };
+    let before = snapshot();
     let out = cp.cli(&["init"]);
-    assert!(!out.status.success());
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stdout(&out).is_empty());
+    assert!(!stderr(&out).is_empty(), "the refusal says why");
+    assert_eq!(snapshot(), before, "init changed nothing");
 }
 
 /// A 50 MB value in the config: the error quotes a bounded piece of it.
