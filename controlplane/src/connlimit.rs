@@ -174,14 +174,6 @@ impl Default for RequestGate {
 mod tests {
     use super::*;
 
-    fn limits(max: usize, per: usize) -> Limits {
-        Limits {
-            max_connections: max,
-            max_per_source: per,
-            request_timeout: Duration::from_secs(1),
-        }
-    }
-
     #[test]
     fn derived_limits_leave_headroom() {
         let l = Limits::new(&ServerConfig::default(), 1024);

@@ -72,10 +72,8 @@ pub fn site_request(data: &[u8]) {
     let request = if mode & 1 == 0 {
         rest.to_vec()
     } else {
-        if let Ok(q) = std::str::from_utf8(rest).map(render::parse_query) {
-            if let Ok(q) = q {
-                query_holds(&q);
-            }
+        if let Ok(Ok(q)) = std::str::from_utf8(rest).map(render::parse_query) {
+            query_holds(&q);
         }
         [b"GET /boot.ipxe?", rest, b" HTTP/1.1\r\nHost: site\r\n\r\n"].concat()
     };

@@ -652,7 +652,7 @@ fn ramdisk_files_are_opened_at_each_answer_never_through_a_link() {
     assert!(initrd.starts_with(&rebuilt), "served whole");
     // 100,001 bytes: 3 of padding, then the configuration's archive.
     let rest = &initrd[rebuilt.len()..];
-    assert_eq!(&rest[..9], b"\0\0\0070701");
+    assert_eq!(&rest[..9], b"\x00\x00\x00070701");
     assert!(String::from_utf8_lossy(rest).contains("etc/bcd/config.toml"));
 
     let key = node.agent.data_dir.join("node.key");
