@@ -838,6 +838,17 @@ pub(crate) mod tests {
             .contains("site.ramdisk_dir: expected an absolute path"));
         assert!(err(&site("0.0.0.0:1", "http://a", "/d", "http://cp"))
             .contains("site.ramdisk_api: expected an https URL"));
+        // The connection caps: defaults, a per-source cap never above the
+        // total, and a bad value named.
+        assert_eq!((s.max_connections, s.max_per_source), (256, 8));
+        let capped = format!("{good}max_connections = 4\nmax_connections_per_source = 6\n");
+        let s = Config::parse(Path::new("c.toml"), &capped)
+            .unwrap()
+            .site
+            .unwrap();
+        assert_eq!((s.max_connections, s.max_per_source), (4, 4));
+        assert!(err(&format!("{good}max_connections_per_source = 0\n"))
+            .contains("site.max_connections_per_source: expected a number of connections from 1 to 65536, got 0"));
     }
 
     #[test]

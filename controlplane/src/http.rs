@@ -11,7 +11,7 @@
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
@@ -32,7 +32,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::client_auth::{DbClock, DbTimeClientVerifier};
-use crate::connlimit::{Limits, RequestGate, Slot, Tracker};
+use crate::connlimit::{Deadline, Limits, RequestGate, Slot, Tracker};
 use crate::db::Database;
 use crate::header_errors::WithErrorBodies;
 use crate::join::{ApiError, JoinService};
@@ -303,7 +303,7 @@ pub async fn serve_with(
         "connection limits"
     );
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-    let tracker = Tracker::new(limits);
+    let tracker = Tracker::new(limits.max_connections, limits.max_per_source);
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut conns = JoinSet::new();
     let mut shutdown = std::pin::pin!(shutdown);
@@ -336,7 +336,7 @@ pub async fn serve_with(
         let slot = match tracker.admit(peer.ip()) {
             Ok(s) => s,
             Err(why) => {
-                refused.note(why, peer, &tracker);
+                refused.note(why, peer, &limits);
                 continue;
             }
         };
@@ -372,13 +372,12 @@ struct RefusedLog {
 }
 
 impl RefusedLog {
-    fn note(&mut self, why: crate::connlimit::Refusal, peer: SocketAddr, tracker: &Tracker) {
+    fn note(&mut self, why: crate::connlimit::Refusal, peer: SocketAddr, l: &Limits) {
         self.since_log += 1;
         let due = self
             .last_log
             .is_none_or(|t| t.elapsed() >= REFUSED_LOG_EVERY);
         if due {
-            let l = tracker.limits();
             tracing::warn!(
                 refused = self.since_log,
                 last_peer = %peer,
@@ -390,36 +389,6 @@ impl RefusedLog {
             );
             self.since_log = 0;
             self.last_log = Some(Instant::now());
-        }
-    }
-}
-
-/// When the connection's current request must be done: `request_timeout`
-/// after accept, then after each response.
-#[derive(Clone)]
-struct Deadline(Arc<Mutex<Instant>>);
-
-impl Deadline {
-    fn after(timeout: Duration) -> Self {
-        Deadline(Arc::new(Mutex::new(Instant::now() + timeout)))
-    }
-
-    fn get(&self) -> Instant {
-        *self.0.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn reset(&self, timeout: Duration) {
-        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now() + timeout;
-    }
-
-    /// Resolves once the deadline passes without being moved.
-    async fn passed(&self) {
-        loop {
-            let at = self.get();
-            tokio::time::sleep_until(at).await;
-            if self.get() <= Instant::now() {
-                return;
-            }
         }
     }
 }

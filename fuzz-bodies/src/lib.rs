@@ -12,10 +12,12 @@
 mod agent;
 mod controlplane;
 pub mod fixtures;
+mod site;
 mod wire;
 
 pub use agent::{bcd_config, identity_json, join_answer, renew_answer};
 pub use controlplane::{cloud_cms, cp_config, ek_cert, join_request, renew_request};
+pub use site::{ramdisk_cmdline, site_request};
 pub use wire::{join_token, sealed_token, tpm_wire, x509pop_evidence};
 
 /// A target's body.
@@ -37,6 +39,8 @@ pub const TARGETS: &[(&str, Body)] = &[
     ("cp_config", cp_config),
     ("ek_cert", ek_cert),
     ("cloud_cms", cloud_cms),
+    ("site_request", site_request),
+    ("ramdisk_cmdline", ramdisk_cmdline),
 ];
 
 /// Splits an input into `N` parts: every part but the last is prefixed by

@@ -154,6 +154,22 @@ fn seeds_reach_past_the_first_checks() {
     .unwrap();
 }
 
+/// The site's seeds reach the parsers' ends: the command line joins, the
+/// query is a MAC and a UUID.
+#[test]
+fn site_seeds_parse() {
+    let line = String::from_utf8(seed("ramdisk_cmdline", "booted")).unwrap();
+    let d = bcd::evidence::discovery::parse_cmdline(&line).unwrap();
+    bc_wire::site::parse_signed(&d.assertion).unwrap();
+    let q = bcd::site::render::parse_query(
+        "mac=52%3A54%3A00%3A12%3A34%3A56&uuid=4C4C4544-0042-3510-8052-B4C04F4E4D32",
+    )
+    .unwrap();
+    assert!(q.uuid.is_some());
+    assert!(String::from_utf8_lossy(&seed("site_request", "ipxe"))
+        .contains("mac=52%3A54%3A00%3A12%3A34%3A56&uuid=4C4C4544-0042-3510-8052-B4C04F4E4D32 "));
+}
+
 /// A target without a body, or a body without a target, would go unfuzzed
 /// or untested.
 #[test]
@@ -185,6 +201,14 @@ fn parts_split_as_joined() {
 #[ignore]
 fn write_seeds() {
     seeds::write(&corpus_dir());
+}
+
+/// [`write_seeds`] for the site's two targets only:
+/// `cargo test -p bc-fuzz -- --ignored write_site_seeds`.
+#[test]
+#[ignore]
+fn write_site_seeds() {
+    seeds::write_site(&corpus_dir());
 }
 
 mod random;

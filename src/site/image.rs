@@ -1,11 +1,13 @@
 //! The ramdisk a site serves: `vmlinuz` as it is, `initrd` with this
 //! control plane's bcd configuration for the ramdisk (api = `[site]
 //! ramdisk_api`, the site node's own trust domain and pins) appended as a
-//! second cpio archive ([`super::cpio`]). Computed once at start.
+//! second cpio archive ([`super::cpio`]). The archive is built once at
+//! start; the files are opened (never through a link) at each answer.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
+use hyper::body::Bytes;
 
 use super::cpio;
 use crate::config::Config;
@@ -15,12 +17,13 @@ pub const CONFIG_PATH: &str = "etc/bcd/config.toml";
 /// The ramdisk's data directory (its initramfs, a tmpfs).
 pub const RAMDISK_DATA_DIR: &str = "/var/lib/bcd";
 
-/// A file served as its first `len` bytes followed by `suffix`.
-#[derive(Debug, Clone)]
+/// One of the two files, opened for one answer: its first `len` bytes
+/// (its size when opened), then `suffix`.
+#[derive(Debug)]
 pub struct Served {
-    pub path: PathBuf,
+    pub file: std::fs::File,
     pub len: u64,
-    pub suffix: std::sync::Arc<[u8]>,
+    pub suffix: Bytes,
 }
 
 impl Served {
@@ -29,45 +32,104 @@ impl Served {
     }
 }
 
+/// Which file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Part {
+    Kernel,
+    Initrd,
+}
+
+impl Part {
+    pub fn name(self) -> &'static str {
+        match self {
+            Part::Kernel => "vmlinuz",
+            Part::Initrd => "initrd",
+        }
+    }
+}
+
+/// Why a ramdisk file is not served.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error("{0} is a symbolic link: bcd site serves regular files only")]
+    Symlink(PathBuf),
+    #[error("{0} is not a regular file")]
+    NotRegular(PathBuf),
+    #[error("cannot open {0}: {1}")]
+    Io(PathBuf, std::io::Error),
+}
+
+/// `[site] ramdisk_dir` and the archive appended to its initrd. The files
+/// themselves are opened at each answer ([`Image::open`]): a rebuilt initrd
+/// is served whole, at its new size.
 #[derive(Debug, Clone)]
 pub struct Image {
-    pub kernel: Served,
-    pub initrd: Served,
+    dir: PathBuf,
+    archive: Bytes,
+    /// What the files measured at start (`bcd status`).
+    pub kernel_bytes: u64,
+    pub initrd_bytes: u64,
 }
 
 impl Image {
-    /// Reads the sizes under `[site] ramdisk_dir` and builds the archive
-    /// from the configuration file at `config_path` (already checked as
-    /// `config`).
+    /// Checks both files under `[site] ramdisk_dir` as [`Image::open`] will
+    /// and builds the archive from the configuration file at `config_path`
+    /// (already checked as `config`).
     pub fn prepare(config: &Config, config_path: &Path, dir: &Path) -> anyhow::Result<Image> {
-        let size = |name: &str| -> anyhow::Result<(PathBuf, u64)> {
-            let p = dir.join(name);
-            let m = std::fs::metadata(&p)
-                .with_context(|| format!("[site] ramdisk_dir: cannot read {}", p.display()))?;
-            Ok((p, m.len()))
-        };
-        let (kpath, klen) = size("vmlinuz")?;
-        let (ipath, ilen) = size("initrd")?;
         let text = ramdisk_config(config, config_path)?;
         let archive = cpio::archive(&[cpio::File {
             path: CONFIG_PATH,
             mode: 0o600,
             data: text.as_bytes(),
         }])?;
-        let mut suffix = vec![0u8; cpio::padding_before(ilen)];
-        suffix.extend_from_slice(&archive);
-        Ok(Image {
-            kernel: Served {
-                path: kpath,
-                len: klen,
-                suffix: std::sync::Arc::from(Vec::new()),
-            },
-            initrd: Served {
-                path: ipath,
-                len: ilen,
-                suffix: suffix.into(),
-            },
-        })
+        let mut image = Image {
+            dir: dir.to_owned(),
+            archive: Bytes::from(archive),
+            kernel_bytes: 0,
+            initrd_bytes: 0,
+        };
+        let size = |part| {
+            image
+                .open(part)
+                .map(|s| s.total())
+                .context("[site] ramdisk_dir")
+        };
+        let (k, i) = (size(Part::Kernel)?, size(Part::Initrd)?);
+        (image.kernel_bytes, image.initrd_bytes) = (k, i);
+        Ok(image)
+    }
+
+    /// Opens `part` without following a link (a link to the data
+    /// directory's `node.key` is refused, not served), refuses anything but
+    /// a regular file, and takes its size from the opened file.
+    pub fn open(&self, part: Part) -> Result<Served, OpenError> {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        let path = self.dir.join(part.name());
+        // O_NONBLOCK: a FIFO in its place must not hang the open.
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(&path)
+            .map_err(|e| match e.raw_os_error() {
+                Some(libc::ELOOP) => OpenError::Symlink(path.clone()),
+                _ => OpenError::Io(path.clone(), e),
+            })?;
+        let meta = file
+            .metadata()
+            .map_err(|e| OpenError::Io(path.clone(), e))?;
+        if !meta.file_type().is_file() {
+            return Err(OpenError::NotRegular(path));
+        }
+        let len = meta.len();
+        let suffix = match part {
+            Part::Kernel => Bytes::new(),
+            Part::Initrd => {
+                let mut s = vec![0u8; cpio::padding_before(len)];
+                s.extend_from_slice(&self.archive);
+                Bytes::from(s)
+            }
+        };
+        Ok(Served { file, len, suffix })
     }
 }
 

@@ -61,8 +61,8 @@ pub fn run(args: SiteArgs) -> anyhow::Result<ExitCode> {
                 held: false,
                 epoch: 0,
                 expires_at: String::new(),
-                vmlinuz_bytes: image.kernel.total(),
-                initrd_bytes: image.initrd.total(),
+                vmlinuz_bytes: image.kernel_bytes,
+                initrd_bytes: image.initrd_bytes,
             },
         };
         let (holder, view) =
@@ -72,9 +72,12 @@ pub fn run(args: SiteArgs) -> anyhow::Result<ExitCode> {
             node_id = %identity.current().await.node_id,
             listen = %listener.local_addr().map_or(settings.listen, |a| a),
             public_url = %settings.public_url,
-            initrd_bytes = image.initrd.total(),
+            initrd_bytes = image.initrd_bytes,
+            max_connections = settings.max_connections,
+            max_connections_per_source = settings.max_per_source,
             "bcd site serving"
         );
+        let limits = http::Limits::new(settings.max_connections, settings.max_per_source);
         let site = Arc::new(service::Site {
             settings,
             identity,
@@ -84,7 +87,7 @@ pub fn run(args: SiteArgs) -> anyhow::Result<ExitCode> {
         });
         let (stop, shutdown) = tokio::sync::watch::channel(false);
         let lease_task = tokio::spawn(holder.run(shutdown.clone()));
-        let server = tokio::spawn(http::serve(listener, site, shutdown));
+        let server = tokio::spawn(http::serve(listener, site, limits, shutdown));
         wait_for_signal().await;
         tracing::info!("bcd site stopping");
         let _ = stop.send(true);

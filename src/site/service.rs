@@ -10,7 +10,7 @@ use bc_wire::site_v1::SecretRequestBody;
 
 use super::entries::{Entries, Lookup};
 use super::identity::NodeIdentity;
-use super::image::{Image, Served};
+use super::image::{Image, Part, Served};
 use super::lease::LeaseView;
 use super::render::{self, BootQuery, Vouch};
 use super::settings::SiteSettings;
@@ -40,9 +40,21 @@ impl Site {
     pub async fn respond(self: &Arc<Self>, path: &str, query: &str, peer: IpAddr) -> Response {
         match path {
             "/boot.ipxe" => Response::Script(self.boot_ipxe(query, peer).await),
-            "/ramdisk/vmlinuz" => Response::File(self.image.kernel.clone()),
-            "/ramdisk/initrd" => Response::File(self.image.initrd.clone()),
+            "/ramdisk/vmlinuz" => self.file(Part::Kernel),
+            "/ramdisk/initrd" => self.file(Part::Initrd),
             _ => Response::NotFound,
+        }
+    }
+
+    /// A ramdisk file as it is now (see [`Image::open`]); a link or
+    /// anything but a regular file is not found, and said in the log.
+    fn file(&self, part: Part) -> Response {
+        match self.image.open(part) {
+            Ok(served) => Response::File(served),
+            Err(e) => {
+                tracing::warn!(error = %e, "ramdisk file not served");
+                Response::NotFound
+            }
         }
     }
 

@@ -17,7 +17,18 @@ pub struct RawSite {
     public_url: Spanned<String>,
     ramdisk_dir: Spanned<String>,
     ramdisk_api: Spanned<String>,
+    #[serde(default)]
+    max_connections: Option<Spanned<i64>>,
+    #[serde(default)]
+    max_connections_per_source: Option<Spanned<i64>>,
 }
+
+/// Connections `bcd site` holds at once, by default: a rack PXE-booting at
+/// once, each machine with a connection or two.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
+/// Connections one source address holds at once, by default: iPXE uses
+/// one or two; a neighbour holding sockets open takes these, not the rest.
+pub const DEFAULT_MAX_PER_SOURCE: usize = 8;
 
 /// `[site]`, checked.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,6 +45,11 @@ pub struct SiteSettings {
     pub ramdisk_dir: PathBuf,
     /// The control plane's URL as the booted ramdisk reaches it.
     pub ramdisk_api: Url,
+    /// `max_connections`: connections held at once (see [`super::http`]).
+    pub max_connections: usize,
+    /// `max_connections_per_source`: of those, from one address (an IPv6
+    /// source by its /64); never more than `max_connections`.
+    pub max_per_source: usize,
 }
 
 impl RawSite {
@@ -78,12 +94,40 @@ impl RawSite {
         }
         let ramdisk_api = parse_api(self.ramdisk_api.get_ref())
             .map_err(|m| (self.ramdisk_api.span(), format!("site.ramdisk_api: {m}")))?;
+        let cap = |v: &Option<Spanned<i64>>, name: &str, default: usize| match v {
+            None => Ok(default),
+            Some(v) => usize::try_from(*v.get_ref())
+                .ok()
+                .filter(|n| (1..=65_536).contains(n))
+                .ok_or_else(|| {
+                    (
+                        v.span(),
+                        format!(
+                            "site.{name}: expected a number of connections from 1 to 65536, got {}",
+                            v.get_ref()
+                        ),
+                    )
+                }),
+        };
+        let max_connections = cap(
+            &self.max_connections,
+            "max_connections",
+            DEFAULT_MAX_CONNECTIONS,
+        )?;
+        let max_per_source = cap(
+            &self.max_connections_per_source,
+            "max_connections_per_source",
+            DEFAULT_MAX_PER_SOURCE,
+        )?
+        .min(max_connections);
         Ok(SiteSettings {
             id: id.clone(),
             listen,
             public_url,
             ramdisk_dir: dir,
             ramdisk_api,
+            max_connections,
+            max_per_source,
         })
     }
 }

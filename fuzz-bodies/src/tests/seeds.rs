@@ -286,6 +286,58 @@ pub(super) fn write(root: &Path) {
         &join_parts(&[&tpm_file("ek-cert.der"), &tpm_file("ek-public.bin")]),
     );
     let _ = fixtures::captured_at();
+    write_site(root);
+}
+
+/// The site's seeds: iPXE's requests as bcd site sees them, and the kernel
+/// command line it renders (a signed assertion, a token).
+pub(super) fn write_site(root: &Path) {
+    let ipxe = b"GET /boot.ipxe?mac=52%3A54%3A00%3A12%3A34%3A56&uuid=4C4C4544-0042-3510-8052-B4C04F4E4D32 HTTP/1.1\r\nConnection: keep-alive\r\nUser-Agent: iPXE/1.21.1+\r\nHost: 10.0.2.100\r\n\r\n";
+    put(root, "site_request", "ipxe", &[&[0u8][..], ipxe].concat());
+    let downloads = b"GET /ramdisk/vmlinuz HTTP/1.1\r\nHost: s\r\nConnection: keep-alive\r\n\r\nHEAD /ramdisk/initrd HTTP/1.0\r\n\r\n";
+    put(
+        root,
+        "site_request",
+        "downloads",
+        &[&[0u8][..], downloads].concat(),
+    );
+    let post = b"POST /boot.ipxe HTTP/1.1\r\nHost: s\r\nContent-Length: 3\r\n\r\nabc";
+    put(root, "site_request", "post", &[&[0u8][..], post].concat());
+    put(
+        root,
+        "site_request",
+        "query",
+        b"\x01mac=52:54:00:ab:cd:ef&uuid=&ip=10.9.9.9",
+    );
+    let signed = bc_wire::site::sign_assertion(
+        &bc_wire::site_v1::DiscoveryAssertion {
+            site_id: "site_a".into(),
+            node_id: NODE_ID.into(),
+            lease_epoch: 1,
+            mac: "52:54:00:12:34:56".into(),
+            ip: "10.0.2.15".into(),
+            product_uuid: "4c4c4544-0042-3510-8052-b4c04f4e4d32".into(),
+            workflow_id: "wf_1".into(),
+            issued_at_unix_ms: 1_796_057_201_000,
+            not_after_unix_ms: 1_796_058_101_000,
+        },
+        "kid".into(),
+        |_| Ok::<_, ()>([7u8; 64]),
+    )
+    .unwrap();
+    let a = bc_wire::site::to_cmdline(&signed);
+    put(
+        root,
+        "ramdisk_cmdline",
+        "booted",
+        format!("BOOT_IMAGE=vmlinuz console=ttyS0 bc.token={TOKEN} bc.assertion={a} bc.now=1796057201 quiet\n").as_bytes(),
+    );
+    put(
+        root,
+        "ramdisk_cmdline",
+        "repeated",
+        format!("bc.token={TOKEN} bc.token={TOKEN} bc.assertion={a}").as_bytes(),
+    );
 }
 
 fn x509pop(chain: &[Vec<u8>], key: &p256::ecdsa::SigningKey, csr_sha256: &[u8; 32]) -> Vec<u8> {
