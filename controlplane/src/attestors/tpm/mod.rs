@@ -164,18 +164,23 @@ impl TpmAttestor {
         input: &AttestInput<'_>,
         hello: &TpmHello,
     ) -> Result<Verdict, Refusal> {
-        let trust = ek::trust(tx)?;
-        let ek = ek::verify_ek(
-            &hello.ek_certificate,
-            &hello.ek_public,
-            &trust,
-            &hello.ek_intermediates,
-            input.now,
-        )
-        .map_err(|e| {
-            tracing::debug!(error = %e, "tpm: EK refused");
-            Refusal::new(e.reason())
-        })?;
+        let ek = match hello.ek_certificate.is_empty() {
+            true => uncertified(tx, &hello.ek_public)?,
+            false => {
+                let trust = ek::trust(tx)?;
+                ek::verify_ek(
+                    &hello.ek_certificate,
+                    &hello.ek_public,
+                    &trust,
+                    &hello.ek_intermediates,
+                    input.now,
+                )
+                .map_err(|e| {
+                    tracing::debug!(error = %e, "tpm: EK refused");
+                    Refusal::new(e.reason())
+                })?
+            }
+        };
         let ak = Public::parse(&hello.ak_public)
             .ok()
             .filter(wtpm::is_attestation_key)
@@ -353,6 +358,35 @@ impl TpmAttestor {
         let statement = wtpm::ak_statement(&ak.name())
             .map_err(|e| Refusal::fault(Fault::Internal(format!("AK statement: {e}"))))?;
         Ok((NodeKeyKind::Tpm, Some(statement)))
+    }
+}
+
+/// An EK that sent no certificate: admitted only when a resolve entry pins
+/// exactly that EK as uncertified (`resolve add --ek-sha256 H
+/// --uncertified`, the spec's allowUncertifiedEk); any other is refused
+/// `ek-chain`, as an EK certificate with no path to a root is. A pinned EK
+/// that does send a certificate never comes here: it is verified as usual.
+fn uncertified(tx: &Transaction<'_>, ek_public: &[u8]) -> Result<ek::VerifiedEk, Refusal> {
+    let ek = ek::uncertified_ek(ek_public).map_err(|e| {
+        tracing::debug!(error = %e, "tpm: uncertified EK refused");
+        Refusal::new(e.reason())
+    })?;
+    let ek_sha256 = hex::encode(ek.spki_sha256);
+    match enroll::resolve_entry(tx, &ek_sha256)? {
+        Some(entry) if entry.uncertified => {
+            tracing::info!(
+                ek_sha256,
+                "tpm: no EK certificate; the EK is pinned (resolve add --uncertified)"
+            );
+            Ok(ek)
+        }
+        _ => {
+            tracing::info!(
+                ek_sha256,
+                "tpm: no EK certificate and no resolve entry pins this EK as uncertified"
+            );
+            Err(Refusal::new(ek::CHAIN))
+        }
     }
 }
 
