@@ -44,7 +44,10 @@ fn an_uncertified_ek_joins_only_when_pinned_so() {
     assert_ok(&agent.run(&["join", "--attestor", "tpm"]));
     let node = agent.status_json()["nodeId"].as_str().unwrap().to_owned();
     let nodes = cp.nodes();
-    assert!(nodes.iter().any(|n| n["nodeId"] == node.as_str()), "{nodes:?}");
+    assert!(
+        nodes.iter().any(|n| n["nodeId"] == node.as_str()),
+        "{nodes:?}"
+    );
 
     // The pin is for that EK alone: another uncertified TPM is refused.
     let other = Swtpm::start_another_machine();
@@ -65,4 +68,113 @@ fn a_pinned_ek_that_sends_a_certificate_is_verified() {
     assert_ok(&cp.cli(&["resolve", "add", "--ek-sha256", &ek, "--uncertified"]));
     assert_access_denied(&agent.run(&["join", "--attestor", "tpm"]));
     assert_eq!(cp.refusal_reasons().last().unwrap(), "ek-chain");
+}
+
+/// The EK certificate in NV index `index`, DER (swtpm's index is exactly
+/// its size).
+fn nv_certificate(tpm: &Swtpm, index: &str) -> Vec<u8> {
+    let file = tpm.dir.path().join(format!("read-{index}"));
+    assert_ok(&tpm.tool("tpm2_nvread", &[index, "-o", &file.to_string_lossy()]));
+    std::fs::read(file).unwrap()
+}
+
+/// Appends `line` to the agent's `[tpm]` table (its config's last).
+fn tpm_setting(agent: &Agent, line: &str) {
+    let config = std::fs::read_to_string(&agent.config).unwrap();
+    std::fs::write(&agent.config, format!("{config}{line}\n")).unwrap();
+}
+
+/// `[tpm] ek_certificate`: the maker's certificate for this EK as a file
+/// (here the one NV held, moved out of NV), PEM or DER.
+#[test]
+fn an_operator_ek_certificate_file_joins() {
+    let cp = ControlPlane::start_trusting_test_maker();
+    let tpm = Swtpm::start();
+    let der = nv_certificate(&tpm, "0x01c00002");
+    without_ek_certificates(&tpm);
+    let agent = Agent::with_tpm(&cp, &tpm);
+    let file = agent.root.path().join("ek.pem");
+    std::fs::write(
+        &file,
+        ::pem::encode(&::pem::Pem::new("CERTIFICATE", der.clone())),
+    )
+    .unwrap();
+    tpm_setting(&agent, &format!("ek_certificate = \"{}\"", file.display()));
+
+    let id = agent.identify();
+    assert_eq!(id["ekCertificate"]["present"], true, "{id}");
+    assert_eq!(id["ekCertificate"]["source"], "operator-file", "{id}");
+    assert_eq!(id["ekMatchesCertificate"], true, "{id}");
+    let text = stdout(&agent.run(&["tpm", "identify"]));
+    assert!(
+        text.contains(&format!("(from [tpm] ek_certificate {})", file.display())),
+        "{text}"
+    );
+    agent.allow_ek(&cp);
+    assert_ok(&agent.run(&["join", "--attestor", "tpm"]));
+
+    // DER works the same.
+    let other = Swtpm::start_another_machine();
+    let der_b = nv_certificate(&other, "0x01c00002");
+    without_ek_certificates(&other);
+    let b = Agent::with_tpm(&cp, &other);
+    let file_b = b.root.path().join("ek.der");
+    std::fs::write(&file_b, &der_b).unwrap();
+    tpm_setting(&b, &format!("ek_certificate = \"{}\"", file_b.display()));
+    b.allow_ek(&cp);
+    assert_ok(&b.run(&["join", "--attestor", "tpm"]));
+    assert!(
+        cp.refusal_reasons().is_empty(),
+        "{:?}",
+        cp.refusal_reasons()
+    );
+}
+
+/// Another TPM's certificate, or a file that is no certificate: a clear
+/// error naming the file, before anything is sent.
+#[test]
+fn a_wrong_operator_ek_certificate_is_an_error_before_anything_is_sent() {
+    let cp = ControlPlane::start_trusting_test_maker();
+    let tpm = Swtpm::start();
+    without_ek_certificates(&tpm);
+    let other = Swtpm::start_another_machine();
+    let theirs = nv_certificate(&other, "0x01c00002");
+    let agent = Agent::with_tpm(&cp, &tpm);
+    let file = agent.root.path().join("ek.der");
+    std::fs::write(&file, &theirs).unwrap();
+    tpm_setting(&agent, &format!("ek_certificate = \"{}\"", file.display()));
+    let out = agent.run(&["join", "--attestor", "tpm"]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains(&format!(
+            "[tpm] ek_certificate {}: it is not this TPM's EK certificate",
+            file.display()
+        )),
+        "{err}"
+    );
+    let out = agent.run(&["tpm", "identify"]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("it is not this TPM's EK certificate"),
+        "{}",
+        stderr(&out)
+    );
+
+    std::fs::write(&file, b"not a certificate\n").unwrap();
+    let out = agent.run(&["join", "--attestor", "tpm"]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("neither a DER certificate nor PEM"),
+        "{}",
+        stderr(&out)
+    );
+    agent.assert_nothing_written();
+    // Nothing reached the control plane.
+    assert!(cp.refusals().is_empty(), "{:?}", cp.refusals());
+    assert!(cp
+        .json(&["requests", "list"])
+        .as_array()
+        .unwrap()
+        .is_empty());
 }

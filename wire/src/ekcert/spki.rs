@@ -76,4 +76,3 @@ fn rsa_spki_der(modulus: &[u8], exponent: u32) -> Vec<u8> {
     bits.extend_from_slice(&key);
     tlv(0x30, &[RSA_ALGORITHM, &tlv(0x03, &bits)].concat())
 }
-
