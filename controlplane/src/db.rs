@@ -297,6 +297,12 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     r#"
     ALTER TABLE tpm_resolve ADD COLUMN uncertified INTEGER NOT NULL DEFAULT 0 CHECK (uncertified IN (0, 1));
     "#,
+    // 15: where a tpm join's EK certificate came from (the EK assurance:
+    // nv, nv-chain, operator-file, maker-service, pinned); NULL for joins
+    // that proved no EK.
+    r#"
+    ALTER TABLE joins ADD COLUMN ek_assurance TEXT;
+    "#,
 ];
 
 #[derive(Debug, thiserror::Error)]

@@ -178,3 +178,155 @@ fn a_wrong_operator_ek_certificate_is_an_error_before_anything_is_sent() {
         .unwrap()
         .is_empty());
 }
+
+/// The `node.joined` event's, the joins row's and `nodes list`'s EK
+/// assurance of `node`.
+fn recorded_assurance(cp: &ControlPlane, node: &str) -> (String, String, String, String) {
+    let event = cp
+        .events()
+        .into_iter()
+        .rev()
+        .find(|e| e["type"] == "node.joined" && e["nodeId"] == node)
+        .unwrap();
+    let db = rusqlite::Connection::open(cp.path().join("controlplane.db")).unwrap();
+    let row: String = db
+        .query_row(
+            "SELECT ek_assurance FROM joins WHERE node_id = ?1 ORDER BY id DESC LIMIT 1",
+            [node],
+            |r| r.get(0),
+        )
+        .unwrap();
+    let listed = cp
+        .nodes()
+        .into_iter()
+        .find(|n| n["nodeId"] == node)
+        .unwrap();
+    let text = stdout(&cp.cli(&["nodes", "list"]));
+    let line = text
+        .lines()
+        .find(|l| l.starts_with(node))
+        .unwrap()
+        .to_owned();
+    (
+        event["data"]["ekAssurance"].as_str().unwrap().to_owned(),
+        row,
+        listed["ekAssurance"].as_str().unwrap().to_owned(),
+        line,
+    )
+}
+
+fn node_id(agent: &Agent) -> String {
+    agent.status_json()["nodeId"].as_str().unwrap().to_owned()
+}
+
+/// Every tpm join records where its EK certificate came from, and a pool
+/// may require a minimum (`pools update --min-ek-assurance`).
+#[test]
+fn the_ek_assurance_is_recorded_and_a_pool_may_require_a_minimum() {
+    let cp = ControlPlane::start_trusting_test_maker();
+    // From NV.
+    let nv_tpm = Swtpm::start();
+    let nv = Agent::tpm_joined(&cp, &nv_tpm);
+    let (event, row, listed, line) = recorded_assurance(&cp, &node_id(&nv));
+    assert_eq!(
+        (event.as_str(), row.as_str(), listed.as_str()),
+        ("nv", "nv", "nv")
+    );
+    assert!(line.ends_with(" ek=nv"), "{line}");
+
+    // A pool that requires operator-file or better.
+    assert_ok(&cp.cli(&["pools", "create", "--id", "metal"]));
+    let out = cp.cli(&[
+        "pools",
+        "update",
+        "--id",
+        "metal",
+        "--min-ek-assurance",
+        "best",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("is not one of pinned, operator-file, maker-service, nv-chain, nv"),
+        "{}",
+        stderr(&out)
+    );
+    let out = cp.cli(&[
+        "pools",
+        "update",
+        "--id",
+        "metal",
+        "--min-ek-assurance",
+        "operator-file",
+    ]);
+    assert_ok(&out);
+    assert!(
+        stdout(&out).contains("min_ek_assurance=operator-file"),
+        "{}",
+        stdout(&out)
+    );
+
+    // Pinned (no certificate): below the pool's minimum.
+    let pinned_tpm = Swtpm::start_another_machine();
+    without_ek_certificates(&pinned_tpm);
+    let pinned = Agent::with_tpm(&cp, &pinned_tpm);
+    let ek = pinned.identify()["ekSha256"].as_str().unwrap().to_owned();
+    assert_ok(&cp.cli(&[
+        "resolve",
+        "add",
+        "--ek-sha256",
+        &ek,
+        "--uncertified",
+        "--pool",
+        "metal",
+    ]));
+    let out = pinned.run(&["join", "--attestor", "tpm"]);
+    assert_access_denied(&out);
+    pinned.assert_nothing_written();
+    assert_eq!(
+        cp.refusal_reasons().last().unwrap(),
+        "join:pool-ek-assurance"
+    );
+    // Into the default pool, it joins pinned.
+    assert_ok(&cp.cli(&["resolve", "add", "--ek-sha256", &ek, "--uncertified"]));
+    assert_ok(&pinned.run(&["join", "--attestor", "tpm"]));
+    let (event, row, listed, _) = recorded_assurance(&cp, &node_id(&pinned));
+    assert_eq!(
+        (event.as_str(), row.as_str(), listed.as_str()),
+        ("pinned", "pinned", "pinned")
+    );
+
+    // An operator's file meets it.
+    let file_tpm = Swtpm::start_sha1_only();
+    let der = nv_certificate(&file_tpm, "0x01c00002");
+    without_ek_certificates(&file_tpm);
+    let filed = Agent::with_tpm(&cp, &file_tpm);
+    let file = filed.root.path().join("ek.der");
+    std::fs::write(&file, &der).unwrap();
+    tpm_setting(&filed, &format!("ek_certificate = \"{}\"", file.display()));
+    let ek = filed.identify()["ekSha256"].as_str().unwrap().to_owned();
+    assert_ok(&cp.cli(&["resolve", "add", "--ek-sha256", &ek, "--pool", "metal"]));
+    assert_ok(&filed.run(&["join", "--attestor", "tpm"]));
+    let (event, row, listed, _) = recorded_assurance(&cp, &node_id(&filed));
+    assert_eq!(
+        (event.as_str(), row.as_str(), listed.as_str()),
+        ("operator-file", "operator-file", "operator-file")
+    );
+    let pool = cp
+        .json(&["pools", "list"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["id"] == "metal")
+        .cloned()
+        .unwrap();
+    assert_eq!(pool["policy"]["minEkAssurance"], "operator-file", "{pool}");
+
+    // A token join proves no EK: refused by such a pool.
+    let token = cp.token("node", &["--pool", "metal"]);
+    let t = Agent::new(&cp);
+    assert_access_denied(&t.join_with_token(&token));
+    assert_eq!(
+        cp.refusal_reasons().last().unwrap(),
+        "join:pool-ek-assurance"
+    );
+}
