@@ -21,6 +21,18 @@ fn an_uncertified_ek_joins_only_when_pinned_so() {
     let id = agent.identify();
     assert_eq!(id["ekCertificate"]["present"], false, "{id}");
     let ek = id["ekSha256"].as_str().unwrap().to_owned();
+    let text = stdout(&agent.run(&["tpm", "identify"]));
+    assert!(
+        text.contains(&format!("resolve add --ek-sha256 {ek} --uncertified")),
+        "{text}"
+    );
+    // bcd doctor says what this machine will join with, and what to do.
+    let doctor = stdout(&agent.run(&["doctor"]));
+    assert!(
+        doctor.contains("warn  ek certificate: none in NV")
+            && doctor.contains(&format!("no EK certificate in NV: set [tpm] ek_certificate to the maker's certificate for this EK, or ask the operator to pin the EK with resolve add --ek-sha256 {ek} --uncertified")),
+        "{doctor}"
+    );
 
     // Unknown, and without a certificate: ek-chain, nothing written.
     let out = agent.run(&["join", "--attestor", "tpm"]);
@@ -110,6 +122,13 @@ fn an_operator_ek_certificate_file_joins() {
         text.contains(&format!("(from [tpm] ek_certificate {})", file.display())),
         "{text}"
     );
+    let doctor = stdout(&agent.run(&["doctor"]));
+    assert!(
+        doctor.contains(
+            "ok    ek certificate: joins as operator-file: from [tpm] ek_certificate, issued by"
+        ),
+        "{doctor}"
+    );
     agent.allow_ek(&cp);
     assert_ok(&agent.run(&["join", "--attestor", "tpm"]));
 
@@ -168,6 +187,12 @@ fn a_wrong_operator_ek_certificate_is_an_error_before_anything_is_sent() {
         stderr(&out).contains("neither a DER certificate nor PEM"),
         "{}",
         stderr(&out)
+    );
+    let doctor = stdout(&agent.run(&["doctor"]));
+    assert!(
+        doctor.contains("fail  ek certificate: [tpm] ek_certificate")
+            && doctor.contains("neither a DER certificate nor PEM"),
+        "{doctor}"
     );
     agent.assert_nothing_written();
     // Nothing reached the control plane.
