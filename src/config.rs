@@ -80,6 +80,10 @@ pub struct Config {
     /// `[tpm] ek_intermediates`: a PEM bundle of the maker's intermediates
     /// an operator dropped on the machine, sent (untrusted) with a tpm join.
     pub tpm_ek_intermediates: Option<PathBuf>,
+    /// `[tpm] ek_certificate`: the TPM's EK certificate (PEM or DER) for a
+    /// TPM whose NV holds none (the maker's download, a vendor's delivery
+    /// manifest); when set it is sent instead of NV's.
+    pub tpm_ek_certificate: Option<PathBuf>,
     /// `[tpm] ek`: which EK ("rsa", "ecc-p256", "ecc-p384"); None lets bcd
     /// choose the first with a certificate in that order.
     pub tpm_ek: Option<crate::tpm::EkKind>,
@@ -195,6 +199,7 @@ struct RawTpm {
     ek_roots: Option<Spanned<String>>,
     owner_auth_file: Option<Spanned<String>>,
     ek_intermediates: Option<Spanned<String>>,
+    ek_certificate: Option<Spanned<String>>,
     ek: Option<Spanned<String>>,
 }
 
@@ -316,6 +321,10 @@ impl Config {
             "ek_intermediates",
             raw_tpm.and_then(|t| t.ek_intermediates.as_ref()),
         )?;
+        let tpm_ek_certificate = tpm_path(
+            "ek_certificate",
+            raw_tpm.and_then(|t| t.ek_certificate.as_ref()),
+        )?;
 
         let tpm_ek = match raw_tpm.and_then(|t| t.ek.as_ref()) {
             None => None,
@@ -416,6 +425,7 @@ impl Config {
             tpm_ek_roots,
             tpm_owner_auth_file,
             tpm_ek_intermediates,
+            tpm_ek_certificate,
             tpm_ek,
             node,
             tpm_tcti,

@@ -53,6 +53,9 @@ struct Identification {
 #[serde(rename_all = "camelCase")]
 struct EkCertificate {
     present: bool,
+    /// Where it came from: "nv" (the TPM's EK certificate NV index) or
+    /// "operator-file" (`[tpm] ek_certificate`); null when there is none.
+    source: Option<crate::tpm::CertificateSource>,
     issuer: Option<String>,
     serial: Option<String>,
     not_before: Option<String>,
@@ -71,11 +74,15 @@ struct TpmJson {
 pub fn run(args: IdentifyArgs) -> anyhow::Result<ExitCode> {
     // Identifying a machine precedes configuring it: without a config file at
     // the default place, the TPM comes from the environment or /dev/tpmrm0.
-    let access = if args.config.path == Path::new(DEFAULT_PATH) && !args.config.path.exists() {
-        TpmAccess::new(None)
-    } else {
-        TpmAccess::configured(&Config::load(&args.config.path)?)
+    let config = match args.config.path == Path::new(DEFAULT_PATH) && !args.config.path.exists() {
+        true => None,
+        false => Some(Config::load(&args.config.path)?),
     };
+    let access = match &config {
+        None => TpmAccess::new(None),
+        Some(c) => TpmAccess::configured(c),
+    };
+    let file = config.and_then(|c| c.tpm_ek_certificate);
     let shared = access.open().context("cannot open the TPM")?;
     let mut tpm = crate::keys::lock_tpm(&shared)?;
     let info = tpm.info().context("cannot read the TPM's properties")?;
@@ -89,6 +96,7 @@ pub fn run(args: IdentifyArgs) -> anyhow::Result<ExitCode> {
     let cert = match &ek.certificate {
         None => EkCertificate {
             present: false,
+            source: None,
             issuer: None,
             serial: None,
             not_before: None,
@@ -99,6 +107,7 @@ pub fn run(args: IdentifyArgs) -> anyhow::Result<ExitCode> {
                 crate::pki::parse_cert(der).context("the EK certificate does not parse")?;
             EkCertificate {
                 present: true,
+                source: ek.certificate_source,
                 issuer: Some(parsed.issuer),
                 serial: Some(parsed.serial),
                 not_before: Some(rfc3339(parsed.not_before)),
@@ -136,12 +145,20 @@ pub fn run(args: IdentifyArgs) -> anyhow::Result<ExitCode> {
     }
     let c = &id.ek_certificate;
     match (&c.issuer, &c.serial, &c.not_before, &c.not_after) {
-        (Some(issuer), Some(serial), Some(nb), Some(na)) => out::line(format_args!(
-            "EK certificate {issuer}, serial {serial}, valid {nb} to {na} (NV {:#010x})",
-            kind.certificate_index()
-        ))?,
+        (Some(issuer), Some(serial), Some(nb), Some(na)) => {
+            let from = match (c.source, &file) {
+                (Some(crate::tpm::CertificateSource::OperatorFile), Some(path)) => {
+                    format!("from [tpm] ek_certificate {}", path.display())
+                }
+                _ => format!("NV {:#010x}", kind.certificate_index()),
+            };
+            out::line(format_args!(
+                "EK certificate {issuer}, serial {serial}, valid {nb} to {na} ({from})"
+            ))?
+        }
         _ => out::line(format_args!(
-            "EK certificate none at NV 0x01c00002, 0x01c0000a or 0x01c00016 (the control plane cannot verify this TPM's maker)"
+            "EK certificate none at NV 0x01c00002, 0x01c0000a or 0x01c00016 (the control plane cannot verify this TPM's maker: set [tpm] ek_certificate to the maker's certificate for this EK, or have the operator pin it: resolve add --ek-sha256 {} --uncertified)",
+            id.ek_sha256
         ))?,
     }
     out::line(format_args!(

@@ -83,6 +83,75 @@ impl NodeKeyKind {
     }
 }
 
+/// Where a tpm join's EK certificate came from, as a level a pool can
+/// require (`pools update --min-ek-assurance`). Every level but `pinned`
+/// is a maker's certificate verified against the configured roots in
+/// exactly the same way; the order ranks how the certificate reached the
+/// verifier:
+///
+/// `pinned` < `operator-file` < `maker-service` < `nv-chain` = `nv`
+///
+/// * `pinned`: no certificate; an operator pinned the EK's hash (`resolve
+///   add --uncertified`). Nothing says the key is a real TPM's.
+/// * `operator-file`: `[tpm] ek_certificate`, a file someone with root on
+///   the machine put there; what arrives that way (vendor manifests,
+///   downloads) is also what most often chains to an anchor added for
+///   another reason (an OEM's CA).
+/// * `maker-service`: fetched by the control plane itself from the maker's
+///   service by the EK's hash (reserved: no fetcher yet).
+/// * `nv`, `nv-chain`: the certificate the maker wrote into the TPM
+///   (`nv-chain`: with intermediates from the TPM's chain indices, which
+///   are untrusted anyway: the path must still end at an anchor, so the
+///   two rank equal). NV vs file is the agent's report; a machine that
+///   lies gains nothing it could not get with the same certificate in NV.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EkAssurance {
+    Pinned,
+    OperatorFile,
+    MakerService,
+    NvChain,
+    Nv,
+}
+
+impl EkAssurance {
+    pub const ALL: [EkAssurance; 5] = [
+        EkAssurance::Pinned,
+        EkAssurance::OperatorFile,
+        EkAssurance::MakerService,
+        EkAssurance::NvChain,
+        EkAssurance::Nv,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EkAssurance::Pinned => "pinned",
+            EkAssurance::OperatorFile => "operator-file",
+            EkAssurance::MakerService => "maker-service",
+            EkAssurance::NvChain => "nv-chain",
+            EkAssurance::Nv => "nv",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        EkAssurance::ALL.into_iter().find(|a| a.as_str() == s)
+    }
+
+    /// The order a pool's minimum compares by (`nv-chain` = `nv`).
+    pub fn rank(self) -> u8 {
+        match self {
+            EkAssurance::Pinned => 0,
+            EkAssurance::OperatorFile => 1,
+            EkAssurance::MakerService => 2,
+            EkAssurance::NvChain | EkAssurance::Nv => 3,
+        }
+    }
+
+    /// Whether this level meets a pool's minimum.
+    pub fn meets(self, min: EkAssurance) -> bool {
+        self.rank() >= min.rank()
+    }
+}
+
 /// A hardware key that identifies one machine for good (e.g. its TPM's EK).
 /// JoinService binds it to the admitted node (`node_bindings`): a later join
 /// proving it reclaims that node, and it never admits another one.
@@ -110,6 +179,9 @@ pub struct AttestationResult {
     /// the certificate after the SPIFFE ID.
     pub node_key_uri: Option<String>,
     pub node_key: NodeKeyKind,
+    /// A tpm join's: where its EK certificate came from (None: the join
+    /// proved no EK).
+    pub ek_assurance: Option<EkAssurance>,
     /// The pool a new node joins (`None`: the token's, else `default`). A
     /// reclaim ignores it: a node stays in its pool.
     pub pool_id: Option<String>,

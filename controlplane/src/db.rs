@@ -292,6 +292,17 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     r#"
     ALTER TABLE ek_roots ADD COLUMN kind TEXT CHECK (kind IS NULL OR kind IN ('anchor', 'intermediate'));
     "#,
+    // 14: a resolve entry may pin an EK that has no EK certificate
+    // (`resolve add --uncertified`, the spec's allowUncertifiedEk).
+    r#"
+    ALTER TABLE tpm_resolve ADD COLUMN uncertified INTEGER NOT NULL DEFAULT 0 CHECK (uncertified IN (0, 1));
+    "#,
+    // 15: where a tpm join's EK certificate came from (the EK assurance:
+    // nv, nv-chain, operator-file, maker-service, pinned); NULL for joins
+    // that proved no EK.
+    r#"
+    ALTER TABLE joins ADD COLUMN ek_assurance TEXT;
+    "#,
 ];
 
 #[derive(Debug, thiserror::Error)]

@@ -59,6 +59,9 @@ pub const RECLAIM_RETIRED: &str = "join:reclaim-retired";
 pub const RECLAIM_ROLE: &str = "join:reclaim-role";
 /// The admitting attestor is not in the pool's `policy.joinAttestors`.
 pub const POOL_ATTESTOR: &str = "join:pool-attestor";
+/// The join's EK assurance is below the pool's `policy.minEkAssurance` (or
+/// the join proved no EK at all).
+pub const POOL_EK_ASSURANCE: &str = "join:pool-ek-assurance";
 /// The attestor resolved a pool that does not exist.
 pub const UNKNOWN_POOL: &str = "join:unknown-pool";
 /// The machine's hardware key is bound to another node, or the node to
@@ -580,6 +583,17 @@ impl JoinService {
                 return Err(refuse(POOL_ATTESTOR, reclaim).with_pool(&pool.id, &pool.owner));
             }
         }
+        if let Some(min) = pool.min_ek_assurance()? {
+            if !result.ek_assurance.is_some_and(|a| a.meets(min)) {
+                tracing::info!(
+                    pool = %pool.id,
+                    min = min.as_str(),
+                    ek_assurance = result.ek_assurance.map_or("none", |a| a.as_str()),
+                    "join refused: below the pool's minimum EK assurance"
+                );
+                return Err(refuse(POOL_EK_ASSURANCE, reclaim).with_pool(&pool.id, &pool.owner));
+            }
+        }
 
         let (node_id, generation) = match existing {
             Some(node) => {
@@ -665,6 +679,7 @@ impl JoinService {
                 node_id: node_id.clone(),
                 attestor: attestor_id.to_owned(),
                 node_key: result.node_key.as_str().to_owned(),
+                ek_assurance: result.ek_assurance.map(|a| a.as_str().to_owned()),
                 identity_generation: generation,
                 at: now,
                 product_uuid: crate::attestor::normalize_product_uuid(&claims.product_uuid).ok(),
@@ -682,6 +697,7 @@ impl JoinService {
                 data: serde_json::json!({
                     "attestor": attestor_id,
                     "nodeKey": result.node_key.as_str(),
+                    "ekAssurance": result.ek_assurance.map(|a| a.as_str()),
                     "role": role.name(),
                     "identityGeneration": generation,
                     "reclaim": reclaim.is_some(),
@@ -698,6 +714,7 @@ impl JoinService {
             generation,
             token_id = result.token_id.as_deref().unwrap_or(""),
             node_key = result.node_key.as_str(),
+            ek_assurance = result.ek_assurance.map_or("", |a| a.as_str()),
             "node joined"
         );
         Ok((node_id, issued.der))

@@ -10,6 +10,7 @@
 use rusqlite::{Connection, OptionalExtension, Transaction};
 use serde_json::{json, Value};
 
+use crate::attestor::EkAssurance;
 use crate::db::{self, Database, DbError, UnixMs};
 
 pub const DEFAULT_POOL: &str = "default";
@@ -53,6 +54,42 @@ impl PoolRow {
             Some(_) => Err(corrupt(&self.id)),
         }
     }
+}
+
+impl PoolRow {
+    /// `policy.minEkAssurance`: the least EK assurance a join into this
+    /// pool must have (a join that proved no EK has none); `None`: any.
+    pub fn min_ek_assurance(&self) -> Result<Option<EkAssurance>, DbError> {
+        match self.policy.get("minEkAssurance") {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => {
+                EkAssurance::parse(s)
+                    .map(Some)
+                    .ok_or_else(|| DbError::Corrupt {
+                        what: "pool policy",
+                        detail: format!(
+                            "pool {}: minEkAssurance {s:?} is no EK assurance",
+                            self.id
+                        ),
+                    })
+            }
+            Some(_) => Err(DbError::Corrupt {
+                what: "pool policy",
+                detail: format!("pool {}: minEkAssurance is not a string", self.id),
+            }),
+        }
+    }
+}
+
+/// Parses a `--min-ek-assurance` value.
+pub fn parse_ek_assurance(s: &str) -> Result<EkAssurance, PoolError> {
+    EkAssurance::parse(s).ok_or_else(|| {
+        let all: Vec<_> = EkAssurance::ALL.iter().map(|a| a.as_str()).collect();
+        PoolError::InvalidInput(format!(
+            "--min-ek-assurance {s:?} is not one of {} (weakest first; nv-chain and nv rank equal)",
+            all.join(", ")
+        ))
+    })
 }
 
 fn corrupt(id: &str) -> DbError {
@@ -166,6 +203,38 @@ pub fn set_join_attestors(
             }
             None => {
                 map.remove("joinAttestors");
+            }
+        }
+        tx.execute(
+            "UPDATE pools SET policy = ?2 WHERE id = ?1",
+            rusqlite::params![id, pool.policy.to_string()],
+        )
+        .map_err(DbError::from)?;
+        Ok(pool)
+    })
+}
+
+/// Replaces `policy.minEkAssurance` (`None` removes it) and keeps the rest
+/// of the policy.
+pub fn set_min_ek_assurance(
+    db: &Database,
+    id: &str,
+    min: Option<EkAssurance>,
+) -> Result<PoolRow, PoolError> {
+    db.write(|tx| {
+        let mut pool = get(tx, id)?.ok_or_else(|| PoolError::NotFound(id.to_owned()))?;
+        let Value::Object(map) = &mut pool.policy else {
+            return Err(PoolError::Db(DbError::Corrupt {
+                what: "pool policy",
+                detail: format!("pool {id}: not an object"),
+            }));
+        };
+        match min {
+            Some(min) => {
+                map.insert("minEkAssurance".to_owned(), json!(min.as_str()));
+            }
+            None => {
+                map.remove("minEkAssurance");
             }
         }
         tx.execute(

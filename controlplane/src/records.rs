@@ -390,6 +390,9 @@ pub struct JoinRow {
     pub attestor: String,
     /// `tpm` or `unattested`.
     pub node_key: String,
+    /// A tpm join's EK assurance (`nv`, `nv-chain`, `operator-file`,
+    /// `maker-service`, `pinned`); None for other attestors.
+    pub ek_assurance: Option<String>,
     pub identity_generation: i64,
     pub at: UnixMs,
     /// The product UUID the join claimed (normalized), if well-formed.
@@ -398,15 +401,16 @@ pub struct JoinRow {
 
 pub fn insert_join(tx: &Transaction<'_>, j: &JoinRow) -> Result<(), DbError> {
     tx.execute(
-        "INSERT INTO joins (node_id, attestor, node_key, identity_generation, at, product_uuid)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        "INSERT INTO joins (node_id, attestor, node_key, identity_generation, at, product_uuid, ek_assurance)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
         rusqlite::params![
             j.node_id,
             j.attestor,
             j.node_key,
             j.identity_generation,
             j.at,
-            j.product_uuid
+            j.product_uuid,
+            j.ek_assurance
         ],
     )?;
     Ok(())
@@ -424,11 +428,26 @@ pub fn last_node_keys(db: &Database) -> Result<std::collections::HashMap<String,
     })?
 }
 
+/// The EK assurance of each node's last join, for nodes whose last join
+/// proved an EK.
+pub fn last_ek_assurances(
+    db: &Database,
+) -> Result<std::collections::HashMap<String, String>, DbError> {
+    db.with_conn(|c| {
+        let mut st = c.prepare(
+            "SELECT node_id, ek_assurance FROM joins
+             WHERE id IN (SELECT max(id) FROM joins GROUP BY node_id) AND ek_assurance IS NOT NULL",
+        )?;
+        let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        rows.collect::<Result<_, _>>().map_err(DbError::from)
+    })?
+}
+
 /// The joins audit, oldest first.
 pub fn list_joins(db: &Database) -> Result<Vec<JoinRow>, DbError> {
     db.with_conn(|c| {
         let mut st = c.prepare(
-            "SELECT node_id, attestor, node_key, identity_generation, at, product_uuid
+            "SELECT node_id, attestor, node_key, identity_generation, at, product_uuid, ek_assurance
              FROM joins ORDER BY id",
         )?;
         let rows = st.query_map([], |r| {
@@ -439,6 +458,7 @@ pub fn list_joins(db: &Database) -> Result<Vec<JoinRow>, DbError> {
                 identity_generation: r.get(3)?,
                 at: r.get(4)?,
                 product_uuid: r.get(5)?,
+                ek_assurance: r.get(6)?,
             })
         })?;
         rows.collect::<Result<Vec<_>, _>>().map_err(DbError::from)

@@ -13,7 +13,7 @@ use x509_parser::prelude::FromDer;
 use super::{Check, EK_CERTIFICATE, TPM};
 use crate::keys::TpmAccess;
 use crate::pki::printable;
-use crate::tpm::TpmInfo;
+use crate::tpm::{CertificateSource, TpmInfo};
 
 /// The `tpm` and `ek certificate` checks (only `tpm` on a host without one).
 pub fn checks(
@@ -28,6 +28,16 @@ pub fn checks(
     let reach_hint = "check [tpm] tcti (else TPM2TOOLS_TCTI, TCTI, /dev/tpmrm0) and that this user may open the TPM";
     let shared = match access.open() {
         Ok(s) => s,
+        Err(e @ crate::keys::KeyError::Tpm(crate::tpm::TpmError::OperatorCertificate { .. })) => {
+            return vec![
+                Check::skip(TPM, "not opened: [tpm] ek_certificate is unusable"),
+                Check::fail(
+                    EK_CERTIFICATE,
+                    e.to_string(),
+                    "put this TPM's EK certificate (PEM or DER, one certificate) there, or remove the setting",
+                ),
+            ]
+        }
         Err(e) => {
             return vec![
                 Check::fail(TPM, format!("unreachable at {tcti}: {e}"), reach_hint),
@@ -64,6 +74,7 @@ pub fn checks(
     let ek_check = match tpm.ek() {
         Ok(ek) => {
             let mut intermediates = tpm.ek_chain(&ek).unwrap_or_default();
+            let from_nv_chain = !intermediates.is_empty();
             if let Some(file) = ek_intermediates {
                 match crate::pki::read_pem_bundle(file) {
                     Ok(more) => intermediates.extend(more),
@@ -72,7 +83,26 @@ pub fn checks(
             }
             let c = match ek.matches_certificate {
                 Some(false) => mismatch_check(&ek),
-                _ => ek_certificate(ek.certificate.as_deref(), ek_roots, &intermediates),
+                _ => {
+                    let sent = ek.certificate.as_deref().map(|der| Sent {
+                        der,
+                        assurance: match ek.certificate_source {
+                            Some(CertificateSource::OperatorFile) => "operator-file",
+                            _ if from_nv_chain => "nv-chain",
+                            _ => "nv",
+                        },
+                        from: match ek.certificate_source {
+                            Some(CertificateSource::OperatorFile) => {
+                                "[tpm] ek_certificate".to_owned()
+                            }
+                            _ => format!("NV {:#010x}", ek.kind.certificate_index()),
+                        },
+                    });
+                    let ek_sha256 = crate::tpm::public_spki_der(&ek.public)
+                        .map(|spki| hex::encode(bc_wire::sha256(&spki)))
+                        .unwrap_or_default();
+                    ek_certificate(sent, &ek_sha256, ek_roots, &intermediates)
+                }
             };
             if let Err(e) = tpm.release_ek(&ek) {
                 tracing::debug!(error = %e, "cannot flush the EK");
@@ -138,17 +168,35 @@ fn mismatch_check(ek: &crate::tpm::Ek) -> Check {
     )
 }
 
-/// The EK certificate: present, and chaining to `ek_roots` when configured.
+/// The EK certificate bcd will send: its bytes, where it came from, and
+/// the EK assurance the control plane will record for it.
+pub struct Sent<'a> {
+    pub der: &'a [u8],
+    /// "nv", "nv-chain" or "operator-file".
+    pub assurance: &'static str,
+    /// For people: "NV 0x01c00002", "[tpm] ek_certificate".
+    pub from: String,
+}
+
+/// The EK certificate: which one a tpm join sends (and so the EK assurance
+/// it joins with), and that it chains to `ek_roots` when configured; with
+/// none, what to do.
 pub fn ek_certificate(
-    der: Option<&[u8]>,
+    sent: Option<Sent<'_>>,
+    ek_sha256: &str,
     ek_roots: Option<&Path>,
     intermediates: &[Vec<u8>],
 ) -> Check {
-    let Some(der) = der else {
+    let Some(Sent {
+        der,
+        assurance,
+        from,
+    }) = sent
+    else {
         return Check::warn(
             EK_CERTIFICATE,
-            "none in NV 0x01c00002 (RSA), 0x01c0000a (P-256) or 0x01c00016 (P-384)",
-            "the control plane cannot verify this TPM's maker: a tpm join is refused unless it allows uncertified EKs",
+            "none in NV 0x01c00002 (RSA), 0x01c0000a (P-256) or 0x01c00016 (P-384), and no [tpm] ek_certificate: a tpm join sends no certificate (it joins as pinned, or is refused ek-chain)",
+            format!("no EK certificate in NV: set [tpm] ek_certificate to the maker's certificate for this EK, or ask the operator to pin the EK with resolve add --ek-sha256 {ek_sha256} --uncertified"),
         );
     };
     let issuer = match X509Certificate::from_der(der) {
@@ -156,15 +204,15 @@ pub fn ek_certificate(
         Err(_) => {
             return Check::fail(
                 EK_CERTIFICATE,
-                "the EK certificate in NV is not an X.509 certificate",
-                "the TPM's maker must reprovision it; join with a token meanwhile",
+                format!("the EK certificate in {from} is not an X.509 certificate"),
+                "the TPM's maker must reprovision it, or set [tpm] ek_certificate to the maker's certificate for this EK",
             )
         }
     };
     let Some(roots) = ek_roots else {
         return Check::ok(
             EK_CERTIFICATE,
-            format!("present, issued by {issuer} (no [tpm] ek_roots to check it against)"),
+            format!("joins as {assurance}: from {from}, issued by {issuer} (no [tpm] ek_roots to check it against)"),
         );
     };
     let roots_hint = format!(
@@ -185,7 +233,7 @@ pub fn ek_certificate(
         Ok(anchor) => Check::ok(
             EK_CERTIFICATE,
             format!(
-                "issued by {issuer}, chains to {anchor} in {}",
+                "joins as {assurance}: from {from}, issued by {issuer}, chains to {anchor} in {}",
                 roots.display()
             ),
         ),
@@ -320,27 +368,47 @@ mod tests {
 
     #[test]
     fn ek_certificate_check() {
-        assert_eq!(ek_certificate(None, None, &[]).status, Status::Warn);
+        let none = ek_certificate(None, "ab12", None, &[]);
+        assert_eq!(none.status, Status::Warn);
+        assert!(
+            none.line()
+                .contains("resolve add --ek-sha256 ab12 --uncertified"),
+            "{}",
+            none.line()
+        );
         let maker = ca("Maker EK CA", true);
         let ek = ek_cert(&maker);
-        assert_eq!(ek_certificate(Some(&ek), None, &[]).status, Status::Ok);
+        let nv = |der| {
+            Some(Sent {
+                der,
+                assurance: "nv",
+                from: "NV 0x01c00002".to_owned(),
+            })
+        };
+        let c = ek_certificate(nv(&ek), "", None, &[]);
+        assert_eq!(c.status, Status::Ok);
+        assert!(
+            c.line().contains("joins as nv: from NV 0x01c00002"),
+            "{}",
+            c.line()
+        );
         let dir = tempfile::tempdir().unwrap();
         let roots = dir.path().join("roots.pem");
         std::fs::write(&roots, maker.cert.pem()).unwrap();
-        let c = ek_certificate(Some(&ek), Some(&roots), &[]);
+        let c = ek_certificate(nv(&ek), "", Some(&roots), &[]);
         assert_eq!(c.status, Status::Ok, "{}", c.line());
         std::fs::write(&roots, ca("Other", true).cert.pem()).unwrap();
         assert_eq!(
-            ek_certificate(Some(&ek), Some(&roots), &[]).status,
+            ek_certificate(nv(&ek), "", Some(&roots), &[]).status,
             Status::Fail
         );
         let missing = dir.path().join("absent.pem");
         assert_eq!(
-            ek_certificate(Some(&ek), Some(&missing), &[]).status,
+            ek_certificate(nv(&ek), "", Some(&missing), &[]).status,
             Status::Fail
         );
         assert_eq!(
-            ek_certificate(Some(b"junk"), None, &[]).status,
+            ek_certificate(nv(b"junk"), "", None, &[]).status,
             Status::Fail
         );
     }

@@ -16,14 +16,15 @@ use std::sync::Arc;
 
 use bc_wire::agent::tpm_attestation::Round;
 use bc_wire::agent::{
-    JoinChallenge, TpmAnswer, TpmAttestation, TpmChallenge, TpmHello, TpmKeyCertification,
+    EkCertificateSource, JoinChallenge, TpmAnswer, TpmAttestation, TpmChallenge, TpmHello,
+    TpmKeyCertification,
 };
 use bc_wire::pcr::PcrBank;
 use prost::Message;
 
 use crate::client::join::{Answerer, JoinError};
 use crate::keys::{KeyError, SharedTpm, TpmKey};
-use crate::tpm::{Ek, LoadedKey};
+use crate::tpm::{CertificateSource, Ek, LoadedKey};
 
 pub struct TpmEvidence {
     tpm: SharedTpm,
@@ -34,6 +35,8 @@ pub struct TpmEvidence {
     csr_sha256: [u8; 32],
     /// Untrusted intermediates toward the maker's root: NV, then the file's.
     intermediates: Vec<Vec<u8>>,
+    /// How many of `intermediates` came from NV.
+    nv_intermediates: usize,
 }
 
 impl TpmEvidence {
@@ -52,7 +55,7 @@ impl TpmEvidence {
                 Vec::new()
             });
             if ek.certificate.is_none() {
-                tracing::warn!("the TPM has no EK certificate (NV 0x01c00002, 0x01c0000a or 0x01c00016); the control plane will not trust this EK");
+                tracing::warn!("the TPM has no EK certificate (NV 0x01c00002, 0x01c0000a or 0x01c00016) and [tpm] ek_certificate is not set; the control plane admits this EK only if an operator pinned it (resolve add --uncertified)");
             } else if ek.matches_certificate == Some(false) {
                 tracing::warn!(ek = ek.kind.as_str(), "the TPM's EK is not the key its certificate names; the control plane will refuse it (ek-mismatch)");
             }
@@ -71,6 +74,7 @@ impl TpmEvidence {
             ak,
             key,
             csr_sha256,
+            nv_intermediates: intermediates.len(),
             intermediates,
         })
     }
@@ -100,6 +104,12 @@ impl TpmEvidence {
                 ek_certificate: self.ek.certificate.clone().unwrap_or_default(),
                 ak_public: self.ak.public.clone(),
                 ek_intermediates: self.intermediates.clone(),
+                ek_certificate_source: match self.ek.certificate_source {
+                    None => EkCertificateSource::Unspecified,
+                    Some(CertificateSource::Nv) => EkCertificateSource::Nv,
+                    Some(CertificateSource::OperatorFile) => EkCertificateSource::OperatorFile,
+                } as i32,
+                ek_nv_intermediates: self.nv_intermediates as u32,
             })),
         }
         .encode_to_vec()

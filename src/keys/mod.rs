@@ -122,6 +122,8 @@ pub struct TpmAccess {
     tcti: Option<String>,
     owner_auth_file: Option<std::path::PathBuf>,
     ek: Option<crate::tpm::EkKind>,
+    /// `[tpm] ek_certificate`.
+    ek_certificate: Option<std::path::PathBuf>,
     opened: Mutex<Option<SharedTpm>>,
     helper: Option<Arc<bc_helper::Client>>,
 }
@@ -133,6 +135,7 @@ impl TpmAccess {
             tcti: crate::tpm::resolve_tcti(configured),
             owner_auth_file: None,
             ek: None,
+            ek_certificate: None,
             opened: Mutex::new(None),
             helper: None,
         }
@@ -143,6 +146,7 @@ impl TpmAccess {
         let mut access = TpmAccess::new(config.tpm_tcti.as_deref())
             .with_owner_auth(config.tpm_owner_auth_file.clone());
         access.ek = config.tpm_ek;
+        access.ek_certificate = config.tpm_ek_certificate.clone();
         access
     }
 
@@ -182,6 +186,7 @@ impl TpmAccess {
             tcti: None,
             owner_auth_file: None,
             ek: None,
+            ek_certificate: None,
             opened: Mutex::new(None),
             helper: None,
         }
@@ -207,6 +212,9 @@ impl TpmAccess {
         }
         let mut tpm = crate::tpm::Tpm::open(tcti)?;
         tpm.set_ek_kind(self.ek);
+        if let Some(path) = &self.ek_certificate {
+            tpm.set_ek_certificate(Some(crate::tpm::OperatorCertificate::read(path)?));
+        }
         if let Some(path) = &self.owner_auth_file {
             tpm.set_owner_auth(&read_owner_auth(path)?)?;
         }

@@ -21,6 +21,7 @@ use tss_esapi::interface_types::resource_handles::{Hierarchy, NvAuth};
 use tss_esapi::interface_types::session_handles::AuthSession;
 use tss_esapi::traits::{Marshall, UnMarshall};
 
+use super::ek_file::{CertificateSource, OperatorCertificate};
 use super::ek_kind::{EkKind, PREFERENCE};
 use super::{cmd, ekchain, nvpublic, Tpm, TpmError};
 
@@ -31,6 +32,8 @@ pub struct Ek {
     pub public: Vec<u8>,
     /// DER, trimmed to its own length; None when the TPM has none.
     pub certificate: Option<Vec<u8>>,
+    /// Where `certificate` came from (None: there is none).
+    pub certificate_source: Option<CertificateSource>,
     /// Whether the persistent EK was used (else it was derived).
     pub persistent: bool,
     /// Where a derived EK's template and unique came from.
@@ -60,28 +63,78 @@ impl Ek {
     }
 }
 
-pub(super) fn load(tpm: &mut Tpm, forced: Option<EkKind>) -> Result<Ek, TpmError> {
+/// The EK and its certificate; with `operator` (`[tpm] ek_certificate`),
+/// that certificate's kind of EK and that certificate, which must be the
+/// TPM's EK's (an error otherwise, before anything is sent).
+pub(super) fn load(
+    tpm: &mut Tpm,
+    forced: Option<EkKind>,
+    operator: Option<&OperatorCertificate>,
+) -> Result<Ek, TpmError> {
+    let ek = load_with(tpm, forced, operator)?;
+    let Some(op) = operator else {
+        return Ok(ek);
+    };
+    if ek.matches_certificate == Some(true) {
+        return Ok(ek);
+    }
+    let _ = tpm.release_ek(&ek);
+    let own = super::public_spki_der(&ek.public)
+        .map(|spki| hex::encode(bc_wire::sha256(&spki)))
+        .unwrap_or_default();
+    Err(TpmError::OperatorCertificate {
+        path: op.path.clone(),
+        why: format!(
+            "it is not this TPM's EK certificate: its key is not the TPM's {} EK (ekSha256 {own})",
+            ek.kind.as_str()
+        ),
+    })
+}
+
+fn load_with(
+    tpm: &mut Tpm,
+    forced: Option<EkKind>,
+    operator: Option<&OperatorCertificate>,
+) -> Result<Ek, TpmError> {
     let nv_indices = ekchain::list_indices(tpm)?;
     let certified: Vec<EkKind> = PREFERENCE
         .into_iter()
         .filter(|k| nv_indices.contains(&k.certificate_index()))
         .collect();
-    let kind = match forced {
-        Some(k) if certified.contains(&k) => k,
-        Some(k) => {
-            return Err(TpmError::EkNotCertified {
-                kind: k.as_str(),
-                index: k.certificate_index(),
-                certified: certified.iter().map(|k| k.as_str()).collect(),
+    let kind = match (forced, operator) {
+        (Some(k), Some(op)) if k != op.kind => {
+            return Err(TpmError::OperatorCertificate {
+                path: op.path.clone(),
+                why: format!(
+                    "it certifies an {} EK, and [tpm] ek = \"{}\"",
+                    op.kind.as_str(),
+                    k.as_str()
+                ),
             })
         }
-        // None certified: the RSA EK, which the control plane will refuse
-        // with a reason the operator can act on.
-        None => certified.first().copied().unwrap_or(EkKind::Rsa),
+        (_, Some(op)) => op.kind,
+        (forced, None) => match forced {
+            Some(k) if certified.contains(&k) => k,
+            Some(k) => {
+                return Err(TpmError::EkNotCertified {
+                    kind: k.as_str(),
+                    index: k.certificate_index(),
+                    certified: certified.iter().map(|k| k.as_str()).collect(),
+                })
+            }
+            // None certified: the RSA EK, which the control plane admits only
+            // pinned (resolve add --uncertified).
+            None => certified.first().copied().unwrap_or(EkKind::Rsa),
+        },
     };
-    let certificate = match certified.contains(&kind) {
-        true => read_certificate(tpm, kind.certificate_index())?,
-        false => None,
+    let (certificate, certificate_source) = match operator {
+        Some(op) => (Some(op.der.clone()), Some(CertificateSource::OperatorFile)),
+        None if certified.contains(&kind) => {
+            let cert = read_certificate(tpm, kind.certificate_index())?;
+            let source = cert.as_ref().map(|_| CertificateSource::Nv);
+            (cert, source)
+        }
+        None => (None, None),
     };
 
     let (template, derivation) = template(tpm, kind, &nv_indices)?;
@@ -98,6 +151,7 @@ pub(super) fn load(tpm: &mut Tpm, forced: Option<EkKind>) -> Result<Ek, TpmError
                     kind,
                     public: expected.clone(),
                     certificate,
+                    certificate_source,
                     persistent: true,
                     derivation: Derivation::default(),
                     matches_certificate: Some(true),
@@ -133,6 +187,7 @@ pub(super) fn load(tpm: &mut Tpm, forced: Option<EkKind>) -> Result<Ek, TpmError
         kind,
         public,
         certificate,
+        certificate_source,
         persistent: false,
         derivation,
         matches_certificate,

@@ -126,6 +126,33 @@ impl EkKind {
         }
     }
 
+    /// The kind of EK a certificate's key is: RSA-2048, P-256 or P-384.
+    pub fn of_certificate(cert: &[u8]) -> Option<EkKind> {
+        use x509_parser::oid_registry::{OID_EC_P256, OID_NIST_EC_P384};
+        use x509_parser::prelude::*;
+        use x509_parser::public_key::PublicKey;
+        let (_, parsed) = X509Certificate::from_der(cert).ok()?;
+        let spki = parsed.public_key();
+        match spki.parsed().ok()? {
+            PublicKey::RSA(rsa) => {
+                let m = rsa.modulus;
+                let len = m.len() - m.iter().take_while(|&&b| b == 0).count();
+                (len == 256).then_some(EkKind::Rsa)
+            }
+            PublicKey::EC(_) => {
+                let curve = spki.algorithm.parameters.as_ref()?.as_oid().ok()?;
+                if curve == OID_EC_P256 {
+                    Some(EkKind::EccP256)
+                } else if curve == OID_NIST_EC_P384 {
+                    Some(EkKind::EccP384)
+                } else {
+                    None
+                }
+            }
+            _ => None,
+        }
+    }
+
     /// The public area of the EK the certificate names: the template with
     /// the certificate's key as unique. None when the certificate holds
     /// another kind of key.

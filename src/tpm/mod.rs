@@ -9,6 +9,7 @@
 
 mod banks;
 mod ek;
+mod ek_file;
 mod ek_kind;
 mod ek_spki;
 mod ekchain;
@@ -37,6 +38,7 @@ use tss_esapi::{Context, TctiNameConf};
 
 pub use banks::BankError;
 pub use ek::{Derivation, Ek};
+pub use ek_file::{CertificateSource, OperatorCertificate};
 pub use ek_kind::EkKind;
 pub use ek_spki::{ek_spki_der, public_spki_der};
 pub use quote::Quote;
@@ -103,6 +105,11 @@ pub enum TpmError {
         index: u32,
         certified: Vec<&'static str>,
     },
+    #[error("[tpm] ek_certificate {}: {why}", path.display())]
+    OperatorCertificate {
+        path: std::path::PathBuf,
+        why: String,
+    },
 }
 
 /// Wraps a tss-esapi error with the TPM command that failed.
@@ -142,6 +149,8 @@ pub struct Tpm {
     loaded: Vec<KeyHandle>,
     /// `[tpm] ek`: the EK to use; None lets bcd choose.
     ek_kind: Option<EkKind>,
+    /// `[tpm] ek_certificate`: sent instead of NV's.
+    ek_certificate: Option<OperatorCertificate>,
 }
 
 impl Tpm {
@@ -158,12 +167,19 @@ impl Tpm {
             ctx,
             loaded: Vec::new(),
             ek_kind: None,
+            ek_certificate: None,
         })
     }
 
     /// `[tpm] ek`: the EK [`Tpm::ek`] uses (None: bcd chooses).
     pub fn set_ek_kind(&mut self, kind: Option<EkKind>) {
         self.ek_kind = kind;
+    }
+
+    /// `[tpm] ek_certificate`: the EK certificate [`Tpm::ek`] uses instead
+    /// of NV's (its key decides the EK kind).
+    pub fn set_ek_certificate(&mut self, cert: Option<OperatorCertificate>) {
+        self.ek_certificate = cert;
     }
 
     /// The owner hierarchy's authorization, for the node key's CreatePrimary
@@ -227,7 +243,8 @@ impl Tpm {
     /// else derived from its template ([`ek`]).
     pub fn ek(&mut self) -> Result<Ek, TpmError> {
         let kind = self.ek_kind;
-        ek::load(self, kind)
+        let operator = self.ek_certificate.clone();
+        ek::load(self, kind, operator.as_ref())
     }
 
     /// The maker's intermediates in the EK chain NV indices (untrusted),

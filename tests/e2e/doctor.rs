@@ -230,7 +230,7 @@ fn a_tpm_joined_node_and_its_ek_roots() {
     assert!(d.line("tpm").contains(&tpm.tcti()), "{}", d.dump());
     d.expect(
         "ek certificate",
-        "ok    ek certificate: present, issued by ",
+        "ok    ek certificate: joins as nv: from NV 0x01c00002, issued by ",
     );
     d.expect("identity", "ok    identity: ");
     assert!(
@@ -252,7 +252,10 @@ fn a_tpm_joined_node_and_its_ek_roots() {
     std::fs::write(&agent.config, with_roots(&roots)).unwrap();
     let d = Doctor::run(&agent);
     assert_eq!(d.code(), Some(0), "{}", d.dump());
-    d.expect("ek certificate", "ok    ek certificate: issued by ");
+    d.expect(
+        "ek certificate",
+        "ok    ek certificate: joins as nv: from NV 0x01c00002, issued by ",
+    );
     assert!(
         d.line("ek certificate")
             .contains(&format!("in {}", roots.display())),

@@ -78,7 +78,8 @@ fn the_intermediate_nowhere_is_refused_ek_chain() {
     nv_write(&tpm, "0x01c00100", &intermediate_der());
     let out = agent.run(&["doctor"]);
     assert!(
-        stdout(&out).contains("ok    ek certificate: issued by"),
+        stdout(&out)
+            .contains("ok    ek certificate: joins as nv-chain: from NV 0x01c00002, issued by"),
         "{}",
         stdout(&out)
     );

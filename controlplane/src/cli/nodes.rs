@@ -87,6 +87,7 @@ fn list(dir: &Path, as_json: bool) -> Result<()> {
     } else {
         Default::default()
     };
+    let ek_assurances = records::last_ek_assurances(&db).context("cannot list joins")?;
     let scopes = records::node_scopes(&db).context("cannot list node scopes")?;
     let hardware_keys =
         bc_controlplane::hardware::keys(&db).context("cannot list hardware keys")?;
@@ -111,6 +112,7 @@ fn list(dir: &Path, as_json: bool) -> Result<()> {
                 "cordoned": n.cordoned_at.is_some(),
                 "pool": n.pool_id,
                 "nodeKey": node_keys.get(&n.id),
+                "ekAssurance": ek_assurances.get(&n.id),
                 "bindings": bound,
                 "hardwareKey": hardware_keys.get(&n.id),
                 "site": scope(&n.id).site_id,
@@ -126,6 +128,9 @@ fn list(dir: &Path, as_json: bool) -> Result<()> {
             }
             if let Some(kinds) = &sc.allowed_kinds {
                 extra.push_str(&format!(" kinds={}", kinds.join(",")));
+            }
+            if let Some(a) = ek_assurances.get(&n.id) {
+                extra.push_str(&format!(" ek={a}"));
             }
             Ok(format!(
                 "{} {} generation={} attestor={} joined={}{}{}{extra}",

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use bc_controlplane::join::JoinService;
 use bc_controlplane::{db, pools};
 use clap::Subcommand;
@@ -25,22 +25,32 @@ pub enum PoolsCmd {
         #[arg(long, value_name = "A,B", value_delimiter = ',')]
         join_attestors: Option<Vec<String>>,
     },
-    /// Replace a pool's joinAttestors.
+    /// Replace a pool's joinAttestors and/or minEkAssurance.
+    #[command(group(
+        clap::ArgGroup::new("change")
+            .required(true)
+            .multiple(true)
+            .args(["join_attestors", "any_attestor", "min_ek_assurance", "any_ek_assurance"])
+    ))]
     Update {
         #[command(flatten)]
         dir: Dir,
         #[arg(long, value_name = "ID")]
         id: String,
-        #[arg(
-            long,
-            value_name = "A,B",
-            value_delimiter = ',',
-            required_unless_present = "any_attestor"
-        )]
+        #[arg(long, value_name = "A,B", value_delimiter = ',')]
         join_attestors: Option<Vec<String>>,
         /// Remove joinAttestors: any attestor may admit a machine.
         #[arg(long, conflicts_with = "join_attestors")]
         any_attestor: bool,
+        /// The least EK assurance a join into the pool must have, weakest
+        /// first: pinned, operator-file, maker-service, nv-chain or nv
+        /// (nv-chain and nv rank equal). A join that proved no EK (any
+        /// attestor but tpm) is refused.
+        #[arg(long, value_name = "LEVEL")]
+        min_ek_assurance: Option<String>,
+        /// Remove minEkAssurance.
+        #[arg(long, conflicts_with = "min_ek_assurance")]
+        any_ek_assurance: bool,
     },
     /// List pools.
     List(ListArgs),
@@ -79,16 +89,38 @@ pub fn run(cmd: PoolsCmd) -> Result<()> {
             dir,
             id,
             join_attestors,
-            any_attestor: _,
+            any_attestor,
+            min_ek_assurance,
+            any_ek_assurance,
         } => {
+            // Checked before anything is written.
+            let min = min_ek_assurance
+                .as_deref()
+                .map(pools::parse_ek_assurance)
+                .transpose()?;
             let db = open_db(&dir.dir)?;
-            let known = served_attestor_ids(&dir.dir)?;
-            let known: Vec<&str> = known.iter().map(String::as_str).collect();
-            let pool = pools::set_join_attestors(&db, &id, join_attestors.as_deref(), &known)?;
+            let mut pool = None;
+            if join_attestors.is_some() || any_attestor {
+                let known = served_attestor_ids(&dir.dir)?;
+                let known: Vec<&str> = known.iter().map(String::as_str).collect();
+                pool = Some(pools::set_join_attestors(
+                    &db,
+                    &id,
+                    join_attestors.as_deref(),
+                    &known,
+                )?);
+            }
+            if min.is_some() || any_ek_assurance {
+                pool = Some(pools::set_min_ek_assurance(&db, &id, min)?);
+            }
+            let Some(pool) = pool else {
+                bail!("nothing to update");
+            };
             print_line(&format!(
-                "updated pool {} join_attestors={}",
+                "updated pool {} join_attestors={} min_ek_assurance={}",
                 pool.id,
-                describe_attestors(&pool)?
+                describe_attestors(&pool)?,
+                describe_min(&pool)?
             ))
         }
         PoolsCmd::List(ListArgs { dir, json }) => list(&dir.dir, json),
@@ -100,6 +132,10 @@ fn describe_attestors(pool: &pools::PoolRow) -> Result<String> {
         Some(list) => list.join(","),
         None => "any".to_owned(),
     })
+}
+
+fn describe_min(pool: &pools::PoolRow) -> Result<&'static str> {
+    Ok(pool.min_ek_assurance()?.map_or("any", |a| a.as_str()))
 }
 
 fn list(dir: &Path, as_json: bool) -> Result<()> {
@@ -119,10 +155,11 @@ fn list(dir: &Path, as_json: bool) -> Result<()> {
         },
         |(p, nodes)| {
             Ok(format!(
-                "{} owner={} join_attestors={} nodes={nodes}",
+                "{} owner={} join_attestors={} min_ek_assurance={} nodes={nodes}",
                 p.id,
                 p.owner,
-                describe_attestors(p)?
+                describe_attestors(p)?,
+                describe_min(p)?
             ))
         },
     )

@@ -55,6 +55,12 @@ pub enum ResolveCmd {
         /// with role site, and only with it.
         #[arg(long, value_name = "SITE", conflicts_with = "node")]
         site: Option<String>,
+        /// Admit this EK without an EK certificate (a TPM whose maker
+        /// publishes none, such as AWS NitroTPM): the pin is the whole
+        /// evidence of what the TPM is. A certificate it sends is still
+        /// verified.
+        #[arg(long)]
+        uncertified: bool,
     },
     /// Remove the entry of an EK.
     Remove {
@@ -299,6 +305,14 @@ fn ek_roots_add(dir: &Path, path: &Path, kind: ek::RootKind, as_json: bool) -> R
     print_stdout(&out)
 }
 
+/// " uncertified" for an entry that admits its EK without a certificate.
+fn uncertified_part(uncertified: bool) -> &'static str {
+    match uncertified {
+        true => " uncertified",
+        false => "",
+    }
+}
+
 pub fn run_resolve(cmd: ResolveCmd) -> Result<()> {
     match cmd {
         ResolveCmd::Add {
@@ -307,21 +321,24 @@ pub fn run_resolve(cmd: ResolveCmd) -> Result<()> {
             pool,
             node,
             site,
+            uncertified,
         } => {
             let db = open_db(&dir.dir)?;
             let target = enroll::ResolveTarget {
                 pool: pool.as_deref(),
                 node: node.as_deref(),
                 site: site.as_deref(),
+                uncertified,
             };
             let (entry, replaced) = enroll::add_resolve(&db, &ek_sha256, target)?;
             print_line(&format!(
-                "{} {} pool={} node={}{}",
+                "{} {} pool={} node={}{}{}",
                 if replaced { "replaced" } else { "added" },
                 entry.ek_sha256,
                 pool_name(entry.pool_id.as_deref()),
                 entry.node_id.as_deref().unwrap_or("new"),
                 site_part(entry.site_id.as_deref()),
+                uncertified_part(entry.uncertified),
             ))
         }
         ResolveCmd::Remove { dir, ek_sha256 } => {
@@ -343,16 +360,18 @@ pub fn run_resolve(cmd: ResolveCmd) -> Result<()> {
                         "pool": pool_name(r.pool_id.as_deref()),
                         "nodeId": r.node_id,
                         "site": r.site_id,
+                        "uncertified": r.uncertified,
                         "createdAt": db::rfc3339(r.created_at),
                     })
                 },
                 |r| {
                     Ok(format!(
-                        "{} pool={} node={}{}",
+                        "{} pool={} node={}{}{}",
                         r.ek_sha256,
                         pool_name(r.pool_id.as_deref()),
                         r.node_id.as_deref().unwrap_or("new"),
                         site_part(r.site_id.as_deref()),
+                        uncertified_part(r.uncertified),
                     ))
                 },
             )

@@ -24,6 +24,7 @@ pub mod path;
 pub mod profile;
 pub mod roca;
 pub mod sha512;
+pub mod spki;
 
 pub use path::{build_path, is_self_signed, Anchored, ChainError};
 pub use profile::check_profile;

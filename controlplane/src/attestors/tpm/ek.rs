@@ -50,6 +50,7 @@ pub const EK_POLICY_A: [u8; 32] = [
     0xfd, 0x52, 0xd7, 0x6e, 0x06, 0x52, 0x0b, 0x64, 0xf2, 0xa1, 0xda, 0x1b, 0x33, 0x14, 0x69, 0xaa,
 ];
 const ALG_AES: u16 = 0x0006;
+const ALG_SHA256: u16 = 0x000B;
 const RSA_2048: u16 = 2048;
 const DEFAULT_RSA_EXPONENT: u32 = 65_537;
 
@@ -117,11 +118,15 @@ pub enum EkError {
     Mismatch(&'static str),
 }
 
+/// The refusal reason of an EK with no path to an anchor, or with no
+/// certificate and no pin.
+pub const CHAIN: &str = "ek-chain";
+
 impl EkError {
     pub fn reason(&self) -> &'static str {
         match self {
             EkError::Certificate(_) => "ek-certificate",
-            EkError::Chain(_) => "ek-chain",
+            EkError::Chain(_) => CHAIN,
             EkError::Roca => "ek-roca",
             EkError::Mismatch(_) => "ek-mismatch",
         }
@@ -184,6 +189,42 @@ pub fn verify_ek(
         spki_der,
         issuer,
         serial: hex::encode(cert.raw_serial()),
+    })
+}
+
+/// An EK that sent no certificate, for a join an operator pinned
+/// (`resolve add --ek-sha256 H --uncertified`): its key is the public
+/// area's own, which must be one of the TCG default EK templates (the
+/// challenge is computed for exactly that EK). Nothing vouches for its
+/// maker; the caller admits it only when a pin names its SHA-256.
+pub fn uncertified_ek(ek_public: &[u8]) -> Result<VerifiedEk, EkError> {
+    let m = EkError::Mismatch;
+    let spki_der = bc_wire::ekcert::spki::public_spki_der(ek_public)
+        .map_err(|_| m("the EK public area is not an RSA, P-256 or P-384 key"))?;
+    let public = Public::parse(ek_public).map_err(|_| m("the EK public area does not parse"))?;
+    let template = match &public.params {
+        KeyParams::Rsa { .. } => {
+            check_rsa_template(&public)?;
+            EkTemplate::RsaL1
+        }
+        KeyParams::Ecc { curve, x, y, .. } => {
+            // public_spki_der took only these two curves.
+            let template = match curve {
+                0x0003 => EkTemplate::EccL2P256,
+                _ => EkTemplate::EccH3P384,
+            };
+            if super::ek_ecc::expected_public(template, x, y) != ek_public {
+                return Err(m("the EK public area is not a default ECC EK template"));
+            }
+            template
+        }
+    };
+    Ok(VerifiedEk {
+        template,
+        spki_sha256: bc_wire::sha256(&spki_der),
+        spki_der,
+        issuer: String::new(),
+        serial: String::new(),
     })
 }
 
@@ -275,25 +316,12 @@ fn check_rsa_public(cert: &X509Certificate<'_>, ek_public: &[u8]) -> Result<(), 
     let m = EkError::Mismatch;
     let public = Public::parse(ek_public).map_err(|_| m("the EK public area does not parse"))?;
     let KeyParams::Rsa {
-        symmetric,
-        scheme,
-        key_bits,
-        exponent,
-        modulus,
+        exponent, modulus, ..
     } = &public.params
     else {
         return Err(m("the EK is not an RSA key"));
     };
-    if public.attributes != EK_ATTRIBUTES
-        || public.auth_policy != EK_POLICY_A
-        || *symmetric != ALG_AES
-        || *scheme != ALG_NULL
-        || *key_bits != RSA_2048
-    {
-        return Err(m(
-            "the EK public area is not the default RSA-2048 EK template",
-        ));
-    }
+    check_rsa_template(&public)?;
     let Ok(PublicKey::RSA(cert_key)) = cert.public_key().parsed() else {
         return Err(m("the EK certificate does not hold an RSA key"));
     };
@@ -311,6 +339,31 @@ fn check_rsa_public(cert: &X509Certificate<'_>, ek_public: &[u8]) -> Result<(), 
             != exponent
     {
         return Err(m("the EK public area does not hold the certificate's key"));
+    }
+    Ok(())
+}
+
+/// The L-1 template's fields, whatever the key.
+fn check_rsa_template(public: &Public) -> Result<(), EkError> {
+    let KeyParams::Rsa {
+        symmetric,
+        scheme,
+        key_bits,
+        ..
+    } = &public.params
+    else {
+        return Err(EkError::Mismatch("the EK is not an RSA key"));
+    };
+    if public.attributes != EK_ATTRIBUTES
+        || public.name_alg != ALG_SHA256
+        || public.auth_policy != EK_POLICY_A
+        || *symmetric != ALG_AES
+        || *scheme != ALG_NULL
+        || *key_bits != RSA_2048
+    {
+        return Err(EkError::Mismatch(
+            "the EK public area is not the default RSA-2048 EK template",
+        ));
     }
     Ok(())
 }

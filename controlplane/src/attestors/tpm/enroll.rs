@@ -61,6 +61,8 @@ pub struct ResolveEntry {
     pub pool_id: Option<String>,
     pub node_id: Option<String>,
     pub site_id: Option<String>,
+    /// The EK may join without an EK certificate (`--uncertified`).
+    pub uncertified: bool,
     pub created_at: UnixMs,
 }
 
@@ -72,6 +74,10 @@ pub struct ResolveTarget<'a> {
     pub node: Option<&'a str>,
     /// The site (id or name) a new node is a site node of.
     pub site: Option<&'a str>,
+    /// Admit this EK without an EK certificate (`--uncertified`): a TPM
+    /// whose maker publishes none (AWS NitroTPM). A certificate it does
+    /// send is still verified.
+    pub uncertified: bool,
 }
 
 /// The id of the site `site` (an id or a name) names, if one is given.
@@ -87,7 +93,12 @@ pub fn add_resolve(
     ek_sha256: &str,
     target: ResolveTarget<'_>,
 ) -> Result<(ResolveEntry, bool), EnrollError> {
-    let ResolveTarget { pool, node, site } = target;
+    let ResolveTarget {
+        pool,
+        node,
+        site,
+        uncertified,
+    } = target;
     let ek_sha256 = normalize_ek_sha256(ek_sha256)?;
     if node.is_some() && site.is_some() {
         return Err(EnrollError::InvalidInput(
@@ -110,12 +121,12 @@ pub fn add_resolve(
         let now = db::compute_now(tx)?;
         let replaced = resolve_entry(tx, &ek_sha256)?.is_some();
         tx.execute(
-            "INSERT INTO tpm_resolve (ek_sha256, pool_id, node_id, site_id, created_at)
-             VALUES (?1, ?2, ?3, ?4, ?5)
+            "INSERT INTO tpm_resolve (ek_sha256, pool_id, node_id, site_id, created_at, uncertified)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)
              ON CONFLICT (ek_sha256) DO UPDATE SET pool_id = excluded.pool_id,
                  node_id = excluded.node_id, site_id = excluded.site_id,
-                 created_at = excluded.created_at",
-            rusqlite::params![ek_sha256, pool, node, site_id, now],
+                 created_at = excluded.created_at, uncertified = excluded.uncertified",
+            rusqlite::params![ek_sha256, pool, node, site_id, now, uncertified],
         )
         .map_err(DbError::from)?;
         Ok((
@@ -124,6 +135,7 @@ pub fn add_resolve(
                 pool_id: pool.map(str::to_owned),
                 node_id: node.map(str::to_owned),
                 site_id,
+                uncertified,
                 created_at: now,
             },
             replaced,
@@ -145,7 +157,7 @@ pub fn remove_resolve(db: &Database, ek_sha256: &str) -> Result<bool, EnrollErro
 pub fn resolve_entry(conn: &Connection, ek_sha256: &str) -> Result<Option<ResolveEntry>, DbError> {
     Ok(conn
         .query_row(
-            "SELECT ek_sha256, pool_id, node_id, site_id, created_at FROM tpm_resolve WHERE ek_sha256 = ?1",
+            "SELECT ek_sha256, pool_id, node_id, site_id, created_at, uncertified FROM tpm_resolve WHERE ek_sha256 = ?1",
             [ek_sha256],
             read_resolve,
         )
@@ -155,7 +167,7 @@ pub fn resolve_entry(conn: &Connection, ek_sha256: &str) -> Result<Option<Resolv
 pub fn list_resolve(db: &Database) -> Result<Vec<ResolveEntry>, DbError> {
     db.with_conn(|c| {
         let mut st = c.prepare(
-            "SELECT ek_sha256, pool_id, node_id, site_id, created_at FROM tpm_resolve ORDER BY created_at, ek_sha256",
+            "SELECT ek_sha256, pool_id, node_id, site_id, created_at, uncertified FROM tpm_resolve ORDER BY created_at, ek_sha256",
         )?;
         let rows = st.query_map([], read_resolve)?;
         rows.collect::<Result<Vec<_>, _>>().map_err(DbError::from)
@@ -169,6 +181,7 @@ fn read_resolve(r: &rusqlite::Row<'_>) -> rusqlite::Result<ResolveEntry> {
         node_id: r.get(2)?,
         site_id: r.get(3)?,
         created_at: r.get(4)?,
+        uncertified: r.get(5)?,
     })
 }
 

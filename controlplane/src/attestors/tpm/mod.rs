@@ -71,8 +71,8 @@ use rusqlite::Transaction;
 use subtle::ConstantTimeEq;
 
 use crate::attestor::{
-    AttestInput, AttestationResult, Attestor, Binding, Deferral, Fault, NodeKeyKind, Refusal,
-    Verdict, BINDING_TPM_EK,
+    AttestInput, AttestationResult, Attestor, Binding, Deferral, EkAssurance, Fault, NodeKeyKind,
+    Refusal, Verdict, BINDING_TPM_EK,
 };
 use crate::records;
 pub use pcr::PcrPolicy;
@@ -164,18 +164,26 @@ impl TpmAttestor {
         input: &AttestInput<'_>,
         hello: &TpmHello,
     ) -> Result<Verdict, Refusal> {
-        let trust = ek::trust(tx)?;
-        let ek = ek::verify_ek(
-            &hello.ek_certificate,
-            &hello.ek_public,
-            &trust,
-            &hello.ek_intermediates,
-            input.now,
-        )
-        .map_err(|e| {
-            tracing::debug!(error = %e, "tpm: EK refused");
-            Refusal::new(e.reason())
-        })?;
+        let (ek, assurance) = match hello.ek_certificate.is_empty() {
+            true => (uncertified(tx, &hello.ek_public)?, EkAssurance::Pinned),
+            false => (
+                {
+                    let trust = ek::trust(tx)?;
+                    ek::verify_ek(
+                        &hello.ek_certificate,
+                        &hello.ek_public,
+                        &trust,
+                        &hello.ek_intermediates,
+                        input.now,
+                    )
+                    .map_err(|e| {
+                        tracing::debug!(error = %e, "tpm: EK refused");
+                        Refusal::new(e.reason())
+                    })?
+                },
+                reported_assurance(hello),
+            ),
+        };
         let ak = Public::parse(&hello.ak_public)
             .ok()
             .filter(wtpm::is_attestation_key)
@@ -192,6 +200,7 @@ impl TpmAttestor {
             ak_public: hello.ak_public.clone(),
             secret,
             not_after,
+            ek_assurance: assurance.as_str().to_owned(),
         }
         .seal(&self.key, &input.csr_sha256)
         .map_err(|e| Refusal::fault(Fault::Internal(e.to_string())))?;
@@ -209,6 +218,7 @@ impl TpmAttestor {
         tracing::info!(
             ek_sha256 = %hex::encode(ek.spki_sha256),
             ek = ek.template.as_str(),
+            ek_assurance = assurance.as_str(),
             "tpm: EK verified, credential challenge sent"
         );
         Ok(Verdict::Defer(Deferral::Challenge {
@@ -256,6 +266,8 @@ impl TpmAttestor {
             token_id: None,
             node_key_uri,
             node_key,
+            // We sealed it, so it is one of ours.
+            ek_assurance: EkAssurance::parse(&st.ek_assurance),
             pool_id,
             // A site node of the site its place names, as a site token's.
             scope: site_id.map(|site_id| {
@@ -353,6 +365,46 @@ impl TpmAttestor {
         let statement = wtpm::ak_statement(&ak.name())
             .map_err(|e| Refusal::fault(Fault::Internal(format!("AK statement: {e}"))))?;
         Ok((NodeKeyKind::Tpm, Some(statement)))
+    }
+}
+
+/// The assurance of a certificate the agent sent, by its report of where
+/// it took it from (a bcd before the report read NV only).
+fn reported_assurance(hello: &TpmHello) -> EkAssurance {
+    use bc_wire::agent::EkCertificateSource as S;
+    match S::try_from(hello.ek_certificate_source) {
+        Ok(S::OperatorFile) => EkAssurance::OperatorFile,
+        _ if hello.ek_nv_intermediates > 0 => EkAssurance::NvChain,
+        _ => EkAssurance::Nv,
+    }
+}
+
+/// An EK that sent no certificate: admitted only when a resolve entry pins
+/// exactly that EK as uncertified (`resolve add --ek-sha256 H
+/// --uncertified`, the spec's allowUncertifiedEk); any other is refused
+/// `ek-chain`, as an EK certificate with no path to a root is. A pinned EK
+/// that does send a certificate never comes here: it is verified as usual.
+fn uncertified(tx: &Transaction<'_>, ek_public: &[u8]) -> Result<ek::VerifiedEk, Refusal> {
+    let ek = ek::uncertified_ek(ek_public).map_err(|e| {
+        tracing::debug!(error = %e, "tpm: uncertified EK refused");
+        Refusal::new(e.reason())
+    })?;
+    let ek_sha256 = hex::encode(ek.spki_sha256);
+    match enroll::resolve_entry(tx, &ek_sha256)? {
+        Some(entry) if entry.uncertified => {
+            tracing::info!(
+                ek_sha256,
+                "tpm: no EK certificate; the EK is pinned (resolve add --uncertified)"
+            );
+            Ok(ek)
+        }
+        _ => {
+            tracing::info!(
+                ek_sha256,
+                "tpm: no EK certificate and no resolve entry pins this EK as uncertified"
+            );
+            Err(Refusal::new(ek::CHAIN))
+        }
     }
 }
 

@@ -56,6 +56,8 @@ pub struct ChallengeState {
     pub secret: [u8; 32],
     /// Answers after this database time are refused.
     pub not_after: UnixMs,
+    /// Where the EK certificate came from ([`crate::attestor::EkAssurance`]).
+    pub ek_assurance: String,
 }
 
 impl std::fmt::Debug for ChallengeState {
@@ -88,6 +90,7 @@ impl ChallengeState {
             self.ak_public.as_slice(),
             self.ek_issuer.as_bytes(),
             self.ek_serial.as_bytes(),
+            self.ek_assurance.as_bytes(),
         ] {
             let len =
                 u16::try_from(field.len()).map_err(|_| StateError::Seal("a field too long"))?;
@@ -155,8 +158,12 @@ fn decode(plain: &[u8]) -> Option<ChallengeState> {
     let (ek, rest) = split::<32>(rest)?;
     let (secret, rest) = split::<32>(rest)?;
     let (not_after, mut rest) = split::<8>(rest)?;
-    let mut fields = Vec::with_capacity(3);
-    for _ in 0..3 {
+    let mut fields = Vec::with_capacity(4);
+    // The fourth (the EK assurance) is absent from states sealed before it.
+    for i in 0..4 {
+        if i == 3 && rest.is_empty() {
+            break;
+        }
         let (len, r) = split::<2>(rest)?;
         let len = usize::from(u16::from_be_bytes(len));
         if r.len() < len {
@@ -169,6 +176,10 @@ fn decode(plain: &[u8]) -> Option<ChallengeState> {
     if !rest.is_empty() {
         return None;
     }
+    let ek_assurance = match fields.len() {
+        4 => String::from_utf8(fields.pop()?).ok()?,
+        _ => "nv".to_owned(),
+    };
     let ek_serial = String::from_utf8(fields.pop()?).ok()?;
     let ek_issuer = String::from_utf8(fields.pop()?).ok()?;
     let ak_public = fields.pop()?;
@@ -179,6 +190,7 @@ fn decode(plain: &[u8]) -> Option<ChallengeState> {
         ak_public,
         secret,
         not_after: i64::from_be_bytes(not_after),
+        ek_assurance,
     })
 }
 
@@ -202,6 +214,7 @@ mod tests {
             ak_public: vec![0, 0x23, 0, 0x0b, 9, 9, 9],
             secret: [7; 32],
             not_after: 1_800_000_000_000,
+            ek_assurance: "nv".into(),
         }
     }
 

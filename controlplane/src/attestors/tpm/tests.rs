@@ -1059,3 +1059,44 @@ mod through_join_service {
         assert!(records::list_bindings(c.db()).unwrap().is_empty());
     }
 }
+
+/// Round 1 without an EK certificate: `ek-chain` unless a resolve entry pins
+/// that EK as uncertified; the pin is keyed on the public area's own SPKI
+/// (the certificate's key, for this fixture), which must be a default EK
+/// template; the challenge's state records the assurance `pinned`.
+#[test]
+fn an_uncertified_ek_needs_its_pin() {
+    let f = fixture();
+    let mut h = hello();
+    h.ek_certificate.clear();
+    assert_eq!(f.reason(&hello_evidence(h.clone())), "ek-chain");
+    f.resolve();
+    assert_eq!(f.reason(&hello_evidence(h.clone())), "ek-chain");
+    let pin = enroll::ResolveTarget {
+        uncertified: true,
+        ..Default::default()
+    };
+    enroll::add_resolve(&f.db, &ek_sha256(), pin).unwrap();
+    let Ok(Verdict::Defer(Deferral::Challenge { payload, .. })) = f.run(&hello_evidence(h.clone()))
+    else {
+        panic!("no challenge");
+    };
+    let ch = TpmChallenge::decode(payload.as_slice()).unwrap();
+    let st =
+        ChallengeState::open(&ChallengeKey::new(*KEY), &ch.state, &bc_wire::sha256(CSR)).unwrap();
+    assert_eq!(st.ek_assurance, "pinned");
+    assert_eq!(hex::encode(st.ek_spki_sha256), ek_sha256());
+    // Not a default EK template (userWithAuth set): refused as such.
+    let mut other = h.clone();
+    other.ek_public[7] |= 0x40;
+    assert_eq!(f.reason(&hello_evidence(other)), "ek-mismatch");
+    // With its certificate, the pinned EK is verified as usual (and NV).
+    let h = hello();
+    let Ok(Verdict::Defer(Deferral::Challenge { payload, .. })) = f.run(&hello_evidence(h)) else {
+        panic!("no challenge");
+    };
+    let ch = TpmChallenge::decode(payload.as_slice()).unwrap();
+    let st =
+        ChallengeState::open(&ChallengeKey::new(*KEY), &ch.state, &bc_wire::sha256(CSR)).unwrap();
+    assert_eq!(st.ek_assurance, "nv");
+}
