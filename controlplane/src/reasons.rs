@@ -66,6 +66,7 @@ pub const PLACES: &[Place] = &[
             join::BOUND_ELSEWHERE,
             join::UNKNOWN_POOL,
             join::POOL_ATTESTOR,
+            join::POOL_EK_ASSURANCE,
             join::EXPECT_PRODUCT_UUID,
             join::EXPECT_MAC,
         ],

@@ -49,6 +49,11 @@ const TESTED: &[(&str, &str, &str)] = &[
     ),
     (
         "join",
+        "join:pool-ek-assurance",
+        "eksource::the_ek_assurance_is_recorded_and_a_pool_may_require_a_minimum",
+    ),
+    (
+        "join",
         "join:expect-product-uuid",
         "join_token::other_machines_are_refused_and_spend_no_use",
     ),
