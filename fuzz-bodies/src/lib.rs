@@ -10,12 +10,16 @@
 //! rule is no panic on network, disk or command-line input).
 
 mod agent;
+mod cloud;
 mod controlplane;
 pub mod fixtures;
+mod helper;
 mod wire;
 
 pub use agent::{bcd_config, identity_json, join_answer, renew_answer};
+pub use cloud::{aws_document, azure_document, gcp_token};
 pub use controlplane::{cloud_cms, cp_config, ek_cert, join_request, renew_request};
+pub use helper::helper_frames;
 pub use wire::{join_token, sealed_token, tpm_wire, x509pop_evidence};
 
 /// A target's body.
@@ -37,6 +41,10 @@ pub const TARGETS: &[(&str, Body)] = &[
     ("cp_config", cp_config),
     ("ek_cert", ek_cert),
     ("cloud_cms", cloud_cms),
+    ("gcp_token", gcp_token),
+    ("aws_document", aws_document),
+    ("azure_document", azure_document),
+    ("helper_frames", helper_frames),
 ];
 
 /// Splits an input into `N` parts: every part but the last is prefixed by
