@@ -28,7 +28,10 @@ pub(crate) fn scratch_dir() -> std::io::Result<tempfile::TempDir> {
 /// EK roots are the captured TPM's, and whose clock stands at the capture:
 /// so the captured round 2 still verifies, and the fuzzer can reach every
 /// check after it. It also knows node `node_fuzz`, certified with the
-/// captured AK's statement, for Renew.
+/// captured AK's statement, for Renew. Every attestor runs: cloud-iid with
+/// the test GCP and AWS keys, and a resolve row for each of their test
+/// accounts ([`CLOUD_ACCOUNT`]), so a signed document reaches the use
+/// check.
 struct Cp {
     dir: tempfile::TempDir,
     svc: JoinService,
@@ -51,7 +54,23 @@ impl Cp {
             .map_err(|e| e.to_string())?;
         std::fs::write(dir.path().join("challenge.key"), fixtures::CHALLENGE_KEY)
             .map_err(|e| e.to_string())?;
+        cloud_iid_config(dir.path())?;
         let svc = JoinService::open(dir.path()).map_err(|e| e.to_string())?;
+        for provider in ["gcp", "aws"] {
+            svc.database()
+                .write(|tx| {
+                    bc_controlplane::attestors::cloud_iid::resolve::add(
+                        tx,
+                        provider,
+                        CLOUD_ACCOUNT,
+                        None,
+                        None,
+                        &[],
+                        0,
+                    )
+                })
+                .map_err(|e| e.to_string())?;
+        }
         let mut roots = ek::parse_roots_pem(fixtures::EK_ROOT_PEM).map_err(|e| e.to_string())?;
         roots
             .extend(ek::parse_roots_pem(fixtures::EK_INTERMEDIATE_PEM).map_err(|e| e.to_string())?);
@@ -151,6 +170,31 @@ impl Cp {
             *slot = Cp::new().ok();
         }
     }
+}
+
+/// The account (GCP project, AWS account) of the cloud-iid seeds, resolved
+/// to the default pool.
+pub const CLOUD_ACCOUNT: &str = "proj-fuzz";
+
+/// `[cloud_iid]` with GCP and AWS and the test keys, into `dir`.
+fn cloud_iid_config(dir: &Path) -> Result<(), String> {
+    let w =
+        |name: &str, data: &[u8]| std::fs::write(dir.join(name), data).map_err(|e| e.to_string());
+    w(
+        "gcp-jwks.json",
+        include_bytes!("../../tpmsim-fixtures/cloud-gcp-jwks.json"),
+    )?;
+    w(
+        "aws-certs.pem",
+        include_bytes!("../../tpmsim-fixtures/cloud-aws.pem"),
+    )?;
+    let file = dir.join("controlplane.toml");
+    let mut config = std::fs::read_to_string(&file).unwrap_or_default();
+    config.push_str(&format!(
+        "\n[cloud_iid]\naudience = \"{}\"\n[cloud_iid.gcp]\njwks = \"gcp-jwks.json\"\n[cloud_iid.aws]\ncertificates = \"aws-certs.pem\"\n",
+        crate::cloud::AUDIENCE
+    ));
+    w("controlplane.toml", config.as_bytes())
 }
 
 fn csr_spki(der: &[u8]) -> Result<Vec<u8>, String> {

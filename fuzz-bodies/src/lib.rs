@@ -10,13 +10,17 @@
 //! rule is no panic on network, disk or command-line input).
 
 mod agent;
+mod cloud;
 mod controlplane;
 pub mod fixtures;
+mod helper;
 mod site;
 mod wire;
 
 pub use agent::{bcd_config, identity_json, join_answer, renew_answer};
+pub use cloud::{aws_document, azure_document, gcp_token};
 pub use controlplane::{cloud_cms, cp_config, ek_cert, join_request, renew_request};
+pub use helper::helper_frames;
 pub use site::{ramdisk_cmdline, site_request};
 pub use wire::{join_token, sealed_token, tpm_wire, x509pop_evidence};
 
@@ -41,6 +45,10 @@ pub const TARGETS: &[(&str, Body)] = &[
     ("cloud_cms", cloud_cms),
     ("site_request", site_request),
     ("ramdisk_cmdline", ramdisk_cmdline),
+    ("gcp_token", gcp_token),
+    ("aws_document", aws_document),
+    ("azure_document", azure_document),
+    ("helper_frames", helper_frames),
 ];
 
 /// Splits an input into `N` parts: every part but the last is prefixed by

@@ -119,6 +119,16 @@ fn seeds_reach_past_the_first_checks() {
     )
     .unwrap();
     assert!(challenged && renewed);
+    // Every attestor's join seed gets past its evidence checks (the cloud
+    // ones are admitted: signed, fresh, resolved).
+    for name in ["cloud-gcp", "cloud-aws"] {
+        let (joined, _) = controlplane::harness_outcomes(
+            &seed("join_request", name),
+            &seed("renew_request", "tpm"),
+        )
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(joined, "{name}");
+    }
 
     let node_spki = fixtures::node_spki();
     let expected = bcd::client::answer::Expected {
@@ -136,6 +146,45 @@ fn seeds_reach_past_the_first_checks() {
     evidence
         .verify(node_spki, &bc_wire::sha256(fixtures::AGENT_CSR))
         .unwrap();
+    // The cloud documents are admitted (signed by the test keys, fresh at
+    // the targets' clock), so the fuzzer starts past the signature.
+    let cloud = |target: &str, name: &str| {
+        let s = seed(target, name);
+        String::from_utf8(s[1..].to_vec()).unwrap()
+    };
+    let fresh = bc_controlplane::attestors::cloud_iid::Freshness {
+        now: cloud::NOW_MS,
+        max_age_ms: 10 * 60 * 1000,
+    };
+    let gcp_keys = bc_controlplane::attestors::cloud_iid::gcp::parse_jwks(include_bytes!(
+        "../../tpmsim-fixtures/cloud-gcp-jwks.json"
+    ))
+    .unwrap();
+    bc_controlplane::attestors::cloud_iid::gcp::verify(
+        &gcp_keys,
+        &cloud("gcp_token", "jwt"),
+        cloud::AUDIENCE,
+        &fresh,
+    )
+    .unwrap();
+    bc_controlplane::attestors::cloud_iid::azure::identity(
+        cloud("azure_document", "content").as_bytes(),
+        cloud::AUDIENCE,
+        &fresh,
+    )
+    .unwrap();
+    let aws = seed("aws_document", "signed");
+    let [doc, sig] = split_parts(&aws[1..]);
+    let dir = tempfile::tempdir().unwrap();
+    let pem = dir.path().join("aws.pem");
+    std::fs::write(&pem, include_bytes!("../../tpmsim-fixtures/cloud-aws.pem")).unwrap();
+    let aws_keys = bc_controlplane::attestors::cloud_iid::aws::load_certificates(&pem).unwrap();
+    bc_controlplane::attestors::cloud_iid::aws::verify(
+        &aws_keys,
+        std::str::from_utf8(doc).unwrap(),
+        Some(std::str::from_utf8(sig).unwrap()),
+    )
+    .unwrap();
     let ek = seed("ek_cert", "captured");
     let [cert, public] = split_parts(&ek);
     let mut roots =

@@ -288,7 +288,12 @@ fn exchange(stream: &mut UnixStream, request: &[u8]) -> Result<Response, ClientE
         | std::io::ErrorKind::ConnectionReset => ClientError::Closed,
         _ => ClientError::Io(e),
     };
-    stream.write_all(request).map_err(closed)?;
+    // A helper over its limit answers before it closes, maybe before this
+    // request is written: its words are still there to read.
+    let written = stream.write_all(request).map_err(closed);
+    if let Err(e @ ClientError::Io(_)) = written {
+        return Err(e);
+    }
     // Usually the whole response in the first read; the helper sends
     // nothing unasked, so nothing past it is read.
     let mut buf = vec![0u8; 4 + proto::MAX_RESPONSE];
@@ -301,9 +306,10 @@ fn exchange(stream: &mut UnixStream, request: &[u8]) -> Result<Response, ClientE
                 break len;
             }
         }
-        match stream.read(&mut buf[filled..]).map_err(closed)? {
-            0 => return Err(ClientError::Closed),
-            n => filled += n,
+        match stream.read(&mut buf[filled..]).map_err(closed) {
+            Ok(0) => return Err(written.err().unwrap_or(ClientError::Closed)),
+            Ok(n) => filled += n,
+            Err(e) => return Err(written.err().unwrap_or(e)),
         }
     };
     if filled > len {

@@ -17,4 +17,4 @@ pub mod server;
 
 pub use client::{Ak, Client, ClientError, HelperKeyPublic};
 pub use proto::{Hash, Operation};
-pub use server::{Allowed, Backend, BackendError, Limits};
+pub use server::{Allowed, Backend, BackendError, Limits, ServeError, TOO_MANY};

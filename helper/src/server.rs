@@ -90,22 +90,64 @@ impl Allowed {
 #[derive(Debug, Clone)]
 pub struct Limits {
     /// How long a connection may sit between requests (the node keeps one
-    /// open and reconnects when it was closed).
+    /// open and reconnects when it was closed, so this can be short).
     pub idle: Duration,
     /// How long one request may take to arrive, once it started, and its
     /// response to be taken.
     pub request: Duration,
-    /// Connections open at once; more are closed at once (and logged).
+    /// Connections open at once; more are answered "too many connections"
+    /// and closed (and logged, a line a minute).
     pub connections: usize,
+    /// Of those, how many only root may take: the helper's user cannot
+    /// lock root out by holding connections open.
+    pub reserved_for_root: usize,
 }
 
 impl Default for Limits {
     fn default() -> Self {
         Limits {
-            idle: Duration::from_secs(300),
+            idle: Duration::from_secs(30),
             request: Duration::from_secs(5),
             connections: 32,
+            reserved_for_root: 4,
         }
+    }
+}
+
+/// Why the helper stopped serving on its own: it must exit (nonzero), so
+/// that systemd starts a fresh one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ServeError {
+    #[error("the TPM backend panicked; its state is unknown, so the helper exits to be restarted")]
+    BackendPanicked,
+}
+
+/// The answer to a caller over the limit, sent before its connection is
+/// closed: `bcd doctor` shows it.
+pub const TOO_MANY: &str = "too many connections open to bcd helper; try again later";
+
+/// Connection slots: a shared pool anyone served may take, and root's
+/// reserve.
+struct Slots {
+    shared: Arc<Semaphore>,
+    root: Arc<Semaphore>,
+}
+
+impl Slots {
+    fn new(limits: &Limits) -> Slots {
+        let reserved = limits.reserved_for_root.min(limits.connections);
+        Slots {
+            shared: Arc::new(Semaphore::new(limits.connections - reserved)),
+            root: Arc::new(Semaphore::new(reserved)),
+        }
+    }
+
+    fn take(&self, uid: u32) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        self.shared
+            .clone()
+            .try_acquire_owned()
+            .ok()
+            .or_else(|| (uid == 0).then(|| self.root.clone().try_acquire_owned().ok())?)
     }
 }
 
@@ -117,16 +159,24 @@ pub async fn serve<B: Backend>(
     allowed: Allowed,
     limits: Limits,
     shutdown: impl Future<Output = ()>,
-) {
-    let backend = Arc::new(Mutex::new(backend));
-    let slots = Arc::new(Semaphore::new(limits.connections));
-    let limits = Arc::new(limits);
+) -> Result<(), ServeError> {
+    let shared = Arc::new(Shared {
+        backend: Mutex::new(backend),
+        limits,
+        warnings: Mutex::new(Refusals::default()),
+        fatal: tokio::sync::Notify::new(),
+    });
+    let slots = Slots::new(&shared.limits);
     tokio::pin!(shutdown);
     let mut accept_backoff = Duration::from_millis(100);
     let mut refusals = Refusals::default();
     loop {
         let stream = tokio::select! {
-            () = &mut shutdown => return,
+            () = &mut shutdown => return Ok(()),
+            () = shared.fatal.notified() => {
+                tracing::error!("{}", ServeError::BackendPanicked);
+                return Err(ServeError::BackendPanicked);
+            }
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
                     accept_backoff = Duration::from_millis(100);
@@ -155,38 +205,77 @@ pub async fn serve<B: Backend>(
             }
             continue;
         }
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            tracing::warn!(
-                uid,
-                pid,
-                limit = limits.connections,
-                "refused a connection: too many open"
-            );
+        let Some(slot) = slots.take(uid) else {
+            if let Some(count) = shared.warn_due(uid, "too-many") {
+                tracing::warn!(
+                    uid,
+                    pid,
+                    count,
+                    limit = shared.limits.connections,
+                    reservedForRoot = shared.limits.reserved_for_root,
+                    "refused a connection: too many open"
+                );
+            }
+            // Said, not only closed, so the caller can tell this from a
+            // refused uid: one write of a few bytes into a fresh socket's
+            // empty buffer, on the descriptor itself (tokio's try_write
+            // would wait for a readiness event not seen yet).
+            if let Ok(mut s) = stream.into_std() {
+                let _ = std::io::Write::write(&mut s, &proto::frame(&error(TOO_MANY)));
+            }
             continue;
         };
-        let (backend, limits) = (backend.clone(), limits.clone());
+        let shared = shared.clone();
         tokio::spawn(async move {
-            connection(stream, uid, backend, &limits).await;
+            connection(stream, uid, &shared).await;
             drop(slot);
         });
     }
 }
 
-/// Refused callers, counted so that a loop of connections is one log line
-/// a minute per uid, not one per connection.
-#[derive(Default)]
-struct Refusals {
-    /// uid → when its last line was logged, and refusals since.
-    seen: std::collections::HashMap<u32, (std::time::Instant, u64)>,
+/// What every connection's task uses.
+struct Shared<B> {
+    backend: Mutex<B>,
+    limits: Limits,
+    /// Per-connection warnings, a line a minute per uid and kind: a caller
+    /// looping bad frames does not flood the journal.
+    warnings: Mutex<Refusals<(u32, &'static str)>>,
+    /// Told when the backend panicked: serve returns.
+    fatal: tokio::sync::Notify,
 }
 
-impl Refusals {
+impl<B> Shared<B> {
+    /// The count to log with a warning of `kind` for `uid`, when one is due.
+    fn warn_due(&self, uid: u32, kind: &'static str) -> Option<u64> {
+        // Counters only: a poisoned lock still holds usable ones.
+        let mut w = self.warnings.lock().unwrap_or_else(|p| p.into_inner());
+        w.note((uid, kind), std::time::Instant::now())
+    }
+}
+
+/// Refused callers (and other warnings), counted so that a loop of
+/// connections is one log line a minute per key (a uid, or a uid and a
+/// kind), not one per connection.
+struct Refusals<K = u32> {
+    /// key → when its last line was logged, and refusals since.
+    seen: std::collections::HashMap<K, (std::time::Instant, u64)>,
+}
+
+impl<K> Default for Refusals<K> {
+    fn default() -> Self {
+        Refusals {
+            seen: std::collections::HashMap::new(),
+        }
+    }
+}
+
+impl<K: std::hash::Hash + Eq + Copy> Refusals<K> {
     const EVERY: Duration = Duration::from_secs(60);
-    /// More uids than this and the table starts over (a uid is 32 bits).
+    /// More keys than this and the table starts over (a uid is 32 bits).
     const MAX_UIDS: usize = 256;
 
     /// Counts a refusal of `uid`; the count to log, when a line is due.
-    fn note(&mut self, uid: u32, now: std::time::Instant) -> Option<u64> {
+    fn note(&mut self, uid: K, now: std::time::Instant) -> Option<u64> {
         if self.seen.len() >= Self::MAX_UIDS && !self.seen.contains_key(&uid) {
             self.seen.clear();
         }
@@ -221,19 +310,17 @@ fn peer(stream: &UnixStream) -> Option<(u32, i32)> {
 }
 
 /// One caller's requests, in order, until it closes or misbehaves.
-async fn connection<B: Backend>(
-    mut stream: UnixStream,
-    uid: u32,
-    backend: Arc<Mutex<B>>,
-    limits: &Limits,
-) {
+async fn connection<B: Backend>(mut stream: UnixStream, uid: u32, shared: &Shared<B>) {
+    let limits = &shared.limits;
     let mut inbox = Inbox::new();
     loop {
         let op = match read_request(&mut stream, &mut inbox, limits).await {
             Ok(Some(op)) => op,
             Ok(None) => return,
             Err(why) => {
-                tracing::warn!(uid, "closed a connection: {why}");
+                if let Some(count) = shared.warn_due(uid, "closed") {
+                    tracing::warn!(uid, count, "closed a connection: {why}");
+                }
                 return;
             }
         };
@@ -241,12 +328,26 @@ async fn connection<B: Backend>(
         // On this task, not a blocking thread: the TPM is one resource used
         // in turn anyway, and a hand-off to another thread and back would
         // cost a signature through the helper about a tenth of its time.
-        let result = match backend.lock() {
-            Ok(mut b) => run(&mut *b, &op),
-            Err(_) => error("the helper's TPM is unusable after an earlier failure"),
+        // A panic in the backend leaves the TPM in a state nobody knows:
+        // answered as an error, and the helper exits.
+        let result = match shared.backend.lock() {
+            Ok(mut b) => {
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&mut *b, &op))).ok()
+            }
+            Err(_) => None,
+        };
+        let Some(result) = result else {
+            shared.fatal.notify_one();
+            let frame = proto::frame(&error(
+                "the helper's TPM backend failed; the helper restarts",
+            ));
+            let _ = tokio::time::timeout(limits.request, stream.write_all(&frame)).await;
+            return;
         };
         if let Some(response::Result::Error(e)) = &result.result {
-            tracing::warn!(uid, operation = name, error = %e.message, "operation failed");
+            if let Some(count) = shared.warn_due(uid, "failed") {
+                tracing::warn!(uid, count, operation = name, error = %e.message, "operation failed");
+            }
         } else {
             tracing::debug!(uid, operation = name, "served");
         }
@@ -536,7 +637,7 @@ mod tests {
 
     #[test]
     fn refusals_are_one_line_a_minute_per_uid() {
-        let mut r = Refusals::default();
+        let mut r = Refusals::<u32>::default();
         let t0 = std::time::Instant::now();
         assert_eq!(r.note(7, t0), Some(1));
         for i in 1..100 {
@@ -548,7 +649,7 @@ mod tests {
         for uid in 1000..1300 {
             r.note(uid, t0);
         }
-        assert!(r.seen.len() <= Refusals::MAX_UIDS);
+        assert!(r.seen.len() <= Refusals::<u32>::MAX_UIDS);
     }
 
     #[test]
@@ -617,5 +718,138 @@ mod tests {
         for t in threads {
             assert_eq!(t.join().unwrap(), 20);
         }
+    }
+
+    /// Panics at its first `tpm.ak`.
+    struct Panics;
+
+    impl Backend for Panics {
+        fn ak(&mut self) -> Result<AkInfo, BackendError> {
+            panic!("a backend bug");
+        }
+        fn node_key(&mut self, _: &[u8; 32]) -> Result<Vec<u8>, BackendError> {
+            Ok(vec![])
+        }
+        fn sign(&mut self, _: &[u8; 32], _: Hash, _: &[u8]) -> Result<[u8; 64], BackendError> {
+            Ok([0; 64])
+        }
+        fn certify(&mut self, _: &[u8; 32], _: &[u8]) -> Result<(Vec<u8>, Vec<u8>), BackendError> {
+            Ok((vec![], vec![]))
+        }
+    }
+
+    async fn ask_async(s: &mut UnixStream, op: &Operation) -> Option<Response> {
+        s.write_all(&proto::frame(&op.to_request())).await.ok()?;
+        let mut prefix = [0u8; 4];
+        s.read_exact(&mut prefix).await.ok()?;
+        let mut body = vec![0u8; u32::from_be_bytes(prefix) as usize];
+        s.read_exact(&mut body).await.ok()?;
+        Response::decode(body.as_slice()).ok()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_connection_is_closed_after_the_idle_time_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("helper.sock");
+        let listener = UnixListener::bind(&path).unwrap();
+        let limits = Limits::default();
+        assert!(limits.idle <= Duration::from_secs(30), "{:?}", limits.idle);
+        let idle = limits.idle;
+        tokio::spawn(serve(
+            listener,
+            Fixed,
+            Allowed::only(&[me()]),
+            limits,
+            std::future::pending(),
+        ));
+        let mut s = UnixStream::connect(&path).await.unwrap();
+        assert!(ask_async(&mut s, &Operation::Ak).await.is_some());
+        // Just under the idle time: still served.
+        tokio::time::sleep(idle - Duration::from_secs(1)).await;
+        assert!(ask_async(&mut s, &Operation::Ak).await.is_some());
+        // Past it: closed by the helper, at the idle time.
+        let start = tokio::time::Instant::now();
+        let mut b = [0u8; 1];
+        let n = tokio::time::timeout(idle * 2, s.read(&mut b)).await;
+        assert!(matches!(n, Ok(Ok(0)) | Ok(Err(_))), "{n:?}");
+        assert_eq!(start.elapsed().as_secs(), idle.as_secs());
+    }
+
+    #[test]
+    fn root_keeps_its_reserve_when_others_hold_the_rest() {
+        let limits = Limits {
+            connections: 3,
+            reserved_for_root: 1,
+            ..Limits::default()
+        };
+        let slots = Slots::new(&limits);
+        let held: Vec<_> = (0..2)
+            .map(|_| slots.take(1).expect("a shared slot"))
+            .collect();
+        assert!(slots.take(1).is_none(), "the node's user is over its share");
+        let root = slots.take(0).expect("root's reserved slot");
+        assert!(slots.take(0).is_none(), "all taken");
+        drop(held);
+        assert!(slots.take(1).is_some());
+        drop(root);
+    }
+
+    #[test]
+    fn a_caller_over_the_limit_is_told_too_many_connections() {
+        let limits = Limits {
+            connections: 1,
+            reserved_for_root: 0,
+            ..Limits::default()
+        };
+        let r = start(Allowed::only(&[me()]), limits);
+        let mut holder = connect(&r);
+        assert!(ask(&mut holder, &Operation::Ak).is_some());
+        let err = crate::Client::new(&r.path).ak().unwrap_err();
+        assert!(
+            matches!(&err, crate::ClientError::Helper(m) if m == TOO_MANY),
+            "{err:?}"
+        );
+        // The holder is still served.
+        assert!(ask(&mut holder, &Operation::Ak).is_some());
+    }
+
+    #[test]
+    fn warnings_are_a_line_a_minute_per_uid_and_kind() {
+        let mut r = Refusals::<(u32, &'static str)>::default();
+        let t0 = std::time::Instant::now();
+        assert_eq!(r.note((7, "closed"), t0), Some(1));
+        assert_eq!(r.note((7, "failed"), t0), Some(1));
+        for i in 1..50 {
+            assert_eq!(r.note((7, "closed"), t0 + Duration::from_millis(i)), None);
+        }
+        assert_eq!(
+            r.note((7, "closed"), t0 + Duration::from_secs(61)),
+            Some(50)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_panicking_backend_ends_serve_with_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("helper.sock");
+        let listener = UnixListener::bind(&path).unwrap();
+        let served = tokio::spawn(serve(
+            listener,
+            Panics,
+            Allowed::only(&[me()]),
+            Limits::default(),
+            std::future::pending(),
+        ));
+        let mut s = UnixStream::connect(&path).await.unwrap();
+        let got = ask_async(&mut s, &Operation::Ak).await.unwrap();
+        assert!(
+            matches!(got.result, Some(response::Result::Error(ref e)) if e.message.contains("restarts")),
+            "{got:?}"
+        );
+        let end = tokio::time::timeout(Duration::from_secs(10), served)
+            .await
+            .expect("serve returned")
+            .unwrap();
+        assert_eq!(end, Err(ServeError::BackendPanicked));
     }
 }

@@ -66,6 +66,11 @@ pub fn helper_check(
                 settings.user
             ),
         ),
+        Err(bc_helper::ClientError::Helper(m)) if m == bc_helper::TOO_MANY => Check::fail(
+            HELPER,
+            format!("bcd helper at {socket} has too many connections open"),
+            "see bcd helper's log for the uid holding them; root keeps a few in reserve",
+        ),
         Err(e) => Check::fail(HELPER, e.to_string(), "see bcd helper's log"),
     }
 }

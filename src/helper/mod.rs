@@ -43,7 +43,7 @@ pub fn run(args: HelperArgs) -> anyhow::Result<ExitCode> {
         uid,
         "bcd helper serving root and its user"
     );
-    runtime.block_on(bc_helper::server::serve(
+    let served = runtime.block_on(bc_helper::server::serve(
         listener,
         backend,
         bc_helper::Allowed::root_and(uid),
@@ -53,6 +53,8 @@ pub fn run(args: HelperArgs) -> anyhow::Result<ExitCode> {
     if let Some(path) = bound {
         let _ = std::fs::remove_file(path);
     }
+    // Nonzero, so that systemd (Restart=on-failure) starts a fresh helper.
+    served?;
     tracing::info!("bcd helper stopped");
     Ok(ExitCode::SUCCESS)
 }

@@ -312,8 +312,9 @@ fn the_helper_serves_root_and_its_user_and_refuses_others() {
     );
 
     // A malformed and an oversized request close their own connections; the
-    // helper goes on serving.
-    for bad in [&[0u8, 0, 0, 2, 0xff, 0xff][..], &[0, 1, 0, 0][..]] {
+    // helper goes on serving, and says so once a minute, not per frame.
+    let bad_frames = [&[0u8, 0, 0, 2, 0xff, 0xff][..], &[0, 1, 0, 0][..]];
+    for bad in bad_frames.iter().cycle().take(20) {
         let mut s = std::os::unix::net::UnixStream::connect(&m.socket).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         s.write_all(bad).unwrap();
@@ -323,8 +324,18 @@ fn the_helper_serves_root_and_its_user_and_refuses_others() {
             Ok(0) | Err(_)
         ));
     }
-    helper.wait_for("closed a connection", 2);
+    helper.wait_for("closed a connection", 1);
     assert_ok(&m.node(&["--once", "--renew-now"]));
+    // Every line is written before its connection closes: all are in by
+    // the helper's last line.
+    helper.stop();
+    helper.wait_for("bcd helper stopped", 1);
+    let closed = helper
+        .seen
+        .iter()
+        .filter(|l| l.contains("closed a connection"))
+        .count();
+    assert_eq!(closed, 1, "{:#?}", helper.seen);
 
     // A node user in the tss group could open the TPM itself: doctor's tpm
     // check fails. (`tss`, whose primary group that is, where it exists.)
@@ -583,4 +594,109 @@ fn bcd_for_any_user() -> &'static std::path::Path {
         std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).expect("chmod");
         copy
     })
+}
+
+/// The node's user holding many idle connections (more than the helper's
+/// limit) does not lock root out: root's `bcd status` still loads the TPM
+/// node key through the helper, and the node user's `bcd doctor` says the
+/// helper has too many connections (not that it does not serve the uid).
+#[test]
+fn the_node_user_holding_every_connection_does_not_lock_root_out() {
+    let cp = ControlPlane::start_trusting_test_maker();
+    let tpm = Swtpm::start();
+    let m = Machine::join(&cp, &tpm);
+    let mut helper = Logged::helper(&m);
+    // 40 connections as the node's uid, held open and idle.
+    let mut holder = Command::new("perl");
+    holder
+        .args([
+            "-MIO::Socket::UNIX",
+            "-e",
+            "$| = 1; my @s; for (1..40) { push @s, IO::Socket::UNIX->new(Peer => $ARGV[0]) or die \"connect: $!\\n\" } print STDERR \"held 40\\n\"; sleep 600",
+        ])
+        .arg(&m.socket)
+        .uid(NODE_UID)
+        .gid(NODE_GID);
+    let mut holder = Logged::spawn(holder);
+    holder.wait_for("held 40", 1);
+    helper.wait_for("refused a connection: too many open", 1);
+    assert!(
+        helper
+            .seen
+            .iter()
+            .any(|l| l.contains("too many open") && l.contains(&format!("uid={NODE_UID}"))),
+        "{:#?}",
+        helper.seen
+    );
+
+    let status = m.as_user(0, &["status", "--json"]).output().unwrap();
+    assert_ok(&status);
+    let json: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(json["nodeKey"], "tpm", "{json}");
+
+    let doctor = m.as_user(NODE_UID, &["doctor"]).output().unwrap();
+    let text = stdout(&doctor);
+    assert!(
+        text.contains("too many connections open to bcd helper"),
+        "{text}"
+    );
+    let line = text
+        .lines()
+        .find(|l| l.split_whitespace().nth(1) == Some("helper:"))
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        line.starts_with("fail  helper:") && line.contains("too many connections"),
+        "{line}"
+    );
+    assert!(!line.contains("does not serve"), "{line}");
+    holder.kill();
+}
+
+/// `bcd helper` refuses a socket directory another user could write to
+/// (where the fresh socket could be swapped for a symlink before its
+/// chown), names it, exits nonzero and binds nothing.
+#[test]
+fn the_helper_refuses_a_socket_directory_others_can_write() {
+    let cp = ControlPlane::start_trusting_test_maker();
+    let tpm = Swtpm::start();
+    let m = Machine::join(&cp, &tpm);
+    let open = m.agent.root.path().join("open");
+    std::fs::create_dir(&open).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let owned = m.agent.root.path().join("owned");
+    std::fs::create_dir(&owned).unwrap();
+    std::os::unix::fs::chown(&owned, Some(NODE_UID), Some(NODE_GID)).unwrap();
+    std::fs::set_permissions(&owned, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let config = std::fs::read_to_string(&m.agent.config).unwrap();
+    for (dir, why) in [
+        (&open, "writable by others"),
+        (&owned, "owned by uid 1, not root"),
+    ] {
+        let socket = dir.join("helper.sock");
+        let moved = config.replace(
+            &format!("socket = \"{}\"", m.socket.display()),
+            &format!("socket = \"{}\"", socket.display()),
+        );
+        assert_ne!(moved, config);
+        let file = m.agent.root.path().join("moved.toml");
+        std::fs::write(&file, moved).unwrap();
+        let mut helper = Command::new(bin("bcd"));
+        helper
+            .args(["helper", "--config"])
+            .arg(&file)
+            .env("TSS2_LOG", "all+none")
+            .stdin(Stdio::null());
+        // A helper that binds serves until killed: a failure, not a hang.
+        let out = output_within(helper, Duration::from_secs(30));
+        let err = stderr(&out);
+        assert!(!out.status.success(), "{err}");
+        assert!(
+            err.contains("refusing the socket directory")
+                && err.contains(&dir.display().to_string())
+                && err.contains(why),
+            "{err}"
+        );
+        assert!(!socket.exists(), "nothing bound in {}", dir.display());
+    }
 }

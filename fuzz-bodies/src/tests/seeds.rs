@@ -128,6 +128,35 @@ pub(super) fn write(root: &Path) {
         ..Default::default()
     };
     put(root, "join_request", "x509pop", &pop.encode_to_vec());
+    // The same sealed token under provisioned, and cloud-iid documents
+    // signed by the test keys the harness trusts, at its clock.
+    let provisioned = JoinRequest {
+        attestor: "provisioned".into(),
+        role: Role::Node as i32,
+        ..token_req.clone()
+    };
+    put(
+        root,
+        "join_request",
+        "provisioned",
+        &provisioned.encode_to_vec(),
+    );
+    let at_s = fixtures::captured_at() / 1000;
+    for (name, evidence) in [
+        ("cloud-gcp", cloud_evidence_gcp(at_s)),
+        ("cloud-aws", cloud_evidence_aws()),
+    ] {
+        let req = JoinRequest {
+            csr: rcgen_csr(),
+            role: Role::Node as i32,
+            attestor: "cloud-iid".into(),
+            attestation: evidence.to_json(),
+            ..Default::default()
+        };
+        put(root, "join_request", name, &req.encode_to_vec());
+    }
+    cloud_seeds(root);
+    helper_seeds(root, &hello, &answer);
 
     // Join answers: signed as sent (mode 0) and bodies to sign (mode 1).
     let joined = JoinResponseBody {
@@ -381,4 +410,195 @@ impl SpkiDer for p256::PublicKey {
         use p256::pkcs8::EncodePublicKey;
         self.to_public_key_der().unwrap().as_bytes().to_vec()
     }
+}
+
+fn cloud_key(name: &str) -> rsa::PrivateKey {
+    use rsa::pkcs8::DecodePrivateKey;
+    let pem = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../tpmsim-fixtures")
+            .join(name),
+    )
+    .unwrap();
+    rsa::PrivateKey::from_pkcs8_pem(&pem).unwrap()
+}
+
+/// GCP's claims for the fuzz project, issued at `iat` (s).
+fn gcp_claims(iat: i64) -> String {
+    format!(
+        r#"{{"iss":"https://accounts.google.com","aud":"{}","iat":{iat},"exp":{},"google":{{"compute_engine":{{"project_id":"{}","zone":"europe-west1-b","instance_id":"1234567890"}}}}}}"#,
+        crate::cloud::AUDIENCE,
+        iat + 3600,
+        crate::controlplane::CLOUD_ACCOUNT
+    )
+}
+
+fn gcp_jwt(iat: i64) -> String {
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let signed = format!(
+        "{}.{}",
+        b64.encode(r#"{"alg":"RS256","kid":"test-gcp-1","typ":"JWT"}"#),
+        b64.encode(gcp_claims(iat))
+    );
+    let sig = cloud_key("cloud-gcp.key")
+        .pkcs1v15_sign::<rsa::sha2::Sha256>(signed.as_bytes())
+        .unwrap();
+    format!("{signed}.{}", b64.encode(sig))
+}
+
+fn aws_doc() -> String {
+    format!(
+        r#"{{"accountId":"{}","availabilityZone":"eu-west-1a","instanceId":"i-0123456789abcdef0","region":"eu-west-1"}}"#,
+        crate::controlplane::CLOUD_ACCOUNT
+    )
+}
+
+fn aws_signature(doc: &str) -> String {
+    use base64::Engine;
+    let sig = cloud_key("cloud-aws.key")
+        .pkcs1v15_sign::<rsa::sha2::Sha256>(doc.as_bytes())
+        .unwrap();
+    base64::engine::general_purpose::STANDARD.encode(sig)
+}
+
+fn cloud_evidence_gcp(iat: i64) -> bc_wire::cloud_iid::Evidence {
+    bc_wire::cloud_iid::Evidence {
+        provider: "gcp".into(),
+        document: gcp_jwt(iat),
+        signature: None,
+    }
+}
+
+fn cloud_evidence_aws() -> bc_wire::cloud_iid::Evidence {
+    let doc = aws_doc();
+    bc_wire::cloud_iid::Evidence {
+        provider: "aws".into(),
+        signature: Some(aws_signature(&doc)),
+        document: doc,
+    }
+}
+
+/// gcp_token, aws_document, azure_document: each mode's input.
+fn cloud_seeds(root: &Path) {
+    let iat = crate::cloud::NOW_MS / 1000 - 60;
+    put(
+        root,
+        "gcp_token",
+        "jwt",
+        &[&[0u8][..], gcp_jwt(iat).as_bytes()].concat(),
+    );
+    put(
+        root,
+        "gcp_token",
+        "claims",
+        &[&[1u8][..], gcp_claims(iat).as_bytes()].concat(),
+    );
+    let doc = aws_doc();
+    let sig = aws_signature(&doc);
+    let mut signed = vec![0u8];
+    signed.extend(join_parts(&[doc.as_bytes(), sig.as_bytes()]));
+    put(root, "aws_document", "signed", &signed);
+    put(
+        root,
+        "aws_document",
+        "document",
+        &[&[2u8][..], doc.as_bytes()].concat(),
+    );
+    let pkcs7 = std::fs::read(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../controlplane/testdata/cms/signed-attrs.p7"),
+    )
+    .unwrap();
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(pkcs7);
+    put(
+        root,
+        "aws_document",
+        "pkcs7",
+        &[&[1u8][..], b64.as_bytes()].concat(),
+    );
+    put(
+        root,
+        "azure_document",
+        "time-stamp",
+        b"\x0011/30/20 21:19:19 -0000",
+    );
+    put(
+        root,
+        "azure_document",
+        "time-stamp-offset",
+        b"\x0012/31/25 23:59:59 +0530",
+    );
+    let content = format!(
+        r#"{{"nonce":"{}","plan":{{"name":"","product":"","publisher":""}},"timeStamp":{{"createdOn":"12/31/25 23:55:00 -0000","expiresOn":"01/01/26 05:55:00 -0000"}},"vmId":"02aab8a4-74ef-476e-8182-f6d2ba4166a6","subscriptionId":"{}","sku":"22_04-lts"}}"#,
+        bc_wire::cloud_iid::azure_nonce(crate::cloud::AUDIENCE),
+        crate::controlplane::CLOUD_ACCOUNT
+    );
+    put(
+        root,
+        "azure_document",
+        "content",
+        &[&[1u8][..], content.as_bytes()].concat(),
+    );
+}
+
+/// helper_frames: requests as a caller sends them, and the captured TPM's
+/// AK and node key as the helper answers them.
+fn helper_seeds(root: &Path, hello: &bc_wire::agent::TpmHello, answer: &bc_wire::agent::TpmAnswer) {
+    use bc_helper::proto::{self, response, Response};
+    use bc_helper::{Hash, Operation};
+    let mut stream = vec![0u8];
+    for op in [
+        Operation::Ak,
+        Operation::NodeKey { unique: [7; 32] },
+        Operation::Sign {
+            unique: [7; 32],
+            hash: Hash::Sha256,
+            digest: vec![1; 32],
+        },
+        Operation::Certify {
+            unique: [7; 32],
+            qualifying: vec![2; 32],
+        },
+    ] {
+        stream.extend(proto::frame(&op.to_request()));
+    }
+    put(root, "helper_frames", "requests", &stream);
+    let ak_public = hello.ak_public.clone();
+    let name = bc_wire::tpm::Public::parse(&ak_public).unwrap().name();
+    let ak = Response {
+        result: Some(response::Result::Ak(proto::AkResponse {
+            public: ak_public,
+            name,
+            tpm: "swtpm".into(),
+        })),
+    };
+    put(
+        root,
+        "helper_frames",
+        "ak",
+        &[&[1u8][..], &proto::frame(&ak)].concat(),
+    );
+    let key = Response {
+        result: Some(response::Result::NodeKey(proto::NodeKeyResponse {
+            public: answer.node_key.clone().unwrap().public,
+        })),
+    };
+    put(
+        root,
+        "helper_frames",
+        "node-key",
+        &[&[2u8][..], &proto::frame(&key)].concat(),
+    );
+    let refused = Response {
+        result: Some(response::Result::Error(proto::ErrorResponse {
+            message: bc_helper::TOO_MANY.into(),
+        })),
+    };
+    put(
+        root,
+        "helper_frames",
+        "too-many",
+        &[&[1u8][..], &proto::frame(&refused)].concat(),
+    );
 }

@@ -93,8 +93,8 @@ fn verify_pkcs7(keys: &AwsKeys, pkcs7: &str) -> Result<CloudIdentity, &'static s
     Err(CLOUD_SIGNATURE)
 }
 
-/// The identity a verified document names.
-fn identity(document: &[u8]) -> Result<CloudIdentity, &'static str> {
+/// The identity a verified document names (public for the fuzzer).
+pub fn identity(document: &[u8]) -> Result<CloudIdentity, &'static str> {
     let doc: Document = serde_json::from_slice(document).map_err(|_| CLOUD_MALFORMED)?;
     CloudIdentity::new(
         super::AWS,

@@ -98,7 +98,17 @@ pub fn verify(
     if !chain::names(cert, &trust.signer) {
         return Err(CLOUD_SIGNER);
     }
-    let doc: Document = serde_json::from_slice(signed.content()).map_err(|_| CLOUD_MALFORMED)?;
+    identity(signed.content(), audience, fresh)
+}
+
+/// The identity the signed `content` names, once its signature and chain
+/// checked out: the nonce, the time stamps (public for the fuzzer).
+pub fn identity(
+    content: &[u8],
+    audience: &str,
+    fresh: &Freshness,
+) -> Result<CloudIdentity, &'static str> {
+    let doc: Document = serde_json::from_slice(content).map_err(|_| CLOUD_MALFORMED)?;
     if doc.nonce.as_deref() != Some(bc_wire::cloud_iid::azure_nonce(audience).as_str()) {
         return Err(CLOUD_AUDIENCE);
     }
@@ -117,7 +127,7 @@ pub fn verify(
 
 /// Azure's `MM/DD/YY HH:MM:SS ±hhmm` (e.g. `11/30/20 21:19:19 -0000`), in
 /// Unix milliseconds; years are 20YY.
-fn time_stamp(s: &str) -> Option<i64> {
+pub fn time_stamp(s: &str) -> Option<i64> {
     let (date, rest) = s.split_once(' ')?;
     let (clock, offset) = rest.split_once(' ')?;
     let nums = |s: &str, sep: char| -> Option<Vec<u8>> {
