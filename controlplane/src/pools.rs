@@ -189,29 +189,7 @@ pub fn set_join_attestors(
     if let Some(list) = join_attestors {
         validate_join_attestors(list, known)?;
     }
-    db.write(|tx| {
-        let mut pool = get(tx, id)?.ok_or_else(|| PoolError::NotFound(id.to_owned()))?;
-        let Value::Object(map) = &mut pool.policy else {
-            return Err(PoolError::Db(DbError::Corrupt {
-                what: "pool policy",
-                detail: format!("pool {id}: not an object"),
-            }));
-        };
-        match join_attestors {
-            Some(list) => {
-                map.insert("joinAttestors".to_owned(), json!(list));
-            }
-            None => {
-                map.remove("joinAttestors");
-            }
-        }
-        tx.execute(
-            "UPDATE pools SET policy = ?2 WHERE id = ?1",
-            rusqlite::params![id, pool.policy.to_string()],
-        )
-        .map_err(DbError::from)?;
-        Ok(pool)
-    })
+    set_policy_key(db, id, "joinAttestors", join_attestors.map(|l| json!(l)))
 }
 
 /// Replaces `policy.minEkAssurance` (`None` removes it) and keeps the rest
@@ -221,6 +199,17 @@ pub fn set_min_ek_assurance(
     id: &str,
     min: Option<EkAssurance>,
 ) -> Result<PoolRow, PoolError> {
+    set_policy_key(db, id, "minEkAssurance", min.map(|m| json!(m.as_str())))
+}
+
+/// Sets one key of a pool's policy (`None` removes it), keeping the rest,
+/// in one write transaction.
+fn set_policy_key(
+    db: &Database,
+    id: &str,
+    key: &str,
+    value: Option<Value>,
+) -> Result<PoolRow, PoolError> {
     db.write(|tx| {
         let mut pool = get(tx, id)?.ok_or_else(|| PoolError::NotFound(id.to_owned()))?;
         let Value::Object(map) = &mut pool.policy else {
@@ -229,12 +218,12 @@ pub fn set_min_ek_assurance(
                 detail: format!("pool {id}: not an object"),
             }));
         };
-        match min {
-            Some(min) => {
-                map.insert("minEkAssurance".to_owned(), json!(min.as_str()));
+        match value {
+            Some(v) => {
+                map.insert(key.to_owned(), v);
             }
             None => {
-                map.remove("minEkAssurance");
+                map.remove(key);
             }
         }
         tx.execute(
