@@ -94,6 +94,19 @@ impl SiteNode {
         block_on(self.client().get_secret(&req)).map(|r| r.token)
     }
 
+    /// The kernel command line the site gives `mac` for entry `wf`: a
+    /// token of the entry's own and an assertion naming the entry, the MAC
+    /// and `uuid`.
+    fn boot_line(&self, epoch: u64, wf: &str, mac: &str, uuid: &str) -> String {
+        let token = self.secret(wf).unwrap();
+        let assertion = self.assertion(epoch, |a| {
+            a.mac = mac.to_owned();
+            a.workflow_id = wf.to_owned();
+            a.product_uuid = uuid.to_owned();
+        });
+        cmdline(&token, &assertion)
+    }
+
     /// An assertion for `mac` at `epoch`, fresh, signed under its purpose.
     fn assertion(&self, epoch: u64, edit: impl FnOnce(&mut DiscoveryAssertion)) -> String {
         let id = self.identity();
@@ -766,13 +779,8 @@ fn the_same_machine_commissions_twice() {
             MAC,
             &["--product-uuid", UUID, "--not-after", not_after],
         );
-        let token = holder.secret(&wf).unwrap();
-        let assertion = holder.assertion(epoch, |a| {
-            a.workflow_id = wf.clone();
-            a.product_uuid = UUID.to_owned();
-        });
         let machine = Machine::new(&cp, MAC, UUID);
-        assert_ok(&machine.boot(&cmdline(&token, &assertion)));
+        assert_ok(&machine.boot(&holder.boot_line(epoch, &wf, MAC, UUID)));
         let id = Identity::load(&machine.agent.data_dir, &TpmAccess::none())
             .unwrap()
             .unwrap();
@@ -831,14 +839,8 @@ fn two_machines_with_the_placeholder_uuid_both_commission() {
     let mut ids = Vec::new();
     for mac in [MAC, "52:54:00:aa:bb:cc"] {
         let wf = boot_add(&cp, "dc1", mac, &["--product-uuid", PLACEHOLDER]);
-        let token = holder.secret(&wf).unwrap();
-        let assertion = holder.assertion(epoch, |a| {
-            a.mac = mac.to_owned();
-            a.workflow_id = wf.clone();
-            a.product_uuid = PLACEHOLDER.to_owned();
-        });
         let machine = Machine::new(&cp, mac, PLACEHOLDER);
-        assert_ok(&machine.boot(&cmdline(&token, &assertion)));
+        assert_ok(&machine.boot(&holder.boot_line(epoch, &wf, mac, PLACEHOLDER)));
         ids.push(machine.agent.status_json()["nodeId"].clone());
     }
     for n in cp.nodes().iter().filter(|n| ids.contains(&n["nodeId"])) {
@@ -887,13 +889,8 @@ fn discovery_cert_ttl_shortens_the_ramdisk_certificate() {
         MAC,
         &["--product-uuid", UUID, "--not-after", "4h"],
     );
-    let token = holder.secret(&wf).unwrap();
-    let assertion = holder.assertion(epoch, |a| {
-        a.workflow_id = wf.clone();
-        a.product_uuid = UUID.to_owned();
-    });
     let machine = Machine::new(&cp, MAC, UUID);
-    assert_ok(&machine.boot(&cmdline(&token, &assertion)));
+    assert_ok(&machine.boot(&holder.boot_line(epoch, &wf, MAC, UUID)));
     let id = Identity::load(&machine.agent.data_dir, &TpmAccess::none())
         .unwrap()
         .unwrap();
