@@ -36,7 +36,7 @@ pub const ACCESS_DENIED: &str = "access denied: the control plane refused the jo
 /// The same for a TPM join, where the TPM is the credential.
 pub const ACCESS_DENIED_TPM: &str = "access denied: the control plane refused the TPM join (check that it trusts the EK's maker (ek-roots), that this EK is allowed or approved, that it is not bound to another node, that no other live node holds this machine's hardware key (delete the old node first), and that the pool admits tpm; `bcd tpm identify` shows the EK)";
 /// The same for a PXE ramdisk's discovery join.
-pub const ACCESS_DENIED_DISCOVERY: &str = "access denied: the control plane refused the discovery join (the boot entry's token may be used, expired or for another MAC or site, the assertion stale or already used, or the boot server no longer the site's lease holder; add a new boot entry and PXE-boot again)";
+pub const ACCESS_DENIED_DISCOVERY: &str = "access denied: the control plane refused the discovery join (the boot entry's token may be used, expired or for another MAC or site, the assertion stale or already used, the boot server no longer the site's lease holder, or an operator denied its join request; add a new boot entry and PXE-boot again)";
 /// The same for a provisioned join (the token from the machine's user data).
 pub const ACCESS_DENIED_PROVISIONED: &str = "access denied: the control plane refused the provisioned join (the token may be used, expired or revoked, minted for another machine (product UUID), or for a machine another node already is; deploy again for a new token)";
 /// The same for a cloud VM's identity document.
@@ -243,6 +243,34 @@ fn hand_over(dir: &std::path::Path, node_user: Option<(u32, u32)>) -> anyhow::Re
     })
 }
 
+/// The exchange's policy. A discovery join that waits for an operator
+/// (`[discovery] approval`) waits no longer than its assertion lives, with
+/// the server's backoff, and says on the console what the operator must do.
+fn policy_for(credential: &Credential) -> Policy {
+    match credential {
+        Credential::Discovery(d) => Policy {
+            give_up_after: Some(d.lifetime()),
+            on_pending: tell_the_operator,
+            ..Policy::default()
+        },
+        _ => Policy::default(),
+    }
+}
+
+/// A ramdisk's console line while its join waits for an operator.
+fn tell_the_operator(p: &bc_wire::agent::JoinPending, limit: Option<std::time::Duration>) {
+    let id = crate::pki::printable(&p.request_id);
+    let within = limit.map_or(String::new(), |l| {
+        format!(" (this boot's assertion lasts {} s)", l.as_secs())
+    });
+    let told = out::line(format_args!(
+        "join pending: waiting for an operator to approve join request {id}{within}. On the control plane, `bc-controlplane requests list` shows its boot entry, MAC, UUID, EK (or \"no TPM\") and source address; if it is this machine, run `bc-controlplane requests approve {id}`, else `bc-controlplane requests deny {id}`. To commission without an operator, bind the boot entry to the machine's EK (boot add --ek-sha256)."
+    ));
+    if let Err(e) = told {
+        tracing::warn!(error = %e, request_id = %id, "join pending approval");
+    }
+}
+
 /// Joins and saves the identity; returns the node id.
 pub(crate) fn join(
     config: &Config,
@@ -287,7 +315,7 @@ pub(crate) fn join(
         request,
         attestor_id,
         &expected,
-        &Policy::default(),
+        &policy_for(&credential),
     ));
     let accepted = match outcome {
         Ok(a) => a,

@@ -124,6 +124,16 @@ pub struct BootEntry {
 }
 
 impl BootEntry {
+    /// The EK an operator bound this entry's machine to (`boot add
+    /// --ek-sha256`, or `--node`'s bound EK): only a join proving it is
+    /// admitted, and `[discovery] approval` does not apply to it.
+    ///
+    /// Merge hook: `None` for every entry until boot entries carry an
+    /// expected EK (the TPM-evidence branch's `boot_entries.ek_sha256`).
+    pub fn expected_ek(&self) -> Option<&str> {
+        None
+    }
+
     /// `waiting`, `vouched`, `joined` or `expired`, at `now`.
     pub fn state(&self, now: UnixMs) -> &'static str {
         if self.joined_at.is_some() {

@@ -434,6 +434,7 @@ impl JoinService {
                 csr_spki_sha256: csr.spki_sha256,
                 claims: &claims,
                 now,
+                source,
             };
             match attestor.verify(&tx, &input) {
                 // Dropping the transaction rolls back whatever the attestor wrote.
@@ -902,7 +903,10 @@ pub(crate) fn check_role(
 /// (join-token now; provisioned, discovery later) binds the same way. It
 /// runs inside the join transaction before anything is written, so a
 /// refusal rolls back the use the attestor consumed.
-fn check_expect(result: &AttestationResult, claims: &agent::HardwareClaims) -> Result<(), Refusal> {
+pub(crate) fn check_expect(
+    result: &AttestationResult,
+    claims: &agent::HardwareClaims,
+) -> Result<(), Refusal> {
     result.expect.check(claims).map_err(|mismatch| {
         let reason = match mismatch {
             ExpectMismatch::ProductUuid => EXPECT_PRODUCT_UUID,
