@@ -282,6 +282,18 @@ pub fn list_open(
     Ok(rows.collect::<Result<Vec<_>, _>>()?)
 }
 
+/// A site's open entries, and how many of them expect an EK (admit only
+/// that machine's TPM): what lease answers tell site nodes.
+pub fn open_counts(
+    tx: &Transaction<'_>,
+    site_id: &str,
+    now: UnixMs,
+) -> Result<(usize, usize), DbError> {
+    let open = list_open(tx, site_id, now)?;
+    let bound = open.iter().filter(|e| e.expected_ek().is_some()).count();
+    Ok((open.len(), bound))
+}
+
 /// Why [`issue_token`] gave no token.
 #[derive(Debug, PartialEq, Eq)]
 pub enum NoToken {

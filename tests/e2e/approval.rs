@@ -189,3 +189,32 @@ fn without_approval_the_boot_lan_is_trusted() {
 fn script_path() -> String {
     format!("/boot.ipxe?mac={}", MAC.replace(':', "%3A"))
 }
+
+/// `bcd doctor` on the site node names the policy its site runs under, as
+/// the control plane's lease answer said it: the trusted boot LAN (the
+/// default, a warning with what to do to harden it) or operator approval.
+/// (EK-bound entries need entries that name an EK: see the unit test of
+/// `site::commissioning`.)
+#[test]
+fn doctor_on_the_site_node_names_the_commissioning_policy() {
+    for (config, says) in [
+        (
+            "",
+            "warn  commissioning: trusted boot LAN (the control plane's [discovery] approval is unset): any host on the boot LAN that fetches a boot entry's script can commission as its machine",
+        ),
+        (
+            APPROVAL,
+            "ok    commissioning: operator approval ([discovery] approval = \"unknown-machines\"): a join of a boot entry that names no EK",
+        ),
+    ] {
+        let (_cp, node, _server, _wf) = setup(config);
+        let doctor = stdout(&node.agent.run(&["doctor"]));
+        let line = doctor
+            .lines()
+            .find(|l| l.contains("commissioning:"))
+            .unwrap_or_else(|| panic!("no commissioning line in\n{doctor}"));
+        assert!(line.starts_with(says), "{line}");
+        let hardens = line.contains("to harden: bind each boot entry to its machine's TPM (boot add --ek-sha256 H, or --node N), or set [discovery] approval = \"unknown-machines\"");
+        assert_eq!(hardens, config.is_empty(), "{line}");
+    }
+}
