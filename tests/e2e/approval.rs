@@ -144,7 +144,8 @@ fn a_neighbours_join_waits_for_the_operator_who_denies_it_and_approves_the_machi
 /// A neighbour minting a node key per join cannot fill the table: an
 /// entry has at most 8 pending requests; the next join is refused
 /// `approval-busy` (ACCESS_DENIED at bcd ramdisk), and still spends
-/// nothing.
+/// nothing. Once one of them is approved and joins, the others' requests
+/// cannot be approved any more.
 #[test]
 fn an_entry_has_at_most_eight_pending_requests() {
     let (cp, _node, server, wf) = setup(APPROVAL);
@@ -168,6 +169,18 @@ fn an_entry_has_at_most_eight_pending_requests() {
     ninth.agent.assert_nothing_written();
     assert_eq!(requests(&cp).len(), 8);
     assert_eq!(boot_state(&cp, &wf), "vouched");
+    // One approved joins; the others then wait on a closed entry, which no
+    // approval can help.
+    let listed = requests(&cp);
+    assert_ok(&cp.cli(&["requests", "approve", listed[0]["id"].as_str().unwrap()]));
+    wait_for(|| (boot_state(&cp, &wf) == "joined").then_some(()));
+    let out = cp.cli(&["requests", "approve", listed[1]["id"].as_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains(&format!("is for boot entry {wf}, which is joined")),
+        "{}",
+        stderr(&out)
+    );
     for (_, mut child) in waiting {
         let _ = child.kill();
         let _ = child.wait();

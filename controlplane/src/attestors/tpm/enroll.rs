@@ -359,6 +359,17 @@ fn decide(
                 "join request {id} is a discovery join: its machine joins as a ramdisk of its boot entry's site (--pool and --site are for tpm enrollment)"
             )));
         }
+        let now = db::compute_now(tx)?;
+        if status == STATUS_APPROVED {
+            if let Some(wf) = row.workflow_id.as_deref() {
+                let state = crate::boot::get(tx, wf)?.map_or("gone", |e| e.state(now));
+                if matches!(state, "joined" | "expired" | "gone") {
+                    return Err(EnrollError::Conflict(format!(
+                        "join request {id} is for boot entry {wf}, which is {state}: no join waits on it any more"
+                    )));
+                }
+            }
+        }
         if let Some(pool) = pool {
             pools::require(tx, pool)?;
             row.pool_id = Some(pool.to_owned());
@@ -366,7 +377,6 @@ fn decide(
         if let Some(site) = site_id(tx, site)? {
             row.site_id = Some(site);
         }
-        let now = db::compute_now(tx)?;
         tx.execute(
             "UPDATE join_requests SET status = ?2, decided_at = ?3, pool_id = ?4, site_id = ?5
              WHERE id = ?1",
