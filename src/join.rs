@@ -36,7 +36,7 @@ pub const ACCESS_DENIED: &str = "access denied: the control plane refused the jo
 /// The same for a TPM join, where the TPM is the credential.
 pub const ACCESS_DENIED_TPM: &str = "access denied: the control plane refused the TPM join (check that it trusts the EK's maker (ek-roots), that this EK is allowed or approved, that it is not bound to another node, that no other live node holds this machine's hardware key (delete the old node first), and that the pool admits tpm; `bcd tpm identify` shows the EK)";
 /// The same for a PXE ramdisk's discovery join.
-pub const ACCESS_DENIED_DISCOVERY: &str = "access denied: the control plane refused the discovery join (the boot entry's token may be used, expired or for another MAC or site, the assertion stale or already used, the boot server no longer the site's lease holder, or an operator denied its join request; add a new boot entry and PXE-boot again)";
+pub const ACCESS_DENIED_DISCOVERY: &str = "access denied: the control plane refused the discovery join (the boot entry's token may be used, expired or for another MAC or site, the assertion stale or already used, or the boot server no longer the site's lease holder; add a new boot entry and PXE-boot again)";
 /// The same for a provisioned join (the token from the machine's user data).
 pub const ACCESS_DENIED_PROVISIONED: &str = "access denied: the control plane refused the provisioned join (the token may be used, expired or revoked, minted for another machine (product UUID), or for a machine another node already is; deploy again for a new token)";
 /// The same for a cloud VM's identity document.
@@ -319,6 +319,16 @@ pub(crate) fn join(
     ));
     let accepted = match outcome {
         Ok(a) => a,
+        Err(JoinError::RefusedAfterPending { request_id }) => {
+            return Err(anyhow!(
+                "access denied: the control plane refused the join after its join request {request_id} waited for an operator: an operator denied that request (bc-controlplane requests deny), or the join no longer holds otherwise{}",
+                if attestor_id == attestor::DISCOVERY {
+                    " (the boot assertion went stale before the approval, or the entry was joined or expired meanwhile: boot the machine again, and approve its new request)"
+                } else {
+                    ""
+                }
+            ))
+        }
         Err(JoinError::Client(ClientError::AccessDenied)) => {
             return Err(anyhow!(match attestor_id {
                 attestor::TPM => ACCESS_DENIED_TPM,

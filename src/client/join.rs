@@ -38,6 +38,11 @@ pub enum JoinError {
     Evidence(String),
     #[error("the join was still waiting for an operator's approval (join request {request_id}) when its deadline passed, after {waited_s} s: approve it on the control plane (bc-controlplane requests approve {request_id}) and start the join again (a PXE ramdisk: boot the machine again, and approve its new request)")]
     StillPending { request_id: String, waited_s: u64 },
+    /// ACCESS_DENIED after the join waited as a join request: denied, or
+    /// its evidence stopped holding meanwhile (the reason stays on the
+    /// server, as for every refusal).
+    #[error("access denied after join request {request_id} waited for an operator")]
+    RefusedAfterPending { request_id: String },
 }
 
 /// Sends one `Join`. The real one is [`Client`]; tests script their own.
@@ -132,7 +137,14 @@ pub async fn run<T: Transport>(
     let started = tokio::time::Instant::now();
     let mut announced = None::<String>;
     loop {
-        let response = transport.join(&request).await?;
+        let response = match transport.join(&request).await {
+            Err(ClientError::AccessDenied) if announced.is_some() => {
+                return Err(JoinError::RefusedAfterPending {
+                    request_id: printable(announced.as_deref().unwrap_or_default()),
+                })
+            }
+            other => other?,
+        };
         match answer::open(&response, expected)? {
             Opened::Pending(p) => {
                 request.attestation = first_attestation.clone();
@@ -355,6 +367,27 @@ mod tests {
             other => panic!("{:?}", other.map(|a| a.node_id)),
         }
         assert_eq!(TOLD.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn a_refusal_after_a_pending_answer_names_the_request() {
+        let pending = Deferral::Pending(JoinPending {
+            request_id: "req_2".into(),
+            retry_after_seconds: 0,
+        });
+        // The script runs out after the pending answer: ACCESS_DENIED.
+        let (r, sent, _) = exchange(vec![deferral(b"csr", pending)], &mut Echo);
+        assert_eq!(sent.len(), 2);
+        match r {
+            Err(JoinError::RefusedAfterPending { request_id }) => assert_eq!(request_id, "req_2"),
+            other => panic!("{:?}", other.map(|a| a.node_id)),
+        }
+        // Refused at once: the plain ACCESS_DENIED.
+        let (r, _, _) = exchange(vec![], &mut Echo);
+        assert!(matches!(
+            r,
+            Err(JoinError::Client(ClientError::AccessDenied))
+        ));
     }
 
     #[test]

@@ -103,7 +103,9 @@ fn a_neighbours_join_waits_for_the_operator_who_denies_it_and_approves_the_machi
         stdout(&out)
     );
     assert!(
-        stderr(&out).contains("denied its join request"),
+        stderr(&out).contains(&format!(
+            "after its join request {id} waited for an operator: an operator denied that request"
+        )),
         "{}",
         stderr(&out)
     );
