@@ -196,3 +196,105 @@ fn insert(
     )?;
     Ok(row)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_support::temp_db;
+    use bc_wire::agent::{HardwareClaims, Role};
+
+    const NOW: i64 = 1_000;
+
+    /// A join whose CSR key hashes to `[key; 32]`, from 127.0.0.9.
+    fn with_input<T>(key: u8, f: impl FnOnce(&AttestInput<'_>) -> T) -> T {
+        let claims = HardwareClaims::default();
+        let input = AttestInput {
+            role: Role::Ramdisk,
+            evidence: &[],
+            token: None,
+            csr_der: &[],
+            csr_sha256: [0; 32],
+            csr_spki_der: &[],
+            csr_spki_sha256: [key; 32],
+            claims: &claims,
+            now: NOW,
+            source: Some("127.0.0.9".parse().unwrap()),
+        };
+        f(&input)
+    }
+
+    fn gate_for(db: &crate::db::Database, key: u8, ek: Option<&ProvenEk>) -> Result<Gate, Refusal> {
+        with_input(key, |input| {
+            db.write(|tx| {
+                gate(
+                    tx,
+                    &Pending {
+                        input,
+                        entry: None,
+                        mac: "52:54:00:12:34:56",
+                        ek,
+                        retry_after_seconds: 7,
+                    },
+                )
+            })
+        })
+    }
+
+    fn request_id(g: Result<Gate, Refusal>) -> String {
+        match g {
+            Ok(Gate::Wait(Deferral::Pending {
+                request_id,
+                retry_after_seconds,
+            })) => {
+                assert_eq!(retry_after_seconds, 7);
+                request_id
+            }
+            other => panic!("not pending: {other:?}"),
+        }
+    }
+
+    /// With a proven EK (the TPM-evidence branch's), the request is that
+    /// EK's: a later join of the same TPM with another node key (a second
+    /// boot) finds it, and an approval admits that join once.
+    #[test]
+    fn a_proven_ek_binds_the_request_across_node_keys() {
+        let t = temp_db();
+        let ek = ProvenEk {
+            sha256: "ab".repeat(32),
+            issuer: "CN=maker".into(),
+            serial: "01".into(),
+        };
+        let id = request_id(gate_for(&t.db, 1, Some(&ek)));
+        assert_eq!(request_id(gate_for(&t.db, 2, Some(&ek))), id);
+        let rows = enroll::list_requests(&t.db).unwrap();
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0].ek_sha256.as_deref(), Some(ek.sha256.as_str()));
+        assert_eq!(rows[0].ek_issuer, "CN=maker");
+        assert_eq!(rows[0].source.as_deref(), Some("127.0.0.9"));
+        // The same node key without the EK is another machine's evidence.
+        assert_ne!(request_id(gate_for(&t.db, 1, None)), id);
+        enroll::approve(&t.db, &id, None, None).unwrap();
+        assert!(matches!(gate_for(&t.db, 3, Some(&ek)), Ok(Gate::Admit)));
+        // Used: the next join of that TPM files a new request.
+        assert_ne!(request_id(gate_for(&t.db, 3, Some(&ek))), id);
+    }
+
+    /// Without an EK, each node key is its own request: a denial refuses
+    /// that one, not the next; past eight pending ones, `approval-busy`.
+    #[test]
+    fn without_an_ek_each_node_key_is_its_own_request() {
+        let t = temp_db();
+        let first = request_id(gate_for(&t.db, 1, None));
+        enroll::deny(&t.db, &first).unwrap();
+        let denied = gate_for(&t.db, 1, None).unwrap_err();
+        assert_eq!(denied.reason, APPROVAL_DENIED);
+        for key in 2..=9 {
+            request_id(gate_for(&t.db, key, None));
+        }
+        let busy = gate_for(&t.db, 10, None).unwrap_err();
+        assert_eq!(busy.reason, APPROVAL_BUSY);
+        // Pending ones are answered again; the denied one does not count.
+        request_id(gate_for(&t.db, 9, None));
+        assert_eq!(enroll::list_requests(&t.db).unwrap().len(), 9);
+    }
+}
