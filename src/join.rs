@@ -14,7 +14,9 @@ use bc_wire::token::JoinToken;
 use p256::elliptic_curve::zeroize::Zeroizing;
 
 use crate::client::answer::Expected;
-use crate::client::join::{self as exchange, Answerer, JoinError, NoChallenges, Policy};
+use crate::client::join::{
+    self as exchange, Answerer, JoinError, NoChallenges, Policy, RefusedRetry,
+};
 use crate::client::{Client, ClientError};
 use crate::config::{Config, ConfigArg};
 use crate::evidence::attestor;
@@ -258,6 +260,7 @@ pub(crate) fn join(
         attestor_id,
         sealed_token,
         attestation,
+        refused_retry,
     } = prepare(config, tpm, &credential, role, &client)?;
     let csr_sha256 = bc_wire::sha256(&csr);
     let request = JoinRequest {
@@ -277,6 +280,7 @@ pub(crate) fn join(
     };
 
     let expected = Expected::for_join(config, csr_sha256, key.spki_der());
+    let from_service = refused_retry.as_ref().map(|r| r.why);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -287,18 +291,26 @@ pub(crate) fn join(
         request,
         attestor_id,
         &expected,
-        &Policy::default(),
+        &Policy {
+            refused_retry,
+            ..Policy::default()
+        },
     ));
     let accepted = match outcome {
         Ok(a) => a,
         Err(JoinError::Client(ClientError::AccessDenied)) => {
+            if let Some(service) = from_service {
+                return Err(anyhow!(
+                    "{ACCESS_DENIED_TPM}; this TPM has no EK certificate in NV, and the control plane fetches it from {service}: check that it reaches that service ([tpm.ek_services]) and trusts the maker's roots"
+                ));
+            }
             return Err(anyhow!(match attestor_id {
                 attestor::TPM => ACCESS_DENIED_TPM,
                 attestor::DISCOVERY => ACCESS_DENIED_DISCOVERY,
                 attestor::PROVISIONED => ACCESS_DENIED_PROVISIONED,
                 attestor::CLOUD_IID => ACCESS_DENIED_CLOUD_IID,
                 _ => ACCESS_DENIED,
-            }))
+            }));
         }
         Err(e) => return Err(e.into()),
     };
@@ -540,6 +552,9 @@ struct Prepared {
     attestor_id: &'static str,
     sealed_token: Vec<u8>,
     attestation: Vec<u8>,
+    /// A refused first round may be worth sending again (see
+    /// [`RefusedRetry`]).
+    refused_retry: Option<RefusedRetry>,
 }
 
 fn prepare(
@@ -571,6 +586,7 @@ fn prepare(
                 attestor_id: attestor,
                 sealed_token,
                 attestation: Vec::new(),
+                refused_retry: None,
             })
         }
         Credential::Discovery(d) => {
@@ -589,6 +605,7 @@ fn prepare(
                 attestor_id: attestor::DISCOVERY,
                 sealed_token,
                 attestation: d.assertion.clone(),
+                refused_retry: None,
             })
         }
         Credential::CloudIid(evidence) => {
@@ -602,6 +619,7 @@ fn prepare(
                 attestor_id: attestor::CLOUD_IID,
                 sealed_token: Vec::new(),
                 attestation: evidence.clone(),
+                refused_retry: None,
             })
         }
         Credential::Tpm => {
@@ -619,6 +637,9 @@ fn prepare(
                 evidence.add_intermediates(crate::pki::read_pem_bundle(file)?);
             }
             let attestation = evidence.hello();
+            let refused_retry = evidence
+                .certificate_from_service()
+                .map(RefusedRetry::maker_service);
             tracing::info!(api = %client.api(), role = %role.name(), node_key = %key.kid(), "joining the control plane with the TPM");
             Ok(Prepared {
                 key,
@@ -627,6 +648,7 @@ fn prepare(
                 attestor_id: attestor::TPM,
                 sealed_token: Vec::new(),
                 attestation,
+                refused_retry,
             })
         }
     }

@@ -303,6 +303,18 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     r#"
     ALTER TABLE joins ADD COLUMN ek_assurance TEXT;
     "#,
+    // 16: EK certificates fetched from a maker's service ([tpm.ek_services]),
+    // by the SHA-256 of the EK's SPKI (the certificate's key is the EK's):
+    // each machine's is fetched once, and verified at every join.
+    r#"
+    CREATE TABLE ek_service_certificates (
+        ek_sha256 TEXT PRIMARY KEY,
+        service TEXT NOT NULL,
+        url TEXT NOT NULL,
+        certificate BLOB NOT NULL,
+        fetched_at INTEGER NOT NULL
+    );
+    "#,
 ];
 
 #[derive(Debug, thiserror::Error)]

@@ -139,6 +139,7 @@ impl Fixture {
                     csr_spki_sha256: bc_wire::sha256(&spki),
                     claims: &claims,
                     now,
+                    prepared: &crate::attestor::Prepared::default(),
                 };
                 // JoinService's role check around the attestor, as a join
                 // has it (its refusal rolls back what the attestor wrote).
@@ -500,6 +501,7 @@ fn round_two_state_secret_and_expiry() {
                 csr_spki_sha256: bc_wire::sha256(&spki),
                 claims: &claims,
                 now: NOW,
+                prepared: &crate::attestor::Prepared::default(),
             };
             reason(other.verify(&tx, &input))
         })
