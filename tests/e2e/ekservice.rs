@@ -237,7 +237,7 @@ fn intel_service_certificates_join_cached_and_bounded() {
         ],
     );
     assert_ok(&out);
-    assert_eq!(maker.requests(), [path.clone()]);
+    assert_eq!(maker.requests(), std::slice::from_ref(&path));
     let got = std::fs::read_to_string(&pem).unwrap();
     let b64: String = got.lines().filter(|l| !l.starts_with("-----")).collect();
     assert_eq!(
