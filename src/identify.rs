@@ -60,6 +60,9 @@ struct EkCertificate {
     serial: Option<String>,
     not_before: Option<String>,
     not_after: Option<String>,
+    /// With none here: the maker's service the control plane fetches it
+    /// from (null: its maker has none).
+    maker_service: Option<&'static str>,
 }
 
 #[derive(Serialize)]
@@ -101,6 +104,7 @@ pub fn run(args: IdentifyArgs) -> anyhow::Result<ExitCode> {
             serial: None,
             not_before: None,
             not_after: None,
+            maker_service: info.ek_service(),
         },
         Some(der) => {
             let parsed =
@@ -112,6 +116,7 @@ pub fn run(args: IdentifyArgs) -> anyhow::Result<ExitCode> {
                 serial: Some(parsed.serial),
                 not_before: Some(rfc3339(parsed.not_before)),
                 not_after: Some(rfc3339(parsed.not_after)),
+                maker_service: None,
             }
         }
     };
@@ -156,6 +161,10 @@ pub fn run(args: IdentifyArgs) -> anyhow::Result<ExitCode> {
                 "EK certificate {issuer}, serial {serial}, valid {nb} to {na} ({from})"
             ))?
         }
+        _ if c.maker_service.is_some() => out::line(format_args!(
+            "EK certificate none in NV: the control plane fetches it from {} by the EK's hash (it joins as maker-service)",
+            c.maker_service.unwrap_or_default()
+        ))?,
         _ => out::line(format_args!(
             "EK certificate none at NV 0x01c00002, 0x01c0000a or 0x01c00016 (the control plane cannot verify this TPM's maker: set [tpm] ek_certificate to the maker's certificate for this EK, or have the operator pin it: resolve add --ek-sha256 {} --uncertified)",
             id.ek_sha256

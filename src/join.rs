@@ -14,7 +14,9 @@ use bc_wire::token::JoinToken;
 use p256::elliptic_curve::zeroize::Zeroizing;
 
 use crate::client::answer::Expected;
-use crate::client::join::{self as exchange, Answerer, JoinError, NoChallenges, Policy};
+use crate::client::join::{
+    self as exchange, Answerer, JoinError, NoChallenges, Policy, RefusedRetry,
+};
 use crate::client::{Client, ClientError};
 use crate::config::{Config, ConfigArg};
 use crate::evidence::attestor;
@@ -286,6 +288,7 @@ pub(crate) fn join(
         attestor_id,
         sealed_token,
         attestation,
+        refused_retry,
     } = prepare(config, tpm, &credential, role, &client)?;
     let csr_sha256 = bc_wire::sha256(&csr);
     let request = JoinRequest {
@@ -305,6 +308,7 @@ pub(crate) fn join(
     };
 
     let expected = Expected::for_join(config, csr_sha256, key.spki_der());
+    let from_service = refused_retry.as_ref().map(|r| r.why);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -315,7 +319,10 @@ pub(crate) fn join(
         request,
         attestor_id,
         &expected,
-        &policy_for(&credential),
+        &Policy {
+            refused_retry,
+            ..policy_for(&credential)
+        },
     ));
     let accepted = match outcome {
         Ok(a) => a,
@@ -330,13 +337,18 @@ pub(crate) fn join(
             ))
         }
         Err(JoinError::Client(ClientError::AccessDenied)) => {
+            if let Some(service) = from_service {
+                return Err(anyhow!(
+                    "{ACCESS_DENIED_TPM}; this TPM has no EK certificate in NV, and the control plane fetches it from {service}: check that it reaches that service ([tpm.ek_services]) and trusts the maker's roots"
+                ));
+            }
             return Err(anyhow!(match attestor_id {
                 attestor::TPM => ACCESS_DENIED_TPM,
                 attestor::DISCOVERY => ACCESS_DENIED_DISCOVERY,
                 attestor::PROVISIONED => ACCESS_DENIED_PROVISIONED,
                 attestor::CLOUD_IID => ACCESS_DENIED_CLOUD_IID,
                 _ => ACCESS_DENIED,
-            }))
+            }));
         }
         Err(e) => return Err(e.into()),
     };
@@ -578,6 +590,9 @@ struct Prepared {
     attestor_id: &'static str,
     sealed_token: Vec<u8>,
     attestation: Vec<u8>,
+    /// A refused first round may be worth sending again (see
+    /// [`RefusedRetry`]).
+    refused_retry: Option<RefusedRetry>,
 }
 
 fn prepare(
@@ -609,6 +624,7 @@ fn prepare(
                 attestor_id: attestor,
                 sealed_token,
                 attestation: Vec::new(),
+                refused_retry: None,
             })
         }
         Credential::Discovery(d) => {
@@ -627,6 +643,7 @@ fn prepare(
                 attestor_id: attestor::DISCOVERY,
                 sealed_token,
                 attestation: d.assertion.clone(),
+                refused_retry: None,
             })
         }
         Credential::CloudIid(evidence) => {
@@ -640,6 +657,7 @@ fn prepare(
                 attestor_id: attestor::CLOUD_IID,
                 sealed_token: Vec::new(),
                 attestation: evidence.clone(),
+                refused_retry: None,
             })
         }
         Credential::Tpm => {
@@ -657,6 +675,9 @@ fn prepare(
                 evidence.add_intermediates(crate::pki::read_pem_bundle(file)?);
             }
             let attestation = evidence.hello();
+            let refused_retry = evidence
+                .certificate_from_service()
+                .map(RefusedRetry::maker_service);
             tracing::info!(api = %client.api(), role = %role.name(), node_key = %key.kid(), "joining the control plane with the TPM");
             Ok(Prepared {
                 key,
@@ -665,6 +686,7 @@ fn prepare(
                 attestor_id: attestor::TPM,
                 sealed_token: Vec::new(),
                 attestation,
+                refused_retry,
             })
         }
     }

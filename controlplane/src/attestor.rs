@@ -30,6 +30,30 @@ pub trait Attestor: Send + Sync {
         tx: &rusqlite::Transaction<'_>,
         input: &AttestInput<'_>,
     ) -> Result<Verdict, Refusal>;
+    /// Runs before the join transaction, with no lock held, for what must
+    /// not hold the write lock (the tpm attestor's fetch of an EK
+    /// certificate from its maker's service). What it returns reaches
+    /// `verify` as [`AttestInput::prepared`]; a refusal here refuses the
+    /// join like one from `verify`. Default: nothing.
+    fn prepare(&self, _db: &crate::db::Database, _evidence: &[u8]) -> Result<Prepared, Refusal> {
+        Ok(Prepared::default())
+    }
+}
+
+/// What an attestor's [`Attestor::prepare`] handed to its `verify`:
+/// opaque to JoinService.
+#[derive(Default)]
+pub struct Prepared(Option<Box<dyn std::any::Any + Send + Sync>>);
+
+impl Prepared {
+    pub fn new<T: std::any::Any + Send + Sync>(value: T) -> Self {
+        Prepared(Some(Box::new(value)))
+    }
+
+    /// The value, if `prepare` left one of type `T`.
+    pub fn get<T: std::any::Any>(&self) -> Option<&T> {
+        self.0.as_ref().and_then(|v| v.downcast_ref())
+    }
 }
 
 /// The sealed token of a request, once opened.
@@ -60,6 +84,8 @@ pub struct AttestInput<'a> {
     /// The address the request came from (`None`: not over TCP), recorded
     /// where an operator decides on the join (a discovery join request).
     pub source: Option<std::net::IpAddr>,
+    /// What the attestor's [`Attestor::prepare`] returned for this request.
+    pub prepared: &'a Prepared,
 }
 
 pub enum Verdict {

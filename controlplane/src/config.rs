@@ -16,6 +16,12 @@
 //! "0" = "<hex sha256>"
 //! [tpm.pcr_policy.sha1]             # optional: SHA-1 values (TPMs with only a SHA-1 bank)
 //! "0" = "<hex sha1>"
+//! [tpm.ek_services]                 # EK certificates not in NV, from the maker's service
+//! timeout = "10s"                   # each fetch, whole (1s to 60s)
+//! ca_bundle = "services-ca.pem"     # relative to DIR; default: the system's CA roots
+//! [tpm.ek_services.intel]           # and [tpm.ek_services.amd]
+//! url = "https://ekop.intel.com/ekcertservice/{ek}"  # "" turns it off (amd: https://ftpm.amd.com/pki/aia/{ek})
+//! manufacturer = "INTC"             # TPM_PT_MANUFACTURER of its TPMs (amd: "AMD")
 //!
 //! [x509pop]
 //! grace = "7d"                      # how long after expiry a certificate re-joins (0s to 365d)
@@ -296,6 +302,23 @@ struct RawTpm {
     enrollment_retry_after: Option<Spanned<String>>,
     enrollment: Option<bool>,
     pcr_policy: Option<RawPcrPolicy>,
+    ek_services: Option<RawEkServices>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawEkServices {
+    timeout: Option<Spanned<String>>,
+    ca_bundle: Option<Spanned<String>>,
+    intel: Option<RawEkService>,
+    amd: Option<RawEkService>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawEkService {
+    url: Option<Spanned<String>>,
+    manufacturer: Option<Spanned<String>>,
 }
 
 /// `[tpm.pcr_policy]`: `"<index>" = "<hex>"` entries are SHA-256 values (the
@@ -617,6 +640,75 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
     if let Some(on) = tpm.enrollment {
         config.tpm.enrollment = on;
     }
+    if let Some(services) = tpm.ek_services {
+        use crate::attestors::tpm::ek_service::{self, Addressing};
+        let c = &mut config.tpm.ek_services;
+        if let Some(v) = services.timeout {
+            c.timeout_ms = duration(
+                &v,
+                "tpm.ek_services.timeout",
+                |ms| (1000..=ek_service::MAX_TIMEOUT_MS).contains(&ms),
+                "from 1s to 60s",
+            )?;
+        }
+        if let Some(v) = services.ca_bundle {
+            let dir = path.parent().unwrap_or(Path::new("."));
+            let file = dir.join(v.get_ref());
+            let pem = std::fs::read(&file).map_err(|e| {
+                invalid(
+                    Some(v.span()),
+                    format!("tpm.ek_services.ca_bundle: {}: {e}", file.display()),
+                )
+            })?;
+            let roots: Vec<Vec<u8>> = rustls_pemfile::certs(&mut pem.as_slice())
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| {
+                    invalid(
+                        Some(v.span()),
+                        format!("tpm.ek_services.ca_bundle: {}: {e}", file.display()),
+                    )
+                })?
+                .into_iter()
+                .map(|c| c.to_vec())
+                .collect();
+            if roots.is_empty() {
+                return Err(invalid(
+                    Some(v.span()),
+                    format!(
+                        "tpm.ek_services.ca_bundle: {} holds no PEM certificate",
+                        file.display()
+                    ),
+                ));
+            }
+            c.ca_roots = Some(roots);
+        }
+        for (addressing, raw) in [
+            (Addressing::Intel, services.intel),
+            (Addressing::Amd, services.amd),
+        ] {
+            let Some(raw) = raw else { continue };
+            let name = addressing.as_str();
+            let Some(service) = c.services.iter_mut().find(|s| s.addressing == addressing) else {
+                continue;
+            };
+            if let Some(v) = raw.url {
+                ek_service::check_url(v.get_ref()).map_err(|e| {
+                    invalid(Some(v.span()), format!("tpm.ek_services.{name}.url: {e}"))
+                })?;
+                service.url = v.get_ref().clone();
+            }
+            if let Some(v) = raw.manufacturer {
+                let m = v.get_ref();
+                if m.is_empty() || m.len() > 4 || !m.bytes().all(|b| b.is_ascii_graphic()) {
+                    return Err(invalid(
+                        Some(v.span()),
+                        format!("tpm.ek_services.{name}.manufacturer must be 1 to 4 printable ASCII characters (TPM_PT_MANUFACTURER, e.g. \"INTC\"), not {m:?}"),
+                    ));
+                }
+                service.manufacturer = m.clone();
+            }
+        }
+    }
     if let Some(policy) = tpm.pcr_policy {
         for (bank, index, value) in policy.entries {
             let pcr = index
@@ -864,6 +956,37 @@ enrollment_retry_after = "2m"
         want.insert(PcrBank::Sha256, 0, v0).unwrap();
         want.insert(PcrBank::Sha256, 23, v23).unwrap();
         assert_eq!(c.tpm.pcr_policy, want);
+    }
+
+    #[test]
+    fn ek_services_defaults_overrides_and_errors() {
+        use crate::attestors::tpm::ek_service::{default_url, Addressing};
+        let d = p("").unwrap().tpm.ek_services;
+        assert_eq!(d.timeout_ms, 10_000);
+        assert_eq!(d.ca_roots, None);
+        assert_eq!(d.services[0].url, default_url(Addressing::Intel));
+        assert_eq!(d.services[1].manufacturer, "AMD");
+        let c = p("[tpm.ek_services]\ntimeout = \"2s\"\n[tpm.ek_services.intel]\nurl = \"https://127.0.0.1:9/x/{ek}\"\nmanufacturer = \"IBM\"\n[tpm.ek_services.amd]\nurl = \"\"\n")
+            .unwrap()
+            .tpm
+            .ek_services;
+        assert_eq!(c.timeout_ms, 2000);
+        assert_eq!(c.services[0].url, "https://127.0.0.1:9/x/{ek}");
+        assert_eq!(c.services[0].manufacturer, "IBM");
+        assert!(c.service_for(u32::from_be_bytes(*b"AMD\0")).is_none());
+        let e = err("[tpm.ek_services.intel]\nurl = \"http://ekop.intel.com/{ek}\"\n");
+        assert!(
+            e.contains("tpm.ek_services.intel.url") && e.contains(":2"),
+            "{e}"
+        );
+        let e = err("[tpm.ek_services.amd]\nmanufacturer = \"ADVANCED\"\n");
+        assert!(e.contains("1 to 4 printable ASCII"), "{e}");
+        let e = err("[tpm.ek_services]\ntimeout = \"5m\"\n");
+        assert!(e.contains("from 1s to 60s"), "{e}");
+        let e = err("[tpm.ek_services]\nca_bundle = \"missing.pem\"\n");
+        assert!(e.contains("missing.pem"), "{e}");
+        let e = err("[tpm.ek_services.intel]\nurls = \"x\"\n");
+        assert!(e.contains("unknown field"), "{e}");
     }
 
     #[test]

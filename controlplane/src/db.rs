@@ -343,6 +343,18 @@ pub(crate) const MIGRATIONS: &[&str] = &[
         ON join_requests(coalesce(workflow_id, ''), coalesce('ek:' || ek_sha256, 'key:' || node_key_sha256))
         WHERE used_at IS NULL AND attestor = 'discovery';
     "#,
+    // 17: EK certificates fetched from a maker's service ([tpm.ek_services]),
+    // by the SHA-256 of the EK's SPKI (the certificate's key is the EK's):
+    // each machine's is fetched once, and verified at every join.
+    r#"
+    CREATE TABLE ek_service_certificates (
+        ek_sha256 TEXT PRIMARY KEY,
+        service TEXT NOT NULL,
+        url TEXT NOT NULL,
+        certificate BLOB NOT NULL,
+        fetched_at INTEGER NOT NULL
+    );
+    "#,
 ];
 
 #[derive(Debug, thiserror::Error)]

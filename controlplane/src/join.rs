@@ -429,6 +429,11 @@ impl JoinService {
             }
         };
         let claims = req.claims.clone().unwrap_or_default();
+        // Outside the transaction: what must not hold the write lock.
+        let prepared = match attestor.prepare(&self.db, &req.attestation) {
+            Ok(p) => p,
+            Err(refusal) => return Err(self.refuse(&attestor_id, refusal, source)),
+        };
 
         let outcome = self.db.with_conn(|conn| -> Result<Outcome, ApiError> {
             let tx = db::immediate(conn)?;
@@ -444,6 +449,7 @@ impl JoinService {
                 claims: &claims,
                 now,
                 source,
+                prepared: &prepared,
             };
             match attestor.verify(&tx, &input) {
                 // Dropping the transaction rolls back whatever the attestor wrote.

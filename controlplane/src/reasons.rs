@@ -135,6 +135,7 @@ pub const PLACES: &[Place] = &[
             "ek-chain",
             "ek-roca",
             "ek-mismatch",
+            tpm::ek_service::EK_SERVICE,
             tpm::AK_ATTRIBUTES,
             tpm::CHALLENGE_STATE,
             tpm::CHALLENGE_EXPIRED,

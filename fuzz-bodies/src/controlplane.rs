@@ -191,7 +191,8 @@ fn cloud_iid_config(dir: &Path) -> Result<(), String> {
     let file = dir.join("controlplane.toml");
     let mut config = std::fs::read_to_string(&file).unwrap_or_default();
     config.push_str(&format!(
-        "\n[cloud_iid]\naudience = \"{}\"\n[cloud_iid.gcp]\njwks = \"gcp-jwks.json\"\n[cloud_iid.aws]\ncertificates = \"aws-certs.pem\"\n",
+        "\n[cloud_iid]\naudience = \"{}\"\n[cloud_iid.gcp]\njwks = \"gcp-jwks.json\"\n[cloud_iid.aws]\ncertificates = \"aws-certs.pem\"\n\
+         [tpm.ek_services.intel]\nurl = \"\"\n[tpm.ek_services.amd]\nurl = \"\"\n",
         crate::cloud::AUDIENCE
     ));
     w("controlplane.toml", config.as_bytes())

@@ -8,6 +8,9 @@
 //! again. Challenge: hand it to the attestor's [`Answerer`] and send the same
 //! CSR with the answer, at most [`Policy::max_challenges`] times. Only a
 //! final answer that [`answer::verify_final`] accepts ends the loop well.
+//! A refusal ends it, but for a first round the caller knows may be
+//! refused for a passing reason ([`RefusedRetry`]): that one is sent again
+//! after a growing wait, for a bounded time.
 use std::future::Future;
 use std::time::Duration;
 
@@ -94,6 +97,8 @@ pub struct Policy {
     /// Called once per join request the answer names: tells the operator
     /// what to do (the console of a ramdisk).
     pub on_pending: fn(&JoinPending, Option<Duration>),
+    /// Send a refused first round again (None: a refusal is final).
+    pub refused_retry: Option<RefusedRetry>,
 }
 
 impl Default for Policy {
@@ -105,7 +110,47 @@ impl Default for Policy {
             max_wait: Duration::from_secs(300),
             give_up_after: None,
             on_pending: |_, _| {},
+            refused_retry: None,
         }
+    }
+}
+
+/// Asking again after a refused first round. Every refusal is the same
+/// ACCESS_DENIED (the reason stays on the server), so this is for a first
+/// round the agent itself knows may be refused for a passing reason: a TPM
+/// join without an EK certificate, which the control plane fetches from the
+/// maker's service (refused `ek-service` while that is unreachable). The
+/// waits double from `first` up to `max_wait`; none starts after `window`
+/// has passed since the first request, and the last refusal is returned.
+#[derive(Debug, Clone)]
+pub struct RefusedRetry {
+    pub first: Duration,
+    pub max_wait: Duration,
+    pub window: Duration,
+    /// Why asking again may help, for the log line of each retry.
+    pub why: &'static str,
+}
+
+impl RefusedRetry {
+    /// A TPM join whose certificate comes from `service` (the maker's).
+    pub fn maker_service(service: &'static str) -> Self {
+        RefusedRetry {
+            first: Duration::from_secs(5),
+            max_wait: Duration::from_secs(60),
+            window: Duration::from_secs(300),
+            why: service,
+        }
+    }
+
+    /// The wait before retry number `n` (from 0), `elapsed` after the first
+    /// request; None when it would end past the window.
+    pub fn wait(&self, n: u32, elapsed: Duration) -> Option<Duration> {
+        let wait = self
+            .first
+            .checked_mul(1u32.checked_shl(n).unwrap_or(u32::MAX))
+            .unwrap_or(self.max_wait)
+            .min(self.max_wait);
+        (elapsed + wait <= self.window).then_some(wait)
     }
 }
 
@@ -136,12 +181,29 @@ pub async fn run<T: Transport>(
     let first_attestation = request.attestation.clone();
     let started = tokio::time::Instant::now();
     let mut announced = None::<String>;
+    let mut refusals = 0u32;
     loop {
         let response = match transport.join(&request).await {
             Err(ClientError::AccessDenied) if announced.is_some() => {
                 return Err(JoinError::RefusedAfterPending {
                     request_id: printable(announced.as_deref().unwrap_or_default()),
                 })
+            }
+            Err(ClientError::AccessDenied) if challenges == 0 && policy.refused_retry.is_some() => {
+                let retry = policy.refused_retry.as_ref();
+                let Some((wait, r)) =
+                    retry.and_then(|r| Some((r.wait(refusals, started.elapsed())?, r)))
+                else {
+                    return Err(ClientError::AccessDenied.into());
+                };
+                refusals += 1;
+                tracing::warn!(
+                    wait_s = wait.as_secs(),
+                    "the control plane refused the join; it fetches this TPM's EK certificate from {}, which may have been unreachable: asking again after the wait",
+                    r.why
+                );
+                tokio::time::sleep(wait).await;
+                continue;
             }
             other => other?,
         };
@@ -431,6 +493,100 @@ mod tests {
             Err(JoinError::Answer(AnswerError::OtherRequest))
         ));
         assert_eq!(sent.len(), 1);
+    }
+
+    /// Refuses the first `refusals` requests, then answers `then`.
+    struct Refusing {
+        refusals: std::cell::Cell<u32>,
+        then: JoinResponse,
+        sent_at: RefCell<Vec<tokio::time::Instant>>,
+    }
+
+    impl Transport for Refusing {
+        async fn join(&self, _: &JoinRequest) -> Result<JoinResponse, ClientError> {
+            self.sent_at.borrow_mut().push(tokio::time::Instant::now());
+            match self.refusals.get() {
+                0 => Ok(self.then.clone()),
+                n => {
+                    self.refusals.set(n - 1);
+                    Err(ClientError::AccessDenied)
+                }
+            }
+        }
+    }
+
+    /// A refused first round is sent again after 5, 10, 20, 40, 60, 60 … s
+    /// (tokio's clock, paused: no real wait), within 5 minutes; without
+    /// the retry, or past the window, the refusal is returned.
+    #[test]
+    fn a_refused_first_round_is_asked_again_with_backoff_within_the_window() {
+        let service = service_key();
+        let node = FileKey::generate().unwrap();
+        let csr = b"csr".to_vec();
+        let joined = respond(
+            &service,
+            &joined_body(
+                &csr,
+                node.spki_der(),
+                "spiffe://bc.test/node/node_abc",
+                "node_abc",
+            ),
+        );
+        let vk = *service.verifying_key();
+        let expected = Expected {
+            signing_key: &vk,
+            csr_sha256: bc_wire::sha256(&csr),
+            node_spki: node.spki_der(),
+            trust_domain: "bc.test",
+        };
+        let request = JoinRequest {
+            csr: csr.clone(),
+            ..Default::default()
+        };
+        let go = |refusals: u32, retry: Option<RefusedRetry>| {
+            let t = Refusing {
+                refusals: std::cell::Cell::new(refusals),
+                then: joined.clone(),
+                sent_at: RefCell::new(vec![]),
+            };
+            let policy = Policy {
+                refused_retry: retry,
+                ..Policy::default()
+            };
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .start_paused(true)
+                .build()
+                .unwrap();
+            let r = rt.block_on(run(
+                &t,
+                &mut Echo,
+                request.clone(),
+                "tpm",
+                &expected,
+                &policy,
+            ));
+            let at = t.sent_at.into_inner();
+            let gaps: Vec<u64> = at.windows(2).map(|w| (w[1] - w[0]).as_secs()).collect();
+            (r, gaps)
+        };
+        let retry = || Some(RefusedRetry::maker_service("the maker's service"));
+        let (r, gaps) = go(3, retry());
+        assert_eq!(r.unwrap().node_id, "node_abc");
+        assert_eq!(gaps, [5, 10, 20]);
+        // 5+10+20+40+60+60+60 = 255 s; the next 60 s would end past 300 s.
+        let (r, gaps) = go(100, retry());
+        assert!(matches!(
+            r,
+            Err(JoinError::Client(ClientError::AccessDenied))
+        ));
+        assert_eq!(gaps, [5, 10, 20, 40, 60, 60, 60]);
+        let (r, gaps) = go(1, None);
+        assert!(matches!(
+            r,
+            Err(JoinError::Client(ClientError::AccessDenied))
+        ));
+        assert!(gaps.is_empty());
     }
 
     #[test]

@@ -101,7 +101,10 @@ pub fn checks(
                     let ek_sha256 = crate::tpm::public_spki_der(&ek.public)
                         .map(|spki| hex::encode(bc_wire::sha256(&spki)))
                         .unwrap_or_default();
-                    ek_certificate(sent, &ek_sha256, ek_roots, &intermediates)
+                    match (&sent, info.ek_service()) {
+                        (None, Some(service)) => from_service(service),
+                        _ => ek_certificate(sent, &ek_sha256, ek_roots, &intermediates),
+                    }
                 }
             };
             if let Err(e) = tpm.release_ek(&ek) {
@@ -165,6 +168,15 @@ fn mismatch_check(ek: &crate::tpm::Ek) -> Check {
             ek.kind.certificate_index()
         ),
         "run bcd tpm identify for details; the control plane refuses this EK (ek-mismatch)",
+    )
+}
+
+/// No EK certificate to send, from a TPM whose maker publishes them: the
+/// control plane fetches it by the EK's hash ([tpm.ek_services]).
+pub fn from_service(service: &str) -> Check {
+    Check::ok(
+        EK_CERTIFICATE,
+        format!("joins as maker-service: none in NV, the control plane fetches it from {service}"),
     )
 }
 
@@ -367,6 +379,18 @@ mod tests {
     }
 
     #[test]
+    fn a_makers_service_is_one_line() {
+        let c = from_service("Intel's EK certificate service (ekop.intel.com)");
+        assert_eq!(c.status, Status::Ok);
+        assert!(
+            c.line().contains("ek certificate: joins as maker-service: none in NV, the control plane fetches it from Intel's EK certificate service (ekop.intel.com)")
+                && !c.line().contains('\n'),
+            "{}",
+            c.line()
+        );
+    }
+
+    #[test]
     fn ek_certificate_check() {
         let none = ek_certificate(None, "ab12", None, &[]);
         assert_eq!(none.status, Status::Warn);
@@ -420,6 +444,7 @@ mod tests {
             vendor: "SW   TPM".into(),
             firmware: "1.2 (00010002.00000000)".into(),
             family: "2.0".into(),
+            ..TpmInfo::default()
         };
         let c = info_check(&sw, "swtpm:port=1");
         assert_eq!(c.status, Status::Warn);

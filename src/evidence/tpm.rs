@@ -24,7 +24,7 @@ use prost::Message;
 
 use crate::client::join::{Answerer, JoinError};
 use crate::keys::{KeyError, SharedTpm, TpmKey};
-use crate::tpm::{CertificateSource, Ek, LoadedKey};
+use crate::tpm::{CertificateSource, Ek, LoadedKey, TpmInfo};
 
 pub struct TpmEvidence {
     tpm: SharedTpm,
@@ -37,6 +37,9 @@ pub struct TpmEvidence {
     intermediates: Vec<Vec<u8>>,
     /// How many of `intermediates` came from NV.
     nv_intermediates: usize,
+    /// Who made the TPM (one GetCapability): the control plane fetches a
+    /// missing EK certificate from the maker's service by it.
+    info: TpmInfo,
 }
 
 impl TpmEvidence {
@@ -47,20 +50,24 @@ impl TpmEvidence {
         key: Arc<TpmKey>,
         csr_sha256: [u8; 32],
     ) -> Result<TpmEvidence, KeyError> {
-        let (ek, ak, intermediates) = {
+        let (ek, ak, intermediates, info) = {
             let mut t = crate::keys::lock_tpm(&tpm)?;
+            let info = t.info()?;
             let ek = t.ek()?;
             let intermediates = t.ek_chain(&ek).unwrap_or_else(|e| {
                 tracing::warn!(error = %e, "cannot read the EK chain NV indices");
                 Vec::new()
             });
             if ek.certificate.is_none() {
-                tracing::warn!("the TPM has no EK certificate (NV 0x01c00002, 0x01c0000a or 0x01c00016) and [tpm] ek_certificate is not set; the control plane admits this EK only if an operator pinned it (resolve add --uncertified)");
+                match info.ek_service() {
+                    Some(service) => tracing::warn!(manufacturer = %info.manufacturer, "the TPM has no EK certificate (NV 0x01c00002, 0x01c0000a or 0x01c00016) and [tpm] ek_certificate is not set; the control plane fetches it from {service}"),
+                    None => tracing::warn!("the TPM has no EK certificate (NV 0x01c00002, 0x01c0000a or 0x01c00016) and [tpm] ek_certificate is not set; the control plane admits this EK only if an operator pinned it (resolve add --uncertified)"),
+                }
             } else if ek.matches_certificate == Some(false) {
                 tracing::warn!(ek = ek.kind.as_str(), "the TPM's EK is not the key its certificate names; the control plane will refuse it (ek-mismatch)");
             }
             match t.ak() {
-                Ok(ak) => (ek, ak, intermediates),
+                Ok(ak) => (ek, ak, intermediates, info),
                 Err(e) => {
                     // The EK must not keep one of the connection's three slots.
                     let _ = t.release_ek(&ek);
@@ -76,7 +83,18 @@ impl TpmEvidence {
             csr_sha256,
             nv_intermediates: intermediates.len(),
             intermediates,
+            info,
         })
+    }
+
+    /// Whether round 1 sends no EK certificate for a TPM whose maker has an
+    /// EK service: the control plane then fetches it, and a refusal may be
+    /// that service being unreachable (worth asking again).
+    pub fn certificate_from_service(&self) -> Option<&'static str> {
+        match self.ek.certificate {
+            None => self.info.ek_service(),
+            Some(_) => None,
+        }
     }
 
     /// Adds intermediates (`[tpm] ek_intermediates`) after the TPM's own,
@@ -110,6 +128,9 @@ impl TpmEvidence {
                     Some(CertificateSource::OperatorFile) => EkCertificateSource::OperatorFile,
                 } as i32,
                 ek_nv_intermediates: self.nv_intermediates as u32,
+                tpm_manufacturer: self.info.manufacturer_id,
+                tpm_vendor: self.info.vendor.clone(),
+                tpm_firmware: self.info.firmware_id,
             })),
         }
         .encode_to_vec()

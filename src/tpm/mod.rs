@@ -11,6 +11,7 @@ mod banks;
 mod ek;
 mod ek_file;
 mod ek_kind;
+mod ek_service;
 mod ek_spki;
 mod ekchain;
 mod nvpublic;
@@ -134,12 +135,24 @@ pub struct TpmInfo {
     pub firmware: String,
     /// "2.0" for a TPM 2.0 (TPM_PT_FAMILY_INDICATOR).
     pub family: String,
+    /// TPM_PT_MANUFACTURER as the TPM reports it (round 1 sends it).
+    #[serde(skip)]
+    pub manufacturer_id: u32,
+    /// TPM_PT_FIRMWARE_VERSION_1 << 32 | TPM_PT_FIRMWARE_VERSION_2.
+    #[serde(skip)]
+    pub firmware_id: u64,
 }
 
 impl TpmInfo {
     /// swtpm and other software TPMs, by their manufacturer id.
     pub fn is_software(&self) -> bool {
         matches!(self.manufacturer.trim(), "IBM" | "SW" | "MSFT") && self.vendor.contains("SW")
+    }
+
+    /// The maker's online EK certificate service, for people, when this
+    /// TPM's maker has one ([`ek_service::of`]).
+    pub fn ek_service(&self) -> Option<&'static str> {
+        ek_service::of(self.manufacturer_id)
     }
 }
 
@@ -230,6 +243,8 @@ impl Tpm {
             get(PropertyTag::FirmwareVersion2),
         );
         Ok(TpmInfo {
+            manufacturer_id: get(PropertyTag::Manufacturer),
+            firmware_id: u64::from(fw1) << 32 | u64::from(fw2),
             manufacturer: ascii(get(PropertyTag::Manufacturer)),
             vendor,
             firmware: format!("{}.{} ({fw1:08x}.{fw2:08x})", fw1 >> 16, fw1 & 0xffff),

@@ -12,6 +12,7 @@ mod datadir;
 mod doctor;
 mod ecc;
 mod ekchain;
+mod ekservice;
 mod eksource;
 mod ektemplate;
 mod events;

@@ -619,6 +619,11 @@ const TESTED: &[(&str, &str, &str)] = &[
         "ak-attributes",
         "tpm::a_hello_whose_ak_is_no_attestation_key_is_refused",
     ),
+    (
+        "tpm",
+        "ek-service",
+        "ekservice::intel_service_certificates_join_cached_and_bounded",
+    ),
 ];
 
 /// Reasons no e2e test sees yet: only unit tests of the control plane do.

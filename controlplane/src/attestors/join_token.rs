@@ -134,6 +134,7 @@ mod tests {
                 claims: &claims,
                 now,
                 source: None,
+                prepared: &crate::attestor::Prepared::default(),
             };
             crate::join::check_role(JOIN_TOKEN, role, None)?;
             let out = JoinTokenAttestor.verify(&tx, &input);

@@ -136,6 +136,7 @@ mod tests {
                 claims: &claims,
                 now: db::compute_now(&tx).unwrap(),
                 source: None,
+                prepared: &crate::attestor::Prepared::default(),
             };
             let out = match ProvisionedAttestor.verify(&tx, &input) {
                 Ok(Verdict::Admit(r)) => {

@@ -219,6 +219,7 @@ mod tests {
             claims: &claims,
             now: NOW,
             source: Some("127.0.0.9".parse().unwrap()),
+            prepared: &crate::attestor::Prepared::default(),
         };
         f(&input)
     }

@@ -60,6 +60,7 @@ pub mod credential;
 mod credential_ecc;
 pub mod ek;
 pub mod ek_ecc;
+pub mod ek_service;
 pub mod enroll;
 pub mod pcr;
 pub mod state;
@@ -72,9 +73,10 @@ use subtle::ConstantTimeEq;
 
 use crate::attestor::{
     AttestInput, AttestationResult, Attestor, Binding, Deferral, EkAssurance, Fault, NodeKeyKind,
-    Refusal, Verdict, BINDING_TPM_EK,
+    Prepared, Refusal, Verdict, BINDING_TPM_EK,
 };
 use crate::records;
+use ek_service::{EkServices, EkServicesConfig, Fetched, EK_SERVICE};
 pub use pcr::PcrPolicy;
 use state::{ChallengeKey, ChallengeState};
 
@@ -132,6 +134,8 @@ pub struct TpmConfig {
     /// The PCR values a quote must have, in SHA-256 and/or SHA-1; every PCR
     /// the quoted bank lists must be in the quote.
     pub pcr_policy: PcrPolicy,
+    /// `[tpm.ek_services]`: the makers' EK certificate services.
+    pub ek_services: EkServicesConfig,
 }
 
 impl Default for TpmConfig {
@@ -142,6 +146,7 @@ impl Default for TpmConfig {
             enrollment_retry_after_seconds: 30,
             enrollment: true,
             pcr_policy: PcrPolicy::default(),
+            ek_services: EkServicesConfig::default(),
         }
     }
 }
@@ -149,13 +154,110 @@ impl Default for TpmConfig {
 pub struct TpmAttestor {
     config: TpmConfig,
     key: ChallengeKey,
+    services: EkServices,
+}
+
+/// An EK certificate a maker's service gave ([`TpmAttestor::prepare`]),
+/// for round 1 to verify as NV's.
+struct ServiceCertificate {
+    der: Vec<u8>,
 }
 
 impl TpmAttestor {
     pub fn new(config: TpmConfig, key: ChallengeKey) -> Self {
         let mut config = config;
         config.challenge_ttl_ms = config.challenge_ttl_ms.clamp(1, MAX_CHALLENGE_TTL_MS);
-        TpmAttestor { config, key }
+        let services = EkServices::new(config.ek_services.clone());
+        TpmAttestor {
+            config,
+            key,
+            services,
+        }
+    }
+
+    /// Round 1 without an EK certificate, from a TPM whose maker has a
+    /// configured service: the certificate from the cache, else from the
+    /// service ([`ek_service`]), outside the join transaction. Nothing for
+    /// any other request. A service that fails refuses the join
+    /// (`ek-service`), unless the EK is pinned as uncertified.
+    fn fetch_certificate(
+        &self,
+        db: &crate::db::Database,
+        hello: &TpmHello,
+    ) -> Result<Option<ServiceCertificate>, Refusal> {
+        if !hello.ek_certificate.is_empty() {
+            return Ok(None);
+        }
+        let Some(service) = self.services.config().service_for(hello.tpm_manufacturer) else {
+            return Ok(None);
+        };
+        // An EK that does not parse is refused by round 1 itself.
+        let (Ok(public), Ok(spki)) = (
+            Public::parse(&hello.ek_public),
+            bc_wire::ekcert::spki::public_spki_der(&hello.ek_public),
+        ) else {
+            return Ok(None);
+        };
+        let ek_sha256 = hex::encode(bc_wire::sha256(&spki));
+        let maker = service.addressing.as_str();
+        if let Some(c) = db.with_conn(|c| ek_service::cached(c, &ek_sha256))?? {
+            tracing::info!(ek_sha256, service = %c.service, "tpm: no EK certificate sent; the maker's service's, cached");
+            return Ok(Some(ServiceCertificate { der: c.der }));
+        }
+        let address = match ek_service::address(service.addressing, &public) {
+            Ok(a) => a,
+            Err(why) => {
+                tracing::info!(ek_sha256, service = maker, "tpm: no EK certificate sent, and the maker's service cannot address this EK: {why}");
+                return Ok(None);
+            }
+        };
+        let url = service.url.replace("{ek}", &address);
+        let started = std::time::Instant::now();
+        let fetched = self.services.fetch(&url);
+        let ms = started.elapsed().as_millis();
+        match fetched {
+            Ok(Fetched::Certificate(der)) => {
+                let key_sha256 = x509_parser::parse_x509_certificate(&der)
+                    .ok()
+                    .map(|(_, c)| hex::encode(bc_wire::sha256(c.public_key().raw)));
+                if key_sha256.as_deref() == Some(ek_sha256.as_str()) {
+                    db.with_conn(|c| {
+                        let now = crate::db::compute_now(c)?;
+                        ek_service::cache(c, &ek_sha256, maker, &url, &der, now)
+                    })??;
+                    tracing::info!(
+                        ek_sha256,
+                        service = maker,
+                        url,
+                        ms,
+                        "tpm: EK certificate fetched from the maker's service, cached"
+                    );
+                } else {
+                    tracing::warn!(ek_sha256, service = maker, url, ms, "tpm: the maker's service answered a certificate for another key (not cached)");
+                }
+                Ok(Some(ServiceCertificate { der }))
+            }
+            Ok(Fetched::NotFound) => {
+                tracing::info!(
+                    ek_sha256,
+                    service = maker,
+                    url,
+                    ms,
+                    "tpm: the maker's service has no certificate for this EK"
+                );
+                Ok(None)
+            }
+            Err(e) => {
+                let pinned = db
+                    .with_conn(|c| enroll::resolve_entry(c, &ek_sha256))??
+                    .is_some_and(|entry| entry.uncertified);
+                tracing::warn!(ek_sha256, service = maker, url, ms, error = %e, pinned, "tpm: the maker's EK certificate service gave no certificate");
+                match pinned {
+                    true => Ok(None),
+                    false => Err(Refusal::new(EK_SERVICE)),
+                }
+            }
+        }
     }
 
     fn hello(
@@ -164,25 +266,28 @@ impl TpmAttestor {
         input: &AttestInput<'_>,
         hello: &TpmHello,
     ) -> Result<Verdict, Refusal> {
-        let (ek, assurance) = match hello.ek_certificate.is_empty() {
-            true => (uncertified(tx, &hello.ek_public)?, EkAssurance::Pinned),
-            false => (
-                {
-                    let trust = ek::trust(tx)?;
-                    ek::verify_ek(
-                        &hello.ek_certificate,
-                        &hello.ek_public,
-                        &trust,
-                        &hello.ek_intermediates,
-                        input.now,
-                    )
-                    .map_err(|e| {
-                        tracing::debug!(error = %e, "tpm: EK refused");
-                        Refusal::new(e.reason())
-                    })?
-                },
-                reported_assurance(hello),
-            ),
+        let fetched = input.prepared.get::<ServiceCertificate>();
+        let (certificate, assurance) = match (hello.ek_certificate.is_empty(), fetched) {
+            (false, _) => (hello.ek_certificate.as_slice(), reported_assurance(hello)),
+            (true, Some(f)) => (f.der.as_slice(), EkAssurance::MakerService),
+            (true, None) => (&[][..], EkAssurance::Pinned),
+        };
+        let ek = match certificate.is_empty() {
+            true => uncertified(tx, &hello.ek_public)?,
+            false => {
+                let trust = ek::trust(tx)?;
+                ek::verify_ek(
+                    certificate,
+                    &hello.ek_public,
+                    &trust,
+                    &hello.ek_intermediates,
+                    input.now,
+                )
+                .map_err(|e| {
+                    tracing::debug!(error = %e, "tpm: EK refused");
+                    Refusal::new(e.reason())
+                })?
+            }
         };
         let ak = Public::parse(&hello.ak_public)
             .ok()
@@ -219,6 +324,9 @@ impl TpmAttestor {
             ek_sha256 = %hex::encode(ek.spki_sha256),
             ek = ek.template.as_str(),
             ek_assurance = assurance.as_str(),
+            tpm_manufacturer = %ek_service::manufacturer_text(hello.tpm_manufacturer),
+            tpm_vendor = %ek_service::vendor_text(&hello.tpm_vendor),
+            tpm_firmware = format_args!("{:016x}", hello.tpm_firmware),
             "tpm: EK verified, credential challenge sent"
         );
         Ok(Verdict::Defer(Deferral::Challenge {
@@ -504,6 +612,20 @@ fn place(
 impl Attestor for TpmAttestor {
     fn id(&self) -> &str {
         TPM
+    }
+
+    fn prepare(&self, db: &crate::db::Database, evidence: &[u8]) -> Result<Prepared, Refusal> {
+        // Whatever does not decode is refused by `verify`.
+        let Ok(TpmAttestation {
+            round: Some(tpm_attestation::Round::Hello(hello)),
+        }) = TpmAttestation::decode(evidence)
+        else {
+            return Ok(Prepared::default());
+        };
+        Ok(match self.fetch_certificate(db, &hello)? {
+            Some(c) => Prepared::new(c),
+            None => Prepared::default(),
+        })
     }
 
     fn verify(&self, tx: &Transaction<'_>, input: &AttestInput<'_>) -> Result<Verdict, Refusal> {

@@ -140,6 +140,7 @@ impl Fixture {
                     claims: &claims,
                     now,
                     source: None,
+                    prepared: &crate::attestor::Prepared::default(),
                 };
                 // JoinService's role check around the attestor, as a join
                 // has it (its refusal rolls back what the attestor wrote).
@@ -502,6 +503,7 @@ fn round_two_state_secret_and_expiry() {
                 claims: &claims,
                 now: NOW,
                 source: None,
+                prepared: &crate::attestor::Prepared::default(),
             };
             reason(other.verify(&tx, &input))
         })

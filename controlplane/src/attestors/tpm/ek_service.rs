@@ -1,0 +1,600 @@
+//! EK certificates that are not in NV, fetched from the TPM maker's online
+//! service (`[tpm.ek_services]`): Intel firmware TPMs (PTT) and AMD fTPMs
+//! often hold none, and their makers publish each one, addressed by a hash
+//! of the EK's public key.
+//!
+//! **When.** A round 1 with no `ek_certificate` whose `tpm_manufacturer`
+//! is a configured service's (`INTC`, `AMD` by default). It runs before
+//! the join transaction ([`crate::attestor::Attestor::prepare`]): a fetch
+//! must never hold the database's write lock. What it returns is verified
+//! in round 1 exactly as a certificate from NV is ([`super::ek::verify_ek`]:
+//! profile, chain to the configured anchors, key match), and recorded as
+//! the assurance `maker-service`.
+//!
+//! **Addressing**, as the makers document it and tpm2-tools'
+//! `tpm2_getekcertificate` implements it:
+//! * Intel: `base64url(sha256(modulus ‖ 01 00 01))` for RSA (the default
+//!   exponent only), `base64url(sha256(x ‖ y))` for ECC, padded, its `=`
+//!   written `%3D`; the service answers a JSON object whose `certificate`
+//!   is the DER in base64url.
+//! * AMD: the lowercase hex of the first 16 bytes of
+//!   `sha256(00 00 22 22 ‖ exponent (u32, big-endian) ‖ modulus)` for RSA,
+//!   `sha256(00 00 44 44 ‖ x ‖ y)` for ECC; the answer is the DER.
+//!
+//! Any answer may be the DER, a PEM certificate or that JSON object.
+//!
+//! **Bounded.** HTTPS only, redirects followed only on the same host (at
+//! most 3), the whole request within `timeout`, at most [`MAX_BODY`] bytes
+//! read, at most [`MAX_IN_FLIGHT`] fetches at once and [`MAX_PER_MINUTE`]
+//! a minute (past either the join is refused `ek-service` at once). A
+//! `404` (the maker has no certificate for that EK) is remembered for
+//! [`NOT_FOUND_TTL`], so a round 1 sent again does not ask again. The
+//! request names only the EK's hash; the unauthenticated caller picks
+//! neither the host nor the path.
+//!
+//! **Cached** by the EK's SHA-256 (`ek_service_certificates`) when the
+//! certificate's key is the EK's, so each machine is fetched once; a
+//! certificate for another key is not kept (and is refused
+//! `ek-mismatch`). A cached certificate is verified at every join, as NV's.
+//!
+//! **Refusals.** A service that cannot be reached, answers an error or
+//! something that is no certificate, too slowly or too much: `ek-service`
+//! (the agent asks again, see bcd's `RefusedRetry`), unless an operator
+//! pinned the EK as uncertified (it then joins `pinned`). A `404`: as no
+//! certificate at all (`ek-chain`, or `pinned`).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use bc_wire::tpm::{KeyParams, Public};
+use rusqlite::{Connection, OptionalExtension};
+
+use crate::db::{DbError, UnixMs};
+
+/// The refusal reason of a maker's service that did not give a usable
+/// answer (unreachable, an error, too slow, too large, no certificate).
+pub const EK_SERVICE: &str = "ek-service";
+
+/// The most bytes read of an answer (an EK certificate is 1-2 KiB; Intel's
+/// JSON wraps it in base64).
+pub const MAX_BODY: usize = 32 * 1024;
+/// Fetches at once; more are refused at once (`ek-service`).
+pub const MAX_IN_FLIGHT: usize = 4;
+/// Fetches started in one minute; more are refused at once.
+pub const MAX_PER_MINUTE: u32 = 120;
+/// How long a maker's "no such certificate" is believed.
+pub const NOT_FOUND_TTL: Duration = Duration::from_secs(600);
+/// Most remembered "no such certificate" answers.
+const MAX_NOT_FOUND: usize = 4096;
+/// Most redirects followed (on the same host).
+const MAX_REDIRECTS: usize = 3;
+/// The whole request's default and bounds.
+pub const DEFAULT_TIMEOUT_MS: i64 = 10_000;
+pub const MAX_TIMEOUT_MS: i64 = 60_000;
+
+/// How a maker addresses an EK certificate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Addressing {
+    Intel,
+    Amd,
+}
+
+impl Addressing {
+    /// The `[tpm.ek_services]` table and log name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Addressing::Intel => "intel",
+            Addressing::Amd => "amd",
+        }
+    }
+}
+
+/// One maker's service: whose TPMs, and where.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EkService {
+    pub addressing: Addressing,
+    /// TPM_PT_MANUFACTURER as text ("INTC", "AMD"): compared with the
+    /// agent's without trailing NULs and spaces.
+    pub manufacturer: String,
+    /// An `https://` URL with `{ek}` where the EK's address goes; empty:
+    /// this service is off.
+    pub url: String,
+}
+
+/// `[tpm.ek_services]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EkServicesConfig {
+    pub services: Vec<EkService>,
+    /// `ca_bundle`: the CA certificates (DER) a service's TLS certificate
+    /// must chain to; None: the system's (`SSL_CERT_FILE`, else the
+    /// distribution's bundle).
+    pub ca_roots: Option<Vec<Vec<u8>>>,
+    /// The whole request, connection to last byte.
+    pub timeout_ms: i64,
+}
+
+impl Default for EkServicesConfig {
+    fn default() -> Self {
+        EkServicesConfig {
+            services: vec![
+                EkService {
+                    addressing: Addressing::Intel,
+                    manufacturer: "INTC".to_owned(),
+                    url: default_url(Addressing::Intel).to_owned(),
+                },
+                EkService {
+                    addressing: Addressing::Amd,
+                    manufacturer: "AMD".to_owned(),
+                    url: default_url(Addressing::Amd).to_owned(),
+                },
+            ],
+            ca_roots: None,
+            timeout_ms: DEFAULT_TIMEOUT_MS,
+        }
+    }
+}
+
+/// The URL template each maker documents (tpm2-tools' defaults).
+pub fn default_url(addressing: Addressing) -> &'static str {
+    match addressing {
+        Addressing::Intel => "https://ekop.intel.com/ekcertservice/{ek}",
+        Addressing::Amd => "https://ftpm.amd.com/pki/aia/{ek}",
+    }
+}
+
+/// Why a URL template is refused in the config.
+pub fn check_url(url: &str) -> Result<(), String> {
+    if url.is_empty() {
+        return Ok(());
+    }
+    if !url.starts_with("https://") {
+        return Err(format!("{url:?} is not an https:// URL"));
+    }
+    if url.matches("{ek}").count() != 1 {
+        return Err(format!(
+            "{url:?} must hold {{ek}} once (where the EK's address goes)"
+        ));
+    }
+    // The EK's address goes in the path or query, never the host.
+    let host = |probe: &str| {
+        reqwest::Url::parse(&url.replace("{ek}", probe))
+            .map_err(|e| format!("{url:?}: {e}"))
+            .map(|u| u.host_str().map(str::to_owned))
+    };
+    match (host("a")?, host("b")?) {
+        (Some(a), Some(b)) if a == b && !a.is_empty() => Ok(()),
+        _ => Err(format!("{url:?} must name its host, with {{ek}} after it")),
+    }
+}
+
+/// TPM_PT_MANUFACTURER as text, without trailing NULs and spaces (a
+/// byte that is no printable ASCII as `?`).
+pub fn manufacturer_text(id: u32) -> String {
+    let bytes = id.to_be_bytes();
+    let end = bytes
+        .iter()
+        .rposition(|&b| b != 0 && b != b' ')
+        .map_or(0, |i| i + 1);
+    printable_ascii(&bytes[..end])
+}
+
+/// The agent's vendor string for the log: at most 16 characters, what is
+/// no printable ASCII as `?`.
+pub fn vendor_text(s: &str) -> String {
+    printable_ascii(&s.as_bytes()[..s.len().min(16)])
+}
+
+fn printable_ascii(bytes: &[u8]) -> String {
+    bytes
+        .iter()
+        .map(|&b| match b {
+            b' '..=b'~' => b as char,
+            _ => '?',
+        })
+        .collect()
+}
+
+impl EkServicesConfig {
+    /// The service of the maker whose TPM reports `manufacturer`.
+    pub fn service_for(&self, manufacturer: u32) -> Option<&EkService> {
+        if manufacturer == 0 {
+            return None;
+        }
+        let text = manufacturer_text(manufacturer);
+        self.services
+            .iter()
+            .find(|s| !s.url.is_empty() && s.manufacturer.trim_end_matches(['\0', ' ']) == text)
+    }
+}
+
+/// Where `public` (a TPMT_PUBLIC) is found in the maker's addressing.
+pub fn address(addressing: Addressing, public: &Public) -> Result<String, &'static str> {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    match (addressing, &public.params) {
+        (
+            Addressing::Intel,
+            KeyParams::Rsa {
+                exponent, modulus, ..
+            },
+        ) => {
+            if !matches!(*exponent, 0 | 65_537) {
+                return Err("Intel addresses only RSA EKs with the default exponent");
+            }
+            h.update(modulus);
+            h.update([0x01, 0x00, 0x01]);
+        }
+        (Addressing::Intel, KeyParams::Ecc { x, y, .. }) => {
+            h.update(x);
+            h.update(y);
+        }
+        (
+            Addressing::Amd,
+            KeyParams::Rsa {
+                exponent, modulus, ..
+            },
+        ) => {
+            let e = if *exponent == 0 { 65_537 } else { *exponent };
+            h.update([0x00, 0x00, 0x22, 0x22]);
+            h.update(e.to_be_bytes());
+            h.update(modulus);
+        }
+        (Addressing::Amd, KeyParams::Ecc { x, y, .. }) => {
+            h.update([0x00, 0x00, 0x44, 0x44]);
+            h.update(x);
+            h.update(y);
+        }
+    }
+    let digest = h.finalize();
+    Ok(match addressing {
+        Addressing::Intel => base64::engine::general_purpose::URL_SAFE
+            .encode(digest)
+            .replace('=', "%3D"),
+        Addressing::Amd => hex::encode(&digest[..16]),
+    })
+}
+
+/// The certificate (DER) in a service's answer: the DER itself, one PEM
+/// certificate, or Intel's JSON object with the DER in base64url as
+/// `certificate`.
+pub fn certificate_of(body: &[u8]) -> Result<Vec<u8>, String> {
+    let text = std::str::from_utf8(body).ok().map(str::trim_start);
+    match text {
+        Some(t) if t.starts_with('{') => {
+            let v: serde_json::Value = serde_json::from_str(t)
+                .map_err(|e| format!("a JSON answer that does not parse: {e}"))?;
+            let b64 = v
+                .get("certificate")
+                .and_then(|c| c.as_str())
+                .ok_or("a JSON answer without a \"certificate\" string")?;
+            decode_base64url(b64)
+                .ok_or_else(|| "a \"certificate\" that is not base64url".to_owned())
+        }
+        Some(t) if t.starts_with("-----BEGIN") => {
+            let mut bytes = t.as_bytes();
+            let mut certs = rustls_pemfile::certs(&mut bytes);
+            match (certs.next(), certs.next()) {
+                (Some(Ok(c)), None) if c.first() == Some(&0x30) => Ok(c.to_vec()),
+                _ => Err("a PEM answer that is not one certificate".to_owned()),
+            }
+        }
+        _ if body.first() == Some(&0x30) => Ok(body.to_vec()),
+        _ => Err("an answer that is neither DER, PEM nor JSON".to_owned()),
+    }
+}
+
+/// Base64url as Intel writes it (padded or not, `=` maybe `%3D`); the
+/// standard alphabet is taken too.
+fn decode_base64url(s: &str) -> Option<Vec<u8>> {
+    use base64::engine::{general_purpose::GeneralPurposeConfig, DecodePaddingMode};
+    let cleaned: String = s
+        .replace("%3D", "")
+        .replace("%3d", "")
+        .chars()
+        .filter(|c| !c.is_ascii_whitespace() && *c != '=')
+        .map(|c| match c {
+            '+' => '-',
+            '/' => '_',
+            c => c,
+        })
+        .collect();
+    let engine = base64::engine::GeneralPurpose::new(
+        &base64::alphabet::URL_SAFE,
+        GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::RequireNone),
+    );
+    engine.decode(cleaned).ok().filter(|d| !d.is_empty())
+}
+
+/// Why a fetch gave no certificate.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum FetchError {
+    #[error("{0} fetches already under way")]
+    Busy(usize),
+    #[error("{0} fetches in the last minute")]
+    RateLimited(u32),
+    #[error("no CA roots to verify the service with: {0}")]
+    NoRoots(String),
+    #[error("unreachable: {0}")]
+    Unreachable(String),
+    #[error("no answer within {0} ms")]
+    Timeout(i64),
+    #[error("answered HTTP {0}")]
+    Status(u16),
+    #[error("answered more than {MAX_BODY} bytes")]
+    TooLarge,
+    #[error("{0}")]
+    Malformed(String),
+}
+
+/// A fetch's outcome that is not an error.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Fetched {
+    Certificate(Vec<u8>),
+    /// The maker has no certificate for this EK (`404`).
+    NotFound,
+}
+
+/// The fetcher: the config, its client (made at the first fetch) and
+/// its limits.
+pub struct EkServices {
+    config: EkServicesConfig,
+    client: OnceLock<Result<reqwest::Client, String>>,
+    in_flight: AtomicUsize,
+    /// The current minute's start and its fetches.
+    minute: Mutex<(Instant, u32)>,
+    /// URL → when the maker said it has no certificate.
+    not_found: Mutex<HashMap<String, Instant>>,
+}
+
+impl EkServices {
+    pub fn new(config: EkServicesConfig) -> Self {
+        EkServices {
+            config,
+            client: OnceLock::new(),
+            in_flight: AtomicUsize::new(0),
+            minute: Mutex::new((Instant::now(), 0)),
+            not_found: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn config(&self) -> &EkServicesConfig {
+        &self.config
+    }
+
+    /// GETs `url` within every bound; blocks the calling (blocking) thread.
+    pub fn fetch(&self, url: &str) -> Result<Fetched, FetchError> {
+        if self.recently_not_found(url) {
+            return Ok(Fetched::NotFound);
+        }
+        let _slot = self.enter()?;
+        let client = self
+            .client
+            .get_or_init(|| self.make_client())
+            .as_ref()
+            .map_err(|e| FetchError::NoRoots(e.clone()))?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| FetchError::Unreachable(format!("no runtime: {e}")))?;
+        let timeout = Duration::from_millis(u64::try_from(self.config.timeout_ms).unwrap_or(0));
+        let fetched = runtime.block_on(async {
+            tokio::time::timeout(timeout, get(client, url))
+                .await
+                .unwrap_or(Err(FetchError::Timeout(self.config.timeout_ms)))
+        });
+        if fetched == Ok(Fetched::NotFound) {
+            self.remember_not_found(url);
+        }
+        fetched
+    }
+
+    /// A place among the fetches under way and this minute's, or why not.
+    fn enter(&self) -> Result<Slot<'_>, FetchError> {
+        let now = Instant::now();
+        {
+            let mut m = self.minute.lock().unwrap_or_else(|p| p.into_inner());
+            if now.duration_since(m.0) >= Duration::from_secs(60) {
+                *m = (now, 0);
+            }
+            if m.1 >= MAX_PER_MINUTE {
+                return Err(FetchError::RateLimited(m.1));
+            }
+            m.1 += 1;
+        }
+        let before = self.in_flight.fetch_add(1, Ordering::SeqCst);
+        let slot = Slot(&self.in_flight);
+        if before >= MAX_IN_FLIGHT {
+            return Err(FetchError::Busy(before));
+        }
+        Ok(slot)
+    }
+
+    fn recently_not_found(&self, url: &str) -> bool {
+        let map = self.not_found.lock().unwrap_or_else(|p| p.into_inner());
+        map.get(url).is_some_and(|at| at.elapsed() < NOT_FOUND_TTL)
+    }
+
+    fn remember_not_found(&self, url: &str) {
+        let mut map = self.not_found.lock().unwrap_or_else(|p| p.into_inner());
+        map.retain(|_, at| at.elapsed() < NOT_FOUND_TTL);
+        if map.len() >= MAX_NOT_FOUND {
+            map.clear();
+        }
+        map.insert(url.to_owned(), Instant::now());
+    }
+
+    fn make_client(&self) -> Result<reqwest::Client, String> {
+        let roots = match &self.config.ca_roots {
+            Some(r) => r.clone(),
+            None => system_roots()?,
+        };
+        let mut builder = reqwest::Client::builder()
+            .https_only(true)
+            .tls_built_in_root_certs(false)
+            .pool_max_idle_per_host(0)
+            .timeout(Duration::from_millis(
+                u64::try_from(self.config.timeout_ms).unwrap_or(0),
+            ))
+            .redirect(reqwest::redirect::Policy::custom(|attempt| {
+                let same_host = attempt
+                    .previous()
+                    .first()
+                    .is_some_and(|first| first.host_str() == attempt.url().host_str());
+                let https = attempt.url().scheme() == "https";
+                if attempt.previous().len() > MAX_REDIRECTS || !same_host || !https {
+                    attempt.stop()
+                } else {
+                    attempt.follow()
+                }
+            }));
+        let mut added = 0;
+        for der in &roots {
+            if let Ok(c) = reqwest::Certificate::from_der(der) {
+                builder = builder.add_root_certificate(c);
+                added += 1;
+            }
+        }
+        if added == 0 {
+            return Err("none of the CA certificates is usable".to_owned());
+        }
+        builder.build().map_err(|e| e.to_string())
+    }
+}
+
+/// One fetch under way; leaving it frees its place.
+struct Slot<'a>(&'a AtomicUsize);
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// The GET itself: status, then the body, [`MAX_BODY`] at most.
+async fn get(client: &reqwest::Client, url: &str) -> Result<Fetched, FetchError> {
+    let mut resp = client
+        .get(url)
+        .send()
+        .await
+        .map_err(|e| FetchError::Unreachable(cause(&e)))?;
+    let status = resp.status();
+    if status == reqwest::StatusCode::NOT_FOUND {
+        return Ok(Fetched::NotFound);
+    }
+    if !status.is_success() {
+        return Err(FetchError::Status(status.as_u16()));
+    }
+    if resp.content_length().is_some_and(|n| n > MAX_BODY as u64) {
+        return Err(FetchError::TooLarge);
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = resp
+        .chunk()
+        .await
+        .map_err(|e| FetchError::Unreachable(cause(&e)))?
+    {
+        if body.len() + chunk.len() > MAX_BODY {
+            return Err(FetchError::TooLarge);
+        }
+        body.extend_from_slice(&chunk);
+    }
+    certificate_of(&body)
+        .map(Fetched::Certificate)
+        .map_err(FetchError::Malformed)
+}
+
+/// A reqwest error with its causes, for the log.
+fn cause(e: &reqwest::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}
+
+/// The system's CA certificates: `SSL_CERT_FILE`, else the first bundle
+/// of the usual places that exists.
+fn system_roots() -> Result<Vec<Vec<u8>>, String> {
+    let mut candidates: Vec<PathBuf> = Vec::new();
+    if let Some(f) = std::env::var_os("SSL_CERT_FILE") {
+        candidates.push(f.into());
+    }
+    for p in [
+        "/etc/ssl/certs/ca-certificates.crt",
+        "/etc/pki/tls/certs/ca-bundle.crt",
+        "/etc/ssl/cert.pem",
+        "/etc/ssl/ca-bundle.pem",
+    ] {
+        candidates.push(p.into());
+    }
+    for path in &candidates {
+        let Ok(pem) = std::fs::read(path) else {
+            continue;
+        };
+        let certs: Vec<Vec<u8>> = rustls_pemfile::certs(&mut pem.as_slice())
+            .filter_map(|c| c.ok().map(|c| c.to_vec()))
+            .collect();
+        if !certs.is_empty() {
+            return Ok(certs);
+        }
+    }
+    Err(format!(
+        "no CA bundle at {} (set [tpm.ek_services] ca_bundle)",
+        candidates
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    ))
+}
+
+/// A certificate a service gave for an EK (the cache's row).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CachedCertificate {
+    pub der: Vec<u8>,
+    pub service: String,
+}
+
+/// The cached certificate of the EK whose SPKI SHA-256 is `ek_sha256`.
+pub fn cached(conn: &Connection, ek_sha256: &str) -> Result<Option<CachedCertificate>, DbError> {
+    Ok(conn
+        .query_row(
+            "SELECT certificate, service FROM ek_service_certificates WHERE ek_sha256 = ?1",
+            [ek_sha256],
+            |r| {
+                Ok(CachedCertificate {
+                    der: r.get(0)?,
+                    service: r.get(1)?,
+                })
+            },
+        )
+        .optional()?)
+}
+
+/// Keeps what `service` answered at `url` for the EK `ek_sha256`.
+pub fn cache(
+    conn: &Connection,
+    ek_sha256: &str,
+    service: &str,
+    url: &str,
+    der: &[u8],
+    now: UnixMs,
+) -> Result<(), DbError> {
+    conn.execute(
+        "INSERT INTO ek_service_certificates (ek_sha256, service, url, certificate, fetched_at)
+         VALUES (?1, ?2, ?3, ?4, ?5)
+         ON CONFLICT (ek_sha256) DO UPDATE SET service = ?2, url = ?3, certificate = ?4, fetched_at = ?5",
+        rusqlite::params![ek_sha256, service, url, der, now],
+    )?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,338 @@
+//! EK certificates from the maker's online service (`[tpm.ek_services]`):
+//! a TPM with no EK certificate in NV, whose certificate the test maker
+//! issued and a local HTTPS server (a real TLS listener, its own test CA,
+//! which the control plane is told to trust with `ca_bundle`) serves at the
+//! Intel or the AMD addressing. swtpm reports the manufacturer "IBM", so
+//! each test points a service's `manufacturer` at it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use base64::Engine as _;
+
+use crate::eksource::without_ek_certificates;
+use crate::harness::*;
+use crate::maker::{certify_ek, create_ek};
+
+/// What the stand-in service answers at a path.
+#[derive(Clone)]
+enum Answer {
+    Ok(Vec<u8>),
+    Status(u16),
+    /// 64 KiB of certificate-looking bytes (past the control plane's cap).
+    Huge,
+    /// The answer after 5 s (past the control plane's 2 s timeout).
+    Slow(Vec<u8>),
+}
+
+/// A maker's EK certificate service: answers by path, records each
+/// request's path.
+struct MakerService {
+    server: Option<InProcessServer>,
+    /// The test CA the server's certificate chains to (PEM).
+    ca_pem: String,
+    answers: Arc<Mutex<HashMap<String, Answer>>>,
+    requests: Arc<Mutex<Vec<String>>>,
+}
+
+impl MakerService {
+    fn start() -> Self {
+        let ca_key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let mut ca = rcgen::CertificateParams::default();
+        ca.distinguished_name
+            .push(rcgen::DnType::CommonName, "bcd e2e maker service CA");
+        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        ca.key_usages = vec![
+            rcgen::KeyUsagePurpose::KeyCertSign,
+            rcgen::KeyUsagePurpose::DigitalSignature,
+        ];
+        let ca_cert = ca.self_signed(&ca_key).unwrap();
+        let issuer = rcgen::Issuer::from_params(&ca, &ca_key);
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let mut leaf = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        leaf.subject_alt_names = vec![rcgen::SanType::IpAddress([127, 0, 0, 1].into())];
+        let leaf = leaf.signed_by(&key, &issuer).unwrap();
+        let tls = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![leaf.der().clone()],
+            rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+        )
+        .unwrap();
+        let answers: Arc<Mutex<HashMap<String, Answer>>> = Arc::default();
+        let requests: Arc<Mutex<Vec<String>>> = Arc::default();
+        let (a, r) = (answers.clone(), requests.clone());
+        let router = axum::Router::new().fallback(move |req: axum::extract::Request| {
+            let (a, r) = (a.clone(), r.clone());
+            async move {
+                let path = req.uri().path().to_owned();
+                r.lock().unwrap().push(path.clone());
+                let answer = a.lock().unwrap().get(&path).cloned();
+                use axum::response::IntoResponse;
+                match answer {
+                    None => axum::http::StatusCode::NOT_FOUND.into_response(),
+                    Some(Answer::Ok(body)) => body.into_response(),
+                    Some(Answer::Status(s)) => {
+                        axum::http::StatusCode::from_u16(s).unwrap().into_response()
+                    }
+                    Some(Answer::Huge) => {
+                        let mut body = vec![0x30, 0x82, 0xff, 0xff];
+                        body.resize(64 * 1024, 0x41);
+                        body.into_response()
+                    }
+                    Some(Answer::Slow(body)) => {
+                        tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+                        body.into_response()
+                    }
+                }
+            }
+        });
+        MakerService {
+            server: Some(InProcessServer::start(Arc::new(tls), router)),
+            ca_pem: ca_cert.pem(),
+            answers,
+            requests,
+        }
+    }
+
+    fn url(&self) -> String {
+        self.server.as_ref().unwrap().url.clone()
+    }
+
+    fn answer(&self, path: &str, answer: Answer) {
+        self.answers.lock().unwrap().insert(path.to_owned(), answer);
+    }
+
+    fn requests(&self) -> Vec<String> {
+        self.requests.lock().unwrap().clone()
+    }
+
+    /// The service goes away: nothing listens at its port.
+    fn stop(&mut self) {
+        self.server.take();
+    }
+}
+
+/// A control plane trusting the test maker whose `service` (`intel` or
+/// `amd`) serves TPMs reporting swtpm's manufacturer, at `path_prefix` of
+/// the stand-in, trusting its CA; the other service off.
+fn control_plane(maker: &MakerService, service: &str, path_prefix: &str) -> ControlPlane {
+    let other = if service == "intel" { "amd" } else { "intel" };
+    let cp = ControlPlane::init_only();
+    std::fs::write(cp.path().join("services-ca.pem"), &maker.ca_pem).unwrap();
+    let config = format!(
+        "[tpm]\nenrollment_retry_after = \"1s\"\n\
+         [tpm.ek_services]\ntimeout = \"2s\"\nca_bundle = \"services-ca.pem\"\n\
+         [tpm.ek_services.{service}]\nurl = \"{}{path_prefix}{{ek}}\"\nmanufacturer = \"IBM\"\n\
+         [tpm.ek_services.{other}]\nurl = \"\"\n",
+        maker.url()
+    );
+    std::fs::write(cp.path().join("controlplane.toml"), config).unwrap();
+    let cp = cp.restart();
+    assert_ok(&cp.cli(&["ek-roots", "add", &fixture("ek-root.pem")]));
+    assert_ok(&cp.cli(&[
+        "ek-roots",
+        "add",
+        "--intermediate",
+        &fixture("ek-intermediate.pem"),
+    ]));
+    cp
+}
+
+/// The RSA EK bcd joins with when NV holds no certificate (the default
+/// template's), its TPMT_PUBLIC.
+fn rsa_ek(tpm: &Swtpm) -> Vec<u8> {
+    let ctx = tpm.dir.path().join("rsa-ek.ctx");
+    create_ek(tpm, &["-G", "rsa", "-c", &ctx.to_string_lossy()])
+}
+
+/// sha256 of what a maker hashes, as the test computes it on its own.
+fn sha256(parts: &[&[u8]]) -> Vec<u8> {
+    bc_wire::sha256(&parts.concat()).to_vec()
+}
+
+/// The Intel path of an RSA EK: base64url(sha256(n ‖ 01 00 01)), `=` as %3D.
+fn intel_path(ek_public: &[u8]) -> String {
+    let Some(bc_wire::tpm::KeyParams::Rsa { modulus, .. }) = bc_wire::tpm::Public::parse(ek_public)
+        .ok()
+        .map(|p| p.params)
+    else {
+        panic!("not an RSA EK")
+    };
+    let h = sha256(&[&modulus, &[1, 0, 1]]);
+    format!(
+        "/ekcertservice/{}",
+        base64::engine::general_purpose::URL_SAFE
+            .encode(h)
+            .replace('=', "%3D")
+    )
+}
+
+/// The AMD path of an RSA EK: hex(sha256(00 00 22 22 ‖ e ‖ n)[..16]).
+fn amd_path(ek_public: &[u8]) -> String {
+    let Some(bc_wire::tpm::KeyParams::Rsa { modulus, .. }) = bc_wire::tpm::Public::parse(ek_public)
+        .ok()
+        .map(|p| p.params)
+    else {
+        panic!("not an RSA EK")
+    };
+    let h = sha256(&[&[0, 0, 0x22, 0x22], &65537u32.to_be_bytes(), &modulus]);
+    format!("/pki/aia/{}", hex::encode(&h[..16]))
+}
+
+/// Intel's answer: JSON with the DER in base64url.
+fn intel_json(der: &[u8]) -> Vec<u8> {
+    format!(
+        "{{\"pubhash\":\"x\",\"certificate\":\"{}\"}}",
+        base64::engine::general_purpose::URL_SAFE.encode(der)
+    )
+    .into_bytes()
+}
+
+fn assurance_of(cp: &ControlPlane, agent: &Agent) -> String {
+    let node = agent.status_json()["nodeId"].as_str().unwrap().to_owned();
+    cp.nodes()
+        .into_iter()
+        .find(|n| n["nodeId"] == node.as_str())
+        .unwrap()["ekAssurance"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+/// Intel's addressing: tpm2-tools' `tpm2_getekcertificate` asks the same
+/// path and reads the same JSON; the join is `maker-service`, the second
+/// join of that EK asks nothing (the cache); a certificate for another EK
+/// is `ek-mismatch`; a service that is down, too slow or too large is
+/// `ek-service`; a `404` is no certificate at all (`ek-chain`), not asked
+/// again.
+#[test]
+fn intel_service_certificates_join_cached_and_bounded() {
+    let mut maker = MakerService::start();
+    let cp = control_plane(&maker, "intel", "/ekcertservice/");
+    let tpm = Swtpm::start();
+    without_ek_certificates(&tpm);
+    let ek = rsa_ek(&tpm);
+    let der = certify_ek(&tpm, &ek);
+    let path = intel_path(&ek);
+    maker.answer(&path, Answer::Ok(intel_json(&der)));
+
+    // tpm2-tools asks the same path and reads the answer as Intel's.
+    let tss = tpm.dir.path().join("ek.tss");
+    std::fs::write(&tss, [&(ek.len() as u16).to_be_bytes()[..], &ek].concat()).unwrap();
+    let pem = tpm.dir.path().join("getek.pem");
+    let out = tpm.tool(
+        "tpm2_getekcertificate",
+        &[
+            "-X",
+            "-u",
+            &tss.to_string_lossy(),
+            "-o",
+            &pem.to_string_lossy(),
+            &format!("{}/ekcertservice/", maker.url()),
+        ],
+    );
+    assert_ok(&out);
+    assert_eq!(maker.requests(), std::slice::from_ref(&path));
+    let got = std::fs::read_to_string(&pem).unwrap();
+    let b64: String = got.lines().filter(|l| !l.starts_with("-----")).collect();
+    assert_eq!(
+        base64::engine::general_purpose::STANDARD
+            .decode(b64.trim())
+            .unwrap(),
+        der
+    );
+
+    let agent = Agent::with_tpm(&cp, &tpm);
+    agent.allow_ek(&cp);
+    assert_ok(&agent.run(&["join", "--attestor", "tpm"]));
+    assert_eq!(maker.requests(), [path.clone(), path.clone()]);
+    assert_eq!(assurance_of(&cp, &agent), "maker-service");
+    // The same EK again: from the cache, the service sees nothing.
+    assert_ok(&agent.run(&["join", "--attestor", "tpm", "--reset", "--yes"]));
+    assert_eq!(maker.requests().len(), 2);
+    assert_eq!(assurance_of(&cp, &agent), "maker-service");
+
+    // Another machine, whose address the service answers with the first
+    // machine's certificate: ek-mismatch, and not cached.
+    let other = Swtpm::start_another_machine();
+    without_ek_certificates(&other);
+    let other_ek = rsa_ek(&other);
+    let other_path = intel_path(&other_ek);
+    maker.answer(&other_path, Answer::Ok(intel_json(&der)));
+    let b = Agent::with_tpm(&cp, &other);
+    b.allow_ek(&cp);
+    let out = cp.refused_once(JOIN_REFUSED, "ek-mismatch", || {
+        b.run(&["join", "--attestor", "tpm"])
+    });
+    assert_access_denied(&out);
+    b.assert_nothing_written();
+
+    // Too large, too slow, an error: ek-service, each asked anew.
+    let asked = maker.requests().len();
+    for answer in [
+        Answer::Huge,
+        Answer::Slow(intel_json(&der)),
+        Answer::Status(503),
+    ] {
+        maker.answer(&other_path, answer);
+        let t0 = std::time::Instant::now();
+        let out = cp.refused_once(JOIN_REFUSED, "ek-service", || {
+            b.run(&["join", "--attestor", "tpm"])
+        });
+        assert_access_denied(&out);
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(5),
+            "bounded by the 2 s timeout"
+        );
+    }
+    assert_eq!(maker.requests().len(), asked + 3);
+    b.assert_nothing_written();
+
+    // 404: the maker has no certificate for this EK, as if none existed.
+    maker.answer(&other_path, Answer::Status(404));
+    for _ in 0..2 {
+        let out = cp.refused_once(JOIN_REFUSED, "ek-chain", || {
+            b.run(&["join", "--attestor", "tpm"])
+        });
+        assert_access_denied(&out);
+    }
+    assert_eq!(maker.requests().len(), asked + 4, "a 404 is believed");
+
+    // The service down: ek-service, at once; the cached machine still joins.
+    maker.stop();
+    let third = Swtpm::start_sha1_only();
+    without_ek_certificates(&third);
+    let c = Agent::with_tpm(&cp, &third);
+    c.allow_ek(&cp);
+    let out = cp.refused_once(JOIN_REFUSED, "ek-service", || {
+        c.run(&["join", "--attestor", "tpm"])
+    });
+    assert_access_denied(&out);
+    c.assert_nothing_written();
+    assert_ok(&agent.run(&["join", "--attestor", "tpm", "--reset", "--yes"]));
+    assert!(cp
+        .log()
+        .contains("the maker's EK certificate service gave no certificate"));
+}
+
+/// AMD's addressing (the first 16 bytes of its hash, in hex), the DER
+/// answered as it is.
+#[test]
+fn an_amd_service_certificate_joins() {
+    let maker = MakerService::start();
+    let cp = control_plane(&maker, "amd", "/pki/aia/");
+    let tpm = Swtpm::start();
+    without_ek_certificates(&tpm);
+    let ek = rsa_ek(&tpm);
+    let der = certify_ek(&tpm, &ek);
+    let path = amd_path(&ek);
+    maker.answer(&path, Answer::Ok(der));
+    let agent = Agent::tpm_joined(&cp, &tpm);
+    assert_eq!(maker.requests(), [path]);
+    assert_eq!(assurance_of(&cp, &agent), "maker-service");
+}
