@@ -303,6 +303,13 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     r#"
     ALTER TABLE joins ADD COLUMN ek_assurance TEXT;
     "#,
+    // 16: the EK a boot entry expects (`boot add --ek-sha256`, or `--node`'s
+    // bound EK): only a discovery join proving it answers for the entry.
+    // NULL: any machine on the boot LAN may (the entry's other bindings
+    // still hold).
+    r#"
+    ALTER TABLE boot_entries ADD COLUMN ek_sha256 TEXT CHECK (ek_sha256 IS NULL OR length(ek_sha256) = 64);
+    "#,
 ];
 
 #[derive(Debug, thiserror::Error)]

@@ -218,13 +218,14 @@ impl JoinService {
         let mut svc = Self::with_retention(bundle, db, config.events.retention_ms);
         svc.lease_ttl_ms = config.discovery.lease_ttl_ms;
         svc.boot_key = Some(crate::boot::BootKey::derive(&challenge_key));
+        let tpm = TpmAttestor::new(config.tpm, ChallengeKey::new(challenge_key));
         svc.register_attestor(Arc::new(
-            crate::attestors::discovery::DiscoveryAttestor::new(config.discovery),
+            crate::attestors::discovery::DiscoveryAttestor::new(
+                config.discovery,
+                tpm.for_ramdisk(),
+            ),
         ));
-        svc.register_attestor(Arc::new(TpmAttestor::new(
-            config.tpm,
-            ChallengeKey::new(challenge_key),
-        )));
+        svc.register_attestor(Arc::new(tpm));
         svc.register_attestor(Arc::new(X509PopAttestor::new(config.x509pop)));
         svc.register_attestor(Arc::new(crate::attestors::provisioned::ProvisionedAttestor));
         svc.register_attestor(Arc::new(
@@ -395,6 +396,11 @@ impl JoinService {
             return Err(self.refuse(&attestor_name, Refusal::new(UNKNOWN_ATTESTOR), source));
         };
         let attestor_id = attestor.id().to_owned();
+        if req.tpm.is_some() && !attestor.takes_tpm_evidence() {
+            return Err(ApiError::InvalidInput(format!(
+                "JoinRequest.tpm is TPM evidence beside another attestor's; {attestor_id} takes none (a tpm join sends it as its attestation)"
+            )));
+        }
         // A role the attestor never admits is refused before it runs.
         if let Err(refusal) = check_role(&attestor_id, role, None) {
             return Err(self.refuse(&attestor_id, refusal, source));
@@ -433,6 +439,7 @@ impl JoinService {
                 csr_spki_der: &csr.spki_der,
                 csr_spki_sha256: csr.spki_sha256,
                 claims: &claims,
+                tpm: req.tpm.as_ref(),
                 now,
             };
             match attestor.verify(&tx, &input) {

@@ -218,6 +218,16 @@ const TESTED: &[(&str, &str, &str)] = &[
         "discovery::every_discovery_refusal_names_its_reason",
     ),
     (
+        "discovery",
+        "boot-ek-missing",
+        "discovery_tpm::an_entry_that_expects_an_ek_admits_only_that_tpm",
+    ),
+    (
+        "discovery",
+        "boot-ek-mismatch",
+        "discovery_tpm::an_entry_for_a_known_node_admits_only_its_tpm",
+    ),
+    (
         "tpm",
         "tpm-role",
         "site::a_tpm_joined_site_node_serves_and_vouches",

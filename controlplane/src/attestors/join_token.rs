@@ -132,6 +132,7 @@ mod tests {
                 csr_spki_der: &[],
                 csr_spki_sha256: [0; 32],
                 claims: &claims,
+                tpm: None,
                 now,
             };
             crate::join::check_role(JOIN_TOKEN, role, None)?;

@@ -134,6 +134,7 @@ mod tests {
                 csr_spki_der: &[],
                 csr_spki_sha256: [0; 32],
                 claims: &claims,
+                tpm: None,
                 now: db::compute_now(&tx).unwrap(),
             };
             let out = match ProvisionedAttestor.verify(&tx, &input) {

@@ -158,12 +158,30 @@ impl TpmAttestor {
         TpmAttestor { config, key }
     }
 
-    fn hello(
+    /// The same verification for a PXE ramdisk proving its TPM beside
+    /// discovery: the same challenge key and node-key policy, no PCR policy
+    /// (`[tpm] pcr_policy` describes the installed system's boot chain; a
+    /// ramdisk booted over PXE measures another one).
+    pub fn for_ramdisk(&self) -> TpmAttestor {
+        TpmAttestor {
+            config: TpmConfig {
+                pcr_policy: PcrPolicy::default(),
+                ..self.config.clone()
+            },
+            key: self.key.clone(),
+        }
+    }
+
+    /// Round 1, for `attestor` (this one, or one that composes with it):
+    /// the EK verified, the AK's attributes, and the credential challenge
+    /// (payload a `TpmChallenge`). Writes nothing.
+    pub(crate) fn challenge(
         &self,
         tx: &Transaction<'_>,
         input: &AttestInput<'_>,
         hello: &TpmHello,
-    ) -> Result<Verdict, Refusal> {
+        attestor: &str,
+    ) -> Result<Challenge, Refusal> {
         let (ek, assurance) = match hello.ek_certificate.is_empty() {
             true => (uncertified(tx, &hello.ek_public)?, EkAssurance::Pinned),
             false => (
@@ -219,21 +237,29 @@ impl TpmAttestor {
             ek_sha256 = %hex::encode(ek.spki_sha256),
             ek = ek.template.as_str(),
             ek_assurance = assurance.as_str(),
+            attestor,
             "tpm: EK verified, credential challenge sent"
         );
-        Ok(Verdict::Defer(Deferral::Challenge {
-            attestor: TPM.to_owned(),
-            payload,
-            not_after,
-        }))
+        Ok(Challenge {
+            ek_sha256: hex::encode(ek.spki_sha256),
+            deferral: Deferral::Challenge {
+                attestor: attestor.to_owned(),
+                payload,
+                not_after,
+            },
+        })
     }
 
-    fn answer(
+    /// Round 2's proof, whoever composes it: the state is ours, for this
+    /// CSR, in time and not answered before; the secret; the quote (or its
+    /// absence); the node key's certification. Spends nothing: the final
+    /// round calls [`Self::spend`].
+    pub(crate) fn prove(
         &self,
         tx: &Transaction<'_>,
         input: &AttestInput<'_>,
         answer: &TpmAnswer,
-    ) -> Result<Verdict, Refusal> {
+    ) -> Result<TpmProof, Refusal> {
         let st = ChallengeState::open(&self.key, &answer.state, &input.csr_sha256)
             .map_err(|_| Refusal::new(CHALLENGE_STATE))?;
         if input.now > st.not_after {
@@ -250,24 +276,61 @@ impl TpmAttestor {
         let ak = Public::parse(&st.ak_public).map_err(|_| Refusal::new(CHALLENGE_STATE))?;
         let qualifying = self.check_quote(&ak, input, answer, &st.secret)?;
         let (node_key, node_key_uri) = self.check_node_key(&ak, input, answer, &qualifying)?;
-        let ek_sha256 = hex::encode(st.ek_spki_sha256);
-        let place = place(tx, input, &ek_sha256, &st, &self.config)?;
+        Ok(TpmProof {
+            ek_sha256: hex::encode(st.ek_spki_sha256),
+            // We sealed it, so it is one of ours.
+            ek_assurance: EkAssurance::parse(&st.ek_assurance),
+            node_key,
+            node_key_uri,
+            subject,
+            st,
+        })
+    }
+
+    /// Spends the challenge `proof` answered (with the join: rolled back
+    /// with a refusal). Every attestor spends it under `tpm`, so one
+    /// challenge admits one join whichever attestor it was answered to.
+    pub(crate) fn spend(
+        &self,
+        tx: &Transaction<'_>,
+        proof: &TpmProof,
+        now: crate::db::UnixMs,
+    ) -> Result<(), Refusal> {
+        if !crate::uses::spend(tx, TPM, &proof.subject, proof.st.not_after, now)? {
+            return Err(Refusal::new(CHALLENGE_REUSED));
+        }
+        Ok(())
+    }
+
+    fn answer(
+        &self,
+        tx: &Transaction<'_>,
+        input: &AttestInput<'_>,
+        answer: &TpmAnswer,
+    ) -> Result<Verdict, Refusal> {
+        let proof = self.prove(tx, input, answer)?;
+        let place = place(tx, input, &proof.ek_sha256, &proof.st, &self.config)?;
         let (reclaim_node_id, pool_id, site_id) = match place {
             Place::Deferred(d) => return Ok(Verdict::Defer(d)),
             Place::Join { node, pool, site } => (node, pool, site),
         };
-        // The final round: spent with the join (rolled back with a refusal).
-        if !crate::uses::spend(tx, TPM, &subject, st.not_after, input.now)? {
-            return Err(Refusal::new(CHALLENGE_REUSED));
-        }
+        // The final round.
+        self.spend(tx, &proof, input.now)?;
+        let TpmProof {
+            ek_sha256,
+            ek_assurance,
+            node_key,
+            node_key_uri,
+            ..
+        } = proof;
         Ok(Verdict::Admit(AttestationResult {
             roles: placed_roles(reclaim_node_id.as_deref(), site_id.as_deref()),
             reclaim_node_id,
             token_id: None,
             node_key_uri,
             node_key,
-            // We sealed it, so it is one of ours.
-            ek_assurance: EkAssurance::parse(&st.ek_assurance),
+            ek_assurance,
+            ek_sha256: Some(ek_sha256.clone()),
             pool_id,
             // A site node of the site its place names, as a site token's.
             scope: site_id.map(|site_id| {
@@ -366,6 +429,26 @@ impl TpmAttestor {
             .map_err(|e| Refusal::fault(Fault::Internal(format!("AK statement: {e}"))))?;
         Ok((NodeKeyKind::Tpm, Some(statement)))
     }
+}
+
+/// Round 1's outcome: the challenge to send, and the EK it is for (not
+/// proven yet: only round 2 proves it).
+pub(crate) struct Challenge {
+    pub ek_sha256: String,
+    pub deferral: Deferral,
+}
+
+/// What a round 2 proved ([`TpmAttestor::prove`]).
+pub(crate) struct TpmProof {
+    /// The EK, lowercase hex SHA-256 of its SPKI.
+    pub ek_sha256: String,
+    pub ek_assurance: Option<EkAssurance>,
+    pub node_key: NodeKeyKind,
+    /// The AK statement, when the node key was certified.
+    pub node_key_uri: Option<String>,
+    /// The challenge's `attestation_uses` subject.
+    subject: String,
+    st: ChallengeState,
 }
 
 /// The assurance of a certificate the agent sent, by its report of where
@@ -510,7 +593,9 @@ impl Attestor for TpmAttestor {
         let evidence =
             TpmAttestation::decode(input.evidence).map_err(|_| Refusal::new(EVIDENCE_MALFORMED))?;
         match &evidence.round {
-            Some(tpm_attestation::Round::Hello(h)) => self.hello(tx, input, h),
+            Some(tpm_attestation::Round::Hello(h)) => {
+                Ok(Verdict::Defer(self.challenge(tx, input, h, TPM)?.deferral))
+            }
             Some(tpm_attestation::Round::Answer(a)) => self.answer(tx, input, a),
             None => Err(Refusal::new(EVIDENCE_MALFORMED)),
         }

@@ -138,6 +138,7 @@ impl Fixture {
                     csr_spki_der: &spki,
                     csr_spki_sha256: bc_wire::sha256(&spki),
                     claims: &claims,
+                    tpm: None,
                     now,
                 };
                 // JoinService's role check around the attestor, as a join
@@ -499,6 +500,7 @@ fn round_two_state_secret_and_expiry() {
                 csr_spki_der: &spki,
                 csr_spki_sha256: bc_wire::sha256(&spki),
                 claims: &claims,
+                tpm: None,
                 now: NOW,
             };
             reason(other.verify(&tx, &input))
