@@ -68,7 +68,8 @@ pub struct AttestInput<'a> {
 }
 
 pub enum Verdict {
-    Admit(AttestationResult),
+    /// Boxed: a result is several times a deferral's size.
+    Admit(Box<AttestationResult>),
     Defer(Deferral),
 }
 

@@ -1242,11 +1242,11 @@ mod tests {
             "bad-statement"
         }
         fn verify(&self, _: &Transaction<'_>, _: &AttestInput<'_>) -> Result<Verdict, Refusal> {
-            Ok(Verdict::Admit(AttestationResult {
+            Ok(Verdict::Admit(Box::new(AttestationResult {
                 node_key_uri: Some("urn:bc:other:1".into()),
                 node_key: NodeKeyKind::Tpm,
                 ..AttestationResult::default()
-            }))
+            })))
         }
     }
 
@@ -1273,7 +1273,9 @@ mod tests {
             self.id
         }
         fn verify(&self, _: &Transaction<'_>, _: &AttestInput<'_>) -> Result<Verdict, Refusal> {
-            Ok(Verdict::Admit(self.result.lock().unwrap().clone()))
+            Ok(Verdict::Admit(Box::new(
+                self.result.lock().unwrap().clone(),
+            )))
         }
     }
 

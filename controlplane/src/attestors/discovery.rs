@@ -260,7 +260,7 @@ impl Attestor for DiscoveryAttestor {
                 input.now,
             )?;
         }
-        Ok(Verdict::Admit(result))
+        Ok(Verdict::Admit(Box::new(result)))
     }
 }
 

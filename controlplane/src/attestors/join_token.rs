@@ -86,7 +86,7 @@ impl Attestor for JoinTokenAttestor {
             .flatten()
             .ok_or_else(|| refuse(TOKEN_ROLE))?;
         tokens::consume_use(tx, &token.id)?;
-        Ok(Verdict::Admit(AttestationResult {
+        Ok(Verdict::Admit(Box::new(AttestationResult {
             token_id: Some(token.id.clone()),
             node_key: NodeKeyKind::Unattested,
             pool_id: row.pool_id,
@@ -102,7 +102,7 @@ impl Attestor for JoinTokenAttestor {
                 })
             }),
             ..AttestationResult::default()
-        }))
+        })))
     }
 }
 

@@ -323,7 +323,7 @@ impl TpmAttestor {
             node_key_uri,
             ..
         } = proof;
-        Ok(Verdict::Admit(AttestationResult {
+        Ok(Verdict::Admit(Box::new(AttestationResult {
             roles: placed_roles(reclaim_node_id.as_deref(), site_id.as_deref()),
             reclaim_node_id,
             token_id: None,
@@ -349,7 +349,7 @@ impl TpmAttestor {
             // records it): the EK is this machine's hardware key.
             proven_product_uuid: None,
             ..AttestationResult::default()
-        }))
+        })))
     }
 
     /// The quote, or its absence (`fresh_certification`); returns what the

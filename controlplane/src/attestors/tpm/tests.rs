@@ -164,7 +164,7 @@ impl Fixture {
 
     fn admitted(&self, evidence: &[u8]) -> AttestationResult {
         match self.run(evidence) {
-            Ok(Verdict::Admit(r)) => r,
+            Ok(Verdict::Admit(r)) => *r,
             Ok(Verdict::Defer(d)) => panic!("deferred: {d:?}"),
             Err(r) => panic!("refused: {}", r.reason),
         }
