@@ -280,3 +280,83 @@ fn tpm_evidence_beside_another_attestor_is_invalid_input() {
     assert!(e.contains("JoinRequest.tpm"), "{e}");
     assert!(cp.refusal_reasons().is_empty());
 }
+
+/// Round 2's check: a thief that proves its own TPM with a challenge it got
+/// elsewhere (round 1 of a tpm join, for the same CSR: the tpm attestor's
+/// challenge is the one discovery answers) proves its own EK, not the
+/// entry's: refused `boot-ek-mismatch` in round 2, the entry stays open.
+#[test]
+fn a_challenge_from_a_tpm_join_proves_only_its_own_ek() {
+    use bc_wire::agent::tpm_attestation::Round;
+    use bc_wire::agent::{JoinRequest, JoinResponseBody, Role};
+    use prost::Message;
+
+    let cp = ControlPlane::start_trusting_test_maker();
+    let site_id = site(&cp, "dc1");
+    let holder = SiteNode::join(&cp, &site_id);
+    let epoch = holder.acquire().unwrap().epoch;
+    let victim_tpm = Swtpm::start();
+    let ek = Agent::with_tpm(&cp, &victim_tpm).identify()["ekSha256"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let wf = boot_add(&cp, "dc1", MAC, &["--ek-sha256", &ek]);
+
+    let thief_tpm = Swtpm::start_another_machine();
+    let thief = Agent::with_tpm(&cp, &thief_tpm);
+    let config = bcd::config::Config::load(&thief.config).unwrap();
+    let shared = TpmAccess::new(Some(&thief_tpm.tcti())).open().unwrap();
+    let key = std::sync::Arc::new(bcd::keys::TpmKey::generate(shared.clone()).unwrap());
+    let csr = bcd::keys::make_csr(key.as_ref()).unwrap();
+    let csr_sha256 = bc_wire::sha256(&csr);
+    let mut evidence = bcd::evidence::tpm::TpmEvidence::new(shared, key, csr_sha256).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = bcd::client::Client::new(&config).unwrap();
+    let send = |r: &JoinRequest| rt.block_on(client.join(r));
+
+    // Round 1 of a tpm join: a challenge for this CSR, answered by the thief's TPM.
+    let round1 = JoinRequest {
+        csr: csr.clone(),
+        role: Role::Node as i32,
+        attestor: "tpm".into(),
+        attestation: evidence.hello(),
+        ..Default::default()
+    };
+    let body = JoinResponseBody::decode(send(&round1).unwrap().body.as_slice()).unwrap();
+    let Some(bc_wire::agent::join_response_body::Deferral::Challenge(c)) = body.deferral else {
+        panic!("round 1 is challenged")
+    };
+    let answer = evidence.answer_message(&c).unwrap();
+    assert!(matches!(answer.round, Some(Round::Answer(_))));
+
+    // That answer beside the victim's discovery evidence.
+    let line = holder.boot_line(epoch, &wf, MAC, UUID);
+    let d = bcd::evidence::discovery::parse_cmdline(&line).unwrap();
+    let request = JoinRequest {
+        csr: csr.clone(),
+        role: Role::Ramdisk as i32,
+        attestor: "discovery".into(),
+        attestation: d.assertion.clone(),
+        sealed_token: bcd::evidence::join_token::seal(
+            &config.pins.join_encryption_key,
+            &csr_sha256,
+            &d.token,
+        )
+        .unwrap(),
+        claims: Some(bc_wire::agent::HardwareClaims {
+            macs: vec![MAC.to_owned()],
+            product_uuid: UUID.to_owned(),
+        }),
+        tpm: Some(answer),
+    };
+    let r = cp.refused_once(JOIN_REFUSED, "boot-ek-mismatch", || send(&request));
+    assert!(
+        matches!(r, Err(bcd::client::ClientError::AccessDenied)),
+        "{:?}",
+        r.err()
+    );
+    assert_eq!(boot_state(&cp, &wf), "vouched", "the entry stays open");
+}
