@@ -122,6 +122,8 @@ pub const PLACES: &[Place] = &[
             discovery::PRODUCT_UUID_MISMATCH,
             discovery::BOOT_EK_MISSING,
             discovery::BOOT_EK_MISMATCH,
+            discovery::approval::APPROVAL_DENIED,
+            discovery::approval::APPROVAL_BUSY,
         ],
     },
     Place {

@@ -360,3 +360,51 @@ fn a_challenge_from_a_tpm_join_proves_only_its_own_ek() {
     );
     assert_eq!(boot_state(&cp, &wf), "vouched", "the entry stays open");
 }
+
+/// Under `[discovery] approval = "unknown-machines"`: a ramdisk proving
+/// its TPM for an entry that expects no EK waits as a join request naming
+/// that EK, and joins with its TPM proven once approved; an entry that
+/// expects the EK needs no operator.
+#[test]
+fn under_approval_a_tpm_ramdisk_waits_with_its_ek_and_an_ek_bound_entry_does_not() {
+    let cp = ControlPlane::start_trusting_test_maker_with(
+        "[discovery]\napproval = \"unknown-machines\"\napproval_retry_after = \"1s\"\n",
+    );
+    let site_id = site(&cp, "dc1");
+    let holder = SiteNode::join(&cp, &site_id);
+    let epoch = holder.acquire().unwrap().epoch;
+    let tpm = Swtpm::start();
+    let m = machine_with(&cp, &tpm);
+    let ek = m.agent.identify()["ekSha256"].as_str().unwrap().to_owned();
+
+    let wf = boot_add(&cp, "dc1", MAC, &["--product-uuid", UUID]);
+    let cmd = m.boot_command(&holder.boot_line(epoch, &wf, MAC, UUID));
+    let join = std::thread::spawn(move || output_within(cmd, DEADLINE));
+    let pending = wait_for(|| {
+        cp.json(&["requests", "list"])
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["attestor"] == "discovery")
+            .cloned()
+    });
+    assert_eq!(
+        pending["ekSha256"],
+        ek.as_str(),
+        "the request names the proven EK"
+    );
+    assert_eq!(boot_state(&cp, &wf), "vouched");
+    assert_ok(&cp.cli(&["requests", "approve", pending["id"].as_str().unwrap()]));
+    let out = join.join().unwrap();
+    assert_joined_with_tpm(&cp, &m, &tpm, &out);
+
+    let wf2 = boot_add(&cp, "dc1", MAC, &["--ek-sha256", &ek]);
+    let again = machine_with(&cp, &tpm);
+    let out = again.boot(&holder.boot_line(epoch, &wf2, MAC, UUID));
+    assert_joined_with_tpm(&cp, &again, &tpm, &out);
+    assert_eq!(
+        cp.json(&["requests", "list"]).as_array().unwrap().len(),
+        1,
+        "no request for the EK-bound entry"
+    );
+}

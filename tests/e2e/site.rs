@@ -20,7 +20,7 @@ const KERNEL: &[u8] = b"not a kernel, but served as one";
 const INITRD: &[u8] = b"070701 an initrd of 30 bytes..";
 
 /// A running `bcd site` of a site node, its log lines as they come.
-struct BootServer {
+pub(crate) struct BootServer {
     child: Child,
     port: u16,
     lines: mpsc::Receiver<String>,
@@ -28,12 +28,12 @@ struct BootServer {
 }
 
 impl BootServer {
-    fn start(node: &SiteNode) -> BootServer {
+    pub(crate) fn start(node: &SiteNode) -> BootServer {
         BootServer::start_with(node, "")
     }
 
     /// With `extra` lines in its `[site]` (written on the first start).
-    fn start_with(node: &SiteNode, extra: &str) -> BootServer {
+    pub(crate) fn start_with(node: &SiteNode, extra: &str) -> BootServer {
         let dir = node.agent.root.path().join("ramdisk");
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("vmlinuz"), KERNEL).unwrap();
@@ -82,7 +82,7 @@ impl BootServer {
 
     /// Waits for a log line containing `text` (bounded: a minute).
     #[track_caller]
-    fn wait_for(&mut self, text: &str) -> String {
+    pub(crate) fn wait_for(&mut self, text: &str) -> String {
         self.wait_for_nth(text, 1)
     }
 
@@ -115,7 +115,7 @@ impl BootServer {
     }
 
     /// A GET as iPXE sends it: (status, body).
-    fn get(&self, target: &str) -> (u16, Vec<u8>) {
+    pub(crate) fn get(&self, target: &str) -> (u16, Vec<u8>) {
         self.get_from("127.0.0.1", target)
     }
 
@@ -139,7 +139,7 @@ impl BootServer {
     }
 
     /// [`BootServer::get`] from `source`.
-    fn get_from(&self, source: &str, target: &str) -> (u16, Vec<u8>) {
+    pub(crate) fn get_from(&self, source: &str, target: &str) -> (u16, Vec<u8>) {
         let mut s = self.connect_from(source);
         write!(
             s,
@@ -154,7 +154,7 @@ impl BootServer {
         (status, answer[end + 4..].to_vec())
     }
 
-    fn script(&self, mac: &str) -> String {
+    pub(crate) fn script(&self, mac: &str) -> String {
         let (status, body) = self.get(&format!(
             "/boot.ipxe?mac={}&uuid={UUID}",
             mac.replace(':', "%3A")
@@ -172,7 +172,7 @@ impl Drop for BootServer {
 }
 
 /// `bc.token=… bc.assertion=…` from a boot script's kernel line.
-fn boot_cmdline(script: &str) -> String {
+pub(crate) fn boot_cmdline(script: &str) -> String {
     let kernel = script
         .lines()
         .find(|l| l.starts_with("kernel "))

@@ -134,6 +134,7 @@ mod tests {
                 claims: &claims,
                 tpm: None,
                 now,
+                source: None,
             };
             crate::join::check_role(JOIN_TOKEN, role, None)?;
             let out = JoinTokenAttestor.verify(&tx, &input);

@@ -136,6 +136,7 @@ mod tests {
                 claims: &claims,
                 tpm: None,
                 now: db::compute_now(&tx).unwrap(),
+                source: None,
             };
             let out = match ProvisionedAttestor.verify(&tx, &input) {
                 Ok(Verdict::Admit(r)) => {

@@ -451,6 +451,18 @@ pub(crate) struct TpmProof {
     st: ChallengeState,
 }
 
+impl TpmProof {
+    /// The EK certificate's issuer, as round 1 verified it (empty: pinned).
+    pub fn ek_issuer(&self) -> &str {
+        &self.st.ek_issuer
+    }
+
+    /// The EK certificate's serial (empty: pinned).
+    pub fn ek_serial(&self) -> &str {
+        &self.st.ek_serial
+    }
+}
+
 /// The assurance of a certificate the agent sent, by its report of where
 /// it took it from (a bcd before the report read NV only).
 fn reported_assurance(hello: &TpmHello) -> EkAssurance {

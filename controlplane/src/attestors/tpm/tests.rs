@@ -140,6 +140,7 @@ impl Fixture {
                     claims: &claims,
                     tpm: None,
                     now,
+                    source: None,
                 };
                 // JoinService's role check around the attestor, as a join
                 // has it (its refusal rolls back what the attestor wrote).
@@ -289,7 +290,7 @@ fn enrollment_pending_approved_once() {
     assert_eq!(again, request_id);
     let reqs = enroll::list_requests(&f.db).unwrap();
     assert_eq!(reqs.len(), 1);
-    assert_eq!(reqs[0].ek_sha256, ek_sha256());
+    assert_eq!(reqs[0].ek_sha256.as_deref(), Some(ek_sha256().as_str()));
     assert_eq!(reqs[0].status, "pending");
     assert!(reqs[0].ek_issuer.contains("BCD Test EK Issuing CA 01"));
 
@@ -502,6 +503,7 @@ fn round_two_state_secret_and_expiry() {
                 claims: &claims,
                 tpm: None,
                 now: NOW,
+                source: None,
             };
             reason(other.verify(&tx, &input))
         })
