@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::{anyhow, Context as _};
-use bc_wire::agent::{JoinRequest, Role};
+use bc_wire::agent::{JoinRequest, Role, TpmAttestation};
 use bc_wire::token::JoinToken;
 use p256::elliptic_curve::zeroize::Zeroizing;
 
@@ -23,7 +23,7 @@ use crate::evidence::attestor;
 use crate::evidence::claims;
 use crate::evidence::join_token::{self, TokenText};
 use crate::evidence::provisioned;
-use crate::evidence::tpm::TpmEvidence;
+use crate::evidence::tpm::{Beside, TpmEvidence};
 use crate::evidence::x509pop;
 use crate::identity::rotation::{self, NextKey};
 use crate::identity::{reset, Identity};
@@ -38,7 +38,7 @@ pub const ACCESS_DENIED: &str = "access denied: the control plane refused the jo
 /// The same for a TPM join, where the TPM is the credential.
 pub const ACCESS_DENIED_TPM: &str = "access denied: the control plane refused the TPM join (check that it trusts the EK's maker (ek-roots), that this EK is allowed or approved, that it is not bound to another node, that no other live node holds this machine's hardware key (delete the old node first), and that the pool admits tpm; `bcd tpm identify` shows the EK)";
 /// The same for a PXE ramdisk's discovery join.
-pub const ACCESS_DENIED_DISCOVERY: &str = "access denied: the control plane refused the discovery join (the boot entry's token may be used, expired or for another MAC or site, the assertion stale or already used, or the boot server no longer the site's lease holder; add a new boot entry and PXE-boot again)";
+pub const ACCESS_DENIED_DISCOVERY: &str = "access denied: the control plane refused the discovery join (the boot entry's token may be used, expired or for another MAC or site, the assertion stale or already used, the boot server no longer the site's lease holder, or the entry may expect another TPM's EK (boot add --ek-sha256 / --node) than this machine proved, or one this machine, without a usable TPM, could not prove; add a new boot entry and PXE-boot again)";
 /// The same for a provisioned join (the token from the machine's user data).
 pub const ACCESS_DENIED_PROVISIONED: &str = "access denied: the control plane refused the provisioned join (the token may be used, expired or revoked, minted for another machine (product UUID), or for a machine another node already is; deploy again for a new token)";
 /// The same for a cloud VM's identity document.
@@ -289,6 +289,7 @@ pub(crate) fn join(
         sealed_token,
         attestation,
         refused_retry,
+        tpm: tpm_evidence,
     } = prepare(config, tpm, &credential, role, &client)?;
     let csr_sha256 = bc_wire::sha256(&csr);
     let request = JoinRequest {
@@ -305,6 +306,7 @@ pub(crate) fn join(
         // Every join says which machine it is: a token bound to a machine
         // (and the attestors that bind to one) compare against these.
         claims: Some(claims::collect()),
+        tpm: tpm_evidence,
     };
 
     let expected = Expected::for_join(config, csr_sha256, key.spki_der());
@@ -521,6 +523,7 @@ async fn rejoin_inner(
         attestation,
         sealed_token: Vec::new(),
         claims: Some(claims::collect()),
+        tpm: None,
     };
     let expected = Expected::for_join(config, csr_sha256, key.spki_der());
     let outcome = exchange::run(
@@ -593,6 +596,27 @@ struct Prepared {
     /// A refused first round may be worth sending again (see
     /// [`RefusedRetry`]).
     refused_retry: Option<RefusedRetry>,
+    /// TPM evidence beside the attestor's (a ramdisk's discovery join).
+    tpm: Option<TpmAttestation>,
+}
+
+/// A node key made in the machine's TPM, its CSR, and the TPM's evidence
+/// (EK, AK, and the answer that certifies that key), for `tpm` and for a
+/// ramdisk proving its TPM beside `discovery`.
+fn tpm_evidence(
+    config: &Config,
+    tpm: &TpmAccess,
+) -> anyhow::Result<(Arc<TpmKey>, Vec<u8>, TpmEvidence)> {
+    let shared = tpm.open()?;
+    let key =
+        Arc::new(TpmKey::generate(shared.clone()).context("the TPM cannot make the node key")?);
+    let csr = keys::make_csr(key.as_ref())?;
+    let mut evidence = TpmEvidence::new(shared, key.clone(), bc_wire::sha256(&csr))
+        .context("cannot read the TPM's endorsement and attestation keys")?;
+    if let Some(file) = &config.tpm_ek_intermediates {
+        evidence.add_intermediates(crate::pki::read_pem_bundle(file)?);
+    }
+    Ok((key, csr, evidence))
 }
 
 fn prepare(
@@ -625,25 +649,46 @@ fn prepare(
                 sealed_token,
                 attestation: Vec::new(),
                 refused_retry: None,
+                tpm: None,
             })
         }
         Credential::Discovery(d) => {
-            let key: Arc<dyn NodeKey> = Arc::from(keys::generate(tpm, false)?);
-            let csr = keys::make_csr(key.as_ref())?;
+            // A machine with a TPM proves it in the same join: a boot
+            // entry may admit only that TPM's EK. One whose TPM fails
+            // joins as one without (the entry decides whether that will do).
+            let with_tpm = match tpm.present() && tpm.helper().is_none() {
+                true => tpm_evidence(config, tpm)
+                    .map_err(|e| tracing::warn!(error = %format!("{e:#}"), "the TPM cannot prove this machine; joining with discovery alone"))
+                    .ok(),
+                false => None,
+            };
+            let (key, csr, answerer, tpm_hello): (Arc<dyn NodeKey>, _, Box<dyn Answerer>, _) =
+                match with_tpm {
+                    Some((key, csr, evidence)) => {
+                        let hello = evidence.hello_message();
+                        (key, csr, Box::new(Beside(evidence)), Some(hello))
+                    }
+                    None => {
+                        let key: Arc<dyn NodeKey> = Arc::from(keys::generate(tpm, false)?);
+                        let csr = keys::make_csr(key.as_ref())?;
+                        (key, csr, Box::new(NoChallenges(attestor::DISCOVERY)), None)
+                    }
+                };
             let sealed_token = join_token::seal(
                 &config.pins.join_encryption_key,
                 &bc_wire::sha256(&csr),
                 &d.token,
             )?;
-            tracing::info!(api = %client.api(), token_id = %d.token.id, role = %role.name(), node_key = %key.kid(), key_in = key.kind().as_str(), "joining the control plane as a PXE ramdisk (discovery)");
+            tracing::info!(api = %client.api(), token_id = %d.token.id, role = %role.name(), node_key = %key.kid(), key_in = key.kind().as_str(), tpm = tpm_hello.is_some(), "joining the control plane as a PXE ramdisk (discovery)");
             Ok(Prepared {
                 key,
                 csr,
-                answerer: Box::new(NoChallenges(attestor::DISCOVERY)),
+                answerer,
                 attestor_id: attestor::DISCOVERY,
                 sealed_token,
                 attestation: d.assertion.clone(),
                 refused_retry: None,
+                tpm: tpm_hello,
             })
         }
         Credential::CloudIid(evidence) => {
@@ -658,22 +703,13 @@ fn prepare(
                 sealed_token: Vec::new(),
                 attestation: evidence.clone(),
                 refused_retry: None,
+                tpm: None,
             })
         }
         Credential::Tpm => {
             // No fallback to a file key: a TPM join proves the key is the TPM's.
-            let shared = tpm
-                .open()
-                .context("--attestor tpm needs this machine's TPM")?;
-            let key = Arc::new(
-                TpmKey::generate(shared.clone()).context("the TPM cannot make the node key")?,
-            );
-            let csr = keys::make_csr(key.as_ref())?;
-            let mut evidence = TpmEvidence::new(shared, key.clone(), bc_wire::sha256(&csr))
-                .context("cannot read the TPM's endorsement and attestation keys")?;
-            if let Some(file) = &config.tpm_ek_intermediates {
-                evidence.add_intermediates(crate::pki::read_pem_bundle(file)?);
-            }
+            let (key, csr, evidence) =
+                tpm_evidence(config, tpm).context("--attestor tpm needs this machine's TPM")?;
             let attestation = evidence.hello();
             let refused_retry = evidence
                 .certificate_from_service()
@@ -687,6 +723,7 @@ fn prepare(
                 sealed_token: Vec::new(),
                 attestation,
                 refused_retry,
+                tpm: None,
             })
         }
     }

@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use bc_wire::agent::{HardwareClaims, Role};
+use bc_wire::agent::{HardwareClaims, Role, TpmAttestation};
 use bc_wire::token::JoinToken;
 
 use crate::db::UnixMs;
@@ -34,9 +34,21 @@ pub trait Attestor: Send + Sync {
     /// not hold the write lock (the tpm attestor's fetch of an EK
     /// certificate from its maker's service). What it returns reaches
     /// `verify` as [`AttestInput::prepared`]; a refusal here refuses the
-    /// join like one from `verify`. Default: nothing.
-    fn prepare(&self, _db: &crate::db::Database, _evidence: &[u8]) -> Result<Prepared, Refusal> {
+    /// join like one from `verify`. `tpm` is `JoinRequest.tpm` (see
+    /// [`Attestor::takes_tpm_evidence`]). Default: nothing.
+    fn prepare(
+        &self,
+        _db: &crate::db::Database,
+        _evidence: &[u8],
+        _tpm: Option<&TpmAttestation>,
+    ) -> Result<Prepared, Refusal> {
         Ok(Prepared::default())
+    }
+    /// Whether it reads `JoinRequest.tpm`, the machine's TPM proving itself
+    /// beside this attestor's own evidence (`discovery`). JoinService refuses
+    /// the field as INVALID_INPUT for every other attestor.
+    fn takes_tpm_evidence(&self) -> bool {
+        false
     }
 }
 
@@ -79,6 +91,8 @@ pub struct AttestInput<'a> {
     /// SHA-256 of the CSR's SubjectPublicKeyInfo (the node key).
     pub csr_spki_sha256: [u8; 32],
     pub claims: &'a HardwareClaims,
+    /// `JoinRequest.tpm`, for an attestor that [`Attestor::takes_tpm_evidence`].
+    pub tpm: Option<&'a TpmAttestation>,
     /// The database's time at the start of the transaction.
     pub now: UnixMs,
     /// The address the request came from (`None`: not over TCP), recorded
@@ -89,7 +103,8 @@ pub struct AttestInput<'a> {
 }
 
 pub enum Verdict {
-    Admit(AttestationResult),
+    /// Boxed: a result is several times a deferral's size.
+    Admit(Box<AttestationResult>),
     Defer(Deferral),
 }
 
@@ -216,6 +231,12 @@ pub struct AttestationResult {
     pub pool_id: Option<String>,
     /// The machine's hardware key, bound to the node on admission.
     pub binding: Option<Binding>,
+    /// The EK this join proved (ActivateCredential), as the lowercase hex
+    /// SHA-256 of its SubjectPublicKeyInfo: a tpm join's, which it also
+    /// binds, or a PXE ramdisk's that proved its TPM beside discovery, which
+    /// is recorded as the ramdisk node's hardware key but never bound (the
+    /// machine's installed node holds that binding). `None`: no EK proven.
+    pub ek_sha256: Option<String>,
     /// The expect binding of the token that admitted it. JoinService, not
     /// each attestor, compares it with the request's claims, so every
     /// token-based attestor enforces it the same way.

@@ -17,6 +17,12 @@
 //! one of them admits closes the entry and revokes the others
 //! ([`mark_joined`]).
 //!
+//! Who may answer for an entry: with an expected EK (`boot add
+//! --ek-sha256`, or `--node N`: re-commissioning N, whose bound EK and
+//! trusted product UUID the entry takes), only a discovery join proving
+//! that EK with its TPM; without one, whoever the site vouches for (the
+//! boot LAN is trusted). See [`crate::attestors::discovery`].
+//!
 //! An entry is `waiting`, then `vouched` once the lease holder fetched a
 //! token, then `joined` by the node the discovery attestor admitted with it;
 //! `expired` when its time passed before that. A ramdisk node lives no
@@ -115,6 +121,9 @@ pub struct BootEntry {
     pub site_id: String,
     pub mac: String,
     pub product_uuid: Option<String>,
+    /// The EK only a join proving it may answer for this entry (lowercase
+    /// hex SHA-256 of its SPKI); `None`: no TPM is expected.
+    pub ek_sha256: Option<String>,
     pub token_id: String,
     pub not_after: UnixMs,
     pub created_at: UnixMs,
@@ -127,11 +136,8 @@ impl BootEntry {
     /// The EK an operator bound this entry's machine to (`boot add
     /// --ek-sha256`, or `--node`'s bound EK): only a join proving it is
     /// admitted, and `[discovery] approval` does not apply to it.
-    ///
-    /// Merge hook: `None` for every entry until boot entries carry an
-    /// expected EK (the TPM-evidence branch's `boot_entries.ek_sha256`).
     pub fn expected_ek(&self) -> Option<&str> {
-        None
+        self.ek_sha256.as_deref()
     }
 
     /// `waiting`, `vouched`, `joined` or `expired`, at `now`.
@@ -153,20 +159,82 @@ pub struct NewEntry<'a> {
     pub site: &'a str,
     pub mac: &'a str,
     pub product_uuid: Option<&'a str>,
+    /// The EK the machine must prove (64 hex digits, any case).
+    pub ek_sha256: Option<&'a str>,
+    /// Re-commissioning this node: the entry expects its bound EK and its
+    /// trusted product UUID.
+    pub node: Option<&'a str>,
     pub ttl_ms: i64,
+}
+
+/// The expectation `--node` gives an entry: the node's bound EK, and its
+/// trusted product UUID when it has one. A node that is not there, is
+/// retired or proved no EK is an error naming it.
+fn node_expectation(
+    tx: &Transaction<'_>,
+    node: &str,
+) -> Result<(String, Option<String>), PoolError> {
+    let row = records::node_for_update(tx, node)?.ok_or_else(|| {
+        PoolError::InvalidInput(format!(
+            "--node {node:?}: no such node (deleted or never joined)"
+        ))
+    })?;
+    if row.retired_at.is_some() {
+        return Err(PoolError::InvalidInput(format!(
+            "--node {node}: the node is retired; re-commission a live node, or use --ek-sha256"
+        )));
+    }
+    let ek = records::binding_of_node(tx, node, crate::attestor::BINDING_TPM_EK)?.ok_or_else(
+        || {
+            PoolError::InvalidInput(format!(
+                "--node {node}: the node is bound to no EK (it never joined with its TPM); use --ek-sha256 from bcd tpm identify --json, or no expectation"
+            ))
+        },
+    )?;
+    Ok((ek.key, crate::hardware::proven_product_uuid(tx, node)?))
 }
 
 /// Adds a boot entry and mints its discovery token.
 pub fn add(db: &Database, key: &BootKey, new: &NewEntry<'_>) -> Result<BootEntry, PoolError> {
     let workflow_id = crate::ids::random_id("wf_").map_err(DbError::Random)?;
+    let given_ek = new
+        .ek_sha256
+        .map(crate::attestors::tpm::enroll::normalize_ek_sha256)
+        .transpose()
+        .map_err(|e| match e {
+            crate::attestors::tpm::enroll::EnrollError::InvalidInput(m) => {
+                PoolError::InvalidInput(m)
+            }
+            other => PoolError::InvalidInput(other.to_string()),
+        })?;
     db.write(|tx| {
         let site_id = crate::sites::resolve(tx, new.site)?;
         let now = db::compute_now(tx)?;
+        let mut product_uuid = new.product_uuid.map(str::to_owned);
+        let mut ek_sha256 = given_ek.clone();
+        if let Some(node) = new.node {
+            let (ek, uuid) = node_expectation(tx, node)?;
+            if ek_sha256.as_ref().is_some_and(|given| *given != ek) {
+                return Err(PoolError::InvalidInput(format!(
+                    "--ek-sha256 is not the EK {node} is bound to ({ek})"
+                )));
+            }
+            if let (Some(given), Some(bound)) = (&product_uuid, &uuid) {
+                if given != bound {
+                    return Err(PoolError::InvalidInput(format!(
+                        "--product-uuid {given} is not {node}'s ({bound})"
+                    )));
+                }
+            }
+            ek_sha256 = Some(ek);
+            product_uuid = product_uuid.or(uuid);
+        }
         let mut entry = BootEntry {
             workflow_id: workflow_id.clone(),
             site_id,
             mac: new.mac.to_owned(),
-            product_uuid: new.product_uuid.map(str::to_owned),
+            product_uuid,
+            ek_sha256,
             token_id: String::new(),
             not_after: now.saturating_add(new.ttl_ms),
             created_at: now,
@@ -180,8 +248,8 @@ pub fn add(db: &Database, key: &BootKey, new: &NewEntry<'_>) -> Result<BootEntry
         entry.not_after = row.expires_at;
         tx.execute(
             "INSERT INTO boot_entries (workflow_id, site_id, mac, product_uuid, token_id,
-                                       sealed_secret, not_after, created_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                                       sealed_secret, not_after, created_at, ek_sha256)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
             rusqlite::params![
                 entry.workflow_id,
                 entry.site_id,
@@ -190,7 +258,8 @@ pub fn add(db: &Database, key: &BootKey, new: &NewEntry<'_>) -> Result<BootEntry
                 entry.token_id,
                 sealed,
                 entry.not_after,
-                entry.created_at
+                entry.created_at,
+                entry.ek_sha256
             ],
         )
         .map_err(DbError::from)?;
@@ -232,7 +301,7 @@ fn link_token(
 }
 
 const SELECT: &str = "SELECT workflow_id, site_id, mac, product_uuid, token_id, not_after,
-        created_at, vouched_at, joined_at, node_id FROM boot_entries";
+        created_at, vouched_at, joined_at, node_id, ek_sha256 FROM boot_entries";
 
 fn read_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<BootEntry> {
     Ok(BootEntry {
@@ -246,6 +315,7 @@ fn read_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<BootEntry> {
         vouched_at: r.get(7)?,
         joined_at: r.get(8)?,
         node_id: r.get(9)?,
+        ek_sha256: r.get(10)?,
     })
 }
 

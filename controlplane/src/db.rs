@@ -355,6 +355,13 @@ pub(crate) const MIGRATIONS: &[&str] = &[
         fetched_at INTEGER NOT NULL
     );
     "#,
+    // 18: the EK a boot entry expects (`boot add --ek-sha256`, or `--node`'s
+    // bound EK): only a discovery join proving it answers for the entry.
+    // NULL: any machine on the boot LAN may (the entry's other bindings
+    // still hold).
+    r#"
+    ALTER TABLE boot_entries ADD COLUMN ek_sha256 TEXT CHECK (ek_sha256 IS NULL OR length(ek_sha256) = 64);
+    "#,
 ];
 
 #[derive(Debug, thiserror::Error)]

@@ -40,7 +40,7 @@ pub struct HardwareKey {
     pub product_uuid: Option<String>,
 }
 
-/// What `result` proved: its TPM EK binding, else the product UUID its
+/// What `result` proved: its TPM EK (bound, or a ramdisk's proven one), else the product UUID its
 /// attestor proved or its token's expect binding pinned (JoinService has
 /// checked the claims against it by then). `None`: nothing proven.
 pub fn of_result(result: &AttestationResult) -> Option<HardwareKey> {
@@ -49,9 +49,13 @@ pub fn of_result(result: &AttestationResult) -> Option<HardwareKey> {
         .clone()
         .or_else(|| result.expect.product_uuid.clone())
         .filter(|u| !is_placeholder(u));
-    let key = match &result.binding {
-        Some(b) if b.kind == BINDING_TPM_EK => format!("{BINDING_TPM_EK}:{}", b.key),
-        _ => format!("product-uuid:{}", product_uuid.as_deref()?),
+    let ek = match &result.binding {
+        Some(b) if b.kind == BINDING_TPM_EK => Some(&b.key),
+        _ => result.ek_sha256.as_ref(),
+    };
+    let key = match ek {
+        Some(ek) => format!("{BINDING_TPM_EK}:{ek}"),
+        None => format!("product-uuid:{}", product_uuid.as_deref()?),
     };
     Some(HardwareKey { key, product_uuid })
 }
@@ -95,6 +99,19 @@ pub fn holder(
             |r| r.get(0),
         )
         .optional()?)
+}
+
+/// The product UUID recorded as `node_id`'s trusted hardware key (proven or
+/// operator-bound), if any.
+pub fn proven_product_uuid(tx: &Transaction<'_>, node_id: &str) -> Result<Option<String>, DbError> {
+    Ok(tx
+        .query_row(
+            "SELECT product_uuid FROM nodes WHERE id = ?1",
+            [node_id],
+            |r| r.get::<_, Option<String>>(0),
+        )
+        .optional()?
+        .flatten())
 }
 
 /// Records `hk` as `node_id`'s hardware key (a reclaim replaces the old one).

@@ -221,13 +221,14 @@ impl JoinService {
         svc.lease_ttl_ms = config.discovery.lease_ttl_ms;
         svc.discovery_approval = config.discovery.approval;
         svc.boot_key = Some(crate::boot::BootKey::derive(&challenge_key));
+        let tpm = TpmAttestor::new(config.tpm, ChallengeKey::new(challenge_key));
         svc.register_attestor(Arc::new(
-            crate::attestors::discovery::DiscoveryAttestor::new(config.discovery),
+            crate::attestors::discovery::DiscoveryAttestor::new(
+                config.discovery,
+                tpm.for_ramdisk(),
+            ),
         ));
-        svc.register_attestor(Arc::new(TpmAttestor::new(
-            config.tpm,
-            ChallengeKey::new(challenge_key),
-        )));
+        svc.register_attestor(Arc::new(tpm));
         svc.register_attestor(Arc::new(X509PopAttestor::new(config.x509pop)));
         svc.register_attestor(Arc::new(crate::attestors::provisioned::ProvisionedAttestor));
         svc.register_attestor(Arc::new(
@@ -404,6 +405,11 @@ impl JoinService {
             return Err(self.refuse(&attestor_name, Refusal::new(UNKNOWN_ATTESTOR), source));
         };
         let attestor_id = attestor.id().to_owned();
+        if req.tpm.is_some() && !attestor.takes_tpm_evidence() {
+            return Err(ApiError::InvalidInput(format!(
+                "JoinRequest.tpm is TPM evidence beside another attestor's; {attestor_id} takes none (a tpm join sends it as its attestation)"
+            )));
+        }
         // A role the attestor never admits is refused before it runs.
         if let Err(refusal) = check_role(&attestor_id, role, None) {
             return Err(self.refuse(&attestor_id, refusal, source));
@@ -430,7 +436,7 @@ impl JoinService {
         };
         let claims = req.claims.clone().unwrap_or_default();
         // Outside the transaction: what must not hold the write lock.
-        let prepared = match attestor.prepare(&self.db, &req.attestation) {
+        let prepared = match attestor.prepare(&self.db, &req.attestation, req.tpm.as_ref()) {
             Ok(p) => p,
             Err(refusal) => return Err(self.refuse(&attestor_id, refusal, source)),
         };
@@ -447,6 +453,7 @@ impl JoinService {
                 csr_spki_der: &csr.spki_der,
                 csr_spki_sha256: csr.spki_sha256,
                 claims: &claims,
+                tpm: req.tpm.as_ref(),
                 now,
                 source,
                 prepared: &prepared,
@@ -1254,11 +1261,11 @@ mod tests {
             "bad-statement"
         }
         fn verify(&self, _: &Transaction<'_>, _: &AttestInput<'_>) -> Result<Verdict, Refusal> {
-            Ok(Verdict::Admit(AttestationResult {
+            Ok(Verdict::Admit(Box::new(AttestationResult {
                 node_key_uri: Some("urn:bc:other:1".into()),
                 node_key: NodeKeyKind::Tpm,
                 ..AttestationResult::default()
-            }))
+            })))
         }
     }
 
@@ -1285,7 +1292,9 @@ mod tests {
             self.id
         }
         fn verify(&self, _: &Transaction<'_>, _: &AttestInput<'_>) -> Result<Verdict, Refusal> {
-            Ok(Verdict::Admit(self.result.lock().unwrap().clone()))
+            Ok(Verdict::Admit(Box::new(
+                self.result.lock().unwrap().clone(),
+            )))
         }
     }
 

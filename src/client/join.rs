@@ -65,9 +65,15 @@ impl Transport for Client {
     }
 }
 
-/// An attestor's answer to its challenge: the next request's `attestation`.
+/// An attestor's answer to its challenge, written into the next request:
+/// its `attestation`, or its `tpm` for TPM evidence beside another
+/// attestor's (a ramdisk's discovery join).
 pub trait Answerer {
-    fn answer(&mut self, challenge: &JoinChallenge) -> Result<Vec<u8>, JoinError>;
+    fn answer(
+        &mut self,
+        challenge: &JoinChallenge,
+        request: &mut JoinRequest,
+    ) -> Result<(), JoinError>;
 }
 
 /// For attestors that never challenge (join-token): a challenge is an error.
@@ -75,7 +81,7 @@ pub trait Answerer {
 pub struct NoChallenges(pub &'static str);
 
 impl Answerer for NoChallenges {
-    fn answer(&mut self, challenge: &JoinChallenge) -> Result<Vec<u8>, JoinError> {
+    fn answer(&mut self, challenge: &JoinChallenge, _: &mut JoinRequest) -> Result<(), JoinError> {
         Err(JoinError::Unanswerable {
             attestor: printable(&challenge.attestor),
             answerer: self.0,
@@ -179,6 +185,7 @@ pub async fn run<T: Transport>(
     // After a wait, the attestor starts over with its first evidence: a
     // challenge answered before the approval is stale by then.
     let first_attestation = request.attestation.clone();
+    let first_tpm = request.tpm.clone();
     let started = tokio::time::Instant::now();
     let mut announced = None::<String>;
     let mut refusals = 0u32;
@@ -210,6 +217,7 @@ pub async fn run<T: Transport>(
         match answer::open(&response, expected)? {
             Opened::Pending(p) => {
                 request.attestation = first_attestation.clone();
+                request.tpm = first_tpm.clone();
                 challenges = 0;
                 let mut wait = policy.wait_for(&p);
                 if let Some(limit) = policy.give_up_after {
@@ -249,7 +257,7 @@ pub async fn run<T: Transport>(
                     return Err(JoinError::ChallengeExpired);
                 }
                 tracing::info!(attestor = %attestor, round = challenges, "answering the control plane's challenge");
-                request.attestation = answerer.answer(&c)?;
+                answerer.answer(&c, &mut request)?;
             }
             joined @ Opened::Joined { .. } => return Ok(answer::verify_final(joined, expected)?),
         }
@@ -289,8 +297,9 @@ mod tests {
 
     struct Echo;
     impl Answerer for Echo {
-        fn answer(&mut self, c: &JoinChallenge) -> Result<Vec<u8>, JoinError> {
-            Ok(c.payload.clone())
+        fn answer(&mut self, c: &JoinChallenge, r: &mut JoinRequest) -> Result<(), JoinError> {
+            r.attestation = c.payload.clone();
+            Ok(())
         }
     }
 

@@ -347,6 +347,13 @@ pub(crate) fn io_words(chain: &[&DynError]) -> Option<(std::io::ErrorKind, &'sta
     Some((kind, words))
 }
 
+/// How long an idle pooled connection may be reused: under the control
+/// plane's 10 s for the next request head, after which it closes an idle
+/// keep-alive. A request sent on a connection the server is closing fails
+/// with "the connection closed early" (seen by `bcd site` listing boot
+/// entries after a quiet spell); a fresh connection costs one handshake.
+const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// HTTPS with `tls` only: no redirect (it could lead away from the pinned
 /// control plane), and bounded waits.
 pub(crate) fn https_client(
@@ -361,6 +368,7 @@ pub(crate) fn https_client(
         .redirect(reqwest::redirect::Policy::none())
         .connect_timeout(connect)
         .timeout(total)
+        .pool_idle_timeout(POOL_IDLE_TIMEOUT)
         .user_agent(user_agent)
         .build()
         .map_err(|e| chain_message(&e))

@@ -16,8 +16,8 @@ use std::sync::Arc;
 
 use bc_wire::agent::tpm_attestation::Round;
 use bc_wire::agent::{
-    EkCertificateSource, JoinChallenge, TpmAnswer, TpmAttestation, TpmChallenge, TpmHello,
-    TpmKeyCertification,
+    EkCertificateSource, JoinChallenge, JoinRequest, TpmAnswer, TpmAttestation, TpmChallenge,
+    TpmHello, TpmKeyCertification,
 };
 use bc_wire::pcr::PcrBank;
 use prost::Message;
@@ -116,6 +116,11 @@ impl TpmEvidence {
 
     /// Round 1: the attestation of the first request.
     pub fn hello(&self) -> Vec<u8> {
+        self.hello_message().encode_to_vec()
+    }
+
+    /// Round 1 as a message, for [`Beside`].
+    pub fn hello_message(&self) -> TpmAttestation {
         TpmAttestation {
             round: Some(Round::Hello(TpmHello {
                 ek_public: self.ek.public.clone(),
@@ -133,7 +138,22 @@ impl TpmEvidence {
                 tpm_firmware: self.info.firmware_id,
             })),
         }
-        .encode_to_vec()
+    }
+}
+
+/// The same evidence beside another attestor's, in `JoinRequest.tpm`: a
+/// PXE ramdisk's discovery join proving its TPM. The control plane
+/// challenges it under that attestor's name with a `TpmChallenge`.
+pub struct Beside(pub TpmEvidence);
+
+impl Answerer for Beside {
+    fn answer(
+        &mut self,
+        challenge: &JoinChallenge,
+        request: &mut JoinRequest,
+    ) -> Result<(), JoinError> {
+        request.tpm = Some(self.0.answer_message(challenge)?);
+        Ok(())
     }
 }
 
@@ -148,7 +168,23 @@ impl Drop for TpmEvidence {
 }
 
 impl Answerer for TpmEvidence {
-    fn answer(&mut self, challenge: &JoinChallenge) -> Result<Vec<u8>, JoinError> {
+    fn answer(
+        &mut self,
+        challenge: &JoinChallenge,
+        request: &mut JoinRequest,
+    ) -> Result<(), JoinError> {
+        request.attestation = self.answer_message(challenge)?.encode_to_vec();
+        Ok(())
+    }
+}
+
+impl TpmEvidence {
+    /// Round 2: ActivateCredential, the node key's certification and, when
+    /// the challenge names PCRs, the quote.
+    pub fn answer_message(
+        &mut self,
+        challenge: &JoinChallenge,
+    ) -> Result<TpmAttestation, JoinError> {
         let c = TpmChallenge::decode(challenge.payload.as_slice())
             .map_err(|e| JoinError::Evidence(format!("the tpm challenge does not parse: {e}")))?;
         let evidence = |e: &dyn std::fmt::Display| JoinError::Evidence(e.to_string());
@@ -199,7 +235,6 @@ impl Answerer for TpmEvidence {
         }
         Ok(TpmAttestation {
             round: Some(Round::Answer(answer)),
-        }
-        .encode_to_vec())
+        })
     }
 }

@@ -316,6 +316,7 @@ fn join_as_ramdisk(
         attestation: evidence.to_json(),
         sealed_token: Vec::new(),
         claims: None,
+        tpm: None,
     };
     tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -71,12 +71,12 @@ impl SiteNode {
         Client::with_identity(&config, &id.chain, id.key.clone()).expect("client")
     }
 
-    fn acquire(&self) -> Result<LeaseResponse, ClientError> {
+    pub fn acquire(&self) -> Result<LeaseResponse, ClientError> {
         block_on(self.client().acquire_lease(&self.site_id))
     }
 
     /// The holder's SecretRequest for a workflow: the discovery token.
-    fn secret(&self, workflow: &str) -> Result<String, ClientError> {
+    pub fn secret(&self, workflow: &str) -> Result<String, ClientError> {
         self.secret_for(workflow, "")
     }
 
@@ -97,7 +97,7 @@ impl SiteNode {
     /// The kernel command line the site gives `mac` for entry `wf`: a
     /// token of the entry's own and an assertion naming the entry, the MAC
     /// and `uuid`.
-    fn boot_line(&self, epoch: u64, wf: &str, mac: &str, uuid: &str) -> String {
+    pub fn boot_line(&self, epoch: u64, wf: &str, mac: &str, uuid: &str) -> String {
         let token = self.secret(wf).unwrap();
         let assertion = self.assertion(epoch, |a| {
             a.mac = mac.to_owned();

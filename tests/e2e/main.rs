@@ -37,6 +37,9 @@ mod cloud_cms;
 mod cloud_iid;
 #[cfg(feature = "failpoints")]
 mod discovery;
+// Reuses discovery's helpers (and its fake sysfs).
+#[cfg(feature = "failpoints")]
+mod discovery_tpm;
 #[cfg(feature = "failpoints")]
 mod node;
 #[cfg(feature = "failpoints")]

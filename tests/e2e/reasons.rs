@@ -219,6 +219,16 @@ const TESTED: &[(&str, &str, &str)] = &[
     ),
     (
         "discovery",
+        "boot-ek-missing",
+        "discovery_tpm::an_entry_that_expects_an_ek_admits_only_that_tpm",
+    ),
+    (
+        "discovery",
+        "boot-ek-mismatch",
+        "discovery_tpm::an_entry_for_a_known_node_admits_only_its_tpm",
+    ),
+    (
+        "discovery",
         "approval-denied",
         "approval::a_neighbours_join_waits_for_the_operator_who_denies_it_and_approves_the_machine",
     ),

@@ -697,7 +697,7 @@ impl bc_controlplane::Attestor for Plugin {
         _: &rusqlite::Transaction<'_>,
         _: &bc_controlplane::AttestInput<'_>,
     ) -> Result<bc_controlplane::Verdict, bc_controlplane::Refusal> {
-        Ok(bc_controlplane::Verdict::Admit((self.result)()))
+        Ok(bc_controlplane::Verdict::Admit(Box::new((self.result)())))
     }
 }
 

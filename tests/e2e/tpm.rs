@@ -7,7 +7,6 @@ use bc_wire::agent::tpm_attestation::Round;
 use bc_wire::agent::{
     join_response_body::Deferral, JoinRequest, JoinResponseBody, Role, TpmAttestation,
 };
-use bcd::client::join::Answerer;
 use bcd::keys::{NodeKey, TpmAccess, TpmKey};
 use prost::Message;
 use serde_json::Value;
@@ -393,8 +392,7 @@ impl ManualJoin {
         let mut payload = bc_wire::agent::TpmChallenge::decode(c.payload.as_slice()).unwrap();
         alter(&mut payload);
         c.payload = payload.encode_to_vec();
-        let bytes = self.evidence.answer(&c).unwrap();
-        match TpmAttestation::decode(bytes.as_slice()).unwrap().round {
+        match self.evidence.answer_message(&c).unwrap().round {
             Some(Round::Answer(a)) => a,
             _ => panic!("expected an answer"),
         }

@@ -36,20 +36,37 @@
 //! sent only `allowed_kinds`. The ramdisk nodes of earlier commissionings of
 //! the same machine are retired ([`crate::boot::retire_superseded`]).
 //!
+//! **The machine's TPM.** A ramdisk on a machine with a TPM sends its
+//! evidence in `JoinRequest.tpm`, checked by the tpm attestor's own code
+//! ([`crate::attestors::tpm::TpmAttestor::challenge`] and `prove`, with no
+//! PCR policy: a PXE boot measures another chain than the installed
+//! system's): after the checks above, round 1 (`tpm.hello`) is answered
+//! with the tpm attestor's credential challenge under attestor
+//! `discovery`, and round 2 (`tpm.answer`) proves the EK by
+//! ActivateCredential and the node key by the AK's certification. A boot
+//! entry that expects an EK (`boot add --ek-sha256`, or `--node` of a node
+//! bound to one) admits only a join proving that EK: none is
+//! `boot-ek-missing`, another `boot-ek-mismatch` (in round 1 already when
+//! the EK it names is another), and the entry stays open. The proven EK is
+//! the ramdisk node's hardware key (never bound: the installed node of the
+//! machine holds that binding), and an AK-certified node key puts the AK
+//! statement in its certificate, as a tpm join's.
+//!
 //! The UUIDs here are claims: the asserted one is what iPXE or the boot
 //! entry said, the machine's is its own word. Only the boot entry's UUID,
 //! which its token's expect carries (JoinService checks the claims against
 //! it), becomes the node's hardware key ([`crate::hardware`]).
 
-use bc_wire::agent::Role;
+use bc_wire::agent::{tpm_attestation, Role, TpmAttestation};
 use bc_wire::site;
 use rusqlite::Transaction;
 
 use crate::attestor::{
     normalize_mac, normalize_product_uuid, AttestInput, AttestationResult, Attestor, NodeKeyKind,
-    Refusal, Verdict,
+    Prepared, Refusal, Verdict,
 };
 use crate::attestors::join_token::{live_token, TOKEN_EXHAUSTED, TOKEN_ROLE};
+use crate::attestors::tpm::{self, TpmAttestor, TpmProof};
 use crate::boot::DISCOVERY_ROLE;
 use crate::config::{DiscoveryApproval, DiscoveryConfig};
 use crate::db::{DbError, UnixMs};
@@ -76,6 +93,11 @@ pub const ASSERTION_STALE: &str = "assertion-stale";
 pub const ASSERTION_FUTURE: &str = "assertion-future";
 pub const MAC_NOT_CLAIMED: &str = "mac-not-claimed";
 pub const PRODUCT_UUID_MISMATCH: &str = "product-uuid-mismatch";
+/// The boot entry expects an EK (`boot add --ek-sha256` / `--node`) and
+/// the join proved none (no TPM evidence).
+pub const BOOT_EK_MISSING: &str = "boot-ek-missing";
+/// The boot entry expects another EK than the one the join names or proved.
+pub const BOOT_EK_MISMATCH: &str = "boot-ek-mismatch";
 
 /// How far ahead of the database's time an assertion may be issued (the
 /// site node's clock may run a little ahead).
@@ -83,17 +105,38 @@ const MAX_FUTURE_MS: i64 = 60_000;
 
 pub struct DiscoveryAttestor {
     config: DiscoveryConfig,
+    /// Verifies a ramdisk's TPM evidence ([`TpmAttestor::for_ramdisk`]).
+    tpm: TpmAttestor,
 }
 
 impl DiscoveryAttestor {
-    pub fn new(config: DiscoveryConfig) -> Self {
-        DiscoveryAttestor { config }
+    pub fn new(config: DiscoveryConfig, tpm: TpmAttestor) -> Self {
+        DiscoveryAttestor { config, tpm }
     }
 }
 
 impl Attestor for DiscoveryAttestor {
     fn id(&self) -> &str {
         DISCOVERY
+    }
+
+    fn takes_tpm_evidence(&self) -> bool {
+        true
+    }
+
+    /// A ramdisk's TPM whose EK certificate lives at its maker's service is
+    /// fetched as for a tpm join (the same bounds: the fetches of both share
+    /// one concurrency and rate limit).
+    fn prepare(
+        &self,
+        db: &crate::db::Database,
+        _evidence: &[u8],
+        tpm: Option<&TpmAttestation>,
+    ) -> Result<Prepared, Refusal> {
+        match tpm {
+            Some(evidence) => self.tpm.prepare_for(db, evidence),
+            None => Ok(Prepared::default()),
+        }
     }
 
     fn verify(&self, tx: &Transaction<'_>, input: &AttestInput<'_>) -> Result<Verdict, Refusal> {
@@ -187,16 +230,40 @@ impl Attestor for DiscoveryAttestor {
             }
         }
 
+        // The machine's TPM, and the EK its boot entry expects.
+        let entry = crate::boot::entry_of_token(tx, &token.id)?;
+        let expected_ek = entry.as_ref().and_then(|e| e.expected_ek());
+        let tpm_refusal = |r: Refusal| {
+            r.with_token(Some(&token.id))
+                .with_node(Some(&assertion.node_id))
+        };
+        let proof = match input.tpm.map(|t| t.round.as_ref()) {
+            None => None,
+            Some(Some(tpm_attestation::Round::Hello(hello))) => {
+                let challenge = self
+                    .tpm
+                    .challenge(tx, input, hello, DISCOVERY)
+                    .map_err(tpm_refusal)?;
+                check_ek(expected_ek, Some(&challenge.ek_sha256)).map_err(refuse)?;
+                return Ok(Verdict::Defer(challenge.deferral));
+            }
+            Some(Some(tpm_attestation::Round::Answer(answer))) => {
+                Some(self.tpm.prove(tx, input, answer).map_err(tpm_refusal)?)
+            }
+            Some(None) => return Err(refuse(tpm::EVIDENCE_MALFORMED)),
+        };
+        check_ek(expected_ek, proof.as_ref().map(|p| p.ek_sha256.as_str())).map_err(refuse)?;
+
         // Who vouches for the machine beyond the spec's checks: under
         // `[discovery] approval = "unknown-machines"`, an operator, for an
-        // entry that expects no EK.
-        let entry = crate::boot::entry_of_token(tx, &token.id)?;
-        // Merge hook: the EK this join proved with its TPM evidence (the
-        // TPM-evidence branch); `None`: the ramdisk proved no TPM.
-        let proven_ek: Option<approval::ProvenEk> = None;
-        if self.config.approval == DiscoveryApproval::UnknownMachines
-            && entry.as_ref().and_then(|e| e.expected_ek()).is_none()
-        {
+        // entry that expects no EK (the TPM proof above is the machine's
+        // own word otherwise).
+        let proven_ek = proof.as_ref().map(|p| approval::ProvenEk {
+            sha256: p.ek_sha256.clone(),
+            issuer: p.ek_issuer().to_owned(),
+            serial: p.ek_serial().to_owned(),
+        });
+        if self.config.approval == DiscoveryApproval::UnknownMachines && expected_ek.is_none() {
             // JoinService checks the token's expect only when it admits: a
             // join it would refuse files no request.
             crate::join::check_expect(
@@ -223,18 +290,26 @@ impl Attestor for DiscoveryAttestor {
             }
         }
 
-        // One join per assertion; the token is spent.
+        // One join per assertion; the token is spent, and the challenge.
         if !uses::spend(tx, DISCOVERY, &subject, valid_until, input.now)? {
             return Err(refuse(ASSERTION_REUSED));
         }
         tokens::consume_use(tx, &token.id)?;
+        if let Some(p) = &proof {
+            self.tpm.spend(tx, p, input.now).map_err(tpm_refusal)?;
+        }
+        let result = admitted(
+            &self.config,
+            token.id.clone(),
+            row.pool_id,
+            row.expect,
+            assertion.site_id,
+            proof,
+        );
         // An earlier ramdisk of this machine blocks nothing (rolled back
         // with the transaction if JoinService refuses this join after all).
         if let Some(entry) = entry {
-            let hk = hardware::of_result(&AttestationResult {
-                expect: row.expect.clone(),
-                ..AttestationResult::default()
-            });
+            let hk = hardware::of_result(&result);
             crate::boot::retire_superseded(
                 tx,
                 &entry,
@@ -242,20 +317,57 @@ impl Attestor for DiscoveryAttestor {
                 input.now,
             )?;
         }
-        Ok(Verdict::Admit(AttestationResult {
-            token_id: Some(token.id.clone()),
-            node_key: NodeKeyKind::Unattested,
-            pool_id: row.pool_id,
-            expect: row.expect,
-            scope: Some(Box::new(records::NodeScope {
-                site_id: Some(assertion.site_id),
-                allowed_kinds: Some(self.config.allowed_kinds.clone()),
-                max_cert_ttl_ms: Some(self.config.cert_ttl_ms),
-            })),
-            // Claims only: the token's expect is what an operator bound.
-            proven_product_uuid: None,
-            ..AttestationResult::default()
-        }))
+        Ok(Verdict::Admit(Box::new(result)))
+    }
+}
+
+/// Whether the EK a join names or proved (`None`: no TPM evidence) is the
+/// one its boot entry expects (`None`: any, or none).
+fn check_ek(expected: Option<&str>, ek: Option<&str>) -> Result<(), &'static str> {
+    match (expected, ek) {
+        (Some(_), None) => Err(BOOT_EK_MISSING),
+        (Some(want), Some(have)) if want != have => Err(BOOT_EK_MISMATCH),
+        _ => Ok(()),
+    }
+}
+
+/// The admitted ramdisk: a new node of the asserted site, scoped to the
+/// commissioning kinds and `[discovery] cert_ttl`, with what its TPM proved.
+fn admitted(
+    config: &DiscoveryConfig,
+    token_id: String,
+    pool_id: Option<String>,
+    expect: crate::attestor::Expect,
+    site_id: String,
+    proof: Option<TpmProof>,
+) -> AttestationResult {
+    let (node_key, node_key_uri, ek_assurance, ek_sha256) = match proof {
+        Some(p) => (
+            p.node_key,
+            p.node_key_uri,
+            p.ek_assurance,
+            Some(p.ek_sha256),
+        ),
+        None => (NodeKeyKind::Unattested, None, None, None),
+    };
+    AttestationResult {
+        token_id: Some(token_id),
+        node_key,
+        node_key_uri,
+        ek_assurance,
+        // Proven, but not bound: the machine's installed node holds the
+        // binding; this is the ramdisk's hardware key only.
+        ek_sha256,
+        pool_id,
+        expect,
+        scope: Some(Box::new(records::NodeScope {
+            site_id: Some(site_id),
+            allowed_kinds: Some(config.allowed_kinds.clone()),
+            max_cert_ttl_ms: Some(config.cert_ttl_ms),
+        })),
+        // Claims only: the token's expect is what an operator bound.
+        proven_product_uuid: None,
+        ..AttestationResult::default()
     }
 }
 

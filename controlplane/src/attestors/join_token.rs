@@ -86,7 +86,7 @@ impl Attestor for JoinTokenAttestor {
             .flatten()
             .ok_or_else(|| refuse(TOKEN_ROLE))?;
         tokens::consume_use(tx, &token.id)?;
-        Ok(Verdict::Admit(AttestationResult {
+        Ok(Verdict::Admit(Box::new(AttestationResult {
             token_id: Some(token.id.clone()),
             node_key: NodeKeyKind::Unattested,
             pool_id: row.pool_id,
@@ -102,7 +102,7 @@ impl Attestor for JoinTokenAttestor {
                 })
             }),
             ..AttestationResult::default()
-        }))
+        })))
     }
 }
 
@@ -132,6 +132,7 @@ mod tests {
                 csr_spki_der: &[],
                 csr_spki_sha256: [0; 32],
                 claims: &claims,
+                tpm: None,
                 now,
                 source: None,
                 prepared: &crate::attestor::Prepared::default(),

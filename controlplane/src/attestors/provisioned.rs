@@ -66,7 +66,7 @@ impl Attestor for ProvisionedAttestor {
             return Err(refuse(PRODUCT_UUID_MISMATCH));
         }
         tokens::consume_use(tx, &token.id)?;
-        Ok(Verdict::Admit(AttestationResult {
+        Ok(Verdict::Admit(Box::new(AttestationResult {
             reclaim_node_id: row.target_node_id,
             token_id: Some(token.id.clone()),
             node_key: NodeKeyKind::Unattested,
@@ -75,7 +75,7 @@ impl Attestor for ProvisionedAttestor {
             proven_product_uuid: Some(claimed),
             allow_reclaim: row.allow_reclaim,
             ..AttestationResult::default()
-        }))
+        })))
     }
 }
 
@@ -134,6 +134,7 @@ mod tests {
                 csr_spki_der: &[],
                 csr_spki_sha256: [0; 32],
                 claims: &claims,
+                tpm: None,
                 now: db::compute_now(&tx).unwrap(),
                 source: None,
                 prepared: &crate::attestor::Prepared::default(),

@@ -217,13 +217,13 @@ impl Attestor for X509PopAttestor {
             )?;
         }
         tracing::info!(node_id, serial = %cert.serial, "x509pop: the node proved its last certificate");
-        Ok(Verdict::Admit(AttestationResult {
+        Ok(Verdict::Admit(Box::new(AttestationResult {
             // The node's own role only (JoinService refuses another: `role`).
             roles: Some(Role::from_name(&node.role).into_iter().collect()),
             reclaim_node_id: Some(node.id),
             node_key: NodeKeyKind::Unattested,
             ..AttestationResult::default()
-        }))
+        })))
     }
 }
 

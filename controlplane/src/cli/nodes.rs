@@ -170,6 +170,11 @@ fn certs(dir: &Path, id: &str, as_json: bool) -> Result<()> {
                 "revoked": c.revoked_at.is_some(),
                 "revokedAt": c.revoked_at.map(db::rfc3339),
                 "expired": now >= c.not_after,
+                // What the certificate says of its key (the AK statement
+                // of a TPM-certified one), after its SPIFFE ID.
+                "statements": bc_controlplane::pki::node_cert_identity(&c.der)
+                    .map(|id| id.statements)
+                    .unwrap_or_default(),
             })
         },
         |c| {

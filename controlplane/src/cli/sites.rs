@@ -43,6 +43,17 @@ pub enum BootCmd {
         /// Its product UUID, when known.
         #[arg(long, value_name = "UUID", value_parser = parse_uuid)]
         product_uuid: Option<String>,
+        /// Only a machine proving this EK with its TPM may commission
+        /// (ekSha256 of `bcd tpm identify --json`, or the maker's delivery
+        /// manifest). A join without TPM evidence or with another EK is
+        /// refused and leaves the entry open.
+        #[arg(long, value_name = "HEX")]
+        ek_sha256: Option<String>,
+        /// Re-commissioning this node: only a machine proving the EK the
+        /// node is bound to may commission (and the entry takes the node's
+        /// trusted product UUID).
+        #[arg(long, value_name = "NODE")]
+        node: Option<String>,
         /// How long the entry (and its token) stays valid, e.g. 2h, 1d.
         #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = parse_ttl)]
         not_after: i64,
@@ -94,25 +105,28 @@ pub fn run_boot(cmd: BootCmd) -> Result<()> {
             site,
             mac,
             product_uuid,
+            ek_sha256,
+            node,
             not_after,
-        } => add(&dir.dir, &site, &mac, product_uuid.as_deref(), not_after),
+        } => add(
+            &dir.dir,
+            &NewEntry {
+                site: &site,
+                mac: &mac,
+                product_uuid: product_uuid.as_deref(),
+                ek_sha256: ek_sha256.as_deref(),
+                node: node.as_deref(),
+                ttl_ms: not_after,
+            },
+        ),
         BootCmd::List(ListArgs { dir, json }) => list(&dir.dir, json),
     }
 }
 
-fn add(dir: &Path, site: &str, mac: &str, uuid: Option<&str>, ttl_ms: i64) -> Result<()> {
+fn add(dir: &Path, new: &NewEntry<'_>) -> Result<()> {
     let db = open_db(dir)?;
     let key = BootKey::derive(&pki::load_or_create_challenge_key(dir)?);
-    let entry = boot::add(
-        &db,
-        &key,
-        &NewEntry {
-            site,
-            mac,
-            product_uuid: uuid,
-            ttl_ms,
-        },
-    )?;
+    let entry = boot::add(&db, &key, new)?;
     print_line(&entry.workflow_id)
 }
 
@@ -129,6 +143,7 @@ fn list(dir: &Path, as_json: bool) -> Result<()> {
                 "site": e.site_id,
                 "mac": e.mac,
                 "productUuid": e.product_uuid,
+                "ekSha256": e.ek_sha256,
                 "state": e.state(now),
                 "tokenId": e.token_id,
                 "notAfter": db::rfc3339(e.not_after),
@@ -137,11 +152,15 @@ fn list(dir: &Path, as_json: bool) -> Result<()> {
         },
         |e| {
             Ok(format!(
-                "{} {} {} {}{}",
+                "{} {} {} {}{}{}",
                 e.workflow_id,
                 e.site_id,
                 e.mac,
                 e.state(now),
+                e.ek_sha256
+                    .as_deref()
+                    .map(|ek| format!(" ek={ek}"))
+                    .unwrap_or_default(),
                 e.node_id
                     .as_deref()
                     .map(|n| format!(" node={n}"))

@@ -212,12 +212,12 @@ impl Attestor for CloudIidAttestor {
             return Err(Refusal::new(INSTANCE_REUSED));
         }
         tracing::info!(provider = id.provider, account = %id.account, zone = %id.zone, instance = %id.instance, "cloud-iid: verified identity document");
-        Ok(Verdict::Admit(AttestationResult {
+        Ok(Verdict::Admit(Box::new(AttestationResult {
             node_key: NodeKeyKind::Unattested,
             pool_id: row.pool,
             roles: Some(roles),
             ..AttestationResult::default()
-        }))
+        })))
     }
 }
 

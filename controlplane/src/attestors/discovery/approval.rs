@@ -217,6 +217,7 @@ mod tests {
             csr_spki_der: &[],
             csr_spki_sha256: [key; 32],
             claims: &claims,
+            tpm: None,
             now: NOW,
             source: Some("127.0.0.9".parse().unwrap()),
             prepared: &crate::attestor::Prepared::default(),

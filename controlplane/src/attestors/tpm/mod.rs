@@ -154,7 +154,8 @@ impl Default for TpmConfig {
 pub struct TpmAttestor {
     config: TpmConfig,
     key: ChallengeKey,
-    services: EkServices,
+    /// Shared with [`Self::for_ramdisk`]'s copy: one limit on fetches.
+    services: std::sync::Arc<EkServices>,
 }
 
 /// An EK certificate a maker's service gave ([`TpmAttestor::prepare`]),
@@ -167,7 +168,7 @@ impl TpmAttestor {
     pub fn new(config: TpmConfig, key: ChallengeKey) -> Self {
         let mut config = config;
         config.challenge_ttl_ms = config.challenge_ttl_ms.clamp(1, MAX_CHALLENGE_TTL_MS);
-        let services = EkServices::new(config.ek_services.clone());
+        let services = std::sync::Arc::new(EkServices::new(config.ek_services.clone()));
         TpmAttestor {
             config,
             key,
@@ -260,12 +261,48 @@ impl TpmAttestor {
         }
     }
 
-    fn hello(
+    /// What round 1 needs fetched before the join transaction: the EK
+    /// certificate from its maker's service, when the hello carries none.
+    /// Also for discovery, whose ramdisk sends this evidence beside its own.
+    pub(crate) fn prepare_for(
+        &self,
+        db: &crate::db::Database,
+        evidence: &TpmAttestation,
+    ) -> Result<Prepared, Refusal> {
+        let Some(tpm_attestation::Round::Hello(hello)) = &evidence.round else {
+            return Ok(Prepared::default());
+        };
+        Ok(match self.fetch_certificate(db, hello)? {
+            Some(c) => Prepared::new(c),
+            None => Prepared::default(),
+        })
+    }
+
+    /// The same verification for a PXE ramdisk proving its TPM beside
+    /// discovery: the same challenge key and node-key policy, no PCR policy
+    /// (`[tpm] pcr_policy` describes the installed system's boot chain; a
+    /// ramdisk booted over PXE measures another one).
+    pub fn for_ramdisk(&self) -> TpmAttestor {
+        TpmAttestor {
+            config: TpmConfig {
+                pcr_policy: PcrPolicy::default(),
+                ..self.config.clone()
+            },
+            key: self.key.clone(),
+            services: self.services.clone(),
+        }
+    }
+
+    /// Round 1, for `attestor` (this one, or one that composes with it):
+    /// the EK verified, the AK's attributes, and the credential challenge
+    /// (payload a `TpmChallenge`). Writes nothing.
+    pub(crate) fn challenge(
         &self,
         tx: &Transaction<'_>,
         input: &AttestInput<'_>,
         hello: &TpmHello,
-    ) -> Result<Verdict, Refusal> {
+        attestor: &str,
+    ) -> Result<Challenge, Refusal> {
         let fetched = input.prepared.get::<ServiceCertificate>();
         let (certificate, assurance) = match (hello.ek_certificate.is_empty(), fetched) {
             (false, _) => (hello.ek_certificate.as_slice(), reported_assurance(hello)),
@@ -327,21 +364,29 @@ impl TpmAttestor {
             tpm_manufacturer = %ek_service::manufacturer_text(hello.tpm_manufacturer),
             tpm_vendor = %ek_service::vendor_text(&hello.tpm_vendor),
             tpm_firmware = format_args!("{:016x}", hello.tpm_firmware),
+            attestor,
             "tpm: EK verified, credential challenge sent"
         );
-        Ok(Verdict::Defer(Deferral::Challenge {
-            attestor: TPM.to_owned(),
-            payload,
-            not_after,
-        }))
+        Ok(Challenge {
+            ek_sha256: hex::encode(ek.spki_sha256),
+            deferral: Deferral::Challenge {
+                attestor: attestor.to_owned(),
+                payload,
+                not_after,
+            },
+        })
     }
 
-    fn answer(
+    /// Round 2's proof, whoever composes it: the state is ours, for this
+    /// CSR, in time and not answered before; the secret; the quote (or its
+    /// absence); the node key's certification. Spends nothing: the final
+    /// round calls [`Self::spend`].
+    pub(crate) fn prove(
         &self,
         tx: &Transaction<'_>,
         input: &AttestInput<'_>,
         answer: &TpmAnswer,
-    ) -> Result<Verdict, Refusal> {
+    ) -> Result<TpmProof, Refusal> {
         let st = ChallengeState::open(&self.key, &answer.state, &input.csr_sha256)
             .map_err(|_| Refusal::new(CHALLENGE_STATE))?;
         if input.now > st.not_after {
@@ -358,24 +403,61 @@ impl TpmAttestor {
         let ak = Public::parse(&st.ak_public).map_err(|_| Refusal::new(CHALLENGE_STATE))?;
         let qualifying = self.check_quote(&ak, input, answer, &st.secret)?;
         let (node_key, node_key_uri) = self.check_node_key(&ak, input, answer, &qualifying)?;
-        let ek_sha256 = hex::encode(st.ek_spki_sha256);
-        let place = place(tx, input, &ek_sha256, &st, &self.config)?;
+        Ok(TpmProof {
+            ek_sha256: hex::encode(st.ek_spki_sha256),
+            // We sealed it, so it is one of ours.
+            ek_assurance: EkAssurance::parse(&st.ek_assurance),
+            node_key,
+            node_key_uri,
+            subject,
+            st,
+        })
+    }
+
+    /// Spends the challenge `proof` answered (with the join: rolled back
+    /// with a refusal). Every attestor spends it under `tpm`, so one
+    /// challenge admits one join whichever attestor it was answered to.
+    pub(crate) fn spend(
+        &self,
+        tx: &Transaction<'_>,
+        proof: &TpmProof,
+        now: crate::db::UnixMs,
+    ) -> Result<(), Refusal> {
+        if !crate::uses::spend(tx, TPM, &proof.subject, proof.st.not_after, now)? {
+            return Err(Refusal::new(CHALLENGE_REUSED));
+        }
+        Ok(())
+    }
+
+    fn answer(
+        &self,
+        tx: &Transaction<'_>,
+        input: &AttestInput<'_>,
+        answer: &TpmAnswer,
+    ) -> Result<Verdict, Refusal> {
+        let proof = self.prove(tx, input, answer)?;
+        let place = place(tx, input, &proof.ek_sha256, &proof.st, &self.config)?;
         let (reclaim_node_id, pool_id, site_id) = match place {
             Place::Deferred(d) => return Ok(Verdict::Defer(d)),
             Place::Join { node, pool, site } => (node, pool, site),
         };
-        // The final round: spent with the join (rolled back with a refusal).
-        if !crate::uses::spend(tx, TPM, &subject, st.not_after, input.now)? {
-            return Err(Refusal::new(CHALLENGE_REUSED));
-        }
-        Ok(Verdict::Admit(AttestationResult {
+        // The final round.
+        self.spend(tx, &proof, input.now)?;
+        let TpmProof {
+            ek_sha256,
+            ek_assurance,
+            node_key,
+            node_key_uri,
+            ..
+        } = proof;
+        Ok(Verdict::Admit(Box::new(AttestationResult {
             roles: placed_roles(reclaim_node_id.as_deref(), site_id.as_deref()),
             reclaim_node_id,
             token_id: None,
             node_key_uri,
             node_key,
-            // We sealed it, so it is one of ours.
-            ek_assurance: EkAssurance::parse(&st.ek_assurance),
+            ek_assurance,
+            ek_sha256: Some(ek_sha256.clone()),
             pool_id,
             // A site node of the site its place names, as a site token's.
             scope: site_id.map(|site_id| {
@@ -394,7 +476,7 @@ impl TpmAttestor {
             // records it): the EK is this machine's hardware key.
             proven_product_uuid: None,
             ..AttestationResult::default()
-        }))
+        })))
     }
 
     /// The quote, or its absence (`fresh_certification`); returns what the
@@ -473,6 +555,38 @@ impl TpmAttestor {
         let statement = wtpm::ak_statement(&ak.name())
             .map_err(|e| Refusal::fault(Fault::Internal(format!("AK statement: {e}"))))?;
         Ok((NodeKeyKind::Tpm, Some(statement)))
+    }
+}
+
+/// Round 1's outcome: the challenge to send, and the EK it is for (not
+/// proven yet: only round 2 proves it).
+pub(crate) struct Challenge {
+    pub ek_sha256: String,
+    pub deferral: Deferral,
+}
+
+/// What a round 2 proved ([`TpmAttestor::prove`]).
+pub(crate) struct TpmProof {
+    /// The EK, lowercase hex SHA-256 of its SPKI.
+    pub ek_sha256: String,
+    pub ek_assurance: Option<EkAssurance>,
+    pub node_key: NodeKeyKind,
+    /// The AK statement, when the node key was certified.
+    pub node_key_uri: Option<String>,
+    /// The challenge's `attestation_uses` subject.
+    subject: String,
+    st: ChallengeState,
+}
+
+impl TpmProof {
+    /// The EK certificate's issuer, as round 1 verified it (empty: pinned).
+    pub fn ek_issuer(&self) -> &str {
+        &self.st.ek_issuer
+    }
+
+    /// The EK certificate's serial (empty: pinned).
+    pub fn ek_serial(&self) -> &str {
+        &self.st.ek_serial
     }
 }
 
@@ -614,25 +728,26 @@ impl Attestor for TpmAttestor {
         TPM
     }
 
-    fn prepare(&self, db: &crate::db::Database, evidence: &[u8]) -> Result<Prepared, Refusal> {
+    fn prepare(
+        &self,
+        db: &crate::db::Database,
+        evidence: &[u8],
+        _tpm: Option<&TpmAttestation>,
+    ) -> Result<Prepared, Refusal> {
         // Whatever does not decode is refused by `verify`.
-        let Ok(TpmAttestation {
-            round: Some(tpm_attestation::Round::Hello(hello)),
-        }) = TpmAttestation::decode(evidence)
-        else {
-            return Ok(Prepared::default());
-        };
-        Ok(match self.fetch_certificate(db, &hello)? {
-            Some(c) => Prepared::new(c),
-            None => Prepared::default(),
-        })
+        match TpmAttestation::decode(evidence) {
+            Ok(evidence) => self.prepare_for(db, &evidence),
+            Err(_) => Ok(Prepared::default()),
+        }
     }
 
     fn verify(&self, tx: &Transaction<'_>, input: &AttestInput<'_>) -> Result<Verdict, Refusal> {
         let evidence =
             TpmAttestation::decode(input.evidence).map_err(|_| Refusal::new(EVIDENCE_MALFORMED))?;
         match &evidence.round {
-            Some(tpm_attestation::Round::Hello(h)) => self.hello(tx, input, h),
+            Some(tpm_attestation::Round::Hello(h)) => {
+                Ok(Verdict::Defer(self.challenge(tx, input, h, TPM)?.deferral))
+            }
             Some(tpm_attestation::Round::Answer(a)) => self.answer(tx, input, a),
             None => Err(Refusal::new(EVIDENCE_MALFORMED)),
         }

@@ -138,6 +138,7 @@ impl Fixture {
                     csr_spki_der: &spki,
                     csr_spki_sha256: bc_wire::sha256(&spki),
                     claims: &claims,
+                    tpm: None,
                     now,
                     source: None,
                     prepared: &crate::attestor::Prepared::default(),
@@ -165,7 +166,7 @@ impl Fixture {
 
     fn admitted(&self, evidence: &[u8]) -> AttestationResult {
         match self.run(evidence) {
-            Ok(Verdict::Admit(r)) => r,
+            Ok(Verdict::Admit(r)) => *r,
             Ok(Verdict::Defer(d)) => panic!("deferred: {d:?}"),
             Err(r) => panic!("refused: {}", r.reason),
         }
@@ -501,6 +502,7 @@ fn round_two_state_secret_and_expiry() {
                 csr_spki_der: &spki,
                 csr_spki_sha256: bc_wire::sha256(&spki),
                 claims: &claims,
+                tpm: None,
                 now: NOW,
                 source: None,
                 prepared: &crate::attestor::Prepared::default(),
