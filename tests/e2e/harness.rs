@@ -92,6 +92,8 @@ pub struct ControlPlane {
     pub dir: tempfile::TempDir,
     pub url: String,
     child: Option<Child>,
+    /// The running `serve`'s log lines (also appended to `serve.log`).
+    lines: Option<Lines>,
 }
 
 impl ControlPlane {
@@ -101,6 +103,7 @@ impl ControlPlane {
             dir,
             url: String::new(),
             child: None,
+            lines: None,
         };
         assert_ok(&cp.cli(&["init"]));
         cp.serve()
@@ -145,6 +148,7 @@ impl ControlPlane {
             dir,
             url: String::new(),
             child: None,
+            lines: None,
         };
         assert_ok(&cp.cli(&["init"]));
         cp
@@ -190,6 +194,13 @@ impl ControlPlane {
         self.spawn_serve(wrapper, "127.0.0.1:0")
     }
 
+    /// Starts `serve` again on this directory, on `listen` (e.g. the address
+    /// it had before [`ControlPlane::stop`], for agents configured with it).
+    pub fn serve_on(mut self, listen: &str) -> Self {
+        self.stop();
+        self.spawn_serve(&[], listen)
+    }
+
     fn spawn_serve(mut self, wrapper: &[&str], listen: &str) -> Self {
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -210,21 +221,20 @@ impl ControlPlane {
             .args(["--listen", listen])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(log)
+            .stderr(Stdio::piped())
             .spawn()
             .expect("spawn bc-controlplane serve");
+        self.lines = Some(Lines::read(child.stderr.take().expect("stderr"), Some(log)));
         // The first stdout line says where it listens: wait for it, no sleeping.
-        let mut line = String::new();
-        let out = child.stdout.take().expect("stdout");
-        BufReader::new(out)
-            .read_line(&mut line)
-            .expect("read listening line");
-        let url = line
-            .trim()
-            .strip_prefix("listening on ")
+        let mut out = Lines::read(child.stdout.take().expect("stdout"), None);
+        let first = out.next_line(DEADLINE);
+        let url = first
+            .as_deref()
+            .and_then(|l| l.trim().strip_prefix("listening on "))
             .unwrap_or_else(|| {
+                let _ = child.kill();
                 panic!(
-                    "unexpected first line from serve: {line:?}; log: {}",
+                    "serve's first line is {first:?}, not \"listening on …\"; log: {}",
                     self.log()
                 )
             })
@@ -232,6 +242,16 @@ impl ControlPlane {
         self.url = url;
         self.child = Some(child);
         self
+    }
+
+    /// Waits for the `n`th line of the running `serve`'s log containing
+    /// `needle` (lines since it started), and returns it.
+    #[track_caller]
+    pub fn wait_for_log(&mut self, needle: &str, n: usize) -> String {
+        self.lines
+            .as_mut()
+            .expect("serve is running")
+            .wait_for(needle, n)
     }
 
     pub fn path(&self) -> &Path {
@@ -437,6 +457,146 @@ impl ControlPlane {
             let _ = child.kill();
             let _ = child.wait();
         }
+        // Its last lines reach serve.log before the next server's.
+        if let Some(mut lines) = self.lines.take() {
+            lines.drain();
+        }
+    }
+}
+
+/// How long a test waits for a line a process prints.
+pub const LINE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The lines a process writes to one pipe, as they come (read by a thread,
+/// copied to `tee` if given), and those seen so far: the one way a test
+/// waits for what a process says, never by sleeping.
+pub struct Lines {
+    rx: std::sync::mpsc::Receiver<String>,
+    /// Every line received so far, in order.
+    pub seen: Vec<String>,
+}
+
+impl Lines {
+    pub fn read(pipe: impl std::io::Read + Send + 'static, tee: Option<std::fs::File>) -> Lines {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::Write as _;
+            let mut tee = tee;
+            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+                if let Some(f) = tee.as_mut() {
+                    let _ = writeln!(f, "{line}");
+                }
+                if tx.send(line).is_err() && tee.is_none() {
+                    break;
+                }
+            }
+        });
+        Lines {
+            rx,
+            seen: Vec::new(),
+        }
+    }
+
+    /// The next line, if one comes within `deadline` (None at the end).
+    pub fn next_line(&mut self, deadline: std::time::Duration) -> Option<String> {
+        let line = self.rx.recv_timeout(deadline).ok()?;
+        self.seen.push(line.clone());
+        Some(line)
+    }
+
+    /// Waits (at most [`LINE_DEADLINE`]) until `n` lines contain `needle`;
+    /// returns the `n`th. Fails showing every line seen.
+    #[track_caller]
+    pub fn wait_for(&mut self, needle: &str, n: usize) -> String {
+        let deadline = std::time::Instant::now() + LINE_DEADLINE;
+        loop {
+            if let Some(l) = self.seen.iter().filter(|l| l.contains(needle)).nth(n - 1) {
+                return l.clone();
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.rx.recv_timeout(left) {
+                Ok(line) => self.seen.push(line),
+                Err(e) => panic!(
+                    "no {n}× {needle:?} within {LINE_DEADLINE:?} ({e}); the lines were:\n{}",
+                    self.seen.join("\n")
+                ),
+            }
+        }
+    }
+
+    /// How many lines so far (without waiting) contain `needle`.
+    pub fn count(&mut self, needle: &str) -> usize {
+        while let Ok(line) = self.rx.try_recv() {
+            self.seen.push(line);
+        }
+        self.seen.iter().filter(|l| l.contains(needle)).count()
+    }
+
+    /// Takes every line up to the end of the pipe (the process ended), for
+    /// at most 10 s (a child that inherited the pipe may hold it open).
+    pub fn drain(&mut self) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.rx.recv_timeout(left) {
+                Ok(line) => self.seen.push(line),
+                Err(_) => return,
+            }
+        }
+    }
+}
+
+/// A process a test keeps running and waits on the stderr lines of
+/// ([`Lines`], through `Deref`: `wait_for`, `count`, `seen`). Killed on drop.
+pub struct Logged {
+    pub child: Child,
+    lines: Lines,
+}
+
+impl Logged {
+    /// Starts `cmd` with stderr piped (stdout to /dev/null).
+    pub fn spawn(mut cmd: Command) -> Logged {
+        let mut child = cmd
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
+        let lines = Lines::read(child.stderr.take().expect("stderr"), None);
+        Logged { child, lines }
+    }
+
+    /// SIGTERM, as systemd stops a service, and its exit.
+    pub fn stop(&mut self) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let _ = self.child.wait();
+    }
+
+    /// SIGKILL, then every line it wrote before.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.lines.drain();
+    }
+}
+
+impl std::ops::Deref for Logged {
+    type Target = Lines;
+    fn deref(&self) -> &Lines {
+        &self.lines
+    }
+}
+
+impl std::ops::DerefMut for Logged {
+    fn deref_mut(&mut self) -> &mut Lines {
+        &mut self.lines
+    }
+}
+
+impl Drop for Logged {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 

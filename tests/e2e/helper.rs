@@ -4,13 +4,13 @@
 //! purpose-built helpers in this process (a lying one, a dying one) serving
 //! the same protocol with bcd's own TPM backend.
 
-use std::io::{BufRead, BufReader, Write as _};
+use std::io::Write as _;
 use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
 use std::os::unix::process::CommandExt as _;
 use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bc_helper::server::AkInfo;
 use bc_helper::{Backend, BackendError, Hash};
@@ -98,72 +98,12 @@ impl Machine {
     }
 }
 
-/// A process whose stderr lines the test waits on.
-struct Logged {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-    seen: Vec<String>,
-}
-
 impl Logged {
-    fn spawn(mut cmd: Command) -> Logged {
-        let mut child = cmd
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn");
-        let err = child.stderr.take().unwrap();
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(err).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        Logged {
-            child,
-            lines,
-            seen: vec![],
-        }
-    }
-
     /// The real `bcd helper`, as root, serving once it says so.
     fn helper(m: &Machine) -> Logged {
         let mut h = Logged::spawn(m.agent.command(&["helper"]));
         h.wait_for("bcd helper serving", 1);
         h
-    }
-
-    /// Waits (at most 30 s) until `n` lines contain `needle`.
-    #[track_caller]
-    fn wait_for(&mut self, needle: &str, n: usize) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while self.seen.iter().filter(|l| l.contains(needle)).count() < n {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(l) => self.seen.push(l),
-                Err(_) => panic!("no {n}× {needle:?} in: {:#?}", self.seen),
-            }
-        }
-    }
-
-    /// SIGTERM, as systemd stops a service, and its exit.
-    fn stop(&mut self) {
-        let pid = self.child.id().to_string();
-        let _ = Command::new("kill").arg(&pid).status();
-        let _ = self.child.wait();
-    }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Logged {
-    fn drop(&mut self) {
-        self.kill();
     }
 }
 

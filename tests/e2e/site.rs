@@ -3,10 +3,8 @@
 //! command line with `bcd ramdisk`; a standby site node takes over when
 //! the holder dies.
 
-use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+use std::io::{Read as _, Write as _};
 use std::net::TcpStream;
-use std::process::{Child, Stdio};
-use std::sync::mpsc;
 use std::time::Duration;
 
 use crate::discovery::{
@@ -21,10 +19,8 @@ const INITRD: &[u8] = b"070701 an initrd of 30 bytes..";
 
 /// A running `bcd site` of a site node, its log lines as they come.
 struct BootServer {
-    child: Child,
+    server: Logged,
     port: u16,
-    lines: mpsc::Receiver<String>,
-    seen: Vec<String>,
 }
 
 impl BootServer {
@@ -56,27 +52,9 @@ impl BootServer {
             .find_map(|l| l.strip_prefix("listen = \"127.0.0.1:"))
             .and_then(|p| p.trim_end_matches('"').parse().ok())
             .unwrap();
-        let mut child = node
-            .agent
-            .command(&["site"])
-            .stderr(Stdio::piped())
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("start bcd site");
-        let stderr = child.stderr.take().unwrap();
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
         BootServer {
-            child,
+            server: Logged::spawn(node.agent.command(&["site"])),
             port,
-            lines,
-            seen: Vec::new(),
         }
     }
 
@@ -90,28 +68,12 @@ impl BootServer {
     /// all, however chatty the server is meanwhile).
     #[track_caller]
     fn wait_for_nth(&mut self, text: &str, n: usize) -> String {
-        let deadline = std::time::Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Some(l) = self.seen.iter().filter(|l| l.contains(text)).nth(n - 1) {
-                return l.clone();
-            }
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) => self.seen.push(line),
-                Err(_) => panic!(
-                    "bcd site never logged {text:?} {n} times; it logged:\n{}",
-                    self.seen.join("\n")
-                ),
-            }
-        }
+        self.server.wait_for(text, n)
     }
 
     /// Log lines so far containing `text`.
     fn count(&mut self, text: &str) -> usize {
-        while let Ok(line) = self.lines.try_recv() {
-            self.seen.push(line);
-        }
-        self.seen.iter().filter(|l| l.contains(text)).count()
+        self.server.count(text)
     }
 
     /// A GET as iPXE sends it: (status, body).
@@ -161,13 +123,6 @@ impl BootServer {
         ));
         assert_eq!(status, 200);
         String::from_utf8(body).unwrap()
-    }
-}
-
-impl Drop for BootServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
