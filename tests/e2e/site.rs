@@ -511,7 +511,10 @@ fn unknown_macs_cost_the_control_plane_nothing() {
     let added = cp.events().len() - before;
     assert!(added <= 5, "{added} rows for 2,000 unknown MACs");
     assert_eq!(server.count("discovery assertion signed"), 0);
-    eprintln!("2,000 unknown-MAC requests: {took:?}, {added} rows");
+    eprintln!(
+        "bench: 2,000 unknown-MAC boot script requests: {} ms, {added} rows",
+        took.as_millis()
+    );
     // The registered machine still boots.
     assert!(server.script(MAC).contains("bc.assertion="));
 }
@@ -549,8 +552,10 @@ fn wait_closed(sockets: &[TcpStream], n: usize) {
 /// 200 idle sockets from one address (a neighbour holding them open) take
 /// its 8 connections of the 16 this server holds, not the server: its 192
 /// others are closed at once (logged), and another address's script is
-/// answered within the 2 s the issue allows, the longest-idle connection
-/// (of a third address) closed to make room when the server is full.
+/// answered, the longest-idle connection (of a third address) closed to
+/// make room when the server is full, and no other: the answer waited for
+/// no idle connection to time out. How fast it came (the issue allows 2 s;
+/// 18.6 s before the fix) is a `scripts/bench` figure, not a check here.
 #[test]
 fn idle_sockets_from_one_source_do_not_delay_another() {
     let cp = ControlPlane::start();
@@ -586,12 +591,16 @@ fn idle_sockets_from_one_source_do_not_delay_another() {
     let took = started.elapsed();
     assert_eq!(status, 200);
     let script = String::from_utf8(body).unwrap();
-    assert!(took < Duration::from_secs(2), "{took:?}");
     assert_eq!(assertion_of(&script).ip, "127.0.0.2");
     // The one closed to make room was the longest idle: the third's first.
     wait_closed(&third, 1);
-    assert!(closed(&third[..1]) == 1 && closed(&flood) == 192);
-    eprintln!("a script behind 200 idle sockets of another address: {took:?}");
+    // Only it: had the answer waited for the 10 s head deadline, every
+    // idle connection left would have gone.
+    assert!(closed(&third[..1]) == 1 && closed(&third) == 1 && closed(&flood) == 192);
+    eprintln!(
+        "bench: a boot script behind 200 idle sockets of another address: {} ms",
+        took.as_millis()
+    );
 }
 
 /// The ramdisk's files are opened at each answer: a rebuilt initrd (as
