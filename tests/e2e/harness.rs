@@ -1,12 +1,42 @@
-//! Starts what a test needs and stops it when the test ends: a control plane
-//! in its own directory on a free loopback port, and agents with their own
-//! config and data directory. Every command a test runs through it
-//! ([`ControlPlane::cli`], [`Agent::run`], [`output_within`]) has a
-//! deadline, so a hang fails its test with the process's output instead of
-//! stalling the suite. A refusal is checked with [`ControlPlane::refused_once`]
-//! (exactly one more of that reason, aggregated repeats counted), never by
-//! the newest event row; `tests/e2e/reasons.rs` names the test of each
-//! refusal reason.
+//! Starts what a test needs and stops it when the test ends.
+//!
+//! What it gives, one way each:
+//! - a control plane: [`ControlPlane::start`] (`init` in a temporary
+//!   directory, `serve` on a free 127.0.0.1 port; `start_with_config`,
+//!   `start_trusting_test_maker` for TPM joins, `init_only` + `serve_wrapped`,
+//!   `restart`, `serve_on`), its CLI ([`ControlPlane::cli`], `json`,
+//!   `token`, `events`, `nodes`) and its log (`log`, `wait_for_log`);
+//! - a machine: [`Agent::new`] (its own config, data directory and fake
+//!   sysfs, no TPM), [`Agent::with_tpm`] / [`Agent::tpm_joined`] with a
+//!   [`Swtpm`] (a copy of a manufactured state: [`manufactured`]);
+//!   [`Agent::run`] runs bcd, [`Agent::join_with_token`] /
+//!   [`Agent::token_join`] join with a 0600 token file, [`Agent::sysfs`]
+//!   writes its hardware (product UUID, MACs, DMI);
+//! - a process that keeps running: [`Logged`] (its stderr [`Lines`]:
+//!   `wait_for(needle, n)`), the one way to wait for what a process says;
+//! - deadlines: every command goes through [`output_within`] (`cli`, `run`,
+//!   `cmd.within()` for any other [`Command`]), every line wait through
+//!   [`Lines::wait_for`], so a hang fails its test showing the output;
+//! - refusals: [`ControlPlane::refused_once`] (exactly one more of that
+//!   reason, aggregated repeats counted), never the newest event row;
+//!   `tests/e2e/reasons.rs` names the test of each refusal reason.
+//!
+//! What it assumes: root (the helper and install tests switch users and
+//! mount namespaces), `swtpm`, `swtpm-tools` and `tpm2-tools` installed
+//! (`scripts/lib.sh` does it), the workspace's binaries built first
+//! (`cargo build --workspace --bins --features bcd/failpoints`), and free
+//! ports on 127.0.0.0/8 (each control plane and swtpm binds port 0 or
+//! probes). Tests run in parallel: nothing is shared but the manufactured
+//! TPM states, which are copied.
+//!
+//! To add a test: put it in the module of what it tests (or a new module in
+//! `main.rs`, behind `#[cfg(feature = "failpoints")]` if it moves the clock
+//! with `BCD_CLOCK_OFFSET`, fakes sysfs or uses `BCD_FAILPOINT`), start what
+//! it needs from here, move clocks (`clock set`, `BCD_CLOCK_OFFSET`) rather
+//! than wait, and check what the processes decided and logged, never how
+//! long they took (timing is proven on tokio's paused clock in unit tests;
+//! figures belong in `scripts/bench`). A new refusal reason needs its row
+//! in `tests/e2e/reasons.rs`.
 
 #![allow(dead_code)]
 
@@ -37,8 +67,12 @@ pub const DEADLINE: std::time::Duration = std::time::Duration::from_secs(120);
 /// and fails the test, showing what it printed, if it is still running
 /// after `deadline`.
 #[track_caller]
-pub fn output_within(mut cmd: Command, deadline: std::time::Duration) -> Output {
+pub fn output_within(
+    mut cmd: impl std::borrow::BorrowMut<Command>,
+    deadline: std::time::Duration,
+) -> Output {
     use std::sync::mpsc::{channel, RecvTimeoutError};
+    let cmd = cmd.borrow_mut();
     let child = cmd
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -65,6 +99,19 @@ pub fn output_within(mut cmd: Command, deadline: std::time::Duration) -> Output 
         stderr(&out)
     );
     out
+}
+
+/// `cmd.within()` in place of `cmd.output()`: the same (stdin closed,
+/// stdout and stderr captured), under [`DEADLINE`] ([`output_within`]).
+pub trait Within {
+    fn within(&mut self) -> Output;
+}
+
+impl Within for Command {
+    #[track_caller]
+    fn within(&mut self) -> Output {
+        output_within(self.stdin(Stdio::null()), DEADLINE)
+    }
 }
 
 pub fn stdout(out: &Output) -> String {
@@ -712,9 +759,10 @@ impl Agent {
             .env_remove("TCTI")
             .env("TSS2_LOG", "all+none")
             // Its own hardware (product UUID, MACs) under a fake sysfs that
-            // a test may fill (failpoints builds only; empty by default), so
-            // that no two test machines claim this host's product UUID.
-            .env("BCD_SYSFS_ROOT", self.root.path().join("sys"))
+            // a test may fill ([`Agent::sysfs`]; failpoints builds only; empty
+            // by default), so that no two test machines claim this host's
+            // product UUID.
+            .env("BCD_SYSFS_ROOT", self.sysfs_root())
             .stdin(Stdio::null());
         cmd
     }
@@ -796,12 +844,44 @@ impl Agent {
             .unwrap()
     }
 
-    /// `bcd join --token-file F` with the token in a 0600 file.
-    pub fn join_with_token(&self, token: &str) -> Output {
+    /// Writes `token` into this machine's 0600 token file; its path, for
+    /// `--token-file`.
+    pub fn token_file(&self, token: &str) -> String {
         let file = self.root.path().join("token");
         std::fs::write(&file, token).expect("write token file");
         std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
-        self.run(&["join", "--token-file", &file.to_string_lossy()])
+        file.to_string_lossy().into_owned()
+    }
+
+    /// `bcd join ARGS --token-file F` with `token` in the 0600 file: the
+    /// one token-file join, as a command to add environment to and run with
+    /// [`output_within`] (or [`Agent::join_with_token`] for a plain one).
+    pub fn token_join(&self, token: &str, args: &[&str]) -> Command {
+        let file = self.token_file(token);
+        let mut all = vec!["join"];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["--token-file", &file]);
+        self.command(&all)
+    }
+
+    /// `bcd join --token-file F` with the token in a 0600 file.
+    pub fn join_with_token(&self, token: &str) -> Output {
+        output_within(self.token_join(token, &[]), DEADLINE)
+    }
+
+    /// Writes `text` at `rel` (e.g. `class/dmi/id/product_uuid`) in this
+    /// machine's fake sysfs: the one every bcd command of it reads
+    /// (`BCD_SYSFS_ROOT`, honoured by failpoints builds only), empty until
+    /// a test writes there.
+    pub fn sysfs(&self, rel: &str, text: &str) {
+        let path = self.sysfs_root().join(rel);
+        std::fs::create_dir_all(path.parent().expect("a parent")).expect("mkdir in the fake sysfs");
+        std::fs::write(path, text).expect("write in the fake sysfs");
+    }
+
+    /// The fake sysfs's root.
+    pub fn sysfs_root(&self) -> PathBuf {
+        self.root.path().join("sys")
     }
 
     pub fn status_json(&self) -> Value {
@@ -901,8 +981,7 @@ pub fn manufactured(machine: &'static str) -> &'static Path {
         let out = Command::new(workspace().join("tpmsim-fixtures/manufacture"))
             .arg(dir.path())
             .args(["--maker", maker, "--pcr-banks", banks])
-            .output()
-            .expect("run tpmsim-fixtures/manufacture (are swtpm and swtpm-tools installed?)");
+            .within();
         assert_ok(&out);
         dir
     })
@@ -1032,8 +1111,7 @@ impl Swtpm {
             .args(args)
             .env("TPM2TOOLS_TCTI", self.tcti())
             .env("TSS2_LOG", "all+none")
-            .output()
-            .unwrap_or_else(|e| panic!("run {tool}: {e}"))
+            .within()
     }
 
     /// TPM2_Clear through the lockout hierarchy: a new owner seed (node keys

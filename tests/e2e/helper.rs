@@ -79,7 +79,7 @@ impl Machine {
     fn node(&self, args: &[&str]) -> Output {
         let mut all = vec!["node"];
         all.extend_from_slice(args);
-        self.as_user(NODE_UID, &all).output().expect("run bcd node")
+        self.as_user(NODE_UID, &all).within()
     }
 
     fn identity(&self) -> bcd::identity::Identity {
@@ -194,7 +194,7 @@ fn the_node_renews_through_the_helper_with_a_certified_next_key() {
     let create_primaries = || tpm.command_codes().iter().filter(|c| **c == 0x131).count();
     let before = create_primaries();
     for _ in 0..2 {
-        let status = m.as_user(NODE_UID, &["status", "--json"]).output().unwrap();
+        let status = m.as_user(NODE_UID, &["status", "--json"]).within();
         let json: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
         assert_eq!(json["nodeKey"], "tpm", "{json}");
     }
@@ -203,7 +203,7 @@ fn the_node_renews_through_the_helper_with_a_certified_next_key() {
         before,
         "the helper kept the node key loaded"
     );
-    let doctor = m.as_user(NODE_UID, &["doctor"]).output().unwrap();
+    let doctor = m.as_user(NODE_UID, &["doctor"]).within();
     let text = stdout(&doctor);
     assert!(
         text.contains("ok    helper: bcd helper at ")
@@ -223,7 +223,7 @@ fn the_helper_serves_root_and_its_user_and_refuses_others() {
     let m = Machine::join(&cp, &tpm);
     let mut helper = Logged::helper(&m);
     let helper_line = |uid: u32| {
-        let out = m.as_user(uid, &["doctor"]).output().unwrap();
+        let out = m.as_user(uid, &["doctor"]).within();
         stdout(&out)
             .lines()
             .find(|l| l.contains(" helper: "))
@@ -290,8 +290,7 @@ fn the_helper_serves_root_and_its_user_and_refuses_others() {
         let out = Command::new(bin("bcd"))
             .args(["doctor", "--config"])
             .arg(&in_tss)
-            .output()
-            .unwrap();
+            .within();
         let text = stdout(&out);
         assert_eq!(out.status.code(), Some(1), "{text}");
         assert!(
@@ -569,12 +568,12 @@ fn the_node_user_holding_every_connection_does_not_lock_root_out() {
         helper.seen
     );
 
-    let status = m.as_user(0, &["status", "--json"]).output().unwrap();
+    let status = m.as_user(0, &["status", "--json"]).within();
     assert_ok(&status);
     let json: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
     assert_eq!(json["nodeKey"], "tpm", "{json}");
 
-    let doctor = m.as_user(NODE_UID, &["doctor"]).output().unwrap();
+    let doctor = m.as_user(NODE_UID, &["doctor"]).within();
     let text = stdout(&doctor);
     assert!(
         text.contains("too many connections open to bcd helper"),

@@ -29,7 +29,7 @@ fn node(agent: &Agent, args: &[&str], env: &[(&str, &str)]) -> Output {
     for (k, v) in env {
         cmd.env(k, v);
     }
-    cmd.output().expect("run bcd node")
+    cmd.within()
 }
 
 fn identity(agent: &Agent, tpm: Option<&Swtpm>) -> bcd::identity::Identity {
@@ -407,8 +407,7 @@ fn join_with_x509pop_rejoins_as_itself() {
     let out = agent
         .command(&["join", "--attestor", "x509pop"])
         .env("BCD_CLOCK_OFFSET", "-2m")
-        .output()
-        .unwrap();
+        .within();
     assert_access_denied(&out);
     assert_eq!(agent.status_json()["nodeId"], node_id.as_str());
 }

@@ -12,7 +12,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::harness::{assert_ok, stdout, workspace};
+use crate::harness::{assert_ok, stdout, workspace, Within as _};
 
 const UNITS: &[&str] = &[
     "bcd-helper.service",
@@ -64,8 +64,7 @@ fn build_deb(out: &Path, version: &str) -> Option<PathBuf> {
         .arg(binary)
         .args(["--version", version, "--out"])
         .arg(out)
-        .output()
-        .expect("run scripts/package");
+        .within();
     assert_ok(&run);
     let deb = PathBuf::from(stdout(&run).trim());
     assert_eq!(deb, out.join(format!("bcd_{version}_amd64.deb")));
@@ -73,11 +72,7 @@ fn build_deb(out: &Path, version: &str) -> Option<PathBuf> {
 }
 
 fn dpkg_deb(args: &[&str], deb: &Path) -> String {
-    let out = Command::new("dpkg-deb")
-        .args(args)
-        .arg(deb)
-        .output()
-        .expect("run dpkg-deb");
+    let out = Command::new("dpkg-deb").args(args).arg(deb).within();
     assert_ok(&out);
     stdout(&out)
 }
@@ -146,18 +141,11 @@ fn package_holds_binary_units_docs_and_depends() {
             .arg("-e")
             .arg(&deb)
             .arg(&control_dir)
-            .output()
-            .expect("dpkg-deb -e"),
+            .within(),
     );
     for script in ["postinst", "prerm", "postrm"] {
         let path = control_dir.join(script);
-        assert_ok(
-            &Command::new("sh")
-                .arg("-n")
-                .arg(&path)
-                .output()
-                .expect("sh -n"),
-        );
+        assert_ok(&Command::new("sh").arg("-n").arg(&path).within());
         let text = std::fs::read_to_string(&path).expect("read script");
         assert!(
             !text.contains("rm -rf /var/lib/bcd"),
@@ -186,8 +174,7 @@ fn package_units_verify_and_are_hardened() {
             .arg("-x")
             .arg(&deb)
             .arg(&root)
-            .output()
-            .expect("dpkg-deb -x"),
+            .within(),
     );
     let units = tmp.path().join("units");
     std::fs::create_dir(&units).expect("mkdir");
@@ -202,8 +189,7 @@ fn package_units_verify_and_are_hardened() {
         let out = Command::new("systemd-analyze")
             .args(["verify", "--man=no"])
             .arg(units.join(unit))
-            .output()
-            .expect("run systemd-analyze");
+            .within();
         assert_ok(&out);
         assert!(
             crate::harness::stderr(&out).trim().is_empty(),
@@ -215,8 +201,7 @@ fn package_units_verify_and_are_hardened() {
         let out = Command::new("systemd-analyze")
             .args(["security", "--offline=true", "--no-pager"])
             .arg(units.join(unit))
-            .output()
-            .expect("run systemd-analyze security");
+            .within();
         let text = stdout(&out);
         let score: f64 = text
             .lines()
@@ -317,8 +302,7 @@ fn every_script_passes_shellcheck() {
             .args(["-x", "-s", shell])
             .args(files.iter().map(|f| ws.join(f)))
             .current_dir(&ws)
-            .output()
-            .expect("run shellcheck (scripts/lib.sh installs it)");
+            .within();
         assert_ok(&out);
     }
 }
