@@ -139,7 +139,7 @@ pub struct ControlPlane {
     pub dir: tempfile::TempDir,
     pub url: String,
     child: Option<Child>,
-    /// The running `serve`'s log lines (also appended to `serve.log`).
+    /// The running `serve`'s log lines, as `serve.log` grows.
     lines: Option<Lines>,
 }
 
@@ -254,6 +254,7 @@ impl ControlPlane {
             .append(true)
             .open(self.path().join("serve.log"))
             .expect("log file");
+        let log_start = log.metadata().map(|m| m.len()).unwrap_or(0);
         let mut command = match wrapper.split_first() {
             None => Command::new(bin("bc-controlplane")),
             Some((program, args)) => {
@@ -268,12 +269,14 @@ impl ControlPlane {
             .args(["--listen", listen])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
+            .stderr(log)
             .spawn()
             .expect("spawn bc-controlplane serve");
-        self.lines = Some(Lines::read(child.stderr.take().expect("stderr"), Some(log)));
+        // stderr goes straight to serve.log, so that `log()` has every line
+        // written so far; `wait_for_log` follows the file from here.
+        self.lines = Some(Lines::follow(self.path().join("serve.log"), log_start));
         // The first stdout line says where it listens: wait for it, no sleeping.
-        let mut out = Lines::read(child.stdout.take().expect("stdout"), None);
+        let mut out = Lines::read(child.stdout.take().expect("stdout"));
         let first = out.next_line(DEADLINE);
         let url = first
             .as_deref()
@@ -504,36 +507,31 @@ impl ControlPlane {
             let _ = child.kill();
             let _ = child.wait();
         }
-        // Its last lines reach serve.log before the next server's.
-        if let Some(mut lines) = self.lines.take() {
-            lines.drain();
-        }
+        self.lines = None;
     }
 }
 
 /// How long a test waits for a line a process prints.
 pub const LINE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// The lines a process writes to one pipe, as they come (read by a thread,
-/// copied to `tee` if given), and those seen so far: the one way a test
-/// waits for what a process says, never by sleeping.
+/// The lines a process writes to a pipe (or to a log file), as they come,
+/// read by a thread, and those seen so far: the one way a test waits for
+/// what a process says, never by sleeping.
 pub struct Lines {
     rx: std::sync::mpsc::Receiver<String>,
     /// Every line received so far, in order.
     pub seen: Vec<String>,
+    /// Ends a [`Lines::follow`] thread.
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Lines {
-    pub fn read(pipe: impl std::io::Read + Send + 'static, tee: Option<std::fs::File>) -> Lines {
+    /// The lines of `pipe` until its end.
+    pub fn read(pipe: impl std::io::Read + Send + 'static) -> Lines {
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            use std::io::Write as _;
-            let mut tee = tee;
             for line in BufReader::new(pipe).lines().map_while(Result::ok) {
-                if let Some(f) = tee.as_mut() {
-                    let _ = writeln!(f, "{line}");
-                }
-                if tx.send(line).is_err() && tee.is_none() {
+                if tx.send(line).is_err() {
                     break;
                 }
             }
@@ -541,6 +539,49 @@ impl Lines {
         Lines {
             rx,
             seen: Vec::new(),
+            stop: Default::default(),
+        }
+    }
+
+    /// The lines appended to the file at `path` after byte `from`, as a
+    /// process writes them there (its stderr opened on the file, which
+    /// keeps the file whole for readers of it): looked at every 10 ms.
+    pub fn follow(path: PathBuf, from: u64) -> Lines {
+        use std::io::{Read as _, Seek as _};
+        use std::sync::atomic::Ordering;
+        let (tx, rx) = std::sync::mpsc::channel();
+        let stop: std::sync::Arc<std::sync::atomic::AtomicBool> = Default::default();
+        let stopped = stop.clone();
+        std::thread::spawn(move || {
+            let Ok(mut file) = std::fs::File::open(&path) else {
+                return;
+            };
+            if file.seek(std::io::SeekFrom::Start(from)).is_err() {
+                return;
+            }
+            let mut partial = Vec::new();
+            let mut buf = [0u8; 8192];
+            while !stopped.load(Ordering::Relaxed) {
+                match file.read(&mut buf) {
+                    Ok(0) | Err(_) => {
+                        std::thread::sleep(std::time::Duration::from_millis(10));
+                        continue;
+                    }
+                    Ok(n) => partial.extend_from_slice(&buf[..n]),
+                }
+                while let Some(end) = partial.iter().position(|b| *b == b'\n') {
+                    let line: Vec<u8> = partial.drain(..=end).collect();
+                    let line = String::from_utf8_lossy(&line[..end]).into_owned();
+                    if tx.send(line).is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        Lines {
+            rx,
+            seen: Vec::new(),
+            stop,
         }
     }
 
@@ -593,6 +634,12 @@ impl Lines {
     }
 }
 
+impl Drop for Lines {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// A process a test keeps running and waits on the stderr lines of
 /// ([`Lines`], through `Deref`: `wait_for`, `count`, `seen`). Killed on drop.
 pub struct Logged {
@@ -608,7 +655,7 @@ impl Logged {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
-        let lines = Lines::read(child.stderr.take().expect("stderr"), None);
+        let lines = Lines::read(child.stderr.take().expect("stderr"));
         Logged { child, lines }
     }
 
