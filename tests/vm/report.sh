@@ -97,8 +97,4 @@ if step join-fresh && (umask 077 && curl -fsS -o /run/bcd/fresh-token "${seed}fr
   kv join_fresh_files "$(find /var/lib/bcd -mindepth 1 -printf '%P ' 2>&1)"
 fi
 journalctl -b -u bcd-node.service -u bcd-helper.service --no-pager 2>&1 | tail -n 40 | block journal
-# Where the guest's boot went (what scripts/vmtest prints, to see what to
-# mask in the image).
-systemd-analyze --no-pager 2>&1 | block boot_time
-systemd-analyze blame --no-pager 2>&1 | sed -n 1,15p | block blame
 kv 'done' yes
