@@ -243,6 +243,34 @@ fn hand_over(dir: &std::path::Path, node_user: Option<(u32, u32)>) -> anyhow::Re
     })
 }
 
+/// The exchange's policy. A discovery join that waits for an operator
+/// (`[discovery] approval`) waits no longer than its assertion lives, with
+/// the server's backoff, and says on the console what the operator must do.
+fn policy_for(credential: &Credential) -> Policy {
+    match credential {
+        Credential::Discovery(d) => Policy {
+            give_up_after: Some(d.lifetime()),
+            on_pending: tell_the_operator,
+            ..Policy::default()
+        },
+        _ => Policy::default(),
+    }
+}
+
+/// A ramdisk's console line while its join waits for an operator.
+fn tell_the_operator(p: &bc_wire::agent::JoinPending, limit: Option<std::time::Duration>) {
+    let id = crate::pki::printable(&p.request_id);
+    let within = limit.map_or(String::new(), |l| {
+        format!(" (this boot's assertion lasts {} s)", l.as_secs())
+    });
+    let told = out::line(format_args!(
+        "join pending: waiting for an operator to approve join request {id}{within}. On the control plane, `bc-controlplane requests list` shows its boot entry, MAC, UUID, EK (or \"no TPM\") and source address; if it is this machine, run `bc-controlplane requests approve {id}`, else `bc-controlplane requests deny {id}`. To commission without an operator, bind the boot entry to the machine's EK (boot add --ek-sha256)."
+    ));
+    if let Err(e) = told {
+        tracing::warn!(error = %e, request_id = %id, "join pending approval");
+    }
+}
+
 /// Joins and saves the identity; returns the node id.
 pub(crate) fn join(
     config: &Config,
@@ -287,10 +315,20 @@ pub(crate) fn join(
         request,
         attestor_id,
         &expected,
-        &Policy::default(),
+        &policy_for(&credential),
     ));
     let accepted = match outcome {
         Ok(a) => a,
+        Err(JoinError::RefusedAfterPending { request_id }) => {
+            return Err(anyhow!(
+                "access denied: the control plane refused the join after its join request {request_id} waited for an operator: an operator denied that request (bc-controlplane requests deny), or the join no longer holds otherwise{}",
+                if attestor_id == attestor::DISCOVERY {
+                    " (the boot assertion went stale before the approval, or the entry was joined or expired meanwhile: boot the machine again, and approve its new request)"
+                } else {
+                    ""
+                }
+            ))
+        }
         Err(JoinError::Client(ClientError::AccessDenied)) => {
             return Err(anyhow!(match attestor_id {
                 attestor::TPM => ACCESS_DENIED_TPM,

@@ -5,7 +5,10 @@
 //! before anything is sent, joins with attestor `discovery` and role
 //! `ramdisk` (the token sealed to the pinned JoinService key, the assertion
 //! as the attestation, the machine's MACs and product UUID as claims; a
-//! deferral is retried with the same CSR), prints its node id on the
+//! deferral is retried with the same CSR: under the control plane's
+//! `[discovery] approval` it waits for an operator, saying on the console
+//! which join request to approve, no longer than its assertion lasts),
+//! prints its node id on the
 //! console, and then runs `bcd node`'s loop to keep its (at most 2-hour)
 //! certificate renewed. Its identity lives in the configured data
 //! directory, which on a ramdisk is the initramfs's tmpfs: it ends with the

@@ -57,6 +57,9 @@ pub struct AttestInput<'a> {
     pub claims: &'a HardwareClaims,
     /// The database's time at the start of the transaction.
     pub now: UnixMs,
+    /// The address the request came from (`None`: not over TCP), recorded
+    /// where an operator decides on the join (a discovery join request).
+    pub source: Option<std::net::IpAddr>,
 }
 
 pub enum Verdict {

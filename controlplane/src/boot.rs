@@ -124,6 +124,16 @@ pub struct BootEntry {
 }
 
 impl BootEntry {
+    /// The EK an operator bound this entry's machine to (`boot add
+    /// --ek-sha256`, or `--node`'s bound EK): only a join proving it is
+    /// admitted, and `[discovery] approval` does not apply to it.
+    ///
+    /// Merge hook: `None` for every entry until boot entries carry an
+    /// expected EK (the TPM-evidence branch's `boot_entries.ek_sha256`).
+    pub fn expected_ek(&self) -> Option<&str> {
+        None
+    }
+
     /// `waiting`, `vouched`, `joined` or `expired`, at `now`.
     pub fn state(&self, now: UnixMs) -> &'static str {
         if self.joined_at.is_some() {
@@ -270,6 +280,18 @@ pub fn list_open(
     ))?;
     let rows = st.query_map(rusqlite::params![site_id, now, MAX_LISTED], read_row)?;
     Ok(rows.collect::<Result<Vec<_>, _>>()?)
+}
+
+/// A site's open entries, and how many of them expect an EK (admit only
+/// that machine's TPM): what lease answers tell site nodes.
+pub fn open_counts(
+    tx: &Transaction<'_>,
+    site_id: &str,
+    now: UnixMs,
+) -> Result<(usize, usize), DbError> {
+    let open = list_open(tx, site_id, now)?;
+    let bound = open.iter().filter(|e| e.expected_ek().is_some()).count();
+    Ok((open.len(), bound))
 }
 
 /// Why [`issue_token`] gave no token.

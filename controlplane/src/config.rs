@@ -33,6 +33,9 @@
 //! cert_ttl = "2h"                   # a ramdisk's certificate (1m to 2h)
 //! lease_ttl = "30s"                 # the boot lease (1s to 7d)
 //! max_age = "15m"                   # an assertion is stale this long after issued_at (1m to 1h)
+//! approval = "unknown-machines"     # a join of a boot entry with no expected EK waits for `requests approve`
+//!                                   # (default: unset, the boot LAN is trusted)
+//! approval_retry_after = "30s"      # JoinPending.retry_after_seconds while it waits (1s to 1h)
 //! allowed_kinds = ["inventory.refresh", …]  # default: DISCOVERY_ALLOWED_KINDS
 //!
 //! [cloud_iid]
@@ -94,6 +97,29 @@ pub struct DiscoveryConfig {
     /// The spec's `maxAgeMs`: an assertion is valid until the earlier of
     /// its not_after and issued_at + this.
     pub max_age_ms: i64,
+    /// The spec's `approval`: who vouches for a machine whose boot entry
+    /// names no EK.
+    pub approval: DiscoveryApproval,
+    /// `JoinPending.retry_after_seconds` while such a join waits.
+    pub approval_retry_after_seconds: u32,
+}
+
+/// `[discovery] approval`: what admits the join of a boot entry that names
+/// no expected EK (an entry that does admits only a join proving that EK).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DiscoveryApproval {
+    /// Unset (the spec's default): the boot LAN is trusted; the first
+    /// machine that brings the entry's token and assertion joins.
+    #[default]
+    TrustedLan,
+    /// `"unknown-machines"`: such a join waits as a join request until an
+    /// operator approves it (`requests approve`).
+    UnknownMachines,
+}
+
+impl DiscoveryApproval {
+    /// The values `[discovery] approval` takes.
+    pub const VALUES: &'static [&'static str] = &["unknown-machines"];
 }
 
 /// The spec's `discoveryAllowedKinds`: the commissioning command kinds, the
@@ -119,6 +145,8 @@ impl Default for DiscoveryConfig {
             cert_ttl_ms: MAX_DISCOVERY_CERT_TTL_MS,
             lease_ttl_ms: crate::sites::DEFAULT_LEASE_TTL_MS,
             max_age_ms: bc_wire::site::ASSERTION_MAX_AGE_MS,
+            approval: DiscoveryApproval::TrustedLan,
+            approval_retry_after_seconds: 30,
             allowed_kinds: DISCOVERY_ALLOWED_KINDS
                 .iter()
                 .map(|k| (*k).to_owned())
@@ -235,6 +263,8 @@ struct RawDiscovery {
     lease_ttl: Option<Spanned<String>>,
     allowed_kinds: Option<Spanned<Vec<String>>>,
     max_age: Option<Spanned<String>>,
+    approval: Option<Spanned<String>>,
+    approval_retry_after: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -347,6 +377,16 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         }
         Ok(ms)
     };
+    // A JoinPending.retry_after_seconds: whole seconds from 1s to 1h.
+    let retry_after_seconds = |v: &Spanned<String>, key: &str| {
+        let ms = duration(
+            v,
+            key,
+            |ms| ms >= 1000 && ms % 1000 == 0 && ms / 1000 <= MAX_RETRY_AFTER_SECONDS,
+            "whole seconds from 1s to 1h",
+        )?;
+        u32::try_from(ms / 1000).map_err(|_| invalid(Some(v.span()), format!("{key}: too large")))
+    };
     let count = |v: &Spanned<i64>, key: &str| {
         let n = *v.get_ref();
         if !(1..=MAX_CONNECTIONS).contains(&n) {
@@ -409,6 +449,28 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
                 |ms| (60_000..=MAX_DISCOVERY_MAX_AGE_MS).contains(&ms),
                 "from 1m to 1h",
             )?;
+        }
+        if let Some(v) = d.approval {
+            config.discovery.approval = match v.get_ref().as_str() {
+                "unknown-machines" => DiscoveryApproval::UnknownMachines,
+                other => {
+                    return Err(invalid(
+                        Some(v.span()),
+                        format!(
+                            "discovery.approval must be {} (or left out: the boot LAN is trusted), not {other:?}",
+                            DiscoveryApproval::VALUES
+                                .iter()
+                                .map(|v| format!("{v:?}"))
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
+                    ))
+                }
+            };
+        }
+        if let Some(v) = d.approval_retry_after {
+            config.discovery.approval_retry_after_seconds =
+                retry_after_seconds(&v, "discovery.approval_retry_after")?;
         }
         if let Some(v) = d.allowed_kinds {
             let ok = v.get_ref().len() <= 64
@@ -549,14 +611,8 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         )?;
     }
     if let Some(v) = tpm.enrollment_retry_after {
-        let ms = duration(
-            &v,
-            "tpm.enrollment_retry_after",
-            |ms| ms >= 1000 && ms % 1000 == 0 && ms / 1000 <= MAX_RETRY_AFTER_SECONDS,
-            "whole seconds from 1s to 1h",
-        )?;
         config.tpm.enrollment_retry_after_seconds =
-            u32::try_from(ms / 1000).map_err(|_| invalid(Some(v.span()), "too large".into()))?;
+            retry_after_seconds(&v, "tpm.enrollment_retry_after")?;
     }
     if let Some(on) = tpm.enrollment {
         config.tpm.enrollment = on;
@@ -749,6 +805,35 @@ mod tests {
             300_000
         );
         assert!(err("[discovery]\nallowed_kinds = [\"a b\"]\n").contains("allowed_kinds"));
+    }
+
+    /// `[discovery] approval`: unset is the trusted boot LAN (the spec's
+    /// default); the one value it takes turns operator approval on; any
+    /// other value is refused at start, naming the key, the line and what
+    /// it may be (a typo must not leave the LAN trusted).
+    #[test]
+    fn discovery_approval_takes_only_unknown_machines() {
+        let d = p("").unwrap().discovery;
+        assert_eq!(d.approval, DiscoveryApproval::TrustedLan);
+        assert_eq!(d.approval_retry_after_seconds, 30);
+        let d = p("[discovery]\napproval = \"unknown-machines\"\napproval_retry_after = \"2s\"\n")
+            .unwrap()
+            .discovery;
+        assert_eq!(d.approval, DiscoveryApproval::UnknownMachines);
+        assert_eq!(d.approval_retry_after_seconds, 2);
+        for bad in ["unknown", "Unknown-Machines", "none", "", "all"] {
+            let e = err(&format!("[discovery]\n\napproval = {bad:?}\n"));
+            assert!(
+                e.contains("controlplane.toml:3: discovery.approval must be \"unknown-machines\"")
+                    && e.contains(&format!("not {bad:?}")),
+                "{bad}: {e}"
+            );
+        }
+        assert!(err("[discovery]\napproval = true\n").contains("controlplane.toml:2"));
+        assert!(err("[discovery]\napproval_retry_after = \"1500ms\"\n")
+            .contains("discovery.approval_retry_after"));
+        assert!(err("[discovery]\napproval_retry_after = \"2h\"\n")
+            .contains("discovery.approval_retry_after must be whole seconds from 1s to 1h"));
     }
 
     #[test]

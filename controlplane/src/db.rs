@@ -303,6 +303,46 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     r#"
     ALTER TABLE joins ADD COLUMN ek_assurance TEXT;
     "#,
+    // 16: discovery joins waiting for an operator (`[discovery] approval =
+    // "unknown-machines"`) are join requests too, so `requests list|approve|
+    // deny` decide both. Such a request names the boot entry (workflow), the
+    // MAC and UUID the join was for, its source address, and what it proved:
+    // the EK when the ramdisk proved its TPM, else only its node key (the
+    // CSR's key), so `ek_sha256` becomes nullable (the table is rebuilt:
+    // SQLite cannot drop a NOT NULL). The tpm attestor's one open request
+    // per EK stays; a discovery request is open once per entry and evidence.
+    r#"
+    CREATE TABLE join_requests_16 (
+        id              TEXT PRIMARY KEY,
+        attestor        TEXT NOT NULL,
+        ek_sha256       TEXT,
+        ek_issuer       TEXT NOT NULL DEFAULT '',
+        ek_serial       TEXT NOT NULL DEFAULT '',
+        status          TEXT NOT NULL CHECK (status IN ('pending', 'approved', 'denied')),
+        pool_id         TEXT,
+        created_at      INTEGER NOT NULL,
+        decided_at      INTEGER,
+        used_at         INTEGER,
+        site_id         TEXT,
+        workflow_id     TEXT,
+        mac             TEXT,
+        product_uuid    TEXT,
+        source          TEXT,
+        node_key_sha256 TEXT,
+        CHECK (ek_sha256 IS NOT NULL OR (attestor = 'discovery' AND node_key_sha256 IS NOT NULL))
+    ) STRICT;
+    INSERT INTO join_requests_16 (id, attestor, ek_sha256, ek_issuer, ek_serial, status, pool_id,
+                                  created_at, decided_at, used_at, site_id)
+        SELECT id, attestor, ek_sha256, ek_issuer, ek_serial, status, pool_id,
+               created_at, decided_at, used_at, site_id FROM join_requests;
+    DROP TABLE join_requests;
+    ALTER TABLE join_requests_16 RENAME TO join_requests;
+    CREATE UNIQUE INDEX join_requests_open ON join_requests(ek_sha256)
+        WHERE used_at IS NULL AND attestor <> 'discovery';
+    CREATE UNIQUE INDEX join_requests_open_boot
+        ON join_requests(coalesce(workflow_id, ''), coalesce('ek:' || ek_sha256, 'key:' || node_key_sha256))
+        WHERE used_at IS NULL AND attestor = 'discovery';
+    "#,
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -659,6 +699,62 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(linked, "wf_1");
+    }
+
+    /// Migration 16 keeps every enrollment request as it was, and lets a
+    /// discovery request carry no EK; one open request per EK (tpm) and
+    /// per entry and evidence (discovery).
+    #[test]
+    fn migration_16_keeps_enrollment_requests_and_admits_discovery_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("old.db");
+        {
+            let conn = Connection::open(&path).unwrap();
+            for sql in &MIGRATIONS[..15] {
+                conn.execute_batch(sql).unwrap();
+            }
+            conn.pragma_update(None, "user_version", 15).unwrap();
+            conn.execute_batch(
+                "INSERT INTO join_requests (id, attestor, ek_sha256, ek_issuer, ek_serial, status,
+                                            created_at, site_id)
+                     VALUES ('req_1', 'tpm', 'ab12', 'CN=x', '01', 'pending', 5, 'site_1');",
+            )
+            .unwrap();
+        }
+        let db = Database::open(&path).unwrap();
+        let rows = crate::attestors::tpm::enroll::list_requests(&db).unwrap();
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0].ek_sha256.as_deref(), Some("ab12"));
+        assert_eq!(rows[0].site_id.as_deref(), Some("site_1"));
+        assert_eq!(rows[0].created_at, 5);
+        let insert = |id: &str, attestor: &str, ek: Option<&str>, key: Option<&str>| {
+            db.with_conn(|c| {
+                c.execute(
+                    "INSERT INTO join_requests (id, attestor, ek_sha256, status, created_at,
+                                                workflow_id, node_key_sha256)
+                     VALUES (?1, ?2, ?3, 'pending', 6, 'wf_1', ?4)",
+                    rusqlite::params![id, attestor, ek, key],
+                )
+            })
+            .unwrap()
+        };
+        assert!(
+            insert("req_2", "tpm", Some("ab12"), None).is_err(),
+            "one open per EK"
+        );
+        assert!(
+            insert("req_3", "tpm", None, None).is_err(),
+            "a tpm request has an EK"
+        );
+        assert!(
+            insert("req_4", "discovery", None, None).is_err(),
+            "or a node key"
+        );
+        insert("req_5", "discovery", None, Some("k1")).unwrap();
+        insert("req_6", "discovery", None, Some("k2")).unwrap();
+        assert!(insert("req_7", "discovery", None, Some("k1")).is_err());
+        // A discovery request proving the EK of a pending enrollment.
+        insert("req_8", "discovery", Some("ab12"), Some("k3")).unwrap();
     }
 
     #[test]

@@ -190,6 +190,8 @@ pub struct JoinService {
     cert_ttl: Duration,
     lease_ttl_ms: i64,
     boot_key: Option<crate::boot::BootKey>,
+    /// `[discovery] approval`, which lease answers tell site nodes.
+    discovery_approval: crate::config::DiscoveryApproval,
 }
 
 /// A CSR whose signature verified.
@@ -217,6 +219,7 @@ impl JoinService {
         let db = Database::open_dir(dir)?;
         let mut svc = Self::with_retention(bundle, db, config.events.retention_ms);
         svc.lease_ttl_ms = config.discovery.lease_ttl_ms;
+        svc.discovery_approval = config.discovery.approval;
         svc.boot_key = Some(crate::boot::BootKey::derive(&challenge_key));
         svc.register_attestor(Arc::new(
             crate::attestors::discovery::DiscoveryAttestor::new(config.discovery),
@@ -250,6 +253,7 @@ impl JoinService {
             cert_ttl: MAX_NODE_CERT_TTL,
             lease_ttl_ms: crate::sites::DEFAULT_LEASE_TTL_MS,
             boot_key: None,
+            discovery_approval: crate::config::DiscoveryApproval::default(),
         }
     }
 
@@ -263,6 +267,11 @@ impl JoinService {
     /// The boot lease's TTL (`[discovery] lease_ttl`).
     pub fn lease_ttl_ms(&self) -> i64 {
         self.lease_ttl_ms
+    }
+
+    /// `[discovery] approval`.
+    pub fn discovery_approval(&self) -> crate::config::DiscoveryApproval {
+        self.discovery_approval
     }
 
     /// The key boot entries' tokens are sealed under (loaded by [`Self::open`]).
@@ -434,6 +443,7 @@ impl JoinService {
                 csr_spki_sha256: csr.spki_sha256,
                 claims: &claims,
                 now,
+                source,
             };
             match attestor.verify(&tx, &input) {
                 // Dropping the transaction rolls back whatever the attestor wrote.
@@ -902,7 +912,10 @@ pub(crate) fn check_role(
 /// (join-token now; provisioned, discovery later) binds the same way. It
 /// runs inside the join transaction before anything is written, so a
 /// refusal rolls back the use the attestor consumed.
-fn check_expect(result: &AttestationResult, claims: &agent::HardwareClaims) -> Result<(), Refusal> {
+pub(crate) fn check_expect(
+    result: &AttestationResult,
+    claims: &agent::HardwareClaims,
+) -> Result<(), Refusal> {
     result.expect.check(claims).map_err(|mismatch| {
         let reason = match mismatch {
             ExpectMismatch::ProductUuid => EXPECT_PRODUCT_UUID,

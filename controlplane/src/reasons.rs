@@ -120,6 +120,8 @@ pub const PLACES: &[Place] = &[
             discovery::ASSERTION_FUTURE,
             discovery::MAC_NOT_CLAIMED,
             discovery::PRODUCT_UUID_MISMATCH,
+            discovery::approval::APPROVAL_DENIED,
+            discovery::approval::APPROVAL_BUSY,
         ],
     },
     Place {

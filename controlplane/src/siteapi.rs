@@ -24,9 +24,10 @@
 use bc_wire::site;
 use std::net::IpAddr;
 
+use bc_wire::site_v1::commissioning_policy::Unbound;
 use bc_wire::site_v1::{
-    AcquireLeaseRequest, BootEntries, BootEntryInfo, LeaseResponse, ListBootEntriesRequest,
-    ReleaseLeaseRequest, RenewLeaseRequest, SecretRequest, SecretResponse,
+    AcquireLeaseRequest, BootEntries, BootEntryInfo, CommissioningPolicy, LeaseResponse,
+    ListBootEntriesRequest, ReleaseLeaseRequest, RenewLeaseRequest, SecretRequest, SecretResponse,
 };
 use prost::Message;
 use rusqlite::Transaction;
@@ -115,7 +116,12 @@ impl JoinService {
             |tx, caller, now| {
                 let name = site::boot_lease_name(&req.site_id);
                 let out = sites::acquire(tx, &name, &caller.node_id, now, ttl)?;
-                Ok(lease_response(&name, &out, &caller.node_id))
+                Ok(lease_response(
+                    &name,
+                    &out,
+                    &caller.node_id,
+                    self.commissioning(tx, &req.site_id, now)?,
+                ))
             },
         )
     }
@@ -139,7 +145,12 @@ impl JoinService {
                 let name = site::boot_lease_name(&req.site_id);
                 match sites::renew(tx, &name, &caller.node_id, req.epoch, now, ttl)? {
                     LeaseOutcome::Lost(_) => Err(refused(LEASE_LOST, Some(&caller.node_id)).into()),
-                    out => Ok(lease_response(&name, &out, &caller.node_id)),
+                    out => Ok(lease_response(
+                        &name,
+                        &out,
+                        &caller.node_id,
+                        self.commissioning(tx, &req.site_id, now)?,
+                    )),
                 }
             },
         )
@@ -162,7 +173,12 @@ impl JoinService {
             |tx, caller, now| {
                 let name = site::boot_lease_name(&req.site_id);
                 let out = sites::release(tx, &name, &caller.node_id, req.epoch, now)?;
-                Ok(lease_response(&name, &out, &caller.node_id))
+                Ok(lease_response(
+                    &name,
+                    &out,
+                    &caller.node_id,
+                    self.commissioning(tx, &req.site_id, now)?,
+                ))
             },
         )
     }
@@ -398,7 +414,33 @@ fn printable(s: &str) -> String {
         .collect()
 }
 
-fn lease_response(name: &str, out: &LeaseOutcome, caller: &str) -> Vec<u8> {
+impl JoinService {
+    /// What admits a machine's commissioning at `site_id` now.
+    fn commissioning(
+        &self,
+        tx: &Transaction<'_>,
+        site_id: &str,
+        now: UnixMs,
+    ) -> Result<CommissioningPolicy, DbError> {
+        let (open, bound) = crate::boot::open_counts(tx, site_id, now)?;
+        let unbound = match self.discovery_approval() {
+            crate::config::DiscoveryApproval::TrustedLan => Unbound::TrustedLan,
+            crate::config::DiscoveryApproval::UnknownMachines => Unbound::OperatorApproval,
+        };
+        Ok(CommissioningPolicy {
+            unbound: unbound as i32,
+            open_entries: u32::try_from(open).unwrap_or(u32::MAX),
+            ek_bound_entries: u32::try_from(bound).unwrap_or(u32::MAX),
+        })
+    }
+}
+
+fn lease_response(
+    name: &str,
+    out: &LeaseOutcome,
+    caller: &str,
+    commissioning: CommissioningPolicy,
+) -> Vec<u8> {
     let (lease, held) = match out {
         LeaseOutcome::Held(l) => (Some(l), true),
         LeaseOutcome::HeldByOther(l) => (Some(l), false),
@@ -410,6 +452,7 @@ fn lease_response(name: &str, out: &LeaseOutcome, caller: &str) -> Vec<u8> {
         holder_node_id: lease.and_then(|l| l.holder.clone()).unwrap_or_default(),
         epoch: lease.map_or(0, |l| l.epoch),
         expires_at_unix_ms: lease.map_or(0, |l| l.expires_at),
+        commissioning: Some(commissioning),
     }
     .encode_to_vec()
 }

@@ -36,6 +36,13 @@ pub enum JoinError {
     ChallengeExpired,
     #[error("cannot answer the challenge: {0}")]
     Evidence(String),
+    #[error("the join was still waiting for an operator's approval (join request {request_id}) when its deadline passed, after {waited_s} s: approve it on the control plane (bc-controlplane requests approve {request_id}) and start the join again (a PXE ramdisk: boot the machine again, and approve its new request)")]
+    StillPending { request_id: String, waited_s: u64 },
+    /// ACCESS_DENIED after the join waited as a join request: denied, or
+    /// its evidence stopped holding meanwhile (the reason stays on the
+    /// server, as for every refusal).
+    #[error("access denied after join request {request_id} waited for an operator")]
+    RefusedAfterPending { request_id: String },
 }
 
 /// Sends one `Join`. The real one is [`Client`]; tests script their own.
@@ -80,6 +87,13 @@ pub struct Policy {
     pub default_wait: Duration,
     pub min_wait: Duration,
     pub max_wait: Duration,
+    /// How long to wait for an operator in all, when the evidence itself
+    /// expires (a ramdisk's assertion): past it the join stops with
+    /// [`JoinError::StillPending`] instead of asking with dead evidence.
+    pub give_up_after: Option<Duration>,
+    /// Called once per join request the answer names: tells the operator
+    /// what to do (the console of a ramdisk).
+    pub on_pending: fn(&JoinPending, Option<Duration>),
 }
 
 impl Default for Policy {
@@ -89,6 +103,8 @@ impl Default for Policy {
             default_wait: Duration::from_secs(30),
             min_wait: Duration::from_secs(1),
             max_wait: Duration::from_secs(300),
+            give_up_after: None,
+            on_pending: |_, _| {},
         }
     }
 }
@@ -118,13 +134,37 @@ pub async fn run<T: Transport>(
     // After a wait, the attestor starts over with its first evidence: a
     // challenge answered before the approval is stale by then.
     let first_attestation = request.attestation.clone();
+    let started = tokio::time::Instant::now();
+    let mut announced = None::<String>;
     loop {
-        let response = transport.join(&request).await?;
+        let response = match transport.join(&request).await {
+            Err(ClientError::AccessDenied) if announced.is_some() => {
+                return Err(JoinError::RefusedAfterPending {
+                    request_id: printable(announced.as_deref().unwrap_or_default()),
+                })
+            }
+            other => other?,
+        };
         match answer::open(&response, expected)? {
             Opened::Pending(p) => {
                 request.attestation = first_attestation.clone();
                 challenges = 0;
-                let wait = policy.wait_for(&p);
+                let mut wait = policy.wait_for(&p);
+                if let Some(limit) = policy.give_up_after {
+                    let waited = started.elapsed();
+                    if waited >= limit {
+                        return Err(JoinError::StillPending {
+                            request_id: printable(&p.request_id),
+                            waited_s: waited.as_secs(),
+                        });
+                    }
+                    // The last try comes at the deadline, not after it.
+                    wait = wait.min(limit - waited);
+                }
+                if announced.as_deref() != Some(p.request_id.as_str()) {
+                    (policy.on_pending)(&p, policy.give_up_after);
+                    announced = Some(p.request_id.clone());
+                }
                 tracing::info!(
                     request_id = %printable(&p.request_id),
                     wait_s = wait.as_secs(),
@@ -216,6 +256,20 @@ mod tests {
         bodies: Vec<JoinResponseBody>,
         answerer: &mut dyn Answerer,
     ) -> (Result<Accepted, JoinError>, Vec<JoinRequest>, FileKey) {
+        let policy = Policy {
+            min_wait: Duration::ZERO,
+            default_wait: Duration::ZERO,
+            ..Policy::default()
+        };
+        exchange_with(bodies, answerer, &policy)
+    }
+
+    /// [`exchange`] under `policy`, on tokio's paused clock (waits pass at once).
+    fn exchange_with(
+        bodies: Vec<JoinResponseBody>,
+        answerer: &mut dyn Answerer,
+        policy: &Policy,
+    ) -> (Result<Accepted, JoinError>, Vec<JoinRequest>, FileKey) {
         let service = service_key();
         let node = FileKey::generate().unwrap();
         let csr = b"csr".to_vec();
@@ -244,20 +298,16 @@ mod tests {
             node_spki: node.spki_der(),
             trust_domain: "bc.test",
         };
-        let policy = Policy {
-            min_wait: Duration::ZERO,
-            default_wait: Duration::ZERO,
-            ..Policy::default()
-        };
         let request = JoinRequest {
             csr: csr.clone(),
             ..Default::default()
         };
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
+            .start_paused(true)
             .build()
             .unwrap();
-        let result = rt.block_on(run(&t, answerer, request, "tpm", &expected, &policy));
+        let result = rt.block_on(run(&t, answerer, request, "tpm", &expected, policy));
         (result, t.sent.into_inner(), node)
     }
 
@@ -276,6 +326,68 @@ mod tests {
         assert_eq!(r.unwrap().node_id, "node_abc");
         assert_eq!(sent.len(), 2);
         assert_eq!(sent[0], sent[1]);
+    }
+
+    /// A join whose evidence expires (a ramdisk's assertion) waits for the
+    /// operator with the server's backoff, its last try at the deadline,
+    /// then stops naming the request; the operator is told once.
+    #[test]
+    fn a_pending_join_gives_up_at_its_deadline() {
+        static TOLD: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let pending = || {
+            deferral(
+                b"csr",
+                Deferral::Pending(JoinPending {
+                    request_id: "req_1".into(),
+                    retry_after_seconds: 30,
+                }),
+            )
+        };
+        let policy = Policy {
+            give_up_after: Some(Duration::from_secs(70)),
+            on_pending: |p, limit| {
+                assert_eq!(p.request_id, "req_1");
+                assert_eq!(limit, Some(Duration::from_secs(70)));
+                TOLD.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            },
+            ..Policy::default()
+        };
+        let script = (0..10).map(|_| pending()).collect();
+        let (r, sent, _) = exchange_with(script, &mut Echo, &policy);
+        // At 0, 30, 60 and 70 s.
+        assert_eq!(sent.len(), 4);
+        match r {
+            Err(JoinError::StillPending {
+                request_id,
+                waited_s,
+            }) => {
+                assert_eq!(request_id, "req_1");
+                assert_eq!(waited_s, 70);
+            }
+            other => panic!("{:?}", other.map(|a| a.node_id)),
+        }
+        assert_eq!(TOLD.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn a_refusal_after_a_pending_answer_names_the_request() {
+        let pending = Deferral::Pending(JoinPending {
+            request_id: "req_2".into(),
+            retry_after_seconds: 0,
+        });
+        // The script runs out after the pending answer: ACCESS_DENIED.
+        let (r, sent, _) = exchange(vec![deferral(b"csr", pending)], &mut Echo);
+        assert_eq!(sent.len(), 2);
+        match r {
+            Err(JoinError::RefusedAfterPending { request_id }) => assert_eq!(request_id, "req_2"),
+            other => panic!("{:?}", other.map(|a| a.node_id)),
+        }
+        // Refused at once: the plain ACCESS_DENIED.
+        let (r, _, _) = exchange(vec![], &mut Echo);
+        assert!(matches!(
+            r,
+            Err(JoinError::Client(ClientError::AccessDenied))
+        ));
     }
 
     #[test]

@@ -1,19 +1,49 @@
-//! A site node's `[site]`: the ramdisk files `bcd site` serves and its boot
-//! lease as `bcd site` last wrote it (`site.json`). Only with `[site]`.
+//! A site node's `[site]`: the ramdisk files `bcd site` serves, its boot
+//! lease and the site's commissioning policy as `bcd site` last wrote them
+//! (`site.json`). Only with `[site]`.
 
 use std::path::Path;
 
 use time::OffsetDateTime;
 
 use super::Check;
+use crate::site::commissioning::{self, Policy};
 use crate::site::settings::SiteSettings;
 use crate::site::state;
 
 pub const RAMDISK: &str = "ramdisk";
 pub const BOOT_LEASE: &str = "boot lease";
+pub const COMMISSIONING: &str = "commissioning";
 
 pub fn checks(settings: &SiteSettings, data_dir: &Path, now: OffsetDateTime) -> Vec<Check> {
-    vec![ramdisk(&settings.ramdisk_dir), lease(data_dir, now)]
+    vec![
+        ramdisk(&settings.ramdisk_dir),
+        lease(data_dir, now),
+        commissioning(data_dir, now),
+    ]
+}
+
+/// Who vouches for a machine that PXE-boots here: the policy the control
+/// plane named in its last lease answer, what it means, and how to harden
+/// the trusted-LAN default.
+fn commissioning(data_dir: &Path, now: OffsetDateTime) -> Check {
+    let learned = state::load(data_dir, now).and_then(|s| s.commissioning);
+    match learned {
+        Some(c) => match c.policy() {
+            Some(Policy::TrustedLan) => Check::warn(COMMISSIONING, c.line(), commissioning::HARDEN),
+            Some(_) => Check::ok(COMMISSIONING, c.line()),
+            None => Check::warn(
+                COMMISSIONING,
+                c.line(),
+                "upgrade bcd to the control plane's version",
+            ),
+        },
+        None => Check::warn(
+            COMMISSIONING,
+            "not known: no lease answer has named it (bcd site has not run, or the control plane predates it)",
+            "start bcd site: its lease answers say whether the site trusts its boot LAN, binds entries to EKs or waits for an operator's approval",
+        ),
+    }
 }
 
 fn ramdisk(dir: &Path) -> Check {

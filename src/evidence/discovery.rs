@@ -36,6 +36,25 @@ pub struct Discovery {
     pub assertion: Vec<u8>,
 }
 
+impl Discovery {
+    /// How long the assertion admits a join from when it was issued: the
+    /// earlier of its not_after and the spec's 15 minutes, never negative.
+    /// A join waiting for an operator gives up after this, because the
+    /// control plane refuses the assertion then anyway (`assertion-stale`);
+    /// measured on this machine's monotonic clock, so a ramdisk whose
+    /// wall clock is wrong still waits about that long.
+    pub fn lifetime(&self) -> std::time::Duration {
+        let ms = site::parse_signed(&self.assertion)
+            .map(|(_, a)| {
+                a.valid_until_with(site::ASSERTION_MAX_AGE_MS)
+                    .saturating_sub(a.issued_at_unix_ms)
+            })
+            .unwrap_or(0)
+            .clamp(0, site::ASSERTION_MAX_AGE_MS);
+        std::time::Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+    }
+}
+
 impl std::fmt::Debug for Discovery {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Discovery")

@@ -121,6 +121,9 @@ impl Holder {
             Some(h) => client.renew_lease(&self.site_id, h.epoch).await,
             None => client.acquire_lease(&self.site_id).await,
         };
+        if let Ok(resp) = &answer {
+            self.learn_commissioning(resp);
+        }
         match answer {
             Ok(resp) => match after_answer(&resp, clock::now()) {
                 Some((held, wait)) => {
@@ -150,6 +153,21 @@ impl Holder {
                 wait
             }
         }
+    }
+
+    /// Keeps what the control plane says admits a machine's commissioning
+    /// (authenticated: the answer came over this node's mTLS connection),
+    /// for `bcd doctor`; logs it when it changes.
+    fn learn_commissioning(&mut self, resp: &LeaseResponse) {
+        let learned = super::commissioning::Commissioning::from_wire(resp.commissioning.as_ref());
+        let policy =
+            |c: &Option<super::commissioning::Commissioning>| c.as_ref().and_then(|c| c.policy());
+        if policy(&learned) != policy(&self.state.base.commissioning) {
+            if let Some(c) = &learned {
+                tracing::info!(site_id = %self.site_id, "commissioning: {}", c.line());
+            }
+        }
+        self.state.base.commissioning = learned;
     }
 
     /// Tells the boot server first (it stops signing at once), then

@@ -7,6 +7,7 @@
 //! ramdisk, its initrd with the ramdisk's configuration appended
 //! ([`image`], [`cpio`]).
 
+pub mod commissioning;
 pub mod cpio;
 pub mod entries;
 pub mod http;
@@ -63,6 +64,7 @@ pub fn run(args: SiteArgs) -> anyhow::Result<ExitCode> {
                 expires_at: String::new(),
                 vmlinuz_bytes: image.kernel_bytes,
                 initrd_bytes: image.initrd_bytes,
+                commissioning: None,
             },
         };
         let (holder, view) =

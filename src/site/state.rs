@@ -1,6 +1,6 @@
 //! `site.json` in the data directory: what `bcd site` last knew of its
-//! lease and the ramdisk it serves, for `bcd status` (a separate process)
-//! to show. Written at every lease answer; read as "held" only while its
+//! lease, the ramdisk it serves and the site's commissioning policy, for
+//! `bcd status` and `bcd doctor` (separate processes) to show. Written at every lease answer; read as "held" only while its
 //! expiry is ahead.
 
 use std::path::{Path, PathBuf};
@@ -25,6 +25,10 @@ pub struct SiteState {
     pub expires_at: String,
     pub vmlinuz_bytes: u64,
     pub initrd_bytes: u64,
+    /// What admits a machine's commissioning, as the last lease answer
+    /// said (absent: no answer yet, or a control plane from before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commissioning: Option<super::commissioning::Commissioning>,
 }
 
 /// Where `bcd site` writes it, and what stays the same between writes.

@@ -140,12 +140,19 @@ impl Machine {
     }
 
     pub fn boot(&self, cmdline: &str) -> std::process::Output {
+        self.boot_command(cmdline).within()
+    }
+
+    /// `bcd ramdisk --once` booted with `cmdline`, not started yet (for a
+    /// join that waits, run beside the test).
+    pub fn boot_command(&self, cmdline: &str) -> std::process::Command {
         let file = self.agent.root.path().join("cmdline");
         std::fs::write(&file, format!("console=ttyS0 {cmdline} ip=dhcp\n")).unwrap();
-        self.agent
-            .command(&["ramdisk", "--once", "--cmdline", &file.to_string_lossy()])
-            .env("BCD_SYSFS_ROOT", &self.sysfs)
-            .within()
+        let mut cmd =
+            self.agent
+                .command(&["ramdisk", "--once", "--cmdline", &file.to_string_lossy()]);
+        cmd.env("BCD_SYSFS_ROOT", &self.sysfs);
+        cmd
     }
 }
 

@@ -962,6 +962,20 @@ impl Agent {
     }
 }
 
+/// Polls `f` until it yields, for at most 30 s: the thing waited on is a
+/// row another process writes (a join request a waiting join filed).
+#[track_caller]
+pub fn wait_for<T>(mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(std::time::Instant::now() < deadline, "timed out");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 #[track_caller]
 pub fn assert_access_denied(out: &Output) {
     assert!(

@@ -49,6 +49,10 @@ mod reset;
 // Reuses discovery's helpers (and its fake sysfs).
 #[cfg(feature = "failpoints")]
 mod site;
+// bcd site and bcd ramdisk under `[discovery] approval` (site's and
+// discovery's helpers).
+#[cfg(feature = "failpoints")]
+mod approval;
 mod tpm;
 mod tpmcount;
 mod usage;

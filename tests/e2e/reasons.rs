@@ -218,6 +218,16 @@ const TESTED: &[(&str, &str, &str)] = &[
         "discovery::every_discovery_refusal_names_its_reason",
     ),
     (
+        "discovery",
+        "approval-denied",
+        "approval::a_neighbours_join_waits_for_the_operator_who_denies_it_and_approves_the_machine",
+    ),
+    (
+        "discovery",
+        "approval-busy",
+        "approval::an_entry_has_at_most_eight_pending_requests",
+    ),
+    (
         "tpm",
         "tpm-role",
         "site::a_tpm_joined_site_node_serves_and_vouches",

@@ -18,18 +18,18 @@ const KERNEL: &[u8] = b"not a kernel, but served as one";
 const INITRD: &[u8] = b"070701 an initrd of 30 bytes..";
 
 /// A running `bcd site` of a site node, its log lines as they come.
-struct BootServer {
+pub(crate) struct BootServer {
     server: Logged,
     port: u16,
 }
 
 impl BootServer {
-    fn start(node: &SiteNode) -> BootServer {
+    pub(crate) fn start(node: &SiteNode) -> BootServer {
         BootServer::start_with(node, "")
     }
 
     /// With `extra` lines in its `[site]` (written on the first start).
-    fn start_with(node: &SiteNode, extra: &str) -> BootServer {
+    pub(crate) fn start_with(node: &SiteNode, extra: &str) -> BootServer {
         let dir = node.agent.root.path().join("ramdisk");
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("vmlinuz"), KERNEL).unwrap();
@@ -60,7 +60,7 @@ impl BootServer {
 
     /// Waits for a log line containing `text` (bounded: a minute).
     #[track_caller]
-    fn wait_for(&mut self, text: &str) -> String {
+    pub(crate) fn wait_for(&mut self, text: &str) -> String {
         self.wait_for_nth(text, 1)
     }
 
@@ -77,7 +77,7 @@ impl BootServer {
     }
 
     /// A GET as iPXE sends it: (status, body).
-    fn get(&self, target: &str) -> (u16, Vec<u8>) {
+    pub(crate) fn get(&self, target: &str) -> (u16, Vec<u8>) {
         self.get_from("127.0.0.1", target)
     }
 
@@ -101,7 +101,7 @@ impl BootServer {
     }
 
     /// [`BootServer::get`] from `source`.
-    fn get_from(&self, source: &str, target: &str) -> (u16, Vec<u8>) {
+    pub(crate) fn get_from(&self, source: &str, target: &str) -> (u16, Vec<u8>) {
         let mut s = self.connect_from(source);
         write!(
             s,
@@ -116,7 +116,7 @@ impl BootServer {
         (status, answer[end + 4..].to_vec())
     }
 
-    fn script(&self, mac: &str) -> String {
+    pub(crate) fn script(&self, mac: &str) -> String {
         let (status, body) = self.get(&format!(
             "/boot.ipxe?mac={}&uuid={UUID}",
             mac.replace(':', "%3A")
@@ -127,7 +127,7 @@ impl BootServer {
 }
 
 /// `bc.token=… bc.assertion=…` from a boot script's kernel line.
-fn boot_cmdline(script: &str) -> String {
+pub(crate) fn boot_cmdline(script: &str) -> String {
     let kernel = script
         .lines()
         .find(|l| l.starts_with("kernel "))

@@ -110,19 +110,6 @@ fn a_tpm_join_through_enrollment() {
     .unwrap();
 }
 
-/// Polls `f` until it yields, for at most 30 s: the thing waited on is a
-/// row another process writes.
-fn wait_for<T>(mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(std::time::Instant::now() < deadline, "timed out");
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-}
-
 #[test]
 fn a_tpm_join_through_resolve_then_reclaims_after_reset() {
     let cp = ControlPlane::start_trusting_test_maker();

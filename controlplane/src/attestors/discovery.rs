@@ -23,7 +23,11 @@
 //!    database's time (`assertion-future`);
 //! 5. the machine: its claimed MACs include the asserted MAC
 //!    (`mac-not-claimed`), its product UUID is the asserted one when there is
-//!    one (`product-uuid-mismatch`).
+//!    one (`product-uuid-mismatch`);
+//! 6. under `[discovery] approval = "unknown-machines"`, for an entry that
+//!    expects no EK: an operator's approval of this join ([`approval`]:
+//!    pending, `approval-denied`, `approval-busy`), which spends nothing
+//!    until it admits.
 //!
 //! Then the assertion is recorded in `attestation_uses` until it would be
 //! stale anyway, the token's use is spent, and the machine joins as a new
@@ -47,9 +51,11 @@ use crate::attestor::{
 };
 use crate::attestors::join_token::{live_token, TOKEN_EXHAUSTED, TOKEN_ROLE};
 use crate::boot::DISCOVERY_ROLE;
-use crate::config::DiscoveryConfig;
+use crate::config::{DiscoveryApproval, DiscoveryConfig};
 use crate::db::{DbError, UnixMs};
 use crate::{hardware, records, sites, tokens, uses};
+
+pub mod approval;
 
 pub const DISCOVERY: &str = "discovery";
 
@@ -181,6 +187,42 @@ impl Attestor for DiscoveryAttestor {
             }
         }
 
+        // Who vouches for the machine beyond the spec's checks: under
+        // `[discovery] approval = "unknown-machines"`, an operator, for an
+        // entry that expects no EK.
+        let entry = crate::boot::entry_of_token(tx, &token.id)?;
+        // Merge hook: the EK this join proved with its TPM evidence (the
+        // TPM-evidence branch); `None`: the ramdisk proved no TPM.
+        let proven_ek: Option<approval::ProvenEk> = None;
+        if self.config.approval == DiscoveryApproval::UnknownMachines
+            && entry.as_ref().and_then(|e| e.expected_ek()).is_none()
+        {
+            // JoinService checks the token's expect only when it admits: a
+            // join it would refuse files no request.
+            crate::join::check_expect(
+                &AttestationResult {
+                    expect: row.expect.clone(),
+                    token_id: Some(token.id.clone()),
+                    ..AttestationResult::default()
+                },
+                input.claims,
+            )?;
+            let waiting = approval::Pending {
+                input,
+                entry: entry.as_ref(),
+                mac: &asserted_mac,
+                ek: proven_ek.as_ref(),
+                retry_after_seconds: self.config.approval_retry_after_seconds,
+            };
+            match approval::gate(tx, &waiting).map_err(|r| {
+                r.with_token(Some(&token.id))
+                    .with_node(Some(&assertion.node_id))
+            })? {
+                approval::Gate::Wait(deferral) => return Ok(Verdict::Defer(deferral)),
+                approval::Gate::Admit => {}
+            }
+        }
+
         // One join per assertion; the token is spent.
         if !uses::spend(tx, DISCOVERY, &subject, valid_until, input.now)? {
             return Err(refuse(ASSERTION_REUSED));
@@ -188,7 +230,7 @@ impl Attestor for DiscoveryAttestor {
         tokens::consume_use(tx, &token.id)?;
         // An earlier ramdisk of this machine blocks nothing (rolled back
         // with the transaction if JoinService refuses this join after all).
-        if let Some(entry) = crate::boot::entry_of_token(tx, &token.id)? {
+        if let Some(entry) = entry {
             let hk = hardware::of_result(&AttestationResult {
                 expect: row.expect.clone(),
                 ..AttestationResult::default()

@@ -133,6 +133,7 @@ mod tests {
                 csr_spki_sha256: [0; 32],
                 claims: &claims,
                 now,
+                source: None,
             };
             crate::join::check_role(JOIN_TOKEN, role, None)?;
             let out = JoinTokenAttestor.verify(&tx, &input);

@@ -135,6 +135,7 @@ mod tests {
                 csr_spki_sha256: [0; 32],
                 claims: &claims,
                 now: db::compute_now(&tx).unwrap(),
+                source: None,
             };
             let out = match ProvisionedAttestor.verify(&tx, &input) {
                 Ok(Verdict::Admit(r)) => {

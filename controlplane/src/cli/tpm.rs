@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
+use bc_controlplane::attestors::discovery;
 use bc_controlplane::attestors::tpm::{ek, enroll};
 use bc_controlplane::{db, pools};
 use clap::Subcommand;
@@ -77,7 +78,8 @@ pub enum ResolveCmd {
 pub enum RequestsCmd {
     /// List join requests.
     List(ListArgs),
-    /// Approve a pending request: the TPM's next join admits it once.
+    /// Approve a pending request: the TPM's next join admits it once (a
+    /// discovery request: that ramdisk's waiting join, once).
     Approve {
         #[command(flatten)]
         dir: Dir,
@@ -91,7 +93,8 @@ pub enum RequestsCmd {
         #[arg(long, value_name = "SITE")]
         site: Option<String>,
     },
-    /// Deny a pending request: that TPM's joins are refused.
+    /// Deny a pending request: that TPM's joins are refused (a discovery
+    /// request: that join; its boot entry stays open).
     Deny {
         #[command(flatten)]
         dir: Dir,
@@ -390,6 +393,14 @@ pub fn run_requests(cmd: RequestsCmd) -> Result<()> {
         } => {
             let db = open_db(&dir.dir)?;
             let row = enroll::approve(&db, &id, pool.as_deref(), site.as_deref())?;
+            if row.attestor == discovery::DISCOVERY {
+                return print_line(&format!(
+                    "approved {}: the waiting ramdisk of boot entry {} (mac {}) joins at its next try",
+                    row.id,
+                    row.workflow_id.as_deref().unwrap_or("-"),
+                    row.mac.as_deref().unwrap_or("-")
+                ));
+            }
             print_line(&format!(
                 "approved {} (pool {}{})",
                 row.id,
@@ -403,10 +414,20 @@ pub fn run_requests(cmd: RequestsCmd) -> Result<()> {
         RequestsCmd::Deny { dir, id } => {
             let db = open_db(&dir.dir)?;
             let row = enroll::deny(&db, &id)?;
-            print_line(&format!("denied {}", row.id))
+            match row.workflow_id.as_deref() {
+                Some(wf) => print_line(&format!(
+                    "denied {}: its join is refused; boot entry {wf} stays open for the real machine",
+                    row.id
+                )),
+                None => print_line(&format!("denied {}", row.id)),
+            }
         }
     }
 }
+
+/// A request's EK as `requests list` prints it: the hash, or "no TPM" for
+/// a discovery join whose ramdisk proved none.
+const NO_TPM: &str = "no TPM";
 
 fn requests_list(dir: &Path, as_json: bool) -> Result<()> {
     let db = open_db(dir)?;
@@ -415,7 +436,7 @@ fn requests_list(dir: &Path, as_json: bool) -> Result<()> {
         &rows,
         as_json,
         |r| {
-            json!({
+            let mut v = json!({
                 "id": r.id,
                 "attestor": r.attestor,
                 "ekSha256": r.ek_sha256,
@@ -427,15 +448,38 @@ fn requests_list(dir: &Path, as_json: bool) -> Result<()> {
                 "ekIssuer": r.ek_issuer,
                 "ekSerial": r.ek_serial,
                 "used": r.used_at.is_some(),
-            })
+            });
+            if r.attestor == discovery::DISCOVERY {
+                v["workflowId"] = json!(r.workflow_id);
+                v["mac"] = json!(r.mac);
+                v["productUuid"] = json!(r.product_uuid);
+                v["ek"] = json!(r.ek_sha256.as_deref().unwrap_or(NO_TPM));
+                v["source"] = json!(r.source);
+                v["nodeKeySha256"] = json!(r.node_key_sha256);
+            }
+            v
         },
         |r| {
-            Ok(format!(
-                "{} {}{} ek={} pool={}{} created={} issuer={:?}",
+            let state = format!(
+                "{} {}{}",
                 r.id,
                 r.status,
-                if r.used_at.is_some() { " (used)" } else { "" },
-                r.ek_sha256,
+                if r.used_at.is_some() { " (used)" } else { "" }
+            );
+            let ek = r.ek_sha256.as_deref().unwrap_or(NO_TPM);
+            if r.attestor == discovery::DISCOVERY {
+                return Ok(format!(
+                    "{state} discovery entry={} mac={} uuid={} ek={ek} source={}{} created={}",
+                    r.workflow_id.as_deref().unwrap_or("-"),
+                    r.mac.as_deref().unwrap_or("-"),
+                    r.product_uuid.as_deref().unwrap_or("-"),
+                    r.source.as_deref().unwrap_or("-"),
+                    site_part(r.site_id.as_deref()),
+                    db::rfc3339(r.created_at),
+                ));
+            }
+            Ok(format!(
+                "{state} ek={ek} pool={}{} created={} issuer={:?}",
                 pool_name(r.pool_id.as_deref()),
                 site_part(r.site_id.as_deref()),
                 db::rfc3339(r.created_at),

@@ -306,7 +306,7 @@ pub(super) fn write(root: &Path) {
         root,
         "cp_config",
         "full",
-        b"[tpm]\nnode_key = \"any\"\nchallenge_ttl = \"5m\"\nenrollment_retry_after = \"30s\"\n\n[tpm.pcr_policy]\n\"0\" = \"aa00000000000000000000000000000000000000000000000000000000000000\"\n\n[x509pop]\ngrace = \"7d\"\nwindow = \"5m\"\n",
+        b"[tpm]\nnode_key = \"any\"\nchallenge_ttl = \"5m\"\nenrollment_retry_after = \"30s\"\n\n[tpm.pcr_policy]\n\"0\" = \"aa00000000000000000000000000000000000000000000000000000000000000\"\n\n[x509pop]\ngrace = \"7d\"\nwindow = \"5m\"\n\n[discovery]\napproval = \"unknown-machines\"\napproval_retry_after = \"30s\"\n",
     );
     put(
         root,

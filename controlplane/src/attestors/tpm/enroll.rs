@@ -185,13 +185,17 @@ fn read_resolve(r: &rusqlite::Row<'_>) -> rusqlite::Result<ResolveEntry> {
     })
 }
 
-/// A join request: a TPM that proved its EK but that nothing admits yet,
-/// waiting for an operator.
+/// A join request: a machine that proved what it could but that nothing
+/// admits yet, waiting for an operator. The tpm attestor files one for a
+/// TPM whose EK is neither bound nor resolved (enrollment); the discovery
+/// attestor one for a boot entry's join under `[discovery] approval =
+/// "unknown-machines"` ([`crate::attestors::discovery::approval`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct JoinRequestRow {
     pub id: String,
     pub attestor: String,
-    pub ek_sha256: String,
+    /// The EK the machine proved; `None`: a discovery join without a TPM.
+    pub ek_sha256: Option<String>,
     pub ek_issuer: String,
     pub ek_serial: String,
     /// `pending`, `approved` or `denied`.
@@ -203,13 +207,24 @@ pub struct JoinRequestRow {
     pub decided_at: Option<UnixMs>,
     /// When an approved request admitted its machine (it admits once).
     pub used_at: Option<UnixMs>,
+    /// A discovery request's boot entry, and the MAC and product UUID the
+    /// entry (its token) was bound to.
+    pub workflow_id: Option<String>,
+    pub mac: Option<String>,
+    pub product_uuid: Option<String>,
+    /// The address the join came from, as the control plane saw it.
+    pub source: Option<String>,
+    /// A discovery request's node key (SHA-256 of the CSR's SPKI, hex):
+    /// without an EK, the only evidence that tells two machines apart.
+    pub node_key_sha256: Option<String>,
 }
 
-const REQUEST_SELECT: &str =
+pub(crate) const REQUEST_SELECT: &str =
     "SELECT id, attestor, ek_sha256, ek_issuer, ek_serial, status, pool_id,
-     created_at, decided_at, used_at, site_id FROM join_requests";
+     created_at, decided_at, used_at, site_id, workflow_id, mac, product_uuid, source,
+     node_key_sha256 FROM join_requests";
 
-fn read_request(r: &rusqlite::Row<'_>) -> rusqlite::Result<JoinRequestRow> {
+pub(crate) fn read_request(r: &rusqlite::Row<'_>) -> rusqlite::Result<JoinRequestRow> {
     Ok(JoinRequestRow {
         id: r.get(0)?,
         attestor: r.get(1)?,
@@ -222,14 +237,21 @@ fn read_request(r: &rusqlite::Row<'_>) -> rusqlite::Result<JoinRequestRow> {
         decided_at: r.get(8)?,
         used_at: r.get(9)?,
         site_id: r.get(10)?,
+        workflow_id: r.get(11)?,
+        mac: r.get(12)?,
+        product_uuid: r.get(13)?,
+        source: r.get(14)?,
+        node_key_sha256: r.get(15)?,
     })
 }
 
-/// The open (not yet used) request of an EK, if any.
+/// The open (not yet used) enrollment request of an EK, if any.
 pub fn open_request(conn: &Connection, ek_sha256: &str) -> Result<Option<JoinRequestRow>, DbError> {
     Ok(conn
         .query_row(
-            &format!("{REQUEST_SELECT} WHERE ek_sha256 = ?1 AND used_at IS NULL"),
+            &format!(
+                "{REQUEST_SELECT} WHERE ek_sha256 = ?1 AND used_at IS NULL AND attestor <> 'discovery'"
+            ),
             [ek_sha256],
             read_request,
         )
@@ -255,7 +277,7 @@ pub fn insert_pending(
     Ok(JoinRequestRow {
         id,
         attestor: attestor.to_owned(),
-        ek_sha256: ek_sha256.to_owned(),
+        ek_sha256: Some(ek_sha256.to_owned()),
         ek_issuer: ek_issuer.to_owned(),
         ek_serial: ek_serial.to_owned(),
         status: STATUS_PENDING.to_owned(),
@@ -264,6 +286,11 @@ pub fn insert_pending(
         created_at: now,
         decided_at: None,
         used_at: None,
+        workflow_id: None,
+        mac: None,
+        product_uuid: None,
+        source: None,
+        node_key_sha256: None,
     })
 }
 
@@ -288,7 +315,9 @@ pub fn approve(
 }
 
 /// Denies a pending request: that EK's joins are refused
-/// (`enrollment-denied`) until a resolve entry admits it.
+/// (`enrollment-denied`) until a resolve entry admits it; a discovery
+/// request's join is refused (`approval-denied`) and its boot entry stays
+/// open for the real machine.
 pub fn deny(db: &Database, id: &str) -> Result<JoinRequestRow, EnrollError> {
     decide(db, id, STATUS_DENIED, None, None)
 }
@@ -314,12 +343,32 @@ fn decide(
             return Err(EnrollError::Conflict(format!(
                 "join request {id} is already {}; only a pending request can be decided{}",
                 row.status,
-                if row.status == STATUS_DENIED {
+                if row.status == STATUS_DENIED && row.attestor == crate::attestors::discovery::DISCOVERY {
+                    " (PXE-boot the machine again: its new join files a new request)"
+                } else if row.status == STATUS_DENIED {
                     " (to admit that TPM now, add a resolve entry for its ekSha256)"
                 } else {
                     ""
                 }
             )));
+        }
+        if row.attestor == crate::attestors::discovery::DISCOVERY
+            && (pool.is_some() || site.is_some())
+        {
+            return Err(EnrollError::InvalidInput(format!(
+                "join request {id} is a discovery join: its machine joins as a ramdisk of its boot entry's site (--pool and --site are for tpm enrollment)"
+            )));
+        }
+        let now = db::compute_now(tx)?;
+        if status == STATUS_APPROVED {
+            if let Some(wf) = row.workflow_id.as_deref() {
+                let state = crate::boot::get(tx, wf)?.map_or("gone", |e| e.state(now));
+                if matches!(state, "joined" | "expired" | "gone") {
+                    return Err(EnrollError::Conflict(format!(
+                        "join request {id} is for boot entry {wf}, which is {state}: no join waits on it any more"
+                    )));
+                }
+            }
         }
         if let Some(pool) = pool {
             pools::require(tx, pool)?;
@@ -328,7 +377,6 @@ fn decide(
         if let Some(site) = site_id(tx, site)? {
             row.site_id = Some(site);
         }
-        let now = db::compute_now(tx)?;
         tx.execute(
             "UPDATE join_requests SET status = ?2, decided_at = ?3, pool_id = ?4, site_id = ?5
              WHERE id = ?1",

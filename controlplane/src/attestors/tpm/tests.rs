@@ -139,6 +139,7 @@ impl Fixture {
                     csr_spki_sha256: bc_wire::sha256(&spki),
                     claims: &claims,
                     now,
+                    source: None,
                 };
                 // JoinService's role check around the attestor, as a join
                 // has it (its refusal rolls back what the attestor wrote).
@@ -288,7 +289,7 @@ fn enrollment_pending_approved_once() {
     assert_eq!(again, request_id);
     let reqs = enroll::list_requests(&f.db).unwrap();
     assert_eq!(reqs.len(), 1);
-    assert_eq!(reqs[0].ek_sha256, ek_sha256());
+    assert_eq!(reqs[0].ek_sha256.as_deref(), Some(ek_sha256().as_str()));
     assert_eq!(reqs[0].status, "pending");
     assert!(reqs[0].ek_issuer.contains("BCD Test EK Issuing CA 01"));
 
@@ -500,6 +501,7 @@ fn round_two_state_secret_and_expiry() {
                 csr_spki_sha256: bc_wire::sha256(&spki),
                 claims: &claims,
                 now: NOW,
+                source: None,
             };
             reason(other.verify(&tx, &input))
         })
