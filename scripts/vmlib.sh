@@ -4,7 +4,7 @@
 # QEMU comes from bookworm-backports: the image's qemu-utils is 10.x from
 # there, and bookworm's QEMU 7.2 would remove it. The backports source is
 # derived from the mirror already configured, never written into the repo.
-BCD_VM_PACKAGES=(qemu-system-x86 ipxe-qemu busybox-static mmdebstrap e2fsprogs openssl python3)
+BCD_VM_PACKAGES=(qemu-system-x86 qemu-utils ipxe-qemu busybox-static mmdebstrap e2fsprogs openssl python3)
 
 ensure_vm_packages() {
   local missing=() p
@@ -34,4 +34,37 @@ ensure_vm_packages() {
   [[ $policy == *bookworm-backports* ]] && release=(-t bookworm-backports)
   DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends \
     "${release[@]}" "${missing[@]}" >/dev/null
+}
+
+# wait_line REGEX SECONDS FILE...: waits until a line of one of the files
+# (read as they grow; they may not exist yet) matches REGEX (bash =~), for
+# at most SECONDS, and prints it. Returns 1 at the deadline. A wait on what
+# a process writes, with a deadline, instead of a polling loop.
+wait_line() {
+  local re=$1 secs=$2 line fd pid left rc=1
+  shift 2
+  local deadline=$(($(date +%s) + secs))
+  exec {fd}< <(exec tail -n +1 -q -F "$@" 2>/dev/null)
+  pid=$!
+  while left=$((deadline - $(date +%s))); ((left > 0)); do
+    IFS= read -r -t "$left" -u "$fd" line || break
+    if [[ $line =~ $re ]]; then
+      printf '%s\n' "$line"
+      rc=0
+      break
+    fi
+  done
+  kill "$pid" 2>/dev/null || true
+  exec {fd}<&-
+  return "$rc"
+}
+
+# wait_gone PID SECONDS: waits until process PID (not necessarily our child)
+# is gone, for at most SECONDS. Returns 1 if it is still there.
+wait_gone() {
+  local deadline=$(($(date +%s) + $2))
+  while kill -0 "$1" 2>/dev/null; do
+    (($(date +%s) < deadline)) || return 1
+    sleep 0.05
+  done
 }

@@ -173,8 +173,9 @@ struct Node<'a> {
     backoff: Backoff,
     /// The renewal time last logged, so that a wait is logged once.
     announced: Option<OffsetDateTime>,
-    /// No attempt before this (the backoff after a failure, as logged).
-    retry_at: Option<OffsetDateTime>,
+    /// No attempt before this (the backoff after a failure, as logged), on
+    /// the monotonic clock: a wait is a duration, whatever the wall clock does.
+    retry_at: Option<tokio::time::Instant>,
     /// The staged next key of a failed attempt: a retry for the same
     /// identity sends it again rather than making and syncing another.
     next_key: Option<NextKey>,
@@ -196,7 +197,11 @@ impl Node<'_> {
         }
         loop {
             let now = clock::now();
-            let until = match decide(&self.identity.cert, now, force) {
+            let retry_left = self
+                .retry_at
+                .map(|at| at.saturating_duration_since(tokio::time::Instant::now()))
+                .filter(|left| !left.is_zero());
+            let nap = match decide(&self.identity.cert, now, force) {
                 Step::Wait { until } => {
                     if once {
                         tracing::info!(
@@ -214,12 +219,12 @@ impl Node<'_> {
                         );
                         self.announced = Some(until);
                     }
-                    until
+                    std_duration(until - now)
                 }
                 // A failed attempt's wait, as logged, is kept whatever wakes
                 // the loop meanwhile.
-                Step::Renew | Step::Rejoin if self.retry_at.is_some_and(|at| now < at) => {
-                    self.retry_at.unwrap_or(now)
+                Step::Renew | Step::Rejoin if retry_left.is_some() => {
+                    retry_left.unwrap_or_default()
                 }
                 step @ (Step::Renew | Step::Rejoin) => {
                     let result = if step == Step::Renew {
@@ -255,9 +260,7 @@ impl Node<'_> {
                     return Err(anyhow!(message));
                 }
             };
-            let nap = std_duration(until - clock::now())
-                .min(MAX_NAP)
-                .max(Duration::from_millis(50));
+            let nap = nap.min(MAX_NAP).max(Duration::from_millis(50));
             if stop.nap(nap).await {
                 tracing::info!("stopping on a signal");
                 return Ok(ExitCode::SUCCESS);
@@ -273,7 +276,7 @@ impl Node<'_> {
         let now = clock::now();
         let (attempt, backoff) = self.backoff.fail();
         let wait = retry_wait(backoff, &self.identity.cert, now);
-        self.retry_at = Some(now + wait);
+        self.retry_at = Some(tokio::time::Instant::now() + wait);
         (attempt, wait)
     }
 
@@ -439,6 +442,7 @@ impl Stop {
 mod tests {
     use super::*;
     use crate::keys::{FileKey, NodeKey};
+    use std::sync::Arc;
 
     fn cert(hours: i64) -> NodeCert {
         let key = FileKey::generate().unwrap();
@@ -527,5 +531,107 @@ mod tests {
             retry_wait(Duration::from_secs(30), &c, now),
             Duration::from_secs(10) + Duration::from_millis(100)
         );
+    }
+
+    /// Log lines with the (paused) tokio time they were written at.
+    #[derive(Clone, Default)]
+    struct Stamped(Arc<std::sync::Mutex<Vec<(tokio::time::Instant, String)>>>);
+
+    impl std::io::Write for Stamped {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            let line = String::from_utf8_lossy(buf).into_owned();
+            self.0
+                .lock()
+                .unwrap()
+                .push((tokio::time::Instant::now(), line));
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// `retryIn=2s` in a log line.
+    fn retry_in(line: &str) -> Duration {
+        let v = line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("retryIn="))
+            .unwrap_or_else(|| panic!("no retryIn in {line}"));
+        Duration::from_secs(v.strip_suffix('s').unwrap().parse().unwrap())
+    }
+
+    /// The loop itself, on tokio's paused clock: a renewal that keeps
+    /// failing (its next key cannot be staged: the data directory is under
+    /// a file, so nothing reaches the network) is tried again exactly when
+    /// the `retryIn` its failure logged says, doubling from `backoff_min`
+    /// (1 s: attempts at 0, 1, 3 and 7 s). The e2e tests
+    /// (`node::a_refused_rejoin_waits_what_it_logs_and_reuses_its_next_key`,
+    /// `node::renewal_backs_off_…`) see what is logged against a real
+    /// control plane; this is where the waits are measured.
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_attempt_waits_exactly_the_retry_it_logs() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("a-file");
+        std::fs::write(&file, "").unwrap();
+        let data_dir = file.join("data");
+        let text = crate::config::tests::sample("https://127.0.0.1:1", data_dir.to_str().unwrap());
+        let mut config = Config::parse(std::path::Path::new("c.toml"), &text).unwrap();
+        config.node.backoff_min = Duration::from_secs(1);
+        config.node.backoff_max = Duration::from_secs(600);
+        let key = FileKey::generate().unwrap();
+        let chain =
+            crate::pki::tests::issue(key.spki_der(), &["spiffe://bc.test/node/node_abc"], 24);
+        let cert = crate::pki::check_chain(&chain).unwrap();
+        let identity = Identity {
+            node_id: "node_abc".to_owned(),
+            role: bc_wire::agent::Role::Node,
+            trust_domain: "bc.test".to_owned(),
+            attestor: "join-token".to_owned(),
+            joined_at: cert.not_before,
+            chain,
+            cert,
+            key: Arc::new(key),
+        };
+        let tpm = TpmAccess::none();
+        let node = Node {
+            backoff: Backoff::new(config.node.backoff_min, config.node.backoff_max),
+            config: &config,
+            tpm: &tpm,
+            identity,
+            announced: None,
+            retry_at: None,
+            next_key: None,
+        };
+        let lines = Stamped::default();
+        let writer = lines.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .without_time()
+            .finish();
+        let _guard = tracing::subscriber::set_default(subscriber);
+
+        let start = tokio::time::Instant::now();
+        let ran = tokio::time::timeout(Duration::from_millis(7500), node.run(false, true)).await;
+        assert!(ran.is_err(), "the loop keeps retrying");
+        let lines = lines.0.lock().unwrap().clone();
+        let failures: Vec<(Duration, Duration)> = lines
+            .iter()
+            .filter(|(_, l)| l.contains("renewal failed"))
+            .map(|(at, l)| (*at - start, retry_in(l)))
+            .collect();
+        let all: Vec<&String> = lines.iter().map(|(_, l)| l).collect();
+        let secs = |v: &[u64]| {
+            v.iter()
+                .map(|s| Duration::from_secs(*s))
+                .collect::<Vec<_>>()
+        };
+        let at: Vec<Duration> = failures.iter().map(|f| f.0).collect();
+        let logged: Vec<Duration> = failures.iter().map(|f| f.1).collect();
+        assert_eq!(at, secs(&[0, 1, 3, 7]), "{all:#?}");
+        assert_eq!(logged, secs(&[1, 2, 4, 8]), "{all:#?}");
+        for pair in failures.windows(2) {
+            assert_eq!(pair[1].0 - pair[0].0, pair[0].1, "waited what it logged");
+        }
     }
 }

@@ -307,31 +307,19 @@ pub async fn serve_with(
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut conns = JoinSet::new();
     let mut shutdown = std::pin::pin!(shutdown);
-    let mut backoff = ACCEPT_BACKOFF_FIRST;
+    let mut backoff = AcceptBackoff::default();
     let mut refused = RefusedLog::default();
     loop {
         // Reap finished connections so the set does not grow without bound.
         while conns.try_join_next().is_some() {}
-        let (tcp, peer) = tokio::select! {
-            biased;
-            () = &mut shutdown => break,
-            accepted = listener.accept() => match accepted {
-                Ok(a) => {
-                    backoff = ACCEPT_BACKOFF_FIRST;
-                    a
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64,
-                        held = tracker.held(), "accept failed");
-                    tokio::select! {
-                        biased;
-                        () = &mut shutdown => break,
-                        () = tokio::time::sleep(backoff) => {}
-                    }
-                    backoff = (backoff * 2).min(ACCEPT_BACKOFF_MAX);
-                    continue;
-                }
-            },
+        let accepted = accept_next(
+            || listener.accept(),
+            &mut backoff,
+            shutdown.as_mut(),
+            || tracker.held(),
+        );
+        let Some((tcp, peer)) = accepted.await else {
+            break;
         };
         let slot = match tracker.admit(peer.ip()) {
             Ok(s) => s,
@@ -361,6 +349,69 @@ pub async fn serve_with(
         conns.shutdown().await;
     }
     Ok(())
+}
+
+/// The pause after a failed `accept` (out of descriptors, ...): the first,
+/// doubling to the last while `accept` keeps failing, the first again after
+/// a connection is accepted.
+#[derive(Debug)]
+struct AcceptBackoff(Duration);
+
+impl Default for AcceptBackoff {
+    fn default() -> Self {
+        AcceptBackoff(ACCEPT_BACKOFF_FIRST)
+    }
+}
+
+impl AcceptBackoff {
+    /// The pause to take now (logged, then slept); the next one doubles.
+    fn failed(&mut self) -> Duration {
+        let pause = self.0;
+        self.0 = (pause * 2).min(ACCEPT_BACKOFF_MAX);
+        pause
+    }
+
+    fn accepted(&mut self) {
+        self.0 = ACCEPT_BACKOFF_FIRST;
+    }
+}
+
+/// The next connection from `accept`. Each failure is logged once with the
+/// pause that follows (`retry_in_ms`), and exactly that pause is taken
+/// before `accept` is called again, so a failing `accept` costs a log line
+/// per pause rather than a busy loop. None once `shutdown` completes, which
+/// also ends a pause.
+async fn accept_next<T, F>(
+    mut accept: impl FnMut() -> F,
+    backoff: &mut AcceptBackoff,
+    mut shutdown: std::pin::Pin<&mut impl Future<Output = ()>>,
+    held: impl Fn() -> usize,
+) -> Option<T>
+where
+    F: Future<Output = io::Result<T>>,
+{
+    loop {
+        tokio::select! {
+            biased;
+            () = shutdown.as_mut() => return None,
+            accepted = accept() => match accepted {
+                Ok(a) => {
+                    backoff.accepted();
+                    return Some(a);
+                }
+                Err(e) => {
+                    let pause = backoff.failed();
+                    tracing::warn!(error = %e, retry_in_ms = pause.as_millis() as u64,
+                        held = held(), "accept failed");
+                    tokio::select! {
+                        biased;
+                        () = shutdown.as_mut() => return None,
+                        () = tokio::time::sleep(pause) => {}
+                    }
+                }
+            },
+        }
+    }
 }
 
 /// Counts connections refused by the limits; logs them at most every
@@ -879,5 +930,52 @@ mod tests {
 
         stop.send(()).unwrap();
         server.await.unwrap().unwrap();
+    }
+
+    /// When `accept` fails in a loop (out of descriptors), what decides
+    /// how often it is called again, on tokio's paused clock: the pauses
+    /// double from 10 ms to 1 s, so 9 failures (9 log lines) in 3 s, where
+    /// the old fixed 100 ms pause made 30. The e2e test
+    /// (`load::failing_accepts_back_off`) sees the logged pauses.
+    #[tokio::test(start_paused = true)]
+    async fn a_failing_accept_pauses_doubling_to_a_second() {
+        let start = Instant::now();
+        let calls = std::cell::RefCell::new(Vec::new());
+        let accept = || {
+            calls.borrow_mut().push(start.elapsed().as_millis());
+            async { Err::<(), _>(io::Error::from_raw_os_error(24)) }
+        };
+        let mut backoff = AcceptBackoff::default();
+        let shutdown = std::pin::pin!(tokio::time::sleep(Duration::from_secs(3)));
+        let got = accept_next(accept, &mut backoff, shutdown, || 0).await;
+        assert_eq!(got, None, "shutdown ends the pause");
+        assert_eq!(start.elapsed(), Duration::from_secs(3));
+        let calls = calls.into_inner();
+        assert_eq!(
+            calls,
+            [0, 10, 30, 70, 150, 310, 630, 1270, 2270],
+            "{calls:?}"
+        );
+    }
+
+    /// A connection accepted starts the pauses over.
+    #[tokio::test(start_paused = true)]
+    async fn an_accepted_connection_resets_the_pause() {
+        let start = Instant::now();
+        let results = std::cell::RefCell::new(vec![Err(()), Err(()), Ok(7), Err(()), Ok(8)]);
+        let calls = std::cell::RefCell::new(Vec::new());
+        let mut accept = || {
+            calls.borrow_mut().push(start.elapsed().as_millis());
+            let next = results.borrow_mut().remove(0);
+            async move { next.map_err(|()| io::Error::from_raw_os_error(24)) }
+        };
+        let mut backoff = AcceptBackoff::default();
+        let mut shutdown = std::pin::pin!(std::future::pending::<()>());
+        let first = accept_next(&mut accept, &mut backoff, shutdown.as_mut(), || 0).await;
+        assert_eq!(first, Some(7));
+        let second = accept_next(&mut accept, &mut backoff, shutdown.as_mut(), || 0).await;
+        assert_eq!(second, Some(8));
+        // 0 and 10 ms failed, 30 ms accepted; the next failure pauses 10 ms again.
+        assert_eq!(calls.into_inner(), [0, 10, 30, 30, 40]);
     }
 }

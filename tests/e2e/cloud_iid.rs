@@ -242,13 +242,11 @@ fn gcp_vm(cp: &ControlPlane, metadata_url: &str) -> Agent {
 /// A VM with this DMI (sys_vendor, product_name, bios_vendor).
 pub(crate) fn vm(cp: &ControlPlane, metadata_url: &str, dmi_values: [&str; 3]) -> Agent {
     let agent = Agent::new(cp);
-    let dmi = agent.root.path().join("sys/class/dmi/id");
-    std::fs::create_dir_all(&dmi).expect("dmi dir");
     for (f, v) in ["sys_vendor", "product_name", "bios_vendor"]
         .into_iter()
         .zip(dmi_values)
     {
-        std::fs::write(dmi.join(f), format!("{v}\n")).expect("dmi file");
+        agent.sysfs(&format!("class/dmi/id/{f}"), &format!("{v}\n"));
     }
     let mut config = std::fs::read_to_string(&agent.config).expect("config");
     config.push_str(&format!("\n[cloud]\nmetadata_url = \"{metadata_url}\"\n"));
@@ -257,11 +255,7 @@ pub(crate) fn vm(cp: &ControlPlane, metadata_url: &str, dmi_values: [&str; 3]) -
 }
 
 pub(crate) fn join(agent: &Agent) -> std::process::Output {
-    agent
-        .command(&["join", "--attestor", "cloud-iid"])
-        .env("BCD_SYSFS_ROOT", agent.root.path().join("sys"))
-        .output()
-        .expect("run bcd")
+    agent.run(&["join", "--attestor", "cloud-iid"])
 }
 
 #[track_caller]
@@ -290,8 +284,7 @@ fn gcp_control_plane_with(extra: &str) -> ControlPlane {
 fn join_as_site(agent: &Agent) -> std::process::Output {
     agent
         .command(&["join", "--attestor", "cloud-iid", "--role", "site"])
-        .output()
-        .expect("run bcd")
+        .within()
 }
 
 /// A Join as `ramdisk` with this VM's identity token, through bcd's own
@@ -516,8 +509,7 @@ fn cloud_iid_refusals_and_errors_outside_the_happy_cloud() {
     let out = bare
         .command(&["join", "--attestor", "cloud-iid"])
         .env("BCD_SYSFS_ROOT", bare.root.path())
-        .output()
-        .expect("run bcd");
+        .within();
     assert!(!out.status.success());
     assert!(
         stderr(&out).contains("not a recognized cloud VM"),

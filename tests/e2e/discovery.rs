@@ -44,15 +44,10 @@ impl SiteNode {
     pub fn join(cp: &ControlPlane, site_id: &str) -> SiteNode {
         let agent = Agent::new(cp);
         let token = cp.token("site", &["--site", site_id]);
-        let file = agent.root.path().join("site-token");
-        std::fs::write(&file, token).unwrap();
-        assert_ok(&agent.run(&[
-            "join",
-            "--role",
-            "site",
-            "--token-file",
-            &file.to_string_lossy(),
-        ]));
+        assert_ok(&output_within(
+            agent.token_join(&token, &["--role", "site"]),
+            DEADLINE,
+        ));
         SiteNode {
             agent,
             site_id: site_id.to_owned(),
@@ -137,23 +132,15 @@ pub struct Machine {
 impl Machine {
     pub fn new(cp: &ControlPlane, mac: &str, uuid: &str) -> Machine {
         let agent = Agent::new(cp);
-        let sysfs = agent.root.path().join("sys");
-        for (rel, text) in [
-            ("class/net/eth0/address", format!("{mac}\n")),
-            ("class/net/lo/address", "00:00:00:00:00:00\n".to_owned()),
-            ("class/dmi/id/product_uuid", format!("{uuid}\n")),
-        ] {
-            let p = sysfs.join(rel);
-            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-            std::fs::write(p, text).unwrap();
-        }
+        agent.sysfs("class/net/eth0/address", &format!("{mac}\n"));
+        agent.sysfs("class/net/lo/address", "00:00:00:00:00:00\n");
+        agent.sysfs("class/dmi/id/product_uuid", &format!("{uuid}\n"));
+        let sysfs = agent.sysfs_root();
         Machine { agent, sysfs }
     }
 
     pub fn boot(&self, cmdline: &str) -> std::process::Output {
-        self.boot_command(cmdline)
-            .output()
-            .expect("run bcd ramdisk")
+        self.boot_command(cmdline).within()
     }
 
     /// `bcd ramdisk --once` booted with `cmdline`, not started yet (for a

@@ -437,8 +437,7 @@ fn a_skewed_clock() {
         let out = agent
             .command(&["doctor"])
             .env("BCD_CLOCK_OFFSET", offset)
-            .output()
-            .unwrap();
+            .within();
         let d = Doctor {
             lines: stdout(&out).lines().map(str::to_owned).collect(),
             out,

@@ -1,12 +1,42 @@
-//! Starts what a test needs and stops it when the test ends: a control plane
-//! in its own directory on a free loopback port, and agents with their own
-//! config and data directory. Every command a test runs through it
-//! ([`ControlPlane::cli`], [`Agent::run`], [`output_within`]) has a
-//! deadline, so a hang fails its test with the process's output instead of
-//! stalling the suite. A refusal is checked with [`ControlPlane::refused_once`]
-//! (exactly one more of that reason, aggregated repeats counted), never by
-//! the newest event row; `tests/e2e/reasons.rs` names the test of each
-//! refusal reason.
+//! Starts what a test needs and stops it when the test ends.
+//!
+//! What it gives, one way each:
+//! - a control plane: [`ControlPlane::start`] (`init` in a temporary
+//!   directory, `serve` on a free 127.0.0.1 port; `start_with_config`,
+//!   `start_trusting_test_maker` for TPM joins, `init_only` + `serve_wrapped`,
+//!   `restart`, `serve_on`), its CLI ([`ControlPlane::cli`], `json`,
+//!   `token`, `events`, `nodes`) and its log (`log`, `wait_for_log`);
+//! - a machine: [`Agent::new`] (its own config, data directory and fake
+//!   sysfs, no TPM), [`Agent::with_tpm`] / [`Agent::tpm_joined`] with a
+//!   [`Swtpm`] (a copy of a manufactured state: [`manufactured`]);
+//!   [`Agent::run`] runs bcd, [`Agent::join_with_token`] /
+//!   [`Agent::token_join`] join with a 0600 token file, [`Agent::sysfs`]
+//!   writes its hardware (product UUID, MACs, DMI);
+//! - a process that keeps running: [`Logged`] (its stderr [`Lines`]:
+//!   `wait_for(needle, n)`), the one way to wait for what a process says;
+//! - deadlines: every command goes through [`output_within`] (`cli`, `run`,
+//!   `cmd.within()` for any other [`Command`]), every line wait through
+//!   [`Lines::wait_for`], so a hang fails its test showing the output;
+//! - refusals: [`ControlPlane::refused_once`] (exactly one more of that
+//!   reason, aggregated repeats counted), never the newest event row;
+//!   `tests/e2e/reasons.rs` names the test of each refusal reason.
+//!
+//! What it assumes: root (the helper and install tests switch users and
+//! mount namespaces), `swtpm`, `swtpm-tools` and `tpm2-tools` installed
+//! (`scripts/lib.sh` does it), the workspace's binaries built first
+//! (`cargo build --workspace --bins --features bcd/failpoints`), and free
+//! ports on 127.0.0.0/8 (each control plane and swtpm binds port 0 or
+//! probes). Tests run in parallel: nothing is shared but the manufactured
+//! TPM states, which are copied.
+//!
+//! To add a test: put it in the module of what it tests (or a new module in
+//! `main.rs`, behind `#[cfg(feature = "failpoints")]` if it moves the clock
+//! with `BCD_CLOCK_OFFSET`, fakes sysfs or uses `BCD_FAILPOINT`), start what
+//! it needs from here, move clocks (`clock set`, `BCD_CLOCK_OFFSET`) rather
+//! than wait, and check what the processes decided and logged, never how
+//! long they took (timing is proven on tokio's paused clock in unit tests;
+//! figures belong in `scripts/bench`). A new refusal reason needs its row
+//! in `tests/e2e/reasons.rs`.
 
 #![allow(dead_code)]
 
@@ -37,8 +67,12 @@ pub const DEADLINE: std::time::Duration = std::time::Duration::from_secs(120);
 /// and fails the test, showing what it printed, if it is still running
 /// after `deadline`.
 #[track_caller]
-pub fn output_within(mut cmd: Command, deadline: std::time::Duration) -> Output {
+pub fn output_within(
+    mut cmd: impl std::borrow::BorrowMut<Command>,
+    deadline: std::time::Duration,
+) -> Output {
     use std::sync::mpsc::{channel, RecvTimeoutError};
+    let cmd = cmd.borrow_mut();
     let child = cmd
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -67,6 +101,19 @@ pub fn output_within(mut cmd: Command, deadline: std::time::Duration) -> Output 
     out
 }
 
+/// `cmd.within()` in place of `cmd.output()`: the same (stdin closed,
+/// stdout and stderr captured), under [`DEADLINE`] ([`output_within`]).
+pub trait Within {
+    fn within(&mut self) -> Output;
+}
+
+impl Within for Command {
+    #[track_caller]
+    fn within(&mut self) -> Output {
+        output_within(self.stdin(Stdio::null()), DEADLINE)
+    }
+}
+
 pub fn stdout(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
@@ -92,6 +139,8 @@ pub struct ControlPlane {
     pub dir: tempfile::TempDir,
     pub url: String,
     child: Option<Child>,
+    /// The running `serve`'s log lines, as `serve.log` grows.
+    lines: Option<Lines>,
 }
 
 impl ControlPlane {
@@ -101,6 +150,7 @@ impl ControlPlane {
             dir,
             url: String::new(),
             child: None,
+            lines: None,
         };
         assert_ok(&cp.cli(&["init"]));
         cp.serve()
@@ -145,6 +195,7 @@ impl ControlPlane {
             dir,
             url: String::new(),
             child: None,
+            lines: None,
         };
         assert_ok(&cp.cli(&["init"]));
         cp
@@ -190,12 +241,20 @@ impl ControlPlane {
         self.spawn_serve(wrapper, "127.0.0.1:0")
     }
 
+    /// Starts `serve` again on this directory, on `listen` (e.g. the address
+    /// it had before [`ControlPlane::stop`], for agents configured with it).
+    pub fn serve_on(mut self, listen: &str) -> Self {
+        self.stop();
+        self.spawn_serve(&[], listen)
+    }
+
     fn spawn_serve(mut self, wrapper: &[&str], listen: &str) -> Self {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(self.path().join("serve.log"))
             .expect("log file");
+        let log_start = log.metadata().map(|m| m.len()).unwrap_or(0);
         let mut command = match wrapper.split_first() {
             None => Command::new(bin("bc-controlplane")),
             Some((program, args)) => {
@@ -213,18 +272,19 @@ impl ControlPlane {
             .stderr(log)
             .spawn()
             .expect("spawn bc-controlplane serve");
+        // stderr goes straight to serve.log, so that `log()` has every line
+        // written so far; `wait_for_log` follows the file from here.
+        self.lines = Some(Lines::follow(self.path().join("serve.log"), log_start));
         // The first stdout line says where it listens: wait for it, no sleeping.
-        let mut line = String::new();
-        let out = child.stdout.take().expect("stdout");
-        BufReader::new(out)
-            .read_line(&mut line)
-            .expect("read listening line");
-        let url = line
-            .trim()
-            .strip_prefix("listening on ")
+        let mut out = Lines::read(child.stdout.take().expect("stdout"));
+        let first = out.next_line(DEADLINE);
+        let url = first
+            .as_deref()
+            .and_then(|l| l.trim().strip_prefix("listening on "))
             .unwrap_or_else(|| {
+                let _ = child.kill();
                 panic!(
-                    "unexpected first line from serve: {line:?}; log: {}",
+                    "serve's first line is {first:?}, not \"listening on …\"; log: {}",
                     self.log()
                 )
             })
@@ -232,6 +292,16 @@ impl ControlPlane {
         self.url = url;
         self.child = Some(child);
         self
+    }
+
+    /// Waits for the `n`th line of the running `serve`'s log containing
+    /// `needle` (lines since it started), and returns it.
+    #[track_caller]
+    pub fn wait_for_log(&mut self, needle: &str, n: usize) -> String {
+        self.lines
+            .as_mut()
+            .expect("serve is running")
+            .wait_for(needle, n)
     }
 
     pub fn path(&self) -> &Path {
@@ -437,6 +507,190 @@ impl ControlPlane {
             let _ = child.kill();
             let _ = child.wait();
         }
+        self.lines = None;
+    }
+}
+
+/// How long a test waits for a line a process prints.
+pub const LINE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The lines a process writes to a pipe (or to a log file), as they come,
+/// read by a thread, and those seen so far: the one way a test waits for
+/// what a process says, never by sleeping.
+pub struct Lines {
+    rx: std::sync::mpsc::Receiver<String>,
+    /// Every line received so far, in order.
+    pub seen: Vec<String>,
+    /// Ends a [`Lines::follow`] thread.
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Lines {
+    /// The lines of `pipe` until its end.
+    pub fn read(pipe: impl std::io::Read + Send + 'static) -> Lines {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Lines {
+            rx,
+            seen: Vec::new(),
+            stop: Default::default(),
+        }
+    }
+
+    /// The lines appended to the file at `path` after byte `from`, as a
+    /// process writes them there (its stderr opened on the file, which
+    /// keeps the file whole for readers of it): looked at every 10 ms.
+    pub fn follow(path: PathBuf, from: u64) -> Lines {
+        use std::io::{Read as _, Seek as _};
+        use std::sync::atomic::Ordering;
+        let (tx, rx) = std::sync::mpsc::channel();
+        let stop: std::sync::Arc<std::sync::atomic::AtomicBool> = Default::default();
+        let stopped = stop.clone();
+        std::thread::spawn(move || {
+            let Ok(mut file) = std::fs::File::open(&path) else {
+                return;
+            };
+            if file.seek(std::io::SeekFrom::Start(from)).is_err() {
+                return;
+            }
+            let mut partial = Vec::new();
+            let mut buf = [0u8; 8192];
+            while !stopped.load(Ordering::Relaxed) {
+                match file.read(&mut buf) {
+                    Ok(0) | Err(_) => {
+                        std::thread::sleep(std::time::Duration::from_millis(10));
+                        continue;
+                    }
+                    Ok(n) => partial.extend_from_slice(&buf[..n]),
+                }
+                while let Some(end) = partial.iter().position(|b| *b == b'\n') {
+                    let line: Vec<u8> = partial.drain(..=end).collect();
+                    let line = String::from_utf8_lossy(&line[..end]).into_owned();
+                    if tx.send(line).is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        Lines {
+            rx,
+            seen: Vec::new(),
+            stop,
+        }
+    }
+
+    /// The next line, if one comes within `deadline` (None at the end).
+    pub fn next_line(&mut self, deadline: std::time::Duration) -> Option<String> {
+        let line = self.rx.recv_timeout(deadline).ok()?;
+        self.seen.push(line.clone());
+        Some(line)
+    }
+
+    /// Waits (at most [`LINE_DEADLINE`]) until `n` lines contain `needle`;
+    /// returns the `n`th. Fails showing every line seen.
+    #[track_caller]
+    pub fn wait_for(&mut self, needle: &str, n: usize) -> String {
+        let deadline = std::time::Instant::now() + LINE_DEADLINE;
+        loop {
+            if let Some(l) = self.seen.iter().filter(|l| l.contains(needle)).nth(n - 1) {
+                return l.clone();
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.rx.recv_timeout(left) {
+                Ok(line) => self.seen.push(line),
+                Err(e) => panic!(
+                    "no {n}× {needle:?} within {LINE_DEADLINE:?} ({e}); the lines were:\n{}",
+                    self.seen.join("\n")
+                ),
+            }
+        }
+    }
+
+    /// How many lines so far (without waiting) contain `needle`.
+    pub fn count(&mut self, needle: &str) -> usize {
+        while let Ok(line) = self.rx.try_recv() {
+            self.seen.push(line);
+        }
+        self.seen.iter().filter(|l| l.contains(needle)).count()
+    }
+
+    /// Takes every line up to the end of the pipe (the process ended), for
+    /// at most 10 s (a child that inherited the pipe may hold it open).
+    pub fn drain(&mut self) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.rx.recv_timeout(left) {
+                Ok(line) => self.seen.push(line),
+                Err(_) => return,
+            }
+        }
+    }
+}
+
+impl Drop for Lines {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// A process a test keeps running and waits on the stderr lines of
+/// ([`Lines`], through `Deref`: `wait_for`, `count`, `seen`). Killed on drop.
+pub struct Logged {
+    pub child: Child,
+    lines: Lines,
+}
+
+impl Logged {
+    /// Starts `cmd` with stderr piped (stdout to /dev/null).
+    pub fn spawn(mut cmd: Command) -> Logged {
+        let mut child = cmd
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
+        let lines = Lines::read(child.stderr.take().expect("stderr"));
+        Logged { child, lines }
+    }
+
+    /// SIGTERM, as systemd stops a service, and its exit.
+    pub fn stop(&mut self) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let _ = self.child.wait();
+    }
+
+    /// SIGKILL, then every line it wrote before.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.lines.drain();
+    }
+}
+
+impl std::ops::Deref for Logged {
+    type Target = Lines;
+    fn deref(&self) -> &Lines {
+        &self.lines
+    }
+}
+
+impl std::ops::DerefMut for Logged {
+    fn deref_mut(&mut self) -> &mut Lines {
+        &mut self.lines
+    }
+}
+
+impl Drop for Logged {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
@@ -552,9 +806,10 @@ impl Agent {
             .env_remove("TCTI")
             .env("TSS2_LOG", "all+none")
             // Its own hardware (product UUID, MACs) under a fake sysfs that
-            // a test may fill (failpoints builds only; empty by default), so
-            // that no two test machines claim this host's product UUID.
-            .env("BCD_SYSFS_ROOT", self.root.path().join("sys"))
+            // a test may fill ([`Agent::sysfs`]; failpoints builds only; empty
+            // by default), so that no two test machines claim this host's
+            // product UUID.
+            .env("BCD_SYSFS_ROOT", self.sysfs_root())
             .stdin(Stdio::null());
         cmd
     }
@@ -636,12 +891,44 @@ impl Agent {
             .unwrap()
     }
 
-    /// `bcd join --token-file F` with the token in a 0600 file.
-    pub fn join_with_token(&self, token: &str) -> Output {
+    /// Writes `token` into this machine's 0600 token file; its path, for
+    /// `--token-file`.
+    pub fn token_file(&self, token: &str) -> String {
         let file = self.root.path().join("token");
         std::fs::write(&file, token).expect("write token file");
         std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
-        self.run(&["join", "--token-file", &file.to_string_lossy()])
+        file.to_string_lossy().into_owned()
+    }
+
+    /// `bcd join ARGS --token-file F` with `token` in the 0600 file: the
+    /// one token-file join, as a command to add environment to and run with
+    /// [`output_within`] (or [`Agent::join_with_token`] for a plain one).
+    pub fn token_join(&self, token: &str, args: &[&str]) -> Command {
+        let file = self.token_file(token);
+        let mut all = vec!["join"];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["--token-file", &file]);
+        self.command(&all)
+    }
+
+    /// `bcd join --token-file F` with the token in a 0600 file.
+    pub fn join_with_token(&self, token: &str) -> Output {
+        output_within(self.token_join(token, &[]), DEADLINE)
+    }
+
+    /// Writes `text` at `rel` (e.g. `class/dmi/id/product_uuid`) in this
+    /// machine's fake sysfs: the one every bcd command of it reads
+    /// (`BCD_SYSFS_ROOT`, honoured by failpoints builds only), empty until
+    /// a test writes there.
+    pub fn sysfs(&self, rel: &str, text: &str) {
+        let path = self.sysfs_root().join(rel);
+        std::fs::create_dir_all(path.parent().expect("a parent")).expect("mkdir in the fake sysfs");
+        std::fs::write(path, text).expect("write in the fake sysfs");
+    }
+
+    /// The fake sysfs's root.
+    pub fn sysfs_root(&self) -> PathBuf {
+        self.root.path().join("sys")
     }
 
     pub fn status_json(&self) -> Value {
@@ -755,8 +1042,7 @@ pub fn manufactured(machine: &'static str) -> &'static Path {
         let out = Command::new(workspace().join("tpmsim-fixtures/manufacture"))
             .arg(dir.path())
             .args(["--maker", maker, "--pcr-banks", banks])
-            .output()
-            .expect("run tpmsim-fixtures/manufacture (are swtpm and swtpm-tools installed?)");
+            .within();
         assert_ok(&out);
         dir
     })
@@ -886,8 +1172,7 @@ impl Swtpm {
             .args(args)
             .env("TPM2TOOLS_TCTI", self.tcti())
             .env("TSS2_LOG", "all+none")
-            .output()
-            .unwrap_or_else(|e| panic!("run {tool}: {e}"))
+            .within()
     }
 
     /// TPM2_Clear through the lockout hierarchy: a new owner seed (node keys

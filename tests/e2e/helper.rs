@@ -4,13 +4,13 @@
 //! purpose-built helpers in this process (a lying one, a dying one) serving
 //! the same protocol with bcd's own TPM backend.
 
-use std::io::{BufRead, BufReader, Write as _};
+use std::io::Write as _;
 use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
 use std::os::unix::process::CommandExt as _;
 use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bc_helper::server::AkInfo;
 use bc_helper::{Backend, BackendError, Hash};
@@ -79,7 +79,7 @@ impl Machine {
     fn node(&self, args: &[&str]) -> Output {
         let mut all = vec!["node"];
         all.extend_from_slice(args);
-        self.as_user(NODE_UID, &all).output().expect("run bcd node")
+        self.as_user(NODE_UID, &all).within()
     }
 
     fn identity(&self) -> bcd::identity::Identity {
@@ -98,72 +98,12 @@ impl Machine {
     }
 }
 
-/// A process whose stderr lines the test waits on.
-struct Logged {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-    seen: Vec<String>,
-}
-
 impl Logged {
-    fn spawn(mut cmd: Command) -> Logged {
-        let mut child = cmd
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn");
-        let err = child.stderr.take().unwrap();
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(err).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        Logged {
-            child,
-            lines,
-            seen: vec![],
-        }
-    }
-
     /// The real `bcd helper`, as root, serving once it says so.
     fn helper(m: &Machine) -> Logged {
         let mut h = Logged::spawn(m.agent.command(&["helper"]));
         h.wait_for("bcd helper serving", 1);
         h
-    }
-
-    /// Waits (at most 30 s) until `n` lines contain `needle`.
-    #[track_caller]
-    fn wait_for(&mut self, needle: &str, n: usize) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while self.seen.iter().filter(|l| l.contains(needle)).count() < n {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(l) => self.seen.push(l),
-                Err(_) => panic!("no {n}× {needle:?} in: {:#?}", self.seen),
-            }
-        }
-    }
-
-    /// SIGTERM, as systemd stops a service, and its exit.
-    fn stop(&mut self) {
-        let pid = self.child.id().to_string();
-        let _ = Command::new("kill").arg(&pid).status();
-        let _ = self.child.wait();
-    }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Logged {
-    fn drop(&mut self) {
-        self.kill();
     }
 }
 
@@ -254,7 +194,7 @@ fn the_node_renews_through_the_helper_with_a_certified_next_key() {
     let create_primaries = || tpm.command_codes().iter().filter(|c| **c == 0x131).count();
     let before = create_primaries();
     for _ in 0..2 {
-        let status = m.as_user(NODE_UID, &["status", "--json"]).output().unwrap();
+        let status = m.as_user(NODE_UID, &["status", "--json"]).within();
         let json: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
         assert_eq!(json["nodeKey"], "tpm", "{json}");
     }
@@ -263,7 +203,7 @@ fn the_node_renews_through_the_helper_with_a_certified_next_key() {
         before,
         "the helper kept the node key loaded"
     );
-    let doctor = m.as_user(NODE_UID, &["doctor"]).output().unwrap();
+    let doctor = m.as_user(NODE_UID, &["doctor"]).within();
     let text = stdout(&doctor);
     assert!(
         text.contains("ok    helper: bcd helper at ")
@@ -283,7 +223,7 @@ fn the_helper_serves_root_and_its_user_and_refuses_others() {
     let m = Machine::join(&cp, &tpm);
     let mut helper = Logged::helper(&m);
     let helper_line = |uid: u32| {
-        let out = m.as_user(uid, &["doctor"]).output().unwrap();
+        let out = m.as_user(uid, &["doctor"]).within();
         stdout(&out)
             .lines()
             .find(|l| l.contains(" helper: "))
@@ -350,8 +290,7 @@ fn the_helper_serves_root_and_its_user_and_refuses_others() {
         let out = Command::new(bin("bcd"))
             .args(["doctor", "--config"])
             .arg(&in_tss)
-            .output()
-            .unwrap();
+            .within();
         let text = stdout(&out);
         assert_eq!(out.status.code(), Some(1), "{text}");
         assert!(
@@ -629,12 +568,12 @@ fn the_node_user_holding_every_connection_does_not_lock_root_out() {
         helper.seen
     );
 
-    let status = m.as_user(0, &["status", "--json"]).output().unwrap();
+    let status = m.as_user(0, &["status", "--json"]).within();
     assert_ok(&status);
     let json: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
     assert_eq!(json["nodeKey"], "tpm", "{json}");
 
-    let doctor = m.as_user(NODE_UID, &["doctor"]).output().unwrap();
+    let doctor = m.as_user(NODE_UID, &["doctor"]).within();
     let text = stdout(&doctor);
     assert!(
         text.contains("too many connections open to bcd helper"),

@@ -11,7 +11,7 @@ use std::process::{Command, Output};
 
 use sha2::{Digest, Sha256};
 
-use crate::harness::{assert_ok, stderr, stdout, ControlPlane};
+use crate::harness::{assert_ok, stderr, stdout, ControlPlane, Within as _};
 
 const PACKAGE: &str = "bcd_0.1.0+test_amd64.deb";
 
@@ -48,8 +48,7 @@ fn get(cp: &ControlPlane, path: &str) -> (String, Vec<u8>) {
         .args(["--write-out", "%{http_code}", "--output"])
         .arg(&body)
         .arg(format!("{}{path}", cp.url))
-        .output()
-        .expect("run curl");
+        .within();
     assert_ok(&out);
     let bytes = std::fs::read(&body).unwrap_or_default();
     let _ = std::fs::remove_file(&body);
@@ -209,20 +208,13 @@ fn install_script_pins_ca_hash_and_config_and_parses() {
         assert!(text.contains("already joined as $node"));
         let path = cp.path().join(format!("install-{attestor}.sh"));
         std::fs::write(&path, &text).expect("write script");
-        assert_ok(
-            &Command::new("sh")
-                .arg("-n")
-                .arg(&path)
-                .output()
-                .expect("sh -n"),
-        );
+        assert_ok(&Command::new("sh").arg("-n").arg(&path).within());
         // Not optional: scripts/lib.sh installs shellcheck.
         assert_ok(
             &Command::new("shellcheck")
                 .args(["-s", "sh"])
                 .arg(&path)
-                .output()
-                .expect("shellcheck (scripts/lib.sh installs it)"),
+                .within(),
         );
     }
     let tpm = script(&cp, "https://cp.example:8443", "tpm");
@@ -454,8 +446,7 @@ fn script_command(cmd: &mut Command, dir: &Path) -> Output {
     );
     cmd.env("PATH", path_env)
         .env("BCD_TOKEN_FILE", dir.join("no-token"))
-        .output()
-        .expect("run the install script")
+        .within()
 }
 
 /// The script on a machine without a TPM, whatever this host has: in a
@@ -563,14 +554,12 @@ fn init_sans_go_into_the_server_certificate() {
         .args(["init", "--dir"])
         .arg(dir.path())
         .args(["--san", "10.0.2.100", "--san", "cp.example"])
-        .output()
-        .expect("run bc-controlplane init");
+        .within();
     assert_ok(&out);
     let out = Command::new("openssl")
         .args(["x509", "-noout", "-ext", "subjectAltName", "-in"])
         .arg(dir.path().join("tls-server.pem"))
-        .output()
-        .expect("run openssl");
+        .within();
     assert_ok(&out);
     let sans = stdout(&out);
     for name in [

@@ -86,8 +86,7 @@ fn the_token_can_come_from_the_environment() {
     let out = agent
         .command(&["join"])
         .env("BCD_JOIN_TOKEN", &token)
-        .output()
-        .unwrap();
+        .within();
     assert_ok(&out);
     assert!(
         !stdout(&out).contains(&token) && !stderr(&out).contains(&token),
@@ -187,21 +186,9 @@ fn a_token_admits_only_its_role() {
     let site_token = cp.token("site", &[]);
     assert_refused(&cp, &agent, &site_token, "token-role");
     // The refusal spent nothing: the same token joins a site.
-    let out = agent.run(&[
-        "join",
-        "--role",
-        "site",
-        "--token-file",
-        &write_token(&agent, &site_token),
-    ]);
+    let out = output_within(agent.token_join(&site_token, &["--role", "site"]), DEADLINE);
     assert_ok(&out);
     assert_eq!(agent.status_json()["role"], "site");
-}
-
-fn write_token(agent: &Agent, token: &str) -> String {
-    let path = agent.root.path().join("site-token");
-    std::fs::write(&path, token).unwrap();
-    path.to_string_lossy().into_owned()
 }
 
 #[test]
@@ -252,29 +239,16 @@ mod expect_binding {
     /// A machine with eth0 = `mac` and the product UUID `uuid`, written
     /// the way the kernel shows them (upper case UUID, trailing newline).
     fn fake_sysfs(agent: &Agent, mac: &str, uuid: &str) {
-        let root = agent.root.path().join("sys");
-        let write = |rel: &str, text: String| {
-            let p = root.join(rel);
-            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-            std::fs::write(p, text).unwrap();
-        };
-        write("class/net/lo/address", "00:00:00:00:00:00\n".into());
-        write("class/net/eth0/address", format!("{mac}\n"));
-        write(
+        agent.sysfs("class/net/lo/address", "00:00:00:00:00:00\n");
+        agent.sysfs("class/net/eth0/address", &format!("{mac}\n"));
+        agent.sysfs(
             "class/dmi/id/product_uuid",
-            format!("{}\n", uuid.to_uppercase()),
+            &format!("{}\n", uuid.to_uppercase()),
         );
     }
 
     fn join(agent: &Agent, token: &str) -> Output {
-        let file = agent.root.path().join("token");
-        std::fs::write(&file, token).unwrap();
-        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
-        agent
-            .command(&["join", "--token-file", &file.to_string_lossy()])
-            .env("BCD_SYSFS_ROOT", agent.root.path().join("sys"))
-            .output()
-            .expect("run bcd")
+        agent.join_with_token(token)
     }
 
     fn machine(cp: &ControlPlane, mac: &str, uuid: &str) -> Agent {

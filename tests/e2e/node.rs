@@ -2,11 +2,12 @@
 //! node), crash safety of the rotation, backoff, and the x509pop re-join
 //! after an offline expiry, against the reference control plane and swtpm.
 //! Clocks are moved (`BCD_CLOCK_OFFSET` in this failpoints build, the
-//! control plane's database clock), never waited on.
+//! control plane's database clock), never waited on. The backoff tests wait
+//! for what a running node logs (its 1 s and 2 s steps, the shortest the
+//! config allows) and check what it decided; how long it then waits is
+//! measured on tokio's paused clock in `src/node.rs`'s unit tests.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc;
+use std::process::Output;
 use std::time::{Duration, Instant};
 
 use bcd::keys::TpmAccess;
@@ -28,7 +29,7 @@ fn node(agent: &Agent, args: &[&str], env: &[(&str, &str)]) -> Output {
     for (k, v) in env {
         cmd.env(k, v);
     }
-    cmd.output().expect("run bcd node")
+    cmd.within()
 }
 
 fn identity(agent: &Agent, tpm: Option<&Swtpm>) -> bcd::identity::Identity {
@@ -254,57 +255,11 @@ fn a_crash_of_a_tpm_renewal_leaves_an_identity_that_loads() {
     }
 }
 
-/// Lines of a running `bcd node`'s stderr, as they come.
-struct Running {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-    seen: Vec<String>,
-}
-
-impl Running {
-    fn start(agent: &Agent, args: &[&str]) -> Running {
-        let mut all = vec!["node"];
-        all.extend_from_slice(args);
-        let mut child = agent
-            .command(&all)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn bcd node");
-        let err = child.stderr.take().unwrap();
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(err).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        Running {
-            child,
-            lines,
-            seen: vec![],
-        }
-    }
-
-    /// Waits (at most 30 s) until `n` lines contain `needle`.
-    fn wait_for(&mut self, needle: &str, n: usize) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while self.seen.iter().filter(|l| l.contains(needle)).count() < n {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(l) => self.seen.push(l),
-                Err(_) => panic!("no {n}× {needle:?} in: {:#?}", self.seen),
-            }
-        }
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// A running `bcd node ARGS`, its stderr lines as they come.
+fn running(agent: &Agent, args: &[&str]) -> Logged {
+    let mut all = vec!["node"];
+    all.extend_from_slice(args);
+    Logged::spawn(agent.command(&all))
 }
 
 #[test]
@@ -316,7 +271,7 @@ fn renewal_backs_off_while_the_control_plane_is_down_then_succeeds() {
     let listen = cp.url.trim_start_matches("https://").to_owned();
     cp.stop();
 
-    let mut node = Running::start(&agent, &["--renew-now"]);
+    let mut node = running(&agent, &["--renew-now"]);
     node.wait_for("renewal failed", 3);
     let failures: Vec<&String> = node
         .seen
@@ -334,7 +289,7 @@ fn renewal_backs_off_while_the_control_plane_is_down_then_succeeds() {
     }
 
     // The control plane comes back on the same address.
-    let _server = Server::start(&cp, &listen);
+    let _cp = cp.serve_on(&listen);
     node.wait_for("renewed the certificate", 1);
     assert_eq!(agent.status_json()["lastRenewal"]["ok"], true);
 }
@@ -352,7 +307,7 @@ fn a_renewal_in_a_running_tpm_node_costs_7_tpm_commands() {
     let tpm = Swtpm::start();
     let agent = Agent::tpm_joined(&cp, &tpm);
     let before = tpm.command_codes().len();
-    let mut node = Running::start(&agent, &["--renew-now"]);
+    let mut node = running(&agent, &["--renew-now"]);
     node.wait_for("renewed the certificate", 1);
     // The old key is flushed when its last holder (the renewal's TLS
     // connection) lets go, with no log line: wait for the 8th command.
@@ -380,36 +335,6 @@ fn a_renewal_in_a_running_tpm_node_costs_7_tpm_commands() {
         ],
         "{codes:x?}"
     );
-}
-
-/// `bc-controlplane serve` on a given address (the harness picks a free one).
-struct Server(Child);
-
-impl Server {
-    fn start(cp: &ControlPlane, listen: &str) -> Server {
-        let mut child = Command::new(bin("bc-controlplane"))
-            .args(["serve", "--dir"])
-            .arg(cp.path())
-            .args(["--listen", listen])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn bc-controlplane serve");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        assert!(line.starts_with("listening on "), "{line:?}");
-        Server(child)
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 #[test]
@@ -482,8 +407,7 @@ fn join_with_x509pop_rejoins_as_itself() {
     let out = agent
         .command(&["join", "--attestor", "x509pop"])
         .env("BCD_CLOCK_OFFSET", "-2m")
-        .output()
-        .unwrap();
+        .within();
     assert_access_denied(&out);
     assert_eq!(agent.status_json()["nodeId"], node_id.as_str());
 }
@@ -532,22 +456,20 @@ fn a_new_endorsement_seed_fails_the_renewal_and_the_machine_rejoins_as_a_new_nod
     assert_eq!(nodes, vec![new]);
 }
 
-/// `retryIn=1.5s` (a `Duration`'s debug form) in a log line.
-fn retry_in(line: &str) -> Duration {
-    let v = line
-        .split_whitespace()
+/// `retryIn=2s` (a `Duration`'s debug form) in a log line.
+fn retry_in(line: &str) -> String {
+    line.split_whitespace()
         .find_map(|w| w.strip_prefix("retryIn="))
-        .unwrap_or_else(|| panic!("no retryIn in {line}"));
-    match v.strip_suffix("ms") {
-        Some(ms) => Duration::from_secs_f64(ms.parse::<f64>().unwrap() / 1000.0),
-        None => Duration::from_secs_f64(v.strip_suffix('s').unwrap().parse().unwrap()),
-    }
+        .unwrap_or_else(|| panic!("no retryIn in {line}"))
+        .to_owned()
 }
 
 /// A node 30 h past its certificate's expiry against a control plane that refuses
 /// its x509pop re-join: it retries on the backoff it logs (here 1 s, 2 s,
-/// 4 s: the 30 s, 60 s, 120 s scaled down), with the same staged
-/// key each time, one journal entry per attempt.
+/// 4 s: the 30 s, 60 s, 120 s scaled down), each attempt after the
+/// last one's failure, with the same staged key each time, one journal
+/// entry per attempt. That it waits exactly what it logs is measured on
+/// tokio's paused clock (`node::tests::a_failed_attempt_waits_exactly_the_retry_it_logs`).
 #[test]
 fn a_refused_rejoin_waits_what_it_logs_and_reuses_its_next_key() {
     let cp = ControlPlane::start();
@@ -568,60 +490,39 @@ fn a_refused_rejoin_waits_what_it_logs_and_reuses_its_next_key() {
     assert_ok(&cp.cli(&["nodes", "revoke-identity", &node_id]));
     assert_ok(&cp.cli(&["clock", "set", "--offset", "54h"]));
 
-    let mut child = agent
-        .command(&["node"])
-        .env("BCD_CLOCK_OFFSET", "+54h")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let err = child.stderr.take().unwrap();
-    let (tx, lines) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(err).lines().map_while(Result::ok) {
-            if tx.send((Instant::now(), line)).is_err() {
-                break;
-            }
-        }
-    });
-    // Watch 6 s from the first attempt: attempts at 0, 1 and 3 s, the next at 7 s.
-    let mut seen: Vec<(Instant, String)> = vec![];
-    let mut deadline = Instant::now() + Duration::from_secs(30);
-    let mut first = None;
-    while let Ok(l) = lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-        if first.is_none() && l.1.contains("re-joining the control plane with x509pop") {
-            first = Some(l.0);
-            deadline = l.0 + Duration::from_secs(6);
-        }
-        seen.push(l);
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-    let starts: Vec<&(Instant, String)> = seen
+    let mut cmd = agent.command(&["node"]);
+    cmd.env("BCD_CLOCK_OFFSET", "+54h");
+    let mut node = Logged::spawn(cmd);
+    // Three attempts: at 0, 1 and 3 s.
+    node.wait_for("re-join failed", 3);
+    node.kill();
+    const START: &str = "re-joining the control plane with x509pop";
+    const FAILED: &str = "re-join failed";
+    let all: Vec<&String> = node.seen.iter().collect();
+    // In the order logged: each attempt starts after the last one failed.
+    let events: Vec<&String> = node
+        .seen
         .iter()
-        .filter(|(_, l)| l.contains("re-joining the control plane with x509pop"))
+        .filter(|l| l.contains(START) || l.contains(FAILED))
         .collect();
-    let failures: Vec<&(Instant, String)> = seen
-        .iter()
-        .filter(|(_, l)| l.contains("re-join failed"))
-        .collect();
-    let all: Vec<&String> = seen.iter().map(|(_, l)| l).collect();
-    assert_eq!(starts.len(), 3, "3 attempts in 6 s: {all:#?}");
-    assert!(failures.len() >= 2, "{all:#?}");
-    for (i, (failed_at, line)) in failures.iter().enumerate().take(starts.len() - 1) {
-        let logged = retry_in(line);
-        assert_eq!(logged, Duration::from_secs(1 << i), "{line}");
-        let waited = starts[i + 1].0 - *failed_at;
+    for (i, l) in events.iter().enumerate() {
+        let expected = if i % 2 == 0 { START } else { FAILED };
         assert!(
-            waited + Duration::from_millis(50) >= logged
-                && waited < logged + Duration::from_millis(500),
-            "logged {logged:?}, waited {waited:?}: {all:#?}"
+            l.contains(expected),
+            "line {i} is no {expected:?}: {all:#?}"
         );
+    }
+    let starts: Vec<&&String> = events.iter().filter(|l| l.contains(START)).collect();
+    let failures: Vec<&&String> = events.iter().filter(|l| l.contains(FAILED)).collect();
+    assert!(failures.len() >= 3, "{all:#?}");
+    for (i, line) in failures.iter().enumerate().take(3) {
+        assert_eq!(retry_in(line), format!("{}s", 1 << i), "{line}");
+        assert!(line.contains(&format!("attempt={}", i + 1)), "{line}");
     }
     // One staged key, sent at every attempt.
     let kids: std::collections::BTreeSet<&str> = starts
         .iter()
-        .map(|(_, l)| {
+        .map(|l| {
             l.split_whitespace()
                 .find_map(|w| w.strip_prefix("node_key="))
                 .unwrap()

@@ -2,11 +2,17 @@
 //! Depends name the libraries the binary links, and every unit it ships
 //! passes `systemd-analyze verify` and stays well hardened. (Installing,
 //! upgrading and removing it is proven in a real guest: scripts/vmtest.)
+//!
+//! The package is made of the release build users get (`cargo build
+//! --release -p bcd`), not the test build: `scripts/test` builds it first
+//! and names it in `BCD_RELEASE_BCD` (its `package` stage runs this module
+//! after the `release` stage). Run alone, the tests take
+//! `target/release/bcd` if it is there and skip, saying so, if not.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::harness::{assert_ok, bin, stdout, workspace};
+use crate::harness::{assert_ok, stdout, workspace, Within as _};
 
 const UNITS: &[&str] = &[
     "bcd-helper.service",
@@ -15,27 +21,58 @@ const UNITS: &[&str] = &[
     "bcd-site.service",
 ];
 
-/// Packages the bcd the tests run into `out`; returns the .deb's path.
-fn build_deb(out: &Path, version: &str) -> PathBuf {
+/// The release bcd to package: `BCD_RELEASE_BCD` (scripts/test sets it, and
+/// then it must exist), else `target/release/bcd` beside this test build,
+/// else None (the caller skips).
+fn release_bcd() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os("BCD_RELEASE_BCD") {
+        let path = PathBuf::from(path);
+        assert!(
+            path.is_file(),
+            "BCD_RELEASE_BCD={} is not a file",
+            path.display()
+        );
+        return Some(path);
+    }
+    // target/debug/bcd → target/release/bcd
+    let path = PathBuf::from(env!("CARGO_BIN_EXE_bcd"))
+        .parent()
+        .and_then(Path::parent)
+        .map(|t| t.join("release/bcd"))?;
+    if path.is_file() {
+        eprintln!(
+            "packaging {} (as built by cargo build --release)",
+            path.display()
+        );
+        Some(path)
+    } else {
+        eprintln!(
+            "SKIPPED: no release build at {}: run `cargo build --release --locked -p bcd` \
+             first, or scripts/test, which does and then runs this module",
+            path.display()
+        );
+        None
+    }
+}
+
+/// Packages the release bcd into `out`; returns the .deb's path, or None
+/// (the test skips) when there is no release build.
+fn build_deb(out: &Path, version: &str) -> Option<PathBuf> {
+    let binary = release_bcd()?;
     let run = Command::new(workspace().join("scripts/package"))
         .arg("--binary")
-        .arg(bin("bcd"))
+        .arg(binary)
         .args(["--version", version, "--out"])
         .arg(out)
-        .output()
-        .expect("run scripts/package");
+        .within();
     assert_ok(&run);
     let deb = PathBuf::from(stdout(&run).trim());
     assert_eq!(deb, out.join(format!("bcd_{version}_amd64.deb")));
-    deb
+    Some(deb)
 }
 
 fn dpkg_deb(args: &[&str], deb: &Path) -> String {
-    let out = Command::new("dpkg-deb")
-        .args(args)
-        .arg(deb)
-        .output()
-        .expect("run dpkg-deb");
+    let out = Command::new("dpkg-deb").args(args).arg(deb).within();
     assert_ok(&out);
     stdout(&out)
 }
@@ -43,7 +80,9 @@ fn dpkg_deb(args: &[&str], deb: &Path) -> String {
 #[test]
 fn package_holds_binary_units_docs_and_depends() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let deb = build_deb(tmp.path(), "0.1.0+test1");
+    let Some(deb) = build_deb(tmp.path(), "0.1.0+test1") else {
+        return;
+    };
 
     let files = dpkg_deb(&["-c"], &deb);
     for path in [
@@ -102,18 +141,11 @@ fn package_holds_binary_units_docs_and_depends() {
             .arg("-e")
             .arg(&deb)
             .arg(&control_dir)
-            .output()
-            .expect("dpkg-deb -e"),
+            .within(),
     );
     for script in ["postinst", "prerm", "postrm"] {
         let path = control_dir.join(script);
-        assert_ok(
-            &Command::new("sh")
-                .arg("-n")
-                .arg(&path)
-                .output()
-                .expect("sh -n"),
-        );
+        assert_ok(&Command::new("sh").arg("-n").arg(&path).within());
         let text = std::fs::read_to_string(&path).expect("read script");
         assert!(
             !text.contains("rm -rf /var/lib/bcd"),
@@ -133,15 +165,16 @@ fn package_holds_binary_units_docs_and_depends() {
 #[test]
 fn package_units_verify_and_are_hardened() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let deb = build_deb(tmp.path(), "0.1.0");
+    let Some(deb) = build_deb(tmp.path(), "0.1.0") else {
+        return;
+    };
     let root = tmp.path().join("root");
     assert_ok(
         &Command::new("dpkg-deb")
             .arg("-x")
             .arg(&deb)
             .arg(&root)
-            .output()
-            .expect("dpkg-deb -x"),
+            .within(),
     );
     let units = tmp.path().join("units");
     std::fs::create_dir(&units).expect("mkdir");
@@ -156,8 +189,7 @@ fn package_units_verify_and_are_hardened() {
         let out = Command::new("systemd-analyze")
             .args(["verify", "--man=no"])
             .arg(units.join(unit))
-            .output()
-            .expect("run systemd-analyze");
+            .within();
         assert_ok(&out);
         assert!(
             crate::harness::stderr(&out).trim().is_empty(),
@@ -169,8 +201,7 @@ fn package_units_verify_and_are_hardened() {
         let out = Command::new("systemd-analyze")
             .args(["security", "--offline=true", "--no-pager"])
             .arg(units.join(unit))
-            .output()
-            .expect("run systemd-analyze security");
+            .within();
         let text = stdout(&out);
         let score: f64 = text
             .lines()
@@ -271,8 +302,7 @@ fn every_script_passes_shellcheck() {
             .args(["-x", "-s", shell])
             .args(files.iter().map(|f| ws.join(f)))
             .current_dir(&ws)
-            .output()
-            .expect("run shellcheck (scripts/lib.sh installs it)");
+            .within();
         assert_ok(&out);
     }
 }

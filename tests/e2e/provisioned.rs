@@ -3,7 +3,6 @@
 //! spec's *provisioned*). Machines' product UUIDs come from a fake sysfs
 //! (`BCD_SYSFS_ROOT`, failpoints builds), so no test depends on this host.
 
-use std::os::unix::fs::PermissionsExt;
 use std::process::Output;
 
 use crate::harness::*;
@@ -15,30 +14,19 @@ pub const OTHER_UUID: &str = "4c4c4544-0042-3510-8052-b4c04f4e4d33";
 /// kernel prints it); `None`: no product UUID at all.
 pub fn machine(cp: &ControlPlane, uuid: Option<&str>) -> Agent {
     let agent = Agent::new(cp);
-    let dmi = agent.root.path().join("sys/class/dmi/id");
-    std::fs::create_dir_all(&dmi).unwrap();
+    std::fs::create_dir_all(agent.sysfs_root().join("class/dmi/id")).unwrap();
     if let Some(uuid) = uuid {
-        std::fs::write(
-            dmi.join("product_uuid"),
-            format!("{}\n", uuid.to_uppercase()),
-        )
-        .unwrap();
+        agent.sysfs(
+            "class/dmi/id/product_uuid",
+            &format!("{}\n", uuid.to_uppercase()),
+        );
     }
     agent
 }
 
 /// `bcd join [--attestor A] --token-file F`, the token in a 0600 file.
 pub fn join_as(agent: &Agent, attestor: &str, token: &str) -> Output {
-    let file = agent.root.path().join("token");
-    std::fs::write(&file, token).unwrap();
-    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
-    agent.run(&[
-        "join",
-        "--attestor",
-        attestor,
-        "--token-file",
-        &file.to_string_lossy(),
-    ])
+    output_within(agent.token_join(token, &["--attestor", attestor]), DEADLINE)
 }
 
 pub fn node_id(agent: &Agent) -> String {

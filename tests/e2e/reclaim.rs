@@ -147,22 +147,16 @@ fn a_replaced_tpm_joins_as_a_new_node_its_claimed_uuid_binds_nothing() {
 /// joins: ACCESS_DENIED at bcd, nothing written, the token keeps its use.
 #[test]
 fn a_reclaim_of_a_deleted_retired_or_other_role_node_is_refused() {
-    use std::os::unix::fs::PermissionsExt as _;
     const THIRD_UUID: &str = "4c4c4544-0042-3510-8052-b4c04f4e4d34";
     let cp = ControlPlane::start();
     let joined = |uuid: &str, extra: &[&str]| -> String {
         let agent = machine(&cp, Some(uuid));
         let role = if extra.is_empty() { "node" } else { "site" };
-        let file = agent.root.path().join("token");
-        std::fs::write(&file, cp.token(role, extra)).unwrap();
-        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
-        assert_ok(&agent.run(&[
-            "join",
-            "--role",
-            role,
-            "--token-file",
-            &file.to_string_lossy(),
-        ]));
+        let token = cp.token(role, extra);
+        assert_ok(&output_within(
+            agent.token_join(&token, &["--role", role]),
+            DEADLINE,
+        ));
         node_id(&agent)
     };
     let rekey = |node: &str, uuid: &str| {

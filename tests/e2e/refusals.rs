@@ -182,10 +182,7 @@ fn a_tpm_node_cannot_renew_without_its_aks_proof_of_the_next_key() {
     );
 
     // And the node's own renewal, with the proof, still works.
-    let out = agent
-        .command(&["node", "--once", "--renew-now"])
-        .output()
-        .unwrap();
+    let out = agent.command(&["node", "--once", "--renew-now"]).within();
     assert_ok(&out);
 }
 
@@ -297,8 +294,7 @@ fn x509pop_refuses_old_proofs_revoked_identities_and_expiries_past_grace() {
         agent
             .command(&["join", "--attestor", "x509pop"])
             .env("BCD_CLOCK_OFFSET", "+9d")
-            .output()
-            .unwrap()
+            .within()
     });
     assert_access_denied(&late);
     assert_ok(&cp.cli(&["clock", "set", "--offset", "0s"]));
@@ -333,8 +329,7 @@ fn an_expired_certificate_reaches_renew_and_is_refused_as_expired() {
     let out = agent
         .command(&["node", "--once", "--renew-now"])
         .env("BCD_CLOCK_OFFSET", "-25h")
-        .output()
-        .unwrap();
+        .within();
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     assert!(
         stderr(&out).contains("renewal refused by the control plane (Renew refused)"),
@@ -358,14 +353,9 @@ fn an_expired_certificate_reaches_renew_and_is_refused_as_expired() {
 
 /// `bcd join --token-file` with bcd's clock moved by `offset`.
 fn join_with_offset(agent: &Agent, token: &str, offset: &str) -> std::process::Output {
-    let file = agent.root.path().join("token");
-    std::fs::write(&file, token).unwrap();
-    std::fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
-    agent
-        .command(&["join", "--token-file", &file.to_string_lossy()])
-        .env("BCD_CLOCK_OFFSET", offset)
-        .output()
-        .unwrap()
+    let mut join = agent.token_join(token, &[]);
+    join.env("BCD_CLOCK_OFFSET", offset);
+    output_within(join, DEADLINE)
 }
 
 /// The converse: a certificate issued at a database time ahead of the
@@ -380,8 +370,7 @@ fn a_certificate_valid_at_database_time_renews_whatever_the_system_clock() {
     let out = agent
         .command(&["node", "--once", "--renew-now"])
         .env("BCD_CLOCK_OFFSET", "+2d")
-        .output()
-        .unwrap();
+        .within();
     assert_ok(&out);
     assert!(renew_refusals(&cp).is_empty());
     let renewed = cp

@@ -30,15 +30,7 @@ fn reset_with_yes_moves_the_identity_aside_and_joins_as_new() {
     std::fs::write(agent.data_dir.join("journal.db"), b"journal").unwrap();
 
     let token = cp.token("node", &[]);
-    let file = agent.root.path().join("token2");
-    std::fs::write(&file, &token).unwrap();
-    let out = agent.run(&[
-        "join",
-        "--reset",
-        "--yes",
-        "--token-file",
-        &file.to_string_lossy(),
-    ]);
+    let out = output_within(agent.token_join(&token, &["--reset", "--yes"]), DEADLINE);
     assert_ok(&out);
     let second = agent.status_json()["nodeId"].as_str().unwrap().to_owned();
     assert_ne!(first, second, "a token join after a reset is a new machine");
@@ -87,20 +79,9 @@ fn a_failed_join_after_a_reset_leaves_the_identity_moved_aside() {
     let cp = ControlPlane::start();
     let agent = Agent::new(&cp);
     assert_ok(&agent.join_with_token(&cp.token("node", &[])));
-    let file = agent.root.path().join("bad");
-    std::fs::write(
-        &file,
-        "tok_nosuch.AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA",
-    )
-    .unwrap();
+    let bad = "tok_nosuch.AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA";
     let out = cp.refused_once(JOIN_REFUSED, "token-unknown", || {
-        agent.run(&[
-            "join",
-            "--reset",
-            "--yes",
-            "--token-file",
-            &file.to_string_lossy(),
-        ])
+        output_within(agent.token_join(bad, &["--reset", "--yes"]), DEADLINE)
     });
     assert_access_denied(&out);
     assert_eq!(cp.nodes().len(), 1, "only the first join");
@@ -164,8 +145,7 @@ fn the_printed_two_run_recovery_works() {
     let out = agent
         .command(&runs[1][1..])
         .env("BCD_JOIN_TOKEN", cp.token("node", &[]))
-        .output()
-        .unwrap();
+        .within();
     assert_ok(&out);
     let new = agent.status_json()["nodeId"].as_str().unwrap().to_owned();
     assert_ne!(new, old, "a token join after a reset is a new machine");

@@ -3,10 +3,8 @@
 //! command line with `bcd ramdisk`; a standby site node takes over when
 //! the holder dies.
 
-use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+use std::io::{Read as _, Write as _};
 use std::net::TcpStream;
-use std::process::{Child, Stdio};
-use std::sync::mpsc;
 use std::time::Duration;
 
 use crate::discovery::{
@@ -21,10 +19,8 @@ const INITRD: &[u8] = b"070701 an initrd of 30 bytes..";
 
 /// A running `bcd site` of a site node, its log lines as they come.
 pub(crate) struct BootServer {
-    child: Child,
+    server: Logged,
     port: u16,
-    lines: mpsc::Receiver<String>,
-    seen: Vec<String>,
 }
 
 impl BootServer {
@@ -56,27 +52,9 @@ impl BootServer {
             .find_map(|l| l.strip_prefix("listen = \"127.0.0.1:"))
             .and_then(|p| p.trim_end_matches('"').parse().ok())
             .unwrap();
-        let mut child = node
-            .agent
-            .command(&["site"])
-            .stderr(Stdio::piped())
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("start bcd site");
-        let stderr = child.stderr.take().unwrap();
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
         BootServer {
-            child,
+            server: Logged::spawn(node.agent.command(&["site"])),
             port,
-            lines,
-            seen: Vec::new(),
         }
     }
 
@@ -90,28 +68,12 @@ impl BootServer {
     /// all, however chatty the server is meanwhile).
     #[track_caller]
     fn wait_for_nth(&mut self, text: &str, n: usize) -> String {
-        let deadline = std::time::Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Some(l) = self.seen.iter().filter(|l| l.contains(text)).nth(n - 1) {
-                return l.clone();
-            }
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) => self.seen.push(line),
-                Err(_) => panic!(
-                    "bcd site never logged {text:?} {n} times; it logged:\n{}",
-                    self.seen.join("\n")
-                ),
-            }
-        }
+        self.server.wait_for(text, n)
     }
 
     /// Log lines so far containing `text`.
     fn count(&mut self, text: &str) -> usize {
-        while let Ok(line) = self.lines.try_recv() {
-            self.seen.push(line);
-        }
-        self.seen.iter().filter(|l| l.contains(text)).count()
+        self.server.count(text)
     }
 
     /// A GET as iPXE sends it: (status, body).
@@ -161,13 +123,6 @@ impl BootServer {
         ));
         assert_eq!(status, 200);
         String::from_utf8(body).unwrap()
-    }
-}
-
-impl Drop for BootServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -556,7 +511,10 @@ fn unknown_macs_cost_the_control_plane_nothing() {
     let added = cp.events().len() - before;
     assert!(added <= 5, "{added} rows for 2,000 unknown MACs");
     assert_eq!(server.count("discovery assertion signed"), 0);
-    eprintln!("2,000 unknown-MAC requests: {took:?}, {added} rows");
+    eprintln!(
+        "bench: 2,000 unknown-MAC boot script requests: {} ms, {added} rows",
+        took.as_millis()
+    );
     // The registered machine still boots.
     assert!(server.script(MAC).contains("bc.assertion="));
 }
@@ -594,8 +552,10 @@ fn wait_closed(sockets: &[TcpStream], n: usize) {
 /// 200 idle sockets from one address (a neighbour holding them open) take
 /// its 8 connections of the 16 this server holds, not the server: its 192
 /// others are closed at once (logged), and another address's script is
-/// answered within the 2 s the issue allows, the longest-idle connection
-/// (of a third address) closed to make room when the server is full.
+/// answered, the longest-idle connection (of a third address) closed to
+/// make room when the server is full, and no other: the answer waited for
+/// no idle connection to time out. How fast it came (the issue allows 2 s;
+/// 18.6 s before the fix) is a `scripts/bench` figure, not a check here.
 #[test]
 fn idle_sockets_from_one_source_do_not_delay_another() {
     let cp = ControlPlane::start();
@@ -631,12 +591,16 @@ fn idle_sockets_from_one_source_do_not_delay_another() {
     let took = started.elapsed();
     assert_eq!(status, 200);
     let script = String::from_utf8(body).unwrap();
-    assert!(took < Duration::from_secs(2), "{took:?}");
     assert_eq!(assertion_of(&script).ip, "127.0.0.2");
     // The one closed to make room was the longest idle: the third's first.
     wait_closed(&third, 1);
-    assert!(closed(&third[..1]) == 1 && closed(&flood) == 192);
-    eprintln!("a script behind 200 idle sockets of another address: {took:?}");
+    // Only it: had the answer waited for the 10 s head deadline, every
+    // idle connection left would have gone.
+    assert!(closed(&third[..1]) == 1 && closed(&third) == 1 && closed(&flood) == 192);
+    eprintln!(
+        "bench: a boot script behind 200 idle sockets of another address: {} ms",
+        took.as_millis()
+    );
 }
 
 /// The ramdisk's files are opened at each answer: a rebuilt initrd (as

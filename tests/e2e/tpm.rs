@@ -270,8 +270,7 @@ fn a_tpm_join_ignores_and_erases_the_environment_token() {
     let out = agent
         .command(&["join", "--attestor", "tpm"])
         .env("BCD_JOIN_TOKEN", &token)
-        .output()
-        .unwrap();
+        .within();
     assert_ok(&out);
     let tokens = cp.json(&["token", "list"]);
     assert_eq!(tokens[0]["usesLeft"], 1, "the token is not spent: {tokens}");
