@@ -420,12 +420,16 @@ fn psql(bin: &Path, conninfo: &str, sql: &str) -> Result<String, String> {
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| format!("{}: {e}", bin.join("psql").display()))?;
-    if let Some(mut stdin) = child.stdin.take() {
-        stdin
-            .write_all(sql.as_bytes())
-            .map_err(|e| format!("psql's stdin: {e}"))?;
-    }
+    // Fed from a thread, so that output filling its pipe cannot block the
+    // input; a write error (psql gave up early) leaves its stderr to say why.
+    let feeder = child.stdin.take().map(|mut stdin| {
+        let sql = sql.to_owned();
+        std::thread::spawn(move || stdin.write_all(sql.as_bytes()))
+    });
     let out = child.wait_with_output().map_err(|e| format!("psql: {e}"))?;
+    if let Some(feeder) = feeder {
+        let _ = feeder.join();
+    }
     if !out.status.success() {
         return Err(format!(
             "psql ({}): {}",
@@ -517,6 +521,30 @@ mod tests {
         assert_eq!(cluster.try_psql("postgres", &exists).unwrap(), "1");
         drop(db);
         assert_eq!(cluster.try_psql("postgres", &exists).unwrap(), "0");
+    }
+
+    #[test]
+    #[should_panic(expected = "relation \"no_such_table\" does not exist")]
+    fn psql_panics_with_its_stderr() {
+        PgCluster::shared()
+            .database()
+            .psql("SELECT 1; SELECT * FROM no_such_table");
+    }
+
+    #[test]
+    fn psql_returns_every_statement_s_output_however_long() {
+        let db = PgCluster::shared().database();
+        // More than a pipe holds, both ways.
+        let values: Vec<String> = (0..20_000).map(|i| format!("({i})")).collect();
+        let sql = format!(
+            "CREATE TABLE n (i BIGINT); INSERT INTO n VALUES {};\n\
+             SELECT count(*) FROM n; SELECT i FROM n ORDER BY i",
+            values.join(",")
+        );
+        let out = db.psql(&sql);
+        let mut lines = out.lines();
+        assert_eq!(lines.next(), Some("20000"));
+        assert_eq!(lines.count(), 20_000);
     }
 
     #[test]
