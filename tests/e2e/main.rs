@@ -6,11 +6,6 @@
 //! integration tests.
 
 mod harness;
-// The tests' PostgreSQL server, the unit tests' file (one copy). Unused
-// until the e2e tests run on PostgreSQL (docs/pg-plan.md §3.7 step 7).
-#[allow(dead_code)]
-#[path = "../../controlplane/src/pg_cluster.rs"]
-mod pg_cluster;
 
 mod answers;
 mod datadir;
