@@ -310,8 +310,8 @@ fn read_row(r: &Row) -> Result<BootEntry, DbError> {
 }
 
 pub fn list(db: &Store) -> Result<Vec<BootEntry>, DbError> {
-    db.read(|c| {
-        let rows = c.query_map(
+    db.read(|tx| {
+        let rows = tx.query_map(
             &format!("{SELECT} ORDER BY created_at, workflow_id"),
             params![],
             read_row,

@@ -520,7 +520,7 @@ mod tests {
     #[test]
     fn the_writer_prunes_when_it_starts() {
         let t = crate::test_support::temp_db();
-        let now = t.db.read(|c| c.now()).unwrap();
+        let now = t.db.read(|tx| tx.now()).unwrap();
         t.db.write(|tx| {
             records::insert_event(
                 tx,
@@ -542,7 +542,7 @@ mod tests {
     #[test]
     fn prune_deletes_only_expired_events_in_batches() {
         let t = crate::test_support::temp_db();
-        let now = t.db.read(|c| c.now()).unwrap();
+        let now = t.db.read(|tx| tx.now()).unwrap();
         let day = 86_400_000;
         t.db.write(|tx| -> Result<(), DbError> {
             for i in 0..(PRUNE_BATCH as i64 * 2 + 10) {

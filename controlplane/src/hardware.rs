@@ -134,8 +134,8 @@ pub fn newest_claimed_product_uuid(tx: &Tx<'_>, node_id: &str) -> Result<Option<
 pub fn keys(
     db: &crate::store::Store,
 ) -> Result<std::collections::HashMap<String, String>, DbError> {
-    db.read(|c| {
-        let rows = c.query_map(
+    db.read(|tx| {
+        let rows = tx.query_map(
             "SELECT id, hardware_key FROM nodes WHERE hardware_key IS NOT NULL",
             params![],
             |r| Ok((r.get(0)?, r.get(1)?)),

@@ -189,7 +189,7 @@ pub fn delete(db: &Store, node_id: &str) -> Result<Deleted, NodeError> {
 /// A node's certificates, oldest first; a deleted node's too (its history).
 pub fn certs(db: &Store, node_id: &str) -> Result<Vec<CertRow>, NodeError> {
     let exists = db
-        .read(|c| records::node_including_deleted(c, node_id))?
+        .read(|tx| records::node_including_deleted(tx, node_id))?
         .is_some();
     if !exists {
         return Err(NodeError::NotFound(node_id.to_owned()));

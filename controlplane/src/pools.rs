@@ -233,8 +233,8 @@ fn set_policy_key(
 }
 
 /// One pool, read in `conn`'s transaction.
-pub fn get(conn: &Tx<'_>, id: &str) -> Result<Option<PoolRow>, DbError> {
-    let row = conn.query_opt_map(
+pub fn get(tx: &Tx<'_>, id: &str) -> Result<Option<PoolRow>, DbError> {
+    let row = tx.query_opt_map(
         "SELECT id, owner, policy, created_at FROM pools WHERE id = ?1",
         params![id],
         read_row,
@@ -249,8 +249,8 @@ pub fn require(tx: &Tx<'_>, id: &str) -> Result<PoolRow, PoolError> {
 
 /// Every pool, with how many nodes it holds.
 pub fn list_pools(db: &Store) -> Result<Vec<(PoolRow, i64)>, DbError> {
-    db.read(|c| {
-        let rows = c.query_map(
+    db.read(|tx| {
+        let rows = tx.query_map(
             "SELECT p.id, p.owner, p.policy, p.created_at,
                     (SELECT count(*) FROM nodes n WHERE n.pool_id = p.id AND n.deleted_at IS NULL)
              FROM pools p ORDER BY p.created_at, p.id",

@@ -56,8 +56,8 @@ fn read_node(r: &Row) -> Result<NodeRow, DbError> {
 
 /// The nodes that exist (deleted ones left out), oldest first.
 pub fn list_nodes(db: &Store) -> Result<Vec<NodeRow>, DbError> {
-    db.read(|c| {
-        let rows = c.query_map(
+    db.read(|tx| {
+        let rows = tx.query_map(
             &format!("{NODE_SELECT} WHERE deleted_at IS NULL ORDER BY joined_at, id"),
             params![],
             read_node,
@@ -77,8 +77,8 @@ pub fn node_for_update(tx: &Tx<'_>, id: &str) -> Result<Option<NodeRow>, DbError
 }
 
 /// A node, deleted or not (Renew and x509pop name a deleted node's refusal).
-pub fn node_including_deleted(conn: &Tx<'_>, id: &str) -> Result<Option<NodeRow>, DbError> {
-    conn.query_opt_map(
+pub fn node_including_deleted(tx: &Tx<'_>, id: &str) -> Result<Option<NodeRow>, DbError> {
+    tx.query_opt_map(
         &format!("{NODE_SELECT} WHERE id = ?1"),
         params![id],
         read_node,
@@ -128,8 +128,8 @@ pub fn set_node_scope(tx: &Tx<'_>, node_id: &str, s: &NodeScope) -> Result<(), D
     Ok(())
 }
 
-pub fn node_scope(conn: &Tx<'_>, node_id: &str) -> Result<NodeScope, DbError> {
-    let row: Option<(Option<String>, Option<String>, Option<i64>)> = conn.query_opt_map(
+pub fn node_scope(tx: &Tx<'_>, node_id: &str) -> Result<NodeScope, DbError> {
+    let row: Option<(Option<String>, Option<String>, Option<i64>)> = tx.query_opt_map(
         "SELECT site_id, allowed_kinds, max_cert_ttl_ms FROM nodes WHERE id = ?1",
         params![node_id],
         |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
@@ -153,13 +153,13 @@ pub fn node_scope(conn: &Tx<'_>, node_id: &str) -> Result<NodeScope, DbError> {
 
 /// Every node's scope, by node id (for `nodes list`).
 pub fn node_scopes(db: &Store) -> Result<std::collections::HashMap<String, NodeScope>, DbError> {
-    let ids: Vec<String> = db.read(|c| {
-        let rows = c.query_map("SELECT id FROM nodes", params![], |r| r.get(0))?;
+    let ids: Vec<String> = db.read(|tx| {
+        let rows = tx.query_map("SELECT id FROM nodes", params![], |r| r.get(0))?;
         rows.collect::<Result<Vec<String>, _>>()
     })?;
-    db.read(|c| {
+    db.read(|tx| {
         ids.into_iter()
-            .map(|id| node_scope(c, &id).map(|s| (id, s)))
+            .map(|id| node_scope(tx, &id).map(|s| (id, s)))
             .collect()
     })
 }
@@ -214,8 +214,8 @@ fn read_cert(r: &Row) -> Result<CertRow, DbError> {
 
 /// The certificate of `node_id` whose DER is exactly `der`: a certificate
 /// the control plane issued to that node, byte for byte.
-pub fn cert_by_der(conn: &Tx<'_>, node_id: &str, der: &[u8]) -> Result<Option<CertRow>, DbError> {
-    conn.query_opt_map(
+pub fn cert_by_der(tx: &Tx<'_>, node_id: &str, der: &[u8]) -> Result<Option<CertRow>, DbError> {
+    tx.query_opt_map(
         &format!("{CERT_SELECT} WHERE node_id = ?1 AND der = ?2"),
         params![node_id, der],
         read_cert,
@@ -224,8 +224,8 @@ pub fn cert_by_der(conn: &Tx<'_>, node_id: &str, der: &[u8]) -> Result<Option<Ce
 
 /// Every certificate of a node, oldest first.
 pub fn list_certs(db: &Store, node_id: &str) -> Result<Vec<CertRow>, DbError> {
-    db.read(|c| {
-        let rows = c.query_map(
+    db.read(|tx| {
+        let rows = tx.query_map(
             &format!("{CERT_SELECT} WHERE node_id = ?1 ORDER BY not_before, rowid"),
             params![node_id],
             read_cert,
@@ -265,8 +265,8 @@ pub fn insert_cert(
 
 /// The owner of the pool a node is in (deleted or not): refusals about a
 /// node are attributed to them.
-pub fn pool_owner_of_node(conn: &Tx<'_>, node_id: &str) -> Result<Option<String>, DbError> {
-    conn.query_opt_map(
+pub fn pool_owner_of_node(tx: &Tx<'_>, node_id: &str) -> Result<Option<String>, DbError> {
+    tx.query_opt_map(
         "SELECT p.owner FROM nodes n JOIN pools p ON p.id = n.pool_id WHERE n.id = ?1",
         params![node_id],
         |r| r.get(0),
@@ -294,8 +294,8 @@ fn read_binding(r: &Row) -> Result<BindingRow, DbError> {
 const BINDING_SELECT: &str = "SELECT kind, key, node_id, created_at FROM node_bindings";
 
 /// The node a hardware key is bound to.
-pub fn binding_by_key(conn: &Tx<'_>, kind: &str, key: &str) -> Result<Option<BindingRow>, DbError> {
-    conn.query_opt_map(
+pub fn binding_by_key(tx: &Tx<'_>, kind: &str, key: &str) -> Result<Option<BindingRow>, DbError> {
+    tx.query_opt_map(
         &format!("{BINDING_SELECT} WHERE kind = ?1 AND key = ?2"),
         params![kind, key],
         read_binding,
@@ -304,11 +304,11 @@ pub fn binding_by_key(conn: &Tx<'_>, kind: &str, key: &str) -> Result<Option<Bin
 
 /// The key of `kind` a node is bound to (at most one per kind).
 pub fn binding_of_node(
-    conn: &Tx<'_>,
+    tx: &Tx<'_>,
     node_id: &str,
     kind: &str,
 ) -> Result<Option<BindingRow>, DbError> {
-    conn.query_opt_map(
+    tx.query_opt_map(
         &format!("{BINDING_SELECT} WHERE node_id = ?1 AND kind = ?2"),
         params![node_id, kind],
         read_binding,
@@ -348,8 +348,8 @@ pub fn delete_bindings_of_node(tx: &Tx<'_>, node_id: &str) -> Result<Vec<Binding
 
 /// Every binding, by node then kind.
 pub fn list_bindings(db: &Store) -> Result<Vec<BindingRow>, DbError> {
-    db.read(|c| {
-        let rows = c.query_map(
+    db.read(|tx| {
+        let rows = tx.query_map(
             &format!("{BINDING_SELECT} ORDER BY node_id, kind"),
             params![],
             read_binding,
@@ -393,8 +393,8 @@ pub fn insert_join(tx: &Tx<'_>, j: &JoinRow) -> Result<(), DbError> {
 
 /// The node key of each node's last join (`tpm` or `unattested`).
 pub fn last_node_keys(db: &Store) -> Result<std::collections::HashMap<String, String>, DbError> {
-    db.read(|c| {
-        let rows = c.query_map(
+    db.read(|tx| {
+        let rows = tx.query_map(
             "SELECT node_id, node_key FROM joins
              WHERE id IN (SELECT max(id) FROM joins GROUP BY node_id)",
             params![],
@@ -409,8 +409,8 @@ pub fn last_node_keys(db: &Store) -> Result<std::collections::HashMap<String, St
 pub fn last_ek_assurances(
     db: &Store,
 ) -> Result<std::collections::HashMap<String, String>, DbError> {
-    db.read(|c| {
-        let rows = c.query_map(
+    db.read(|tx| {
+        let rows = tx.query_map(
             "SELECT node_id, ek_assurance FROM joins
              WHERE id IN (SELECT max(id) FROM joins GROUP BY node_id) AND ek_assurance IS NOT NULL",
             params![],
@@ -422,8 +422,8 @@ pub fn last_ek_assurances(
 
 /// The joins audit, oldest first.
 pub fn list_joins(db: &Store) -> Result<Vec<JoinRow>, DbError> {
-    db.read(|c| {
-        let rows = c.query_map("SELECT node_id, attestor, node_key, identity_generation, at, product_uuid, ek_assurance
+    db.read(|tx| {
+        let rows = tx.query_map("SELECT node_id, attestor, node_key, identity_generation, at, product_uuid, ek_assurance
              FROM joins ORDER BY id", params![], |r| {
             Ok(JoinRow {
                 node_id: r.get(0)?,
@@ -500,8 +500,8 @@ pub struct EventRow {
 
 /// The whole event log, oldest first.
 pub fn list_events(db: &Store) -> Result<Vec<EventRow>, DbError> {
-    db.read(|c| {
-        let rows = c.query_map("SELECT id, type, at, attestor, reason, token_id, node_id, data FROM events ORDER BY id", params![], |r| {
+    db.read(|tx| {
+        let rows = tx.query_map("SELECT id, type, at, attestor, reason, token_id, node_id, data FROM events ORDER BY id", params![], |r| {
             let data: String = r.get(7)?;
             Ok((
                 EventRow {

@@ -72,8 +72,8 @@ pub fn require(tx: &Tx<'_>, id: &str) -> Result<(), PoolError> {
 }
 
 pub fn list(db: &Store) -> Result<Vec<SiteRow>, DbError> {
-    db.read(|c| {
-        let rows = c.query_map(
+    db.read(|tx| {
+        let rows = tx.query_map(
             "SELECT id, name, created_at FROM sites ORDER BY created_at, id",
             params![],
             |r| {

@@ -120,7 +120,7 @@ impl Cp {
 
     /// The database's time.
     pub(crate) fn now(&self) -> UnixMs {
-        self.db().read(|c| c.now()).unwrap()
+        self.db().read(|tx| tx.now()).unwrap()
     }
 
     pub(crate) fn move_clock(&self, offset_ms: i64) {

@@ -192,8 +192,8 @@ pub fn revoke_token(db: &Store, id: &str) -> Result<RevokeOutcome, DbError> {
 }
 
 pub fn list_tokens(db: &Store) -> Result<Vec<TokenRow>, DbError> {
-    db.read(|c| {
-        let rows = c.query_map(
+    db.read(|tx| {
+        let rows = tx.query_map(
             &format!("{SELECT} ORDER BY created_at, id"),
             params![],
             read_row,

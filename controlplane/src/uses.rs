@@ -59,8 +59,8 @@ pub fn prune(tx: &Tx<'_>, now: UnixMs, batch: i64) -> Result<usize, DbError> {
 }
 
 /// How many uses are recorded (tests, operators).
-pub fn count(conn: &Tx<'_>) -> Result<i64, DbError> {
-    conn.query_one("SELECT count(*) FROM attestation_uses", params![])
+pub fn count(tx: &Tx<'_>) -> Result<i64, DbError> {
+    tx.query_one("SELECT count(*) FROM attestation_uses", params![])
         .and_then(|r| r.get(0))
 }
 

@@ -39,7 +39,7 @@ pub fn run(cmd: ClockCmd) -> Result<()> {
         }
         ClockCmd::Show { dir } => {
             let db = open_db(&dir.dir)?;
-            db.read(|c| Ok::<_, store::DbError>((store::clock_offset_ms(c)?, c.now()?)))
+            db.read(|tx| Ok::<_, store::DbError>((store::clock_offset_ms(tx)?, tx.now()?)))
                 .context("cannot read the clock")?
         }
     };

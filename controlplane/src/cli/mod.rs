@@ -66,7 +66,7 @@ pub fn open_db(dir: &Path) -> Result<store::Store> {
 
 /// The database's time: what every "expired" a command prints is judged by.
 pub fn db_now(db: &store::Store) -> Result<store::UnixMs> {
-    db.read(|c| c.now())
+    db.read(|tx| tx.now())
         .context("cannot read the database clock")
 }
 

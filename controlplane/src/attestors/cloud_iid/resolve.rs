@@ -72,8 +72,8 @@ pub fn add(
 }
 
 /// Every row, by provider, account, zone.
-pub fn list(conn: &Tx<'_>) -> Result<Vec<ResolveRow>, DbError> {
-    let rows = conn
+pub fn list(tx: &Tx<'_>) -> Result<Vec<ResolveRow>, DbError> {
+    let rows = tx
         .query_map(
             "SELECT provider, account, zone, pool_id, created_at, roles FROM cloud_resolve
          ORDER BY provider, account, zone",

@@ -582,8 +582,8 @@ pub fn add_roots(
 }
 
 /// The configured anchors and intermediates, read in `conn`'s transaction.
-pub fn trust(conn: &Tx<'_>) -> Result<EkTrust, DbError> {
-    let rows = conn.query_map(
+pub fn trust(tx: &Tx<'_>) -> Result<EkTrust, DbError> {
+    let rows = tx.query_map(
         "SELECT der, kind FROM ek_roots ORDER BY added_at, sha256",
         params![],
         |r| Ok((r.get::<Vec<u8>>(0)?, r.get::<Option<String>>(1)?)),
@@ -600,8 +600,8 @@ pub fn trust(conn: &Tx<'_>) -> Result<EkTrust, DbError> {
 }
 
 pub fn list_roots(db: &Store) -> Result<Vec<EkRoot>, DbError> {
-    db.read(|c| {
-        let rows = c.query_map("SELECT sha256, der, subject, not_after, added_at, kind FROM ek_roots ORDER BY added_at, sha256", params![], |r| {
+    db.read(|tx| {
+        let rows = tx.query_map("SELECT sha256, der, subject, not_after, added_at, kind FROM ek_roots ORDER BY added_at, sha256", params![], |r| {
             let der: Vec<u8> = r.get(1)?;
             let kind: Option<String> = r.get(5)?;
             Ok(EkRoot {

@@ -562,8 +562,8 @@ pub struct CachedCertificate {
 }
 
 /// The cached certificate of the EK whose SPKI SHA-256 is `ek_sha256`.
-pub fn cached(conn: &Tx<'_>, ek_sha256: &str) -> Result<Option<CachedCertificate>, DbError> {
-    conn.query_opt_map(
+pub fn cached(tx: &Tx<'_>, ek_sha256: &str) -> Result<Option<CachedCertificate>, DbError> {
+    tx.query_opt_map(
         "SELECT certificate, service FROM ek_service_certificates WHERE ek_sha256 = ?1",
         params![ek_sha256],
         |r| {
@@ -577,14 +577,14 @@ pub fn cached(conn: &Tx<'_>, ek_sha256: &str) -> Result<Option<CachedCertificate
 
 /// Keeps what `service` answered at `url` for the EK `ek_sha256`.
 pub fn cache(
-    conn: &Tx<'_>,
+    tx: &Tx<'_>,
     ek_sha256: &str,
     service: &str,
     url: &str,
     der: &[u8],
     now: UnixMs,
 ) -> Result<(), DbError> {
-    conn.execute(
+    tx.execute(
         "INSERT INTO ek_service_certificates (ek_sha256, service, url, certificate, fetched_at)
          VALUES (?1, ?2, ?3, ?4, ?5)
          ON CONFLICT (ek_sha256) DO UPDATE SET service = ?2, url = ?3, certificate = ?4, fetched_at = ?5",

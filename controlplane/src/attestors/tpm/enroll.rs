@@ -152,14 +152,14 @@ pub fn remove_resolve(db: &Store, ek_sha256: &str) -> Result<bool, EnrollError> 
     })
 }
 
-pub fn resolve_entry(conn: &Tx<'_>, ek_sha256: &str) -> Result<Option<ResolveEntry>, DbError> {
-    conn
+pub fn resolve_entry(tx: &Tx<'_>, ek_sha256: &str) -> Result<Option<ResolveEntry>, DbError> {
+    tx
         .query_opt_map("SELECT ek_sha256, pool_id, node_id, site_id, created_at, uncertified FROM tpm_resolve WHERE ek_sha256 = ?1", params![ek_sha256], read_resolve)
 }
 
 pub fn list_resolve(db: &Store) -> Result<Vec<ResolveEntry>, DbError> {
-    db.read(|c| {
-        let rows = c.query_map("SELECT ek_sha256, pool_id, node_id, site_id, created_at, uncertified FROM tpm_resolve ORDER BY created_at, ek_sha256", params![], read_resolve)?;
+    db.read(|tx| {
+        let rows = tx.query_map("SELECT ek_sha256, pool_id, node_id, site_id, created_at, uncertified FROM tpm_resolve ORDER BY created_at, ek_sha256", params![], read_resolve)?;
         rows.collect::<Result<Vec<_>, _>>()})
 }
 
@@ -235,8 +235,8 @@ pub(crate) fn read_request(r: &Row) -> Result<JoinRequestRow, DbError> {
 }
 
 /// The open (not yet used) enrollment request of an EK, if any.
-pub fn open_request(conn: &Tx<'_>, ek_sha256: &str) -> Result<Option<JoinRequestRow>, DbError> {
-    conn.query_opt_map(
+pub fn open_request(tx: &Tx<'_>, ek_sha256: &str) -> Result<Option<JoinRequestRow>, DbError> {
+    tx.query_opt_map(
         &format!(
             "{REQUEST_SELECT} WHERE ek_sha256 = ?1 AND used_at IS NULL AND attestor <> 'discovery'"
         ),
@@ -370,8 +370,8 @@ fn decide(
 }
 
 pub fn list_requests(db: &Store) -> Result<Vec<JoinRequestRow>, DbError> {
-    db.read(|c| {
-        let rows = c.query_map(
+    db.read(|tx| {
+        let rows = tx.query_map(
             &format!("{REQUEST_SELECT} ORDER BY created_at, id"),
             params![],
             read_request,

@@ -201,7 +201,7 @@ impl TpmAttestor {
         };
         let ek_sha256 = hex::encode(bc_wire::sha256(&spki));
         let maker = service.addressing.as_str();
-        if let Some(c) = db.read(|c| ek_service::cached(c, &ek_sha256))? {
+        if let Some(c) = db.read(|tx| ek_service::cached(tx, &ek_sha256))? {
             tracing::info!(ek_sha256, service = %c.service, "tpm: no EK certificate sent; the maker's service's, cached");
             return Ok(Some(ServiceCertificate { der: c.der }));
         }
@@ -222,9 +222,9 @@ impl TpmAttestor {
                     .ok()
                     .map(|(_, c)| hex::encode(bc_wire::sha256(c.public_key().raw)));
                 if key_sha256.as_deref() == Some(ek_sha256.as_str()) {
-                    db.read(|c| {
-                        let now = c.now()?;
-                        ek_service::cache(c, &ek_sha256, maker, &url, &der, now)
+                    db.read(|tx| {
+                        let now = tx.now()?;
+                        ek_service::cache(tx, &ek_sha256, maker, &url, &der, now)
                     })?;
                     tracing::info!(
                         ek_sha256,
@@ -250,7 +250,7 @@ impl TpmAttestor {
             }
             Err(e) => {
                 let pinned = db
-                    .read(|c| enroll::resolve_entry(c, &ek_sha256))?
+                    .read(|tx| enroll::resolve_entry(tx, &ek_sha256))?
                     .is_some_and(|entry| entry.uncertified);
                 tracing::warn!(ek_sha256, service = maker, url, ms, error = %e, pinned, "tpm: the maker's EK certificate service gave no certificate");
                 match pinned {

@@ -175,8 +175,8 @@ impl Fixture {
 
     fn count(&self, table: &str) -> i64 {
         self.db
-            .read(|c| {
-                c.query_one(&format!("SELECT count(*) FROM {table}"), params![])
+            .read(|tx| {
+                tx.query_one(&format!("SELECT count(*) FROM {table}"), params![])
                     .and_then(|r| r.get(0))
             })
             .unwrap()
@@ -557,8 +557,8 @@ fn a_challenge_admits_once() {
         CHALLENGE_REUSED
     );
     let (subject, expires_at): (String, UnixMs) =
-        f.db.read(|c| {
-            c.query_one(
+        f.db.read(|tx| {
+            tx.query_one(
                 "SELECT subject, expires_at FROM attestation_uses WHERE attestor = 'tpm'",
                 params![],
             )

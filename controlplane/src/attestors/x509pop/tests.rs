@@ -152,7 +152,7 @@ impl Fixture {
 
     fn node(&self, id: &str) -> NodeRow {
         self.db()
-            .read(|c| records::node_including_deleted(c, id))
+            .read(|tx| records::node_including_deleted(tx, id))
             .unwrap()
             .unwrap()
     }
@@ -399,8 +399,8 @@ fn a_proof_admits_once_even_across_a_restart() {
     // Spent until clientTime + window.
     let expires_at: UnixMs = f
         .db()
-        .read(|c| {
-            c.query_one(
+        .read(|tx| {
+            tx.query_one(
                 "SELECT expires_at FROM attestation_uses WHERE attestor = 'x509pop'",
                 params![],
             )
