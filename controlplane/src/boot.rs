@@ -321,8 +321,18 @@ pub fn list(db: &Store) -> Result<Vec<BootEntry>, DbError> {
 }
 
 pub fn get(tx: &Tx<'_>, workflow_id: &str) -> Result<Option<BootEntry>, DbError> {
+    get_locked(tx, workflow_id, "")
+}
+
+/// As [`get`], the entry's row locked until commit: a get-secret checks the
+/// entry (open, fewer than 32 live tokens) and then mints (PG: `FOR UPDATE`).
+pub fn get_for_update(tx: &Tx<'_>, workflow_id: &str) -> Result<Option<BootEntry>, DbError> {
+    get_locked(tx, workflow_id, tx.dialect().for_update())
+}
+
+fn get_locked(tx: &Tx<'_>, workflow_id: &str, lock: &str) -> Result<Option<BootEntry>, DbError> {
     tx.query_opt_map(
-        &format!("{SELECT} WHERE workflow_id = ?1"),
+        &format!("{SELECT} WHERE workflow_id = ?1{lock}"),
         params![workflow_id],
         read_row,
     )
@@ -403,10 +413,15 @@ pub fn issue_token(
 
 /// The entry a discovery token belongs to.
 pub fn entry_of_token(tx: &Tx<'_>, token_id: &str) -> Result<Option<BootEntry>, DbError> {
-    tx
-        .query_opt_map(&format!(
-                "{SELECT} WHERE workflow_id = (SELECT workflow_id FROM boot_tokens WHERE token_id = ?1)"
-            ), params![token_id], read_row)
+    // PG: `FOR UPDATE`: one entry, one join (two ramdisks of one entry).
+    tx.query_opt_map(
+        &format!(
+            "{SELECT} WHERE workflow_id = (SELECT workflow_id FROM boot_tokens WHERE token_id = ?1){}",
+            tx.dialect().for_update()
+        ),
+        params![token_id],
+        read_row,
+    )
 }
 
 /// Records that `node_id` joined with the entry `token_id` belongs to, and
@@ -458,7 +473,7 @@ pub fn retire_superseded(
                id IN (SELECT node_id FROM boot_entries
                       WHERE node_id IS NOT NULL
                         AND ((site_id = ?1 AND mac = ?2) OR not_after <= ?4))
-            OR (?3 IS NOT NULL AND hardware_key = ?3))",
+            OR (CAST(?3 AS TEXT) IS NOT NULL AND hardware_key = ?3))",
             params![entry.site_id, entry.mac, hardware_key, now],
             |r| r.get::<String>(0),
         )?

@@ -89,8 +89,9 @@ pub fn holder(
 ) -> Result<Option<String>, DbError> {
     tx.query_opt_map(
         "SELECT id FROM nodes
-             WHERE deleted_at IS NULL AND retired_at IS NULL AND id IS NOT ?3 AND role = ?4
-               AND (hardware_key = ?1 OR (?2 IS NOT NULL AND product_uuid = ?2))
+             WHERE deleted_at IS NULL AND retired_at IS NULL
+               AND id IS DISTINCT FROM CAST(?3 AS TEXT) AND role = ?4
+               AND (hardware_key = ?1 OR (CAST(?2 AS TEXT) IS NOT NULL AND product_uuid = ?2))
              ORDER BY joined_at, id LIMIT 1",
         params![hk.key, hk.product_uuid, except, role],
         |r| r.get(0),

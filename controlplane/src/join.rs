@@ -45,7 +45,7 @@ use crate::config::ConfigError;
 use crate::eventlog::{EventLog, Refused};
 use crate::pki::{Bundle, NodeCertSpec, PkiError, MAX_NODE_CERT_TTL};
 use crate::records::{self, JoinRow, NewEvent, NodeRow};
-use crate::store::{self, Commit, DbError, Store, Tx, UnixMs};
+use crate::store::{self, Commit, DbError, LockKey, Store, Tx, UnixMs};
 use crate::{hardware, pools};
 
 pub const CSR_NOT_VERIFIED: &str = "join:csr-signature";
@@ -531,6 +531,22 @@ impl JoinService {
         // a reclaim, allowed only by the token (a tpm join has none). A
         // bound key (an EK in node_bindings) is the binding check's below.
         let hardware = hardware::of_result(result);
+        // PG: advisory locks on `hw:<key>` and `uuid:<uuid>`: no unique
+        // index can say "one live holder", so two joins of one machine must
+        // not both pass `holder` below.
+        if let Some(hk) = &hardware {
+            let mut keys = vec![LockKey {
+                namespace: "hw",
+                key: &hk.key,
+            }];
+            if let Some(uuid) = &hk.product_uuid {
+                keys.push(LockKey {
+                    namespace: "uuid",
+                    key: uuid,
+                });
+            }
+            tx.lock(&keys)?;
+        }
         let bound = match &result.binding {
             Some(b) => records::binding_by_key(tx, &b.kind, &b.key)?.is_some(),
             None => false,

@@ -209,7 +209,7 @@ fn set_policy_key(
     value: Option<Value>,
 ) -> Result<PoolRow, PoolError> {
     db.write(|tx| {
-        let mut pool = get(tx, id)?.ok_or_else(|| PoolError::NotFound(id.to_owned()))?;
+        let mut pool = get_for_update(tx, id)?.ok_or_else(|| PoolError::NotFound(id.to_owned()))?;
         let Value::Object(map) = &mut pool.policy else {
             return Err(PoolError::Db(DbError::Corrupt {
                 what: "pool policy",
@@ -234,8 +234,18 @@ fn set_policy_key(
 
 /// One pool, read in `conn`'s transaction.
 pub fn get(tx: &Tx<'_>, id: &str) -> Result<Option<PoolRow>, DbError> {
+    get_locked(tx, id, "")
+}
+
+/// As [`get`], the pool's row locked until commit: a policy change reads
+/// the policy and writes it merged (PG: `FOR UPDATE`, no lost update).
+pub fn get_for_update(tx: &Tx<'_>, id: &str) -> Result<Option<PoolRow>, DbError> {
+    get_locked(tx, id, tx.dialect().for_update())
+}
+
+fn get_locked(tx: &Tx<'_>, id: &str, lock: &str) -> Result<Option<PoolRow>, DbError> {
     let row = tx.query_opt_map(
-        "SELECT id, owner, policy, created_at FROM pools WHERE id = ?1",
+        &format!("SELECT id, owner, policy, created_at FROM pools WHERE id = ?1{lock}"),
         params![id],
         read_row,
     )?;

@@ -66,23 +66,53 @@ pub fn list_nodes(db: &Store) -> Result<Vec<NodeRow>, DbError> {
     })
 }
 
-/// A node that exists; a deleted node is `None`, so no join can reclaim it
-/// and no resolve entry can name it.
-pub fn node_for_update(tx: &Tx<'_>, id: &str) -> Result<Option<NodeRow>, DbError> {
+/// The node `id`, deleted ones left out unless `deleted`, its row locked
+/// by `lock` (a [`crate::store::Dialect`] fragment).
+fn node_row(tx: &Tx<'_>, id: &str, deleted: bool, lock: &str) -> Result<Option<NodeRow>, DbError> {
+    let live = if deleted {
+        ""
+    } else {
+        " AND deleted_at IS NULL"
+    };
     tx.query_opt_map(
-        &format!("{NODE_SELECT} WHERE id = ?1 AND deleted_at IS NULL"),
+        &format!("{NODE_SELECT} WHERE id = ?1{live}{lock}"),
         params![id],
         read_node,
     )
 }
 
+/// A node that exists; a deleted node is `None`, so no join can reclaim it
+/// and no resolve entry can name it. Its row stays as read until commit
+/// (PG: `FOR UPDATE`; SQLite: the IMMEDIATE transaction).
+pub fn node_for_update(tx: &Tx<'_>, id: &str) -> Result<Option<NodeRow>, DbError> {
+    node_row(tx, id, false, tx.dialect().for_update())
+}
+
+/// As [`node_for_update`], for a node the transaction only relies on (a
+/// discovery join's signer; PG: `FOR SHARE`).
+pub fn node_for_share(tx: &Tx<'_>, id: &str) -> Result<Option<NodeRow>, DbError> {
+    node_row(tx, id, false, tx.dialect().for_share())
+}
+
 /// A node, deleted or not (Renew and x509pop name a deleted node's refusal).
 pub fn node_including_deleted(tx: &Tx<'_>, id: &str) -> Result<Option<NodeRow>, DbError> {
-    tx.query_opt_map(
-        &format!("{NODE_SELECT} WHERE id = ?1"),
-        params![id],
-        read_node,
-    )
+    node_row(tx, id, true, "")
+}
+
+/// As [`node_including_deleted`], its row locked until commit: Renew issues
+/// a certificate of the generation it read (PG: `FOR UPDATE`, so no revoke
+/// or reclaim commits in between).
+pub fn node_including_deleted_for_update(
+    tx: &Tx<'_>,
+    id: &str,
+) -> Result<Option<NodeRow>, DbError> {
+    node_row(tx, id, true, tx.dialect().for_update())
+}
+
+/// As [`node_including_deleted`], its row unchanged until commit (x509pop;
+/// PG: `FOR SHARE`).
+pub fn node_including_deleted_for_share(tx: &Tx<'_>, id: &str) -> Result<Option<NodeRow>, DbError> {
+    node_row(tx, id, true, tx.dialect().for_share())
 }
 
 pub fn insert_node(tx: &Tx<'_>, n: &NodeRow) -> Result<(), DbError> {
@@ -479,9 +509,13 @@ pub fn set_event_count(tx: &Tx<'_>, id: i64, count: u64) -> Result<(), DbError> 
 /// returns how many.
 pub fn delete_events_before(tx: &Tx<'_>, before: UnixMs, limit: usize) -> Result<usize, DbError> {
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    // PG: `FOR UPDATE SKIP LOCKED`, so two replicas' writers prune apart.
     tx.execute(
-        "DELETE FROM events WHERE id IN
-             (SELECT id FROM events WHERE at < ?1 ORDER BY at LIMIT ?2)",
+        &format!(
+            "DELETE FROM events WHERE id IN
+                 (SELECT id FROM events WHERE at < ?1 ORDER BY at LIMIT ?2{})",
+            tx.dialect().skip_locked()
+        ),
         params![before, limit],
     )
 }

@@ -170,7 +170,7 @@ impl JoinService {
         let node_id = identity.node_id.as_str();
         let cert =
             records::cert_by_der(tx, node_id, leaf)?.ok_or(Stop::Refused(UNKNOWN_CERTIFICATE))?;
-        let node = records::node_including_deleted(tx, node_id)?
+        let node = records::node_including_deleted_for_update(tx, node_id)?
             .ok_or(Stop::Refused(UNKNOWN_CERTIFICATE))?;
         if node.deleted_at.is_some() {
             return Err(Stop::Refused(DELETED));

@@ -215,7 +215,7 @@ impl JoinService {
             // Bound to the workflow named, never "the newest for the MAC".
             let entry = Some(body.workflow_id.as_str())
                 .filter(|w| !w.is_empty())
-                .map(|w| crate::boot::get(tx, w))
+                .map(|w| crate::boot::get_for_update(tx, w))
                 .transpose()?
                 .flatten()
                 .filter(|e| e.site_id == body.site_id)

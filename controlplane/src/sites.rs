@@ -8,7 +8,7 @@
 //! older epoch is refused (fencing). Every time is the database's.
 
 use crate::pools::{check_name, PoolError};
-use crate::store::{params, DbError, Store, Tx, UnixMs};
+use crate::store::{params, DbError, LockKey, Store, Tx, UnixMs};
 
 /// The boot lease's default TTL: a holder that stops renewing is replaced
 /// after this.
@@ -104,9 +104,23 @@ impl Lease {
     }
 }
 
+/// Serialises the changes of one lease: a first take finds no row to lock,
+/// so two site nodes would both take epoch 1 (PG: an advisory lock on
+/// `lease:<name>`; SQLite: the IMMEDIATE transaction already does).
+fn lock_lease(tx: &Tx<'_>, name: &str) -> Result<(), DbError> {
+    tx.lock(&[LockKey {
+        namespace: "lease",
+        key: name,
+    }])
+}
+
 pub fn get_lease(tx: &Tx<'_>, name: &str) -> Result<Option<Lease>, DbError> {
+    // PG: `FOR SHARE`: a discovery join relies on the epoch it read.
     let row: Option<(Option<String>, i64, i64)> = tx.query_opt_map(
-        "SELECT holder, epoch, expires_at FROM leases WHERE name = ?1",
+        &format!(
+            "SELECT holder, epoch, expires_at FROM leases WHERE name = ?1{}",
+            tx.dialect().for_share()
+        ),
         params![name],
         |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
     )?;
@@ -151,6 +165,7 @@ pub fn acquire(
     now: UnixMs,
     ttl_ms: i64,
 ) -> Result<LeaseOutcome, DbError> {
+    lock_lease(tx, name)?;
     let current = get_lease(tx, name)?;
     let lease = match &current {
         Some(l) if l.holder_at(now) == Some(node) => Lease {
@@ -179,6 +194,7 @@ pub fn renew(
     now: UnixMs,
     ttl_ms: i64,
 ) -> Result<LeaseOutcome, DbError> {
+    lock_lease(tx, name)?;
     let current = get_lease(tx, name)?;
     match current {
         Some(l) if l.holder_at(now) == Some(node) && l.epoch == epoch => {
@@ -201,6 +217,7 @@ pub fn release(
     epoch: u64,
     now: UnixMs,
 ) -> Result<LeaseOutcome, DbError> {
+    lock_lease(tx, name)?;
     let current = get_lease(tx, name)?;
     match current {
         Some(l) if l.holder_at(now) == Some(node) && l.epoch == epoch => {

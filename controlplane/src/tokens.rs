@@ -209,7 +209,12 @@ pub fn list_tokens(db: &Store) -> Result<Vec<TokenRow>, DbError> {
 /// Reads a token row inside a write transaction. The transaction is
 /// IMMEDIATE, so the row cannot change until it ends: this is the lock.
 pub fn token_for_update(tx: &Tx<'_>, id: &str) -> Result<Option<TokenRow>, DbError> {
-    let row = tx.query_opt_map(&format!("{SELECT} WHERE id = ?1"), params![id], read_row)?;
+    // PG: `FOR UPDATE`: no revoke or spend between the check and the use.
+    let row = tx.query_opt_map(
+        &format!("{SELECT} WHERE id = ?1{}", tx.dialect().for_update()),
+        params![id],
+        read_row,
+    )?;
     row.transpose()
 }
 

@@ -50,10 +50,15 @@ pub fn spend(
 /// Deletes at most `batch` rows that expired before `now`, oldest first;
 /// returns how many.
 pub fn prune(tx: &Tx<'_>, now: UnixMs, batch: i64) -> Result<usize, DbError> {
+    // PG: `FOR UPDATE SKIP LOCKED`, so concurrent joins skip each other's
+    // expired rows instead of waiting on them.
     tx.execute(
-        "DELETE FROM attestation_uses WHERE rowid IN (
-             SELECT rowid FROM attestation_uses WHERE expires_at < ?1
-             ORDER BY expires_at LIMIT ?2)",
+        &format!(
+            "DELETE FROM attestation_uses WHERE rowid IN (
+                 SELECT rowid FROM attestation_uses WHERE expires_at < ?1
+                 ORDER BY expires_at LIMIT ?2{})",
+            tx.dialect().skip_locked()
+        ),
         params![now, batch],
     )
 }

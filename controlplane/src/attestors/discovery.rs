@@ -175,7 +175,7 @@ impl Attestor for DiscoveryAttestor {
         }
 
         // The signer.
-        let signer = records::node_for_update(tx, &assertion.node_id)?
+        let signer = records::node_for_share(tx, &assertion.node_id)?
             .ok_or_else(|| refuse(SIGNER_UNKNOWN))?;
         if signer.retired_at.is_some() {
             return Err(refuse(SIGNER_RETIRED));

@@ -146,7 +146,7 @@ impl Attestor for X509PopAttestor {
 
         let cert =
             records::cert_by_der(tx, node_id, leaf)?.ok_or_else(|| refuse(UNKNOWN_CERTIFICATE))?;
-        let node = records::node_including_deleted(tx, node_id)?
+        let node = records::node_including_deleted_for_share(tx, node_id)?
             .ok_or_else(|| refuse(UNKNOWN_CERTIFICATE))?;
         if node.deleted_at.is_some() {
             return Err(refuse(DELETED));

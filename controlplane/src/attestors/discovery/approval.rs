@@ -124,8 +124,9 @@ fn open_request(
     node_key: &str,
 ) -> Result<Option<JoinRequestRow>, DbError> {
     let sql = format!(
-        "{} WHERE attestor = 'discovery' AND used_at IS NULL AND workflow_id IS ?1
-           AND CASE WHEN ?2 IS NOT NULL THEN ek_sha256 = ?2
+        "{} WHERE attestor = 'discovery' AND used_at IS NULL
+           AND workflow_id IS NOT DISTINCT FROM CAST(?1 AS TEXT)
+           AND CASE WHEN CAST(?2 AS TEXT) IS NOT NULL THEN ek_sha256 = ?2
                     ELSE ek_sha256 IS NULL AND node_key_sha256 = ?3 END",
         enroll::REQUEST_SELECT
     );
@@ -136,7 +137,7 @@ fn pending_count(tx: &Tx<'_>, workflow: Option<&str>) -> Result<i64, DbError> {
     tx.query_one(
         "SELECT count(*) FROM join_requests
          WHERE attestor = 'discovery' AND status = 'pending' AND used_at IS NULL
-           AND workflow_id IS ?1",
+           AND workflow_id IS NOT DISTINCT FROM CAST(?1 AS TEXT)",
         params![workflow],
     )
     .and_then(|r| r.get(0))

@@ -318,7 +318,12 @@ fn decide(
 ) -> Result<JoinRequestRow, EnrollError> {
     db.write(|tx| {
         let mut row = tx
-            .query_opt_map(&format!("{REQUEST_SELECT} WHERE id = ?1"), params![id], read_request)?
+            .query_opt_map(
+                // PG: `FOR UPDATE`: approve and deny cannot both win.
+                &format!("{REQUEST_SELECT} WHERE id = ?1{}", tx.dialect().for_update()),
+                params![id],
+                read_request,
+            )?
             .ok_or_else(|| EnrollError::NotFound(format!("no join request {id:?}")))?;
         if row.status != STATUS_PENDING {
             return Err(EnrollError::Conflict(format!(

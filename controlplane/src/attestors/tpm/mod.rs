@@ -75,7 +75,7 @@ use crate::attestor::{
     Prepared, Refusal, Verdict, BINDING_TPM_EK,
 };
 use crate::records;
-use crate::store::Tx;
+use crate::store::{LockKey, Tx};
 use ek_service::{EkServices, EkServicesConfig, Fetched, EK_SERVICE};
 pub use pcr::PcrPolicy;
 use state::{ChallengeKey, ChallengeState};
@@ -668,6 +668,13 @@ fn place(
     config: &TpmConfig,
 ) -> Result<Place, Refusal> {
     let retry_after_seconds = config.enrollment_retry_after_seconds;
+    // PG: an advisory lock on `tpm-ek:<sha>`: this EK's binding, resolve and
+    // request reads stand until its writes commit (one pending request, an
+    // approved request used once).
+    tx.lock(&[LockKey {
+        namespace: "tpm-ek",
+        key: ek_sha256,
+    }])?;
     if let Some(b) = records::binding_by_key(tx, BINDING_TPM_EK, ek_sha256)? {
         return Ok(Place::Join {
             node: Some(b.node_id),
