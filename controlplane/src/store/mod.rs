@@ -382,8 +382,11 @@ impl Store {
     }
 
     /// Runs `f` inside one write transaction (`BEGIN IMMEDIATE`) and commits
-    /// if it returns `Ok`; an `Err` rolls everything back.
-    pub fn write<T, E>(&self, f: impl FnOnce(&Tx<'_>) -> Result<T, E>) -> Result<T, E>
+    /// if it returns `Ok`; an `Err` rolls everything back. `FnMut`: a backend
+    /// that re-runs a transaction lost to a conflict (PG, docs/pg-plan.md
+    /// §3.1) calls `f` again, so everything it does must be in the
+    /// transaction. SQLite calls it once.
+    pub fn write<T, E>(&self, mut f: impl FnMut(&Tx<'_>) -> Result<T, E>) -> Result<T, E>
     where
         E: From<DbError>,
     {
@@ -393,7 +396,10 @@ impl Store {
     /// As [`Store::write`], for the calls that keep only some outcomes (a
     /// join's refusal rolls back what its attestor wrote, a deferral keeps
     /// it): `f` says whether to commit.
-    pub fn write_if<T, E>(&self, f: impl FnOnce(&Tx<'_>) -> Result<(T, Commit), E>) -> Result<T, E>
+    pub fn write_if<T, E>(
+        &self,
+        mut f: impl FnMut(&Tx<'_>) -> Result<(T, Commit), E>,
+    ) -> Result<T, E>
     where
         E: From<DbError>,
     {
