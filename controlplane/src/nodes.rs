@@ -60,7 +60,7 @@ pub struct Deleted {
 
 /// Raises the node's identity generation and revokes every certificate it has.
 pub fn revoke_identity(db: &Store, node_id: &str) -> Result<RevokedIdentity, NodeError> {
-    db.write(|tx| {
+    let r = db.write(|tx| -> Result<_, NodeError> {
         let node = live_node(tx, node_id)?;
         let now = tx.now()?;
         let generation = node.identity_generation.saturating_add(1);
@@ -76,13 +76,20 @@ pub fn revoke_identity(db: &Store, node_id: &str) -> Result<RevokedIdentity, Nod
             &node.id,
             json!({ "identityGeneration": generation, "revokedCerts": revoked }),
         )?;
-        tracing::info!(node_id = %node.id, generation, revoked, "node identity revoked");
         Ok(RevokedIdentity {
             node_id: node.id,
             identity_generation: generation,
             revoked_certs: revoked,
         })
-    })
+    })?;
+    // Logged once committed (a re-run transaction logs nothing twice).
+    tracing::info!(
+        node_id = %r.node_id,
+        generation = r.identity_generation,
+        revoked = r.revoked_certs,
+        "node identity revoked"
+    );
+    Ok(r)
 }
 
 /// Retires a node; `false` if it already was.
@@ -117,7 +124,7 @@ fn stamp(db: &Store, node_id: &str, which: Stamp) -> Result<bool, NodeError> {
             "node cordoned",
         ),
     };
-    db.write(|tx| {
+    let stamped = db.write(|tx| -> Result<_, NodeError> {
         let node = live_node(tx, node_id)?;
         let already = match which {
             Stamp::Retired => node.retired_at.is_some(),
@@ -129,15 +136,18 @@ fn stamp(db: &Store, node_id: &str, which: Stamp) -> Result<bool, NodeError> {
         let now = tx.now()?;
         tx.execute(sql, params![node.id, now])?;
         event(tx, kind, now, &node.id, json!({}))?;
-        tracing::info!(node_id = %node.id, "{label}");
         Ok(true)
-    })
+    })?;
+    if stamped {
+        tracing::info!(node_id = %node_id, "{label}");
+    }
+    Ok(stamped)
 }
 
 /// Deletes a cordoned node: revokes its certificates, frees its bindings,
 /// removes resolve entries naming it.
 pub fn delete(db: &Store, node_id: &str) -> Result<Deleted, NodeError> {
-    db.write(|tx| {
+    let d = db.write(|tx| -> Result<_, NodeError> {
         let node = live_node(tx, node_id)?;
         if node.cordoned_at.is_none() {
             return Err(NodeError::Precondition(format!(
@@ -171,19 +181,20 @@ pub fn delete(db: &Store, node_id: &str) -> Result<Deleted, NodeError> {
                 "removedResolveEntries": resolve,
             }),
         )?;
-        tracing::info!(
-            node_id = %node.id,
-            revoked,
-            bindings = freed.len(),
-            "node deleted"
-        );
         Ok(Deleted {
             node_id: node.id,
             revoked_certs: revoked,
             freed_bindings: freed,
             removed_resolve_entries: resolve,
         })
-    })
+    })?;
+    tracing::info!(
+        node_id = %d.node_id,
+        revoked = d.revoked_certs,
+        bindings = d.freed_bindings.len(),
+        "node deleted"
+    );
+    Ok(d)
 }
 
 /// A node's certificates, oldest first; a deleted node's too (its history).
