@@ -14,7 +14,7 @@ use std::sync::Arc;
 use bc_wire::agent::{HardwareClaims, Role, TpmAttestation};
 use bc_wire::token::JoinToken;
 
-use crate::db::UnixMs;
+use crate::store::{Tx, UnixMs};
 
 /// The id of the built-in attestor, and what an empty `JoinRequest.attestor` means.
 pub const JOIN_TOKEN: &str = "join-token";
@@ -25,11 +25,7 @@ pub trait Attestor: Send + Sync {
     fn id(&self) -> &str;
     /// Runs inside the join transaction (BEGIN IMMEDIATE: the write lock is
     /// held). Whatever it writes is committed only on `Admit` or `Defer`.
-    fn verify(
-        &self,
-        tx: &rusqlite::Transaction<'_>,
-        input: &AttestInput<'_>,
-    ) -> Result<Verdict, Refusal>;
+    fn verify(&self, tx: &Tx<'_>, input: &AttestInput<'_>) -> Result<Verdict, Refusal>;
     /// Runs before the join transaction, with no lock held, for what must
     /// not hold the write lock (the tpm attestor's fetch of an EK
     /// certificate from its maker's service). What it returns reaches
@@ -38,7 +34,7 @@ pub trait Attestor: Send + Sync {
     /// [`Attestor::takes_tpm_evidence`]). Default: nothing.
     fn prepare(
         &self,
-        _db: &crate::db::Database,
+        _db: &crate::store::Store,
         _evidence: &[u8],
         _tpm: Option<&TpmAttestation>,
     ) -> Result<Prepared, Refusal> {
@@ -444,10 +440,10 @@ impl Refusal {
     }
 }
 
-impl From<crate::db::DbError> for Refusal {
-    fn from(e: crate::db::DbError) -> Self {
+impl From<crate::store::DbError> for Refusal {
+    fn from(e: crate::store::DbError) -> Self {
         Refusal::fault(match e {
-            crate::db::DbError::Busy => Fault::Unavailable(e.to_string()),
+            crate::store::DbError::Busy => Fault::Unavailable(e.to_string()),
             other => Fault::Internal(other.to_string()),
         })
     }

@@ -34,12 +34,11 @@ use aes_gcm::aead::{Aead, KeyInit, Payload};
 use aes_gcm::{Aes256Gcm, Nonce};
 use bc_wire::token::JoinToken;
 use hmac::Mac;
-use rusqlite::{OptionalExtension, Transaction};
 
 use crate::attestor::Expect;
-use crate::db::{self, Database, DbError, UnixMs};
 use crate::pools::PoolError;
 use crate::records::{self, NewEvent};
+use crate::store::{params, DbError, Row, Store, Tx, UnixMs};
 use crate::tokens::{self, TokenScope};
 
 /// The role of discovery tokens: no join-token join accepts it.
@@ -170,10 +169,7 @@ pub struct NewEntry<'a> {
 /// The expectation `--node` gives an entry: the node's bound EK, and its
 /// trusted product UUID when it has one. A node that is not there, is
 /// retired or proved no EK is an error naming it.
-fn node_expectation(
-    tx: &Transaction<'_>,
-    node: &str,
-) -> Result<(String, Option<String>), PoolError> {
+fn node_expectation(tx: &Tx<'_>, node: &str) -> Result<(String, Option<String>), PoolError> {
     let row = records::node_for_update(tx, node)?.ok_or_else(|| {
         PoolError::InvalidInput(format!(
             "--node {node:?}: no such node (deleted or never joined)"
@@ -195,7 +191,7 @@ fn node_expectation(
 }
 
 /// Adds a boot entry and mints its discovery token.
-pub fn add(db: &Database, key: &BootKey, new: &NewEntry<'_>) -> Result<BootEntry, PoolError> {
+pub fn add(db: &Store, key: &BootKey, new: &NewEntry<'_>) -> Result<BootEntry, PoolError> {
     let workflow_id = crate::ids::random_id("wf_").map_err(DbError::Random)?;
     let given_ek = new
         .ek_sha256
@@ -209,7 +205,7 @@ pub fn add(db: &Database, key: &BootKey, new: &NewEntry<'_>) -> Result<BootEntry
         })?;
     db.write(|tx| {
         let site_id = crate::sites::resolve(tx, new.site)?;
-        let now = db::compute_now(tx)?;
+        let now = tx.now()?;
         let mut product_uuid = new.product_uuid.map(str::to_owned);
         let mut ek_sha256 = given_ek.clone();
         if let Some(node) = new.node {
@@ -250,7 +246,7 @@ pub fn add(db: &Database, key: &BootKey, new: &NewEntry<'_>) -> Result<BootEntry
             "INSERT INTO boot_entries (workflow_id, site_id, mac, product_uuid, token_id,
                                        sealed_secret, not_after, created_at, ek_sha256)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-            rusqlite::params![
+            params![
                 entry.workflow_id,
                 entry.site_id,
                 entry.mac,
@@ -261,8 +257,7 @@ pub fn add(db: &Database, key: &BootKey, new: &NewEntry<'_>) -> Result<BootEntry
                 entry.created_at,
                 entry.ek_sha256
             ],
-        )
-        .map_err(DbError::from)?;
+        )?;
         link_token(tx, &entry.token_id, &entry.workflow_id, now)?;
         Ok(entry)
     })
@@ -271,7 +266,7 @@ pub fn add(db: &Database, key: &BootKey, new: &NewEntry<'_>) -> Result<BootEntry
 /// A new single-use discovery token bound as the entry is: its site, its
 /// MAC and (when it has one) its product UUID, living `ttl_ms`.
 fn mint(
-    tx: &Transaction<'_>,
+    tx: &Tx<'_>,
     entry: &BootEntry,
     ttl_ms: i64,
 ) -> Result<(JoinToken, tokens::TokenRow), PoolError> {
@@ -287,15 +282,10 @@ fn mint(
     tokens::insert_token(tx, DISCOVERY_ROLE, 1, ttl_ms, &scope)
 }
 
-fn link_token(
-    tx: &Transaction<'_>,
-    token_id: &str,
-    workflow_id: &str,
-    now: UnixMs,
-) -> Result<(), DbError> {
+fn link_token(tx: &Tx<'_>, token_id: &str, workflow_id: &str, now: UnixMs) -> Result<(), DbError> {
     tx.execute(
         "INSERT INTO boot_tokens (token_id, workflow_id, created_at) VALUES (?1, ?2, ?3)",
-        rusqlite::params![token_id, workflow_id, now],
+        params![token_id, workflow_id, now],
     )?;
     Ok(())
 }
@@ -303,7 +293,7 @@ fn link_token(
 const SELECT: &str = "SELECT workflow_id, site_id, mac, product_uuid, token_id, not_after,
         created_at, vouched_at, joined_at, node_id, ek_sha256 FROM boot_entries";
 
-fn read_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<BootEntry> {
+fn read_row(r: &Row) -> Result<BootEntry, DbError> {
     Ok(BootEntry {
         workflow_id: r.get(0)?,
         site_id: r.get(1)?,
@@ -319,46 +309,52 @@ fn read_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<BootEntry> {
     })
 }
 
-pub fn list(db: &Database) -> Result<Vec<BootEntry>, DbError> {
-    db.with_conn(|c| {
-        let mut st = c.prepare(&format!("{SELECT} ORDER BY created_at, workflow_id"))?;
-        let rows = st.query_map([], read_row)?;
-        Ok(rows.collect::<Result<Vec<_>, _>>()?)
-    })?
+pub fn list(db: &Store) -> Result<Vec<BootEntry>, DbError> {
+    db.read(|tx| {
+        let rows = tx.query_map(
+            &format!("{SELECT} ORDER BY created_at, workflow_id"),
+            params![],
+            read_row,
+        )?;
+        rows.collect::<Result<Vec<_>, _>>()
+    })
 }
 
-pub fn get(tx: &Transaction<'_>, workflow_id: &str) -> Result<Option<BootEntry>, DbError> {
-    Ok(tx
-        .query_row(
-            &format!("{SELECT} WHERE workflow_id = ?1"),
-            [workflow_id],
-            read_row,
-        )
-        .optional()?)
+pub fn get(tx: &Tx<'_>, workflow_id: &str) -> Result<Option<BootEntry>, DbError> {
+    get_locked(tx, workflow_id, "")
+}
+
+/// As [`get`], the entry's row locked until commit: a get-secret checks the
+/// entry (open, fewer than 32 live tokens) and then mints (PG: `FOR UPDATE`).
+pub fn get_for_update(tx: &Tx<'_>, workflow_id: &str) -> Result<Option<BootEntry>, DbError> {
+    get_locked(tx, workflow_id, tx.dialect().for_update())
+}
+
+fn get_locked(tx: &Tx<'_>, workflow_id: &str, lock: &str) -> Result<Option<BootEntry>, DbError> {
+    tx.query_opt_map(
+        &format!("{SELECT} WHERE workflow_id = ?1{lock}"),
+        params![workflow_id],
+        read_row,
+    )
 }
 
 /// The open entries of a site (neither joined nor expired at `now`),
 /// newest first, at most [`MAX_LISTED`]: what its boot server answers from.
-pub fn list_open(
-    tx: &Transaction<'_>,
-    site_id: &str,
-    now: UnixMs,
-) -> Result<Vec<BootEntry>, DbError> {
-    let mut st = tx.prepare(&format!(
-        "{SELECT} WHERE site_id = ?1 AND joined_at IS NULL AND not_after > ?2
+pub fn list_open(tx: &Tx<'_>, site_id: &str, now: UnixMs) -> Result<Vec<BootEntry>, DbError> {
+    let rows = tx.query_map(
+        &format!(
+            "{SELECT} WHERE site_id = ?1 AND joined_at IS NULL AND not_after > ?2
          ORDER BY created_at DESC, workflow_id DESC LIMIT ?3"
-    ))?;
-    let rows = st.query_map(rusqlite::params![site_id, now, MAX_LISTED], read_row)?;
-    Ok(rows.collect::<Result<Vec<_>, _>>()?)
+        ),
+        params![site_id, now, MAX_LISTED],
+        read_row,
+    )?;
+    rows.collect::<Result<Vec<_>, _>>()
 }
 
 /// A site's open entries, and how many of them expect an EK (admit only
 /// that machine's TPM): what lease answers tell site nodes.
-pub fn open_counts(
-    tx: &Transaction<'_>,
-    site_id: &str,
-    now: UnixMs,
-) -> Result<(usize, usize), DbError> {
+pub fn open_counts(tx: &Tx<'_>, site_id: &str, now: UnixMs) -> Result<(usize, usize), DbError> {
     let open = list_open(tx, site_id, now)?;
     let bound = open.iter().filter(|e| e.expected_ek().is_some()).count();
     Ok((open.len(), bound))
@@ -375,19 +371,18 @@ pub enum NoToken {
 /// script: the entry's own token the first time, a new one of the same
 /// binding after (expiring with the entry). Marks the entry vouched.
 pub fn issue_token(
-    tx: &Transaction<'_>,
+    tx: &Tx<'_>,
     key: &BootKey,
     entry: &BootEntry,
     now: UnixMs,
 ) -> Result<Result<JoinToken, NoToken>, PoolError> {
     let token = if entry.vouched_at.is_none() {
         let sealed: Vec<u8> = tx
-            .query_row(
+            .query_one(
                 "SELECT sealed_secret FROM boot_entries WHERE workflow_id = ?1",
-                [&entry.workflow_id],
-                |r| r.get(0),
+                params![&entry.workflow_id],
             )
-            .map_err(DbError::from)?;
+            .and_then(|r| r.get(0))?;
         let text = key.open(&entry.workflow_id, &sealed)?;
         JoinToken::parse(&text).map_err(|_| DbError::Corrupt {
             what: "boot entry token",
@@ -395,14 +390,13 @@ pub fn issue_token(
         })?
     } else {
         let live: i64 = tx
-            .query_row(
+            .query_one(
                 "SELECT count(*) FROM boot_tokens b JOIN join_tokens t ON t.id = b.token_id
                  WHERE b.workflow_id = ?1 AND t.uses_left > 0 AND t.revoked_at IS NULL
                    AND t.expires_at > ?2",
-                rusqlite::params![entry.workflow_id, now],
-                |r| r.get(0),
+                params![entry.workflow_id, now],
             )
-            .map_err(DbError::from)?;
+            .and_then(|r| r.get(0))?;
         if live >= MAX_LIVE_TOKENS {
             return Ok(Err(NoToken::TooMany));
         }
@@ -412,59 +406,52 @@ pub fn issue_token(
     };
     tx.execute(
         "UPDATE boot_entries SET vouched_at = ?2 WHERE workflow_id = ?1 AND vouched_at IS NULL",
-        rusqlite::params![entry.workflow_id, now],
-    )
-    .map_err(DbError::from)?;
+        params![entry.workflow_id, now],
+    )?;
     Ok(Ok(token))
 }
 
 /// The entry a discovery token belongs to.
-pub fn entry_of_token(tx: &Transaction<'_>, token_id: &str) -> Result<Option<BootEntry>, DbError> {
-    Ok(tx
-        .query_row(
-            &format!(
-                "{SELECT} WHERE workflow_id = (SELECT workflow_id FROM boot_tokens WHERE token_id = ?1)"
-            ),
-            [token_id],
-            read_row,
-        )
-        .optional()?)
+pub fn entry_of_token(tx: &Tx<'_>, token_id: &str) -> Result<Option<BootEntry>, DbError> {
+    // PG: `FOR UPDATE`: one entry, one join (two ramdisks of one entry).
+    tx.query_opt_map(
+        &format!(
+            "{SELECT} WHERE workflow_id = (SELECT workflow_id FROM boot_tokens WHERE token_id = ?1){}",
+            tx.dialect().for_update()
+        ),
+        params![token_id],
+        read_row,
+    )
 }
 
 /// Records that `node_id` joined with the entry `token_id` belongs to, and
 /// revokes the entry's other tokens: one entry, one join.
-pub fn mark_joined(
-    tx: &Transaction<'_>,
-    token_id: &str,
-    node_id: &str,
-    now: UnixMs,
-) -> Result<(), DbError> {
+pub fn mark_joined(tx: &Tx<'_>, token_id: &str, node_id: &str, now: UnixMs) -> Result<(), DbError> {
     let Some(entry) = entry_of_token(tx, token_id)? else {
         return Ok(());
     };
     tx.execute(
         "UPDATE boot_entries SET joined_at = ?2, node_id = ?3 WHERE workflow_id = ?1",
-        rusqlite::params![entry.workflow_id, now, node_id],
+        params![entry.workflow_id, now, node_id],
     )?;
     tx.execute(
         "UPDATE join_tokens SET revoked_at = ?2
          WHERE revoked_at IS NULL AND id != ?3
            AND id IN (SELECT token_id FROM boot_tokens WHERE workflow_id = ?1)",
-        rusqlite::params![entry.workflow_id, now, token_id],
+        params![entry.workflow_id, now, token_id],
     )?;
     Ok(())
 }
 
 /// The latest a ramdisk node's certificate may last: its boot entry's end
 /// (`None` for a node no entry admitted).
-pub fn cert_not_after(tx: &Transaction<'_>, node_id: &str) -> Result<Option<UnixMs>, DbError> {
+pub fn cert_not_after(tx: &Tx<'_>, node_id: &str) -> Result<Option<UnixMs>, DbError> {
     Ok(tx
-        .query_row(
+        .query_opt_map(
             "SELECT min(not_after) FROM boot_entries WHERE node_id = ?1",
-            [node_id],
-            |r| r.get::<_, Option<UnixMs>>(0),
-        )
-        .optional()?
+            params![node_id],
+            |r| r.get::<Option<UnixMs>>(0),
+        )?
         .flatten())
 }
 
@@ -474,29 +461,27 @@ pub fn cert_not_after(tx: &Transaction<'_>, node_id: &str) -> Result<Option<Unix
 /// trusted hardware key is `hardware_key` (the same operator-bound UUID),
 /// and those whose own entry has expired. Returns how many.
 pub fn retire_superseded(
-    tx: &Transaction<'_>,
+    tx: &Tx<'_>,
     entry: &BootEntry,
     hardware_key: Option<&str>,
     now: UnixMs,
 ) -> Result<usize, DbError> {
-    let mut st = tx.prepare(
-        "SELECT id FROM nodes
+    let ids = tx
+        .query_map(
+            "SELECT id FROM nodes
          WHERE role = 'ramdisk' AND retired_at IS NULL AND deleted_at IS NULL AND (
                id IN (SELECT node_id FROM boot_entries
                       WHERE node_id IS NOT NULL
                         AND ((site_id = ?1 AND mac = ?2) OR not_after <= ?4))
-            OR (?3 IS NOT NULL AND hardware_key = ?3))",
-    )?;
-    let ids = st
-        .query_map(
-            rusqlite::params![entry.site_id, entry.mac, hardware_key, now],
-            |r| r.get::<_, String>(0),
+            OR (CAST(?3 AS TEXT) IS NOT NULL AND hardware_key = ?3))",
+            params![entry.site_id, entry.mac, hardware_key, now],
+            |r| r.get::<String>(0),
         )?
         .collect::<Result<Vec<_>, _>>()?;
     for id in &ids {
         tx.execute(
             "UPDATE nodes SET retired_at = ?2 WHERE id = ?1",
-            rusqlite::params![id, now],
+            params![id, now],
         )?;
         records::insert_event(
             tx,

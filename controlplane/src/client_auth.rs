@@ -1,7 +1,7 @@
 //! Client certificates verified at database time.
 //!
 //! Every expiry the control plane decides uses the database clock
-//! ([`crate::db::compute_now`]), which `bc-controlplane clock set` moves; the
+//! ([`crate::store::Tx::now`]), which `bc-controlplane clock set` moves; the
 //! TLS layer must too, or a renewal would be judged by two clocks. rustls'
 //! webpki verifier takes the time to verify at as an argument: this wrapper
 //! passes the database's instead of the system's.
@@ -23,23 +23,19 @@
 
 use std::path::Path;
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use rusqlite::{Connection, OpenFlags};
 use rustls::client::danger::HandshakeSignatureValid;
 use rustls::pki_types::{CertificateDer, UnixTime};
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
 
-use crate::db::{self, DbError, UnixMs};
-
-/// How long a clock read may wait on a lock before the last offset is used.
-const CLOCK_READ_TIMEOUT: Duration = Duration::from_millis(100);
+use crate::store::{self, ClockConn, DbError, UnixMs};
 
 /// The database clock, read on a connection of its own.
 pub struct DbClock {
-    conn: Mutex<Connection>,
+    conn: ClockConn,
     last_offset_ms: AtomicI64,
 }
 
@@ -57,26 +53,17 @@ impl std::fmt::Debug for DbClock {
 impl DbClock {
     /// Opens `path` (an existing, migrated database) read-only.
     pub fn open(path: &Path) -> Result<Self, DbError> {
-        let open_err = |source| DbError::Open {
-            path: path.to_owned(),
-            source,
-        };
-        let conn = Connection::open_with_flags(
-            path,
-            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-        )
-        .map_err(open_err)?;
-        conn.busy_timeout(CLOCK_READ_TIMEOUT).map_err(open_err)?;
-        let offset = db::clock_offset_ms(&conn)?;
+        let conn = ClockConn::open(path)?;
+        let offset = conn.offset_ms()?;
         Ok(DbClock {
-            conn: Mutex::new(conn),
+            conn,
             last_offset_ms: AtomicI64::new(offset),
         })
     }
 
     /// The database's time now.
     pub fn now(&self) -> UnixMs {
-        let read = db::clock_offset_ms(&self.conn.lock().unwrap_or_else(|p| p.into_inner()));
+        let read = self.conn.offset_ms();
         let offset = match read {
             Ok(o) => {
                 self.last_offset_ms.store(o, Ordering::Relaxed);
@@ -88,7 +75,7 @@ impl DbClock {
                 last
             }
         };
-        db::system_now_ms().saturating_add(offset)
+        store::system_now_ms().saturating_add(offset)
     }
 }
 
@@ -174,7 +161,7 @@ mod tests {
         let t = crate::test_support::temp_db();
         let clock = DbClock::open(t.db.path()).unwrap();
         let before = clock.now();
-        t.db.write(|tx| db::set_clock_offset_ms(tx, 86_400_000))
+        t.db.write(|tx| store::set_clock_offset_ms(tx, 86_400_000))
             .unwrap();
         let after = clock.now();
         assert!(after - before >= 86_400_000, "{before} {after}");
@@ -184,8 +171,8 @@ mod tests {
     fn an_expired_leaf_is_verified_at_its_not_after() {
         let key = crate::test_support::key();
         let mut params = rcgen::CertificateParams::default();
-        params.not_before = db::to_datetime(1_000_000_000_000);
-        params.not_after = db::to_datetime(1_000_086_400_000);
+        params.not_before = store::to_datetime(1_000_000_000_000);
+        params.not_after = store::to_datetime(1_000_086_400_000);
         let leaf = params.self_signed(&key).unwrap().der().to_vec();
         let secs = |t: UnixTime| t.as_secs();
         // Valid: database time.

@@ -25,8 +25,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::db::{self, Database, DbError, UnixMs};
 use crate::records::{self, NewEvent};
+use crate::store::{self, DbError, Store, Tx, UnixMs};
 
 /// Aggregation window (database time).
 pub const WINDOW_MS: i64 = 60_000;
@@ -123,11 +123,11 @@ pub struct EventLog {
 impl EventLog {
     /// Starts the writer; events older than `retention_ms` are pruned at
     /// start and then every hour.
-    pub fn start(db: Arc<Database>, retention_ms: i64) -> EventLog {
+    pub fn start(db: Arc<Store>, retention_ms: i64) -> EventLog {
         Self::start_with(db, retention_ms, MAX_KEYS_PER_MINUTE)
     }
 
-    fn start_with(db: Arc<Database>, retention_ms: i64, max_keys: usize) -> EventLog {
+    fn start_with(db: Arc<Store>, retention_ms: i64, max_keys: usize) -> EventLog {
         let shared = Arc::new(Shared {
             state: Mutex::new(State::default()),
             work: Condvar::new(),
@@ -167,7 +167,7 @@ impl EventLog {
                     "a refusal after the event log stopped is not recorded");
                 return true;
             }
-            let minute = crate::db::system_now_ms().div_euclid(WINDOW_MS);
+            let minute = crate::store::system_now_ms().div_euclid(WINDOW_MS);
             if minute != st.seen_minute {
                 st.seen_minute = minute;
                 st.seen.clear();
@@ -239,7 +239,7 @@ impl Drop for EventLog {
 }
 
 struct Writer {
-    db: Arc<Database>,
+    db: Arc<Store>,
     shared: Arc<Shared>,
     retention_ms: i64,
     /// The database window the `written` map is about.
@@ -248,7 +248,7 @@ struct Writer {
 }
 
 impl Writer {
-    fn new(db: Arc<Database>, shared: Arc<Shared>, retention_ms: i64) -> Self {
+    fn new(db: Arc<Store>, shared: Arc<Shared>, retention_ms: i64) -> Self {
         Writer {
             db,
             shared,
@@ -330,7 +330,7 @@ impl Writer {
     /// One transaction for the whole batch.
     fn write(&mut self, batch: &[(Refused, u64)]) -> Result<(), DbError> {
         let (window, changes) = self.db.write(|tx| -> Result<_, DbError> {
-            let now = db::compute_now(tx)?;
+            let now = tx.now()?;
             let window = now - now.rem_euclid(WINDOW_MS);
             let mut changes: Vec<(Refused, Written)> = Vec::new();
             for (r, n) in batch {
@@ -378,13 +378,7 @@ impl Writer {
     }
 }
 
-fn insert(
-    tx: &rusqlite::Transaction<'_>,
-    r: &Refused,
-    now: UnixMs,
-    window: i64,
-    count: u64,
-) -> Result<i64, DbError> {
+fn insert(tx: &Tx<'_>, r: &Refused, now: UnixMs, window: i64, count: u64) -> Result<i64, DbError> {
     let mut data = match serde_json::from_str::<serde_json::Value>(&r.extra) {
         Ok(v @ serde_json::Value::Object(_)) => v,
         _ => serde_json::json!({}),
@@ -400,8 +394,8 @@ fn insert(
         data["folded"] = serde_json::json!(true);
     }
     data["count"] = serde_json::json!(count);
-    data["windowStart"] = serde_json::json!(db::rfc3339(window));
-    data["windowEnd"] = serde_json::json!(db::rfc3339(window + WINDOW_MS));
+    data["windowStart"] = serde_json::json!(store::rfc3339(window));
+    data["windowEnd"] = serde_json::json!(store::rfc3339(window + WINDOW_MS));
     records::insert_event(
         tx,
         &NewEvent {
@@ -419,11 +413,11 @@ fn insert(
 /// Deletes the events older than `retention_ms` (database time), in
 /// transactions of at most [`PRUNE_BATCH`] rows so writers are never held up
 /// for long; returns how many were deleted.
-pub fn prune(db: &Database, retention_ms: i64) -> Result<usize, DbError> {
+pub fn prune(db: &Store, retention_ms: i64) -> Result<usize, DbError> {
     let mut total = 0;
     loop {
         let n = db.write(|tx| {
-            let now = db::compute_now(tx)?;
+            let now = tx.now()?;
             records::delete_events_before(tx, now.saturating_sub(retention_ms), PRUNE_BATCH)
         })?;
         total += n;
@@ -451,7 +445,7 @@ mod tests {
         }
     }
 
-    fn counts(db: &Database) -> Vec<(String, u64, bool)> {
+    fn counts(db: &Store) -> Vec<(String, u64, bool)> {
         records::list_events(db)
             .unwrap()
             .into_iter()
@@ -468,7 +462,7 @@ mod tests {
     #[test]
     fn repeats_become_one_event_a_minute_and_counts_add_up() {
         let t = crate::test_support::temp_db();
-        let db = Arc::new(Database::open(t.db.path()).unwrap());
+        let db = Arc::new(Store::open(t.db.path()).unwrap());
         let log = EventLog::start(db.clone(), crate::config::DEFAULT_EVENTS_RETENTION_MS);
         log.record(refused("token-secret", "127.0.0.2"));
         log.record(refused("token-unknown", "127.0.0.2"));
@@ -502,7 +496,7 @@ mod tests {
     #[test]
     fn distinct_keys_past_the_cap_fold_but_still_count() {
         let t = crate::test_support::temp_db();
-        let db = Arc::new(Database::open(t.db.path()).unwrap());
+        let db = Arc::new(Store::open(t.db.path()).unwrap());
         let log = EventLog::start_with(db.clone(), crate::config::DEFAULT_EVENTS_RETENTION_MS, 4);
         std::thread::scope(|s| {
             for i in 0..4 {
@@ -526,7 +520,7 @@ mod tests {
     #[test]
     fn the_writer_prunes_when_it_starts() {
         let t = crate::test_support::temp_db();
-        let now = t.db.with_conn(|c| db::compute_now(c)).unwrap().unwrap();
+        let now = t.db.read(|tx| tx.now()).unwrap();
         t.db.write(|tx| {
             records::insert_event(
                 tx,
@@ -538,7 +532,7 @@ mod tests {
             )
         })
         .unwrap();
-        let db = Arc::new(Database::open(t.db.path()).unwrap());
+        let db = Arc::new(Store::open(t.db.path()).unwrap());
         let log = EventLog::start(db.clone(), 86_400_000);
         // Written after the writer's first prune.
         log.record(refused("token-secret", "127.0.0.2"));
@@ -548,7 +542,7 @@ mod tests {
     #[test]
     fn prune_deletes_only_expired_events_in_batches() {
         let t = crate::test_support::temp_db();
-        let now = t.db.with_conn(|c| db::compute_now(c)).unwrap().unwrap();
+        let now = t.db.read(|tx| tx.now()).unwrap();
         let day = 86_400_000;
         t.db.write(|tx| -> Result<(), DbError> {
             for i in 0..(PRUNE_BATCH as i64 * 2 + 10) {

@@ -23,10 +23,8 @@
 //! of its machine joins ([`crate::boot::retire_superseded`]), so it blocks
 //! nothing.
 
-use rusqlite::{OptionalExtension, Transaction};
-
 use crate::attestor::{AttestationResult, BINDING_TPM_EK};
-use crate::db::DbError;
+use crate::store::{params, DbError, Tx};
 
 /// Another live node holds this machine's hardware key.
 pub const RECLAIM: &str = "reclaim";
@@ -84,72 +82,67 @@ pub fn is_placeholder(uuid: &str) -> bool {
 /// The live (not deleted, not retired) node of `role` other than `except`
 /// that holds `hk`'s key or proven product UUID.
 pub fn holder(
-    tx: &Transaction<'_>,
+    tx: &Tx<'_>,
     hk: &HardwareKey,
     role: &str,
     except: Option<&str>,
 ) -> Result<Option<String>, DbError> {
-    Ok(tx
-        .query_row(
-            "SELECT id FROM nodes
-             WHERE deleted_at IS NULL AND retired_at IS NULL AND id IS NOT ?3 AND role = ?4
-               AND (hardware_key = ?1 OR (?2 IS NOT NULL AND product_uuid = ?2))
+    tx.query_opt_map(
+        "SELECT id FROM nodes
+             WHERE deleted_at IS NULL AND retired_at IS NULL
+               AND id IS DISTINCT FROM CAST(?3 AS TEXT) AND role = ?4
+               AND (hardware_key = ?1 OR (CAST(?2 AS TEXT) IS NOT NULL AND product_uuid = ?2))
              ORDER BY joined_at, id LIMIT 1",
-            rusqlite::params![hk.key, hk.product_uuid, except, role],
-            |r| r.get(0),
-        )
-        .optional()?)
+        params![hk.key, hk.product_uuid, except, role],
+        |r| r.get(0),
+    )
 }
 
 /// The product UUID recorded as `node_id`'s trusted hardware key (proven or
 /// operator-bound), if any.
-pub fn proven_product_uuid(tx: &Transaction<'_>, node_id: &str) -> Result<Option<String>, DbError> {
+pub fn proven_product_uuid(tx: &Tx<'_>, node_id: &str) -> Result<Option<String>, DbError> {
     Ok(tx
-        .query_row(
+        .query_opt_map(
             "SELECT product_uuid FROM nodes WHERE id = ?1",
-            [node_id],
-            |r| r.get::<_, Option<String>>(0),
-        )
-        .optional()?
+            params![node_id],
+            |r| r.get::<Option<String>>(0),
+        )?
         .flatten())
 }
 
 /// Records `hk` as `node_id`'s hardware key (a reclaim replaces the old one).
-pub fn record(tx: &Transaction<'_>, node_id: &str, hk: &HardwareKey) -> Result<(), DbError> {
+pub fn record(tx: &Tx<'_>, node_id: &str, hk: &HardwareKey) -> Result<(), DbError> {
     tx.execute(
         "UPDATE nodes SET hardware_key = ?2, product_uuid = ?3 WHERE id = ?1",
-        rusqlite::params![node_id, hk.key, hk.product_uuid],
+        params![node_id, hk.key, hk.product_uuid],
     )?;
     Ok(())
 }
 
 /// The product UUID a node claimed at its newest join that claimed one
 /// (what a provisioned token minted for that node expects).
-pub fn newest_claimed_product_uuid(
-    tx: &Transaction<'_>,
-    node_id: &str,
-) -> Result<Option<String>, DbError> {
-    Ok(tx
-        .query_row(
-            "SELECT product_uuid FROM joins
+pub fn newest_claimed_product_uuid(tx: &Tx<'_>, node_id: &str) -> Result<Option<String>, DbError> {
+    tx.query_opt_map(
+        "SELECT product_uuid FROM joins
              WHERE node_id = ?1 AND product_uuid IS NOT NULL
              ORDER BY id DESC LIMIT 1",
-            [node_id],
-            |r| r.get(0),
-        )
-        .optional()?)
+        params![node_id],
+        |r| r.get(0),
+    )
 }
 
 /// Every node's recorded hardware key, for listings.
 pub fn keys(
-    db: &crate::db::Database,
+    db: &crate::store::Store,
 ) -> Result<std::collections::HashMap<String, String>, DbError> {
-    db.with_conn(|c| {
-        let mut st =
-            c.prepare("SELECT id, hardware_key FROM nodes WHERE hardware_key IS NOT NULL")?;
-        let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
-        rows.collect::<Result<_, _>>().map_err(DbError::from)
-    })?
+    db.read(|tx| {
+        let rows = tx.query_map(
+            "SELECT id, hardware_key FROM nodes WHERE hardware_key IS NOT NULL",
+            params![],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )?;
+        rows.collect::<Result<_, _>>()
+    })
 }
 
 #[cfg(test)]

@@ -33,10 +33,10 @@ use tokio::time::Instant;
 
 use crate::client_auth::{DbClock, DbTimeClientVerifier};
 use crate::connlimit::{Deadline, Limits, RequestGate, Slot, Tracker};
-use crate::db::Database;
 use crate::header_errors::WithErrorBodies;
 use crate::join::{ApiError, JoinService};
 use crate::pki::Bundle;
+use crate::store::Store;
 
 /// Largest request body accepted.
 pub const BODY_LIMIT: usize = 64 * 1024;
@@ -65,10 +65,7 @@ pub struct PeerAddr(pub SocketAddr);
 /// against the node CA at the database's time (`db`'s clock, see
 /// [`crate::client_auth`]); they are optional so that machines without an
 /// identity can join.
-pub fn tls_config(
-    bundle: &Bundle,
-    db: &Database,
-) -> Result<Arc<rustls::ServerConfig>, rustls::Error> {
+pub fn tls_config(bundle: &Bundle, db: &Store) -> Result<Arc<rustls::ServerConfig>, rustls::Error> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut roots = rustls::RootCertStore::empty();
     roots.add(CertificateDer::from(bundle.node_ca.cert_der().to_vec()))?;

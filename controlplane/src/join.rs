@@ -32,7 +32,6 @@ use bc_wire::signing::{self, Purpose};
 use bc_wire::token::JoinToken;
 use p256::pkcs8::DecodePublicKey;
 use prost::Message;
-use rusqlite::Transaction;
 use time::Duration;
 
 use crate::attestor::{
@@ -43,10 +42,10 @@ use crate::attestors::tpm::{self, state::ChallengeKey, TpmAttestor};
 use crate::attestors::x509pop::{self, X509PopAttestor};
 use crate::attestors::{cloud_iid, discovery, join_token, provisioned};
 use crate::config::ConfigError;
-use crate::db::{self, Database, DbError, UnixMs};
 use crate::eventlog::{EventLog, Refused};
 use crate::pki::{Bundle, NodeCertSpec, PkiError, MAX_NODE_CERT_TTL};
 use crate::records::{self, JoinRow, NewEvent, NodeRow};
+use crate::store::{self, Commit, DbError, LockKey, Store, Tx, UnixMs};
 use crate::{hardware, pools};
 
 pub const CSR_NOT_VERIFIED: &str = "join:csr-signature";
@@ -183,7 +182,7 @@ pub enum OpenError {
 
 pub struct JoinService {
     bundle: Bundle,
-    db: Arc<Database>,
+    db: Arc<Store>,
     events: EventLog,
     attestors: RwLock<AttestorRegistry>,
     on_refusal: RwLock<Option<Arc<RefusalHook>>>,
@@ -216,7 +215,7 @@ impl JoinService {
         let config = crate::config::load(dir)?;
         let bundle = Bundle::load(dir)?;
         let challenge_key = crate::pki::load_or_create_challenge_key(dir)?;
-        let db = Database::open_dir(dir)?;
+        let db = Store::open_dir(dir)?;
         let mut svc = Self::with_retention(bundle, db, config.events.retention_ms);
         svc.lease_ttl_ms = config.discovery.lease_ttl_ms;
         svc.discovery_approval = config.discovery.approval;
@@ -238,12 +237,12 @@ impl JoinService {
     }
 
     /// A JoinService running only the built-in `join-token`; see [`Self::open`].
-    pub fn new(bundle: Bundle, db: Database) -> Self {
+    pub fn new(bundle: Bundle, db: Store) -> Self {
         Self::with_retention(bundle, db, crate::config::DEFAULT_EVENTS_RETENTION_MS)
     }
 
     /// [`Self::new`], pruning events older than `retention_ms`.
-    fn with_retention(bundle: Bundle, db: Database, retention_ms: i64) -> Self {
+    fn with_retention(bundle: Bundle, db: Store, retention_ms: i64) -> Self {
         let db = Arc::new(db);
         JoinService {
             bundle,
@@ -314,7 +313,7 @@ impl JoinService {
         &self.bundle
     }
 
-    pub fn database(&self) -> &Database {
+    pub fn database(&self) -> &Store {
         &self.db
     }
 
@@ -441,51 +440,48 @@ impl JoinService {
             Err(refusal) => return Err(self.refuse(&attestor_id, refusal, source)),
         };
 
-        let outcome = self.db.with_conn(|conn| -> Result<Outcome, ApiError> {
-            let tx = db::immediate(conn)?;
-            let now = db::compute_now(&tx)?;
-            let input = AttestInput {
-                role,
-                evidence: &req.attestation,
-                token: token.as_ref(),
-                csr_der: &req.csr,
-                csr_sha256: csr.sha256,
-                csr_spki_der: &csr.spki_der,
-                csr_spki_sha256: csr.spki_sha256,
-                claims: &claims,
-                tpm: req.tpm.as_ref(),
-                now,
-                source,
-                prepared: &prepared,
-            };
-            match attestor.verify(&tx, &input) {
-                // Dropping the transaction rolls back whatever the attestor wrote.
-                Err(refusal) => Ok(Outcome::Refused(refusal)),
-                Ok(Verdict::Defer(d)) => {
+        let outcome = self
+            .db
+            .write_if(|tx| -> Result<(Outcome, Commit), ApiError> {
+                let now = tx.now()?;
+                let input = AttestInput {
+                    role,
+                    evidence: &req.attestation,
+                    token: token.as_ref(),
+                    csr_der: &req.csr,
+                    csr_sha256: csr.sha256,
+                    csr_spki_der: &csr.spki_der,
+                    csr_spki_sha256: csr.spki_sha256,
+                    claims: &claims,
+                    tpm: req.tpm.as_ref(),
+                    now,
+                    source,
+                    prepared: &prepared,
+                };
+                match attestor.verify(tx, &input) {
+                    // No commit: a refusal rolls back whatever the attestor wrote.
+                    Err(refusal) => Ok((Outcome::Refused(refusal), Commit::No)),
                     // Commit: the attestor's own rows (a pending request) persist.
-                    tx.commit().map_err(DbError::from)?;
-                    Ok(Outcome::Deferred(d))
-                }
-                Ok(Verdict::Admit(result)) => {
-                    let request = Admission {
-                        role,
-                        attestor_id: &attestor_id,
-                        csr: &csr,
-                        claims: &claims,
-                    };
-                    let admitted = check_role(&attestor_id, role, Some(&result))
-                        .and_then(|()| check_expect(&result, &claims))
-                        .and_then(|()| self.admit(&tx, now, &request, &result));
-                    match admitted {
-                        Ok((node_id, leaf)) => {
-                            tx.commit().map_err(DbError::from)?;
-                            Ok(Outcome::Joined { node_id, leaf })
+                    Ok(Verdict::Defer(d)) => Ok((Outcome::Deferred(d), Commit::Yes)),
+                    Ok(Verdict::Admit(result)) => {
+                        let request = Admission {
+                            role,
+                            attestor_id: &attestor_id,
+                            csr: &csr,
+                            claims: &claims,
+                        };
+                        let admitted = check_role(&attestor_id, role, Some(&result))
+                            .and_then(|()| check_expect(&result, &claims))
+                            .and_then(|()| self.admit(tx, now, &request, &result));
+                        match admitted {
+                            Ok((node_id, leaf)) => {
+                                Ok((Outcome::Joined { node_id, leaf }, Commit::Yes))
+                            }
+                            Err(refusal) => Ok((Outcome::Refused(refusal), Commit::No)),
                         }
-                        Err(refusal) => Ok(Outcome::Refused(refusal)),
                     }
                 }
-            }
-        })??;
+            })?;
 
         let body = match outcome {
             Outcome::Refused(refusal) => return Err(self.refuse(&attestor_id, refusal, source)),
@@ -515,7 +511,7 @@ impl JoinService {
     /// first write (and the transaction is rolled back anyway).
     fn admit(
         &self,
-        tx: &Transaction<'_>,
+        tx: &Tx<'_>,
         now: UnixMs,
         request: &Admission<'_>,
         result: &AttestationResult,
@@ -535,6 +531,22 @@ impl JoinService {
         // a reclaim, allowed only by the token (a tpm join has none). A
         // bound key (an EK in node_bindings) is the binding check's below.
         let hardware = hardware::of_result(result);
+        // PG: advisory locks on `hw:<key>` and `uuid:<uuid>`: no unique
+        // index can say "one live holder", so two joins of one machine must
+        // not both pass `holder` below.
+        if let Some(hk) = &hardware {
+            let mut keys = vec![LockKey {
+                namespace: "hw",
+                key: &hk.key,
+            }];
+            if let Some(uuid) = &hk.product_uuid {
+                keys.push(LockKey {
+                    namespace: "uuid",
+                    key: uuid,
+                });
+            }
+            tx.lock(&keys)?;
+        }
         let bound = match &result.binding {
             Some(b) => records::binding_by_key(tx, &b.kind, &b.key)?.is_some(),
             None => false,
@@ -681,7 +693,7 @@ impl JoinService {
 
         // X.509 times have whole seconds; issue at whole seconds so the
         // stored validity is the certificate's.
-        let not_before = db::to_datetime(now - now.rem_euclid(1000));
+        let not_before = store::to_datetime(now - now.rem_euclid(1000));
         let cert_ttl = capped_ttl(cert_ttl, now, entry_end);
         let issued = self
             .bundle
@@ -726,7 +738,7 @@ impl JoinService {
                     "reclaim": reclaim.is_some(),
                     "pool": pool.id,
                     "serial": issued.serial_hex,
-                    "notAfter": db::rfc3339(db::from_datetime(issued.not_after)),
+                    "notAfter": store::rfc3339(store::from_datetime(issued.not_after)),
                 }),
             },
         )?;
@@ -1247,7 +1259,7 @@ mod tests {
         fn id(&self) -> &str {
             JOIN_TOKEN
         }
-        fn verify(&self, _: &Transaction<'_>, _: &AttestInput<'_>) -> Result<Verdict, Refusal> {
+        fn verify(&self, _: &Tx<'_>, _: &AttestInput<'_>) -> Result<Verdict, Refusal> {
             Ok(Verdict::Defer(Deferral::Pending {
                 request_id: "req_1".into(),
                 retry_after_seconds: 30,
@@ -1260,7 +1272,7 @@ mod tests {
         fn id(&self) -> &str {
             "bad-statement"
         }
-        fn verify(&self, _: &Transaction<'_>, _: &AttestInput<'_>) -> Result<Verdict, Refusal> {
+        fn verify(&self, _: &Tx<'_>, _: &AttestInput<'_>) -> Result<Verdict, Refusal> {
             Ok(Verdict::Admit(Box::new(AttestationResult {
                 node_key_uri: Some("urn:bc:other:1".into()),
                 node_key: NodeKeyKind::Tpm,
@@ -1291,7 +1303,7 @@ mod tests {
         fn id(&self) -> &str {
             self.id
         }
-        fn verify(&self, _: &Transaction<'_>, _: &AttestInput<'_>) -> Result<Verdict, Refusal> {
+        fn verify(&self, _: &Tx<'_>, _: &AttestInput<'_>) -> Result<Verdict, Refusal> {
             Ok(Verdict::Admit(Box::new(
                 self.result.lock().unwrap().clone(),
             )))

@@ -24,7 +24,6 @@ pub mod boot;
 pub mod client_auth;
 pub mod config;
 pub mod connlimit;
-pub mod db;
 pub mod dist;
 pub mod dist_serve;
 pub mod eventlog;
@@ -45,6 +44,7 @@ pub mod records;
 pub mod renew;
 pub mod siteapi;
 pub mod sites;
+pub mod store;
 #[cfg(test)]
 mod test_support;
 pub mod tokens;

@@ -24,11 +24,10 @@
 //! A change that is already in effect (retiring a retired node) changes
 //! nothing and stores no event.
 
-use rusqlite::Transaction;
 use serde_json::json;
 
-use crate::db::{self, Database, DbError, UnixMs};
 use crate::records::{self, BindingRow, CertRow, NewEvent, NodeRow};
+use crate::store::{params, DbError, Store, Tx, UnixMs};
 
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
@@ -60,16 +59,15 @@ pub struct Deleted {
 }
 
 /// Raises the node's identity generation and revokes every certificate it has.
-pub fn revoke_identity(db: &Database, node_id: &str) -> Result<RevokedIdentity, NodeError> {
-    db.write(|tx| {
+pub fn revoke_identity(db: &Store, node_id: &str) -> Result<RevokedIdentity, NodeError> {
+    let r = db.write(|tx| -> Result<_, NodeError> {
         let node = live_node(tx, node_id)?;
-        let now = db::compute_now(tx)?;
+        let now = tx.now()?;
         let generation = node.identity_generation.saturating_add(1);
         tx.execute(
             "UPDATE nodes SET identity_generation = ?2 WHERE id = ?1",
-            rusqlite::params![node.id, generation],
-        )
-        .map_err(DbError::from)?;
+            params![node.id, generation],
+        )?;
         let revoked = records::revoke_all_certs(tx, &node.id, now)?;
         event(
             tx,
@@ -78,22 +76,29 @@ pub fn revoke_identity(db: &Database, node_id: &str) -> Result<RevokedIdentity, 
             &node.id,
             json!({ "identityGeneration": generation, "revokedCerts": revoked }),
         )?;
-        tracing::info!(node_id = %node.id, generation, revoked, "node identity revoked");
         Ok(RevokedIdentity {
             node_id: node.id,
             identity_generation: generation,
             revoked_certs: revoked,
         })
-    })
+    })?;
+    // Logged once committed (a re-run transaction logs nothing twice).
+    tracing::info!(
+        node_id = %r.node_id,
+        generation = r.identity_generation,
+        revoked = r.revoked_certs,
+        "node identity revoked"
+    );
+    Ok(r)
 }
 
 /// Retires a node; `false` if it already was.
-pub fn retire(db: &Database, node_id: &str) -> Result<bool, NodeError> {
+pub fn retire(db: &Store, node_id: &str) -> Result<bool, NodeError> {
     stamp(db, node_id, Stamp::Retired)
 }
 
 /// Cordons a node; `false` if it already was.
-pub fn cordon(db: &Database, node_id: &str) -> Result<bool, NodeError> {
+pub fn cordon(db: &Store, node_id: &str) -> Result<bool, NodeError> {
     stamp(db, node_id, Stamp::Cordoned)
 }
 
@@ -106,7 +111,7 @@ enum Stamp {
 
 /// Sets `which` on a live node at the database's now, with its event;
 /// `false` (and nothing written) if it was already set.
-fn stamp(db: &Database, node_id: &str, which: Stamp) -> Result<bool, NodeError> {
+fn stamp(db: &Store, node_id: &str, which: Stamp) -> Result<bool, NodeError> {
     let (sql, kind, label) = match which {
         Stamp::Retired => (
             "UPDATE nodes SET retired_at = ?2 WHERE id = ?1",
@@ -119,7 +124,7 @@ fn stamp(db: &Database, node_id: &str, which: Stamp) -> Result<bool, NodeError> 
             "node cordoned",
         ),
     };
-    db.write(|tx| {
+    let stamped = db.write(|tx| -> Result<_, NodeError> {
         let node = live_node(tx, node_id)?;
         let already = match which {
             Stamp::Retired => node.retired_at.is_some(),
@@ -128,19 +133,21 @@ fn stamp(db: &Database, node_id: &str, which: Stamp) -> Result<bool, NodeError> 
         if already {
             return Ok(false);
         }
-        let now = db::compute_now(tx)?;
-        tx.execute(sql, rusqlite::params![node.id, now])
-            .map_err(DbError::from)?;
+        let now = tx.now()?;
+        tx.execute(sql, params![node.id, now])?;
         event(tx, kind, now, &node.id, json!({}))?;
-        tracing::info!(node_id = %node.id, "{label}");
         Ok(true)
-    })
+    })?;
+    if stamped {
+        tracing::info!(node_id = %node_id, "{label}");
+    }
+    Ok(stamped)
 }
 
 /// Deletes a cordoned node: revokes its certificates, frees its bindings,
 /// removes resolve entries naming it.
-pub fn delete(db: &Database, node_id: &str) -> Result<Deleted, NodeError> {
-    db.write(|tx| {
+pub fn delete(db: &Store, node_id: &str) -> Result<Deleted, NodeError> {
+    let d = db.write(|tx| -> Result<_, NodeError> {
         let node = live_node(tx, node_id)?;
         if node.cordoned_at.is_none() {
             return Err(NodeError::Precondition(format!(
@@ -148,17 +155,17 @@ pub fn delete(db: &Database, node_id: &str) -> Result<Deleted, NodeError> {
                 node.id, node.id
             )));
         }
-        let now = db::compute_now(tx)?;
+        let now = tx.now()?;
         tx.execute(
             "UPDATE nodes SET deleted_at = ?2 WHERE id = ?1",
-            rusqlite::params![node.id, now],
-        )
-        .map_err(DbError::from)?;
+            params![node.id, now],
+        )?;
         let revoked = records::revoke_all_certs(tx, &node.id, now)?;
         let freed = records::delete_bindings_of_node(tx, &node.id)?;
-        let resolve = tx
-            .execute("DELETE FROM tpm_resolve WHERE node_id = ?1", [&node.id])
-            .map_err(DbError::from)?;
+        let resolve = tx.execute(
+            "DELETE FROM tpm_resolve WHERE node_id = ?1",
+            params![&node.id],
+        )?;
         let bindings: Vec<_> = freed
             .iter()
             .map(|b| json!({ "kind": b.kind, "key": b.key }))
@@ -174,25 +181,26 @@ pub fn delete(db: &Database, node_id: &str) -> Result<Deleted, NodeError> {
                 "removedResolveEntries": resolve,
             }),
         )?;
-        tracing::info!(
-            node_id = %node.id,
-            revoked,
-            bindings = freed.len(),
-            "node deleted"
-        );
         Ok(Deleted {
             node_id: node.id,
             revoked_certs: revoked,
             freed_bindings: freed,
             removed_resolve_entries: resolve,
         })
-    })
+    })?;
+    tracing::info!(
+        node_id = %d.node_id,
+        revoked = d.revoked_certs,
+        bindings = d.freed_bindings.len(),
+        "node deleted"
+    );
+    Ok(d)
 }
 
 /// A node's certificates, oldest first; a deleted node's too (its history).
-pub fn certs(db: &Database, node_id: &str) -> Result<Vec<CertRow>, NodeError> {
+pub fn certs(db: &Store, node_id: &str) -> Result<Vec<CertRow>, NodeError> {
     let exists = db
-        .with_conn(|c| records::node_including_deleted(c, node_id))??
+        .read(|tx| records::node_including_deleted(tx, node_id))?
         .is_some();
     if !exists {
         return Err(NodeError::NotFound(node_id.to_owned()));
@@ -200,12 +208,12 @@ pub fn certs(db: &Database, node_id: &str) -> Result<Vec<CertRow>, NodeError> {
     Ok(records::list_certs(db, node_id)?)
 }
 
-fn live_node(tx: &Transaction<'_>, node_id: &str) -> Result<NodeRow, NodeError> {
+fn live_node(tx: &Tx<'_>, node_id: &str) -> Result<NodeRow, NodeError> {
     records::node_for_update(tx, node_id)?.ok_or_else(|| NodeError::NotFound(node_id.to_owned()))
 }
 
 fn event(
-    tx: &Transaction<'_>,
+    tx: &Tx<'_>,
     kind: &str,
     at: UnixMs,
     node_id: &str,
@@ -232,23 +240,21 @@ mod tests {
 
     use crate::test_support::temp_db as fixture;
 
-    fn node(db: &Database, id: &str) {
+    fn node(db: &Store, id: &str) {
         crate::test_support::insert_node(db, id, "join-token", 1);
     }
 
-    fn cert(db: &Database, id: &str, serial: &str, generation: i64) {
+    fn cert(db: &Store, id: &str, serial: &str, generation: i64) {
         db.write(|tx| {
             tx.execute(
                 "INSERT INTO node_certs (serial, node_id, identity_generation, der, not_before, not_after)
                  VALUES (?1, ?2, ?3, x'00', 0, 1)",
-                rusqlite::params![serial, id, generation],
-            )
-            .map_err(DbError::from)
-        })
+                params![serial, id, generation],
+            )})
         .unwrap();
     }
 
-    fn kinds(db: &Database) -> Vec<String> {
+    fn kinds(db: &Store) -> Vec<String> {
         records::list_events(db)
             .unwrap()
             .into_iter()
@@ -308,12 +314,7 @@ mod tests {
         cert(&f.db, "node_a", "01", 1);
         f.db.write(|tx| {
             records::insert_binding(tx, "tpm-ek", "ab", "node_a", 1)?;
-            tx.execute(
-                "INSERT INTO tpm_resolve (ek_sha256, node_id, created_at) VALUES ('cd', 'node_a', 1)",
-                [],
-            )
-            .map_err(DbError::from)
-        })
+            tx.execute("INSERT INTO tpm_resolve (ek_sha256, node_id, created_at) VALUES ('cd', 'node_a', 1)", params![])})
         .unwrap();
         let err = delete(&f.db, "node_a").unwrap_err();
         assert!(matches!(err, NodeError::Precondition(_)), "{err}");

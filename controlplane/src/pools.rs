@@ -7,11 +7,10 @@
 //! another. No API moves a node between pools: a node gets its pool at join,
 //! where the policy is checked.
 
-use rusqlite::{Connection, OptionalExtension, Transaction};
 use serde_json::{json, Value};
 
 use crate::attestor::EkAssurance;
-use crate::db::{self, Database, DbError, UnixMs};
+use crate::store::{params, DbError, Row, Store, Tx, UnixMs};
 
 pub const DEFAULT_POOL: &str = "default";
 pub const DEFAULT_OWNER: &str = "root";
@@ -144,7 +143,7 @@ pub fn validate_join_attestors(list: &[String], known: &[&str]) -> Result<(), Po
 /// Creates a pool. `join_attestors`, when given, is validated against
 /// `known` (the attestors the control plane runs).
 pub fn create_pool(
-    db: &Database,
+    db: &Store,
     id: &str,
     owner: &str,
     join_attestors: Option<&[String]>,
@@ -163,16 +162,15 @@ pub fn create_pool(
                 "pool {id:?} already exists"
             )));
         }
-        let now = db::compute_now(tx)?;
+        let now = tx.now()?;
         tx.execute(
             "INSERT INTO pools (id, owner, policy, created_at) VALUES (?1, ?2, ?3, ?4)",
-            rusqlite::params![id, owner, policy.to_string(), now],
-        )
-        .map_err(DbError::from)?;
+            params![id, owner, policy.to_string(), now],
+        )?;
         Ok(PoolRow {
             id: id.to_owned(),
             owner: owner.to_owned(),
-            policy,
+            policy: policy.clone(),
             created_at: now,
         })
     })
@@ -181,7 +179,7 @@ pub fn create_pool(
 /// Replaces `policy.joinAttestors` (`None` removes it: any attestor) and
 /// keeps the rest of the policy.
 pub fn set_join_attestors(
-    db: &Database,
+    db: &Store,
     id: &str,
     join_attestors: Option<&[String]>,
     known: &[&str],
@@ -195,7 +193,7 @@ pub fn set_join_attestors(
 /// Replaces `policy.minEkAssurance` (`None` removes it) and keeps the rest
 /// of the policy.
 pub fn set_min_ek_assurance(
-    db: &Database,
+    db: &Store,
     id: &str,
     min: Option<EkAssurance>,
 ) -> Result<PoolRow, PoolError> {
@@ -205,22 +203,22 @@ pub fn set_min_ek_assurance(
 /// Sets one key of a pool's policy (`None` removes it), keeping the rest,
 /// in one write transaction.
 fn set_policy_key(
-    db: &Database,
+    db: &Store,
     id: &str,
     key: &str,
     value: Option<Value>,
 ) -> Result<PoolRow, PoolError> {
     db.write(|tx| {
-        let mut pool = get(tx, id)?.ok_or_else(|| PoolError::NotFound(id.to_owned()))?;
+        let mut pool = get_for_update(tx, id)?.ok_or_else(|| PoolError::NotFound(id.to_owned()))?;
         let Value::Object(map) = &mut pool.policy else {
             return Err(PoolError::Db(DbError::Corrupt {
                 what: "pool policy",
                 detail: format!("pool {id}: not an object"),
             }));
         };
-        match value {
+        match &value {
             Some(v) => {
-                map.insert(key.to_owned(), v);
+                map.insert(key.to_owned(), v.clone());
             }
             None => {
                 map.remove(key);
@@ -228,51 +226,59 @@ fn set_policy_key(
         }
         tx.execute(
             "UPDATE pools SET policy = ?2 WHERE id = ?1",
-            rusqlite::params![id, pool.policy.to_string()],
-        )
-        .map_err(DbError::from)?;
+            params![id, pool.policy.to_string()],
+        )?;
         Ok(pool)
     })
 }
 
 /// One pool, read in `conn`'s transaction.
-pub fn get(conn: &Connection, id: &str) -> Result<Option<PoolRow>, DbError> {
-    let row = conn
-        .query_row(
-            "SELECT id, owner, policy, created_at FROM pools WHERE id = ?1",
-            [id],
-            read_row,
-        )
-        .optional()?;
+pub fn get(tx: &Tx<'_>, id: &str) -> Result<Option<PoolRow>, DbError> {
+    get_locked(tx, id, "")
+}
+
+/// As [`get`], the pool's row locked until commit: a policy change reads
+/// the policy and writes it merged (PG: `FOR UPDATE`, no lost update).
+pub fn get_for_update(tx: &Tx<'_>, id: &str) -> Result<Option<PoolRow>, DbError> {
+    get_locked(tx, id, tx.dialect().for_update())
+}
+
+fn get_locked(tx: &Tx<'_>, id: &str, lock: &str) -> Result<Option<PoolRow>, DbError> {
+    let row = tx.query_opt_map(
+        &format!("SELECT id, owner, policy, created_at FROM pools WHERE id = ?1{lock}"),
+        params![id],
+        read_row,
+    )?;
     row.map(finish).transpose()
 }
 
 /// The pool `id`, or NOT_FOUND: for commands that put something in a pool.
-pub fn require(tx: &Transaction<'_>, id: &str) -> Result<PoolRow, PoolError> {
+pub fn require(tx: &Tx<'_>, id: &str) -> Result<PoolRow, PoolError> {
     get(tx, id)?.ok_or_else(|| PoolError::NotFound(id.to_owned()))
 }
 
 /// Every pool, with how many nodes it holds.
-pub fn list_pools(db: &Database) -> Result<Vec<(PoolRow, i64)>, DbError> {
-    db.with_conn(|c| {
-        let mut st = c.prepare(
+pub fn list_pools(db: &Store) -> Result<Vec<(PoolRow, i64)>, DbError> {
+    db.read(|tx| {
+        let rows = tx.query_map(
             "SELECT p.id, p.owner, p.policy, p.created_at,
                     (SELECT count(*) FROM nodes n WHERE n.pool_id = p.id AND n.deleted_at IS NULL)
              FROM pools p ORDER BY p.created_at, p.id",
+            params![],
+            |r| Ok((read_row(r)?, r.get::<i64>(4)?)),
         )?;
-        let rows = st.query_map([], |r| Ok((read_row(r)?, r.get::<_, i64>(4)?)))?;
         let mut out = Vec::new();
         for row in rows {
             let (raw, nodes) = row?;
             out.push((finish(raw)?, nodes));
         }
         Ok(out)
-    })?
+    })
 }
 
 type RawRow = (String, String, String, UnixMs);
 
-fn read_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawRow> {
+fn read_row(r: &Row) -> Result<RawRow, DbError> {
     Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
 }
 
@@ -319,7 +325,7 @@ mod tests {
     #[test]
     fn default_pool_create_update_list() {
         let dir = tempfile::tempdir().unwrap();
-        let db = Database::open_dir(dir.path()).unwrap();
+        let db = Store::open_dir(dir.path()).unwrap();
         let pools = list_pools(&db).unwrap();
         assert_eq!(pools.len(), 1);
         assert_eq!(pools[0].0.id, DEFAULT_POOL);

@@ -1,10 +1,8 @@
 //! Nodes, their certificates, hardware bindings, the joins audit, and the
 //! event log.
 
-use rusqlite::{OptionalExtension, Transaction};
-
-use crate::db::{Database, DbError, UnixMs};
 use crate::pki::IssuedCert;
+use crate::store::{params, DbError, Row, Store, Tx, UnixMs};
 
 /// Event type of a successful join.
 pub const EVENT_NODE_JOINED: &str = "node.joined";
@@ -42,7 +40,7 @@ pub struct NodeRow {
 const NODE_SELECT: &str = "SELECT id, role, identity_generation, attestor, joined_at, retired_at, \
      pool_id, cordoned_at, deleted_at FROM nodes";
 
-fn read_node(r: &rusqlite::Row<'_>) -> rusqlite::Result<NodeRow> {
+fn read_node(r: &Row) -> Result<NodeRow, DbError> {
     Ok(NodeRow {
         id: r.get(0)?,
         role: r.get(1)?,
@@ -57,44 +55,72 @@ fn read_node(r: &rusqlite::Row<'_>) -> rusqlite::Result<NodeRow> {
 }
 
 /// The nodes that exist (deleted ones left out), oldest first.
-pub fn list_nodes(db: &Database) -> Result<Vec<NodeRow>, DbError> {
-    db.with_conn(|c| {
-        let mut st = c.prepare(&format!(
-            "{NODE_SELECT} WHERE deleted_at IS NULL ORDER BY joined_at, id"
-        ))?;
-        let rows = st.query_map([], read_node)?;
-        rows.collect::<Result<Vec<_>, _>>().map_err(DbError::from)
-    })?
+pub fn list_nodes(db: &Store) -> Result<Vec<NodeRow>, DbError> {
+    db.read(|tx| {
+        let rows = tx.query_map(
+            &format!("{NODE_SELECT} WHERE deleted_at IS NULL ORDER BY joined_at, id"),
+            params![],
+            read_node,
+        )?;
+        rows.collect::<Result<Vec<_>, _>>()
+    })
+}
+
+/// The node `id`, deleted ones left out unless `deleted`, its row locked
+/// by `lock` (a [`crate::store::Dialect`] fragment).
+fn node_row(tx: &Tx<'_>, id: &str, deleted: bool, lock: &str) -> Result<Option<NodeRow>, DbError> {
+    let live = if deleted {
+        ""
+    } else {
+        " AND deleted_at IS NULL"
+    };
+    tx.query_opt_map(
+        &format!("{NODE_SELECT} WHERE id = ?1{live}{lock}"),
+        params![id],
+        read_node,
+    )
 }
 
 /// A node that exists; a deleted node is `None`, so no join can reclaim it
-/// and no resolve entry can name it.
-pub fn node_for_update(tx: &Transaction<'_>, id: &str) -> Result<Option<NodeRow>, DbError> {
-    Ok(tx
-        .query_row(
-            &format!("{NODE_SELECT} WHERE id = ?1 AND deleted_at IS NULL"),
-            [id],
-            read_node,
-        )
-        .optional()?)
+/// and no resolve entry can name it. Its row stays as read until commit
+/// (PG: `FOR UPDATE`; SQLite: the IMMEDIATE transaction).
+pub fn node_for_update(tx: &Tx<'_>, id: &str) -> Result<Option<NodeRow>, DbError> {
+    node_row(tx, id, false, tx.dialect().for_update())
+}
+
+/// As [`node_for_update`], for a node the transaction only relies on (a
+/// discovery join's signer; PG: `FOR SHARE`).
+pub fn node_for_share(tx: &Tx<'_>, id: &str) -> Result<Option<NodeRow>, DbError> {
+    node_row(tx, id, false, tx.dialect().for_share())
 }
 
 /// A node, deleted or not (Renew and x509pop name a deleted node's refusal).
-pub fn node_including_deleted(
-    conn: &rusqlite::Connection,
-    id: &str,
-) -> Result<Option<NodeRow>, DbError> {
-    Ok(conn
-        .query_row(&format!("{NODE_SELECT} WHERE id = ?1"), [id], read_node)
-        .optional()?)
+pub fn node_including_deleted(tx: &Tx<'_>, id: &str) -> Result<Option<NodeRow>, DbError> {
+    node_row(tx, id, true, "")
 }
 
-pub fn insert_node(tx: &Transaction<'_>, n: &NodeRow) -> Result<(), DbError> {
+/// As [`node_including_deleted`], its row locked until commit: Renew issues
+/// a certificate of the generation it read (PG: `FOR UPDATE`, so no revoke
+/// or reclaim commits in between).
+pub fn node_including_deleted_for_update(
+    tx: &Tx<'_>,
+    id: &str,
+) -> Result<Option<NodeRow>, DbError> {
+    node_row(tx, id, true, tx.dialect().for_update())
+}
+
+/// As [`node_including_deleted`], its row unchanged until commit (x509pop;
+/// PG: `FOR SHARE`).
+pub fn node_including_deleted_for_share(tx: &Tx<'_>, id: &str) -> Result<Option<NodeRow>, DbError> {
+    node_row(tx, id, true, tx.dialect().for_share())
+}
+
+pub fn insert_node(tx: &Tx<'_>, n: &NodeRow) -> Result<(), DbError> {
     tx.execute(
         "INSERT INTO nodes (id, role, identity_generation, attestor, joined_at, retired_at,
              pool_id, cordoned_at, deleted_at)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-        rusqlite::params![
+        params![
             n.id,
             n.role,
             n.identity_generation,
@@ -120,26 +146,24 @@ pub struct NodeScope {
     pub max_cert_ttl_ms: Option<i64>,
 }
 
-pub fn set_node_scope(tx: &Transaction<'_>, node_id: &str, s: &NodeScope) -> Result<(), DbError> {
+pub fn set_node_scope(tx: &Tx<'_>, node_id: &str, s: &NodeScope) -> Result<(), DbError> {
     let kinds = s
         .allowed_kinds
         .as_ref()
         .map(|k| serde_json::to_string(k).unwrap_or_else(|_| "[]".to_owned()));
     tx.execute(
         "UPDATE nodes SET site_id = ?2, allowed_kinds = ?3, max_cert_ttl_ms = ?4 WHERE id = ?1",
-        rusqlite::params![node_id, s.site_id, kinds, s.max_cert_ttl_ms],
+        params![node_id, s.site_id, kinds, s.max_cert_ttl_ms],
     )?;
     Ok(())
 }
 
-pub fn node_scope(conn: &rusqlite::Connection, node_id: &str) -> Result<NodeScope, DbError> {
-    let row: Option<(Option<String>, Option<String>, Option<i64>)> = conn
-        .query_row(
-            "SELECT site_id, allowed_kinds, max_cert_ttl_ms FROM nodes WHERE id = ?1",
-            [node_id],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-        )
-        .optional()?;
+pub fn node_scope(tx: &Tx<'_>, node_id: &str) -> Result<NodeScope, DbError> {
+    let row: Option<(Option<String>, Option<String>, Option<i64>)> = tx.query_opt_map(
+        "SELECT site_id, allowed_kinds, max_cert_ttl_ms FROM nodes WHERE id = ?1",
+        params![node_id],
+        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+    )?;
     let Some((site_id, kinds, max_cert_ttl_ms)) = row else {
         return Ok(NodeScope::default());
     };
@@ -158,23 +182,22 @@ pub fn node_scope(conn: &rusqlite::Connection, node_id: &str) -> Result<NodeScop
 }
 
 /// Every node's scope, by node id (for `nodes list`).
-pub fn node_scopes(db: &Database) -> Result<std::collections::HashMap<String, NodeScope>, DbError> {
-    let ids: Vec<String> = db.with_conn(|c| {
-        let mut st = c.prepare("SELECT id FROM nodes")?;
-        let rows = st.query_map([], |r| r.get(0))?;
+pub fn node_scopes(db: &Store) -> Result<std::collections::HashMap<String, NodeScope>, DbError> {
+    let ids: Vec<String> = db.read(|tx| {
+        let rows = tx.query_map("SELECT id FROM nodes", params![], |r| r.get(0))?;
         rows.collect::<Result<Vec<String>, _>>()
-    })??;
-    db.with_conn(|c| {
+    })?;
+    db.read(|tx| {
         ids.into_iter()
-            .map(|id| node_scope(c, &id).map(|s| (id, s)))
+            .map(|id| node_scope(tx, &id).map(|s| (id, s)))
             .collect()
-    })?
+    })
 }
 
 /// Moves a node to a new identity generation (a reclaim) and revokes every
 /// certificate of the older generations: only the new certificate is valid.
 pub fn start_generation(
-    tx: &Transaction<'_>,
+    tx: &Tx<'_>,
     node_id: &str,
     generation: i64,
     attestor: &str,
@@ -182,12 +205,12 @@ pub fn start_generation(
 ) -> Result<(), DbError> {
     tx.execute(
         "UPDATE nodes SET identity_generation = ?2, attestor = ?3 WHERE id = ?1",
-        rusqlite::params![node_id, generation, attestor],
+        params![node_id, generation, attestor],
     )?;
     tx.execute(
         "UPDATE node_certs SET revoked_at = ?3
          WHERE node_id = ?1 AND identity_generation < ?2 AND revoked_at IS NULL",
-        rusqlite::params![node_id, generation, now],
+        params![node_id, generation, now],
     )?;
     Ok(())
 }
@@ -207,7 +230,7 @@ pub struct CertRow {
 const CERT_SELECT: &str = "SELECT serial, node_id, identity_generation, der, not_before, \
      not_after, revoked_at FROM node_certs";
 
-fn read_cert(r: &rusqlite::Row<'_>) -> rusqlite::Result<CertRow> {
+fn read_cert(r: &Row) -> Result<CertRow, DbError> {
     Ok(CertRow {
         serial: r.get(0)?,
         node_id: r.get(1)?,
@@ -221,45 +244,36 @@ fn read_cert(r: &rusqlite::Row<'_>) -> rusqlite::Result<CertRow> {
 
 /// The certificate of `node_id` whose DER is exactly `der`: a certificate
 /// the control plane issued to that node, byte for byte.
-pub fn cert_by_der(
-    conn: &rusqlite::Connection,
-    node_id: &str,
-    der: &[u8],
-) -> Result<Option<CertRow>, DbError> {
-    Ok(conn
-        .query_row(
-            &format!("{CERT_SELECT} WHERE node_id = ?1 AND der = ?2"),
-            rusqlite::params![node_id, der],
-            read_cert,
-        )
-        .optional()?)
+pub fn cert_by_der(tx: &Tx<'_>, node_id: &str, der: &[u8]) -> Result<Option<CertRow>, DbError> {
+    tx.query_opt_map(
+        &format!("{CERT_SELECT} WHERE node_id = ?1 AND der = ?2"),
+        params![node_id, der],
+        read_cert,
+    )
 }
 
 /// Every certificate of a node, oldest first.
-pub fn list_certs(db: &Database, node_id: &str) -> Result<Vec<CertRow>, DbError> {
-    db.with_conn(|c| {
-        let mut st = c.prepare(&format!(
-            "{CERT_SELECT} WHERE node_id = ?1 ORDER BY not_before, rowid"
-        ))?;
-        let rows = st.query_map([node_id], read_cert)?;
-        rows.collect::<Result<Vec<_>, _>>().map_err(DbError::from)
-    })?
+pub fn list_certs(db: &Store, node_id: &str) -> Result<Vec<CertRow>, DbError> {
+    db.read(|tx| {
+        let rows = tx.query_map(
+            &format!("{CERT_SELECT} WHERE node_id = ?1 ORDER BY not_before, rowid"),
+            params![node_id],
+            read_cert,
+        )?;
+        rows.collect::<Result<Vec<_>, _>>()
+    })
 }
 
 /// Revokes every certificate of a node not revoked yet; returns how many.
-pub fn revoke_all_certs(
-    tx: &Transaction<'_>,
-    node_id: &str,
-    now: UnixMs,
-) -> Result<usize, DbError> {
-    Ok(tx.execute(
+pub fn revoke_all_certs(tx: &Tx<'_>, node_id: &str, now: UnixMs) -> Result<usize, DbError> {
+    tx.execute(
         "UPDATE node_certs SET revoked_at = ?2 WHERE node_id = ?1 AND revoked_at IS NULL",
-        rusqlite::params![node_id, now],
-    )?)
+        params![node_id, now],
+    )
 }
 
 pub fn insert_cert(
-    tx: &Transaction<'_>,
+    tx: &Tx<'_>,
     node_id: &str,
     generation: i64,
     cert: &IssuedCert,
@@ -267,13 +281,13 @@ pub fn insert_cert(
     tx.execute(
         "INSERT INTO node_certs (serial, node_id, identity_generation, der, not_before, not_after)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-        rusqlite::params![
+        params![
             cert.serial_hex,
             node_id,
             generation,
             cert.der,
-            crate::db::from_datetime(cert.not_before),
-            crate::db::from_datetime(cert.not_after)
+            crate::store::from_datetime(cert.not_before),
+            crate::store::from_datetime(cert.not_after)
         ],
     )?;
     Ok(())
@@ -281,17 +295,12 @@ pub fn insert_cert(
 
 /// The owner of the pool a node is in (deleted or not): refusals about a
 /// node are attributed to them.
-pub fn pool_owner_of_node(
-    conn: &rusqlite::Connection,
-    node_id: &str,
-) -> Result<Option<String>, DbError> {
-    Ok(conn
-        .query_row(
-            "SELECT p.owner FROM nodes n JOIN pools p ON p.id = n.pool_id WHERE n.id = ?1",
-            [node_id],
-            |r| r.get(0),
-        )
-        .optional()?)
+pub fn pool_owner_of_node(tx: &Tx<'_>, node_id: &str) -> Result<Option<String>, DbError> {
+    tx.query_opt_map(
+        "SELECT p.owner FROM nodes n JOIN pools p ON p.id = n.pool_id WHERE n.id = ?1",
+        params![node_id],
+        |r| r.get(0),
+    )
 }
 
 /// A hardware key bound to a node.
@@ -303,7 +312,7 @@ pub struct BindingRow {
     pub created_at: UnixMs,
 }
 
-fn read_binding(r: &rusqlite::Row<'_>) -> rusqlite::Result<BindingRow> {
+fn read_binding(r: &Row) -> Result<BindingRow, DbError> {
     Ok(BindingRow {
         kind: r.get(0)?,
         key: r.get(1)?,
@@ -315,37 +324,29 @@ fn read_binding(r: &rusqlite::Row<'_>) -> rusqlite::Result<BindingRow> {
 const BINDING_SELECT: &str = "SELECT kind, key, node_id, created_at FROM node_bindings";
 
 /// The node a hardware key is bound to.
-pub fn binding_by_key(
-    conn: &rusqlite::Connection,
-    kind: &str,
-    key: &str,
-) -> Result<Option<BindingRow>, DbError> {
-    Ok(conn
-        .query_row(
-            &format!("{BINDING_SELECT} WHERE kind = ?1 AND key = ?2"),
-            [kind, key],
-            read_binding,
-        )
-        .optional()?)
+pub fn binding_by_key(tx: &Tx<'_>, kind: &str, key: &str) -> Result<Option<BindingRow>, DbError> {
+    tx.query_opt_map(
+        &format!("{BINDING_SELECT} WHERE kind = ?1 AND key = ?2"),
+        params![kind, key],
+        read_binding,
+    )
 }
 
 /// The key of `kind` a node is bound to (at most one per kind).
 pub fn binding_of_node(
-    conn: &rusqlite::Connection,
+    tx: &Tx<'_>,
     node_id: &str,
     kind: &str,
 ) -> Result<Option<BindingRow>, DbError> {
-    Ok(conn
-        .query_row(
-            &format!("{BINDING_SELECT} WHERE node_id = ?1 AND kind = ?2"),
-            [node_id, kind],
-            read_binding,
-        )
-        .optional()?)
+    tx.query_opt_map(
+        &format!("{BINDING_SELECT} WHERE node_id = ?1 AND kind = ?2"),
+        params![node_id, kind],
+        read_binding,
+    )
 }
 
 pub fn insert_binding(
-    tx: &Transaction<'_>,
+    tx: &Tx<'_>,
     kind: &str,
     key: &str,
     node_id: &str,
@@ -353,34 +354,38 @@ pub fn insert_binding(
 ) -> Result<(), DbError> {
     tx.execute(
         "INSERT INTO node_bindings (kind, key, node_id, created_at) VALUES (?1, ?2, ?3, ?4)",
-        rusqlite::params![kind, key, node_id, now],
+        params![kind, key, node_id, now],
     )?;
     Ok(())
 }
 
 /// Frees every hardware key bound to a node; returns what was freed.
-pub fn delete_bindings_of_node(
-    tx: &Transaction<'_>,
-    node_id: &str,
-) -> Result<Vec<BindingRow>, DbError> {
+pub fn delete_bindings_of_node(tx: &Tx<'_>, node_id: &str) -> Result<Vec<BindingRow>, DbError> {
     let freed = {
-        let mut st = tx.prepare(&format!(
-            "{BINDING_SELECT} WHERE node_id = ?1 ORDER BY kind"
-        ))?;
-        let rows = st.query_map([node_id], read_binding)?;
+        let rows = tx.query_map(
+            &format!("{BINDING_SELECT} WHERE node_id = ?1 ORDER BY kind"),
+            params![node_id],
+            read_binding,
+        )?;
         rows.collect::<Result<Vec<_>, _>>()?
     };
-    tx.execute("DELETE FROM node_bindings WHERE node_id = ?1", [node_id])?;
+    tx.execute(
+        "DELETE FROM node_bindings WHERE node_id = ?1",
+        params![node_id],
+    )?;
     Ok(freed)
 }
 
 /// Every binding, by node then kind.
-pub fn list_bindings(db: &Database) -> Result<Vec<BindingRow>, DbError> {
-    db.with_conn(|c| {
-        let mut st = c.prepare(&format!("{BINDING_SELECT} ORDER BY node_id, kind"))?;
-        let rows = st.query_map([], read_binding)?;
-        rows.collect::<Result<Vec<_>, _>>().map_err(DbError::from)
-    })?
+pub fn list_bindings(db: &Store) -> Result<Vec<BindingRow>, DbError> {
+    db.read(|tx| {
+        let rows = tx.query_map(
+            &format!("{BINDING_SELECT} ORDER BY node_id, kind"),
+            params![],
+            read_binding,
+        )?;
+        rows.collect::<Result<Vec<_>, _>>()
+    })
 }
 
 /// A row of the joins audit: one per admitted join.
@@ -399,11 +404,11 @@ pub struct JoinRow {
     pub product_uuid: Option<String>,
 }
 
-pub fn insert_join(tx: &Transaction<'_>, j: &JoinRow) -> Result<(), DbError> {
+pub fn insert_join(tx: &Tx<'_>, j: &JoinRow) -> Result<(), DbError> {
     tx.execute(
         "INSERT INTO joins (node_id, attestor, node_key, identity_generation, at, product_uuid, ek_assurance)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-        rusqlite::params![
+        params![
             j.node_id,
             j.attestor,
             j.node_key,
@@ -417,40 +422,39 @@ pub fn insert_join(tx: &Transaction<'_>, j: &JoinRow) -> Result<(), DbError> {
 }
 
 /// The node key of each node's last join (`tpm` or `unattested`).
-pub fn last_node_keys(db: &Database) -> Result<std::collections::HashMap<String, String>, DbError> {
-    db.with_conn(|c| {
-        let mut st = c.prepare(
+pub fn last_node_keys(db: &Store) -> Result<std::collections::HashMap<String, String>, DbError> {
+    db.read(|tx| {
+        let rows = tx.query_map(
             "SELECT node_id, node_key FROM joins
              WHERE id IN (SELECT max(id) FROM joins GROUP BY node_id)",
+            params![],
+            |r| Ok((r.get(0)?, r.get(1)?)),
         )?;
-        let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
-        rows.collect::<Result<_, _>>().map_err(DbError::from)
-    })?
+        rows.collect::<Result<_, _>>()
+    })
 }
 
 /// The EK assurance of each node's last join, for nodes whose last join
 /// proved an EK.
 pub fn last_ek_assurances(
-    db: &Database,
+    db: &Store,
 ) -> Result<std::collections::HashMap<String, String>, DbError> {
-    db.with_conn(|c| {
-        let mut st = c.prepare(
+    db.read(|tx| {
+        let rows = tx.query_map(
             "SELECT node_id, ek_assurance FROM joins
              WHERE id IN (SELECT max(id) FROM joins GROUP BY node_id) AND ek_assurance IS NOT NULL",
+            params![],
+            |r| Ok((r.get(0)?, r.get(1)?)),
         )?;
-        let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
-        rows.collect::<Result<_, _>>().map_err(DbError::from)
-    })?
+        rows.collect::<Result<_, _>>()
+    })
 }
 
 /// The joins audit, oldest first.
-pub fn list_joins(db: &Database) -> Result<Vec<JoinRow>, DbError> {
-    db.with_conn(|c| {
-        let mut st = c.prepare(
-            "SELECT node_id, attestor, node_key, identity_generation, at, product_uuid, ek_assurance
-             FROM joins ORDER BY id",
-        )?;
-        let rows = st.query_map([], |r| {
+pub fn list_joins(db: &Store) -> Result<Vec<JoinRow>, DbError> {
+    db.read(|tx| {
+        let rows = tx.query_map("SELECT node_id, attestor, node_key, identity_generation, at, product_uuid, ek_assurance
+             FROM joins ORDER BY id", params![], |r| {
             Ok(JoinRow {
                 node_id: r.get(0)?,
                 attestor: r.get(1)?,
@@ -461,8 +465,7 @@ pub fn list_joins(db: &Database) -> Result<Vec<JoinRow>, DbError> {
                 ek_assurance: r.get(6)?,
             })
         })?;
-        rows.collect::<Result<Vec<_>, _>>().map_err(DbError::from)
-    })?
+        rows.collect::<Result<Vec<_>, _>>()})
 }
 
 /// An event to append to the log.
@@ -477,43 +480,44 @@ pub struct NewEvent<'a> {
     pub data: serde_json::Value,
 }
 
-pub fn insert_event(tx: &Transaction<'_>, e: &NewEvent<'_>) -> Result<i64, DbError> {
+pub fn insert_event(tx: &Tx<'_>, e: &NewEvent<'_>) -> Result<i64, DbError> {
     let data = if e.data.is_null() {
         "{}".to_owned()
     } else {
         e.data.to_string()
     };
-    tx.execute(
+    // RETURNING, not last_insert_rowid(): the same text on every backend.
+    tx.query_one(
         "INSERT INTO events (type, at, attestor, reason, token_id, node_id, data)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-        rusqlite::params![e.kind, e.at, e.attestor, e.reason, e.token_id, e.node_id, data],
-    )?;
-    Ok(tx.last_insert_rowid())
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) RETURNING id",
+        params![e.kind, e.at, e.attestor, e.reason, e.token_id, e.node_id, data],
+    )?
+    .get(0)
 }
 
 /// Sets `data.count` of an aggregated event.
-pub fn set_event_count(tx: &Transaction<'_>, id: i64, count: u64) -> Result<(), DbError> {
+pub fn set_event_count(tx: &Tx<'_>, id: i64, count: u64) -> Result<(), DbError> {
     let count = i64::try_from(count).unwrap_or(i64::MAX);
     tx.execute(
         "UPDATE events SET data = json_set(data, '$.count', ?2) WHERE id = ?1",
-        rusqlite::params![id, count],
+        params![id, count],
     )?;
     Ok(())
 }
 
 /// Deletes at most `limit` events older than `before`, oldest first;
 /// returns how many.
-pub fn delete_events_before(
-    tx: &Transaction<'_>,
-    before: UnixMs,
-    limit: usize,
-) -> Result<usize, DbError> {
+pub fn delete_events_before(tx: &Tx<'_>, before: UnixMs, limit: usize) -> Result<usize, DbError> {
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-    Ok(tx.execute(
-        "DELETE FROM events WHERE id IN
-             (SELECT id FROM events WHERE at < ?1 ORDER BY at LIMIT ?2)",
-        rusqlite::params![before, limit],
-    )?)
+    // PG: `FOR UPDATE SKIP LOCKED`, so two replicas' writers prune apart.
+    tx.execute(
+        &format!(
+            "DELETE FROM events WHERE id IN
+                 (SELECT id FROM events WHERE at < ?1 ORDER BY at LIMIT ?2{})",
+            tx.dialect().skip_locked()
+        ),
+        params![before, limit],
+    )
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -529,12 +533,9 @@ pub struct EventRow {
 }
 
 /// The whole event log, oldest first.
-pub fn list_events(db: &Database) -> Result<Vec<EventRow>, DbError> {
-    db.with_conn(|c| {
-        let mut st = c.prepare(
-            "SELECT id, type, at, attestor, reason, token_id, node_id, data FROM events ORDER BY id",
-        )?;
-        let rows = st.query_map([], |r| {
+pub fn list_events(db: &Store) -> Result<Vec<EventRow>, DbError> {
+    db.read(|tx| {
+        let rows = tx.query_map("SELECT id, type, at, attestor, reason, token_id, node_id, data FROM events ORDER BY id", params![], |r| {
             let data: String = r.get(7)?;
             Ok((
                 EventRow {
@@ -560,5 +561,5 @@ pub fn list_events(db: &Database) -> Result<Vec<EventRow>, DbError> {
             out.push(ev);
         }
         Ok(out)
-    })?
+    })
 }

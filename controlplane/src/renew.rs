@@ -48,14 +48,13 @@
 use bc_wire::agent::{RenewRequest, RenewResponse, TpmKeyAttestation};
 use bc_wire::tpm::{self as wtpm, Public};
 use prost::Message;
-use rusqlite::Transaction;
 use subtle::ConstantTimeEq;
 
 use crate::attestor::NodeKeyKind;
-use crate::db::{self, DbError, UnixMs};
 use crate::join::{verify_csr, ApiError, JoinService, VerifiedCsr, CSR_KEY as JOIN_CSR_KEY};
 use crate::pki::{NodeCertIdentity, NodeCertSpec};
 use crate::records::{self, NewEvent};
+use crate::store::{self, Commit, DbError, Tx, UnixMs};
 
 pub const NO_CLIENT_CERTIFICATE: &str = "no-client-certificate";
 pub const CERTIFICATE_IDENTITY: &str = "certificate-identity";
@@ -139,21 +138,17 @@ impl JoinService {
             }
         };
 
-        let outcome = self.database().with_conn(
-            |conn| -> Result<Result<Renewed, &'static str>, ApiError> {
-                let tx = db::immediate(conn)?;
-                let now = db::compute_now(&tx)?;
-                match self.renew_in(&tx, now, leaf, &identity, &csr, req) {
-                    Ok(done) => {
-                        tx.commit().map_err(DbError::from)?;
-                        Ok(Ok(done))
-                    }
-                    // Dropping the transaction rolls back.
-                    Err(Stop::Refused(reason)) => Ok(Err(reason)),
+        let outcome = self.database().write_if(
+            |tx| -> Result<(Result<Renewed, &'static str>, Commit), ApiError> {
+                let now = tx.now()?;
+                match self.renew_in(tx, now, leaf, &identity, &csr, req) {
+                    Ok(done) => Ok((Ok(done), Commit::Yes)),
+                    // No commit: a refusal rolls back.
+                    Err(Stop::Refused(reason)) => Ok((Err(reason), Commit::No)),
                     Err(Stop::Failed(e)) => Err(e),
                 }
             },
-        )??;
+        )?;
         match outcome {
             Ok(done) => Ok(RenewResponse {
                 chain: vec![done.leaf, self.node_ca_der().to_vec()],
@@ -165,7 +160,7 @@ impl JoinService {
     /// The checks that need the database, then the new certificate.
     fn renew_in(
         &self,
-        tx: &Transaction<'_>,
+        tx: &Tx<'_>,
         now: UnixMs,
         leaf: &[u8],
         identity: &NodeCertIdentity,
@@ -175,7 +170,7 @@ impl JoinService {
         let node_id = identity.node_id.as_str();
         let cert =
             records::cert_by_der(tx, node_id, leaf)?.ok_or(Stop::Refused(UNKNOWN_CERTIFICATE))?;
-        let node = records::node_including_deleted(tx, node_id)?
+        let node = records::node_including_deleted_for_update(tx, node_id)?
             .ok_or(Stop::Refused(UNKNOWN_CERTIFICATE))?;
         if node.deleted_at.is_some() {
             return Err(Stop::Refused(DELETED));
@@ -208,7 +203,7 @@ impl JoinService {
         let cert_ttl = crate::join::capped_ttl(cert_ttl, now, entry_end);
         // X.509 times have whole seconds; issue at whole seconds so the
         // stored validity is the certificate's.
-        let not_before = db::to_datetime(now - now.rem_euclid(1000));
+        let not_before = store::to_datetime(now - now.rem_euclid(1000));
         let issued = self
             .bundle()
             .node_ca
@@ -222,7 +217,7 @@ impl JoinService {
             })
             .map_err(|e| Stop::Failed(ApiError::Internal(e.to_string())))?;
         records::insert_cert(tx, node_id, node.identity_generation, &issued)?;
-        let not_after = db::rfc3339(db::from_datetime(issued.not_after));
+        let not_after = store::rfc3339(store::from_datetime(issued.not_after));
         records::insert_event(
             tx,
             &NewEvent {
@@ -276,7 +271,7 @@ impl JoinService {
         }
         tracing::warn!(node_id = node_id.unwrap_or(""), reason, "renew refused");
         let stored = self.database().write(|tx| {
-            let now = db::compute_now(tx)?;
+            let now = tx.now()?;
             let owner = match node_id {
                 Some(id) => records::pool_owner_of_node(tx, id)?,
                 None => None,

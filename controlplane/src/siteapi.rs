@@ -30,13 +30,12 @@ use bc_wire::site_v1::{
     ListBootEntriesRequest, ReleaseLeaseRequest, RenewLeaseRequest, SecretRequest, SecretResponse,
 };
 use prost::Message;
-use rusqlite::Transaction;
 
-use crate::db::{self, DbError, UnixMs};
 use crate::eventlog::Refused as Counted;
 use crate::join::{ApiError, JoinService};
 use crate::records;
 use crate::sites::{self, Lease, LeaseOutcome};
+use crate::store::{Commit, DbError, Tx, UnixMs};
 
 pub const EVENT_SITE_REFUSED: &str = "security.site.refused";
 
@@ -216,7 +215,7 @@ impl JoinService {
             // Bound to the workflow named, never "the newest for the MAC".
             let entry = Some(body.workflow_id.as_str())
                 .filter(|w| !w.is_empty())
-                .map(|w| crate::boot::get(tx, w))
+                .map(|w| crate::boot::get_for_update(tx, w))
                 .transpose()?
                 .flatten()
                 .filter(|e| e.site_id == body.site_id)
@@ -281,7 +280,7 @@ impl JoinService {
     /// Refuses (`not-lease-holder`) unless `me` holds `site_id`'s boot lease.
     fn require_holder(
         &self,
-        tx: &Transaction<'_>,
+        tx: &Tx<'_>,
         site_id: &str,
         me: Option<&str>,
         now: UnixMs,
@@ -303,31 +302,27 @@ impl JoinService {
         leaf: Option<&[u8]>,
         source: Option<IpAddr>,
         site_id: &str,
-        f: impl FnOnce(&Transaction<'_>, &Caller, UnixMs) -> Result<Vec<u8>, Stop>,
+        mut f: impl FnMut(&Tx<'_>, &Caller, UnixMs) -> Result<Vec<u8>, Stop>,
     ) -> Result<Vec<u8>, ApiError> {
-        let outcome =
-            self.database()
-                .with_conn(|conn| -> Result<Result<Vec<u8>, Refused>, ApiError> {
-                    let tx = db::immediate(conn)?;
-                    let now = db::compute_now(&tx)?;
-                    let result = self
-                        .site_caller(&tx, leaf, site_id, now)
-                        .and_then(|caller| f(&tx, &caller, now));
-                    match result {
-                        Ok(out) => {
-                            tx.commit().map_err(DbError::from)?;
-                            Ok(Ok(out))
-                        }
-                        Err(Stop::Refused(r)) => Ok(Err(r)),
-                        Err(Stop::Failed(e)) => Err(e),
-                    }
-                })??;
+        let outcome = self.database().write_if(
+            |tx| -> Result<(Result<Vec<u8>, Refused>, Commit), ApiError> {
+                let now = tx.now()?;
+                let result = self
+                    .site_caller(tx, leaf, site_id, now)
+                    .and_then(|caller| f(tx, &caller, now));
+                match result {
+                    Ok(out) => Ok((Ok(out), Commit::Yes)),
+                    Err(Stop::Refused(r)) => Ok((Err(r), Commit::No)),
+                    Err(Stop::Failed(e)) => Err(e),
+                }
+            },
+        )?;
         outcome.map_err(|r| self.refuse_site(call, site_id, source, r))
     }
 
     fn site_caller(
         &self,
-        tx: &Transaction<'_>,
+        tx: &Tx<'_>,
         leaf: Option<&[u8]>,
         site_id: &str,
         now: UnixMs,
@@ -418,7 +413,7 @@ impl JoinService {
     /// What admits a machine's commissioning at `site_id` now.
     fn commissioning(
         &self,
-        tx: &Transaction<'_>,
+        tx: &Tx<'_>,
         site_id: &str,
         now: UnixMs,
     ) -> Result<CommissioningPolicy, DbError> {

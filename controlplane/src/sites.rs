@@ -7,10 +7,8 @@
 //! holder (or taken again after it lapsed), so an assertion signed under an
 //! older epoch is refused (fencing). Every time is the database's.
 
-use rusqlite::{OptionalExtension, Transaction};
-
-use crate::db::{self, Database, DbError, UnixMs};
 use crate::pools::{check_name, PoolError};
+use crate::store::{params, DbError, LockKey, Store, Tx, UnixMs};
 
 /// The boot lease's default TTL: a holder that stops renewing is replaced
 /// after this.
@@ -24,7 +22,7 @@ pub struct SiteRow {
 }
 
 /// Creates a site named `name` (unique); returns its row.
-pub fn create(db: &Database, name: &str) -> Result<SiteRow, PoolError> {
+pub fn create(db: &Store, name: &str) -> Result<SiteRow, PoolError> {
     check_name("site name", name)?;
     let id = crate::ids::random_id("site_").map_err(DbError::Random)?;
     db.write(|tx| {
@@ -33,12 +31,11 @@ pub fn create(db: &Database, name: &str) -> Result<SiteRow, PoolError> {
                 "a site named {name:?} already exists"
             )));
         }
-        let now = db::compute_now(tx)?;
+        let now = tx.now()?;
         tx.execute(
             "INSERT INTO sites (id, name, created_at) VALUES (?1, ?2, ?3)",
-            rusqlite::params![id, name, now],
-        )
-        .map_err(DbError::from)?;
+            params![id, name, now],
+        )?;
         Ok(SiteRow {
             id: id.clone(),
             name: name.to_owned(),
@@ -47,27 +44,24 @@ pub fn create(db: &Database, name: &str) -> Result<SiteRow, PoolError> {
     })
 }
 
-fn by_name(tx: &Transaction<'_>, name: &str) -> Result<Option<String>, DbError> {
-    Ok(tx
-        .query_row("SELECT id FROM sites WHERE name = ?1", [name], |r| r.get(0))
-        .optional()?)
+fn by_name(tx: &Tx<'_>, name: &str) -> Result<Option<String>, DbError> {
+    tx.query_opt_map("SELECT id FROM sites WHERE name = ?1", params![name], |r| {
+        r.get(0)
+    })
 }
 
 /// The site `id_or_name` names (an id, else a name): its id.
-pub fn resolve(tx: &Transaction<'_>, id_or_name: &str) -> Result<String, PoolError> {
-    let id: Option<String> = tx
-        .query_row(
-            "SELECT id FROM sites WHERE id = ?1 OR name = ?1",
-            [id_or_name],
-            |r| r.get(0),
-        )
-        .optional()
-        .map_err(DbError::from)?;
+pub fn resolve(tx: &Tx<'_>, id_or_name: &str) -> Result<String, PoolError> {
+    let id: Option<String> = tx.query_opt_map(
+        "SELECT id FROM sites WHERE id = ?1 OR name = ?1",
+        params![id_or_name],
+        |r| r.get(0),
+    )?;
     id.ok_or_else(|| PoolError::InvalidInput(format!("no site {id_or_name:?}")))
 }
 
 /// Fails unless site `id` exists.
-pub fn require(tx: &Transaction<'_>, id: &str) -> Result<(), PoolError> {
+pub fn require(tx: &Tx<'_>, id: &str) -> Result<(), PoolError> {
     resolve(tx, id).and_then(|found| {
         if found == id {
             Ok(())
@@ -77,18 +71,21 @@ pub fn require(tx: &Transaction<'_>, id: &str) -> Result<(), PoolError> {
     })
 }
 
-pub fn list(db: &Database) -> Result<Vec<SiteRow>, DbError> {
-    db.with_conn(|c| {
-        let mut st = c.prepare("SELECT id, name, created_at FROM sites ORDER BY created_at, id")?;
-        let rows = st.query_map([], |r| {
-            Ok(SiteRow {
-                id: r.get(0)?,
-                name: r.get(1)?,
-                created_at: r.get(2)?,
-            })
-        })?;
-        Ok(rows.collect::<Result<Vec<_>, _>>()?)
-    })?
+pub fn list(db: &Store) -> Result<Vec<SiteRow>, DbError> {
+    db.read(|tx| {
+        let rows = tx.query_map(
+            "SELECT id, name, created_at FROM sites ORDER BY created_at, id",
+            params![],
+            |r| {
+                Ok(SiteRow {
+                    id: r.get(0)?,
+                    name: r.get(1)?,
+                    created_at: r.get(2)?,
+                })
+            },
+        )?;
+        rows.collect::<Result<Vec<_>, _>>()
+    })
 }
 
 /// A lease as stored. `holder` is `None` once released.
@@ -107,14 +104,26 @@ impl Lease {
     }
 }
 
-pub fn get_lease(tx: &Transaction<'_>, name: &str) -> Result<Option<Lease>, DbError> {
-    let row: Option<(Option<String>, i64, i64)> = tx
-        .query_row(
-            "SELECT holder, epoch, expires_at FROM leases WHERE name = ?1",
-            [name],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-        )
-        .optional()?;
+/// Serialises the changes of one lease: a first take finds no row to lock,
+/// so two site nodes would both take epoch 1 (PG: an advisory lock on
+/// `lease:<name>`; SQLite: the IMMEDIATE transaction already does).
+fn lock_lease(tx: &Tx<'_>, name: &str) -> Result<(), DbError> {
+    tx.lock(&[LockKey {
+        namespace: "lease",
+        key: name,
+    }])
+}
+
+pub fn get_lease(tx: &Tx<'_>, name: &str) -> Result<Option<Lease>, DbError> {
+    // PG: `FOR SHARE`: a discovery join relies on the epoch it read.
+    let row: Option<(Option<String>, i64, i64)> = tx.query_opt_map(
+        &format!(
+            "SELECT holder, epoch, expires_at FROM leases WHERE name = ?1{}",
+            tx.dialect().for_share()
+        ),
+        params![name],
+        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+    )?;
     Ok(row.map(|(holder, epoch, expires_at)| Lease {
         name: name.to_owned(),
         holder,
@@ -123,7 +132,7 @@ pub fn get_lease(tx: &Transaction<'_>, name: &str) -> Result<Option<Lease>, DbEr
     }))
 }
 
-fn put_lease(tx: &Transaction<'_>, l: &Lease) -> Result<(), DbError> {
+fn put_lease(tx: &Tx<'_>, l: &Lease) -> Result<(), DbError> {
     let epoch = i64::try_from(l.epoch).map_err(|_| DbError::Corrupt {
         what: "lease epoch",
         detail: l.epoch.to_string(),
@@ -131,7 +140,7 @@ fn put_lease(tx: &Transaction<'_>, l: &Lease) -> Result<(), DbError> {
     tx.execute(
         "INSERT INTO leases (name, holder, epoch, expires_at) VALUES (?1, ?2, ?3, ?4)
          ON CONFLICT (name) DO UPDATE SET holder = ?2, epoch = ?3, expires_at = ?4",
-        rusqlite::params![l.name, l.holder, epoch, l.expires_at],
+        params![l.name, l.holder, epoch, l.expires_at],
     )?;
     Ok(())
 }
@@ -150,12 +159,13 @@ pub enum LeaseOutcome {
 /// Takes the lease for `node` or extends its hold. The epoch rises
 /// whenever the holder changes or the lease is taken again after it lapsed.
 pub fn acquire(
-    tx: &Transaction<'_>,
+    tx: &Tx<'_>,
     name: &str,
     node: &str,
     now: UnixMs,
     ttl_ms: i64,
 ) -> Result<LeaseOutcome, DbError> {
+    lock_lease(tx, name)?;
     let current = get_lease(tx, name)?;
     let lease = match &current {
         Some(l) if l.holder_at(now) == Some(node) => Lease {
@@ -177,13 +187,14 @@ pub fn acquire(
 /// Extends `node`'s hold at `epoch`; refused (`Lost`) unless it still holds
 /// exactly that epoch.
 pub fn renew(
-    tx: &Transaction<'_>,
+    tx: &Tx<'_>,
     name: &str,
     node: &str,
     epoch: u64,
     now: UnixMs,
     ttl_ms: i64,
 ) -> Result<LeaseOutcome, DbError> {
+    lock_lease(tx, name)?;
     let current = get_lease(tx, name)?;
     match current {
         Some(l) if l.holder_at(now) == Some(node) && l.epoch == epoch => {
@@ -200,12 +211,13 @@ pub fn renew(
 
 /// Gives the lease up so a standby takes it at once (with a new epoch).
 pub fn release(
-    tx: &Transaction<'_>,
+    tx: &Tx<'_>,
     name: &str,
     node: &str,
     epoch: u64,
     now: UnixMs,
 ) -> Result<LeaseOutcome, DbError> {
+    lock_lease(tx, name)?;
     let current = get_lease(tx, name)?;
     match current {
         Some(l) if l.holder_at(now) == Some(node) && l.epoch == epoch => {

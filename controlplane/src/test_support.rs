@@ -9,10 +9,10 @@ use bc_wire::agent::{JoinRequest, JoinResponseBody, Role};
 use prost::Message;
 use rcgen::{KeyPair, PublicKeyData};
 
-use crate::db::{self, Database, UnixMs};
 use crate::join::JoinService;
 use crate::pki::NodeCertSpec;
 use crate::records;
+use crate::store::{self, Store, UnixMs};
 
 /// The trust domain of every fixture DIR.
 pub(crate) const TRUST_DOMAIN: &str = "bc.test";
@@ -52,18 +52,18 @@ pub(crate) fn cp_with(toml: Option<&str>, prepare: impl FnOnce(&std::path::Path)
 /// bundle: for the tests below JoinService.
 pub(crate) struct TempDb {
     _dir: tempfile::TempDir,
-    pub(crate) db: Database,
+    pub(crate) db: Store,
 }
 
 pub(crate) fn temp_db() -> TempDb {
     let dir = tempfile::tempdir().unwrap();
-    let db = Database::open_dir(dir.path()).unwrap();
+    let db = Store::open_dir(dir.path()).unwrap();
     TempDb { _dir: dir, db }
 }
 
 /// Inserts a live node `id` (role node, generation 1, pool default), as a
 /// join by `attestor` at `joined_at` would.
-pub(crate) fn insert_node(db: &Database, id: &str, attestor: &str, joined_at: UnixMs) {
+pub(crate) fn insert_node(db: &Store, id: &str, attestor: &str, joined_at: UnixMs) {
     db.write(|tx| {
         records::insert_node(
             tx,
@@ -114,21 +114,18 @@ pub(crate) fn uri_sans(der: &[u8]) -> Vec<String> {
 }
 
 impl Cp {
-    pub(crate) fn db(&self) -> &Database {
+    pub(crate) fn db(&self) -> &Store {
         self.svc.database()
     }
 
     /// The database's time.
     pub(crate) fn now(&self) -> UnixMs {
-        self.db()
-            .with_conn(|c| db::compute_now(c))
-            .unwrap()
-            .unwrap()
+        self.db().read(|tx| tx.now()).unwrap()
     }
 
     pub(crate) fn move_clock(&self, offset_ms: i64) {
         self.db()
-            .write(|tx| db::set_clock_offset_ms(tx, offset_ms))
+            .write(|tx| store::set_clock_offset_ms(tx, offset_ms))
             .unwrap();
     }
 
@@ -177,7 +174,7 @@ impl Cp {
         store: bool,
     ) -> Vec<u8> {
         let now = self.now();
-        let not_before = db::to_datetime(now - now.rem_euclid(1000));
+        let not_before = store::to_datetime(now - now.rem_euclid(1000));
         let issued = self
             .svc
             .bundle()

@@ -3,12 +3,11 @@
 
 use bc_wire::agent::Role;
 use bc_wire::token::JoinToken;
-use rusqlite::{OptionalExtension, Transaction};
 
 use crate::attestor::Expect;
-use crate::db::{self, Database, DbError, UnixMs};
 use crate::pools::{self, PoolError};
 use crate::records;
+use crate::store::{params, DbError, Row, Store, Tx, UnixMs};
 
 /// A `join_tokens` row; never holds the secret.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -40,7 +39,7 @@ pub fn secret_sha256(secret: &[u8]) -> [u8; 32] {
 /// Mints a token of `role` with `uses` uses that expires `ttl_ms` after the
 /// database's now. Returns the token (shown once to the operator) and its row.
 pub fn create_token(
-    db: &Database,
+    db: &Store,
     role: Role,
     uses: u32,
     ttl_ms: i64,
@@ -57,7 +56,7 @@ pub fn create_token(
 
 /// [`create_token`] whose nodes join `pool` (which must exist).
 pub fn create_token_in_pool(
-    db: &Database,
+    db: &Store,
     role: Role,
     uses: u32,
     ttl_ms: i64,
@@ -82,7 +81,7 @@ pub struct TokenScope<'a> {
 /// (values already normalized, see [`crate::attestor::normalize_mac`]):
 /// JoinService refuses a join whose claims do not match.
 pub fn create_bound_token(
-    db: &Database,
+    db: &Store,
     role: Role,
     uses: u32,
     ttl_ms: i64,
@@ -100,7 +99,7 @@ pub fn create_bound_token(
 /// Mints a token inside a write transaction (so a boot entry and its token
 /// are written together).
 pub fn insert_token(
-    tx: &Transaction<'_>,
+    tx: &Tx<'_>,
     role: &str,
     uses: u32,
     ttl_ms: i64,
@@ -127,7 +126,7 @@ pub fn insert_token(
                 )));
             }
         }
-        let now = db::compute_now(tx)?;
+        let now = tx.now()?;
         let row = TokenRow {
             id: token.id.clone(),
             secret_sha256: secret_sha256(&token.secret),
@@ -147,7 +146,7 @@ pub fn insert_token(
                                       expect_product_uuid, expect_mac, site_id,
                                       target_node_id, allow_reclaim)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
-            rusqlite::params![
+            params![
                 row.id,
                 row.secret_sha256.as_slice(),
                 row.role,
@@ -161,8 +160,7 @@ pub fn insert_token(
                 row.target_node_id,
                 row.allow_reclaim
             ],
-        )
-        .map_err(DbError::from)?;
+        )?;
         row
     };
     Ok((token, row))
@@ -176,9 +174,9 @@ pub enum RevokeOutcome {
 }
 
 /// Revokes a token at the database's now; revoking twice keeps the first time.
-pub fn revoke_token(db: &Database, id: &str) -> Result<RevokeOutcome, DbError> {
+pub fn revoke_token(db: &Store, id: &str) -> Result<RevokeOutcome, DbError> {
     db.write(|tx| {
-        let now = db::compute_now(tx)?;
+        let now = tx.now()?;
         let Some(row) = token_for_update(tx, id)? else {
             return Ok(RevokeOutcome::Unknown);
         };
@@ -187,38 +185,44 @@ pub fn revoke_token(db: &Database, id: &str) -> Result<RevokeOutcome, DbError> {
         }
         tx.execute(
             "UPDATE join_tokens SET revoked_at = ?2 WHERE id = ?1",
-            rusqlite::params![id, now],
+            params![id, now],
         )?;
         Ok(RevokeOutcome::Revoked)
     })
 }
 
-pub fn list_tokens(db: &Database) -> Result<Vec<TokenRow>, DbError> {
-    db.with_conn(|c| {
-        let mut st = c.prepare(&format!("{SELECT} ORDER BY created_at, id"))?;
-        let rows = st.query_map([], read_row)?;
+pub fn list_tokens(db: &Store) -> Result<Vec<TokenRow>, DbError> {
+    db.read(|tx| {
+        let rows = tx.query_map(
+            &format!("{SELECT} ORDER BY created_at, id"),
+            params![],
+            read_row,
+        )?;
         let mut out = Vec::new();
         for r in rows {
             out.push(r??);
         }
         Ok(out)
-    })?
+    })
 }
 
 /// Reads a token row inside a write transaction. The transaction is
 /// IMMEDIATE, so the row cannot change until it ends: this is the lock.
-pub fn token_for_update(tx: &Transaction<'_>, id: &str) -> Result<Option<TokenRow>, DbError> {
-    let row = tx
-        .query_row(&format!("{SELECT} WHERE id = ?1"), [id], read_row)
-        .optional()?;
+pub fn token_for_update(tx: &Tx<'_>, id: &str) -> Result<Option<TokenRow>, DbError> {
+    // PG: `FOR UPDATE`: no revoke or spend between the check and the use.
+    let row = tx.query_opt_map(
+        &format!("{SELECT} WHERE id = ?1{}", tx.dialect().for_update()),
+        params![id],
+        read_row,
+    )?;
     row.transpose()
 }
 
 /// Spends one use of a token; refuses (as an error) a token with none left.
-pub fn consume_use(tx: &Transaction<'_>, id: &str) -> Result<(), DbError> {
+pub fn consume_use(tx: &Tx<'_>, id: &str) -> Result<(), DbError> {
     let n = tx.execute(
         "UPDATE join_tokens SET uses_left = uses_left - 1 WHERE id = ?1 AND uses_left > 0",
-        [id],
+        params![id],
     )?;
     if n == 1 {
         Ok(())
@@ -237,7 +241,7 @@ const SELECT: &str =
 
 type RowResult = Result<TokenRow, DbError>;
 
-fn read_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RowResult> {
+fn read_row(r: &Row) -> Result<RowResult, DbError> {
     let id: String = r.get(0)?;
     let hash: Vec<u8> = r.get(1)?;
     let Ok(secret_sha256) = <[u8; 32]>::try_from(hash.as_slice()) else {

@@ -12,30 +12,27 @@
 //! deletes at most [`PRUNE_BATCH`] expired rows, so the table holds about
 //! the uses of one expiry window and no call does unbounded work.
 
-use rusqlite::{OptionalExtension, Transaction};
-
-use crate::db::{DbError, UnixMs};
+use crate::store::{params, DbError, Tx, UnixMs};
 
 /// Expired rows deleted per call, the spec's `pruneAttestationUses` default.
 pub const PRUNE_BATCH: i64 = 5_000;
 
 /// Whether `subject` was already accepted by `attestor` (expired or not:
 /// evidence past its expiry is refused by its own checks).
-pub fn is_spent(tx: &Transaction<'_>, attestor: &str, subject: &str) -> Result<bool, DbError> {
+pub fn is_spent(tx: &Tx<'_>, attestor: &str, subject: &str) -> Result<bool, DbError> {
     Ok(tx
-        .query_row(
+        .query_opt_map(
             "SELECT 1 FROM attestation_uses WHERE attestor = ?1 AND subject = ?2",
-            rusqlite::params![attestor, subject],
+            params![attestor, subject],
             |_| Ok(()),
-        )
-        .optional()?
+        )?
         .is_some())
 }
 
 /// Records that `attestor` accepted `subject`, good until `expires_at`;
 /// `false` (nothing written) if it already had. Prunes first.
 pub fn spend(
-    tx: &Transaction<'_>,
+    tx: &Tx<'_>,
     attestor: &str,
     subject: &str,
     expires_at: UnixMs,
@@ -45,25 +42,31 @@ pub fn spend(
     let inserted = tx.execute(
         "INSERT INTO attestation_uses (attestor, subject, expires_at) VALUES (?1, ?2, ?3)
          ON CONFLICT (attestor, subject) DO NOTHING",
-        rusqlite::params![attestor, subject, expires_at],
+        params![attestor, subject, expires_at],
     )?;
     Ok(inserted == 1)
 }
 
 /// Deletes at most `batch` rows that expired before `now`, oldest first;
 /// returns how many.
-pub fn prune(tx: &Transaction<'_>, now: UnixMs, batch: i64) -> Result<usize, DbError> {
-    Ok(tx.execute(
-        "DELETE FROM attestation_uses WHERE rowid IN (
-             SELECT rowid FROM attestation_uses WHERE expires_at < ?1
-             ORDER BY expires_at LIMIT ?2)",
-        rusqlite::params![now, batch],
-    )?)
+pub fn prune(tx: &Tx<'_>, now: UnixMs, batch: i64) -> Result<usize, DbError> {
+    // PG: `FOR UPDATE SKIP LOCKED`, so concurrent joins skip each other's
+    // expired rows instead of waiting on them.
+    tx.execute(
+        &format!(
+            "DELETE FROM attestation_uses WHERE rowid IN (
+                 SELECT rowid FROM attestation_uses WHERE expires_at < ?1
+                 ORDER BY expires_at LIMIT ?2{})",
+            tx.dialect().skip_locked()
+        ),
+        params![now, batch],
+    )
 }
 
 /// How many uses are recorded (tests, operators).
-pub fn count(conn: &rusqlite::Connection) -> Result<i64, DbError> {
-    Ok(conn.query_row("SELECT count(*) FROM attestation_uses", [], |r| r.get(0))?)
+pub fn count(tx: &Tx<'_>) -> Result<i64, DbError> {
+    tx.query_one("SELECT count(*) FROM attestation_uses", params![])
+        .and_then(|r| r.get(0))
 }
 
 #[cfg(test)]
@@ -87,7 +90,7 @@ mod tests {
             Ok::<_, DbError>(())
         })
         .unwrap();
-        let n = |db: &crate::db::Database| db.with_conn(|c| count(c)).unwrap().unwrap();
+        let n = |db: &crate::store::Store| db.read(count).unwrap();
         assert_eq!(n(&t.db), 9);
         // At 500: the seven `old` rows expired, the others not; 3 per call.
         let pruned = t.db.write(|tx| prune(tx, 500, 3)).unwrap();
@@ -110,10 +113,9 @@ mod tests {
     #[test]
     fn a_rolled_back_use_is_not_spent() {
         let t = temp_db();
-        t.db.with_conn(|c| {
-            let tx = crate::db::immediate(c).unwrap();
-            assert!(spend(&tx, "tpm", "s", 1_000, 0).unwrap());
-            drop(tx);
+        t.db.write_if(|tx| {
+            assert!(spend(tx, "tpm", "s", 1_000, 0).unwrap());
+            Ok::<_, DbError>(((), crate::store::Commit::No))
         })
         .unwrap();
         let spent = t.db.write(|tx| is_spent(tx, "tpm", "s")).unwrap();

@@ -6,8 +6,8 @@ use std::path::Path;
 use std::sync::{Mutex, OnceLock};
 
 use bc_controlplane::attestors::tpm::ek;
-use bc_controlplane::db::{self, UnixMs};
 use bc_controlplane::pki::NodeCertSpec;
+use bc_controlplane::store::{self, UnixMs};
 use bc_controlplane::{records, JoinService};
 
 use crate::{fixtures, split_parts};
@@ -89,11 +89,11 @@ impl Cp {
     /// Puts the database clock one second after the capture.
     fn set_clock(&self) -> Result<(), String> {
         let now = time::OffsetDateTime::now_utc();
-        let real: UnixMs = db::from_datetime(now);
+        let real: UnixMs = store::from_datetime(now);
         let offset = fixtures::captured_at() + 1_000 - real;
         self.svc
             .database()
-            .write(|tx| db::set_clock_offset_ms(tx, offset))
+            .write(|tx| store::set_clock_offset_ms(tx, offset))
             .map_err(|e| e.to_string())
     }
 
@@ -112,11 +112,8 @@ impl Cp {
         let statement = bc_wire::tpm::ak_statement(&ak.name()).map_err(|e| e.to_string())?;
         let spki = { csr_spki(fixtures::TPM_CSR)? };
         let db = self.svc.database();
-        let now = db
-            .with_conn(|c| db::compute_now(c))
-            .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string())?;
-        let not_before = db::to_datetime(now - now.rem_euclid(1000));
+        let now = db.read(|tx| tx.now()).map_err(|e| e.to_string())?;
+        let not_before = store::to_datetime(now - now.rem_euclid(1000));
         let issued = self
             .svc
             .bundle()

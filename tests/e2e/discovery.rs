@@ -584,7 +584,7 @@ fn only_single_use_tokens_and_ramdisks_are_admitted() {
     let site_id = site(&cp, "dc1");
     let a = SiteNode::join(&cp, &site_id);
     let epoch = a.acquire().unwrap().epoch;
-    let db = bc_controlplane::db::Database::open_dir(cp.path()).unwrap();
+    let db = bc_controlplane::store::Store::open_dir(cp.path()).unwrap();
     let (two, _) = db
         .write(|tx| {
             let scope = TokenScope {

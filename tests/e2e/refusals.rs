@@ -683,7 +683,7 @@ impl bc_controlplane::Attestor for Plugin {
 
     fn verify(
         &self,
-        _: &rusqlite::Transaction<'_>,
+        _: &bc_controlplane::store::Tx<'_>,
         _: &bc_controlplane::AttestInput<'_>,
     ) -> Result<bc_controlplane::Verdict, bc_controlplane::Refusal> {
         Ok(bc_controlplane::Verdict::Admit(Box::new((self.result)())))

@@ -59,7 +59,6 @@
 
 use bc_wire::agent::{tpm_attestation, Role, TpmAttestation};
 use bc_wire::site;
-use rusqlite::Transaction;
 
 use crate::attestor::{
     normalize_mac, normalize_product_uuid, AttestInput, AttestationResult, Attestor, NodeKeyKind,
@@ -69,7 +68,7 @@ use crate::attestors::join_token::{live_token, TOKEN_EXHAUSTED, TOKEN_ROLE};
 use crate::attestors::tpm::{self, TpmAttestor, TpmProof};
 use crate::boot::DISCOVERY_ROLE;
 use crate::config::{DiscoveryApproval, DiscoveryConfig};
-use crate::db::{DbError, UnixMs};
+use crate::store::{params, DbError, Tx, UnixMs};
 use crate::{hardware, records, sites, tokens, uses};
 
 pub mod approval;
@@ -129,7 +128,7 @@ impl Attestor for DiscoveryAttestor {
     /// one concurrency and rate limit).
     fn prepare(
         &self,
-        db: &crate::db::Database,
+        db: &crate::store::Store,
         _evidence: &[u8],
         tpm: Option<&TpmAttestation>,
     ) -> Result<Prepared, Refusal> {
@@ -139,7 +138,7 @@ impl Attestor for DiscoveryAttestor {
         }
     }
 
-    fn verify(&self, tx: &Transaction<'_>, input: &AttestInput<'_>) -> Result<Verdict, Refusal> {
+    fn verify(&self, tx: &Tx<'_>, input: &AttestInput<'_>) -> Result<Verdict, Refusal> {
         if input.role != Role::Ramdisk {
             return Err(Refusal::new(DISCOVERY_ROLE_REASON));
         }
@@ -176,7 +175,7 @@ impl Attestor for DiscoveryAttestor {
         }
 
         // The signer.
-        let signer = records::node_for_update(tx, &assertion.node_id)?
+        let signer = records::node_for_share(tx, &assertion.node_id)?
             .ok_or_else(|| refuse(SIGNER_UNKNOWN))?;
         if signer.retired_at.is_some() {
             return Err(refuse(SIGNER_RETIRED));
@@ -374,19 +373,18 @@ fn admitted(
 /// The SubjectPublicKeyInfos of a node's certificates that are valid at
 /// `now`: its current identity generation, not revoked, not expired.
 fn live_cert_keys(
-    tx: &Transaction<'_>,
+    tx: &Tx<'_>,
     node_id: &str,
     generation: i64,
     now: UnixMs,
 ) -> Result<Vec<Vec<u8>>, DbError> {
-    let mut st = tx.prepare(
-        "SELECT der FROM node_certs WHERE node_id = ?1 AND identity_generation = ?2
+    let ders = tx
+        .query_map(
+            "SELECT der FROM node_certs WHERE node_id = ?1 AND identity_generation = ?2
            AND revoked_at IS NULL AND not_before <= ?3 AND not_after > ?3",
-    )?;
-    let ders = st
-        .query_map(rusqlite::params![node_id, generation, now], |r| {
-            r.get::<_, Vec<u8>>(0)
-        })?
+            params![node_id, generation, now],
+            |r| r.get::<Vec<u8>>(0),
+        )?
         .collect::<Result<Vec<_>, _>>()?;
     Ok(ders
         .iter()

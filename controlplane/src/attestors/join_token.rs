@@ -20,6 +20,7 @@ use crate::attestor::{
     AttestInput, AttestationResult, Attestor, NodeKeyKind, OpenedToken, Refusal, Verdict,
     JOIN_TOKEN,
 };
+use crate::store::Tx;
 use crate::tokens;
 
 pub const TOKEN_MISSING: &str = "token-missing";
@@ -40,7 +41,7 @@ pub struct JoinTokenAttestor;
 /// parses, exists (row locked by the transaction), whose secret matches
 /// (constant time), not revoked, not expired at the database's time.
 pub(crate) fn live_token<'t>(
-    tx: &rusqlite::Transaction<'_>,
+    tx: &Tx<'_>,
     input: &AttestInput<'t>,
 ) -> Result<(&'t JoinToken, tokens::TokenRow), Refusal> {
     let token = match input.token {
@@ -68,11 +69,7 @@ impl Attestor for JoinTokenAttestor {
         JOIN_TOKEN
     }
 
-    fn verify(
-        &self,
-        tx: &rusqlite::Transaction<'_>,
-        input: &AttestInput<'_>,
-    ) -> Result<Verdict, Refusal> {
+    fn verify(&self, tx: &Tx<'_>, input: &AttestInput<'_>) -> Result<Verdict, Refusal> {
         let (token, row) = live_token(tx, input)?;
         let refuse = |reason: &str| Refusal::new(reason).with_token(Some(&token.id));
         if row.uses_left <= 0 {
@@ -109,7 +106,7 @@ impl Attestor for JoinTokenAttestor {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::db::{self, Database};
+    use crate::store::{Commit, DbError, Store};
     use bc_wire::agent::{HardwareClaims, Role};
     use bc_wire::token::JoinToken;
 
@@ -118,32 +115,36 @@ mod tests {
     /// Runs the attestor in a transaction that is committed whatever the
     /// outcome, so a test sees anything a refusal would (wrongly) write,
     /// with JoinService's role check around it (whose refusal rolls back).
-    fn run(db: &Database, role: Role, token: Option<OpenedToken>) -> Result<Verdict, Refusal> {
-        db.with_conn(|c| {
-            let tx = db::immediate(c).unwrap();
-            let now = db::compute_now(&tx).unwrap();
-            let claims = HardwareClaims::default();
-            let input = AttestInput {
-                role,
-                evidence: &[],
-                token: token.as_ref(),
-                csr_der: &[],
-                csr_sha256: [0; 32],
-                csr_spki_der: &[],
-                csr_spki_sha256: [0; 32],
-                claims: &claims,
-                tpm: None,
-                now,
-                source: None,
-                prepared: &crate::attestor::Prepared::default(),
+    fn run(db: &Store, role: Role, token: Option<OpenedToken>) -> Result<Verdict, Refusal> {
+        db.write_if(|tx| {
+            let run = || -> Result<Result<Verdict, Refusal>, Refusal> {
+                let now = tx.now().unwrap();
+                let claims = HardwareClaims::default();
+                let input = AttestInput {
+                    role,
+                    evidence: &[],
+                    token: token.as_ref(),
+                    csr_der: &[],
+                    csr_sha256: [0; 32],
+                    csr_spki_der: &[],
+                    csr_spki_sha256: [0; 32],
+                    claims: &claims,
+                    tpm: None,
+                    now,
+                    source: None,
+                    prepared: &crate::attestor::Prepared::default(),
+                };
+                crate::join::check_role(JOIN_TOKEN, role, None)?;
+                let out = JoinTokenAttestor.verify(tx, &input);
+                if let Ok(Verdict::Admit(result)) = &out {
+                    crate::join::check_role(JOIN_TOKEN, role, Some(result))?;
+                }
+                Ok(out)
             };
-            crate::join::check_role(JOIN_TOKEN, role, None)?;
-            let out = JoinTokenAttestor.verify(&tx, &input);
-            if let Ok(Verdict::Admit(result)) = &out {
-                crate::join::check_role(JOIN_TOKEN, role, Some(result))?;
-            }
-            tx.commit().unwrap();
-            out
+            Ok::<_, DbError>(match run() {
+                Ok(out) => (out, Commit::Yes),
+                Err(r) => (Err(r), Commit::No),
+            })
         })
         .unwrap()
     }
@@ -155,7 +156,7 @@ mod tests {
         }
     }
 
-    fn uses_left(db: &Database, id: &str) -> i64 {
+    fn uses_left(db: &Store, id: &str) -> i64 {
         tokens::list_tokens(db)
             .unwrap()
             .into_iter()
@@ -224,7 +225,7 @@ mod tests {
         assert_eq!(uses_left(&f.db, &tok.id), 2);
 
         // Expiry is checked at the database's time.
-        f.db.write(|tx| db::set_clock_offset_ms(tx, 61_000))
+        f.db.write(|tx| crate::store::set_clock_offset_ms(tx, 61_000))
             .unwrap();
         assert_eq!(
             reason(run(
@@ -234,7 +235,8 @@ mod tests {
             )),
             TOKEN_EXPIRED
         );
-        f.db.write(|tx| db::set_clock_offset_ms(tx, 0)).unwrap();
+        f.db.write(|tx| crate::store::set_clock_offset_ms(tx, 0))
+            .unwrap();
 
         assert_eq!(
             tokens::revoke_token(&f.db, &tok.id).unwrap(),

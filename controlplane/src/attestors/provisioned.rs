@@ -15,12 +15,11 @@
 //! the machine joins as a new node. Either way the UUID is proven, so it
 //! becomes the node's trusted hardware key.
 
-use rusqlite::Transaction;
-
 use crate::attestor::{
     normalize_product_uuid, AttestInput, AttestationResult, Attestor, NodeKeyKind, Refusal, Verdict,
 };
 use crate::attestors::join_token::{live_token, TOKEN_EXHAUSTED, TOKEN_ROLE};
+use crate::store::Tx;
 use crate::{hardware, records, tokens};
 
 pub const PROVISIONED: &str = "provisioned";
@@ -37,7 +36,7 @@ impl Attestor for ProvisionedAttestor {
         PROVISIONED
     }
 
-    fn verify(&self, tx: &Transaction<'_>, input: &AttestInput<'_>) -> Result<Verdict, Refusal> {
+    fn verify(&self, tx: &Tx<'_>, input: &AttestInput<'_>) -> Result<Verdict, Refusal> {
         let (token, row) = live_token(tx, input)?;
         let target = row.target_node_id.as_deref();
         let refuse = |reason: &str| {
@@ -82,7 +81,7 @@ impl Attestor for ProvisionedAttestor {
 /// The product UUID of the live node a token was minted for, from its
 /// newest join's claims (spec: resolveTarget). `None` when the node is gone
 /// or never claimed one.
-fn target_uuid(tx: &Transaction<'_>, node_id: &str) -> Result<Option<String>, Refusal> {
+fn target_uuid(tx: &Tx<'_>, node_id: &str) -> Result<Option<String>, Refusal> {
     let live = records::node_for_update(tx, node_id)?.is_some_and(|n| n.retired_at.is_none());
     if !live {
         return Ok(None);
@@ -94,7 +93,7 @@ fn target_uuid(tx: &Transaction<'_>, node_id: &str) -> Result<Option<String>, Re
 mod tests {
     use super::*;
     use crate::attestor::{Expect, OpenedToken};
-    use crate::db::{self, Database};
+    use crate::store::{DbError, Store};
     use crate::test_support::temp_db as fixture;
     use crate::tokens::TokenScope;
     use bc_wire::agent::{HardwareClaims, Role};
@@ -102,7 +101,7 @@ mod tests {
 
     const UUID: &str = "4c4c4544-0042-3510-8052-b4c04f4e4d32";
 
-    fn mint(db: &Database, uses: u32, expect: Option<&str>) -> JoinToken {
+    fn mint(db: &Store, uses: u32, expect: Option<&str>) -> JoinToken {
         let scope = TokenScope {
             expect: Expect {
                 product_uuid: expect.map(str::to_owned),
@@ -117,14 +116,13 @@ mod tests {
 
     /// The attestor in a transaction committed whatever the outcome, so a
     /// refusal that (wrongly) spent a use would show.
-    fn run(db: &Database, token: &JoinToken, uuid: &str) -> String {
+    fn run(db: &Store, token: &JoinToken, uuid: &str) -> String {
         let claims = HardwareClaims {
             product_uuid: uuid.to_owned(),
             ..HardwareClaims::default()
         };
         let opened = OpenedToken::Parsed(token.clone());
-        db.with_conn(|c| {
-            let tx = db::immediate(c).unwrap();
+        db.write(|tx| {
             let input = AttestInput {
                 role: Role::Node,
                 evidence: &[],
@@ -135,11 +133,11 @@ mod tests {
                 csr_spki_sha256: [0; 32],
                 claims: &claims,
                 tpm: None,
-                now: db::compute_now(&tx).unwrap(),
+                now: tx.now().unwrap(),
                 source: None,
                 prepared: &crate::attestor::Prepared::default(),
             };
-            let out = match ProvisionedAttestor.verify(&tx, &input) {
+            let out = match ProvisionedAttestor.verify(tx, &input) {
                 Ok(Verdict::Admit(r)) => {
                     assert_eq!(r.proven_product_uuid.as_deref(), Some(UUID));
                     "admitted".to_owned()
@@ -147,8 +145,7 @@ mod tests {
                 Ok(Verdict::Defer(_)) => "deferred".to_owned(),
                 Err(r) => r.reason,
             };
-            tx.commit().unwrap();
-            out
+            Ok::<_, DbError>(out)
         })
         .unwrap()
     }

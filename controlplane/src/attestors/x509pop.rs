@@ -46,12 +46,12 @@
 
 use bc_wire::agent::Role;
 use bc_wire::x509pop::Evidence;
-use rusqlite::Transaction;
 
 use crate::attestor::{
     AttestInput, AttestationResult, Attestor, Fault, NodeKeyKind, Refusal, Verdict,
 };
 use crate::records::{self, NewEvent};
+use crate::store::Tx;
 
 /// The attestor's id.
 pub const X509POP: &str = "x509pop";
@@ -124,7 +124,7 @@ impl Attestor for X509PopAttestor {
         X509POP
     }
 
-    fn verify(&self, tx: &Transaction<'_>, input: &AttestInput<'_>) -> Result<Verdict, Refusal> {
+    fn verify(&self, tx: &Tx<'_>, input: &AttestInput<'_>) -> Result<Verdict, Refusal> {
         let ev = Evidence::from_json(input.evidence).map_err(|e| {
             tracing::debug!(error = %e, "x509pop: evidence refused");
             Refusal::new(EVIDENCE_MALFORMED)
@@ -146,7 +146,7 @@ impl Attestor for X509PopAttestor {
 
         let cert =
             records::cert_by_der(tx, node_id, leaf)?.ok_or_else(|| refuse(UNKNOWN_CERTIFICATE))?;
-        let node = records::node_including_deleted(tx, node_id)?
+        let node = records::node_including_deleted_for_share(tx, node_id)?
             .ok_or_else(|| refuse(UNKNOWN_CERTIFICATE))?;
         if node.deleted_at.is_some() {
             return Err(refuse(DELETED));

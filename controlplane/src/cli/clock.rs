@@ -3,7 +3,7 @@
 
 use anyhow::{Context, Result};
 use bc_controlplane::config::parse_duration_ms;
-use bc_controlplane::db;
+use bc_controlplane::store;
 use clap::Subcommand;
 
 use super::{open_db, print_line, Dir};
@@ -31,23 +31,22 @@ pub fn run(cmd: ClockCmd) -> Result<()> {
             let db = open_db(&dir.dir)?;
             let now = db
                 .write(|tx| {
-                    db::set_clock_offset_ms(tx, offset)?;
-                    db::compute_now(tx)
+                    store::set_clock_offset_ms(tx, offset)?;
+                    tx.now()
                 })
                 .context("cannot set the clock")?;
             (offset, now)
         }
         ClockCmd::Show { dir } => {
             let db = open_db(&dir.dir)?;
-            db.with_conn(|c| Ok::<_, db::DbError>((db::clock_offset_ms(c)?, db::compute_now(c)?)))
-                .and_then(|r| r)
+            db.read(|tx| Ok::<_, store::DbError>((store::clock_offset_ms(tx)?, tx.now()?)))
                 .context("cannot read the clock")?
         }
     };
     print_line(&format!(
         "clock offset {} (database time {})",
         format_offset(offset),
-        db::rfc3339(now)
+        store::rfc3339(now)
     ))
 }
 

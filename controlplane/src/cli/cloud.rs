@@ -3,7 +3,7 @@
 
 use anyhow::{bail, Context, Result};
 use bc_controlplane::attestors::cloud_iid::{resolve, AWS, AZURE, GCP};
-use bc_controlplane::{db, pools};
+use bc_controlplane::{pools, store};
 use clap::Subcommand;
 use serde_json::json;
 
@@ -102,8 +102,7 @@ pub fn run(cmd: CloudCmd) -> Result<()> {
         ResolveCmd::List(ListArgs { dir, json }) => {
             let db = open_db(&dir.dir)?;
             let rows = db
-                .with_conn(|c| resolve::list(c))
-                .and_then(|r| r)
+                .read(resolve::list)
                 .context("cannot list the resolve table")?;
             print_list(
                 &rows,
@@ -115,7 +114,7 @@ pub fn run(cmd: CloudCmd) -> Result<()> {
                         "zone": r.zone,
                         "pool": r.pool,
                         "roles": r.roles.iter().map(|r| r.name()).collect::<Vec<_>>(),
-                        "createdAt": db::rfc3339(r.created_at),
+                        "createdAt": store::rfc3339(r.created_at),
                     })
                 },
                 |r| {

@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use anyhow::{anyhow, Context, Result};
-use bc_controlplane::{config, db, eventlog, records};
+use bc_controlplane::{config, eventlog, records, store};
 use clap::{Args, Subcommand};
 use serde_json::json;
 
@@ -51,7 +51,7 @@ fn prune(dir: &Path, older_than: Option<&str>) -> Result<()> {
     let n = eventlog::prune(&db, retention_ms).context("cannot prune events")?;
     print_line(&format!(
         "deleted {n} events older than {}",
-        db::rfc3339(cutoff)
+        store::rfc3339(cutoff)
     ))
 }
 
@@ -65,7 +65,7 @@ fn list(dir: &Path, as_json: bool) -> Result<()> {
             json!({
                 "id": e.id,
                 "type": e.kind,
-                "at": db::rfc3339(e.at),
+                "at": store::rfc3339(e.at),
                 "attestor": e.attestor,
                 "reason": e.reason,
                 "tokenId": e.token_id,
@@ -74,7 +74,7 @@ fn list(dir: &Path, as_json: bool) -> Result<()> {
             })
         },
         |e| {
-            let mut line = format!("{} {} {}", e.id, db::rfc3339(e.at), e.kind);
+            let mut line = format!("{} {} {}", e.id, store::rfc3339(e.at), e.kind);
             for (k, v) in [
                 ("attestor", &e.attestor),
                 ("reason", &e.reason),

@@ -21,7 +21,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use bc_controlplane::{config, db, pki};
+use bc_controlplane::{config, pki, store};
 use clap::Args;
 
 #[derive(Args)]
@@ -57,17 +57,16 @@ pub fn require_initialized(dir: &Path) -> Result<()> {
 
 /// Opens DIR's database, after checking DIR and its `controlplane.toml`
 /// (a broken config is reported by every command, not only by `serve`).
-pub fn open_db(dir: &Path) -> Result<db::Database> {
+pub fn open_db(dir: &Path) -> Result<store::Store> {
     require_initialized(dir)?;
     config::load(dir)?;
-    db::Database::open_dir(dir)
+    store::Store::open_dir(dir)
         .with_context(|| format!("cannot open the database in {}", dir.display()))
 }
 
 /// The database's time: what every "expired" a command prints is judged by.
-pub fn db_now(db: &db::Database) -> Result<db::UnixMs> {
-    db.with_conn(|c| db::compute_now(c))
-        .and_then(|r| r)
+pub fn db_now(db: &store::Store) -> Result<store::UnixMs> {
+    db.read(|tx| tx.now())
         .context("cannot read the database clock")
 }
 

@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
-use bc_controlplane::{db, nodes, records};
+use bc_controlplane::{nodes, records, store};
 use clap::Subcommand;
 use serde_json::json;
 
@@ -107,7 +107,7 @@ fn list(dir: &Path, as_json: bool) -> Result<()> {
                 "role": n.role,
                 "identityGeneration": n.identity_generation,
                 "attestor": n.attestor,
-                "joinedAt": db::rfc3339(n.joined_at),
+                "joinedAt": store::rfc3339(n.joined_at),
                 "retired": n.retired_at.is_some(),
                 "cordoned": n.cordoned_at.is_some(),
                 "pool": n.pool_id,
@@ -138,7 +138,7 @@ fn list(dir: &Path, as_json: bool) -> Result<()> {
                 n.role,
                 n.identity_generation,
                 n.attestor,
-                db::rfc3339(n.joined_at),
+                store::rfc3339(n.joined_at),
                 if n.retired_at.is_some() {
                     " retired"
                 } else {
@@ -165,10 +165,10 @@ fn certs(dir: &Path, id: &str, as_json: bool) -> Result<()> {
             json!({
                 "serial": c.serial,
                 "identityGeneration": c.identity_generation,
-                "notBefore": db::rfc3339(c.not_before),
-                "notAfter": db::rfc3339(c.not_after),
+                "notBefore": store::rfc3339(c.not_before),
+                "notAfter": store::rfc3339(c.not_after),
                 "revoked": c.revoked_at.is_some(),
-                "revokedAt": c.revoked_at.map(db::rfc3339),
+                "revokedAt": c.revoked_at.map(store::rfc3339),
                 "expired": now >= c.not_after,
                 // What the certificate says of its key (the AK statement
                 // of a TPM-certified one), after its SPIFFE ID.
@@ -189,8 +189,8 @@ fn certs(dir: &Path, id: &str, as_json: bool) -> Result<()> {
                 "{} generation={} not_before={} not_after={} {state}",
                 c.serial,
                 c.identity_generation,
-                db::rfc3339(c.not_before),
-                db::rfc3339(c.not_after)
+                store::rfc3339(c.not_before),
+                store::rfc3339(c.not_after)
             ))
         },
     )

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use bc_controlplane::join::JoinService;
-use bc_controlplane::{db, pools};
+use bc_controlplane::{pools, store};
 use clap::Subcommand;
 use serde_json::json;
 
@@ -149,7 +149,7 @@ fn list(dir: &Path, as_json: bool) -> Result<()> {
                 "id": p.id,
                 "owner": p.owner,
                 "policy": p.policy,
-                "createdAt": db::rfc3339(p.created_at),
+                "createdAt": store::rfc3339(p.created_at),
                 "nodes": nodes,
             })
         },

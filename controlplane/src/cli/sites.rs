@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use bc_controlplane::attestor::{normalize_mac, normalize_product_uuid};
 use bc_controlplane::boot::{self, BootKey, NewEntry};
 use bc_controlplane::config::parse_duration_ms;
-use bc_controlplane::{db, pki, sites};
+use bc_controlplane::{pki, sites, store};
 use clap::Subcommand;
 use serde_json::json;
 
@@ -91,7 +91,7 @@ pub fn run_sites(cmd: SitesCmd) -> Result<()> {
             print_list(
                 &rows,
                 json,
-                |s| json!({ "id": s.id, "name": s.name, "createdAt": db::rfc3339(s.created_at) }),
+                |s| json!({ "id": s.id, "name": s.name, "createdAt": store::rfc3339(s.created_at) }),
                 |s| Ok(format!("{} {}", s.id, s.name)),
             )
         }
@@ -146,7 +146,7 @@ fn list(dir: &Path, as_json: bool) -> Result<()> {
                 "ekSha256": e.ek_sha256,
                 "state": e.state(now),
                 "tokenId": e.token_id,
-                "notAfter": db::rfc3339(e.not_after),
+                "notAfter": store::rfc3339(e.not_after),
                 "nodeId": e.node_id,
             })
         },

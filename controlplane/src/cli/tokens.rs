@@ -6,7 +6,7 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 use bc_controlplane::attestor::{normalize_mac, normalize_product_uuid, Expect};
 use bc_controlplane::config::parse_duration_ms;
-use bc_controlplane::{db, pools, tokens};
+use bc_controlplane::{pools, store, tokens};
 use bc_wire::agent::Role;
 use clap::{Subcommand, ValueEnum};
 use serde_json::json;
@@ -130,7 +130,7 @@ pub fn run(cmd: TokenCmd) -> Result<()> {
 
 /// Mints a token; returns its text (shown once). Also `user-data`'s.
 pub fn create(
-    db: &db::Database,
+    db: &store::Store,
     role: TokenRole,
     uses: u32,
     ttl_ms: i64,
@@ -188,10 +188,10 @@ fn list(dir: &Path, as_json: bool) -> Result<()> {
                 "id": t.id,
                 "role": t.role,
                 "usesLeft": t.uses_left,
-                "expiresAt": db::rfc3339(t.expires_at),
+                "expiresAt": store::rfc3339(t.expires_at),
                 "expired": now >= t.expires_at,
                 "revoked": t.revoked_at.is_some(),
-                "createdAt": db::rfc3339(t.created_at),
+                "createdAt": store::rfc3339(t.created_at),
                 "pool": t.pool_id.as_deref().unwrap_or(pools::DEFAULT_POOL),
                 "expectProductUuid": t.expect.product_uuid,
                 "expectMac": t.expect.mac,
@@ -228,7 +228,7 @@ fn list(dir: &Path, as_json: bool) -> Result<()> {
                 t.id,
                 t.role,
                 t.uses_left,
-                db::rfc3339(t.expires_at)
+                store::rfc3339(t.expires_at)
             ))
         },
     )

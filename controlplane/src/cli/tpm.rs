@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use bc_controlplane::attestors::discovery;
 use bc_controlplane::attestors::tpm::{ek, enroll};
-use bc_controlplane::{db, pools};
+use bc_controlplane::{pools, store};
 use clap::Subcommand;
 use serde_json::json;
 
@@ -138,8 +138,8 @@ pub fn run_ek_roots(cmd: EkRootsCmd) -> Result<()> {
                         "sha256": r.sha256,
                         "kind": r.kind.as_str(),
                         "subject": r.subject,
-                        "notAfter": db::rfc3339(r.not_after),
-                        "addedAt": db::rfc3339(r.added_at),
+                        "notAfter": store::rfc3339(r.not_after),
+                        "addedAt": store::rfc3339(r.added_at),
                     })
                 },
                 |r| {
@@ -148,7 +148,7 @@ pub fn run_ek_roots(cmd: EkRootsCmd) -> Result<()> {
                         r.sha256,
                         r.kind.as_str(),
                         r.subject,
-                        db::rfc3339(r.not_after)
+                        store::rfc3339(r.not_after)
                     ))
                 },
             )
@@ -273,7 +273,7 @@ fn ek_roots_add(dir: &Path, path: &Path, kind: ek::RootKind, as_json: bool) -> R
                 "sha256": root.sha256,
                 "kind": root.kind.as_str(),
                 "subject": root.subject,
-                "notAfter": db::rfc3339(root.not_after),
+                "notAfter": store::rfc3339(root.not_after),
             }),
             format!(
                 "{file}: {} {} {} {}",
@@ -364,7 +364,7 @@ pub fn run_resolve(cmd: ResolveCmd) -> Result<()> {
                         "nodeId": r.node_id,
                         "site": r.site_id,
                         "uncertified": r.uncertified,
-                        "createdAt": db::rfc3339(r.created_at),
+                        "createdAt": store::rfc3339(r.created_at),
                     })
                 },
                 |r| {
@@ -441,8 +441,8 @@ fn requests_list(dir: &Path, as_json: bool) -> Result<()> {
                 "attestor": r.attestor,
                 "ekSha256": r.ek_sha256,
                 "status": r.status,
-                "createdAt": db::rfc3339(r.created_at),
-                "decidedAt": r.decided_at.map(db::rfc3339),
+                "createdAt": store::rfc3339(r.created_at),
+                "decidedAt": r.decided_at.map(store::rfc3339),
                 "pool": pool_name(r.pool_id.as_deref()),
                 "site": r.site_id,
                 "ekIssuer": r.ek_issuer,
@@ -475,14 +475,14 @@ fn requests_list(dir: &Path, as_json: bool) -> Result<()> {
                     r.product_uuid.as_deref().unwrap_or("-"),
                     r.source.as_deref().unwrap_or("-"),
                     site_part(r.site_id.as_deref()),
-                    db::rfc3339(r.created_at),
+                    store::rfc3339(r.created_at),
                 ));
             }
             Ok(format!(
                 "{state} ek={ek} pool={}{} created={} issuer={:?}",
                 pool_name(r.pool_id.as_deref()),
                 site_part(r.site_id.as_deref()),
-                db::rfc3339(r.created_at),
+                store::rfc3339(r.created_at),
                 r.ek_issuer
             ))
         },

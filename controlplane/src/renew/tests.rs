@@ -7,6 +7,7 @@ use bc_wire::agent::{tpm_attestation, Role, TpmAttestation, TpmKeyCertification}
 use rcgen::{KeyPair, PublicKeyData};
 
 use super::*;
+use crate::store::params;
 use crate::test_support::{self, key, plain_csr, Cp};
 
 const HELLO: &[u8] = include_bytes!("../attestors/tpm/testdata/hello.bin");
@@ -165,7 +166,7 @@ fn renews_a_token_node_and_keeps_older_certificates() {
     assert_eq!(ev[0].node_id.as_deref(), Some(node_id.as_str()));
     assert_eq!(ev[0].data["nodeKey"], "unattested");
     assert_eq!(ev[0].data["serial"], certs[1].serial);
-    assert_eq!(ev[0].data["notAfter"], db::rfc3339(certs[1].not_after));
+    assert_eq!(ev[0].data["notAfter"], store::rfc3339(certs[1].not_after));
     assert_eq!(ev[0].data["identityGeneration"], 1);
 
     // The older certificate of the generation still renews (a node that
@@ -255,17 +256,11 @@ fn refusals_name_their_reason() {
 
     // Revoked, same generation.
     f.db()
-        .write(|tx| {
-            tx.execute("UPDATE node_certs SET revoked_at = 1", [])
-                .map_err(DbError::from)
-        })
+        .write(|tx| tx.execute("UPDATE node_certs SET revoked_at = 1", params![]))
         .unwrap();
     assert_eq!(f.refused(|| f.renew(&leaf, &good())), REVOKED);
     f.db()
-        .write(|tx| {
-            tx.execute("UPDATE node_certs SET revoked_at = NULL", [])
-                .map_err(DbError::from)
-        })
+        .write(|tx| tx.execute("UPDATE node_certs SET revoked_at = NULL", params![]))
         .unwrap();
     f.renew(&leaf, &good()).unwrap();
 

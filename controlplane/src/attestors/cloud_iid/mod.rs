@@ -33,10 +33,9 @@ pub mod resolve;
 
 use bc_wire::agent::Role;
 use bc_wire::cloud_iid::Evidence;
-use rusqlite::Transaction;
 
 use crate::attestor::{AttestInput, AttestationResult, Attestor, NodeKeyKind, Refusal, Verdict};
-use crate::db::UnixMs;
+use crate::store::{Tx, UnixMs};
 use crate::uses;
 
 pub const CLOUD_IID: &str = "cloud-iid";
@@ -194,7 +193,7 @@ impl Attestor for CloudIidAttestor {
         CLOUD_IID
     }
 
-    fn verify(&self, tx: &Transaction<'_>, input: &AttestInput<'_>) -> Result<Verdict, Refusal> {
+    fn verify(&self, tx: &Tx<'_>, input: &AttestInput<'_>) -> Result<Verdict, Refusal> {
         let evidence =
             Evidence::from_json(input.evidence).map_err(|_| Refusal::new(CLOUD_MALFORMED))?;
         let id = self.identify(&evidence, input.now).map_err(Refusal::new)?;

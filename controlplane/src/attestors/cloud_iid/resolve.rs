@@ -4,10 +4,9 @@
 //! roles beyond `[cloud_iid] roles` (`--role`).
 
 use bc_wire::agent::Role;
-use rusqlite::{OptionalExtension, Transaction};
 use serde::Serialize;
 
-use crate::db::{DbError, UnixMs};
+use crate::store::{params, DbError, Tx, UnixMs};
 
 /// One row, as `cloud resolve list` prints it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -55,7 +54,7 @@ fn parse_roles(text: Option<String>) -> Result<Vec<Role>, DbError> {
 
 /// Adds (or replaces) the row for (provider, account, zone).
 pub fn add(
-    tx: &Transaction<'_>,
+    tx: &Tx<'_>,
     provider: &str,
     account: &str,
     zone: Option<&str>,
@@ -67,32 +66,33 @@ pub fn add(
         "INSERT INTO cloud_resolve (provider, account, zone, pool_id, created_at, roles)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6)
          ON CONFLICT (provider, account, zone) DO UPDATE SET pool_id = ?4, created_at = ?5, roles = ?6",
-        rusqlite::params![provider, account, zone.unwrap_or(""), pool, now, roles_text(roles)],
+        params![provider, account, zone.unwrap_or(""), pool, now, roles_text(roles)],
     )?;
     Ok(())
 }
 
 /// Every row, by provider, account, zone.
-pub fn list(conn: &rusqlite::Connection) -> Result<Vec<ResolveRow>, DbError> {
-    let mut st = conn.prepare(
-        "SELECT provider, account, zone, pool_id, created_at, roles FROM cloud_resolve
+pub fn list(tx: &Tx<'_>) -> Result<Vec<ResolveRow>, DbError> {
+    let rows = tx
+        .query_map(
+            "SELECT provider, account, zone, pool_id, created_at, roles FROM cloud_resolve
          ORDER BY provider, account, zone",
-    )?;
-    let rows = st
-        .query_map([], |r| {
-            let zone: String = r.get(2)?;
-            Ok((
-                ResolveRow {
-                    provider: r.get(0)?,
-                    account: r.get(1)?,
-                    zone: (!zone.is_empty()).then_some(zone),
-                    pool: r.get(3)?,
-                    roles: Vec::new(),
-                    created_at: r.get(4)?,
-                },
-                r.get::<_, Option<String>>(5)?,
-            ))
-        })?
+            params![],
+            |r| {
+                let zone: String = r.get(2)?;
+                Ok((
+                    ResolveRow {
+                        provider: r.get(0)?,
+                        account: r.get(1)?,
+                        zone: (!zone.is_empty()).then_some(zone),
+                        pool: r.get(3)?,
+                        roles: Vec::new(),
+                        created_at: r.get(4)?,
+                    },
+                    r.get::<Option<String>>(5)?,
+                ))
+            },
+        )?
         .collect::<Result<Vec<_>, _>>()?;
     rows.into_iter()
         .map(|(row, roles)| {
@@ -106,25 +106,18 @@ pub fn list(conn: &rusqlite::Connection) -> Result<Vec<ResolveRow>, DbError> {
 
 /// Where a VM joins when a row covers it, `None` when none does.
 pub fn lookup(
-    tx: &Transaction<'_>,
+    tx: &Tx<'_>,
     provider: &str,
     account: &str,
     zone: &str,
 ) -> Result<Option<Resolved>, DbError> {
-    let row = tx
-        .query_row(
-            "SELECT pool_id, roles FROM cloud_resolve
+    let row = tx.query_opt_map(
+        "SELECT pool_id, roles FROM cloud_resolve
              WHERE provider = ?1 AND account = ?2 AND (zone = ?3 OR zone = '')
              ORDER BY zone DESC LIMIT 1",
-            rusqlite::params![provider, account, zone],
-            |r| {
-                Ok((
-                    r.get::<_, Option<String>>(0)?,
-                    r.get::<_, Option<String>>(1)?,
-                ))
-            },
-        )
-        .optional()?;
+        params![provider, account, zone],
+        |r| Ok((r.get::<Option<String>>(0)?, r.get::<Option<String>>(1)?)),
+    )?;
     row.map(|(pool, roles)| {
         Ok(Resolved {
             pool,
@@ -161,7 +154,7 @@ mod tests {
             Ok::<_, DbError>(())
         })
         .unwrap();
-        let rows = t.db.with_conn(|c| list(c)).unwrap().unwrap();
+        let rows = t.db.read(list).unwrap();
         assert_eq!(rows.len(), 2);
         assert_eq!(rows[0].zone, None);
     }

@@ -28,12 +28,10 @@
 
 use std::net::IpAddr;
 
-use rusqlite::{OptionalExtension, Transaction};
-
 use crate::attestor::{AttestInput, Deferral, Refusal};
 use crate::attestors::tpm::enroll::{self, JoinRequestRow};
 use crate::boot::BootEntry;
-use crate::db::DbError;
+use crate::store::{params, DbError, Tx};
 
 pub const APPROVAL_DENIED: &str = "approval-denied";
 pub const APPROVAL_BUSY: &str = "approval-busy";
@@ -75,7 +73,7 @@ pub struct Pending<'a> {
 }
 
 /// Files, finds or applies the operator's decision on this join.
-pub fn gate(tx: &Transaction<'_>, p: &Pending<'_>) -> Result<Gate, Refusal> {
+pub fn gate(tx: &Tx<'_>, p: &Pending<'_>) -> Result<Gate, Refusal> {
     let node_key = hex::encode(p.input.csr_spki_sha256);
     let workflow = p.entry.map(|e| e.workflow_id.as_str());
     let pending = |req: &JoinRequestRow| {
@@ -120,41 +118,32 @@ pub fn gate(tx: &Transaction<'_>, p: &Pending<'_>) -> Result<Gate, Refusal> {
 /// The open request of this entry for this evidence: its EK when it proved
 /// one, else its node key.
 fn open_request(
-    tx: &Transaction<'_>,
+    tx: &Tx<'_>,
     workflow: Option<&str>,
     ek: Option<&str>,
     node_key: &str,
 ) -> Result<Option<JoinRequestRow>, DbError> {
     let sql = format!(
-        "{} WHERE attestor = 'discovery' AND used_at IS NULL AND workflow_id IS ?1
-           AND CASE WHEN ?2 IS NOT NULL THEN ek_sha256 = ?2
+        "{} WHERE attestor = 'discovery' AND used_at IS NULL
+           AND workflow_id IS NOT DISTINCT FROM CAST(?1 AS TEXT)
+           AND CASE WHEN CAST(?2 AS TEXT) IS NOT NULL THEN ek_sha256 = ?2
                     ELSE ek_sha256 IS NULL AND node_key_sha256 = ?3 END",
         enroll::REQUEST_SELECT
     );
-    Ok(tx
-        .query_row(
-            &sql,
-            rusqlite::params![workflow, ek, node_key],
-            enroll::read_request,
-        )
-        .optional()?)
+    tx.query_opt_map(&sql, params![workflow, ek, node_key], enroll::read_request)
 }
 
-fn pending_count(tx: &Transaction<'_>, workflow: Option<&str>) -> Result<i64, DbError> {
-    Ok(tx.query_row(
+fn pending_count(tx: &Tx<'_>, workflow: Option<&str>) -> Result<i64, DbError> {
+    tx.query_one(
         "SELECT count(*) FROM join_requests
          WHERE attestor = 'discovery' AND status = 'pending' AND used_at IS NULL
-           AND workflow_id IS ?1",
-        [workflow],
-        |r| r.get(0),
-    )?)
+           AND workflow_id IS NOT DISTINCT FROM CAST(?1 AS TEXT)",
+        params![workflow],
+    )
+    .and_then(|r| r.get(0))
 }
 
-fn insert(
-    tx: &Transaction<'_>,
-    p: &Pending<'_>,
-    node_key: &str,
-) -> Result<JoinRequestRow, DbError> {
+fn insert(tx: &Tx<'_>, p: &Pending<'_>, node_key: &str) -> Result<JoinRequestRow, DbError> {
     let id = crate::ids::random_id("req_").map_err(DbError::Random)?;
     let row = JoinRequestRow {
         id,
@@ -178,7 +167,7 @@ fn insert(
         "INSERT INTO join_requests (id, attestor, ek_sha256, ek_issuer, ek_serial, status,
              site_id, created_at, workflow_id, mac, product_uuid, source, node_key_sha256)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
-        rusqlite::params![
+        params![
             row.id,
             row.attestor,
             row.ek_sha256,
@@ -225,7 +214,7 @@ mod tests {
         f(&input)
     }
 
-    fn gate_for(db: &crate::db::Database, key: u8, ek: Option<&ProvenEk>) -> Result<Gate, Refusal> {
+    fn gate_for(db: &crate::store::Store, key: u8, ek: Option<&ProvenEk>) -> Result<Gate, Refusal> {
         with_input(key, |input| {
             db.write(|tx| {
                 gate(

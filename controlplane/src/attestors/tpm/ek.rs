@@ -29,14 +29,13 @@
 //! keep the meaning they had: an anchor when self-signed, else an
 //! intermediate; adding the certificate again records its kind.
 
-use rusqlite::{Connection, OptionalExtension};
 use x509_parser::certificate::X509Certificate;
 use x509_parser::prelude::FromDer;
 use x509_parser::public_key::PublicKey;
 
 use bc_wire::tpm::{KeyParams, Public, ALG_NULL};
 
-use crate::db::{self, Database, DbError, UnixMs};
+use crate::store::{params, DbError, Store, Tx, UnixMs};
 
 /// Most issuers walked above an EK certificate.
 pub const MAX_DEPTH: usize = bc_wire::ekcert::path::MAX_DEPTH;
@@ -521,31 +520,28 @@ fn require_ca(cert: &X509Certificate<'_>) -> Result<(), EkRootError> {
 /// transaction; returns each root and what adding it did. A certificate
 /// already configured takes the kind asked for.
 pub fn add_roots(
-    db: &Database,
+    db: &Store,
     ders: &[Vec<u8>],
     kind: RootKind,
 ) -> Result<Vec<(EkRoot, Added)>, EkRootError> {
     db.write(|tx| {
-        let now = db::compute_now(tx)?;
+        let now = tx.now()?;
         let mut out = Vec::new();
         for der in ders {
             let cert = parse_exact(der)
                 .ok_or_else(|| EkRootError::Invalid("not a DER X.509 certificate".into()))?;
             let sha256 = hex::encode(bc_wire::sha256(der));
-            let existing: Option<(Option<String>, i64)> = tx
-                .query_row(
-                    "SELECT kind, added_at FROM ek_roots WHERE sha256 = ?1",
-                    [&sha256],
-                    |r| Ok((r.get(0)?, r.get(1)?)),
-                )
-                .optional()
-                .map_err(DbError::from)?;
+            let existing: Option<(Option<String>, i64)> = tx.query_opt_map(
+                "SELECT kind, added_at FROM ek_roots WHERE sha256 = ?1",
+                params![&sha256],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )?;
             let added = match &existing {
                 None => {
                     tx.execute(
                         "INSERT INTO ek_roots (sha256, der, subject, not_after, added_at, kind)
                          VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-                        rusqlite::params![
+                        params![
                             sha256,
                             der,
                             cert.subject().to_string(),
@@ -553,8 +549,7 @@ pub fn add_roots(
                             now,
                             kind.as_str()
                         ],
-                    )
-                    .map_err(DbError::from)?;
+                    )?;
                     Added::New
                 }
                 Some((stored, _)) => {
@@ -562,9 +557,8 @@ pub fn add_roots(
                     if stored.as_deref() != Some(kind.as_str()) {
                         tx.execute(
                             "UPDATE ek_roots SET kind = ?2 WHERE sha256 = ?1",
-                            rusqlite::params![sha256, kind.as_str()],
-                        )
-                        .map_err(DbError::from)?;
+                            params![sha256, kind.as_str()],
+                        )?;
                     }
                     if was == kind {
                         Added::Present
@@ -588,11 +582,12 @@ pub fn add_roots(
 }
 
 /// The configured anchors and intermediates, read in `conn`'s transaction.
-pub fn trust(conn: &Connection) -> Result<EkTrust, DbError> {
-    let mut st = conn.prepare("SELECT der, kind FROM ek_roots ORDER BY added_at, sha256")?;
-    let rows = st.query_map([], |r| {
-        Ok((r.get::<_, Vec<u8>>(0)?, r.get::<_, Option<String>>(1)?))
-    })?;
+pub fn trust(tx: &Tx<'_>) -> Result<EkTrust, DbError> {
+    let rows = tx.query_map(
+        "SELECT der, kind FROM ek_roots ORDER BY added_at, sha256",
+        params![],
+        |r| Ok((r.get::<Vec<u8>>(0)?, r.get::<Option<String>>(1)?)),
+    )?;
     let mut trust = EkTrust::default();
     for row in rows {
         let (der, kind) = row?;
@@ -604,12 +599,9 @@ pub fn trust(conn: &Connection) -> Result<EkTrust, DbError> {
     Ok(trust)
 }
 
-pub fn list_roots(db: &Database) -> Result<Vec<EkRoot>, DbError> {
-    db.with_conn(|c| {
-        let mut st = c.prepare(
-            "SELECT sha256, der, subject, not_after, added_at, kind FROM ek_roots ORDER BY added_at, sha256",
-        )?;
-        let rows = st.query_map([], |r| {
+pub fn list_roots(db: &Store) -> Result<Vec<EkRoot>, DbError> {
+    db.read(|tx| {
+        let rows = tx.query_map("SELECT sha256, der, subject, not_after, added_at, kind FROM ek_roots ORDER BY added_at, sha256", params![], |r| {
             let der: Vec<u8> = r.get(1)?;
             let kind: Option<String> = r.get(5)?;
             Ok(EkRoot {
@@ -621,8 +613,7 @@ pub fn list_roots(db: &Database) -> Result<Vec<EkRoot>, DbError> {
                 added_at: r.get(4)?,
             })
         })?;
-        rows.collect::<Result<Vec<_>, _>>().map_err(DbError::from)
-    })?
+        rows.collect::<Result<Vec<_>, _>>()})
 }
 
 #[cfg(test)]
@@ -828,7 +819,7 @@ pub(crate) mod tests {
     #[test]
     fn roots_are_stored_once_with_their_kind() {
         let dir = tempfile::tempdir().unwrap();
-        let db = Database::open_dir(dir.path()).unwrap();
+        let db = Store::open_dir(dir.path()).unwrap();
         let ders = parse_roots_pem(ROOT_PEM).unwrap();
         let added = add_roots(&db, &ders, RootKind::Anchor).unwrap();
         assert_eq!(added[0].1, Added::New);
@@ -850,7 +841,7 @@ pub(crate) mod tests {
             .unwrap()
             .iter()
             .any(|r| r.kind == RootKind::Intermediate && r.subject.contains("Issuing CA")));
-        let trust = db.with_conn(|c| super::trust(c)).unwrap().unwrap();
+        let trust = db.read(super::trust).unwrap();
         assert_eq!(trust.anchors, ders);
         assert_eq!(trust.intermediates, int);
     }
@@ -863,23 +854,20 @@ pub(crate) mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("old.db");
         let (root, int) = (der(ROOT_PEM), der(INTERMEDIATE_PEM));
-        {
-            let conn = Connection::open(&path).unwrap();
-            for sql in &crate::db::MIGRATIONS[..10] {
-                conn.execute_batch(sql).unwrap();
-            }
-            conn.pragma_update(None, "user_version", 10).unwrap();
-            for der in [&root, &int] {
-                conn.execute(
+        let seed: String = [&root, &int]
+            .iter()
+            .map(|der| {
+                format!(
                     "INSERT INTO ek_roots (sha256, der, subject, not_after, added_at)
-                     VALUES (?1, ?2, 'old', 0, 1)",
-                    rusqlite::params![hex::encode(bc_wire::sha256(der)), der],
+                     VALUES ('{}', x'{}', 'old', 0, 1);",
+                    hex::encode(bc_wire::sha256(der)),
+                    hex::encode(der)
                 )
-                .unwrap();
-            }
-        }
-        let db = Database::open(&path).unwrap();
-        let trust = db.with_conn(|c| super::trust(c)).unwrap().unwrap();
+            })
+            .collect();
+        crate::store::sqlite::old_database(&path, 10, &seed);
+        let db = Store::open(&path).unwrap();
+        let trust = db.read(super::trust).unwrap();
         assert_eq!(trust.anchors, vec![root.clone()]);
         assert_eq!(trust.intermediates, vec![int.clone()]);
         let kinds: Vec<_> = list_roots(&db).unwrap().iter().map(|r| r.kind).collect();
@@ -890,7 +878,7 @@ pub(crate) mod tests {
         // The intermediate added again (without --intermediate): an anchor.
         let again = add_roots(&db, std::slice::from_ref(&int), RootKind::Anchor).unwrap();
         assert_eq!(again[0].1, Added::KindChanged);
-        let trust = db.with_conn(|c| super::trust(c)).unwrap().unwrap();
+        let trust = db.read(super::trust).unwrap();
         assert_eq!(trust.anchors.len(), 2);
     }
 

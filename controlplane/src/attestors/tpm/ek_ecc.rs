@@ -141,7 +141,7 @@ mod tests {
     }
 
     /// A day after the fixtures were issued.
-    fn at(cert: &[u8]) -> crate::db::UnixMs {
+    fn at(cert: &[u8]) -> crate::store::UnixMs {
         use x509_parser::prelude::FromDer;
         let (_, c) = X509Certificate::from_der(cert).unwrap();
         (c.validity().not_before.timestamp() + 86_400) * 1000

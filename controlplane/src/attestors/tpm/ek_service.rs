@@ -51,9 +51,8 @@ use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use bc_wire::tpm::{KeyParams, Public};
-use rusqlite::{Connection, OptionalExtension};
 
-use crate::db::{DbError, UnixMs};
+use crate::store::{params, DbError, Tx, UnixMs};
 
 /// The refusal reason of a maker's service that did not give a usable
 /// answer (unreachable, an error, too slow, too large, no certificate).
@@ -563,35 +562,33 @@ pub struct CachedCertificate {
 }
 
 /// The cached certificate of the EK whose SPKI SHA-256 is `ek_sha256`.
-pub fn cached(conn: &Connection, ek_sha256: &str) -> Result<Option<CachedCertificate>, DbError> {
-    Ok(conn
-        .query_row(
-            "SELECT certificate, service FROM ek_service_certificates WHERE ek_sha256 = ?1",
-            [ek_sha256],
-            |r| {
-                Ok(CachedCertificate {
-                    der: r.get(0)?,
-                    service: r.get(1)?,
-                })
-            },
-        )
-        .optional()?)
+pub fn cached(tx: &Tx<'_>, ek_sha256: &str) -> Result<Option<CachedCertificate>, DbError> {
+    tx.query_opt_map(
+        "SELECT certificate, service FROM ek_service_certificates WHERE ek_sha256 = ?1",
+        params![ek_sha256],
+        |r| {
+            Ok(CachedCertificate {
+                der: r.get(0)?,
+                service: r.get(1)?,
+            })
+        },
+    )
 }
 
 /// Keeps what `service` answered at `url` for the EK `ek_sha256`.
 pub fn cache(
-    conn: &Connection,
+    tx: &Tx<'_>,
     ek_sha256: &str,
     service: &str,
     url: &str,
     der: &[u8],
     now: UnixMs,
 ) -> Result<(), DbError> {
-    conn.execute(
+    tx.execute(
         "INSERT INTO ek_service_certificates (ek_sha256, service, url, certificate, fetched_at)
          VALUES (?1, ?2, ?3, ?4, ?5)
          ON CONFLICT (ek_sha256) DO UPDATE SET service = ?2, url = ?3, certificate = ?4, fetched_at = ?5",
-        rusqlite::params![ek_sha256, service, url, der, now],
+        params![ek_sha256, service, url, der, now],
     )?;
     Ok(())
 }

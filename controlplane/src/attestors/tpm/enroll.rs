@@ -8,12 +8,10 @@
 //! Either may name a site: the TPM then joins as a site node of that site
 //! (role `site`, like a site token's node), and only as one.
 
-use rusqlite::{Connection, OptionalExtension, Transaction};
-
-use crate::db::{self, Database, DbError, UnixMs};
 use crate::pools::{self, PoolError};
 use crate::records;
 use crate::sites;
+use crate::store::{params, DbError, Row, Store, Tx, UnixMs};
 
 pub const STATUS_PENDING: &str = "pending";
 pub const STATUS_APPROVED: &str = "approved";
@@ -81,7 +79,7 @@ pub struct ResolveTarget<'a> {
 }
 
 /// The id of the site `site` (an id or a name) names, if one is given.
-fn site_id(tx: &Transaction<'_>, site: Option<&str>) -> Result<Option<String>, EnrollError> {
+fn site_id(tx: &Tx<'_>, site: Option<&str>) -> Result<Option<String>, EnrollError> {
     site.map(|s| sites::resolve(tx, s))
         .transpose()
         .map_err(EnrollError::from)
@@ -89,7 +87,7 @@ fn site_id(tx: &Transaction<'_>, site: Option<&str>) -> Result<Option<String>, E
 
 /// Adds or replaces the entry of an EK. Returns whether one was replaced.
 pub fn add_resolve(
-    db: &Database,
+    db: &Store,
     ek_sha256: &str,
     target: ResolveTarget<'_>,
 ) -> Result<(ResolveEntry, bool), EnrollError> {
@@ -118,7 +116,7 @@ pub fn add_resolve(
                 return Err(EnrollError::InvalidInput(format!("node {node} is retired")));
             }
         }
-        let now = db::compute_now(tx)?;
+        let now = tx.now()?;
         let replaced = resolve_entry(tx, &ek_sha256)?.is_some();
         tx.execute(
             "INSERT INTO tpm_resolve (ek_sha256, pool_id, node_id, site_id, created_at, uncertified)
@@ -126,9 +124,8 @@ pub fn add_resolve(
              ON CONFLICT (ek_sha256) DO UPDATE SET pool_id = excluded.pool_id,
                  node_id = excluded.node_id, site_id = excluded.site_id,
                  created_at = excluded.created_at, uncertified = excluded.uncertified",
-            rusqlite::params![ek_sha256, pool, node, site_id, now, uncertified],
-        )
-        .map_err(DbError::from)?;
+            params![ek_sha256, pool, node, site_id, now, uncertified],
+        )?;
         Ok((
             ResolveEntry {
                 ek_sha256: ek_sha256.clone(),
@@ -144,37 +141,29 @@ pub fn add_resolve(
 }
 
 /// Removes the entry of an EK; `false` if there was none.
-pub fn remove_resolve(db: &Database, ek_sha256: &str) -> Result<bool, EnrollError> {
+pub fn remove_resolve(db: &Store, ek_sha256: &str) -> Result<bool, EnrollError> {
     let ek_sha256 = normalize_ek_sha256(ek_sha256)?;
     db.write(|tx| {
-        let n = tx
-            .execute("DELETE FROM tpm_resolve WHERE ek_sha256 = ?1", [&ek_sha256])
-            .map_err(DbError::from)?;
+        let n = tx.execute(
+            "DELETE FROM tpm_resolve WHERE ek_sha256 = ?1",
+            params![&ek_sha256],
+        )?;
         Ok(n == 1)
     })
 }
 
-pub fn resolve_entry(conn: &Connection, ek_sha256: &str) -> Result<Option<ResolveEntry>, DbError> {
-    Ok(conn
-        .query_row(
-            "SELECT ek_sha256, pool_id, node_id, site_id, created_at, uncertified FROM tpm_resolve WHERE ek_sha256 = ?1",
-            [ek_sha256],
-            read_resolve,
-        )
-        .optional()?)
+pub fn resolve_entry(tx: &Tx<'_>, ek_sha256: &str) -> Result<Option<ResolveEntry>, DbError> {
+    tx
+        .query_opt_map("SELECT ek_sha256, pool_id, node_id, site_id, created_at, uncertified FROM tpm_resolve WHERE ek_sha256 = ?1", params![ek_sha256], read_resolve)
 }
 
-pub fn list_resolve(db: &Database) -> Result<Vec<ResolveEntry>, DbError> {
-    db.with_conn(|c| {
-        let mut st = c.prepare(
-            "SELECT ek_sha256, pool_id, node_id, site_id, created_at, uncertified FROM tpm_resolve ORDER BY created_at, ek_sha256",
-        )?;
-        let rows = st.query_map([], read_resolve)?;
-        rows.collect::<Result<Vec<_>, _>>().map_err(DbError::from)
-    })?
+pub fn list_resolve(db: &Store) -> Result<Vec<ResolveEntry>, DbError> {
+    db.read(|tx| {
+        let rows = tx.query_map("SELECT ek_sha256, pool_id, node_id, site_id, created_at, uncertified FROM tpm_resolve ORDER BY created_at, ek_sha256", params![], read_resolve)?;
+        rows.collect::<Result<Vec<_>, _>>()})
 }
 
-fn read_resolve(r: &rusqlite::Row<'_>) -> rusqlite::Result<ResolveEntry> {
+fn read_resolve(r: &Row) -> Result<ResolveEntry, DbError> {
     Ok(ResolveEntry {
         ek_sha256: r.get(0)?,
         pool_id: r.get(1)?,
@@ -224,7 +213,7 @@ pub(crate) const REQUEST_SELECT: &str =
      created_at, decided_at, used_at, site_id, workflow_id, mac, product_uuid, source,
      node_key_sha256 FROM join_requests";
 
-pub(crate) fn read_request(r: &rusqlite::Row<'_>) -> rusqlite::Result<JoinRequestRow> {
+pub(crate) fn read_request(r: &Row) -> Result<JoinRequestRow, DbError> {
     Ok(JoinRequestRow {
         id: r.get(0)?,
         attestor: r.get(1)?,
@@ -246,22 +235,20 @@ pub(crate) fn read_request(r: &rusqlite::Row<'_>) -> rusqlite::Result<JoinReques
 }
 
 /// The open (not yet used) enrollment request of an EK, if any.
-pub fn open_request(conn: &Connection, ek_sha256: &str) -> Result<Option<JoinRequestRow>, DbError> {
-    Ok(conn
-        .query_row(
-            &format!(
-                "{REQUEST_SELECT} WHERE ek_sha256 = ?1 AND used_at IS NULL AND attestor <> 'discovery'"
-            ),
-            [ek_sha256],
-            read_request,
-        )
-        .optional()?)
+pub fn open_request(tx: &Tx<'_>, ek_sha256: &str) -> Result<Option<JoinRequestRow>, DbError> {
+    tx.query_opt_map(
+        &format!(
+            "{REQUEST_SELECT} WHERE ek_sha256 = ?1 AND used_at IS NULL AND attestor <> 'discovery'"
+        ),
+        params![ek_sha256],
+        read_request,
+    )
 }
 
 /// Files a pending request (inside the join transaction; committed with
 /// the deferral).
 pub fn insert_pending(
-    tx: &Transaction<'_>,
+    tx: &Tx<'_>,
     attestor: &str,
     ek_sha256: &str,
     ek_issuer: &str,
@@ -272,7 +259,7 @@ pub fn insert_pending(
     tx.execute(
         "INSERT INTO join_requests (id, attestor, ek_sha256, ek_issuer, ek_serial, status, created_at)
          VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6)",
-        rusqlite::params![id, attestor, ek_sha256, ek_issuer, ek_serial, now],
+        params![id, attestor, ek_sha256, ek_issuer, ek_serial, now],
     )?;
     Ok(JoinRequestRow {
         id,
@@ -295,10 +282,10 @@ pub fn insert_pending(
 }
 
 /// Marks an approved request as having admitted its machine.
-pub fn mark_used(tx: &Transaction<'_>, id: &str, now: UnixMs) -> Result<(), DbError> {
+pub fn mark_used(tx: &Tx<'_>, id: &str, now: UnixMs) -> Result<(), DbError> {
     tx.execute(
         "UPDATE join_requests SET used_at = ?2 WHERE id = ?1 AND used_at IS NULL",
-        rusqlite::params![id, now],
+        params![id, now],
     )?;
     Ok(())
 }
@@ -306,7 +293,7 @@ pub fn mark_used(tx: &Transaction<'_>, id: &str, now: UnixMs) -> Result<(), DbEr
 /// Approves a pending request, optionally into `pool` (else the pool it
 /// names, else `default`) and as a site node of `site` (an id or a name).
 pub fn approve(
-    db: &Database,
+    db: &Store,
     id: &str,
     pool: Option<&str>,
     site: Option<&str>,
@@ -318,12 +305,12 @@ pub fn approve(
 /// (`enrollment-denied`) until a resolve entry admits it; a discovery
 /// request's join is refused (`approval-denied`) and its boot entry stays
 /// open for the real machine.
-pub fn deny(db: &Database, id: &str) -> Result<JoinRequestRow, EnrollError> {
+pub fn deny(db: &Store, id: &str) -> Result<JoinRequestRow, EnrollError> {
     decide(db, id, STATUS_DENIED, None, None)
 }
 
 fn decide(
-    db: &Database,
+    db: &Store,
     id: &str,
     status: &str,
     pool: Option<&str>,
@@ -331,13 +318,12 @@ fn decide(
 ) -> Result<JoinRequestRow, EnrollError> {
     db.write(|tx| {
         let mut row = tx
-            .query_row(
-                &format!("{REQUEST_SELECT} WHERE id = ?1"),
-                [id],
+            .query_opt_map(
+                // PG: `FOR UPDATE`: approve and deny cannot both win.
+                &format!("{REQUEST_SELECT} WHERE id = ?1{}", tx.dialect().for_update()),
+                params![id],
                 read_request,
-            )
-            .optional()
-            .map_err(DbError::from)?
+            )?
             .ok_or_else(|| EnrollError::NotFound(format!("no join request {id:?}")))?;
         if row.status != STATUS_PENDING {
             return Err(EnrollError::Conflict(format!(
@@ -359,7 +345,7 @@ fn decide(
                 "join request {id} is a discovery join: its machine joins as a ramdisk of its boot entry's site (--pool and --site are for tpm enrollment)"
             )));
         }
-        let now = db::compute_now(tx)?;
+        let now = tx.now()?;
         if status == STATUS_APPROVED {
             if let Some(wf) = row.workflow_id.as_deref() {
                 let state = crate::boot::get(tx, wf)?.map_or("gone", |e| e.state(now));
@@ -380,19 +366,21 @@ fn decide(
         tx.execute(
             "UPDATE join_requests SET status = ?2, decided_at = ?3, pool_id = ?4, site_id = ?5
              WHERE id = ?1",
-            rusqlite::params![id, status, now, row.pool_id, row.site_id],
-        )
-        .map_err(DbError::from)?;
+            params![id, status, now, row.pool_id, row.site_id],
+        )?;
         row.status = status.to_owned();
         row.decided_at = Some(now);
         Ok(row)
     })
 }
 
-pub fn list_requests(db: &Database) -> Result<Vec<JoinRequestRow>, DbError> {
-    db.with_conn(|c| {
-        let mut st = c.prepare(&format!("{REQUEST_SELECT} ORDER BY created_at, id"))?;
-        let rows = st.query_map([], read_request)?;
-        rows.collect::<Result<Vec<_>, _>>().map_err(DbError::from)
-    })?
+pub fn list_requests(db: &Store) -> Result<Vec<JoinRequestRow>, DbError> {
+    db.read(|tx| {
+        let rows = tx.query_map(
+            &format!("{REQUEST_SELECT} ORDER BY created_at, id"),
+            params![],
+            read_request,
+        )?;
+        rows.collect::<Result<Vec<_>, _>>()
+    })
 }

@@ -68,7 +68,6 @@ pub mod state;
 use bc_wire::agent::{tpm_attestation, Role, TpmAnswer, TpmAttestation, TpmChallenge, TpmHello};
 use bc_wire::tpm::{self as wtpm, Attested, Public};
 use prost::Message;
-use rusqlite::Transaction;
 use subtle::ConstantTimeEq;
 
 use crate::attestor::{
@@ -76,6 +75,7 @@ use crate::attestor::{
     Prepared, Refusal, Verdict, BINDING_TPM_EK,
 };
 use crate::records;
+use crate::store::{LockKey, Tx};
 use ek_service::{EkServices, EkServicesConfig, Fetched, EK_SERVICE};
 pub use pcr::PcrPolicy;
 use state::{ChallengeKey, ChallengeState};
@@ -183,7 +183,7 @@ impl TpmAttestor {
     /// (`ek-service`), unless the EK is pinned as uncertified.
     fn fetch_certificate(
         &self,
-        db: &crate::db::Database,
+        db: &crate::store::Store,
         hello: &TpmHello,
     ) -> Result<Option<ServiceCertificate>, Refusal> {
         if !hello.ek_certificate.is_empty() {
@@ -201,7 +201,7 @@ impl TpmAttestor {
         };
         let ek_sha256 = hex::encode(bc_wire::sha256(&spki));
         let maker = service.addressing.as_str();
-        if let Some(c) = db.with_conn(|c| ek_service::cached(c, &ek_sha256))?? {
+        if let Some(c) = db.read(|tx| ek_service::cached(tx, &ek_sha256))? {
             tracing::info!(ek_sha256, service = %c.service, "tpm: no EK certificate sent; the maker's service's, cached");
             return Ok(Some(ServiceCertificate { der: c.der }));
         }
@@ -222,10 +222,10 @@ impl TpmAttestor {
                     .ok()
                     .map(|(_, c)| hex::encode(bc_wire::sha256(c.public_key().raw)));
                 if key_sha256.as_deref() == Some(ek_sha256.as_str()) {
-                    db.with_conn(|c| {
-                        let now = crate::db::compute_now(c)?;
-                        ek_service::cache(c, &ek_sha256, maker, &url, &der, now)
-                    })??;
+                    db.read(|tx| {
+                        let now = tx.now()?;
+                        ek_service::cache(tx, &ek_sha256, maker, &url, &der, now)
+                    })?;
                     tracing::info!(
                         ek_sha256,
                         service = maker,
@@ -250,7 +250,7 @@ impl TpmAttestor {
             }
             Err(e) => {
                 let pinned = db
-                    .with_conn(|c| enroll::resolve_entry(c, &ek_sha256))??
+                    .read(|tx| enroll::resolve_entry(tx, &ek_sha256))?
                     .is_some_and(|entry| entry.uncertified);
                 tracing::warn!(ek_sha256, service = maker, url, ms, error = %e, pinned, "tpm: the maker's EK certificate service gave no certificate");
                 match pinned {
@@ -266,7 +266,7 @@ impl TpmAttestor {
     /// Also for discovery, whose ramdisk sends this evidence beside its own.
     pub(crate) fn prepare_for(
         &self,
-        db: &crate::db::Database,
+        db: &crate::store::Store,
         evidence: &TpmAttestation,
     ) -> Result<Prepared, Refusal> {
         let Some(tpm_attestation::Round::Hello(hello)) = &evidence.round else {
@@ -298,7 +298,7 @@ impl TpmAttestor {
     /// (payload a `TpmChallenge`). Writes nothing.
     pub(crate) fn challenge(
         &self,
-        tx: &Transaction<'_>,
+        tx: &Tx<'_>,
         input: &AttestInput<'_>,
         hello: &TpmHello,
         attestor: &str,
@@ -383,7 +383,7 @@ impl TpmAttestor {
     /// round calls [`Self::spend`].
     pub(crate) fn prove(
         &self,
-        tx: &Transaction<'_>,
+        tx: &Tx<'_>,
         input: &AttestInput<'_>,
         answer: &TpmAnswer,
     ) -> Result<TpmProof, Refusal> {
@@ -419,9 +419,9 @@ impl TpmAttestor {
     /// challenge admits one join whichever attestor it was answered to.
     pub(crate) fn spend(
         &self,
-        tx: &Transaction<'_>,
+        tx: &Tx<'_>,
         proof: &TpmProof,
-        now: crate::db::UnixMs,
+        now: crate::store::UnixMs,
     ) -> Result<(), Refusal> {
         if !crate::uses::spend(tx, TPM, &proof.subject, proof.st.not_after, now)? {
             return Err(Refusal::new(CHALLENGE_REUSED));
@@ -431,7 +431,7 @@ impl TpmAttestor {
 
     fn answer(
         &self,
-        tx: &Transaction<'_>,
+        tx: &Tx<'_>,
         input: &AttestInput<'_>,
         answer: &TpmAnswer,
     ) -> Result<Verdict, Refusal> {
@@ -606,7 +606,7 @@ fn reported_assurance(hello: &TpmHello) -> EkAssurance {
 /// --uncertified`, the spec's allowUncertifiedEk); any other is refused
 /// `ek-chain`, as an EK certificate with no path to a root is. A pinned EK
 /// that does send a certificate never comes here: it is verified as usual.
-fn uncertified(tx: &Transaction<'_>, ek_public: &[u8]) -> Result<ek::VerifiedEk, Refusal> {
+fn uncertified(tx: &Tx<'_>, ek_public: &[u8]) -> Result<ek::VerifiedEk, Refusal> {
     let ek = ek::uncertified_ek(ek_public).map_err(|e| {
         tracing::debug!(error = %e, "tpm: uncertified EK refused");
         Refusal::new(e.reason())
@@ -661,13 +661,20 @@ fn placed_roles(reclaim: Option<&str>, site: Option<&str>) -> Option<Vec<Role>> 
 /// Where a machine that proved its EK joins: its bound node, else a resolve
 /// entry, else enrollment (when `[tpm] enrollment` is on; else `unknown-ek`).
 fn place(
-    tx: &Transaction<'_>,
+    tx: &Tx<'_>,
     input: &AttestInput<'_>,
     ek_sha256: &str,
     st: &ChallengeState,
     config: &TpmConfig,
 ) -> Result<Place, Refusal> {
     let retry_after_seconds = config.enrollment_retry_after_seconds;
+    // PG: an advisory lock on `tpm-ek:<sha>`: this EK's binding, resolve and
+    // request reads stand until its writes commit (one pending request, an
+    // approved request used once).
+    tx.lock(&[LockKey {
+        namespace: "tpm-ek",
+        key: ek_sha256,
+    }])?;
     if let Some(b) = records::binding_by_key(tx, BINDING_TPM_EK, ek_sha256)? {
         return Ok(Place::Join {
             node: Some(b.node_id),
@@ -730,7 +737,7 @@ impl Attestor for TpmAttestor {
 
     fn prepare(
         &self,
-        db: &crate::db::Database,
+        db: &crate::store::Store,
         evidence: &[u8],
         _tpm: Option<&TpmAttestation>,
     ) -> Result<Prepared, Refusal> {
@@ -741,7 +748,7 @@ impl Attestor for TpmAttestor {
         }
     }
 
-    fn verify(&self, tx: &Transaction<'_>, input: &AttestInput<'_>) -> Result<Verdict, Refusal> {
+    fn verify(&self, tx: &Tx<'_>, input: &AttestInput<'_>) -> Result<Verdict, Refusal> {
         let evidence =
             TpmAttestation::decode(input.evidence).map_err(|_| Refusal::new(EVIDENCE_MALFORMED))?;
         match &evidence.round {

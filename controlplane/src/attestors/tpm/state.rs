@@ -15,7 +15,7 @@
 use aes_gcm::aead::{Aead, KeyInit, Payload};
 use aes_gcm::{Aes256Gcm, Nonce};
 
-use crate::db::UnixMs;
+use crate::store::UnixMs;
 
 const VERSION: u8 = 1;
 const NONCE_LEN: usize = 12;

@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::attestor::OpenedToken;
-use crate::db::{self, Database, UnixMs};
+use crate::store::{params, Commit, DbError, Store, UnixMs};
 use bc_wire::agent::{HardwareClaims, TpmKeyCertification};
 use bc_wire::tpm::ALG_SHA256;
 
@@ -66,7 +66,7 @@ fn csr_spki(csr: &[u8]) -> Vec<u8> {
 }
 
 /// Adds the test maker's root and intermediate as EK roots.
-pub(crate) fn add_test_roots(db: &Database) {
+pub(crate) fn add_test_roots(db: &Store) {
     let mut ders = ek::parse_roots_pem(ek::tests::ROOT_PEM).unwrap();
     ders.extend(ek::parse_roots_pem(ek::tests::INTERMEDIATE_PEM).unwrap());
     ek::add_roots(db, &ders, ek::RootKind::Anchor).unwrap();
@@ -74,13 +74,13 @@ pub(crate) fn add_test_roots(db: &Database) {
 
 struct Fixture {
     _dir: tempfile::TempDir,
-    db: Database,
+    db: Store,
     attestor: TpmAttestor,
 }
 
 fn fixture_with(config: TpmConfig) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
-    let db = Database::open_dir(dir.path()).unwrap();
+    let db = Store::open_dir(dir.path()).unwrap();
     add_test_roots(&db);
     Fixture {
         _dir: dir,
@@ -101,10 +101,7 @@ impl Fixture {
     /// before are forgotten first ([`Self::replay_at`] keeps them).
     fn run_at(&self, evidence: &[u8], csr: &[u8], now: UnixMs) -> Result<Verdict, Refusal> {
         self.db
-            .write(|tx| {
-                tx.execute("DELETE FROM attestation_uses", [])
-                    .map_err(db::DbError::from)
-            })
+            .write(|tx| tx.execute("DELETE FROM attestation_uses", params![]))
             .unwrap();
         self.replay_at(evidence, csr, now)
     }
@@ -124,34 +121,38 @@ impl Fixture {
     ) -> Result<Verdict, Refusal> {
         let spki = csr_spki(csr);
         self.db
-            .with_conn(|c| {
-                let tx = db::immediate(c).unwrap();
-                let claims = HardwareClaims::default();
-                let token = OpenedToken::Malformed;
-                let input = AttestInput {
-                    role,
-                    evidence,
-                    // A token is ignored by this attestor.
-                    token: Some(&token),
-                    csr_der: csr,
-                    csr_sha256: bc_wire::sha256(csr),
-                    csr_spki_der: &spki,
-                    csr_spki_sha256: bc_wire::sha256(&spki),
-                    claims: &claims,
-                    tpm: None,
-                    now,
-                    source: None,
-                    prepared: &crate::attestor::Prepared::default(),
+            .write_if(|tx| {
+                let run = || -> Result<Result<Verdict, Refusal>, Refusal> {
+                    let claims = HardwareClaims::default();
+                    let token = OpenedToken::Malformed;
+                    let input = AttestInput {
+                        role,
+                        evidence,
+                        // A token is ignored by this attestor.
+                        token: Some(&token),
+                        csr_der: csr,
+                        csr_sha256: bc_wire::sha256(csr),
+                        csr_spki_der: &spki,
+                        csr_spki_sha256: bc_wire::sha256(&spki),
+                        claims: &claims,
+                        tpm: None,
+                        now,
+                        source: None,
+                        prepared: &crate::attestor::Prepared::default(),
+                    };
+                    // JoinService's role check around the attestor, as a join
+                    // has it (its refusal rolls back what the attestor wrote).
+                    crate::join::check_role(TPM, role, None)?;
+                    let out = self.attestor.verify(tx, &input);
+                    if let Ok(Verdict::Admit(result)) = &out {
+                        crate::join::check_role(TPM, role, Some(result))?;
+                    }
+                    Ok(out)
                 };
-                // JoinService's role check around the attestor, as a join
-                // has it (its refusal rolls back what the attestor wrote).
-                crate::join::check_role(TPM, role, None)?;
-                let out = self.attestor.verify(&tx, &input);
-                if let Ok(Verdict::Admit(result)) = &out {
-                    crate::join::check_role(TPM, role, Some(result))?;
-                }
-                tx.commit().unwrap();
-                out
+                Ok::<_, DbError>(match run() {
+                    Ok(out) => (out, Commit::Yes),
+                    Err(r) => (Err(r), Commit::No),
+                })
             })
             .unwrap()
     }
@@ -174,8 +175,10 @@ impl Fixture {
 
     fn count(&self, table: &str) -> i64 {
         self.db
-            .with_conn(|c| c.query_row(&format!("SELECT count(*) FROM {table}"), [], |r| r.get(0)))
-            .unwrap()
+            .read(|tx| {
+                tx.query_one(&format!("SELECT count(*) FROM {table}"), params![])
+                    .and_then(|r| r.get(0))
+            })
             .unwrap()
     }
 
@@ -257,7 +260,7 @@ fn round_one_refusals() {
     // Unknown maker: no roots configured at all.
     let bare = {
         let dir = tempfile::tempdir().unwrap();
-        let db = Database::open_dir(dir.path()).unwrap();
+        let db = Store::open_dir(dir.path()).unwrap();
         Fixture {
             _dir: dir,
             db,
@@ -329,11 +332,8 @@ fn a_site_in_the_place_fixes_the_role_and_the_site() {
     let ev = answer_evidence(answer());
     let site = crate::sites::create(&f.db, "dc1").unwrap().id;
     let as_role = |role| {
-        f.db.write(|tx| {
-            tx.execute("DELETE FROM attestation_uses", [])
-                .map_err(db::DbError::from)
-        })
-        .unwrap();
+        f.db.write(|tx| tx.execute("DELETE FROM attestation_uses", params![]))
+            .unwrap();
         f.verify_as(role, &ev, CSR, NOW)
     };
     // No site: a site join is refused, a node join admitted unscoped.
@@ -452,7 +452,7 @@ fn placement_order_binding_then_resolve_then_requests() {
     assert_eq!(f.count("join_requests"), 0);
 }
 
-fn insert_node(db: &Database, id: &str) -> String {
+fn insert_node(db: &Store, id: &str) -> String {
     crate::test_support::insert_node(db, id, "join-token", NOW);
     id.to_owned()
 }
@@ -488,8 +488,7 @@ fn round_two_state_secret_and_expiry() {
     // Under another challenge key (another control plane).
     let other = TpmAttestor::new(TpmConfig::default(), ChallengeKey::new([9; 32]));
     let refused =
-        f.db.with_conn(|c| {
-            let tx = db::immediate(c).unwrap();
+        f.db.write_if(|tx| {
             let spki = csr_spki(CSR);
             let claims = HardwareClaims::default();
             let ev = answer_evidence(answer());
@@ -507,7 +506,7 @@ fn round_two_state_secret_and_expiry() {
                 source: None,
                 prepared: &crate::attestor::Prepared::default(),
             };
-            reason(other.verify(&tx, &input))
+            Ok::<_, DbError>((reason(other.verify(tx, &input)), Commit::No))
         })
         .unwrap();
     assert_eq!(refused, CHALLENGE_STATE);
@@ -558,14 +557,13 @@ fn a_challenge_admits_once() {
         CHALLENGE_REUSED
     );
     let (subject, expires_at): (String, UnixMs) =
-        f.db.with_conn(|c| {
-            c.query_row(
+        f.db.read(|tx| {
+            tx.query_one(
                 "SELECT subject, expires_at FROM attestation_uses WHERE attestor = 'tpm'",
-                [],
-                |r| Ok((r.get(0)?, r.get(1)?)),
+                params![],
             )
+            .and_then(|r| Ok((r.get(0)?, r.get(1)?)))
         })
-        .unwrap()
         .unwrap();
     // Kept until the challenge's own deadline, keyed by its sealed state.
     let st = ChallengeState::open(
@@ -953,10 +951,7 @@ mod through_join_service {
         // one): the same node, a new identity generation, the older
         // certificate revoked.
         c.db()
-            .write(|tx| {
-                tx.execute("DELETE FROM attestation_uses", [])
-                    .map_err(db::DbError::from)
-            })
+            .write(|tx| tx.execute("DELETE FROM attestation_uses", params![]))
             .unwrap();
         let second = c.join(answer_evidence(answer())).unwrap();
         assert_eq!(second.node_id, first.node_id);
@@ -965,14 +960,11 @@ mod through_join_service {
         assert_eq!((nodes.len(), nodes[0].identity_generation), (1, 2));
         let revoked: Vec<(i64, bool)> = c
             .db()
-            .with_conn(|conn| {
-                let mut st = conn
-                    .prepare("SELECT identity_generation, revoked_at IS NOT NULL FROM node_certs ORDER BY identity_generation")
-                    .unwrap();
-                st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
-                    .unwrap()
-                    .collect::<Result<_, _>>()
-                    .unwrap()
+            .read(|tx| {
+                tx.query("SELECT identity_generation, revoked_at IS NOT NULL FROM node_certs ORDER BY identity_generation", params![])?
+                    .iter()
+                    .map(|r| Ok((r.get(0)?, r.get(1)?)))
+                    .collect::<Result<_, DbError>>()
             })
             .unwrap();
         assert_eq!(revoked, [(1, true), (2, false)]);

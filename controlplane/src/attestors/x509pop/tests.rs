@@ -9,9 +9,9 @@ use prost::Message;
 use rcgen::{KeyPair, PublicKeyData};
 
 use super::*;
-use crate::db::{self, DbError, UnixMs};
 use crate::join::ApiError;
 use crate::records::NodeRow;
+use crate::store::{self, params, UnixMs};
 use crate::test_support::{self, key, plain_csr as csr_for, Cp};
 
 /// A control plane DIR for x509pop (the shared [`Cp`] and this module's
@@ -152,8 +152,7 @@ impl Fixture {
 
     fn node(&self, id: &str) -> NodeRow {
         self.db()
-            .with_conn(|c| records::node_including_deleted(c, id))
-            .unwrap()
+            .read(|tx| records::node_including_deleted(tx, id))
             .unwrap()
             .unwrap()
     }
@@ -227,11 +226,7 @@ fn grace_and_clock_window() {
     let not_after = records::list_certs(f.db(), &id.node_id).unwrap()[0].not_after;
     // The clock offset that puts database time at `at`.
     let offset = |at: UnixMs| {
-        let current = f
-            .db()
-            .with_conn(|c| db::clock_offset_ms(c))
-            .unwrap()
-            .unwrap();
+        let current = f.db().read(store::clock_offset_ms).unwrap();
         at - (f.now() - current)
     };
 
@@ -347,9 +342,8 @@ fn only_our_own_current_certificates_rejoin() {
         .write(|tx| {
             tx.execute(
                 "UPDATE node_certs SET revoked_at = 1 WHERE node_id = ?1",
-                [&a.node_id],
+                params![&a.node_id],
             )
-            .map_err(DbError::from)
         })
         .unwrap();
     assert_eq!(f.refused(|| f.rejoin(&a, Role::Node)), REVOKED);
@@ -384,9 +378,8 @@ fn a_proof_admits_once_even_across_a_restart() {
         .write(|tx| {
             tx.execute(
                 "UPDATE nodes SET pool_id = 'tpm-only' WHERE id = ?1",
-                [&id.node_id],
+                params![&id.node_id],
             )
-            .map_err(DbError::from)
         })
         .unwrap();
     crate::pools::set_join_attestors(f.db(), "tpm-only", Some(&["tpm".to_owned()]), &["tpm"])
@@ -399,27 +392,20 @@ fn a_proof_admits_once_even_across_a_restart() {
         f.refused(|| f.send(csr.clone(), Role::Node, proof.to_json())),
         crate::join::POOL_ATTESTOR
     );
-    assert_eq!(
-        f.db()
-            .with_conn(|c| crate::uses::count(c))
-            .unwrap()
-            .unwrap(),
-        0
-    );
+    assert_eq!(f.db().read(crate::uses::count).unwrap(), 0);
     crate::pools::set_join_attestors(f.db(), "tpm-only", None, &[]).unwrap();
     let body = f.send(csr.clone(), Role::Node, proof.to_json()).unwrap();
     assert_eq!(body.node_id, id.node_id);
     // Spent until clientTime + window.
     let expires_at: UnixMs = f
         .db()
-        .with_conn(|c| {
-            c.query_row(
+        .read(|tx| {
+            tx.query_one(
                 "SELECT expires_at FROM attestation_uses WHERE attestor = 'x509pop'",
-                [],
-                |r| r.get(0),
+                params![],
             )
+            .and_then(|r| r.get(0))
         })
-        .unwrap()
         .unwrap();
     assert_eq!(expires_at, i64::try_from(t).unwrap() + DEFAULT_WINDOW_MS);
     // The replay is named as one (not as the stale certificate it now is).

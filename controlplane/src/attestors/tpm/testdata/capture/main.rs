@@ -99,7 +99,7 @@ fn main() {
             ak_public: ak.public.clone(),
         })),
     };
-    let captured_at = svc.database().with_conn(|c| bc_controlplane::db::compute_now(c)).unwrap().unwrap();
+    let captured_at = svc.database().read(|tx| tx.now()).unwrap();
     let body = join(&svc, &csr, &hello);
     let Some(Deferral::Challenge(ch)) = body.deferral else { panic!("no challenge: {body:?}") };
     let ch = TpmChallenge::decode(ch.payload.as_slice()).unwrap();

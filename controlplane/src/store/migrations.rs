@@ -1,0 +1,341 @@
+//! The schema, as one append-only list of migrations (moved here unchanged
+//! from db.rs: an existing database opens as it did).
+
+/// Schema migrations; `PRAGMA user_version` is the number applied. Append
+/// only: a shipped migration never changes.
+pub(crate) const MIGRATIONS: &[&str] = &[
+    // 1: tokens, nodes, certificates, events, settings.
+    r#"
+    CREATE TABLE settings (
+        key   TEXT PRIMARY KEY,
+        value TEXT NOT NULL
+    ) STRICT;
+
+    CREATE TABLE join_tokens (
+        id            TEXT PRIMARY KEY,
+        secret_sha256 BLOB NOT NULL CHECK (length(secret_sha256) = 32),
+        role          TEXT NOT NULL,
+        uses_left     INTEGER NOT NULL CHECK (uses_left >= 0),
+        expires_at    INTEGER NOT NULL,
+        revoked_at    INTEGER,
+        created_at    INTEGER NOT NULL
+    ) STRICT;
+
+    CREATE TABLE nodes (
+        id                  TEXT PRIMARY KEY,
+        role                TEXT NOT NULL,
+        identity_generation INTEGER NOT NULL CHECK (identity_generation >= 1),
+        attestor            TEXT NOT NULL,
+        joined_at           INTEGER NOT NULL,
+        retired_at          INTEGER
+    ) STRICT;
+
+    CREATE TABLE node_certs (
+        serial              TEXT PRIMARY KEY,
+        node_id             TEXT NOT NULL REFERENCES nodes(id),
+        identity_generation INTEGER NOT NULL,
+        der                 BLOB NOT NULL,
+        not_before          INTEGER NOT NULL,
+        not_after           INTEGER NOT NULL,
+        revoked_at          INTEGER
+    ) STRICT;
+    CREATE INDEX node_certs_by_node ON node_certs(node_id, identity_generation);
+
+    CREATE TABLE events (
+        id        INTEGER PRIMARY KEY AUTOINCREMENT,
+        type      TEXT NOT NULL,
+        at        INTEGER NOT NULL,
+        attestor  TEXT,
+        reason    TEXT,
+        token_id  TEXT,
+        node_id   TEXT,
+        data      TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(data))
+    ) STRICT;
+    CREATE INDEX events_by_type ON events(type, id);
+    "#,
+    // 2: pools, hardware bindings, the joins audit, and the tpm attestor's
+    // EK roots, resolve allow-list and enrollment requests.
+    r#"
+    CREATE TABLE pools (
+        id         TEXT PRIMARY KEY,
+        owner      TEXT NOT NULL,
+        policy     TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(policy)),
+        created_at INTEGER NOT NULL
+    ) STRICT;
+    INSERT INTO pools (id, owner, policy, created_at)
+        VALUES ('default', 'root', '{}', CAST(strftime('%s', 'now') AS INTEGER) * 1000);
+
+    -- No REFERENCES: SQLite cannot add a foreign key column with a non-NULL
+    -- default. Pools are never deleted, and every writer checks the pool.
+    ALTER TABLE nodes ADD COLUMN pool_id TEXT NOT NULL DEFAULT 'default';
+    ALTER TABLE join_tokens ADD COLUMN pool_id TEXT;
+
+    -- A hardware key (kind 'tpm-ek': SHA-256 of the EK's SPKI) bound to the
+    -- one node it may ever admit; one binding per node and kind.
+    CREATE TABLE node_bindings (
+        kind       TEXT NOT NULL,
+        key        TEXT NOT NULL,
+        node_id    TEXT NOT NULL REFERENCES nodes(id),
+        created_at INTEGER NOT NULL,
+        PRIMARY KEY (kind, key),
+        UNIQUE (node_id, kind)
+    ) STRICT;
+
+    -- One row per admitted join (new node or reclaim).
+    CREATE TABLE joins (
+        id                  INTEGER PRIMARY KEY AUTOINCREMENT,
+        node_id             TEXT NOT NULL REFERENCES nodes(id),
+        attestor            TEXT NOT NULL,
+        node_key            TEXT NOT NULL CHECK (node_key IN ('tpm', 'unattested')),
+        identity_generation INTEGER NOT NULL,
+        at                  INTEGER NOT NULL
+    ) STRICT;
+    CREATE INDEX joins_by_node ON joins(node_id, id);
+
+    CREATE TABLE ek_roots (
+        sha256    TEXT PRIMARY KEY,
+        der       BLOB NOT NULL,
+        subject   TEXT NOT NULL,
+        not_after INTEGER NOT NULL,
+        added_at  INTEGER NOT NULL
+    ) STRICT;
+
+    CREATE TABLE tpm_resolve (
+        ek_sha256  TEXT PRIMARY KEY,
+        pool_id    TEXT,
+        node_id    TEXT,
+        created_at INTEGER NOT NULL
+    ) STRICT;
+
+    CREATE TABLE join_requests (
+        id         TEXT PRIMARY KEY,
+        attestor   TEXT NOT NULL,
+        ek_sha256  TEXT NOT NULL,
+        ek_issuer  TEXT NOT NULL,
+        ek_serial  TEXT NOT NULL,
+        status     TEXT NOT NULL CHECK (status IN ('pending', 'approved', 'denied')),
+        pool_id    TEXT,
+        created_at INTEGER NOT NULL,
+        decided_at INTEGER,
+        used_at    INTEGER
+    ) STRICT;
+    -- At most one open (not yet used) request per EK: a pending one is
+    -- answered again, a denied one stays denied.
+    CREATE UNIQUE INDEX join_requests_open ON join_requests(ek_sha256) WHERE used_at IS NULL;
+    "#,
+    // 3: the node lifecycle (cordon, delete). A deleted node keeps its row,
+    // so its certificates, joins and events keep naming a node, but no
+    // lookup of a live node finds it again.
+    r#"
+    ALTER TABLE nodes ADD COLUMN cordoned_at INTEGER;
+    ALTER TABLE nodes ADD COLUMN deleted_at INTEGER;
+    "#,
+    // 4: a token's expect binding: the machine it was minted for, by product
+    // UUID and/or MAC (normalized lowercase; NULL: not bound). JoinService
+    // compares them with the join's hardware claims.
+    r#"
+    ALTER TABLE join_tokens ADD COLUMN expect_product_uuid TEXT;
+    ALTER TABLE join_tokens ADD COLUMN expect_mac TEXT;
+    "#,
+    // 5: event retention prunes by time (oldest first, in bounded batches).
+    r#"
+    CREATE INDEX events_by_at ON events(at);
+    "#,
+    // 6: single-use evidence (spec "Single-use evidence"): what an attestor
+    // accepted, recorded in the join transaction so that the same evidence
+    // admits once, across restarts and replicas. `subject` is a digest the
+    // attestor chooses (a TPM challenge, an x509pop proof); rows past
+    // `expires_at` are pruned (see `uses`).
+    r#"
+    CREATE TABLE attestation_uses (
+        attestor   TEXT NOT NULL,
+        subject    TEXT NOT NULL,
+        expires_at INTEGER NOT NULL,
+        PRIMARY KEY (attestor, subject)
+    ) STRICT;
+    CREATE INDEX attestation_uses_expiry ON attestation_uses (expires_at);
+    "#,
+    // 7: discovery. Sites; the site a token admits to and a node belongs to;
+    // what a node may be sent (`allowed_kinds`, a JSON array; NULL: no
+    // restriction) and how long its certificates may last (ramdisks); boot
+    // entries (machines to commission, each with its single-use discovery
+    // token, whose secret is kept sealed for the lease holder); leases.
+    r#"
+    CREATE TABLE sites (
+        id         TEXT PRIMARY KEY,
+        name       TEXT NOT NULL UNIQUE,
+        created_at INTEGER NOT NULL
+    ) STRICT;
+    ALTER TABLE join_tokens ADD COLUMN site_id TEXT;
+    ALTER TABLE nodes ADD COLUMN site_id TEXT;
+    ALTER TABLE nodes ADD COLUMN allowed_kinds TEXT CHECK (allowed_kinds IS NULL OR json_valid(allowed_kinds));
+    ALTER TABLE nodes ADD COLUMN max_cert_ttl_ms INTEGER;
+
+    CREATE TABLE boot_entries (
+        workflow_id   TEXT PRIMARY KEY,
+        site_id       TEXT NOT NULL REFERENCES sites(id),
+        mac           TEXT NOT NULL,
+        product_uuid  TEXT,
+        token_id      TEXT NOT NULL REFERENCES join_tokens(id),
+        sealed_secret BLOB NOT NULL,
+        not_after     INTEGER NOT NULL,
+        created_at    INTEGER NOT NULL,
+        vouched_at    INTEGER,
+        joined_at     INTEGER,
+        node_id       TEXT
+    ) STRICT;
+    CREATE INDEX boot_entries_by_site ON boot_entries(site_id, created_at);
+
+    CREATE TABLE leases (
+        name       TEXT PRIMARY KEY,
+        holder     TEXT,
+        epoch      INTEGER NOT NULL,
+        expires_at INTEGER NOT NULL
+    ) STRICT;
+    "#,
+    // 8: provisioned tokens and hardware keys (spec "provisioned", "join-token":
+    // the reclaim flag). A token may name the node it re-keys and may allow a
+    // reclaim; a node records its trusted hardware key (`tpm-ek:<sha256>` or
+    // `product-uuid:<uuid>`) and the product UUID an attestor proved, so that
+    // one machine never becomes two live nodes; each join keeps the product
+    // UUID it claimed (a provisioned token's target is read from it).
+    r#"
+    ALTER TABLE join_tokens ADD COLUMN target_node_id TEXT;
+    ALTER TABLE join_tokens ADD COLUMN allow_reclaim INTEGER NOT NULL DEFAULT 0 CHECK (allow_reclaim IN (0, 1));
+    ALTER TABLE nodes ADD COLUMN hardware_key TEXT;
+    ALTER TABLE nodes ADD COLUMN product_uuid TEXT;
+    CREATE INDEX nodes_by_hardware_key ON nodes(hardware_key) WHERE hardware_key IS NOT NULL;
+    CREATE INDEX nodes_by_product_uuid ON nodes(product_uuid) WHERE product_uuid IS NOT NULL;
+    ALTER TABLE joins ADD COLUMN product_uuid TEXT;
+    -- Nodes that joined before: a TPM-bound node's key is its EK.
+    UPDATE nodes SET hardware_key = 'tpm-ek:' || (
+        SELECT key FROM node_bindings b WHERE b.node_id = nodes.id AND b.kind = 'tpm-ek')
+    WHERE deleted_at IS NULL
+      AND EXISTS (SELECT 1 FROM node_bindings b WHERE b.node_id = nodes.id AND b.kind = 'tpm-ek');
+    "#,
+    // 9: cloud-iid's resolve table: where a VM of a provider account (and
+    // zone; '' is any zone) joins. A VM of an account not listed is refused.
+    r#"
+    CREATE TABLE cloud_resolve (
+        provider   TEXT NOT NULL,
+        account    TEXT NOT NULL,
+        zone       TEXT NOT NULL,
+        pool_id    TEXT,
+        created_at INTEGER NOT NULL,
+        PRIMARY KEY (provider, account, zone)
+    ) STRICT;
+    "#,
+    // 10: the site a TPM joins as a site node of: a resolve entry's or an
+    // approved join request's (NULL: a plain node).
+    r#"
+    ALTER TABLE tpm_resolve ADD COLUMN site_id TEXT;
+    ALTER TABLE join_requests ADD COLUMN site_id TEXT;
+    "#,
+    // 11: a boot entry's discovery tokens: one per boot script (each single
+    // use), so that the entry is spent by a join, not by a request. The
+    // entry's own token (boot_entries.token_id) is the first.
+    r#"
+    CREATE TABLE boot_tokens (
+        token_id    TEXT PRIMARY KEY REFERENCES join_tokens(id),
+        workflow_id TEXT NOT NULL REFERENCES boot_entries(workflow_id),
+        created_at  INTEGER NOT NULL
+    ) STRICT;
+    CREATE INDEX boot_tokens_by_workflow ON boot_tokens(workflow_id);
+    INSERT INTO boot_tokens (token_id, workflow_id, created_at)
+        SELECT token_id, workflow_id, created_at FROM boot_entries;
+    CREATE INDEX boot_entries_by_node ON boot_entries(node_id) WHERE node_id IS NOT NULL;
+    -- Claimed UUIDs were kept as trusted ones before: a TPM join's SMBIOS
+    -- UUID, a ramdisk's asserted (iPXE's) UUID, and placeholders. Only the EK
+    -- of a TPM node stays its key.
+    UPDATE nodes SET product_uuid = NULL WHERE hardware_key LIKE 'tpm-ek:%';
+    UPDATE nodes SET hardware_key = NULL, product_uuid = NULL WHERE role = 'ramdisk';
+    UPDATE nodes SET hardware_key = NULL, product_uuid = NULL
+     WHERE product_uuid IN ('00000000-0000-0000-0000-000000000000',
+                            'ffffffff-ffff-ffff-ffff-ffffffffffff',
+                            '03000200-0400-0500-0006-000700080009',
+                            '00020003-0004-0005-0006-000700080009',
+                            '12345678-1234-5678-90ab-cddeefaabbcc');
+    "#,
+    // 12: the roles a cloud resolve row admits beyond `[cloud_iid] roles`
+    // (`cloud resolve add --role`): role names separated by ',' (NULL: none).
+    r#"
+    ALTER TABLE cloud_resolve ADD COLUMN roles TEXT;
+    "#,
+    // 13: what a configured EK CA is for: `anchor` (every certificate
+    // `ek-roots add` adds, self-signed or not) or `intermediate` (`ek-roots
+    // add --intermediate`). Rows added before (NULL) keep their meaning: an
+    // anchor when self-signed, else an intermediate.
+    r#"
+    ALTER TABLE ek_roots ADD COLUMN kind TEXT CHECK (kind IS NULL OR kind IN ('anchor', 'intermediate'));
+    "#,
+    // 14: a resolve entry may pin an EK that has no EK certificate
+    // (`resolve add --uncertified`, the spec's allowUncertifiedEk).
+    r#"
+    ALTER TABLE tpm_resolve ADD COLUMN uncertified INTEGER NOT NULL DEFAULT 0 CHECK (uncertified IN (0, 1));
+    "#,
+    // 15: where a tpm join's EK certificate came from (the EK assurance:
+    // nv, nv-chain, operator-file, maker-service, pinned); NULL for joins
+    // that proved no EK.
+    r#"
+    ALTER TABLE joins ADD COLUMN ek_assurance TEXT;
+    "#,
+    // 16: discovery joins waiting for an operator (`[discovery] approval =
+    // "unknown-machines"`) are join requests too, so `requests list|approve|
+    // deny` decide both. Such a request names the boot entry (workflow), the
+    // MAC and UUID the join was for, its source address, and what it proved:
+    // the EK when the ramdisk proved its TPM, else only its node key (the
+    // CSR's key), so `ek_sha256` becomes nullable (the table is rebuilt:
+    // SQLite cannot drop a NOT NULL). The tpm attestor's one open request
+    // per EK stays; a discovery request is open once per entry and evidence.
+    r#"
+    CREATE TABLE join_requests_16 (
+        id              TEXT PRIMARY KEY,
+        attestor        TEXT NOT NULL,
+        ek_sha256       TEXT,
+        ek_issuer       TEXT NOT NULL DEFAULT '',
+        ek_serial       TEXT NOT NULL DEFAULT '',
+        status          TEXT NOT NULL CHECK (status IN ('pending', 'approved', 'denied')),
+        pool_id         TEXT,
+        created_at      INTEGER NOT NULL,
+        decided_at      INTEGER,
+        used_at         INTEGER,
+        site_id         TEXT,
+        workflow_id     TEXT,
+        mac             TEXT,
+        product_uuid    TEXT,
+        source          TEXT,
+        node_key_sha256 TEXT,
+        CHECK (ek_sha256 IS NOT NULL OR (attestor = 'discovery' AND node_key_sha256 IS NOT NULL))
+    ) STRICT;
+    INSERT INTO join_requests_16 (id, attestor, ek_sha256, ek_issuer, ek_serial, status, pool_id,
+                                  created_at, decided_at, used_at, site_id)
+        SELECT id, attestor, ek_sha256, ek_issuer, ek_serial, status, pool_id,
+               created_at, decided_at, used_at, site_id FROM join_requests;
+    DROP TABLE join_requests;
+    ALTER TABLE join_requests_16 RENAME TO join_requests;
+    CREATE UNIQUE INDEX join_requests_open ON join_requests(ek_sha256)
+        WHERE used_at IS NULL AND attestor <> 'discovery';
+    CREATE UNIQUE INDEX join_requests_open_boot
+        ON join_requests(coalesce(workflow_id, ''), coalesce('ek:' || ek_sha256, 'key:' || node_key_sha256))
+        WHERE used_at IS NULL AND attestor = 'discovery';
+    "#,
+    // 17: EK certificates fetched from a maker's service ([tpm.ek_services]),
+    // by the SHA-256 of the EK's SPKI (the certificate's key is the EK's):
+    // each machine's is fetched once, and verified at every join.
+    r#"
+    CREATE TABLE ek_service_certificates (
+        ek_sha256 TEXT PRIMARY KEY,
+        service TEXT NOT NULL,
+        url TEXT NOT NULL,
+        certificate BLOB NOT NULL,
+        fetched_at INTEGER NOT NULL
+    );
+    "#,
+    // 18: the EK a boot entry expects (`boot add --ek-sha256`, or `--node`'s
+    // bound EK): only a discovery join proving it answers for the entry.
+    // NULL: any machine on the boot LAN may (the entry's other bindings
+    // still hold).
+    r#"
+    ALTER TABLE boot_entries ADD COLUMN ek_sha256 TEXT CHECK (ek_sha256 IS NULL OR length(ek_sha256) = 64);
+    "#,
+];

@@ -1,0 +1,245 @@
+use super::*;
+
+#[test]
+fn migrates_once_and_moves_the_clock() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Store::open_dir(dir.path()).unwrap();
+    // Opening again is a no-op migration.
+    let db2 = Store::open_dir(dir.path()).unwrap();
+    let v: i64 = db2
+        .read(|tx| tx.query_one("PRAGMA user_version", params![])?.get(0))
+        .unwrap();
+    assert_eq!(v, MIGRATIONS.len() as i64);
+
+    let before = db.read(|tx| tx.now()).unwrap();
+    db.write(|tx| set_clock_offset_ms(tx, 3_600_000)).unwrap();
+    let after = db2.read(|tx| tx.now()).unwrap();
+    assert!(after - before >= 3_600_000);
+    assert!(after - before < 3_660_000);
+}
+
+/// Values go in and come out as they were; a column read as another type
+/// is an error naming its index, not a panic or a silent conversion.
+#[test]
+fn values_round_trip_and_type_mismatches_name_the_column() {
+    let t = crate::test_support::temp_db();
+    let row =
+        t.db.read(|tx| {
+            tx.query_one(
+                "SELECT ?1, ?2, ?3, ?4, ?5, ?6",
+                params![7_i64, "seven", vec![7_u8], None::<String>, true, Some("x")],
+            )
+        })
+        .unwrap();
+    assert_eq!(row.get::<i64>(0).unwrap(), 7);
+    assert_eq!(row.get::<String>(1).unwrap(), "seven");
+    assert_eq!(row.get::<Vec<u8>>(2).unwrap(), vec![7]);
+    assert_eq!(row.get::<Option<String>>(3).unwrap(), None);
+    assert!(row.get::<bool>(4).unwrap());
+    assert_eq!(row.get::<Option<String>>(5).unwrap().as_deref(), Some("x"));
+    match row.get::<i64>(1) {
+        Err(DbError::Column {
+            index: 1,
+            expected: "integer",
+            found: "text",
+        }) => {}
+        other => panic!("{other:?}"),
+    }
+    let e = row.get::<String>(3).unwrap_err().to_string();
+    assert!(e.contains("column 3") && e.contains("null"), "{e}");
+    assert!(matches!(
+        row.get::<i64>(9),
+        Err(DbError::Column { index: 9, .. })
+    ));
+    assert_eq!(
+        Value::from(Some(3_i64)),
+        Value::Int(3),
+        "From<Option<_>> binds the value"
+    );
+    assert_eq!(Value::from(None::<&str>), Value::Null);
+    assert_eq!(Value::from(&b"ab"[..]), Value::Blob(b"ab".to_vec()));
+}
+
+/// `write_if` commits only when told; `write` rolls back on `Err`.
+#[test]
+fn write_if_commits_only_when_told() {
+    let t = crate::test_support::temp_db();
+    let put = |tx: &Tx<'_>, k: &str| {
+        tx.execute(
+            "INSERT INTO settings (key, value) VALUES (?1, 'v')",
+            params![k],
+        )
+    };
+    t.db.write_if(|tx| put(tx, "kept").map(|_| ((), Commit::Yes)))
+        .unwrap();
+    t.db.write_if(|tx| put(tx, "dropped").map(|_| ((), Commit::No)))
+        .unwrap();
+    let failed: Result<(), DbError> = t.db.write(|tx| {
+        put(tx, "failed")?;
+        Err(DbError::Busy)
+    });
+    assert!(failed.is_err());
+    let keys: Vec<String> =
+        t.db.read(|tx| {
+            tx.query("SELECT key FROM settings ORDER BY key", params![])?
+                .iter()
+                .map(|r| r.get(0))
+                .collect()
+        })
+        .unwrap();
+    assert_eq!(keys, ["kept"]);
+}
+
+/// Migration 8 gives a node bound to an EK before it that EK as its
+/// hardware key, so an upgrade does not let its machine join twice.
+#[test]
+fn migration_8_backfills_tpm_hardware_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("old.db");
+    sqlite::old_database(
+        &path,
+        7,
+        "INSERT INTO nodes (id, role, identity_generation, attestor, joined_at)
+             VALUES ('node_a', 'node', 1, 'tpm', 1), ('node_b', 'node', 1, 'join-token', 1);
+         INSERT INTO node_bindings (kind, key, node_id, created_at)
+             VALUES ('tpm-ek', 'ab12', 'node_a', 1);",
+    );
+    let db = Store::open(&path).unwrap();
+    let keys = crate::hardware::keys(&db).unwrap();
+    assert_eq!(keys.len(), 1);
+    assert_eq!(keys["node_a"], "tpm-ek:ab12");
+}
+
+/// Migration 11 keeps only attested or operator-bound hardware keys:
+/// a TPM node's claimed UUID, a ramdisk's asserted one and placeholders
+/// go; an EK and a bound UUID stay. Boot entries' tokens are linked.
+#[test]
+fn migration_11_drops_claimed_hardware_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("old.db");
+    sqlite::old_database(
+        &path,
+        10,
+        "INSERT INTO nodes (id, role, identity_generation, attestor, joined_at,
+                            hardware_key, product_uuid) VALUES
+           ('node_tpm', 'node', 1, 'tpm', 1, 'tpm-ek:ab12',
+            '03000200-0400-0500-0006-000700080009'),
+           ('node_ram', 'ramdisk', 1, 'discovery', 1,
+            'product-uuid:4c4c4544-0042-3510-8052-b4c04f4e4d32',
+            '4c4c4544-0042-3510-8052-b4c04f4e4d32'),
+           ('node_zero', 'node', 1, 'join-token', 1,
+            'product-uuid:00000000-0000-0000-0000-000000000000',
+            '00000000-0000-0000-0000-000000000000'),
+           ('node_bound', 'node', 1, 'join-token', 1,
+            'product-uuid:4c4c4544-0042-3510-8052-b4c04f4e4d32',
+            '4c4c4544-0042-3510-8052-b4c04f4e4d32');
+         INSERT INTO sites (id, name, created_at) VALUES ('site_1', 'dc1', 1);
+         INSERT INTO join_tokens (id, secret_sha256, role, uses_left, expires_at, created_at)
+             VALUES ('tok_1', zeroblob(32), 'discovery', 1, 9, 1);
+         INSERT INTO boot_entries (workflow_id, site_id, mac, token_id, sealed_secret,
+                                   not_after, created_at)
+             VALUES ('wf_1', 'site_1', '52:54:00:12:34:56', 'tok_1', x'00', 9, 1);",
+    );
+    let db = Store::open(&path).unwrap();
+    let keys = crate::hardware::keys(&db).unwrap();
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    assert_eq!(keys["node_tpm"], "tpm-ek:ab12");
+    assert!(keys["node_bound"].starts_with("product-uuid:4c4c4544"));
+    let linked: String = db
+        .read(|tx| {
+            tx.query_one(
+                "SELECT workflow_id FROM boot_tokens WHERE token_id = 'tok_1'",
+                params![],
+            )?
+            .get(0)
+        })
+        .unwrap();
+    assert_eq!(linked, "wf_1");
+}
+
+/// Migration 16 keeps every enrollment request as it was, and lets a
+/// discovery request carry no EK; one open request per EK (tpm) and
+/// per entry and evidence (discovery).
+#[test]
+fn migration_16_keeps_enrollment_requests_and_admits_discovery_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("old.db");
+    sqlite::old_database(
+        &path,
+        15,
+        "INSERT INTO join_requests (id, attestor, ek_sha256, ek_issuer, ek_serial, status,
+                                    created_at, site_id)
+             VALUES ('req_1', 'tpm', 'ab12', 'CN=x', '01', 'pending', 5, 'site_1');",
+    );
+    let db = Store::open(&path).unwrap();
+    let rows = crate::attestors::tpm::enroll::list_requests(&db).unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].ek_sha256.as_deref(), Some("ab12"));
+    assert_eq!(rows[0].site_id.as_deref(), Some("site_1"));
+    assert_eq!(rows[0].created_at, 5);
+    let insert = |id: &str, attestor: &str, ek: Option<&str>, key: Option<&str>| {
+        db.write(|tx| {
+            tx.execute(
+                "INSERT INTO join_requests (id, attestor, ek_sha256, status, created_at,
+                                            workflow_id, node_key_sha256)
+                 VALUES (?1, ?2, ?3, 'pending', 6, 'wf_1', ?4)",
+                params![id, attestor, ek, key],
+            )
+        })
+    };
+    assert!(
+        insert("req_2", "tpm", Some("ab12"), None).is_err(),
+        "one open per EK"
+    );
+    assert!(
+        insert("req_3", "tpm", None, None).is_err(),
+        "a tpm request has an EK"
+    );
+    assert!(
+        insert("req_4", "discovery", None, None).is_err(),
+        "or a node key"
+    );
+    insert("req_5", "discovery", None, Some("k1")).unwrap();
+    insert("req_6", "discovery", None, Some("k2")).unwrap();
+    assert!(insert("req_7", "discovery", None, Some("k1")).is_err());
+    // A discovery request proving the EK of a pending enrollment.
+    insert("req_8", "discovery", Some("ab12"), Some("k3")).unwrap();
+}
+
+#[test]
+fn rfc3339_format() {
+    assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000Z");
+    assert_eq!(rfc3339(1_700_000_000_123), "2023-11-14T22:13:20.123Z");
+}
+
+/// The driver's paths only in store/sqlite.rs: every other module goes through
+/// [`Tx`], so that a second backend needs no change outside `store/`.
+#[test]
+fn the_driver_is_named_only_in_the_sqlite_backend() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut strays = Vec::new();
+    let mut dirs = vec![root.clone()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+                continue;
+            }
+            if path.extension().is_none_or(|e| e != "rs") || path.ends_with("store/sqlite.rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap();
+            for (n, line) in text.lines().enumerate() {
+                if line.contains(concat!("rusqlite", "::")) {
+                    strays.push(format!("{}:{}: {}", path.display(), n + 1, line.trim()));
+                }
+            }
+        }
+    }
+    assert!(
+        strays.is_empty(),
+        "the driver outside store/sqlite.rs (use store::Tx):\n{}",
+        strays.join("\n")
+    );
+}
