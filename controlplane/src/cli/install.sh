@@ -21,6 +21,8 @@ config=/etc/bcd/config.toml
 # the installed bcd has no `bcd helper` (see step 3).
 no_helper_dropin=/etc/systemd/system/bcd-node.service.d/10-no-helper.conf
 no_helper_tmpfiles=/etc/tmpfiles.d/bcd.conf
+# Whether this script changed a unit (systemd must reread them).
+units_changed=no
 
 say() { printf 'bcd-install: %s\n' "$*" >&2; }
 die() { say "$*"; exit 1; }
@@ -69,6 +71,8 @@ cat >"$work/config.toml" <<'BCD_CONFIG_EOF'
 @CONFIG@BCD_CONFIG_EOF
 if bcd helper --help >/dev/null 2>&1; then
   printf '\n# bcd node (user bcd) reaches the TPM only through bcd helper (root).\n[helper]\n' >>"$work/config.toml"
+  # A bcd without a helper ran before: its drop-in goes, so units change.
+  [ ! -e "$no_helper_dropin" ] || units_changed=yes
   rm -f "$no_helper_dropin" "$no_helper_tmpfiles"
   # The data directory is the node's user's (a root node may have left it root's).
   systemd-tmpfiles --create bcd.conf
@@ -76,6 +80,7 @@ if bcd helper --help >/dev/null 2>&1; then
   helper=yes
 else
   say "bcd $version has no root helper: bcd node runs as root until a bcd with one is installed"
+  units_changed=yes
   mkdir -p "${no_helper_dropin%/*}"
   cat >"$no_helper_dropin" <<'BCD_DROPIN_EOF'
 # Written by the bcd install script for a bcd without `bcd helper`: bcd node
@@ -106,9 +111,12 @@ fi
 
 # 5. The helper first: bcd status, as the node's user, reaches the node key
 # through it.
-systemctl daemon-reload
+# systemd rereads its units only when this script changed one (the
+# package's postinst reloaded for its own files): each reload runs every
+# generator, seconds on a small VM, and `enable` reloads too.
+[ "$units_changed" = no ] || systemctl daemon-reload
 if [ "$helper" = yes ]; then
-  systemctl enable bcd-helper.socket >/dev/null 2>&1
+  systemctl -q is-enabled bcd-helper.socket 2>/dev/null || systemctl enable bcd-helper.socket >/dev/null 2>&1
   systemctl start bcd-helper.socket
   systemctl try-restart bcd-helper.service
 else
@@ -135,6 +143,6 @@ else
 fi
 
 # 7. The node, restarted so that an upgrade runs the new binary.
-systemctl enable bcd-node.service >/dev/null 2>&1
+systemctl -q is-enabled bcd-node.service 2>/dev/null || systemctl enable bcd-node.service >/dev/null 2>&1
 systemctl restart bcd-node.service
 say "bcd $version installed; node $node; bcd-node restarted"
