@@ -16,6 +16,7 @@ BCD_PACKAGES=(
   curl openssl        # the e2e tests fetch from the control plane and read its certificates
   busybox-static      # a unit test unpacks bcd site's cpio archive with busybox cpio
   xxd time            # scripts/bench: tpm2-tools' inputs, peak memory (/usr/bin/time)
+  postgresql          # the tests' PostgreSQL server (controlplane/src/pg_cluster.rs: initdb, pg_ctl, psql)
 )
 
 # Installs the missing packages, running `apt-get update` once when needed.

@@ -56,6 +56,13 @@
 //! roots = "azure-roots.pem"         # the CA roots Azure's signer certificate chains to, relative to DIR
 //! intermediates = "azure-int.pem"   # optional: issuers the document may not carry
 //! signer = "metadata.azure.com"     # the name the signer certificate must bear (this default)
+//!
+//! [database]                        # absent: SQLite, DIR/controlplane.db (parsed and checked only, for now)
+//! url = "postgres://bcd@db.example:5432/bcd?sslmode=verify-full"  # or postgresql://; no password in it
+//! password_file = "/etc/bc-controlplane/db.password"  # optional; mode 0600 or 0400; relative: DIR
+//! ca_file = "db-ca.pem"             # the server certificate's roots, relative to DIR; required unless
+//!                                   # sslmode=disable, which only a loopback host or a Unix socket may use
+//! max_connections = 8               # the pool (1 to 256; default 2 × cores + 4)
 //! ```
 
 use std::collections::BTreeMap;
@@ -67,6 +74,9 @@ use toml::Spanned;
 
 use crate::attestors::tpm::{NodeKeyPolicy, TpmConfig, MAX_CHALLENGE_TTL_MS};
 use crate::attestors::x509pop::X509PopConfig;
+
+mod database;
+pub use database::{DatabaseConfig, DbPassword, MAX_DB_CONNECTIONS};
 
 pub const CONFIG_FILE: &str = "controlplane.toml";
 
@@ -91,6 +101,8 @@ pub struct Config {
     pub events: EventsConfig,
     pub discovery: DiscoveryConfig,
     pub cloud_iid: crate::attestors::cloud_iid::CloudIidConfig,
+    /// `None`: SQLite in DIR.
+    pub database: Option<DatabaseConfig>,
 }
 
 /// `[discovery]`: what a PXE ramdisk admitted by the `discovery` attestor
@@ -229,6 +241,7 @@ struct RawConfig {
     events: Option<RawEvents>,
     discovery: Option<RawDiscovery>,
     cloud_iid: Option<RawCloudIid>,
+    database: Option<database::RawDatabase>,
 }
 
 #[derive(Deserialize)]
@@ -421,6 +434,11 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         usize::try_from(n).map_err(|_| invalid(Some(v.span()), format!("{key}: too large")))
     };
     let mut config = Config::default();
+    if let Some(d) = raw.database {
+        // Relative to DIR, the directory of this file.
+        let dir = path.parent().unwrap_or(Path::new("."));
+        config.database = Some(database::parse(d, dir, &invalid)?);
+    }
     if let Some(s) = raw.server {
         if let Some(v) = s.max_connections {
             config.server.max_connections = Some(count(&v, "server.max_connections")?);

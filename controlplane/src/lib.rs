@@ -34,6 +34,9 @@ pub mod http;
 pub mod ids;
 pub mod join;
 pub mod nodes;
+// The tests' PostgreSQL server (also the e2e binary's, through #[path]).
+#[cfg(test)]
+mod pg_cluster;
 pub mod pki;
 pub mod pools;
 pub mod reasons;

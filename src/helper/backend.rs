@@ -3,6 +3,8 @@
 //! three object slots per connection, so a TLS handshake's signature costs
 //! one TPM2_Sign rather than a CreatePrimary as well. The AK is loaded only
 //! to certify or describe, and flushed at once.
+use std::path::PathBuf;
+
 use bc_helper::server::AkInfo;
 use bc_helper::{Backend, BackendError, Hash};
 
@@ -12,7 +14,35 @@ use crate::tpm::{LoadedKey, Tpm, TpmError};
 /// resource manager): the AK needs one of them while it certifies.
 const SLOTS: usize = 3;
 
+/// How the helper opens its TPM: at start, and again when a connection
+/// breaks (the owner authorization is read from its file each time).
+pub struct Opener {
+    pub tcti: String,
+    pub owner_auth_file: Option<PathBuf>,
+}
+
+impl Opener {
+    /// A new connection, with the owner authorization set and the keys a
+    /// killed predecessor (or the broken connection) left flushed.
+    pub fn open(&self) -> anyhow::Result<Tpm> {
+        let mut tpm = Tpm::open(&self.tcti)?;
+        if let Some(path) = &self.owner_auth_file {
+            tpm.set_owner_auth(&crate::keys::read_owner_auth(path)?)?;
+        }
+        match tpm.flush_stale_transients() {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(
+                flushed = n,
+                "flushed keys a previous connection left in the TPM"
+            ),
+            Err(e) => tracing::warn!(error = %e, "cannot list the TPM's transient objects"),
+        }
+        Ok(tpm)
+    }
+}
+
 pub struct TpmBackend {
+    opener: Opener,
     tpm: Tpm,
     /// Which TPM, in words (for `tpm.ak`, which `bcd doctor` shows).
     describe: String,
@@ -21,11 +51,40 @@ pub struct TpmBackend {
 }
 
 impl TpmBackend {
-    pub fn new(tpm: Tpm, describe: String) -> TpmBackend {
+    pub fn new(opener: Opener, tpm: Tpm, describe: String) -> TpmBackend {
         TpmBackend {
+            opener,
             tpm,
             describe,
             keys: Vec::new(),
+        }
+    }
+
+    /// Runs `op`; when the connection to the TPM broke (a TSS-layer code,
+    /// [`TpmError::is_connection`]), drops it for a new one and runs `op`
+    /// once more. Without this one lost response (a TPM that timed out, a
+    /// restarted swtpm) would fail every later request until a restart.
+    fn reconnecting<T>(
+        &mut self,
+        op: impl Fn(&mut Self) -> Result<T, TpmError>,
+    ) -> Result<T, BackendError> {
+        match op(self) {
+            Err(e) if e.is_connection() => {
+                tracing::warn!(error = %e, "the TPM connection failed; opening a new one");
+                // The old connection's handles mean nothing on the new one.
+                self.keys.clear();
+                match self.opener.open() {
+                    Ok(tpm) => self.tpm = tpm,
+                    Err(open) => {
+                        return Err(BackendError(format!(
+                            "{e}; opening a new TPM connection failed too: {open:#}"
+                        )))
+                    }
+                }
+                tracing::info!(tcti = %self.opener.tcti, "opened a new TPM connection");
+                op(self).map_err(fail)
+            }
+            r => r.map_err(fail),
         }
     }
 
@@ -81,9 +140,12 @@ fn fail(e: TpmError) -> BackendError {
 
 impl Backend for TpmBackend {
     fn ak(&mut self) -> Result<AkInfo, BackendError> {
-        let ak = self.load_ak().map_err(fail)?;
-        let public = ak.public.clone();
-        self.flush(ak);
+        let public = self.reconnecting(|b| {
+            let ak = b.load_ak()?;
+            let public = ak.public.clone();
+            b.flush(ak);
+            Ok(public)
+        })?;
         let name = bc_wire::tpm::Public::parse(&public)
             .map_err(|_| BackendError("the TPM's AK public area does not parse".into()))?
             .name();
@@ -95,8 +157,10 @@ impl Backend for TpmBackend {
     }
 
     fn node_key(&mut self, unique: &[u8; 32]) -> Result<Vec<u8>, BackendError> {
-        let i = self.key(unique).map_err(fail)?;
-        Ok(self.keys[i].1.public.clone())
+        self.reconnecting(|b| {
+            let i = b.key(unique)?;
+            Ok(b.keys[i].1.public.clone())
+        })
     }
 
     fn sign(
@@ -108,8 +172,10 @@ impl Backend for TpmBackend {
         // The TPM signs with the hash the digest's length names: the
         // protocol already checked that it is `hash`'s.
         debug_assert_eq!(digest.len(), hash.digest_len());
-        let i = self.key(unique).map_err(fail)?;
-        self.tpm.sign_digest(&self.keys[i].1, digest).map_err(fail)
+        self.reconnecting(|b| {
+            let i = b.key(unique)?;
+            b.tpm.sign_digest(&b.keys[i].1, digest)
+        })
     }
 
     fn certify(
@@ -117,15 +183,19 @@ impl Backend for TpmBackend {
         unique: &[u8; 32],
         qualifying: &[u8],
     ) -> Result<(Vec<u8>, Vec<u8>), BackendError> {
-        self.key(unique).map_err(fail)?;
-        let ak = self.load_ak().map_err(fail)?;
-        // make_room kept the key just used: it is the most recent.
-        let result = match self.keys.last() {
-            Some((u, key)) if u == unique => self.tpm.certify(key, &ak, qualifying).map_err(fail),
-            _ => Err(BackendError("the node key left the TPM".into())),
-        };
-        self.flush(ak);
-        result
+        self.reconnecting(|b| {
+            b.key(unique)?;
+            let ak = b.load_ak()?;
+            // make_room kept the key just used: it is the most recent.
+            let result = match b.keys.last() {
+                Some((u, key)) if u == unique => b.tpm.certify(key, &ak, qualifying),
+                _ => Err(TpmError::Unexpected(
+                    "a node key cache without the key just loaded",
+                )),
+            };
+            b.flush(ak);
+            result
+        })
     }
 }
 

@@ -73,26 +73,19 @@ pub fn open_backend(config: &Config) -> anyhow::Result<TpmBackend> {
             )
         })?
         .to_owned();
-    let mut tpm = crate::tpm::Tpm::open(&tcti)?;
-    if let Some(path) = &config.tpm_owner_auth_file {
-        tpm.set_owner_auth(&crate::keys::read_owner_auth(path)?)?;
-    }
+    let opener = backend::Opener {
+        tcti,
+        owner_auth_file: config.tpm_owner_auth_file.clone(),
+    };
+    let mut tpm = opener.open()?;
     let info = tpm.info().context("cannot read the TPM's properties")?;
-    match tpm.flush_stale_transients() {
-        Ok(0) => {}
-        Ok(n) => tracing::info!(
-            flushed = n,
-            "flushed keys a previous helper left in the TPM"
-        ),
-        Err(e) => tracing::warn!(error = %e, "cannot list the TPM's transient objects"),
-    }
     // "IBM " and "SW   TPM" read as "IBM SW TPM".
     let maker = format!("{} {}", info.manufacturer, info.vendor)
         .split_whitespace()
         .collect::<Vec<_>>()
         .join(" ");
-    let describe = format!("{tcti} ({maker}, firmware {})", info.firmware);
-    Ok(TpmBackend::new(tpm, describe))
+    let describe = format!("{} ({maker}, firmware {})", opener.tcti, info.firmware);
+    Ok(TpmBackend::new(opener, tpm, describe))
 }
 
 /// The uid and primary gid of `user`.

@@ -85,7 +85,7 @@ pub enum TpmError {
         tcti: String,
         source: tss_esapi::Error,
     },
-    #[error("TPM2_{command} failed: {source}")]
+    #[error("TPM2_{command} failed: {}", describe_rc(source))]
     Command {
         command: &'static str,
         source: tss_esapi::Error,
@@ -111,6 +111,62 @@ pub enum TpmError {
         path: std::path::PathBuf,
         why: String,
     },
+}
+
+impl TpmError {
+    /// Whether the connection to the TPM failed rather than the TPM: a code
+    /// from a layer of the TSS (ESYS, SYS, TCTI, a resource manager). Such a
+    /// context does not recover (ESYS keeps waiting for the response it
+    /// lost), so its owner opens a new one.
+    pub fn is_connection(&self) -> bool {
+        match self {
+            TpmError::Command { source, .. } => {
+                raw_rc(source).is_some_and(|rc| !matches!(rc_layer(rc), 0 | TPM_VIA_RESMGR))
+            }
+            _ => false,
+        }
+    }
+}
+
+/// TSS2_RC's layer (bits 16-23) of a TPM error a resource manager passes on.
+const TPM_VIA_RESMGR: u32 = 12;
+
+fn rc_layer(rc: u32) -> u32 {
+    (rc >> 16) & 0xff
+}
+
+/// The TSS2_RC of a TSS error. tss-esapi names the TPM's own codes only (a
+/// TCTI's reads "response code not recognized") and shows the raw value
+/// only in its inner code's Display ("Response code value: 0x...").
+fn raw_rc(e: &tss_esapi::Error) -> Option<u32> {
+    use tss_esapi::constants::response_code::Tss2ResponseCode;
+    let text = match e {
+        tss_esapi::Error::Tss2Error(Tss2ResponseCode::FormatZero(rc)) => rc.to_string(),
+        tss_esapi::Error::Tss2Error(Tss2ResponseCode::FormatOne(rc)) => rc.to_string(),
+        _ => return None,
+    };
+    u32::from_str_radix(text.rsplit("0x").next()?, 16).ok()
+}
+
+/// tss-esapi's words for the code, then the code and the layer it came
+/// from: what an operator searches for, and what tells a TPM's refusal
+/// from a broken connection.
+fn describe_rc(e: &tss_esapi::Error) -> String {
+    let Some(rc) = raw_rc(e) else {
+        return e.to_string();
+    };
+    let layer = match rc_layer(rc) {
+        0 => "the TPM",
+        6 => "the TSS's feature API",
+        7 => "ESYS",
+        8 => "SYS",
+        9 => "the TSS's marshalling",
+        10 => "the TCTI",
+        11 => "the resource manager",
+        TPM_VIA_RESMGR => "the TPM, through the resource manager",
+        _ => "an unknown TSS layer",
+    };
+    format!("{e} (TSS2_RC {rc:#010x}, from {layer})")
 }
 
 /// Wraps a tss-esapi error with the TPM command that failed.

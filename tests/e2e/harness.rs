@@ -1088,30 +1088,7 @@ impl Swtpm {
         // take a port between our probe and swtpm's bind: try a few pairs.
         for _ in 0..10 {
             let port = free_port_pair();
-            let status = Command::new("swtpm")
-                .args(["socket", "--tpm2", "--tpmstate"])
-                .arg(format!("dir={}", dir.path().display()))
-                .args([
-                    "--server",
-                    &format!("type=tcp,port={port},bindaddr=127.0.0.1"),
-                ])
-                .args([
-                    "--ctrl",
-                    &format!("type=tcp,port={},bindaddr=127.0.0.1", port + 1),
-                ])
-                .args(["--flags", "not-need-init,startup-clear"])
-                .arg("--pid")
-                .arg(format!("file={}", dir.path().join("swtpm.pid").display()))
-                .arg("--log")
-                .arg(format!(
-                    "file={},level=2",
-                    dir.path().join("swtpm.log").display()
-                ))
-                // --daemon returns once the sockets listen: nothing to wait for.
-                .arg("--daemon")
-                .status()
-                .expect("run swtpm");
-            if status.success() {
+            if spawn_swtpm(dir.path(), port) {
                 return Swtpm { dir, port };
             }
         }
@@ -1190,6 +1167,32 @@ impl Drop for Swtpm {
             }
         }
     }
+}
+
+/// swtpm on `port` (and the control port, port+1) with the state in `dir`;
+/// false when it could not bind.
+fn spawn_swtpm(dir: &Path, port: u16) -> bool {
+    Command::new("swtpm")
+        .args(["socket", "--tpm2", "--tpmstate"])
+        .arg(format!("dir={}", dir.display()))
+        .args([
+            "--server",
+            &format!("type=tcp,port={port},bindaddr=127.0.0.1"),
+        ])
+        .args([
+            "--ctrl",
+            &format!("type=tcp,port={},bindaddr=127.0.0.1", port + 1),
+        ])
+        .args(["--flags", "not-need-init,startup-clear"])
+        .arg("--pid")
+        .arg(format!("file={}", dir.join("swtpm.pid").display()))
+        .arg("--log")
+        .arg(format!("file={},level=2", dir.join("swtpm.log").display()))
+        // --daemon returns once the sockets listen: nothing to wait for.
+        .arg("--daemon")
+        .status()
+        .expect("run swtpm")
+        .success()
 }
 
 /// A port P such that P and P+1 were both free a moment ago.

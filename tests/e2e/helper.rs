@@ -5,11 +5,14 @@
 //! the same protocol with bcd's own TPM backend.
 
 use std::io::Write as _;
+use std::net::{TcpListener, TcpStream};
 use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
 use std::os::unix::process::CommandExt as _;
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bc_helper::server::AkInfo;
@@ -638,4 +641,95 @@ fn the_helper_refuses_a_socket_directory_others_can_write() {
         );
         assert!(!socket.exists(), "nothing bound in {}", dir.display());
     }
+}
+
+/// swtpm behind a TCP proxy that can lose a command: what a TPM whose
+/// response never comes (a timeout, a bus reset) does to a TSS context.
+struct LossyTpm {
+    port: u16,
+    lose_next: Arc<AtomicBool>,
+}
+
+impl LossyTpm {
+    fn start(tpm: &Swtpm) -> LossyTpm {
+        // The swtpm TCTI wants the control port at port+1.
+        let (commands, control) = loop {
+            let a = TcpListener::bind("127.0.0.1:0").unwrap();
+            let port = a.local_addr().unwrap().port();
+            if let Ok(b) = TcpListener::bind(("127.0.0.1", port + 1)) {
+                break (a, b);
+            }
+        };
+        let port = commands.local_addr().unwrap().port();
+        let lose_next = Arc::new(AtomicBool::new(false));
+        let lose = lose_next.clone();
+        let (up, up_control) = (tpm.port, tpm.port + 1);
+        std::thread::spawn(move || proxy(commands, up, Some(lose)));
+        std::thread::spawn(move || proxy(control, up_control, None));
+        LossyTpm { port, lose_next }
+    }
+
+    fn tcti(&self) -> String {
+        format!("swtpm:host=127.0.0.1,port={}", self.port)
+    }
+
+    /// The next command is read and never answered.
+    fn lose_next_command(&self) {
+        self.lose_next.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Forwards each connection to `upstream`, but one that `lose` marks.
+fn proxy(listener: TcpListener, upstream: u16, lose: Option<Arc<AtomicBool>>) {
+    for client in listener.incoming() {
+        let Ok(mut client) = client else { return };
+        if lose
+            .as_ref()
+            .is_some_and(|l| l.swap(false, Ordering::SeqCst))
+        {
+            let mut header = [0u8; 10];
+            let _ = std::io::Read::read_exact(&mut client, &mut header);
+            continue; // dropped: the TSS sees its connection close
+        }
+        let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else {
+            continue;
+        };
+        let (mut c2, mut s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+        let (mut client, mut server) = (client, server);
+        std::thread::spawn(move || {
+            let _ = std::io::copy(&mut c2, &mut s2);
+            let _ = s2.shutdown(std::net::Shutdown::Write);
+        });
+        std::thread::spawn(move || {
+            let _ = std::io::copy(&mut server, &mut client);
+            let _ = client.shutdown(std::net::Shutdown::Write);
+        });
+    }
+}
+
+#[test]
+fn the_helper_opens_a_new_tpm_connection_when_a_command_is_lost() {
+    let cp = ControlPlane::start_trusting_test_maker();
+    let tpm = Swtpm::start();
+    let m = Machine::join(&cp, &tpm);
+    let lossy = LossyTpm::start(&tpm);
+    let config = std::fs::read_to_string(&m.agent.config).unwrap();
+    std::fs::write(&m.agent.config, config.replace(&tpm.tcti(), &lossy.tcti())).unwrap();
+    let mut helper = Logged::helper(&m);
+    assert_ok(&m.node(&["--once", "--renew-now"]));
+    // ESYS is left waiting for the lost response: the old context fails
+    // every later command too, so the helper takes a new one.
+    lossy.lose_next_command();
+    assert_ok(&m.node(&["--once", "--renew-now"]));
+    helper.wait_for("opened a new TPM connection", 1);
+    let broke = helper
+        .seen
+        .iter()
+        .find(|l| l.contains("the TPM connection failed"))
+        .cloned()
+        .unwrap_or_default();
+    // The code and its layer, not only tss-esapi's "not recognized".
+    assert!(broke.contains("TSS2_RC 0x"), "{:#?}", helper.seen);
+    assert!(!broke.contains("from the TPM)"), "{broke}");
+    assert_ok(&m.node(&["--once", "--renew-now"]));
 }

@@ -1,0 +1,598 @@
+//! `[database]`: a PostgreSQL server instead of `DIR/controlplane.db`
+//! (docs/pg-plan.md §3.5).
+//!
+//! Parsed and checked here; nothing opens it yet (SQLite stays the backend).
+//! The password never travels in the URL (argv and the environment carry
+//! only password-free URLs, by the project's rules): it is read from
+//! `password_file`, which must be private, and is kept out of every error
+//! and `Debug`. Plain text is for loopback and Unix sockets only; anything
+//! else speaks TLS, verified against `ca_file` (no system roots: the
+//! deployment pins its database's CA as agents pin the control plane's).
+
+use std::io::Read as _;
+use std::net::IpAddr;
+use std::ops::Range;
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use super::ConfigError;
+
+/// The most pooled connections a replica may hold: each is a PostgreSQL
+/// backend process, and the server's own limit (100 by default) is shared
+/// by every replica.
+pub const MAX_DB_CONNECTIONS: usize = 256;
+/// A password file larger than this is not a password file.
+const MAX_PASSWORD_LEN: usize = 4096;
+
+/// `[database]`, checked. `url` holds no password.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DatabaseConfig {
+    /// `postgres://` or `postgresql://`, in libpq's URI form.
+    pub url: String,
+    /// As written; relative to DIR (see [`DatabaseConfig::password`]).
+    pub password_file: Option<PathBuf>,
+    /// The roots the server's certificate must chain to, resolved against
+    /// DIR. Required unless `sslmode=disable`.
+    pub ca_file: Option<PathBuf>,
+    /// The pool's size; default 2 × cores + 4 (the handlers, the event
+    /// writer, the clock, and slack for the CLI).
+    pub max_connections: usize,
+    /// `sslmode=disable`: plain text (only to a loopback host or a socket).
+    pub plaintext: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawDatabase {
+    url: Spanned<String>,
+    password_file: Option<Spanned<String>>,
+    ca_file: Option<Spanned<String>>,
+    max_connections: Option<Spanned<i64>>,
+}
+
+/// The default pool size, capped at [`MAX_DB_CONNECTIONS`].
+pub fn default_max_connections() -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    cores
+        .saturating_mul(2)
+        .saturating_add(4)
+        .min(MAX_DB_CONNECTIONS)
+}
+
+/// Checks `[database]` of the file in `dir`; `invalid` makes an error at a
+/// span of that file.
+pub(super) fn parse(
+    raw: RawDatabase,
+    dir: &Path,
+    invalid: &dyn Fn(Option<Range<usize>>, String) -> ConfigError,
+) -> Result<DatabaseConfig, ConfigError> {
+    let url_span = raw.url.span();
+    let url = raw.url.into_inner();
+    // The messages never quote the URL: it may hold a password.
+    let parsed = parse_url(&url)
+        .map_err(|e| invalid(Some(url_span.clone()), format!("database.url: {e}")))?;
+    if parsed.plaintext {
+        if let Some(host) = parsed.hosts.iter().find(|h| !is_local(h)) {
+            return Err(invalid(
+                Some(url_span),
+                format!(
+                    "database.url: sslmode=disable sends the database's traffic in plain text; \
+                     it is allowed only to a loopback host or a Unix socket, not {host:?} \
+                     (leave sslmode out, or set it to verify-full, and give ca_file)"
+                ),
+            ));
+        }
+    }
+    let password_file = match raw.password_file {
+        Some(v) if v.get_ref().is_empty() => {
+            return Err(invalid(
+                Some(v.span()),
+                "database.password_file must name a file".to_owned(),
+            ))
+        }
+        v => v.map(|v| PathBuf::from(v.into_inner())),
+    };
+    let ca_file = match raw.ca_file {
+        Some(v) if v.get_ref().is_empty() => {
+            return Err(invalid(
+                Some(v.span()),
+                "database.ca_file must name a file".to_owned(),
+            ))
+        }
+        v => v.map(|v| dir.join(v.into_inner())),
+    };
+    if !parsed.plaintext && ca_file.is_none() {
+        return Err(invalid(
+            Some(url_span),
+            "database.ca_file is required: the server's certificate is checked against it \
+             (the system's roots are not used); sslmode=disable is only for loopback"
+                .to_owned(),
+        ));
+    }
+    let max_connections = match raw.max_connections {
+        None => default_max_connections(),
+        Some(v) => {
+            let n = *v.get_ref();
+            usize::try_from(n)
+                .ok()
+                .filter(|n| (1..=MAX_DB_CONNECTIONS).contains(n))
+                .ok_or_else(|| {
+                    invalid(
+                        Some(v.span()),
+                        format!(
+                            "database.max_connections must be from 1 to {MAX_DB_CONNECTIONS}, not {n}"
+                        ),
+                    )
+                })?
+        }
+    };
+    Ok(DatabaseConfig {
+        url,
+        password_file,
+        ca_file,
+        max_connections,
+        plaintext: parsed.plaintext,
+    })
+}
+
+impl DatabaseConfig {
+    /// The password in `password_file` (relative to `dir`), without its
+    /// final newline; `None` without the setting. Refused, naming the file:
+    /// anything but a regular file, a file group or others may read or
+    /// write (0600 or 0400 it must be), an empty, oversized or non-UTF-8
+    /// one. The content is in no error.
+    pub fn password(&self, dir: &Path) -> Result<Option<DbPassword>, ConfigError> {
+        let Some(file) = &self.password_file else {
+            return Ok(None);
+        };
+        let path = dir.join(file);
+        let invalid = |message: String| ConfigError::Invalid {
+            path: path.clone(),
+            line: None,
+            message: format!("database.password_file: {message}"),
+        };
+        let io = |source| ConfigError::Io {
+            path: path.clone(),
+            source,
+        };
+        let f = std::fs::File::open(&path).map_err(io)?;
+        // The opened file's own metadata: no race with a rename.
+        let meta = f.metadata().map_err(io)?;
+        if !meta.is_file() {
+            return Err(invalid("not a regular file".to_owned()));
+        }
+        let mode = meta.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            return Err(invalid(format!(
+                "mode {mode:04o} lets group or others at the password: chmod 0600 it"
+            )));
+        }
+        // Sized once, so the read never reallocates (no stray copies).
+        let mut bytes = Vec::with_capacity(MAX_PASSWORD_LEN + 2);
+        let read = f.take(MAX_PASSWORD_LEN as u64 + 1).read_to_end(&mut bytes);
+        let mut secret = DbPassword(String::new());
+        match (read, String::from_utf8(bytes)) {
+            (Err(e), Ok(text)) => {
+                secret.0 = text;
+                return Err(io(e));
+            }
+            (Err(e), Err(bad)) => {
+                wipe(bad.into_bytes());
+                return Err(io(e));
+            }
+            (Ok(_), Err(bad)) => {
+                wipe(bad.into_bytes());
+                return Err(invalid("not UTF-8".to_owned()));
+            }
+            (Ok(_), Ok(text)) => secret.0 = text,
+        }
+        if secret.0.len() > MAX_PASSWORD_LEN {
+            return Err(invalid(format!("longer than {MAX_PASSWORD_LEN} bytes")));
+        }
+        let end = secret
+            .0
+            .strip_suffix("\r\n")
+            .or_else(|| secret.0.strip_suffix('\n'))
+            .map_or(secret.0.len(), str::len);
+        secret.0.truncate(end);
+        if secret.0.is_empty() {
+            return Err(invalid("empty".to_owned()));
+        }
+        if secret.0.contains(['\0', '\n']) {
+            return Err(invalid(
+                "holds a NUL or more than one line (the password only)".to_owned(),
+            ));
+        }
+        Ok(Some(secret))
+    }
+}
+
+/// The database password: wiped on drop, and never in `Debug`.
+pub struct DbPassword(String);
+
+impl DbPassword {
+    /// The password, for the connection's authentication only.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for DbPassword {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DbPassword(..)")
+    }
+}
+
+impl Drop for DbPassword {
+    fn drop(&mut self) {
+        wipe(std::mem::take(&mut self.0).into_bytes());
+    }
+}
+
+/// Overwrites the buffer (its whole capacity: a truncated tail too) before
+/// it is freed.
+fn wipe(mut bytes: Vec<u8>) {
+    bytes.clear();
+    bytes.resize(bytes.capacity(), 0);
+    // Keeps the writes from being optimised away as dead stores.
+    std::hint::black_box(&bytes);
+}
+
+/// What the checks need of a libpq URI.
+struct ParsedUrl {
+    /// Every host named (authority, `host=`, `hostaddr=`), percent-decoded;
+    /// empty: the default Unix socket.
+    hosts: Vec<String>,
+    plaintext: bool,
+}
+
+/// `postgres[ql]://[user@][host[:port][,…]][/dbname][?key=value&…]`.
+fn parse_url(url: &str) -> Result<ParsedUrl, String> {
+    let rest = url
+        .strip_prefix("postgresql://")
+        .or_else(|| url.strip_prefix("postgres://"))
+        .ok_or("must start with postgres:// or postgresql:// (PostgreSQL's URI form)")?;
+    let (before_query, query) = rest.split_once('?').unwrap_or((rest, ""));
+    // The user is what precedes the last '@' (a password may hold '@' or
+    // '/'); a ':' in it is a password, even an empty one.
+    let (userinfo, hostpart) = match before_query.rfind('@') {
+        Some(at) => (&before_query[..at], &before_query[at + 1..]),
+        None => ("", before_query),
+    };
+    if userinfo.contains(':') {
+        return Err("holds a password: put it in password_file (0600), not in the URL".to_owned());
+    }
+    let authority = hostpart.split_once('/').map_or(hostpart, |(a, _)| a);
+    let mut hosts = Vec::new();
+    for spec in authority.split(',').filter(|s| !s.is_empty()) {
+        let (host, port) = split_host_port(spec)?;
+        if let Some(port) = port {
+            if port.parse::<u16>().ok().filter(|p| *p != 0).is_none() {
+                return Err(format!("bad port {port:?}"));
+            }
+        }
+        hosts.push(percent_decode(host)?);
+    }
+    let mut plaintext = false;
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let key = percent_decode(key)?;
+        if key == "password" {
+            return Err(
+                "holds a password: put it in password_file (0600), not in the URL".to_owned(),
+            );
+        }
+        let value = percent_decode(value)?;
+        match key.as_str() {
+            "host" | "hostaddr" => hosts.extend(value.split(',').map(str::to_owned)),
+            "sslmode" => {
+                plaintext = match value.as_str() {
+                    "disable" => true,
+                    "require" | "verify-ca" | "verify-full" => false,
+                    other => {
+                        return Err(format!(
+                            "sslmode must be disable (loopback only), require, verify-ca or \
+                             verify-full (all three verify the certificate against ca_file), \
+                             not {other:?}: allow and prefer fall back to plain text"
+                        ))
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(ParsedUrl { hosts, plaintext })
+}
+
+/// `host[:port]` or `[v6][:port]`.
+fn split_host_port(spec: &str) -> Result<(&str, Option<&str>), String> {
+    if let Some(v6) = spec.strip_prefix('[') {
+        let (host, after) = v6.split_once(']').ok_or("an IPv6 host's '[' has no ']'")?;
+        return match after {
+            "" => Ok((host, None)),
+            _ => after
+                .strip_prefix(':')
+                .map(|p| (host, Some(p)))
+                .ok_or_else(|| "junk after an IPv6 host's ']'".to_owned()),
+        };
+    }
+    Ok(match spec.split_once(':') {
+        Some((host, port)) => (host, Some(port)),
+        None => (spec, None),
+    })
+}
+
+fn percent_decode(s: &str) -> Result<String, String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = bytes
+                .get(i + 1..i + 3)
+                .and_then(|h| std::str::from_utf8(h).ok())
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .ok_or("a '%' not followed by two hex digits")?;
+            out.push(hex);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| "percent-decodes to something not UTF-8".to_owned())
+}
+
+/// A Unix socket directory, `localhost` or a loopback address.
+fn is_local(host: &str) -> bool {
+    host.is_empty()
+        || host.starts_with('/')
+        || host.eq_ignore_ascii_case("localhost")
+        || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt as _;
+    use std::path::Path;
+
+    use crate::config::{parse, Config, ConfigError};
+
+    fn p(text: &str) -> Result<Config, ConfigError> {
+        parse(Path::new("/d/controlplane.toml"), text)
+    }
+
+    /// The error of `[database]` + `body`, which must be at `line` (the
+    /// section header is line 1).
+    fn err_at(body: &str, line: usize) -> String {
+        let e = match p(&format!("[database]\n{body}")) {
+            Err(e) => e.to_string(),
+            Ok(c) => panic!("accepted: {body}: {:?}", c.database),
+        };
+        assert!(
+            e.starts_with(&format!("/d/controlplane.toml:{line}: ")),
+            "{body}: {e}"
+        );
+        e
+    }
+
+    #[test]
+    fn absent_is_sqlite_and_a_full_section_parses() {
+        assert_eq!(p("").unwrap().database, None);
+        let c = p(
+            "[database]\nurl = \"postgres://bcd@db.example:5432/bcd?sslmode=verify-full\"\n\
+                   password_file = \"/etc/bc-controlplane/db.password\"\n\
+                   ca_file = \"db-ca.pem\"\nmax_connections = 8\n",
+        )
+        .unwrap()
+        .database
+        .unwrap();
+        assert_eq!(
+            c.url,
+            "postgres://bcd@db.example:5432/bcd?sslmode=verify-full"
+        );
+        assert_eq!(
+            c.password_file.as_deref(),
+            Some(Path::new("/etc/bc-controlplane/db.password"))
+        );
+        assert_eq!(c.ca_file.as_deref(), Some(Path::new("/d/db-ca.pem")));
+        assert_eq!(c.max_connections, 8);
+        assert!(!c.plaintext);
+        // The default pool: 2 × cores + 4.
+        let cores = std::thread::available_parallelism().unwrap().get();
+        let c = p("[database]\nurl = \"postgresql://bcd@[::1]/bcd?sslmode=disable\"\n")
+            .unwrap()
+            .database
+            .unwrap();
+        assert_eq!(c.max_connections, (2 * cores + 4).min(256));
+        assert!(c.plaintext);
+        assert_eq!(c.ca_file, None);
+    }
+
+    #[test]
+    fn a_password_in_the_url_is_refused_without_echoing_it() {
+        for url in [
+            "postgres://bcd:hunter2@db.example/bcd",
+            "postgres://bcd:@db.example/bcd",
+            "postgres://bcd:hun/ter2@db.example/bcd",
+            "postgres://bcd:hun@ter2@db.example/bcd",
+            "postgres://bcd@db.example/bcd?sslmode=verify-full&password=hunter2",
+            "postgres://bcd@db.example/bcd?pass%77ord=hunter2",
+        ] {
+            let e = err_at(&format!("ca_file = \"ca.pem\"\nurl = \"{url}\"\n"), 3);
+            assert!(e.contains("database.url"), "{e}");
+            assert!(e.contains("put it in password_file"), "{e}");
+            assert!(!e.contains("hunter2") && !e.contains("ter2"), "{e}");
+        }
+    }
+
+    #[test]
+    fn only_postgres_urls() {
+        for url in [
+            "mysql://bcd@db/bcd",
+            "sqlite:///d/controlplane.db",
+            "db.example",
+            "",
+        ] {
+            let e = err_at(&format!("url = \"{url}\"\n"), 2);
+            assert!(
+                e.contains("database.url: must start with postgres://"),
+                "{e}"
+            );
+        }
+        for bad in [
+            "postgres://bcd@db:0/bcd",
+            "postgres://bcd@db:x/bcd",
+            "postgres://bcd@[::1/bcd",
+            "postgres://bcd@db/bcd?sslmode=%zz",
+        ] {
+            let e = err_at(&format!("url = \"{bad}\"\nca_file = \"c.pem\"\n"), 2);
+            assert!(e.contains("database.url: "), "{e}");
+        }
+    }
+
+    #[test]
+    fn plaintext_only_to_loopback_or_a_socket() {
+        for local in [
+            "postgres://bcd@127.0.0.1/bcd?sslmode=disable",
+            "postgres://bcd@127.9.9.9:5433/bcd?sslmode=disable",
+            "postgres://bcd@localhost/bcd?sslmode=disable",
+            "postgres://bcd@[::1]:5432/bcd?sslmode=disable",
+            "postgres://bcd@%2Frun%2Fpostgresql/bcd?sslmode=disable",
+            "postgres:///bcd?host=/run/postgresql&sslmode=disable",
+            "postgres:///bcd?sslmode=disable",
+        ] {
+            let c = p(&format!("[database]\nurl = \"{local}\"\n"));
+            assert!(
+                c.is_ok_and(|c| c.database.is_some_and(|d| d.plaintext)),
+                "{local}"
+            );
+        }
+        for remote in [
+            "postgres://bcd@db.example/bcd?sslmode=disable",
+            "postgres://bcd@10.0.0.5/bcd?sslmode=disable",
+            "postgres://bcd@localhost,db.example/bcd?sslmode=disable",
+            "postgres://bcd@localhost/bcd?hostaddr=10.0.0.5&sslmode=disable",
+            "postgres:///bcd?host=db.example&sslmode=disable",
+        ] {
+            let e = err_at(&format!("\nurl = \"{remote}\"\n"), 3);
+            assert!(e.contains("sslmode=disable"), "{e}");
+            assert!(e.contains("loopback"), "{e}");
+        }
+        // TLS that falls back to plain text is no TLS.
+        for mode in ["prefer", "allow", "bogus"] {
+            let e = err_at(
+                &format!("url = \"postgres://bcd@db/bcd?sslmode={mode}\"\nca_file = \"c.pem\"\n"),
+                2,
+            );
+            assert!(e.contains("sslmode must be"), "{e}");
+        }
+        // TLS needs the roots.
+        let e = err_at("url = \"postgres://bcd@db.example/bcd\"\n", 2);
+        assert!(e.contains("database.ca_file is required"), "{e}");
+        let e = err_at(
+            "url = \"postgres://bcd@127.0.0.1/bcd?sslmode=require\"\n",
+            2,
+        );
+        assert!(e.contains("database.ca_file is required"), "{e}");
+    }
+
+    #[test]
+    fn bounds_and_unknown_keys() {
+        let url = "url = \"postgres://bcd@127.0.0.1/bcd?sslmode=disable\"\n";
+        for n in [0, 257, -1] {
+            let e = err_at(&format!("{url}max_connections = {n}\n"), 3);
+            assert!(
+                e.contains("database.max_connections must be from 1 to 256"),
+                "{e}"
+            );
+        }
+        for n in [1, 256] {
+            let c = p(&format!("[database]\n{url}max_connections = {n}\n")).unwrap();
+            assert_eq!(c.database.unwrap().max_connections, n as usize);
+        }
+        let e = err_at(&format!("{url}password = \"x\"\n"), 3);
+        assert!(e.contains("unknown field `password`"), "{e}");
+        let e = err_at(&format!("{url}\nsslrootcert = \"x\"\n"), 4);
+        assert!(e.contains("unknown field `sslrootcert`"), "{e}");
+        // The url is required.
+        let e = p("[database]\nca_file = \"c.pem\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("url"), "{e}");
+        for key in ["password_file", "ca_file"] {
+            let e = err_at(&format!("{url}{key} = \"\"\n"), 3);
+            assert!(
+                e.contains(&format!("database.{key} must name a file")),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn password_file_is_read_only_when_private() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let config = |file: &str| {
+            parse(
+                &d.join("controlplane.toml"),
+                &format!(
+                    "[database]\nurl = \"postgres://bcd@127.0.0.1/bcd?sslmode=disable\"\n\
+                     password_file = \"{file}\"\n"
+                ),
+            )
+            .unwrap()
+            .database
+            .unwrap()
+        };
+        let write = |name: &str, text: &str, mode: u32| {
+            let path = d.join(name);
+            std::fs::write(&path, text).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+        };
+        // Without the setting: no password (trust, or a client certificate).
+        let none = p("[database]\nurl = \"postgres:///bcd?sslmode=disable\"\n").unwrap();
+        assert!(none.database.unwrap().password(d).unwrap().is_none());
+
+        write("pw", "s3cret-pass\n", 0o600);
+        let pw = config("pw").password(d).unwrap().unwrap();
+        assert_eq!(pw.expose(), "s3cret-pass");
+        assert_eq!(format!("{pw:?}"), "DbPassword(..)");
+        write("pw-crlf", "s3cret-pass\r\n", 0o400);
+        assert_eq!(
+            config("pw-crlf").password(d).unwrap().unwrap().expose(),
+            "s3cret-pass"
+        );
+        // An absolute path is taken as it is.
+        let abs = d.join("pw").display().to_string();
+        assert!(config(&abs).password(Path::new("/nonexistent")).is_ok());
+
+        let refused = |file: &str, what: &str| {
+            let e = config(file).password(d).unwrap_err().to_string();
+            assert!(e.starts_with(&d.join(file).display().to_string()), "{e}");
+            assert!(e.contains(what), "{file}: {e}");
+            assert!(!e.contains("s3cret"), "{e}");
+        };
+        for (name, mode) in [("pw-g", 0o640), ("pw-o", 0o604), ("pw-gw", 0o620)] {
+            write(name, "s3cret-pass\n", mode);
+            refused(name, &format!("mode {mode:04o}"));
+        }
+        std::fs::create_dir(d.join("pw-dir")).unwrap();
+        std::fs::set_permissions(d.join("pw-dir"), std::fs::Permissions::from_mode(0o700)).unwrap();
+        refused("pw-dir", "not a regular file");
+        refused("pw-missing", "No such file");
+        write("pw-empty", "\n", 0o600);
+        refused("pw-empty", "empty");
+        write("pw-lines", "s3cret-pass\nmore\n", 0o600);
+        refused("pw-lines", "more than one line");
+        write("pw-big", &"s3cret".repeat(1000), 0o600);
+        refused("pw-big", "longer than 4096 bytes");
+        let path = d.join("pw-bin");
+        std::fs::write(&path, b"s3cret\xff\n").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        refused("pw-bin", "not UTF-8");
+    }
+}
