@@ -159,7 +159,7 @@ mod tests {
     #[test]
     fn the_clock_follows_clock_set_at_once() {
         let t = crate::test_support::temp_db();
-        let clock = DbClock::open(t.db.path()).unwrap();
+        let clock = DbClock::open(t.db.path().unwrap()).unwrap();
         let before = clock.now();
         t.db.write(|tx| store::set_clock_offset_ms(tx, 86_400_000))
             .unwrap();

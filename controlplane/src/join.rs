@@ -215,7 +215,7 @@ impl JoinService {
         let config = crate::config::load(dir)?;
         let bundle = Bundle::load(dir)?;
         let challenge_key = crate::pki::load_or_create_challenge_key(dir)?;
-        let db = Store::open_dir(dir)?;
+        let db = Store::open_configured(dir, config.database.as_ref())?;
         let mut svc = Self::with_retention(bundle, db, config.events.retention_ms);
         svc.lease_ttl_ms = config.discovery.lease_ttl_ms;
         svc.discovery_approval = config.discovery.approval;

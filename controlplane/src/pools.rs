@@ -170,7 +170,7 @@ pub fn create_pool(
         Ok(PoolRow {
             id: id.to_owned(),
             owner: owner.to_owned(),
-            policy,
+            policy: policy.clone(),
             created_at: now,
         })
     })
@@ -216,9 +216,9 @@ fn set_policy_key(
                 detail: format!("pool {id}: not an object"),
             }));
         };
-        match value {
+        match &value {
             Some(v) => {
-                map.insert(key.to_owned(), v);
+                map.insert(key.to_owned(), v.clone());
             }
             None => {
                 map.remove(key);

@@ -302,7 +302,8 @@ impl JoinService {
         leaf: Option<&[u8]>,
         source: Option<IpAddr>,
         site_id: &str,
-        f: impl FnOnce(&Tx<'_>, &Caller, UnixMs) -> Result<Vec<u8>, Stop>,
+        // FnMut: PostgreSQL may re-run the transaction.
+        mut f: impl FnMut(&Tx<'_>, &Caller, UnixMs) -> Result<Vec<u8>, Stop>,
     ) -> Result<Vec<u8>, ApiError> {
         let outcome = self.database().write_if(
             |tx| -> Result<(Result<Vec<u8>, Refused>, Commit), ApiError> {

@@ -51,15 +51,85 @@ pub(crate) fn cp_with(toml: Option<&str>, prepare: impl FnOnce(&std::path::Path)
 /// A bare database in a temporary DIR (removed on drop), without a PKI
 /// bundle: for the tests below JoinService.
 pub(crate) struct TempDb {
-    _dir: tempfile::TempDir,
+    // Before `pg`: the pool's sessions end before the database is dropped.
     pub(crate) db: Store,
+    _dir: tempfile::TempDir,
+    pub(crate) pg: Option<crate::pg_cluster::PgDb>,
 }
 
 pub(crate) fn temp_db() -> TempDb {
     let dir = tempfile::tempdir().unwrap();
     let db = Store::open_dir(dir.path()).unwrap();
-    TempDb { _dir: dir, db }
+    TempDb {
+        db,
+        _dir: dir,
+        pg: None,
+    }
 }
+
+impl TempDb {
+    /// A second [`Store`] on the same database (another process's view).
+    pub(crate) fn reopen(&self) -> Store {
+        match &self.pg {
+            None => Store::open(self.db.path().unwrap()).unwrap(),
+            Some(pg) => Store::open_configured(self._dir.path(), Some(&pg_config(pg))).unwrap(),
+        }
+    }
+}
+
+/// Which database a test runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+/// The `[database]` of a fresh database on the tests' PostgreSQL server
+/// (TLS, verified against its CA).
+pub(crate) fn pg_config(pg: &crate::pg_cluster::PgDb) -> crate::config::DatabaseConfig {
+    crate::config::DatabaseConfig {
+        url: pg.url.clone(),
+        password_file: None,
+        ca_file: Some(crate::pg_cluster::PgCluster::shared().ca_file()),
+        max_connections: 4,
+        plaintext: false,
+    }
+}
+
+/// A bare, migrated database on `backend`.
+pub(crate) fn temp_db_on(backend: Backend) -> TempDb {
+    match backend {
+        Backend::Sqlite => temp_db(),
+        Backend::Postgres => {
+            let dir = tempfile::tempdir().unwrap();
+            let pg = crate::pg_cluster::PgCluster::shared().database();
+            let db = Store::open_configured(dir.path(), Some(&pg_config(&pg))).unwrap();
+            TempDb {
+                db,
+                _dir: dir,
+                pg: Some(pg),
+            }
+        }
+    }
+}
+
+/// Runs each test fn (`fn name(backend: Backend)`) once per backend:
+/// `name::sqlite` and `name::pg`.
+macro_rules! both_backends {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[test]
+            fn sqlite() {
+                super::$name($crate::test_support::Backend::Sqlite)
+            }
+            #[test]
+            fn pg() {
+                super::$name($crate::test_support::Backend::Postgres)
+            }
+        }
+    )*};
+}
+pub(crate) use both_backends;
 
 /// Inserts a live node `id` (role node, generation 1, pool default), as a
 /// join by `attestor` at `joined_at` would.

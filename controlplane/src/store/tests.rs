@@ -1,13 +1,24 @@
 use super::*;
+use crate::test_support::{both_backends, temp_db_on, Backend};
 
-#[test]
-fn migrates_once_and_moves_the_clock() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = Store::open_dir(dir.path()).unwrap();
+both_backends!(
+    migrates_once_and_moves_the_clock,
+    values_round_trip_and_type_mismatches_name_the_column,
+    write_if_commits_only_when_told,
+    execute_counts_changed_rows,
+);
+
+fn migrates_once_and_moves_the_clock(backend: Backend) {
+    let t = temp_db_on(backend);
+    let db = &t.db;
     // Opening again is a no-op migration.
-    let db2 = Store::open_dir(dir.path()).unwrap();
+    let db2 = t.reopen();
+    let version_sql = match backend {
+        Backend::Sqlite => "PRAGMA user_version",
+        Backend::Postgres => "SELECT version FROM bcd_schema",
+    };
     let v: i64 = db2
-        .read(|tx| tx.query_one("PRAGMA user_version", params![])?.get(0))
+        .read(|tx| tx.query_one(version_sql, params![])?.get(0))
         .unwrap();
     assert_eq!(v, MIGRATIONS.len() as i64);
 
@@ -20,13 +31,21 @@ fn migrates_once_and_moves_the_clock() {
 
 /// Values go in and come out as they were; a column read as another type
 /// is an error naming its index, not a panic or a silent conversion.
-#[test]
-fn values_round_trip_and_type_mismatches_name_the_column() {
-    let t = crate::test_support::temp_db();
+fn values_round_trip_and_type_mismatches_name_the_column(backend: Backend) {
+    let t = temp_db_on(backend);
+    // PG infers an untyped `$N` in a select list as text: the casts say
+    // what each is (SQLite would take BYTEA as a numeric affinity).
+    let sql = match backend {
+        Backend::Sqlite => "SELECT ?1, ?2, ?3, ?4, ?5, ?6",
+        Backend::Postgres => {
+            "SELECT CAST(?1 AS BIGINT), CAST(?2 AS TEXT), CAST(?3 AS BYTEA), CAST(?4 AS TEXT),
+                    CAST(?5 AS BIGINT), CAST(?6 AS TEXT)"
+        }
+    };
     let row =
         t.db.read(|tx| {
             tx.query_one(
-                "SELECT ?1, ?2, ?3, ?4, ?5, ?6",
+                sql,
                 params![7_i64, "seven", vec![7_u8], None::<String>, true, Some("x")],
             )
         })
@@ -60,10 +79,27 @@ fn values_round_trip_and_type_mismatches_name_the_column() {
     assert_eq!(Value::from(&b"ab"[..]), Value::Blob(b"ab".to_vec()));
 }
 
+/// `execute` returns how many rows a statement changed.
+fn execute_counts_changed_rows(backend: Backend) {
+    let t = temp_db_on(backend);
+    let n =
+        t.db.write(|tx| {
+            tx.execute(
+                "INSERT INTO settings (key, value) VALUES ('a', '1'), ('b', '2'), ('c', '3')",
+                params![],
+            )?;
+            tx.execute(
+                "UPDATE settings SET value = ?1 WHERE key <> ?2",
+                params!["x", "a"],
+            )
+        })
+        .unwrap();
+    assert_eq!(n, 2);
+}
+
 /// `write_if` commits only when told; `write` rolls back on `Err`.
-#[test]
-fn write_if_commits_only_when_told() {
-    let t = crate::test_support::temp_db();
+fn write_if_commits_only_when_told(backend: Backend) {
+    let t = temp_db_on(backend);
     let put = |tx: &Tx<'_>, k: &str| {
         tx.execute(
             "INSERT INTO settings (key, value) VALUES (?1, 'v')",
