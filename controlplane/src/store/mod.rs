@@ -18,6 +18,7 @@
 
 mod migrations;
 pub(crate) mod pg;
+mod pg_clock;
 mod pg_schema;
 #[cfg(test)]
 mod pg_tests;
@@ -31,6 +32,7 @@ use time::OffsetDateTime;
 
 pub(crate) use migrations::MIGRATIONS;
 pub use pg::PgError;
+pub use pg_clock::PgClock;
 pub use sqlite::{ClockConn, SqliteError};
 
 pub const DB_FILE: &str = "controlplane.db";
@@ -429,6 +431,16 @@ impl Store {
         match &self.backend {
             Backend::Sqlite(p) => Some(p.path()),
             Backend::Pg(_) => None,
+        }
+    }
+
+    /// PostgreSQL: the TLS verifier's clock, a thread with a connection of
+    /// its own (the verifier runs where the driver cannot); `None` on
+    /// SQLite, whose clock reads the file ([`ClockConn`]).
+    pub fn pg_clock(&self) -> Option<Result<PgClock, DbError>> {
+        match &self.backend {
+            Backend::Sqlite(_) => None,
+            Backend::Pg(p) => Some(PgClock::start(p.connector())),
         }
     }
 

@@ -92,16 +92,73 @@ fn global_write_lock() -> i64 {
 
 /// How connections are made: the driver's config (password included) and
 /// TLS.
-struct Connector {
+#[derive(Clone)]
+pub(crate) struct Connector {
     config: postgres::Config,
     tls: Option<tokio_postgres_rustls::MakeRustlsConnect>,
+    /// `PostgreSQL host:port/dbname` (no user, no password), for errors.
+    server: String,
+}
+
+impl Connector {
+    /// A new connection with the session settings every one needs.
+    fn connect(&self) -> Result<Session, DbError> {
+        let connect_err = |e| DbError::PgConnect {
+            server: self.server.clone(),
+            source: PgError(e),
+        };
+        let mut client = match &self.tls {
+            Some(tls) => self.config.connect(tls.clone()),
+            None => self.config.connect(postgres::NoTls),
+        }
+        .map_err(connect_err)?;
+        client.batch_execute(SESSION_SETUP).map_err(connect_err)?;
+        Ok(Session {
+            client,
+            stmts: HashMap::new(),
+            retry: false,
+            broken: false,
+        })
+    }
+
+    /// A connection of its own, outside the pool (the clock thread's).
+    pub(crate) fn dedicated(&self) -> Dedicated {
+        Dedicated {
+            connector: self.clone(),
+            session: None,
+        }
+    }
+}
+
+/// One connection owned by one thread, connected on first use and again
+/// after it breaks.
+pub(crate) struct Dedicated {
+    connector: Connector,
+    session: Option<RefCell<Session>>,
+}
+
+impl Dedicated {
+    pub(crate) fn with<T>(
+        &mut self,
+        f: impl FnOnce(Conn<'_>) -> Result<T, DbError>,
+    ) -> Result<T, DbError> {
+        if self.session.as_ref().is_some_and(|s| {
+            let s = s.borrow();
+            s.broken || s.client.is_closed()
+        }) {
+            self.session = None;
+        }
+        let cell = match &mut self.session {
+            Some(cell) => cell,
+            empty => empty.insert(RefCell::new(self.connector.connect()?)),
+        };
+        f(Conn(cell))
+    }
 }
 
 /// The connections to one PostgreSQL database.
 pub(crate) struct Pool {
     connector: Connector,
-    /// `host:port/dbname` (no user, no password), for errors.
-    server: String,
     max: usize,
     state: Mutex<PoolState>,
     freed: Condvar,
@@ -144,8 +201,11 @@ impl Pool {
             Some(tls_connector(ca)?)
         };
         let pool = Pool {
-            connector: Connector { config, tls },
-            server,
+            connector: Connector {
+                config,
+                tls,
+                server,
+            },
             max: cfg.max_connections.max(1),
             state: Mutex::new(PoolState {
                 idle: Vec::new(),
@@ -160,7 +220,11 @@ impl Pool {
     }
 
     pub(crate) fn server(&self) -> &str {
-        &self.server
+        &self.connector.server
+    }
+
+    pub(crate) fn connector(&self) -> &Connector {
+        &self.connector
     }
 
     fn lock_state(&self) -> MutexGuard<'_, PoolState> {
@@ -205,22 +269,7 @@ impl Pool {
     }
 
     fn connect(&self) -> Result<Session, DbError> {
-        let connect_err = |e| DbError::PgConnect {
-            server: self.server.clone(),
-            source: PgError(e),
-        };
-        let mut client = match &self.connector.tls {
-            Some(tls) => self.connector.config.connect(tls.clone()),
-            None => self.connector.config.connect(postgres::NoTls),
-        }
-        .map_err(connect_err)?;
-        client.batch_execute(SESSION_SETUP).map_err(connect_err)?;
-        Ok(Session {
-            client,
-            stmts: HashMap::new(),
-            retry: false,
-            broken: false,
-        })
+        self.connector.connect()
     }
 
     fn checkin(&self, s: Session) {

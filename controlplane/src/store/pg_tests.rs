@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use super::*;
 use crate::pg_cluster::PgCluster;
-use crate::test_support::{pg_config, temp_db, temp_db_on, Backend};
+use crate::test_support::{pg_config, temp_db_on, temp_sqlite, Backend};
 
 #[test]
 fn placeholders_are_rewritten_outside_literals_and_comments() {
@@ -98,7 +98,7 @@ fn values_bind_and_read_by_the_servers_types() {
 #[test]
 fn the_schema_on_postgres_is_sqlites() {
     type Columns = BTreeMap<String, Vec<(String, bool)>>;
-    let lite = temp_db();
+    let lite = temp_sqlite();
     let rows = lite
         .db
         .read(|tx| {
@@ -265,9 +265,10 @@ fn writers_serialise_and_locks_end_with_the_transaction() {
         "20"
     );
     assert_eq!(
-        t.pg.as_ref()
-            .unwrap()
-            .psql("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"),
+        t.pg.as_ref().unwrap().psql(
+            "SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database
+                  WHERE l.locktype = 'advisory' AND d.datname = current_database()"
+        ),
         "0"
     );
 }
