@@ -1,20 +1,23 @@
 //! The control plane's storage: the only way to the database.
 //!
-//! Today one SQLite file, `DIR/controlplane.db` ([`sqlite`]): WAL so that the
-//! CLI can read while `serve` writes; a busy timeout so that concurrent
+//! Either one SQLite file, `DIR/controlplane.db` ([`sqlite`]): WAL so that
+//! the CLI can read while `serve` writes; a busy timeout so that concurrent
 //! writers (parallel joins, the CLI moving the clock) wait for each other
 //! instead of failing; every write in a `BEGIN IMMEDIATE` transaction so that
 //! the write lock is taken before anything is read (a join's token row cannot
-//! change between its check and its use).
+//! change between its check and its use). Or, when `[database]` names one,
+//! a PostgreSQL server ([`pg`], docs/pg-plan.md §3), where one global
+//! advisory lock per write transaction keeps the same one writer at a time.
 //!
 //! Callers see only [`Store`], [`Tx`], [`Value`] and [`Row`], never the
-//! driver, so that a second backend (PostgreSQL, docs/pg-plan.md §3) slots in
-//! behind the same calls. Rows are owned: nothing borrows the statement.
+//! driver, so that both backends sit behind the same calls. Rows are owned:
+//! nothing borrows the statement.
 //!
-//! The database also owns the clock: [`Tx::now`] is the system time plus
-//! `settings.clock_offset_ms`, read inside the transaction. Every expiry check
-//! and certificate validity uses it, so tests can move time with
-//! `bc-controlplane clock set` while a server runs.
+//! The database also owns the clock: [`Tx::now`] is the clock (SQLite: this
+//! host's; PostgreSQL: the server's) plus `settings.clock_offset_ms`, read
+//! inside the transaction. Every expiry check and certificate validity uses
+//! it, so tests can move time with `bc-controlplane clock set` while a server
+//! runs.
 
 mod migrations;
 pub(crate) mod pg;

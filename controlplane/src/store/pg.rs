@@ -293,8 +293,11 @@ impl Pool {
         conn.batch("BEGIN ISOLATION LEVEL READ COMMITTED READ ONLY")?;
         let out = f(conn);
         // A read commits nothing; ROLLBACK also ends an aborted transaction.
-        conn.end("ROLLBACK")?;
-        out
+        // The closure's own error is the one to report.
+        let ended = conn.end("ROLLBACK");
+        let out = out?;
+        ended?;
+        Ok(out)
     }
 
     /// `f` inside one write transaction, which first takes the global write

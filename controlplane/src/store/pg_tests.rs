@@ -272,3 +272,28 @@ fn writers_serialise_and_locks_end_with_the_transaction() {
         "0"
     );
 }
+
+/// A connection the server ended is dropped, not handed out again: the
+/// next transaction runs on a new one.
+#[test]
+fn a_broken_connection_leaves_the_pool() {
+    let t = temp_db_on(Backend::Postgres);
+    let pid = |db: &Store| {
+        db.read(|tx| {
+            tx.query_one("SELECT pg_backend_pid()", params![])?
+                .get::<i64>(0)
+        })
+    };
+    let first = pid(&t.db).unwrap();
+    let pg = t.pg.as_ref().unwrap();
+    assert_eq!(
+        pg.psql(&format!("SELECT pg_terminate_backend({first})")),
+        "t"
+    );
+    // The pooled connection learns it is closed on its next use (an
+    // error), or at checkout; either way the one after is a new backend.
+    let _ = pid(&t.db);
+    let second = pid(&t.db).unwrap();
+    assert_ne!(first, second);
+    assert_eq!(pid(&t.db).unwrap(), second, "the new connection is pooled");
+}
