@@ -502,6 +502,16 @@ impl Store {
     }
 }
 
+#[cfg(test)]
+impl Store {
+    /// How long a PostgreSQL checkout waits for a free connection.
+    pub(crate) fn set_pg_checkout_timeout(&mut self, d: std::time::Duration) {
+        if let Backend::Pg(p) = &mut self.backend {
+            p.checkout_timeout = d;
+        }
+    }
+}
+
 /// The backend's connection a [`Tx`] runs on.
 #[derive(Clone, Copy)]
 enum Conn<'c> {

@@ -160,6 +160,8 @@ impl Dedicated {
 pub(crate) struct Pool {
     connector: Connector,
     max: usize,
+    /// [`CHECKOUT_TIMEOUT`] (shorter in tests).
+    pub(crate) checkout_timeout: Duration,
     state: Mutex<PoolState>,
     freed: Condvar,
 }
@@ -207,6 +209,7 @@ impl Pool {
                 server,
             },
             max: cfg.max_connections.max(1),
+            checkout_timeout: CHECKOUT_TIMEOUT,
             state: Mutex::new(PoolState {
                 idle: Vec::new(),
                 open: 0,
@@ -234,7 +237,7 @@ impl Pool {
     /// A connection: an idle one, a new one while fewer than `max` are open,
     /// else the next one freed within [`CHECKOUT_TIMEOUT`].
     fn checkout(&self) -> Result<Lease<'_>, DbError> {
-        let deadline = Instant::now() + CHECKOUT_TIMEOUT;
+        let deadline = Instant::now() + self.checkout_timeout;
         let mut st = self.lock_state();
         loop {
             if let Some(s) = st.idle.pop() {

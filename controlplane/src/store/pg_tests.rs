@@ -297,3 +297,46 @@ fn a_broken_connection_leaves_the_pool() {
     assert_ne!(first, second);
     assert_eq!(pid(&t.db).unwrap(), second, "the new connection is pooled");
 }
+
+/// The pool is bounded: with every connection checked out, a checkout
+/// waits (here 200 ms, in production 10 s) and then says Busy; once one is
+/// back, the next checkout gets it.
+#[test]
+fn a_full_pool_makes_a_checkout_wait_then_busy() {
+    let pg = PgCluster::shared().database();
+    let mut cfg = pg_config(&pg);
+    cfg.max_connections = 1;
+    let dir = tempfile::tempdir().unwrap();
+    let mut db = Store::open_configured(dir.path(), Some(&cfg)).unwrap();
+    db.set_pg_checkout_timeout(std::time::Duration::from_millis(200));
+    let (inside, is_inside) = std::sync::mpsc::channel();
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    std::thread::scope(|s| {
+        let db = &db;
+        let holder = s.spawn(move || {
+            db.write(|tx| {
+                tx.execute(
+                    "INSERT INTO settings (key, value) VALUES ('k', 'v')",
+                    params![],
+                )?;
+                inside.send(()).unwrap();
+                released.recv().unwrap();
+                Ok::<_, DbError>(())
+            })
+        });
+        is_inside.recv().unwrap();
+        let started = std::time::Instant::now();
+        let e = db.read(|tx| tx.now()).unwrap_err();
+        assert!(matches!(e, DbError::Busy), "{e:?}");
+        assert!(started.elapsed() >= std::time::Duration::from_millis(200));
+        release.send(()).unwrap();
+        holder.join().unwrap().unwrap();
+    });
+    let v: String = db
+        .read(|tx| {
+            tx.query_one("SELECT value FROM settings WHERE key = 'k'", params![])?
+                .get(0)
+        })
+        .unwrap();
+    assert_eq!(v, "v");
+}
