@@ -510,6 +510,13 @@ impl Store {
             p.checkout_timeout = d;
         }
     }
+
+    pub(crate) fn pg_pool(&self) -> Option<&pg::Pool> {
+        match &self.backend {
+            Backend::Pg(p) => Some(p),
+            Backend::Sqlite(_) => None,
+        }
+    }
 }
 
 /// The backend's connection a [`Tx`] runs on.

@@ -737,3 +737,72 @@ fn read_row(r: &postgres::Row) -> Result<Row, DbError> {
     }
     Ok(Row::new(values))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::mpsc;
+
+    use super::super::{params, DbError};
+    use crate::test_support::{temp_db_on, Backend};
+
+    /// A write transaction the server aborts as a deadlock victim (40P01)
+    /// is run again, and the second run commits. The other party is a raw
+    /// session (every store writer takes the global lock, so two of them
+    /// cannot deadlock); the store's writer waits first, so the server's
+    /// detector, which fires in the session that has waited longest, picks
+    /// it.
+    #[test]
+    fn a_deadlocked_write_is_run_again() {
+        let t = temp_db_on(Backend::Postgres);
+        let pg = t.pg.as_ref().unwrap();
+        pg.psql("INSERT INTO settings (key, value) VALUES ('a', '0'), ('b', '0')");
+        let mut other = t.db.pg_pool().unwrap().connector().connect().unwrap();
+        let attempts = AtomicUsize::new(0);
+        let (has_a, store_has_a) = mpsc::channel();
+        let (go, other_has_b) = mpsc::channel::<()>();
+        std::thread::scope(|s| {
+            let (db, attempts) = (&t.db, &attempts);
+            let writer = s.spawn(move || {
+                db.write(|tx| {
+                    let n = attempts.fetch_add(1, Ordering::SeqCst) + 1;
+                    tx.execute("UPDATE settings SET value = 'w' WHERE key = 'a'", params![])?;
+                    if n == 1 {
+                        has_a.send(()).unwrap();
+                        other_has_b.recv().unwrap();
+                    }
+                    tx.execute("UPDATE settings SET value = 'w' WHERE key = 'b'", params![])?;
+                    Ok::<_, DbError>(())
+                })
+            });
+            store_has_a.recv().unwrap();
+            other
+                .client
+                .batch_execute("BEGIN; UPDATE settings SET value = 'o' WHERE key = 'b'")
+                .unwrap();
+            go.send(()).unwrap();
+            // Until the store's writer waits for row b.
+            while pg.psql(
+                "SELECT count(*) FROM pg_stat_activity
+                  WHERE datname = current_database() AND wait_event_type = 'Lock'",
+            ) != "1"
+            {
+                std::thread::yield_now();
+            }
+            // Row a: a deadlock; the store's writer, waiting longest, is
+            // aborted, and this goes on.
+            other
+                .client
+                .batch_execute("UPDATE settings SET value = 'o' WHERE key = 'a'; COMMIT")
+                .unwrap();
+            writer.join().unwrap().unwrap();
+        });
+        assert_eq!(attempts.load(Ordering::SeqCst), 2);
+        assert_eq!(
+            pg.psql(
+                "SELECT string_agg(value, ',' ORDER BY key) FROM settings WHERE key IN ('a', 'b')"
+            ),
+            "w,w"
+        );
+    }
+}
