@@ -277,13 +277,16 @@ impl Pool {
 
     fn checkin(&self, s: Session) {
         let mut st = self.lock_state();
-        if s.broken || s.client.is_closed() {
+        let dropped = if s.broken || s.client.is_closed() {
             st.open -= 1;
+            Some(s)
         } else {
             st.idle.push(s);
-        }
+            None
+        };
         drop(st);
         self.freed.notify_one();
+        discard(dropped.into_iter().collect());
     }
 
     /// `f` inside one READ ONLY transaction.
@@ -365,6 +368,33 @@ impl Pool {
             s.broken = true;
         }
         r
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        let idle = std::mem::take(&mut self.lock_state().idle);
+        discard(idle);
+    }
+}
+
+/// Closes connections. Closing runs the driver's own runtime, which cannot
+/// start on a tokio worker (it panics): dropped there (a pool going with
+/// the last `Arc<JoinService>` in a task; a broken connection while a
+/// worker unwinds), they close on a thread of their own.
+fn discard(sessions: Vec<Session>) {
+    if sessions.is_empty() || tokio::runtime::Handle::try_current().is_err() {
+        return;
+    }
+    let (give, take) = std::sync::mpsc::channel();
+    let closing = std::thread::Builder::new()
+        .name("db-close".into())
+        .spawn(move || take.recv().map(drop));
+    // Sent only when the thread runs; otherwise they are dropped here,
+    // which is all there is left to try.
+    if let Ok(t) = closing {
+        let _ = give.send(sessions);
+        let _ = t.join();
     }
 }
 
