@@ -184,7 +184,10 @@ impl Pool {
         Ok(pool)
     }
 
-    fn connect_only(cfg: &DatabaseConfig, password: Option<&DbPassword>) -> Result<Self, DbError> {
+    pub(crate) fn connect_only(
+        cfg: &DatabaseConfig,
+        password: Option<&DbPassword>,
+    ) -> Result<Self, DbError> {
         let (mut config, server) = driver_config(&cfg.url)?;
         if let Some(p) = password {
             // The driver keeps its own copy (not wiped on drop) for every
