@@ -31,12 +31,20 @@ use rustls::pki_types::{CertificateDer, UnixTime};
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
 
-use crate::store::{self, ClockConn, DbError, UnixMs};
+use crate::store::{self, ClockConn, DbError, PgClock, Store, UnixMs};
 
 /// The database clock, read on a connection of its own.
 pub struct DbClock {
-    conn: ClockConn,
+    source: Source,
     last_offset_ms: AtomicI64,
+}
+
+enum Source {
+    /// This host's clock plus the offset read from the file.
+    Sqlite(ClockConn),
+    /// The server's clock plus the offset, from the clock thread (which
+    /// does its own fallback).
+    Pg(PgClock),
 }
 
 impl std::fmt::Debug for DbClock {
@@ -56,14 +64,32 @@ impl DbClock {
         let conn = ClockConn::open(path)?;
         let offset = conn.offset_ms()?;
         Ok(DbClock {
-            conn,
+            source: Source::Sqlite(conn),
             last_offset_ms: AtomicI64::new(offset),
         })
     }
 
+    /// The clock of `db`, whichever backend it is.
+    pub fn for_store(db: &Store) -> Result<Self, DbError> {
+        match (db.path(), db.pg_clock()) {
+            (Some(path), _) => Self::open(path),
+            (None, Some(clock)) => Ok(DbClock {
+                source: Source::Pg(clock?),
+                last_offset_ms: AtomicI64::new(0),
+            }),
+            (None, None) => Err(DbError::PgConfig(
+                "the database has neither a file nor a server".to_owned(),
+            )),
+        }
+    }
+
     /// The database's time now.
     pub fn now(&self) -> UnixMs {
-        let read = self.conn.offset_ms();
+        let conn = match &self.source {
+            Source::Sqlite(conn) => conn,
+            Source::Pg(clock) => return clock.now(),
+        };
+        let read = conn.offset_ms();
         let offset = match read {
             Ok(o) => {
                 self.last_offset_ms.store(o, Ordering::Relaxed);
@@ -156,10 +182,11 @@ impl ClientCertVerifier for DbTimeClientVerifier {
 mod tests {
     use super::*;
 
-    #[test]
-    fn the_clock_follows_clock_set_at_once() {
-        let t = crate::test_support::temp_db();
-        let clock = DbClock::open(t.db.path()).unwrap();
+    crate::test_support::both_backends!(the_clock_follows_clock_set_at_once);
+
+    fn the_clock_follows_clock_set_at_once(backend: crate::test_support::Backend) {
+        let t = crate::test_support::temp_db_on(backend);
+        let clock = DbClock::for_store(&t.db).unwrap();
         let before = clock.now();
         t.db.write(|tx| store::set_clock_offset_ms(tx, 86_400_000))
             .unwrap();

@@ -462,7 +462,7 @@ mod tests {
     #[test]
     fn repeats_become_one_event_a_minute_and_counts_add_up() {
         let t = crate::test_support::temp_db();
-        let db = Arc::new(Store::open(t.db.path()).unwrap());
+        let db = Arc::new(t.reopen());
         let log = EventLog::start(db.clone(), crate::config::DEFAULT_EVENTS_RETENTION_MS);
         log.record(refused("token-secret", "127.0.0.2"));
         log.record(refused("token-unknown", "127.0.0.2"));
@@ -496,7 +496,7 @@ mod tests {
     #[test]
     fn distinct_keys_past_the_cap_fold_but_still_count() {
         let t = crate::test_support::temp_db();
-        let db = Arc::new(Store::open(t.db.path()).unwrap());
+        let db = Arc::new(t.reopen());
         let log = EventLog::start_with(db.clone(), crate::config::DEFAULT_EVENTS_RETENTION_MS, 4);
         std::thread::scope(|s| {
             for i in 0..4 {
@@ -532,7 +532,7 @@ mod tests {
             )
         })
         .unwrap();
-        let db = Arc::new(Store::open(t.db.path()).unwrap());
+        let db = Arc::new(t.reopen());
         let log = EventLog::start(db.clone(), 86_400_000);
         // Written after the writer's first prune.
         log.record(refused("token-secret", "127.0.0.2"));

@@ -76,7 +76,9 @@ pub fn tls_config(bundle: &Bundle, db: &Store) -> Result<Arc<rustls::ServerConfi
     .allow_unauthenticated()
     .build()
     .map_err(|e| rustls::Error::General(e.to_string()))?;
-    let clock = DbClock::open(db.path()).map_err(|e| rustls::Error::General(e.to_string()))?;
+    let clock = DbClock::for_store(db).map_err(|e| {
+        rustls::Error::General(format!("the database clock ({}): {e}", db.describe()))
+    })?;
     let verifier = Arc::new(DbTimeClientVerifier::new(webpki, clock));
     let (chain, key) = bundle.tls_server_identity();
     let mut config = rustls::ServerConfig::builder_with_provider(provider)
@@ -801,116 +803,131 @@ mod tests {
         server.await.unwrap().unwrap();
     }
 
-    #[tokio::test(flavor = "multi_thread")]
-    async fn join_over_https_then_mtls() {
-        let cp = crate::test_support::cp();
+    crate::test_support::both_backends!(join_over_https_then_mtls);
+
+    /// A join, mTLS and renewals over HTTPS, on both databases (PostgreSQL:
+    /// the verifier's clock thread). The test touches the database off the
+    /// runtime, as `serve` does (its handlers run on spawn_blocking).
+    fn join_over_https_then_mtls(backend: crate::test_support::Backend) {
+        let cp = crate::test_support::cp_on(backend);
         let svc = cp.svc.clone();
         let tls = tls_config(svc.bundle(), svc.database()).unwrap();
-        let app = router(svc.clone()).route(
-            "/peer",
-            get(|Extension(p): Extension<PeerCertificates>| async move { p.0.len().to_string() }),
-        );
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(serve(listener, tls, app, async {
-            let _ = stopped.await;
-        }));
-
         let (req, key) = cp.token_request(Role::Node, None);
-        let anonymous = client(svc.bundle(), None);
-        let (status, body) = call(
-            addr,
-            anonymous.clone(),
-            "POST",
-            endpoints::JOIN,
-            &req.encode_to_vec(),
-        )
-        .await;
-        assert_eq!(status, 200);
-        let resp = JoinResponse::decode(body.as_slice()).unwrap();
-        let joined = JoinResponseBody::decode(resp.body.as_slice()).unwrap();
-        assert_eq!(joined.csr_sha256, bc_wire::sha256(&req.csr));
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let app =
+                router(svc.clone()).route(
+                    "/peer",
+                    get(|Extension(p): Extension<PeerCertificates>| async move {
+                        p.0.len().to_string()
+                    }),
+                );
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            let server = tokio::spawn(serve(listener, tls, app, async {
+                let _ = stopped.await;
+            }));
 
-        // The same request again: the token is spent; a bare 403.
-        let (status, body) = call(
-            addr,
-            anonymous.clone(),
-            "POST",
-            endpoints::JOIN,
-            &req.encode_to_vec(),
-        )
-        .await;
-        assert_eq!(status, 403);
-        let err = bc_wire::agent::Error::decode(body.as_slice()).unwrap();
-        assert_eq!(err.code, bc_wire::agent::Code::AccessDenied as i32);
-        assert_eq!(err.message, "join refused");
+            let anonymous = client(svc.bundle(), None);
+            let (status, body) = call(
+                addr,
+                anonymous.clone(),
+                "POST",
+                endpoints::JOIN,
+                &req.encode_to_vec(),
+            )
+            .await;
+            assert_eq!(status, 200);
+            let resp = JoinResponse::decode(body.as_slice()).unwrap();
+            let joined = JoinResponseBody::decode(resp.body.as_slice()).unwrap();
+            assert_eq!(joined.csr_sha256, bc_wire::sha256(&req.csr));
 
-        // Garbage is INVALID_INPUT.
-        let (status, _) = call(
-            addr,
-            anonymous.clone(),
-            "POST",
-            endpoints::JOIN,
-            b"\xff\xff",
-        )
-        .await;
-        assert_eq!(status, 400);
+            // The same request again: the token is spent; a bare 403.
+            let (status, body) = call(
+                addr,
+                anonymous.clone(),
+                "POST",
+                endpoints::JOIN,
+                &req.encode_to_vec(),
+            )
+            .await;
+            assert_eq!(status, 403);
+            let err = bc_wire::agent::Error::decode(body.as_slice()).unwrap();
+            assert_eq!(err.code, bc_wire::agent::Code::AccessDenied as i32);
+            assert_eq!(err.message, "join refused");
 
-        // The node certificate works as a client certificate, and the
-        // handler sees it.
-        let (_, n) = call(addr, anonymous, "GET", "/peer", b"").await;
-        assert_eq!(n, b"0");
-        let mtls = client(
-            svc.bundle(),
-            Some((joined.chain[0].clone(), key.serialize_der())),
-        );
-        let (status, n) = call(addr, mtls.clone(), "GET", "/peer", b"").await;
-        assert_eq!((status, n.as_slice()), (200, b"1".as_slice()));
+            // Garbage is INVALID_INPUT.
+            let (status, _) = call(
+                addr,
+                anonymous.clone(),
+                "POST",
+                endpoints::JOIN,
+                b"\xff\xff",
+            )
+            .await;
+            assert_eq!(status, 400);
 
-        // Renew over mTLS: a new certificate for the new key, same node.
-        let key2 = crate::test_support::key();
-        let renew = bc_wire::agent::RenewRequest {
-            csr: crate::test_support::plain_csr(&key2),
-            key_attestation: None,
-        };
-        let (status, body) =
-            call(addr, mtls, "POST", endpoints::RENEW, &renew.encode_to_vec()).await;
-        assert_eq!(status, 200);
-        let renewed = bc_wire::agent::RenewResponse::decode(body.as_slice()).unwrap();
-        assert_eq!(renewed.chain.len(), 2);
-        assert_eq!(renewed.chain[1], svc.node_ca_der());
-        let id = crate::pki::node_cert_identity(&renewed.chain[0]).unwrap();
-        assert_eq!(id.node_id, joined.node_id);
-        assert_eq!(id.spki_der, key2.subject_public_key_info());
-        // With the new certificate, renewing works again.
-        let mtls2 = client(
-            svc.bundle(),
-            Some((renewed.chain[0].clone(), key2.serialize_der())),
-        );
-        let (status, _) = call(
-            addr,
-            mtls2,
-            "POST",
-            endpoints::RENEW,
-            &renew.encode_to_vec(),
-        )
-        .await;
-        assert_eq!(status, 200);
-        // Without a client certificate: a bare 403 with the spec's message.
-        let anonymous = client(svc.bundle(), None);
-        let (status, body) = call(
-            addr,
-            anonymous,
-            "POST",
-            endpoints::RENEW,
-            &renew.encode_to_vec(),
-        )
-        .await;
-        assert_eq!(status, 403);
-        let err = bc_wire::agent::Error::decode(body.as_slice()).unwrap();
-        assert_eq!(err.code, bc_wire::agent::Code::AccessDenied as i32);
-        assert_eq!(err.message, "Renew refused");
+            // The node certificate works as a client certificate, and the
+            // handler sees it.
+            let (_, n) = call(addr, anonymous, "GET", "/peer", b"").await;
+            assert_eq!(n, b"0");
+            let mtls = client(
+                svc.bundle(),
+                Some((joined.chain[0].clone(), key.serialize_der())),
+            );
+            let (status, n) = call(addr, mtls.clone(), "GET", "/peer", b"").await;
+            assert_eq!((status, n.as_slice()), (200, b"1".as_slice()));
+
+            // Renew over mTLS: a new certificate for the new key, same node.
+            let key2 = crate::test_support::key();
+            let renew = bc_wire::agent::RenewRequest {
+                csr: crate::test_support::plain_csr(&key2),
+                key_attestation: None,
+            };
+            let (status, body) =
+                call(addr, mtls, "POST", endpoints::RENEW, &renew.encode_to_vec()).await;
+            assert_eq!(status, 200);
+            let renewed = bc_wire::agent::RenewResponse::decode(body.as_slice()).unwrap();
+            assert_eq!(renewed.chain.len(), 2);
+            assert_eq!(renewed.chain[1], svc.node_ca_der());
+            let id = crate::pki::node_cert_identity(&renewed.chain[0]).unwrap();
+            assert_eq!(id.node_id, joined.node_id);
+            assert_eq!(id.spki_der, key2.subject_public_key_info());
+            // With the new certificate, renewing works again.
+            let mtls2 = client(
+                svc.bundle(),
+                Some((renewed.chain[0].clone(), key2.serialize_der())),
+            );
+            let (status, _) = call(
+                addr,
+                mtls2,
+                "POST",
+                endpoints::RENEW,
+                &renew.encode_to_vec(),
+            )
+            .await;
+            assert_eq!(status, 200);
+            // Without a client certificate: a bare 403 with the spec's message.
+            let anonymous = client(svc.bundle(), None);
+            let (status, body) = call(
+                addr,
+                anonymous,
+                "POST",
+                endpoints::RENEW,
+                &renew.encode_to_vec(),
+            )
+            .await;
+            assert_eq!(status, 403);
+            let err = bc_wire::agent::Error::decode(body.as_slice()).unwrap();
+            assert_eq!(err.code, bc_wire::agent::Code::AccessDenied as i32);
+            assert_eq!(err.message, "Renew refused");
+            stop.send(()).unwrap();
+            server.await.unwrap().unwrap();
+        });
         let events = crate::records::list_events(svc.database()).unwrap();
         let kinds: Vec<_> = events.iter().map(|e| e.kind.as_str()).collect();
         assert_eq!(
@@ -924,9 +941,6 @@ mod tests {
             ]
         );
         assert_eq!(events[4].reason.as_deref(), Some("no-client-certificate"));
-
-        stop.send(()).unwrap();
-        server.await.unwrap().unwrap();
     }
 
     /// When `accept` fails in a loop (out of descriptors), what decides

@@ -215,7 +215,7 @@ impl JoinService {
         let config = crate::config::load(dir)?;
         let bundle = Bundle::load(dir)?;
         let challenge_key = crate::pki::load_or_create_challenge_key(dir)?;
-        let db = Store::open_dir(dir)?;
+        let db = Store::open_configured(dir, config.database.as_ref())?;
         let mut svc = Self::with_retention(bundle, db, config.events.retention_ms);
         svc.lease_ttl_ms = config.discovery.lease_ttl_ms;
         svc.discovery_approval = config.discovery.approval;
@@ -1023,7 +1023,16 @@ mod tests {
     use crate::tokens;
     use std::sync::Mutex;
 
-    use crate::test_support::{cp as fixture, uri_sans, Cp as Fixture};
+    use crate::test_support::{
+        both_backends, cp as fixture, cp_on, uri_sans, Backend, Cp as Fixture,
+    };
+
+    // The whole join on both databases.
+    both_backends!(
+        joins_with_a_token,
+        refusals_reach_event_and_hook_only,
+        parallel_joins_spend_a_token_once,
+    );
 
     fn new_csr() -> (rcgen::KeyPair, Vec<u8>) {
         let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
@@ -1126,10 +1135,9 @@ mod tests {
         assert_eq!(records::list_nodes(f.svc.database()).unwrap().len(), 1);
     }
 
-    #[test]
-    fn joins_with_a_token() {
+    fn joins_with_a_token(backend: Backend) {
         use rcgen::PublicKeyData;
-        let f = fixture();
+        let f = cp_on(backend);
         let (tok, _) = tokens::create_token(f.svc.database(), Role::Node, 1, 3_600_000).unwrap();
         let (key, csr) = new_csr();
         let resp = f
@@ -1170,9 +1178,8 @@ mod tests {
         assert_eq!(refusals(&f.svc), ["token-exhausted"]);
     }
 
-    #[test]
-    fn refusals_reach_event_and_hook_only() {
-        let f = fixture();
+    fn refusals_reach_event_and_hook_only(backend: Backend) {
+        let f = cp_on(backend);
         let seen = Arc::new(Mutex::new(Vec::new()));
         let s = seen.clone();
         f.svc.set_on_refusal(Box::new(move |e: &RefusalEvent| {
@@ -1230,9 +1237,8 @@ mod tests {
         assert!(records::list_nodes(f.svc.database()).unwrap().is_empty());
     }
 
-    #[test]
-    fn parallel_joins_spend_a_token_once() {
-        let f = fixture();
+    fn parallel_joins_spend_a_token_once(backend: Backend) {
+        let f = cp_on(backend);
         let (tok, _) = tokens::create_token(f.svc.database(), Role::Node, 1, 3_600_000).unwrap();
         let handles: Vec<_> = (0..8)
             .map(|_| {

@@ -248,8 +248,8 @@ mod tests {
         db.write(|tx| {
             tx.execute(
                 "INSERT INTO node_certs (serial, node_id, identity_generation, der, not_before, not_after)
-                 VALUES (?1, ?2, ?3, x'00', 0, 1)",
-                params![serial, id, generation],
+                 VALUES (?1, ?2, ?3, ?4, 0, 1)",
+                params![serial, id, generation, [0_u8]],
             )})
         .unwrap();
     }

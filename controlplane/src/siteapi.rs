@@ -302,6 +302,7 @@ impl JoinService {
         leaf: Option<&[u8]>,
         source: Option<IpAddr>,
         site_id: &str,
+        // FnMut: PostgreSQL may re-run the transaction.
         mut f: impl FnMut(&Tx<'_>, &Caller, UnixMs) -> Result<Vec<u8>, Stop>,
     ) -> Result<Vec<u8>, ApiError> {
         let outcome = self.database().write_if(

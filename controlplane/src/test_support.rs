@@ -19,8 +19,10 @@ pub(crate) const TRUST_DOMAIN: &str = "bc.test";
 
 /// A control plane DIR (removed on drop) and the JoinService on it.
 pub(crate) struct Cp {
-    _dir: tempfile::TempDir,
     pub(crate) svc: Arc<JoinService>,
+    _dir: tempfile::TempDir,
+    /// The PostgreSQL database `[database]` names, if any.
+    _pg: Option<crate::pg_cluster::PgDb>,
 }
 
 impl Cp {
@@ -36,30 +38,179 @@ pub(crate) fn cp() -> Cp {
 }
 
 /// A fresh DIR with `controlplane.toml` (when given) and whatever `prepare`
-/// writes into it before the service opens it.
+/// writes into it before the service opens it. On the backend
+/// [`default_backend`] says.
 pub(crate) fn cp_with(toml: Option<&str>, prepare: impl FnOnce(&std::path::Path)) -> Cp {
+    cp_on_with(default_backend(), toml, prepare)
+}
+
+/// A fresh DIR with the default configuration on `backend`.
+pub(crate) fn cp_on(backend: Backend) -> Cp {
+    cp_on_with(backend, None, |_| {})
+}
+
+/// As [`cp_with`], on `backend` (PostgreSQL: a `[database]` section naming
+/// a fresh database is appended to the config).
+pub(crate) fn cp_on_with(
+    backend: Backend,
+    toml: Option<&str>,
+    prepare: impl FnOnce(&std::path::Path),
+) -> Cp {
     let dir = tempfile::tempdir().unwrap();
     crate::pki::init(dir.path(), TRUST_DOMAIN).unwrap();
-    if let Some(t) = toml {
-        std::fs::write(dir.path().join(crate::config::CONFIG_FILE), t).unwrap();
+    let pg = match backend {
+        Backend::Sqlite => None,
+        Backend::Postgres => Some(crate::pg_cluster::PgCluster::shared().database()),
+    };
+    let mut text = toml.unwrap_or_default().to_owned();
+    if let Some(pg) = &pg {
+        let cfg = pg_config(pg);
+        text.push_str(&format!(
+            "\n[database]\nurl = {:?}\nca_file = {:?}\nmax_connections = 8\n",
+            cfg.url,
+            cfg.ca_file.unwrap()
+        ));
+    }
+    if !text.is_empty() {
+        std::fs::write(dir.path().join(crate::config::CONFIG_FILE), text).unwrap();
     }
     prepare(dir.path());
     let svc = Arc::new(JoinService::open(dir.path()).unwrap());
-    Cp { _dir: dir, svc }
+    Cp {
+        svc,
+        _dir: dir,
+        _pg: pg,
+    }
+}
+
+/// The backend of the fixtures that do not name one: SQLite, or PostgreSQL
+/// when `BCD_TEST_DB=postgres` (a whole-suite run on PG, to find the SQL
+/// that is not portable; the tests that read SQLite itself fail there).
+pub(crate) fn default_backend() -> Backend {
+    match std::env::var("BCD_TEST_DB").as_deref() {
+        Ok("postgres") => Backend::Postgres,
+        _ => Backend::Sqlite,
+    }
 }
 
 /// A bare database in a temporary DIR (removed on drop), without a PKI
 /// bundle: for the tests below JoinService.
 pub(crate) struct TempDb {
-    _dir: tempfile::TempDir,
+    // Before `pg`: the pool's sessions end before the database is dropped.
     pub(crate) db: Store,
+    _dir: tempfile::TempDir,
+    pub(crate) pg: Option<crate::pg_cluster::PgDb>,
 }
 
+/// A bare database on the backend [`default_backend`] says.
 pub(crate) fn temp_db() -> TempDb {
+    temp_db_on(default_backend())
+}
+
+/// A bare SQLite database.
+pub(crate) fn temp_sqlite() -> TempDb {
     let dir = tempfile::tempdir().unwrap();
     let db = Store::open_dir(dir.path()).unwrap();
-    TempDb { _dir: dir, db }
+    TempDb {
+        db,
+        _dir: dir,
+        pg: None,
+    }
 }
+
+impl TempDb {
+    /// A second [`Store`] on the same database (another process's view).
+    pub(crate) fn reopen(&self) -> Store {
+        match &self.pg {
+            None => Store::open(self.db.path().unwrap()).unwrap(),
+            Some(pg) => Store::open_configured(self._dir.path(), Some(&pg_config(pg))).unwrap(),
+        }
+    }
+}
+
+/// Which database a test runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+/// The `[database]` of a fresh database on the tests' PostgreSQL server
+/// (TLS, verified against its CA).
+pub(crate) fn pg_config(pg: &crate::pg_cluster::PgDb) -> crate::config::DatabaseConfig {
+    crate::config::DatabaseConfig {
+        url: pg.url.clone(),
+        password_file: None,
+        ca_file: Some(crate::pg_cluster::PgCluster::shared().ca_file()),
+        max_connections: 4,
+        plaintext: false,
+    }
+}
+
+/// A bare, migrated database on `backend`.
+pub(crate) fn temp_db_on(backend: Backend) -> TempDb {
+    match backend {
+        Backend::Sqlite => temp_sqlite(),
+        Backend::Postgres => {
+            let dir = tempfile::tempdir().unwrap();
+            let pg = crate::pg_cluster::PgCluster::shared().database();
+            let db = Store::open_configured(dir.path(), Some(&pg_config(&pg))).unwrap();
+            TempDb {
+                db,
+                _dir: dir,
+                pg: Some(pg),
+            }
+        }
+    }
+}
+
+/// A database on `backend` as an older bc-controlplane left it: migrated
+/// to version `applied`, then `seed` run on it; then opened (and migrated
+/// the rest of the way) as today's opens it.
+pub(crate) fn old_db_on(backend: Backend, applied: usize, seed: &str) -> TempDb {
+    let dir = tempfile::tempdir().unwrap();
+    match backend {
+        Backend::Sqlite => {
+            let path = dir.path().join(store::DB_FILE);
+            store::sqlite::old_database(&path, applied, seed);
+            let db = Store::open(&path).unwrap();
+            TempDb {
+                db,
+                _dir: dir,
+                pg: None,
+            }
+        }
+        Backend::Postgres => {
+            let pg = crate::pg_cluster::PgCluster::shared().database();
+            let cfg = pg_config(&pg);
+            store::pg_schema::old_database(&cfg, applied, seed);
+            let db = Store::open_configured(dir.path(), Some(&cfg)).unwrap();
+            TempDb {
+                db,
+                _dir: dir,
+                pg: Some(pg),
+            }
+        }
+    }
+}
+
+/// Runs each test fn (`fn name(backend: Backend)`) once per backend:
+/// `name::sqlite` and `name::pg`.
+macro_rules! both_backends {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[test]
+            fn sqlite() {
+                super::$name($crate::test_support::Backend::Sqlite)
+            }
+            #[test]
+            fn pg() {
+                super::$name($crate::test_support::Backend::Postgres)
+            }
+        }
+    )*};
+}
+pub(crate) use both_backends;
 
 /// Inserts a live node `id` (role node, generation 1, pool default), as a
 /// join by `attestor` at `joined_at` would.

@@ -59,8 +59,8 @@ pub fn require_initialized(dir: &Path) -> Result<()> {
 /// (a broken config is reported by every command, not only by `serve`).
 pub fn open_db(dir: &Path) -> Result<store::Store> {
     require_initialized(dir)?;
-    config::load(dir)?;
-    store::Store::open_dir(dir)
+    let config = config::load(dir)?;
+    store::Store::open_configured(dir, config.database.as_ref())
         .with_context(|| format!("cannot open the database in {}", dir.display()))
 }
 

@@ -1,7 +1,7 @@
 //! `[database]`: a PostgreSQL server instead of `DIR/controlplane.db`
 //! (docs/pg-plan.md §3.5).
 //!
-//! Parsed and checked here; nothing opens it yet (SQLite stays the backend).
+//! Parsed and checked here; `store::pg` connects with it.
 //! The password never travels in the URL (argv and the environment carry
 //! only password-free URLs, by the project's rules): it is read from
 //! `password_file`, which must be private, and is kept out of every error

@@ -1,22 +1,30 @@
 //! The control plane's storage: the only way to the database.
 //!
-//! Today one SQLite file, `DIR/controlplane.db` ([`sqlite`]): WAL so that the
-//! CLI can read while `serve` writes; a busy timeout so that concurrent
+//! Either one SQLite file, `DIR/controlplane.db` ([`sqlite`]): WAL so that
+//! the CLI can read while `serve` writes; a busy timeout so that concurrent
 //! writers (parallel joins, the CLI moving the clock) wait for each other
 //! instead of failing; every write in a `BEGIN IMMEDIATE` transaction so that
 //! the write lock is taken before anything is read (a join's token row cannot
-//! change between its check and its use).
+//! change between its check and its use). Or, when `[database]` names one,
+//! a PostgreSQL server ([`pg`], docs/pg-plan.md §3), where one global
+//! advisory lock per write transaction keeps the same one writer at a time.
 //!
 //! Callers see only [`Store`], [`Tx`], [`Value`] and [`Row`], never the
-//! driver, so that a second backend (PostgreSQL, docs/pg-plan.md §3) slots in
-//! behind the same calls. Rows are owned: nothing borrows the statement.
+//! driver, so that both backends sit behind the same calls. Rows are owned:
+//! nothing borrows the statement.
 //!
-//! The database also owns the clock: [`Tx::now`] is the system time plus
-//! `settings.clock_offset_ms`, read inside the transaction. Every expiry check
-//! and certificate validity uses it, so tests can move time with
-//! `bc-controlplane clock set` while a server runs.
+//! The database also owns the clock: [`Tx::now`] is the clock (SQLite: this
+//! host's; PostgreSQL: the server's) plus `settings.clock_offset_ms`, read
+//! inside the transaction. Every expiry check and certificate validity uses
+//! it, so tests can move time with `bc-controlplane clock set` while a server
+//! runs.
 
 mod migrations;
+pub(crate) mod pg;
+mod pg_clock;
+pub(crate) mod pg_schema;
+#[cfg(test)]
+mod pg_tests;
 pub(crate) mod sqlite;
 #[cfg(test)]
 mod tests;
@@ -26,6 +34,8 @@ use std::path::{Path, PathBuf};
 use time::OffsetDateTime;
 
 pub(crate) use migrations::MIGRATIONS;
+pub use pg::PgError;
+pub use pg_clock::PgClock;
 pub use sqlite::{ClockConn, SqliteError};
 
 pub const DB_FILE: &str = "controlplane.db";
@@ -66,6 +76,27 @@ pub enum DbError {
     NoRow { sql: String },
     #[error("the system's random generator failed: {0}")]
     Random(getrandom::Error),
+    #[error("connecting to {server}: {source}")]
+    PgConnect { server: String, source: PgError },
+    #[error("database: {0}")]
+    Pg(PgError),
+    #[error("{0}")]
+    PgConfig(String),
+    #[error("database column {index} ({name}): {pg_type}: {detail}")]
+    PgColumn {
+        index: usize,
+        name: String,
+        pg_type: String,
+        detail: String,
+    },
+    #[error("{server} has schema version {found}, newer than this bc-controlplane knows ({known}); use a newer bc-controlplane")]
+    TooNewPg {
+        server: String,
+        found: i64,
+        known: usize,
+    },
+    #[error("applying migration {number} on PostgreSQL: {source}")]
+    Migration { number: usize, source: PgError },
 }
 
 /// The SQL fragments that differ between backends; every one is empty on
@@ -73,6 +104,7 @@ pub enum DbError {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Dialect {
     Sqlite,
+    Postgres,
 }
 
 impl Dialect {
@@ -81,6 +113,7 @@ impl Dialect {
     pub fn for_update(self) -> &'static str {
         match self {
             Dialect::Sqlite => "",
+            Dialect::Postgres => " FOR UPDATE",
         }
     }
 
@@ -89,6 +122,7 @@ impl Dialect {
     pub fn for_share(self) -> &'static str {
         match self {
             Dialect::Sqlite => "",
+            Dialect::Postgres => " FOR SHARE",
         }
     }
 
@@ -97,6 +131,7 @@ impl Dialect {
     pub fn skip_locked(self) -> &'static str {
         match self {
             Dialect::Sqlite => "",
+            Dialect::Postgres => " FOR UPDATE SKIP LOCKED",
         }
     }
 }
@@ -356,11 +391,32 @@ pub enum Commit {
 /// The database of one control plane DIR: opens connections (migrated on
 /// first open) and keeps a few idle ones for reuse.
 pub struct Store {
-    pool: sqlite::Pool,
+    backend: Backend,
     dialect: Dialect,
 }
 
+enum Backend {
+    Sqlite(sqlite::Pool),
+    // Boxed: the driver's config and TLS make it large.
+    Pg(Box<pg::Pool>),
+}
+
 impl Store {
+    /// DIR's database as configured: the PostgreSQL server of `[database]`
+    /// when it names one, else `DIR/controlplane.db`.
+    pub fn open_configured(
+        dir: &Path,
+        database: Option<&crate::config::DatabaseConfig>,
+    ) -> Result<Self, DbError> {
+        match database {
+            Some(cfg) => Ok(Store {
+                backend: Backend::Pg(Box::new(pg::Pool::open(dir, cfg)?)),
+                dialect: Dialect::Postgres,
+            }),
+            None => Self::open_dir(dir),
+        }
+    }
+
     /// Opens `DIR/controlplane.db`, creating and migrating it as needed.
     pub fn open_dir(dir: &Path) -> Result<Self, DbError> {
         Self::open(&dir.join(DB_FILE))
@@ -368,24 +424,47 @@ impl Store {
 
     pub fn open(path: &Path) -> Result<Self, DbError> {
         Ok(Store {
-            pool: sqlite::Pool::open(path)?,
+            backend: Backend::Sqlite(sqlite::Pool::open(path)?),
             dialect: Dialect::Sqlite,
         })
     }
 
-    pub fn path(&self) -> &Path {
-        self.pool.path()
+    /// The SQLite file; `None` on PostgreSQL.
+    pub fn path(&self) -> Option<&Path> {
+        match &self.backend {
+            Backend::Sqlite(p) => Some(p.path()),
+            Backend::Pg(_) => None,
+        }
+    }
+
+    /// PostgreSQL: the TLS verifier's clock, a thread with a connection of
+    /// its own (the verifier runs where the driver cannot); `None` on
+    /// SQLite, whose clock reads the file ([`ClockConn`]).
+    pub fn pg_clock(&self) -> Option<Result<PgClock, DbError>> {
+        match &self.backend {
+            Backend::Sqlite(_) => None,
+            Backend::Pg(p) => Some(PgClock::start(p.connector())),
+        }
+    }
+
+    /// What the database is, for messages: the file or the server (never a
+    /// password).
+    pub fn describe(&self) -> String {
+        match &self.backend {
+            Backend::Sqlite(p) => p.path().display().to_string(),
+            Backend::Pg(p) => p.server().to_owned(),
+        }
     }
 
     pub fn dialect(&self) -> Dialect {
         self.dialect
     }
 
-    /// Runs `f` inside one write transaction (`BEGIN IMMEDIATE`) and commits
-    /// if it returns `Ok`; an `Err` rolls everything back. `FnMut`: a backend
-    /// that re-runs a transaction lost to a conflict (PG, docs/pg-plan.md
-    /// §3.1) calls `f` again, so everything it does must be in the
-    /// transaction. SQLite calls it once.
+    /// Runs `f` inside one write transaction (`BEGIN IMMEDIATE`; on
+    /// PostgreSQL one global advisory lock first, the same one writer at a
+    /// time) and commits if it returns `Ok`; an `Err` rolls everything back.
+    /// PostgreSQL re-runs `f` after a serialization failure or deadlock, so
+    /// `f` must do everything inside the transaction.
     pub fn write<T, E>(&self, mut f: impl FnMut(&Tx<'_>) -> Result<T, E>) -> Result<T, E>
     where
         E: From<DbError>,
@@ -403,45 +482,94 @@ impl Store {
     where
         E: From<DbError>,
     {
-        self.pool.write(|c| f(&Tx::new(c, self.dialect)))
+        match &self.backend {
+            Backend::Sqlite(p) => p.write(|c| f(&Tx::new(c, self.dialect))),
+            Backend::Pg(p) => p.write(|c| f(&Tx::pg(c))),
+        }
     }
 
     /// Runs `f` on a connection of its own outside any write transaction:
-    /// each statement reads the latest committed state (WAL), and never waits
-    /// for a writer.
+    /// each statement reads the latest committed state (WAL; PostgreSQL: a
+    /// READ ONLY transaction), and never waits for a writer.
     pub fn read<T, E>(&self, f: impl FnOnce(&Tx<'_>) -> Result<T, E>) -> Result<T, E>
     where
         E: From<DbError>,
     {
-        self.pool.read(|c| f(&Tx::new(c, self.dialect)))?
+        match &self.backend {
+            Backend::Sqlite(p) => p.read(|c| f(&Tx::new(c, self.dialect)))?,
+            Backend::Pg(p) => p.read(|c| f(&Tx::pg(c))),
+        }
     }
+}
+
+#[cfg(test)]
+impl Store {
+    /// How long a PostgreSQL checkout waits for a free connection.
+    pub(crate) fn set_pg_checkout_timeout(&mut self, d: std::time::Duration) {
+        if let Backend::Pg(p) = &mut self.backend {
+            p.checkout_timeout = d;
+        }
+    }
+
+    pub(crate) fn pg_pool(&self) -> Option<&pg::Pool> {
+        match &self.backend {
+            Backend::Pg(p) => Some(p),
+            Backend::Sqlite(_) => None,
+        }
+    }
+}
+
+/// The backend's connection a [`Tx`] runs on.
+#[derive(Clone, Copy)]
+enum Conn<'c> {
+    Sqlite(sqlite::Conn<'c>),
+    Pg(pg::Conn<'c>),
 }
 
 /// A transaction (or, from [`Store::read`], a read-only connection): what
 /// every module fn takes.
 pub struct Tx<'c> {
-    conn: sqlite::Conn<'c>,
+    conn: Conn<'c>,
     dialect: Dialect,
 }
 
 impl<'c> Tx<'c> {
     pub(crate) fn new(conn: sqlite::Conn<'c>, dialect: Dialect) -> Self {
-        Tx { conn, dialect }
+        Tx {
+            conn: Conn::Sqlite(conn),
+            dialect,
+        }
+    }
+
+    fn pg(conn: pg::Conn<'c>) -> Self {
+        Tx {
+            conn: Conn::Pg(conn),
+            dialect: Dialect::Postgres,
+        }
     }
 
     /// Runs one statement; returns how many rows it changed.
     pub fn execute(&self, sql: &str, params: &[Value]) -> Result<usize, DbError> {
-        self.conn.execute(sql, params)
+        match self.conn {
+            Conn::Sqlite(c) => c.execute(sql, params),
+            Conn::Pg(c) => c.execute(sql, params),
+        }
     }
 
     /// Every row of a query.
     pub fn query(&self, sql: &str, params: &[Value]) -> Result<Vec<Row>, DbError> {
-        self.conn.query(sql, params)
+        match self.conn {
+            Conn::Sqlite(c) => c.query(sql, params),
+            Conn::Pg(c) => c.query(sql, params),
+        }
     }
 
     /// The first row of a query, if any.
     pub fn query_opt(&self, sql: &str, params: &[Value]) -> Result<Option<Row>, DbError> {
-        self.conn.query_opt(sql, params)
+        match self.conn {
+            Conn::Sqlite(c) => c.query_opt(sql, params),
+            Conn::Pg(c) => c.query_opt(sql, params),
+        }
     }
 
     /// Every row of a query, each mapped by `f` (a `read_row` fn or closure).
@@ -475,19 +603,23 @@ impl<'c> Tx<'c> {
         })
     }
 
-    /// The database's time: system time plus the clock offset, read in this
-    /// transaction so the whole transaction sees one consistent "now".
+    /// The database's time: the clock (SQLite: this host's; PostgreSQL:
+    /// the server's, so every replica agrees) plus the clock offset, read in
+    /// this transaction so the whole transaction sees one consistent "now".
     pub fn now(&self) -> Result<UnixMs, DbError> {
-        Ok(system_now_ms().saturating_add(clock_offset_ms(self)?))
+        match self.conn {
+            Conn::Sqlite(_) => Ok(system_now_ms().saturating_add(clock_offset_ms(self)?)),
+            Conn::Pg(c) => c.now(),
+        }
     }
 
     /// Serialises this transaction with every other holding one of `keys`
     /// until it ends. SQLite: nothing to do, `BEGIN IMMEDIATE` already holds
-    /// the one write lock.
+    /// the one write lock. PostgreSQL: an advisory lock per key.
     pub fn lock(&self, keys: &[LockKey<'_>]) -> Result<(), DbError> {
-        let _ = keys;
-        match self.dialect {
-            Dialect::Sqlite => Ok(()),
+        match self.conn {
+            Conn::Sqlite(_) => Ok(()),
+            Conn::Pg(c) => c.lock(keys),
         }
     }
 

@@ -1,13 +1,26 @@
 use super::*;
+use crate::test_support::{both_backends, old_db_on, temp_db_on, Backend};
 
-#[test]
-fn migrates_once_and_moves_the_clock() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = Store::open_dir(dir.path()).unwrap();
+both_backends!(
+    migrates_once_and_moves_the_clock,
+    values_round_trip_and_type_mismatches_name_the_column,
+    write_if_commits_only_when_told,
+    execute_counts_changed_rows,
+    migration_8_backfills_tpm_hardware_keys,
+    migration_16_keeps_enrollment_requests_and_admits_discovery_ones,
+);
+
+fn migrates_once_and_moves_the_clock(backend: Backend) {
+    let t = temp_db_on(backend);
+    let db = &t.db;
     // Opening again is a no-op migration.
-    let db2 = Store::open_dir(dir.path()).unwrap();
+    let db2 = t.reopen();
+    let version_sql = match backend {
+        Backend::Sqlite => "PRAGMA user_version",
+        Backend::Postgres => "SELECT version FROM bcd_schema",
+    };
     let v: i64 = db2
-        .read(|tx| tx.query_one("PRAGMA user_version", params![])?.get(0))
+        .read(|tx| tx.query_one(version_sql, params![])?.get(0))
         .unwrap();
     assert_eq!(v, MIGRATIONS.len() as i64);
 
@@ -20,13 +33,21 @@ fn migrates_once_and_moves_the_clock() {
 
 /// Values go in and come out as they were; a column read as another type
 /// is an error naming its index, not a panic or a silent conversion.
-#[test]
-fn values_round_trip_and_type_mismatches_name_the_column() {
-    let t = crate::test_support::temp_db();
+fn values_round_trip_and_type_mismatches_name_the_column(backend: Backend) {
+    let t = temp_db_on(backend);
+    // PG infers an untyped `$N` in a select list as text: the casts say
+    // what each is (SQLite would take BYTEA as a numeric affinity).
+    let sql = match backend {
+        Backend::Sqlite => "SELECT ?1, ?2, ?3, ?4, ?5, ?6",
+        Backend::Postgres => {
+            "SELECT CAST(?1 AS BIGINT), CAST(?2 AS TEXT), CAST(?3 AS BYTEA), CAST(?4 AS TEXT),
+                    CAST(?5 AS BIGINT), CAST(?6 AS TEXT)"
+        }
+    };
     let row =
         t.db.read(|tx| {
             tx.query_one(
-                "SELECT ?1, ?2, ?3, ?4, ?5, ?6",
+                sql,
                 params![7_i64, "seven", vec![7_u8], None::<String>, true, Some("x")],
             )
         })
@@ -60,10 +81,27 @@ fn values_round_trip_and_type_mismatches_name_the_column() {
     assert_eq!(Value::from(&b"ab"[..]), Value::Blob(b"ab".to_vec()));
 }
 
+/// `execute` returns how many rows a statement changed.
+fn execute_counts_changed_rows(backend: Backend) {
+    let t = temp_db_on(backend);
+    let n =
+        t.db.write(|tx| {
+            tx.execute(
+                "INSERT INTO settings (key, value) VALUES ('a', '1'), ('b', '2'), ('c', '3')",
+                params![],
+            )?;
+            tx.execute(
+                "UPDATE settings SET value = ?1 WHERE key <> ?2",
+                params!["x", "a"],
+            )
+        })
+        .unwrap();
+    assert_eq!(n, 2);
+}
+
 /// `write_if` commits only when told; `write` rolls back on `Err`.
-#[test]
-fn write_if_commits_only_when_told() {
-    let t = crate::test_support::temp_db();
+fn write_if_commits_only_when_told(backend: Backend) {
+    let t = temp_db_on(backend);
     let put = |tx: &Tx<'_>, k: &str| {
         tx.execute(
             "INSERT INTO settings (key, value) VALUES (?1, 'v')",
@@ -92,20 +130,16 @@ fn write_if_commits_only_when_told() {
 
 /// Migration 8 gives a node bound to an EK before it that EK as its
 /// hardware key, so an upgrade does not let its machine join twice.
-#[test]
-fn migration_8_backfills_tpm_hardware_keys() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("old.db");
-    sqlite::old_database(
-        &path,
+fn migration_8_backfills_tpm_hardware_keys(backend: Backend) {
+    let t = old_db_on(
+        backend,
         7,
         "INSERT INTO nodes (id, role, identity_generation, attestor, joined_at)
              VALUES ('node_a', 'node', 1, 'tpm', 1), ('node_b', 'node', 1, 'join-token', 1);
          INSERT INTO node_bindings (kind, key, node_id, created_at)
              VALUES ('tpm-ek', 'ab12', 'node_a', 1);",
     );
-    let db = Store::open(&path).unwrap();
-    let keys = crate::hardware::keys(&db).unwrap();
+    let keys = crate::hardware::keys(&t.db).unwrap();
     assert_eq!(keys.len(), 1);
     assert_eq!(keys["node_a"], "tpm-ek:ab12");
 }
@@ -160,19 +194,16 @@ fn migration_11_drops_claimed_hardware_keys() {
 /// Migration 16 keeps every enrollment request as it was, and lets a
 /// discovery request carry no EK; one open request per EK (tpm) and
 /// per entry and evidence (discovery).
-#[test]
-fn migration_16_keeps_enrollment_requests_and_admits_discovery_ones() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("old.db");
-    sqlite::old_database(
-        &path,
+fn migration_16_keeps_enrollment_requests_and_admits_discovery_ones(backend: Backend) {
+    let t = old_db_on(
+        backend,
         15,
         "INSERT INTO join_requests (id, attestor, ek_sha256, ek_issuer, ek_serial, status,
                                     created_at, site_id)
              VALUES ('req_1', 'tpm', 'ab12', 'CN=x', '01', 'pending', 5, 'site_1');",
     );
-    let db = Store::open(&path).unwrap();
-    let rows = crate::attestors::tpm::enroll::list_requests(&db).unwrap();
+    let db = &t.db;
+    let rows = crate::attestors::tpm::enroll::list_requests(db).unwrap();
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0].ek_sha256.as_deref(), Some("ab12"));
     assert_eq!(rows[0].site_id.as_deref(), Some("site_1"));
@@ -212,8 +243,8 @@ fn rfc3339_format() {
     assert_eq!(rfc3339(1_700_000_000_123), "2023-11-14T22:13:20.123Z");
 }
 
-/// The driver's paths only in store/sqlite.rs: every other module goes through
-/// [`Tx`], so that a second backend needs no change outside `store/`.
+/// The drivers' paths only in their backends (store/sqlite.rs; store/pg.rs
+/// and its schema runner): every other module goes through [`Tx`].
 #[test]
 fn the_driver_is_named_only_in_the_sqlite_backend() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
@@ -226,12 +257,16 @@ fn the_driver_is_named_only_in_the_sqlite_backend() {
                 dirs.push(path);
                 continue;
             }
-            if path.extension().is_none_or(|e| e != "rs") || path.ends_with("store/sqlite.rs") {
+            if path.extension().is_none_or(|e| e != "rs") {
                 continue;
             }
+            let sqlite_ok = path.ends_with("store/sqlite.rs");
+            let pg_ok = path.ends_with("store/pg.rs") || path.ends_with("store/pg_schema.rs");
             let text = std::fs::read_to_string(&path).unwrap();
             for (n, line) in text.lines().enumerate() {
-                if line.contains(concat!("rusqlite", "::")) {
+                if (!sqlite_ok && line.contains(concat!("rusqlite", "::")))
+                    || (!pg_ok && line.contains(concat!("postgres", "::")))
+                {
                     strays.push(format!("{}:{}: {}", path.display(), n + 1, line.trim()));
                 }
             }
@@ -239,7 +274,7 @@ fn the_driver_is_named_only_in_the_sqlite_backend() {
     }
     assert!(
         strays.is_empty(),
-        "the driver outside store/sqlite.rs (use store::Tx):\n{}",
+        "a driver outside its backend (use store::Tx):\n{}",
         strays.join("\n")
     );
 }

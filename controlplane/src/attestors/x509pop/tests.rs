@@ -436,8 +436,7 @@ fn a_proof_admits_once_even_across_a_restart() {
     );
     // A restart (another JoinService on the same DIR, as another replica
     // would be) still knows it.
-    let dir = f.db().path().parent().unwrap().to_owned();
-    let restarted = crate::join::JoinService::open(&dir).unwrap();
+    let restarted = crate::join::JoinService::open(f.path()).unwrap();
     let err = restarted
         .join(JoinRequest {
             csr: csr.clone(),
