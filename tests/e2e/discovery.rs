@@ -584,7 +584,10 @@ fn only_single_use_tokens_and_ramdisks_are_admitted() {
     let site_id = site(&cp, "dc1");
     let a = SiteNode::join(&cp, &site_id);
     let epoch = a.acquire().unwrap().epoch;
-    let db = bc_controlplane::store::Store::open_dir(cp.path()).unwrap();
+    // The database `controlplane.toml` names (PostgreSQL under BCD_TEST_DB).
+    let config = bc_controlplane::config::load(cp.path()).unwrap();
+    let db = bc_controlplane::store::Store::open_configured(cp.path(), config.database.as_ref())
+        .unwrap();
     let (two, _) = db
         .write(|tx| {
             let scope = TokenScope {

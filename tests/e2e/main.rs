@@ -6,6 +6,11 @@
 //! integration tests.
 
 mod harness;
+// The tests' PostgreSQL server, the unit tests' file (one copy; not all of
+// it is used here).
+#[allow(dead_code)]
+#[path = "../../controlplane/src/pg_cluster.rs"]
+mod pg_cluster;
 
 mod answers;
 mod datadir;
