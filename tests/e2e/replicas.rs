@@ -92,20 +92,29 @@ fn a_one_use_token_used_at_once_on_two_replicas_is_spent_once() {
     );
 }
 
+/// Where one Join went: (upstream, admitted or answered) per upstream.
+type Routed = Vec<(usize, bool)>;
+
 /// A TLS-terminating HTTPS server in this process (with the control plane's
 /// own server certificate) that forwards each Join to the replica its policy
 /// picks: bcd talks to one URL, the rounds go where the test says.
 struct RoutingProxy {
     url: String,
-    /// The upstream index each forwarded Join went to, in order.
-    routed: Arc<Mutex<Vec<usize>>>,
+    /// Per forwarded Join, in order: each upstream it went to and whether
+    /// that one admitted or answered it (`false`: ACCESS_DENIED or a fault).
+    routed: Arc<Mutex<Vec<Routed>>>,
     _server: InProcessServer,
 }
 
 impl RoutingProxy {
     /// `agent`'s config pointed at each of `upstreams` in turn; `route` picks
-    /// one per JoinRequest.
-    fn start(upstreams: &[&ControlPlane], agent: &Agent, route: fn(&JoinRequest) -> usize) -> Self {
+    /// the upstreams of each JoinRequest: it goes to all of them at once, and
+    /// bcd gets the first success (else the first answer).
+    fn start(
+        upstreams: &[&ControlPlane],
+        agent: &Agent,
+        route: fn(&JoinRequest) -> Vec<usize>,
+    ) -> Self {
         let clients: Vec<Arc<Client>> = upstreams
             .iter()
             .map(|cp| {
@@ -136,9 +145,36 @@ impl RoutingProxy {
                         "not a JoinRequest".into(),
                     ));
                 };
-                let i = route(&req);
-                log.lock().expect("route log").push(i);
-                forward(&clients[i], &req).await
+                let picked = route(&req);
+                // Spawned together, awaited in order: concurrent requests.
+                let sent: Vec<_> = picked
+                    .iter()
+                    .map(|&i| {
+                        let (client, req) = (clients[i].clone(), req.clone());
+                        tokio::spawn(async move { forward(&client, &req).await })
+                    })
+                    .collect();
+                let mut answers = Vec::new();
+                for answer in sent {
+                    answers.push(answer.await.unwrap_or_else(|e| {
+                        (
+                            false,
+                            http::error_response(&ApiError::Unavailable(e.to_string())),
+                        )
+                    }));
+                }
+                log.lock().expect("route log").push(
+                    picked
+                        .iter()
+                        .copied()
+                        .zip(answers.iter().map(|a| a.0))
+                        .collect(),
+                );
+                let first_ok = answers.iter().position(|a| a.0).unwrap_or(0);
+                answers.into_iter().nth(first_ok).map_or_else(
+                    || http::error_response(&ApiError::Unavailable("no upstream".into())),
+                    |a| a.1,
+                )
             }
         };
         let router =
@@ -151,31 +187,52 @@ impl RoutingProxy {
         }
     }
 
-    fn routed(&self) -> Vec<usize> {
+    fn routed(&self) -> Vec<Routed> {
         self.routed.lock().expect("route log").clone()
     }
 }
 
-async fn forward(upstream: &Client, req: &JoinRequest) -> Response {
+/// The upstream's answer, and whether it was a success.
+async fn forward(upstream: &Client, req: &JoinRequest) -> (bool, Response) {
     match upstream.join(req).await {
         Ok(resp) => (
-            [(
-                axum::http::header::CONTENT_TYPE,
-                bc_wire::endpoints::CONTENT_TYPE,
-            )],
-            resp.encode_to_vec(),
-        )
-            .into_response(),
-        Err(ClientError::AccessDenied) => http::error_response(&ApiError::AccessDenied),
-        Err(e) => http::error_response(&ApiError::Unavailable(e.to_string())),
+            true,
+            (
+                [(
+                    axum::http::header::CONTENT_TYPE,
+                    bc_wire::endpoints::CONTENT_TYPE,
+                )],
+                resp.encode_to_vec(),
+            )
+                .into_response(),
+        ),
+        Err(ClientError::AccessDenied) => (false, http::error_response(&ApiError::AccessDenied)),
+        Err(e) => (
+            false,
+            http::error_response(&ApiError::Unavailable(e.to_string())),
+        ),
     }
 }
 
+fn is_answer(req: &JoinRequest) -> bool {
+    matches!(
+        TpmAttestation::decode(req.attestation.as_slice()).map(|a| a.round),
+        Ok(Some(tpm_attestation::Round::Answer(_)))
+    )
+}
+
 /// Round 1 (the hello) to upstream 0, round 2 (the answer) to upstream 1.
-fn hello_to_0_answer_to_1(req: &JoinRequest) -> usize {
-    match TpmAttestation::decode(req.attestation.as_slice()).map(|a| a.round) {
-        Ok(Some(tpm_attestation::Round::Answer(_))) => 1,
-        _ => 0,
+fn hello_to_0_answer_to_1(req: &JoinRequest) -> Vec<usize> {
+    vec![usize::from(is_answer(req))]
+}
+
+/// Round 1 to upstream 0, round 2 to upstreams 0 and 1 at once: the same
+/// answer bytes replayed concurrently.
+fn answer_to_both(req: &JoinRequest) -> Vec<usize> {
+    if is_answer(req) {
+        vec![0, 1]
+    } else {
+        vec![0]
     }
 }
 
@@ -195,7 +252,11 @@ fn a_tpm_join_started_on_one_replica_finishes_on_another() {
     let proxy = RoutingProxy::start(&[&a, &b], &agent, hello_to_0_answer_to_1);
     agent.set_api(&proxy.url);
     assert_ok(&agent.run(&["join", "--attestor", "tpm"]));
-    assert_eq!(proxy.routed(), [0, 1], "round 1 went to A, round 2 to B");
+    assert_eq!(
+        proxy.routed(),
+        [vec![(0, true)], vec![(1, true)]],
+        "round 1 went to A, round 2 to B"
+    );
     let node_id = agent.status_json()["nodeId"]
         .as_str()
         .expect("nodeId")
@@ -220,6 +281,48 @@ fn a_tpm_join_started_on_one_replica_finishes_on_another() {
     // The node is the database's: it renews through A.
     agent.set_api(&a.url);
     assert_ok(&agent.run(&["node", "--once", "--renew-now"]));
+}
+
+/// The same round-2 answer sent at once to both replicas: its single use is
+/// a database row, so one admits the node and the other refuses the replay
+/// as `challenge-reused`.
+#[test]
+fn a_tpm_answer_replayed_concurrently_to_two_replicas_is_admitted_once() {
+    let a = ControlPlane::start_trusting_test_maker_on(Backend::Postgres, "");
+    let b = a.replica();
+    let tpm = Swtpm::start();
+    let agent = Agent::with_tpm(&a, &tpm);
+    agent.allow_ek(&a);
+    let proxy = RoutingProxy::start(&[&a, &b], &agent, answer_to_both);
+    agent.set_api(&proxy.url);
+    let out = a.refused_once(JOIN_REFUSED, "challenge-reused", || {
+        agent.run(&["join", "--attestor", "tpm"])
+    });
+    assert_ok(&out);
+    let routed = proxy.routed();
+    assert_eq!(routed.len(), 2, "{routed:?}");
+    let admitted: Vec<usize> = routed[1].iter().filter(|r| r.1).map(|r| r.0).collect();
+    assert_eq!(
+        admitted.len(),
+        1,
+        "one replica admits the answer: {routed:?}"
+    );
+    let refuser = if admitted[0] == 0 { &b } else { &a };
+    assert!(
+        refuser
+            .log()
+            .lines()
+            .any(|l| l.contains("join refused") && l.contains("challenge-reused")),
+        "{}",
+        refuser.log()
+    );
+    let joined = a
+        .events()
+        .into_iter()
+        .filter(|e| e["type"] == "node.joined")
+        .count();
+    assert_eq!(joined, 1);
+    assert_eq!(a.nodes().len(), 1);
 }
 
 /// `clock set` moves the database's clock, which every replica reads (the
