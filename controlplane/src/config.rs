@@ -57,7 +57,7 @@
 //! intermediates = "azure-int.pem"   # optional: issuers the document may not carry
 //! signer = "metadata.azure.com"     # the name the signer certificate must bear (this default)
 //!
-//! [database]                        # absent: SQLite, DIR/controlplane.db (PostgreSQL: the CLI; serve not yet)
+//! [database]                        # absent: SQLite, DIR/controlplane.db; present: PostgreSQL
 //! url = "postgres://bcd@db.example:5432/bcd?sslmode=verify-full"  # or postgresql://; no password in it
 //! password_file = "/etc/bc-controlplane/db.password"  # optional; mode 0600 or 0400; relative: DIR
 //! ca_file = "db-ca.pem"             # the server certificate's roots, relative to DIR; required unless

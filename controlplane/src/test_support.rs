@@ -164,6 +164,36 @@ pub(crate) fn temp_db_on(backend: Backend) -> TempDb {
     }
 }
 
+/// A database on `backend` as an older bc-controlplane left it: migrated
+/// to version `applied`, then `seed` run on it; then opened (and migrated
+/// the rest of the way) as today's opens it.
+pub(crate) fn old_db_on(backend: Backend, applied: usize, seed: &str) -> TempDb {
+    let dir = tempfile::tempdir().unwrap();
+    match backend {
+        Backend::Sqlite => {
+            let path = dir.path().join(store::DB_FILE);
+            store::sqlite::old_database(&path, applied, seed);
+            let db = Store::open(&path).unwrap();
+            TempDb {
+                db,
+                _dir: dir,
+                pg: None,
+            }
+        }
+        Backend::Postgres => {
+            let pg = crate::pg_cluster::PgCluster::shared().database();
+            let cfg = pg_config(&pg);
+            store::pg_schema::old_database(&cfg, applied, seed);
+            let db = Store::open_configured(dir.path(), Some(&cfg)).unwrap();
+            TempDb {
+                db,
+                _dir: dir,
+                pg: Some(pg),
+            }
+        }
+    }
+}
+
 /// Runs each test fn (`fn name(backend: Backend)`) once per backend:
 /// `name::sqlite` and `name::pg`.
 macro_rules! both_backends {

@@ -22,7 +22,7 @@
 mod migrations;
 pub(crate) mod pg;
 mod pg_clock;
-mod pg_schema;
+pub(crate) mod pg_schema;
 #[cfg(test)]
 mod pg_tests;
 pub(crate) mod sqlite;

@@ -184,9 +184,14 @@ impl Pool {
         Ok(pool)
     }
 
-    fn connect_only(cfg: &DatabaseConfig, password: Option<&DbPassword>) -> Result<Self, DbError> {
+    pub(crate) fn connect_only(
+        cfg: &DatabaseConfig,
+        password: Option<&DbPassword>,
+    ) -> Result<Self, DbError> {
         let (mut config, server) = driver_config(&cfg.url)?;
         if let Some(p) = password {
+            // The driver keeps its own copy (not wiped on drop) for every
+            // new connection's authentication.
             config.password(p.expose());
         }
         config.connect_timeout(CONNECT_TIMEOUT);
@@ -649,7 +654,8 @@ fn driver_config(url: &str) -> Result<(postgres::Config, String), DbError> {
 }
 
 /// TLS through rustls (the workspace's ring provider), trusting only the
-/// roots in `ca_file`.
+/// roots in `ca_file`. rustls always checks the server's name too, so
+/// `sslmode=require` and `verify-ca` get `verify-full`'s checks.
 fn tls_connector(
     ca: &std::path::Path,
 ) -> Result<tokio_postgres_rustls::MakeRustlsConnect, DbError> {

@@ -121,10 +121,24 @@ pub(crate) fn translate(sql: &str) -> String {
 /// A second process migrating at once waits, then finds nothing to do.
 pub(crate) fn migrate(pool: &Pool) -> Result<(), DbError> {
     let server = pool.server().to_owned();
-    pool.with_client(|client| run(client, &server))
+    pool.with_client(|client| run(client, &server, MIGRATIONS.len()))
 }
 
-fn run(client: &mut Client, server: &str) -> Result<(), DbError> {
+/// Test-only: the database at `cfg` migrated to version `applied` only,
+/// then `seed` run on it (the schema as an older bc-controlplane left it).
+#[cfg(test)]
+pub(crate) fn old_database(cfg: &crate::config::DatabaseConfig, applied: usize, seed: &str) {
+    let pool = Pool::connect_only(cfg, None).unwrap();
+    let server = pool.server().to_owned();
+    pool.with_client(|client| {
+        run(client, &server, applied)?;
+        client.batch_execute(seed).map_err(DbError::from_pg)
+    })
+    .unwrap();
+}
+
+/// Migrates to version `target` (all of [`MIGRATIONS`] but in tests).
+fn run(client: &mut Client, server: &str, target: usize) -> Result<(), DbError> {
     let pg = DbError::from_pg;
     let mut tx = client.transaction().map_err(pg)?;
     tx.execute(
@@ -153,10 +167,10 @@ fn run(client: &mut Client, server: &str) -> Result<(), DbError> {
             known: MIGRATIONS.len(),
         });
     }
-    if applied == MIGRATIONS.len() {
+    if applied >= target {
         return Ok(());
     }
-    for (i, sql) in MIGRATIONS.iter().enumerate().skip(applied) {
+    for (i, sql) in MIGRATIONS.iter().enumerate().take(target).skip(applied) {
         let n = i + 1;
         let step = |e| DbError::Migration {
             number: n,
@@ -170,7 +184,7 @@ fn run(client: &mut Client, server: &str) -> Result<(), DbError> {
             tx.batch_execute(extra).map_err(step)?;
         }
     }
-    let to = i64::try_from(MIGRATIONS.len()).unwrap_or(i64::MAX);
+    let to = i64::try_from(target).unwrap_or(i64::MAX);
     if found.is_some() {
         tx.execute("UPDATE bcd_schema SET version = $1", &[&to])
     } else {

@@ -1,11 +1,13 @@
 use super::*;
-use crate::test_support::{both_backends, temp_db_on, Backend};
+use crate::test_support::{both_backends, old_db_on, temp_db_on, Backend};
 
 both_backends!(
     migrates_once_and_moves_the_clock,
     values_round_trip_and_type_mismatches_name_the_column,
     write_if_commits_only_when_told,
     execute_counts_changed_rows,
+    migration_8_backfills_tpm_hardware_keys,
+    migration_16_keeps_enrollment_requests_and_admits_discovery_ones,
 );
 
 fn migrates_once_and_moves_the_clock(backend: Backend) {
@@ -128,20 +130,16 @@ fn write_if_commits_only_when_told(backend: Backend) {
 
 /// Migration 8 gives a node bound to an EK before it that EK as its
 /// hardware key, so an upgrade does not let its machine join twice.
-#[test]
-fn migration_8_backfills_tpm_hardware_keys() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("old.db");
-    sqlite::old_database(
-        &path,
+fn migration_8_backfills_tpm_hardware_keys(backend: Backend) {
+    let t = old_db_on(
+        backend,
         7,
         "INSERT INTO nodes (id, role, identity_generation, attestor, joined_at)
              VALUES ('node_a', 'node', 1, 'tpm', 1), ('node_b', 'node', 1, 'join-token', 1);
          INSERT INTO node_bindings (kind, key, node_id, created_at)
              VALUES ('tpm-ek', 'ab12', 'node_a', 1);",
     );
-    let db = Store::open(&path).unwrap();
-    let keys = crate::hardware::keys(&db).unwrap();
+    let keys = crate::hardware::keys(&t.db).unwrap();
     assert_eq!(keys.len(), 1);
     assert_eq!(keys["node_a"], "tpm-ek:ab12");
 }
@@ -196,19 +194,16 @@ fn migration_11_drops_claimed_hardware_keys() {
 /// Migration 16 keeps every enrollment request as it was, and lets a
 /// discovery request carry no EK; one open request per EK (tpm) and
 /// per entry and evidence (discovery).
-#[test]
-fn migration_16_keeps_enrollment_requests_and_admits_discovery_ones() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("old.db");
-    sqlite::old_database(
-        &path,
+fn migration_16_keeps_enrollment_requests_and_admits_discovery_ones(backend: Backend) {
+    let t = old_db_on(
+        backend,
         15,
         "INSERT INTO join_requests (id, attestor, ek_sha256, ek_issuer, ek_serial, status,
                                     created_at, site_id)
              VALUES ('req_1', 'tpm', 'ab12', 'CN=x', '01', 'pending', 5, 'site_1');",
     );
-    let db = Store::open(&path).unwrap();
-    let rows = crate::attestors::tpm::enroll::list_requests(&db).unwrap();
+    let db = &t.db;
+    let rows = crate::attestors::tpm::enroll::list_requests(db).unwrap();
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0].ek_sha256.as_deref(), Some("ab12"));
     assert_eq!(rows[0].site_id.as_deref(), Some("site_1"));
