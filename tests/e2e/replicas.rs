@@ -472,3 +472,58 @@ fn kill_9_of_a_replica_mid_join_leaves_nothing_half_written() {
     assert_eq!(b.nodes().len(), 1);
     assert_eq!(uses_left(b, &token), 0);
 }
+
+/// A site's boot lease is a database row: held and renewed through A, taken
+/// over through B with a higher epoch once it lapses (database time), after
+/// which A's holder is fenced on A and an assertion under the old epoch is
+/// refused by either replica. (Machines and their fake sysfs: failpoints.)
+#[cfg(feature = "failpoints")]
+#[test]
+fn a_site_lease_renewed_on_one_replica_is_taken_over_on_another_with_a_higher_epoch() {
+    use crate::discovery::{
+        assert_refused_as, assert_site_refused, block_on, boot_add, cmdline, now_ms, site, Machine,
+        SiteNode, MAC, UUID,
+    };
+    let (a, b) = replicated(1);
+    let b = &b[0];
+    let site_id = site(&a, "dc1");
+    let on_a = SiteNode::join(&a, &site_id);
+    let on_b = SiteNode::join(b, &site_id);
+    let lease = on_a.acquire().expect("acquire on A");
+    assert!(lease.held);
+    let epoch = lease.epoch;
+    block_on(on_a.client().renew_lease(&site_id, epoch)).expect("renewed on A");
+    assert!(!on_b.acquire().expect("acquire on B").held, "A holds it");
+
+    // A's holder stops renewing; 31 s of database time later, B takes over.
+    assert_ok(&b.cli(&["clock", "set", "--offset", "31s"]));
+    let taken = on_b.acquire().expect("acquire on B");
+    assert!(taken.held);
+    assert_eq!(taken.epoch, epoch + 1);
+    assert_site_refused(
+        &a,
+        || block_on(on_a.client().renew_lease(&site_id, epoch)),
+        "lease-lost",
+    );
+
+    // Fresh at database time (31 s ahead of the system's).
+    let soon = |x: &mut bc_wire::site_v1::DiscoveryAssertion| {
+        x.issued_at_unix_ms = now_ms() + 31_000;
+        x.not_after_unix_ms = now_ms() + 600_000;
+    };
+    let token = on_b
+        .secret(&boot_add(b, "dc1", MAC, &[]))
+        .expect("B's holder gets the discovery token");
+    for cp in [&a, b] {
+        let machine = Machine::new(cp, MAC, UUID);
+        assert_refused_as(
+            cp,
+            || machine.boot(&cmdline(&token, &on_b.assertion(epoch, soon))),
+            "lease-epoch",
+        );
+        machine.agent.assert_nothing_written();
+    }
+    // The refusals spent nothing: under the new epoch, the machine joins via A.
+    let machine = Machine::new(&a, MAC, UUID);
+    assert_ok(&machine.boot(&cmdline(&token, &on_b.assertion(taken.epoch, soon))));
+}
