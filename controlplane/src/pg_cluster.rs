@@ -97,12 +97,16 @@ impl PgCluster {
     /// Runs `sql` on database `db` over the Unix socket; its output
     /// (unaligned, tuples only), or psql's stderr.
     fn try_psql(&self, db: &str, sql: &str) -> Result<String, String> {
-        let conninfo = format!(
+        psql(&self.bin, &self.conninfo(db), sql)
+    }
+
+    /// libpq's conninfo for database `db` over the Unix socket.
+    fn conninfo(&self, db: &str) -> String {
+        format!(
             "host={} port={} user={SUPERUSER} dbname={db}",
             self.dir.display(),
             self.port
-        );
-        psql(&self.bin, &conninfo, sql)
+        )
     }
 
     fn start() -> Result<PgCluster, String> {
@@ -188,6 +192,17 @@ impl PgDb {
             Err(e) => panic!("psql on {}: {e}\n{sql}", self.name),
         }
     }
+
+    /// A psql command on this database reading SQL from stdin (unaligned,
+    /// tuples only, stopping at the first error), for a session a test keeps
+    /// open (a lock held while a control plane works); spawn it with stdin
+    /// and stdout piped. The e2e tests' (tests/e2e/replicas.rs).
+    #[allow(dead_code)]
+    pub fn psql_session(&self) -> Command {
+        let mut cmd = psql_command(&self.cluster.bin);
+        cmd.arg("-d").arg(self.cluster.conninfo(&self.name));
+        cmd
+    }
 }
 
 impl Drop for PgDb {
@@ -198,6 +213,17 @@ impl Drop for PgDb {
             eprintln!("pg_cluster: {sql}: {e}");
         }
     }
+}
+
+/// psql without the caller's environment or ~/.psqlrc: unaligned, tuples
+/// only, stopping at the first error.
+fn psql_command(bin: &Path) -> Command {
+    let mut cmd = Command::new(bin.join("psql"));
+    cmd.env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .args(["-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1"])
+        .current_dir("/");
+    cmd
 }
 
 /// The highest `/usr/lib/postgresql/<version>/bin` holding initdb.
@@ -401,20 +427,8 @@ fn pg_command(bin: &Path, prog: &str, dir: &Path, run_as: Option<(u32, u32)>) ->
 
 /// psql with `sql` on stdin: stop at the first error, tuples only.
 fn psql(bin: &Path, conninfo: &str, sql: &str) -> Result<String, String> {
-    let mut child = Command::new(bin.join("psql"))
-        .env_clear()
-        .env("PATH", "/usr/bin:/bin")
-        .args([
-            "-X",
-            "-q",
-            "-A",
-            "-t",
-            "-v",
-            "ON_ERROR_STOP=1",
-            "-d",
-            conninfo,
-        ])
-        .current_dir("/")
+    let mut child = psql_command(bin)
+        .args(["-d", conninfo])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

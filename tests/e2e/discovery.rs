@@ -19,14 +19,14 @@ use crate::harness::*;
 pub const MAC: &str = "52:54:00:12:34:56";
 pub const UUID: &str = "4c4c4544-0042-3510-8052-b4c04f4e4d32";
 
-fn now_ms() -> i64 {
+pub fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0)
 }
 
-fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
+pub fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -60,7 +60,7 @@ impl SiteNode {
             .expect("an identity")
     }
 
-    fn client(&self) -> Client {
+    pub fn client(&self) -> Client {
         let config = bcd::config::Config::load(&self.agent.config).expect("config");
         let id = self.identity();
         Client::with_identity(&config, &id.chain, id.key.clone()).expect("client")
@@ -103,7 +103,7 @@ impl SiteNode {
     }
 
     /// An assertion for `mac` at `epoch`, fresh, signed under its purpose.
-    fn assertion(&self, epoch: u64, edit: impl FnOnce(&mut DiscoveryAssertion)) -> String {
+    pub fn assertion(&self, epoch: u64, edit: impl FnOnce(&mut DiscoveryAssertion)) -> String {
         let id = self.identity();
         let mut a = DiscoveryAssertion {
             site_id: self.site_id.clone(),
@@ -584,7 +584,10 @@ fn only_single_use_tokens_and_ramdisks_are_admitted() {
     let site_id = site(&cp, "dc1");
     let a = SiteNode::join(&cp, &site_id);
     let epoch = a.acquire().unwrap().epoch;
-    let db = bc_controlplane::store::Store::open_dir(cp.path()).unwrap();
+    // The database `controlplane.toml` names (PostgreSQL under BCD_TEST_DB).
+    let config = bc_controlplane::config::load(cp.path()).unwrap();
+    let db = bc_controlplane::store::Store::open_configured(cp.path(), config.database.as_ref())
+        .unwrap();
     let (two, _) = db
         .write(|tx| {
             let scope = TokenScope {

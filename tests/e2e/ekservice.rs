@@ -131,7 +131,7 @@ fn control_plane(maker: &MakerService, service: &str, path_prefix: &str) -> Cont
          [tpm.ek_services.{other}]\nurl = \"\"\n",
         maker.url()
     );
-    std::fs::write(cp.path().join("controlplane.toml"), config).unwrap();
+    cp.write_config(&config);
     let cp = cp.restart();
     assert_ok(&cp.cli(&["ek-roots", "add", &fixture("ek-root.pem")]));
     assert_ok(&cp.cli(&[

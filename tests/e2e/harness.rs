@@ -47,6 +47,8 @@ use std::process::{Child, Command, Output, Stdio};
 
 use serde_json::Value;
 
+use crate::pg_cluster::{PgCluster, PgDb};
+
 /// Path of a workspace binary: next to `bcd`, which Cargo built for us.
 pub fn bin(name: &str) -> PathBuf {
     let bcd = PathBuf::from(env!("CARGO_BIN_EXE_bcd"));
@@ -141,26 +143,74 @@ pub struct ControlPlane {
     child: Option<Child>,
     /// The running `serve`'s log lines, as `serve.log` grows.
     lines: Option<Lines>,
+    /// The PostgreSQL database `[database]` names (a fresh one per control
+    /// plane, shared by its replicas), or `None` on SQLite. Dropped with the
+    /// handle, after `serve` is killed.
+    pub pg: Option<std::sync::Arc<PgDb>>,
+}
+
+/// The store a control plane runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// `DIR/controlplane.db`.
+    Sqlite,
+    /// A fresh database on the test process's PostgreSQL server.
+    Postgres,
+}
+
+impl Backend {
+    /// SQLite, or PostgreSQL for every control plane of the run when
+    /// `BCD_TEST_DB=postgres` (the variable the unit tests read too).
+    pub fn from_env() -> Self {
+        match std::env::var("BCD_TEST_DB").as_deref() {
+            Ok("postgres") => Backend::Postgres,
+            _ => Backend::Sqlite,
+        }
+    }
+}
+
+/// The `[database]` table naming `pg` (TLS verified against the cluster's
+/// CA; a small pool: tests run several control planes at once on a server
+/// that takes 200 sessions).
+pub fn database_toml(pg: &PgDb) -> String {
+    format!(
+        "\n[database]\nurl = {:?}\nca_file = {:?}\nmax_connections = 6\n",
+        pg.url,
+        PgCluster::shared().ca_file()
+    )
 }
 
 impl ControlPlane {
     pub fn start() -> Self {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let cp = ControlPlane {
-            dir,
-            url: String::new(),
-            child: None,
-            lines: None,
-        };
-        assert_ok(&cp.cli(&["init"]));
-        cp.serve()
+        ControlPlane::init_only().serve()
+    }
+
+    /// Like [`ControlPlane::start`], on `backend` whatever `BCD_TEST_DB` says.
+    pub fn start_on(backend: Backend) -> Self {
+        ControlPlane::init_only_on(backend).serve()
     }
 
     /// Like [`ControlPlane::start`], with `controlplane.toml` written first.
     pub fn start_with_config(toml: &str) -> Self {
-        let cp = ControlPlane::init_only();
-        std::fs::write(cp.path().join("controlplane.toml"), toml).expect("write controlplane.toml");
+        ControlPlane::start_with_config_on(Backend::from_env(), toml)
+    }
+
+    /// Like [`ControlPlane::start_with_config`], on `backend`.
+    pub fn start_with_config_on(backend: Backend, toml: &str) -> Self {
+        let cp = ControlPlane::init_only_on(backend);
+        cp.write_config(toml);
         cp.serve()
+    }
+
+    /// Replaces `controlplane.toml` with `toml`, plus the `[database]` table
+    /// of this control plane's PostgreSQL database if it has one.
+    pub fn write_config(&self, toml: &str) {
+        let mut text = toml.to_owned();
+        if let Some(pg) = &self.pg {
+            text.push_str(&database_toml(pg));
+        }
+        std::fs::write(self.path().join("controlplane.toml"), text)
+            .expect("write controlplane.toml");
     }
 
     /// A control plane that trusts the test TPM maker (its root as the
@@ -174,9 +224,15 @@ impl ControlPlane {
     /// Like [`ControlPlane::start_trusting_test_maker`], with more TOML
     /// after the `[tpm]` table (e.g. a `[tpm.pcr_policy]`).
     pub fn start_trusting_test_maker_with(extra: &str) -> Self {
-        let cp = ControlPlane::start_with_config(&format!(
-            "[tpm]\nenrollment_retry_after = \"1s\"\n{extra}"
-        ));
+        ControlPlane::start_trusting_test_maker_on(Backend::from_env(), extra)
+    }
+
+    /// Like [`ControlPlane::start_trusting_test_maker_with`], on `backend`.
+    pub fn start_trusting_test_maker_on(backend: Backend, extra: &str) -> Self {
+        let cp = ControlPlane::start_with_config_on(
+            backend,
+            &format!("[tpm]\nenrollment_retry_after = \"1s\"\n{extra}"),
+        );
         assert_ok(&cp.cli(&["ek-roots", "add", &fixture("ek-root.pem")]));
         assert_ok(&cp.cli(&[
             "ek-roots",
@@ -190,13 +246,25 @@ impl ControlPlane {
     /// An initialised directory without a server, for CLI-only tests and for
     /// an in-process server.
     pub fn init_only() -> Self {
+        ControlPlane::init_only_on(Backend::from_env())
+    }
+
+    /// Like [`ControlPlane::init_only`], on `backend`: PostgreSQL gets a
+    /// fresh database, named in `controlplane.toml` before `init` opens it.
+    pub fn init_only_on(backend: Backend) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
+        let pg = match backend {
+            Backend::Sqlite => None,
+            Backend::Postgres => Some(std::sync::Arc::new(PgCluster::shared().database())),
+        };
         let cp = ControlPlane {
             dir,
             url: String::new(),
             child: None,
             lines: None,
+            pg,
         };
+        cp.write_config("");
         assert_ok(&cp.cli(&["init"]));
         cp
     }
@@ -228,8 +296,7 @@ impl ControlPlane {
             .port();
         let cp = ControlPlane::init_only();
         let url = format!("https://127.0.0.1:{port}");
-        std::fs::write(cp.path().join("controlplane.toml"), toml(&url))
-            .expect("write controlplane.toml");
+        cp.write_config(&toml(&url));
         let cp = cp.spawn_serve(&[], &format!("127.0.0.1:{port}"));
         assert_eq!(cp.url, url);
         cp
@@ -502,12 +569,71 @@ impl ControlPlane {
         stdout(&out)
     }
 
+    /// Another `serve` on the same database: DIR copied (keys, certificates,
+    /// `controlplane.toml`; not `controlplane.db`, not `serve.log`) to a new
+    /// temporary directory, served there on its own port. A replica needs a
+    /// shared database: this control plane must be on PostgreSQL.
+    pub fn replica(&self) -> ControlPlane {
+        let pg = self
+            .pg
+            .clone()
+            .expect("a replica shares its database: start the control plane on PostgreSQL");
+        let dir = tempfile::tempdir().expect("tempdir");
+        copy_dir(self.path(), dir.path());
+        ControlPlane {
+            dir,
+            url: String::new(),
+            child: None,
+            lines: None,
+            pg: Some(pg),
+        }
+        .serve()
+    }
+
+    /// `kill -9` of `serve` (no shutdown, no flush of anything it holds),
+    /// and its exit. The handle keeps DIR and its log.
+    pub fn kill9(&mut self) {
+        // Child::kill is SIGKILL.
+        self.stop();
+    }
+
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
         }
         self.lines = None;
+    }
+}
+
+/// What a replica leaves out of DIR: the SQLite file (a replica shares the
+/// PostgreSQL database) and the other process's log.
+const NOT_REPLICATED: [&str; 4] = [
+    "controlplane.db",
+    "controlplane.db-wal",
+    "controlplane.db-shm",
+    "serve.log",
+];
+
+/// Copies `from` into the existing `to`, files and directories, modes kept.
+fn copy_dir(from: &Path, to: &Path) {
+    for entry in std::fs::read_dir(from).expect("read DIR") {
+        let entry = entry.expect("a DIR entry");
+        let name = entry.file_name();
+        if NOT_REPLICATED.iter().any(|n| name == *n) {
+            continue;
+        }
+        let (src, dst) = (entry.path(), to.join(&name));
+        let kind = entry.file_type().expect("file type");
+        if kind.is_dir() {
+            std::fs::create_dir(&dst).expect("mkdir in the replica");
+            std::fs::set_permissions(&dst, entry.metadata().expect("stat").permissions())
+                .expect("chmod in the replica");
+            copy_dir(&src, &dst);
+        } else if kind.is_file() {
+            // fs::copy keeps the mode (0600 keys stay 0600).
+            std::fs::copy(&src, &dst).expect("copy into the replica");
+        }
     }
 }
 

@@ -150,11 +150,7 @@ fn slow_clients_do_not_lock_out_a_good_join() {
 fn failing_accepts_back_off() {
     raise_own_fd_limit();
     let cp = ControlPlane::init_only();
-    std::fs::write(
-        cp.path().join("controlplane.toml"),
-        "[server]\nmax_connections = 5000\nmax_connections_per_source = 5000\n",
-    )
-    .expect("write controlplane.toml");
+    cp.write_config("[server]\nmax_connections = 5000\nmax_connections_per_source = 5000\n");
     let mut cp = cp.serve_wrapped(&["prlimit", "--nofile=1024:1024", "--"]);
     let rt = runtime();
     let held = slow_clients(&rt, listen_addr(&cp), 1500);

@@ -6,6 +6,11 @@
 //! integration tests.
 
 mod harness;
+// The tests' PostgreSQL server, the unit tests' file (one copy; not all of
+// it is used here).
+#[allow(dead_code)]
+#[path = "../../controlplane/src/pg_cluster.rs"]
+mod pg_cluster;
 
 mod answers;
 mod datadir;
@@ -27,6 +32,8 @@ mod pcrbanks;
 mod realek;
 // Every refusal reason of the control plane, and the test that sees it.
 mod reasons;
+// Several `serve` processes on one PostgreSQL database.
+mod replicas;
 // These move bcd's clock (BCD_CLOCK_OFFSET), crash it at failpoints or give
 // it a fake sysfs (BCD_SYSFS_ROOT), which only a `--features bcd/failpoints`
 // build honours; scripts/test builds so, and a plain `cargo test` leaves

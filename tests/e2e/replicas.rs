@@ -1,0 +1,529 @@
+//! Several `serve` processes on one PostgreSQL database (issue 21): what a
+//! replica decides is what the database holds, never what another replica
+//! keeps in memory. Each test starts a control plane on a fresh database of
+//! the tests' real PostgreSQL server and one or two replicas of it
+//! ([`ControlPlane::replica`]: DIR's keys and config, the same database).
+
+use std::io::{BufRead as _, BufReader, Write as _};
+use std::process::{Child, ChildStdin, Stdio};
+use std::sync::{Arc, Barrier, Mutex};
+
+use axum::body::Bytes;
+use axum::response::{IntoResponse, Response};
+use bc_controlplane::http;
+use bc_controlplane::join::ApiError;
+use bc_controlplane::pki::Bundle;
+use bc_wire::agent::{tpm_attestation, JoinRequest, TpmAttestation};
+use bcd::client::{Client, ClientError};
+use prost::Message;
+
+use crate::harness::*;
+
+/// A control plane on PostgreSQL and `n` more replicas of it.
+fn replicated(n: usize) -> (ControlPlane, Vec<ControlPlane>) {
+    let a = ControlPlane::start_on(Backend::Postgres);
+    let others = (0..n).map(|_| a.replica()).collect();
+    (a, others)
+}
+
+/// The token's `usesLeft`, as `token list` shows it.
+fn uses_left(cp: &ControlPlane, token: &str) -> i64 {
+    let id = token.split('.').next().expect("a token id");
+    let tokens = cp.json(&["token", "list"]);
+    tokens
+        .as_array()
+        .expect("a list")
+        .iter()
+        .find(|t| t["id"] == id)
+        .unwrap_or_else(|| panic!("token {id} is not listed: {tokens}"))["usesLeft"]
+        .as_i64()
+        .expect("usesLeft")
+}
+
+/// One-use token, two `bcd join` at once, one per replica: the use is spent
+/// once, whichever replica comes second refuses with the token's reason.
+#[test]
+fn a_one_use_token_used_at_once_on_two_replicas_is_spent_once() {
+    let (a, b) = replicated(1);
+    let b = &b[0];
+    let token = a.token("node", &["--uses", "1"]);
+    let agents = [Agent::new(&a), Agent::new(b)];
+    let start = Barrier::new(agents.len());
+    let outputs: Vec<_> = std::thread::scope(|s| {
+        let joins: Vec<_> = agents
+            .iter()
+            .map(|agent| {
+                // Written before the barrier, so both processes start together.
+                let cmd = agent.token_join(&token, &[]);
+                let start = &start;
+                s.spawn(move || {
+                    start.wait();
+                    output_within(cmd, DEADLINE)
+                })
+            })
+            .collect();
+        joins
+            .into_iter()
+            .map(|j| j.join().expect("a join thread"))
+            .collect()
+    });
+    let joined: Vec<usize> = (0..2).filter(|&i| outputs[i].status.success()).collect();
+    assert_eq!(joined.len(), 1, "exactly one join succeeds: {outputs:?}");
+    let refused = 1 - joined[0];
+    assert_access_denied(&outputs[refused]);
+    agents[refused].assert_nothing_written();
+    // The shared database saw one join and one refusal, whichever replica
+    // is asked.
+    for cp in [&a, b] {
+        assert_eq!(cp.nodes().len(), 1);
+        assert_eq!(cp.refusal_reasons(), ["token-exhausted"]);
+        assert_eq!(uses_left(cp, &token), 0);
+    }
+    let node_id = agents[joined[0]].status_json()["nodeId"]
+        .as_str()
+        .expect("nodeId")
+        .to_owned();
+    let (winner, loser) = if joined[0] == 0 { (&a, b) } else { (b, &a) };
+    assert!(winner.log().contains(&node_id), "{}", winner.log());
+    assert!(
+        loser.log().contains("token-exhausted"),
+        "the refusing replica logs the reason: {}",
+        loser.log()
+    );
+}
+
+/// Where one Join went: (upstream, admitted or answered) per upstream.
+type Routed = Vec<(usize, bool)>;
+
+/// A TLS-terminating HTTPS server in this process (with the control plane's
+/// own server certificate) that forwards each Join to the replica its policy
+/// picks: bcd talks to one URL, the rounds go where the test says.
+struct RoutingProxy {
+    url: String,
+    /// Per forwarded Join, in order: each upstream it went to and whether
+    /// that one admitted or answered it (`false`: ACCESS_DENIED or a fault).
+    routed: Arc<Mutex<Vec<Routed>>>,
+    _server: InProcessServer,
+}
+
+impl RoutingProxy {
+    /// `agent`'s config pointed at each of `upstreams` in turn; `route` picks
+    /// the upstreams of each JoinRequest: it goes to all of them at once, and
+    /// bcd gets the first success (else the first answer).
+    fn start(
+        upstreams: &[&ControlPlane],
+        agent: &Agent,
+        route: fn(&JoinRequest) -> Vec<usize>,
+    ) -> Self {
+        let clients: Vec<Arc<Client>> = upstreams
+            .iter()
+            .map(|cp| {
+                agent.set_api(&cp.url);
+                let config = bcd::config::Config::load(&agent.config).expect("agent config");
+                Arc::new(Client::new(&config).expect("client"))
+            })
+            .collect();
+        let bundle = Bundle::load(upstreams[0].path()).expect("bundle");
+        let (chain, key) = bundle.tls_server_identity();
+        let mut tls = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("TLS versions")
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .expect("the server certificate");
+        tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let routed = Arc::new(Mutex::new(Vec::new()));
+        let log = routed.clone();
+        let handler = move |body: Bytes| {
+            let clients = clients.clone();
+            let log = log.clone();
+            async move {
+                let Ok(req) = JoinRequest::decode(body.as_ref()) else {
+                    return http::error_response(&ApiError::InvalidInput(
+                        "not a JoinRequest".into(),
+                    ));
+                };
+                let picked = route(&req);
+                // Spawned together, awaited in order: concurrent requests.
+                let sent: Vec<_> = picked
+                    .iter()
+                    .map(|&i| {
+                        let (client, req) = (clients[i].clone(), req.clone());
+                        tokio::spawn(async move { forward(&client, &req).await })
+                    })
+                    .collect();
+                let mut answers = Vec::new();
+                for answer in sent {
+                    answers.push(answer.await.unwrap_or_else(|e| {
+                        (
+                            false,
+                            http::error_response(&ApiError::Unavailable(e.to_string())),
+                        )
+                    }));
+                }
+                log.lock().expect("route log").push(
+                    picked
+                        .iter()
+                        .copied()
+                        .zip(answers.iter().map(|a| a.0))
+                        .collect(),
+                );
+                let first_ok = answers.iter().position(|a| a.0).unwrap_or(0);
+                answers.into_iter().nth(first_ok).map_or_else(
+                    || http::error_response(&ApiError::Unavailable("no upstream".into())),
+                    |a| a.1,
+                )
+            }
+        };
+        let router =
+            axum::Router::new().route(bc_wire::endpoints::JOIN, axum::routing::post(handler));
+        let server = InProcessServer::start(Arc::new(tls), router);
+        RoutingProxy {
+            url: server.url.clone(),
+            routed,
+            _server: server,
+        }
+    }
+
+    fn routed(&self) -> Vec<Routed> {
+        self.routed.lock().expect("route log").clone()
+    }
+}
+
+/// The upstream's answer, and whether it was a success.
+async fn forward(upstream: &Client, req: &JoinRequest) -> (bool, Response) {
+    match upstream.join(req).await {
+        Ok(resp) => (
+            true,
+            (
+                [(
+                    axum::http::header::CONTENT_TYPE,
+                    bc_wire::endpoints::CONTENT_TYPE,
+                )],
+                resp.encode_to_vec(),
+            )
+                .into_response(),
+        ),
+        Err(ClientError::AccessDenied) => (false, http::error_response(&ApiError::AccessDenied)),
+        Err(e) => (
+            false,
+            http::error_response(&ApiError::Unavailable(e.to_string())),
+        ),
+    }
+}
+
+fn is_answer(req: &JoinRequest) -> bool {
+    matches!(
+        TpmAttestation::decode(req.attestation.as_slice()).map(|a| a.round),
+        Ok(Some(tpm_attestation::Round::Answer(_)))
+    )
+}
+
+/// Round 1 (the hello) to upstream 0, round 2 (the answer) to upstream 1.
+fn hello_to_0_answer_to_1(req: &JoinRequest) -> Vec<usize> {
+    vec![usize::from(is_answer(req))]
+}
+
+/// Round 1 to upstream 0, round 2 to upstreams 0 and 1 at once: the same
+/// answer bytes replayed concurrently.
+fn answer_to_both(req: &JoinRequest) -> Vec<usize> {
+    if is_answer(req) {
+        vec![0, 1]
+    } else {
+        vec![0]
+    }
+}
+
+const CHALLENGE_SENT: &str = "tpm: EK verified, credential challenge sent";
+const NODE_JOINED: &str = "node joined";
+
+/// Round 2's state travels sealed under DIR/challenge.key, which replicas
+/// share, and its single use is a database row: replica B finishes the join
+/// replica A started, and A never hears of round 2.
+#[test]
+fn a_tpm_join_started_on_one_replica_finishes_on_another() {
+    let a = ControlPlane::start_trusting_test_maker_on(Backend::Postgres, "");
+    let b = a.replica();
+    let tpm = Swtpm::start();
+    let agent = Agent::with_tpm(&a, &tpm);
+    agent.allow_ek(&a);
+    let proxy = RoutingProxy::start(&[&a, &b], &agent, hello_to_0_answer_to_1);
+    agent.set_api(&proxy.url);
+    assert_ok(&agent.run(&["join", "--attestor", "tpm"]));
+    assert_eq!(
+        proxy.routed(),
+        [vec![(0, true)], vec![(1, true)]],
+        "round 1 went to A, round 2 to B"
+    );
+    let node_id = agent.status_json()["nodeId"]
+        .as_str()
+        .expect("nodeId")
+        .to_owned();
+
+    let (log_a, log_b) = (a.log(), b.log());
+    let count = |log: &str, needle: &str| log.lines().filter(|l| l.contains(needle)).count();
+    assert_eq!(
+        count(&log_a, CHALLENGE_SENT),
+        1,
+        "A sent the challenge: {log_a}"
+    );
+    assert_eq!(count(&log_b, CHALLENGE_SENT), 0, "B sent none: {log_b}");
+    assert_eq!(count(&log_a, NODE_JOINED), 0, "A admitted nothing: {log_a}");
+    assert!(
+        log_b
+            .lines()
+            .any(|l| l.contains(NODE_JOINED) && l.contains(&node_id)),
+        "B admitted the node: {log_b}"
+    );
+    assert_eq!(a.nodes().len(), 1);
+    // The node is the database's: it renews through A.
+    agent.set_api(&a.url);
+    assert_ok(&agent.run(&["node", "--once", "--renew-now"]));
+}
+
+/// The same round-2 answer sent at once to both replicas: its single use is
+/// a database row, so one admits the node and the other refuses the replay
+/// as `challenge-reused`.
+#[test]
+fn a_tpm_answer_replayed_concurrently_to_two_replicas_is_admitted_once() {
+    let a = ControlPlane::start_trusting_test_maker_on(Backend::Postgres, "");
+    let b = a.replica();
+    let tpm = Swtpm::start();
+    let agent = Agent::with_tpm(&a, &tpm);
+    agent.allow_ek(&a);
+    let proxy = RoutingProxy::start(&[&a, &b], &agent, answer_to_both);
+    agent.set_api(&proxy.url);
+    let out = a.refused_once(JOIN_REFUSED, "challenge-reused", || {
+        agent.run(&["join", "--attestor", "tpm"])
+    });
+    assert_ok(&out);
+    let routed = proxy.routed();
+    assert_eq!(routed.len(), 2, "{routed:?}");
+    let admitted: Vec<usize> = routed[1].iter().filter(|r| r.1).map(|r| r.0).collect();
+    assert_eq!(
+        admitted.len(),
+        1,
+        "one replica admits the answer: {routed:?}"
+    );
+    let refuser = if admitted[0] == 0 { &b } else { &a };
+    assert!(
+        refuser
+            .log()
+            .lines()
+            .any(|l| l.contains("join refused") && l.contains("challenge-reused")),
+        "{}",
+        refuser.log()
+    );
+    let joined = a
+        .events()
+        .into_iter()
+        .filter(|e| e["type"] == "node.joined")
+        .count();
+    assert_eq!(joined, 1);
+    assert_eq!(a.nodes().len(), 1);
+}
+
+/// `clock set` moves the database's clock, which every replica reads (the
+/// TLS verifier's and `Tx::now`): past the certificate's expiry, both
+/// refuse the renewal as `expired`, though their system clocks never moved.
+#[test]
+fn the_database_clock_is_every_replicas_clock() {
+    let (a, b) = replicated(1);
+    let b = &b[0];
+    let agent = Agent::new(&a);
+    assert_ok(&agent.join_with_token(&a.token("node", &[])));
+    // Before: B renews what A issued.
+    agent.set_api(&b.url);
+    assert_ok(&agent.run(&["node", "--once", "--renew-now"]));
+
+    // Set through B's CLI; A's handshakes and Renew see it too.
+    assert_ok(&b.cli(&["clock", "set", "--offset", "25h"]));
+    for cp in [&a, b] {
+        agent.set_api(&cp.url);
+        let out = cp.refused_once(RENEW_REFUSED, "expired", || {
+            agent.run(&["node", "--once", "--renew-now"])
+        });
+        assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+        assert!(
+            stderr(&out).contains("renewal refused by the control plane (Renew refused)"),
+            "{}",
+            stderr(&out)
+        );
+        let log = cp.log();
+        assert!(
+            log.lines()
+                .any(|l| l.contains("renew refused") && l.contains("expired")),
+            "{log}"
+        );
+    }
+}
+
+/// The test's own session on the control plane's database.
+struct PsqlSession {
+    child: Child,
+    stdin: ChildStdin,
+    out: std::io::Lines<BufReader<std::process::ChildStdout>>,
+}
+
+impl PsqlSession {
+    fn start(pg: &crate::pg_cluster::PgDb) -> Self {
+        let mut child = pg
+            .psql_session()
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start psql");
+        let stdin = child.stdin.take().expect("psql stdin");
+        let out = BufReader::new(child.stdout.take().expect("psql stdout")).lines();
+        PsqlSession { child, stdin, out }
+    }
+
+    /// Runs `sql`, then waits (under [`LINE_DEADLINE`]) for the line
+    /// `marker` it ends by selecting: the statements before it have run.
+    fn run(&mut self, sql: &str, marker: &str) {
+        writeln!(self.stdin, "{sql}\nSELECT '{marker}';").expect("write to psql");
+        self.stdin.flush().expect("flush psql");
+        let deadline = std::time::Instant::now() + LINE_DEADLINE;
+        loop {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "psql did not print {marker}"
+            );
+            match self.out.next() {
+                Some(Ok(line)) if line.trim() == marker => return,
+                Some(Ok(_)) => {}
+                other => panic!("psql ended before {marker}: {other:?}"),
+            }
+        }
+    }
+}
+
+impl Drop for PsqlSession {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `kill -9` of a replica in the middle of a join's transaction: the test's
+/// session holds `events` locked, so A's join blocks at its last statement
+/// (the `node.joined` event) with the node, its certificate and the token's
+/// use already written in its transaction. A dies there; the server rolls
+/// the transaction back when A's connection is found gone: nothing of the
+/// join is left, the token is unspent, and B admits the machine.
+#[test]
+fn kill_9_of_a_replica_mid_join_leaves_nothing_half_written() {
+    let (mut a, b) = replicated(1);
+    let b = &b[0];
+    let pg = a.pg.clone().expect("on PostgreSQL");
+    let token = a.token("node", &["--uses", "1"]);
+    let agent = Agent::new(&a);
+    let events_before = pg.psql("SELECT count(*) FROM events");
+
+    let mut lock = PsqlSession::start(&pg);
+    lock.run("BEGIN; LOCK TABLE events IN EXCLUSIVE MODE;", "locked");
+    let join = agent.token_join(&token, &[]);
+    let out = std::thread::scope(|s| {
+        let joining = s.spawn(move || output_within(join, DEADLINE));
+        // A's backend waiting on the lock: its join is at its last statement.
+        let backend = wait_for(|| {
+            let pid = pg.psql(
+                "SELECT pid FROM pg_locks WHERE NOT granted \
+                 AND relation = 'events'::regclass LIMIT 1",
+            );
+            (!pid.is_empty()).then_some(pid)
+        });
+        a.kill9();
+        // Released, A's blocked INSERT runs; the backend then finds its
+        // client gone instead of a COMMIT, and rolls back.
+        lock.run("COMMIT;", "released");
+        wait_for(|| {
+            let n = pg.psql(&format!(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = {backend}"
+            ));
+            (n == "0").then_some(())
+        });
+        joining.join().expect("the join thread")
+    });
+    assert!(!out.status.success(), "A died mid-join: {}", stdout(&out));
+    agent.assert_nothing_written();
+    assert!(
+        !a.log().contains(NODE_JOINED),
+        "A never finished: {}",
+        a.log()
+    );
+
+    // Nothing committed: no node, certificate, join or event; the use is back.
+    for table in ["nodes", "node_certs", "node_bindings", "joins"] {
+        assert_eq!(
+            pg.psql(&format!("SELECT count(*) FROM {table}")),
+            "0",
+            "{table}"
+        );
+    }
+    assert_eq!(pg.psql("SELECT count(*) FROM events"), events_before);
+    assert_eq!(uses_left(b, &token), 1);
+
+    agent.set_api(&b.url);
+    assert_ok(&agent.join_with_token(&token));
+    assert_eq!(b.nodes().len(), 1);
+    assert_eq!(uses_left(b, &token), 0);
+}
+
+/// A site's boot lease is a database row: held and renewed through A, taken
+/// over through B with a higher epoch once it lapses (database time), after
+/// which A's holder is fenced on A and an assertion under the old epoch is
+/// refused by either replica. (Machines and their fake sysfs: failpoints.)
+#[cfg(feature = "failpoints")]
+#[test]
+fn a_site_lease_renewed_on_one_replica_is_taken_over_on_another_with_a_higher_epoch() {
+    use crate::discovery::{
+        assert_refused_as, assert_site_refused, block_on, boot_add, cmdline, now_ms, site, Machine,
+        SiteNode, MAC, UUID,
+    };
+    let (a, b) = replicated(1);
+    let b = &b[0];
+    let site_id = site(&a, "dc1");
+    let on_a = SiteNode::join(&a, &site_id);
+    let on_b = SiteNode::join(b, &site_id);
+    let lease = on_a.acquire().expect("acquire on A");
+    assert!(lease.held);
+    let epoch = lease.epoch;
+    block_on(on_a.client().renew_lease(&site_id, epoch)).expect("renewed on A");
+    assert!(!on_b.acquire().expect("acquire on B").held, "A holds it");
+
+    // A's holder stops renewing; 31 s of database time later, B takes over.
+    assert_ok(&b.cli(&["clock", "set", "--offset", "31s"]));
+    let taken = on_b.acquire().expect("acquire on B");
+    assert!(taken.held);
+    assert_eq!(taken.epoch, epoch + 1);
+    assert_site_refused(
+        &a,
+        || block_on(on_a.client().renew_lease(&site_id, epoch)),
+        "lease-lost",
+    );
+
+    // Fresh at database time (31 s ahead of the system's).
+    let soon = |x: &mut bc_wire::site_v1::DiscoveryAssertion| {
+        x.issued_at_unix_ms = now_ms() + 31_000;
+        x.not_after_unix_ms = now_ms() + 600_000;
+    };
+    let token = on_b
+        .secret(&boot_add(b, "dc1", MAC, &[]))
+        .expect("B's holder gets the discovery token");
+    for cp in [&a, b] {
+        let machine = Machine::new(cp, MAC, UUID);
+        assert_refused_as(
+            cp,
+            || machine.boot(&cmdline(&token, &on_b.assertion(epoch, soon))),
+            "lease-epoch",
+        );
+        machine.agent.assert_nothing_written();
+    }
+    // The refusals spent nothing: under the new epoch, the machine joins via A.
+    let machine = Machine::new(&a, MAC, UUID);
+    assert_ok(&machine.boot(&cmdline(&token, &on_b.assertion(taken.epoch, soon))));
+}
