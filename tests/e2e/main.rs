@@ -6,6 +6,8 @@
 //! integration tests.
 
 mod harness;
+// Joins routed through a proxy to one control plane or several.
+mod joinproxy;
 // The tests' PostgreSQL server, the unit tests' file (one copy; not all of
 // it is used here).
 #[allow(dead_code)]

@@ -1,97 +1,14 @@
 //! A captured join cannot be replayed: a real `bcd join --attestor tpm`
-//! against swtpm goes through a recording proxy (TLS-terminating, with the
+//! against swtpm goes through the routing proxy (TLS-terminating, with the
 //! control plane's own server certificate, forwarding each Join to the real
 //! control plane), and the exact round-2 bytes bcd sent are sent again.
 
-use std::sync::{Arc, Mutex};
-
-use axum::body::Bytes;
-use axum::response::{IntoResponse, Response};
-use bc_controlplane::http;
-use bc_controlplane::join::ApiError;
-use bc_controlplane::pki::Bundle;
-use bc_wire::agent::{tpm_attestation, JoinRequest, TpmAttestation};
+use bc_wire::agent::JoinRequest;
 use bcd::client::{Client, ClientError};
 use prost::Message;
 
 use crate::harness::*;
-
-/// An HTTPS server in this process that records every Join body and
-/// forwards it, unchanged, to the control plane.
-struct RecordingProxy {
-    url: String,
-    seen: Arc<Mutex<Vec<Vec<u8>>>>,
-    _server: InProcessServer,
-}
-
-impl RecordingProxy {
-    /// Forwards with `agent`'s config as it is now (pointing at `cp`).
-    fn start(cp: &ControlPlane, agent: &Agent) -> Self {
-        let config = bcd::config::Config::load(&agent.config).expect("agent config");
-        let upstream = Arc::new(Client::new(&config).expect("client"));
-        let bundle = Bundle::load(cp.path()).expect("bundle");
-        let (chain, key) = bundle.tls_server_identity();
-        let mut tls = rustls::ServerConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(chain, key)
-        .unwrap();
-        tls.alpn_protocols = vec![b"http/1.1".to_vec()];
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let recorded = seen.clone();
-        let handler = move |body: Bytes| {
-            recorded.lock().unwrap().push(body.to_vec());
-            let upstream = upstream.clone();
-            async move { forward(&upstream, &body).await }
-        };
-        let router =
-            axum::Router::new().route(bc_wire::endpoints::JOIN, axum::routing::post(handler));
-        let server = InProcessServer::start(Arc::new(tls), router);
-        RecordingProxy {
-            url: server.url.clone(),
-            seen,
-            _server: server,
-        }
-    }
-
-    /// The recorded bodies whose attestation is a TPM round-2 answer.
-    fn answers(&self) -> Vec<Vec<u8>> {
-        self.seen
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|body| {
-                let req = JoinRequest::decode(body.as_slice()).expect("a JoinRequest");
-                matches!(
-                    TpmAttestation::decode(req.attestation.as_slice()).map(|a| a.round),
-                    Ok(Some(tpm_attestation::Round::Answer(_)))
-                )
-            })
-            .cloned()
-            .collect()
-    }
-}
-
-async fn forward(upstream: &Client, body: &[u8]) -> Response {
-    let Ok(req) = JoinRequest::decode(body) else {
-        return http::error_response(&ApiError::InvalidInput("not a JoinRequest".into()));
-    };
-    match upstream.join(&req).await {
-        Ok(resp) => (
-            [(
-                axum::http::header::CONTENT_TYPE,
-                bc_wire::endpoints::CONTENT_TYPE,
-            )],
-            resp.encode_to_vec(),
-        )
-            .into_response(),
-        Err(ClientError::AccessDenied) => http::error_response(&ApiError::AccessDenied),
-        Err(e) => http::error_response(&ApiError::Unavailable(e.to_string())),
-    }
-}
+use crate::joinproxy::RoutingProxy;
 
 #[test]
 fn a_replayed_tpm_answer_is_refused_and_the_node_keeps_renewing() {
@@ -99,7 +16,7 @@ fn a_replayed_tpm_answer_is_refused_and_the_node_keeps_renewing() {
     let tpm = Swtpm::start();
     let agent = Agent::with_tpm(&cp, &tpm);
     agent.allow_ek(&cp);
-    let proxy = RecordingProxy::start(&cp, &agent);
+    let proxy = RoutingProxy::start(&[&cp], &agent, |_| vec![0]);
     agent.set_api(&proxy.url);
     assert_ok(&agent.run(&["join", "--attestor", "tpm"]));
     agent.set_api(&cp.url);

@@ -339,3 +339,20 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     ALTER TABLE boot_entries ADD COLUMN ek_sha256 TEXT CHECK (ek_sha256 IS NULL OR length(ek_sha256) = 64);
     "#,
 ];
+
+/// How many of [`MIGRATIONS`] a database at schema `version` has applied;
+/// a version this build does not know (a newer bc-controlplane migrated it)
+/// is `too_new`, on either backend.
+pub(super) fn applied(
+    version: i64,
+    too_new: impl FnOnce(usize) -> super::DbError,
+) -> Result<usize, super::DbError> {
+    let applied = usize::try_from(version).map_err(|_| super::DbError::Corrupt {
+        what: "schema version",
+        detail: version.to_string(),
+    })?;
+    if applied > MIGRATIONS.len() {
+        return Err(too_new(MIGRATIONS.len()));
+    }
+    Ok(applied)
+}

@@ -156,17 +156,11 @@ fn run(client: &mut Client, server: &str, target: usize) -> Result<(), DbError> 
         None => None,
     };
     let version = found.unwrap_or(0);
-    let applied = usize::try_from(version).map_err(|_| DbError::Corrupt {
-        what: "schema version",
-        detail: version.to_string(),
+    let applied = super::migrations::applied(version, |known| DbError::TooNewPg {
+        server: server.to_owned(),
+        found: version,
+        known,
     })?;
-    if applied > MIGRATIONS.len() {
-        return Err(DbError::TooNewPg {
-            server: server.to_owned(),
-            found: version,
-            known: MIGRATIONS.len(),
-        });
-    }
     if applied >= target {
         return Ok(());
     }

@@ -263,17 +263,11 @@ fn migrate(path: &Path, conn: &Connection) -> Result<(), DbError> {
     conn.execute_batch("BEGIN IMMEDIATE")?;
     let result = (|| {
         let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
-        let applied = usize::try_from(version).map_err(|_| DbError::Corrupt {
-            what: "schema version",
-            detail: version.to_string(),
+        let applied = super::migrations::applied(version, |known| DbError::TooNew {
+            path: path.to_owned(),
+            found: version,
+            known,
         })?;
-        if applied > MIGRATIONS.len() {
-            return Err(DbError::TooNew {
-                path: path.to_owned(),
-                found: version,
-                known: MIGRATIONS.len(),
-            });
-        }
         for (i, sql) in MIGRATIONS.iter().enumerate().skip(applied) {
             conn.execute_batch(sql)?;
             conn.pragma_update(None, "user_version", i + 1)?;
