@@ -286,8 +286,10 @@ fn a_broken_connection_leaves_the_pool() {
     };
     let first = pid(&t.db).unwrap();
     let pg = t.pg.as_ref().unwrap();
+    // With a timeout the call returns once the backend is gone (without,
+    // the backend may still answer one more query: a race).
     assert_eq!(
-        pg.psql(&format!("SELECT pg_terminate_backend({first})")),
+        pg.psql(&format!("SELECT pg_terminate_backend({first}, 10000)")),
         "t"
     );
     // The pooled connection learns it is closed on its next use (an
