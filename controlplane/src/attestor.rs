@@ -443,7 +443,7 @@ impl Refusal {
 impl From<crate::store::DbError> for Refusal {
     fn from(e: crate::store::DbError) -> Self {
         Refusal::fault(match e {
-            crate::store::DbError::Busy => Fault::Unavailable(e.to_string()),
+            e if e.is_transient() => Fault::Unavailable(e.to_string()),
             other => Fault::Internal(other.to_string()),
         })
     }

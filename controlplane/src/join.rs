@@ -149,7 +149,7 @@ impl ApiError {
 impl From<DbError> for ApiError {
     fn from(e: DbError) -> Self {
         match e {
-            DbError::Busy => ApiError::Unavailable(e.to_string()),
+            e if e.is_transient() => ApiError::Unavailable(e.to_string()),
             other => ApiError::Internal(other.to_string()),
         }
     }

@@ -39,6 +39,8 @@ pub mod nodes;
 mod pg_cluster;
 pub mod pki;
 pub mod pools;
+#[cfg(test)]
+mod race_tests;
 pub mod reasons;
 pub mod records;
 pub mod renew;

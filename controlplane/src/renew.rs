@@ -168,10 +168,13 @@ impl JoinService {
         req: &RenewRequest,
     ) -> Result<Renewed, Stop> {
         let node_id = identity.node_id.as_str();
-        let cert =
-            records::cert_by_der(tx, node_id, leaf)?.ok_or(Stop::Refused(UNKNOWN_CERTIFICATE))?;
+        // PG: the node's row first, `FOR UPDATE`: a revoke, reclaim or delete
+        // commits before this reads the certificate, or waits for this
+        // renewal (never a fresh certificate of an ended generation).
         let node = records::node_including_deleted_for_update(tx, node_id)?
             .ok_or(Stop::Refused(UNKNOWN_CERTIFICATE))?;
+        let cert =
+            records::cert_by_der(tx, node_id, leaf)?.ok_or(Stop::Refused(UNKNOWN_CERTIFICATE))?;
         if node.deleted_at.is_some() {
             return Err(Stop::Refused(DELETED));
         }

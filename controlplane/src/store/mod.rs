@@ -6,8 +6,9 @@
 //! instead of failing; every write in a `BEGIN IMMEDIATE` transaction so that
 //! the write lock is taken before anything is read (a join's token row cannot
 //! change between its check and its use). Or, when `[database]` names one,
-//! a PostgreSQL server ([`pg`], docs/pg-plan.md §3), where one global
-//! advisory lock per write transaction keeps the same one writer at a time.
+//! a PostgreSQL server ([`pg`], docs/pg-plan.md §3), where writers run side
+//! by side and each check-then-write takes its own lock ([`Tx::lock`], a
+//! `for_update`/`for_share` read or a unique index; `PG:` comments).
 //!
 //! Callers see only [`Store`], [`Tx`], [`Value`] and [`Row`], never the
 //! driver, so that both backends sit behind the same calls. Rows are owned:
@@ -97,6 +98,23 @@ pub enum DbError {
     },
     #[error("applying migration {number} on PostgreSQL: {source}")]
     Migration { number: usize, source: PgError },
+    #[error("database: {what} changed under this transaction; try again")]
+    Conflict { what: &'static str },
+    #[error("database: a statement of the transaction failed, so nothing of it was written")]
+    Aborted,
+}
+
+impl DbError {
+    /// Worth trying again later: the database was busy, or the transaction
+    /// kept losing races to others (the caller says "unavailable", not
+    /// "internal error").
+    pub fn is_transient(&self) -> bool {
+        match self {
+            DbError::Busy | DbError::Conflict { .. } => true,
+            DbError::Pg(e) => e.is_transient(),
+            _ => false,
+        }
+    }
 }
 
 /// The SQL fragments that differ between backends; every one is empty on
@@ -461,10 +479,10 @@ impl Store {
     }
 
     /// Runs `f` inside one write transaction (`BEGIN IMMEDIATE`; on
-    /// PostgreSQL one global advisory lock first, the same one writer at a
-    /// time) and commits if it returns `Ok`; an `Err` rolls everything back.
-    /// PostgreSQL re-runs `f` after a serialization failure or deadlock, so
-    /// `f` must do everything inside the transaction.
+    /// PostgreSQL READ COMMITTED, with the locks `f` takes) and commits if it
+    /// returns `Ok`; an `Err` rolls everything back. PostgreSQL re-runs `f`
+    /// after a serialization failure, deadlock, unique violation or
+    /// [`Tx::conflict`], so `f` must do everything inside the transaction.
     pub fn write<T, E>(&self, mut f: impl FnMut(&Tx<'_>) -> Result<T, E>) -> Result<T, E>
     where
         E: From<DbError>,
@@ -621,6 +639,17 @@ impl<'c> Tx<'c> {
             Conn::Sqlite(_) => Ok(()),
             Conn::Pg(c) => c.lock(keys),
         }
+    }
+
+    /// The error for a row that changed between this transaction's read and
+    /// its write (an UPDATE that found its `WHERE` no longer true). On
+    /// PostgreSQL the transaction runs again and decides on what the other
+    /// committed; SQLite's one writer cannot see it, so there it is a fault.
+    pub fn conflict(&self, what: &'static str) -> DbError {
+        if let Conn::Pg(c) = self.conn {
+            c.conflict();
+        }
+        DbError::Conflict { what }
     }
 
     pub fn dialect(&self) -> Dialect {

@@ -2,10 +2,13 @@
 //! file that speaks the `postgres` driver.
 //!
 //! A bounded pool of sync clients (the call sites are `spawn_blocking`,
-//! threads and the CLI, as with SQLite). Every write transaction first takes
-//! one global advisory lock, so writers run one at a time exactly as under
-//! SQLite's `BEGIN IMMEDIATE` and every check-then-write stays correct
-//! before the per-site locks (plan step 6) exist.
+//! threads and the CLI, as with SQLite). Write transactions run at READ
+//! COMMITTED side by side: each check-then-write that SQLite's
+//! `BEGIN IMMEDIATE` serialises takes its own lock where it reads (a row
+//! lock, an advisory lock on a name, or a unique index; every such place
+//! says `PG:` in a comment, docs/pg-plan.md §1.2), and a transaction that
+//! loses a serialization, deadlock or uniqueness race runs again from the
+//! start, so it sees what the winner committed.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -30,8 +33,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const SESSION_SETUP: &str = "SET lock_timeout = '10s'; \
      SET idle_in_transaction_session_timeout = '60s'; \
      SET application_name = 'bc-controlplane'";
-/// Attempts of a write transaction that hit a serialization failure or a
-/// deadlock (SQLSTATE 40001/40P01).
+/// Attempts of a write transaction that hit a serialization failure, a
+/// deadlock or a unique violation (SQLSTATE 40001/40P01/23505).
 const WRITE_ATTEMPTS: usize = 5;
 /// Statements kept prepared per connection; past it the cache starts over.
 const STATEMENT_CACHE_MAX: usize = 256;
@@ -57,6 +60,19 @@ impl PgError {
     pub(crate) fn from_driver(e: postgres::Error) -> Self {
         PgError(e)
     }
+
+    /// A race lost to another transaction (what [`Pool::write`] retries).
+    pub(crate) fn is_transient(&self) -> bool {
+        self.0.code().is_some_and(is_race)
+    }
+}
+
+/// Serialization failure, deadlock, unique violation: another transaction
+/// won; this one may run again and see what it committed.
+fn is_race(c: &SqlState) -> bool {
+    *c == SqlState::T_R_SERIALIZATION_FAILURE
+        || *c == SqlState::T_R_DEADLOCK_DETECTED
+        || *c == SqlState::UNIQUE_VIOLATION
 }
 
 impl DbError {
@@ -84,10 +100,22 @@ pub(crate) fn lock_id(namespace: &str, key: &str) -> i64 {
     i64::from_be_bytes(b)
 }
 
-/// The lock every write transaction takes first (step 5: one writer at a
-/// time, as SQLite's `BEGIN IMMEDIATE`).
-fn global_write_lock() -> i64 {
-    lock_id("bcd", "write")
+#[cfg(test)]
+thread_local! {
+    /// What a write transaction on this thread runs just before its COMMIT
+    /// (the race tests: one transaction waits there, its writes made and
+    /// its locks held, while another runs into them).
+    pub(crate) static BEFORE_COMMIT: RefCell<Option<Box<dyn FnMut()>>> =
+        const { RefCell::new(None) };
+}
+
+#[cfg(test)]
+fn before_commit() {
+    BEFORE_COMMIT.with(|h| {
+        if let Some(f) = h.borrow_mut().as_mut() {
+            f();
+        }
+    });
 }
 
 /// How connections are made: the driver's config (password included) and
@@ -117,6 +145,7 @@ impl Connector {
             client,
             stmts: HashMap::new(),
             retry: false,
+            failed: false,
             broken: false,
         })
     }
@@ -311,9 +340,12 @@ impl Pool {
         Ok(out)
     }
 
-    /// `f` inside one write transaction, which first takes the global write
-    /// lock; committed when `f` says so. A serialization failure or deadlock
-    /// re-runs `f` (≤ [`WRITE_ATTEMPTS`] times, after a short random pause).
+    /// `f` inside one write transaction, committed when `f` says so. A
+    /// serialization failure, deadlock, unique violation or
+    /// [`Conn::conflict`] re-runs `f` (≤ [`WRITE_ATTEMPTS`] times, after a
+    /// short random pause): the re-run reads what the other transaction
+    /// committed and decides again (a second site of one name finds the
+    /// first and says so).
     pub(crate) fn write<T, E>(
         &self,
         mut f: impl FnMut(Conn<'_>) -> Result<(T, Commit), E>,
@@ -326,30 +358,49 @@ impl Pool {
             attempt += 1;
             let lease = self.checkout()?;
             let conn = lease.conn();
-            conn.session().retry = false;
-            let result: Result<T, E> = (|| {
-                conn.batch("BEGIN ISOLATION LEVEL READ COMMITTED")?;
-                conn.execute(
-                    "SELECT pg_advisory_xact_lock(?1)",
-                    &[Value::Int(global_write_lock())],
-                )?;
-                let (out, commit) = f(conn)?;
-                match commit {
-                    Commit::Yes => conn.end("COMMIT")?,
-                    Commit::No => conn.end("ROLLBACK")?,
+            {
+                let mut s = conn.session();
+                s.retry = false;
+                s.failed = false;
+            }
+            let outcome = match conn.batch("BEGIN ISOLATION LEVEL READ COMMITTED") {
+                Ok(()) => f(conn),
+                Err(e) => Err(E::from(e)),
+            };
+            // A lost race counts even where `f` turned the error into an
+            // answer (an attestor's DbError is a refusal): that answer was
+            // decided on a transaction PostgreSQL aborted.
+            let (retry, failed) = {
+                let s = conn.session();
+                (s.retry, s.failed)
+            };
+            let ended = match outcome {
+                _ if retry && attempt < WRITE_ATTEMPTS => None,
+                Ok((out, Commit::Yes)) if !failed => {
+                    #[cfg(test)]
+                    before_commit();
+                    Some(conn.end("COMMIT").map(|()| out))
                 }
-                Ok(out)
-            })();
-            match result {
-                Ok(out) => return Ok(out),
+                // COMMIT of an aborted transaction rolls back without an
+                // error: never report writes that did not happen.
+                Ok((_, Commit::Yes)) => Some(Err(DbError::Aborted)),
+                Ok((out, Commit::No)) => Some(conn.end("ROLLBACK").map(|()| out)),
                 Err(e) => {
-                    let retry = conn.session().retry;
-                    // Ends a failed or abandoned transaction; a connection
-                    // that cannot is dropped.
                     let _ = conn.end("ROLLBACK");
-                    if !retry || attempt >= WRITE_ATTEMPTS {
-                        return Err(e);
-                    }
+                    return Err(e);
+                }
+            };
+            match ended {
+                Some(Ok(out)) => return Ok(out),
+                // A COMMIT that lost a race runs the whole transaction again.
+                Some(Err(e)) if !(conn.session().retry && attempt < WRITE_ATTEMPTS) => {
+                    let _ = conn.end("ROLLBACK");
+                    return Err(e.into());
+                }
+                // Ends the failed or abandoned transaction; a connection
+                // that cannot is dropped.
+                _ => {
+                    let _ = conn.end("ROLLBACK");
                 }
             }
             drop(lease);
@@ -451,8 +502,12 @@ struct Session {
     client: Client,
     /// By the `?N` text.
     stmts: HashMap<String, Statement>,
-    /// The last error was a serialization failure or deadlock.
+    /// The last error was a serialization failure, deadlock, unique
+    /// violation or a [`Conn::conflict`]: the transaction may run again.
     retry: bool,
+    /// A statement of the current transaction failed, so PostgreSQL has
+    /// aborted it.
+    failed: bool,
     /// Not to be reused (a lost connection, a failed ROLLBACK).
     broken: bool,
 }
@@ -475,14 +530,12 @@ impl Session {
 
     /// Maps a driver error, noting what it means for this connection.
     fn error(&mut self, e: postgres::Error) -> DbError {
+        self.failed = true;
         if self.client.is_closed() || e.is_closed() {
             self.broken = true;
         }
         match e.code() {
-            Some(c)
-                if *c == SqlState::T_R_SERIALIZATION_FAILURE
-                    || *c == SqlState::T_R_DEADLOCK_DETECTED =>
-            {
+            Some(c) if is_race(c) => {
                 self.retry = true;
                 DbError::Pg(PgError(e))
             }
@@ -517,6 +570,11 @@ impl Conn<'_> {
             self.session().broken = true;
         }
         r
+    }
+
+    /// Marks the transaction as one to run again ([`super::Tx::conflict`]).
+    pub(crate) fn conflict(&self) {
+        self.session().retry = true;
     }
 
     pub(crate) fn execute(&self, sql: &str, params: &[Value]) -> Result<usize, DbError> {

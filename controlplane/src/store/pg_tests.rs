@@ -342,3 +342,18 @@ fn a_full_pool_makes_a_checkout_wait_then_busy() {
         .unwrap();
     assert_eq!(v, "v");
 }
+
+/// PostgreSQL aborts a transaction at its first failed statement, and its
+/// COMMIT then rolls back without an error: a caller that dropped the error
+/// and asked to commit is told nothing was written.
+#[test]
+fn a_write_that_dropped_a_failed_statement_reports_nothing_written() {
+    let t = temp_db_on(Backend::Postgres);
+    let r = t.db.write(|tx| {
+        set_clock_offset_ms(tx, 5)?;
+        let _ = tx.execute("SELECT no_such_column FROM settings", params![]);
+        Ok::<_, DbError>(())
+    });
+    assert!(matches!(r, Err(DbError::Aborted)), "{r:?}");
+    assert_eq!(t.db.read(clock_offset_ms).unwrap(), 0);
+}

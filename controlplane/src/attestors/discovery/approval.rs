@@ -31,7 +31,7 @@ use std::net::IpAddr;
 use crate::attestor::{AttestInput, Deferral, Refusal};
 use crate::attestors::tpm::enroll::{self, JoinRequestRow};
 use crate::boot::BootEntry;
-use crate::store::{params, DbError, Tx};
+use crate::store::{params, DbError, LockKey, Tx};
 
 pub const APPROVAL_DENIED: &str = "approval-denied";
 pub const APPROVAL_BUSY: &str = "approval-busy";
@@ -82,6 +82,13 @@ pub fn gate(tx: &Tx<'_>, p: &Pending<'_>) -> Result<Gate, Refusal> {
             retry_after_seconds: p.retry_after_seconds,
         })
     };
+    // PG: an advisory lock on the boot entry's requests (`""` for a token no
+    // entry minted): the count below and the insert after it are one step,
+    // so concurrent joins of one entry cannot file more than its maximum.
+    tx.lock(&[LockKey {
+        namespace: "discovery-requests",
+        key: workflow.unwrap_or(""),
+    }])?;
     match open_request(tx, workflow, p.ek.map(|e| e.sha256.as_str()), &node_key)? {
         Some(req) => match req.status.as_str() {
             enroll::STATUS_PENDING => Ok(pending(&req)),

@@ -283,11 +283,17 @@ pub fn insert_pending(
 
 /// Marks an approved request as having admitted its machine.
 pub fn mark_used(tx: &Tx<'_>, id: &str, now: UnixMs) -> Result<(), DbError> {
-    tx.execute(
+    let n = tx.execute(
         "UPDATE join_requests SET used_at = ?2 WHERE id = ?1 AND used_at IS NULL",
         params![id, now],
     )?;
-    Ok(())
+    // PG: another join used it between our read and this write (its row
+    // lock made us wait): run again, and find it used.
+    if n == 1 {
+        Ok(())
+    } else {
+        Err(tx.conflict("an approved join request"))
+    }
 }
 
 /// Approves a pending request, optionally into `pool` (else the pool it
