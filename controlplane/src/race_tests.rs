@@ -20,7 +20,7 @@ use crate::attestors::tpm::enroll;
 use crate::sites::{self, LeaseOutcome};
 use crate::store::pg::BEFORE_COMMIT;
 use crate::store::{params, DbError, Store};
-use crate::test_support::{insert_node, temp_db_on, Backend, TempDb};
+use crate::test_support::{cp_on, insert_node, key, plain_csr, temp_db_on, Backend, TempDb};
 use crate::{boot, nodes, pools, tokens};
 
 /// Longer than any wait here can take on a loaded machine; only a bug
@@ -35,7 +35,17 @@ fn race<A: Send, B: Send>(
     a: impl FnOnce(&Store) -> A + Send,
     b: impl FnOnce(&Store) -> B + Send,
 ) -> (A, B) {
-    let (store_a, store_b, poll) = (t.reopen(), t.reopen(), t.reopen());
+    let (store_a, store_b) = (t.reopen(), t.reopen());
+    race_polling(t.reopen(), move || a(&store_a), move || b(&store_b))
+}
+
+/// As [`race`], for `a` and `b` that bring their own database (two joins
+/// through one JoinService); `poll` watches for lock waits.
+fn race_polling<A: Send, B: Send>(
+    poll: Store,
+    a: impl FnOnce() -> A + Send,
+    b: impl FnOnce() -> B + Send,
+) -> (A, B) {
     let (a_at_commit, a_waiting) = mpsc::channel::<()>();
     let b_past_checks = Arc::new(AtomicBool::new(false));
     std::thread::scope(|s| {
@@ -54,7 +64,7 @@ fn race<A: Send, B: Send>(
                 }
             };
             BEFORE_COMMIT.with(|h| *h.borrow_mut() = Some(Box::new(hook)));
-            let out = a(&store_a);
+            let out = a();
             BEFORE_COMMIT.with(|h| *h.borrow_mut() = None);
             out
         });
@@ -67,7 +77,7 @@ fn race<A: Send, B: Send>(
             BEFORE_COMMIT.with(|h| {
                 *h.borrow_mut() = Some(Box::new(move || at_commit.store(true, Ordering::SeqCst)))
             });
-            let out = b(&store_b);
+            let out = b();
             BEFORE_COMMIT.with(|h| *h.borrow_mut() = None);
             b_done.store(true, Ordering::SeqCst);
             out
@@ -267,4 +277,62 @@ fn get_secret_at_once_mints_no_token_past_the_entrys_limit() {
     let (a, b) = race(&t, issue, issue);
     assert!(a, "the 32nd token is minted");
     assert!(!b, "a 33rd is not");
+}
+
+/// One machine, two provisioned tokens for its product UUID, two joins at
+/// once: one node (`hw:`/`uuid:` advisory locks in JoinService::admit; no
+/// unique index can say "one live holder").
+#[test]
+fn one_machine_joining_twice_at_once_becomes_one_node() {
+    const UUID: &str = "4c4c4544-0042-3510-8052-b4c04f4e4d32";
+    let cp = cp_on(Backend::Postgres);
+    let request = || {
+        let scope = tokens::TokenScope {
+            expect: crate::attestor::Expect {
+                product_uuid: Some(UUID.to_owned()),
+                mac: None,
+            },
+            ..tokens::TokenScope::default()
+        };
+        let (token, _) = cp
+            .db()
+            .write(|tx| tokens::insert_token(tx, "provisioned", 1, 60_000, &scope))
+            .unwrap();
+        let csr = plain_csr(&key());
+        bc_wire::agent::JoinRequest {
+            sealed_token: cp.seal_token(&csr, &token.expose()),
+            csr,
+            role: Role::Node as i32,
+            attestor: "provisioned".to_owned(),
+            claims: Some(bc_wire::agent::HardwareClaims {
+                product_uuid: UUID.to_owned(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    };
+    let (req_a, req_b) = (request(), request());
+    let config = crate::config::load(cp.path()).unwrap();
+    let poll = Store::open_configured(cp.path(), config.database.as_ref()).unwrap();
+    let (a, b) = race_polling(poll, || cp.svc.join(req_a), || cp.svc.join(req_b));
+    assert!(a.is_ok(), "{a:?}");
+    assert!(
+        matches!(b, Err(crate::join::ApiError::AccessDenied)),
+        "the second join of the machine is refused: {b:?}"
+    );
+    let nodes: i64 = cp
+        .db()
+        .read(|tx| {
+            tx.query_one("SELECT count(*) FROM nodes", params![])?
+                .get(0)
+        })
+        .unwrap();
+    assert_eq!(nodes, 1);
+    let refused: Vec<_> = crate::records::list_events(cp.db())
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.kind == crate::records::EVENT_JOIN_REFUSED)
+        .filter_map(|e| e.reason)
+        .collect();
+    assert_eq!(refused, [crate::hardware::RECLAIM]);
 }
