@@ -336,3 +336,46 @@ fn one_machine_joining_twice_at_once_becomes_one_node() {
         .collect();
     assert_eq!(refused, [crate::hardware::RECLAIM]);
 }
+
+/// An entry's pending discovery requests stay within their maximum however
+/// many unknown machines join at once (the `discovery-requests:` advisory
+/// lock over the count and the insert).
+#[test]
+fn unknown_machines_joining_at_once_file_no_request_past_the_maximum() {
+    use crate::attestor::{AttestInput, Deferral, Prepared};
+    use crate::attestors::discovery::approval::{self, Gate, Pending, MAX_PENDING_PER_ENTRY};
+    let t = pg();
+    let claims = bc_wire::agent::HardwareClaims::default();
+    let gate = |db: &Store, key: u8| {
+        let input = AttestInput {
+            role: Role::Ramdisk,
+            evidence: &[],
+            token: None,
+            csr_der: &[],
+            csr_sha256: [0; 32],
+            csr_spki_der: &[],
+            csr_spki_sha256: [key; 32],
+            claims: &claims,
+            tpm: None,
+            now: 1_000,
+            source: None,
+            prepared: &Prepared::default(),
+        };
+        let pending = Pending {
+            input: &input,
+            entry: None,
+            mac: "52:54:00:12:34:56",
+            ek: None,
+            retry_after_seconds: 7,
+        };
+        db.write(|tx| approval::gate(tx, &pending))
+            .map(|g| matches!(g, Gate::Wait(Deferral::Pending { .. })))
+            .map_err(|r| r.reason)
+    };
+    for key in 1..MAX_PENDING_PER_ENTRY {
+        assert_eq!(gate(&t.db, u8::try_from(key).unwrap()), Ok(true));
+    }
+    let (a, b) = race(&t, |db| gate(db, 100), |db| gate(db, 101));
+    assert_eq!(a, Ok(true), "the last request the entry may have is filed");
+    assert_eq!(b, Err(approval::APPROVAL_BUSY.to_owned()));
+}
