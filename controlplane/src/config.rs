@@ -76,7 +76,10 @@ use crate::attestors::tpm::{NodeKeyPolicy, TpmConfig, MAX_CHALLENGE_TTL_MS};
 use crate::attestors::x509pop::X509PopConfig;
 
 mod database;
-pub use database::{DatabaseConfig, DbPassword, MAX_DB_CONNECTIONS};
+pub use database::{
+    DatabaseConfig, DatabaseOverrides, DbPassword, CA_FILE_ENV, MAX_DB_CONNECTIONS,
+    PASSWORD_FILE_ENV, URL_ENV, URL_FLAG,
+};
 
 pub const CONFIG_FILE: &str = "controlplane.toml";
 
@@ -228,6 +231,13 @@ pub enum ConfigError {
     Invalid {
         path: PathBuf,
         line: Option<usize>,
+        message: String,
+    },
+    /// A setting from the command line or the environment, which `origin`
+    /// names (`--database-url`, `BC_CONTROLPLANE_DATABASE_URL`).
+    #[error("{origin}: {message}")]
+    Setting {
+        origin: &'static str,
         message: String,
     },
 }
@@ -389,6 +399,16 @@ pub fn load(dir: &Path) -> Result<Config, ConfigError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Config::default()),
         Err(source) => Err(ConfigError::Io { path, source }),
     }
+}
+
+/// [`load`], with the database the command line and the environment name
+/// (`--database-url` and the `BC_CONTROLPLANE_DATABASE_*` variables) over
+/// the file's `[database]`: what every command that opens DIR's database
+/// reads.
+pub fn load_with(dir: &Path, overrides: &DatabaseOverrides) -> Result<Config, ConfigError> {
+    let mut config = load(dir)?;
+    config.database = overrides.apply(dir, config.database.take())?;
+    Ok(config)
 }
 
 /// Parses the text of `path`.

@@ -174,14 +174,29 @@ struct PoolState {
 
 impl Pool {
     /// Connects to `cfg.url` (the password from `password_file`, TLS with
-    /// `ca_file`'s roots) and migrates the database.
-    pub(crate) fn open(dir: &std::path::Path, cfg: &DatabaseConfig) -> Result<Self, DbError> {
+    /// `ca_file`'s roots) and migrates the database; also what the
+    /// migration did.
+    pub(crate) fn open(
+        dir: &std::path::Path,
+        cfg: &DatabaseConfig,
+    ) -> Result<(Self, super::SchemaChange), DbError> {
+        let pool = Pool::open_unmigrated(dir, cfg)?;
+        let change = super::pg_schema::migrate(&pool)?;
+        Ok((pool, change))
+    }
+
+    /// Connects as [`Pool::open`] does, migrating nothing. The password is
+    /// wiped when this returns; the driver's config keeps a copy of its own
+    /// (a plain `Vec<u8>`, no wipe on drop: `postgres::Config` offers no
+    /// way to reach it) for every new connection's authentication.
+    pub(crate) fn open_unmigrated(
+        dir: &std::path::Path,
+        cfg: &DatabaseConfig,
+    ) -> Result<Self, DbError> {
         let password = cfg
             .password(dir)
             .map_err(|e| DbError::PgConfig(e.to_string()))?;
-        let pool = Pool::connect_only(cfg, password.as_ref())?;
-        super::pg_schema::migrate(&pool)?;
-        Ok(pool)
+        Pool::connect_only(cfg, password.as_ref())
     }
 
     pub(crate) fn connect_only(
