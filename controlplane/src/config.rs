@@ -64,6 +64,10 @@
 //!                                   # sslmode=disable, which only a loopback host or a Unix socket may use
 //! max_connections = 8               # the pool (1 to 256; default 2 × cores + 4)
 //! ```
+//!
+//! `--database-url` and `BC_CONTROLPLANE_DATABASE_URL` win over `url` (the
+//! flag first), `BC_CONTROLPLANE_DATABASE_PASSWORD_FILE` and `_CA_FILE` over
+//! their keys; with no `[database]` they make one ([`load_with`]).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
