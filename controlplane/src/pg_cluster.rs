@@ -106,6 +106,13 @@ impl PgCluster {
         self.dir.join("ca.crt")
     }
 
+    /// The directory of the server's Unix socket (`.s.PGSQL.PORT`), where
+    /// any local user is trusted: a `sslmode=disable` URL's host.
+    #[allow(dead_code)]
+    pub fn socket_dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// The server's TCP port on 127.0.0.1.
     pub fn port(&self) -> u16 {
         self.port

@@ -240,6 +240,47 @@ fn the_flag_wins_over_the_file_and_keeps_its_password_and_ca() {
     assert_eq!(json(&out)["applied"], 0);
 }
 
+/// No `[database]`, no variables: a plain-text URL to the server's Unix
+/// socket (loopback only) is all it takes.
+#[test]
+fn the_flag_alone_reaches_a_local_socket_in_plain_text() {
+    let cp = ControlPlane::init_only_on(Backend::Sqlite);
+    let want = latest(cp.path());
+    let cluster = PgCluster::shared();
+    let pg = cluster.database();
+    let socket = cluster
+        .socket_dir()
+        .display()
+        .to_string()
+        .replace('/', "%2F");
+    let url = format!(
+        "postgres://bcd@{socket}:{}/{}?sslmode=disable",
+        cluster.port(),
+        pg.name
+    );
+    let out = bc(
+        cp.path(),
+        &["migrate", "--json", "--database-url", &url],
+        &[],
+    );
+    assert_ok(&out);
+    let v = json(&out);
+    assert_eq!(
+        (v["from"].as_u64(), v["to"].as_u64()),
+        (Some(0), Some(want))
+    );
+    assert_eq!(pg.psql("SELECT version FROM bcd_schema"), want.to_string());
+    // The same URL to a host that is not local is refused.
+    let remote = format!("postgres://bcd@db.example/{}?sslmode=disable", pg.name);
+    let out = bc(cp.path(), &["migrate", "--database-url", &remote], &[]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("--database-url: sslmode=disable"),
+        "{}",
+        stderr(&out)
+    );
+}
+
 #[test]
 fn a_password_in_a_url_is_refused_from_argv_and_env_without_echoing_it() {
     let cp = ControlPlane::init_only_on(Backend::Sqlite);
