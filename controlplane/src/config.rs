@@ -64,6 +64,10 @@
 //!                                   # sslmode=disable, which only a loopback host or a Unix socket may use
 //! max_connections = 8               # the pool (1 to 256; default 2 × cores + 4)
 //! ```
+//!
+//! `--database-url` and `BC_CONTROLPLANE_DATABASE_URL` win over `url` (the
+//! flag first), `BC_CONTROLPLANE_DATABASE_PASSWORD_FILE` and `_CA_FILE` over
+//! their keys; with no `[database]` they make one ([`load_with`]).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -76,7 +80,10 @@ use crate::attestors::tpm::{NodeKeyPolicy, TpmConfig, MAX_CHALLENGE_TTL_MS};
 use crate::attestors::x509pop::X509PopConfig;
 
 mod database;
-pub use database::{DatabaseConfig, DbPassword, MAX_DB_CONNECTIONS};
+pub use database::{
+    DatabaseConfig, DatabaseOverrides, DbPassword, CA_FILE_ENV, MAX_DB_CONNECTIONS,
+    PASSWORD_FILE_ENV, URL_ENV, URL_FLAG,
+};
 
 pub const CONFIG_FILE: &str = "controlplane.toml";
 
@@ -228,6 +235,13 @@ pub enum ConfigError {
     Invalid {
         path: PathBuf,
         line: Option<usize>,
+        message: String,
+    },
+    /// A setting from the command line or the environment, which `origin`
+    /// names (`--database-url`, `BC_CONTROLPLANE_DATABASE_URL`).
+    #[error("{origin}: {message}")]
+    Setting {
+        origin: &'static str,
         message: String,
     },
 }
@@ -389,6 +403,16 @@ pub fn load(dir: &Path) -> Result<Config, ConfigError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Config::default()),
         Err(source) => Err(ConfigError::Io { path, source }),
     }
+}
+
+/// [`load`], with the database the command line and the environment name
+/// (`--database-url` and the `BC_CONTROLPLANE_DATABASE_*` variables) over
+/// the file's `[database]`: what every command that opens DIR's database
+/// reads.
+pub fn load_with(dir: &Path, overrides: &DatabaseOverrides) -> Result<Config, ConfigError> {
+    let mut config = load(dir)?;
+    config.database = overrides.apply(dir, config.database.take())?;
+    Ok(config)
 }
 
 /// Parses the text of `path`.

@@ -212,7 +212,12 @@ impl JoinService {
     /// (created if DIR predates it), opens (and migrates) its database, and
     /// registers the attestors `serve` runs: `join-token`, `tpm` and `x509pop`.
     pub fn open(dir: &Path) -> Result<Self, OpenError> {
-        let config = crate::config::load(dir)?;
+        Self::open_with(dir, crate::config::load(dir)?)
+    }
+
+    /// As [`JoinService::open`], with DIR's config already loaded (and its
+    /// database perhaps named by `--database-url`).
+    pub fn open_with(dir: &Path, config: crate::config::Config) -> Result<Self, OpenError> {
         let bundle = Bundle::load(dir)?;
         let challenge_key = crate::pki::load_or_create_challenge_key(dir)?;
         let db = Store::open_configured(dir, config.database.as_ref())?;

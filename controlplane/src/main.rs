@@ -16,7 +16,7 @@ use bc_controlplane::pki;
 use clap::{Parser, Subcommand};
 
 use cli::{
-    clock, cloud, dist, events, install_script, nodes, pools, server, sites, tokens, tpm,
+    clock, cloud, dist, events, install_script, migrate, nodes, pools, server, sites, tokens, tpm,
     user_data, Dir,
 };
 
@@ -27,6 +27,13 @@ use cli::{
     about = "Reference control plane for bcd: JoinService over HTTPS, PKI, SQLite"
 )]
 struct Cli {
+    /// The PostgreSQL database instead of DIR's `[database] url` (or
+    /// SQLite): postgres://USER@HOST[:PORT]/DB[?sslmode=…]. Never a
+    /// password: give it in a 0600 file, [database] password_file or
+    /// BC_CONTROLPLANE_DATABASE_PASSWORD_FILE. Also
+    /// BC_CONTROLPLANE_DATABASE_URL (this flag wins).
+    #[arg(long, global = true, value_name = "URL")]
+    database_url: Option<String>,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -46,6 +53,9 @@ enum Cmd {
         #[arg(long = "san", value_name = "HOST_OR_IP")]
         sans: Vec<String>,
     },
+    /// Bring DIR's database to this build's schema (serve does it at start
+    /// too): "schema version N → M" or "already at schema version M".
+    Migrate(migrate::MigrateArgs),
     /// Serve the JoinService over HTTPS until SIGTERM or SIGINT.
     Serve {
         #[command(flatten)]
@@ -132,13 +142,16 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let mut cli = Cli::parse();
     init_tracing();
-    match run(cli) {
+    match cli::set_database(cli.database_url.take()).and_then(|()| run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("bc-controlplane: {e:#}");
-            ExitCode::FAILURE
+            match e.downcast_ref::<cli::ExitWith>() {
+                Some(exit) => ExitCode::from(exit.code),
+                None => ExitCode::FAILURE,
+            }
         }
     }
 }
@@ -162,6 +175,7 @@ fn run(cli: Cli) -> Result<()> {
             trust_domain,
             sans,
         } => server::init(&dir.dir, &trust_domain, &sans),
+        Cmd::Migrate(args) => migrate::run(args),
         Cmd::Serve { dir, listen } => server::serve(&dir.dir, listen),
         Cmd::AgentConfig { dir, api, data_dir } => server::agent_config(&dir.dir, &api, &data_dir),
         Cmd::Token { cmd } => tokens::run(cmd),

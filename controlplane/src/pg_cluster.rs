@@ -9,9 +9,12 @@
 //! highest `/usr/lib/postgresql/<version>/bin`; nothing on PATH is trusted.
 //! Tests run as root and initdb refuses root, so the server runs as
 //! `postgres`, the user the package creates. Over TCP it speaks TLS only
-//! (pg_hba `hostssl`, a certificate from a throwaway CA), so tests go through
-//! the verified TLS path a deployment uses; psql reaches it over the Unix
-//! socket, which trusts any local user (the directory is 0700).
+//! (pg_hba `hostssl`, a certificate from a throwaway CA) and asks for the
+//! superuser's password (scram-sha-256; generated at start, in a 0600 file
+//! that `[database] password_file` names), so tests go through the verified
+//! TLS and password path a deployment uses; psql reaches it over the Unix
+//! socket, which trusts any local user (the directory is 0700), or over TCP
+//! with a PGPASSFILE (never a password in argv).
 //!
 //! A watcher process stops the server and removes its directory when the
 //! test process ends, however it ends: a static `OnceLock` never runs a
@@ -53,6 +56,8 @@ pub struct PgDb {
     /// server's certificate checked against [`PgCluster::ca_file`].
     pub url: String,
     pub name: String,
+    /// The superuser's password (0600): `[database] password_file`.
+    pub password_file: PathBuf,
     cluster: &'static PgCluster,
 }
 
@@ -79,14 +84,33 @@ impl PgCluster {
                 self.port
             ),
             name,
+            password_file: self.password_file(),
             cluster: self,
         }
+    }
+
+    /// The superuser's password, one line, mode 0600 (the server's user
+    /// owns it: initdb reads it).
+    pub fn password_file(&self) -> PathBuf {
+        self.dir.join("password")
+    }
+
+    /// libpq's password file for TCP connections (`PGPASSFILE`).
+    pub fn pgpass_file(&self) -> PathBuf {
+        self.dir.join("pgpass")
     }
 
     /// The CA certificate (PEM) the server's certificate chains to: a
     /// client's `sslrootcert`, `[database] ca_file`.
     pub fn ca_file(&self) -> PathBuf {
         self.dir.join("ca.crt")
+    }
+
+    /// The directory of the server's Unix socket (`.s.PGSQL.PORT`), where
+    /// any local user is trusted: a `sslmode=disable` URL's host.
+    #[allow(dead_code)]
+    pub fn socket_dir(&self) -> &Path {
+        &self.dir
     }
 
     /// The server's TCP port on 127.0.0.1.
@@ -120,6 +144,7 @@ impl PgCluster {
         // First, so that a failure below leaves nothing behind either.
         spawn_watcher(&bin, &dir, run_as.is_some())?;
         write_certs(&dir, run_as)?;
+        write_password(&dir, run_as)?;
 
         let data = dir.join("data");
         let t = Instant::now();
@@ -127,7 +152,8 @@ impl PgCluster {
             pg_command(&bin, "initdb", &dir, run_as)
                 .arg("-D")
                 .arg(&data)
-                .args(["-U", SUPERUSER, "--auth=trust", "-E", "UTF8", "--locale=C"]),
+                .args(["-U", SUPERUSER, "--auth=trust", "-E", "UTF8", "--locale=C"])
+                .arg(format!("--pwfile={}", dir.join("password").display())),
             "initdb",
         )?;
         let initdb_time = t.elapsed();
@@ -319,6 +345,28 @@ fn spawn_watcher(bin: &Path, dir: &Path, as_postgres: bool) -> Result<(), String
         .map_err(|e| format!("the watcher (setsid sh, tail --pid): {e}"))
 }
 
+/// A generated superuser password: TMP/password for initdb and
+/// `password_file`, TMP/pgpass for psql over TCP; both 0600. Hex, so that
+/// neither file needs escaping.
+fn write_password(dir: &Path, run_as: Option<(u32, u32)>) -> Result<(), String> {
+    let password = format!("{}{}", random_hex(), random_hex());
+    for (name, text) in [
+        ("password", format!("{password}\n")),
+        ("pgpass", format!("127.0.0.1:*:*:{SUPERUSER}:{password}\n")),
+    ] {
+        let path = dir.join(name);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+            .and_then(|mut f| f.write_all(text.as_bytes()))
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        chown(&path, run_as)?;
+    }
+    Ok(())
+}
+
 /// A throwaway CA and the server's certificate for 127.0.0.1 and localhost:
 /// TMP/ca.crt for clients, TMP/server.{crt,key} for the server.
 fn write_certs(dir: &Path, run_as: Option<(u32, u32)>) -> Result<(), String> {
@@ -396,7 +444,7 @@ fn configure(dir: &Path, data: &Path) -> Result<(), String> {
     write(data.join("postgresql.conf"), &conf, true)?;
     write(
         data.join("pg_hba.conf"),
-        "local all all trust\nhostssl all all 127.0.0.1/32 trust\n",
+        "local all all trust\nhostssl all all 127.0.0.1/32 scram-sha-256\n",
         false,
     )
 }
@@ -427,13 +475,17 @@ fn pg_command(bin: &Path, prog: &str, dir: &Path, run_as: Option<(u32, u32)>) ->
 
 /// psql with `sql` on stdin: stop at the first error, tuples only.
 fn psql(bin: &Path, conninfo: &str, sql: &str) -> Result<String, String> {
-    let mut child = psql_command(bin)
-        .args(["-d", conninfo])
+    psql_with(psql_command(bin).args(["-d", conninfo]), sql)
+}
+
+/// `cmd` (a [`psql_command`]) with `sql` on stdin.
+fn psql_with(cmd: &mut Command, sql: &str) -> Result<String, String> {
+    let mut child = cmd
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| format!("{}: {e}", bin.join("psql").display()))?;
+        .map_err(|e| format!("psql: {e}"))?;
     // Fed from a thread, so that output filling its pipe cannot block the
     // input; a write error (psql gave up early) leaves its stderr to say why.
     let feeder = child.stdin.take().map(|mut stdin| {
@@ -562,25 +614,49 @@ mod tests {
     }
 
     #[test]
-    fn tcp_is_tls_only_with_the_cluster_ca() {
+    fn tcp_is_tls_only_with_the_cluster_ca_and_the_password() {
         let cluster = PgCluster::shared();
         let db = cluster.database();
-        let tcp = |extra: &str| {
+        let tcp = |extra: &str, pgpass: Option<&Path>| {
             let conninfo = format!(
                 "{}&sslrootcert={}{extra}",
                 db.url,
                 cluster.ca_file().display()
             );
-            psql(
-                &cluster.bin,
-                &conninfo,
+            let mut cmd = psql_command(&cluster.bin);
+            cmd.args(["-w", "-d", &conninfo]);
+            if let Some(p) = pgpass {
+                cmd.env("PGPASSFILE", p);
+            }
+            psql_with(
+                &mut cmd,
                 "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
             )
         };
+        let pgpass = cluster.pgpass_file();
         // verify-full: the certificate chains to ca.crt and names 127.0.0.1.
-        assert_eq!(tcp("").unwrap(), "t");
-        let plain = tcp("&sslmode=disable").unwrap_err();
+        assert_eq!(tcp("", Some(&pgpass)).unwrap(), "t");
+        let plain = tcp("&sslmode=disable", Some(&pgpass)).unwrap_err();
         assert!(plain.contains("no pg_hba.conf entry"), "{plain}");
         assert!(plain.contains("no encryption"), "{plain}");
+        // scram-sha-256: no password, no session; a wrong one neither.
+        let none = tcp("", None).unwrap_err();
+        assert!(none.contains("no password supplied"), "{none}");
+        let wrong = cluster.dir.join(format!("pgpass-wrong-{}", random_hex()));
+        std::fs::write(&wrong, "127.0.0.1:*:*:bcd:not-the-password\n").unwrap();
+        std::fs::set_permissions(&wrong, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let refused = tcp("", Some(&wrong)).unwrap_err();
+        assert!(
+            refused.contains("password authentication failed"),
+            "{refused}"
+        );
+        assert!(!refused.contains("not-the-password"), "{refused}");
+        std::fs::remove_file(&wrong).unwrap();
+        // The password file is private.
+        let mode = std::fs::metadata(cluster.password_file())
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
     }
 }

@@ -66,9 +66,10 @@ pub(crate) fn cp_on_with(
     if let Some(pg) = &pg {
         let cfg = pg_config(pg);
         text.push_str(&format!(
-            "\n[database]\nurl = {:?}\nca_file = {:?}\nmax_connections = 8\n",
+            "\n[database]\nurl = {:?}\nca_file = {:?}\npassword_file = {:?}\nmax_connections = 8\n",
             cfg.url,
-            cfg.ca_file.unwrap()
+            cfg.ca_file.unwrap(),
+            cfg.password_file.unwrap()
         ));
     }
     if !text.is_empty() {
@@ -136,11 +137,11 @@ pub(crate) enum Backend {
 }
 
 /// The `[database]` of a fresh database on the tests' PostgreSQL server
-/// (TLS, verified against its CA).
+/// (TLS, verified against its CA; the superuser's password from its file).
 pub(crate) fn pg_config(pg: &crate::pg_cluster::PgDb) -> crate::config::DatabaseConfig {
     crate::config::DatabaseConfig {
         url: pg.url.clone(),
-        password_file: None,
+        password_file: Some(pg.password_file.clone()),
         ca_file: Some(crate::pg_cluster::PgCluster::shared().ca_file()),
         max_connections: 4,
         plaintext: false,

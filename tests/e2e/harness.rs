@@ -170,13 +170,14 @@ impl Backend {
 }
 
 /// The `[database]` table naming `pg` (TLS verified against the cluster's
-/// CA; a small pool: tests run several control planes at once on a server
-/// that takes 200 sessions).
+/// CA, the password from the cluster's 0600 file; a small pool: tests run
+/// several control planes at once on a server that takes 200 sessions).
 pub fn database_toml(pg: &PgDb) -> String {
     format!(
-        "\n[database]\nurl = {:?}\nca_file = {:?}\nmax_connections = 6\n",
+        "\n[database]\nurl = {:?}\nca_file = {:?}\npassword_file = {:?}\nmax_connections = 6\n",
         pg.url,
-        PgCluster::shared().ca_file()
+        PgCluster::shared().ca_file(),
+        pg.password_file
     )
 }
 

@@ -28,6 +28,7 @@ mod install;
 mod join_token;
 mod load;
 mod maker;
+mod migrate;
 mod package;
 mod pcr;
 mod pcrbanks;

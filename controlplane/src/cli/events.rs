@@ -38,7 +38,7 @@ pub fn run(cmd: EventsCmd) -> Result<()> {
 fn prune(dir: &Path, older_than: Option<&str>) -> Result<()> {
     let db = open_db(dir)?;
     let retention_ms = match older_than {
-        None => config::load(dir)?.events.retention_ms,
+        None => super::load_config(dir)?.events.retention_ms,
         Some(text) => {
             let ms = config::parse_duration_ms(text).map_err(|e| anyhow!("--older-than: {e}"))?;
             if ms < 3_600_000 {

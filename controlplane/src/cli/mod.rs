@@ -9,6 +9,7 @@ pub mod cloud;
 pub mod dist;
 pub mod events;
 pub mod install_script;
+pub mod migrate;
 pub mod nodes;
 pub mod pools;
 pub mod server;
@@ -19,6 +20,7 @@ pub mod user_data;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use anyhow::{bail, Context, Result};
 use bc_controlplane::{config, pki, store};
@@ -55,13 +57,44 @@ pub fn require_initialized(dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// What `--database-url` (a global flag: every command takes it) and the
+/// `BC_CONTROLPLANE_DATABASE_*` variables say, set once by `main` after
+/// parsing; [`load_config`] applies it, so no command can forget it.
+static DATABASE: OnceLock<config::DatabaseOverrides> = OnceLock::new();
+
+/// Records the command line's and the environment's database settings
+/// (`flag`: `--database-url`). The URL is checked when a command opens the
+/// database, by the same checks as `[database] url`.
+pub fn set_database(flag: Option<String>) -> Result<()> {
+    let overrides = config::DatabaseOverrides::from_env(flag)?;
+    // Set once, by main; a second call would change nothing.
+    let _ = DATABASE.set(overrides);
+    Ok(())
+}
+
+/// DIR's `controlplane.toml` with the database the command line and the
+/// environment name: the one way every command reads it.
+pub fn load_config(dir: &Path) -> Result<config::Config> {
+    let overrides = DATABASE.get().cloned().unwrap_or_default();
+    Ok(config::load_with(dir, &overrides)?)
+}
+
 /// Opens DIR's database, after checking DIR and its `controlplane.toml`
 /// (a broken config is reported by every command, not only by `serve`).
 pub fn open_db(dir: &Path) -> Result<store::Store> {
     require_initialized(dir)?;
-    let config = config::load(dir)?;
+    let config = load_config(dir)?;
     store::Store::open_configured(dir, config.database.as_ref())
         .with_context(|| format!("cannot open the database in {}", dir.display()))
+}
+
+/// An exit status other than 1 that a command chose (`migrate --check`:
+/// 3, migrations pending), with the message for stderr.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct ExitWith {
+    pub code: u8,
+    pub message: String,
 }
 
 /// The database's time: what every "expired" a command prints is judged by.

@@ -59,7 +59,7 @@ pub enum PoolsCmd {
 /// The ids of the attestors `serve` runs on DIR: the JoinService it would
 /// open, asked (not a list kept beside it, which would drift).
 fn served_attestor_ids(dir: &Path) -> Result<Vec<String>> {
-    let svc = JoinService::open(dir)
+    let svc = JoinService::open_with(dir, super::load_config(dir)?)
         .with_context(|| format!("cannot open the control plane in {}", dir.display()))?;
     let ids = svc.attestor_ids();
     svc.shutdown_events();

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
-use bc_controlplane::{config, connlimit, http, join::JoinService, pki};
+use bc_controlplane::{connlimit, http, join::JoinService, pki};
 
 use super::{open_db, print_stdout, require_initialized};
 
@@ -28,9 +28,10 @@ pub fn serve(dir: &Path, listen: SocketAddr) -> Result<()> {
     // and derive the connection cap from it.
     let nofile = connlimit::raise_nofile_limit();
     tracing::info!(nofile, "file descriptor limit");
-    let limits = connlimit::Limits::new(&config::load(dir)?.server, nofile);
+    let config = super::load_config(dir)?;
+    let limits = connlimit::Limits::new(&config.server, nofile);
     let service = Arc::new(
-        JoinService::open(dir)
+        JoinService::open_with(dir, config)
             .with_context(|| format!("cannot load the control plane in {}", dir.display()))?,
     );
     let tls = http::tls_config(service.bundle(), service.database())

@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 use toml::Spanned;
+use zeroize::Zeroize as _;
 
 use super::ConfigError;
 
@@ -72,20 +73,8 @@ pub(super) fn parse(
     let url_span = raw.url.span();
     let url = raw.url.into_inner();
     // The messages never quote the URL: it may hold a password.
-    let parsed = parse_url(&url)
+    let plaintext = check_url(&url)
         .map_err(|e| invalid(Some(url_span.clone()), format!("database.url: {e}")))?;
-    if parsed.plaintext {
-        if let Some(host) = parsed.hosts.iter().find(|h| !is_local(h)) {
-            return Err(invalid(
-                Some(url_span),
-                format!(
-                    "database.url: sslmode=disable sends the database's traffic in plain text; \
-                     it is allowed only to a loopback host or a Unix socket, not {host:?} \
-                     (leave sslmode out, or set it to verify-full, and give ca_file)"
-                ),
-            ));
-        }
-    }
     let password_file = match raw.password_file {
         Some(v) if v.get_ref().is_empty() => {
             return Err(invalid(
@@ -104,7 +93,7 @@ pub(super) fn parse(
         }
         v => v.map(|v| dir.join(v.into_inner())),
     };
-    if !parsed.plaintext && ca_file.is_none() {
+    if !plaintext && ca_file.is_none() {
         return Err(invalid(
             Some(url_span),
             "database.ca_file is required: the server's certificate is checked against it \
@@ -134,8 +123,136 @@ pub(super) fn parse(
         password_file,
         ca_file,
         max_connections,
-        plaintext: parsed.plaintext,
+        plaintext,
     })
+}
+
+/// The URL's checks, for the file and the overrides alike: a libpq URI
+/// without a password, plain text only to loopback or a socket. `Ok`:
+/// whether it is plain text. The message never quotes the URL.
+fn check_url(url: &str) -> Result<bool, String> {
+    let parsed = parse_url(url)?;
+    if parsed.plaintext {
+        if let Some(host) = parsed.hosts.iter().find(|h| !is_local(h)) {
+            return Err(format!(
+                "sslmode=disable sends the database's traffic in plain text; \
+                 it is allowed only to a loopback host or a Unix socket, not {host:?} \
+                 (leave sslmode out, or set it to verify-full, and give ca_file)"
+            ));
+        }
+    }
+    Ok(parsed.plaintext)
+}
+
+/// The flag that names the database on every command that opens DIR's.
+pub const URL_FLAG: &str = "--database-url";
+/// The database URL from the environment (the flag wins, `[database] url`
+/// loses): a deployment's unit or orchestrator sets it, no file edit.
+pub const URL_ENV: &str = "BC_CONTROLPLANE_DATABASE_URL";
+/// The path of the password file (never the password: the environment is
+/// readable by whoever can read `/proc/PID/environ`); wins over
+/// `[database] password_file`.
+pub const PASSWORD_FILE_ENV: &str = "BC_CONTROLPLANE_DATABASE_PASSWORD_FILE";
+/// The roots of the server's certificate; wins over `[database] ca_file`.
+pub const CA_FILE_ENV: &str = "BC_CONTROLPLANE_DATABASE_CA_FILE";
+
+/// What the command line and the environment say of the database; each
+/// one wins over its `[database]` key, the keys they leave out still come
+/// from the file. Relative paths are relative to DIR, as in the file.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DatabaseOverrides {
+    /// The URL and where it came from ([`URL_FLAG`] or [`URL_ENV`]).
+    pub url: Option<(String, &'static str)>,
+    pub password_file: Option<PathBuf>,
+    pub ca_file: Option<PathBuf>,
+}
+
+impl DatabaseOverrides {
+    /// `flag` (`--database-url`), else the environment's.
+    pub fn from_env(flag: Option<String>) -> Result<Self, ConfigError> {
+        let var = |name: &'static str| match std::env::var(name) {
+            Ok(v) if v.is_empty() => Ok(None),
+            Ok(v) => Ok(Some(v)),
+            Err(std::env::VarError::NotPresent) => Ok(None),
+            Err(std::env::VarError::NotUnicode(_)) => Err(ConfigError::Setting {
+                origin: name,
+                message: "not UTF-8".to_owned(),
+            }),
+        };
+        let url = match flag {
+            Some(url) => Some((url, URL_FLAG)),
+            None => var(URL_ENV)?.map(|url| (url, URL_ENV)),
+        };
+        Ok(DatabaseOverrides {
+            url,
+            password_file: var(PASSWORD_FILE_ENV)?.map(PathBuf::from),
+            ca_file: var(CA_FILE_ENV)?.map(PathBuf::from),
+        })
+    }
+
+    /// `file` (DIR's `[database]`, if any) with these overrides applied:
+    /// the same checks as the file's, the errors naming the flag or the
+    /// variable. No URL anywhere: `None`, SQLite (the path overrides have
+    /// nothing to apply to).
+    pub fn apply(
+        &self,
+        dir: &Path,
+        file: Option<DatabaseConfig>,
+    ) -> Result<Option<DatabaseConfig>, ConfigError> {
+        let mut cfg = match (&self.url, file) {
+            (None, None) => return Ok(None),
+            (None, Some(cfg)) => cfg,
+            (Some((url, origin)), file) => {
+                let plaintext = check_url(url).map_err(|e| ConfigError::Setting {
+                    origin,
+                    message: e.replace(
+                        "put it in password_file (0600)",
+                        &format!("put it in a 0600 file named by [database] password_file or {PASSWORD_FILE_ENV}"),
+                    ),
+                })?;
+                let (password_file, ca_file, max_connections) = match file {
+                    Some(f) => (f.password_file, f.ca_file, f.max_connections),
+                    None => (None, None, default_max_connections()),
+                };
+                DatabaseConfig {
+                    url: url.clone(),
+                    password_file,
+                    ca_file,
+                    max_connections,
+                    plaintext,
+                }
+            }
+        };
+        let named = |what: &'static str, p: &Path| {
+            if p.as_os_str().is_empty() {
+                Err(ConfigError::Setting {
+                    origin: what,
+                    message: "must name a file".to_owned(),
+                })
+            } else {
+                Ok(())
+            }
+        };
+        if let Some(p) = &self.password_file {
+            named(PASSWORD_FILE_ENV, p)?;
+            cfg.password_file = Some(p.clone());
+        }
+        if let Some(p) = &self.ca_file {
+            named(CA_FILE_ENV, p)?;
+            cfg.ca_file = Some(dir.join(p));
+        }
+        if !cfg.plaintext && cfg.ca_file.is_none() {
+            return Err(ConfigError::Setting {
+                origin: self.url.as_ref().map_or(URL_ENV, |(_, o)| o),
+                message: format!(
+                    "TLS needs the roots the server's certificate is checked against \
+                     (the system's roots are not used): [database] ca_file or {CA_FILE_ENV}; \
+                     sslmode=disable is only for loopback"
+                ),
+            });
+        }
+        Ok(Some(cfg))
+    }
 }
 
 impl DatabaseConfig {
@@ -228,17 +345,14 @@ impl std::fmt::Debug for DbPassword {
 
 impl Drop for DbPassword {
     fn drop(&mut self) {
-        wipe(std::mem::take(&mut self.0).into_bytes());
+        self.0.zeroize();
     }
 }
 
 /// Overwrites the buffer (its whole capacity: a truncated tail too) before
-/// it is freed.
+/// it is freed; zeroize's writes are volatile, never optimised away.
 fn wipe(mut bytes: Vec<u8>) {
-    bytes.clear();
-    bytes.resize(bytes.capacity(), 0);
-    // Keeps the writes from being optimised away as dead stores.
-    std::hint::black_box(&bytes);
+    bytes.zeroize();
 }
 
 /// What the checks need of a libpq URI.
@@ -594,5 +708,94 @@ mod tests {
         std::fs::write(&path, b"s3cret\xff\n").unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
         refused("pw-bin", "not UTF-8");
+    }
+
+    #[test]
+    fn overrides_win_key_by_key_with_the_file_s_checks() {
+        use super::{DatabaseOverrides, CA_FILE_ENV, PASSWORD_FILE_ENV, URL_ENV, URL_FLAG};
+        let dir = Path::new("/d");
+        let flag = |url: &str| DatabaseOverrides {
+            url: Some((url.to_owned(), URL_FLAG)),
+            ..DatabaseOverrides::default()
+        };
+        // Nothing anywhere: SQLite, whatever the path variables say.
+        let paths_only = DatabaseOverrides {
+            password_file: Some("pw".into()),
+            ..DatabaseOverrides::default()
+        };
+        assert_eq!(paths_only.apply(dir, None).unwrap(), None);
+        // A password is refused from argv and env alike, never echoed.
+        for (url, origin) in [
+            (
+                "postgres://bcd:hunter2@127.0.0.1/bcd?sslmode=disable",
+                URL_FLAG,
+            ),
+            ("postgres://bcd@127.0.0.1/bcd?password=hunter2", URL_ENV),
+        ] {
+            let o = DatabaseOverrides {
+                url: Some((url.to_owned(), origin)),
+                ..DatabaseOverrides::default()
+            };
+            let e = o.apply(dir, None).unwrap_err().to_string();
+            assert!(e.starts_with(&format!("{origin}: holds a password")), "{e}");
+            assert!(
+                e.contains("password_file") && e.contains(PASSWORD_FILE_ENV),
+                "{e}"
+            );
+            assert!(!e.contains("hunter2"), "{e}");
+        }
+        // The flag alone: loopback plain text.
+        let c = flag("postgres://bcd@127.0.0.1:5/bcd?sslmode=disable")
+            .apply(dir, None)
+            .unwrap()
+            .unwrap();
+        assert!(c.plaintext);
+        assert_eq!(c.max_connections, super::default_max_connections());
+        assert_eq!((c.password_file, c.ca_file), (None, None));
+        // ... not plain text elsewhere, and TLS needs roots.
+        let e = flag("postgres://bcd@db.example/bcd?sslmode=disable")
+            .apply(dir, None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("--database-url: sslmode=disable"), "{e}");
+        let e = flag("postgres://bcd@db.example/bcd")
+            .apply(dir, None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(CA_FILE_ENV) && e.contains("ca_file"), "{e}");
+        let tls = DatabaseOverrides {
+            ca_file: Some("db-ca.pem".into()),
+            password_file: Some("/run/pw".into()),
+            ..flag("postgres://bcd@db.example/bcd")
+        };
+        let c = tls.apply(dir, None).unwrap().unwrap();
+        assert_eq!(c.ca_file.as_deref(), Some(Path::new("/d/db-ca.pem")));
+        assert_eq!(c.password_file.as_deref(), Some(Path::new("/run/pw")));
+        assert!(!c.plaintext);
+        // Over the file: the URL replaced, the other keys kept.
+        let file = p(
+            "[database]\nurl = \"postgres://bcd@db.example/old?sslmode=verify-full\"\n\
+                      password_file = \"file.pw\"\nca_file = \"ca.pem\"\nmax_connections = 3\n",
+        )
+        .unwrap()
+        .database;
+        let c = flag("postgres://bcd@db2.example/new")
+            .apply(dir, file.clone())
+            .unwrap()
+            .unwrap();
+        assert_eq!(c.url, "postgres://bcd@db2.example/new");
+        assert_eq!(c.password_file.as_deref(), Some(Path::new("file.pw")));
+        assert_eq!(c.ca_file.as_deref(), Some(Path::new("/d/ca.pem")));
+        assert_eq!(c.max_connections, 3);
+        // No URL override: the file's, with the path variables over it.
+        let c = paths_only.apply(dir, file).unwrap().unwrap();
+        assert_eq!(c.url, "postgres://bcd@db.example/old?sslmode=verify-full");
+        assert_eq!(c.password_file.as_deref(), Some(Path::new("pw")));
+        let empty = DatabaseOverrides {
+            ca_file: Some("".into()),
+            ..flag("postgres://bcd@127.0.0.1/bcd?sslmode=disable")
+        };
+        let e = empty.apply(dir, None).unwrap_err().to_string();
+        assert_eq!(e, format!("{CA_FILE_ENV}: must name a file"));
     }
 }

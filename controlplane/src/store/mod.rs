@@ -411,6 +411,40 @@ pub enum Commit {
 pub struct Store {
     backend: Backend,
     dialect: Dialect,
+    migrated: SchemaChange,
+}
+
+/// What opening a database did to its schema: versions `from` → `to`
+/// (equal: it was up to date). A version counts the [`MIGRATIONS`] applied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SchemaChange {
+    pub from: usize,
+    pub to: usize,
+}
+
+/// The schema version this build migrates to.
+pub fn schema_version() -> usize {
+    MIGRATIONS.len()
+}
+
+/// The schema version of DIR's database as configured, read without
+/// migrating or creating anything (`migrate --check`), and the database
+/// as [`Store::describe`] names it. A version newer than this build's is
+/// [`DbError::TooNew`] / [`DbError::TooNewPg`].
+pub fn pending_version(
+    dir: &Path,
+    database: Option<&crate::config::DatabaseConfig>,
+) -> Result<(usize, String), DbError> {
+    match database {
+        Some(cfg) => {
+            let pool = pg::Pool::open_unmigrated(dir, cfg)?;
+            Ok((pg_schema::pending(&pool)?, pool.server().to_owned()))
+        }
+        None => {
+            let path = dir.join(DB_FILE);
+            Ok((sqlite::pending(&path)?, path.display().to_string()))
+        }
+    }
 }
 
 enum Backend {
@@ -427,10 +461,14 @@ impl Store {
         database: Option<&crate::config::DatabaseConfig>,
     ) -> Result<Self, DbError> {
         match database {
-            Some(cfg) => Ok(Store {
-                backend: Backend::Pg(Box::new(pg::Pool::open(dir, cfg)?)),
-                dialect: Dialect::Postgres,
-            }),
+            Some(cfg) => {
+                let (pool, migrated) = pg::Pool::open(dir, cfg)?;
+                Ok(Store {
+                    backend: Backend::Pg(Box::new(pool)),
+                    dialect: Dialect::Postgres,
+                    migrated,
+                })
+            }
             None => Self::open_dir(dir),
         }
     }
@@ -441,10 +479,18 @@ impl Store {
     }
 
     pub fn open(path: &Path) -> Result<Self, DbError> {
+        let (pool, migrated) = sqlite::Pool::open(path)?;
         Ok(Store {
-            backend: Backend::Sqlite(sqlite::Pool::open(path)?),
+            backend: Backend::Sqlite(pool),
             dialect: Dialect::Sqlite,
+            migrated,
         })
+    }
+
+    /// What opening this store did to the schema (`bc-controlplane
+    /// migrate` reports it).
+    pub fn migrated(&self) -> SchemaChange {
+        self.migrated
     }
 
     /// The SQLite file; `None` on PostgreSQL.

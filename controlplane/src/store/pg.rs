@@ -203,14 +203,29 @@ struct PoolState {
 
 impl Pool {
     /// Connects to `cfg.url` (the password from `password_file`, TLS with
-    /// `ca_file`'s roots) and migrates the database.
-    pub(crate) fn open(dir: &std::path::Path, cfg: &DatabaseConfig) -> Result<Self, DbError> {
+    /// `ca_file`'s roots) and migrates the database; also what the
+    /// migration did.
+    pub(crate) fn open(
+        dir: &std::path::Path,
+        cfg: &DatabaseConfig,
+    ) -> Result<(Self, super::SchemaChange), DbError> {
+        let pool = Pool::open_unmigrated(dir, cfg)?;
+        let change = super::pg_schema::migrate(&pool)?;
+        Ok((pool, change))
+    }
+
+    /// Connects as [`Pool::open`] does, migrating nothing. The password is
+    /// wiped when this returns; the driver's config keeps a copy of its own
+    /// (a plain `Vec<u8>`, no wipe on drop: `postgres::Config` offers no
+    /// way to reach it) for every new connection's authentication.
+    pub(crate) fn open_unmigrated(
+        dir: &std::path::Path,
+        cfg: &DatabaseConfig,
+    ) -> Result<Self, DbError> {
         let password = cfg
             .password(dir)
             .map_err(|e| DbError::PgConfig(e.to_string()))?;
-        let pool = Pool::connect_only(cfg, password.as_ref())?;
-        super::pg_schema::migrate(&pool)?;
-        Ok(pool)
+        Pool::connect_only(cfg, password.as_ref())
     }
 
     pub(crate) fn connect_only(
@@ -842,8 +857,7 @@ mod tests {
 
     /// A write transaction the server aborts as a deadlock victim (40P01)
     /// is run again, and the second run commits. The other party is a raw
-    /// session (every store writer takes the global lock, so two of them
-    /// cannot deadlock); the store's writer waits first, so the server's
+    /// session, so that only the store's writer is retried; it waits first, so the server's
     /// detector, which fires in the session that has waited longest, picks
     /// it.
     #[test]

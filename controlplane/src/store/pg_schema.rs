@@ -6,7 +6,7 @@
 use postgres::Client;
 
 use super::pg::{lock_id, PgError, Pool};
-use super::{DbError, MIGRATIONS};
+use super::{DbError, SchemaChange, MIGRATIONS};
 
 /// Run before migration 1: what SQLite has built in and the schema uses.
 /// `json_valid` backs the CHECKs on JSON columns; `json_set` the event
@@ -119,16 +119,44 @@ pub(crate) fn translate(sql: &str) -> String {
 /// Applies the migrations not yet applied, in one transaction under the
 /// migrate advisory lock; the version is the one row of `bcd_schema`.
 /// A second process migrating at once waits, then finds nothing to do.
-pub(crate) fn migrate(pool: &Pool) -> Result<(), DbError> {
+pub(crate) fn migrate(pool: &Pool) -> Result<SchemaChange, DbError> {
     let server = pool.server().to_owned();
     pool.with_client(|client| run(client, &server, MIGRATIONS.len()))
+}
+
+/// The database's schema version, read without the lock and without
+/// creating anything: 0 before the first migration.
+pub(crate) fn pending(pool: &Pool) -> Result<usize, DbError> {
+    let server = pool.server().to_owned();
+    pool.with_client(|client| {
+        let pg = DbError::from_pg;
+        let exists: bool = client
+            .query_one("SELECT to_regclass('bcd_schema') IS NOT NULL", &[])
+            .and_then(|row| row.try_get(0))
+            .map_err(pg)?;
+        let version: Option<i64> = if exists {
+            client
+                .query_one("SELECT max(version) FROM bcd_schema", &[])
+                .and_then(|row| row.try_get(0))
+                .map_err(pg)?
+        } else {
+            None
+        };
+        let version = version.unwrap_or(0);
+        super::migrations::applied(version, |known| DbError::TooNewPg {
+            server,
+            found: version,
+            known,
+        })
+    })
 }
 
 /// Test-only: the database at `cfg` migrated to version `applied` only,
 /// then `seed` run on it (the schema as an older bc-controlplane left it).
 #[cfg(test)]
 pub(crate) fn old_database(cfg: &crate::config::DatabaseConfig, applied: usize, seed: &str) {
-    let pool = Pool::connect_only(cfg, None).unwrap();
+    // password_file is absolute in the tests.
+    let pool = Pool::open_unmigrated(std::path::Path::new("/"), cfg).unwrap();
     let server = pool.server().to_owned();
     pool.with_client(|client| {
         run(client, &server, applied)?;
@@ -138,7 +166,7 @@ pub(crate) fn old_database(cfg: &crate::config::DatabaseConfig, applied: usize, 
 }
 
 /// Migrates to version `target` (all of [`MIGRATIONS`] but in tests).
-fn run(client: &mut Client, server: &str, target: usize) -> Result<(), DbError> {
+fn run(client: &mut Client, server: &str, target: usize) -> Result<SchemaChange, DbError> {
     let pg = DbError::from_pg;
     let mut tx = client.transaction().map_err(pg)?;
     tx.execute(
@@ -162,7 +190,10 @@ fn run(client: &mut Client, server: &str, target: usize) -> Result<(), DbError> 
         known,
     })?;
     if applied >= target {
-        return Ok(());
+        return Ok(SchemaChange {
+            from: applied,
+            to: applied,
+        });
     }
     for (i, sql) in MIGRATIONS.iter().enumerate().take(target).skip(applied) {
         let n = i + 1;
@@ -185,5 +216,9 @@ fn run(client: &mut Client, server: &str, target: usize) -> Result<(), DbError> 
         tx.execute("INSERT INTO bcd_schema (version) VALUES ($1)", &[&to])
     }
     .map_err(pg)?;
-    tx.commit().map_err(pg)
+    tx.commit().map_err(pg)?;
+    Ok(SchemaChange {
+        from: applied,
+        to: target,
+    })
 }

@@ -193,6 +193,37 @@ fn a_newer_schema_is_refused() {
     );
 }
 
+/// The server asks for the password (scram-sha-256): a wrong one in
+/// `password_file`, or none, fails at open, naming the server and what the
+/// server said, never the password.
+#[test]
+fn a_wrong_or_missing_password_is_refused() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let pg = PgCluster::shared().database();
+    let dir = tempfile::tempdir().unwrap();
+    let wrong = dir.path().join("wrong.password");
+    std::fs::write(&wrong, "hunter2-wrong\n").unwrap();
+    std::fs::set_permissions(&wrong, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let server = format!("127.0.0.1:{}", PgCluster::shared().port());
+    let mut cfg = pg_config(&pg);
+    cfg.password_file = Some(wrong);
+    let e = Store::open_configured(dir.path(), Some(&cfg))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains(&server), "{e}");
+    assert!(e.contains("password authentication failed"), "{e}");
+    assert!(!e.contains("hunter2"), "{e}");
+    cfg.password_file = None;
+    let e = Store::open_configured(dir.path(), Some(&cfg))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains(&server) && e.contains("password"), "{e}");
+    // The right one opens it.
+    assert!(Store::open_configured(dir.path(), Some(&pg_config(&pg))).is_ok());
+}
+
 /// A server whose certificate does not chain to `ca_file` is refused, and
 /// the error names the server.
 #[test]

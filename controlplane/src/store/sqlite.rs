@@ -7,7 +7,7 @@ use std::time::Duration;
 use rusqlite::types::{ToSqlOutput, ValueRef};
 use rusqlite::{Connection, OpenFlags, TransactionBehavior};
 
-use super::{Commit, DbError, Row, Value, MIGRATIONS};
+use super::{Commit, DbError, Row, SchemaChange, Value, MIGRATIONS};
 
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 /// Idle connections kept for reuse by the server.
@@ -67,15 +67,17 @@ pub(crate) struct Pool {
 }
 
 impl Pool {
-    /// Opens `path`, creating (0600) and migrating it as needed.
-    pub(crate) fn open(path: &Path) -> Result<Self, DbError> {
+    /// Opens `path`, creating (0600) and migrating it as needed; also
+    /// what the migration did.
+    pub(crate) fn open(path: &Path) -> Result<(Self, SchemaChange), DbError> {
         create_private(path)?;
         let conn = connect(path)?;
-        migrate(path, &conn)?;
-        Ok(Pool {
+        let change = migrate(path, &conn)?;
+        let pool = Pool {
             path: path.to_owned(),
             idle: Mutex::new(vec![conn]),
-        })
+        };
+        Ok((pool, change))
     }
 
     pub(crate) fn path(&self) -> &Path {
@@ -259,28 +261,58 @@ fn connect(path: &Path) -> Result<Connection, DbError> {
 
 /// Applies the migrations not yet applied, in one IMMEDIATE transaction, so
 /// that a CLI command and `serve` starting together migrate once.
-fn migrate(path: &Path, conn: &Connection) -> Result<(), DbError> {
+fn migrate(path: &Path, conn: &Connection) -> Result<SchemaChange, DbError> {
     conn.execute_batch("BEGIN IMMEDIATE")?;
     let result = (|| {
-        let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
-        let applied = super::migrations::applied(version, |known| DbError::TooNew {
-            path: path.to_owned(),
-            found: version,
-            known,
-        })?;
+        let applied = schema_version(path, conn)?;
         for (i, sql) in MIGRATIONS.iter().enumerate().skip(applied) {
             conn.execute_batch(sql)?;
             conn.pragma_update(None, "user_version", i + 1)?;
         }
-        Ok(())
+        Ok(SchemaChange {
+            from: applied,
+            to: MIGRATIONS.len(),
+        })
     })();
     match result {
-        Ok(()) => conn.execute_batch("COMMIT").map_err(DbError::from),
+        Ok(change) => conn
+            .execute_batch("COMMIT")
+            .map(|()| change)
+            .map_err(DbError::from),
         Err(e) => {
             let _ = conn.execute_batch("ROLLBACK");
             Err(e)
         }
     }
+}
+
+/// How many migrations the file has applied; [`DbError::TooNew`] for a
+/// version this build does not know.
+fn schema_version(path: &Path, conn: &Connection) -> Result<usize, DbError> {
+    let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    super::migrations::applied(version, |known| DbError::TooNew {
+        path: path.to_owned(),
+        found: version,
+        known,
+    })
+}
+
+/// The schema version of the file at `path`, read only (nothing created
+/// or migrated): 0 when there is no file yet, as the first open will find.
+pub(crate) fn pending(path: &Path) -> Result<usize, DbError> {
+    if !path.try_exists().map_err(|source| DbError::Create {
+        path: path.to_owned(),
+        source,
+    })? {
+        return Ok(0);
+    }
+    let open_err = |e| DbError::Open {
+        path: path.to_owned(),
+        source: SqliteError(e),
+    };
+    let conn =
+        Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY).map_err(open_err)?;
+    schema_version(path, &conn)
 }
 
 /// Test-only raw access: a database at `path` migrated to version
