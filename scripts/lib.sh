@@ -45,8 +45,9 @@ ensure_packages() {
 # root), on a free loopback port, TLS only over TCP (pg_hba hostssl, a
 # throwaway CA in DIR/ca.crt), trust over the Unix socket in DIR (0700).
 # Unlike the tests' server it keeps PostgreSQL's durable defaults (fsync,
-# synchronous_commit), as SQLite's WAL does. Sets PG_BIN and PG_PORT; the
-# caller stops it with pg_stop DIR (in its EXIT trap).
+# synchronous_commit), as SQLite's WAL does. PG_MAX_CONNECTIONS sessions
+# (default 200). Sets PG_BIN and PG_PORT; the caller stops it with pg_stop
+# DIR (in its EXIT trap).
 pg_start() {
   local dir=$1 as=() port
   PG_BIN=$(find /usr/lib/postgresql -mindepth 2 -maxdepth 2 -name bin 2>/dev/null | sort -V | tail -1)
@@ -83,7 +84,7 @@ unix_socket_directories = '$dir'
 ssl = on
 ssl_cert_file = '$dir/server.crt'
 ssl_key_file = '$dir/server.key'
-max_connections = 200
+max_connections = ${PG_MAX_CONNECTIONS:-200}
 CONF
   printf 'local all all trust\nhostssl all all 127.0.0.1/32 trust\n' > "$dir/data/pg_hba.conf"
   for _ in $(seq 10); do
