@@ -316,7 +316,13 @@ impl ControlPlane {
         self.spawn_serve(&[], listen)
     }
 
-    fn spawn_serve(mut self, wrapper: &[&str], listen: &str) -> Self {
+    fn spawn_serve(self, wrapper: &[&str], listen: &str) -> Self {
+        self.start_serve(wrapper, listen).listening()
+    }
+
+    /// Starts `serve` on this directory, under `wrapper`, without waiting
+    /// for it to listen ([`Starting::listening`] does).
+    fn start_serve(mut self, wrapper: &[&str], listen: &str) -> Starting {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -343,23 +349,9 @@ impl ControlPlane {
         // stderr goes straight to serve.log, so that `log()` has every line
         // written so far; `wait_for_log` follows the file from here.
         self.lines = Some(Lines::follow(self.path().join("serve.log"), log_start));
-        // The first stdout line says where it listens: wait for it, no sleeping.
-        let mut out = Lines::read(child.stdout.take().expect("stdout"));
-        let first = out.next_line(DEADLINE);
-        let url = first
-            .as_deref()
-            .and_then(|l| l.trim().strip_prefix("listening on "))
-            .unwrap_or_else(|| {
-                let _ = child.kill();
-                panic!(
-                    "serve's first line is {first:?}, not \"listening on …\"; log: {}",
-                    self.log()
-                )
-            })
-            .to_owned();
-        self.url = url;
+        let out = Lines::read(child.stdout.take().expect("stdout"));
         self.child = Some(child);
-        self
+        Starting { cp: self, out }
     }
 
     /// Waits for the `n`th line of the running `serve`'s log containing
@@ -575,6 +567,11 @@ impl ControlPlane {
     /// temporary directory, served there on its own port. A replica needs a
     /// shared database: this control plane must be on PostgreSQL.
     pub fn replica(&self) -> ControlPlane {
+        self.replica_dir().serve()
+    }
+
+    /// A replica's directory and handle, not serving yet.
+    fn replica_dir(&self) -> ControlPlane {
         let pg = self
             .pg
             .clone()
@@ -588,7 +585,16 @@ impl ControlPlane {
             lines: None,
             pg: Some(pg),
         }
-        .serve()
+    }
+
+    /// `n` replicas ([`ControlPlane::replica`]) whose `serve` processes are
+    /// all started before any is waited for: they start at once (e.g. their
+    /// event writers prune together).
+    pub fn replicas(&self, n: usize) -> Vec<ControlPlane> {
+        let starting: Vec<Starting> = (0..n)
+            .map(|_| self.replica_dir().start_serve(&[], "127.0.0.1:0"))
+            .collect();
+        starting.into_iter().map(Starting::listening).collect()
     }
 
     /// `kill -9` of `serve` (no shutdown, no flush of anything it holds),
@@ -604,6 +610,40 @@ impl ControlPlane {
             let _ = child.wait();
         }
         self.lines = None;
+    }
+}
+
+/// A control plane whose `serve` was started and may not listen yet.
+struct Starting {
+    cp: ControlPlane,
+    /// `serve`'s stdout, whose first line says where it listens.
+    out: Lines,
+}
+
+impl Starting {
+    /// Waits for `serve`'s first stdout line, no sleeping, and takes the URL
+    /// it names.
+    fn listening(mut self) -> ControlPlane {
+        let first = self.out.next_line(DEADLINE);
+        let url = first
+            .as_deref()
+            .and_then(|l| l.trim().strip_prefix("listening on "))
+            .map(str::to_owned);
+        match url {
+            Some(url) => {
+                self.cp.url = url;
+                self.cp
+            }
+            None => {
+                if let Some(child) = self.cp.child.as_mut() {
+                    let _ = child.kill();
+                }
+                panic!(
+                    "serve's first line is {first:?}, not \"listening on …\"; log: {}",
+                    self.cp.log()
+                )
+            }
+        }
     }
 }
 

@@ -18,6 +18,20 @@ use crate::harness::*;
 /// Where one Join went: (upstream, admitted or answered) per upstream.
 pub type Routed = Vec<(usize, bool)>;
 
+/// Where one Join went: (upstream, what it answered) per upstream.
+pub type Outcomes = Vec<(usize, Answer)>;
+
+/// What one upstream answered a forwarded Join.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Answer {
+    /// Admitted, or answered with a deferral.
+    Ok,
+    /// ACCESS_DENIED: a refusal, whatever its reason.
+    AccessDenied,
+    /// Anything else (unavailable, internal, transport).
+    Failed,
+}
+
 /// A TLS-terminating HTTPS server in this process (with the control plane's
 /// own server certificate) that forwards each Join to the replica its policy
 /// picks: bcd talks to one URL, the rounds go where the test says. It
@@ -25,9 +39,9 @@ pub type Routed = Vec<(usize, bool)>;
 pub struct RoutingProxy {
     pub url: String,
     seen: Arc<Mutex<Vec<Vec<u8>>>>,
-    /// Per forwarded Join, in order: each upstream it went to and whether
-    /// that one admitted or answered it (`false`: ACCESS_DENIED or a fault).
-    routed: Arc<Mutex<Vec<Routed>>>,
+    /// Per forwarded Join, in order: each upstream it went to and what
+    /// that one answered.
+    routed: Arc<Mutex<Vec<Outcomes>>>,
     _server: InProcessServer,
 }
 
@@ -86,7 +100,7 @@ impl RoutingProxy {
                 for answer in sent {
                     answers.push(answer.await.unwrap_or_else(|e| {
                         (
-                            false,
+                            Answer::Failed,
                             http::error_response(&ApiError::Unavailable(e.to_string())),
                         )
                     }));
@@ -98,7 +112,7 @@ impl RoutingProxy {
                         .zip(answers.iter().map(|a| a.0))
                         .collect(),
                 );
-                let first_ok = answers.iter().position(|a| a.0).unwrap_or(0);
+                let first_ok = answers.iter().position(|a| a.0 == Answer::Ok).unwrap_or(0);
                 answers.into_iter().nth(first_ok).map_or_else(
                     || http::error_response(&ApiError::Unavailable("no upstream".into())),
                     |a| a.1,
@@ -116,7 +130,21 @@ impl RoutingProxy {
         }
     }
 
+    /// Per forwarded Join: each upstream and whether it admitted or
+    /// answered it (`false`: ACCESS_DENIED or a fault).
     pub fn routed(&self) -> Vec<Routed> {
+        self.outcomes()
+            .into_iter()
+            .map(|join| {
+                join.into_iter()
+                    .map(|(i, a)| (i, a == Answer::Ok))
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// Per forwarded Join: each upstream and what it answered.
+    pub fn outcomes(&self) -> Vec<Outcomes> {
         self.routed.lock().expect("route log").clone()
     }
 
@@ -132,11 +160,11 @@ impl RoutingProxy {
     }
 }
 
-/// The upstream's answer, and whether it was a success.
-async fn forward(upstream: &Client, req: &JoinRequest) -> (bool, Response) {
+/// The upstream's answer, and what it was.
+async fn forward(upstream: &Client, req: &JoinRequest) -> (Answer, Response) {
     match upstream.join(req).await {
         Ok(resp) => (
-            true,
+            Answer::Ok,
             (
                 [(
                     axum::http::header::CONTENT_TYPE,
@@ -146,9 +174,12 @@ async fn forward(upstream: &Client, req: &JoinRequest) -> (bool, Response) {
             )
                 .into_response(),
         ),
-        Err(ClientError::AccessDenied) => (false, http::error_response(&ApiError::AccessDenied)),
+        Err(ClientError::AccessDenied) => (
+            Answer::AccessDenied,
+            http::error_response(&ApiError::AccessDenied),
+        ),
         Err(e) => (
-            false,
+            Answer::Failed,
             http::error_response(&ApiError::Unavailable(e.to_string())),
         ),
     }
