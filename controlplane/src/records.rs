@@ -99,20 +99,14 @@ pub fn node_including_deleted(tx: &Tx<'_>, id: &str) -> Result<Option<NodeRow>, 
     node_row(tx, id, true, "")
 }
 
-/// As [`node_including_deleted`], its row locked until commit: Renew issues
-/// a certificate of the generation it read (PG: `FOR UPDATE`, so no revoke
-/// or reclaim commits in between).
+/// As [`node_including_deleted`], its row locked until commit: Renew and
+/// x509pop issue a certificate of the generation they read (PG: `FOR
+/// UPDATE`, so no revoke or reclaim commits in between).
 pub fn node_including_deleted_for_update(
     tx: &Tx<'_>,
     id: &str,
 ) -> Result<Option<NodeRow>, DbError> {
     node_row(tx, id, true, tx.dialect().for_update())
-}
-
-/// As [`node_including_deleted`], its row unchanged until commit (x509pop;
-/// PG: `FOR SHARE`).
-pub fn node_including_deleted_for_share(tx: &Tx<'_>, id: &str) -> Result<Option<NodeRow>, DbError> {
-    node_row(tx, id, true, tx.dialect().for_share())
 }
 
 pub fn insert_node(tx: &Tx<'_>, n: &NodeRow) -> Result<(), DbError> {

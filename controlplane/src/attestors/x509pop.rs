@@ -134,6 +134,13 @@ impl Attestor for X509PopAttestor {
         }
         let node_id = ev.node_id.as_str();
         let refuse = |reason: &str| Refusal::new(reason).with_node(Some(node_id));
+        // The node's row first, locked as the reclaim will change it (PG:
+        // `FOR UPDATE`): a second use of the same proof on another replica
+        // waits here until the first commits, then finds the proof spent
+        // (`replayed`) instead of a node already at its next generation;
+        // and no two joins hold a share lock each that the reclaim's
+        // UPDATE would wait on (a deadlock).
+        let node = records::node_including_deleted_for_update(tx, node_id)?;
         let subject = replay_subject(&ev.sig);
         if crate::uses::is_spent(tx, X509POP, &subject)? {
             return Err(refuse(REPLAYED));
@@ -146,8 +153,7 @@ impl Attestor for X509PopAttestor {
 
         let cert =
             records::cert_by_der(tx, node_id, leaf)?.ok_or_else(|| refuse(UNKNOWN_CERTIFICATE))?;
-        let node = records::node_including_deleted_for_share(tx, node_id)?
-            .ok_or_else(|| refuse(UNKNOWN_CERTIFICATE))?;
+        let node = node.ok_or_else(|| refuse(UNKNOWN_CERTIFICATE))?;
         if node.deleted_at.is_some() {
             return Err(refuse(DELETED));
         }
