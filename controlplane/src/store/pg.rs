@@ -419,7 +419,13 @@ impl Pool {
                 }
             }
             drop(lease);
-            std::thread::sleep(backoff(attempt));
+            let pause = backoff(attempt);
+            tracing::debug!(
+                attempt,
+                pause_ms = u64::try_from(pause.as_millis()).unwrap_or(u64::MAX),
+                "database: the write transaction lost a race to another; running it again"
+            );
+            std::thread::sleep(pause);
         }
     }
 
