@@ -7,7 +7,8 @@
 //! has reached its own COMMIT. With the lock in place the second waits, then
 //! decides on what the first committed; without it the second passes the
 //! same check on the state before the first, and both win. Each test here
-//! was run with its lock removed and failed.
+//! was run with its lock removed and failed. (The discovery approval's
+//! race is beside its other tests, in attestors/discovery/approval.rs.)
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
@@ -30,7 +31,7 @@ const DEADLINE: Duration = Duration::from_secs(30);
 /// Runs `a` and `b`, each on a store of its own (two replicas' pools), so
 /// that `b` runs while `a`'s transaction stands uncommitted before its
 /// COMMIT; returns both results.
-fn race<A: Send, B: Send>(
+pub(crate) fn race<A: Send, B: Send>(
     t: &TempDb,
     a: impl FnOnce(&Store) -> A + Send,
     b: impl FnOnce(&Store) -> B + Send,
@@ -101,7 +102,7 @@ fn lock_waiters(db: &Store) -> i64 {
     .unwrap()
 }
 
-fn pg() -> TempDb {
+pub(crate) fn pg() -> TempDb {
     temp_db_on(Backend::Postgres)
 }
 
@@ -335,47 +336,4 @@ fn one_machine_joining_twice_at_once_becomes_one_node() {
         .filter_map(|e| e.reason)
         .collect();
     assert_eq!(refused, [crate::hardware::RECLAIM]);
-}
-
-/// An entry's pending discovery requests stay within their maximum however
-/// many unknown machines join at once (the `discovery-requests:` advisory
-/// lock over the count and the insert).
-#[test]
-fn unknown_machines_joining_at_once_file_no_request_past_the_maximum() {
-    use crate::attestor::{AttestInput, Deferral, Prepared};
-    use crate::attestors::discovery::approval::{self, Gate, Pending, MAX_PENDING_PER_ENTRY};
-    let t = pg();
-    let claims = bc_wire::agent::HardwareClaims::default();
-    let gate = |db: &Store, key: u8| {
-        let input = AttestInput {
-            role: Role::Ramdisk,
-            evidence: &[],
-            token: None,
-            csr_der: &[],
-            csr_sha256: [0; 32],
-            csr_spki_der: &[],
-            csr_spki_sha256: [key; 32],
-            claims: &claims,
-            tpm: None,
-            now: 1_000,
-            source: None,
-            prepared: &Prepared::default(),
-        };
-        let pending = Pending {
-            input: &input,
-            entry: None,
-            mac: "52:54:00:12:34:56",
-            ek: None,
-            retry_after_seconds: 7,
-        };
-        db.write(|tx| approval::gate(tx, &pending))
-            .map(|g| matches!(g, Gate::Wait(Deferral::Pending { .. })))
-            .map_err(|r| r.reason)
-    };
-    for key in 1..MAX_PENDING_PER_ENTRY {
-        assert_eq!(gate(&t.db, u8::try_from(key).unwrap()), Ok(true));
-    }
-    let (a, b) = race(&t, |db| gate(db, 100), |db| gate(db, 101));
-    assert_eq!(a, Ok(true), "the last request the entry may have is filed");
-    assert_eq!(b, Err(approval::APPROVAL_BUSY.to_owned()));
 }

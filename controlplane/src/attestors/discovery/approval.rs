@@ -295,4 +295,23 @@ mod tests {
         request_id(gate_for(&t.db, 9, None));
         assert_eq!(enroll::list_requests(&t.db).unwrap().len(), 9);
     }
+
+    /// An entry's pending requests stay within their maximum however many
+    /// unknown machines join at once (the `discovery-requests:` advisory lock
+    /// over the count and the insert; fails without it).
+    #[test]
+    fn unknown_machines_joining_at_once_file_no_request_past_the_maximum() {
+        let t = crate::race_tests::pg();
+        let gate = |db: &crate::store::Store, key: u8| {
+            gate_for(db, key, None)
+                .map(|g| matches!(g, Gate::Wait(Deferral::Pending { .. })))
+                .map_err(|r| r.reason)
+        };
+        for key in 1..MAX_PENDING_PER_ENTRY {
+            assert_eq!(gate(&t.db, u8::try_from(key).unwrap()), Ok(true));
+        }
+        let (a, b) = crate::race_tests::race(&t, |db| gate(db, 100), |db| gate(db, 101));
+        assert_eq!(a, Ok(true), "the last request the entry may have is filed");
+        assert_eq!(b, Err(APPROVAL_BUSY.to_owned()));
+    }
 }
