@@ -24,7 +24,7 @@ ensure_vm_packages() {
     fi
   fi
   echo "installing Debian packages: ${missing[*]}" >&2
-  "${sudo[@]}" apt-get update -qq
+  timeout 900 "${sudo[@]}" apt-get update -qq
   local release=()
   # Not `apt-cache policy … | grep -q`: under pipefail grep's early exit
   # kills apt-cache with SIGPIPE, the test reads 141 and backports are never
@@ -32,7 +32,7 @@ ensure_vm_packages() {
   local policy
   policy=$(apt-cache policy qemu-system-x86)
   [[ $policy == *bookworm-backports* ]] && release=(-t bookworm-backports)
-  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends \
+  DEBIAN_FRONTEND=noninteractive timeout 1200 "${sudo[@]}" apt-get install -y -qq --no-install-recommends \
     "${release[@]}" "${missing[@]}" >/dev/null
 }
 

@@ -524,16 +524,25 @@ fn a_socket_activated_helper_serves_the_node() {
 /// `bcd`, copied once into a directory every user may enter: the build's own
 /// may sit under a 0700 directory (a `mktemp -d` clone), which the node's
 /// user cannot reach.
+///
+/// The copy is written by `install(1)`, not by this process: a descriptor
+/// open for writing here would be inherited by whatever another test
+/// thread forks meanwhile, and exec'ing the copy then fails with "Text file
+/// busy" (ETXTBSY) until that child execs in turn.
 fn bcd_for_any_user() -> &'static std::path::Path {
-    use std::os::unix::fs::PermissionsExt;
     static COPY: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
     COPY.get_or_init(|| {
         let dir = std::env::temp_dir().join(format!("bcd-e2e-bin-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("a directory for bcd");
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
         let copy = dir.join("bcd");
-        std::fs::copy(bin("bcd"), &copy).expect("copy bcd");
-        std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        assert_ok(
+            &Command::new("install")
+                .args(["-D", "-m", "0755"])
+                .arg(bin("bcd"))
+                .arg(&copy)
+                .within(),
+        );
+        // install -D makes the directory with the umask's mode.
+        assert_ok(&Command::new("chmod").arg("0755").arg(&dir).within());
         copy
     })
 }

@@ -7,7 +7,7 @@
 //! --release -p bcd`), not the test build: `scripts/test` builds it first
 //! and names it in `BCD_RELEASE_BCD` (its `package` stage runs this module
 //! after the `release` stage). Run alone, the tests take
-//! `target/release/bcd` if it is there and skip, saying so, if not.
+//! `target/release/bcd`, and fail, saying how to build it, if it is not there.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -21,54 +21,42 @@ const UNITS: &[&str] = &[
     "bcd-site.service",
 ];
 
-/// The release bcd to package: `BCD_RELEASE_BCD` (scripts/test sets it, and
-/// then it must exist), else `target/release/bcd` beside this test build,
-/// else None (the caller skips).
-fn release_bcd() -> Option<PathBuf> {
-    if let Some(path) = std::env::var_os("BCD_RELEASE_BCD") {
-        let path = PathBuf::from(path);
-        assert!(
-            path.is_file(),
-            "BCD_RELEASE_BCD={} is not a file",
-            path.display()
-        );
-        return Some(path);
-    }
-    // target/debug/bcd → target/release/bcd
-    let path = PathBuf::from(env!("CARGO_BIN_EXE_bcd"))
-        .parent()
-        .and_then(Path::parent)
-        .map(|t| t.join("release/bcd"))?;
-    if path.is_file() {
-        eprintln!(
-            "packaging {} (as built by cargo build --release)",
-            path.display()
-        );
-        Some(path)
-    } else {
-        eprintln!(
-            "SKIPPED: no release build at {}: run `cargo build --release --locked -p bcd` \
-             first, or scripts/test, which does and then runs this module",
-            path.display()
-        );
-        None
-    }
+/// The release bcd to package: `BCD_RELEASE_BCD` (scripts/test sets it),
+/// else `target/release/bcd` beside this test build. Without either the
+/// test fails and says how to build it: a package test that passes
+/// without a package proves nothing.
+fn release_bcd() -> PathBuf {
+    let path = match std::env::var_os("BCD_RELEASE_BCD") {
+        Some(path) => PathBuf::from(path),
+        // target/debug/bcd → target/release/bcd
+        None => PathBuf::from(env!("CARGO_BIN_EXE_bcd"))
+            .parent()
+            .and_then(Path::parent)
+            .map(|t| t.join("release/bcd"))
+            .expect("the test build's bcd sits in target/<profile>/"),
+    };
+    assert!(
+        path.is_file(),
+        "no release bcd at {}: run `cargo build --release --locked -p bcd` first \
+         (or set BCD_RELEASE_BCD to one); scripts/test builds it and then runs this module",
+        path.display()
+    );
+    eprintln!("packaging {}", path.display());
+    path
 }
 
-/// Packages the release bcd into `out`; returns the .deb's path, or None
-/// (the test skips) when there is no release build.
-fn build_deb(out: &Path, version: &str) -> Option<PathBuf> {
-    let binary = release_bcd()?;
+/// Packages the release bcd into `out`; returns the .deb's path.
+fn build_deb(out: &Path, version: &str) -> PathBuf {
     let run = Command::new(workspace().join("scripts/package"))
         .arg("--binary")
-        .arg(binary)
+        .arg(release_bcd())
         .args(["--version", version, "--out"])
         .arg(out)
         .within();
     assert_ok(&run);
     let deb = PathBuf::from(stdout(&run).trim());
     assert_eq!(deb, out.join(format!("bcd_{version}_amd64.deb")));
-    Some(deb)
+    deb
 }
 
 fn dpkg_deb(args: &[&str], deb: &Path) -> String {
@@ -80,9 +68,7 @@ fn dpkg_deb(args: &[&str], deb: &Path) -> String {
 #[test]
 fn package_holds_binary_units_docs_and_depends() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let Some(deb) = build_deb(tmp.path(), "0.1.0+test1") else {
-        return;
-    };
+    let deb = build_deb(tmp.path(), "0.1.0+test1");
 
     let files = dpkg_deb(&["-c"], &deb);
     for path in [
@@ -165,9 +151,7 @@ fn package_holds_binary_units_docs_and_depends() {
 #[test]
 fn package_units_verify_and_are_hardened() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let Some(deb) = build_deb(tmp.path(), "0.1.0") else {
-        return;
-    };
+    let deb = build_deb(tmp.path(), "0.1.0");
     let root = tmp.path().join("root");
     assert_ok(
         &Command::new("dpkg-deb")
