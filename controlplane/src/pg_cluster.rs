@@ -118,6 +118,16 @@ impl PgCluster {
         self.port
     }
 
+    /// Runs `sql` on database `db`, as [`PgDb::psql`] does (for a test
+    /// that holds the name only, e.g. in a hook that must be `'static`).
+    #[allow(dead_code)]
+    pub fn psql_in(&self, db: &str, sql: &str) -> String {
+        match self.try_psql(db, sql) {
+            Ok(out) => out,
+            Err(e) => panic!("psql on {db}: {e}\n{sql}"),
+        }
+    }
+
     /// Runs `sql` on database `db` over the Unix socket; its output
     /// (unaligned, tuples only), or psql's stderr.
     fn try_psql(&self, db: &str, sql: &str) -> Result<String, String> {

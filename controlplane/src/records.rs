@@ -182,8 +182,8 @@ pub fn node_scopes(db: &Store) -> Result<std::collections::HashMap<String, NodeS
         rows.collect::<Result<Vec<String>, _>>()
     })?;
     db.read(|tx| {
-        ids.into_iter()
-            .map(|id| node_scope(tx, &id).map(|s| (id, s)))
+        ids.iter()
+            .map(|id| node_scope(tx, id).map(|s| (id.clone(), s)))
             .collect()
     })
 }

@@ -37,6 +37,8 @@ mod realek;
 mod reasons;
 // Several `serve` processes on one PostgreSQL database.
 mod replicas;
+// A PostgreSQL restart under a running control plane.
+mod pgrestart;
 // These move bcd's clock (BCD_CLOCK_OFFSET), crash it at failpoints or give
 // it a fake sysfs (BCD_SYSFS_ROOT), which only a `--features bcd/failpoints`
 // build honours; scripts/test builds so, and a plain `cargo test` leaves

@@ -102,18 +102,39 @@ pub enum DbError {
     Conflict { what: &'static str },
     #[error("database: a statement of the transaction failed, so nothing of it was written")]
     Aborted,
+    /// A write inside [`Store::read`] (SQLite `query_only`, PostgreSQL READ
+    /// ONLY): a bug in the caller, whose write belongs in [`Store::write`].
+    #[error(
+        "database: a write inside a read-only transaction (it belongs in Store::write): {sql}"
+    )]
+    WriteInRead { sql: String },
+    /// PostgreSQL: the connection broke while its COMMIT was under way, so
+    /// whether the transaction was written is unknown; it is not run again
+    /// (it may have been), and the caller answers "unavailable".
+    #[error("database: the connection to the server was lost during COMMIT ({detail}); whether the transaction was written is unknown")]
+    CommitOutcomeUnknown { detail: String },
 }
 
 impl DbError {
-    /// Worth trying again later: the database was busy, or the transaction
-    /// kept losing races to others (the caller says "unavailable", not
-    /// "internal error").
+    /// Worth trying again later: the database was busy, the transaction
+    /// kept losing races to others, or the server could not be reached (the
+    /// caller says "unavailable", not "internal error").
     pub fn is_transient(&self) -> bool {
         match self {
-            DbError::Busy | DbError::Conflict { .. } => true,
-            DbError::Pg(e) => e.is_transient(),
+            DbError::Busy | DbError::Conflict { .. } | DbError::CommitOutcomeUnknown { .. } => true,
+            DbError::Pg(e) | DbError::PgConnect { source: e, .. } => e.is_transient(),
             _ => false,
         }
+    }
+}
+
+/// The start of a statement, whitespace folded, for an error that names it.
+fn statement_head(sql: &str) -> String {
+    const MAX: usize = 120;
+    let folded = sql.split_whitespace().collect::<Vec<_>>().join(" ");
+    match folded.char_indices().nth(MAX) {
+        Some((i, _)) => format!("{}…", &folded[..i]),
+        None => folded,
     }
 }
 
@@ -554,8 +575,12 @@ impl Store {
 
     /// Runs `f` on a connection of its own outside any write transaction:
     /// each statement reads the latest committed state (WAL; PostgreSQL: a
-    /// READ ONLY transaction), and never waits for a writer.
-    pub fn read<T, E>(&self, f: impl FnOnce(&Tx<'_>) -> Result<T, E>) -> Result<T, E>
+    /// READ ONLY transaction), and never waits for a writer. A write in `f`
+    /// fails on both backends ([`DbError::WriteInRead`]: SQLite's read
+    /// connections are `query_only`), so that a misplaced write shows in
+    /// every test, not only on PostgreSQL. PostgreSQL re-runs `f` on a new
+    /// connection when the one it ran on was lost (a server restart).
+    pub fn read<T, E>(&self, mut f: impl FnMut(&Tx<'_>) -> Result<T, E>) -> Result<T, E>
     where
         E: From<DbError>,
     {

@@ -9,6 +9,18 @@
 //! says `PG:` in a comment, docs/pg-plan.md §1.2), and a transaction that
 //! loses a serialization, deadlock or uniqueness race runs again from the
 //! start, so it sees what the winner committed.
+//!
+//! A connection the server ended (a restart, `pg_terminate_backend`, a
+//! network break) is never handed out knowingly: a checkout first reads,
+//! without waiting, what the server sent while it sat idle (a restart
+//! leaves its FATAL message and the end of the stream there). One found
+//! lost mid-transaction is dropped with every idle one (as old, and most
+//! likely gone the same way), and its transaction runs again on a new one:
+//! a read always, a write when it was lost before its COMMIT was sent (the
+//! server rolls back a transaction whose connection ends). A connection
+//! lost during COMMIT leaves the outcome unknown: that transaction is not
+//! run again (it may have committed) and its caller answers "unavailable"
+//! ([`DbError::CommitOutcomeUnknown`]).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -36,6 +48,9 @@ const SESSION_SETUP: &str = "SET lock_timeout = '10s'; \
 /// Attempts of a write transaction that hit a serialization failure, a
 /// deadlock or a unique violation (SQLSTATE 40001/40P01/23505).
 const WRITE_ATTEMPTS: usize = 5;
+/// Runs of a transaction whose connection was lost before it could commit
+/// (each on a new connection).
+const LOST_ATTEMPTS: usize = 3;
 /// Statements kept prepared per connection; past it the cache starts over.
 const STATEMENT_CACHE_MAX: usize = 256;
 
@@ -61,10 +76,40 @@ impl PgError {
         PgError(e)
     }
 
-    /// A race lost to another transaction (what [`Pool::write`] retries).
+    /// A race lost to another transaction (what [`Pool::write`] retries),
+    /// or a server that cannot be reached now.
     pub(crate) fn is_transient(&self) -> bool {
-        self.0.code().is_some_and(is_race)
+        self.0.code().is_some_and(is_race) || is_lost(&self.0)
     }
+}
+
+/// The connection is gone: the driver saw it close, the stream failed
+/// (an unexpected end, a reset: "peer closed connection without sending
+/// TLS close_notify"), or the server said it is ending the session
+/// (SQLSTATE class 08, 57P01 admin shutdown, 57P02 crash shutdown, 57P03
+/// cannot connect now, 57P05 idle session timeout).
+fn is_lost(e: &postgres::Error) -> bool {
+    use std::io::ErrorKind as K;
+    let io = std::error::Error::source(e)
+        .and_then(|s| s.downcast_ref::<std::io::Error>())
+        .is_some_and(|io| {
+            matches!(
+                io.kind(),
+                K::UnexpectedEof
+                    | K::ConnectionReset
+                    | K::ConnectionAborted
+                    | K::ConnectionRefused
+                    | K::BrokenPipe
+                    | K::NotConnected
+                    | K::TimedOut
+            )
+        });
+    e.is_closed()
+        || io
+        || e.code().is_some_and(|c| {
+            let c = c.code();
+            c.starts_with("08") || matches!(c, "57P01" | "57P02" | "57P03" | "57P05")
+        })
 }
 
 /// Serialization failure, deadlock, unique violation: another transaction
@@ -147,6 +192,7 @@ impl Connector {
             retry: false,
             failed: false,
             broken: false,
+            lost: false,
         })
     }
 
@@ -167,21 +213,33 @@ pub(crate) struct Dedicated {
 }
 
 impl Dedicated {
+    /// `f` on this connection; once more on a new one when it was lost.
     pub(crate) fn with<T>(
         &mut self,
-        f: impl FnOnce(Conn<'_>) -> Result<T, DbError>,
+        mut f: impl FnMut(Conn<'_>) -> Result<T, DbError>,
     ) -> Result<T, DbError> {
-        if self.session.as_ref().is_some_and(|s| {
-            let s = s.borrow();
-            s.broken || s.client.is_closed()
-        }) {
-            self.session = None;
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            if self
+                .session
+                .as_ref()
+                .is_some_and(|s| !s.borrow_mut().alive())
+            {
+                self.session = None;
+            }
+            let cell = match &mut self.session {
+                Some(cell) => cell,
+                empty => empty.insert(RefCell::new(self.connector.connect()?)),
+            };
+            cell.borrow_mut().lost = false;
+            let out = f(Conn(cell));
+            if out.is_err() && cell.borrow().lost && attempt < 2 {
+                self.session = None;
+                continue;
+            }
+            return out;
         }
-        let cell = match &mut self.session {
-            Some(cell) => cell,
-            empty => empty.insert(RefCell::new(self.connector.connect()?)),
-        };
-        f(Conn(cell))
     }
 }
 
@@ -283,18 +341,25 @@ impl Pool {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A connection: an idle one, a new one while fewer than `max` are open,
-    /// else the next one freed within [`CHECKOUT_TIMEOUT`].
+    /// A connection: an idle one that is still open ([`Session::alive`]),
+    /// a new one while fewer than `max` are open, else the next one freed
+    /// within [`CHECKOUT_TIMEOUT`].
     fn checkout(&self) -> Result<Lease<'_>, DbError> {
         let deadline = Instant::now() + self.checkout_timeout;
         let mut st = self.lock_state();
         loop {
-            if let Some(s) = st.idle.pop() {
-                if s.client.is_closed() {
-                    st.open -= 1;
-                    continue;
+            if let Some(mut s) = st.idle.pop() {
+                // Checked outside the lock: it reads the socket.
+                drop(st);
+                if s.alive() {
+                    return Ok(Lease::new(self, s));
                 }
-                return Ok(Lease::new(self, s));
+                self.lock_state().open -= 1;
+                self.freed.notify_one();
+                tracing::debug!("database: an idle connection was closed by the server; dropped");
+                discard(vec![s]);
+                st = self.lock_state();
+                continue;
             }
             if st.open < self.max {
                 st.open += 1;
@@ -324,6 +389,33 @@ impl Pool {
         self.connector.connect()
     }
 
+    /// After a lost connection: drops every idle one (as old as it, and
+    /// most likely gone the same way), so that the re-run gets a new one.
+    fn drop_idle(&self) {
+        let idle = {
+            let mut st = self.lock_state();
+            let idle = std::mem::take(&mut st.idle);
+            st.open -= idle.len();
+            idle
+        };
+        self.freed.notify_all();
+        discard(idle);
+    }
+
+    /// What a transaction whose connection was lost before it could commit
+    /// does before its re-run `attempt` (from 1): drop the idle connections,
+    /// log, pause.
+    fn before_rerun_after_lost(&self, attempt: usize, what: &str) {
+        self.drop_idle();
+        let pause = backoff(attempt);
+        tracing::warn!(
+            attempt,
+            pause_ms = u64::try_from(pause.as_millis()).unwrap_or(u64::MAX),
+            "database: the connection to the server was lost during a {what}; running it again on a new one"
+        );
+        std::thread::sleep(pause);
+    }
+
     fn checkin(&self, s: Session) {
         let mut st = self.lock_state();
         let dropped = if s.broken || s.client.is_closed() {
@@ -338,33 +430,10 @@ impl Pool {
         discard(dropped.into_iter().collect());
     }
 
-    /// `f` inside one READ ONLY transaction.
-    pub(crate) fn read<T, E>(&self, f: impl FnOnce(Conn<'_>) -> Result<T, E>) -> Result<T, E>
-    where
-        E: From<DbError>,
-    {
-        let lease = self.checkout()?;
-        let conn = lease.conn();
-        conn.batch("BEGIN ISOLATION LEVEL READ COMMITTED READ ONLY")?;
-        let out = f(conn);
-        // A read commits nothing; ROLLBACK also ends an aborted transaction.
-        // The closure's own error is the one to report.
-        let ended = conn.end("ROLLBACK");
-        let out = out?;
-        ended?;
-        Ok(out)
-    }
-
-    /// `f` inside one write transaction, committed when `f` says so. A
-    /// serialization failure, deadlock, unique violation or
-    /// [`Conn::conflict`] re-runs `f` (≤ [`WRITE_ATTEMPTS`] times, after a
-    /// short random pause): the re-run reads what the other transaction
-    /// committed and decides again (a second site of one name finds the
-    /// first and says so).
-    pub(crate) fn write<T, E>(
-        &self,
-        mut f: impl FnMut(Conn<'_>) -> Result<(T, Commit), E>,
-    ) -> Result<T, E>
+    /// `f` inside one READ ONLY transaction; run again (≤
+    /// [`LOST_ATTEMPTS`] times in all) on a new connection when the one it
+    /// ran on was lost, which a read can always be.
+    pub(crate) fn read<T, E>(&self, mut f: impl FnMut(Conn<'_>) -> Result<T, E>) -> Result<T, E>
     where
         E: From<DbError>,
     {
@@ -373,22 +442,76 @@ impl Pool {
             attempt += 1;
             let lease = self.checkout()?;
             let conn = lease.conn();
-            {
-                let mut s = conn.session();
-                s.retry = false;
-                s.failed = false;
+            conn.session().reset();
+            let out = match conn.batch("BEGIN ISOLATION LEVEL READ COMMITTED READ ONLY") {
+                Ok(()) => f(conn),
+                Err(e) => Err(E::from(e)),
+            };
+            if conn.session().lost {
+                drop(lease);
+                if attempt < LOST_ATTEMPTS {
+                    self.before_rerun_after_lost(attempt, "read");
+                    continue;
+                }
+                // `f` may have made an answer of the error: what it read
+                // is not to be trusted.
+                return out.and(Err(E::from(DbError::Aborted)));
             }
+            // A read commits nothing; ROLLBACK also ends an aborted
+            // transaction. The closure's own error is the one to report; a
+            // ROLLBACK that fails leaves a good read good (the connection
+            // is dropped).
+            let _ = conn.end("ROLLBACK");
+            return out;
+        }
+    }
+
+    /// `f` inside one write transaction, committed when `f` says so. A
+    /// serialization failure, deadlock, unique violation or
+    /// [`Conn::conflict`] re-runs `f` (≤ [`WRITE_ATTEMPTS`] times, after a
+    /// short random pause): the re-run reads what the other transaction
+    /// committed and decides again (a second site of one name finds the
+    /// first and says so). A connection lost before COMMIT re-runs it on a
+    /// new one (≤ [`LOST_ATTEMPTS`] times); one lost during COMMIT is
+    /// [`DbError::CommitOutcomeUnknown`], never re-run.
+    pub(crate) fn write<T, E>(
+        &self,
+        mut f: impl FnMut(Conn<'_>) -> Result<(T, Commit), E>,
+    ) -> Result<T, E>
+    where
+        E: From<DbError>,
+    {
+        let mut attempt = 0;
+        let mut lost_runs = 0;
+        loop {
+            let lease = self.checkout()?;
+            let conn = lease.conn();
+            conn.session().reset();
             let outcome = match conn.batch("BEGIN ISOLATION LEVEL READ COMMITTED") {
                 Ok(()) => f(conn),
                 Err(e) => Err(E::from(e)),
             };
             // A lost race counts even where `f` turned the error into an
             // answer (an attestor's DbError is a refusal): that answer was
-            // decided on a transaction PostgreSQL aborted.
-            let (retry, failed) = {
+            // decided on a transaction PostgreSQL aborted. So does a lost
+            // connection, whose transaction the server rolled back.
+            let (retry, failed, lost) = {
                 let s = conn.session();
-                (s.retry, s.failed)
+                (s.retry, s.failed, s.lost)
             };
+            if lost {
+                drop(lease);
+                lost_runs += 1;
+                if lost_runs < LOST_ATTEMPTS {
+                    self.before_rerun_after_lost(lost_runs, "write");
+                    continue;
+                }
+                return match outcome {
+                    Err(e) => Err(e),
+                    Ok(_) => Err(DbError::Aborted.into()),
+                };
+            }
+            attempt += 1;
             let ended = match outcome {
                 _ if retry && attempt < WRITE_ATTEMPTS => None,
                 Ok((out, Commit::Yes)) if !failed => {
@@ -407,6 +530,16 @@ impl Pool {
             };
             match ended {
                 Some(Ok(out)) => return Ok(out),
+                // Sent, and no answer: it may have committed or not.
+                Some(Err(e)) if conn.session().lost => {
+                    drop(lease);
+                    self.drop_idle();
+                    tracing::warn!(error = %e, "database: the connection to the server was lost during COMMIT; the outcome is unknown, so the transaction is not run again");
+                    return Err(DbError::CommitOutcomeUnknown {
+                        detail: e.to_string(),
+                    }
+                    .into());
+                }
                 // A COMMIT that lost a race runs the whole transaction again.
                 Some(Err(e)) if !(conn.session().retry && attempt < WRITE_ATTEMPTS) => {
                     let _ = conn.end("ROLLBACK");
@@ -531,9 +664,32 @@ struct Session {
     failed: bool,
     /// Not to be reused (a lost connection, a failed ROLLBACK).
     broken: bool,
+    /// The connection to the server is gone ([`is_lost`]): the current
+    /// transaction did not commit, unless it was lost during COMMIT.
+    lost: bool,
 }
 
 impl Session {
+    /// Before a transaction: nothing has failed yet.
+    fn reset(&mut self) {
+        self.retry = false;
+        self.failed = false;
+        self.lost = false;
+    }
+
+    /// Whether the connection is still open, as far as can be told without
+    /// waiting: reads what the server sent while it sat idle (no request is
+    /// outstanding, so anything there is a notice or the session's end: a
+    /// restart's or `pg_terminate_backend`'s FATAL and end of stream).
+    fn alive(&mut self) -> bool {
+        if self.broken || self.client.is_closed() {
+            return false;
+        }
+        use postgres::fallible_iterator::FallibleIterator as _;
+        let polled = self.client.notifications().iter().next();
+        polled.is_ok() && !self.client.is_closed()
+    }
+
     fn prepare(&mut self, sql: &str) -> Result<Statement, DbError> {
         if let Some(st) = self.stmts.get(sql) {
             return Ok(st.clone());
@@ -541,7 +697,7 @@ impl Session {
         let st = self
             .client
             .prepare(&rewrite_placeholders(sql))
-            .map_err(|e| self.error(e))?;
+            .map_err(|e| self.error(sql, e))?;
         if self.stmts.len() >= STATEMENT_CACHE_MAX {
             self.stmts.clear();
         }
@@ -549,13 +705,18 @@ impl Session {
         Ok(st)
     }
 
-    /// Maps a driver error, noting what it means for this connection.
-    fn error(&mut self, e: postgres::Error) -> DbError {
+    /// Maps a driver error of statement `sql`, noting what it means for
+    /// this connection.
+    fn error(&mut self, sql: &str, e: postgres::Error) -> DbError {
         self.failed = true;
-        if self.client.is_closed() || e.is_closed() {
+        if self.client.is_closed() || is_lost(&e) {
             self.broken = true;
+            self.lost = true;
         }
         match e.code() {
+            Some(c) if *c == SqlState::READ_ONLY_SQL_TRANSACTION => DbError::WriteInRead {
+                sql: super::statement_head(sql),
+            },
             Some(c) if is_race(c) => {
                 self.retry = true;
                 DbError::Pg(PgError(e))
@@ -581,7 +742,7 @@ impl Conn<'_> {
     fn batch(&self, sql: &str) -> Result<(), DbError> {
         let mut s = self.session();
         let r = s.client.batch_execute(sql);
-        r.map_err(|e| s.error(e))
+        r.map_err(|e| s.error(sql, e))
     }
 
     /// COMMIT or ROLLBACK; a connection that fails it is not reused.
@@ -603,7 +764,7 @@ impl Conn<'_> {
         let st = s.prepare(sql)?;
         let refs = param_refs(params);
         let r = s.client.execute(&st, &refs);
-        let n = r.map_err(|e| s.error(e))?;
+        let n = r.map_err(|e| s.error(sql, e))?;
         Ok(usize::try_from(n).unwrap_or(usize::MAX))
     }
 
@@ -612,7 +773,7 @@ impl Conn<'_> {
         let st = s.prepare(sql)?;
         let refs = param_refs(params);
         let r = s.client.query(&st, &refs);
-        let rows = r.map_err(|e| s.error(e))?;
+        let rows = r.map_err(|e| s.error(sql, e))?;
         rows.iter().map(read_row).collect()
     }
 

@@ -388,3 +388,127 @@ fn a_write_that_dropped_a_failed_statement_reports_nothing_written() {
     assert!(matches!(r, Err(DbError::Aborted)), "{r:?}");
     assert_eq!(t.db.read(clock_offset_ms).unwrap(), 0);
 }
+
+/// Ends every session of `pg`'s database but psql's own, as a server
+/// restart does (SIGTERM to each backend: FATAL 57P01, end of stream), and
+/// waits until they are gone; how many it ended.
+fn end_every_session(pg: &crate::pg_cluster::PgDb) -> usize {
+    pg.psql(
+        "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 10000))
+           FROM pg_stat_activity
+          WHERE datname = current_database() AND pid <> pg_backend_pid()",
+    )
+    .parse()
+    .unwrap()
+}
+
+/// The pool's connections, ended while idle (a server restart), fail no
+/// transaction: a checkout drops what the server closed and the reads and
+/// writes after run on new connections.
+#[test]
+fn idle_connections_the_server_ended_fail_no_transaction() {
+    let t = temp_db_on(Backend::Postgres);
+    let pg = t.pg.as_ref().unwrap();
+    // Four connections at once (the pool's max), then idle in the pool.
+    let barrier = std::sync::Barrier::new(4);
+    std::thread::scope(|s| {
+        for _ in 0..4 {
+            s.spawn(|| {
+                t.db.read(|tx| {
+                    barrier.wait();
+                    tx.now()
+                })
+                .unwrap()
+            });
+        }
+    });
+    assert_eq!(end_every_session(pg), 4);
+    for i in 0..4 {
+        t.db.read(|tx| tx.now()).unwrap();
+        t.db.write(|tx| set_clock_offset_ms(tx, i)).unwrap();
+    }
+    assert_eq!(t.db.read(clock_offset_ms).unwrap(), 3);
+}
+
+/// A connection ended inside a transaction, before its COMMIT: the
+/// server rolled it back, so it runs again on a new connection (a write's
+/// effects once, a read's answer from the re-run).
+#[test]
+fn a_transaction_whose_connection_ends_before_commit_runs_again() {
+    let t = temp_db_on(Backend::Postgres);
+    let pg = t.pg.as_ref().unwrap();
+    let runs = std::cell::Cell::new(0);
+    t.db.write(|tx| {
+        runs.set(runs.get() + 1);
+        tx.execute(
+            "INSERT INTO settings (key, value) VALUES ('n', '1')
+             ON CONFLICT(key) DO UPDATE SET value = CAST(CAST(settings.value AS BIGINT) + 1 AS TEXT)",
+            params![],
+        )?;
+        if runs.get() == 1 {
+            assert_eq!(end_every_session(pg), 1);
+        }
+        tx.execute(
+            "INSERT INTO settings (key, value) VALUES ('m', 'x')",
+            params![],
+        )
+    })
+    .unwrap();
+    assert_eq!(runs.get(), 2);
+    assert_eq!(
+        pg.psql("SELECT string_agg(key || '=' || value, ',' ORDER BY key) FROM settings"),
+        "m=x,n=1"
+    );
+
+    let runs = std::cell::Cell::new(0);
+    let n: String =
+        t.db.read(|tx| {
+            runs.set(runs.get() + 1);
+            if runs.get() == 1 {
+                assert_eq!(end_every_session(pg), 1);
+            }
+            tx.query_one("SELECT value FROM settings WHERE key = 'n'", params![])?
+                .get(0)
+        })
+        .unwrap();
+    assert_eq!((runs.get(), n.as_str()), (2, "1"));
+}
+
+/// A connection lost during COMMIT leaves the outcome unknown: the
+/// transaction is not run again, and the error is one a caller answers
+/// "unavailable" with.
+#[test]
+fn a_connection_lost_during_commit_is_not_run_again() {
+    let t = temp_db_on(Backend::Postgres);
+    let pg = t.pg.as_ref().unwrap();
+    let ended = std::rc::Rc::new(std::cell::Cell::new(false));
+    let hook_ended = ended.clone();
+    let pg_name = pg.name.clone();
+    pg::BEFORE_COMMIT.with(|h| {
+        *h.borrow_mut() = Some(Box::new(move || {
+            if !hook_ended.get() {
+                hook_ended.set(true);
+                let sql = format!(
+                    "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 10000))
+                       FROM pg_stat_activity
+                      WHERE datname = '{pg_name}' AND pid <> pg_backend_pid()"
+                );
+                assert_eq!(PgCluster::shared().psql_in("postgres", &sql), "1");
+            }
+        }))
+    });
+    let mut runs = 0;
+    let r = t.db.write(|tx| {
+        runs += 1;
+        set_clock_offset_ms(tx, 7)
+    });
+    pg::BEFORE_COMMIT.with(|h| *h.borrow_mut() = None);
+    let e = r.unwrap_err();
+    assert!(matches!(e, DbError::CommitOutcomeUnknown { .. }), "{e:?}");
+    assert!(e.is_transient(), "{e}");
+    assert!(e.to_string().contains("unknown"), "{e}");
+    assert_eq!(runs, 1);
+    assert!(ended.get());
+    // The pool goes on with a new connection.
+    assert_eq!(t.db.read(clock_offset_ms).unwrap(), 0);
+}

@@ -60,10 +60,13 @@ impl rusqlite::ToSql for Value {
     }
 }
 
-/// The connections of one database file.
+/// The connections of one database file: those for write transactions,
+/// and those for reads, which are `query_only` so that a write in a read
+/// fails here as it does on PostgreSQL ([`DbError::WriteInRead`]).
 pub(crate) struct Pool {
     path: PathBuf,
     idle: Mutex<Vec<Connection>>,
+    idle_readers: Mutex<Vec<Connection>>,
 }
 
 impl Pool {
@@ -76,6 +79,7 @@ impl Pool {
         let pool = Pool {
             path: path.to_owned(),
             idle: Mutex::new(vec![conn]),
+            idle_readers: Mutex::new(Vec::new()),
         };
         Ok((pool, change))
     }
@@ -84,26 +88,36 @@ impl Pool {
         &self.path
     }
 
-    /// Runs `f` with a connection of this database. Connections are not
-    /// shared between threads; each call gets one of its own.
-    fn with_conn<T>(&self, f: impl FnOnce(&mut Connection) -> T) -> Result<T, DbError> {
-        let pooled = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
+    /// Runs `f` with a connection of this database: a `query_only` one
+    /// for a `reader`. Connections are not shared between threads; each
+    /// call gets one of its own.
+    fn with_conn<T>(
+        &self,
+        reader: bool,
+        f: impl FnOnce(&mut Connection) -> T,
+    ) -> Result<T, DbError> {
+        let idle = match reader {
+            true => &self.idle_readers,
+            false => &self.idle,
+        };
+        let pooled = idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
         let mut conn = match pooled {
             Some(c) => c,
+            None if reader => connect_reader(&self.path)?,
             None => connect(&self.path)?,
         };
         let out = f(&mut conn);
-        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let mut idle = idle.lock().unwrap_or_else(|p| p.into_inner());
         if idle.len() < POOL_MAX_IDLE {
             idle.push(conn);
         }
         Ok(out)
     }
 
-    /// `f` on a connection in autocommit mode (no transaction), as reads
-    /// always ran.
+    /// `f` on a `query_only` connection in autocommit mode (no
+    /// transaction), as reads always ran.
     pub(crate) fn read<T>(&self, f: impl FnOnce(Conn<'_>) -> T) -> Result<T, DbError> {
-        self.with_conn(|conn| f(Conn(conn)))
+        self.with_conn(true, |conn| f(Conn::reader(conn)))
     }
 
     /// `f` inside one `BEGIN IMMEDIATE` transaction, committed when it says
@@ -115,11 +129,11 @@ impl Pool {
     where
         E: From<DbError>,
     {
-        self.with_conn(|conn| {
+        self.with_conn(false, |conn| {
             let tx = conn
                 .transaction_with_behavior(TransactionBehavior::Immediate)
                 .map_err(DbError::from)?;
-            let (out, commit) = f(Conn(&tx))?;
+            let (out, commit) = f(Conn::new(&tx))?;
             if commit == Commit::Yes {
                 tx.commit().map_err(DbError::from)?;
             }
@@ -129,35 +143,75 @@ impl Pool {
     }
 }
 
-/// A connection (inside a transaction or not), as [`super::Tx`] holds it.
+/// A connection (inside a transaction or not), as [`super::Tx`] holds it;
+/// `reader`: a `query_only` one of [`Pool::read`].
 #[derive(Clone, Copy)]
-pub(crate) struct Conn<'c>(&'c Connection);
+pub(crate) struct Conn<'c> {
+    conn: &'c Connection,
+    reader: bool,
+}
 
-impl Conn<'_> {
-    pub(crate) fn execute(&self, sql: &str, params: &[Value]) -> Result<usize, DbError> {
-        let mut st = self.0.prepare_cached(sql)?;
-        Ok(st.execute(rusqlite::params_from_iter(params))?)
+impl<'c> Conn<'c> {
+    fn new(conn: &'c Connection) -> Self {
+        Conn {
+            conn,
+            reader: false,
+        }
     }
 
-    pub(crate) fn query(&self, sql: &str, params: &[Value]) -> Result<Vec<Row>, DbError> {
-        let mut st = self.0.prepare_cached(sql)?;
+    fn reader(conn: &'c Connection) -> Self {
+        Conn { conn, reader: true }
+    }
+
+    /// The driver's error as a [`DbError`]; on a reader, SQLite's refusal
+    /// to write is [`DbError::WriteInRead`] naming the statement.
+    fn error(&self, sql: &str, e: rusqlite::Error) -> DbError {
+        match &e {
+            rusqlite::Error::SqliteFailure(f, _)
+                if self.reader && f.code == rusqlite::ErrorCode::ReadOnly =>
+            {
+                DbError::WriteInRead {
+                    sql: super::statement_head(sql),
+                }
+            }
+            _ => e.into(),
+        }
+    }
+
+    pub(crate) fn execute(&self, sql: &str, params: &[Value]) -> Result<usize, DbError> {
+        let run = || {
+            let mut st = self.conn.prepare_cached(sql)?;
+            st.execute(rusqlite::params_from_iter(params))
+        };
+        run().map_err(|e| self.error(sql, e))
+    }
+
+    /// The first `limit` rows of a query (all of them: `usize::MAX`).
+    fn rows(&self, sql: &str, params: &[Value], limit: usize) -> Result<Vec<Row>, DbError> {
+        let mut st = self
+            .conn
+            .prepare_cached(sql)
+            .map_err(|e| self.error(sql, e))?;
         let n = st.column_count();
-        let mut rows = st.query(rusqlite::params_from_iter(params))?;
+        let mut rows = st
+            .query(rusqlite::params_from_iter(params))
+            .map_err(|e| self.error(sql, e))?;
         let mut out = Vec::new();
-        while let Some(r) = rows.next()? {
-            out.push(read_row(r, n)?);
+        while out.len() < limit {
+            match rows.next().map_err(|e| self.error(sql, e))? {
+                Some(r) => out.push(read_row(r, n)?),
+                None => break,
+            }
         }
         Ok(out)
     }
 
+    pub(crate) fn query(&self, sql: &str, params: &[Value]) -> Result<Vec<Row>, DbError> {
+        self.rows(sql, params, usize::MAX)
+    }
+
     pub(crate) fn query_opt(&self, sql: &str, params: &[Value]) -> Result<Option<Row>, DbError> {
-        let mut st = self.0.prepare_cached(sql)?;
-        let n = st.column_count();
-        let mut rows = st.query(rusqlite::params_from_iter(params))?;
-        match rows.next()? {
-            Some(r) => Ok(Some(read_row(r, n)?)),
-            None => Ok(None),
-        }
+        Ok(self.rows(sql, params, 1)?.into_iter().next())
     }
 }
 
@@ -213,7 +267,7 @@ impl ClockConn {
     /// The stored clock offset.
     pub fn offset_ms(&self) -> Result<i64, DbError> {
         let conn = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        super::clock_offset_ms(&super::Tx::new(Conn(&conn), super::Dialect::Sqlite))
+        super::clock_offset_ms(&super::Tx::new(Conn::reader(&conn), super::Dialect::Sqlite))
     }
 }
 
@@ -256,6 +310,17 @@ fn connect(path: &Path) -> Result<Connection, DbError> {
     }
     conn.pragma_update(None, "foreign_keys", true)
         .map_err(open_err)?;
+    Ok(conn)
+}
+
+/// A connection for reads: [`connect`]'s, `query_only`.
+fn connect_reader(path: &Path) -> Result<Connection, DbError> {
+    let conn = connect(path)?;
+    conn.pragma_update(None, "query_only", true)
+        .map_err(|source| DbError::Open {
+            path: path.to_owned(),
+            source: SqliteError(source),
+        })?;
     Ok(conn)
 }
 

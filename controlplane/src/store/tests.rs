@@ -8,7 +8,53 @@ both_backends!(
     execute_counts_changed_rows,
     migration_8_backfills_tpm_hardware_keys,
     migration_16_keeps_enrollment_requests_and_admits_discovery_ones,
+    read_refuses_writes,
 );
+
+/// A write inside `read` fails on either backend (SQLite's read
+/// connections are `query_only`, PostgreSQL's reads READ ONLY), as
+/// [`DbError::WriteInRead`] naming the statement, and writes nothing; the
+/// connection serves the next read.
+fn read_refuses_writes(backend: Backend) {
+    let t = temp_db_on(backend);
+    t.db.write(|tx| {
+        tx.execute(
+            "INSERT INTO settings (key, value) VALUES ('k', 'v')",
+            params![],
+        )
+    })
+    .unwrap();
+    for sql in [
+        "INSERT INTO settings (key, value) VALUES ('k2', 'v')",
+        "UPDATE settings   SET value = 'w'\n   WHERE key = 'k'",
+        "DELETE FROM settings WHERE key = 'k'",
+    ] {
+        let e = t.db.read(|tx| tx.execute(sql, params![])).unwrap_err();
+        let folded = sql.split_whitespace().collect::<Vec<_>>().join(" ");
+        match &e {
+            DbError::WriteInRead { sql } => assert_eq!(sql, &folded),
+            other => panic!("{sql}: {other:?}"),
+        }
+        assert!(e.to_string().contains("Store::write"), "{e}");
+        // A closure that reads first and then writes fails the same way.
+        let e =
+            t.db.read(|tx| {
+                tx.now()?;
+                tx.execute(sql, params![])
+            })
+            .unwrap_err();
+        assert!(matches!(e, DbError::WriteInRead { .. }), "{e:?}");
+    }
+    let rows: Vec<(String, String)> =
+        t.db.read(|tx| {
+            tx.query_map("SELECT key, value FROM settings", params![], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })?
+            .collect()
+        })
+        .unwrap();
+    assert_eq!(rows, [("k".to_owned(), "v".to_owned())]);
+}
 
 fn migrates_once_and_moves_the_clock(backend: Backend) {
     let t = temp_db_on(backend);

@@ -222,7 +222,7 @@ impl TpmAttestor {
                     .ok()
                     .map(|(_, c)| hex::encode(bc_wire::sha256(c.public_key().raw)));
                 if key_sha256.as_deref() == Some(ek_sha256.as_str()) {
-                    db.read(|tx| {
+                    db.write(|tx| {
                         let now = tx.now()?;
                         ek_service::cache(tx, &ek_sha256, maker, &url, &der, now)
                     })?;
