@@ -169,6 +169,7 @@ impl Fixture {
         match self.run(evidence) {
             Ok(Verdict::Admit(r)) => *r,
             Ok(Verdict::Defer(d)) => panic!("deferred: {d:?}"),
+            Ok(Verdict::Prepare(_)) => panic!("asked for a fetch"),
             Err(r) => panic!("refused: {}", r.reason),
         }
     }
@@ -193,6 +194,7 @@ fn reason(r: Result<Verdict, Refusal>) -> String {
         Ok(Verdict::Admit(_)) => "admitted".into(),
         Ok(Verdict::Defer(Deferral::Pending { .. })) => "pending".into(),
         Ok(Verdict::Defer(Deferral::Challenge { .. })) => "challenge".into(),
+        Ok(Verdict::Prepare(_)) => "prepare".into(),
         Err(r) => r.reason,
     }
 }
