@@ -10,6 +10,14 @@
 //! and bound to the CSR ([`state`]). Nothing is written, so any replica can
 //! take round 2.
 //!
+//! **A certificate from the maker's service** ([`ek_service`]), for a hello
+//! without one: fetched in round 1 only for an EK an operator knows; any
+//! other EK is challenged as it is (a TCG default template), the state
+//! saying its certificate is pending, and round 2 fetches and verifies it
+//! (the same checks and refusals as round 1's) right after the proof and
+//! before placing the machine. Each fetch runs between two runs of the
+//! join transaction ([`Verdict::Prepare`]).
+//!
 //! **Round 2** (`TpmAttestation.answer`), each failure a refusal with the
 //! reason named: the state opens for this CSR (`challenge-state`), is not
 //! past its deadline (`challenge-expired`) and was not answered before
