@@ -26,19 +26,24 @@ pub trait Attestor: Send + Sync {
     /// Runs inside the join transaction (BEGIN IMMEDIATE: the write lock is
     /// held). Whatever it writes is committed only on `Admit` or `Defer`.
     fn verify(&self, tx: &Tx<'_>, input: &AttestInput<'_>) -> Result<Verdict, Refusal>;
-    /// Runs before the join transaction, with no lock held, for what must
-    /// not hold the write lock (the tpm attestor's fetch of an EK
-    /// certificate from its maker's service). What it returns reaches
-    /// `verify` as [`AttestInput::prepared`]; a refusal here refuses the
-    /// join like one from `verify`. `tpm` is `JoinRequest.tpm` (see
-    /// [`Attestor::takes_tpm_evidence`]). Default: nothing.
+    /// Runs between two runs of the join transaction, with no lock held,
+    /// when `verify` answered [`Verdict::Prepare`]: what must not hold the
+    /// write lock (the tpm attestor's fetch of an EK certificate from its
+    /// maker's service), asked for only once `verify` has checked what
+    /// comes before it. What it returns reaches the second `verify` as
+    /// [`AttestInput::prepared`]; a refusal here refuses the join like one
+    /// from `verify`. `source` is the request's address. Default: an
+    /// attestor that never asks is never called.
     fn prepare(
         &self,
         _db: &crate::store::Store,
-        _evidence: &[u8],
-        _tpm: Option<&TpmAttestation>,
+        _work: &Work,
+        _source: Option<std::net::IpAddr>,
     ) -> Result<Prepared, Refusal> {
-        Ok(Prepared::default())
+        Err(Refusal::fault(Fault::Internal(format!(
+            "attestor {} asked for work outside the transaction it cannot do",
+            self.id()
+        ))))
     }
     /// Whether it reads `JoinRequest.tpm`, the machine's TPM proving itself
     /// beside this attestor's own evidence (`discovery`). JoinService refuses
@@ -61,6 +66,21 @@ impl Prepared {
     /// The value, if `prepare` left one of type `T`.
     pub fn get<T: std::any::Any>(&self) -> Option<&T> {
         self.0.as_ref().and_then(|v| v.downcast_ref())
+    }
+}
+
+/// What `verify` asks done outside the transaction ([`Verdict::Prepare`]):
+/// opaque to JoinService, handed to the attestor's [`Attestor::prepare`].
+pub struct Work(Box<dyn std::any::Any + Send + Sync>);
+
+impl Work {
+    pub fn new<T: std::any::Any + Send + Sync>(value: T) -> Self {
+        Work(Box::new(value))
+    }
+
+    /// The work, if it is of type `T`.
+    pub fn get<T: std::any::Any>(&self) -> Option<&T> {
+        self.0.downcast_ref()
     }
 }
 
@@ -94,7 +114,8 @@ pub struct AttestInput<'a> {
     /// The address the request came from (`None`: not over TCP), recorded
     /// where an operator decides on the join (a discovery join request).
     pub source: Option<std::net::IpAddr>,
-    /// What the attestor's [`Attestor::prepare`] returned for this request.
+    /// What the attestor's [`Attestor::prepare`] returned for this request
+    /// (nothing in the first run).
     pub prepared: &'a Prepared,
 }
 
@@ -102,6 +123,10 @@ pub enum Verdict {
     /// Boxed: a result is several times a deferral's size.
     Admit(Box<AttestationResult>),
     Defer(Deferral),
+    /// Not yet: do this outside the transaction ([`Attestor::prepare`],
+    /// once), then verify again with its outcome. The transaction is
+    /// rolled back.
+    Prepare(Work),
 }
 
 /// Who holds the node key, as far as the attestor proved it.

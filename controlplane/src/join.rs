@@ -36,7 +36,7 @@ use time::Duration;
 
 use crate::attestor::{
     AttestInput, AttestationResult, Attestor, AttestorRegistry, Deferral, ExpectMismatch, Fault,
-    OpenedToken, Refusal, Verdict, JOIN_TOKEN,
+    OpenedToken, Prepared, Refusal, Verdict, JOIN_TOKEN,
 };
 use crate::attestors::tpm::{self, state::ChallengeKey, TpmAttestor};
 use crate::attestors::x509pop::{self, X509PopAttestor};
@@ -202,9 +202,14 @@ pub(crate) struct VerifiedCsr {
 
 /// The outcome of the join transaction.
 enum Outcome {
-    Joined { node_id: String, leaf: Vec<u8> },
+    Joined {
+        node_id: String,
+        leaf: Vec<u8>,
+    },
     Deferred(Deferral),
     Refused(Refusal),
+    /// The attestor asked for work outside the transaction first.
+    Prepare(crate::attestor::Work),
 }
 
 impl JoinService {
@@ -439,56 +444,73 @@ impl JoinService {
             }
         };
         let claims = req.claims.clone().unwrap_or_default();
-        // Outside the transaction: what must not hold the write lock.
-        let prepared = match attestor.prepare(&self.db, &req.attestation, req.tpm.as_ref()) {
-            Ok(p) => p,
-            Err(refusal) => return Err(self.refuse(&attestor_id, refusal, source)),
-        };
-
-        let outcome = self
-            .db
-            .write_if(|tx| -> Result<(Outcome, Commit), ApiError> {
-                let now = tx.now()?;
-                let input = AttestInput {
-                    role,
-                    evidence: &req.attestation,
-                    token: token.as_ref(),
-                    csr_der: &req.csr,
-                    csr_sha256: csr.sha256,
-                    csr_spki_der: &csr.spki_der,
-                    csr_spki_sha256: csr.spki_sha256,
-                    claims: &claims,
-                    tpm: req.tpm.as_ref(),
-                    now,
-                    source,
-                    prepared: &prepared,
-                };
-                match attestor.verify(tx, &input) {
-                    // No commit: a refusal rolls back whatever the attestor wrote.
-                    Err(refusal) => Ok((Outcome::Refused(refusal), Commit::No)),
-                    // Commit: the attestor's own rows (a pending request) persist.
-                    Ok(Verdict::Defer(d)) => Ok((Outcome::Deferred(d), Commit::Yes)),
-                    Ok(Verdict::Admit(result)) => {
-                        let request = Admission {
-                            role,
-                            attestor_id: &attestor_id,
-                            csr: &csr,
-                            claims: &claims,
-                        };
-                        let admitted = check_role(&attestor_id, role, Some(&result))
-                            .and_then(|()| check_expect(&result, &claims))
-                            .and_then(|()| self.admit(tx, now, &request, &result));
-                        match admitted {
-                            Ok((node_id, leaf)) => {
-                                Ok((Outcome::Joined { node_id, leaf }, Commit::Yes))
+        // What the attestor asks done outside the transaction (it must not
+        // hold the write lock): done once, then the attestor runs again.
+        let mut prepared = Prepared::default();
+        let mut prepared_once = false;
+        let outcome = loop {
+            let outcome = self
+                .db
+                .write_if(|tx| -> Result<(Outcome, Commit), ApiError> {
+                    let now = tx.now()?;
+                    let input = AttestInput {
+                        role,
+                        evidence: &req.attestation,
+                        token: token.as_ref(),
+                        csr_der: &req.csr,
+                        csr_sha256: csr.sha256,
+                        csr_spki_der: &csr.spki_der,
+                        csr_spki_sha256: csr.spki_sha256,
+                        claims: &claims,
+                        tpm: req.tpm.as_ref(),
+                        now,
+                        source,
+                        prepared: &prepared,
+                    };
+                    match attestor.verify(tx, &input) {
+                        // No commit: a refusal rolls back whatever the attestor wrote.
+                        Err(refusal) => Ok((Outcome::Refused(refusal), Commit::No)),
+                        // Commit: the attestor's own rows (a pending request) persist.
+                        Ok(Verdict::Defer(d)) => Ok((Outcome::Deferred(d), Commit::Yes)),
+                        Ok(Verdict::Prepare(work)) => Ok((Outcome::Prepare(work), Commit::No)),
+                        Ok(Verdict::Admit(result)) => {
+                            let request = Admission {
+                                role,
+                                attestor_id: &attestor_id,
+                                csr: &csr,
+                                claims: &claims,
+                            };
+                            let admitted = check_role(&attestor_id, role, Some(&result))
+                                .and_then(|()| check_expect(&result, &claims))
+                                .and_then(|()| self.admit(tx, now, &request, &result));
+                            match admitted {
+                                Ok((node_id, leaf)) => {
+                                    Ok((Outcome::Joined { node_id, leaf }, Commit::Yes))
+                                }
+                                Err(refusal) => Ok((Outcome::Refused(refusal), Commit::No)),
                             }
-                            Err(refusal) => Ok((Outcome::Refused(refusal), Commit::No)),
                         }
                     }
+                })?;
+            match outcome {
+                Outcome::Prepare(work) if !prepared_once => {
+                    prepared_once = true;
+                    prepared = match attestor.prepare(&self.db, &work, source) {
+                        Ok(p) => p,
+                        Err(refusal) => return Err(self.refuse(&attestor_id, refusal, source)),
+                    };
                 }
-            })?;
+                other => break other,
+            }
+        };
 
         let body = match outcome {
+            // Asked again after its work was done: a bug in the attestor.
+            Outcome::Prepare(_) => {
+                return Err(ApiError::Internal(format!(
+                    "attestor {attestor_id} asked for work outside the transaction twice"
+                )))
+            }
             Outcome::Refused(refusal) => return Err(self.refuse(&attestor_id, refusal, source)),
             Outcome::Deferred(d) => {
                 tracing::info!(attestor = %attestor_id, "join deferred");

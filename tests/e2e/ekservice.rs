@@ -336,3 +336,267 @@ fn an_amd_service_certificate_joins() {
     assert_eq!(maker.requests(), [path]);
     assert_eq!(assurance_of(&cp, &agent), "maker-service");
 }
+
+/// Round 1 sent by hand from a machine's TPM: its CSR and hello, through
+/// its bcd's client (from the same loopback address as any request here).
+struct Hand {
+    config: bcd::config::Config,
+    rt: tokio::runtime::Runtime,
+    csr: Vec<u8>,
+    hello: bc_wire::agent::TpmHello,
+}
+
+impl Hand {
+    fn new(agent: &Agent, tpm: &Swtpm) -> Hand {
+        use bc_wire::agent::tpm_attestation::Round;
+        let config = bcd::config::Config::load(&agent.config).unwrap();
+        let shared = bcd::keys::TpmAccess::new(Some(&tpm.tcti())).open().unwrap();
+        let key = Arc::new(bcd::keys::TpmKey::generate(shared.clone()).unwrap());
+        let csr = bcd::keys::make_csr(key.as_ref()).unwrap();
+        let evidence =
+            bcd::evidence::tpm::TpmEvidence::new(shared, key, bc_wire::sha256(&csr)).unwrap();
+        let Some(Round::Hello(hello)) = evidence.hello_message().round else {
+            panic!("a hello")
+        };
+        Hand {
+            config,
+            rt: tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap(),
+            csr,
+            hello,
+        }
+    }
+
+    /// A tpm join's round 1 with `hello`: whether it was challenged.
+    fn challenged(&self, hello: bc_wire::agent::TpmHello) -> bool {
+        use bc_wire::agent::join_response_body::Deferral;
+        use bc_wire::agent::{tpm_attestation::Round, JoinRequest, JoinResponseBody};
+        use prost::Message;
+        let request = JoinRequest {
+            csr: self.csr.clone(),
+            role: bc_wire::agent::Role::Node as i32,
+            attestor: "tpm".into(),
+            attestation: bc_wire::agent::TpmAttestation {
+                round: Some(Round::Hello(hello)),
+            }
+            .encode_to_vec(),
+            ..Default::default()
+        };
+        let client = bcd::client::Client::new(&self.config).unwrap();
+        match self.rt.block_on(client.join(&request)) {
+            Ok(r) => matches!(
+                JoinResponseBody::decode(r.body.as_slice())
+                    .unwrap()
+                    .deferral,
+                Some(Deferral::Challenge(_))
+            ),
+            Err(_) => false,
+        }
+    }
+}
+
+/// The `i`th made-up RSA EK in the default template (L-1): a 2048-bit
+/// modulus no TPM holds, as an attacker sends one.
+fn made_up_rsa_ek(i: u32) -> Vec<u8> {
+    let mut modulus: Vec<u8> = (0..8u8)
+        .flat_map(|j| bc_wire::sha256(&[&i.to_be_bytes()[..], &[j]].concat()))
+        .collect();
+    modulus[0] |= 0x80;
+    modulus[255] |= 1;
+    let mut ek = crate::maker::rsa_l1_template();
+    let at = ek.len() - 256;
+    ek[at..].copy_from_slice(&modulus);
+    ek
+}
+
+/// A TPM with no certificate in NV whose maker's service holds its RSA
+/// EK's certificate (Intel's addressing); returns the service's path.
+fn served_machine(maker: &MakerService, tpm: &Swtpm) -> String {
+    without_ek_certificates(tpm);
+    let ek = rsa_ek(tpm);
+    let der = certify_ek(tpm, &ek);
+    let path = intel_path(&ek);
+    maker.answer(&path, Answer::Ok(intel_json(&der)));
+    path
+}
+
+/// Issue 27, 2: 125 round-1 hellos from one address, each with a made-up
+/// EK in the default template, no certificate and the maker's
+/// manufacturer, ask the maker's service nothing (each is challenged: its
+/// certificate would be fetched only once a TPM holding it answers); a
+/// machine whose EK is on the resolve list then joins through the
+/// service, the only request the service saw. Before: 120 fetches, then
+/// the machine refused `ek-service` ("120 fetches in the last minute").
+#[test]
+fn a_flood_of_unknown_eks_asks_the_service_nothing_and_a_known_machine_joins() {
+    let maker = MakerService::start();
+    let cp = control_plane(&maker, "intel", "/ekcertservice/");
+    let attacker = Swtpm::start_another_machine();
+    let hand = Hand::new(&Agent::with_tpm(&cp, &attacker), &attacker);
+    let challenged = (0..125)
+        .filter(|&i| {
+            let mut hello = hand.hello.clone();
+            hello.ek_certificate.clear();
+            hello.ek_intermediates.clear();
+            hello.ek_public = made_up_rsa_ek(i);
+            hand.challenged(hello)
+        })
+        .count();
+    assert_eq!(
+        maker.requests(),
+        Vec::<String>::new(),
+        "no fetch for an EK no one knows"
+    );
+    assert_eq!(challenged, 125, "each made-up EK is challenged");
+
+    let tpm = Swtpm::start();
+    let path = served_machine(&maker, &tpm);
+    let agent = Agent::with_tpm(&cp, &tpm);
+    agent.allow_ek(&cp);
+    assert_ok(&agent.run(&["join", "--attestor", "tpm"]));
+    assert_eq!(maker.requests(), [path]);
+    assert_eq!(assurance_of(&cp, &agent), "maker-service");
+}
+
+/// An EK no operator knows, sent without a certificate: round 1 asks the
+/// service nothing; once the machine answered the challenge (it holds the
+/// EK) the certificate is fetched and verified, then the join request is
+/// filed with its issuer; approved, the machine joins `maker-service`
+/// with no second fetch. Another unknown EK the service fails for, then
+/// has no certificate for, is refused `ek-service`, then `ek-chain`, and
+/// files nothing.
+#[test]
+fn an_unknown_eks_certificate_is_fetched_once_it_answered_the_challenge() {
+    let maker = MakerService::start();
+    let cp = control_plane(&maker, "intel", "/ekcertservice/");
+    let tpm = Swtpm::start();
+    let path = served_machine(&maker, &tpm);
+    let agent = Agent::with_tpm(&cp, &tpm);
+    let ek = agent.identify()["ekSha256"].as_str().unwrap().to_owned();
+
+    let hand = Hand::new(&agent, &tpm);
+    assert!(hand.challenged(hand.hello.clone()));
+    assert_eq!(
+        maker.requests(),
+        Vec::<String>::new(),
+        "round 1 of an unknown EK fetches nothing"
+    );
+    drop(hand);
+
+    let join = agent.command(&["join", "--attestor", "tpm"]);
+    let waiting = std::thread::spawn(move || output_within(join, DEADLINE));
+    let request = wait_for(|| {
+        cp.json(&["requests", "list"])
+            .as_array()
+            .and_then(|a| a.iter().find(|r| r["ekSha256"] == ek.as_str()).cloned())
+    });
+    assert_eq!(request["status"], "pending");
+    assert_eq!(
+        maker.requests(),
+        std::slice::from_ref(&path),
+        "fetched in round 2"
+    );
+    assert!(
+        request["ekIssuer"]
+            .as_str()
+            .unwrap()
+            .contains("BCD Test EK Issuing CA 01"),
+        "the request names the verified certificate's issuer: {request}"
+    );
+    assert_ok(&cp.cli(&["requests", "approve", request["id"].as_str().unwrap()]));
+    assert_ok(&waiting.join().unwrap());
+    assert_eq!(assurance_of(&cp, &agent), "maker-service");
+    assert_eq!(maker.requests(), [path], "then from the cache");
+
+    let other = Swtpm::start_another_machine();
+    without_ek_certificates(&other);
+    let other_path = intel_path(&rsa_ek(&other));
+    let b = Agent::with_tpm(&cp, &other);
+    let other_ek = b.identify()["ekSha256"].as_str().unwrap().to_owned();
+    maker.answer(&other_path, Answer::Status(503));
+    let out = cp.refused_once(JOIN_REFUSED, "ek-service", || {
+        b.run(&["join", "--attestor", "tpm"])
+    });
+    assert_access_denied(&out);
+    maker.answer(&other_path, Answer::Status(404));
+    let out = cp.refused_once(JOIN_REFUSED, "ek-chain", || {
+        b.run(&["join", "--attestor", "tpm"])
+    });
+    assert_access_denied(&out);
+    b.assert_nothing_written();
+    let requests = cp.json(&["requests", "list"]);
+    assert!(
+        !requests
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["ekSha256"] == other_ek.as_str()),
+        "{requests}"
+    );
+}
+
+/// A discovery join whose token or assertion is refused asks the maker's
+/// service nothing, even for the EK its boot entry expects; with both
+/// good, the ramdisk's certificate is fetched and it joins
+/// `maker-service`.
+#[test]
+fn a_refused_discovery_join_asks_the_service_nothing() {
+    use crate::discovery::{assert_refused_as, boot_add, cmdline, site, Machine, SiteNode};
+    use crate::discovery::{MAC, UUID};
+    let maker = MakerService::start();
+    let cp = control_plane(&maker, "intel", "/ekcertservice/");
+    let site_id = site(&cp, "dc1");
+    let holder = SiteNode::join(&cp, &site_id);
+    let epoch = holder.acquire().unwrap().epoch;
+    let tpm = Swtpm::start();
+    let path = served_machine(&maker, &tpm);
+    let m = Machine::new(&cp, MAC, UUID);
+    m.agent.set_tpm(&tpm);
+    let ek = m.agent.identify()["ekSha256"].as_str().unwrap().to_owned();
+    let wf = boot_add(
+        &cp,
+        "dc1",
+        MAC,
+        &["--product-uuid", UUID, "--ek-sha256", &ek],
+    );
+
+    let assertion = holder.assertion(epoch, |a| {
+        a.workflow_id = wf.clone();
+        a.product_uuid = UUID.to_owned();
+    });
+    let unknown_token = "tok_abc.AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8";
+    assert_refused_as(
+        &cp,
+        || m.boot(&cmdline(unknown_token, &assertion)),
+        "token-unknown",
+    );
+    let line = holder.boot_line(epoch, &wf, MAC, UUID);
+    let token = line
+        .split(' ')
+        .find_map(|w| w.strip_prefix("bc.token="))
+        .unwrap()
+        .to_owned();
+    let other_epoch = holder.assertion(epoch + 1, |a| {
+        a.workflow_id = wf.clone();
+        a.product_uuid = UUID.to_owned();
+    });
+    assert_refused_as(
+        &cp,
+        || m.boot(&cmdline(&token, &other_epoch)),
+        "lease-epoch",
+    );
+    assert_eq!(maker.requests(), Vec::<String>::new());
+
+    let out = m.boot(&line);
+    assert_ok(&out);
+    assert_eq!(maker.requests(), [path]);
+    let node = m.agent.status_json()["nodeId"].as_str().unwrap().to_owned();
+    let listed = cp.nodes();
+    let n = listed
+        .iter()
+        .find(|n| n["nodeId"] == node.as_str())
+        .unwrap();
+    assert_eq!(n["ekAssurance"], "maker-service");
+}

@@ -57,12 +57,12 @@
 //! which its token's expect carries (JoinService checks the claims against
 //! it), becomes the node's hardware key ([`crate::hardware`]).
 
-use bc_wire::agent::{tpm_attestation, Role, TpmAttestation};
+use bc_wire::agent::{tpm_attestation, Role};
 use bc_wire::site;
 
 use crate::attestor::{
     normalize_mac, normalize_product_uuid, AttestInput, AttestationResult, Attestor, NodeKeyKind,
-    Prepared, Refusal, Verdict,
+    Prepared, Refusal, Verdict, Work,
 };
 use crate::attestors::join_token::{live_token, TOKEN_EXHAUSTED, TOKEN_ROLE};
 use crate::attestors::tpm::{self, TpmAttestor, TpmProof};
@@ -124,18 +124,15 @@ impl Attestor for DiscoveryAttestor {
     }
 
     /// A ramdisk's TPM whose EK certificate lives at its maker's service is
-    /// fetched as for a tpm join (the same bounds: the fetches of both share
-    /// one concurrency and rate limit).
+    /// fetched as for a tpm join (the same rules and budget), asked for by
+    /// `verify` only once the token, the assertion and its signer passed.
     fn prepare(
         &self,
         db: &crate::store::Store,
-        _evidence: &[u8],
-        tpm: Option<&TpmAttestation>,
+        work: &Work,
+        source: Option<std::net::IpAddr>,
     ) -> Result<Prepared, Refusal> {
-        match tpm {
-            Some(evidence) => self.tpm.prepare_for(db, evidence),
-            None => Ok(Prepared::default()),
-        }
+        self.tpm.prepare_work(db, work, source)
     }
 
     fn verify(&self, tx: &Tx<'_>, input: &AttestInput<'_>) -> Result<Verdict, Refusal> {
@@ -239,15 +236,22 @@ impl Attestor for DiscoveryAttestor {
         let proof = match input.tpm.map(|t| t.round.as_ref()) {
             None => None,
             Some(Some(tpm_attestation::Round::Hello(hello))) => {
-                let challenge = self
+                let challenge = match self
                     .tpm
                     .challenge(tx, input, hello, DISCOVERY)
-                    .map_err(tpm_refusal)?;
+                    .map_err(tpm_refusal)?
+                {
+                    tpm::Step::Done(c) => c,
+                    tpm::Step::Prepare(work) => return Ok(Verdict::Prepare(work)),
+                };
                 check_ek(expected_ek, Some(&challenge.ek_sha256)).map_err(refuse)?;
                 return Ok(Verdict::Defer(challenge.deferral));
             }
             Some(Some(tpm_attestation::Round::Answer(answer))) => {
-                Some(self.tpm.prove(tx, input, answer).map_err(tpm_refusal)?)
+                match self.tpm.prove(tx, input, answer).map_err(tpm_refusal)? {
+                    tpm::Step::Done(p) => Some(p),
+                    tpm::Step::Prepare(work) => return Ok(Verdict::Prepare(work)),
+                }
             }
             Some(None) => return Err(refuse(tpm::EVIDENCE_MALFORMED)),
         };

@@ -143,6 +143,7 @@ mod tests {
                     "admitted".to_owned()
                 }
                 Ok(Verdict::Defer(_)) => "deferred".to_owned(),
+                Ok(Verdict::Prepare(_)) => "prepare".to_owned(),
                 Err(r) => r.reason,
             };
             Ok::<_, DbError>(out)

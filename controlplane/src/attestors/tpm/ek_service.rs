@@ -3,13 +3,28 @@
 //! often hold none, and their makers publish each one, addressed by a hash
 //! of the EK's public key.
 //!
-//! **When.** A round 1 with no `ek_certificate` whose `tpm_manufacturer`
-//! is a configured service's (`INTC`, `AMD` by default). It runs before
-//! the join transaction ([`crate::attestor::Attestor::prepare`]): a fetch
-//! must never hold the database's write lock. What it returns is verified
-//! in round 1 exactly as a certificate from NV is ([`super::ek::verify_ek`]:
-//! profile, chain to the configured anchors, key match), and recorded as
-//! the assurance `maker-service`.
+//! **When.** A hello with no `ek_certificate` whose `tpm_manufacturer` is
+//! a configured service's (`INTC`, `AMD` by default), and only on behalf
+//! of a machine: never for an EK merely named by an unauthenticated
+//! request, which costs its sender nothing. So:
+//! * an EK the operator knows (a resolve entry, a node it is bound to, an
+//!   open boot entry's `--ek-sha256`, an approved join request) is fetched
+//!   for in round 1, and the challenge carries its verified certificate,
+//!   as one from NV;
+//! * any other EK is challenged first, with no certificate: the sealed
+//!   state carries that it is still to be fetched (and the EK public area
+//!   and intermediates to verify it with), and the certificate is fetched
+//!   in round 2 once the machine has answered the challenge (it holds
+//!   that EK), then verified before anything else (placing, a join
+//!   request) happens.
+//!
+//! Either way the fetch runs between two runs of the join's transaction
+//! ([`crate::attestor::Verdict::Prepare`]): a fetch must never hold the
+//! database's write lock, and a discovery join reaches it only after its
+//! token and assertion were checked. What it returns is verified exactly as
+//! a certificate from NV is ([`super::ek::verify_ek`]: profile, chain to
+//! the configured anchors, key match), and recorded as the assurance
+//! `maker-service`.
 //!
 //! **Addressing**, as the makers document it and tpm2-tools'
 //! `tpm2_getekcertificate` implements it:
@@ -25,15 +40,16 @@
 //!
 //! **Bounded.** HTTPS only, redirects followed only on the same host (at
 //! most 3), the whole request within `timeout`, at most [`MAX_BODY`] bytes
-//! read, at most [`MAX_IN_FLIGHT`] fetches at once and [`MAX_PER_MINUTE`]
-//! a minute (past either the join is refused `ek-service` at once). A
-//! `404` (the maker has no certificate for that EK) is remembered for
-//! [`NOT_FOUND_TTL`], so a round 1 sent again does not ask again. The
-//! request names only the EK's hash; the unauthenticated caller picks
-//! neither the host nor the path.
+//! read, and a budget per source address with a share kept for known EKs
+//! ([`budget`]: past it the join is refused `ek-service` at once). A
+//! `404` (the maker has no certificate for that EK) is remembered by the
+//! EK's SHA-256 for [`NOT_FOUND_TTL`], so a hello sent again does not ask
+//! again. The request names only the EK's hash; the caller picks neither
+//! the host nor the path.
 //!
-//! **Cached** by the EK's SHA-256 (`ek_service_certificates`) when the
-//! certificate's key is the EK's, so each machine is fetched once; a
+//! **Cached** by the EK's SHA-256 (`ek_service_certificates`, written in
+//! its own write transaction right after the fetch) when the certificate's
+//! key is the EK's, so each machine is fetched once; a
 //! certificate for another key is not kept (and is refused
 //! `ek-mismatch`). A cached certificate is verified at every join, as NV's.
 //!
@@ -43,9 +59,11 @@
 //! pinned the EK as uncertified (it then joins `pinned`). A `404`: as no
 //! certificate at all (`ek-chain`, or `pinned`).
 
+pub mod budget;
+pub mod known;
+
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -53,6 +71,8 @@ use base64::Engine as _;
 use bc_wire::tpm::{KeyParams, Public};
 
 use crate::store::{params, DbError, Tx, UnixMs};
+use budget::Budget;
+pub use budget::{Claim, Source, MAX_IN_FLIGHT, MAX_PER_MINUTE};
 
 /// The refusal reason of a maker's service that did not give a usable
 /// answer (unreachable, an error, too slow, too large, no certificate).
@@ -61,10 +81,6 @@ pub const EK_SERVICE: &str = "ek-service";
 /// The most bytes read of an answer (an EK certificate is 1-2 KiB; Intel's
 /// JSON wraps it in base64).
 pub const MAX_BODY: usize = 32 * 1024;
-/// Fetches at once; more are refused at once (`ek-service`).
-pub const MAX_IN_FLIGHT: usize = 4;
-/// Fetches started in one minute; more are refused at once.
-pub const MAX_PER_MINUTE: u32 = 120;
 /// How long a maker's "no such certificate" is believed.
 pub const NOT_FOUND_TTL: Duration = Duration::from_secs(600);
 /// Most remembered "no such certificate" answers.
@@ -315,6 +331,10 @@ pub enum FetchError {
     Busy(usize),
     #[error("{0} fetches in the last minute")]
     RateLimited(u32),
+    #[error("{0} fetches from this source in the last minute")]
+    SourceLimited(u32),
+    #[error("{0} fetches for EKs no operator knows in the last minute")]
+    ProvenLimited(u32),
     #[error("no CA roots to verify the service with: {0}")]
     NoRoots(String),
     #[error("unreachable: {0}")]
@@ -342,10 +362,8 @@ pub enum Fetched {
 pub struct EkServices {
     config: EkServicesConfig,
     client: OnceLock<Result<reqwest::Client, String>>,
-    in_flight: AtomicUsize,
-    /// The current minute's start and its fetches.
-    minute: Mutex<(Instant, u32)>,
-    /// URL → when the maker said it has no certificate.
+    budget: Mutex<Budget>,
+    /// EK SHA-256 → when its maker said it has no certificate for it.
     not_found: Mutex<HashMap<String, Instant>>,
 }
 
@@ -354,8 +372,7 @@ impl EkServices {
         EkServices {
             config,
             client: OnceLock::new(),
-            in_flight: AtomicUsize::new(0),
-            minute: Mutex::new((Instant::now(), 0)),
+            budget: Mutex::new(Budget::new(Instant::now())),
             not_found: Mutex::new(HashMap::new()),
         }
     }
@@ -364,12 +381,20 @@ impl EkServices {
         &self.config
     }
 
-    /// GETs `url` within every bound; blocks the calling (blocking) thread.
-    pub fn fetch(&self, url: &str) -> Result<Fetched, FetchError> {
-        if self.recently_not_found(url) {
+    /// GETs `url`, the address of the EK `ek_sha256`, within every bound,
+    /// on behalf of `source` for `claim`; blocks the calling (blocking)
+    /// thread.
+    pub fn fetch(
+        &self,
+        ek_sha256: &str,
+        url: &str,
+        source: Source,
+        claim: Claim,
+    ) -> Result<Fetched, FetchError> {
+        if self.recently_not_found(ek_sha256) {
             return Ok(Fetched::NotFound);
         }
-        let _slot = self.enter()?;
+        let _slot = self.enter(source, claim)?;
         let client = self
             .client
             .get_or_init(|| self.make_client())
@@ -386,44 +411,36 @@ impl EkServices {
                 .unwrap_or(Err(FetchError::Timeout(self.config.timeout_ms)))
         });
         if fetched == Ok(Fetched::NotFound) {
-            self.remember_not_found(url);
+            self.remember_not_found(ek_sha256);
         }
         fetched
     }
 
-    /// A place among the fetches under way and this minute's, or why not.
-    fn enter(&self) -> Result<Slot<'_>, FetchError> {
-        let now = Instant::now();
-        {
-            let mut m = self.minute.lock().unwrap_or_else(|p| p.into_inner());
-            if now.duration_since(m.0) >= Duration::from_secs(60) {
-                *m = (now, 0);
-            }
-            if m.1 >= MAX_PER_MINUTE {
-                return Err(FetchError::RateLimited(m.1));
-            }
-            m.1 += 1;
-        }
-        let before = self.in_flight.fetch_add(1, Ordering::SeqCst);
-        let slot = Slot(&self.in_flight);
-        if before >= MAX_IN_FLIGHT {
-            return Err(FetchError::Busy(before));
-        }
-        Ok(slot)
+    /// A place in the budget ([`budget`]), or why not.
+    fn enter(&self, source: Source, claim: Claim) -> Result<Slot<'_>, FetchError> {
+        let mut b = self.budget.lock().unwrap_or_else(|p| p.into_inner());
+        b.enter(Instant::now(), source, claim)?;
+        Ok(Slot {
+            budget: &self.budget,
+            claim,
+        })
     }
 
-    fn recently_not_found(&self, url: &str) -> bool {
+    /// Whether the maker said, less than [`NOT_FOUND_TTL`] ago, that it has
+    /// no certificate for the EK `ek_sha256`.
+    pub fn recently_not_found(&self, ek_sha256: &str) -> bool {
         let map = self.not_found.lock().unwrap_or_else(|p| p.into_inner());
-        map.get(url).is_some_and(|at| at.elapsed() < NOT_FOUND_TTL)
+        map.get(ek_sha256)
+            .is_some_and(|at| at.elapsed() < NOT_FOUND_TTL)
     }
 
-    fn remember_not_found(&self, url: &str) {
+    fn remember_not_found(&self, ek_sha256: &str) {
         let mut map = self.not_found.lock().unwrap_or_else(|p| p.into_inner());
         map.retain(|_, at| at.elapsed() < NOT_FOUND_TTL);
         if map.len() >= MAX_NOT_FOUND {
             map.clear();
         }
-        map.insert(url.to_owned(), Instant::now());
+        map.insert(ek_sha256.to_owned(), Instant::now());
     }
 
     fn make_client(&self) -> Result<reqwest::Client, String> {
@@ -465,11 +482,17 @@ impl EkServices {
 }
 
 /// One fetch under way; leaving it frees its place.
-struct Slot<'a>(&'a AtomicUsize);
+struct Slot<'a> {
+    budget: &'a Mutex<Budget>,
+    claim: Claim,
+}
 
 impl Drop for Slot<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
+        self.budget
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .leave(self.claim);
     }
 }
 

@@ -10,6 +10,14 @@
 //! and bound to the CSR ([`state`]). Nothing is written, so any replica can
 //! take round 2.
 //!
+//! **A certificate from the maker's service** ([`ek_service`]), for a hello
+//! without one: fetched in round 1 only for an EK an operator knows; any
+//! other EK is challenged as it is (a TCG default template), the state
+//! saying its certificate is pending, and round 2 fetches and verifies it
+//! (the same checks and refusals as round 1's) right after the proof and
+//! before placing the machine. Each fetch runs between two runs of the
+//! join transaction ([`Verdict::Prepare`]).
+//!
 //! **Round 2** (`TpmAttestation.answer`), each failure a refusal with the
 //! reason named: the state opens for this CSR (`challenge-state`), is not
 //! past its deadline (`challenge-expired`) and was not answered before
@@ -72,11 +80,11 @@ use subtle::ConstantTimeEq;
 
 use crate::attestor::{
     AttestInput, AttestationResult, Attestor, Binding, Deferral, EkAssurance, Fault, NodeKeyKind,
-    Prepared, Refusal, Verdict, BINDING_TPM_EK,
+    Prepared, Refusal, Verdict, Work, BINDING_TPM_EK,
 };
 use crate::records;
 use crate::store::{LockKey, Tx};
-use ek_service::{EkServices, EkServicesConfig, Fetched, EK_SERVICE};
+use ek_service::{known, Claim, EkServices, EkServicesConfig, Fetched, EK_SERVICE};
 pub use pcr::PcrPolicy;
 use state::{ChallengeKey, ChallengeState};
 
@@ -158,10 +166,48 @@ pub struct TpmAttestor {
     services: std::sync::Arc<EkServices>,
 }
 
-/// An EK certificate a maker's service gave ([`TpmAttestor::prepare`]),
-/// for round 1 to verify as NV's.
-struct ServiceCertificate {
-    der: Vec<u8>,
+/// A round that may have to ask the maker's service first.
+pub(crate) enum Step<T> {
+    Done(T),
+    /// Fetch outside the transaction ([`Verdict::Prepare`]), then run the
+    /// round again.
+    Prepare(Work),
+}
+
+/// The fetch a round asks for ([`TpmAttestor::prepare_work`]).
+struct CertificateFetch {
+    ek_sha256: String,
+    addressing: ek_service::Addressing,
+    url: String,
+    claim: Claim,
+}
+
+/// What the maker's service said about one EK, for the round that asked.
+struct ServiceAnswer {
+    ek_sha256: String,
+    said: Said,
+}
+
+enum Said {
+    Certificate(Vec<u8>),
+    /// `404`: as no certificate at all.
+    NotFound,
+    /// Unreachable, an error, too slow, too large, past the budget.
+    Failed,
+}
+
+/// Where the certificate of an EK the agent sent none for comes from.
+enum Missing {
+    /// The maker's service's (cached, or just fetched), verified as NV's.
+    Certificate(Vec<u8>),
+    /// None: the EK joins only pinned (else `ek-chain`).
+    None,
+    /// The service failed: the EK joins only pinned (else `ek-service`).
+    Failed,
+    /// Not before the machine proved the EK (round 2).
+    Later,
+    /// Fetch it first.
+    Fetch(CertificateFetch),
 }
 
 impl TpmAttestor {
@@ -176,67 +222,129 @@ impl TpmAttestor {
         }
     }
 
-    /// Round 1 without an EK certificate, from a TPM whose maker has a
-    /// configured service: the certificate from the cache, else from the
-    /// service ([`ek_service`]), outside the join transaction. Nothing for
-    /// any other request. A service that fails refuses the join
-    /// (`ek-service`), unless the EK is pinned as uncertified.
-    fn fetch_certificate(
+    /// The certificate of an EK the agent sent none for, from a TPM whose
+    /// maker has a configured service ([`ek_service`]): what the fetch this
+    /// round asked for gave, else the cache, else a fetch to ask for: in
+    /// round 1 only for an EK the operator knows ([`known::is_known`]), in
+    /// round 2 (`proven`) for any. Nothing for a TPM of another maker, an
+    /// EK that does not parse (round 1 refuses it) or that the maker's
+    /// addressing cannot name.
+    fn service_certificate(
         &self,
-        db: &crate::store::Store,
-        hello: &TpmHello,
-    ) -> Result<Option<ServiceCertificate>, Refusal> {
-        if !hello.ek_certificate.is_empty() {
-            return Ok(None);
-        }
-        let Some(service) = self.services.config().service_for(hello.tpm_manufacturer) else {
-            return Ok(None);
+        tx: &Tx<'_>,
+        input: &AttestInput<'_>,
+        ek_public: &[u8],
+        manufacturer: u32,
+        proven: bool,
+    ) -> Result<Missing, Refusal> {
+        let Some(service) = self.services.config().service_for(manufacturer) else {
+            return Ok(Missing::None);
         };
-        // An EK that does not parse is refused by round 1 itself.
         let (Ok(public), Ok(spki)) = (
-            Public::parse(&hello.ek_public),
-            bc_wire::ekcert::spki::public_spki_der(&hello.ek_public),
+            Public::parse(ek_public),
+            bc_wire::ekcert::spki::public_spki_der(ek_public),
         ) else {
-            return Ok(None);
+            return Ok(Missing::None);
         };
         let ek_sha256 = hex::encode(bc_wire::sha256(&spki));
         let maker = service.addressing.as_str();
-        if let Some(c) = db.read(|tx| ek_service::cached(tx, &ek_sha256))? {
+        let answer = input
+            .prepared
+            .get::<ServiceAnswer>()
+            .filter(|a| a.ek_sha256 == ek_sha256);
+        if let Some(a) = answer {
+            return Ok(match &a.said {
+                Said::Certificate(der) => Missing::Certificate(der.clone()),
+                Said::NotFound => Missing::None,
+                Said::Failed => Missing::Failed,
+            });
+        }
+        if let Some(c) = ek_service::cached(tx, &ek_sha256)? {
             tracing::info!(ek_sha256, service = %c.service, "tpm: no EK certificate sent; the maker's service's, cached");
-            return Ok(Some(ServiceCertificate { der: c.der }));
+            return Ok(Missing::Certificate(c.der));
+        }
+        if self.services.recently_not_found(&ek_sha256) {
+            tracing::info!(
+                ek_sha256,
+                service = maker,
+                "tpm: no EK certificate sent, and the maker's service said lately it has none"
+            );
+            return Ok(Missing::None);
         }
         let address = match ek_service::address(service.addressing, &public) {
             Ok(a) => a,
             Err(why) => {
                 tracing::info!(ek_sha256, service = maker, "tpm: no EK certificate sent, and the maker's service cannot address this EK: {why}");
-                return Ok(None);
+                return Ok(Missing::None);
             }
         };
-        let url = service.url.replace("{ek}", &address);
+        let claim = match known::is_known(tx, &ek_sha256, input.now)? {
+            true => Claim::Known,
+            false if proven => Claim::Proven,
+            false => {
+                tracing::info!(
+                    ek_sha256,
+                    service = maker,
+                    "tpm: no EK certificate sent, for an EK no operator knows: challenged first, its certificate fetched once it answers"
+                );
+                return Ok(Missing::Later);
+            }
+        };
+        Ok(Missing::Fetch(CertificateFetch {
+            ek_sha256,
+            addressing: service.addressing,
+            url: service.url.replace("{ek}", &address),
+            claim,
+        }))
+    }
+
+    /// The fetch a round asked for ([`Step::Prepare`]), outside the join
+    /// transaction, within `source`'s budget; a certificate for the EK's
+    /// own key is cached in a write transaction of its own. A failure is
+    /// left to the round to decide on (a pinned EK joins without).
+    pub(crate) fn prepare_work(
+        &self,
+        db: &crate::store::Store,
+        work: &Work,
+        source: Option<std::net::IpAddr>,
+    ) -> Result<Prepared, Refusal> {
+        let Some(f) = work.get::<CertificateFetch>() else {
+            return Err(Refusal::fault(Fault::Internal(
+                "tpm: work of another attestor".to_owned(),
+            )));
+        };
+        let (ek_sha256, url, maker) = (f.ek_sha256.as_str(), f.url.as_str(), f.addressing.as_str());
+        let claim = match f.claim {
+            Claim::Known => "known",
+            Claim::Proven => "proven",
+        };
         let started = std::time::Instant::now();
-        let fetched = self.services.fetch(&url);
+        let fetched = self
+            .services
+            .fetch(ek_sha256, url, ek_service::Source::of(source), f.claim);
         let ms = started.elapsed().as_millis();
-        match fetched {
+        let said = match fetched {
             Ok(Fetched::Certificate(der)) => {
                 let key_sha256 = x509_parser::parse_x509_certificate(&der)
                     .ok()
                     .map(|(_, c)| hex::encode(bc_wire::sha256(c.public_key().raw)));
-                if key_sha256.as_deref() == Some(ek_sha256.as_str()) {
+                if key_sha256.as_deref() == Some(ek_sha256) {
                     db.write(|tx| {
                         let now = tx.now()?;
-                        ek_service::cache(tx, &ek_sha256, maker, &url, &der, now)
+                        ek_service::cache(tx, ek_sha256, maker, url, &der, now)
                     })?;
                     tracing::info!(
                         ek_sha256,
                         service = maker,
                         url,
                         ms,
+                        claim,
                         "tpm: EK certificate fetched from the maker's service, cached"
                     );
                 } else {
-                    tracing::warn!(ek_sha256, service = maker, url, ms, "tpm: the maker's service answered a certificate for another key (not cached)");
+                    tracing::warn!(ek_sha256, service = maker, url, ms, claim, "tpm: the maker's service answered a certificate for another key (not cached)");
                 }
-                Ok(Some(ServiceCertificate { der }))
+                Said::Certificate(der)
             }
             Ok(Fetched::NotFound) => {
                 tracing::info!(
@@ -244,38 +352,20 @@ impl TpmAttestor {
                     service = maker,
                     url,
                     ms,
+                    claim,
                     "tpm: the maker's service has no certificate for this EK"
                 );
-                Ok(None)
+                Said::NotFound
             }
             Err(e) => {
-                let pinned = db
-                    .read(|tx| enroll::resolve_entry(tx, &ek_sha256))?
-                    .is_some_and(|entry| entry.uncertified);
-                tracing::warn!(ek_sha256, service = maker, url, ms, error = %e, pinned, "tpm: the maker's EK certificate service gave no certificate");
-                match pinned {
-                    true => Ok(None),
-                    false => Err(Refusal::new(EK_SERVICE)),
-                }
+                tracing::warn!(ek_sha256, service = maker, url, ms, claim, source = ?source, error = %e, "tpm: the maker's EK certificate service gave no certificate");
+                Said::Failed
             }
-        }
-    }
-
-    /// What round 1 needs fetched before the join transaction: the EK
-    /// certificate from its maker's service, when the hello carries none.
-    /// Also for discovery, whose ramdisk sends this evidence beside its own.
-    pub(crate) fn prepare_for(
-        &self,
-        db: &crate::store::Store,
-        evidence: &TpmAttestation,
-    ) -> Result<Prepared, Refusal> {
-        let Some(tpm_attestation::Round::Hello(hello)) = &evidence.round else {
-            return Ok(Prepared::default());
         };
-        Ok(match self.fetch_certificate(db, hello)? {
-            Some(c) => Prepared::new(c),
-            None => Prepared::default(),
-        })
+        Ok(Prepared::new(ServiceAnswer {
+            ek_sha256: f.ek_sha256.clone(),
+            said,
+        }))
     }
 
     /// The same verification for a PXE ramdisk proving its TPM beside
@@ -295,35 +385,54 @@ impl TpmAttestor {
 
     /// Round 1, for `attestor` (this one, or one that composes with it):
     /// the EK verified, the AK's attributes, and the credential challenge
-    /// (payload a `TpmChallenge`). Writes nothing.
+    /// (payload a `TpmChallenge`). Writes nothing. An EK the agent sent no
+    /// certificate for whose maker has a service: the certificate fetched
+    /// first if the operator knows the EK ([`Step::Prepare`]), else the EK
+    /// challenged as it is, its certificate pending for round 2.
     pub(crate) fn challenge(
         &self,
         tx: &Tx<'_>,
         input: &AttestInput<'_>,
         hello: &TpmHello,
         attestor: &str,
-    ) -> Result<Challenge, Refusal> {
-        let fetched = input.prepared.get::<ServiceCertificate>();
-        let (certificate, assurance) = match (hello.ek_certificate.is_empty(), fetched) {
-            (false, _) => (hello.ek_certificate.as_slice(), reported_assurance(hello)),
-            (true, Some(f)) => (f.der.as_slice(), EkAssurance::MakerService),
-            (true, None) => (&[][..], EkAssurance::Pinned),
-        };
-        let ek = match certificate.is_empty() {
-            true => uncertified(tx, &hello.ek_public)?,
-            false => {
-                let trust = ek::trust(tx)?;
-                ek::verify_ek(
-                    certificate,
-                    &hello.ek_public,
-                    &trust,
-                    &hello.ek_intermediates,
-                    input.now,
-                )
-                .map_err(|e| {
-                    tracing::debug!(error = %e, "tpm: EK refused");
-                    Refusal::new(e.reason())
-                })?
+    ) -> Result<Step<Challenge>, Refusal> {
+        let mut pending = None;
+        let (ek, assurance) = if !hello.ek_certificate.is_empty() {
+            let ek = verified(
+                tx,
+                &hello.ek_certificate,
+                &hello.ek_public,
+                &hello.ek_intermediates,
+                input.now,
+            )?;
+            (ek, reported_assurance(hello))
+        } else {
+            let missing = self.service_certificate(
+                tx,
+                input,
+                &hello.ek_public,
+                hello.tpm_manufacturer,
+                false,
+            )?;
+            match missing {
+                Missing::Fetch(f) => return Ok(Step::Prepare(Work::new(f))),
+                Missing::Certificate(der) => {
+                    let ek = verified(
+                        tx,
+                        &der,
+                        &hello.ek_public,
+                        &hello.ek_intermediates,
+                        input.now,
+                    )?;
+                    (ek, EkAssurance::MakerService)
+                }
+                Missing::None => (uncertified(tx, &hello.ek_public)?, EkAssurance::Pinned),
+                Missing::Failed => (service_failed(tx, &hello.ek_public)?, EkAssurance::Pinned),
+                Missing::Later => {
+                    let (ek, p) = pending_certificate(hello)?;
+                    pending = Some(p);
+                    (ek, EkAssurance::MakerService)
+                }
             }
         };
         let ak = Public::parse(&hello.ak_public)
@@ -335,6 +444,7 @@ impl TpmAttestor {
         let made = credential::make_credential(ek.template, &ek.spki_der, &ak.name(), &secret)
             .map_err(|e| Refusal::fault(Fault::Internal(format!("MakeCredential: {e}"))))?;
         let not_after = input.now.saturating_add(self.config.challenge_ttl_ms);
+        let awaited = pending.is_some();
         let sealed = ChallengeState {
             ek_spki_sha256: ek.spki_sha256,
             ek_issuer: ek.issuer,
@@ -343,6 +453,7 @@ impl TpmAttestor {
             secret,
             not_after,
             ek_assurance: assurance.as_str().to_owned(),
+            pending,
         }
         .seal(&self.key, &input.csr_sha256)
         .map_err(|e| Refusal::fault(Fault::Internal(e.to_string())))?;
@@ -361,33 +472,37 @@ impl TpmAttestor {
             ek_sha256 = %hex::encode(ek.spki_sha256),
             ek = ek.template.as_str(),
             ek_assurance = assurance.as_str(),
+            ek_certificate = if awaited { "pending" } else { "verified" },
             tpm_manufacturer = %ek_service::manufacturer_text(hello.tpm_manufacturer),
             tpm_vendor = %ek_service::vendor_text(&hello.tpm_vendor),
             tpm_firmware = format_args!("{:016x}", hello.tpm_firmware),
             attestor,
             "tpm: EK verified, credential challenge sent"
         );
-        Ok(Challenge {
+        Ok(Step::Done(Challenge {
             ek_sha256: hex::encode(ek.spki_sha256),
             deferral: Deferral::Challenge {
                 attestor: attestor.to_owned(),
                 payload,
                 not_after,
             },
-        })
+        }))
     }
 
     /// Round 2's proof, whoever composes it: the state is ours, for this
     /// CSR, in time and not answered before; the secret; the quote (or its
-    /// absence); the node key's certification. Spends nothing: the final
-    /// round calls [`Self::spend`].
+    /// absence); the node key's certification; then, for an EK challenged
+    /// before its certificate was known, that certificate (fetched now that
+    /// the machine proved it holds the EK: [`Step::Prepare`]) verified as
+    /// round 1 verifies one. Spends nothing: the final round calls
+    /// [`Self::spend`].
     pub(crate) fn prove(
         &self,
         tx: &Tx<'_>,
         input: &AttestInput<'_>,
         answer: &TpmAnswer,
-    ) -> Result<TpmProof, Refusal> {
-        let st = ChallengeState::open(&self.key, &answer.state, &input.csr_sha256)
+    ) -> Result<Step<TpmProof>, Refusal> {
+        let mut st = ChallengeState::open(&self.key, &answer.state, &input.csr_sha256)
             .map_err(|_| Refusal::new(CHALLENGE_STATE))?;
         if input.now > st.not_after {
             return Err(Refusal::new(CHALLENGE_EXPIRED));
@@ -403,7 +518,22 @@ impl TpmAttestor {
         let ak = Public::parse(&st.ak_public).map_err(|_| Refusal::new(CHALLENGE_STATE))?;
         let qualifying = self.check_quote(&ak, input, answer, &st.secret)?;
         let (node_key, node_key_uri) = self.check_node_key(&ak, input, answer, &qualifying)?;
-        Ok(TpmProof {
+        if let Some(pending) = st.pending.take() {
+            let (ek, assurance) = match self.certify_pending(tx, input, &pending)? {
+                Step::Done(done) => done,
+                Step::Prepare(work) => return Ok(Step::Prepare(work)),
+            };
+            tracing::info!(
+                ek_sha256 = %hex::encode(ek.spki_sha256),
+                ek_assurance = assurance.as_str(),
+                "tpm: the EK that answered the challenge is verified"
+            );
+            st.ek_spki_sha256 = ek.spki_sha256;
+            st.ek_issuer = ek.issuer;
+            st.ek_serial = ek.serial;
+            st.ek_assurance = assurance.as_str().to_owned();
+        }
+        Ok(Step::Done(TpmProof {
             ek_sha256: hex::encode(st.ek_spki_sha256),
             // We sealed it, so it is one of ours.
             ek_assurance: EkAssurance::parse(&st.ek_assurance),
@@ -411,7 +541,41 @@ impl TpmAttestor {
             node_key_uri,
             subject,
             st,
-        })
+        }))
+    }
+
+    /// The certificate of an EK that round 1 challenged without one and
+    /// that has now answered: the maker's service's (fetched first if need
+    /// be), verified against the EK round 1 challenged and the
+    /// intermediates it sent; else as round 1 would have refused it: no
+    /// certificate is `ek-chain`, a failed service `ek-service`, unless the
+    /// EK is pinned uncertified.
+    fn certify_pending(
+        &self,
+        tx: &Tx<'_>,
+        input: &AttestInput<'_>,
+        pending: &state::PendingCertificate,
+    ) -> Result<Step<(ek::VerifiedEk, EkAssurance)>, Refusal> {
+        let missing =
+            self.service_certificate(tx, input, &pending.ek_public, pending.manufacturer, true)?;
+        Ok(Step::Done(match missing {
+            Missing::Fetch(f) => return Ok(Step::Prepare(Work::new(f))),
+            Missing::Certificate(der) => {
+                let ek = verified(
+                    tx,
+                    &der,
+                    &pending.ek_public,
+                    &pending.intermediates,
+                    input.now,
+                )?;
+                (ek, EkAssurance::MakerService)
+            }
+            // A service that is no longer configured, or cannot name it.
+            Missing::None | Missing::Later => {
+                (uncertified(tx, &pending.ek_public)?, EkAssurance::Pinned)
+            }
+            Missing::Failed => (service_failed(tx, &pending.ek_public)?, EkAssurance::Pinned),
+        }))
     }
 
     /// Spends the challenge `proof` answered (with the join: rolled back
@@ -435,7 +599,10 @@ impl TpmAttestor {
         input: &AttestInput<'_>,
         answer: &TpmAnswer,
     ) -> Result<Verdict, Refusal> {
-        let proof = self.prove(tx, input, answer)?;
+        let proof = match self.prove(tx, input, answer)? {
+            Step::Done(proof) => proof,
+            Step::Prepare(work) => return Ok(Verdict::Prepare(work)),
+        };
         let place = place(tx, input, &proof.ek_sha256, &proof.st, &self.config)?;
         let (reclaim_node_id, pool_id, site_id) = match place {
             Place::Deferred(d) => return Ok(Verdict::Defer(d)),
@@ -630,6 +797,70 @@ fn uncertified(tx: &Tx<'_>, ek_public: &[u8]) -> Result<ek::VerifiedEk, Refusal>
     }
 }
 
+/// An EK certificate verified against the configured roots and the
+/// agent's intermediates, for `ek_public`.
+fn verified(
+    tx: &Tx<'_>,
+    certificate: &[u8],
+    ek_public: &[u8],
+    intermediates: &[Vec<u8>],
+    now: crate::store::UnixMs,
+) -> Result<ek::VerifiedEk, Refusal> {
+    let trust = ek::trust(tx)?;
+    ek::verify_ek(certificate, ek_public, &trust, intermediates, now).map_err(|e| {
+        tracing::debug!(error = %e, "tpm: EK refused");
+        Refusal::new(e.reason())
+    })
+}
+
+/// An EK whose maker's service gave no usable answer: admitted only when
+/// pinned as uncertified ([`uncertified`]), else `ek-service` (the agent
+/// asks again).
+fn service_failed(tx: &Tx<'_>, ek_public: &[u8]) -> Result<ek::VerifiedEk, Refusal> {
+    let pinned = match bc_wire::ekcert::spki::public_spki_der(ek_public) {
+        Ok(spki) => enroll::resolve_entry(tx, &hex::encode(bc_wire::sha256(&spki)))?
+            .is_some_and(|entry| entry.uncertified),
+        Err(_) => false,
+    };
+    match pinned {
+        true => uncertified(tx, ek_public),
+        false => Err(Refusal::new(EK_SERVICE)),
+    }
+}
+
+/// Round 1 of an EK no operator knows, sent without a certificate that its
+/// maker's service may hold: the EK challenged as it is (it must be a TCG
+/// default template, as a pinned one), and what round 2 needs to fetch and
+/// verify its certificate. Intermediates past what a chain may hold are
+/// refused now, as they would be with a certificate (`ek-chain`).
+fn pending_certificate(
+    hello: &TpmHello,
+) -> Result<(ek::VerifiedEk, state::PendingCertificate), Refusal> {
+    let ek = ek::uncertified_ek(&hello.ek_public).map_err(|e| {
+        tracing::debug!(error = %e, "tpm: EK refused");
+        Refusal::new(e.reason())
+    })?;
+    let bytes: usize = hello.ek_intermediates.iter().map(Vec::len).sum();
+    if hello.ek_intermediates.len() > bc_wire::ekcert::MAX_AGENT_INTERMEDIATES
+        || bytes > state::MAX_PENDING_INTERMEDIATES_LEN
+    {
+        tracing::info!(
+            intermediates = hello.ek_intermediates.len(),
+            bytes,
+            "tpm: EK refused: more intermediates than a chain holds"
+        );
+        return Err(Refusal::new(ek::CHAIN));
+    }
+    Ok((
+        ek,
+        state::PendingCertificate {
+            ek_public: hello.ek_public.clone(),
+            manufacturer: hello.tpm_manufacturer,
+            intermediates: hello.ek_intermediates.clone(),
+        },
+    ))
+}
+
 /// The `attestation_uses` subject of a challenge: the hex SHA-256 of its
 /// sealed state (which opened, so it is one we issued).
 fn challenge_subject(sealed_state: &[u8]) -> String {
@@ -738,14 +969,10 @@ impl Attestor for TpmAttestor {
     fn prepare(
         &self,
         db: &crate::store::Store,
-        evidence: &[u8],
-        _tpm: Option<&TpmAttestation>,
+        work: &Work,
+        source: Option<std::net::IpAddr>,
     ) -> Result<Prepared, Refusal> {
-        // Whatever does not decode is refused by `verify`.
-        match TpmAttestation::decode(evidence) {
-            Ok(evidence) => self.prepare_for(db, &evidence),
-            Err(_) => Ok(Prepared::default()),
-        }
+        self.prepare_work(db, work, source)
     }
 
     fn verify(&self, tx: &Tx<'_>, input: &AttestInput<'_>) -> Result<Verdict, Refusal> {
@@ -753,7 +980,10 @@ impl Attestor for TpmAttestor {
             TpmAttestation::decode(input.evidence).map_err(|_| Refusal::new(EVIDENCE_MALFORMED))?;
         match &evidence.round {
             Some(tpm_attestation::Round::Hello(h)) => {
-                Ok(Verdict::Defer(self.challenge(tx, input, h, TPM)?.deferral))
+                Ok(match self.challenge(tx, input, h, TPM)? {
+                    Step::Done(c) => Verdict::Defer(c.deferral),
+                    Step::Prepare(work) => Verdict::Prepare(work),
+                })
             }
             Some(tpm_attestation::Round::Answer(a)) => self.answer(tx, input, a),
             None => Err(Refusal::new(EVIDENCE_MALFORMED)),

@@ -10,7 +10,10 @@
 //! Sealed layout: `version (1) ‖ nonce (12) ‖ AES-256-GCM(plaintext) ‖ tag (16)`.
 //! Plaintext: `version (1) ‖ ek_spki_sha256 (32) ‖ secret (32) ‖
 //! not_after (i64 BE) ‖ u16 len ‖ ak_public ‖ u16 len ‖ ek_issuer ‖ u16 len ‖
-//! ek_serial`.
+//! ek_serial ‖ u16 len ‖ ek_assurance`, and for an EK whose certificate is
+//! still to be fetched from its maker's service ([`PendingCertificate`])
+//! `‖ u16 len ‖ ek_public ‖ u16 4 ‖ manufacturer (u32 BE) ‖ (u16 len ‖
+//! intermediate)*`. A state without that tail is the layout of before it.
 
 use aes_gcm::aead::{Aead, KeyInit, Payload};
 use aes_gcm::{Aes256Gcm, Nonce};
@@ -20,8 +23,13 @@ use crate::store::UnixMs;
 const VERSION: u8 = 1;
 const NONCE_LEN: usize = 12;
 const TAG_LEN: usize = 16;
-/// No legitimate state is larger: refuse bigger input before decrypting.
-pub const MAX_STATE_LEN: usize = 4096;
+/// No legitimate state is larger: refuse bigger input before decrypting
+/// (one carrying a pending certificate's intermediates is the largest).
+pub const MAX_STATE_LEN: usize = 4096 + MAX_PENDING_INTERMEDIATES_LEN;
+/// The most bytes of intermediates a state carries for a certificate still
+/// to be fetched: more are refused in round 1 (`ek-chain`, as more than
+/// [`bc_wire::ekcert::MAX_AGENT_INTERMEDIATES`] are).
+pub const MAX_PENDING_INTERMEDIATES_LEN: usize = 16 * 1024;
 /// Longest EK issuer name kept in a state (and in a join request).
 pub const MAX_ISSUER_LEN: usize = 512;
 
@@ -58,6 +66,23 @@ pub struct ChallengeState {
     pub not_after: UnixMs,
     /// Where the EK certificate came from ([`crate::attestor::EkAssurance`]).
     pub ek_assurance: String,
+    /// Round 1 challenged the EK before its certificate was known: round 2
+    /// fetches and verifies it before anything else.
+    pub pending: Option<PendingCertificate>,
+}
+
+/// What round 2 needs to fetch and verify the certificate of an EK that
+/// round 1 challenged without one: the EK as the agent sent it (the
+/// challenge was made for exactly this public area), whose maker it
+/// reported, and the intermediates it sent.
+#[derive(Clone, PartialEq, Eq)]
+pub struct PendingCertificate {
+    /// TPMT_PUBLIC.
+    pub ek_public: Vec<u8>,
+    /// TPM_PT_MANUFACTURER.
+    pub manufacturer: u32,
+    /// DER, untrusted, as in the hello.
+    pub intermediates: Vec<Vec<u8>>,
 }
 
 impl std::fmt::Debug for ChallengeState {
@@ -86,12 +111,19 @@ impl ChallengeState {
         plain.extend_from_slice(&self.ek_spki_sha256);
         plain.extend_from_slice(&self.secret);
         plain.extend_from_slice(&self.not_after.to_be_bytes());
-        for field in [
+        let manufacturer = self.pending.as_ref().map(|p| p.manufacturer.to_be_bytes());
+        let mut fields = vec![
             self.ak_public.as_slice(),
             self.ek_issuer.as_bytes(),
             self.ek_serial.as_bytes(),
             self.ek_assurance.as_bytes(),
-        ] {
+        ];
+        if let (Some(p), Some(m)) = (&self.pending, &manufacturer) {
+            fields.push(&p.ek_public);
+            fields.push(m);
+            fields.extend(p.intermediates.iter().map(Vec::as_slice));
+        }
+        for field in fields {
             let len =
                 u16::try_from(field.len()).map_err(|_| StateError::Seal("a field too long"))?;
             plain.extend_from_slice(&len.to_be_bytes());
@@ -159,11 +191,7 @@ fn decode(plain: &[u8]) -> Option<ChallengeState> {
     let (secret, rest) = split::<32>(rest)?;
     let (not_after, mut rest) = split::<8>(rest)?;
     let mut fields = Vec::with_capacity(4);
-    // The fourth (the EK assurance) is absent from states sealed before it.
-    for i in 0..4 {
-        if i == 3 && rest.is_empty() {
-            break;
-        }
+    while !rest.is_empty() {
         let (len, r) = split::<2>(rest)?;
         let len = usize::from(u16::from_be_bytes(len));
         if r.len() < len {
@@ -173,9 +201,22 @@ fn decode(plain: &[u8]) -> Option<ChallengeState> {
         fields.push(field.to_vec());
         rest = r;
     }
-    if !rest.is_empty() {
-        return None;
-    }
+    // Past the fourth (the EK assurance, absent from states sealed before
+    // it): a pending certificate, at least its EK and manufacturer.
+    let pending = match fields.len() {
+        3 | 4 => None,
+        n if n >= 6 => {
+            let mut tail = fields.split_off(4).into_iter();
+            let ek_public = tail.next()?;
+            let manufacturer = u32::from_be_bytes(<[u8; 4]>::try_from(tail.next()?).ok()?);
+            Some(PendingCertificate {
+                ek_public,
+                manufacturer,
+                intermediates: tail.collect(),
+            })
+        }
+        _ => return None,
+    };
     let ek_assurance = match fields.len() {
         4 => String::from_utf8(fields.pop()?).ok()?,
         _ => "nv".to_owned(),
@@ -191,6 +232,7 @@ fn decode(plain: &[u8]) -> Option<ChallengeState> {
         secret,
         not_after: i64::from_be_bytes(not_after),
         ek_assurance,
+        pending,
     })
 }
 
@@ -215,7 +257,53 @@ mod tests {
             secret: [7; 32],
             not_after: 1_800_000_000_000,
             ek_assurance: "nv".into(),
+            pending: None,
         }
+    }
+
+    /// A state whose certificate is still to be fetched carries the EK,
+    /// its maker and the intermediates, and opens as it was sealed.
+    #[test]
+    fn carries_a_pending_certificate() {
+        let key = ChallengeKey::new([5; 32]);
+        let csr = [3; 32];
+        for intermediates in [vec![], vec![vec![0x30; 900], vec![0x30, 1]]] {
+            let st = ChallengeState {
+                ek_assurance: "maker-service".into(),
+                ek_issuer: String::new(),
+                ek_serial: String::new(),
+                pending: Some(PendingCertificate {
+                    ek_public: vec![0, 1, 0, 0x0b, 7, 7],
+                    manufacturer: u32::from_be_bytes(*b"INTC"),
+                    intermediates,
+                }),
+                ..state()
+            };
+            let sealed = st.seal(&key, &csr).unwrap();
+            assert!(ChallengeState::open(&key, &sealed, &csr).unwrap() == st);
+        }
+        // The layout without a pending certificate is the one of before.
+        assert_eq!(
+            decode(&plain_of(&state())).map(|s| s.pending.is_none()),
+            Some(true)
+        );
+    }
+
+    /// The plaintext of `st`, as `seal` encrypts it.
+    fn plain_of(st: &ChallengeState) -> Vec<u8> {
+        let mut plain = vec![VERSION];
+        plain.extend_from_slice(&st.ek_spki_sha256);
+        plain.extend_from_slice(&st.secret);
+        plain.extend_from_slice(&st.not_after.to_be_bytes());
+        for f in [
+            st.ak_public.as_slice(),
+            st.ek_issuer.as_bytes(),
+            st.ek_serial.as_bytes(),
+        ] {
+            plain.extend_from_slice(&(f.len() as u16).to_be_bytes());
+            plain.extend_from_slice(f);
+        }
+        plain
     }
 
     #[test]

@@ -119,6 +119,24 @@ impl Fixture {
         csr: &[u8],
         now: UnixMs,
     ) -> Result<Verdict, Refusal> {
+        self.verify_prepared(
+            role,
+            evidence,
+            csr,
+            now,
+            &crate::attestor::Prepared::default(),
+        )
+    }
+
+    /// [`Self::verify_as`] with what `prepare` returned (the second run).
+    fn verify_prepared(
+        &self,
+        role: Role,
+        evidence: &[u8],
+        csr: &[u8],
+        now: UnixMs,
+        prepared: &crate::attestor::Prepared,
+    ) -> Result<Verdict, Refusal> {
         let spki = csr_spki(csr);
         self.db
             .write_if(|tx| {
@@ -138,7 +156,7 @@ impl Fixture {
                         tpm: None,
                         now,
                         source: None,
-                        prepared: &crate::attestor::Prepared::default(),
+                        prepared,
                     };
                     // JoinService's role check around the attestor, as a join
                     // has it (its refusal rolls back what the attestor wrote).
@@ -169,6 +187,7 @@ impl Fixture {
         match self.run(evidence) {
             Ok(Verdict::Admit(r)) => *r,
             Ok(Verdict::Defer(d)) => panic!("deferred: {d:?}"),
+            Ok(Verdict::Prepare(_)) => panic!("asked for a fetch"),
             Err(r) => panic!("refused: {}", r.reason),
         }
     }
@@ -193,6 +212,7 @@ fn reason(r: Result<Verdict, Refusal>) -> String {
         Ok(Verdict::Admit(_)) => "admitted".into(),
         Ok(Verdict::Defer(Deferral::Pending { .. })) => "pending".into(),
         Ok(Verdict::Defer(Deferral::Challenge { .. })) => "challenge".into(),
+        Ok(Verdict::Prepare(_)) => "prepare".into(),
         Err(r) => r.reason,
     }
 }
@@ -1097,4 +1117,111 @@ fn an_uncertified_ek_needs_its_pin() {
     let st =
         ChallengeState::open(&ChallengeKey::new(*KEY), &ch.state, &bc_wire::sha256(CSR)).unwrap();
     assert_eq!(st.ek_assurance, "nv");
+}
+
+/// The hello of the fixtures' machine without its certificate, from a TPM
+/// whose maker has a service (Intel's, by default).
+fn intel_hello() -> TpmHello {
+    let mut h = hello();
+    h.ek_certificate.clear();
+    h.tpm_manufacturer = u32::from_be_bytes(*b"INTC");
+    h
+}
+
+/// Issue 27, 2: round 1 without a certificate, from a maker with a
+/// service, asks for a fetch only for an EK an operator knows; any other
+/// is challenged as it is, its state carrying that the certificate is
+/// pending, with the EK, maker and intermediates to verify it by.
+#[test]
+fn round_one_fetches_only_for_a_known_ek() {
+    let f = fixture();
+    let h = intel_hello();
+    let Ok(Verdict::Defer(Deferral::Challenge { payload, .. })) = f.run(&hello_evidence(h.clone()))
+    else {
+        panic!("no challenge");
+    };
+    let ch = TpmChallenge::decode(payload.as_slice()).unwrap();
+    let st =
+        ChallengeState::open(&ChallengeKey::new(*KEY), &ch.state, &bc_wire::sha256(CSR)).unwrap();
+    assert_eq!(hex::encode(st.ek_spki_sha256), ek_sha256());
+    let pending = st.pending.expect("the certificate is pending");
+    assert_eq!(pending.ek_public, h.ek_public);
+    assert_eq!(pending.manufacturer, h.tpm_manufacturer);
+    assert_eq!(pending.intermediates, h.ek_intermediates);
+    // Another maker: no service, so no certificate at all.
+    let mut other = h.clone();
+    other.tpm_manufacturer = u32::from_be_bytes(*b"IBM\0");
+    assert_eq!(f.reason(&hello_evidence(other)), "ek-chain");
+    // Known (here on the resolve list): fetched first.
+    f.resolve();
+    assert_eq!(f.reason(&hello_evidence(h)), "prepare");
+}
+
+/// Round 2 of a challenge whose certificate is pending: the proof, then a
+/// fetch asked for; with the maker's certificate the EK is verified and
+/// the join request names its issuer; the maker's `404` is `ek-chain` and
+/// a failed service `ek-service`, filing nothing.
+#[test]
+fn round_two_fetches_and_verifies_a_pending_certificate() {
+    let f = fixture();
+    let key = ChallengeKey::new(*KEY);
+    let csr_sha256 = bc_wire::sha256(CSR);
+    let mut a = answer();
+    let mut st = ChallengeState::open(&key, &a.state, &csr_sha256).unwrap();
+    let h = intel_hello();
+    st.ek_issuer.clear();
+    st.ek_serial.clear();
+    st.pending = Some(state::PendingCertificate {
+        ek_public: h.ek_public.clone(),
+        manufacturer: h.tpm_manufacturer,
+        intermediates: h.ek_intermediates.clone(),
+    });
+    a.state = st.seal(&key, &csr_sha256).unwrap();
+    let evidence = answer_evidence(a);
+    assert_eq!(f.reason(&evidence), "prepare");
+
+    let said = |said: Said| {
+        crate::attestor::Prepared::new(ServiceAnswer {
+            ek_sha256: ek_sha256(),
+            said,
+        })
+    };
+    let run = |p: &crate::attestor::Prepared| {
+        f.db.write(|tx| tx.execute("DELETE FROM attestation_uses", params![]))
+            .unwrap();
+        reason(f.verify_prepared(Role::Node, &evidence, CSR, NOW, p))
+    };
+    assert_eq!(run(&said(Said::NotFound)), "ek-chain");
+    assert_eq!(run(&said(Said::Failed)), EK_SERVICE);
+    assert_eq!(f.count("join_requests"), 0);
+    // An answer for another EK is not this one's.
+    let other = crate::attestor::Prepared::new(ServiceAnswer {
+        ek_sha256: "00".repeat(32),
+        said: Said::Certificate(hello().ek_certificate),
+    });
+    assert_eq!(run(&other), "prepare");
+
+    assert_eq!(
+        run(&said(Said::Certificate(hello().ek_certificate))),
+        "pending"
+    );
+    let issuer: String =
+        f.db.read(|tx| {
+            tx.query_one("SELECT ek_issuer FROM join_requests", params![])
+                .and_then(|r| r.get(0))
+        })
+        .unwrap();
+    assert!(issuer.contains("CN="), "{issuer}");
+    // Pinned uncertified: a failed service joins it `pinned`.
+    let pin = enroll::ResolveTarget {
+        uncertified: true,
+        ..Default::default()
+    };
+    enroll::add_resolve(&f.db, &ek_sha256(), pin).unwrap();
+    let Ok(Verdict::Admit(r)) =
+        f.verify_prepared(Role::Node, &evidence, CSR, NOW, &said(Said::Failed))
+    else {
+        panic!("not admitted");
+    };
+    assert_eq!(r.ek_assurance, Some(EkAssurance::Pinned));
 }

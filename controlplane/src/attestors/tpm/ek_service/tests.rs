@@ -116,12 +116,19 @@ fn services_are_found_by_manufacturer_and_urls_checked() {
     }
 }
 
-/// Past the fetches at once, a fetch is refused before any connection.
+/// Past the fetches at once, a fetch is refused before any connection;
+/// a fetch that ends gives its place back.
 #[test]
 fn fetches_at_once_are_bounded() {
     let s = EkServices::new(EkServicesConfig::default());
-    let held: Vec<_> = (0..MAX_IN_FLIGHT).map(|_| s.enter().unwrap()).collect();
-    assert!(matches!(s.enter(), Err(FetchError::Busy(_))));
+    let src = Source::of(None);
+    let held: Vec<_> = (0..MAX_IN_FLIGHT)
+        .map(|_| s.enter(src, Claim::Known).unwrap())
+        .collect();
+    assert!(matches!(
+        s.enter(src, Claim::Known),
+        Err(FetchError::Busy(_))
+    ));
     drop(held);
-    assert!(s.enter().is_ok());
+    assert!(s.enter(src, Claim::Known).is_ok());
 }
