@@ -4,9 +4,12 @@
 //!
 //! In the join transaction, in this order (each failure is a refusal with the
 //! reason named; the transaction rolls back, so nothing is spent):
-//! 1. the request: role `ramdisk` (`discovery-role`); the evidence parses
-//!    (`assertion-malformed`); it never admitted a join before
-//!    (`assertion-reused`);
+//! 1. the request: role `ramdisk` (`discovery-role`); the evidence parses,
+//!    in the one encoding of its message and with a low-S signature
+//!    (`assertion-malformed`: no unknown field, no re-wrapping, not the
+//!    other ECDSA twin); the assertion bytes the signature covers never
+//!    admitted a join before (`assertion-reused`: the single use is keyed
+//!    on them, not on anything the signature leaves out);
 //! 2. the token: the join-token checks (`token-missing` … `token-expired`),
 //!    role `discovery` (`token-role`), uses left (`token-exhausted`), exactly
 //!    one (`token-not-single-use`), issued for the asserted site
@@ -142,10 +145,12 @@ impl Attestor for DiscoveryAttestor {
         if input.role != Role::Ramdisk {
             return Err(Refusal::new(DISCOVERY_ROLE_REASON));
         }
-        let (signed, assertion) =
-            site::parse_signed(input.evidence).map_err(|_| Refusal::new(ASSERTION_MALFORMED))?;
-        let subject = bc_wire::signing::key_id(input.evidence);
-        if uses::is_spent(tx, DISCOVERY, &subject)? {
+        let (signed, assertion) = site::parse_signed(input.evidence).map_err(|e| {
+            tracing::info!(error = %e, "discovery: assertion refused as malformed");
+            Refusal::new(ASSERTION_MALFORMED)
+        })?;
+        let subject = site::use_subject(&signed);
+        if uses::is_spent(tx, DISCOVERY, &subject)? || spent_under_old_key(tx, input.evidence)? {
             return Err(Refusal::new(ASSERTION_REUSED).with_node(Some(&assertion.node_id)));
         }
         let asserted_mac =
@@ -318,6 +323,14 @@ impl Attestor for DiscoveryAttestor {
         }
         Ok(Verdict::Admit(Box::new(result)))
     }
+}
+
+/// Whether an earlier control plane recorded this assertion's use under
+/// its old key, the SHA-256 of the envelope as sent (which is the same
+/// envelope now that [`site::parse_signed`] accepts one encoding only):
+/// a use from before an upgrade stays spent until it expires.
+fn spent_under_old_key(tx: &Tx<'_>, envelope: &[u8]) -> Result<bool, DbError> {
+    uses::is_spent(tx, DISCOVERY, &hex::encode(bc_wire::sha256(envelope)))
 }
 
 /// Whether the EK a join names or proved (`None`: no TPM evidence) is the
