@@ -9,7 +9,8 @@
 //!    (`assertion-malformed`: no unknown field, no re-wrapping, not the
 //!    other ECDSA twin); the assertion bytes the signature covers never
 //!    admitted a join before (`assertion-reused`: the single use is keyed
-//!    on them, not on anything the signature leaves out);
+//!    on them, not on anything the signature leaves out), nor filed a join
+//!    request an operator denied (`approval-denied`);
 //! 2. the token: the join-token checks (`token-missing` … `token-expired`),
 //!    role `discovery` (`token-role`), uses left (`token-exhausted`), exactly
 //!    one (`token-not-single-use`), issued for the asserted site
@@ -30,7 +31,7 @@
 //! 6. under `[discovery] approval = "unknown-machines"`, for an entry that
 //!    expects no EK: an operator's approval of this join ([`approval`]:
 //!    pending, `approval-denied`, `approval-busy`), which spends nothing
-//!    until it admits.
+//!    until it admits (a denial spends the token and the assertion).
 //!
 //! Then the assertion is recorded in `attestation_uses` until it would be
 //! stale anyway, the token's use is spent, and the machine joins as a new
@@ -151,7 +152,13 @@ impl Attestor for DiscoveryAttestor {
         })?;
         let subject = site::use_subject(&signed);
         if uses::is_spent(tx, DISCOVERY, &subject)? || spent_under_old_key(tx, input.evidence)? {
-            return Err(Refusal::new(ASSERTION_REUSED).with_node(Some(&assertion.node_id)));
+            // Spent by an operator's denial of the request it filed, or by
+            // the join it admitted.
+            let reason = match approval::denied_assertion(tx, &subject)? {
+                true => approval::APPROVAL_DENIED,
+                false => ASSERTION_REUSED,
+            };
+            return Err(Refusal::new(reason).with_node(Some(&assertion.node_id)));
         }
         let asserted_mac =
             normalize_mac(&assertion.mac).map_err(|_| Refusal::new(ASSERTION_MALFORMED))?;
@@ -283,6 +290,9 @@ impl Attestor for DiscoveryAttestor {
                 entry: entry.as_ref(),
                 mac: &asserted_mac,
                 ek: proven_ek.as_ref(),
+                token_id: &token.id,
+                assertion_sha256: &subject,
+                assertion_expires_at: valid_until,
                 retry_after_seconds: self.config.approval_retry_after_seconds,
             };
             match approval::gate(tx, &waiting).map_err(|r| {
