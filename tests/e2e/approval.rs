@@ -161,11 +161,20 @@ fn an_approval_flood_from_one_script_leaves_the_victim_heard_and_one_deny_ends_i
     };
     let stolen = fetch("127.0.0.1");
     let mut flood: Vec<(Machine, Child)> = (0..9).map(|_| spawn_boot(&cp, &stolen)).collect();
-    let first = wait_for(|| {
-        let seen: Vec<String> = flood.iter().filter_map(|(m, _)| pending_id(m)).collect();
-        (seen.len() == flood.len()).then_some(seen)
+    // Each is answered (a pending request named on its console) or gone.
+    let answers: Vec<Option<String>> = wait_for(|| {
+        flood
+            .iter_mut()
+            .map(|(m, child)| match pending_id(m) {
+                Some(id) => Some(Some(id)),
+                None => child.try_wait().unwrap().map(|_| None),
+            })
+            .collect()
     });
-    assert!(first.iter().all(|id| *id == first[0]), "{first:?}");
+    assert!(
+        answers.iter().all(|a| a.is_some() && *a == answers[0]),
+        "each of the nine waits on one request: {answers:?}"
+    );
     assert_eq!(
         requests(&cp).len(),
         1,
@@ -186,11 +195,11 @@ fn an_approval_flood_from_one_script_leaves_the_victim_heard_and_one_deny_ends_i
     fifth.agent.assert_nothing_written();
 
     // The victim, from another address, is heard.
+    let theirs: Vec<Value> = requests(&cp);
     let relay = SourceRelay::start(&cp, [127, 0, 0, 2]);
     let victim = Machine::new(&cp, MAC, UUID);
     victim.agent.set_api(&relay.url);
     let victim_join = boot_beside(victim.boot_command(&fetch("127.0.0.2")));
-    let theirs: Vec<Value> = requests(&cp);
     let mine = new_request(&cp, &theirs.iter().collect::<Vec<_>>());
     assert_eq!(mine["source"], "127.0.0.2");
     assert_eq!(mine["ek"], "no TPM");
