@@ -177,18 +177,23 @@ pub enum RevokeOutcome {
 pub fn revoke_token(db: &Store, id: &str) -> Result<RevokeOutcome, DbError> {
     db.write(|tx| {
         let now = tx.now()?;
-        let Some(row) = token_for_update(tx, id)? else {
-            return Ok(RevokeOutcome::Unknown);
-        };
-        if row.revoked_at.is_some() {
-            return Ok(RevokeOutcome::AlreadyRevoked);
-        }
-        tx.execute(
-            "UPDATE join_tokens SET revoked_at = ?2 WHERE id = ?1",
-            params![id, now],
-        )?;
-        Ok(RevokeOutcome::Revoked)
+        revoke_in(tx, id, now)
     })
+}
+
+/// [`revoke_token`] inside a transaction, at `now`.
+pub fn revoke_in(tx: &Tx<'_>, id: &str, now: UnixMs) -> Result<RevokeOutcome, DbError> {
+    let Some(row) = token_for_update(tx, id)? else {
+        return Ok(RevokeOutcome::Unknown);
+    };
+    if row.revoked_at.is_some() {
+        return Ok(RevokeOutcome::AlreadyRevoked);
+    }
+    tx.execute(
+        "UPDATE join_tokens SET revoked_at = ?2 WHERE id = ?1",
+        params![id, now],
+    )?;
+    Ok(RevokeOutcome::Revoked)
 }
 
 pub fn list_tokens(db: &Store) -> Result<Vec<TokenRow>, DbError> {

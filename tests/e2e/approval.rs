@@ -143,49 +143,173 @@ fn a_neighbours_join_waits_for_the_operator_who_denies_it_and_approves_the_machi
     assert!(!out.status.success());
 }
 
-/// A neighbour minting a node key per join cannot fill the table: an
-/// entry has at most 8 pending requests; the next join is refused
-/// `approval-busy` (ACCESS_DENIED at bcd ramdisk), and still spends
-/// nothing. Once one of them is approved and joins, the others' requests
-/// cannot be approved any more.
+/// The approval flood from one script (issue 27, item 3): a neighbour
+/// that fetched the victim's script runs nine `bcd ramdisk` with fresh node
+/// keys; they file one request between them, each answered with it. More
+/// scripts fetched from the neighbour's address file up to four pending
+/// requests; the next is refused `approval-busy`, while the victim, from
+/// another address (127.0.0.2, through a relay: bcd cannot pick its source
+/// address), still files its own, which `requests list` tells apart by
+/// source. One `requests deny --entry --source` clears the neighbour for
+/// good: the same script sent again is refused `approval-denied` (its
+/// assertion is spent: ACCESS_DENIED), and the victim's approval admits it.
 #[test]
-fn an_entry_has_at_most_eight_pending_requests() {
+fn an_approval_flood_from_one_script_leaves_the_victim_heard_and_one_deny_ends_it() {
     let (cp, _node, server, wf) = setup(APPROVAL);
-    let stolen = String::from_utf8(server.get(&script_path()).1).unwrap();
-    let line = boot_cmdline(&stolen);
-    let mut waiting: Vec<(Machine, Child)> = Vec::new();
-    for n in 1..=8 {
-        let m = Machine::new(&cp, MAC, UUID);
-        let child = m
-            .boot_command(&line)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        waiting.push((m, child));
-        wait_for(|| (requests(&cp).len() == n).then_some(()));
-    }
-    let ninth = Machine::new(&cp, MAC, UUID);
-    let out = cp.refused_once(JOIN_REFUSED, "approval-busy", || ninth.boot(&line));
-    assert_access_denied(&out);
-    ninth.agent.assert_nothing_written();
-    assert_eq!(requests(&cp).len(), 8);
-    assert_eq!(boot_state(&cp, &wf), "vouched");
-    // One approved joins; the others then wait on a closed entry, which no
-    // approval can help.
-    let listed = requests(&cp);
-    assert_ok(&cp.cli(&["requests", "approve", listed[0]["id"].as_str().unwrap()]));
-    wait_for(|| (boot_state(&cp, &wf) == "joined").then_some(()));
-    let out = cp.cli(&["requests", "approve", listed[1]["id"].as_str().unwrap()]);
-    assert!(!out.status.success());
+    let fetch = |source: &str| {
+        boot_cmdline(&String::from_utf8(server.get_from(source, &script_path()).1).unwrap())
+    };
+    let stolen = fetch("127.0.0.1");
+    let mut flood: Vec<(Machine, Child)> = (0..9).map(|_| spawn_boot(&cp, &stolen)).collect();
+    // Each is answered (a pending request named on its console) or gone.
+    let answers: Vec<Option<String>> = wait_for(|| {
+        flood
+            .iter_mut()
+            .map(|(m, child)| match pending_id(m) {
+                Some(id) => Some(Some(id)),
+                None => child.try_wait().unwrap().map(|_| None),
+            })
+            .collect()
+    });
     assert!(
-        stderr(&out).contains(&format!("is for boot entry {wf}, which is joined")),
-        "{}",
-        stderr(&out)
+        answers.iter().all(|a| a.is_some() && *a == answers[0]),
+        "each of the nine waits on one request: {answers:?}"
     );
-    for (_, mut child) in waiting {
-        let _ = child.kill();
-        let _ = child.wait();
+    assert_eq!(
+        requests(&cp).len(),
+        1,
+        "nine node keys, one script: one request"
+    );
+
+    // Three more scripts from the same address: a request each, up to four.
+    for n in 2..=4 {
+        let (m, child) = spawn_boot(&cp, &fetch("127.0.0.1"));
+        wait_for(|| pending_id(&m));
+        assert_eq!(requests(&cp).len(), n);
+        flood.push((m, child));
+    }
+    let fifth = Machine::new(&cp, MAC, UUID);
+    let line = fetch("127.0.0.1");
+    let out = cp.refused_once(JOIN_REFUSED, "approval-busy", || fifth.boot(&line));
+    assert_access_denied(&out);
+    fifth.agent.assert_nothing_written();
+
+    // The victim, from another address, is heard.
+    let theirs: Vec<Value> = requests(&cp);
+    let relay = SourceRelay::start(&cp, [127, 0, 0, 2]);
+    let victim = Machine::new(&cp, MAC, UUID);
+    victim.agent.set_api(&relay.url);
+    let victim_join = boot_beside(victim.boot_command(&fetch("127.0.0.2")));
+    let mine = new_request(&cp, &theirs.iter().collect::<Vec<_>>());
+    assert_eq!(mine["source"], "127.0.0.2");
+    assert_eq!(mine["ek"], "no TPM");
+    assert!(theirs
+        .iter()
+        .all(|r| r["source"] == "127.0.0.1" && r["ek"] == "no TPM"));
+    let text = stdout(&cp.cli(&["requests", "list"]));
+    let mine_id = mine["id"].as_str().unwrap().to_owned();
+    let line_of = |id: &str| text.lines().find(|l| l.starts_with(id)).unwrap().to_owned();
+    assert!(
+        line_of(&mine_id).contains("ek=no TPM source=127.0.0.2"),
+        "{text}"
+    );
+
+    // One command denies the neighbour's requests, not the victim's.
+    let deny = cp.cli(&["requests", "deny", "--entry", &wf, "--source", "127.0.0.1"]);
+    assert_ok(&deny);
+    assert!(
+        stdout(&deny).contains(&format!(
+            "denied 4 pending request(s) of boot entry {wf} from 127.0.0.1"
+        )),
+        "{}",
+        stdout(&deny)
+    );
+    for (m, child) in flood {
+        let out = child.wait_with_output().unwrap();
+        assert_access_denied(&out);
+        m.agent.assert_nothing_written();
+    }
+    let listed = requests(&cp);
+    for r in &listed {
+        let want = if r["id"] == mine["id"] {
+            "pending"
+        } else {
+            "denied"
+        };
+        assert_eq!(r["status"], want, "{r}");
+    }
+    // For good: the same script again, with a fresh node key, files nothing.
+    let again = Machine::new(&cp, MAC, UUID);
+    let out = cp.refused_once(JOIN_REFUSED, "approval-denied", || again.boot(&stolen));
+    assert_access_denied(&out);
+    assert_eq!(requests(&cp).len(), listed.len());
+    assert_eq!(boot_state(&cp, &wf), "vouched");
+
+    assert_ok(&cp.cli(&["requests", "approve", &mine_id]));
+    assert_ok(&victim_join.join().expect("the victim's join"));
+    assert_eq!(boot_state(&cp, &wf), "joined");
+}
+
+/// `bcd ramdisk --once` with `cmdline`, started (its join waits), its
+/// stdout in the agent's directory for [`pending_id`].
+fn spawn_boot(cp: &ControlPlane, cmdline: &str) -> (Machine, Child) {
+    let m = Machine::new(cp, MAC, UUID);
+    let out = std::fs::File::create(m.agent.root.path().join("ramdisk.out")).unwrap();
+    let child = m
+        .boot_command(cmdline)
+        .stdout(out)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    (m, child)
+}
+
+/// The join request a [`spawn_boot`] ramdisk said it waits on, once it did.
+fn pending_id(m: &Machine) -> Option<String> {
+    let out = std::fs::read_to_string(m.agent.root.path().join("ramdisk.out")).ok()?;
+    let rest = out
+        .split("waiting for an operator to approve join request ")
+        .nth(1)?;
+    Some(
+        rest.split_whitespace()
+            .next()?
+            .trim_end_matches(['.', ':', ','])
+            .to_owned(),
+    )
+}
+
+/// A TCP relay on 127.0.0.1 that opens each connection to the control
+/// plane from `source` (any of 127/8 routes to lo): a real bcd talks TLS
+/// straight through it, and the control plane sees that source address.
+struct SourceRelay {
+    url: String,
+    _rt: tokio::runtime::Runtime,
+}
+
+impl SourceRelay {
+    fn start(cp: &ControlPlane, source: [u8; 4]) -> SourceRelay {
+        let upstream: std::net::SocketAddr = cp.url.trim_start_matches("https://").parse().unwrap();
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let url = format!("https://{}", listener.local_addr().unwrap());
+        rt.spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let socket = tokio::net::TcpSocket::new_v4()?;
+                    socket.bind((source, 0).into())?;
+                    let mut outbound = socket.connect(upstream).await?;
+                    tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await?;
+                    Ok::<_, std::io::Error>(())
+                });
+            }
+        });
+        SourceRelay { url, _rt: rt }
     }
 }
 

@@ -315,6 +315,70 @@ fn malformed_command_lines_send_nothing() {
     assert!(cp.refusal_reasons().is_empty(), "nothing was sent");
 }
 
+/// One signed assertion admits one join, whatever is done to what its
+/// signature does not cover: after it admitted its machine, the same
+/// assertion under another `key_id` (which bcd ramdisk sends as it is) is
+/// refused `assertion-reused` even with a fresh token of a new entry; with
+/// an unknown field appended to its envelope, or as the high-S twin of its
+/// signature (both sent raw: bcd ramdisk refuses them on its command line),
+/// it is `assertion-malformed`. ACCESS_DENIED at the agent each time.
+#[test]
+fn a_used_assertion_rewrapped_admits_nothing() {
+    let cp = ControlPlane::start();
+    let site_id = site(&cp, "dc1");
+    let holder = SiteNode::join(&cp, &site_id);
+    let epoch = holder.acquire().unwrap().epoch;
+    let wf = boot_add(&cp, "dc1", MAC, &[]);
+    let token = holder.secret(&wf).unwrap();
+    let assertion = holder.assertion(epoch, |a| a.workflow_id = wf.clone());
+    assert_ok(&Machine::new(&cp, MAC, UUID).boot(&cmdline(&token, &assertion)));
+
+    let (signed, _) = site::parse_signed(&site::from_cmdline(&assertion).unwrap()).unwrap();
+    let rewrapped = bc_wire::site_v1::SignedDiscoveryAssertion {
+        key_id: "0".repeat(64),
+        ..signed.clone()
+    };
+    let wf2 = boot_add(&cp, "dc1", MAC, &[]);
+    let token2 = holder.secret(&wf2).unwrap();
+    let thief = Machine::new(&cp, MAC, UUID);
+    assert_refused_as(
+        &cp,
+        || thief.boot(&cmdline(&token2, &site::to_cmdline(&rewrapped))),
+        "assertion-reused",
+    );
+    thief.agent.assert_nothing_written();
+    assert_eq!(boot_state(&cp, &wf2), "vouched", "the new entry stays open");
+
+    let mut extra = prost::Message::encode_to_vec(&signed);
+    extra.extend_from_slice(&[0x78, 0x01]);
+    let s = p256::ecdsa::Signature::from_slice(&signed.signature).unwrap();
+    let twin = p256::ecdsa::Signature::from_scalars(s.r(), -s.s()).unwrap();
+    let high = bc_wire::site_v1::SignedDiscoveryAssertion {
+        signature: twin.to_bytes().to_vec(),
+        ..signed.clone()
+    };
+    let config = bcd::config::Config::load(&thief.agent.config).unwrap();
+    let csr = throwaway_csr();
+    for attestation in [extra, prost::Message::encode_to_vec(&high)] {
+        let req = bc_wire::agent::JoinRequest {
+            csr: csr.clone(),
+            role: bc_wire::agent::Role::Ramdisk as i32,
+            attestor: "discovery".into(),
+            attestation,
+            ..Default::default()
+        };
+        let answer = cp.refused_once(JOIN_REFUSED, "assertion-malformed", || {
+            block_on(Client::new(&config).unwrap().join(&req))
+        });
+        assert!(
+            matches!(answer, Err(ClientError::AccessDenied)),
+            "{:?}",
+            answer.err()
+        );
+    }
+    assert_eq!(boot_state(&cp, &wf2), "vouched");
+}
+
 /// Evidence that bcd ramdisk would never send (it parses its command line
 /// first), sent raw over HTTPS: `assertion-malformed`, before any token is
 /// looked at.

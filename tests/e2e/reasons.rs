@@ -235,7 +235,7 @@ const TESTED: &[(&str, &str, &str)] = &[
     (
         "discovery",
         "approval-busy",
-        "approval::an_entry_has_at_most_eight_pending_requests",
+        "approval::an_approval_flood_from_one_script_leaves_the_victim_heard_and_one_deny_ends_it",
     ),
     (
         "tpm",

@@ -76,7 +76,9 @@ pub fn sign(key: &SigningKey, purpose: Purpose, fields: &[&[u8]]) -> [u8; 64] {
 }
 
 /// Verifies an ES256 P1363 signature over the signing input. High-S
-/// signatures are accepted, as every ES256 signer may produce them.
+/// signatures are accepted, as every ES256 signer may produce them (a TPM's
+/// ECDSA does, half the time); where a signature must be single-use, the
+/// caller refuses them ([`is_high_s`]) or keys the use on what it signs.
 pub fn verify(
     key: &VerifyingKey,
     purpose: Purpose,
@@ -86,6 +88,24 @@ pub fn verify(
     let sig = Signature::from_slice(signature).map_err(|_| SignatureError::Malformed)?;
     key.verify(&signing_input(purpose, fields), &sig)
         .map_err(|_| SignatureError::Invalid)
+}
+
+/// Whether a P1363 signature's `s` is in the upper half of the group order.
+/// ECDSA signatures are malleable: `(r, s)` and `(r, n - s)` both verify,
+/// so a verifier that wants one encoding per signature takes the low one.
+/// Bytes that are not a P-256 signature at all are not high-S (they never
+/// verify).
+pub fn is_high_s(signature: &[u8]) -> bool {
+    Signature::from_slice(signature).is_ok_and(|s| s.normalize_s() != s)
+}
+
+/// The low-S form of a P1363 signature (the same signature when it already
+/// is, or when the bytes are not a P-256 signature).
+pub fn low_s(signature: [u8; 64]) -> [u8; 64] {
+    match Signature::from_slice(&signature) {
+        Ok(s) => s.normalize_s().to_bytes().into(),
+        Err(_) => signature,
+    }
 }
 
 /// Parses a P-256 SubjectPublicKeyInfo (DER).

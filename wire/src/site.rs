@@ -42,6 +42,12 @@ pub enum AssertionError {
     Body,
     #[error("the assertion's signature is not 64 bytes")]
     SignatureLength,
+    #[error("the assertion's signature is high-S (only the low-S form of an ECDSA signature is accepted)")]
+    HighS,
+    #[error("the assertion's envelope is not in its canonical encoding (an unknown field, or fields repeated or out of order)")]
+    EnvelopeNotCanonical,
+    #[error("the signed assertion is not in its canonical encoding (an unknown field, or fields repeated or out of order)")]
+    BodyNotCanonical,
 }
 
 impl DiscoveryAssertion {
@@ -60,7 +66,9 @@ impl DiscoveryAssertion {
 }
 
 /// Serializes and signs an assertion with `sign` (ES256 over the bytes it
-/// is given, as P1363 `r‖s`), naming the signer's key by `key_id`.
+/// is given, as P1363 `r‖s`), naming the signer's key by `key_id`. The
+/// signature is put in its low-S form whatever the signer gave (a TPM's
+/// ECDSA is high-S half the time), as [`parse_signed`] accepts no other.
 pub fn sign_assertion<E>(
     assertion: &DiscoveryAssertion,
     key_id: String,
@@ -73,23 +81,49 @@ pub fn sign_assertion<E>(
     ))?;
     Ok(SignedDiscoveryAssertion {
         assertion: bytes,
-        signature: signature.to_vec(),
+        signature: signing::low_s(signature).to_vec(),
         key_id,
     })
 }
 
 /// Parses a serialized SignedDiscoveryAssertion (the `discovery`
 /// attestation) and the assertion inside it; checks shapes, not trust.
+///
+/// One signed assertion has exactly one encoding here, so that it cannot
+/// pass for another: the envelope and the assertion must each be what
+/// encoding the parsed message gives back (prost drops unknown fields and
+/// takes the last of repeated ones silently, so a re-wrapped envelope would
+/// otherwise parse to the same message), and the signature must be low-S.
+/// The envelope's `key_id` is not signed; it is only a hint, and a change
+/// of it is still another encoding of the same assertion, which is why the
+/// control plane keys an assertion's single use on [`use_subject`].
 pub fn parse_signed(
     bytes: &[u8],
 ) -> Result<(SignedDiscoveryAssertion, DiscoveryAssertion), AssertionError> {
     let signed = SignedDiscoveryAssertion::decode(bytes).map_err(|_| AssertionError::Envelope)?;
+    if signed.encoded_len() != bytes.len() || signed.encode_to_vec() != bytes {
+        return Err(AssertionError::EnvelopeNotCanonical);
+    }
     if signed.signature.len() != 64 {
         return Err(AssertionError::SignatureLength);
     }
+    if signing::is_high_s(&signed.signature) {
+        return Err(AssertionError::HighS);
+    }
     let body = DiscoveryAssertion::decode(signed.assertion.as_slice())
         .map_err(|_| AssertionError::Body)?;
+    if body.encoded_len() != signed.assertion.len() || body.encode_to_vec() != signed.assertion {
+        return Err(AssertionError::BodyNotCanonical);
+    }
     Ok((signed, body))
+}
+
+/// The key of a signed assertion's single use: hex SHA-256 of the
+/// assertion bytes its signature covers. Nothing outside the signature
+/// (the envelope's `key_id`, its encoding, which of the two ECDSA twins
+/// was sent) changes it.
+pub fn use_subject(signed: &SignedDiscoveryAssertion) -> String {
+    signing::hex_lower(&crate::sha256(&signed.assertion))
 }
 
 /// The kernel command line form (`bc.assertion=`): unpadded base64url of
@@ -146,4 +180,128 @@ pub fn verify_secret_request(
     let key = signing::verifying_key_from_spki(spki_der)?;
     signing::verify(&key, Purpose::SecretRequest, &[&req.body], &req.signature)?;
     Ok(SecretRequestBody::decode(req.body.as_slice()).ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use p256::ecdsa::SigningKey;
+
+    fn key() -> SigningKey {
+        SigningKey::from_slice(&[0x42; 32]).unwrap()
+    }
+
+    fn assertion() -> DiscoveryAssertion {
+        DiscoveryAssertion {
+            site_id: "site_a".into(),
+            node_id: "node_s".into(),
+            lease_epoch: 3,
+            mac: "52:54:00:12:34:56".into(),
+            issued_at_unix_ms: 1_000,
+            not_after_unix_ms: 2_000,
+            ..Default::default()
+        }
+    }
+
+    /// The high-S twin of a P1363 signature: `(r, n - s)`.
+    pub(crate) fn twin(sig: &[u8]) -> Vec<u8> {
+        let s = p256::ecdsa::Signature::from_slice(sig).unwrap();
+        let twin = p256::ecdsa::Signature::from_scalars(s.r(), -s.s()).unwrap();
+        twin.to_bytes().to_vec()
+    }
+
+    fn signed_with(sign: impl FnOnce(&[u8]) -> [u8; 64]) -> SignedDiscoveryAssertion {
+        sign_assertion(&assertion(), "kid".into(), |m| Ok::<_, ()>(sign(m))).unwrap()
+    }
+
+    /// A signer that answers the high-S twin of its signature (what a TPM
+    /// does half the time) still yields a low-S assertion that verifies.
+    #[test]
+    fn signing_puts_the_signature_in_its_low_s_form() {
+        let k = key();
+        let spki = p256::pkcs8::EncodePublicKey::to_public_key_der(k.verifying_key()).unwrap();
+        let high = |m: &[u8]| {
+            let sig: p256::ecdsa::Signature = p256::ecdsa::signature::Signer::sign(&k, m);
+            let mut t = twin(&sig.to_bytes());
+            if !signing::is_high_s(&t) {
+                t = sig.to_bytes().to_vec();
+            }
+            assert!(signing::is_high_s(&t));
+            <[u8; 64]>::try_from(t.as_slice()).unwrap()
+        };
+        let signed = signed_with(high);
+        assert!(!signing::is_high_s(&signed.signature));
+        assert_eq!(verify_assertion(spki.as_bytes(), &signed), Ok(()));
+        assert!(parse_signed(&signed.encode_to_vec()).is_ok());
+    }
+
+    /// The high-S twin of a valid signature verifies, but is refused by
+    /// shape; the same assertion re-wrapped (another key_id) parses but
+    /// keys the same single use; an unknown field appended to the envelope
+    /// or the assertion, or a field repeated, is refused.
+    #[test]
+    fn one_signed_assertion_has_one_accepted_encoding() {
+        let k = key();
+        let signed = signed_with(|m| {
+            signing::low_s({
+                let sig: p256::ecdsa::Signature = p256::ecdsa::signature::Signer::sign(&k, m);
+                sig.to_bytes().into()
+            })
+        });
+        let bytes = signed.encode_to_vec();
+        let (parsed, body) = parse_signed(&bytes).unwrap();
+        assert_eq!(body, assertion());
+
+        let high = SignedDiscoveryAssertion {
+            signature: twin(&signed.signature),
+            ..signed.clone()
+        };
+        let spki = p256::pkcs8::EncodePublicKey::to_public_key_der(k.verifying_key()).unwrap();
+        assert_eq!(
+            verify_assertion(spki.as_bytes(), &high),
+            Ok(()),
+            "ECDSA's twin verifies"
+        );
+        assert_eq!(
+            parse_signed(&high.encode_to_vec()),
+            Err(AssertionError::HighS)
+        );
+
+        let rewrapped = SignedDiscoveryAssertion {
+            key_id: "another".into(),
+            ..signed.clone()
+        };
+        let (r, _) = parse_signed(&rewrapped.encode_to_vec()).unwrap();
+        assert_eq!(use_subject(&r), use_subject(&parsed));
+
+        // Field 15, varint 1: unknown to both messages.
+        let mut extra = bytes.clone();
+        extra.extend_from_slice(&[0x78, 0x01]);
+        assert_eq!(
+            SignedDiscoveryAssertion::decode(extra.as_slice()).unwrap(),
+            signed,
+            "prost drops it silently"
+        );
+        assert_eq!(
+            parse_signed(&extra),
+            Err(AssertionError::EnvelopeNotCanonical)
+        );
+        // key_id sent twice: prost keeps the last.
+        let mut twice = bytes.clone();
+        twice.extend_from_slice(&[0x1a, 0x01, b'x']);
+        assert_eq!(
+            parse_signed(&twice),
+            Err(AssertionError::EnvelopeNotCanonical)
+        );
+        let mut inner = signed.assertion.clone();
+        inner.extend_from_slice(&[0x78, 0x01]);
+        let body_extra = SignedDiscoveryAssertion {
+            assertion: inner,
+            ..signed.clone()
+        };
+        assert_eq!(
+            parse_signed(&body_extra.encode_to_vec()),
+            Err(AssertionError::BodyNotCanonical)
+        );
+    }
 }

@@ -4,9 +4,13 @@
 //!
 //! In the join transaction, in this order (each failure is a refusal with the
 //! reason named; the transaction rolls back, so nothing is spent):
-//! 1. the request: role `ramdisk` (`discovery-role`); the evidence parses
-//!    (`assertion-malformed`); it never admitted a join before
-//!    (`assertion-reused`);
+//! 1. the request: role `ramdisk` (`discovery-role`); the evidence parses,
+//!    in the one encoding of its message and with a low-S signature
+//!    (`assertion-malformed`: no unknown field, no re-wrapping, not the
+//!    other ECDSA twin); the assertion bytes the signature covers never
+//!    admitted a join before (`assertion-reused`: the single use is keyed
+//!    on them, not on anything the signature leaves out), nor filed a join
+//!    request an operator denied (`approval-denied`);
 //! 2. the token: the join-token checks (`token-missing` … `token-expired`),
 //!    role `discovery` (`token-role`), uses left (`token-exhausted`), exactly
 //!    one (`token-not-single-use`), issued for the asserted site
@@ -27,7 +31,7 @@
 //! 6. under `[discovery] approval = "unknown-machines"`, for an entry that
 //!    expects no EK: an operator's approval of this join ([`approval`]:
 //!    pending, `approval-denied`, `approval-busy`), which spends nothing
-//!    until it admits.
+//!    until it admits (a denial spends the token and the assertion).
 //!
 //! Then the assertion is recorded in `attestation_uses` until it would be
 //! stale anyway, the token's use is spent, and the machine joins as a new
@@ -139,11 +143,19 @@ impl Attestor for DiscoveryAttestor {
         if input.role != Role::Ramdisk {
             return Err(Refusal::new(DISCOVERY_ROLE_REASON));
         }
-        let (signed, assertion) =
-            site::parse_signed(input.evidence).map_err(|_| Refusal::new(ASSERTION_MALFORMED))?;
-        let subject = bc_wire::signing::key_id(input.evidence);
-        if uses::is_spent(tx, DISCOVERY, &subject)? {
-            return Err(Refusal::new(ASSERTION_REUSED).with_node(Some(&assertion.node_id)));
+        let (signed, assertion) = site::parse_signed(input.evidence).map_err(|e| {
+            tracing::info!(error = %e, "discovery: assertion refused as malformed");
+            Refusal::new(ASSERTION_MALFORMED)
+        })?;
+        let subject = site::use_subject(&signed);
+        if uses::is_spent(tx, DISCOVERY, &subject)? || spent_under_old_key(tx, input.evidence)? {
+            // Spent by an operator's denial of the request it filed, or by
+            // the join it admitted.
+            let reason = match approval::denied_assertion(tx, &subject)? {
+                true => approval::APPROVAL_DENIED,
+                false => ASSERTION_REUSED,
+            };
+            return Err(Refusal::new(reason).with_node(Some(&assertion.node_id)));
         }
         let asserted_mac =
             normalize_mac(&assertion.mac).map_err(|_| Refusal::new(ASSERTION_MALFORMED))?;
@@ -282,6 +294,9 @@ impl Attestor for DiscoveryAttestor {
                 entry: entry.as_ref(),
                 mac: &asserted_mac,
                 ek: proven_ek.as_ref(),
+                token_id: &token.id,
+                assertion_sha256: &subject,
+                assertion_expires_at: valid_until,
                 retry_after_seconds: self.config.approval_retry_after_seconds,
             };
             match approval::gate(tx, &waiting).map_err(|r| {
@@ -322,6 +337,14 @@ impl Attestor for DiscoveryAttestor {
         }
         Ok(Verdict::Admit(Box::new(result)))
     }
+}
+
+/// Whether an earlier control plane recorded this assertion's use under
+/// its old key, the SHA-256 of the envelope as sent (which is the same
+/// envelope now that [`site::parse_signed`] accepts one encoding only):
+/// a use from before an upgrade stays spent until it expires.
+fn spent_under_old_key(tx: &Tx<'_>, envelope: &[u8]) -> Result<bool, DbError> {
+    uses::is_spent(tx, DISCOVERY, &hex::encode(bc_wire::sha256(envelope)))
 }
 
 /// Whether the EK a join names or proved (`None`: no TPM evidence) is the

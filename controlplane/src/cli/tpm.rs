@@ -94,12 +94,21 @@ pub enum RequestsCmd {
         site: Option<String>,
     },
     /// Deny a pending request: that TPM's joins are refused (a discovery
-    /// request: that join; its boot entry stays open).
+    /// request: that join, and the token and assertion it came with are
+    /// spent; its boot entry stays open). With --entry: every pending
+    /// request of that boot entry (of --source only, when given).
     Deny {
         #[command(flatten)]
         dir: Dir,
         /// The request id (req_…).
-        id: String,
+        #[arg(required_unless_present = "entry", conflicts_with = "entry")]
+        id: Option<String>,
+        /// Deny every pending discovery request of this boot entry (wf_…).
+        #[arg(long, value_name = "WF")]
+        entry: Option<String>,
+        /// With --entry: only the requests from this source address.
+        #[arg(long, value_name = "ADDR", requires = "entry")]
+        source: Option<String>,
     },
 }
 
@@ -411,18 +420,55 @@ pub fn run_requests(cmd: RequestsCmd) -> Result<()> {
                     .unwrap_or_default()
             ))
         }
-        RequestsCmd::Deny { dir, id } => {
+        RequestsCmd::Deny {
+            dir,
+            id,
+            entry,
+            source,
+        } => {
             let db = open_db(&dir.dir)?;
+            let (Some(id), None) = (id, entry.as_deref()) else {
+                let wf = entry.as_deref().unwrap_or_default();
+                return deny_entry(&db, wf, source.as_deref());
+            };
             let row = enroll::deny(&db, &id)?;
             match row.workflow_id.as_deref() {
                 Some(wf) => print_line(&format!(
-                    "denied {}: its join is refused; boot entry {wf} stays open for the real machine",
+                    "denied {}: its join is refused, its token and assertion are spent; boot entry {wf} stays open for the real machine",
                     row.id
                 )),
                 None => print_line(&format!("denied {}", row.id)),
             }
         }
     }
+}
+
+/// `requests deny --entry WF [--source ADDR]`: one line per request denied.
+fn deny_entry(db: &store::Store, wf: &str, source: Option<&str>) -> Result<()> {
+    let source = source
+        .map(|s| {
+            s.parse::<std::net::IpAddr>()
+                .map(|ip| ip.to_string())
+                .with_context(|| format!("--source must be an IP address, not {s:?}"))
+        })
+        .transpose()?;
+    let rows = enroll::deny_entry(db, wf, source.as_deref())?;
+    let from = source.map(|s| format!(" from {s}")).unwrap_or_default();
+    if rows.is_empty() {
+        return print_line(&format!("boot entry {wf} has no pending request{from}"));
+    }
+    for row in &rows {
+        print_line(&format!(
+            "denied {} (source {}, ek {})",
+            row.id,
+            row.source.as_deref().unwrap_or("-"),
+            row.ek_sha256.as_deref().unwrap_or(NO_TPM)
+        ))?;
+    }
+    print_line(&format!(
+        "denied {} pending request(s) of boot entry {wf}{from}: their joins are refused, their tokens and assertions spent; the entry stays open for the real machine",
+        rows.len()
+    ))
 }
 
 /// A request's EK as `requests list` prints it: the hash, or "no TPM" for
@@ -456,6 +502,7 @@ fn requests_list(dir: &Path, as_json: bool) -> Result<()> {
                 v["ek"] = json!(r.ek_sha256.as_deref().unwrap_or(NO_TPM));
                 v["source"] = json!(r.source);
                 v["nodeKeySha256"] = json!(r.node_key_sha256);
+                v["tokenId"] = json!(r.token_id);
             }
             v
         },
@@ -469,13 +516,15 @@ fn requests_list(dir: &Path, as_json: bool) -> Result<()> {
             let ek = r.ek_sha256.as_deref().unwrap_or(NO_TPM);
             if r.attestor == discovery::DISCOVERY {
                 return Ok(format!(
-                    "{state} discovery entry={} mac={} uuid={} ek={ek} source={}{} created={}",
+                    "{state} discovery entry={} mac={} uuid={} ek={ek} source={}{} created={} token={} node_key={}",
                     r.workflow_id.as_deref().unwrap_or("-"),
                     r.mac.as_deref().unwrap_or("-"),
                     r.product_uuid.as_deref().unwrap_or("-"),
                     r.source.as_deref().unwrap_or("-"),
                     site_part(r.site_id.as_deref()),
                     store::rfc3339(r.created_at),
+                    r.token_id.as_deref().unwrap_or("-"),
+                    r.node_key_sha256.as_deref().map_or("-", |k| k.get(..16).unwrap_or(k)),
                 ));
             }
             Ok(format!(

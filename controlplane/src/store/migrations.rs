@@ -338,6 +338,26 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     r#"
     ALTER TABLE boot_entries ADD COLUMN ek_sha256 TEXT CHECK (ek_sha256 IS NULL OR length(ek_sha256) = 64);
     "#,
+    // 19: a discovery request names the token and the signed assertion it
+    // came with (its single-use key, and when that use would expire): one
+    // open request per token and per assertion, so that one script (a
+    // neighbour's fetch of the victim's) files one request however many
+    // node keys join with it, and a denial revokes that token and spends
+    // that assertion (a join with it is then refused `approval-denied`).
+    // `source` is indexed for the per-source count.
+    r#"
+    ALTER TABLE join_requests ADD COLUMN token_id TEXT;
+    ALTER TABLE join_requests ADD COLUMN assertion_sha256 TEXT;
+    ALTER TABLE join_requests ADD COLUMN assertion_expires_at INTEGER;
+    CREATE UNIQUE INDEX join_requests_open_token ON join_requests(token_id)
+        WHERE used_at IS NULL AND attestor = 'discovery' AND status <> 'denied';
+    CREATE UNIQUE INDEX join_requests_open_assertion ON join_requests(assertion_sha256)
+        WHERE used_at IS NULL AND attestor = 'discovery' AND status <> 'denied';
+    CREATE INDEX join_requests_pending_source ON join_requests(workflow_id, source)
+        WHERE status = 'pending' AND attestor = 'discovery';
+    CREATE INDEX join_requests_denied_assertion ON join_requests(assertion_sha256)
+        WHERE status = 'denied' AND attestor = 'discovery';
+    "#,
 ];
 
 /// How many of [`MIGRATIONS`] a database at schema `version` has applied;

@@ -206,12 +206,18 @@ pub struct JoinRequestRow {
     /// A discovery request's node key (SHA-256 of the CSR's SPKI, hex):
     /// without an EK, the only evidence that tells two machines apart.
     pub node_key_sha256: Option<String>,
+    /// A discovery request's token (its id) and signed assertion (its
+    /// single-use key, and when that use would expire): what a denial
+    /// spends, so that the same script files nothing again.
+    pub token_id: Option<String>,
+    pub assertion_sha256: Option<String>,
+    pub assertion_expires_at: Option<UnixMs>,
 }
 
 pub(crate) const REQUEST_SELECT: &str =
     "SELECT id, attestor, ek_sha256, ek_issuer, ek_serial, status, pool_id,
      created_at, decided_at, used_at, site_id, workflow_id, mac, product_uuid, source,
-     node_key_sha256 FROM join_requests";
+     node_key_sha256, token_id, assertion_sha256, assertion_expires_at FROM join_requests";
 
 pub(crate) fn read_request(r: &Row) -> Result<JoinRequestRow, DbError> {
     Ok(JoinRequestRow {
@@ -231,6 +237,9 @@ pub(crate) fn read_request(r: &Row) -> Result<JoinRequestRow, DbError> {
         product_uuid: r.get(13)?,
         source: r.get(14)?,
         node_key_sha256: r.get(15)?,
+        token_id: r.get(16)?,
+        assertion_sha256: r.get(17)?,
+        assertion_expires_at: r.get(18)?,
     })
 }
 
@@ -278,6 +287,9 @@ pub fn insert_pending(
         product_uuid: None,
         source: None,
         node_key_sha256: None,
+        token_id: None,
+        assertion_sha256: None,
+        assertion_expires_at: None,
     })
 }
 
@@ -309,10 +321,46 @@ pub fn approve(
 
 /// Denies a pending request: that EK's joins are refused
 /// (`enrollment-denied`) until a resolve entry admits it; a discovery
-/// request's join is refused (`approval-denied`) and its boot entry stays
-/// open for the real machine.
+/// request's join is refused (`approval-denied`), the token it came with is
+/// revoked and its assertion spent (the script it came from files nothing
+/// again), and its boot entry stays open for the real machine, whose own
+/// script carries another token and assertion.
 pub fn deny(db: &Store, id: &str) -> Result<JoinRequestRow, EnrollError> {
     decide(db, id, STATUS_DENIED, None, None)
+}
+
+/// Denies every pending discovery request of boot entry `workflow_id`
+/// (only those from `source`, when given), as [`deny`] each, in one
+/// transaction: the requests denied.
+pub fn deny_entry(
+    db: &Store,
+    workflow_id: &str,
+    source: Option<&str>,
+) -> Result<Vec<JoinRequestRow>, EnrollError> {
+    db.write(|tx| {
+        if crate::boot::get(tx, workflow_id)?.is_none() {
+            return Err(EnrollError::NotFound(format!(
+                "no boot entry {workflow_id:?}"
+            )));
+        }
+        let rows = tx
+            .query_map(
+                // PG: `FOR UPDATE`, as one request's decision.
+                &format!(
+                    "{REQUEST_SELECT} WHERE attestor = 'discovery' AND status = 'pending'
+                       AND workflow_id = ?1 AND (CAST(?2 AS TEXT) IS NULL OR source = ?2)
+                     ORDER BY created_at, id{}",
+                    tx.dialect().for_update()
+                ),
+                params![workflow_id, source],
+                read_request,
+            )?
+            .collect::<Result<Vec<_>, _>>()?;
+        let now = tx.now()?;
+        rows.into_iter()
+            .map(|row| decide_in(tx, row, STATUS_DENIED, None, None, now))
+            .collect()
+    })
 }
 
 fn decide(
@@ -323,61 +371,102 @@ fn decide(
     site: Option<&str>,
 ) -> Result<JoinRequestRow, EnrollError> {
     db.write(|tx| {
-        let mut row = tx
+        let row = tx
             .query_opt_map(
                 // PG: `FOR UPDATE`: approve and deny cannot both win.
-                &format!("{REQUEST_SELECT} WHERE id = ?1{}", tx.dialect().for_update()),
+                &format!(
+                    "{REQUEST_SELECT} WHERE id = ?1{}",
+                    tx.dialect().for_update()
+                ),
                 params![id],
                 read_request,
             )?
             .ok_or_else(|| EnrollError::NotFound(format!("no join request {id:?}")))?;
-        if row.status != STATUS_PENDING {
-            return Err(EnrollError::Conflict(format!(
-                "join request {id} is already {}; only a pending request can be decided{}",
-                row.status,
-                if row.status == STATUS_DENIED && row.attestor == crate::attestors::discovery::DISCOVERY {
-                    " (PXE-boot the machine again: its new join files a new request)"
-                } else if row.status == STATUS_DENIED {
-                    " (to admit that TPM now, add a resolve entry for its ekSha256)"
-                } else {
-                    ""
-                }
-            )));
-        }
-        if row.attestor == crate::attestors::discovery::DISCOVERY
-            && (pool.is_some() || site.is_some())
-        {
-            return Err(EnrollError::InvalidInput(format!(
-                "join request {id} is a discovery join: its machine joins as a ramdisk of its boot entry's site (--pool and --site are for tpm enrollment)"
-            )));
-        }
         let now = tx.now()?;
-        if status == STATUS_APPROVED {
-            if let Some(wf) = row.workflow_id.as_deref() {
-                let state = crate::boot::get(tx, wf)?.map_or("gone", |e| e.state(now));
-                if matches!(state, "joined" | "expired" | "gone") {
-                    return Err(EnrollError::Conflict(format!(
-                        "join request {id} is for boot entry {wf}, which is {state}: no join waits on it any more"
-                    )));
-                }
+        decide_in(tx, row, status, pool, site, now)
+    })
+}
+
+/// Decides one request, read `FOR UPDATE` in this transaction.
+fn decide_in(
+    tx: &Tx<'_>,
+    mut row: JoinRequestRow,
+    status: &str,
+    pool: Option<&str>,
+    site: Option<&str>,
+    now: UnixMs,
+) -> Result<JoinRequestRow, EnrollError> {
+    let id = row.id.clone();
+    if row.status != STATUS_PENDING {
+        return Err(EnrollError::Conflict(format!(
+            "join request {id} is already {}; only a pending request can be decided{}",
+            row.status,
+            if row.status == STATUS_DENIED && row.attestor == crate::attestors::discovery::DISCOVERY
+            {
+                " (PXE-boot the machine again: its new join files a new request)"
+            } else if row.status == STATUS_DENIED {
+                " (to admit that TPM now, add a resolve entry for its ekSha256)"
+            } else {
+                ""
+            }
+        )));
+    }
+    if row.attestor == crate::attestors::discovery::DISCOVERY && (pool.is_some() || site.is_some())
+    {
+        return Err(EnrollError::InvalidInput(format!(
+            "join request {id} is a discovery join: its machine joins as a ramdisk of its boot entry's site (--pool and --site are for tpm enrollment)"
+        )));
+    }
+    if status == STATUS_APPROVED {
+        if let Some(wf) = row.workflow_id.as_deref() {
+            let state = crate::boot::get(tx, wf)?.map_or("gone", |e| e.state(now));
+            if matches!(state, "joined" | "expired" | "gone") {
+                return Err(EnrollError::Conflict(format!(
+                    "join request {id} is for boot entry {wf}, which is {state}: no join waits on it any more"
+                )));
             }
         }
-        if let Some(pool) = pool {
-            pools::require(tx, pool)?;
-            row.pool_id = Some(pool.to_owned());
-        }
-        if let Some(site) = site_id(tx, site)? {
-            row.site_id = Some(site);
-        }
-        tx.execute(
-            "UPDATE join_requests SET status = ?2, decided_at = ?3, pool_id = ?4, site_id = ?5
-             WHERE id = ?1",
-            params![id, status, now, row.pool_id, row.site_id],
+    }
+    if let Some(pool) = pool {
+        pools::require(tx, pool)?;
+        row.pool_id = Some(pool.to_owned());
+    }
+    if let Some(site) = site_id(tx, site)? {
+        row.site_id = Some(site);
+    }
+    tx.execute(
+        "UPDATE join_requests SET status = ?2, decided_at = ?3, pool_id = ?4, site_id = ?5
+         WHERE id = ?1",
+        params![id, status, now, row.pool_id, row.site_id],
+    )?;
+    if status == STATUS_DENIED {
+        spend_denied(tx, &row, now)?;
+    }
+    row.status = status.to_owned();
+    row.decided_at = Some(now);
+    Ok(row)
+}
+
+/// What a denied discovery request came with can file nothing again: its
+/// token is revoked and its assertion spent (until it would be stale
+/// anyway), so a re-send of that script is refused `assertion-reused`
+/// (or `token-revoked`), not filed again.
+fn spend_denied(tx: &Tx<'_>, row: &JoinRequestRow, now: UnixMs) -> Result<(), DbError> {
+    if let Some(token) = row.token_id.as_deref() {
+        crate::tokens::revoke_in(tx, token, now)?;
+    }
+    if let (Some(subject), Some(until)) =
+        (row.assertion_sha256.as_deref(), row.assertion_expires_at)
+    {
+        crate::uses::spend(
+            tx,
+            crate::attestors::discovery::DISCOVERY,
+            subject,
+            until,
+            now,
         )?;
-        row.status = status.to_owned();
-        row.decided_at = Some(now);
-        Ok(row)
-    })
+    }
+    Ok(())
 }
 
 pub fn list_requests(db: &Store) -> Result<Vec<JoinRequestRow>, DbError> {
