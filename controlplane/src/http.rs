@@ -312,7 +312,7 @@ pub async fn serve_with(
         // Reap finished connections so the set does not grow without bound.
         while conns.try_join_next().is_some() {}
         let accepted = accept_next(
-            || listener.accept(),
+            || accept(&listener),
             &mut backoff,
             shutdown.as_mut(),
             || tracker.held(),
@@ -348,6 +348,23 @@ pub async fn serve_with(
         conns.shutdown().await;
     }
     Ok(())
+}
+
+/// The next connection, with TCP_NODELAY: a TLS handshake and an answer go
+/// out in several writes, and Nagle's algorithm would hold the last back
+/// until the client's delayed ACK, 40 ms later (once or twice a join).
+async fn accept(listener: &TcpListener) -> io::Result<(tokio::net::TcpStream, SocketAddr)> {
+    let (tcp, peer) = listener.accept().await?;
+    if let Err(e) = tcp.set_nodelay(true) {
+        tracing::debug!(peer = %peer, error = %e, "cannot set TCP_NODELAY");
+    }
+    Ok((tcp, peer))
+}
+
+/// Every HTTP client the control plane makes (a maker's EK service) starts
+/// here, with TCP_NODELAY, for the reason [`accept`] sets it.
+pub fn client_builder() -> reqwest::ClientBuilder {
+    reqwest::Client::builder().tcp_nodelay(true)
 }
 
 /// The pause after a failed `accept` (out of descriptors, ...): the first,
@@ -538,6 +555,32 @@ async fn handle_connection(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What `serve_with` accepts is set TCP_NODELAY; without the call a
+    /// socket has it off.
+    #[tokio::test]
+    async fn an_accepted_connection_has_nodelay() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (accepted, peer) = accept(&listener).await.unwrap();
+        assert_eq!(peer, client.local_addr().unwrap());
+        assert!(accepted.nodelay().unwrap());
+        let _plain = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (unset, _) = listener.accept().await.unwrap();
+        assert!(!unset.nodelay().unwrap());
+    }
+
+    /// The one constructor of the control plane's HTTP clients sets
+    /// TCP_NODELAY (reqwest shows it in the builder's Debug).
+    #[test]
+    fn outbound_clients_set_nodelay() {
+        assert!(
+            format!("{:?}", client_builder()).contains("tcp_nodelay: true"),
+            "{:?}",
+            client_builder()
+        );
+    }
     use axum::routing::get;
     use bc_wire::agent::{JoinResponse, JoinResponseBody, Role};
     use rcgen::PublicKeyData;

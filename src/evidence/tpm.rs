@@ -37,9 +37,10 @@ pub struct TpmEvidence {
     intermediates: Vec<Vec<u8>>,
     /// How many of `intermediates` came from NV.
     nv_intermediates: usize,
-    /// Who made the TPM (one GetCapability): the control plane fetches a
-    /// missing EK certificate from the maker's service by it.
-    info: TpmInfo,
+    /// Who made the TPM (one GetCapability), read only for a TPM without
+    /// an EK certificate: the control plane fetches it from the maker's
+    /// service by it.
+    info: Option<TpmInfo>,
 }
 
 impl TpmEvidence {
@@ -52,13 +53,24 @@ impl TpmEvidence {
     ) -> Result<TpmEvidence, KeyError> {
         let (ek, ak, intermediates, info) = {
             let mut t = crate::keys::lock_tpm(&tpm)?;
-            let info = t.info()?;
             let ek = t.ek()?;
             let intermediates = t.ek_chain(&ek).unwrap_or_else(|e| {
                 tracing::warn!(error = %e, "cannot read the EK chain NV indices");
                 Vec::new()
             });
-            if ek.certificate.is_none() {
+            // Who made the TPM matters only to fetch a certificate it lacks:
+            // with one (NV or `[tpm] ek_certificate`), no GetCapability.
+            let info = match ek.certificate {
+                Some(_) => None,
+                None => match t.info() {
+                    Ok(info) => Some(info),
+                    Err(e) => {
+                        let _ = t.release_ek(&ek);
+                        return Err(e.into());
+                    }
+                },
+            };
+            if let Some(info) = &info {
                 match info.ek_service() {
                     Some(service) => tracing::warn!(manufacturer = %info.manufacturer, "the TPM has no EK certificate (NV 0x01c00002, 0x01c0000a or 0x01c00016) and [tpm] ek_certificate is not set; the control plane fetches it from {service}"),
                     None => tracing::warn!("the TPM has no EK certificate (NV 0x01c00002, 0x01c0000a or 0x01c00016) and [tpm] ek_certificate is not set; the control plane admits this EK only if an operator pinned it (resolve add --uncertified)"),
@@ -92,7 +104,7 @@ impl TpmEvidence {
     /// that service being unreachable (worth asking again).
     pub fn certificate_from_service(&self) -> Option<&'static str> {
         match self.ek.certificate {
-            None => self.info.ek_service(),
+            None => self.info.as_ref().and_then(TpmInfo::ek_service),
             Some(_) => None,
         }
     }
@@ -133,9 +145,15 @@ impl TpmEvidence {
                     Some(CertificateSource::OperatorFile) => EkCertificateSource::OperatorFile,
                 } as i32,
                 ek_nv_intermediates: self.nv_intermediates as u32,
-                tpm_manufacturer: self.info.manufacturer_id,
-                tpm_vendor: self.info.vendor.clone(),
-                tpm_firmware: self.info.firmware_id,
+                // Unset (0, "") with a certificate: the control plane has
+                // nothing to fetch.
+                tpm_manufacturer: self.info.as_ref().map_or(0, |i| i.manufacturer_id),
+                tpm_vendor: self
+                    .info
+                    .as_ref()
+                    .map(|i| i.vendor.clone())
+                    .unwrap_or_default(),
+                tpm_firmware: self.info.as_ref().map_or(0, |i| i.firmware_id),
             })),
         }
     }

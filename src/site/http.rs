@@ -126,7 +126,7 @@ pub async fn serve<R: Respond>(
         let (stream, peer) = tokio::select! {
             biased;
             _ = shutdown.changed() => break,
-            a = listener.accept() => match a {
+            a = accept(&listener) => match a {
                 Ok(a) => a,
                 Err(e) => {
                     tracing::warn!(error = %e, held = tracker.held(), "accept failed");
@@ -147,6 +147,17 @@ pub async fn serve<R: Respond>(
         conns.spawn(connection(stream, peer, site, slot, limits));
     }
     conns.shutdown().await;
+}
+
+/// The next connection, with TCP_NODELAY: an answer goes out in pieces
+/// (head, body chunks), and Nagle's algorithm would hold the last one back
+/// until the client's delayed ACK, 40 ms later.
+async fn accept(listener: &TcpListener) -> std::io::Result<(tokio::net::TcpStream, SocketAddr)> {
+    let (stream, peer) = listener.accept().await?;
+    if let Err(e) = stream.set_nodelay(true) {
+        tracing::debug!(peer = %peer, error = %e, "cannot set TCP_NODELAY");
+    }
+    Ok((stream, peer))
 }
 
 /// One connection: its requests under the deadline of the phase it is in,
@@ -677,5 +688,22 @@ mod tests {
             head_of(&missing).starts_with("http/1.0 404")
                 || head_of(&missing).starts_with("http/1.1 404")
         );
+    }
+
+    /// What `serve` accepts is set TCP_NODELAY (a real socket: an in-memory
+    /// pipe has no Nagle).
+    #[tokio::test]
+    async fn an_accepted_connection_has_nodelay() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (accepted, peer) = accept(&listener).await.unwrap();
+        assert_eq!(peer, client.local_addr().unwrap());
+        assert!(accepted.nodelay().unwrap());
+        // Not the socket's default: without the call it is off.
+        let plain = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (unset, _) = listener.accept().await.unwrap();
+        assert!(!unset.nodelay().unwrap());
+        drop(plain);
     }
 }

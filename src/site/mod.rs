@@ -25,7 +25,6 @@ use std::sync::Arc;
 use anyhow::{anyhow, Context as _};
 
 use crate::config::{Config, ConfigArg};
-use crate::node::Backoff;
 
 #[derive(clap::Args, Debug)]
 pub struct SiteArgs {
@@ -54,7 +53,7 @@ pub fn run(args: SiteArgs) -> anyhow::Result<ExitCode> {
         let listener = tokio::net::TcpListener::bind(settings.listen)
             .await
             .with_context(|| format!("[site] listen: cannot listen on {}", settings.listen))?;
-        let backoff = Backoff::new(config.node.backoff_min, config.node.backoff_max);
+        let schedule = lease::Schedule::new(config.node.backoff_min, config.node.backoff_max);
         let state = state::StateFile {
             dir: config.data_dir.clone(),
             base: state::SiteState {
@@ -68,7 +67,7 @@ pub fn run(args: SiteArgs) -> anyhow::Result<ExitCode> {
             },
         };
         let (holder, view) =
-            lease::Holder::new(identity.clone(), settings.id.clone(), backoff, state);
+            lease::Holder::new(identity.clone(), settings.id.clone(), schedule, state);
         tracing::info!(
             site_id = %settings.id,
             node_id = %identity.current().await.node_id,

@@ -30,6 +30,12 @@ impl BootServer {
 
     /// With `extra` lines in its `[site]` (written on the first start).
     pub(crate) fn start_with(node: &SiteNode, extra: &str) -> BootServer {
+        BootServer::start_configured(node, "backoff_min = \"1s\"\nbackoff_max = \"1s\"\n", extra)
+    }
+
+    /// With `backoff` lines in its `[node]` (the retries' backoff: 1 s in
+    /// the other tests, the defaults with none) and `extra` in its `[site]`.
+    fn start_configured(node: &SiteNode, backoff: &str, extra: &str) -> BootServer {
         let dir = node.agent.root.path().join("ramdisk");
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("vmlinuz"), KERNEL).unwrap();
@@ -41,7 +47,7 @@ impl BootServer {
         let mut config = std::fs::read_to_string(&node.agent.config).unwrap();
         if !config.contains("[site]") {
             config.push_str(&format!(
-                "\n[node]\nbackoff_min = \"1s\"\nbackoff_max = \"1s\"\n\n[site]\nid = \"{}\"\nlisten = \"127.0.0.1:{port}\"\npublic_url = \"http://127.0.0.1:{port}/\"\nramdisk_dir = \"{}\"\nramdisk_api = \"https://guests.example:8443\"\n{extra}",
+                "\n[node]\n{backoff}\n[site]\nid = \"{}\"\nlisten = \"127.0.0.1:{port}\"\npublic_url = \"http://127.0.0.1:{port}/\"\nramdisk_dir = \"{}\"\nramdisk_api = \"https://guests.example:8443\"\n{extra}",
                 node.site_id,
                 dir.display()
             ));
@@ -295,6 +301,59 @@ fn a_standby_site_node_takes_over_when_the_holder_dies() {
     let fresh = standby.script(MAC);
     assert_ok(&machine.boot(&boot_cmdline(&fresh)));
     assert_eq!(boot_state(&cp, &wf), "joined");
+}
+
+/// `key=N` of a log line.
+fn field(line: &str, key: &str) -> u64 {
+    line.split(&format!(" {key}="))
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {key} in {line}"))
+}
+
+/// The control plane away longer than the lease (3 s here; 30 s by
+/// default), the site node on the default backoff (30 s doubling to
+/// 600 s): the renewals retried within what the lease had left do not
+/// carry into the wait after it is lost (attempt 1 again), no wait is
+/// longer than the lease, and bcd site serves boot scripts again within a
+/// lease TTL of the control plane's return. It stopped serving for 10
+/// minutes (`attempt=13 retry_in_ms=600000`).
+#[test]
+fn bcd_site_serves_again_within_a_lease_ttl_of_the_control_planes_return() {
+    const TTL_MS: u64 = 3000;
+    let mut cp = ControlPlane::start_with_config("[discovery]\nlease_ttl = \"3s\"\n");
+    let site_id = site(&cp, "dc1");
+    let node = SiteNode::join(&cp, &site_id);
+    let mut server = BootServer::start_configured(&node, "", "");
+    server.wait_for("boot lease acquired");
+    boot_add(&cp, "dc1", MAC, &[]);
+    assert!(server.script(MAC).contains("bc.assertion="));
+    let listen = cp.url.trim_start_matches("https://").to_owned();
+
+    cp.stop();
+    // Retried while the lease lasts, then lost: the backoff starts over,
+    // and each wait is at most the lease's TTL (as the answers showed it).
+    for n in 1..=2 {
+        let line = server.wait_for_nth("held=false", n);
+        assert_eq!(field(&line, "attempt"), n as u64, "{line}");
+        let ttl = field(&line, "lease_ttl_ms");
+        assert!(ttl <= TTL_MS && ttl > TTL_MS / 2, "{line}");
+        assert!(field(&line, "retry_in_ms") <= ttl, "{line}");
+    }
+    assert_exit_script(&server.script(MAC));
+
+    let _cp = cp.serve_on(&listen);
+    let back = std::time::Instant::now();
+    server.wait_for_nth("boot lease acquired", 2);
+    let took = back.elapsed();
+    // A TTL, and what the call and the log line take on a busy machine.
+    assert!(
+        took <= Duration::from_millis(TTL_MS + 2000),
+        "the lease came back {} ms after the control plane",
+        took.as_millis()
+    );
+    assert!(server.script(MAC).contains("bc.assertion="));
 }
 
 /// bcd node renews the site node beside a running bcd site; the site's

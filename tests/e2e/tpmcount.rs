@@ -45,8 +45,24 @@ fn expect(counts: &[(&str, usize)]) -> BTreeMap<String, usize> {
     counts.iter().map(|(n, c)| ((*n).to_owned(), *c)).collect()
 }
 
+/// What the control plane logged of the TPM's maker at its last round-1
+/// challenge: `tpm_manufacturer=…` (empty when round 1 sent none).
+fn manufacturer_logged(cp: &ControlPlane) -> String {
+    let log = cp.log();
+    let line = log
+        .lines()
+        .rfind(|l| l.contains("credential challenge sent"))
+        .unwrap_or_else(|| panic!("no challenge in\n{log}"))
+        .to_owned();
+    line.split(" tpm_manufacturer=")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .unwrap_or_else(|| panic!("no tpm_manufacturer in {line}"))
+        .to_owned()
+}
+
 #[test]
-fn a_tpm_join_costs_14_commands_and_leaves_nothing_loaded() {
+fn a_tpm_join_costs_13_commands_and_leaves_nothing_loaded() {
     let cp = ControlPlane::start_trusting_test_maker();
     let tpm = Swtpm::start();
     let agent = Agent::with_tpm(&cp, &tpm);
@@ -58,12 +74,11 @@ fn a_tpm_join_costs_14_commands_and_leaves_nothing_loaded() {
         // The node key, its CSR.
         ("CreatePrimary", 2),
         ("Sign", 1),
-        // The TPM's maker (TPM_PT_MANUFACTURER .. FIRMWARE_VERSION_2, sent
-        // in round 1: the control plane fetches a certificate NV lacks
-        // from the maker's service); the EK certificate (its size from the
-        // name ESYS computed: one NV_ReadPublic), the persistent EK, the EK
-        // chain indices' listing.
-        ("GetCapability", 2),
+        // The EK certificate (its size from the name ESYS computed: one
+        // NV_ReadPublic), the persistent EK, the EK chain indices' listing.
+        // With a certificate, not the TPM's maker (the control plane needs
+        // it only to fetch a certificate NV lacks).
+        ("GetCapability", 1),
         ("NV_ReadPublic", 1),
         ("NV_Read", 1),
         ("ReadPublic", 1),
@@ -78,7 +93,8 @@ fn a_tpm_join_costs_14_commands_and_leaves_nothing_loaded() {
         ("FlushContext", 2),
     ]);
     assert_eq!(got, want);
-    assert_eq!(got.values().sum::<usize>(), 14);
+    assert_eq!(got.values().sum::<usize>(), 13);
+    assert_eq!(manufacturer_logged(&cp), "", "round 1 sent no maker");
     let codes = tpm.command_codes().split_off(before);
     let at = |cc: u32| codes.iter().position(|&c| c == cc).unwrap();
     assert!(at(ACTIVATE_CREDENTIAL) < at(CERTIFY), "{codes:x?}");
@@ -90,6 +106,69 @@ fn a_tpm_join_costs_14_commands_and_leaves_nothing_loaded() {
         "{codes:x?}"
     );
     assert_eq!(tpm.transient_handles(), Vec::<String>::new());
+}
+
+/// A TPM with no EK certificate in NV (and no `[tpm] ek_certificate`)
+/// sends its maker in round 1 (one GetCapability more), for the control
+/// plane to fetch the certificate from the maker's service; here the
+/// operator pinned the EK as uncertified.
+#[test]
+fn a_tpm_join_without_an_ek_certificate_sends_the_tpms_maker() {
+    let cp = ControlPlane::start_trusting_test_maker();
+    let tpm = Swtpm::start();
+    crate::eksource::without_ek_certificates(&tpm);
+    let agent = Agent::with_tpm(&cp, &tpm);
+    let ek = agent.identify()["ekSha256"].as_str().unwrap().to_owned();
+    assert_ok(&cp.cli(&["resolve", "add", "--ek-sha256", &ek, "--uncertified"]));
+    let before = tpm.command_codes().len();
+    assert_ok(&agent.run(&["join", "--attestor", "tpm"]));
+    let got = commands_since(&tpm, before);
+    let want = expect(&[
+        // The node key; the EK derived from its template (NV has no
+        // certificate to check a persistent one against), the AK.
+        ("CreatePrimary", 3),
+        ("Sign", 1),
+        // The NV indices' listing (no certificate: nothing to read), and
+        // the TPM's maker, sent in round 1.
+        ("GetCapability", 2),
+        ("StartAuthSession", 1),
+        ("PolicySecret", 1),
+        ("ActivateCredential", 1),
+        ("Certify", 1),
+        // The node key, the AK, the derived EK.
+        ("FlushContext", 3),
+    ]);
+    assert_eq!(got, want);
+    assert_eq!(got.values().sum::<usize>(), 13);
+    assert_eq!(
+        manufacturer_logged(&cp),
+        "IBM",
+        "swtpm's TPM_PT_MANUFACTURER"
+    );
+    assert_eq!(tpm.transient_handles(), Vec::<String>::new());
+}
+
+/// `[tpm] ek_certificate` stands for NV's certificate: no maker sent.
+#[test]
+fn an_operator_ek_certificate_spares_the_tpms_maker() {
+    let cp = ControlPlane::start_trusting_test_maker();
+    let tpm = Swtpm::start();
+    let der = tpm.dir.path().join("ek.der");
+    assert_ok(&tpm.tool("tpm2_nvread", &["0x01c00002", "-o", &der.to_string_lossy()]));
+    crate::eksource::without_ek_certificates(&tpm);
+    let agent = Agent::with_tpm(&cp, &tpm);
+    let config = std::fs::read_to_string(&agent.config).unwrap();
+    std::fs::write(
+        &agent.config,
+        format!("{config}ek_certificate = \"{}\"\n", der.display()),
+    )
+    .unwrap();
+    agent.allow_ek(&cp);
+    let before = tpm.command_codes().len();
+    assert_ok(&agent.run(&["join", "--attestor", "tpm"]));
+    let got = commands_since(&tpm, before);
+    assert_eq!(got.get("GetCapability"), Some(&1), "{got:?}");
+    assert_eq!(manufacturer_logged(&cp), "", "round 1 sent no maker");
 }
 
 #[test]

@@ -448,7 +448,7 @@ impl EkServices {
             Some(r) => r.clone(),
             None => system_roots()?,
         };
-        let mut builder = reqwest::Client::builder()
+        let mut builder = crate::http::client_builder()
             .https_only(true)
             .tls_built_in_root_certs(false)
             .pool_max_idle_per_host(0)
