@@ -8,9 +8,9 @@
 //! again. Challenge: hand it to the attestor's [`Answerer`] and send the same
 //! CSR with the answer, at most [`Policy::max_challenges`] times. Only a
 //! final answer that [`answer::verify_final`] accepts ends the loop well.
-//! A refusal ends it, but for a first round the caller knows may be
-//! refused for a passing reason ([`RefusedRetry`]): that one is sent again
-//! after a growing wait, for a bounded time.
+//! A refusal ends it, but for a join the caller knows may be refused for a
+//! passing reason ([`RefusedRetry`]): that one starts over (its first
+//! round again) after a growing wait, for a bounded time.
 use std::future::Future;
 use std::time::Duration;
 
@@ -122,12 +122,15 @@ impl Default for Policy {
 }
 
 /// Asking again after a refused first round. Every refusal is the same
-/// ACCESS_DENIED (the reason stays on the server), so this is for a first
-/// round the agent itself knows may be refused for a passing reason: a TPM
-/// join without an EK certificate, which the control plane fetches from the
-/// maker's service (refused `ek-service` while that is unreachable). The
-/// waits double from `first` up to `max_wait`; none starts after `window`
-/// has passed since the first request, and the last refusal is returned.
+/// ACCESS_DENIED (the reason stays on the server), so this is for a join
+/// the agent itself knows may be refused for a passing reason: a TPM join
+/// without an EK certificate, which the control plane fetches from the
+/// maker's service (refused `ek-service` while that is unreachable), in
+/// round 1 for an EK it knows, else in round 2 once the TPM answered its
+/// challenge. A refusal in either round starts over with round 1 after
+/// the wait. The waits double from `first` up to `max_wait`; none starts
+/// after `window` has passed since the first request, and the last refusal
+/// is returned.
 #[derive(Debug, Clone)]
 pub struct RefusedRetry {
     pub first: Duration,
@@ -196,7 +199,7 @@ pub async fn run<T: Transport>(
                     request_id: printable(announced.as_deref().unwrap_or_default()),
                 })
             }
-            Err(ClientError::AccessDenied) if challenges == 0 && policy.refused_retry.is_some() => {
+            Err(ClientError::AccessDenied) if policy.refused_retry.is_some() => {
                 let retry = policy.refused_retry.as_ref();
                 let Some((wait, r)) =
                     retry.and_then(|r| Some((r.wait(refusals, started.elapsed())?, r)))
@@ -210,6 +213,9 @@ pub async fn run<T: Transport>(
                     r.why
                 );
                 tokio::time::sleep(wait).await;
+                request.attestation = first_attestation.clone();
+                request.tpm = first_tpm.clone();
+                challenges = 0;
                 continue;
             }
             other => other?,
@@ -596,6 +602,84 @@ mod tests {
             Err(JoinError::Client(ClientError::AccessDenied))
         ));
         assert!(gaps.is_empty());
+    }
+
+    /// A join refused in round 2 (the control plane fetches the maker's
+    /// certificate of an EK it did not know once the TPM answered its
+    /// challenge, `ek-service` while that service is unreachable) starts
+    /// over with its first evidence after the wait, as a refused round 1.
+    #[test]
+    fn a_refused_second_round_starts_over_with_the_first_evidence() {
+        struct Steps {
+            steps: RefCell<VecDeque<Option<JoinResponse>>>,
+            sent: RefCell<Vec<(Vec<u8>, tokio::time::Instant)>>,
+        }
+        impl Transport for Steps {
+            async fn join(&self, request: &JoinRequest) -> Result<JoinResponse, ClientError> {
+                let at = tokio::time::Instant::now();
+                self.sent
+                    .borrow_mut()
+                    .push((request.attestation.clone(), at));
+                self.steps
+                    .borrow_mut()
+                    .pop_front()
+                    .flatten()
+                    .ok_or(ClientError::AccessDenied)
+            }
+        }
+        let service = service_key();
+        let node = FileKey::generate().unwrap();
+        let csr = b"csr".to_vec();
+        let ch = respond(&service, &challenge(&csr, "tpm", b"answer"));
+        let joined = respond(
+            &service,
+            &joined_body(
+                &csr,
+                node.spki_der(),
+                "spiffe://bc.test/node/node_abc",
+                "node_abc",
+            ),
+        );
+        let t = Steps {
+            steps: RefCell::new(VecDeque::from([
+                Some(ch.clone()),
+                None,
+                Some(ch),
+                Some(joined),
+            ])),
+            sent: RefCell::default(),
+        };
+        let vk = *service.verifying_key();
+        let expected = Expected {
+            signing_key: &vk,
+            csr_sha256: bc_wire::sha256(&csr),
+            node_spki: node.spki_der(),
+            trust_domain: "bc.test",
+        };
+        let request = JoinRequest {
+            csr: csr.clone(),
+            attestation: b"hello".to_vec(),
+            ..Default::default()
+        };
+        let policy = Policy {
+            refused_retry: Some(RefusedRetry::maker_service("the maker's service")),
+            ..Policy::default()
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        let r = rt.block_on(run(&t, &mut Echo, request, "tpm", &expected, &policy));
+        assert_eq!(r.unwrap().node_id, "node_abc");
+        let sent = t.sent.into_inner();
+        let evidence: Vec<&[u8]> = sent.iter().map(|(e, _)| e.as_slice()).collect();
+        assert_eq!(
+            evidence,
+            [&b"hello"[..], b"answer", b"hello", b"answer"],
+            "round 1 again after the refused round 2"
+        );
+        assert_eq!((sent[2].1 - sent[1].1).as_secs(), 5);
     }
 
     #[test]

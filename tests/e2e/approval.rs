@@ -152,7 +152,8 @@ fn a_neighbours_join_waits_for_the_operator_who_denies_it_and_approves_the_machi
 /// address), still files its own, which `requests list` tells apart by
 /// source. One `requests deny --entry --source` clears the neighbour for
 /// good: the same script sent again is refused `approval-denied` (its
-/// assertion is spent: ACCESS_DENIED), and the victim's approval admits it.
+/// assertion is spent: ACCESS_DENIED), its token with another assertion
+/// `token-revoked`, and the victim's approval admits it.
 #[test]
 fn an_approval_flood_from_one_script_leaves_the_victim_heard_and_one_deny_ends_it() {
     let (cp, _node, server, wf) = setup(APPROVAL);
@@ -241,6 +242,18 @@ fn an_approval_flood_from_one_script_leaves_the_victim_heard_and_one_deny_ends_i
     // For good: the same script again, with a fresh node key, files nothing.
     let again = Machine::new(&cp, MAC, UUID);
     let out = cp.refused_once(JOIN_REFUSED, "approval-denied", || again.boot(&stolen));
+    assert_access_denied(&out);
+    // Its token is revoked too: with the unspent assertion of the script
+    // refused above, `token-revoked`.
+    let word = |line: &str, key: &str| {
+        line.split(' ')
+            .find_map(|w| w.strip_prefix(key))
+            .unwrap()
+            .to_owned()
+    };
+    let mixed =
+        crate::discovery::cmdline(&word(&stolen, "bc.token="), &word(&line, "bc.assertion="));
+    let out = cp.refused_once(JOIN_REFUSED, "token-revoked", || again.boot(&mixed));
     assert_access_denied(&out);
     assert_eq!(requests(&cp).len(), listed.len());
     assert_eq!(boot_state(&cp, &wf), "vouched");

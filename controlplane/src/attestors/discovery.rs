@@ -419,3 +419,108 @@ fn live_cert_keys(
         .map(|id| id.spki_der)
         .collect())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attestors::tpm::state::ChallengeKey;
+    use crate::attestors::tpm::TpmConfig;
+    use crate::test_support::temp_db;
+    use bc_wire::agent::HardwareClaims;
+    use bc_wire::site_v1::{DiscoveryAssertion, SignedDiscoveryAssertion};
+    use prost::Message;
+
+    fn signed(site_id: &str) -> SignedDiscoveryAssertion {
+        let key = p256::ecdsa::SigningKey::from_slice(&[0x42; 32]).unwrap();
+        let assertion = DiscoveryAssertion {
+            site_id: site_id.into(),
+            node_id: "node_site".into(),
+            mac: "52:54:00:12:34:56".into(),
+            ..Default::default()
+        };
+        site::sign_assertion(&assertion, "kid".into(), |m| {
+            let s: p256::ecdsa::Signature = p256::ecdsa::signature::Signer::sign(&key, m);
+            Ok::<_, ()>(s.to_bytes().into())
+        })
+        .unwrap()
+    }
+
+    /// The reason the attestor refuses `evidence` with (no token: a
+    /// refusal past step 1 is `token-missing`).
+    fn refusal(db: &crate::store::Store, evidence: &[u8]) -> String {
+        let attestor = DiscoveryAttestor::new(
+            DiscoveryConfig::default(),
+            TpmAttestor::new(TpmConfig::default(), ChallengeKey::new([1; 32])),
+        );
+        let claims = HardwareClaims::default();
+        let input = AttestInput {
+            role: Role::Ramdisk,
+            evidence,
+            token: None,
+            csr_der: &[],
+            csr_sha256: [0; 32],
+            csr_spki_der: &[],
+            csr_spki_sha256: [0; 32],
+            claims: &claims,
+            tpm: None,
+            now: 1_000,
+            source: None,
+            prepared: &crate::attestor::Prepared::default(),
+        };
+        match db
+            .write(|tx| Ok::<_, DbError>(attestor.verify(tx, &input)))
+            .unwrap()
+        {
+            Err(r) => r.reason,
+            Ok(_) => panic!("admitted"),
+        }
+    }
+
+    /// A used assertion stays used whatever is done to what its signature
+    /// leaves out: under another key_id it is `assertion-reused`; with an
+    /// unknown field appended (to the envelope or the assertion) or as the
+    /// high-S twin of its signature it is `assertion-malformed`.
+    #[test]
+    fn a_used_assertion_is_refused_however_it_is_rewrapped() {
+        let t = temp_db();
+        let s = signed("site_a");
+        t.db.write(|tx| uses::spend(tx, DISCOVERY, &site::use_subject(&s), i64::MAX, 0))
+            .unwrap();
+        assert_eq!(refusal(&t.db, &s.encode_to_vec()), ASSERTION_REUSED);
+        let rewrapped = SignedDiscoveryAssertion {
+            key_id: "another".into(),
+            ..s.clone()
+        };
+        assert_eq!(refusal(&t.db, &rewrapped.encode_to_vec()), ASSERTION_REUSED);
+        let no_kid = SignedDiscoveryAssertion {
+            key_id: String::new(),
+            ..s.clone()
+        };
+        assert_eq!(refusal(&t.db, &no_kid.encode_to_vec()), ASSERTION_REUSED);
+        let mut extra = s.encode_to_vec();
+        extra.extend_from_slice(&[0x78, 0x01]);
+        assert_eq!(refusal(&t.db, &extra), ASSERTION_MALFORMED);
+        let mut body = s.assertion.clone();
+        body.extend_from_slice(&[0x78, 0x01]);
+        let body_extra = SignedDiscoveryAssertion {
+            assertion: body,
+            ..s.clone()
+        };
+        assert_eq!(
+            refusal(&t.db, &body_extra.encode_to_vec()),
+            ASSERTION_MALFORMED
+        );
+        let sig = p256::ecdsa::Signature::from_slice(&s.signature).unwrap();
+        let twin = p256::ecdsa::Signature::from_scalars(sig.r(), -sig.s()).unwrap();
+        let high = SignedDiscoveryAssertion {
+            signature: twin.to_bytes().to_vec(),
+            ..s.clone()
+        };
+        assert_eq!(refusal(&t.db, &high.encode_to_vec()), ASSERTION_MALFORMED);
+        // An unused assertion passes step 1 (and meets the missing token).
+        assert_eq!(
+            refusal(&t.db, &signed("site_b").encode_to_vec()),
+            crate::attestors::join_token::TOKEN_MISSING
+        );
+    }
+}

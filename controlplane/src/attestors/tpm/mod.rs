@@ -774,10 +774,7 @@ fn reported_assurance(hello: &TpmHello) -> EkAssurance {
 /// `ek-chain`, as an EK certificate with no path to a root is. A pinned EK
 /// that does send a certificate never comes here: it is verified as usual.
 fn uncertified(tx: &Tx<'_>, ek_public: &[u8]) -> Result<ek::VerifiedEk, Refusal> {
-    let ek = ek::uncertified_ek(ek_public).map_err(|e| {
-        tracing::debug!(error = %e, "tpm: uncertified EK refused");
-        Refusal::new(e.reason())
-    })?;
+    let ek = ek::uncertified_ek(ek_public).map_err(ek_refused)?;
     let ek_sha256 = hex::encode(ek.spki_sha256);
     match enroll::resolve_entry(tx, &ek_sha256)? {
         Some(entry) if entry.uncertified => {
@@ -807,10 +804,13 @@ fn verified(
     now: crate::store::UnixMs,
 ) -> Result<ek::VerifiedEk, Refusal> {
     let trust = ek::trust(tx)?;
-    ek::verify_ek(certificate, ek_public, &trust, intermediates, now).map_err(|e| {
-        tracing::debug!(error = %e, "tpm: EK refused");
-        Refusal::new(e.reason())
-    })
+    ek::verify_ek(certificate, ek_public, &trust, intermediates, now).map_err(ek_refused)
+}
+
+/// The refusal of an EK (its certificate, or its public area).
+fn ek_refused(e: ek::EkError) -> Refusal {
+    tracing::debug!(error = %e, "tpm: EK refused");
+    Refusal::new(e.reason())
 }
 
 /// An EK whose maker's service gave no usable answer: admitted only when
@@ -836,10 +836,7 @@ fn service_failed(tx: &Tx<'_>, ek_public: &[u8]) -> Result<ek::VerifiedEk, Refus
 fn pending_certificate(
     hello: &TpmHello,
 ) -> Result<(ek::VerifiedEk, state::PendingCertificate), Refusal> {
-    let ek = ek::uncertified_ek(&hello.ek_public).map_err(|e| {
-        tracing::debug!(error = %e, "tpm: EK refused");
-        Refusal::new(e.reason())
-    })?;
+    let ek = ek::uncertified_ek(&hello.ek_public).map_err(ek_refused)?;
     let bytes: usize = hello.ek_intermediates.iter().map(Vec::len).sum();
     if hello.ek_intermediates.len() > bc_wire::ekcert::MAX_AGENT_INTERMEDIATES
         || bytes > state::MAX_PENDING_INTERMEDIATES_LEN
