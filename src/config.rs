@@ -221,23 +221,22 @@ struct RawPins {
 impl Config {
     /// Reads and checks the file at `path`.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        use std::io::Read as _;
-        let read_err = |source| ConfigError::Read {
+        use bc_wire::file::{self, FileError, Links};
+        let read_err = |e: FileError| ConfigError::Read {
             path: path.to_owned(),
-            source,
+            source: e.into(),
         };
-        let file = std::fs::File::open(path).map_err(read_err)?;
-        let mut bytes = Vec::new();
-        file.take(MAX_CONFIG_BYTES + 1)
-            .read_to_end(&mut bytes)
-            .map_err(read_err)?;
-        if bytes.len() as u64 > MAX_CONFIG_BYTES {
-            let size = std::fs::metadata(path).map_or(bytes.len() as u64, |m| m.len());
-            return Err(ConfigError::TooLarge {
-                path: path.to_owned(),
-                size,
-            });
-        }
+        // A regular file only (a FIFO would block, a device never end).
+        let (f, meta) = file::open_regular(path, Links::Follow).map_err(read_err)?;
+        let bytes = match file::read_opened(f, &meta, MAX_CONFIG_BYTES) {
+            Err(FileError::TooLarge(_)) => {
+                return Err(ConfigError::TooLarge {
+                    path: path.to_owned(),
+                    size: meta.len().max(MAX_CONFIG_BYTES + 1),
+                })
+            }
+            read => read.map_err(read_err)?,
+        };
         let text = String::from_utf8(bytes).map_err(|e| ConfigError::Invalid {
             path: path.to_owned(),
             line: line_of_bytes(e.as_bytes(), e.utf8_error().valid_up_to()),

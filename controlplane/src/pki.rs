@@ -505,10 +505,10 @@ pub fn init_with_sans(
 /// first link wins and everyone reads that one.
 pub fn load_or_create_challenge_key(dir: &Path) -> Result<[u8; CHALLENGE_KEY_LEN], PkiError> {
     let path = dir.join(CHALLENGE_KEY);
-    match std::fs::read(&path) {
+    match read_capped(&path, CHALLENGE_KEY_LEN as u64) {
         Ok(bytes) => return challenge_key_from(&path, &bytes),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(io_err(&path, e)),
+        Err(e) if e.is_not_found() => {}
+        Err(e) => return Err(io_err(&path, e.into())),
     }
     let key: [u8; CHALLENGE_KEY_LEN] =
         crate::ids::random_bytes().map_err(|e| PkiError::Generate {
@@ -687,8 +687,17 @@ fn read_pem(dir: &Path, name: &str, kind: Kind) -> Result<(PathBuf, Vec<u8>), Pk
     Ok((path, der))
 }
 
+/// Largest file of the bundle (a certificate chain, a key): none comes near.
+const MAX_BUNDLE_FILE: u64 = 1 << 20;
+
 fn read(path: &Path) -> Result<Vec<u8>, PkiError> {
-    std::fs::read(path).map_err(|e| io_err(path, e))
+    read_capped(path, MAX_BUNDLE_FILE).map_err(|e| io_err(path, e.into()))
+}
+
+/// A file of DIR, read as every operator-named file is (a regular file, a
+/// bounded read); links are followed: a bundle may be a mounted secret.
+fn read_capped(path: &Path, cap: u64) -> Result<Vec<u8>, bc_wire::file::FileError> {
+    bc_wire::file::read_regular(path, cap, bc_wire::file::Links::Follow)
 }
 
 fn generate_key(what: &'static str) -> Result<KeyPair, PkiError> {
