@@ -1,8 +1,8 @@
 //! README's restore of the control plane's database, as an operator does
 //! it, and what its nodes then see: a node that renewed after the backup
 //! holds a certificate the restored database never issued, so its renewal
-//! is refused `unknown-certificate` (and so would its x509pop re-join and a
-//! site's calls be). It recovers by joining again: a TPM node with
+//! is refused `unknown-certificate`, and so is its x509pop re-join once the
+//! certificate expired (a site's calls would be too). It recovers by joining again: a TPM node with
 //! `bcd join --reset --yes --attestor tpm` (its EK's binding, in the backup,
 //! takes its node back in place), a node bound to its product UUID with a
 //! token that allows a reclaim (in place too), any other token node with
@@ -85,6 +85,24 @@ fn nodes_that_renewed_after_a_restored_backup_recover_by_joining_again() {
             assert!(stderr(&out).contains("(Renew refused)"), "{}", stderr(&out));
         }
     }
+    // Nor does waiting for the certificate to expire help: the x509pop
+    // re-join (the machine was off 25 hours: both clocks move) is refused
+    // for the same reason, ACCESS_DENIED at the agent.
+    assert_ok(&cp.cli(&["clock", "set", "--offset", "25h"]));
+    let out = cp.refused_once(JOIN_REFUSED, "unknown-certificate", || {
+        token_node
+            .command(&["node", "--once"])
+            .env("BCD_CLOCK_OFFSET", "+25h")
+            .within()
+    });
+    assert_access_denied(&out);
+    assert!(
+        stderr(&out).contains(&format!("re-joining with x509pop as {token_id}")),
+        "{}",
+        stderr(&out)
+    );
+    assert_ok(&cp.cli(&["clock", "set", "--offset", "0s"]));
+
     // A plain `bcd join` changes nothing: the identity still loads.
     let out = tpm_node.run(&["join", "--attestor", "tpm"]);
     assert_ok(&out);
