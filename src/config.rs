@@ -973,6 +973,33 @@ pub(crate) mod tests {
         }
     }
 
+    /// `--config` naming a FIFO or a link to /dev/zero: refused at once
+    /// (the open used to block, the read never to end).
+    #[test]
+    fn a_config_that_is_no_regular_file_is_refused_promptly() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo.toml");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        assert!(made.unwrap().success());
+        let zero = dir.path().join("zero.toml");
+        std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+        for (path, why) in [
+            (fifo, "it is a FIFO, not a regular file"),
+            (zero, "it is a character device, not a regular file"),
+        ] {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let p = path.clone();
+            std::thread::spawn(move || {
+                let _ = tx.send(Config::load(&p).map(|_| ()).map_err(|e| e.to_string()));
+            });
+            let e = rx
+                .recv_timeout(std::time::Duration::from_secs(20))
+                .expect("Config::load did not finish")
+                .unwrap_err();
+            assert_eq!(e, format!("cannot read {}: {why}", path.display()));
+        }
+    }
+
     #[test]
     fn a_file_larger_than_the_limit_is_refused_unread() {
         let dir = tempfile::tempdir().unwrap();
