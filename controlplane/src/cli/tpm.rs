@@ -29,7 +29,8 @@ pub enum EkRootsCmd {
         #[arg(long)]
         json: bool,
         /// A PEM file with one or more CA certificates, one DER certificate,
-        /// or a directory of such files (not read recursively).
+        /// or a directory of such files (not read recursively; links, FIFOs,
+        /// devices and subdirectories in it are skipped).
         #[arg(value_name = "PATH")]
         path: PathBuf,
     },
