@@ -221,23 +221,22 @@ struct RawPins {
 impl Config {
     /// Reads and checks the file at `path`.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        use std::io::Read as _;
-        let read_err = |source| ConfigError::Read {
+        use bc_wire::file::{self, FileError, Links};
+        let read_err = |e: FileError| ConfigError::Read {
             path: path.to_owned(),
-            source,
+            source: e.into(),
         };
-        let file = std::fs::File::open(path).map_err(read_err)?;
-        let mut bytes = Vec::new();
-        file.take(MAX_CONFIG_BYTES + 1)
-            .read_to_end(&mut bytes)
-            .map_err(read_err)?;
-        if bytes.len() as u64 > MAX_CONFIG_BYTES {
-            let size = std::fs::metadata(path).map_or(bytes.len() as u64, |m| m.len());
-            return Err(ConfigError::TooLarge {
-                path: path.to_owned(),
-                size,
-            });
-        }
+        // A regular file only (a FIFO would block, a device never end).
+        let (f, meta) = file::open_regular(path, Links::Follow).map_err(read_err)?;
+        let bytes = match file::read_opened(f, &meta, MAX_CONFIG_BYTES) {
+            Err(FileError::TooLarge(_)) => {
+                return Err(ConfigError::TooLarge {
+                    path: path.to_owned(),
+                    size: meta.len().max(MAX_CONFIG_BYTES + 1),
+                })
+            }
+            read => read.map_err(read_err)?,
+        };
         let text = String::from_utf8(bytes).map_err(|e| ConfigError::Invalid {
             path: path.to_owned(),
             line: line_of_bytes(e.as_bytes(), e.utf8_error().valid_up_to()),
@@ -971,6 +970,33 @@ pub(crate) mod tests {
             let e = err(&text);
             assert!(e.len() < 600, "{} bytes: {}", e.len(), &e[..600]);
             assert_eq!(e.contains("more bytes not shown"), echoed, "{e}");
+        }
+    }
+
+    /// `--config` naming a FIFO or a link to /dev/zero: refused at once
+    /// (the open used to block, the read never to end).
+    #[test]
+    fn a_config_that_is_no_regular_file_is_refused_promptly() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo.toml");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        assert!(made.unwrap().success());
+        let zero = dir.path().join("zero.toml");
+        std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+        for (path, why) in [
+            (fifo, "it is a FIFO, not a regular file"),
+            (zero, "it is a character device, not a regular file"),
+        ] {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let p = path.clone();
+            std::thread::spawn(move || {
+                let _ = tx.send(Config::load(&p).map(|_| ()).map_err(|e| e.to_string()));
+            });
+            let e = rx
+                .recv_timeout(std::time::Duration::from_secs(20))
+                .expect("Config::load did not finish")
+                .unwrap_err();
+            assert_eq!(e, format!("cannot read {}: {why}", path.display()));
         }
     }
 

@@ -740,17 +740,24 @@ fn obtain_token(file: Option<&Path>, env_token: Option<TokenText>) -> anyhow::Re
         tracing::info!("both --token-file and BCD_JOIN_TOKEN are set; using the file");
     }
     let origin = format!("the token file {}", path.display());
-    let size = std::fs::metadata(path)
-        .with_context(|| format!("cannot read {origin}"))?
-        .len();
-    if size > MAX_TOKEN_FILE {
-        return Err(anyhow!(
-            "{origin} does not hold a join token (it is {size} bytes)"
-        ));
-    }
-    let text = Zeroizing::new(
-        std::fs::read_to_string(path).with_context(|| format!("cannot read {origin}"))?,
-    );
+    let bytes =
+        match bc_wire::file::read_regular(path, MAX_TOKEN_FILE, bc_wire::file::Links::Follow) {
+            Ok(b) => b,
+            Err(e @ bc_wire::file::FileError::TooLarge(_)) => {
+                return Err(anyhow!("{origin} does not hold a join token ({e})"))
+            }
+            Err(bc_wire::file::FileError::Io(e)) => {
+                return Err(anyhow!(e).context(format!("cannot read {origin}")))
+            }
+            Err(e) => return Err(anyhow!("{origin}: {e}")),
+        };
+    let text = match String::from_utf8(bytes) {
+        Ok(t) => Zeroizing::new(t),
+        Err(e) => {
+            drop(Zeroizing::new(e.into_bytes()));
+            return Err(anyhow!("{origin} does not hold a join token (not UTF-8)"));
+        }
+    };
     let trimmed = Zeroizing::new(text.trim().to_owned());
     if trimmed.is_empty() {
         return Err(anyhow!("{origin} is empty; expected a join token"));

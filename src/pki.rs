@@ -182,19 +182,21 @@ pub fn parse_cert(der: &[u8]) -> Result<CertSummary, CertError> {
     })
 }
 
+/// Largest PEM bundle of CA certificates bcd reads (`[tpm] ek_intermediates`,
+/// `[tpm] ek_roots`): every maker's CAs together are ~200 KiB.
+pub const MAX_PEM_BUNDLE: u64 = 1 << 20;
+
 /// The certificates of a PEM bundle an operator dropped on the machine
 /// (`[tpm] ek_intermediates`): absent is empty (the file is optional);
 /// anything but CERTIFICATE blocks that parse is an error naming the file.
 pub fn read_pem_bundle(path: &std::path::Path) -> anyhow::Result<Vec<Vec<u8>>> {
-    const MAX: u64 = 1 << 20;
-    let text = match std::fs::metadata(path) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+    let text = match bc_wire::file::read_regular(path, MAX_PEM_BUNDLE, bc_wire::file::Links::Follow)
+    {
+        Err(e) if e.is_not_found() => {
             tracing::info!(file = %path.display(), "no [tpm] ek_intermediates file");
             return Ok(Vec::new());
         }
-        Ok(m) if m.len() > MAX => anyhow::bail!("{} is larger than 1 MiB", path.display()),
-        _ => std::fs::read(path)
-            .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?,
+        read => read.map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?,
     };
     let mut out = Vec::new();
     for section in <(SectionKind, Vec<u8>)>::pem_slice_iter(&text) {

@@ -14,7 +14,6 @@
 //! directory, which on a ramdisk is the initramfs's tmpfs: it ends with the
 //! boot, as a commissioning identity should.
 
-use std::io::Read as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -69,17 +68,14 @@ pub fn run(args: RamdiskArgs) -> anyhow::Result<ExitCode> {
 
 /// The command line, bounded: it is input nobody authenticated yet.
 fn read_cmdline(path: &Path) -> anyhow::Result<String> {
-    let file = std::fs::File::open(path)
-        .with_context(|| format!("cannot read the kernel command line {}", path.display()))?;
-    let mut bytes = Vec::new();
-    file.take(MAX_CMDLINE as u64 + 1)
-        .read_to_end(&mut bytes)
-        .with_context(|| format!("cannot read the kernel command line {}", path.display()))?;
-    if bytes.len() > MAX_CMDLINE {
-        anyhow::bail!(
+    use bc_wire::file::{read_regular, FileError, Links};
+    let bytes = match read_regular(path, MAX_CMDLINE as u64, Links::Follow) {
+        Ok(b) => b,
+        Err(FileError::TooLarge(_)) => anyhow::bail!(
             "{} is longer than {MAX_CMDLINE} bytes: not a kernel command line",
             path.display()
-        );
-    }
+        ),
+        Err(e) => anyhow::bail!("the kernel command line {}: {e}", path.display()),
+    };
     String::from_utf8(bytes).with_context(|| format!("{} is not UTF-8", path.display()))
 }

@@ -388,10 +388,13 @@ impl<'de> Deserialize<'de> for RawPcrPolicy {
     }
 }
 
+/// Largest `controlplane.toml` read (a real one is a few KiB).
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
 /// Reads `DIR/controlplane.toml`; a missing file is the default config.
 pub fn load(dir: &Path) -> Result<Config, ConfigError> {
     let path = dir.join(CONFIG_FILE);
-    match std::fs::read(&path) {
+    match bc_wire::file::read_regular(&path, MAX_CONFIG_BYTES, bc_wire::file::Links::Follow) {
         Ok(bytes) => {
             let text = String::from_utf8(bytes).map_err(|e| ConfigError::Invalid {
                 path: path.clone(),
@@ -400,8 +403,11 @@ pub fn load(dir: &Path) -> Result<Config, ConfigError> {
             })?;
             parse(&path, &text)
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Config::default()),
-        Err(source) => Err(ConfigError::Io { path, source }),
+        Err(e) if e.is_not_found() => Ok(Config::default()),
+        Err(e) => Err(ConfigError::Io {
+            path,
+            source: e.into(),
+        }),
     }
 }
 
@@ -696,7 +702,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         if let Some(v) = services.ca_bundle {
             let dir = path.parent().unwrap_or(Path::new("."));
             let file = dir.join(v.get_ref());
-            let pem = std::fs::read(&file).map_err(|e| {
+            let pem = ek_service::read_ca_bundle(&file).map_err(|e| {
                 invalid(
                     Some(v.span()),
                     format!("tpm.ek_services.ca_bundle: {}: {e}", file.display()),

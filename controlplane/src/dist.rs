@@ -8,7 +8,6 @@
 //! is checked against [`valid_name`] before it touches the file system, so
 //! no request reaches outside `DIR/dist`.
 
-use std::io::Read as _;
 use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
@@ -164,24 +163,15 @@ pub fn read(dir: &Path, name: &str) -> Result<(Package, Vec<u8>), DistError> {
 }
 
 fn read_bounded(path: &Path) -> Result<Vec<u8>, DistError> {
-    let f = std::fs::File::open(path).map_err(|e| {
-        if e.kind() == std::io::ErrorKind::NotFound {
-            DistError::NotFound(path.display().to_string())
-        } else {
-            io_err(path)(e)
-        }
-    })?;
-    let mut bytes = Vec::new();
-    f.take(MAX_PACKAGE_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(io_err(path))?;
-    if bytes.len() as u64 > MAX_PACKAGE_BYTES {
-        return Err(DistError::TooLarge {
+    use bc_wire::file::{read_regular, FileError, Links};
+    read_regular(path, MAX_PACKAGE_BYTES, Links::Follow).map_err(|e| match e {
+        e if e.is_not_found() => DistError::NotFound(path.display().to_string()),
+        FileError::TooLarge(_) => DistError::TooLarge {
             path: path.to_owned(),
-            size: bytes.len() as u64,
-        });
-    }
-    Ok(bytes)
+            size: MAX_PACKAGE_BYTES + 1,
+        },
+        e => io_err(path)(e.into()),
+    })
 }
 
 #[cfg(test)]

@@ -505,10 +505,10 @@ pub fn init_with_sans(
 /// first link wins and everyone reads that one.
 pub fn load_or_create_challenge_key(dir: &Path) -> Result<[u8; CHALLENGE_KEY_LEN], PkiError> {
     let path = dir.join(CHALLENGE_KEY);
-    match std::fs::read(&path) {
+    match read_capped(&path, CHALLENGE_KEY_LEN as u64) {
         Ok(bytes) => return challenge_key_from(&path, &bytes),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(io_err(&path, e)),
+        Err(e) if e.is_not_found() => {}
+        Err(e) => return Err(io_err(&path, e.into())),
     }
     let key: [u8; CHALLENGE_KEY_LEN] =
         crate::ids::random_bytes().map_err(|e| PkiError::Generate {
@@ -687,8 +687,17 @@ fn read_pem(dir: &Path, name: &str, kind: Kind) -> Result<(PathBuf, Vec<u8>), Pk
     Ok((path, der))
 }
 
+/// Largest file of the bundle (a certificate chain, a key): none comes near.
+const MAX_BUNDLE_FILE: u64 = 1 << 20;
+
 fn read(path: &Path) -> Result<Vec<u8>, PkiError> {
-    std::fs::read(path).map_err(|e| io_err(path, e))
+    read_capped(path, MAX_BUNDLE_FILE).map_err(|e| io_err(path, e.into()))
+}
+
+/// A file of DIR, read as every operator-named file is (a regular file, a
+/// bounded read); links are followed: a bundle may be a mounted secret.
+fn read_capped(path: &Path, cap: u64) -> Result<Vec<u8>, bc_wire::file::FileError> {
+    bc_wire::file::read_regular(path, cap, bc_wire::file::Links::Follow)
 }
 
 fn generate_key(what: &'static str) -> Result<KeyPair, PkiError> {
@@ -884,5 +893,104 @@ mod tests {
         assert!(!cert.basic_constraints().unwrap().unwrap().value.ca);
         let eku = cert.extended_key_usage().unwrap().unwrap().value;
         assert!(eku.client_auth && eku.server_auth);
+    }
+
+    /// A certificate whose URI SANs are `uris`, in order (self-signed: the
+    /// reader checks the layout, not the issuer).
+    fn cert_with_uris(uris: &[&str]) -> Vec<u8> {
+        let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let mut params = CertificateParams::default();
+        params.subject_alt_names = uris
+            .iter()
+            .map(|u| SanType::URI(rcgen::string::Ia5String::try_from(*u).unwrap()))
+            .collect();
+        params.self_signed(&key).unwrap().der().to_vec()
+    }
+
+    const ID: &str = "spiffe://bc.test/node/node_abc";
+
+    /// The spec's layout, as the control plane issues: one SPIFFE ID URI SAN
+    /// first, then only `urn:bc:` statements, at most four URIs in all.
+    #[test]
+    fn issue_refuses_uri_layouts_other_than_the_spec() {
+        let tmp = tempfile::tempdir().unwrap();
+        init(tmp.path(), "bc.test").unwrap();
+        let b = Bundle::load(tmp.path()).unwrap();
+        let node_key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let spki = node_key.subject_public_key_info();
+        let now = OffsetDateTime::now_utc().replace_nanosecond(0).unwrap();
+        let issue = |statements: &[&str]| {
+            let statements: Vec<String> = statements.iter().map(|s| (*s).to_owned()).collect();
+            b.node_ca.issue(&NodeCertSpec {
+                spki_der: &spki,
+                trust_domain: "bc.test",
+                node_id: "node_abc",
+                statements: &statements,
+                not_before: now,
+                not_after: now + Duration::hours(1),
+            })
+        };
+        let three = ["urn:bc:a:1", "urn:bc:b:2", "urn:bc:c:3"];
+        let issued = issue(&three).unwrap();
+        // The SPIFFE ID first, then the statements in order: the reader
+        // takes it back as the issuer wrote it.
+        assert_eq!(
+            crate::test_support::uri_sans(&issued.der),
+            [ID, three[0], three[1], three[2]]
+        );
+        let back = node_cert_identity(&issued.der).unwrap();
+        assert_eq!(
+            (back.node_id.as_str(), back.statements.len()),
+            ("node_abc", 3)
+        );
+
+        let refused = "statements must be at most three urn:bc: URIs";
+        for bad in [
+            // Five URIs in all.
+            &["urn:bc:a:1", "urn:bc:b:2", "urn:bc:c:3", "urn:bc:d:4"][..],
+            // A second identity after the first.
+            &["spiffe://bc.test/node/node_other"][..],
+            // Not a statement.
+            &["urn:bc:a:1", "https://bc.test/x"][..],
+            &["urn:bcx:a"][..],
+        ] {
+            match issue(bad) {
+                Err(PkiError::Issue(e)) => assert_eq!(e, refused, "{bad:?}"),
+                Err(e) => panic!("{bad:?}: {e}"),
+                Ok(_) => panic!("{bad:?} issued"),
+            }
+        }
+    }
+
+    /// The same layout as the control plane reads a certificate (renewal,
+    /// x509pop, the site's calls): anything else is [`NodeCertError::Uris`].
+    #[test]
+    fn reading_refuses_uri_layouts_other_than_the_spec() {
+        let ok = cert_with_uris(&[ID, "urn:bc:a:1", "urn:bc:b:2", "urn:bc:c:3"]);
+        let id = node_cert_identity(&ok).unwrap();
+        assert_eq!(id.node_id, "node_abc");
+        assert_eq!(id.statements, ["urn:bc:a:1", "urn:bc:b:2", "urn:bc:c:3"]);
+        assert!(node_cert_identity(&cert_with_uris(&[ID])).is_ok());
+
+        for bad in [
+            // More than three statements.
+            &[ID, "urn:bc:a:1", "urn:bc:b:2", "urn:bc:c:3", "urn:bc:d:4"][..],
+            // A statement first, the SPIFFE ID after it.
+            &["urn:bc:a:1", ID][..],
+            // A URI that is not urn:bc: after the SPIFFE ID.
+            &[ID, "https://bc.test/x"][..],
+            &[ID, "spiffe://bc.test/node/node_other"][..],
+            &[ID, "urn:bcx:a"][..],
+            // No SPIFFE ID at all, or none first.
+            &["urn:bc:a:1"][..],
+            &["https://bc.test/node/node_abc", ID][..],
+            &[][..],
+        ] {
+            assert_eq!(
+                node_cert_identity(&cert_with_uris(bad)),
+                Err(NodeCertError::Uris),
+                "{bad:?}"
+            );
+        }
     }
 }

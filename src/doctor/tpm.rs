@@ -231,12 +231,16 @@ pub fn ek_certificate(
         "[tpm] ek_roots ({}) must hold this TPM maker's root; the intermediates up to the EK certificate's issuer ({issuer}) come from the TPM's EK chain NV indices, [tpm] ek_intermediates or ek_roots",
         roots.display()
     );
-    let pem = match std::fs::read(roots) {
+    let pem = match bc_wire::file::read_regular(
+        roots,
+        crate::pki::MAX_PEM_BUNDLE,
+        bc_wire::file::Links::Follow,
+    ) {
         Ok(p) => p,
         Err(e) => {
             return Check::fail(
                 EK_CERTIFICATE,
-                format!("cannot read [tpm] ek_roots {}: {e}", roots.display()),
+                format!("[tpm] ek_roots {}: {e}", roots.display()),
                 roots_hint,
             )
         }

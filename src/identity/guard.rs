@@ -12,8 +12,10 @@
 //! The data directory itself may be a link (an operator's `/var/lib/bcd ->
 //! /srv/bcd`): only root can plant one there. What it points to is checked.
 use std::fs::{File, Metadata, OpenOptions};
-use std::io::{self, Read};
+use std::io;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+
+use bc_wire::file::{open_regular, read_opened, FileError, Links};
 use std::path::Path;
 use std::sync::OnceLock;
 
@@ -57,28 +59,33 @@ pub fn check_dir(dir: &Path) -> io::Result<()> {
 /// link, anything but a regular file, and a file another user owns or
 /// group or others can write.
 pub fn open_private(path: &Path) -> io::Result<File> {
-    let file = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)
-        .map_err(|e| link_refused(path, e))?;
-    check_file(path, &file.metadata()?)?;
-    Ok(file)
+    open_checked(path).map(|(file, _)| file)
+}
+
+/// [`open_private`] with the descriptor's metadata: opened as
+/// [`bc_wire::file::open_regular`] opens (no link followed, a FIFO does
+/// not block), then the owner and mode checked.
+fn open_checked(path: &Path) -> io::Result<(File, Metadata)> {
+    let (file, meta) = open_regular(path, Links::Refuse).map_err(|e| match e {
+        FileError::Link => refused(path, LINK_REFUSED.to_owned()),
+        FileError::NotRegular(_) => refused(path, "is not a regular file".to_owned()),
+        e => e.into(),
+    })?;
+    check_file(path, &meta)?;
+    Ok((file, meta))
 }
 
 /// Reads a private file whole; larger than `limit` bytes is refused (no
 /// file bcd writes comes near it, so a bigger one is not bcd's).
 pub fn read_private(path: &Path, limit: u64) -> io::Result<Vec<u8>> {
-    let file = open_private(path)?;
-    let mut bytes = Vec::new();
-    file.take(limit + 1).read_to_end(&mut bytes)?;
-    if bytes.len() as u64 > limit {
-        return Err(refused(
+    let (file, meta) = open_checked(path)?;
+    read_opened(file, &meta, limit).map_err(|e| match e {
+        FileError::TooLarge(_) => refused(
             path,
             format!("is larger than {limit} bytes: not a file bcd wrote"),
-        ));
-    }
-    Ok(bytes)
+        ),
+        e => e.into(),
+    })
 }
 
 /// Creates `path` (0600) if it is not there, without following a link, and
@@ -129,13 +136,12 @@ fn check_owner_and_mode(path: &Path, meta: &Metadata, want: &str) -> io::Result<
     Ok(())
 }
 
+const LINK_REFUSED: &str =
+    "is a symbolic link, and bcd follows no link in its data directory: remove it";
+
 fn link_refused(path: &Path, e: io::Error) -> io::Error {
     if e.raw_os_error() == Some(libc::ELOOP) {
-        refused(
-            path,
-            "is a symbolic link, and bcd follows no link in its data directory: remove it"
-                .to_owned(),
-        )
+        refused(path, LINK_REFUSED.to_owned())
     } else {
         e
     }

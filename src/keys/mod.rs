@@ -286,14 +286,17 @@ pub(crate) fn read_owner_auth(path: &std::path::Path) -> Result<Vec<u8>, KeyErro
         path: path.display().to_string(),
         reason,
     };
-    let meta = std::fs::metadata(path).map_err(|e| fail(e.to_string()))?;
+    let (file, meta) = bc_wire::file::open_regular(path, bc_wire::file::Links::Follow)
+        .map_err(|e| fail(e.to_string()))?;
     let mode = meta.permissions().mode() & 0o777;
     if mode & 0o077 != 0 {
         return Err(fail(format!(
             "mode {mode:04o} lets others read it; chmod 600 it"
         )));
     }
-    let mut bytes = std::fs::read(path).map_err(|e| fail(e.to_string()))?;
+    // 64 bytes and line ends; anything much longer is no owner password.
+    let mut bytes =
+        bc_wire::file::read_opened(file, &meta, 4096).map_err(|e| fail(e.to_string()))?;
     while bytes.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
         bytes.pop();
     }

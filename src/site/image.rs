@@ -103,23 +103,14 @@ impl Image {
     /// directory's `node.key` is refused, not served), refuses anything but
     /// a regular file, and takes its size from the opened file.
     pub fn open(&self, part: Part) -> Result<Served, OpenError> {
-        use std::os::unix::fs::OpenOptionsExt as _;
+        use bc_wire::file::{open_regular, FileError, Links};
         let path = self.dir.join(part.name());
-        // O_NONBLOCK: a FIFO in its place must not hang the open.
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
-            .open(&path)
-            .map_err(|e| match e.raw_os_error() {
-                Some(libc::ELOOP) => OpenError::Symlink(path.clone()),
-                _ => OpenError::Io(path.clone(), e),
-            })?;
-        let meta = file
-            .metadata()
-            .map_err(|e| OpenError::Io(path.clone(), e))?;
-        if !meta.file_type().is_file() {
-            return Err(OpenError::NotRegular(path));
-        }
+        // Opened without blocking: a FIFO in its place must not hang it.
+        let (file, meta) = open_regular(&path, Links::Refuse).map_err(|e| match e {
+            FileError::Link => OpenError::Symlink(path.clone()),
+            FileError::NotRegular(_) => OpenError::NotRegular(path.clone()),
+            e => OpenError::Io(path.clone(), e.into()),
+        })?;
         let len = meta.len();
         let suffix = match part {
             Part::Kernel => Bytes::new(),
@@ -137,8 +128,14 @@ impl Image {
 /// written (the same control plane), the api the guests use, a tmpfs data
 /// directory.
 fn ramdisk_config(config: &Config, config_path: &Path) -> anyhow::Result<String> {
-    let text = std::fs::read_to_string(config_path)
-        .with_context(|| format!("cannot read {}", config_path.display()))?;
+    let bytes = bc_wire::file::read_regular(
+        config_path,
+        crate::config::MAX_CONFIG_BYTES,
+        bc_wire::file::Links::Follow,
+    )
+    .map_err(|e| anyhow::anyhow!("{}: {e}", config_path.display()))?;
+    let text = String::from_utf8(bytes)
+        .map_err(|_| anyhow::anyhow!("{} is not UTF-8", config_path.display()))?;
     let table: toml::Table =
         toml::from_str(&text).with_context(|| format!("{} is not TOML", config_path.display()))?;
     let pins = table

@@ -50,15 +50,15 @@ impl OperatorCertificate {
             path: path.to_owned(),
             why,
         };
-        let size = std::fs::metadata(path)
-            .map_err(|e| bad(format!("cannot read it: {e}")))?
-            .len();
-        if size > MAX_FILE {
-            return Err(bad(format!(
-                "it is {size} bytes; an EK certificate is a few KiB"
-            )));
-        }
-        let bytes = std::fs::read(path).map_err(|e| bad(format!("cannot read it: {e}")))?;
+        // Only the file itself (no link, FIFO or device), and only so much
+        // of it: a wrong path must fail promptly, not hang or fill memory.
+        let bytes = bc_wire::file::read_regular(path, MAX_FILE, bc_wire::file::Links::Refuse)
+            .map_err(|e| match e {
+                bc_wire::file::FileError::TooLarge(_) => {
+                    bad(format!("{e}; an EK certificate is a few KiB"))
+                }
+                e => bad(e.to_string()),
+            })?;
         let der = parse(&bytes).map_err(bad)?;
         let kind = EkKind::of_certificate(&der).ok_or_else(|| {
             bad("its key is not an EK's (RSA-2048, NIST P-256 or P-384)".to_owned())
@@ -138,5 +138,10 @@ mod tests {
             e.starts_with("[tpm] ek_certificate ") && e.contains("cannot read it"),
             "{e}"
         );
+        let big = write("big.pem", &vec![b'x'; MAX_FILE as usize + 1]);
+        assert!(err(big).contains("larger than 65536 bytes; an EK certificate is a few KiB"));
+        let link = dir.path().join("link.pem");
+        std::os::unix::fs::symlink(dir.path().join("ek.pem"), &link).unwrap();
+        assert!(err(link).contains("symbolic link"));
     }
 }

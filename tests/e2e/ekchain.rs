@@ -4,6 +4,7 @@
 
 use crate::harness::*;
 use crate::maker::nv_write;
+use std::process::Command;
 
 /// A control plane that knows only the test maker's root.
 fn trusting_root_only() -> ControlPlane {
@@ -106,4 +107,65 @@ fn an_ek_certificate_behind_the_tcg_nv_header_joins() {
     nv_write(&tpm, "0x01c00002", &wrapped);
     assert_eq!(agent.identify()["ekSha256"], ek_sha256.as_str());
     assert_ok(&agent.run(&["join", "--attestor", "tpm"]));
+}
+
+/// `ek-roots add DIR` reads only the regular files of DIR: a FIFO (which
+/// blocked the command for ever) and a link to /dev/zero (read until memory
+/// ran out) are skipped by name with the reason, promptly, and the real
+/// root is added. A FIFO named alone is an error naming it.
+#[test]
+fn ek_roots_add_skips_a_fifo_and_a_link_to_dev_zero() {
+    let cp = ControlPlane::start();
+    let dir = cp.path().join("ek-cas");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::copy(fixture("ek-root.pem"), dir.join("root.pem")).unwrap();
+    let fifo = dir.join("fifo.pem");
+    assert_ok(&Command::new("mkfifo").arg(&fifo).within());
+    std::os::unix::fs::symlink("/dev/zero", dir.join("zero.pem")).unwrap();
+
+    let quick = std::time::Duration::from_secs(30);
+    let add = |path: &std::path::Path| {
+        let mut cmd = Command::new(bin("bc-controlplane"));
+        cmd.args(["ek-roots", "add", "--dir"])
+            .arg(cp.path())
+            .arg(path)
+            .stdin(std::process::Stdio::null());
+        output_within(cmd, quick)
+    };
+    let out = add(&dir);
+    assert_ok(&out);
+    let text = stdout(&out);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 3, "{text}");
+    assert_eq!(
+        lines[0],
+        format!(
+            "{}: skipped: it is a FIFO, not a regular file",
+            fifo.display()
+        )
+    );
+    assert!(
+        lines[1].starts_with(&format!("{}: added ", dir.join("root.pem").display()))
+            && lines[1].contains(" anchor "),
+        "{text}"
+    );
+    assert_eq!(
+        lines[2],
+        format!(
+            "{}: skipped: it is a symbolic link, which is not followed here: name the file itself",
+            dir.join("zero.pem").display()
+        )
+    );
+    assert_eq!(cp.json(&["ek-roots", "list"]).as_array().unwrap().len(), 1);
+
+    let out = add(&fifo);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains(&format!(
+            "{}: it is a FIFO, not a regular file",
+            fifo.display()
+        )),
+        "{}",
+        stderr(&out)
+    );
 }

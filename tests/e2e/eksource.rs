@@ -204,6 +204,47 @@ fn a_wrong_operator_ek_certificate_is_an_error_before_anything_is_sent() {
         .is_empty());
 }
 
+/// `[tpm] ek_certificate` naming a FIFO (the join blocked for ever) or a
+/// link to /dev/zero (read until memory ran out): a prompt error naming the
+/// file and why, nonzero exit, nothing written, nothing sent.
+#[test]
+fn an_operator_ek_certificate_that_is_no_regular_file_is_refused_promptly() {
+    let cp = ControlPlane::start_trusting_test_maker();
+    let tpm = Swtpm::start();
+    without_ek_certificates(&tpm);
+    let agent = Agent::with_tpm(&cp, &tpm);
+    let fifo = agent.root.path().join("ek.fifo");
+    assert_ok(&std::process::Command::new("mkfifo").arg(&fifo).within());
+    let zero = agent.root.path().join("ek.pem");
+    std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+    let config = std::fs::read_to_string(&agent.config).unwrap();
+    for (file, why) in [
+        (&fifo, "it is a FIFO, not a regular file"),
+        (
+            &zero,
+            "it is a symbolic link, which is not followed here: name the file itself",
+        ),
+    ] {
+        std::fs::write(
+            &agent.config,
+            format!("{config}ek_certificate = \"{}\"\n", file.display()),
+        )
+        .unwrap();
+        let out = output_within(
+            agent.command(&["join", "--attestor", "tpm"]),
+            std::time::Duration::from_secs(30),
+        );
+        assert!(!out.status.success());
+        let err = stderr(&out);
+        assert!(
+            err.contains(&format!("[tpm] ek_certificate {}: {why}", file.display())),
+            "{err}"
+        );
+        agent.assert_nothing_written();
+    }
+    assert!(cp.refusals().is_empty(), "{:?}", cp.refusals());
+}
+
 /// The `node.joined` event's, the joins row's and `nodes list`'s EK
 /// assurance of `node`.
 fn recorded_assurance(cp: &ControlPlane, node: &str) -> (String, String, String, String) {

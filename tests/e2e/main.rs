@@ -62,6 +62,8 @@ mod reclaim;
 mod refusals;
 mod replay;
 mod reset;
+#[cfg(feature = "failpoints")]
+mod restore;
 // Reuses discovery's helpers (and its fake sysfs).
 #[cfg(feature = "failpoints")]
 mod site;

@@ -178,3 +178,61 @@ fn an_expired_identity_is_already_joined() {
         assert_eq!(row["usesLeft"], 1, "{offset}: the token is not spent");
     }
 }
+
+/// A renewal that died after staging its next key leaves `node.key.next`
+/// pending. `--reset` lists it without `--yes` and moves nothing; with
+/// `--yes` it moves it aside with the others, under the same UTC time, and
+/// deletes nothing.
+#[cfg(feature = "failpoints")]
+#[test]
+fn reset_moves_a_pending_next_key_aside_with_the_others() {
+    let cp = ControlPlane::start();
+    let agent = Agent::new(&cp);
+    assert_ok(&agent.join_with_token(&cp.token("node", &[])));
+    let out = agent
+        .command(&["node", "--once", "--renew-now"])
+        .env("BCD_FAILPOINT", "renew-before-request")
+        .within();
+    assert!(out.status.code().is_none(), "aborted: {}", stderr(&out));
+    let pending = ["identity.json", "journal.db", "node.key", "node.key.next"];
+    assert_eq!(agent.files(), pending);
+    let contents: Vec<Vec<u8>> = pending
+        .iter()
+        .map(|n| std::fs::read(agent.data_dir.join(n)).unwrap())
+        .collect();
+
+    let out = agent.run(&["join", "--reset"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let text = format!("{}{}", stdout(&out), stderr(&out));
+    assert!(text.contains("node.key.next"), "listed: {text}");
+    assert_eq!(agent.files(), pending, "nothing moved");
+
+    let out = output_within(
+        agent.token_join(&cp.token("node", &[]), &["--reset", "--yes"]),
+        DEADLINE,
+    );
+    assert_ok(&out);
+    let files = agent.files();
+    let mut stamps = Vec::new();
+    for (name, before) in pending.iter().zip(&contents) {
+        let moved: Vec<&String> = files
+            .iter()
+            .filter(|f| f.starts_with(&format!("{name}.reset-")))
+            .collect();
+        assert_eq!(moved.len(), 1, "{name} moved aside once: {files:?}");
+        stamps.push(moved[0].rsplit_once(".reset-").unwrap().1.to_owned());
+        assert_eq!(
+            &std::fs::read(agent.data_dir.join(moved[0])).unwrap(),
+            before,
+            "{name}: nothing deleted or changed"
+        );
+    }
+    assert!(
+        stamps.iter().all(|s| *s == stamps[0] && s.ends_with('Z')),
+        "one UTC time for all: {stamps:?}"
+    );
+    assert!(
+        !files.contains(&"node.key.next".to_owned()),
+        "the new node has no pending key: {files:?}"
+    );
+}

@@ -9,6 +9,7 @@
 pub mod cloud_iid;
 pub mod connlimit;
 pub mod ekcert;
+pub mod file;
 pub mod pcr;
 pub mod sealing;
 pub mod signing;

@@ -29,7 +29,8 @@ pub enum EkRootsCmd {
         #[arg(long)]
         json: bool,
         /// A PEM file with one or more CA certificates, one DER certificate,
-        /// or a directory of such files (not read recursively).
+        /// or a directory of such files (not read recursively; links, FIFOs,
+        /// devices and subdirectories in it are skipped).
         #[arg(value_name = "PATH")]
         path: PathBuf,
     },
@@ -179,15 +180,12 @@ struct FileRoots {
     ders: Result<Vec<Vec<u8>>, String>,
 }
 
+/// One file's certificates, or why it is skipped. Only a regular file is
+/// read (not a link, a FIFO, a device or a directory), and at most
+/// [`MAX_FILE_BYTES`] of it: a directory of CAs is read unattended.
 fn read_roots_file(file: &Path) -> Result<Vec<Vec<u8>>, String> {
-    let meta = std::fs::metadata(file).map_err(|e| format!("cannot read it: {e}"))?;
-    if meta.is_dir() {
-        return Err("a directory (ek-roots add reads one level)".into());
-    }
-    if meta.len() > MAX_FILE_BYTES {
-        return Err(format!("larger than {MAX_FILE_BYTES} bytes"));
-    }
-    let bytes = std::fs::read(file).map_err(|e| format!("cannot read it: {e}"))?;
+    let bytes = bc_wire::file::read_regular(file, MAX_FILE_BYTES, bc_wire::file::Links::Refuse)
+        .map_err(|e| e.to_string())?;
     ek::parse_roots(&bytes).map_err(|e| e.to_string())
 }
 
@@ -536,4 +534,93 @@ fn requests_list(dir: &Path, as_json: bool) -> Result<()> {
             ))
         },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+    use std::time::Duration;
+
+    const ROOT: &str = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../wire/src/ekcert/testdata/real/stm-tpm-ek-root-ca-f8e37a86.pem"
+    );
+
+    /// `roots_files` on another thread: on a FIFO it used to block for
+    /// ever, on a link to /dev/zero to read until memory ran out.
+    fn roots_files_within(path: &Path, limit: Duration) -> (bool, Vec<FileRoots>) {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let path = path.to_owned();
+        std::thread::spawn(move || {
+            let _ = tx.send(roots_files(&path).map_err(|e| e.to_string()));
+        });
+        rx.recv_timeout(limit)
+            .expect("roots_files did not finish")
+            .unwrap()
+    }
+
+    #[test]
+    fn ek_roots_dir_skips_what_is_not_a_regular_file_by_name() {
+        let tmp = tempfile::tempdir().unwrap();
+        let d = tmp.path();
+        let root = std::fs::read(ROOT).unwrap();
+        std::fs::write(d.join("a-root.pem"), &root).unwrap();
+        let ok = std::process::Command::new("mkfifo")
+            .arg(d.join("b-fifo"))
+            .status()
+            .unwrap();
+        assert!(ok.success());
+        symlink("/dev/zero", d.join("c-zero")).unwrap();
+        symlink(d.join("a-root.pem"), d.join("d-link.pem")).unwrap();
+        std::fs::write(d.join("e-big.pem"), vec![b'x'; MAX_FILE_BYTES as usize + 1]).unwrap();
+        std::fs::create_dir(d.join("f-dir")).unwrap();
+        std::fs::write(d.join("g-root.der"), &ek::parse_roots(&root).unwrap()[0]).unwrap();
+
+        let (is_dir, files) = roots_files_within(d, Duration::from_secs(20));
+        assert!(is_dir);
+        let got: Vec<(String, Result<usize, String>)> = files
+            .iter()
+            .map(|f| {
+                (
+                    f.file.file_name().unwrap().to_string_lossy().into_owned(),
+                    f.ders.as_ref().map(Vec::len).map_err(Clone::clone),
+                )
+            })
+            .collect();
+        let link = "it is a symbolic link, which is not followed here: name the file itself";
+        assert_eq!(
+            got,
+            vec![
+                ("a-root.pem".into(), Ok(1)),
+                (
+                    "b-fifo".into(),
+                    Err("it is a FIFO, not a regular file".into())
+                ),
+                ("c-zero".into(), Err(link.into())),
+                ("d-link.pem".into(), Err(link.into())),
+                (
+                    "e-big.pem".into(),
+                    Err(format!("it is larger than {MAX_FILE_BYTES} bytes"))
+                ),
+                (
+                    "f-dir".into(),
+                    Err("it is a directory, not a regular file".into())
+                ),
+                ("g-root.der".into(), Ok(1)),
+            ]
+        );
+
+        // A single file named on the command line: the same reasons.
+        for (name, why) in [
+            ("b-fifo", "FIFO"),
+            ("c-zero", "symbolic link"),
+            ("e-big.pem", "larger than"),
+        ] {
+            let (is_dir, files) = roots_files_within(&d.join(name), Duration::from_secs(20));
+            assert!(!is_dir);
+            let e = files[0].ders.as_ref().unwrap_err();
+            assert!(e.contains(why), "{name}: {e}");
+        }
+    }
 }

@@ -140,17 +140,10 @@ fn check_uses(dir: &std::path::Path, token: &JoinToken, allow_multi_use: bool) -
 }
 
 fn read_token(path: &std::path::Path) -> Result<JoinToken> {
-    let meta =
-        std::fs::metadata(path).with_context(|| format!("cannot read {}", path.display()))?;
-    if meta.len() > MAX_TOKEN_BYTES {
-        bail!(
-            "{} is {} bytes: not a join token",
-            path.display(),
-            meta.len()
-        );
-    }
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let bytes = bc_wire::file::read_regular(path, MAX_TOKEN_BYTES, bc_wire::file::Links::Follow)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let text = String::from_utf8(bytes)
+        .map_err(|_| anyhow::anyhow!("{} is not UTF-8: not a join token", path.display()))?;
     JoinToken::parse(&text)
         .map_err(|e| anyhow::anyhow!("{} does not hold one join token: {e}", path.display()))
 }

@@ -275,12 +275,15 @@ impl DatabaseConfig {
             path: path.clone(),
             source,
         };
-        let f = std::fs::File::open(&path).map_err(io)?;
-        // The opened file's own metadata: no race with a rename.
-        let meta = f.metadata().map_err(io)?;
-        if !meta.is_file() {
-            return Err(invalid("not a regular file".to_owned()));
-        }
+        // The opened file's own metadata: no race with a rename; a FIFO
+        // does not block the open. The read below is its own: into one
+        // buffer sized once, so the password leaves no stray copies.
+        let (f, meta) = bc_wire::file::open_regular(&path, bc_wire::file::Links::Follow).map_err(
+            |e| match e {
+                bc_wire::file::FileError::NotRegular(_) => invalid("not a regular file".to_owned()),
+                e => io(e.into()),
+            },
+        )?;
         let mode = meta.permissions().mode() & 0o777;
         if mode & 0o077 != 0 {
             return Err(invalid(format!(

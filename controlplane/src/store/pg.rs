@@ -901,7 +901,8 @@ fn tls_connector(
 ) -> Result<tokio_postgres_rustls::MakeRustlsConnect, DbError> {
     let fail =
         |detail: String| DbError::PgConfig(format!("database.ca_file {}: {detail}", ca.display()));
-    let pem = std::fs::read(ca).map_err(|e| fail(e.to_string()))?;
+    let pem =
+        crate::attestors::tpm::ek_service::read_ca_bundle(ca).map_err(|e| fail(e.to_string()))?;
     let mut roots = rustls::RootCertStore::empty();
     for cert in rustls_pemfile::certs(&mut pem.as_slice()) {
         let cert = cert.map_err(|e| fail(format!("not PEM: {e}")))?;

@@ -16,13 +16,8 @@ const MAX_DEPTH: usize = 4;
 
 /// Reads a PEM bundle of 1 to [`MAX_CERTS`] certificates, each parsed.
 pub fn load_bundle(file: &Path) -> Result<Vec<Vec<u8>>, String> {
-    let size = std::fs::metadata(file)
-        .map_err(|e| format!("{}: {e}", file.display()))?
-        .len();
-    if size > MAX_BUNDLE_LEN {
-        return Err(format!("{} is larger than 1 MiB", file.display()));
-    }
-    let bytes = std::fs::read(file).map_err(|e| format!("{}: {e}", file.display()))?;
+    let bytes = bc_wire::file::read_regular(file, MAX_BUNDLE_LEN, bc_wire::file::Links::Follow)
+        .map_err(|e| format!("{}: {e}", file.display()))?;
     let mut certs = Vec::new();
     for der in rustls_pemfile::certs(&mut &bytes[..]) {
         let der = der.map_err(|e| format!("{}: {e}", file.display()))?;

@@ -54,13 +54,8 @@ struct RawJwk {
 /// Reads a JWKS file (`{"keys":[{"kty":"RSA","kid","n","e"},…]}`), keeping
 /// its RSA keys; none is an error, as is a key that is not a usable RSA key.
 pub fn load_jwks(file: &Path) -> Result<GcpKeys, String> {
-    let size = std::fs::metadata(file)
-        .map_err(|e| format!("{}: {e}", file.display()))?
-        .len();
-    if size > MAX_JWKS_LEN {
-        return Err(format!("{} is larger than 256 KiB", file.display()));
-    }
-    let bytes = std::fs::read(file).map_err(|e| format!("{}: {e}", file.display()))?;
+    let bytes = bc_wire::file::read_regular(file, MAX_JWKS_LEN, bc_wire::file::Links::Follow)
+        .map_err(|e| format!("{}: {e}", file.display()))?;
     parse_jwks(&bytes).map_err(|e| format!("{}: {e}", file.display()))
 }
 

@@ -63,7 +63,7 @@ pub mod budget;
 pub mod known;
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -541,6 +541,15 @@ fn cause(e: &reqwest::Error) -> String {
     out
 }
 
+/// Largest CA bundle read (a distribution's is ~200 KiB).
+const MAX_CA_BUNDLE: u64 = 8 << 20;
+
+/// A PEM bundle of CAs (`[tpm.ek_services] ca_bundle`, the system's):
+/// a regular file, links followed (distributions link theirs), bounded.
+pub fn read_ca_bundle(path: &Path) -> Result<Vec<u8>, bc_wire::file::FileError> {
+    bc_wire::file::read_regular(path, MAX_CA_BUNDLE, bc_wire::file::Links::Follow)
+}
+
 /// The system's CA certificates: `SSL_CERT_FILE`, else the first bundle
 /// of the usual places that exists.
 fn system_roots() -> Result<Vec<Vec<u8>>, String> {
@@ -557,7 +566,7 @@ fn system_roots() -> Result<Vec<Vec<u8>>, String> {
         candidates.push(p.into());
     }
     for path in &candidates {
-        let Ok(pem) = std::fs::read(path) else {
+        let Ok(pem) = read_ca_bundle(path) else {
             continue;
         };
         let certs: Vec<Vec<u8>> = rustls_pemfile::certs(&mut pem.as_slice())
