@@ -402,9 +402,10 @@ fn end_every_session(pg: &crate::pg_cluster::PgDb) -> usize {
     .unwrap()
 }
 
-/// The pool's connections, ended while idle (a server restart), fail no
-/// transaction: a checkout drops what the server closed and the reads and
-/// writes after run on new connections.
+/// The pool's connections, ended while idle (as a server restart ends
+/// them), fail no transaction: the first to meet one drops them all and
+/// runs again on a new connection, and the reads and writes after it run
+/// on new ones.
 #[test]
 fn idle_connections_the_server_ended_fail_no_transaction() {
     let t = temp_db_on(Backend::Postgres);
