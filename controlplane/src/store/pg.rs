@@ -515,7 +515,12 @@ impl Pool {
                 // COMMIT of an aborted transaction rolls back without an
                 // error: never report writes that did not happen.
                 Ok((_, Commit::Yes)) => Some(Err(DbError::Aborted)),
-                Ok((out, Commit::No)) => Some(conn.end("ROLLBACK").map(|()| out)),
+                // Nothing is written whether or not the ROLLBACK gets
+                // through (a connection that fails it is dropped).
+                Ok((out, Commit::No)) => {
+                    let _ = conn.end("ROLLBACK");
+                    Some(Ok(out))
+                }
                 Err(e) => {
                     let _ = conn.end("ROLLBACK");
                     return Err(e);
@@ -523,7 +528,7 @@ impl Pool {
             };
             match ended {
                 Some(Ok(out)) => return Ok(out),
-                // Sent, and no answer: it may have committed or not.
+                // COMMIT sent, and no answer: it may have committed or not.
                 Some(Err(e)) if conn.session().lost => {
                     drop(lease);
                     self.drop_idle();
