@@ -72,6 +72,41 @@ impl PgCluster {
         }
     }
 
+    /// A server of the caller's own, for a test that stops or restarts it
+    /// (the shared one serves the tests running beside it): started now,
+    /// and stopped and removed when the test process ends, as the shared
+    /// one is. Panics as [`PgCluster::shared`] does.
+    #[allow(dead_code)]
+    pub fn private() -> &'static PgCluster {
+        match PgCluster::start() {
+            Ok(cluster) => Box::leak(Box::new(cluster)),
+            Err(e) => panic!("a PostgreSQL server of the test's own: {e}"),
+        }
+    }
+
+    /// Restarts the server as an operator would (`pg_ctl restart`, fast
+    /// shutdown: every session ends), on the same port; returns once it
+    /// accepts connections again. Panics with pg_ctl's output on failure.
+    #[allow(dead_code)]
+    pub fn restart(&self) {
+        let run_as = match is_root() {
+            true => Some(postgres_ids().unwrap_or_else(|e| panic!("{e}"))),
+            false => None,
+        };
+        let data = self.dir.join("data");
+        if let Err(e) = run(
+            pg_command(&self.bin, "pg_ctl", &self.dir, run_as)
+                .args(["-w", "-m", "fast", "-D"])
+                .arg(&data)
+                .arg("-l")
+                .arg(self.dir.join("server.log"))
+                .args(["-o", &format!("-p {}", self.port), "restart"]),
+            "pg_ctl restart",
+        ) {
+            panic!("{e}");
+        }
+    }
+
     /// A fresh `t_<random>` database; see [`PgDb`].
     pub fn database(&'static self) -> PgDb {
         let name = format!("t_{}", random_hex());

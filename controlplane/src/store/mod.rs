@@ -548,8 +548,10 @@ impl Store {
     /// Runs `f` inside one write transaction (`BEGIN IMMEDIATE`; on
     /// PostgreSQL READ COMMITTED, with the locks `f` takes) and commits if it
     /// returns `Ok`; an `Err` rolls everything back. PostgreSQL re-runs `f`
-    /// after a serialization failure, deadlock, unique violation or
-    /// [`Tx::conflict`], so `f` must do everything inside the transaction.
+    /// after a serialization failure, deadlock, unique violation,
+    /// [`Tx::conflict`] or a connection lost before COMMIT (one lost during
+    /// COMMIT is [`DbError::CommitOutcomeUnknown`]), so `f` must do
+    /// everything inside the transaction.
     pub fn write<T, E>(&self, mut f: impl FnMut(&Tx<'_>) -> Result<T, E>) -> Result<T, E>
     where
         E: From<DbError>,

@@ -11,15 +11,18 @@
 //! start, so it sees what the winner committed.
 //!
 //! A connection the server ended (a restart, `pg_terminate_backend`, a
-//! network break) is never handed out knowingly: a checkout first reads,
-//! without waiting, what the server sent while it sat idle (a restart
-//! leaves its FATAL message and the end of the stream there). One found
-//! lost mid-transaction is dropped with every idle one (as old, and most
-//! likely gone the same way), and its transaction runs again on a new one:
-//! a read always, a write when it was lost before its COMMIT was sent (the
-//! server rolls back a transaction whose connection ends). A connection
-//! lost during COMMIT leaves the outcome unknown: that transaction is not
-//! run again (it may have committed) and its caller answers "unavailable"
+//! network break) while it sat idle in the pool is seen only at its next
+//! use: the sync driver reads a connection only inside a call, so
+//! `is_closed()` at checkout knows only what an earlier call saw, and a
+//! check that would know (a round trip, or waiting on the socket) costs
+//! every checkout. So a transaction whose connection turns out lost is
+//! dropped with every idle one (as old, and most likely gone the same way)
+//! and runs again on a new one: a read always, a write when it was lost
+//! before its COMMIT was sent (the server rolls back a transaction whose
+//! connection ends). After a restart, that is one re-run per pool, not one
+//! failed request per pooled connection. A connection lost during COMMIT
+//! leaves the outcome unknown: that transaction is not run again (it may
+//! have committed) and its caller answers "unavailable"
 //! ([`DbError::CommitOutcomeUnknown`]).
 
 use std::cell::RefCell;
@@ -221,11 +224,7 @@ impl Dedicated {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            if self
-                .session
-                .as_ref()
-                .is_some_and(|s| !s.borrow_mut().alive())
-            {
+            if self.session.as_ref().is_some_and(|s| !s.borrow().alive()) {
                 self.session = None;
             }
             let cell = match &mut self.session {
@@ -341,25 +340,19 @@ impl Pool {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A connection: an idle one that is still open ([`Session::alive`]),
-    /// a new one while fewer than `max` are open, else the next one freed
-    /// within [`CHECKOUT_TIMEOUT`].
+    /// A connection: an idle one not known to be closed, a new one while
+    /// fewer than `max` are open, else the next one freed within
+    /// [`CHECKOUT_TIMEOUT`].
     fn checkout(&self) -> Result<Lease<'_>, DbError> {
         let deadline = Instant::now() + self.checkout_timeout;
         let mut st = self.lock_state();
         loop {
-            if let Some(mut s) = st.idle.pop() {
-                // Checked outside the lock: it reads the socket.
-                drop(st);
-                if s.alive() {
-                    return Ok(Lease::new(self, s));
+            if let Some(s) = st.idle.pop() {
+                if !s.alive() {
+                    st.open -= 1;
+                    continue;
                 }
-                self.lock_state().open -= 1;
-                self.freed.notify_one();
-                tracing::debug!("database: an idle connection was closed by the server; dropped");
-                discard(vec![s]);
-                st = self.lock_state();
-                continue;
+                return Ok(Lease::new(self, s));
             }
             if st.open < self.max {
                 st.open += 1;
@@ -522,7 +515,12 @@ impl Pool {
                 // COMMIT of an aborted transaction rolls back without an
                 // error: never report writes that did not happen.
                 Ok((_, Commit::Yes)) => Some(Err(DbError::Aborted)),
-                Ok((out, Commit::No)) => Some(conn.end("ROLLBACK").map(|()| out)),
+                // Nothing is written whether or not the ROLLBACK gets
+                // through (a connection that fails it is dropped).
+                Ok((out, Commit::No)) => {
+                    let _ = conn.end("ROLLBACK");
+                    Some(Ok(out))
+                }
                 Err(e) => {
                     let _ = conn.end("ROLLBACK");
                     return Err(e);
@@ -530,7 +528,7 @@ impl Pool {
             };
             match ended {
                 Some(Ok(out)) => return Ok(out),
-                // Sent, and no answer: it may have committed or not.
+                // COMMIT sent, and no answer: it may have committed or not.
                 Some(Err(e)) if conn.session().lost => {
                     drop(lease);
                     self.drop_idle();
@@ -677,17 +675,11 @@ impl Session {
         self.lost = false;
     }
 
-    /// Whether the connection is still open, as far as can be told without
-    /// waiting: reads what the server sent while it sat idle (no request is
-    /// outstanding, so anything there is a notice or the session's end: a
-    /// restart's or `pg_terminate_backend`'s FATAL and end of stream).
-    fn alive(&mut self) -> bool {
-        if self.broken || self.client.is_closed() {
-            return false;
-        }
-        use postgres::fallible_iterator::FallibleIterator as _;
-        let polled = self.client.notifications().iter().next();
-        polled.is_ok() && !self.client.is_closed()
+    /// Whether the connection may still be open: neither this store nor
+    /// the driver has seen it end (see the module's comment for what this
+    /// cannot see).
+    fn alive(&self) -> bool {
+        !self.broken && !self.client.is_closed()
     }
 
     fn prepare(&mut self, sql: &str) -> Result<Statement, DbError> {

@@ -402,9 +402,10 @@ fn end_every_session(pg: &crate::pg_cluster::PgDb) -> usize {
     .unwrap()
 }
 
-/// The pool's connections, ended while idle (a server restart), fail no
-/// transaction: a checkout drops what the server closed and the reads and
-/// writes after run on new connections.
+/// The pool's connections, ended while idle (as a server restart ends
+/// them), fail no transaction: the first to meet one drops them all and
+/// runs again on a new connection, and the reads and writes after it run
+/// on new ones.
 #[test]
 fn idle_connections_the_server_ended_fail_no_transaction() {
     let t = temp_db_on(Backend::Postgres);
@@ -511,4 +512,43 @@ fn a_connection_lost_during_commit_is_not_run_again() {
     assert!(ended.get());
     // The pool goes on with a new connection.
     assert_eq!(t.db.read(clock_offset_ms).unwrap(), 0);
+}
+
+/// A real restart of the server (one of this test's own: the shared one
+/// serves the tests beside it) while the pool holds idle connections: no
+/// transaction after it fails.
+#[test]
+fn a_server_restart_fails_no_transaction() {
+    let cluster = PgCluster::private();
+    let pg = cluster.database();
+    let mut cfg = pg_config(&pg);
+    cfg.ca_file = Some(cluster.ca_file());
+    let dir = tempfile::tempdir().unwrap();
+    let db = Store::open_configured(dir.path(), Some(&cfg)).unwrap();
+    let barrier = std::sync::Barrier::new(4);
+    std::thread::scope(|s| {
+        for _ in 0..4 {
+            s.spawn(|| {
+                db.read(|tx| {
+                    barrier.wait();
+                    tx.now()
+                })
+                .unwrap()
+            });
+        }
+    });
+    let backends = || {
+        pg.psql(
+            "SELECT count(*) FROM pg_stat_activity
+              WHERE datname = current_database() AND pid <> pg_backend_pid()",
+        )
+    };
+    assert_eq!(backends(), "4");
+    cluster.restart();
+    assert_eq!(backends(), "0");
+    for i in 0..4 {
+        db.read(|tx| tx.now()).unwrap();
+        db.write(|tx| set_clock_offset_ms(tx, i)).unwrap();
+    }
+    assert_eq!(db.read(clock_offset_ms).unwrap(), 3);
 }
