@@ -441,9 +441,10 @@ fn a_flood_of_unknown_eks_asks_the_service_nothing_and_a_known_machine_joins() {
             hello.ek_certificate.clear();
             hello.ek_intermediates.clear();
             hello.ek_public = made_up_rsa_ek(i);
-            // As bcd sends a TPM without a certificate: its maker's id
-            // (this TPM has one in NV, so bcd would not ask for it).
-            hello.tpm_manufacturer = u32::from_be_bytes(*b"INTC");
+            // As bcd sends a TPM without a certificate: its maker's id,
+            // swtpm's, which this control plane's service answers for (this
+            // TPM has a certificate in NV, so bcd did not ask for it).
+            hello.tpm_manufacturer = u32::from_be_bytes(*b"IBM\0");
             hand.challenged(hello)
         })
         .count();
