@@ -544,7 +544,9 @@ fn an_unknown_eks_certificate_is_fetched_once_it_answered_the_challenge() {
 /// A discovery join whose token or assertion is refused asks the maker's
 /// service nothing, even for the EK its boot entry expects; with both
 /// good, the ramdisk's certificate is fetched and it joins
-/// `maker-service`.
+/// `maker-service`. (Discovery's helpers give the ramdisk a fake sysfs:
+/// a failpoints build.)
+#[cfg(feature = "failpoints")]
 #[test]
 fn a_refused_discovery_join_asks_the_service_nothing() {
     use crate::discovery::{assert_refused_as, boot_add, cmdline, site, Machine, SiteNode};
