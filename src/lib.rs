@@ -7,6 +7,7 @@
 //! only module that touches tss-esapi). The end-to-end tests use the same
 //! modules to produce real TPM output.
 
+pub mod backoff;
 pub mod cli;
 pub mod client;
 pub mod clock;

@@ -3,7 +3,7 @@
 //! Loads the identity (a TPM key that no longer matches stops here with the
 //! spec's hint), then loops:
 //!
-//! - certificate valid, not yet at its renewal point ([`renew_at`], 50-60 %
+//! - certificate valid, not yet at its renewal point ([`NodeCert::renew_at`], 50-60 %
 //!   of its lifetime): sleep until then;
 //! - at its renewal point (or `--renew-now`): [`renew_once`]; a failure is
 //!   logged as `renewal failed` with `attempt` and `expiresIn`, journaled,
@@ -15,7 +15,6 @@
 //!
 //! Every decision is one log event; every renewal and re-join, successful or
 //! not, is one journal entry. All times come from [`crate::clock`].
-mod backoff;
 mod renew;
 
 use std::process::ExitCode;
@@ -30,10 +29,10 @@ use crate::identity::rotation::{self, NextKey};
 use crate::identity::Identity;
 use crate::journal::{self, Kind};
 use crate::keys::TpmAccess;
+use crate::out::human;
 use crate::pki::{rfc3339, NodeCert};
-use crate::status::human;
 
-pub use backoff::Backoff;
+use crate::backoff::Backoff;
 pub use renew::{renew_once, RenewError, OTHER_AK, REFUSED};
 
 /// How long after notAfter a node may still re-join as itself (the control
@@ -117,20 +116,6 @@ pub enum Step {
     PastGrace,
 }
 
-/// When to renew: a point between 50 % and 60 % of the certificate's
-/// lifetime (the spec's "well before expiry"), taken from the certificate's
-/// own hash. Machines that joined in one PXE wave hold certificates of the
-/// same age, and renewing all at exactly half their lifetime would send the
-/// whole fleet to the control plane in the same second; a point derived from
-/// the certificate spreads them and stays put across restarts.
-pub fn renew_at(cert: &NodeCert) -> OffsetDateTime {
-    let lifetime = cert.not_after - cert.not_before;
-    let h = cert.der_sha256;
-    // 0..=1 in steps of 1/65535: fine enough for a 24-hour certificate (~0.13 s).
-    let spread = f64::from(u16::from_be_bytes([h[0], h[1]])) / f64::from(u16::MAX);
-    cert.not_before + lifetime * (0.5 + 0.1 * spread)
-}
-
 pub fn decide(cert: &NodeCert, now: OffsetDateTime, force_renewal: bool) -> Step {
     if now >= cert.not_after {
         if now - cert.not_after > GRACE {
@@ -138,11 +123,11 @@ pub fn decide(cert: &NodeCert, now: OffsetDateTime, force_renewal: bool) -> Step
         } else {
             Step::Rejoin
         }
-    } else if force_renewal || now >= renew_at(cert) {
+    } else if force_renewal || now >= cert.renew_at() {
         Step::Renew
     } else {
         Step::Wait {
-            until: renew_at(cert),
+            until: cert.renew_at(),
         }
     }
 }
@@ -189,7 +174,7 @@ impl Node<'_> {
             tracing::info!(
                 node_id = %self.identity.node_id,
                 not_after = %rfc3339(cert.not_after),
-                renew_at = %rfc3339(renew_at(cert)),
+                renew_at = %rfc3339(cert.renew_at()),
                 key_in = self.identity.key.kind().as_str(),
                 node_key = %self.identity.key.kid(),
                 "bcd node started"
@@ -456,8 +441,8 @@ mod tests {
         let mut fractions: Vec<f64> = (0..64)
             .map(|_| {
                 let c = cert(24);
-                let at = renew_at(&c);
-                assert_eq!(renew_at(&c), at, "derived from the certificate alone");
+                let at = c.renew_at();
+                assert_eq!(c.renew_at(), at, "derived from the certificate alone");
                 (at - c.not_before) / (c.not_after - c.not_before)
             })
             .collect();
@@ -473,7 +458,7 @@ mod tests {
     #[test]
     fn renews_at_its_point_rejoins_within_grace_stops_after() {
         let c = cert(24);
-        let half = renew_at(&c);
+        let half = c.renew_at();
         let before = half - time::Duration::minutes(1);
         assert_eq!(decide(&c, before, false), Step::Wait { until: half });
         assert_eq!(decide(&c, before, true), Step::Renew);

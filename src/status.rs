@@ -104,7 +104,7 @@ pub fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
             role: id.role.name(),
             trust_domain: &id.trust_domain,
             not_after,
-            renew_at: rfc3339(crate::node::renew_at(&id.cert)),
+            renew_at: rfc3339(id.cert.renew_at()),
             node_key: id.key.kind().as_str(),
             last_renewal: last,
             certificate: id.chain_pem(),
@@ -130,13 +130,13 @@ fn line(id: &Identity, last: Option<&LastRenewal>, now: OffsetDateTime) -> Strin
         format!(
             "certificate expires {} ({} left)",
             rfc3339(not_after),
-            human(not_after - now)
+            out::human(not_after - now)
         )
     } else {
         format!(
             "certificate expired {} ({} ago)",
             rfc3339(not_after),
-            human(now - not_after)
+            out::human(now - not_after)
         )
     };
     let key = match id.key.kind() {
@@ -156,39 +156,10 @@ fn line(id: &Identity, last: Option<&LastRenewal>, now: OffsetDateTime) -> Strin
     )
 }
 
-/// `23h59m`, `2d3h`, `5m`, `12s`: coarse enough to read at a glance.
-pub(crate) fn human(d: time::Duration) -> String {
-    let s = d.whole_seconds().max(0);
-    let (days, hours, mins) = (s / 86_400, s % 86_400 / 3600, s % 3600 / 60);
-    if days > 0 {
-        format!("{days}d{hours}h")
-    } else if hours > 0 {
-        format!("{hours}h{mins}m")
-    } else if mins > 0 {
-        format!("{mins}m")
-    } else {
-        format!("{s}s")
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::keys::FileKey;
-
-    #[test]
-    fn durations_read_at_a_glance() {
-        assert_eq!(
-            human(time::Duration::seconds(23 * 3600 + 59 * 60 + 30)),
-            "23h59m"
-        );
-        assert_eq!(
-            human(time::Duration::seconds(2 * 86_400 + 3 * 3600)),
-            "2d3h"
-        );
-        assert_eq!(human(time::Duration::seconds(300)), "5m");
-        assert_eq!(human(time::Duration::seconds(12)), "12s");
-    }
 
     #[test]
     fn one_identity_line() {

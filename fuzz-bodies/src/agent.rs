@@ -73,7 +73,7 @@ pub const RENEW_NOW: i64 = 1_796_079_600;
 /// repair, no TPM unless the file names one).
 pub fn identity_json(data: &[u8]) {
     static DIR: OnceLock<Option<tempfile::TempDir>> = OnceLock::new();
-    let Some(dir) = DIR.get_or_init(|| crate::controlplane::scratch_dir().ok()) else {
+    let Some(dir) = DIR.get_or_init(|| crate::fixtures::scratch_dir().ok()) else {
         return;
     };
     if std::fs::write(dir.path().join("identity.json"), data).is_err() {

@@ -9,10 +9,9 @@ use std::sync::OnceLock;
 
 use bc_controlplane::attestors::cloud_iid::{aws, azure, gcp, CloudIdentity, Freshness};
 
+use crate::fixtures::{self, AUDIENCE};
 use crate::split_parts;
 
-/// The audience the GCP token and the Azure nonce are checked against.
-pub const AUDIENCE: &str = "https://cp.bc.test:8443";
 /// The database time the documents are judged at: 2026-01-01T00:00:00Z.
 pub const NOW_MS: i64 = 1_767_225_600_000;
 /// `[cloud_iid] max_age`'s default.
@@ -45,7 +44,7 @@ fn gcp_keys() -> Option<&'static gcp::GcpKeys> {
 fn aws_keys() -> Option<&'static aws::AwsKeys> {
     static KEYS: OnceLock<Option<aws::AwsKeys>> = OnceLock::new();
     KEYS.get_or_init(|| {
-        let dir = crate::controlplane::scratch_dir().ok()?;
+        let dir = fixtures::scratch_dir().ok()?;
         let file = dir.path().join("aws.pem");
         std::fs::write(&file, include_bytes!("../../tpmsim-fixtures/cloud-aws.pem")).ok()?;
         aws::load_certificates(&file).ok()

@@ -12,18 +12,6 @@ use bc_controlplane::{records, JoinService};
 
 use crate::{fixtures, split_parts};
 
-/// A temporary directory, in memory when the machine has /dev/shm: the
-/// targets write a file or a database row per input.
-pub(crate) fn scratch_dir() -> std::io::Result<tempfile::TempDir> {
-    let shm = Path::new("/dev/shm");
-    if shm.is_dir() {
-        if let Ok(dir) = tempfile::Builder::new().prefix("bc-fuzz").tempdir_in(shm) {
-            return Ok(dir);
-        }
-    }
-    tempfile::Builder::new().prefix("bc-fuzz").tempdir()
-}
-
 /// A control plane DIR the way `init` makes one, whose challenge key and
 /// EK roots are the captured TPM's, and whose clock stands at the capture:
 /// so the captured round 2 still verifies, and the fuzzer can reach every
@@ -49,7 +37,7 @@ const CHECK_EVERY: u32 = 2048;
 
 impl Cp {
     fn new() -> Result<Cp, String> {
-        let dir = scratch_dir().map_err(|e| e.to_string())?;
+        let dir = fixtures::scratch_dir().map_err(|e| e.to_string())?;
         bc_controlplane::pki::init(dir.path(), fixtures::TRUST_DOMAIN)
             .map_err(|e| e.to_string())?;
         std::fs::write(dir.path().join("challenge.key"), fixtures::CHALLENGE_KEY)
@@ -190,7 +178,7 @@ fn cloud_iid_config(dir: &Path) -> Result<(), String> {
     config.push_str(&format!(
         "\n[cloud_iid]\naudience = \"{}\"\n[cloud_iid.gcp]\njwks = \"gcp-jwks.json\"\n[cloud_iid.aws]\ncertificates = \"aws-certs.pem\"\n\
          [tpm.ek_services.intel]\nurl = \"\"\n[tpm.ek_services.amd]\nurl = \"\"\n",
-        crate::cloud::AUDIENCE
+        fixtures::AUDIENCE
     ));
     w("controlplane.toml", config.as_bytes())
 }

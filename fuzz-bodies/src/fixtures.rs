@@ -2,6 +2,7 @@
 //! (controlplane/src/attestors/tpm/testdata, tpmsim-fixtures): fixed, so a
 //! corpus file means the same thing in every run.
 
+use std::path::Path;
 use std::sync::OnceLock;
 
 use p256::ecdsa::SigningKey;
@@ -9,6 +10,8 @@ use p256::pkcs8::EncodePublicKey;
 
 pub const TRUST_DOMAIN: &str = "bc.test";
 pub const NODE_ID: &str = "node_fuzz";
+/// The audience the GCP token and the Azure nonce are checked against.
+pub const AUDIENCE: &str = "https://cp.bc.test:8443";
 
 pub const TPM_HELLO: &[u8] =
     include_bytes!("../../controlplane/src/attestors/tpm/testdata/hello.bin");
@@ -70,3 +73,15 @@ pub fn spki_der(key: &SigningKey) -> Vec<u8> {
 
 /// What the agent-side targets bind answers to: sha256 of this "CSR".
 pub const AGENT_CSR: &[u8] = b"the csr";
+
+/// A temporary directory, in memory when the machine has /dev/shm: the
+/// targets write a file or a database row per input.
+pub(crate) fn scratch_dir() -> std::io::Result<tempfile::TempDir> {
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir() {
+        if let Ok(dir) = tempfile::Builder::new().prefix("bc-fuzz").tempdir_in(shm) {
+            return Ok(dir);
+        }
+    }
+    tempfile::Builder::new().prefix("bc-fuzz").tempdir()
+}

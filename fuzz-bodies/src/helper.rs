@@ -80,7 +80,7 @@ fn stub() -> Option<&'static Mutex<Stub>> {
                 nix::sys::signal::SigHandler::SigIgn,
             )
         };
-        let dir = crate::controlplane::scratch_dir().ok()?;
+        let dir = crate::fixtures::scratch_dir().ok()?;
         let path = dir.path().join("helper.sock");
         let listener = UnixListener::bind(&path).ok()?;
         let (answers, next) = mpsc::channel::<Vec<u8>>();

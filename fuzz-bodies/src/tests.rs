@@ -163,13 +163,13 @@ fn seeds_reach_past_the_first_checks() {
     bc_controlplane::attestors::cloud_iid::gcp::verify(
         &gcp_keys,
         &cloud("gcp_token", "jwt"),
-        cloud::AUDIENCE,
+        fixtures::AUDIENCE,
         &fresh,
     )
     .unwrap();
     bc_controlplane::attestors::cloud_iid::azure::identity(
         cloud("azure_document", "content").as_bytes(),
-        cloud::AUDIENCE,
+        fixtures::AUDIENCE,
         &fresh,
     )
     .unwrap();

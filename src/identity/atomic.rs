@@ -8,8 +8,7 @@ use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
-pub const DIR_MODE: u32 = 0o700;
-pub const FILE_MODE: u32 = 0o600;
+use super::guard::{check_dir, DIR_MODE, FILE_MODE};
 
 /// Creates `dir` (and missing parents) with mode 0700. An existing one must
 /// pass [`super::guard::check_dir`] (bcd's own, nobody else can write it);
@@ -19,7 +18,7 @@ pub fn ensure_private_dir(dir: &Path) -> io::Result<()> {
         .recursive(true)
         .mode(DIR_MODE)
         .create(dir)?;
-    super::guard::check_dir(dir)?;
+    check_dir(dir)?;
     let mode = fs::metadata(dir)?.permissions().mode() & 0o777;
     if mode & 0o077 != 0 {
         tracing::warn!(dir = %dir.display(), mode = format!("{mode:o}"), "data directory was reachable by others; setting it to 0700");

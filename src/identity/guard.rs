@@ -19,6 +19,10 @@ use bc_wire::file::{open_regular, read_opened, FileError, Links};
 use std::path::Path;
 use std::sync::OnceLock;
 
+/// The modes of what bcd keeps in its data directory: its own, private.
+pub const DIR_MODE: u32 = 0o700;
+pub const FILE_MODE: u32 = 0o600;
+
 /// This process's effective uid, read once from `/proc/self/status`; None
 /// when it cannot be read (no procfs), and then ownership is not checked.
 pub fn effective_uid() -> Option<u32> {
@@ -96,7 +100,7 @@ pub fn create_private(path: &Path) -> io::Result<()> {
         .read(true)
         .write(true)
         .create(true)
-        .mode(super::atomic::FILE_MODE)
+        .mode(FILE_MODE)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(path)
         .map_err(|e| link_refused(path, e))?;

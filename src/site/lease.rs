@@ -10,17 +10,10 @@ use bc_wire::site_v1::LeaseResponse;
 use time::OffsetDateTime;
 use tokio::sync::watch;
 
+use super::state::{Held, StateFile};
+use crate::backoff::Backoff;
 use crate::client::ClientError;
 use crate::clock;
-use crate::node::Backoff;
-
-/// The lease as this node last had it confirmed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Held {
-    pub epoch: u64,
-    /// The control plane's word, in its time.
-    pub expires_at: OffsetDateTime,
-}
 
 /// What the boot server reads: the lease, if held and not past its expiry.
 #[derive(Clone)]
@@ -180,7 +173,7 @@ pub struct Holder {
     site_id: String,
     tx: watch::Sender<Option<Held>>,
     schedule: Schedule,
-    state: super::state::StateFile,
+    state: StateFile,
 }
 
 impl Holder {
@@ -188,7 +181,7 @@ impl Holder {
         identity: std::sync::Arc<super::identity::NodeIdentity>,
         site_id: String,
         schedule: Schedule,
-        state: super::state::StateFile,
+        state: StateFile,
     ) -> (Holder, LeaseView) {
         let (tx, rx) = watch::channel(None);
         (

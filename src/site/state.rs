@@ -8,8 +8,15 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
-use super::lease::Held;
 use crate::pki::rfc3339;
+
+/// The lease as this node last had it confirmed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Held {
+    pub epoch: u64,
+    /// The control plane's word, in its time.
+    pub expires_at: OffsetDateTime,
+}
 
 pub const FILE: &str = "site.json";
 /// A state file is a few hundred bytes.

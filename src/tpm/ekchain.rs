@@ -10,7 +10,7 @@
 use tss_esapi::constants::CapabilityType;
 use tss_esapi::structures::CapabilityData;
 
-use super::{cmd, ek, Tpm, TpmError};
+use super::{cmd, nv, Tpm, TpmError};
 
 const FIRST: u32 = 0x01C0_0100;
 const LAST: u32 = 0x01C0_01FF;
@@ -51,7 +51,7 @@ pub(super) fn read(tpm: &mut Tpm, listed: &[u32]) -> Result<Vec<Vec<u8>>, TpmErr
         if out.len() >= MAX_CERTIFICATES {
             break;
         }
-        let Some(raw) = ek::read_index(tpm, index)? else {
+        let Some(raw) = nv::read_index(tpm, index)? else {
             continue;
         };
         split(&raw, &mut out);
@@ -63,7 +63,7 @@ pub(super) fn read(tpm: &mut Tpm, listed: &[u32]) -> Result<Vec<Vec<u8>>, TpmErr
 /// Appends the DER certificates concatenated in `raw` (each possibly after
 /// a TCG header), up to padding or anything that is not one.
 fn split(mut raw: &[u8], out: &mut Vec<Vec<u8>>) {
-    while let Ok(der) = ek::trim_der(raw) {
+    while let Ok(der) = nv::trim_der(raw) {
         let header = if raw.starts_with(&[0x10, 0x01, 0x00]) {
             5
         } else {
@@ -91,9 +91,9 @@ mod tests {
         split(&raw, &mut out);
         assert_eq!(out, vec![a.to_vec(), b.to_vec()]);
         assert_eq!(
-            ek::trim_der(&[0x10, 0x01, 0x00, 0x00, 0x05, 0x30, 0x03, 1, 2, 3]).unwrap(),
+            nv::trim_der(&[0x10, 0x01, 0x00, 0x00, 0x05, 0x30, 0x03, 1, 2, 3]).unwrap(),
             &a
         );
-        assert!(ek::trim_der(&[0x10, 0x01, 0x00, 0x00, 0x09, 0x30]).is_err());
+        assert!(nv::trim_der(&[0x10, 0x01, 0x00, 0x00, 0x09, 0x30]).is_err());
     }
 }

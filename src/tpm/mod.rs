@@ -14,6 +14,7 @@ mod ek_kind;
 mod ek_service;
 mod ek_spki;
 mod ekchain;
+mod nv;
 mod nvpublic;
 mod quote;
 mod templates;

@@ -427,7 +427,7 @@ fn cloud_key(name: &str) -> rsa::PrivateKey {
 fn gcp_claims(iat: i64) -> String {
     format!(
         r#"{{"iss":"https://accounts.google.com","aud":"{}","iat":{iat},"exp":{},"google":{{"compute_engine":{{"project_id":"{}","zone":"europe-west1-b","instance_id":"1234567890"}}}}}}"#,
-        crate::cloud::AUDIENCE,
+        crate::fixtures::AUDIENCE,
         iat + 3600,
         crate::controlplane::CLOUD_ACCOUNT
     )
@@ -531,7 +531,7 @@ fn cloud_seeds(root: &Path) {
     );
     let content = format!(
         r#"{{"nonce":"{}","plan":{{"name":"","product":"","publisher":""}},"timeStamp":{{"createdOn":"12/31/25 23:55:00 -0000","expiresOn":"01/01/26 05:55:00 -0000"}},"vmId":"02aab8a4-74ef-476e-8182-f6d2ba4166a6","subscriptionId":"{}","sku":"22_04-lts"}}"#,
-        bc_wire::cloud_iid::azure_nonce(crate::cloud::AUDIENCE),
+        bc_wire::cloud_iid::azure_nonce(crate::fixtures::AUDIENCE),
         crate::controlplane::CLOUD_ACCOUNT
     );
     put(
