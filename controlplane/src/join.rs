@@ -899,7 +899,7 @@ pub(crate) fn capped_ttl(ttl: Duration, now: UnixMs, end: Option<UnixMs>) -> Dur
 }
 
 /// Which roles each attestor admits, and the reason any other is refused
-/// with: the README's table, enforced here and nowhere else (bar
+/// with: docs/control-plane.md's table, enforced here and nowhere else (bar
 /// discovery's own first check, which says the same). An attestor not
 /// listed (a plugin's) admits `node` only.
 pub const ATTESTOR_ROLES: &[(&str, &[Role], &str)] = &[

@@ -1,4 +1,4 @@
-//! A real PostgreSQL server for tests (docs/pg-plan.md §3.6): one per test
+//! A real PostgreSQL server for tests (docs/testing.md): one per test
 //! process, a fresh database per test.
 //!
 //! One file compiled twice, into bc-controlplane's unit tests (`#[cfg(test)]

@@ -1,6 +1,6 @@
 //! Each check-then-write that SQLite's one writer serialises, run as two
 //! concurrent transactions on PostgreSQL, as two replicas would run them
-//! (docs/pg-plan.md §1.2; the `PG:` comments name each lock).
+//! (docs/control-plane.md "Locks"; the `PG:` comments name each lock).
 //!
 //! [`race`] stops the first transaction just before its COMMIT, its writes
 //! made and its locks held, until the second is either waiting on a lock or

@@ -1,4 +1,4 @@
-//! README's restore of the control plane's database, as an operator does
+//! docs/operations.md's restore of the control plane's database, as an operator does
 //! it, and what its nodes then see: a node that renewed after the backup
 //! holds a certificate the restored database never issued, so its renewal
 //! is refused `unknown-certificate`, and so is its x509pop re-join once the
@@ -19,7 +19,7 @@ fn renew(agent: &Agent) -> std::process::Output {
     agent.run(&["node", "--once", "--renew-now"])
 }
 
-/// README's backup: `sqlite3 DIR/controlplane.db ".backup FILE"`.
+/// docs/operations.md's backup: `sqlite3 DIR/controlplane.db ".backup FILE"`.
 fn backup(cp: &ControlPlane, file: &Path) {
     let db = cp.path().join("controlplane.db");
     let out = Command::new("sqlite3")
@@ -29,7 +29,7 @@ fn backup(cp: &ControlPlane, file: &Path) {
     assert_ok(&out);
 }
 
-/// README's restore: stop `serve`, copy FILE over `DIR/controlplane.db`,
+/// docs/operations.md's restore: stop `serve`, copy FILE over `DIR/controlplane.db`,
 /// remove the `-wal`/`-shm` beside it, `migrate`, start `serve` again (on
 /// the address the agents know).
 fn restore(cp: ControlPlane, file: &Path) -> ControlPlane {
@@ -49,7 +49,7 @@ fn restore(cp: ControlPlane, file: &Path) -> ControlPlane {
     cp.serve_on(&listen)
 }
 
-/// On SQLite, the README's `sqlite3 .backup` (PostgreSQL's `pg_dump` and
+/// On SQLite, docs/operations.md's `sqlite3 .backup` (PostgreSQL's `pg_dump` and
 /// `pg_restore` move the database back the same way).
 #[test]
 fn nodes_that_renewed_after_a_restored_backup_recover_by_joining_again() {

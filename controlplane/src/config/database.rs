@@ -1,5 +1,5 @@
 //! `[database]`: a PostgreSQL server instead of `DIR/controlplane.db`
-//! (docs/pg-plan.md §3.5).
+//! (docs/operations.md, "Storage").
 //!
 //! Parsed and checked here; `store::pg` connects with it.
 //! The password never travels in the URL (argv and the environment carry

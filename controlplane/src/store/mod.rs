@@ -6,7 +6,7 @@
 //! instead of failing; every write in a `BEGIN IMMEDIATE` transaction so that
 //! the write lock is taken before anything is read (a join's token row cannot
 //! change between its check and its use). Or, when `[database]` names one,
-//! a PostgreSQL server ([`pg`], docs/pg-plan.md §3), where writers run side
+//! a PostgreSQL server ([`pg`], docs/control-plane.md), where writers run side
 //! by side and each check-then-write takes its own lock ([`Tx::lock`], a
 //! `for_update`/`for_share` read or a unique index; `PG:` comments).
 //!
@@ -176,7 +176,7 @@ impl Dialect {
 }
 
 /// A name the transaction serialises on until it ends (a check-then-write
-/// no row lock covers, docs/pg-plan.md §1.2): `namespace` and `key`.
+/// no row lock covers, docs/control-plane.md "Locks"): `namespace` and `key`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct LockKey<'a> {
     pub namespace: &'static str,

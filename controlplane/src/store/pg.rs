@@ -1,4 +1,4 @@
-//! The PostgreSQL backend (`[database] url`, docs/pg-plan.md §3): the one
+//! The PostgreSQL backend (`[database] url`, docs/control-plane.md): the one
 //! file that speaks the `postgres` driver.
 //!
 //! A bounded pool of sync clients (the call sites are `spawn_blocking`,
@@ -6,7 +6,7 @@
 //! COMMITTED side by side: each check-then-write that SQLite's
 //! `BEGIN IMMEDIATE` serialises takes its own lock where it reads (a row
 //! lock, an advisory lock on a name, or a unique index; every such place
-//! says `PG:` in a comment, docs/pg-plan.md §1.2), and a transaction that
+//! says `PG:` in a comment, docs/control-plane.md "Locks"), and a transaction that
 //! loses a serialization, deadlock or uniqueness race runs again from the
 //! start, so it sees what the winner committed.
 //!

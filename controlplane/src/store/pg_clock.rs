@@ -1,5 +1,5 @@
 //! The database clock on PostgreSQL for the TLS client-certificate
-//! verifier (docs/pg-plan.md §3.2).
+//! verifier (docs/control-plane.md, "Storage").
 //!
 //! The verifier runs on a tokio worker, where the sync driver cannot run
 //! (it starts a runtime of its own). So one thread owns one connection and

@@ -1,6 +1,6 @@
 //! The schema on PostgreSQL: the one migration history ([`MIGRATIONS`])
 //! translated from SQLite's dialect, plus a few PG-only statements beside
-//! it (docs/pg-plan.md §3.4), applied under an advisory lock so that
+//! it (docs/control-plane.md, "Schema"), applied under an advisory lock so that
 //! replicas starting together migrate once.
 
 use postgres::Client;
