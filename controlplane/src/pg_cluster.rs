@@ -44,7 +44,7 @@ pub struct PgCluster {
     /// TMP: `data/`, the Unix socket, `server.log`, the certificates.
     dir: PathBuf,
     port: u16,
-    /// How long initdb and the start took (the plan's figures).
+    /// How long initdb and the start took (printed; docs/testing.md).
     pub initdb_time: Duration,
     pub start_time: Duration,
 }

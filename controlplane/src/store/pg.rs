@@ -776,7 +776,7 @@ impl Conn<'_> {
     }
 
     /// The database's time in one statement: the server's clock plus the
-    /// stored offset (plan §3.3).
+    /// stored offset (docs/control-plane.md, "Storage").
     pub(crate) fn now(&self) -> Result<i64, DbError> {
         let row = self
             .query_opt(
