@@ -6,7 +6,7 @@
 //! The bounds, all per connection (see [`Limits`]):
 //! - connections: at most `[site] max_connections`, of them at most
 //!   `max_connections_per_source` from one address
-//!   ([`bc_wire::connlimit`], shared with the control plane). A source at
+//!   ([`bc_connlimit`], shared with the control plane). A source at
 //!   its cap has its new connections closed at once; when the server is
 //!   full, the connection idle the longest (an unfinished request head, an
 //!   idle keep-alive) is closed to make room. A request being answered is
@@ -28,7 +28,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bc_wire::connlimit::{Deadline, Refusal, Slot, Tracker};
+use bc_connlimit::{Deadline, Refusal, Slot, Tracker};
 use hyper::body::{Body, Bytes, Frame, Incoming, SizeHint};
 use hyper::header::{HeaderValue, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE};
 use hyper::{Method, Request, StatusCode};
