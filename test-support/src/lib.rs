@@ -1,0 +1,5 @@
+//! What the tests share across crates (the control plane's unit tests, the
+//! e2e binary): one crate instead of source files compiled into each with
+//! `#[path]`. Never a dependency of a shipped binary.
+
+pub mod pg_cluster;
