@@ -19,8 +19,14 @@ use bc_wire::agent::{
     join_response_body::Deferral, tpm_attestation, JoinRequest, JoinResponseBody, Role, TpmAnswer,
     TpmAttestation, TpmChallenge, TpmHello, TpmKeyCertification,
 };
+use bc_wire::pcr::PcrBank;
 use bcd::tpm;
 use prost::Message;
+
+/// PCRs 0-23 of the SHA-256 bank, as the fixtures' quotes hold.
+const PCRS: [u32; 24] = [
+    0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23,
+];
 
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tpmsim-fixtures");
 
@@ -115,6 +121,7 @@ fn main() {
             ek_public: ekey.public.clone(),
             ek_certificate: ekey.certificate.clone().expect("an EK certificate"),
             ak_public: ak.public.clone(),
+            ..Default::default()
         })),
     };
     let captured_at = svc.database().read(|tx| tx.now()).unwrap();
@@ -129,7 +136,10 @@ fn main() {
         .unwrap();
     let mut nonce = secret.clone();
     nonce.extend_from_slice(&csr_sha256);
-    let quote = t.borrow_mut().quote(&ak, &bc_wire::sha256(&nonce)).unwrap();
+    let quote = t
+        .borrow_mut()
+        .quote(&ak, &bc_wire::sha256(&nonce), &PCRS, PcrBank::Sha256)
+        .unwrap();
     let certified = t.borrow_mut().certify(&key1, &ak, &csr_sha256).unwrap();
     let answer_msg = TpmAnswer {
         state: ch.state.clone(),
@@ -158,7 +168,10 @@ fn main() {
         &key1.public,
         t.borrow_mut().certify(&key1, &ak, &other).unwrap(),
     );
-    let q2 = t.borrow_mut().quote(&ak, &other).unwrap();
+    let q2 = t
+        .borrow_mut()
+        .quote(&ak, &other, &PCRS, PcrBank::Sha256)
+        .unwrap();
     let other_nonce_quote = TpmAnswer {
         quote: q2.attest,
         quote_signature: q2.signature,
