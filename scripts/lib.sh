@@ -16,7 +16,7 @@ BCD_PACKAGES=(
   curl openssl        # the e2e tests fetch from the control plane and read its certificates
   busybox-static      # a unit test unpacks bcd site's cpio archive with busybox cpio
   xxd time            # scripts/bench: tpm2-tools' inputs, peak memory (/usr/bin/time)
-  postgresql          # the tests' PostgreSQL server (controlplane/src/pg_cluster.rs: initdb, pg_ctl, psql)
+  postgresql          # the tests' PostgreSQL server (test-support/src/pg_cluster.rs: initdb, pg_ctl, psql)
 )
 
 # Installs the missing packages, running `apt-get update` once when needed.
@@ -40,7 +40,7 @@ ensure_packages() {
 }
 
 # A throwaway PostgreSQL server in DIR (a new, empty directory), started the
-# way the tests start theirs (controlplane/src/pg_cluster.rs): the newest
+# way the tests start theirs (test-support/src/pg_cluster.rs): the newest
 # /usr/lib/postgresql/<version>/bin, as postgres when root (initdb refuses
 # root), on a free loopback port, TLS only over TCP (pg_hba hostssl, a
 # throwaway CA in DIR/ca.crt), trust over the Unix socket in DIR (0700).

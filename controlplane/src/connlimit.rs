@@ -9,7 +9,7 @@
 //! to make room: a slow client loses its slot to a new one, and a client that
 //! finishes its request quickly is never the oldest. Only when every slot is
 //! busy in a handler is a new connection refused. The tracker itself is
-//! [`bc_wire::connlimit`], which `bcd site` holds too.
+//! [`bc_connlimit`], which `bcd site` holds too.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -91,7 +91,7 @@ pub fn raise_nofile_limit() -> u64 {
     nofile_limit()
 }
 
-pub use bc_wire::connlimit::{source_key, Deadline, Refusal, Slot, Tracker};
+pub use bc_connlimit::{source_key, Deadline, Refusal, Slot, Tracker};
 
 /// Requests one source may have in the handlers at once; its others wait
 /// in line, so one client's flood queues behind itself, not before others.

@@ -20,6 +20,7 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Extension, Router};
+use bc_connlimit::{serve_connections, AcceptPolicy, RefusedCount, Stop};
 use bc_wire::endpoints;
 use hyper::service::Service as _;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -27,12 +28,9 @@ use hyper_util::service::TowerToHyperService;
 use prost::Message;
 use rustls::pki_types::CertificateDer;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
-use tokio::task::JoinSet;
-use tokio::time::Instant;
 
 use crate::client_auth::{DbClock, DbTimeClientVerifier};
-use crate::connlimit::{Deadline, Limits, RequestGate, Slot, Tracker};
+use crate::connlimit::{Deadline, Limits, Refusal, RequestGate, Slot, Tracker};
 use crate::header_errors::WithErrorBodies;
 use crate::join::{ApiError, JoinService};
 use crate::pki::Bundle;
@@ -45,9 +43,13 @@ const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long open connections get to finish after shutdown starts.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 /// A failing `accept` (out of descriptors, ...) is retried after a pause
-/// that doubles from the first to the last while it keeps failing.
-const ACCEPT_BACKOFF_FIRST: Duration = Duration::from_millis(10);
-const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
+/// that doubles from 10 ms to 1 s while it keeps failing; open connections
+/// get [`DRAIN_TIMEOUT`] to finish after shutdown starts.
+const ACCEPT: AcceptPolicy = AcceptPolicy {
+    backoff_first: Duration::from_millis(10),
+    backoff_max: Duration::from_secs(1),
+    drain: Some(DRAIN_TIMEOUT),
+};
 /// Connections refused by the limits are logged at most this often.
 const REFUSED_LOG_EVERY: Duration = Duration::from_secs(10);
 
@@ -287,7 +289,8 @@ pub async fn serve(
 /// stop the server. A failing `accept` (e.g. out of file descriptors) is
 /// retried with a doubling pause, logged once per pause. Connections over
 /// the limits are closed at once (see [`crate::connlimit`]), logged at most
-/// every ten seconds with how many.
+/// every ten seconds with how many. The accept loop is
+/// [`bc_connlimit::serve_connections`], which `bcd site` runs too.
 pub async fn serve_with(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
@@ -303,161 +306,49 @@ pub async fn serve_with(
     );
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
     let tracker = Tracker::new(limits.max_connections, limits.max_per_source);
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let mut conns = JoinSet::new();
-    let mut shutdown = std::pin::pin!(shutdown);
-    let mut backoff = AcceptBackoff::default();
-    let mut refused = RefusedLog::default();
-    loop {
-        // Reap finished connections so the set does not grow without bound.
-        while conns.try_join_next().is_some() {}
-        let accepted = accept_next(
-            || accept(&listener),
-            &mut backoff,
-            shutdown.as_mut(),
-            || tracker.held(),
-        );
-        let Some((tcp, peer)) = accepted.await else {
-            break;
-        };
-        let slot = match tracker.admit(peer.ip()) {
-            Ok(s) => s,
-            Err(why) => {
-                refused.note(why, peer, &limits);
-                continue;
-            }
-        };
-        let server = Server {
-            acceptor: acceptor.clone(),
-            router: router.clone(),
-            limits,
-        };
-        let stop = stop_rx.clone();
-        conns.spawn(async move {
-            serve_connection(server, tcp, peer, slot, stop).await;
-        });
-    }
-    drop(listener);
-    let _ = stop_tx.send(true);
-    let drained = tokio::time::timeout(DRAIN_TIMEOUT, async {
-        while conns.join_next().await.is_some() {}
-    })
+    let mut refused = RefusedCount::new(REFUSED_LOG_EVERY);
+    serve_connections(
+        listener,
+        &tracker,
+        ACCEPT,
+        shutdown,
+        |why, peer| log_refused(&mut refused, why, peer, &limits),
+        |tcp, peer, slot, stop| {
+            let server = Server {
+                acceptor: acceptor.clone(),
+                router: router.clone(),
+                limits,
+            };
+            serve_connection(server, tcp, peer, slot, stop)
+        },
+    )
     .await;
-    if drained.is_err() {
-        tracing::warn!("connections still open after shutdown; closing them");
-        conns.shutdown().await;
-    }
     Ok(())
 }
 
-/// The next connection, with TCP_NODELAY: a TLS handshake and an answer go
-/// out in several writes, and Nagle's algorithm would hold the last back
-/// until the client's delayed ACK, 40 ms later (once or twice a join).
-async fn accept(listener: &TcpListener) -> io::Result<(tokio::net::TcpStream, SocketAddr)> {
-    let (tcp, peer) = listener.accept().await?;
-    if let Err(e) = tcp.set_nodelay(true) {
-        tracing::debug!(peer = %peer, error = %e, "cannot set TCP_NODELAY");
-    }
-    Ok((tcp, peer))
-}
-
 /// Every HTTP client the control plane makes (a maker's EK service) starts
-/// here, with TCP_NODELAY, for the reason [`accept`] sets it.
+/// here, with TCP_NODELAY, for the reason the accept loop sets it on what
+/// it accepts (Nagle's algorithm would hold a request's last write back
+/// until the peer's delayed ACK).
 pub fn client_builder() -> reqwest::ClientBuilder {
     reqwest::Client::builder().tcp_nodelay(true)
 }
 
-/// The pause after a failed `accept` (out of descriptors, ...): the first,
-/// doubling to the last while `accept` keeps failing, the first again after
-/// a connection is accepted.
-#[derive(Debug)]
-struct AcceptBackoff(Duration);
-
-impl Default for AcceptBackoff {
-    fn default() -> Self {
-        AcceptBackoff(ACCEPT_BACKOFF_FIRST)
-    }
-}
-
-impl AcceptBackoff {
-    /// The pause to take now (logged, then slept); the next one doubles.
-    fn failed(&mut self) -> Duration {
-        let pause = self.0;
-        self.0 = (pause * 2).min(ACCEPT_BACKOFF_MAX);
-        pause
-    }
-
-    fn accepted(&mut self) {
-        self.0 = ACCEPT_BACKOFF_FIRST;
-    }
-}
-
-/// The next connection from `accept`. Each failure is logged once with the
-/// pause that follows (`retry_in_ms`), and exactly that pause is taken
-/// before `accept` is called again, so a failing `accept` costs a log line
-/// per pause rather than a busy loop. None once `shutdown` completes, which
-/// also ends a pause.
-async fn accept_next<T, F>(
-    mut accept: impl FnMut() -> F,
-    backoff: &mut AcceptBackoff,
-    mut shutdown: std::pin::Pin<&mut impl Future<Output = ()>>,
-    held: impl Fn() -> usize,
-) -> Option<T>
-where
-    F: Future<Output = io::Result<T>>,
-{
-    loop {
-        tokio::select! {
-            biased;
-            () = shutdown.as_mut() => return None,
-            accepted = accept() => match accepted {
-                Ok(a) => {
-                    backoff.accepted();
-                    return Some(a);
-                }
-                Err(e) => {
-                    let pause = backoff.failed();
-                    tracing::warn!(error = %e, retry_in_ms = pause.as_millis() as u64,
-                        held = held(), "accept failed");
-                    tokio::select! {
-                        biased;
-                        () = shutdown.as_mut() => return None,
-                        () = tokio::time::sleep(pause) => {}
-                    }
-                }
-            },
-        }
-    }
-}
-
-/// Counts connections refused by the limits; logs them at most every
-/// [`REFUSED_LOG_EVERY`].
-#[derive(Default)]
-struct RefusedLog {
-    since_log: u64,
-    last_log: Option<Instant>,
-}
-
-impl RefusedLog {
-    fn note(&mut self, why: crate::connlimit::Refusal, peer: SocketAddr, l: &Limits) {
-        self.since_log += 1;
-        let due = self
-            .last_log
-            .is_none_or(|t| t.elapsed() >= REFUSED_LOG_EVERY);
-        if due {
-            tracing::warn!(
-                refused = self.since_log,
-                last_peer = %peer,
-                last_reason = ?why,
-                max_connections = l.max_connections,
-                max_connections_per_source = l.max_per_source,
-                "connections refused: the server is at its connection limits \
-                 ([server] max_connections, max_connections_per_source)"
-            );
-            self.since_log = 0;
-            self.last_log = Some(Instant::now());
-        }
-    }
+/// Logs a connection refused by the limits: at most every
+/// [`REFUSED_LOG_EVERY`], with how many since the last line.
+fn log_refused(count: &mut RefusedCount, why: Refusal, peer: SocketAddr, l: &Limits) {
+    let Some(refused) = count.note() else {
+        return;
+    };
+    tracing::warn!(
+        refused,
+        last_peer = %peer,
+        last_reason = ?why,
+        max_connections = l.max_connections,
+        max_connections_per_source = l.max_per_source,
+        "connections refused: the server is at its connection limits \
+         ([server] max_connections, max_connections_per_source)"
+    );
 }
 
 /// What every connection is served with.
@@ -474,7 +365,7 @@ async fn serve_connection(
     tcp: tokio::net::TcpStream,
     peer: SocketAddr,
     slot: Slot,
-    stop: watch::Receiver<bool>,
+    stop: Stop,
 ) {
     let slot = Arc::new(slot);
     let deadline = Deadline::after(server.limits.request_timeout);
@@ -496,7 +387,7 @@ async fn handle_connection(
     peer: SocketAddr,
     slot: Arc<Slot>,
     deadline: Deadline,
-    mut stop: watch::Receiver<bool>,
+    mut stop: Stop,
 ) {
     let Server {
         acceptor,
@@ -555,21 +446,6 @@ async fn handle_connection(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// What `serve_with` accepts is set TCP_NODELAY; without the call a
-    /// socket has it off.
-    #[tokio::test]
-    async fn an_accepted_connection_has_nodelay() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let client = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let (accepted, peer) = accept(&listener).await.unwrap();
-        assert_eq!(peer, client.local_addr().unwrap());
-        assert!(accepted.nodelay().unwrap());
-        let _plain = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let (unset, _) = listener.accept().await.unwrap();
-        assert!(!unset.nodelay().unwrap());
-    }
 
     /// The one constructor of the control plane's HTTP clients sets
     /// TCP_NODELAY (reqwest shows it in the builder's Debug).
@@ -984,52 +860,5 @@ mod tests {
             ]
         );
         assert_eq!(events[4].reason.as_deref(), Some("no-client-certificate"));
-    }
-
-    /// When `accept` fails in a loop (out of descriptors), what decides
-    /// how often it is called again, on tokio's paused clock: the pauses
-    /// double from 10 ms to 1 s, so 9 failures (9 log lines) in 3 s, where
-    /// the old fixed 100 ms pause made 30. The e2e test
-    /// (`load::failing_accepts_back_off`) sees the logged pauses.
-    #[tokio::test(start_paused = true)]
-    async fn a_failing_accept_pauses_doubling_to_a_second() {
-        let start = Instant::now();
-        let calls = std::cell::RefCell::new(Vec::new());
-        let accept = || {
-            calls.borrow_mut().push(start.elapsed().as_millis());
-            async { Err::<(), _>(io::Error::from_raw_os_error(24)) }
-        };
-        let mut backoff = AcceptBackoff::default();
-        let shutdown = std::pin::pin!(tokio::time::sleep(Duration::from_secs(3)));
-        let got = accept_next(accept, &mut backoff, shutdown, || 0).await;
-        assert_eq!(got, None, "shutdown ends the pause");
-        assert_eq!(start.elapsed(), Duration::from_secs(3));
-        let calls = calls.into_inner();
-        assert_eq!(
-            calls,
-            [0, 10, 30, 70, 150, 310, 630, 1270, 2270],
-            "{calls:?}"
-        );
-    }
-
-    /// A connection accepted starts the pauses over.
-    #[tokio::test(start_paused = true)]
-    async fn an_accepted_connection_resets_the_pause() {
-        let start = Instant::now();
-        let results = std::cell::RefCell::new(vec![Err(()), Err(()), Ok(7), Err(()), Ok(8)]);
-        let calls = std::cell::RefCell::new(Vec::new());
-        let mut accept = || {
-            calls.borrow_mut().push(start.elapsed().as_millis());
-            let next = results.borrow_mut().remove(0);
-            async move { next.map_err(|()| io::Error::from_raw_os_error(24)) }
-        };
-        let mut backoff = AcceptBackoff::default();
-        let mut shutdown = std::pin::pin!(std::future::pending::<()>());
-        let first = accept_next(&mut accept, &mut backoff, shutdown.as_mut(), || 0).await;
-        assert_eq!(first, Some(7));
-        let second = accept_next(&mut accept, &mut backoff, shutdown.as_mut(), || 0).await;
-        assert_eq!(second, Some(8));
-        // 0 and 10 ms failed, 30 ms accepted; the next failure pauses 10 ms again.
-        assert_eq!(calls.into_inner(), [0, 10, 30, 30, 40]);
     }
 }

@@ -34,9 +34,9 @@ pub mod http;
 pub mod ids;
 pub mod join;
 pub mod nodes;
-// The tests' PostgreSQL server (also the e2e binary's, through #[path]).
+// The tests' PostgreSQL server (bc-test-support, the e2e binary's too).
 #[cfg(test)]
-mod pg_cluster;
+use bc_test_support::pg_cluster;
 pub mod pki;
 pub mod pools;
 #[cfg(test)]

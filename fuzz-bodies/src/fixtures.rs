@@ -1,5 +1,5 @@
 //! Pinned test keys and the real TPM output the targets are built around
-//! (controlplane/src/attestors/tpm/testdata, tpmsim-fixtures): fixed, so a
+//! (bc-test-support's `captured`, which the tests share): fixed, so a
 //! corpus file means the same thing in every run.
 
 use std::path::Path;
@@ -13,23 +13,9 @@ pub const NODE_ID: &str = "node_fuzz";
 /// The audience the GCP token and the Azure nonce are checked against.
 pub const AUDIENCE: &str = "https://cp.bc.test:8443";
 
-pub const TPM_HELLO: &[u8] =
-    include_bytes!("../../controlplane/src/attestors/tpm/testdata/hello.bin");
-pub const TPM_ANSWER: &[u8] =
-    include_bytes!("../../controlplane/src/attestors/tpm/testdata/answer.bin");
-pub const TPM_CSR: &[u8] = include_bytes!("../../controlplane/src/attestors/tpm/testdata/csr.der");
-pub const CHALLENGE_KEY: &[u8] =
-    include_bytes!("../../controlplane/src/attestors/tpm/testdata/challenge.key");
-const CAPTURED_AT: &str =
-    include_str!("../../controlplane/src/attestors/tpm/testdata/captured-at.txt");
-pub const EK_ROOT_PEM: &[u8] = include_bytes!("../../tpmsim-fixtures/ek-root.pem");
-pub const EK_INTERMEDIATE_PEM: &[u8] = include_bytes!("../../tpmsim-fixtures/ek-intermediate.pem");
-
-/// The database time of the captured round 1 (ms): the fixtures' EK
-/// certificate is valid then, and the challenge state open for 5 minutes.
-pub fn captured_at() -> i64 {
-    CAPTURED_AT.trim().parse().unwrap_or(0)
-}
+pub use bc_test_support::captured::{
+    captured_at, CHALLENGE_KEY, EK_INTERMEDIATE_PEM, EK_ROOT_PEM, TPM_ANSWER, TPM_CSR, TPM_HELLO,
+};
 
 fn key(byte: u8) -> SigningKey {
     // A constant non-zero scalar below the group order: always a key.

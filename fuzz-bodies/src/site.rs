@@ -5,7 +5,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, OnceLock};
 
-use bc_wire::connlimit::Tracker;
+use bc_connlimit::Tracker;
 use bcd::evidence::discovery::{self, CmdlineError};
 use bcd::site::http::{self, Limits, Respond};
 use bcd::site::render;

@@ -6,7 +6,7 @@
 //! The bounds, all per connection (see [`Limits`]):
 //! - connections: at most `[site] max_connections`, of them at most
 //!   `max_connections_per_source` from one address
-//!   ([`bc_wire::connlimit`], shared with the control plane). A source at
+//!   ([`bc_connlimit`], shared with the control plane). A source at
 //!   its cap has its new connections closed at once; when the server is
 //!   full, the connection idle the longest (an unfinished request head, an
 //!   idle keep-alive) is closed to make room. A request being answered is
@@ -28,7 +28,9 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bc_wire::connlimit::{Deadline, Refusal, Slot, Tracker};
+use bc_connlimit::{
+    serve_connections, AcceptPolicy, Deadline, Refusal, RefusedCount, Slot, Tracker,
+};
 use hyper::body::{Body, Bytes, Frame, Incoming, SizeHint};
 use hyper::header::{HeaderValue, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE};
 use hyper::{Method, Request, StatusCode};
@@ -36,8 +38,6 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio::task::JoinSet;
-use tokio::time::Instant;
 
 use super::image::Served;
 use super::service::{Response, Site};
@@ -61,8 +61,13 @@ const REFUSED_LOG_EVERY: Duration = Duration::from_secs(10);
 /// How long a connection closed on an error reads what its client still
 /// sends (see [`linger`]).
 const LINGER: Duration = Duration::from_secs(1);
-/// A failing `accept` (out of descriptors) is retried after this.
-const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+/// A failing `accept` (out of descriptors) is retried after 100 ms; at
+/// shutdown, open connections are closed at once.
+const ACCEPT: AcceptPolicy = AcceptPolicy {
+    backoff_first: Duration::from_millis(100),
+    backoff_max: Duration::from_millis(100),
+    drain: None,
+};
 
 /// What the server holds clients to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -111,7 +116,9 @@ impl Respond for Site {
     }
 }
 
-/// Serves until `shutdown` changes, then closes every connection.
+/// Serves until `shutdown` changes, then closes every connection. The
+/// accept loop is [`bc_connlimit::serve_connections`], the control plane's
+/// too.
 pub async fn serve<R: Respond>(
     listener: TcpListener,
     site: Arc<R>,
@@ -119,45 +126,19 @@ pub async fn serve<R: Respond>(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let tracker = Tracker::new(limits.max_connections, limits.max_per_source);
-    let mut conns = JoinSet::new();
-    let mut refused = RefusedLog::default();
-    loop {
-        while conns.try_join_next().is_some() {}
-        let (stream, peer) = tokio::select! {
-            biased;
-            _ = shutdown.changed() => break,
-            a = accept(&listener) => match a {
-                Ok(a) => a,
-                Err(e) => {
-                    tracing::warn!(error = %e, held = tracker.held(), "accept failed");
-                    tokio::time::sleep(ACCEPT_BACKOFF).await;
-                    continue;
-                }
-            },
-        };
-        let slot = match tracker.admit(peer.ip()) {
-            Ok(s) => s,
-            Err(why) => {
-                // Closed at once: the source (or every slot) is busy.
-                refused.note(why, peer, &limits);
-                continue;
-            }
-        };
-        let site = site.clone();
-        conns.spawn(connection(stream, peer, site, slot, limits));
-    }
-    conns.shutdown().await;
-}
-
-/// The next connection, with TCP_NODELAY: an answer goes out in pieces
-/// (head, body chunks), and Nagle's algorithm would hold the last one back
-/// until the client's delayed ACK, 40 ms later.
-async fn accept(listener: &TcpListener) -> std::io::Result<(tokio::net::TcpStream, SocketAddr)> {
-    let (stream, peer) = listener.accept().await?;
-    if let Err(e) = stream.set_nodelay(true) {
-        tracing::debug!(peer = %peer, error = %e, "cannot set TCP_NODELAY");
-    }
-    Ok((stream, peer))
+    let mut refused = RefusedCount::new(REFUSED_LOG_EVERY);
+    let shutdown = async move {
+        let _ = shutdown.changed().await;
+    };
+    serve_connections(
+        listener,
+        &tracker,
+        ACCEPT,
+        shutdown,
+        |why, peer| log_refused(&mut refused, why, peer, &limits),
+        |stream, peer, slot, _stop| connection(stream, peer, site.clone(), slot, limits),
+    )
+    .await;
 }
 
 /// One connection: its requests under the deadline of the phase it is in,
@@ -417,38 +398,24 @@ impl Body for Reply {
     }
 }
 
-/// Counts connections the caps refused; one warning at most every
+/// Logs a connection the caps refused: one warning at most every
 /// [`REFUSED_LOG_EVERY`], with how many since the last.
-#[derive(Default)]
-struct RefusedLog {
-    since_log: u64,
-    last_log: Option<Instant>,
-}
-
-impl RefusedLog {
-    fn note(&mut self, why: Refusal, peer: SocketAddr, limits: &Limits) {
-        self.since_log += 1;
-        if self
-            .last_log
-            .is_some_and(|t| t.elapsed() < REFUSED_LOG_EVERY)
-        {
-            return;
-        }
-        let reason = match why {
-            Refusal::PerSource => "its source holds max_connections_per_source",
-            Refusal::Full => "every connection is answering a request",
-        };
-        tracing::warn!(
-            refused = self.since_log,
-            last_peer = %peer.ip(),
-            last_reason = reason,
-            max_connections = limits.max_connections,
-            max_connections_per_source = limits.max_per_source,
-            "connections refused ([site] max_connections, max_connections_per_source)"
-        );
-        self.since_log = 0;
-        self.last_log = Some(Instant::now());
-    }
+fn log_refused(count: &mut RefusedCount, why: Refusal, peer: SocketAddr, limits: &Limits) {
+    let Some(refused) = count.note() else {
+        return;
+    };
+    let reason = match why {
+        Refusal::PerSource => "its source holds max_connections_per_source",
+        Refusal::Full => "every connection is answering a request",
+    };
+    tracing::warn!(
+        refused,
+        last_peer = %peer.ip(),
+        last_reason = reason,
+        max_connections = limits.max_connections,
+        max_connections_per_source = limits.max_per_source,
+        "connections refused ([site] max_connections, max_connections_per_source)"
+    );
 }
 
 #[cfg(test)]
@@ -460,6 +427,7 @@ mod tests {
     use super::*;
     use std::io::Write as _;
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _, DuplexStream};
+    use tokio::time::Instant;
 
     struct Stub {
         file: tempfile::NamedTempFile,
@@ -688,22 +656,5 @@ mod tests {
             head_of(&missing).starts_with("http/1.0 404")
                 || head_of(&missing).starts_with("http/1.1 404")
         );
-    }
-
-    /// What `serve` accepts is set TCP_NODELAY (a real socket: an in-memory
-    /// pipe has no Nagle).
-    #[tokio::test]
-    async fn an_accepted_connection_has_nodelay() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let client = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let (accepted, peer) = accept(&listener).await.unwrap();
-        assert_eq!(peer, client.local_addr().unwrap());
-        assert!(accepted.nodelay().unwrap());
-        // Not the socket's default: without the call it is off.
-        let plain = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let (unset, _) = listener.accept().await.unwrap();
-        assert!(!unset.nodelay().unwrap());
-        drop(plain);
     }
 }

@@ -8,11 +8,8 @@
 mod harness;
 // Joins routed through a proxy to one control plane or several.
 mod joinproxy;
-// The tests' PostgreSQL server, the unit tests' file (one copy; not all of
-// it is used here).
-#[allow(dead_code)]
-#[path = "../../controlplane/src/pg_cluster.rs"]
-mod pg_cluster;
+// The tests' PostgreSQL server, the unit tests' too.
+use bc_test_support::pg_cluster;
 
 mod answers;
 mod datadir;

@@ -7,7 +7,6 @@
 //! as a failing test rather than as a machine that can no longer join.
 
 pub mod cloud_iid;
-pub mod connlimit;
 pub mod ekcert;
 pub mod file;
 pub mod pcr;

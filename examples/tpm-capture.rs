@@ -1,14 +1,13 @@
 //! Runs the two-round tpm join against a real TPM through the control
-//! plane's own JoinService, and writes what the TPM produced as fixtures.
+//! plane's own JoinService, and writes what the TPM produced as fixtures
+//! (controlplane/src/attestors/tpm/testdata, whose README says how).
 //!
-//!   tpm-capture TCTI OUT_DIR
+//!   cargo run --example tpm-capture -- TCTI OUT_DIR
 //!
 //! The TPM must be manufactured with tpmsim-fixtures/manufacture (its EK
-//! certificate issued by the test maker's intermediate).
-
-#[path = "../../../../../../src/tpm/mod.rs"]
-#[allow(dead_code)]
-mod tpm;
+//! certificate issued by the test maker's intermediate). An example of
+//! bcd's package: the agent's TPM layer is its library's, the control plane
+//! its dev-dependency.
 
 use std::cell::RefCell;
 use std::path::Path;
@@ -20,9 +19,16 @@ use bc_wire::agent::{
     join_response_body::Deferral, tpm_attestation, JoinRequest, JoinResponseBody, Role, TpmAnswer,
     TpmAttestation, TpmChallenge, TpmHello, TpmKeyCertification,
 };
+use bc_wire::pcr::PcrBank;
+use bcd::tpm;
 use prost::Message;
 
-const FIXTURES: &str = "../../../../../../tpmsim-fixtures";
+/// PCRs 0-23 of the SHA-256 bank, as the fixtures' quotes hold.
+const PCRS: [u32; 24] = [
+    0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23,
+];
+
+const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tpmsim-fixtures");
 
 struct TpmSigner<'a> {
     tpm: &'a RefCell<tpm::Tpm>,
@@ -46,13 +52,18 @@ impl rcgen::SigningKey for TpmSigner<'_> {
             .borrow_mut()
             .sign_digest(self.key, &bc_wire::sha256(msg))
             .map_err(|_| rcgen::Error::RemoteKeyError)?;
-        let sig = p256::ecdsa::Signature::from_slice(&rs).map_err(|_| rcgen::Error::RemoteKeyError)?;
+        let sig =
+            p256::ecdsa::Signature::from_slice(&rs).map_err(|_| rcgen::Error::RemoteKeyError)?;
         Ok(sig.to_der().as_bytes().to_vec())
     }
 }
 
 fn cert_msg(key_public: &[u8], (info, sig): (Vec<u8>, Vec<u8>)) -> TpmKeyCertification {
-    TpmKeyCertification { public: key_public.to_vec(), certify_info: info, signature: sig }
+    TpmKeyCertification {
+        public: key_public.to_vec(),
+        certify_info: info,
+        signature: sig,
+    }
 }
 
 fn join(svc: &JoinService, csr: &[u8], att: &TpmAttestation) -> JoinResponseBody {
@@ -76,7 +87,9 @@ fn main() {
     let svc = Arc::new(JoinService::open(&cp).unwrap());
     let mut roots = Vec::new();
     for f in ["ek-root.pem", "ek-intermediate.pem"] {
-        roots.extend(ek::parse_roots_pem(&std::fs::read(Path::new(FIXTURES).join(f)).unwrap()).unwrap());
+        roots.extend(
+            ek::parse_roots_pem(&std::fs::read(Path::new(FIXTURES).join(f)).unwrap()).unwrap(),
+        );
     }
     ek::add_roots(svc.database(), &roots, ek::RootKind::Anchor).unwrap();
 
@@ -85,10 +98,21 @@ fn main() {
     let ak = t.borrow_mut().ak().unwrap();
     let key1 = t.borrow_mut().node_key(&[7u8; 32]).unwrap();
     let kp = bc_wire::tpm::Public::parse(&key1.public).unwrap();
-    let sec1 = kp.p256_key().unwrap().to_sec1_point(false).as_bytes().to_vec();
-    let signer = TpmSigner { tpm: &t, key: &key1, sec1 };
+    let sec1 = kp
+        .p256_key()
+        .unwrap()
+        .to_sec1_point(false)
+        .as_bytes()
+        .to_vec();
+    let signer = TpmSigner {
+        tpm: &t,
+        key: &key1,
+        sec1,
+    };
     let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    params.distinguished_name.push(rcgen::DnType::CommonName, "bcd");
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "bcd");
     let csr = params.serialize_request(&signer).unwrap().der().to_vec();
     let csr_sha256 = bc_wire::sha256(&csr);
 
@@ -97,16 +121,25 @@ fn main() {
             ek_public: ekey.public.clone(),
             ek_certificate: ekey.certificate.clone().expect("an EK certificate"),
             ak_public: ak.public.clone(),
+            ..Default::default()
         })),
     };
     let captured_at = svc.database().read(|tx| tx.now()).unwrap();
     let body = join(&svc, &csr, &hello);
-    let Some(Deferral::Challenge(ch)) = body.deferral else { panic!("no challenge: {body:?}") };
+    let Some(Deferral::Challenge(ch)) = body.deferral else {
+        panic!("no challenge: {body:?}")
+    };
     let ch = TpmChallenge::decode(ch.payload.as_slice()).unwrap();
-    let secret = t.borrow_mut().activate_credential(&ak, &ekey, &ch.id_object, &ch.encrypted_secret).unwrap();
+    let secret = t
+        .borrow_mut()
+        .activate_credential(&ak, &ekey, &ch.id_object, &ch.encrypted_secret)
+        .unwrap();
     let mut nonce = secret.clone();
     nonce.extend_from_slice(&csr_sha256);
-    let quote = t.borrow_mut().quote(&ak, &bc_wire::sha256(&nonce)).unwrap();
+    let quote = t
+        .borrow_mut()
+        .quote(&ak, &bc_wire::sha256(&nonce), &PCRS, PcrBank::Sha256)
+        .unwrap();
     let certified = t.borrow_mut().certify(&key1, &ak, &csr_sha256).unwrap();
     let answer_msg = TpmAnswer {
         state: ch.state.clone(),
@@ -116,15 +149,29 @@ fn main() {
         pcr_values: quote.pcr_values.clone(),
         node_key: Some(cert_msg(&key1.public, certified)),
     };
-    let answer = TpmAttestation { round: Some(tpm_attestation::Round::Answer(answer_msg)) };
+    let answer = TpmAttestation {
+        round: Some(tpm_attestation::Round::Answer(answer_msg)),
+    };
 
     // The other certifications and quotes the refusal tests alter.
     let key2 = t.borrow_mut().node_key(&[8u8; 32]).unwrap();
-    let key2_cert = cert_msg(&key2.public, t.borrow_mut().certify(&key2, &ak, &csr_sha256).unwrap());
-    let ak_self = cert_msg(&ak.public, t.borrow_mut().certify(&ak, &ak, &csr_sha256).unwrap());
+    let key2_cert = cert_msg(
+        &key2.public,
+        t.borrow_mut().certify(&key2, &ak, &csr_sha256).unwrap(),
+    );
+    let ak_self = cert_msg(
+        &ak.public,
+        t.borrow_mut().certify(&ak, &ak, &csr_sha256).unwrap(),
+    );
     let other = bc_wire::sha256(b"another CSR");
-    let other_nonce_cert = cert_msg(&key1.public, t.borrow_mut().certify(&key1, &ak, &other).unwrap());
-    let q2 = t.borrow_mut().quote(&ak, &other).unwrap();
+    let other_nonce_cert = cert_msg(
+        &key1.public,
+        t.borrow_mut().certify(&key1, &ak, &other).unwrap(),
+    );
+    let q2 = t
+        .borrow_mut()
+        .quote(&ak, &other, &PCRS, PcrBank::Sha256)
+        .unwrap();
     let other_nonce_quote = TpmAnswer {
         quote: q2.attest,
         quote_signature: q2.signature,
@@ -134,8 +181,13 @@ fn main() {
 
     // The join itself goes through: pending, approved, joined.
     let body = join(&svc, &csr, &answer);
-    let Some(Deferral::Pending(p)) = body.deferral else { panic!("not pending: {body:?}") };
-    println!("pending {} retry after {}s", p.request_id, p.retry_after_seconds);
+    let Some(Deferral::Pending(p)) = body.deferral else {
+        panic!("not pending: {body:?}")
+    };
+    println!(
+        "pending {} retry after {}s",
+        p.request_id, p.retry_after_seconds
+    );
     enroll::approve(svc.database(), &p.request_id, None, None).unwrap();
     let body = join(&svc, &csr, &answer);
     assert!(body.deferral.is_none(), "{body:?}");
@@ -145,13 +197,19 @@ fn main() {
     w("hello.bin", &hello.encode_to_vec());
     w("answer.bin", &answer.encode_to_vec());
     w("csr.der", &csr);
-    w("challenge.key", &std::fs::read(cp.join("challenge.key")).unwrap());
+    w(
+        "challenge.key",
+        &std::fs::read(cp.join("challenge.key")).unwrap(),
+    );
     w("captured-at.txt", format!("{captured_at}\n").as_bytes());
     w("ek-cert.der", ekey.certificate.as_deref().unwrap());
     w("ek-public.bin", &ekey.public);
     w("key2-certification.bin", &key2_cert.encode_to_vec());
     w("ak-self-certification.bin", &ak_self.encode_to_vec());
-    w("other-nonce-certification.bin", &other_nonce_cert.encode_to_vec());
+    w(
+        "other-nonce-certification.bin",
+        &other_nonce_cert.encode_to_vec(),
+    );
     w("other-nonce-quote.bin", &other_nonce_quote.encode_to_vec());
     for k in [key2, key1, ak] {
         t.borrow_mut().flush(k).unwrap();

@@ -1,9 +1,8 @@
 //! A real PostgreSQL server for tests (docs/testing.md): one per test
 //! process, a fresh database per test.
 //!
-//! One file compiled twice, into bc-controlplane's unit tests (`#[cfg(test)]
-//! mod pg_cluster` in lib.rs) and into the e2e binary (`#[path]` in
-//! tests/e2e/main.rs), so it uses only what both crates have: std and rcgen.
+//! Shared by bc-controlplane's unit tests and the e2e binary (both
+//! dev-depend on bc-test-support); it uses std and rcgen only.
 //!
 //! The server runs from Debian's `postgresql` package (scripts/lib.sh), the
 //! highest `/usr/lib/postgresql/<version>/bin`; nothing on PATH is trusted.
