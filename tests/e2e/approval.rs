@@ -88,7 +88,7 @@ fn a_neighbours_join_waits_for_the_operator_who_denies_it_and_approves_the_machi
     );
 
     // Denied: the waiting join is refused at its next try.
-    let out = cp.refused_once(JOIN_REFUSED, "approval-denied", || {
+    let out = cp.refused_once(Refusal::Join("discovery"), "approval-denied", || {
         let deny = cp.cli(&["requests", "deny", &id]);
         assert_ok(&deny);
         assert!(stdout(&deny).contains(&format!("boot entry {wf} stays open")));
@@ -191,7 +191,9 @@ fn an_approval_flood_from_one_script_leaves_the_victim_heard_and_one_deny_ends_i
     }
     let fifth = Machine::new(&cp, MAC, UUID);
     let line = fetch("127.0.0.1");
-    let out = cp.refused_once(JOIN_REFUSED, "approval-busy", || fifth.boot(&line));
+    let out = cp.refused_once(Refusal::Join("discovery"), "approval-busy", || {
+        fifth.boot(&line)
+    });
     assert_access_denied(&out);
     fifth.agent.assert_nothing_written();
 
@@ -241,7 +243,9 @@ fn an_approval_flood_from_one_script_leaves_the_victim_heard_and_one_deny_ends_i
     }
     // For good: the same script again, with a fresh node key, files nothing.
     let again = Machine::new(&cp, MAC, UUID);
-    let out = cp.refused_once(JOIN_REFUSED, "approval-denied", || again.boot(&stolen));
+    let out = cp.refused_once(Refusal::Join("discovery"), "approval-denied", || {
+        again.boot(&stolen)
+    });
     assert_access_denied(&out);
     // Its token is revoked too: with the unspent assertion of the script
     // refused above, `token-revoked`.
@@ -253,7 +257,9 @@ fn an_approval_flood_from_one_script_leaves_the_victim_heard_and_one_deny_ends_i
     };
     let mixed =
         crate::discovery::cmdline(&word(&stolen, "bc.token="), &word(&line, "bc.assertion="));
-    let out = cp.refused_once(JOIN_REFUSED, "token-revoked", || again.boot(&mixed));
+    let out = cp.refused_once(Refusal::Join("discovery"), "token-revoked", || {
+        again.boot(&mixed)
+    });
     assert_access_denied(&out);
     assert_eq!(requests(&cp).len(), listed.len());
     assert_eq!(boot_state(&cp, &wf), "vouched");

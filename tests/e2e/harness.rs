@@ -18,7 +18,7 @@
 //!   `cmd.within()` for any other [`Command`]), every line wait through
 //!   [`Lines::wait_for`], so a hang fails its test showing the output;
 //! - refusals: [`ControlPlane::refused_once`] (exactly one more of that
-//!   reason, aggregated repeats counted), never the newest event row;
+//!   reason by that attestor, aggregated repeats counted), never the newest event row;
 //!   `tests/e2e/reasons.rs` names the test of each refusal reason.
 //!
 //! What it assumes: root (the helper and install tests switch users and
@@ -466,23 +466,43 @@ impl ControlPlane {
         counts
     }
 
+    /// Every refusal counted so far, by (event type, attestor, reason): an
+    /// aggregated event counts its `data.count`. Renewal and site refusals
+    /// have no attestor (`""`).
+    fn refusal_tally(&self) -> std::collections::BTreeMap<(String, String, String), u64> {
+        let mut counts = std::collections::BTreeMap::new();
+        for e in self.events() {
+            let kind = e["type"].as_str().unwrap_or_default();
+            if REFUSAL_EVENTS.contains(&kind) {
+                let key = (
+                    kind.to_owned(),
+                    e["attestor"].as_str().unwrap_or_default().to_owned(),
+                    e["reason"].as_str().unwrap_or_default().to_owned(),
+                );
+                *counts.entry(key).or_insert(0) += e["data"]["count"].as_u64().unwrap_or(1);
+            }
+        }
+        counts
+    }
+
     /// Runs `f` (what should be refused) and asserts that the control plane
-    /// counted exactly one refusal meanwhile: `reason`, as an `event`
-    /// ([`JOIN_REFUSED`], [`RENEW_REFUSED`], [`SITE_REFUSED`]). The way to
-    /// check a refusal's reason: the newest event row proves nothing, since
-    /// repeats within a minute grow the count of an older row.
+    /// counted exactly one refusal meanwhile: `reason`, as `refusal` (a join
+    /// refused by that attestor, a renewal, a site call). The way to check a
+    /// refusal's reason: the newest event row proves nothing, since repeats
+    /// within a minute grow the count of an older row.
     #[track_caller]
-    pub fn refused_once<T>(&self, event: &str, reason: &str, f: impl FnOnce() -> T) -> T {
-        let before = self.refusal_counts();
+    pub fn refused_once<T>(&self, refusal: Refusal<'_>, reason: &str, f: impl FnOnce() -> T) -> T {
+        let before = self.refusal_tally();
         let out = f();
         let mut expected = before.clone();
+        let (event, attestor) = refusal.event();
         *expected
-            .entry((event.to_owned(), reason.to_owned()))
+            .entry((event.to_owned(), attestor.to_owned(), reason.to_owned()))
             .or_insert(0) += 1;
-        let after = self.refusal_counts();
+        let after = self.refusal_tally();
         assert_eq!(
             after, expected,
-            "expected exactly one more {event} {reason:?} (before: {before:?})"
+            "expected exactly one more {event} {reason:?} by {attestor:?} (before: {before:?})"
         );
         out
     }
@@ -869,6 +889,29 @@ pub const RENEW_REFUSED: &str = "security.renew.refused";
 pub const SITE_REFUSED: &str = "security.site.refused";
 const REFUSAL_EVENTS: [&str; 3] = [JOIN_REFUSED, RENEW_REFUSED, SITE_REFUSED];
 
+/// A refusal [`ControlPlane::refused_once`] looks for: its event type and,
+/// for a join, the attestor that refused it.
+#[derive(Clone, Copy, Debug)]
+pub enum Refusal<'a> {
+    /// A join refused by this attestor (`x509pop`, `tpm`, `join-token`...).
+    Join(&'a str),
+    /// A refused renewal (no attestor).
+    Renew,
+    /// A refused site API call (no attestor).
+    Site,
+}
+
+impl<'a> Refusal<'a> {
+    /// (event type, attestor or `""`).
+    fn event(self) -> (&'static str, &'a str) {
+        match self {
+            Refusal::Join(attestor) => (JOIN_REFUSED, attestor),
+            Refusal::Renew => (RENEW_REFUSED, ""),
+            Refusal::Site => (SITE_REFUSED, ""),
+        }
+    }
+}
+
 /// `["token", "create", "--role", "node"]` → (`token create`, rest): the
 /// subcommand words come before `--dir`.
 fn split_command<'a>(args: &'a [&'a str]) -> (&'a [&'a str], &'a [&'a str]) {
@@ -1155,6 +1198,18 @@ pub fn assert_access_denied(out: &Output) {
     assert!(
         err.contains("access denied"),
         "expected an access-denied message, got: {err}"
+    );
+}
+
+/// A renewal the control plane refused, as `bcd node --once` ends: exit
+/// code 1 and the refusal named on stderr (ACCESS_DENIED's message).
+#[track_caller]
+pub fn assert_renew_refused(out: &Output) {
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(out));
+    assert!(
+        stderr(out).contains("renewal refused by the control plane (Renew refused)"),
+        "{}",
+        stderr(out)
     );
 }
 

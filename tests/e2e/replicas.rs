@@ -160,7 +160,7 @@ fn a_tpm_answer_replayed_concurrently_to_two_replicas_is_admitted_once() {
     agent.allow_ek(&a);
     let proxy = RoutingProxy::start(&[&a, &b], &agent, answer_to_both);
     agent.set_api(&proxy.url);
-    let out = a.refused_once(JOIN_REFUSED, "challenge-reused", || {
+    let out = a.refused_once(Refusal::Join("tpm"), "challenge-reused", || {
         agent.run(&["join", "--attestor", "tpm"])
     });
     assert_ok(&out);
@@ -214,7 +214,7 @@ fn an_x509pop_proof_replayed_concurrently_to_two_replicas_is_admitted_once() {
 
     let proxy = RoutingProxy::start(&[&a, b], &agent, to_both);
     agent.set_api(&proxy.url);
-    let out = a.refused_once(JOIN_REFUSED, "replayed", || {
+    let out = a.refused_once(Refusal::Join("x509pop"), "replayed", || {
         agent.run(&["join", "--attestor", "x509pop"])
     });
     assert_ok(&out);
@@ -296,15 +296,10 @@ fn the_database_clock_is_every_replicas_clock() {
     assert_ok(&b.cli(&["clock", "set", "--offset", "25h"]));
     for cp in [&a, b] {
         agent.set_api(&cp.url);
-        let out = cp.refused_once(RENEW_REFUSED, "expired", || {
+        let out = cp.refused_once(Refusal::Renew, "expired", || {
             agent.run(&["node", "--once", "--renew-now"])
         });
-        assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
-        assert!(
-            stderr(&out).contains("renewal refused by the control plane (Renew refused)"),
-            "{}",
-            stderr(&out)
-        );
+        assert_renew_refused(&out);
         let log = cp.log();
         assert!(
             log.lines()
@@ -472,6 +467,7 @@ fn a_site_lease_renewed_on_one_replica_is_taken_over_on_another_with_a_higher_ep
         let machine = Machine::new(cp, MAC, UUID);
         assert_refused_as(
             cp,
+            Refusal::Join("discovery"),
             || machine.boot(&cmdline(&token, &on_b.assertion(epoch, soon))),
             "lease-epoch",
         );

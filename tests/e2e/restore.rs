@@ -80,16 +80,15 @@ fn nodes_that_renewed_after_a_restored_backup_recover_by_joining_again() {
     // `unknown-certificate` at the control plane, again at every try.
     for agent in all {
         for _ in 0..2 {
-            let out = cp.refused_once(RENEW_REFUSED, "unknown-certificate", || renew(agent));
-            assert_eq!(out.status.code(), Some(1));
-            assert!(stderr(&out).contains("(Renew refused)"), "{}", stderr(&out));
+            let out = cp.refused_once(Refusal::Renew, "unknown-certificate", || renew(agent));
+            assert_renew_refused(&out);
         }
     }
     // Nor does waiting for the certificate to expire help: the x509pop
     // re-join (the machine was off 25 hours: both clocks move) is refused
     // for the same reason, ACCESS_DENIED at the agent.
     assert_ok(&cp.cli(&["clock", "set", "--offset", "25h"]));
-    let out = cp.refused_once(JOIN_REFUSED, "unknown-certificate", || {
+    let out = cp.refused_once(Refusal::Join("x509pop"), "unknown-certificate", || {
         token_node
             .command(&["node", "--once"])
             .env("BCD_CLOCK_OFFSET", "+25h")

@@ -290,6 +290,7 @@ fn a_standby_site_node_takes_over_when_the_holder_dies() {
     let machine = Machine::new(&cp, MAC, UUID);
     assert_refused_as(
         &cp,
+        Refusal::Join("discovery"),
         || machine.boot(&boot_cmdline(&stale)),
         "lease-not-held",
     );
@@ -432,7 +433,7 @@ fn a_tpm_joined_site_node_serves_and_vouches() {
 
     // An entry without a site: refused as a site node, nothing written.
     let ek = agent.allow_ek(&cp);
-    assert_refused_as(&cp, || agent.run(&join), "tpm-role");
+    assert_refused_as(&cp, Refusal::Join("tpm"), || agent.run(&join), "tpm-role");
     agent.assert_nothing_written();
 
     // An unknown site is refused by the command; the entry stays as it was.
@@ -456,6 +457,7 @@ fn a_tpm_joined_site_node_serves_and_vouches() {
     // The place fixes the role: not a plain node any more.
     assert_refused_as(
         &cp,
+        Refusal::Join("tpm"),
         || agent.run(&["join", "--attestor", "tpm"]),
         "tpm-role",
     );
@@ -524,6 +526,7 @@ fn a_neighbour_that_fetches_a_machines_script_first_takes_nothing() {
     let thief = Machine::new(&cp, MAC, FORGED);
     assert_refused_as(
         &cp,
+        Refusal::Join("discovery"),
         || thief.boot(&boot_cmdline(&stolen)),
         "product-uuid-mismatch",
     );
@@ -541,7 +544,12 @@ fn a_neighbour_that_fetches_a_machines_script_first_takes_nothing() {
     assert_eq!(row["hardwareKey"], format!("product-uuid:{UUID}"));
     // The stolen token died with the entry.
     let late = Machine::new(&cp, MAC, UUID);
-    assert_refused_as(&cp, || late.boot(&boot_cmdline(&stolen)), "token-revoked");
+    assert_refused_as(
+        &cp,
+        Refusal::Join("discovery"),
+        || late.boot(&boot_cmdline(&stolen)),
+        "token-revoked",
+    );
 }
 
 /// iPXE requests for MACs with no boot entry are answered from the site's
