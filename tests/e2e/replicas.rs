@@ -4,7 +4,7 @@
 //! the tests' real PostgreSQL server and one or two replicas of it
 //! ([`ControlPlane::replica`]: DIR's keys and config, the same database).
 
-use std::io::{BufRead as _, BufReader, Write as _};
+use std::io::Write as _;
 use std::process::{Child, ChildStdin, Stdio};
 use std::sync::Barrier;
 
@@ -313,7 +313,9 @@ fn the_database_clock_is_every_replicas_clock() {
 struct PsqlSession {
     child: Child,
     stdin: ChildStdin,
-    out: std::io::Lines<BufReader<std::process::ChildStdout>>,
+    /// Read by a thread: a wait for a line has a deadline even while
+    /// psql prints nothing.
+    out: Lines,
 }
 
 impl PsqlSession {
@@ -326,7 +328,7 @@ impl PsqlSession {
             .spawn()
             .expect("start psql");
         let stdin = child.stdin.take().expect("psql stdin");
-        let out = BufReader::new(child.stdout.take().expect("psql stdout")).lines();
+        let out = Lines::read(child.stdout.take().expect("psql stdout"));
         PsqlSession { child, stdin, out }
     }
 
@@ -337,14 +339,14 @@ impl PsqlSession {
         self.stdin.flush().expect("flush psql");
         let deadline = std::time::Instant::now() + LINE_DEADLINE;
         loop {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "psql did not print {marker}"
-            );
-            match self.out.next() {
-                Some(Ok(line)) if line.trim() == marker => return,
-                Some(Ok(_)) => {}
-                other => panic!("psql ended before {marker}: {other:?}"),
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.out.next_line(left) {
+                Some(line) if line.trim() == marker => return,
+                Some(_) => {}
+                None => panic!(
+                    "psql did not print {marker} within {LINE_DEADLINE:?} (or ended): {:?}",
+                    self.out.seen
+                ),
             }
         }
     }

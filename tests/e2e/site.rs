@@ -114,8 +114,11 @@ impl BootServer {
             "GET {target} HTTP/1.1\r\nHost: site\r\nUser-Agent: iPXE/1.21\r\n\r\n"
         )
         .unwrap();
+        // The server closes after its answer; a hang fails here, not CI.
+        s.set_read_timeout(Some(DEADLINE)).unwrap();
         let mut answer = Vec::new();
-        s.read_to_end(&mut answer).unwrap();
+        s.read_to_end(&mut answer)
+            .unwrap_or_else(|e| panic!("GET {target}: no whole answer within {DEADLINE:?}: {e}"));
         let end = answer.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
         let head = String::from_utf8_lossy(&answer[..end]).into_owned();
         let status = head.split(' ').nth(1).unwrap().parse().unwrap();
@@ -366,8 +369,9 @@ fn bcd_site_follows_its_node_key_when_bcd_node_renews_it() {
     // A short lease, so that its loss is noticed in a second.
     let cp = ControlPlane::start_with_config("[discovery]\nlease_ttl = \"3s\"\n");
     let site_id = site(&cp, "dc1");
-    // Joined 23 h 59 m 30 s ago: its certificate runs out in 30 seconds.
-    assert_ok(&cp.cli(&["clock", "set", "--offset", "-86370s"]));
+    // Joined 23 h ago: past its renewal point, its certificate runs out in
+    // an hour (of the control plane's clock, moved below, never waited on).
+    assert_ok(&cp.cli(&["clock", "set", "--offset", "-23h"]));
     let node = SiteNode::join(&cp, &site_id);
     assert_ok(&cp.cli(&["clock", "set", "--offset", "0s"]));
     let mut server = BootServer::start(&node);
@@ -380,13 +384,15 @@ fn bcd_site_follows_its_node_key_when_bcd_node_renews_it() {
     let after = node.identity();
     assert_ne!(before.chain[0], after.chain[0], "bcd node did not renew");
 
-    // 35 seconds on (within what a SecretRequest may lag), the first
-    // certificate has expired, and the lease with it: the site takes the
-    // lease again over its renewed certificate …
-    assert_ok(&cp.cli(&["clock", "set", "--offset", "35s"]));
+    // An hour on, the first certificate has expired, and the lease with
+    // it: the site takes the lease again over its renewed certificate …
+    assert_ok(&cp.cli(&["clock", "set", "--offset", "3605s"]));
     let again = server.wait_for_nth("boot lease acquired", 2);
     assert!(epoch_of(&again) > epoch_of(&first), "{first} / {again}");
     assert!(server.count("identity reloaded") >= 1);
+    // (back to the site's own time, so that what it signs is fresh: the
+    // lease it took an hour on is held the more)
+    assert_ok(&cp.cli(&["clock", "set", "--offset", "0s"]));
     // … and vouches with its renewed key: the machine joins.
     let wf = boot_add(&cp, "dc1", MAC, &[]);
     let script = server.script(MAC);

@@ -1,8 +1,6 @@
 //! `bcd join --attestor tpm` against swtpm (EK certificates from the test
 //! maker in tpmsim-fixtures/) and the reference control plane.
 
-use std::process::Stdio;
-
 use bc_wire::agent::tpm_attestation::Round;
 use bc_wire::agent::{
     join_response_body::Deferral, JoinRequest, JoinResponseBody, Role, TpmAttestation,
@@ -42,12 +40,7 @@ fn a_tpm_join_through_enrollment() {
     let ek = agent.identify()["ekSha256"].as_str().unwrap().to_owned();
     assert_eq!(agent.identify()["ekCertificate"]["present"], true);
 
-    let child = agent
-        .command(&["join", "--attestor", "tpm"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = Running::start(&mut agent.command(&["join", "--attestor", "tpm"]));
     // The join waits as a pending request until an operator approves it.
     let request = wait_for(|| {
         cp.json(&["requests", "list"])
@@ -60,7 +53,7 @@ fn a_tpm_join_through_enrollment() {
         "nothing admitted before the approval"
     );
     assert_ok(&cp.cli(&["requests", "approve", request["id"].as_str().unwrap()]));
-    let out = child.wait_with_output().unwrap();
+    let out = child.output();
     assert_ok(&out);
     assert!(
         stderr(&out).contains("pending"),
@@ -746,8 +739,7 @@ fn a_denied_enrollment_refuses_the_waiting_join() {
     let agent = Agent::with_tpm(&cp, &tpm);
     let ek = agent.identify()["ekSha256"].as_str().unwrap().to_owned();
     // The join runs under the harness's deadline while this thread denies.
-    let join = agent.command(&["join", "--attestor", "tpm"]);
-    let waiting = std::thread::spawn(move || output_within(join, DEADLINE));
+    let waiting = Running::start(&mut agent.command(&["join", "--attestor", "tpm"]));
     let request = wait_for(|| {
         cp.json(&["requests", "list"])
             .as_array()
@@ -755,7 +747,7 @@ fn a_denied_enrollment_refuses_the_waiting_join() {
     });
     let out = cp.refused_once(Refusal::Join("tpm"), "enrollment-denied", || {
         assert_ok(&cp.cli(&["requests", "deny", request["id"].as_str().unwrap()]));
-        waiting.join().expect("the join's thread")
+        waiting.output()
     });
     assert_access_denied(&out);
     agent.assert_nothing_written();
