@@ -294,6 +294,20 @@ fn x509pop_refuses_old_proofs_revoked_identities_and_expiries_past_grace() {
         Err(ClientError::AccessDenied)
     ));
 
+    // The same through bcd: its clock two minutes ahead, so its proof is.
+    let ahead = cp.refused_once(Refusal::Join("x509pop"), "clock-window", || {
+        agent
+            .command(&["join", "--attestor", "x509pop"])
+            .env("BCD_CLOCK_OFFSET", "+2m")
+            .within()
+    });
+    assert_access_denied(&ahead);
+    assert_eq!(
+        agent.status_json()["nodeId"],
+        node_id.as_str(),
+        "nothing was written"
+    );
+
     // Eight days after expiry (db clock moved; bcd's too): past the 7-day grace.
     assert_ok(&cp.cli(&["clock", "set", "--offset", "9d"]));
     let late = cp.refused_once(Refusal::Join("x509pop"), "past-grace", || {
@@ -758,4 +772,32 @@ fn joinservice_holds_plugin_attestors_to_its_own_checks() {
         ..Default::default()
     };
     send(&agent, &request).expect("admitted");
+}
+
+/// A `bcd` whose pinned join encryption key is another control plane's
+/// (a config copied from the wrong one) seals its token for that one: this
+/// control plane cannot open it, `token-unopenable`, and nothing is spent
+/// or written.
+#[test]
+fn a_token_sealed_for_another_control_plane_is_unopenable() {
+    let cp = ControlPlane::start();
+    let other = ControlPlane::init_only();
+    let agent = Agent::new(&cp);
+    let pem = |cp: &ControlPlane| {
+        std::fs::read_to_string(cp.path().join("join-encryption.pub"))
+            .unwrap()
+            .trim()
+            .to_owned()
+    };
+    let config = std::fs::read_to_string(&agent.config).unwrap();
+    assert!(config.contains(&pem(&cp)), "{config}");
+    std::fs::write(&agent.config, config.replace(&pem(&cp), &pem(&other))).unwrap();
+    let token = cp.token("node", &[]);
+    let out = cp.refused_once(Refusal::Join("join-token"), "token-unopenable", || {
+        agent.join_with_token(&token)
+    });
+    assert_access_denied(&out);
+    agent.assert_nothing_written();
+    let tokens = cp.json(&["token", "list"]);
+    assert_eq!(tokens[0]["usesLeft"], 1, "the token is not spent: {tokens}");
 }
