@@ -720,3 +720,41 @@ fn ramdisk_files_are_opened_at_each_answer_never_through_a_link() {
     std::fs::write(dir.join("vmlinuz"), KERNEL).unwrap();
     assert_eq!(server.get("/ramdisk/vmlinuz"), (200, KERNEL.to_vec()));
 }
+
+/// A running `bcd site` whose node the operator acts on (`action`, the
+/// node id appended): its next lease call is refused as `reason` (exactly
+/// once: it then backs off), logged by bcd site as ACCESS_DENIED, and it
+/// vouches for no machine from then on.
+#[track_caller]
+fn a_running_site_is_refused(action: &[&str], reason: &str) {
+    // Renewed every few seconds, so the refusal comes soon.
+    let cp = ControlPlane::start_with_config("[discovery]\nlease_ttl = \"10s\"\n");
+    let site_id = site(&cp, "dc1");
+    let node = SiteNode::join(&cp, &site_id);
+    let node_id = node.identity().node_id;
+    let mut server = BootServer::start(&node);
+    server.wait_for("boot lease acquired");
+    boot_add(&cp, "dc1", MAC, &[]);
+    let failed = cp.refused_once(Refusal::Site, reason, || {
+        let mut args = action.to_vec();
+        args.push(&node_id);
+        assert_ok(&cp.cli(&args));
+        server.wait_for("boot lease call failed")
+    });
+    assert!(
+        failed.contains("access denied") && failed.contains("held=false"),
+        "{failed}"
+    );
+    assert_exit_script(&server.script(MAC));
+    assert_eq!(server.count("discovery assertion signed"), 0);
+}
+
+#[test]
+fn a_running_site_whose_node_is_retired_is_refused_node_retired() {
+    a_running_site_is_refused(&["nodes", "retire"], "node-retired");
+}
+
+#[test]
+fn a_running_site_whose_identity_is_revoked_is_refused_certificate_stale() {
+    a_running_site_is_refused(&["nodes", "revoke-identity"], "certificate-stale");
+}
