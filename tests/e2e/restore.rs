@@ -150,3 +150,33 @@ fn nodes_that_renewed_after_a_restored_backup_recover_by_joining_again() {
         "{listed:?}"
     );
 }
+
+/// A site node that renewed after the backup: `bcd site`, started on the
+/// restored control plane, calls with a certificate the database never
+/// issued: its lease is refused `unknown-certificate` (ACCESS_DENIED in its
+/// log) and it vouches for no machine.
+#[test]
+fn a_site_node_that_renewed_after_a_restored_backup_is_refused_its_lease() {
+    use crate::discovery::{boot_add, site, SiteNode, MAC};
+    use crate::site::{assert_exit_script, BootServer};
+    let cp =
+        ControlPlane::start_with_config_on(Backend::Sqlite, "[discovery]\nlease_ttl = \"10s\"\n");
+    let site_id = site(&cp, "dc1");
+    let node = SiteNode::join(&cp, &site_id);
+    boot_add(&cp, "dc1", MAC, &[]);
+    let file = cp.path().join("backup.db");
+    backup(&cp, &file);
+    assert_ok(&renew(&node.agent));
+    let cp = restore(cp, &file);
+
+    let (server, failed) = cp.refused_once(Refusal::Site, "unknown-certificate", || {
+        let mut server = BootServer::start(&node);
+        let failed = server.wait_for("boot lease call failed");
+        (server, failed)
+    });
+    assert!(
+        failed.contains("access denied") && failed.contains("held=false"),
+        "{failed}"
+    );
+    assert_exit_script(&server.script(MAC));
+}

@@ -172,7 +172,7 @@ fn epoch_of(line: &str) -> u64 {
 }
 
 #[track_caller]
-fn assert_exit_script(script: &str) {
+pub(crate) fn assert_exit_script(script: &str) {
     assert!(script.starts_with("#!ipxe"), "{script}");
     assert!(script.contains("\nexit 1"), "{script}");
     assert!(!script.contains("bc.token"), "{script}");
