@@ -170,7 +170,7 @@ fn a_site_node_that_renewed_after_a_restored_backup_is_refused_its_lease() {
     let cp = restore(cp, &file);
 
     let (server, failed) = cp.refused_once(Refusal::Site, "unknown-certificate", || {
-        let mut server = BootServer::start(&node);
+        let mut server = BootServer::start_slow_to_retry(&node);
         let failed = server.wait_for("boot lease call failed");
         (server, failed)
     });

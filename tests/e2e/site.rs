@@ -33,6 +33,12 @@ impl BootServer {
         BootServer::start_configured(node, "backoff_min = \"1s\"\nbackoff_max = \"1s\"\n", extra)
     }
 
+    /// Retrying a failed lease call only after a minute: a test that counts
+    /// one refusal of it sees one.
+    pub(crate) fn start_slow_to_retry(node: &SiteNode) -> BootServer {
+        BootServer::start_configured(node, "backoff_min = \"60s\"\nbackoff_max = \"60s\"\n", "")
+    }
+
     /// With `backoff` lines in its `[node]` (the retries' backoff: 1 s in
     /// the other tests, the defaults with none) and `extra` in its `[site]`.
     fn start_configured(node: &SiteNode, backoff: &str, extra: &str) -> BootServer {
@@ -732,7 +738,7 @@ fn a_running_site_is_refused(action: &[&str], reason: &str) {
     let site_id = site(&cp, "dc1");
     let node = SiteNode::join(&cp, &site_id);
     let node_id = node.identity().node_id;
-    let mut server = BootServer::start(&node);
+    let mut server = BootServer::start_slow_to_retry(&node);
     server.wait_for("boot lease acquired");
     boot_add(&cp, "dc1", MAC, &[]);
     let failed = cp.refused_once(Refusal::Site, reason, || {
@@ -757,4 +763,65 @@ fn a_running_site_whose_node_is_retired_is_refused_node_retired() {
 #[test]
 fn a_running_site_whose_identity_is_revoked_is_refused_certificate_stale() {
     a_running_site_is_refused(&["nodes", "revoke-identity"], "certificate-stale");
+}
+
+/// A `bcd site` configured with a site its node does not belong to (a
+/// config copied from another site's node): its lease is refused
+/// `not-site-node`, ACCESS_DENIED in its log, and it vouches for nobody.
+#[test]
+fn a_site_node_serving_another_site_is_refused_not_site_node() {
+    let cp = ControlPlane::start();
+    let node = SiteNode::join(&cp, &site(&cp, "dc1"));
+    let elsewhere = SiteNode {
+        site_id: site(&cp, "dc2"),
+        ..node
+    };
+    boot_add(&cp, "dc2", MAC, &[]);
+    let (server, failed) = cp.refused_once(Refusal::Site, "not-site-node", || {
+        let mut server = BootServer::start_slow_to_retry(&elsewhere);
+        let failed = server.wait_for("boot lease call failed");
+        (server, failed)
+    });
+    assert!(failed.contains("access denied"), "{failed}");
+    assert_exit_script(&server.script(MAC));
+}
+
+/// A running `bcd site` whose clock is more than a minute behind the
+/// control plane's: its SecretRequest for a machine's script is refused
+/// `secret-stale` (ACCESS_DENIED, which bcd site logs as an entry closed
+/// since its listing), and the machine is told to exit. (The lease lasts an hour so that only the request is stale.)
+#[test]
+fn a_running_sites_stale_secret_request_is_refused() {
+    let cp = ControlPlane::start_with_config("[discovery]\nlease_ttl = \"1h\"\n");
+    let node = SiteNode::join(&cp, &site(&cp, "dc1"));
+    let mut server = BootServer::start_slow_to_retry(&node);
+    server.wait_for("boot lease acquired");
+    boot_add(&cp, "dc1", MAC, &[]);
+    assert_ok(&cp.cli(&["clock", "set", "--offset", "2m"]));
+    let script = cp.refused_once(Refusal::Site, "secret-stale", || server.script(MAC));
+    assert_exit_script(&script);
+    // bcd site takes ACCESS_DENIED for an entry closed since its listing.
+    let exit = server.wait_for("boot script rendered: exit");
+    assert!(exit.contains("no open boot entry"), "{exit}");
+    assert_eq!(server.count("discovery assertion signed"), 0);
+}
+
+/// A running `bcd site` asked for one machine's script over and over (a
+/// neighbour flooding it): the 33rd SecretRequest for the entry is refused
+/// `workflow-busy` (32 unspent tokens at most), the machine told to exit.
+#[test]
+fn a_running_site_asked_for_one_entry_too_often_is_refused_workflow_busy() {
+    let cp = ControlPlane::start();
+    let node = SiteNode::join(&cp, &site(&cp, "dc1"));
+    let mut server = BootServer::start_slow_to_retry(&node);
+    server.wait_for("boot lease acquired");
+    boot_add(&cp, "dc1", MAC, &[]);
+    for _ in 0..32 {
+        assert!(server.script(MAC).contains("bc.assertion="));
+    }
+    let script = cp.refused_once(Refusal::Site, "workflow-busy", || server.script(MAC));
+    assert_exit_script(&script);
+    // bcd site takes ACCESS_DENIED for an entry closed since its listing.
+    let exit = server.wait_for("boot script rendered: exit");
+    assert!(exit.contains("no open boot entry"), "{exit}");
 }
