@@ -825,3 +825,26 @@ fn a_running_site_asked_for_one_entry_too_often_is_refused_workflow_busy() {
     let exit = server.wait_for("boot script rendered: exit");
     assert!(exit.contains("no open boot entry"), "{exit}");
 }
+
+/// A running `bcd site` whose lease ran out at the control plane (its clock
+/// moved past the 10 s lease) while the site still counts it held: its
+/// renewal is refused `lease-lost`, logged as ACCESS_DENIED, and it stops
+/// vouching at once rather than at its own view of the expiry.
+#[test]
+fn a_running_site_renewing_a_lease_that_ran_out_is_refused_lease_lost() {
+    let cp = ControlPlane::start_with_config("[discovery]\nlease_ttl = \"10s\"\n");
+    let node = SiteNode::join(&cp, &site(&cp, "dc1"));
+    let mut server = BootServer::start_slow_to_retry(&node);
+    server.wait_for("boot lease acquired");
+    boot_add(&cp, "dc1", MAC, &[]);
+    let failed = cp.refused_once(Refusal::Site, "lease-lost", || {
+        assert_ok(&cp.cli(&["clock", "set", "--offset", "11s"]));
+        server.wait_for("boot lease call failed")
+    });
+    assert!(
+        failed.contains("access denied") && failed.contains("held=false"),
+        "{failed}"
+    );
+    assert_exit_script(&server.script(MAC));
+    assert_eq!(server.count("discovery assertion signed"), 0);
+}
