@@ -363,14 +363,19 @@ fn bcd_site_serves_again_within_a_lease_ttl_of_the_control_planes_return() {
     assert_exit_script(&server.script(MAC));
 
     let _cp = cp.serve_on(&listen);
-    let back = std::time::Instant::now();
-    server.wait_for_nth("boot lease acquired", 2);
-    let took = back.elapsed();
-    // A TTL, and what the call and the log line take on a busy machine.
+    let again = server.wait_for_nth("boot lease acquired", 2);
+    // Back within a TTL of the control plane's return: what the site
+    // decided, every wait while it was away at most a TTL (how long it
+    // took on this machine is no check).
+    let seen = &server.server.seen;
+    let waits: Vec<u64> = seen[..seen.iter().position(|l| *l == again).unwrap()]
+        .iter()
+        .filter(|l| l.contains("boot lease call failed"))
+        .map(|l| field(l, "retry_in_ms"))
+        .collect();
     assert!(
-        took <= Duration::from_millis(TTL_MS + 2000),
-        "the lease came back {} ms after the control plane",
-        took.as_millis()
+        waits.len() >= 2 && waits.iter().all(|w| *w <= TTL_MS),
+        "{waits:?}"
     );
     assert!(server.script(MAC).contains("bc.assertion="));
 }
