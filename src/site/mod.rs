@@ -78,7 +78,10 @@ pub fn run(args: SiteArgs) -> anyhow::Result<ExitCode> {
             max_connections_per_source = settings.max_per_source,
             "bcd site serving"
         );
-        let limits = http::Limits::new(settings.max_connections, settings.max_per_source);
+        let limits = http::Limits {
+            head_timeout: test_head_timeout().unwrap_or(http::HEAD_TIMEOUT),
+            ..http::Limits::new(settings.max_connections, settings.max_per_source)
+        };
         let site = Arc::new(service::Site {
             settings,
             identity,
@@ -112,4 +115,27 @@ async fn wait_for_signal() {
             let _ = tokio::signal::ctrl_c().await;
         }
     }
+}
+
+/// `BCD_SITE_HEAD_TIMEOUT` (`+10m`...) in test builds only: an end-to-end
+/// test that holds idle connections while it checks what the server did
+/// with them is then not racing the 10 s head deadline on a slow machine.
+#[cfg(feature = "failpoints")]
+fn test_head_timeout() -> Option<std::time::Duration> {
+    let v = std::env::var("BCD_SITE_HEAD_TIMEOUT").ok()?;
+    match crate::clock::parse_offset(&v).map(std::time::Duration::try_from) {
+        Ok(Ok(d)) => {
+            tracing::warn!(head_timeout = %v, "test build: the head deadline is BCD_SITE_HEAD_TIMEOUT");
+            Some(d)
+        }
+        _ => {
+            tracing::warn!(value = %v, "test build: BCD_SITE_HEAD_TIMEOUT ignored");
+            None
+        }
+    }
+}
+
+#[cfg(not(feature = "failpoints"))]
+fn test_head_timeout() -> Option<std::time::Duration> {
+    None
 }

@@ -7,7 +7,7 @@
 //! entry stays open for the real machine, whose own join the operator
 //! approves.
 
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Stdio};
 
 use serde_json::Value;
 
@@ -33,8 +33,8 @@ fn new_request(cp: &ControlPlane, known: &[&Value]) -> Value {
 }
 
 /// A `bcd ramdisk --once` that runs beside the test (its join waits).
-fn boot_beside(cmd: Command) -> std::thread::JoinHandle<Output> {
-    std::thread::spawn(move || output_within(cmd, DEADLINE))
+fn boot_beside(mut cmd: Command) -> Running {
+    Running::start(&mut cmd)
 }
 
 /// A site with a running `bcd site` holding its lease, and one boot entry
@@ -88,11 +88,11 @@ fn a_neighbours_join_waits_for_the_operator_who_denies_it_and_approves_the_machi
     );
 
     // Denied: the waiting join is refused at its next try.
-    let out = cp.refused_once(JOIN_REFUSED, "approval-denied", || {
+    let out = cp.refused_once(Refusal::Join("discovery"), "approval-denied", || {
         let deny = cp.cli(&["requests", "deny", &id]);
         assert_ok(&deny);
         assert!(stdout(&deny).contains(&format!("boot entry {wf} stays open")));
-        thief_join.join().expect("the thief's join")
+        thief_join.output()
     });
     assert_access_denied(&out);
     assert!(
@@ -125,7 +125,7 @@ fn a_neighbours_join_waits_for_the_operator_who_denies_it_and_approves_the_machi
     assert_ne!(mine["nodeKeySha256"], pending["nodeKeySha256"]);
     let mine_id = mine["id"].as_str().unwrap();
     assert_ok(&cp.cli(&["requests", "approve", mine_id]));
-    let out = machine_join.join().expect("the machine's join");
+    let out = machine_join.output();
     assert_ok(&out);
     let node_id = machine.agent.status_json()["nodeId"]
         .as_str()
@@ -161,14 +161,14 @@ fn an_approval_flood_from_one_script_leaves_the_victim_heard_and_one_deny_ends_i
         boot_cmdline(&String::from_utf8(server.get_from(source, &script_path()).1).unwrap())
     };
     let stolen = fetch("127.0.0.1");
-    let mut flood: Vec<(Machine, Child)> = (0..9).map(|_| spawn_boot(&cp, &stolen)).collect();
+    let mut flood: Vec<(Machine, Running)> = (0..9).map(|_| spawn_boot(&cp, &stolen)).collect();
     // Each is answered (a pending request named on its console) or gone.
     let answers: Vec<Option<String>> = wait_for(|| {
         flood
             .iter_mut()
             .map(|(m, child)| match pending_id(m) {
                 Some(id) => Some(Some(id)),
-                None => child.try_wait().unwrap().map(|_| None),
+                None => child.has_ended().then_some(None),
             })
             .collect()
     });
@@ -191,7 +191,9 @@ fn an_approval_flood_from_one_script_leaves_the_victim_heard_and_one_deny_ends_i
     }
     let fifth = Machine::new(&cp, MAC, UUID);
     let line = fetch("127.0.0.1");
-    let out = cp.refused_once(JOIN_REFUSED, "approval-busy", || fifth.boot(&line));
+    let out = cp.refused_once(Refusal::Join("discovery"), "approval-busy", || {
+        fifth.boot(&line)
+    });
     assert_access_denied(&out);
     fifth.agent.assert_nothing_written();
 
@@ -226,7 +228,7 @@ fn an_approval_flood_from_one_script_leaves_the_victim_heard_and_one_deny_ends_i
         stdout(&deny)
     );
     for (m, child) in flood {
-        let out = child.wait_with_output().unwrap();
+        let out = child.output();
         assert_access_denied(&out);
         m.agent.assert_nothing_written();
     }
@@ -241,7 +243,9 @@ fn an_approval_flood_from_one_script_leaves_the_victim_heard_and_one_deny_ends_i
     }
     // For good: the same script again, with a fresh node key, files nothing.
     let again = Machine::new(&cp, MAC, UUID);
-    let out = cp.refused_once(JOIN_REFUSED, "approval-denied", || again.boot(&stolen));
+    let out = cp.refused_once(Refusal::Join("discovery"), "approval-denied", || {
+        again.boot(&stolen)
+    });
     assert_access_denied(&out);
     // Its token is revoked too: with the unspent assertion of the script
     // refused above, `token-revoked`.
@@ -253,27 +257,24 @@ fn an_approval_flood_from_one_script_leaves_the_victim_heard_and_one_deny_ends_i
     };
     let mixed =
         crate::discovery::cmdline(&word(&stolen, "bc.token="), &word(&line, "bc.assertion="));
-    let out = cp.refused_once(JOIN_REFUSED, "token-revoked", || again.boot(&mixed));
+    let out = cp.refused_once(Refusal::Join("discovery"), "token-revoked", || {
+        again.boot(&mixed)
+    });
     assert_access_denied(&out);
     assert_eq!(requests(&cp).len(), listed.len());
     assert_eq!(boot_state(&cp, &wf), "vouched");
 
     assert_ok(&cp.cli(&["requests", "approve", &mine_id]));
-    assert_ok(&victim_join.join().expect("the victim's join"));
+    assert_ok(&victim_join.output());
     assert_eq!(boot_state(&cp, &wf), "joined");
 }
 
 /// `bcd ramdisk --once` with `cmdline`, started (its join waits), its
 /// stdout in the agent's directory for [`pending_id`].
-fn spawn_boot(cp: &ControlPlane, cmdline: &str) -> (Machine, Child) {
+fn spawn_boot(cp: &ControlPlane, cmdline: &str) -> (Machine, Running) {
     let m = Machine::new(cp, MAC, UUID);
     let out = std::fs::File::create(m.agent.root.path().join("ramdisk.out")).unwrap();
-    let child = m
-        .boot_command(cmdline)
-        .stdout(out)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = Running::spawn(m.boot_command(cmdline).stdout(out).stderr(Stdio::piped()));
     (m, child)
 }
 

@@ -260,7 +260,7 @@ pub(crate) fn join(agent: &Agent) -> std::process::Output {
 
 #[track_caller]
 pub(crate) fn assert_refused(cp: &ControlPlane, agent: &Agent, reason: &str) {
-    let out = cp.refused_once(JOIN_REFUSED, reason, || join(agent));
+    let out = cp.refused_once(Refusal::Join("cloud-iid"), reason, || join(agent));
     assert_access_denied(&out);
     assert!(stderr(&out).contains("cloud-iid join"), "{}", stderr(&out));
     agent.assert_nothing_written();
@@ -344,12 +344,18 @@ fn a_cloud_vm_joins_only_as_a_role_it_is_allowed() {
     resolve(&[]);
     let vm = gcp_vm(&cp, &md.url);
 
-    let out = cp.refused_once(JOIN_REFUSED, "cloud-role", || join_as_site(&vm));
+    let out = cp.refused_once(Refusal::Join("cloud-iid"), "cloud-role", || {
+        join_as_site(&vm)
+    });
     assert_access_denied(&out);
     vm.assert_nothing_written();
     let m = mint.lock().expect("mint").clone();
     assert!(matches!(
-        cp.refused_once(JOIN_REFUSED, "cloud-role", || join_as_ramdisk(&cp, &vm, &m)),
+        cp.refused_once(
+            Refusal::Join("cloud-iid"),
+            "cloud-role",
+            || join_as_ramdisk(&cp, &vm, &m)
+        ),
         Err(bcd::client::ClientError::AccessDenied)
     ));
     assert!(cp.nodes().is_empty());
@@ -368,7 +374,11 @@ fn a_cloud_vm_joins_only_as_a_role_it_is_allowed() {
         ..Mint::default()
     };
     assert!(matches!(
-        cp.refused_once(JOIN_REFUSED, "cloud-role", || join_as_ramdisk(&cp, &vm, &m)),
+        cp.refused_once(
+            Refusal::Join("cloud-iid"),
+            "cloud-role",
+            || join_as_ramdisk(&cp, &vm, &m)
+        ),
         Err(bcd::client::ClientError::AccessDenied)
     ));
 
@@ -384,7 +394,11 @@ fn a_cloud_vm_joins_only_as_a_role_it_is_allowed() {
         "proj-a",
     ]));
     let vm = gcp_vm(&cp, &md.url);
-    assert_access_denied(&cp.refused_once(JOIN_REFUSED, "cloud-role", || join_as_site(&vm)));
+    assert_access_denied(
+        &cp.refused_once(Refusal::Join("cloud-iid"), "cloud-role", || {
+            join_as_site(&vm)
+        }),
+    );
     join_as_ramdisk(&cp, &vm, &m).expect("a ramdisk join admitted");
     let nodes = cp.nodes();
     assert_eq!(nodes.len(), 1);

@@ -189,10 +189,11 @@ pub fn cmdline(token: &str, assertion: &str) -> String {
 #[track_caller]
 pub fn assert_refused_as(
     cp: &ControlPlane,
+    refusal: Refusal<'_>,
     run: impl FnOnce() -> std::process::Output,
     reason: &str,
 ) {
-    let out = cp.refused_once(JOIN_REFUSED, reason, run);
+    let out = cp.refused_once(refusal, reason, run);
     assert_access_denied(&out);
 }
 
@@ -204,7 +205,7 @@ pub fn assert_site_refused<T: std::fmt::Debug>(
     call: impl FnOnce() -> Result<T, ClientError>,
     reason: &str,
 ) {
-    let r = cp.refused_once(SITE_REFUSED, reason, call);
+    let r = cp.refused_once(Refusal::Site, reason, call);
     assert!(matches!(r, Err(ClientError::AccessDenied)), "{r:?}");
 }
 
@@ -270,6 +271,7 @@ fn a_ramdisk_joins_once_with_its_site_nodes_assertion() {
     let replay = Machine::new(&cp, MAC, UUID);
     assert_refused_as(
         &cp,
+        Refusal::Join("discovery"),
         || replay.boot(&cmdline(&token, &assertion)),
         "assertion-reused",
     );
@@ -278,6 +280,7 @@ fn a_ramdisk_joins_once_with_its_site_nodes_assertion() {
     let fresh = holder.assertion(lease.epoch, |_| {});
     assert_refused_as(
         &cp,
+        Refusal::Join("discovery"),
         || replay.boot(&cmdline(&token, &fresh)),
         "token-exhausted",
     );
@@ -343,6 +346,7 @@ fn a_used_assertion_rewrapped_admits_nothing() {
     let thief = Machine::new(&cp, MAC, UUID);
     assert_refused_as(
         &cp,
+        Refusal::Join("discovery"),
         || thief.boot(&cmdline(&token2, &site::to_cmdline(&rewrapped))),
         "assertion-reused",
     );
@@ -367,7 +371,7 @@ fn a_used_assertion_rewrapped_admits_nothing() {
             attestation,
             ..Default::default()
         };
-        let answer = cp.refused_once(JOIN_REFUSED, "assertion-malformed", || {
+        let answer = cp.refused_once(Refusal::Join("discovery"), "assertion-malformed", || {
             block_on(Client::new(&config).unwrap().join(&req))
         });
         assert!(
@@ -407,7 +411,7 @@ fn a_malformed_assertion_is_refused_by_name() {
             attestation,
             ..Default::default()
         };
-        let answer = cp.refused_once(JOIN_REFUSED, "assertion-malformed", || {
+        let answer = cp.refused_once(Refusal::Join("discovery"), "assertion-malformed", || {
             block_on(Client::new(&config).unwrap().join(&req))
         });
         assert!(
@@ -452,11 +456,13 @@ fn every_discovery_refusal_names_its_reason() {
     // The signer: not the holder; wrong epoch.
     assert_refused_as(
         &cp,
+        Refusal::Join("discovery"),
         || machine.boot(&cmdline(&t, &b.assertion(epoch, |_| {}))),
         "lease-not-held",
     );
     assert_refused_as(
         &cp,
+        Refusal::Join("discovery"),
         || machine.boot(&cmdline(&t, &a.assertion(epoch + 1, |_| {}))),
         "lease-epoch",
     );
@@ -485,11 +491,13 @@ fn every_discovery_refusal_names_its_reason() {
     };
     assert_refused_as(
         &cp,
+        Refusal::Join("discovery"),
         || machine.boot(&cmdline(&t, &forged(None))),
         "assertion-signature",
     );
     assert_refused_as(
         &cp,
+        Refusal::Join("discovery"),
         || machine.boot(&cmdline(&t, &forged(Some(Purpose::SecretRequest)))),
         "assertion-signature",
     );
@@ -500,23 +508,31 @@ fn every_discovery_refusal_names_its_reason() {
     });
     assert_refused_as(
         &cp,
+        Refusal::Join("discovery"),
         || machine.boot(&cmdline(&t, &stale)),
         "assertion-stale",
     );
     let past = good(&|x| x.not_after_unix_ms = now_ms() - 1);
-    assert_refused_as(&cp, || machine.boot(&cmdline(&t, &past)), "assertion-stale");
+    assert_refused_as(
+        &cp,
+        Refusal::Join("discovery"),
+        || machine.boot(&cmdline(&t, &past)),
+        "assertion-stale",
+    );
     let ahead = good(&|x| {
         x.issued_at_unix_ms = now_ms() + 5 * 60_000;
         x.not_after_unix_ms = now_ms() + 10 * 60_000;
     });
     assert_refused_as(
         &cp,
+        Refusal::Join("discovery"),
         || machine.boot(&cmdline(&t, &ahead)),
         "assertion-future",
     );
     let nobody = good(&|x| x.node_id = "node_nobody".into());
     assert_refused_as(
         &cp,
+        Refusal::Join("discovery"),
         || machine.boot(&cmdline(&t, &nobody)),
         "signer-unknown",
     );
@@ -524,12 +540,14 @@ fn every_discovery_refusal_names_its_reason() {
     let elsewhere = Machine::new(&cp, "52:54:00:aa:bb:cc", UUID);
     assert_refused_as(
         &cp,
+        Refusal::Join("discovery"),
         || elsewhere.boot(&cmdline(&t, &good(&|_| {}))),
         "mac-not-claimed",
     );
     let other_uuid = good(&|x| x.product_uuid = "00000000-0000-0000-0000-000000000001".into());
     assert_refused_as(
         &cp,
+        Refusal::Join("discovery"),
         || machine.boot(&cmdline(&t, &other_uuid)),
         "product-uuid-mismatch",
     );
@@ -537,6 +555,7 @@ fn every_discovery_refusal_names_its_reason() {
     let node_token = cp.token("node", &[]);
     assert_refused_as(
         &cp,
+        Refusal::Join("discovery"),
         || machine.boot(&cmdline(&node_token, &good(&|_| {}))),
         "token-role",
     );
@@ -545,6 +564,7 @@ fn every_discovery_refusal_names_its_reason() {
     let c_token = c.secret(&elsewhere_wf).unwrap();
     assert_refused_as(
         &cp,
+        Refusal::Join("discovery"),
         || machine.boot(&cmdline(&c_token, &good(&|_| {}))),
         "token-site",
     );
@@ -553,6 +573,7 @@ fn every_discovery_refusal_names_its_reason() {
     let c_for_dc1 = c.assertion(c_epoch, |x| x.site_id = site_id.clone());
     assert_refused_as(
         &cp,
+        Refusal::Join("discovery"),
         || machine.boot(&cmdline(&t, &c_for_dc1)),
         "signer-not-site",
     );
@@ -561,6 +582,7 @@ fn every_discovery_refusal_names_its_reason() {
         .unwrap();
     assert_refused_as(
         &cp,
+        Refusal::Join("discovery"),
         || machine.boot(&cmdline(&other_mac_token, &good(&|_| {}))),
         "token-mac",
     );
@@ -593,11 +615,13 @@ fn every_discovery_refusal_names_its_reason() {
     );
     assert_refused_as(
         &cp,
+        Refusal::Join("discovery"),
         || m2.boot(&cmdline(&t2, &a.assertion(epoch, soon))),
         "lease-not-held",
     );
     assert_refused_as(
         &cp,
+        Refusal::Join("discovery"),
         || m2.boot(&cmdline(&t2, &b.assertion(epoch, soon))),
         "lease-epoch",
     );
@@ -606,6 +630,7 @@ fn every_discovery_refusal_names_its_reason() {
     assert_ok(&cp.cli(&["nodes", "retire", &b_id]));
     assert_refused_as(
         &cp,
+        Refusal::Join("discovery"),
         || m2.boot(&cmdline(&t2, &b.assertion(taken.epoch, soon))),
         "signer-retired",
     );
@@ -631,6 +656,7 @@ fn an_expired_signer_certificate_vouches_for_nobody() {
     let machine = Machine::new(&cp, MAC, UUID);
     assert_refused_as(
         &cp,
+        Refusal::Join("discovery"),
         || machine.boot(&cmdline(&t, &later)),
         "signer-certificate",
     );
@@ -670,6 +696,7 @@ fn only_single_use_tokens_and_ramdisks_are_admitted() {
     let assertion = a.assertion(epoch, |_| {});
     assert_refused_as(
         &cp,
+        Refusal::Join("discovery"),
         || machine.boot(&cmdline(&two.expose(), &assertion)),
         "token-not-single-use",
     );
@@ -683,7 +710,7 @@ fn only_single_use_tokens_and_ramdisks_are_admitted() {
         attestation: site::from_cmdline(&assertion).unwrap(),
         ..Default::default()
     };
-    cp.refused_once(JOIN_REFUSED, "discovery-role", || {
+    cp.refused_once(Refusal::Join("discovery"), "discovery-role", || {
         assert!(matches!(
             svc.join(req),
             Err(bc_controlplane::ApiError::AccessDenied)
@@ -757,6 +784,7 @@ fn secret_requests_name_their_workflow_and_each_gets_its_own_token() {
     let unnamed = holder.assertion(epoch, |a| a.workflow_id = wf.clone());
     assert_refused_as(
         &cp,
+        Refusal::Join("discovery"),
         || impostor.boot(&cmdline(&first, &unnamed)),
         "join:expect-product-uuid",
     );
@@ -769,6 +797,7 @@ fn secret_requests_name_their_workflow_and_each_gets_its_own_token() {
     let late = Machine::new(&cp, MAC, UUID);
     assert_refused_as(
         &cp,
+        Refusal::Join("discovery"),
         || late.boot(&cmdline(&first, &assertion(&wf))),
         "token-revoked",
     );
@@ -877,10 +906,10 @@ fn the_same_machine_commissions_twice() {
         format!("product-uuid:{UUID}")
     );
     // The retired ramdisk renews no more.
-    let out = cp.refused_once(RENEW_REFUSED, "retired", || {
+    let out = cp.refused_once(Refusal::Renew, "retired", || {
         first_machine.agent.run(&["node", "--once", "--renew-now"])
     });
-    assert!(stderr(&out).contains("(Renew refused)"), "{}", stderr(&out));
+    assert_renew_refused(&out);
     let refused = cp
         .events()
         .into_iter()
@@ -933,6 +962,7 @@ fn assertions_are_stale_after_the_configured_max_age() {
     assert_ok(&cp.cli(&["clock", "set", "--offset", "6m"]));
     assert_refused_as(
         &cp,
+        Refusal::Join("discovery"),
         || machine.boot(&cmdline(&token, &assertion)),
         "assertion-stale",
     );
@@ -1000,7 +1030,7 @@ fn the_site_api_refuses_callers_and_secret_requests_by_name() {
     let lease = bc_wire::site_v1::AcquireLeaseRequest {
         site_id: site_id.clone(),
     };
-    let (status, message) = cp.refused_once(SITE_REFUSED, "no-client-certificate", || {
+    let (status, message) = cp.refused_once(Refusal::Site, "no-client-certificate", || {
         cp.post_without_client_certificate(
             bc_wire::endpoints::ACQUIRE_LEASE,
             prost::Message::encode_to_vec(&lease),

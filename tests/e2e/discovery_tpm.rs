@@ -73,11 +73,21 @@ fn thief_is_refused(
     let other = Swtpm::start_another_machine();
     let thief = machine_with(cp, &other);
     let line = holder.boot_line(epoch, wf, MAC, UUID);
-    crate::discovery::assert_refused_as(cp, || thief.boot(&line), other_tpm);
+    crate::discovery::assert_refused_as(
+        cp,
+        Refusal::Join("discovery"),
+        || thief.boot(&line),
+        other_tpm,
+    );
     thief.agent.assert_nothing_written();
     let bare = Machine::new(cp, MAC, UUID);
     let line = holder.boot_line(epoch, wf, MAC, UUID);
-    crate::discovery::assert_refused_as(cp, || bare.boot(&line), no_tpm);
+    crate::discovery::assert_refused_as(
+        cp,
+        Refusal::Join("discovery"),
+        || bare.boot(&line),
+        no_tpm,
+    );
     bare.agent.assert_nothing_written();
     assert_eq!(boot_state(cp, wf), "vouched", "the entry stays open");
 }
@@ -352,7 +362,9 @@ fn a_challenge_from_a_tpm_join_proves_only_its_own_ek() {
         }),
         tpm: Some(answer),
     };
-    let r = cp.refused_once(JOIN_REFUSED, "boot-ek-mismatch", || send(&request));
+    let r = cp.refused_once(Refusal::Join("discovery"), "boot-ek-mismatch", || {
+        send(&request)
+    });
     assert!(
         matches!(r, Err(bcd::client::ClientError::AccessDenied)),
         "{:?}",

@@ -54,7 +54,7 @@ fn the_intermediate_nowhere_is_refused_ek_chain() {
     let tpm = Swtpm::start();
     let agent = Agent::with_tpm(&cp, &tpm);
     agent.allow_ek(&cp);
-    let out = cp.refused_once(JOIN_REFUSED, "ek-chain", || {
+    let out = cp.refused_once(Refusal::Join("tpm"), "ek-chain", || {
         agent.run(&["join", "--attestor", "tpm"])
     });
     assert_access_denied(&out);

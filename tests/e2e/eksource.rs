@@ -35,17 +35,19 @@ fn an_uncertified_ek_joins_only_when_pinned_so() {
     );
 
     // Unknown, and without a certificate: ek-chain, nothing written.
-    let out = agent.run(&["join", "--attestor", "tpm"]);
+    let out = cp.refused_once(Refusal::Join("tpm"), "ek-chain", || {
+        agent.run(&["join", "--attestor", "tpm"])
+    });
     assert_access_denied(&out);
     agent.assert_nothing_written();
-    assert_eq!(cp.refusal_reasons().last().unwrap(), "ek-chain");
 
     // Allow-listed, but not as uncertified: still ek-chain.
     assert_ok(&cp.cli(&["resolve", "add", "--ek-sha256", &ek]));
-    let out = agent.run(&["join", "--attestor", "tpm"]);
+    let out = cp.refused_once(Refusal::Join("tpm"), "ek-chain", || {
+        agent.run(&["join", "--attestor", "tpm"])
+    });
     assert_access_denied(&out);
     assert_eq!(cp.refusal_reasons().len(), 2);
-    assert_eq!(cp.refusal_reasons().last().unwrap(), "ek-chain");
 
     // Pinned as uncertified: that EK joins, with a certified node key.
     let out = cp.cli(&["resolve", "add", "--ek-sha256", &ek, "--uncertified"]);
@@ -65,8 +67,9 @@ fn an_uncertified_ek_joins_only_when_pinned_so() {
     let other = Swtpm::start_another_machine();
     without_ek_certificates(&other);
     let stranger = Agent::with_tpm(&cp, &other);
-    assert_access_denied(&stranger.run(&["join", "--attestor", "tpm"]));
-    assert_eq!(cp.refusal_reasons().last().unwrap(), "ek-chain");
+    assert_access_denied(&cp.refused_once(Refusal::Join("tpm"), "ek-chain", || {
+        stranger.run(&["join", "--attestor", "tpm"])
+    }));
 }
 
 /// A pinned EK that sends a certificate is verified as usual: the pin is
@@ -78,8 +81,9 @@ fn a_pinned_ek_that_sends_a_certificate_is_verified() {
     let agent = Agent::with_tpm(&cp, &tpm);
     let ek = agent.identify()["ekSha256"].as_str().unwrap().to_owned();
     assert_ok(&cp.cli(&["resolve", "add", "--ek-sha256", &ek, "--uncertified"]));
-    assert_access_denied(&agent.run(&["join", "--attestor", "tpm"]));
-    assert_eq!(cp.refusal_reasons().last().unwrap(), "ek-chain");
+    assert_access_denied(&cp.refused_once(Refusal::Join("tpm"), "ek-chain", || {
+        agent.run(&["join", "--attestor", "tpm"])
+    }));
 }
 
 /// The EK certificate in NV index `index`, DER (swtpm's index is exactly
@@ -345,13 +349,11 @@ fn the_ek_assurance_is_recorded_and_a_pool_may_require_a_minimum() {
         "--pool",
         "metal",
     ]));
-    let out = pinned.run(&["join", "--attestor", "tpm"]);
+    let out = cp.refused_once(Refusal::Join("tpm"), "join:pool-ek-assurance", || {
+        pinned.run(&["join", "--attestor", "tpm"])
+    });
     assert_access_denied(&out);
     pinned.assert_nothing_written();
-    assert_eq!(
-        cp.refusal_reasons().last().unwrap(),
-        "join:pool-ek-assurance"
-    );
     // Into the default pool, it joins pinned.
     assert_ok(&cp.cli(&["resolve", "add", "--ek-sha256", &ek, "--uncertified"]));
     assert_ok(&pinned.run(&["join", "--attestor", "tpm"]));
@@ -390,9 +392,9 @@ fn the_ek_assurance_is_recorded_and_a_pool_may_require_a_minimum() {
     // A token join proves no EK: refused by such a pool.
     let token = cp.token("node", &["--pool", "metal"]);
     let t = Agent::new(&cp);
-    assert_access_denied(&t.join_with_token(&token));
-    assert_eq!(
-        cp.refusal_reasons().last().unwrap(),
-        "join:pool-ek-assurance"
-    );
+    assert_access_denied(&cp.refused_once(
+        Refusal::Join("join-token"),
+        "join:pool-ek-assurance",
+        || t.join_with_token(&token),
+    ));
 }

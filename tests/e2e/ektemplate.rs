@@ -117,7 +117,7 @@ fn identify_says_when_the_tpms_ek_is_not_its_certificates() {
     );
     // The control plane refuses it as the EK its certificate does not name.
     agent.allow_ek(&cp);
-    assert_access_denied(&cp.refused_once(JOIN_REFUSED, "ek-mismatch", || {
+    assert_access_denied(&cp.refused_once(Refusal::Join("tpm"), "ek-mismatch", || {
         agent.run(&["join", "--attestor", "tpm"])
     }));
 }

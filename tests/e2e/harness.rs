@@ -15,10 +15,11 @@
 //! - a process that keeps running: [`Logged`] (its stderr [`Lines`]:
 //!   `wait_for(needle, n)`), the one way to wait for what a process says;
 //! - deadlines: every command goes through [`output_within`] (`cli`, `run`,
-//!   `cmd.within()` for any other [`Command`]), every line wait through
-//!   [`Lines::wait_for`], so a hang fails its test showing the output;
+//!   `cmd.within()` for any other [`Command`]; [`Running`] for one that runs
+//!   beside the test, reaped if the test fails first), every line wait
+//!   through [`Lines::wait_for`], so a hang fails its test showing the output;
 //! - refusals: [`ControlPlane::refused_once`] (exactly one more of that
-//!   reason, aggregated repeats counted), never the newest event row;
+//!   reason by that attestor, aggregated repeats counted), never the newest event row;
 //!   `tests/e2e/reasons.rs` names the test of each refusal reason.
 //!
 //! What it assumes: root (the helper and install tests switch users and
@@ -73,13 +74,20 @@ pub fn output_within(
     mut cmd: impl std::borrow::BorrowMut<Command>,
     deadline: std::time::Duration,
 ) -> Output {
-    use std::sync::mpsc::{channel, RecvTimeoutError};
     let cmd = cmd.borrow_mut();
     let child = cmd
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
+    wait_within(child, deadline, &format!("{cmd:?}"))
+}
+
+/// Waits for `child` to end and collects what it printed; kills it
+/// (SIGKILL) and fails the test if it still runs after `deadline`.
+#[track_caller]
+fn wait_within(child: Child, deadline: std::time::Duration, what: &str) -> Output {
+    use std::sync::mpsc::{channel, RecvTimeoutError};
     let pid = nix::unistd::Pid::from_raw(child.id() as i32);
     let (done, finished) = channel::<()>();
     let watchdog = std::thread::spawn(move || {
@@ -91,16 +99,83 @@ pub fn output_within(
     });
     let out = child
         .wait_with_output()
-        .unwrap_or_else(|e| panic!("waiting for {cmd:?}: {e}"));
+        .unwrap_or_else(|e| panic!("waiting for {what}: {e}"));
     let _ = done.send(());
     let timed_out = watchdog.join().unwrap_or(false);
     assert!(
         !timed_out,
-        "{cmd:?} still ran after {deadline:?} and was killed\nstdout: {}\nstderr: {}",
+        "{what} still ran after {deadline:?} and was killed\nstdout: {}\nstderr: {}",
         stdout(&out),
         stderr(&out)
     );
     out
+}
+
+/// A command that runs beside the test (a join that waits for an operator,
+/// say): [`Running::output`] waits for it under [`DEADLINE`], and a test
+/// that fails before then kills and reaps it as the guard drops.
+pub struct Running {
+    child: Option<Child>,
+    what: String,
+}
+
+impl Running {
+    /// Starts `cmd` with stdin closed, stdout and stderr captured unless
+    /// `cmd` already sends them elsewhere.
+    #[track_caller]
+    pub fn start(cmd: &mut Command) -> Running {
+        Running::spawn(cmd.stdout(Stdio::piped()).stderr(Stdio::piped()))
+    }
+
+    /// Starts `cmd` as it is configured (stdin closed).
+    #[track_caller]
+    pub fn spawn(cmd: &mut Command) -> Running {
+        Running::spawn_with_stdin(cmd.stdin(Stdio::null()))
+    }
+
+    /// Starts `cmd` as it is configured, stdin too ([`Running::stdin`]).
+    #[track_caller]
+    pub fn spawn_with_stdin(cmd: &mut Command) -> Running {
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
+        Running {
+            child: Some(child),
+            what: format!("{cmd:?}"),
+        }
+    }
+
+    /// Its stdin, if piped (drop it to close it).
+    pub fn stdin(&mut self) -> Option<std::process::ChildStdin> {
+        self.child.as_mut().expect("running").stdin.take()
+    }
+
+    /// Its process id.
+    pub fn id(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    /// Whether it has ended (without collecting its output).
+    pub fn has_ended(&mut self) -> bool {
+        let child = self.child.as_mut().expect("running");
+        child.try_wait().expect("try_wait").is_some()
+    }
+
+    /// Waits for it to end (killed, failing the test, after [`DEADLINE`]).
+    #[track_caller]
+    pub fn output(mut self) -> Output {
+        let child = self.child.take().expect("running");
+        wait_within(child, DEADLINE, &self.what)
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
 }
 
 /// `cmd.within()` in place of `cmd.output()`: the same (stdin closed,
@@ -466,23 +541,43 @@ impl ControlPlane {
         counts
     }
 
+    /// Every refusal counted so far, by (event type, attestor, reason): an
+    /// aggregated event counts its `data.count`. Renewal and site refusals
+    /// have no attestor (`""`).
+    fn refusal_tally(&self) -> std::collections::BTreeMap<(String, String, String), u64> {
+        let mut counts = std::collections::BTreeMap::new();
+        for e in self.events() {
+            let kind = e["type"].as_str().unwrap_or_default();
+            if REFUSAL_EVENTS.contains(&kind) {
+                let key = (
+                    kind.to_owned(),
+                    e["attestor"].as_str().unwrap_or_default().to_owned(),
+                    e["reason"].as_str().unwrap_or_default().to_owned(),
+                );
+                *counts.entry(key).or_insert(0) += e["data"]["count"].as_u64().unwrap_or(1);
+            }
+        }
+        counts
+    }
+
     /// Runs `f` (what should be refused) and asserts that the control plane
-    /// counted exactly one refusal meanwhile: `reason`, as an `event`
-    /// ([`JOIN_REFUSED`], [`RENEW_REFUSED`], [`SITE_REFUSED`]). The way to
-    /// check a refusal's reason: the newest event row proves nothing, since
-    /// repeats within a minute grow the count of an older row.
+    /// counted exactly one refusal meanwhile: `reason`, as `refusal` (a join
+    /// refused by that attestor, a renewal, a site call). The way to check a
+    /// refusal's reason: the newest event row proves nothing, since repeats
+    /// within a minute grow the count of an older row.
     #[track_caller]
-    pub fn refused_once<T>(&self, event: &str, reason: &str, f: impl FnOnce() -> T) -> T {
-        let before = self.refusal_counts();
+    pub fn refused_once<T>(&self, refusal: Refusal<'_>, reason: &str, f: impl FnOnce() -> T) -> T {
+        let before = self.refusal_tally();
         let out = f();
         let mut expected = before.clone();
+        let (event, attestor) = refusal.event();
         *expected
-            .entry((event.to_owned(), reason.to_owned()))
+            .entry((event.to_owned(), attestor.to_owned(), reason.to_owned()))
             .or_insert(0) += 1;
-        let after = self.refusal_counts();
+        let after = self.refusal_tally();
         assert_eq!(
             after, expected,
-            "expected exactly one more {event} {reason:?} (before: {before:?})"
+            "expected exactly one more {event} {reason:?} by {attestor:?} (before: {before:?})"
         );
         out
     }
@@ -869,6 +964,29 @@ pub const RENEW_REFUSED: &str = "security.renew.refused";
 pub const SITE_REFUSED: &str = "security.site.refused";
 const REFUSAL_EVENTS: [&str; 3] = [JOIN_REFUSED, RENEW_REFUSED, SITE_REFUSED];
 
+/// A refusal [`ControlPlane::refused_once`] looks for: its event type and,
+/// for a join, the attestor that refused it.
+#[derive(Clone, Copy, Debug)]
+pub enum Refusal<'a> {
+    /// A join refused by this attestor (`x509pop`, `tpm`, `join-token`...).
+    Join(&'a str),
+    /// A refused renewal (no attestor).
+    Renew,
+    /// A refused site API call (no attestor).
+    Site,
+}
+
+impl<'a> Refusal<'a> {
+    /// (event type, attestor or `""`).
+    fn event(self) -> (&'static str, &'a str) {
+        match self {
+            Refusal::Join(attestor) => (JOIN_REFUSED, attestor),
+            Refusal::Renew => (RENEW_REFUSED, ""),
+            Refusal::Site => (SITE_REFUSED, ""),
+        }
+    }
+}
+
 /// `["token", "create", "--role", "node"]` → (`token create`, rest): the
 /// subcommand words come before `--dir`.
 fn split_command<'a>(args: &'a [&'a str]) -> (&'a [&'a str], &'a [&'a str]) {
@@ -1003,30 +1121,25 @@ impl Agent {
     pub fn environ_at_connect(&self, args: &[&str], envs: &[(&str, &str)]) -> String {
         let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         self.set_api(&format!("https://{}", silent.local_addr().expect("addr")));
-        let mut child = self
-            .command(args)
-            .envs(envs.iter().copied())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn bcd");
+        // Killed and reaped when this returns or fails.
+        let mut child = Running::spawn(
+            self.command(args)
+                .envs(envs.iter().copied())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped()),
+        );
         silent.set_nonblocking(true).expect("nonblocking");
-        let _conn = loop {
-            match silent.accept() {
-                Ok((conn, _)) => break conn,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    if child.try_wait().expect("try_wait").is_some() {
-                        let out = child.wait_with_output().expect("output");
-                        panic!("bcd exited before connecting: {}", stderr(&out));
-                    }
-                    std::thread::sleep(std::time::Duration::from_millis(10));
-                }
-                Err(e) => panic!("accept: {e}"),
+        let connected = wait_for(|| match silent.accept() {
+            Ok((conn, _)) => Some(Ok(conn)),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                child.has_ended().then_some(Err(()))
             }
+            Err(e) => panic!("accept: {e}"),
+        });
+        let Ok(_conn) = connected else {
+            panic!("bcd exited before connecting: {}", stderr(&child.output()));
         };
         let environ = std::fs::read(format!("/proc/{}/environ", child.id()));
-        let _ = child.kill();
-        let _ = child.wait();
         String::from_utf8_lossy(&environ.expect("read environ")).into_owned()
     }
 
@@ -1155,6 +1268,18 @@ pub fn assert_access_denied(out: &Output) {
     assert!(
         err.contains("access denied"),
         "expected an access-denied message, got: {err}"
+    );
+}
+
+/// A renewal the control plane refused, as `bcd node --once` ends: exit
+/// code 1 and the refusal named on stderr (ACCESS_DENIED's message).
+#[track_caller]
+pub fn assert_renew_refused(out: &Output) {
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(out));
+    assert!(
+        stderr(out).contains("renewal refused by the control plane (Renew refused)"),
+        "{}",
+        stderr(out)
     );
 }
 
@@ -1493,4 +1618,22 @@ pub fn throwaway_csr() -> Vec<u8> {
         .expect("csr")
         .der()
         .to_vec()
+}
+
+/// A test that fails while a [`Running`] command runs leaves no process
+/// behind: the guard kills and reaps it as the panic unwinds (a bare
+/// `Child` would run on, and an unreaped one stay a zombie).
+#[test]
+fn a_running_command_is_reaped_when_its_test_fails() {
+    let mut pid = 0;
+    let failed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let sleeper = Running::start(Command::new("sleep").arg("600"));
+        pid = sleeper.id();
+        panic!("an assertion fails mid-test");
+    }));
+    assert!(failed.is_err());
+    assert!(
+        !Path::new(&format!("/proc/{pid}")).exists(),
+        "sleep 600 (pid {pid}) outlived its test"
+    );
 }

@@ -98,7 +98,9 @@ fn the_token_can_come_from_the_environment() {
 /// Runs a join that the server must refuse with `reason`.
 #[track_caller]
 fn assert_refused(cp: &ControlPlane, agent: &Agent, token: &str, reason: &str) {
-    let out = cp.refused_once(JOIN_REFUSED, reason, || agent.join_with_token(token));
+    let out = cp.refused_once(Refusal::Join("join-token"), reason, || {
+        agent.join_with_token(token)
+    });
     assert_access_denied(&out);
     agent.assert_nothing_written();
     let err = stderr(&out);
@@ -271,7 +273,7 @@ mod expect_binding {
 
     #[track_caller]
     fn assert_refused_with(cp: &ControlPlane, agent: &Agent, token: &str, reason: &str) {
-        let out = cp.refused_once(JOIN_REFUSED, reason, || join(agent, token));
+        let out = cp.refused_once(Refusal::Join("join-token"), reason, || join(agent, token));
         assert_access_denied(&out);
         agent.assert_nothing_written();
         assert!(
@@ -401,7 +403,7 @@ fn a_repeated_refusal_is_told_apart_from_the_newest_row() {
         assert_access_denied(&agent.join_with_token(t));
     }
     // token-secret again: its count grows in the row before token-unknown.
-    let out = cp.refused_once(JOIN_REFUSED, "token-secret", || {
+    let out = cp.refused_once(Refusal::Join("join-token"), "token-secret", || {
         agent.join_with_token(&wrong_secret)
     });
     assert_access_denied(&out);
@@ -412,7 +414,7 @@ fn a_repeated_refusal_is_told_apart_from_the_newest_row() {
         "the newest row is not the newest refusal: {rows:?}"
     );
     let stale = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        cp.refused_once(JOIN_REFUSED, "token-unknown", || {
+        cp.refused_once(Refusal::Join("join-token"), "token-unknown", || {
             agent.join_with_token(&wrong_secret)
         })
     }));
@@ -420,4 +422,11 @@ fn a_repeated_refusal_is_told_apart_from_the_newest_row() {
         stale.is_err(),
         "refused_once is not fooled by the newest row"
     );
+    // The same reason from another attestor is another refusal.
+    let elsewhere = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        cp.refused_once(Refusal::Join("x509pop"), "token-secret", || {
+            agent.join_with_token(&wrong_secret)
+        })
+    }));
+    assert!(elsewhere.is_err(), "refused_once checks the attestor");
 }

@@ -68,25 +68,25 @@ pub fn create_rsa_ek_with_unique(tpm: &Swtpm, unique: &[u8]) -> Vec<u8> {
     let policy = dir.join("policy-a");
     std::fs::write(&policy, &rsa_l1_template()[10..42]).unwrap();
     let ctx = dir.join("nonce-ek.ctx");
-    let mut child = std::process::Command::new("tpm2_createprimary")
-        .args(["-C", "e", "-g", "sha256", "-G", "rsa2048:null:aes128cfb"])
-        .args([
-            "-a",
-            "fixedtpm|fixedparent|sensitivedataorigin|adminwithpolicy|restricted|decrypt",
-        ])
-        .arg("-L")
-        .arg(&policy)
-        .args(["-u", "-", "-c"])
-        .arg(&ctx)
-        .env("TPM2TOOLS_TCTI", tpm.tcti())
-        .env("TSS2_LOG", "all+none")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run tpm2_createprimary");
-    child.stdin.take().unwrap().write_all(unique).unwrap();
-    assert_ok(&child.wait_with_output().unwrap());
+    let mut child = Running::spawn_with_stdin(
+        std::process::Command::new("tpm2_createprimary")
+            .args(["-C", "e", "-g", "sha256", "-G", "rsa2048:null:aes128cfb"])
+            .args([
+                "-a",
+                "fixedtpm|fixedparent|sensitivedataorigin|adminwithpolicy|restricted|decrypt",
+            ])
+            .arg("-L")
+            .arg(&policy)
+            .args(["-u", "-", "-c"])
+            .arg(&ctx)
+            .env("TPM2TOOLS_TCTI", tpm.tcti())
+            .env("TSS2_LOG", "all+none")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped()),
+    );
+    child.stdin().unwrap().write_all(unique).unwrap();
+    assert_ok(&child.output());
     let public = dir.join("nonce-ek.pub");
     assert_ok(&tpm.tool(
         "tpm2_readpublic",

@@ -108,7 +108,7 @@ fn a_refused_renewal_is_logged_and_journaled() {
     assert_ok(&cp.cli(&["nodes", "revoke-identity", &node_id]));
 
     let before = std::fs::read(agent.data_dir.join("identity.json")).unwrap();
-    let out = cp.refused_once(RENEW_REFUSED, "stale-generation", || {
+    let out = cp.refused_once(Refusal::Renew, "stale-generation", || {
         node(&agent, &["--once", "--renew-now"], &[])
     });
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));

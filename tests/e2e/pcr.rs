@@ -58,7 +58,7 @@ fn a_pcr_that_does_not_meet_the_policy_is_refused() {
     let tpm = Swtpm::start();
     let agent = Agent::with_tpm(&cp, &tpm);
     agent.allow_ek(&cp);
-    assert_access_denied(&cp.refused_once(JOIN_REFUSED, "pcr-policy", || {
+    assert_access_denied(&cp.refused_once(Refusal::Join("tpm"), "pcr-policy", || {
         agent.run(&["join", "--attestor", "tpm"])
     }));
     assert!(cp.nodes().is_empty());

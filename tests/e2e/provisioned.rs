@@ -57,7 +57,9 @@ fn uses_left(cp: &ControlPlane, token: &str) -> i64 {
 #[track_caller]
 pub fn assert_refused(cp: &ControlPlane, agent: &Agent, attestor: &str, token: &str, reason: &str) {
     let before = uses_left(cp, token);
-    let out = cp.refused_once(JOIN_REFUSED, reason, || join_as(agent, attestor, token));
+    let out = cp.refused_once(Refusal::Join(attestor), reason, || {
+        join_as(agent, attestor, token)
+    });
     assert_access_denied(&out);
     agent.assert_nothing_written();
     assert!(

@@ -234,7 +234,7 @@ fn an_x509pop_proof_is_spent_once_even_across_a_restart() {
     let key = FileKey::generate().unwrap();
     let request = x509pop_request(&agent, &key, time::OffsetDateTime::now_utc());
     assert!(matches!(
-        cp.refused_once(JOIN_REFUSED, "join:pool-attestor", || send(
+        cp.refused_once(Refusal::Join("x509pop"), "join:pool-attestor", || send(
             &agent, &request
         )),
         Err(ClientError::AccessDenied)
@@ -250,14 +250,18 @@ fn an_x509pop_proof_is_spent_once_even_across_a_restart() {
     send(&agent, &request).expect("the proof was not spent by the refused join");
     // Spent now; a replay is named as one.
     assert!(matches!(
-        cp.refused_once(JOIN_REFUSED, "replayed", || send(&agent, &request)),
+        cp.refused_once(Refusal::Join("x509pop"), "replayed", || send(
+            &agent, &request
+        )),
         Err(ClientError::AccessDenied)
     ));
     // And still after a restart: the use is in the database, not in memory.
     let cp = cp.restart();
     agent.set_api(&cp.url);
     assert!(matches!(
-        cp.refused_once(JOIN_REFUSED, "replayed", || send(&agent, &request)),
+        cp.refused_once(Refusal::Join("x509pop"), "replayed", || send(
+            &agent, &request
+        )),
         Err(ClientError::AccessDenied)
     ));
     let generation = cp
@@ -284,13 +288,29 @@ fn x509pop_refuses_old_proofs_revoked_identities_and_expiries_past_grace() {
         time::OffsetDateTime::now_utc() - time::Duration::minutes(2),
     );
     assert!(matches!(
-        cp.refused_once(JOIN_REFUSED, "clock-window", || send(&agent, &old)),
+        cp.refused_once(Refusal::Join("x509pop"), "clock-window", || send(
+            &agent, &old
+        )),
         Err(ClientError::AccessDenied)
     ));
 
+    // The same through bcd: its clock two minutes ahead, so its proof is.
+    let ahead = cp.refused_once(Refusal::Join("x509pop"), "clock-window", || {
+        agent
+            .command(&["join", "--attestor", "x509pop"])
+            .env("BCD_CLOCK_OFFSET", "+2m")
+            .within()
+    });
+    assert_access_denied(&ahead);
+    assert_eq!(
+        agent.status_json()["nodeId"],
+        node_id.as_str(),
+        "nothing was written"
+    );
+
     // Eight days after expiry (db clock moved; bcd's too): past the 7-day grace.
     assert_ok(&cp.cli(&["clock", "set", "--offset", "9d"]));
-    let late = cp.refused_once(JOIN_REFUSED, "past-grace", || {
+    let late = cp.refused_once(Refusal::Join("x509pop"), "past-grace", || {
         agent
             .command(&["join", "--attestor", "x509pop"])
             .env("BCD_CLOCK_OFFSET", "+9d")
@@ -301,7 +321,7 @@ fn x509pop_refuses_old_proofs_revoked_identities_and_expiries_past_grace() {
 
     // After revoke-identity, no certificate from before it re-joins.
     assert_ok(&cp.cli(&["nodes", "revoke-identity", &node_id]));
-    let out = cp.refused_once(JOIN_REFUSED, "stale-generation", || {
+    let out = cp.refused_once(Refusal::Join("x509pop"), "stale-generation", || {
         agent.run(&["join", "--attestor", "x509pop"])
     });
     assert_access_denied(&out);
@@ -330,12 +350,7 @@ fn an_expired_certificate_reaches_renew_and_is_refused_as_expired() {
         .command(&["node", "--once", "--renew-now"])
         .env("BCD_CLOCK_OFFSET", "-25h")
         .within();
-    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains("renewal refused by the control plane (Renew refused)"),
-        "{}",
-        stderr(&out)
-    );
+    assert_renew_refused(&out);
     assert_eq!(renew_refusals(&cp), ["expired"]);
     let refused: Vec<_> = cp
         .events()
@@ -432,7 +447,9 @@ fn a_join_whose_csr_key_is_not_p256_is_refused() {
 /// `reason`, once.
 #[track_caller]
 fn join_refused(cp: &ControlPlane, agent: &Agent, request: &JoinRequest, reason: &str) {
-    let answer = cp.refused_once(JOIN_REFUSED, reason, || send(agent, request));
+    let answer = cp.refused_once(Refusal::Join(&request.attestor), reason, || {
+        send(agent, request)
+    });
     assert!(
         matches!(answer, Err(ClientError::AccessDenied)),
         "{reason}: {answer:?}"
@@ -557,13 +574,13 @@ fn x509pop_refuses_bad_evidence_other_csrs_nodes_and_roles_and_gone_nodes() {
 
     let node_id = agent.status_json()["nodeId"].as_str().unwrap().to_owned();
     assert_ok(&cp.cli(&["nodes", "retire", &node_id]));
-    let out = cp.refused_once(JOIN_REFUSED, "retired", || {
+    let out = cp.refused_once(Refusal::Join("x509pop"), "retired", || {
         agent.run(&["join", "--attestor", "x509pop"])
     });
     assert_access_denied(&out);
     assert_ok(&cp.cli(&["nodes", "cordon", &other_id]));
     assert_ok(&cp.cli(&["nodes", "delete", &other_id, "--yes"]));
-    let out = cp.refused_once(JOIN_REFUSED, "deleted", || {
+    let out = cp.refused_once(Refusal::Join("x509pop"), "deleted", || {
         other.run(&["join", "--attestor", "x509pop"])
     });
     assert_access_denied(&out);
@@ -579,7 +596,7 @@ fn x509pop_refuses_bad_evidence_other_csrs_nodes_and_roles_and_gone_nodes() {
 /// as `reason`, once.
 #[track_caller]
 fn renew_refused_as(cp: &ControlPlane, client: &Client, request: &RenewRequest, reason: &str) {
-    let answer = cp.refused_once(RENEW_REFUSED, reason, || {
+    let answer = cp.refused_once(Refusal::Renew, reason, || {
         rt().block_on(client.renew(request))
     });
     assert!(
@@ -603,7 +620,7 @@ fn renewals_refused_for_the_caller_the_csr_or_the_node_name_their_reason() {
         key_attestation: None,
     };
 
-    let (status, _) = cp.refused_once(RENEW_REFUSED, "no-client-certificate", || {
+    let (status, _) = cp.refused_once(Refusal::Renew, "no-client-certificate", || {
         cp.post_without_client_certificate(
             bc_wire::endpoints::RENEW,
             prost::Message::encode_to_vec(&good),
@@ -651,10 +668,10 @@ fn renewals_refused_for_the_caller_the_csr_or_the_node_name_their_reason() {
 
     // Its identity revoked: the certificate is of an older generation.
     assert_ok(&cp.cli(&["nodes", "revoke-identity", &node_id]));
-    let out = cp.refused_once(RENEW_REFUSED, "stale-generation", || {
+    let out = cp.refused_once(Refusal::Renew, "stale-generation", || {
         agent.run(&["node", "--once", "--renew-now"])
     });
-    assert!(stderr(&out).contains("(Renew refused)"), "{}", stderr(&out));
+    assert_renew_refused(&out);
 
     // A deleted node renews no more.
     let gone = Agent::new(&cp);
@@ -662,10 +679,10 @@ fn renewals_refused_for_the_caller_the_csr_or_the_node_name_their_reason() {
     let gone_id = gone.status_json()["nodeId"].as_str().unwrap().to_owned();
     assert_ok(&cp.cli(&["nodes", "cordon", &gone_id]));
     assert_ok(&cp.cli(&["nodes", "delete", &gone_id, "--yes"]));
-    let out = cp.refused_once(RENEW_REFUSED, "deleted", || {
+    let out = cp.refused_once(Refusal::Renew, "deleted", || {
         gone.run(&["node", "--once", "--renew-now"])
     });
-    assert!(stderr(&out).contains("(Renew refused)"), "{}", stderr(&out));
+    assert_renew_refused(&out);
     assert!(!cp.events().iter().any(renewed), "nothing renewed");
 }
 
@@ -737,7 +754,7 @@ fn joinservice_holds_plugin_attestors_to_its_own_checks() {
             attestor: attestor.into(),
             ..Default::default()
         };
-        let answer = cp.refused_once(JOIN_REFUSED, reason, || {
+        let answer = cp.refused_once(Refusal::Join(attestor), reason, || {
             let answer = send(&agent, &request);
             svc.flush_events();
             answer
@@ -755,4 +772,32 @@ fn joinservice_holds_plugin_attestors_to_its_own_checks() {
         ..Default::default()
     };
     send(&agent, &request).expect("admitted");
+}
+
+/// A `bcd` whose pinned join encryption key is another control plane's
+/// (a config copied from the wrong one) seals its token for that one: this
+/// control plane cannot open it, `token-unopenable`, and nothing is spent
+/// or written.
+#[test]
+fn a_token_sealed_for_another_control_plane_is_unopenable() {
+    let cp = ControlPlane::start();
+    let other = ControlPlane::init_only();
+    let agent = Agent::new(&cp);
+    let pem = |cp: &ControlPlane| {
+        std::fs::read_to_string(cp.path().join("join-encryption.pub"))
+            .unwrap()
+            .trim()
+            .to_owned()
+    };
+    let config = std::fs::read_to_string(&agent.config).unwrap();
+    assert!(config.contains(&pem(&cp)), "{config}");
+    std::fs::write(&agent.config, config.replace(&pem(&cp), &pem(&other))).unwrap();
+    let token = cp.token("node", &[]);
+    let out = cp.refused_once(Refusal::Join("join-token"), "token-unopenable", || {
+        agent.join_with_token(&token)
+    });
+    assert_access_denied(&out);
+    agent.assert_nothing_written();
+    let tokens = cp.json(&["token", "list"]);
+    assert_eq!(tokens[0]["usesLeft"], 1, "the token is not spent: {tokens}");
 }

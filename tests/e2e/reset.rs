@@ -80,7 +80,7 @@ fn a_failed_join_after_a_reset_leaves_the_identity_moved_aside() {
     let agent = Agent::new(&cp);
     assert_ok(&agent.join_with_token(&cp.token("node", &[])));
     let bad = "tok_nosuch.AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA";
-    let out = cp.refused_once(JOIN_REFUSED, "token-unknown", || {
+    let out = cp.refused_once(Refusal::Join("join-token"), "token-unknown", || {
         output_within(agent.token_join(bad, &["--reset", "--yes"]), DEADLINE)
     });
     assert_access_denied(&out);

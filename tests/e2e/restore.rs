@@ -80,16 +80,15 @@ fn nodes_that_renewed_after_a_restored_backup_recover_by_joining_again() {
     // `unknown-certificate` at the control plane, again at every try.
     for agent in all {
         for _ in 0..2 {
-            let out = cp.refused_once(RENEW_REFUSED, "unknown-certificate", || renew(agent));
-            assert_eq!(out.status.code(), Some(1));
-            assert!(stderr(&out).contains("(Renew refused)"), "{}", stderr(&out));
+            let out = cp.refused_once(Refusal::Renew, "unknown-certificate", || renew(agent));
+            assert_renew_refused(&out);
         }
     }
     // Nor does waiting for the certificate to expire help: the x509pop
     // re-join (the machine was off 25 hours: both clocks move) is refused
     // for the same reason, ACCESS_DENIED at the agent.
     assert_ok(&cp.cli(&["clock", "set", "--offset", "25h"]));
-    let out = cp.refused_once(JOIN_REFUSED, "unknown-certificate", || {
+    let out = cp.refused_once(Refusal::Join("x509pop"), "unknown-certificate", || {
         token_node
             .command(&["node", "--once"])
             .env("BCD_CLOCK_OFFSET", "+25h")
@@ -150,4 +149,34 @@ fn nodes_that_renewed_after_a_restored_backup_recover_by_joining_again() {
             && !listed.contains(&token_id),
         "{listed:?}"
     );
+}
+
+/// A site node that renewed after the backup: `bcd site`, started on the
+/// restored control plane, calls with a certificate the database never
+/// issued: its lease is refused `unknown-certificate` (ACCESS_DENIED in its
+/// log) and it vouches for no machine.
+#[test]
+fn a_site_node_that_renewed_after_a_restored_backup_is_refused_its_lease() {
+    use crate::discovery::{boot_add, site, SiteNode, MAC};
+    use crate::site::{assert_exit_script, BootServer};
+    let cp =
+        ControlPlane::start_with_config_on(Backend::Sqlite, "[discovery]\nlease_ttl = \"10s\"\n");
+    let site_id = site(&cp, "dc1");
+    let node = SiteNode::join(&cp, &site_id);
+    boot_add(&cp, "dc1", MAC, &[]);
+    let file = cp.path().join("backup.db");
+    backup(&cp, &file);
+    assert_ok(&renew(&node.agent));
+    let cp = restore(cp, &file);
+
+    let (server, failed) = cp.refused_once(Refusal::Site, "unknown-certificate", || {
+        let mut server = BootServer::start_slow_to_retry(&node);
+        let failed = server.wait_for("boot lease call failed");
+        (server, failed)
+    });
+    assert!(
+        failed.contains("access denied") && failed.contains("held=false"),
+        "{failed}"
+    );
+    assert_exit_script(&server.script(MAC));
 }

@@ -1,8 +1,6 @@
 //! `bcd join --attestor tpm` against swtpm (EK certificates from the test
 //! maker in tpmsim-fixtures/) and the reference control plane.
 
-use std::process::Stdio;
-
 use bc_wire::agent::tpm_attestation::Round;
 use bc_wire::agent::{
     join_response_body::Deferral, JoinRequest, JoinResponseBody, Role, TpmAttestation,
@@ -42,12 +40,7 @@ fn a_tpm_join_through_enrollment() {
     let ek = agent.identify()["ekSha256"].as_str().unwrap().to_owned();
     assert_eq!(agent.identify()["ekCertificate"]["present"], true);
 
-    let child = agent
-        .command(&["join", "--attestor", "tpm"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = Running::start(&mut agent.command(&["join", "--attestor", "tpm"]));
     // The join waits as a pending request until an operator approves it.
     let request = wait_for(|| {
         cp.json(&["requests", "list"])
@@ -60,7 +53,7 @@ fn a_tpm_join_through_enrollment() {
         "nothing admitted before the approval"
     );
     assert_ok(&cp.cli(&["requests", "approve", request["id"].as_str().unwrap()]));
-    let out = child.wait_with_output().unwrap();
+    let out = child.output();
     assert_ok(&out);
     assert!(
         stderr(&out).contains("pending"),
@@ -182,7 +175,7 @@ fn another_tpm_cannot_join_as_the_first_ones_node() {
         "two TPMs, two EKs"
     );
     assert_ok(&cp.cli(&["resolve", "add", "--ek-sha256", &ek_b, "--node", &node_a]));
-    let out = cp.refused_once(JOIN_REFUSED, "bound-elsewhere", || {
+    let out = cp.refused_once(Refusal::Join("tpm"), "bound-elsewhere", || {
         b.run(&["join", "--attestor", "tpm"])
     });
     assert_access_denied(&out);
@@ -195,7 +188,7 @@ fn an_ek_from_an_unknown_maker_is_refused() {
     let tpm = Swtpm::start_other_maker();
     let agent = Agent::with_tpm(&cp, &tpm);
     agent.allow_ek(&cp);
-    let out = cp.refused_once(JOIN_REFUSED, "ek-chain", || {
+    let out = cp.refused_once(Refusal::Join("tpm"), "ek-chain", || {
         agent.run(&["join", "--attestor", "tpm"])
     });
     assert_access_denied(&out);
@@ -214,7 +207,7 @@ fn a_pool_that_requires_tpm_refuses_a_token_join() {
         "tpm",
     ]));
     let agent = Agent::new(&cp);
-    let out = cp.refused_once(JOIN_REFUSED, "join:pool-attestor", || {
+    let out = cp.refused_once(Refusal::Join("join-token"), "join:pool-attestor", || {
         agent.join_with_token(&cp.token("node", &[]))
     });
     assert_access_denied(&out);
@@ -246,7 +239,7 @@ fn without_enrollment_an_unknown_ek_is_refused() {
     let cp = ControlPlane::start_trusting_test_maker_with("enrollment = false\n");
     let tpm = Swtpm::start();
     let agent = Agent::with_tpm(&cp, &tpm);
-    let out = cp.refused_once(JOIN_REFUSED, "unknown-ek", || {
+    let out = cp.refused_once(Refusal::Join("tpm"), "unknown-ek", || {
         agent.run(&["join", "--attestor", "tpm"])
     });
     assert_access_denied(&out);
@@ -726,7 +719,7 @@ fn tpm_evidence_that_does_not_parse_is_refused() {
             attestation,
             ..Default::default()
         };
-        let answer = cp.refused_once(JOIN_REFUSED, "evidence-malformed", || {
+        let answer = cp.refused_once(Refusal::Join("tpm"), "evidence-malformed", || {
             rt.block_on(bcd::client::Client::new(&config).unwrap().join(&request))
         });
         assert!(
@@ -746,16 +739,15 @@ fn a_denied_enrollment_refuses_the_waiting_join() {
     let agent = Agent::with_tpm(&cp, &tpm);
     let ek = agent.identify()["ekSha256"].as_str().unwrap().to_owned();
     // The join runs under the harness's deadline while this thread denies.
-    let join = agent.command(&["join", "--attestor", "tpm"]);
-    let waiting = std::thread::spawn(move || output_within(join, DEADLINE));
+    let waiting = Running::start(&mut agent.command(&["join", "--attestor", "tpm"]));
     let request = wait_for(|| {
         cp.json(&["requests", "list"])
             .as_array()
             .and_then(|a| a.iter().find(|r| r["ekSha256"] == ek.as_str()).cloned())
     });
-    let out = cp.refused_once(JOIN_REFUSED, "enrollment-denied", || {
+    let out = cp.refused_once(Refusal::Join("tpm"), "enrollment-denied", || {
         assert_ok(&cp.cli(&["requests", "deny", request["id"].as_str().unwrap()]));
-        waiting.join().expect("the join's thread")
+        waiting.output()
     });
     assert_access_denied(&out);
     agent.assert_nothing_written();
@@ -773,7 +765,9 @@ fn an_answer_after_the_challenges_deadline_is_refused() {
     let mut join = ManualJoin::new(&agent);
     let answer = join.answer();
     assert_ok(&cp.cli(&["clock", "set", "--offset", "6m"]));
-    cp.refused_once(JOIN_REFUSED, "challenge-expired", || join.refused(answer));
+    cp.refused_once(Refusal::Join("tpm"), "challenge-expired", || {
+        join.refused(answer)
+    });
     assert!(cp.nodes().is_empty());
 }
 
@@ -801,7 +795,9 @@ fn a_hello_whose_ak_is_no_attestation_key_is_refused() {
         round: Some(Round::Hello(hello)),
     }
     .encode_to_vec();
-    let answer = cp.refused_once(JOIN_REFUSED, "ak-attributes", || join.send(&request));
+    let answer = cp.refused_once(Refusal::Join("tpm"), "ak-attributes", || {
+        join.send(&request)
+    });
     assert!(
         matches!(answer, Err(bcd::client::ClientError::AccessDenied)),
         "{:?}",
