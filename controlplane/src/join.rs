@@ -33,8 +33,8 @@ use time::Duration;
 
 use crate::api_error::ApiError;
 use crate::attestor::{
-    AttestInput, AttestationResult, Attestor, Deferral, ExpectMismatch, Fault, OpenedToken,
-    Prepared, Refusal, Verdict, JOIN_TOKEN,
+    AttestInput, AttestationResult, Attestor, Binding, Deferral, ExpectMismatch, Fault,
+    OpenedToken, Prepared, Refusal, Verdict, JOIN_TOKEN,
 };
 use crate::csr::{knows_key_statement, verify_csr, CsrRefusal, VerifiedCsr};
 use crate::eventlog::Refused;
@@ -283,10 +283,11 @@ impl JoinService<'_> {
     }
 
     /// Checks what needs the resolved node and pool, then writes the
-    /// admitted node: its row (new, or the reclaimed one at a new identity
-    /// generation), its hardware binding, its certificate, the `joins` audit
-    /// row and the `node.joined` event. Any refusal here comes before the
-    /// first write (and the transaction is rolled back anyway).
+    /// admitted node, in three steps: [`reclaim`] (which node this machine
+    /// is), [`binding`] (its hardware key admits only that node) with the
+    /// pool's policy ([`pool_policy`]), then [`Self::issue`] (the writes and
+    /// the certificate). Any refusal comes before the first write (and the
+    /// transaction is rolled back anyway).
     fn admit(
         &self,
         tx: &Tx<'_>,
@@ -294,120 +295,48 @@ impl JoinService<'_> {
         request: &Admission<'_>,
         result: &AttestationResult,
     ) -> Result<(String, Vec<u8>), Refusal> {
+        let reclaimed = reclaim(tx, request.role, result)?;
+        let reclaim = reclaimed.node.as_ref().map(|n| n.id.as_str());
+        let new_binding = binding(tx, result, reclaim)?;
+        let pool = pool_policy(tx, request.attestor_id, result, reclaimed.node.as_ref())?;
+        let admitted = Admitted {
+            reclaimed,
+            new_binding,
+            pool,
+        };
+        self.issue(tx, now, request, result, admitted)
+    }
+
+    /// Writes the admitted node: its row (new, or the reclaimed one at a new
+    /// identity generation), its hardware binding and key, its scope, its
+    /// certificate, the `joins` audit row and the `node.joined` event.
+    /// Returns the node id and the certificate (DER).
+    fn issue(
+        &self,
+        tx: &Tx<'_>,
+        now: UnixMs,
+        request: &Admission<'_>,
+        result: &AttestationResult,
+        admitted: Admitted<'_>,
+    ) -> Result<(String, Vec<u8>), Refusal> {
         let Admission {
             role,
             attestor_id,
             csr,
             claims,
         } = *request;
-        let refuse = |reason: &str, node: Option<&str>| {
-            Refusal::new(reason)
-                .with_token(result.token_id.as_deref())
-                .with_node(node)
-        };
-        // One machine, one live node: a hardware key another node holds is
-        // a reclaim, allowed only by the token (a tpm join has none). A
-        // bound key (an EK in node_bindings) is the binding check's below.
-        let hardware = hardware::of_result(result);
-        // PG: advisory locks on `hw:<key>` and `uuid:<uuid>`: no unique
-        // index can say "one live holder", so two joins of one machine must
-        // not both pass `holder` below.
-        if let Some(hk) = &hardware {
-            let mut keys = vec![LockKey {
-                namespace: "hw",
-                key: &hk.key,
-            }];
-            if let Some(uuid) = &hk.product_uuid {
-                keys.push(LockKey {
-                    namespace: "uuid",
-                    key: uuid,
-                });
-            }
-            tx.lock(&keys)?;
-        }
-        let bound = match &result.binding {
-            Some(b) => records::binding_by_key(tx, &b.kind, &b.key)?.is_some(),
-            None => false,
-        };
-        let mut reclaim = result.reclaim_node_id.clone();
-        if let Some(hk) = hardware.as_ref().filter(|_| !bound) {
-            if let Some(holder) = hardware::holder(tx, hk, role.name(), reclaim.as_deref())? {
-                if !result.allow_reclaim || reclaim.is_some() {
-                    return Err(refuse(hardware::RECLAIM, Some(&holder)));
-                }
-                reclaim = Some(holder);
-            }
-        }
+        let Admitted {
+            reclaimed:
+                Reclaimed {
+                    hardware,
+                    node: existing,
+                    statements,
+                },
+            new_binding,
+            pool,
+        } = admitted;
+        let reclaim = existing.as_ref().map(|n| n.id.clone());
         let reclaim = reclaim.as_deref();
-        let statements: Vec<String> = match &result.node_key_uri {
-            None => Vec::new(),
-            Some(uri) if knows_key_statement(uri) => vec![uri.clone()],
-            Some(_) => return Err(refuse(NODE_KEY_STATEMENT, reclaim)),
-        };
-
-        let existing = match reclaim {
-            Some(id) => {
-                let node = records::node_for_update(tx, id)?
-                    .ok_or_else(|| refuse(RECLAIM_UNKNOWN, Some(id)))?;
-                if node.retired_at.is_some() {
-                    return Err(refuse(RECLAIM_RETIRED, Some(id)));
-                }
-                if node.role != role.name() {
-                    return Err(refuse(RECLAIM_ROLE, Some(id)));
-                }
-                Some(node)
-            }
-            None => None,
-        };
-
-        // A hardware key admits only the node it is bound to, and a node has
-        // one key of each kind.
-        let mut new_binding = None;
-        if let Some(b) = &result.binding {
-            match records::binding_by_key(tx, &b.kind, &b.key)? {
-                Some(bound) if Some(bound.node_id.as_str()) != reclaim => {
-                    return Err(refuse(
-                        BOUND_ELSEWHERE,
-                        Some(reclaim.unwrap_or(&bound.node_id)),
-                    ));
-                }
-                Some(_) => {}
-                None => {
-                    if let Some(id) = reclaim {
-                        if records::binding_of_node(tx, id, &b.kind)?.is_some() {
-                            return Err(refuse(BOUND_ELSEWHERE, Some(id)));
-                        }
-                    }
-                    new_binding = Some(b);
-                }
-            }
-        }
-
-        // The pool: a reclaimed node stays in its own; a new node joins the
-        // one the attestor resolved, else `default`.
-        let pool_id = match (&existing, &result.pool_id) {
-            (Some(node), _) => node.pool_id.clone(),
-            (None, Some(p)) => p.clone(),
-            (None, None) => pools::DEFAULT_POOL.to_owned(),
-        };
-        let pool = pools::get(tx, &pool_id)?.ok_or_else(|| refuse(UNKNOWN_POOL, reclaim))?;
-        if let Some(allowed) = pool.join_attestors()? {
-            if !allowed.iter().any(|a| a == attestor_id) {
-                return Err(refuse(POOL_ATTESTOR, reclaim).with_pool(&pool.id, &pool.owner));
-            }
-        }
-        if let Some(min) = pool.min_ek_assurance()? {
-            if !result.ek_assurance.is_some_and(|a| a.meets(min)) {
-                tracing::info!(
-                    pool = %pool.id,
-                    min = min.as_str(),
-                    ek_assurance = result.ek_assurance.map_or("none", |a| a.as_str()),
-                    "join refused: below the pool's minimum EK assurance"
-                );
-                return Err(refuse(POOL_EK_ASSURANCE, reclaim).with_pool(&pool.id, &pool.owner));
-            }
-        }
-
         let (node_id, generation) = match existing {
             Some(node) => {
                 let generation = node.identity_generation.saturating_add(1);
@@ -612,6 +541,178 @@ struct Admission<'a> {
     attestor_id: &'a str,
     csr: &'a VerifiedCsr,
     claims: &'a agent::HardwareClaims,
+}
+
+/// What the checks of an admission found, for [`JoinService::issue`].
+struct Admitted<'r> {
+    reclaimed: Reclaimed,
+    /// The binding to write (its key not bound yet).
+    new_binding: Option<&'r Binding>,
+    /// The pool the node joins or stays in.
+    pool: pools::PoolRow,
+}
+
+/// Which node an admitted machine is, as [`reclaim`] found it.
+struct Reclaimed {
+    /// Its hardware key (locked for this transaction), if it proved one.
+    hardware: Option<hardware::HardwareKey>,
+    /// The node it reclaims (its row locked), `None` for a new node.
+    node: Option<NodeRow>,
+    /// The node-key statements its certificate will carry.
+    statements: Vec<String>,
+}
+
+/// The reclaim step: the node this machine is (the attestor's, or the live
+/// holder of its hardware key when its token allows reclaiming), checked
+/// to be known, live and of the requested role; and, before that node is
+/// read, the node-key statement its certificate would carry.
+fn reclaim(tx: &Tx<'_>, role: Role, result: &AttestationResult) -> Result<Reclaimed, Refusal> {
+    let refuse = |reason: &str, node: Option<&str>| {
+        Refusal::new(reason)
+            .with_token(result.token_id.as_deref())
+            .with_node(node)
+    };
+    // One machine, one live node: a hardware key another node holds is
+    // a reclaim, allowed only by the token (a tpm join has none). A
+    // bound key (an EK in node_bindings) is the binding check's below.
+    let hardware = hardware::of_result(result);
+    // PG: advisory locks on `hw:<key>` and `uuid:<uuid>`: no unique
+    // index can say "one live holder", so two joins of one machine must
+    // not both pass `holder` below.
+    if let Some(hk) = &hardware {
+        let mut keys = vec![LockKey {
+            namespace: "hw",
+            key: &hk.key,
+        }];
+        if let Some(uuid) = &hk.product_uuid {
+            keys.push(LockKey {
+                namespace: "uuid",
+                key: uuid,
+            });
+        }
+        tx.lock(&keys)?;
+    }
+    let bound = match &result.binding {
+        Some(b) => records::binding_by_key(tx, &b.kind, &b.key)?.is_some(),
+        None => false,
+    };
+    let mut reclaim = result.reclaim_node_id.clone();
+    if let Some(hk) = hardware.as_ref().filter(|_| !bound) {
+        if let Some(holder) = hardware::holder(tx, hk, role.name(), reclaim.as_deref())? {
+            if !result.allow_reclaim || reclaim.is_some() {
+                return Err(refuse(hardware::RECLAIM, Some(&holder)));
+            }
+            reclaim = Some(holder);
+        }
+    }
+    let reclaim = reclaim.as_deref();
+    let statements: Vec<String> = match &result.node_key_uri {
+        None => Vec::new(),
+        Some(uri) if knows_key_statement(uri) => vec![uri.clone()],
+        Some(_) => return Err(refuse(NODE_KEY_STATEMENT, reclaim)),
+    };
+
+    let existing = match reclaim {
+        Some(id) => {
+            let node = records::node_for_update(tx, id)?
+                .ok_or_else(|| refuse(RECLAIM_UNKNOWN, Some(id)))?;
+            if node.retired_at.is_some() {
+                return Err(refuse(RECLAIM_RETIRED, Some(id)));
+            }
+            if node.role != role.name() {
+                return Err(refuse(RECLAIM_ROLE, Some(id)));
+            }
+            Some(node)
+        }
+        None => None,
+    };
+
+    Ok(Reclaimed {
+        hardware,
+        node: existing,
+        statements,
+    })
+}
+
+/// The binding step: a hardware key admits only the node it is bound to
+/// (`reclaim`, `None` for a new node), and a node has one key of each kind.
+/// Returns the binding to write, if the key is not bound yet.
+fn binding<'r>(
+    tx: &Tx<'_>,
+    result: &'r AttestationResult,
+    reclaim: Option<&str>,
+) -> Result<Option<&'r Binding>, Refusal> {
+    let refuse = |reason: &str, node: Option<&str>| {
+        Refusal::new(reason)
+            .with_token(result.token_id.as_deref())
+            .with_node(node)
+    };
+    // A hardware key admits only the node it is bound to, and a node has
+    // one key of each kind.
+    let mut new_binding = None;
+    if let Some(b) = &result.binding {
+        match records::binding_by_key(tx, &b.kind, &b.key)? {
+            Some(bound) if Some(bound.node_id.as_str()) != reclaim => {
+                return Err(refuse(
+                    BOUND_ELSEWHERE,
+                    Some(reclaim.unwrap_or(&bound.node_id)),
+                ));
+            }
+            Some(_) => {}
+            None => {
+                if let Some(id) = reclaim {
+                    if records::binding_of_node(tx, id, &b.kind)?.is_some() {
+                        return Err(refuse(BOUND_ELSEWHERE, Some(id)));
+                    }
+                }
+                new_binding = Some(b);
+            }
+        }
+    }
+
+    Ok(new_binding)
+}
+
+/// The pool the node joins or stays in, refused unless its policy admits
+/// the attestor and the join's EK assurance.
+fn pool_policy(
+    tx: &Tx<'_>,
+    attestor_id: &str,
+    result: &AttestationResult,
+    existing: Option<&NodeRow>,
+) -> Result<pools::PoolRow, Refusal> {
+    let reclaim = existing.map(|n| n.id.as_str());
+    let refuse = |reason: &str, node: Option<&str>| {
+        Refusal::new(reason)
+            .with_token(result.token_id.as_deref())
+            .with_node(node)
+    };
+    // The pool: a reclaimed node stays in its own; a new node joins the
+    // one the attestor resolved, else `default`.
+    let pool_id = match (&existing, &result.pool_id) {
+        (Some(node), _) => node.pool_id.clone(),
+        (None, Some(p)) => p.clone(),
+        (None, None) => pools::DEFAULT_POOL.to_owned(),
+    };
+    let pool = pools::get(tx, &pool_id)?.ok_or_else(|| refuse(UNKNOWN_POOL, reclaim))?;
+    if let Some(allowed) = pool.join_attestors()? {
+        if !allowed.iter().any(|a| a == attestor_id) {
+            return Err(refuse(POOL_ATTESTOR, reclaim).with_pool(&pool.id, &pool.owner));
+        }
+    }
+    if let Some(min) = pool.min_ek_assurance()? {
+        if !result.ek_assurance.is_some_and(|a| a.meets(min)) {
+            tracing::info!(
+                pool = %pool.id,
+                min = min.as_str(),
+                ek_assurance = result.ek_assurance.map_or("none", |a| a.as_str()),
+                "join refused: below the pool's minimum EK assurance"
+            );
+            return Err(refuse(POOL_EK_ASSURANCE, reclaim).with_pool(&pool.id, &pool.owner));
+        }
+    }
+
+    Ok(pool)
 }
 
 /// A ramdisk is scoped whichever attestor admitted it: discovery sets its
