@@ -37,6 +37,7 @@ pub struct RefusalEvent {
 
 pub type RefusalHook = dyn Fn(&RefusalEvent) + Send + Sync;
 
+/// Why a DIR could not be opened as a control plane.
 #[derive(Debug, thiserror::Error)]
 pub enum OpenError {
     #[error(transparent)]
@@ -47,6 +48,8 @@ pub enum OpenError {
     Config(#[from] ConfigError),
 }
 
+/// The state every service shares (see the module documentation). One per
+/// DIR and process; `serve` holds it in an `Arc` the router's handlers share.
 pub struct ControlPlane {
     bundle: Bundle,
     db: Arc<Store>,
