@@ -14,7 +14,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use bc_controlplane::attestors::tpm::{ek, enroll};
-use bc_controlplane::join::JoinService;
+use bc_controlplane::{ControlPlane, JoinService};
 use bc_wire::agent::{
     join_response_body::Deferral, tpm_attestation, JoinRequest, JoinResponseBody, Role, TpmAnswer,
     TpmAttestation, TpmChallenge, TpmHello, TpmKeyCertification,
@@ -66,7 +66,7 @@ fn cert_msg(key_public: &[u8], (info, sig): (Vec<u8>, Vec<u8>)) -> TpmKeyCertifi
     }
 }
 
-fn join(svc: &JoinService, csr: &[u8], att: &TpmAttestation) -> JoinResponseBody {
+fn join(svc: &ControlPlane, csr: &[u8], att: &TpmAttestation) -> JoinResponseBody {
     let req = JoinRequest {
         csr: csr.to_vec(),
         role: Role::Node as i32,
@@ -74,7 +74,7 @@ fn join(svc: &JoinService, csr: &[u8], att: &TpmAttestation) -> JoinResponseBody
         attestation: att.encode_to_vec(),
         ..Default::default()
     };
-    let resp = svc.join(req).expect("join");
+    let resp = JoinService::new(svc).join(req).expect("join");
     JoinResponseBody::decode(resp.body.as_slice()).expect("body")
 }
 
@@ -84,7 +84,7 @@ fn main() {
     std::fs::create_dir_all(out).unwrap();
     let cp = std::env::temp_dir().join(format!("tpm-capture-{}", std::process::id()));
     bc_controlplane::pki::init(&cp, "bc.test").unwrap();
-    let svc = Arc::new(JoinService::open(&cp).unwrap());
+    let svc = Arc::new(ControlPlane::open(&cp).unwrap());
     let mut roots = Vec::new();
     for f in ["ek-root.pem", "ek-intermediate.pem"] {
         roots.extend(

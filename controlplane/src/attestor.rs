@@ -8,9 +8,6 @@
 //! certificates, events, signing), so tpm, x509pop, discovery and provisioned
 //! plug in here without touching it.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
-
 use bc_wire::agent::{HardwareClaims, Role, TpmAttestation};
 use bc_wire::token::JoinToken;
 
@@ -51,6 +48,25 @@ pub trait Attestor: Send + Sync {
     fn takes_tpm_evidence(&self) -> bool {
         false
     }
+    /// The roles it admits at all, and the reason it refuses another with.
+    /// Default (a plugin's attestor): `node` only, refused as `join:role`.
+    fn roles(&self) -> Roles {
+        Roles {
+            admits: &[Role::Node],
+            refusal: None,
+        }
+    }
+}
+
+/// Which roles an attestor admits, and the reason any other is refused
+/// with: the README's table, one row in each attestor, enforced by
+/// JoinService alone (bar discovery's own first check, which says the
+/// same). A result may narrow it further ([`AttestationResult::roles`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Roles {
+    pub admits: &'static [Role],
+    /// `None`: JoinService's own `join:role`.
+    pub refusal: Option<&'static str>,
 }
 
 /// What an attestor's [`Attestor::prepare`] handed to its `verify`:
@@ -275,7 +291,7 @@ pub struct AttestationResult {
     /// hardware key (`token create --allow-reclaim`).
     pub allow_reclaim: bool,
     /// The roles this machine may join as, narrower than what its attestor
-    /// admits at all (JoinService's table, `join::check_role`): its token's
+    /// admits at all ([`Attestor::roles`], `join::check_role`): its token's
     /// role, the role its place fixes, what its resolve row allows. `None`:
     /// any of the attestor's.
     pub roles: Option<Vec<Role>>,
@@ -471,44 +487,6 @@ impl From<crate::store::DbError> for Refusal {
             e if e.is_transient() => Fault::Unavailable(e.to_string()),
             other => Fault::Internal(other.to_string()),
         })
-    }
-}
-
-/// The attestors a JoinService runs, by id. `join-token` is always there;
-/// registering another with that id replaces it.
-#[derive(Clone)]
-pub struct AttestorRegistry {
-    by_id: BTreeMap<String, Arc<dyn Attestor>>,
-}
-
-impl Default for AttestorRegistry {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl AttestorRegistry {
-    pub fn new() -> Self {
-        let mut r = AttestorRegistry {
-            by_id: BTreeMap::new(),
-        };
-        r.register(Arc::new(crate::attestors::join_token::JoinTokenAttestor));
-        r
-    }
-
-    /// Adds an attestor, replacing one of the same id.
-    pub fn register(&mut self, attestor: Arc<dyn Attestor>) {
-        self.by_id.insert(attestor.id().to_owned(), attestor);
-    }
-
-    /// The attestor a request names; an empty name means `join-token`.
-    pub fn get(&self, id: &str) -> Option<Arc<dyn Attestor>> {
-        let id = if id.is_empty() { JOIN_TOKEN } else { id };
-        self.by_id.get(id).cloned()
-    }
-
-    pub fn ids(&self) -> impl Iterator<Item = &str> {
-        self.by_id.keys().map(String::as_str)
     }
 }
 

@@ -29,11 +29,15 @@ use prost::Message;
 use rustls::pki_types::CertificateDer;
 use tokio::net::TcpListener;
 
+use crate::api_error::ApiError;
 use crate::client_auth::{DbClock, DbTimeClientVerifier};
 use crate::connlimit::{Deadline, Limits, Refusal, RequestGate, Slot, Tracker};
 use crate::header_errors::WithErrorBodies;
-use crate::join::{ApiError, JoinService};
+use crate::join::JoinService;
 use crate::pki::Bundle;
+use crate::plane::ControlPlane;
+use crate::renew::RenewService;
+use crate::siteapi::SiteService;
 use crate::store::Store;
 
 /// Largest request body accepted.
@@ -91,8 +95,9 @@ pub fn tls_config(bundle: &Bundle, db: &Store) -> Result<Arc<rustls::ServerConfi
     Ok(Arc::new(config))
 }
 
-/// The JoinService's HTTP routes. Anything else is a protobuf NOT_FOUND.
-pub fn router(service: Arc<JoinService>) -> Router {
+/// The control plane's HTTP routes, one handler per service call.
+/// Anything else is a protobuf NOT_FOUND.
+pub fn router(service: Arc<ControlPlane>) -> Router {
     let gate = Arc::new(RequestGate::new());
     Router::new()
         .route(endpoints::JOIN, post(join_handler))
@@ -115,7 +120,7 @@ pub fn router(service: Arc<JoinService>) -> Router {
 pub use crate::dist_serve::with_dist;
 
 async fn join_handler(
-    State(service): State<Arc<JoinService>>,
+    State(service): State<Arc<ControlPlane>>,
     Extension(gate): Extension<Arc<RequestGate>>,
     peer: Option<Extension<PeerAddr>>,
     headers: HeaderMap,
@@ -123,7 +128,9 @@ async fn join_handler(
 ) -> Response {
     let source = peer.map(|Extension(p)| p.0.ip());
     call_service("join", &gate, source, &headers, body, move |body| {
-        service.join_bytes(body, source).map(|r| r.encode_to_vec())
+        JoinService::new(&service)
+            .join_bytes(body, source)
+            .map(|r| r.encode_to_vec())
     })
     .await
 }
@@ -132,7 +139,7 @@ async fn join_handler(
 /// during the handshake, which the leaf's key signed) is the caller's
 /// identity; without one the request is refused (`no-client-certificate`).
 async fn renew_handler(
-    State(service): State<Arc<JoinService>>,
+    State(service): State<Arc<ControlPlane>>,
     Extension(gate): Extension<Arc<RequestGate>>,
     addr: Option<Extension<PeerAddr>>,
     peer: Option<Extension<PeerCertificates>>,
@@ -142,7 +149,7 @@ async fn renew_handler(
     let source = addr.map(|Extension(p)| p.0.ip());
     let leaf = client_leaf(peer);
     call_service("renew", &gate, source, &headers, body, move |body| {
-        service
+        RenewService::new(&service)
             .renew_bytes(leaf.as_deref(), body)
             .map(|r| r.encode_to_vec())
     })
@@ -152,7 +159,7 @@ async fn renew_handler(
 /// The site endpoints (see [`crate::siteapi`]): like Renew, the TLS
 /// client's leaf is the caller. `CALL` picks the endpoint.
 async fn site_handler<const CALL: u8>(
-    State(service): State<Arc<JoinService>>,
+    State(service): State<Arc<ControlPlane>>,
     Extension(gate): Extension<Arc<RequestGate>>,
     addr: Option<Extension<PeerAddr>>,
     peer: Option<Extension<PeerCertificates>>,
@@ -163,6 +170,7 @@ async fn site_handler<const CALL: u8>(
     let leaf = client_leaf(peer);
     call_service("site", &gate, source, &headers, body, move |body| {
         let leaf = leaf.as_deref();
+        let service = SiteService::new(&service);
         match CALL {
             0 => service.acquire_lease_bytes(leaf, body, source),
             1 => service.renew_lease_bytes(leaf, body, source),

@@ -2,15 +2,17 @@
 //!
 //! A real server (HTTPS, SQLite) implementing the JoinService and its
 //! attestors, used as the dev stack and as the test peer of bcd. Embeddable:
-//! tests open a [`join::JoinService`] from a DIR written by [`pki::init`],
-//! build the [`http::router`] and run [`http::serve`] with their own listener
-//! and shutdown future.
+//! tests open a [`plane::ControlPlane`] from a DIR written by [`pki::init`]
+//! (its APIs are services over it: [`join::JoinService`],
+//! [`renew::RenewService`], [`siteapi::SiteService`]), build the
+//! [`http::router`] and run [`http::serve`] with their own listener and
+//! shutdown future.
 //!
 //! ```no_run
 //! # async fn demo(dir: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
 //! use std::sync::Arc;
 //! bc_controlplane::pki::init(dir, "bc.test")?;
-//! let service = Arc::new(bc_controlplane::join::JoinService::open(dir)?);
+//! let service = Arc::new(bc_controlplane::ControlPlane::open(dir)?);
 //! let tls = bc_controlplane::http::tls_config(service.bundle(), service.database())?;
 //! let router = bc_controlplane::http::router(service.clone());
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -18,12 +20,14 @@
 //! # Ok(()) }
 //! ```
 
+pub mod api_error;
 pub mod attestor;
 pub mod attestors;
 pub mod boot;
 pub mod client_auth;
 pub mod config;
 pub mod connlimit;
+mod csr;
 pub mod dist;
 pub mod dist_serve;
 pub mod eventlog;
@@ -38,6 +42,7 @@ pub mod nodes;
 #[cfg(test)]
 use bc_test_support::pg_cluster;
 pub mod pki;
+pub mod plane;
 pub mod pools;
 #[cfg(test)]
 mod race_tests;
@@ -52,8 +57,13 @@ mod test_support;
 pub mod tokens;
 pub mod uses;
 
+pub use api_error::ApiError;
 pub use attestor::{
-    AttestInput, AttestationResult, Attestor, AttestorRegistry, Deferral, Fault, NodeKeyKind,
-    OpenedToken, Refusal, Verdict,
+    AttestInput, AttestationResult, Attestor, Deferral, Fault, NodeKeyKind, OpenedToken, Refusal,
+    Roles, Verdict,
 };
-pub use join::{ApiError, JoinService, RefusalEvent};
+pub use attestors::AttestorRegistry;
+pub use join::JoinService;
+pub use plane::{ControlPlane, RefusalEvent};
+pub use renew::RenewService;
+pub use siteapi::SiteService;

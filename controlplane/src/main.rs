@@ -198,8 +198,8 @@ fn run(cli: Cli) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bc_controlplane::join::JoinService;
     use bc_controlplane::{records, tokens as token_rows};
+    use bc_controlplane::{ControlPlane, JoinService};
     use bc_wire::agent::Role;
     use clap::CommandFactory;
 
@@ -248,7 +248,7 @@ mod tests {
             run(Cli::try_parse_from(argv).unwrap())
         };
         cli(&["init", "--dir", &d]).unwrap();
-        let svc = JoinService::open(&dir).unwrap();
+        let svc = ControlPlane::open(&dir).unwrap();
         let (tok, _) = token_rows::create_token(svc.database(), Role::Node, 1, 60_000).unwrap();
         let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
         let csr = rcgen::CertificateParams::default()
@@ -261,7 +261,7 @@ mod tests {
                 .unwrap()
                 .seal(&bc_wire::sha256(&csr), tok.expose().as_bytes())
                 .unwrap();
-        let resp = svc
+        let resp = JoinService::new(&svc)
             .join(bc_wire::agent::JoinRequest {
                 csr,
                 role: Role::Node as i32,

@@ -18,6 +18,7 @@ use bc_wire::agent::Role;
 
 use crate::attestor::EkAssurance;
 use crate::attestors::tpm::enroll;
+use crate::join::JoinService;
 use crate::sites::{self, LeaseOutcome};
 use crate::store::pg::BEFORE_COMMIT;
 use crate::store::{params, DbError, Store};
@@ -315,10 +316,14 @@ fn one_machine_joining_twice_at_once_becomes_one_node() {
     let (req_a, req_b) = (request(), request());
     let config = crate::config::load(cp.path()).unwrap();
     let poll = Store::open_configured(cp.path(), config.database.as_ref()).unwrap();
-    let (a, b) = race_polling(poll, || cp.svc.join(req_a), || cp.svc.join(req_b));
+    let (a, b) = race_polling(
+        poll,
+        || JoinService::new(&cp.svc).join(req_a),
+        || JoinService::new(&cp.svc).join(req_b),
+    );
     assert!(a.is_ok(), "{a:?}");
     assert!(
-        matches!(b, Err(crate::join::ApiError::AccessDenied)),
+        matches!(b, Err(crate::api_error::ApiError::AccessDenied)),
         "the second join of the machine is refused: {b:?}"
     );
     let nodes: i64 = cp

@@ -50,9 +50,11 @@ use bc_wire::tpm::{self as wtpm, Public};
 use prost::Message;
 use subtle::ConstantTimeEq;
 
+use crate::api_error::ApiError;
 use crate::attestor::NodeKeyKind;
-use crate::join::{verify_csr, ApiError, JoinService, VerifiedCsr, CSR_KEY as JOIN_CSR_KEY};
+use crate::csr::{verify_csr, CsrRefusal, VerifiedCsr};
 use crate::pki::{NodeCertIdentity, NodeCertSpec};
+use crate::plane::ControlPlane;
 use crate::records::{self, NewEvent};
 use crate::store::{self, Commit, DbError, Tx, UnixMs};
 
@@ -90,7 +92,28 @@ struct Renewed {
     leaf: Vec<u8>,
 }
 
-impl JoinService {
+/// `Renew`: a service over the control plane's shared state (see
+/// [`crate::plane`]).
+#[derive(Clone, Copy)]
+pub struct RenewService<'a> {
+    cp: &'a ControlPlane,
+}
+
+impl<'a> RenewService<'a> {
+    pub fn new(cp: &'a ControlPlane) -> Self {
+        RenewService { cp }
+    }
+}
+
+/// The shared state's accessors, as the service's own.
+impl std::ops::Deref for RenewService<'_> {
+    type Target = ControlPlane;
+    fn deref(&self) -> &ControlPlane {
+        self.cp
+    }
+}
+
+impl RenewService<'_> {
     /// `Renew` on a serialized `RenewRequest`, for the TLS client whose
     /// leaf certificate (DER) the transport authenticated; `None` when the
     /// client sent none.
@@ -128,11 +151,10 @@ impl JoinService {
         let node_id = identity.node_id.as_str();
         let csr = match verify_csr(&req.csr)? {
             Ok(csr) => csr,
-            Err(reason) => {
-                let reason = if reason == JOIN_CSR_KEY {
-                    CSR_KEY
-                } else {
-                    CSR_SIGNATURE
+            Err(refusal) => {
+                let reason = match refusal {
+                    CsrRefusal::Key => CSR_KEY,
+                    CsrRefusal::Signature => CSR_SIGNATURE,
                 };
                 return Err(self.refuse_renew(Some(node_id), reason));
             }
@@ -203,7 +225,7 @@ impl JoinService {
             "ramdisk" => crate::boot::cert_not_after(tx, node_id)?,
             _ => None,
         };
-        let cert_ttl = crate::join::capped_ttl(cert_ttl, now, entry_end);
+        let cert_ttl = crate::plane::capped_ttl(cert_ttl, now, entry_end);
         // X.509 times have whole seconds; issue at whole seconds so the
         // stored validity is the certificate's.
         let not_before = store::to_datetime(now - now.rem_euclid(1000));

@@ -31,8 +31,9 @@ use bc_wire::site_v1::{
 };
 use prost::Message;
 
+use crate::api_error::ApiError;
 use crate::eventlog::Refused as Counted;
-use crate::join::{ApiError, JoinService};
+use crate::plane::ControlPlane;
 use crate::records;
 use crate::sites::{self, Lease, LeaseOutcome};
 use crate::store::{Commit, DbError, Tx, UnixMs};
@@ -95,7 +96,28 @@ impl From<Refused> for Stop {
     }
 }
 
-impl JoinService {
+/// `bettercompute.site.v1.SiteService`: a service over the control
+/// plane's shared state (see [`crate::plane`]).
+#[derive(Clone, Copy)]
+pub struct SiteService<'a> {
+    cp: &'a ControlPlane,
+}
+
+impl<'a> SiteService<'a> {
+    pub fn new(cp: &'a ControlPlane) -> Self {
+        SiteService { cp }
+    }
+}
+
+/// The shared state's accessors, as the service's own.
+impl std::ops::Deref for SiteService<'_> {
+    type Target = ControlPlane;
+    fn deref(&self) -> &ControlPlane {
+        self.cp
+    }
+}
+
+impl SiteService<'_> {
     /// `AcquireLease`: takes or keeps `site:<id>:boot` for the caller, or
     /// says who holds it.
     pub fn acquire_lease_bytes(
@@ -410,7 +432,7 @@ fn printable(s: &str) -> String {
         .collect()
 }
 
-impl JoinService {
+impl SiteService<'_> {
     /// What admits a machine's commissioning at `site_id` now.
     fn commissioning(
         &self,

@@ -11,15 +11,16 @@ use rcgen::{KeyPair, PublicKeyData};
 
 use crate::join::JoinService;
 use crate::pki::NodeCertSpec;
+use crate::plane::ControlPlane;
 use crate::records;
 use crate::store::{self, Store, UnixMs};
 
 /// The trust domain of every fixture DIR.
 pub(crate) const TRUST_DOMAIN: &str = "bc.test";
 
-/// A control plane DIR (removed on drop) and the JoinService on it.
+/// A control plane DIR (removed on drop) and the ControlPlane on it.
 pub(crate) struct Cp {
-    pub(crate) svc: Arc<JoinService>,
+    pub(crate) svc: Arc<ControlPlane>,
     _dir: tempfile::TempDir,
     /// The PostgreSQL database `[database]` names, if any.
     _pg: Option<crate::pg_cluster::PgDb>,
@@ -76,7 +77,7 @@ pub(crate) fn cp_on_with(
         std::fs::write(dir.path().join(crate::config::CONFIG_FILE), text).unwrap();
     }
     prepare(dir.path());
-    let svc = Arc::new(JoinService::open(dir.path()).unwrap());
+    let svc = Arc::new(ControlPlane::open(dir.path()).unwrap());
     Cp {
         svc,
         _dir: dir,
@@ -311,7 +312,7 @@ impl Cp {
     /// and the node key.
     pub(crate) fn token_join(&self, role: Role, pool: Option<&str>) -> (JoinResponseBody, KeyPair) {
         let (req, key) = self.token_request(role, pool);
-        let resp = self.svc.join(req).unwrap();
+        let resp = JoinService::new(&self.svc).join(req).unwrap();
         (JoinResponseBody::decode(resp.body.as_slice()).unwrap(), key)
     }
 

@@ -8,7 +8,7 @@ use std::sync::{Mutex, OnceLock};
 use bc_controlplane::attestors::tpm::ek;
 use bc_controlplane::pki::NodeCertSpec;
 use bc_controlplane::store::{self, UnixMs};
-use bc_controlplane::{records, JoinService};
+use bc_controlplane::{records, ControlPlane, JoinService, RenewService};
 
 use crate::{fixtures, split_parts};
 
@@ -22,7 +22,7 @@ use crate::{fixtures, split_parts};
 /// check.
 struct Cp {
     dir: tempfile::TempDir,
-    svc: JoinService,
+    svc: ControlPlane,
     /// The leaf of `node_fuzz` (DER), which Renew is called with.
     leaf: Vec<u8>,
     /// Inputs run since the clock was last put back.
@@ -43,7 +43,7 @@ impl Cp {
         std::fs::write(dir.path().join("challenge.key"), fixtures::CHALLENGE_KEY)
             .map_err(|e| e.to_string())?;
         cloud_iid_config(dir.path())?;
-        let svc = JoinService::open(dir.path()).map_err(|e| e.to_string())?;
+        let svc = ControlPlane::open(dir.path()).map_err(|e| e.to_string())?;
         for provider in ["gcp", "aws"] {
             svc.database()
                 .write(|tx| {
@@ -205,7 +205,7 @@ fn with_cp(f: impl FnOnce(&Cp)) {
 /// A `Join` request body, as the HTTPS layer hands it to the JoinService.
 pub fn join_request(data: &[u8]) {
     with_cp(|cp| {
-        let _ = cp.svc.join_bytes(data, None);
+        let _ = JoinService::new(&cp.svc).join_bytes(data, None);
     });
 }
 
@@ -213,7 +213,7 @@ pub fn join_request(data: &[u8]) {
 /// certificate carries the captured AK's statement).
 pub fn renew_request(data: &[u8]) {
     with_cp(|cp| {
-        let _ = cp.svc.renew_bytes(Some(&cp.leaf), data);
+        let _ = RenewService::new(&cp.svc).renew_bytes(Some(&cp.leaf), data);
     });
 }
 
@@ -266,10 +266,11 @@ pub fn cloud_cms(data: &[u8]) {
 #[cfg(test)]
 pub(crate) fn harness_outcomes(join: &[u8], renew: &[u8]) -> Result<(bool, bool), String> {
     let cp = Cp::new()?;
-    let joined = cp
-        .svc
+    let joined = JoinService::new(&cp.svc)
         .join_bytes(join, None)
         .map_err(|e| format!("join: {e:?}"))?;
-    let renewed = cp.svc.renew_bytes(Some(&cp.leaf), renew).is_ok();
+    let renewed = RenewService::new(&cp.svc)
+        .renew_bytes(Some(&cp.leaf), renew)
+        .is_ok();
     Ok((!joined.body.is_empty(), renewed))
 }

@@ -42,11 +42,13 @@ struct BentServer {
 
 impl BentServer {
     fn start(cp: &ControlPlane, bend: Bend) -> Self {
-        let svc = Arc::new(JoinService::open(cp.path()).expect("open JoinService"));
+        let svc = Arc::new(
+            bc_controlplane::plane::ControlPlane::open(cp.path()).expect("open the control plane"),
+        );
         let tls = http::tls_config(svc.bundle(), svc.database()).expect("tls config");
         let handler = move |body: Bytes| {
             let svc = svc.clone();
-            async move { answer(&svc, bend, &body) }
+            async move { answer(&JoinService::new(&svc), bend, &body) }
         };
         let router =
             axum::Router::new().route(bc_wire::endpoints::JOIN, axum::routing::post(handler));

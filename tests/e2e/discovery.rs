@@ -701,7 +701,8 @@ fn only_single_use_tokens_and_ramdisks_are_admitted() {
         "token-not-single-use",
     );
 
-    let svc = bc_controlplane::JoinService::open(cp.path()).unwrap();
+    let cp_state = bc_controlplane::plane::ControlPlane::open(cp.path()).unwrap();
+    let svc = bc_controlplane::JoinService::new(&cp_state);
     let csr = throwaway_csr();
     let req = bc_wire::agent::JoinRequest {
         csr,

@@ -123,6 +123,13 @@ impl Attestor for DiscoveryAttestor {
         DISCOVERY
     }
 
+    fn roles(&self) -> crate::attestor::Roles {
+        crate::attestor::Roles {
+            admits: &[Role::Ramdisk],
+            refusal: Some(DISCOVERY_ROLE_REASON),
+        }
+    }
+
     fn takes_tpm_evidence(&self) -> bool {
         true
     }

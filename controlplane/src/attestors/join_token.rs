@@ -69,6 +69,13 @@ impl Attestor for JoinTokenAttestor {
         JOIN_TOKEN
     }
 
+    fn roles(&self) -> crate::attestor::Roles {
+        crate::attestor::Roles {
+            admits: &[Role::Node, Role::Site],
+            refusal: Some(TOKEN_ROLE),
+        }
+    }
+
     fn verify(&self, tx: &Tx<'_>, input: &AttestInput<'_>) -> Result<Verdict, Refusal> {
         let (token, row) = live_token(tx, input)?;
         let refuse = |reason: &str| Refusal::new(reason).with_token(Some(&token.id));
@@ -134,10 +141,10 @@ mod tests {
                     source: None,
                     prepared: &crate::attestor::Prepared::default(),
                 };
-                crate::join::check_role(JOIN_TOKEN, role, None)?;
+                crate::join::check_role(&JoinTokenAttestor, role, None)?;
                 let out = JoinTokenAttestor.verify(tx, &input);
                 if let Ok(Verdict::Admit(result)) = &out {
-                    crate::join::check_role(JOIN_TOKEN, role, Some(result))?;
+                    crate::join::check_role(&JoinTokenAttestor, role, Some(result))?;
                 }
                 Ok(out)
             };

@@ -1,8 +1,8 @@
-//! The attestors that ship with the control plane: `join-token` (built into
-//! every [`crate::attestor::AttestorRegistry`]), `tpm`, `x509pop` and
-//! `discovery`, `provisioned` and `cloud-iid` (registered by
-//! [`crate::join::JoinService::open`]). Others are added with
-//! [`crate::attestor::AttestorRegistry::register`].
+//! The attestors that ship with the control plane, and the one place that
+//! wires them: `join-token` is built into every [`AttestorRegistry`];
+//! [`builtin`] adds `tpm`, `x509pop`, `discovery`, `provisioned` and
+//! `cloud-iid` as DIR's config sets them up (what `serve` runs). Others are
+//! added with [`AttestorRegistry::register`].
 
 pub mod cloud_iid;
 pub mod discovery;
@@ -10,3 +10,70 @@ pub mod join_token;
 pub mod provisioned;
 pub mod tpm;
 pub mod x509pop;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crate::attestor::{Attestor, JOIN_TOKEN};
+use crate::config::Config;
+
+/// The attestors a control plane runs, by id. `join-token` is always there;
+/// registering another with that id replaces it.
+#[derive(Clone)]
+pub struct AttestorRegistry {
+    by_id: BTreeMap<String, Arc<dyn Attestor>>,
+}
+
+impl Default for AttestorRegistry {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl AttestorRegistry {
+    pub fn new() -> Self {
+        let mut r = AttestorRegistry {
+            by_id: BTreeMap::new(),
+        };
+        r.register(Arc::new(join_token::JoinTokenAttestor));
+        r
+    }
+
+    /// Adds an attestor, replacing one of the same id.
+    pub fn register(&mut self, attestor: Arc<dyn Attestor>) {
+        self.by_id.insert(attestor.id().to_owned(), attestor);
+    }
+
+    /// The attestor a request names; an empty name means `join-token`.
+    pub fn get(&self, id: &str) -> Option<Arc<dyn Attestor>> {
+        let id = if id.is_empty() { JOIN_TOKEN } else { id };
+        self.by_id.get(id).cloned()
+    }
+
+    pub fn ids(&self) -> impl Iterator<Item = &str> {
+        self.by_id.keys().map(String::as_str)
+    }
+}
+
+/// Every built-in attestor, configured from `config` (tokens of tpm
+/// challenges are sealed under `challenge_key`).
+pub fn builtin(config: &Config, challenge_key: [u8; 32]) -> AttestorRegistry {
+    let mut registry = AttestorRegistry::new();
+    let tpm = tpm::TpmAttestor::new(
+        config.tpm.clone(),
+        tpm::state::ChallengeKey::new(challenge_key),
+    );
+    registry.register(Arc::new(discovery::DiscoveryAttestor::new(
+        config.discovery.clone(),
+        tpm.for_ramdisk(),
+    )));
+    registry.register(Arc::new(tpm));
+    registry.register(Arc::new(x509pop::X509PopAttestor::new(
+        config.x509pop.clone(),
+    )));
+    registry.register(Arc::new(provisioned::ProvisionedAttestor));
+    registry.register(Arc::new(cloud_iid::CloudIidAttestor::new(
+        config.cloud_iid.clone(),
+    )));
+    registry
+}

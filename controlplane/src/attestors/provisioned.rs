@@ -36,6 +36,13 @@ impl Attestor for ProvisionedAttestor {
         PROVISIONED
     }
 
+    fn roles(&self) -> crate::attestor::Roles {
+        crate::attestor::Roles {
+            admits: &[bc_wire::agent::Role::Node],
+            refusal: Some(TOKEN_ROLE),
+        }
+    }
+
     fn verify(&self, tx: &Tx<'_>, input: &AttestInput<'_>) -> Result<Verdict, Refusal> {
         let (token, row) = live_token(tx, input)?;
         let target = row.target_node_id.as_deref();

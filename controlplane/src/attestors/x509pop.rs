@@ -124,6 +124,13 @@ impl Attestor for X509PopAttestor {
         X509POP
     }
 
+    fn roles(&self) -> crate::attestor::Roles {
+        crate::attestor::Roles {
+            admits: &[Role::Node, Role::Site],
+            refusal: Some(ROLE),
+        }
+    }
+
     fn verify(&self, tx: &Tx<'_>, input: &AttestInput<'_>) -> Result<Verdict, Refusal> {
         let ev = Evidence::from_json(input.evidence).map_err(|e| {
             tracing::debug!(error = %e, "x509pop: evidence refused");

@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
-use bc_controlplane::join::JoinService;
+use bc_controlplane::ControlPlane;
 use bc_controlplane::{pools, store};
 use clap::Subcommand;
 use serde_json::json;
@@ -56,10 +56,10 @@ pub enum PoolsCmd {
     List(ListArgs),
 }
 
-/// The ids of the attestors `serve` runs on DIR: the JoinService it would
+/// The ids of the attestors `serve` runs on DIR: the control plane it would
 /// open, asked (not a list kept beside it, which would drift).
 fn served_attestor_ids(dir: &Path) -> Result<Vec<String>> {
-    let svc = JoinService::open_with(dir, super::load_config(dir)?)
+    let svc = ControlPlane::open_with(dir, super::load_config(dir)?)
         .with_context(|| format!("cannot open the control plane in {}", dir.display()))?;
     let ids = svc.attestor_ids();
     svc.shutdown_events();

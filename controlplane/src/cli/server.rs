@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
-use bc_controlplane::{connlimit, http, join::JoinService, pki};
+use bc_controlplane::{connlimit, http, pki, ControlPlane};
 
 use super::{open_db, print_stdout, require_initialized};
 
@@ -31,7 +31,7 @@ pub fn serve(dir: &Path, listen: SocketAddr) -> Result<()> {
     let config = super::load_config(dir)?;
     let limits = connlimit::Limits::new(&config.server, nofile);
     let service = Arc::new(
-        JoinService::open_with(dir, config)
+        ControlPlane::open_with(dir, config)
             .with_context(|| format!("cannot load the control plane in {}", dir.display()))?,
     );
     let tls = http::tls_config(service.bundle(), service.database())

@@ -68,7 +68,7 @@ impl Fixture {
     }
 
     fn renew(&self, leaf: &[u8], req: &RenewRequest) -> Result<RenewResponse, ApiError> {
-        self.svc.renew(Some(leaf), req)
+        RenewService::new(&self.svc).renew(Some(leaf), req)
     }
 
     /// The reason of the one refusal `f` causes, checked to be the same
@@ -192,11 +192,11 @@ fn refusals_name_their_reason() {
 
     // No client certificate: no node to name.
     assert_eq!(
-        f.refused(|| f.svc.renew(None, &good())),
+        f.refused(|| RenewService::new(&f.svc).renew(None, &good())),
         NO_CLIENT_CERTIFICATE
     );
     assert_eq!(
-        f.refused(|| f.svc.renew_bytes(None, b"not even protobuf")),
+        f.refused(|| RenewService::new(&f.svc).renew_bytes(None, b"not even protobuf")),
         NO_CLIENT_CERTIFICATE
     );
     let ev = f.renew_refusals();
@@ -240,7 +240,7 @@ fn refusals_name_their_reason() {
         Err(ApiError::InvalidInput(_))
     ));
     assert!(matches!(
-        f.svc.renew_bytes(Some(&leaf), b"\xff\xff"),
+        RenewService::new(&f.svc).renew_bytes(Some(&leaf), b"\xff\xff"),
         Err(ApiError::InvalidInput(_))
     ));
     assert_eq!(

@@ -193,6 +193,13 @@ impl Attestor for CloudIidAttestor {
         CLOUD_IID
     }
 
+    fn roles(&self) -> crate::attestor::Roles {
+        crate::attestor::Roles {
+            admits: &[Role::Node, Role::Site, Role::Ramdisk],
+            refusal: Some(CLOUD_ROLE),
+        }
+    }
+
     fn verify(&self, tx: &Tx<'_>, input: &AttestInput<'_>) -> Result<Verdict, Refusal> {
         let evidence =
             Evidence::from_json(input.evidence).map_err(|_| Refusal::new(CLOUD_MALFORMED))?;

@@ -963,6 +963,13 @@ impl Attestor for TpmAttestor {
         TPM
     }
 
+    fn roles(&self) -> crate::attestor::Roles {
+        crate::attestor::Roles {
+            admits: &[Role::Node, Role::Site],
+            refusal: Some(ROLE),
+        }
+    }
+
     fn prepare(
         &self,
         db: &crate::store::Store,

@@ -160,10 +160,10 @@ impl Fixture {
                     };
                     // JoinService's role check around the attestor, as a join
                     // has it (its refusal rolls back what the attestor wrote).
-                    crate::join::check_role(TPM, role, None)?;
+                    crate::join::check_role(&self.attestor, role, None)?;
                     let out = self.attestor.verify(tx, &input);
                     if let Ok(Verdict::Admit(result)) = &out {
-                        crate::join::check_role(TPM, role, Some(result))?;
+                        crate::join::check_role(&self.attestor, role, Some(result))?;
                     }
                     Ok(out)
                 };
@@ -844,7 +844,8 @@ fn roles_other_than_node_or_site_are_refused() {
 /// the capture's challenge key.
 mod through_join_service {
     use super::*;
-    use crate::join::{ApiError, BOUND_ELSEWHERE, POOL_ATTESTOR};
+    use crate::api_error::ApiError;
+    use crate::join::{BOUND_ELSEWHERE, POOL_ATTESTOR};
     use bc_wire::agent::{join_response_body, JoinRequest, JoinResponseBody};
 
     use crate::test_support::{self, uri_sans as uris};
@@ -871,7 +872,7 @@ mod through_join_service {
 
     impl Cp {
         fn join(&self, evidence: Vec<u8>) -> Result<JoinResponseBody, ApiError> {
-            let resp = self.svc.join(JoinRequest {
+            let resp = crate::join::JoinService::new(&self.svc).join(JoinRequest {
                 csr: CSR.to_vec(),
                 role: Role::Node as i32,
                 attestor: TPM.into(),

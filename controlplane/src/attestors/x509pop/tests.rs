@@ -9,7 +9,7 @@ use prost::Message;
 use rcgen::{KeyPair, PublicKeyData};
 
 use super::*;
-use crate::join::ApiError;
+use crate::api_error::ApiError;
 use crate::records::NodeRow;
 use crate::store::{self, params, UnixMs};
 use crate::test_support::{self, key, plain_csr as csr_for, Cp};
@@ -112,7 +112,7 @@ impl Fixture {
         role: Role,
         attestation: Vec<u8>,
     ) -> Result<JoinResponseBody, ApiError> {
-        let resp = self.svc.join(JoinRequest {
+        let resp = crate::join::JoinService::new(&self.svc).join(JoinRequest {
             csr,
             role: role as i32,
             attestor: X509POP.into(),
@@ -436,8 +436,8 @@ fn a_proof_admits_once_even_across_a_restart() {
     );
     // A restart (another JoinService on the same DIR, as another replica
     // would be) still knows it.
-    let restarted = crate::join::JoinService::open(f.path()).unwrap();
-    let err = restarted
+    let restarted = crate::plane::ControlPlane::open(f.path()).unwrap();
+    let err = crate::join::JoinService::new(&restarted)
         .join(JoinRequest {
             csr: csr.clone(),
             role: Role::Node as i32,
