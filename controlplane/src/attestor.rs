@@ -59,7 +59,7 @@ pub trait Attestor: Send + Sync {
 }
 
 /// Which roles an attestor admits, and the reason any other is refused
-/// with: the README's table, one row in each attestor, enforced by
+/// with: docs/control-plane.md's table, one row in each attestor, enforced by
 /// JoinService alone (bar discovery's own first check, which says the
 /// same). A result may narrow it further ([`AttestationResult::roles`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
