@@ -79,7 +79,7 @@ use toml::Spanned;
 use crate::attestors::tpm::{NodeKeyPolicy, TpmConfig, MAX_CHALLENGE_TTL_MS};
 use crate::attestors::x509pop::X509PopConfig;
 
-mod database;
+use crate::store::settings as database;
 pub use database::{
     DatabaseConfig, DatabaseOverrides, DbPassword, CA_FILE_ENV, MAX_DB_CONNECTIONS,
     PASSWORD_FILE_ENV, URL_ENV, URL_FLAG,

@@ -19,7 +19,7 @@ use serde::Deserialize;
 use toml::Spanned;
 use zeroize::Zeroize as _;
 
-use super::ConfigError;
+use crate::config::ConfigError;
 
 /// The most pooled connections a replica may hold: each is a PostgreSQL
 /// backend process, and the server's own limit (100 by default) is shared
@@ -47,7 +47,7 @@ pub struct DatabaseConfig {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct RawDatabase {
+pub(crate) struct RawDatabase {
     url: Spanned<String>,
     password_file: Option<Spanned<String>>,
     ca_file: Option<Spanned<String>>,
@@ -65,7 +65,7 @@ pub fn default_max_connections() -> usize {
 
 /// Checks `[database]` of the file in `dir`; `invalid` makes an error at a
 /// span of that file.
-pub(super) fn parse(
+pub(crate) fn parse(
     raw: RawDatabase,
     dir: &Path,
     invalid: &dyn Fn(Option<Range<usize>>, String) -> ConfigError,
