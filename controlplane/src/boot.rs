@@ -35,7 +35,7 @@ use aes_gcm::{Aes256Gcm, Nonce};
 use bc_wire::token::JoinToken;
 use hmac::Mac;
 
-use crate::attestor::Expect;
+use crate::machine::Expect;
 use crate::pools::PoolError;
 use crate::records::{self, NewEvent};
 use crate::store::{params, DbError, Row, Store, Tx, UnixMs};
@@ -180,7 +180,7 @@ fn node_expectation(tx: &Tx<'_>, node: &str) -> Result<(String, Option<String>),
             "--node {node}: the node is retired; re-commission a live node, or use --ek-sha256"
         )));
     }
-    let ek = records::binding_of_node(tx, node, crate::attestor::BINDING_TPM_EK)?.ok_or_else(
+    let ek = records::binding_of_node(tx, node, crate::machine::BINDING_TPM_EK)?.ok_or_else(
         || {
             PoolError::InvalidInput(format!(
                 "--node {node}: the node is bound to no EK (it never joined with its TPM); use --ek-sha256 from bcd tpm identify --json, or no expectation"

@@ -23,7 +23,8 @@
 //! of its machine joins ([`crate::boot::retire_superseded`]), so it blocks
 //! nothing.
 
-use crate::attestor::{AttestationResult, BINDING_TPM_EK};
+use crate::attestor::AttestationResult;
+use crate::machine::BINDING_TPM_EK;
 use crate::store::{params, DbError, Tx};
 
 /// Another live node holds this machine's hardware key.
@@ -148,7 +149,7 @@ pub fn keys(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::attestor::{Binding, Expect};
+    use crate::machine::{Binding, Expect};
 
     #[test]
     fn placeholder_uuids_are_never_hardware_keys() {

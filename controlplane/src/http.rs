@@ -109,9 +109,6 @@ pub fn router(service: Arc<JoinService>) -> Router {
         .with_state(service)
 }
 
-/// `router` with `GET /dist/<name>` (see [`crate::dist_serve`]).
-pub use crate::dist_serve::with_dist;
-
 async fn join_handler(
     State(service): State<Arc<JoinService>>,
     Extension(gate): Extension<Arc<RequestGate>>,
@@ -361,12 +358,6 @@ async fn accept(listener: &TcpListener) -> io::Result<(tokio::net::TcpStream, So
     Ok((tcp, peer))
 }
 
-/// Every HTTP client the control plane makes (a maker's EK service) starts
-/// here, with TCP_NODELAY, for the reason [`accept`] sets it.
-pub fn client_builder() -> reqwest::ClientBuilder {
-    reqwest::Client::builder().tcp_nodelay(true)
-}
-
 /// The pause after a failed `accept` (out of descriptors, ...): the first,
 /// doubling to the last while `accept` keeps failing, the first again after
 /// a connection is accepted.
@@ -570,17 +561,6 @@ mod tests {
         let (unset, _) = listener.accept().await.unwrap();
         assert!(!unset.nodelay().unwrap());
     }
-
-    /// The one constructor of the control plane's HTTP clients sets
-    /// TCP_NODELAY (reqwest shows it in the builder's Debug).
-    #[test]
-    fn outbound_clients_set_nodelay() {
-        assert!(
-            format!("{:?}", client_builder()).contains("tcp_nodelay: true"),
-            "{:?}",
-            client_builder()
-        );
-    }
     use axum::routing::get;
     use bc_wire::agent::{JoinResponse, JoinResponseBody, Role};
     use rcgen::PublicKeyData;
@@ -765,7 +745,7 @@ mod tests {
         let server = tokio::spawn(serve_with(
             listener,
             tls,
-            with_dist(router(svc.clone()), cp.path()),
+            crate::dist_serve::with_dist(router(svc.clone()), cp.path()),
             limits,
             async {
                 let _ = stopped.await;

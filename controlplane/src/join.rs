@@ -35,9 +35,11 @@ use prost::Message;
 use time::Duration;
 
 use crate::attestor::{
-    AttestInput, AttestationResult, Attestor, AttestorRegistry, Deferral, ExpectMismatch, Fault,
-    OpenedToken, Prepared, Refusal, Verdict, JOIN_TOKEN,
+    AttestInput, AttestationResult, Attestor, AttestorRegistry, Deferral, Fault, OpenedToken,
+    Prepared, Refusal, Verdict, JOIN_TOKEN,
 };
+// The expect check's reasons, spelled as JoinService's (`join:`).
+pub use crate::attestor::{check_expect, EXPECT_MAC, EXPECT_PRODUCT_UUID};
 use crate::attestors::tpm::{self, state::ChallengeKey, TpmAttestor};
 use crate::attestors::x509pop::{self, X509PopAttestor};
 use crate::attestors::{cloud_iid, discovery, join_token, provisioned};
@@ -66,11 +68,6 @@ pub const UNKNOWN_POOL: &str = "join:unknown-pool";
 /// The machine's hardware key is bound to another node, or the node to
 /// another hardware key of that kind.
 pub const BOUND_ELSEWHERE: &str = "bound-elsewhere";
-
-/// The token's expect binding: the claimed product UUID is empty or another.
-pub const EXPECT_PRODUCT_UUID: &str = "join:expect-product-uuid";
-/// The token's expect binding: its MAC is not among the claimed ones.
-pub const EXPECT_MAC: &str = "join:expect-mac";
 
 /// The only node-key statement a renewal can prove again (see the spec,
 /// "Renewing a TPM-held key"); any other is refused rather than issued.
@@ -957,26 +954,6 @@ pub(crate) fn check_role(
     Err(Refusal::new(reason)
         .with_token(result.and_then(|r| r.token_id.as_deref()))
         .with_node(result.and_then(|r| r.reclaim_node_id.as_deref())))
-}
-
-/// Enforces the expect binding of the token an attestor admitted with. Done
-/// here rather than in each attestor so that every token-based attestor
-/// (join-token now; provisioned, discovery later) binds the same way. It
-/// runs inside the join transaction before anything is written, so a
-/// refusal rolls back the use the attestor consumed.
-pub(crate) fn check_expect(
-    result: &AttestationResult,
-    claims: &agent::HardwareClaims,
-) -> Result<(), Refusal> {
-    result.expect.check(claims).map_err(|mismatch| {
-        let reason = match mismatch {
-            ExpectMismatch::ProductUuid => EXPECT_PRODUCT_UUID,
-            ExpectMismatch::Mac => EXPECT_MAC,
-        };
-        Refusal::new(reason)
-            .with_token(result.token_id.as_deref())
-            .with_node(result.reclaim_node_id.as_deref())
-    })
 }
 
 /// Parses and verifies a CSR. The outer error is a broken request

@@ -31,8 +31,10 @@ pub mod fsutil;
 pub mod hardware;
 pub mod header_errors;
 pub mod http;
+pub mod http_client;
 pub mod ids;
 pub mod join;
+pub mod machine;
 pub mod nodes;
 // The tests' PostgreSQL server (also the e2e binary's, through #[path]).
 #[cfg(test)]

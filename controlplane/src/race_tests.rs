@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use bc_wire::agent::Role;
 
-use crate::attestor::EkAssurance;
 use crate::attestors::tpm::enroll;
+use crate::machine::EkAssurance;
 use crate::sites::{self, LeaseOutcome};
 use crate::store::pg::BEFORE_COMMIT;
 use crate::store::{params, DbError, Store};

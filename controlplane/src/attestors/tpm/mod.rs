@@ -69,6 +69,7 @@ mod credential_ecc;
 pub mod ek;
 pub mod ek_ecc;
 pub mod ek_service;
+mod ek_template;
 pub mod enroll;
 pub mod pcr;
 pub mod state;
@@ -79,9 +80,10 @@ use prost::Message;
 use subtle::ConstantTimeEq;
 
 use crate::attestor::{
-    AttestInput, AttestationResult, Attestor, Binding, Deferral, EkAssurance, Fault, NodeKeyKind,
-    Prepared, Refusal, Verdict, Work, BINDING_TPM_EK,
+    AttestInput, AttestationResult, Attestor, Deferral, Fault, NodeKeyKind, Prepared, Refusal,
+    Verdict, Work,
 };
+use crate::machine::{Binding, EkAssurance, BINDING_TPM_EK};
 use crate::records;
 use crate::store::{LockKey, Tx};
 use ek_service::{known, Claim, EkServices, EkServicesConfig, Fetched, EK_SERVICE};
