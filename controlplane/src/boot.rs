@@ -195,12 +195,10 @@ pub fn add(db: &Store, key: &BootKey, new: &NewEntry<'_>) -> Result<BootEntry, P
     let workflow_id = crate::ids::random_id("wf_").map_err(DbError::Random)?;
     let given_ek = new
         .ek_sha256
-        .map(crate::attestors::tpm::enroll::normalize_ek_sha256)
+        .map(crate::enroll::normalize_ek_sha256)
         .transpose()
         .map_err(|e| match e {
-            crate::attestors::tpm::enroll::EnrollError::InvalidInput(m) => {
-                PoolError::InvalidInput(m)
-            }
+            crate::enroll::EnrollError::InvalidInput(m) => PoolError::InvalidInput(m),
             other => PoolError::InvalidInput(other.to_string()),
         })?;
     db.write(|tx| {

@@ -26,6 +26,7 @@ pub mod config;
 pub mod connlimit;
 pub mod dist;
 pub mod dist_serve;
+pub mod enroll;
 pub mod eventlog;
 pub mod fsutil;
 pub mod hardware;

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use bc_wire::agent::Role;
 
-use crate::attestors::tpm::enroll;
+use crate::enroll;
 use crate::machine::EkAssurance;
 use crate::sites::{self, LeaseOutcome};
 use crate::store::pg::BEFORE_COMMIT;

@@ -70,7 +70,6 @@ pub mod ek;
 pub mod ek_ecc;
 pub mod ek_service;
 mod ek_template;
-pub mod enroll;
 pub mod pcr;
 pub mod state;
 
@@ -83,6 +82,7 @@ use crate::attestor::{
     AttestInput, AttestationResult, Attestor, Deferral, Fault, NodeKeyKind, Prepared, Refusal,
     Verdict, Work,
 };
+use crate::enroll;
 use crate::machine::{Binding, EkAssurance, BINDING_TPM_EK};
 use crate::records;
 use crate::store::{LockKey, Tx};
