@@ -23,7 +23,7 @@ pub use crate::machine::{
 use crate::store::{Tx, UnixMs};
 
 /// The id of the built-in attestor, and what an empty `JoinRequest.attestor` means.
-pub const JOIN_TOKEN: &str = "join-token";
+pub const JOIN_TOKEN: &str = bc_wire::AttestorId::JoinToken.as_str();
 
 /// An attestor: verifies one kind of evidence inside the join transaction.
 pub trait Attestor: Send + Sync {
@@ -295,28 +295,6 @@ impl Refusal {
         }));
         self
     }
-}
-
-/// The token's expect binding: the claimed product UUID is empty or another.
-pub const EXPECT_PRODUCT_UUID: &str = "join:expect-product-uuid";
-/// The token's expect binding: its MAC is not among the claimed ones.
-pub const EXPECT_MAC: &str = "join:expect-mac";
-
-/// Enforces the expect binding of the token an attestor admitted with. Done
-/// by JoinService rather than by each attestor so that every token-based attestor
-/// (join-token now; provisioned, discovery later) binds the same way. It
-/// runs inside the join transaction before anything is written, so a
-/// refusal rolls back the use the attestor consumed.
-pub fn check_expect(result: &AttestationResult, claims: &HardwareClaims) -> Result<(), Refusal> {
-    result.expect.check(claims).map_err(|mismatch| {
-        let reason = match mismatch {
-            ExpectMismatch::ProductUuid => EXPECT_PRODUCT_UUID,
-            ExpectMismatch::Mac => EXPECT_MAC,
-        };
-        Refusal::new(reason)
-            .with_token(result.token_id.as_deref())
-            .with_node(result.reclaim_node_id.as_deref())
-    })
 }
 
 impl From<crate::store::DbError> for Refusal {

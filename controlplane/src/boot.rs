@@ -195,12 +195,9 @@ pub fn add(db: &Store, key: &BootKey, new: &NewEntry<'_>) -> Result<BootEntry, P
     let workflow_id = crate::ids::random_id("wf_").map_err(DbError::Random)?;
     let given_ek = new
         .ek_sha256
-        .map(crate::enroll::normalize_ek_sha256)
+        .map(crate::machine::normalize_ek_sha256)
         .transpose()
-        .map_err(|e| match e {
-            crate::enroll::EnrollError::InvalidInput(m) => PoolError::InvalidInput(m),
-            other => PoolError::InvalidInput(other.to_string()),
-        })?;
+        .map_err(|e| PoolError::InvalidInput(e.to_string()))?;
     db.write(|tx| {
         let site_id = crate::sites::resolve(tx, new.site)?;
         let now = tx.now()?;

@@ -39,12 +39,12 @@ use crate::attestor::{
     Prepared, Refusal, Verdict, JOIN_TOKEN,
 };
 // The expect check's reasons, spelled as JoinService's (`join:`).
-pub use crate::attestor::{check_expect, EXPECT_MAC, EXPECT_PRODUCT_UUID};
 use crate::attestors::tpm::{self, state::ChallengeKey, TpmAttestor};
 use crate::attestors::x509pop::{self, X509PopAttestor};
 use crate::attestors::{cloud_iid, discovery, join_token, provisioned};
 use crate::config::ConfigError;
 use crate::eventlog::{EventLog, Refused};
+pub use crate::hardware::{check_expect, EXPECT_MAC, EXPECT_PRODUCT_UUID};
 use crate::pki::{Bundle, NodeCertSpec, PkiError, MAX_NODE_CERT_TTL};
 use crate::records::{self, JoinRow, NewEvent, NodeRow};
 use crate::store::{self, Commit, DbError, LockKey, Store, Tx, UnixMs};

@@ -1,6 +1,7 @@
 //! The values that name a machine, below every table and attestor that
 //! records or compares them: the expect binding a token carries
-//! ([`Expect`]) and the normalized product UUID and MAC it holds, a
+//! ([`Expect`]) and the normalized product UUID and MAC it holds, an EK's
+//! hash as the resolve list and boot entries store it, a
 //! hardware key bound to a node ([`Binding`]), and where an EK certificate
 //! came from ([`EkAssurance`]). A leaf: it imports nothing of the crate.
 
@@ -172,6 +173,21 @@ pub fn normalize_mac(s: &str) -> Result<String, ExpectFormatError> {
         return Err(ExpectFormatError::Mac(printable_input(s)));
     }
     Ok(t.to_ascii_lowercase())
+}
+
+/// A malformed `ek_sha256` (operator input).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("--ek-sha256 must be 64 hex digits (the ekSha256 of bcd tpm identify), not {0:?}")]
+pub struct EkSha256FormatError(String);
+
+/// An `ek_sha256` as stored: 64 lowercase hex digits.
+pub fn normalize_ek_sha256(s: &str) -> Result<String, EkSha256FormatError> {
+    let lower = s.trim().to_ascii_lowercase();
+    if lower.len() == 64 && lower.bytes().all(|b| b.is_ascii_hexdigit()) {
+        Ok(lower)
+    } else {
+        Err(EkSha256FormatError(s.to_owned()))
+    }
 }
 
 /// Operator or agent input quoted in an error: bounded, so a huge claim

@@ -76,7 +76,7 @@ use crate::{hardware, records, sites, tokens, uses};
 
 pub mod approval;
 
-pub const DISCOVERY: &str = "discovery";
+pub const DISCOVERY: &str = bc_wire::AttestorId::Discovery.as_str();
 
 /// `[discovery]`: what a PXE ramdisk admitted by the `discovery` attestor
 /// gets, and the boot lease's TTL.
@@ -343,7 +343,7 @@ impl Attestor for DiscoveryAttestor {
         if self.config.approval == DiscoveryApproval::UnknownMachines && expected_ek.is_none() {
             // JoinService checks the token's expect only when it admits: a
             // join it would refuse files no request.
-            crate::attestor::check_expect(
+            crate::hardware::check_expect(
                 &AttestationResult {
                     expect: row.expect.clone(),
                     token_id: Some(token.id.clone()),

@@ -21,7 +21,7 @@ use crate::machine::normalize_product_uuid;
 use crate::store::Tx;
 use crate::{hardware, records, tokens};
 
-pub const PROVISIONED: &str = "provisioned";
+pub const PROVISIONED: &str = bc_wire::AttestorId::Provisioned.as_str();
 
 pub const NOT_SINGLE_USE: &str = "not-single-use";
 pub const NO_PRODUCT_UUID: &str = "no-product-uuid";

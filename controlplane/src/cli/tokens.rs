@@ -76,7 +76,7 @@ impl TokenRole {
         match self {
             TokenRole::Node => Role::Node.name(),
             TokenRole::Site => Role::Site.name(),
-            TokenRole::Provisioned => bc_controlplane::attestors::provisioned::PROVISIONED,
+            TokenRole::Provisioned => bc_wire::AttestorId::Provisioned.as_str(),
         }
     }
 }

@@ -91,7 +91,7 @@ pub use pcr::PcrPolicy;
 use state::{ChallengeKey, ChallengeState};
 
 /// The attestor's id.
-pub const TPM: &str = "tpm";
+pub const TPM: &str = bc_wire::AttestorId::Tpm.as_str();
 
 /// The longest a challenge may stay open (the spec: at most 5 minutes).
 pub const MAX_CHALLENGE_TTL_MS: i64 = 5 * 60 * 1000;
