@@ -13,7 +13,8 @@ use std::cell::RefCell;
 use std::path::Path;
 use std::sync::Arc;
 
-use bc_controlplane::attestors::tpm::{ek, enroll};
+use bc_controlplane::attestors::tpm::ek;
+use bc_controlplane::enroll;
 use bc_controlplane::{ControlPlane, JoinService};
 use bc_wire::agent::{
     join_response_body::Deferral, tpm_attestation, JoinRequest, JoinResponseBody, Role, TpmAnswer,

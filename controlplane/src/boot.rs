@@ -35,7 +35,7 @@ use aes_gcm::{Aes256Gcm, Nonce};
 use bc_wire::token::JoinToken;
 use hmac::Mac;
 
-use crate::attestor::Expect;
+use crate::machine::Expect;
 use crate::pools::PoolError;
 use crate::records::{self, NewEvent};
 use crate::store::{params, DbError, Row, Store, Tx, UnixMs};
@@ -180,7 +180,7 @@ fn node_expectation(tx: &Tx<'_>, node: &str) -> Result<(String, Option<String>),
             "--node {node}: the node is retired; re-commission a live node, or use --ek-sha256"
         )));
     }
-    let ek = records::binding_of_node(tx, node, crate::attestor::BINDING_TPM_EK)?.ok_or_else(
+    let ek = records::binding_of_node(tx, node, crate::machine::BINDING_TPM_EK)?.ok_or_else(
         || {
             PoolError::InvalidInput(format!(
                 "--node {node}: the node is bound to no EK (it never joined with its TPM); use --ek-sha256 from bcd tpm identify --json, or no expectation"
@@ -195,14 +195,9 @@ pub fn add(db: &Store, key: &BootKey, new: &NewEntry<'_>) -> Result<BootEntry, P
     let workflow_id = crate::ids::random_id("wf_").map_err(DbError::Random)?;
     let given_ek = new
         .ek_sha256
-        .map(crate::attestors::tpm::enroll::normalize_ek_sha256)
+        .map(crate::machine::normalize_ek_sha256)
         .transpose()
-        .map_err(|e| match e {
-            crate::attestors::tpm::enroll::EnrollError::InvalidInput(m) => {
-                PoolError::InvalidInput(m)
-            }
-            other => PoolError::InvalidInput(other.to_string()),
-        })?;
+        .map_err(|e| PoolError::InvalidInput(e.to_string()))?;
     db.write(|tx| {
         let site_id = crate::sites::resolve(tx, new.site)?;
         let now = tx.now()?;

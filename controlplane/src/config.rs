@@ -76,12 +76,16 @@ use bc_wire::pcr::PcrBank;
 use serde::Deserialize;
 use toml::Spanned;
 
+// Each attestor's own settings, which `controlplane.toml` carries.
+pub use crate::attestors::discovery::{
+    DiscoveryApproval, DiscoveryConfig, DISCOVERY_ALLOWED_KINDS, MAX_DISCOVERY_CERT_TTL_MS,
+};
 use crate::attestors::tpm::{NodeKeyPolicy, TpmConfig, MAX_CHALLENGE_TTL_MS};
 use crate::attestors::x509pop::X509PopConfig;
 
-mod database;
+use crate::store::settings as database;
 pub use database::{
-    DatabaseConfig, DatabaseOverrides, DbPassword, CA_FILE_ENV, MAX_DB_CONNECTIONS,
+    DatabaseConfig, DatabaseOverrides, DbPassword, SettingsError, CA_FILE_ENV, MAX_DB_CONNECTIONS,
     PASSWORD_FILE_ENV, URL_ENV, URL_FLAG,
 };
 
@@ -112,73 +116,10 @@ pub struct Config {
     pub database: Option<DatabaseConfig>,
 }
 
-/// `[discovery]`: what a PXE ramdisk admitted by the `discovery` attestor
-/// gets, and the boot lease's TTL.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DiscoveryConfig {
-    pub cert_ttl_ms: i64,
-    pub lease_ttl_ms: i64,
-    pub allowed_kinds: Vec<String>,
-    /// The spec's `maxAgeMs`: an assertion is valid until the earlier of
-    /// its not_after and issued_at + this.
-    pub max_age_ms: i64,
-    /// The spec's `approval`: who vouches for a machine whose boot entry
-    /// names no EK.
-    pub approval: DiscoveryApproval,
-    /// `JoinPending.retry_after_seconds` while such a join waits.
-    pub approval_retry_after_seconds: u32,
-}
-
-/// `[discovery] approval`: what admits the join of a boot entry that names
-/// no expected EK (an entry that does admits only a join proving that EK).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum DiscoveryApproval {
-    /// Unset (the spec's default): the boot LAN is trusted; the first
-    /// machine that brings the entry's token and assertion joins.
-    #[default]
-    TrustedLan,
-    /// `"unknown-machines"`: such a join waits as a join request until an
-    /// operator approves it (`requests approve`).
-    UnknownMachines,
-}
-
-impl DiscoveryApproval {
-    /// The values `[discovery] approval` takes.
-    pub const VALUES: &'static [&'static str] = &["unknown-machines"];
-}
-
-/// The spec's `discoveryAllowedKinds`: the commissioning command kinds, the
-/// registered kinds whose roles include ramdisk.
-pub const DISCOVERY_ALLOWED_KINDS: &[&str] = &[
-    "inventory.refresh",
-    "logs.collect",
-    "diag.*",
-    "disk.wipe",
-    "deploy.*",
-    "boot.kexec",
-];
-/// A ramdisk certificate lasts at most this long.
-pub const MAX_DISCOVERY_CERT_TTL_MS: i64 = 2 * 3_600_000;
 /// The longest `[discovery] max_age`: an hour (bcd site's own assertions
 /// carry a not_after of at most 15 minutes anyway).
 const MAX_DISCOVERY_MAX_AGE_MS: i64 = 3_600_000;
 const MAX_LEASE_TTL_MS: i64 = 7 * 86_400_000;
-
-impl Default for DiscoveryConfig {
-    fn default() -> Self {
-        DiscoveryConfig {
-            cert_ttl_ms: MAX_DISCOVERY_CERT_TTL_MS,
-            lease_ttl_ms: crate::sites::DEFAULT_LEASE_TTL_MS,
-            max_age_ms: bc_wire::site::ASSERTION_MAX_AGE_MS,
-            approval: DiscoveryApproval::TrustedLan,
-            approval_retry_after_seconds: 30,
-            allowed_kinds: DISCOVERY_ALLOWED_KINDS
-                .iter()
-                .map(|k| (*k).to_owned())
-                .collect(),
-        }
-    }
-}
 
 /// `[server]`: what one client, or all of them, may hold of the server.
 /// `None` is "derive from the file descriptor limit" (see `http::Limits`).
@@ -244,6 +185,24 @@ pub enum ConfigError {
         origin: &'static str,
         message: String,
     },
+}
+
+impl From<SettingsError> for ConfigError {
+    fn from(e: SettingsError) -> Self {
+        match e {
+            SettingsError::Io { path, source } => ConfigError::Io { path, source },
+            SettingsError::Invalid {
+                path,
+                line,
+                message,
+            } => ConfigError::Invalid {
+                path,
+                line,
+                message,
+            },
+            SettingsError::Setting { origin, message } => ConfigError::Setting { origin, message },
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -702,7 +661,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         if let Some(v) = services.ca_bundle {
             let dir = path.parent().unwrap_or(Path::new("."));
             let file = dir.join(v.get_ref());
-            let pem = ek_service::read_ca_bundle(&file).map_err(|e| {
+            let pem = crate::fsutil::read_ca_bundle(&file).map_err(|e| {
                 invalid(
                     Some(v.span()),
                     format!("tpm.ek_services.ca_bundle: {}: {e}", file.display()),

@@ -1,5 +1,7 @@
 //! Atomic file writes: a crash at any point leaves either the old file or the
-//! complete new one, never a torn key or certificate.
+//! complete new one, never a torn key or certificate. And the bounded read of
+//! a CA bundle, which the store (`[database] ca_file`) and the EK services
+//! both read.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
@@ -59,6 +61,15 @@ pub fn ensure_private_dir(dir: &Path) -> io::Result<()> {
         ));
     }
     fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
+}
+
+/// Largest CA bundle read (a distribution's is ~200 KiB).
+const MAX_CA_BUNDLE: u64 = 8 << 20;
+
+/// A PEM bundle of CAs (`[tpm.ek_services] ca_bundle`, the system's):
+/// a regular file, links followed (distributions link theirs), bounded.
+pub fn read_ca_bundle(path: &Path) -> Result<Vec<u8>, bc_wire::file::FileError> {
+    bc_wire::file::read_regular(path, MAX_CA_BUNDLE, bc_wire::file::Links::Follow)
 }
 
 #[cfg(test)]

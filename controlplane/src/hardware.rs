@@ -23,7 +23,10 @@
 //! of its machine joins ([`crate::boot::retire_superseded`]), so it blocks
 //! nothing.
 
-use crate::attestor::{AttestationResult, BINDING_TPM_EK};
+use bc_wire::agent::HardwareClaims;
+
+use crate::attestor::{AttestationResult, Refusal};
+use crate::machine::{ExpectMismatch, BINDING_TPM_EK};
 use crate::store::{params, DbError, Tx};
 
 /// Another live node holds this machine's hardware key.
@@ -145,10 +148,32 @@ pub fn keys(
     })
 }
 
+/// The token's expect binding: the claimed product UUID is empty or another.
+pub const EXPECT_PRODUCT_UUID: &str = "join:expect-product-uuid";
+/// The token's expect binding: its MAC is not among the claimed ones.
+pub const EXPECT_MAC: &str = "join:expect-mac";
+
+/// Enforces the expect binding of the token an attestor admitted with. Done
+/// by JoinService rather than by each attestor so that every token-based attestor
+/// (join-token now; provisioned, discovery later) binds the same way. It
+/// runs inside the join transaction before anything is written, so a
+/// refusal rolls back the use the attestor consumed.
+pub fn check_expect(result: &AttestationResult, claims: &HardwareClaims) -> Result<(), Refusal> {
+    result.expect.check(claims).map_err(|mismatch| {
+        let reason = match mismatch {
+            ExpectMismatch::ProductUuid => EXPECT_PRODUCT_UUID,
+            ExpectMismatch::Mac => EXPECT_MAC,
+        };
+        Refusal::new(reason)
+            .with_token(result.token_id.as_deref())
+            .with_node(result.reclaim_node_id.as_deref())
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::attestor::{Binding, Expect};
+    use crate::machine::{Binding, Expect};
 
     #[test]
     fn placeholder_uuids_are_never_hardware_keys() {

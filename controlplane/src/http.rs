@@ -116,9 +116,6 @@ pub fn router(service: Arc<ControlPlane>) -> Router {
         .with_state(service)
 }
 
-/// `router` with `GET /dist/<name>` (see [`crate::dist_serve`]).
-pub use crate::dist_serve::with_dist;
-
 async fn join_handler(
     State(service): State<Arc<ControlPlane>>,
     Extension(gate): Extension<Arc<RequestGate>>,
@@ -334,14 +331,6 @@ pub async fn serve_with(
     Ok(())
 }
 
-/// Every HTTP client the control plane makes (a maker's EK service) starts
-/// here, with TCP_NODELAY, for the reason the accept loop sets it on what
-/// it accepts (Nagle's algorithm would hold a request's last write back
-/// until the peer's delayed ACK).
-pub fn client_builder() -> reqwest::ClientBuilder {
-    reqwest::Client::builder().tcp_nodelay(true)
-}
-
 /// Logs a connection refused by the limits: at most every
 /// [`REFUSED_LOG_EVERY`], with how many since the last line.
 fn log_refused(count: &mut RefusedCount, why: Refusal, peer: SocketAddr, l: &Limits) {
@@ -454,17 +443,7 @@ async fn handle_connection(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The one constructor of the control plane's HTTP clients sets
-    /// TCP_NODELAY (reqwest shows it in the builder's Debug).
-    #[test]
-    fn outbound_clients_set_nodelay() {
-        assert!(
-            format!("{:?}", client_builder()).contains("tcp_nodelay: true"),
-            "{:?}",
-            client_builder()
-        );
-    }
+    use tokio::time::Instant;
     use axum::routing::get;
     use bc_wire::agent::{JoinResponse, JoinResponseBody, Role};
     use rcgen::PublicKeyData;
@@ -654,7 +633,7 @@ mod tests {
         let server = tokio::spawn(serve_with(
             listener,
             tls,
-            with_dist(router(svc.clone()), cp.path()),
+            crate::dist_serve::with_dist(router(svc.clone()), cp.path()),
             limits,
             async {
                 let _ = stopped.await;

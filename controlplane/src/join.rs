@@ -33,11 +33,12 @@ use time::Duration;
 
 use crate::api_error::ApiError;
 use crate::attestor::{
-    AttestInput, AttestationResult, Attestor, Binding, Deferral, ExpectMismatch, Fault,
-    OpenedToken, Prepared, Refusal, Verdict, JOIN_TOKEN,
+    AttestInput, AttestationResult, Attestor, Binding, Deferral, Fault, OpenedToken, Prepared,
+    Refusal, Verdict, JOIN_TOKEN,
 };
 use crate::csr::{knows_key_statement, verify_csr, CsrRefusal, VerifiedCsr};
 use crate::eventlog::Refused;
+pub use crate::hardware::{check_expect, EXPECT_MAC, EXPECT_PRODUCT_UUID};
 use crate::pki::NodeCertSpec;
 use crate::plane::{ControlPlane, RefusalEvent};
 use crate::records::{self, JoinRow, NewEvent, NodeRow};
@@ -62,11 +63,6 @@ pub const UNKNOWN_POOL: &str = "join:unknown-pool";
 /// The machine's hardware key is bound to another node, or the node to
 /// another hardware key of that kind.
 pub const BOUND_ELSEWHERE: &str = "bound-elsewhere";
-
-/// The token's expect binding: the claimed product UUID is empty or another.
-pub const EXPECT_PRODUCT_UUID: &str = "join:expect-product-uuid";
-/// The token's expect binding: its MAC is not among the claimed ones.
-pub const EXPECT_MAC: &str = "join:expect-mac";
 
 /// The outcome of the join transaction.
 enum Outcome {
@@ -762,26 +758,6 @@ pub(crate) fn check_role(
     Err(Refusal::new(reason)
         .with_token(result.and_then(|r| r.token_id.as_deref()))
         .with_node(result.and_then(|r| r.reclaim_node_id.as_deref())))
-}
-
-/// Enforces the expect binding of the token an attestor admitted with. Done
-/// here rather than in each attestor so that every token-based attestor
-/// (join-token now; provisioned, discovery later) binds the same way. It
-/// runs inside the join transaction before anything is written, so a
-/// refusal rolls back the use the attestor consumed.
-pub(crate) fn check_expect(
-    result: &AttestationResult,
-    claims: &agent::HardwareClaims,
-) -> Result<(), Refusal> {
-    result.expect.check(claims).map_err(|mismatch| {
-        let reason = match mismatch {
-            ExpectMismatch::ProductUuid => EXPECT_PRODUCT_UUID,
-            ExpectMismatch::Mac => EXPECT_MAC,
-        };
-        Refusal::new(reason)
-            .with_token(result.token_id.as_deref())
-            .with_node(result.reclaim_node_id.as_deref())
-    })
 }
 
 fn deferral_to_wire(d: Deferral) -> join_response_body::Deferral {

@@ -30,13 +30,16 @@ pub mod connlimit;
 mod csr;
 pub mod dist;
 pub mod dist_serve;
+pub mod enroll;
 pub mod eventlog;
 pub mod fsutil;
 pub mod hardware;
 pub mod header_errors;
 pub mod http;
+pub mod http_client;
 pub mod ids;
 pub mod join;
+pub mod machine;
 pub mod nodes;
 // The tests' PostgreSQL server (bc-test-support, the e2e binary's too).
 #[cfg(test)]

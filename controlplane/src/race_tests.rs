@@ -16,9 +16,9 @@ use std::time::{Duration, Instant};
 
 use bc_wire::agent::Role;
 
-use crate::attestor::EkAssurance;
-use crate::attestors::tpm::enroll;
+use crate::enroll;
 use crate::join::JoinService;
+use crate::machine::EkAssurance;
 use crate::sites::{self, LeaseOutcome};
 use crate::store::pg::BEFORE_COMMIT;
 use crate::store::{params, DbError, Store};

@@ -4,7 +4,7 @@
 use bc_wire::agent::Role;
 use bc_wire::token::JoinToken;
 
-use crate::attestor::Expect;
+use crate::machine::Expect;
 use crate::pools::{self, PoolError};
 use crate::records;
 use crate::store::{params, DbError, Row, Store, Tx, UnixMs};
@@ -78,7 +78,7 @@ pub struct TokenScope<'a> {
 }
 
 /// [`create_token_in_pool`] bound to the machine `expect` describes
-/// (values already normalized, see [`crate::attestor::normalize_mac`]):
+/// (values already normalized, see [`crate::machine::normalize_mac`]):
 /// JoinService refuses a join whose claims do not match.
 pub fn create_bound_token(
     db: &Store,

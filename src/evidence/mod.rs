@@ -12,19 +12,22 @@ pub mod provisioned;
 pub mod tpm;
 pub mod x509pop;
 
-/// Attestor ids as the control plane names them.
+/// Attestor ids as the control plane names them (the wire's
+/// [`bc_wire::AttestorId`]).
 pub mod attestor {
+    use bc_wire::AttestorId;
+
     /// The built-in attestor: a sealed join token, no further evidence.
-    pub const JOIN_TOKEN: &str = "join-token";
+    pub const JOIN_TOKEN: &str = AttestorId::JoinToken.as_str();
     /// The TPM's EK and AK, two rounds, the node key certified by the AK.
-    pub const TPM: &str = "tpm";
+    pub const TPM: &str = AttestorId::Tpm.as_str();
     /// Re-joining as itself with the last certificate and its key.
-    pub const X509POP: &str = "x509pop";
+    pub const X509POP: &str = AttestorId::X509Pop.as_str();
     /// A PXE ramdisk vouched for by its site's boot server.
-    pub const DISCOVERY: &str = "discovery";
+    pub const DISCOVERY: &str = AttestorId::Discovery.as_str();
     /// An installed system's single-use token from its user data, bound to
     /// its product UUID.
-    pub const PROVISIONED: &str = "provisioned";
+    pub const PROVISIONED: &str = AttestorId::Provisioned.as_str();
     /// A cloud VM's identity document, signed by its cloud; no token.
-    pub const CLOUD_IID: &str = "cloud-iid";
+    pub const CLOUD_IID: &str = AttestorId::CloudIid.as_str();
 }

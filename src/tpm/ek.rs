@@ -78,7 +78,8 @@ pub(super) fn load(
         return Ok(ek);
     }
     let _ = tpm.release_ek(&ek);
-    let own = super::public_spki_der(&ek.public)
+    // The wire's encoder, as ek_spki's: that module builds on this one.
+    let own = bc_wire::ekcert::spki::public_spki_der(&ek.public)
         .map(|spki| hex::encode(bc_wire::sha256(&spki)))
         .unwrap_or_default();
     Err(TpmError::OperatorCertificate {

@@ -6,6 +6,7 @@
 //! pinned by vectors in `tests/vectors.rs`, so a change of the wire shows up
 //! as a failing test rather than as a machine that can no longer join.
 
+mod attestor_id;
 pub mod cloud_iid;
 pub mod ekcert;
 pub mod file;
@@ -19,6 +20,8 @@ pub mod tpm;
 pub mod x509pop;
 
 /// The generated protobuf messages of `bettercompute.agent.v1`.
+pub use attestor_id::{AttestorId, UnknownAttestor};
+
 pub mod agent {
     include!(concat!(env!("OUT_DIR"), "/bettercompute.agent.v1.rs"));
 }

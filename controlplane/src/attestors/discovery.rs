@@ -65,19 +65,81 @@ use bc_wire::agent::{tpm_attestation, Role};
 use bc_wire::site;
 
 use crate::attestor::{
-    normalize_mac, normalize_product_uuid, AttestInput, AttestationResult, Attestor, NodeKeyKind,
-    Prepared, Refusal, Verdict, Work,
+    AttestInput, AttestationResult, Attestor, NodeKeyKind, Prepared, Refusal, Verdict, Work,
 };
 use crate::attestors::join_token::{live_token, TOKEN_EXHAUSTED, TOKEN_ROLE};
 use crate::attestors::tpm::{self, TpmAttestor, TpmProof};
 use crate::boot::DISCOVERY_ROLE;
-use crate::config::{DiscoveryApproval, DiscoveryConfig};
+use crate::machine::{normalize_mac, normalize_product_uuid};
 use crate::store::{params, DbError, Tx, UnixMs};
 use crate::{hardware, records, sites, tokens, uses};
 
 pub mod approval;
 
-pub const DISCOVERY: &str = "discovery";
+pub const DISCOVERY: &str = bc_wire::AttestorId::Discovery.as_str();
+
+/// `[discovery]`: what a PXE ramdisk admitted by the `discovery` attestor
+/// gets, and the boot lease's TTL.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DiscoveryConfig {
+    pub cert_ttl_ms: i64,
+    pub lease_ttl_ms: i64,
+    pub allowed_kinds: Vec<String>,
+    /// The spec's `maxAgeMs`: an assertion is valid until the earlier of
+    /// its not_after and issued_at + this.
+    pub max_age_ms: i64,
+    /// The spec's `approval`: who vouches for a machine whose boot entry
+    /// names no EK.
+    pub approval: DiscoveryApproval,
+    /// `JoinPending.retry_after_seconds` while such a join waits.
+    pub approval_retry_after_seconds: u32,
+}
+
+/// `[discovery] approval`: what admits the join of a boot entry that names
+/// no expected EK (an entry that does admits only a join proving that EK).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DiscoveryApproval {
+    /// Unset (the spec's default): the boot LAN is trusted; the first
+    /// machine that brings the entry's token and assertion joins.
+    #[default]
+    TrustedLan,
+    /// `"unknown-machines"`: such a join waits as a join request until an
+    /// operator approves it (`requests approve`).
+    UnknownMachines,
+}
+
+impl DiscoveryApproval {
+    /// The values `[discovery] approval` takes.
+    pub const VALUES: &'static [&'static str] = &["unknown-machines"];
+}
+
+/// The spec's `discoveryAllowedKinds`: the commissioning command kinds, the
+/// registered kinds whose roles include ramdisk.
+pub const DISCOVERY_ALLOWED_KINDS: &[&str] = &[
+    "inventory.refresh",
+    "logs.collect",
+    "diag.*",
+    "disk.wipe",
+    "deploy.*",
+    "boot.kexec",
+];
+/// A ramdisk certificate lasts at most this long.
+pub const MAX_DISCOVERY_CERT_TTL_MS: i64 = 2 * 3_600_000;
+impl Default for DiscoveryConfig {
+    fn default() -> Self {
+        DiscoveryConfig {
+            cert_ttl_ms: MAX_DISCOVERY_CERT_TTL_MS,
+            lease_ttl_ms: crate::sites::DEFAULT_LEASE_TTL_MS,
+            max_age_ms: bc_wire::site::ASSERTION_MAX_AGE_MS,
+            approval: DiscoveryApproval::TrustedLan,
+            approval_retry_after_seconds: 30,
+            allowed_kinds: DISCOVERY_ALLOWED_KINDS
+                .iter()
+                .map(|k| (*k).to_owned())
+                .collect(),
+        }
+    }
+}
 
 pub const DISCOVERY_ROLE_REASON: &str = "discovery-role";
 pub const ASSERTION_MALFORMED: &str = "assertion-malformed";
@@ -288,7 +350,7 @@ impl Attestor for DiscoveryAttestor {
         if self.config.approval == DiscoveryApproval::UnknownMachines && expected_ek.is_none() {
             // JoinService checks the token's expect only when it admits: a
             // join it would refuse files no request.
-            crate::join::check_expect(
+            crate::hardware::check_expect(
                 &AttestationResult {
                     expect: row.expect.clone(),
                     token_id: Some(token.id.clone()),
@@ -370,7 +432,7 @@ fn admitted(
     config: &DiscoveryConfig,
     token_id: String,
     pool_id: Option<String>,
-    expect: crate::attestor::Expect,
+    expect: crate::machine::Expect,
     site_id: String,
     proof: Option<TpmProof>,
 ) -> AttestationResult {

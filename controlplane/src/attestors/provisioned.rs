@@ -15,14 +15,13 @@
 //! the machine joins as a new node. Either way the UUID is proven, so it
 //! becomes the node's trusted hardware key.
 
-use crate::attestor::{
-    normalize_product_uuid, AttestInput, AttestationResult, Attestor, NodeKeyKind, Refusal, Verdict,
-};
+use crate::attestor::{AttestInput, AttestationResult, Attestor, NodeKeyKind, Refusal, Verdict};
 use crate::attestors::join_token::{live_token, TOKEN_EXHAUSTED, TOKEN_ROLE};
+use crate::machine::normalize_product_uuid;
 use crate::store::Tx;
 use crate::{hardware, records, tokens};
 
-pub const PROVISIONED: &str = "provisioned";
+pub const PROVISIONED: &str = bc_wire::AttestorId::Provisioned.as_str();
 
 pub const NOT_SINGLE_USE: &str = "not-single-use";
 pub const NO_PRODUCT_UUID: &str = "no-product-uuid";
@@ -99,7 +98,8 @@ fn target_uuid(tx: &Tx<'_>, node_id: &str) -> Result<Option<String>, Refusal> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::attestor::{Expect, OpenedToken};
+    use crate::attestor::OpenedToken;
+    use crate::machine::Expect;
     use crate::store::{DbError, Store};
     use crate::test_support::temp_db as fixture;
     use crate::tokens::TokenScope;

@@ -54,7 +54,7 @@ use crate::records::{self, NewEvent};
 use crate::store::Tx;
 
 /// The attestor's id.
-pub const X509POP: &str = "x509pop";
+pub const X509POP: &str = bc_wire::AttestorId::X509Pop.as_str();
 
 pub const EVIDENCE_MALFORMED: &str = "evidence-malformed";
 pub const UNKNOWN_CERTIFICATE: &str = "unknown-certificate";

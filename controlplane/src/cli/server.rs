@@ -36,7 +36,7 @@ pub fn serve(dir: &Path, listen: SocketAddr) -> Result<()> {
     );
     let tls = http::tls_config(service.bundle(), service.database())
         .context("cannot build the TLS configuration")?;
-    let router = http::with_dist(http::router(service.clone()), dir);
+    let router = bc_controlplane::dist_serve::with_dist(http::router(service.clone()), dir);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

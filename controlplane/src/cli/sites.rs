@@ -4,9 +4,9 @@
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use bc_controlplane::attestor::{normalize_mac, normalize_product_uuid};
 use bc_controlplane::boot::{self, BootKey, NewEntry};
 use bc_controlplane::config::parse_duration_ms;
+use bc_controlplane::machine::{normalize_mac, normalize_product_uuid};
 use bc_controlplane::{pki, sites, store};
 use clap::Subcommand;
 use serde_json::json;

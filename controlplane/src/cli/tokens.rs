@@ -4,8 +4,8 @@
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
-use bc_controlplane::attestor::{normalize_mac, normalize_product_uuid, Expect};
 use bc_controlplane::config::parse_duration_ms;
+use bc_controlplane::machine::{normalize_mac, normalize_product_uuid, Expect};
 use bc_controlplane::{pools, store, tokens};
 use bc_wire::agent::Role;
 use clap::{Subcommand, ValueEnum};
@@ -76,7 +76,7 @@ impl TokenRole {
         match self {
             TokenRole::Node => Role::Node.name(),
             TokenRole::Site => Role::Site.name(),
-            TokenRole::Provisioned => bc_controlplane::attestors::provisioned::PROVISIONED,
+            TokenRole::Provisioned => bc_wire::AttestorId::Provisioned.as_str(),
         }
     }
 }

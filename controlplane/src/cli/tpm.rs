@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use bc_controlplane::attestors::discovery;
-use bc_controlplane::attestors::tpm::{ek, enroll};
+use bc_controlplane::attestors::tpm::ek;
+use bc_controlplane::enroll;
 use bc_controlplane::{pools, store};
 use clap::Subcommand;
 use serde_json::json;

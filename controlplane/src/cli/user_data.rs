@@ -12,7 +12,7 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
-use bc_controlplane::attestor::Expect;
+use bc_controlplane::machine::Expect;
 use bc_wire::token::JoinToken;
 use clap::Args;
 

@@ -26,6 +26,7 @@ mod pg_clock;
 pub(crate) mod pg_schema;
 #[cfg(test)]
 mod pg_tests;
+pub mod settings;
 pub(crate) mod sqlite;
 #[cfg(test)]
 mod tests;
@@ -454,7 +455,7 @@ pub fn schema_version() -> usize {
 /// [`DbError::TooNew`] / [`DbError::TooNewPg`].
 pub fn pending_version(
     dir: &Path,
-    database: Option<&crate::config::DatabaseConfig>,
+    database: Option<&crate::store::settings::DatabaseConfig>,
 ) -> Result<(usize, String), DbError> {
     match database {
         Some(cfg) => {
@@ -479,11 +480,11 @@ impl Store {
     /// when it names one, else `DIR/controlplane.db`.
     pub fn open_configured(
         dir: &Path,
-        database: Option<&crate::config::DatabaseConfig>,
+        database: Option<&crate::store::settings::DatabaseConfig>,
     ) -> Result<Self, DbError> {
         match database {
             Some(cfg) => {
-                let (pool, migrated) = pg::Pool::open(dir, cfg)?;
+                let (pool, migrated) = pg_schema::open(dir, cfg)?;
                 Ok(Store {
                     backend: Backend::Pg(Box::new(pool)),
                     dialect: Dialect::Postgres,

@@ -37,7 +37,7 @@ use postgres::{Client, Statement};
 use sha2::{Digest as _, Sha256};
 
 use super::{Commit, DbError, LockKey, Row, Value};
-use crate::config::{DatabaseConfig, DbPassword};
+use crate::store::settings::{DatabaseConfig, DbPassword};
 
 /// How long a checkout waits for a free connection before [`DbError::Busy`]
 /// (SQLite's busy timeout).
@@ -260,18 +260,7 @@ struct PoolState {
 
 impl Pool {
     /// Connects to `cfg.url` (the password from `password_file`, TLS with
-    /// `ca_file`'s roots) and migrates the database; also what the
-    /// migration did.
-    pub(crate) fn open(
-        dir: &std::path::Path,
-        cfg: &DatabaseConfig,
-    ) -> Result<(Self, super::SchemaChange), DbError> {
-        let pool = Pool::open_unmigrated(dir, cfg)?;
-        let change = super::pg_schema::migrate(&pool)?;
-        Ok((pool, change))
-    }
-
-    /// Connects as [`Pool::open`] does, migrating nothing. The password is
+    /// `ca_file`'s roots), migrating nothing (`pg_schema::open` migrates). The password is
     /// wiped when this returns; the driver's config keeps a copy of its own
     /// (a plain `Vec<u8>`, no wipe on drop: `postgres::Config` offers no
     /// way to reach it) for every new connection's authentication.
@@ -893,8 +882,7 @@ fn tls_connector(
 ) -> Result<tokio_postgres_rustls::MakeRustlsConnect, DbError> {
     let fail =
         |detail: String| DbError::PgConfig(format!("database.ca_file {}: {detail}", ca.display()));
-    let pem =
-        crate::attestors::tpm::ek_service::read_ca_bundle(ca).map_err(|e| fail(e.to_string()))?;
+    let pem = crate::fsutil::read_ca_bundle(ca).map_err(|e| fail(e.to_string()))?;
     let mut roots = rustls::RootCertStore::empty();
     for cert in rustls_pemfile::certs(&mut pem.as_slice()) {
         let cert = cert.map_err(|e| fail(format!("not PEM: {e}")))?;

@@ -6,6 +6,7 @@
 use postgres::Client;
 
 use super::pg::{lock_id, PgError, Pool};
+use super::settings::DatabaseConfig;
 use super::{DbError, SchemaChange, MIGRATIONS};
 
 /// Run before migration 1: what SQLite has built in and the schema uses.
@@ -116,6 +117,18 @@ pub(crate) fn translate(sql: &str) -> String {
     out
 }
 
+/// Connects to `cfg.url` (the password from `password_file`, TLS with
+/// `ca_file`'s roots) and migrates the database; also what the
+/// migration did. Here, above the pool, so that the pool needs no schema.
+pub(crate) fn open(
+    dir: &std::path::Path,
+    cfg: &DatabaseConfig,
+) -> Result<(Pool, SchemaChange), DbError> {
+    let pool = Pool::open_unmigrated(dir, cfg)?;
+    let change = migrate(&pool)?;
+    Ok((pool, change))
+}
+
 /// Applies the migrations not yet applied, in one transaction under the
 /// migrate advisory lock; the version is the one row of `bcd_schema`.
 /// A second process migrating at once waits, then finds nothing to do.
@@ -154,7 +167,7 @@ pub(crate) fn pending(pool: &Pool) -> Result<usize, DbError> {
 /// Test-only: the database at `cfg` migrated to version `applied` only,
 /// then `seed` run on it (the schema as an older bc-controlplane left it).
 #[cfg(test)]
-pub(crate) fn old_database(cfg: &crate::config::DatabaseConfig, applied: usize, seed: &str) {
+pub(crate) fn old_database(cfg: &DatabaseConfig, applied: usize, seed: &str) {
     // password_file is absolute in the tests.
     let pool = Pool::open_unmigrated(std::path::Path::new("/"), cfg).unwrap();
     let server = pool.server().to_owned();

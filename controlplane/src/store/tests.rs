@@ -249,7 +249,7 @@ fn migration_16_keeps_enrollment_requests_and_admits_discovery_ones(backend: Bac
              VALUES ('req_1', 'tpm', 'ab12', 'CN=x', '01', 'pending', 5, 'site_1');",
     );
     let db = &t.db;
-    let rows = crate::attestors::tpm::enroll::list_requests(db).unwrap();
+    let rows = crate::enroll::list_requests(db).unwrap();
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0].ek_sha256.as_deref(), Some("ab12"));
     assert_eq!(rows[0].site_id.as_deref(), Some("site_1"));

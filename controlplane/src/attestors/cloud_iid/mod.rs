@@ -38,7 +38,7 @@ use crate::attestor::{AttestInput, AttestationResult, Attestor, NodeKeyKind, Ref
 use crate::store::{Tx, UnixMs};
 use crate::uses;
 
-pub const CLOUD_IID: &str = "cloud-iid";
+pub const CLOUD_IID: &str = bc_wire::AttestorId::CloudIid.as_str();
 pub use bc_wire::cloud_iid::{AWS, AZURE, GCP};
 
 pub const CLOUD_MALFORMED: &str = "cloud-malformed";

@@ -2,7 +2,7 @@
 //! option): a discovery join of a boot entry that names no expected EK
 //! waits for an operator, as the tpm attestor's enrollment does, through
 //! the same join requests (`requests list|approve|deny`,
-//! [`crate::attestors::tpm::enroll`]) and the same `JoinPending` deferral.
+//! [`crate::enroll`]) and the same `JoinPending` deferral.
 //!
 //! Without a TPM proof the site cannot tell the machine from a neighbour
 //! that fetched its script first, so the operator decides, per join:
@@ -38,8 +38,8 @@
 use std::net::IpAddr;
 
 use crate::attestor::{AttestInput, Deferral, Refusal};
-use crate::attestors::tpm::enroll::{self, JoinRequestRow};
 use crate::boot::BootEntry;
+use crate::enroll::{self, JoinRequestRow};
 use crate::store::{params, DbError, LockKey, Tx};
 
 pub const APPROVAL_DENIED: &str = "approval-denied";

@@ -11,23 +11,11 @@
 //! size ([`EkTemplate`]).
 
 use aes::cipher::KeyIvInit;
-use hmac::{KeyInit, Mac};
 use rsa::pkcs8::DecodePublicKey;
-use sha2::{Sha256, Sha384};
+use sha2::Sha256;
 
-use super::ek::EkTemplate;
-
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum CredentialError {
-    #[error("the EK is not a public key of its template's kind")]
-    EkKey,
-    #[error("the credential must be 1 to 64 bytes")]
-    Credential,
-    #[error("RSA-OAEP failed")]
-    Encrypt,
-    #[error("no randomness")]
-    Random,
-}
+use super::ek_template::EkTemplate;
+pub use super::ek_template::{CredentialError, NameAlg};
 
 /// What ActivateCredential takes: the TPM2B_ID_OBJECT and
 /// TPM2B_ENCRYPTED_SECRET bodies, without their u16 size prefixes.
@@ -35,59 +23,6 @@ pub enum CredentialError {
 pub struct MadeCredential {
     pub id_object: Vec<u8>,
     pub encrypted_secret: Vec<u8>,
-}
-
-/// The hash of an EK template (its nameAlg): KDFa, KDFe and the outer HMAC
-/// use it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum NameAlg {
-    Sha256,
-    Sha384,
-}
-
-impl NameAlg {
-    pub fn digest_len(self) -> usize {
-        match self {
-            NameAlg::Sha256 => 32,
-            NameAlg::Sha384 => 48,
-        }
-    }
-
-    /// H(parts…).
-    pub fn hash(self, parts: &[&[u8]]) -> Vec<u8> {
-        use sha2::Digest;
-        fn run<D: Digest>(parts: &[&[u8]]) -> Vec<u8> {
-            let mut h = D::new();
-            for p in parts {
-                h.update(p);
-            }
-            h.finalize().to_vec()
-        }
-        match self {
-            NameAlg::Sha256 => run::<Sha256>(parts),
-            NameAlg::Sha384 => run::<Sha384>(parts),
-        }
-    }
-
-    /// HMAC-H(key, parts…).
-    fn hmac(self, key: &[u8], parts: &[&[u8]]) -> Vec<u8> {
-        macro_rules! run {
-            ($d:ty) => {{
-                // An HMAC takes a key of any length: new_from_slice cannot fail.
-                let Ok(mut mac) = hmac::Hmac::<$d>::new_from_slice(key) else {
-                    return Vec::new();
-                };
-                for p in parts {
-                    mac.update(p);
-                }
-                mac.finalize().into_bytes().to_vec()
-            }};
-        }
-        match self {
-            NameAlg::Sha256 => run!(Sha256),
-            NameAlg::Sha384 => run!(Sha384),
-        }
-    }
 }
 
 /// Makes `credential` activatable only by the TPM holding the EK of

@@ -16,8 +16,7 @@ use p256::elliptic_curve::{
 use x509_parser::prelude::FromDer;
 use x509_parser::x509::SubjectPublicKeyInfo;
 
-use super::credential::{CredentialError, NameAlg};
-use super::ek::EkTemplate;
+use super::ek_template::{CredentialError, EkTemplate, NameAlg};
 
 /// A fresh seed for `template` and the encrypted secret that carries it.
 pub(super) fn ecc_seed(

@@ -17,7 +17,7 @@
 use x509_parser::certificate::X509Certificate;
 use x509_parser::public_key::PublicKey;
 
-use super::ek::{EkError, EkTemplate, EK_ATTRIBUTES, EK_POLICY_A};
+use super::ek_template::{EkError, EkTemplate, EK_ATTRIBUTES, EK_POLICY_A};
 
 /// H-3's attributes: L-1's with userWithAuth.
 pub const EK_ATTRIBUTES_HIGH: u32 = 0x0003_00F2;

@@ -63,13 +63,14 @@ pub mod budget;
 pub mod known;
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use bc_wire::tpm::{KeyParams, Public};
 
+use crate::fsutil::read_ca_bundle;
 use crate::store::{params, DbError, Tx, UnixMs};
 use budget::Budget;
 pub use budget::{Claim, Source, MAX_IN_FLIGHT, MAX_PER_MINUTE};
@@ -448,7 +449,7 @@ impl EkServices {
             Some(r) => r.clone(),
             None => system_roots()?,
         };
-        let mut builder = crate::http::client_builder()
+        let mut builder = crate::http_client::client_builder()
             .https_only(true)
             .tls_built_in_root_certs(false)
             .pool_max_idle_per_host(0)
@@ -539,15 +540,6 @@ fn cause(e: &reqwest::Error) -> String {
         source = s.source();
     }
     out
-}
-
-/// Largest CA bundle read (a distribution's is ~200 KiB).
-const MAX_CA_BUNDLE: u64 = 8 << 20;
-
-/// A PEM bundle of CAs (`[tpm.ek_services] ca_bundle`, the system's):
-/// a regular file, links followed (distributions link theirs), bounded.
-pub fn read_ca_bundle(path: &Path) -> Result<Vec<u8>, bc_wire::file::FileError> {
-    bc_wire::file::read_regular(path, MAX_CA_BUNDLE, bc_wire::file::Links::Follow)
 }
 
 /// The system's CA certificates: `SSL_CERT_FILE`, else the first bundle

@@ -69,7 +69,7 @@ mod credential_ecc;
 pub mod ek;
 pub mod ek_ecc;
 pub mod ek_service;
-pub mod enroll;
+mod ek_template;
 pub mod pcr;
 pub mod state;
 
@@ -79,9 +79,11 @@ use prost::Message;
 use subtle::ConstantTimeEq;
 
 use crate::attestor::{
-    AttestInput, AttestationResult, Attestor, Binding, Deferral, EkAssurance, Fault, NodeKeyKind,
-    Prepared, Refusal, Verdict, Work, BINDING_TPM_EK,
+    AttestInput, AttestationResult, Attestor, Deferral, Fault, NodeKeyKind, Prepared, Refusal,
+    Verdict, Work,
 };
+use crate::enroll;
+use crate::machine::{Binding, EkAssurance, BINDING_TPM_EK};
 use crate::records;
 use crate::store::{LockKey, Tx};
 use ek_service::{known, Claim, EkServices, EkServicesConfig, Fetched, EK_SERVICE};
@@ -89,7 +91,7 @@ pub use pcr::PcrPolicy;
 use state::{ChallengeKey, ChallengeState};
 
 /// The attestor's id.
-pub const TPM: &str = "tpm";
+pub const TPM: &str = bc_wire::AttestorId::Tpm.as_str();
 
 /// The longest a challenge may stay open (the spec: at most 5 minutes).
 pub const MAX_CHALLENGE_TTL_MS: i64 = 5 * 60 * 1000;

@@ -2,8 +2,8 @@
 //! service asked for its certificate before the machine proved that it
 //! holds the EK (round 1). Anything else is asked for after round 2.
 
-use crate::attestor::BINDING_TPM_EK;
-use crate::attestors::tpm::enroll;
+use crate::enroll;
+use crate::machine::BINDING_TPM_EK;
 use crate::records;
 use crate::store::{params, DbError, Tx, UnixMs};
 

@@ -19,7 +19,31 @@ use serde::Deserialize;
 use toml::Spanned;
 use zeroize::Zeroize as _;
 
-use super::ConfigError;
+/// What is wrong with a database setting: the same three shapes (and
+/// words) as a `controlplane.toml` error (`config::ConfigError`), which
+/// `config` turns it into.
+#[derive(Debug, thiserror::Error)]
+pub enum SettingsError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// `line` is 1-based; a problem with the whole file has none.
+    #[error("{}{}: {message}", path.display(), line.map(|l| format!(":{l}")).unwrap_or_default())]
+    Invalid {
+        path: PathBuf,
+        line: Option<usize>,
+        message: String,
+    },
+    /// A setting from the command line or the environment, which `origin`
+    /// names (`--database-url`, `BC_CONTROLPLANE_DATABASE_URL`).
+    #[error("{origin}: {message}")]
+    Setting {
+        origin: &'static str,
+        message: String,
+    },
+}
 
 /// The most pooled connections a replica may hold: each is a PostgreSQL
 /// backend process, and the server's own limit (100 by default) is shared
@@ -47,7 +71,7 @@ pub struct DatabaseConfig {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct RawDatabase {
+pub(crate) struct RawDatabase {
     url: Spanned<String>,
     password_file: Option<Spanned<String>>,
     ca_file: Option<Spanned<String>>,
@@ -64,12 +88,12 @@ pub fn default_max_connections() -> usize {
 }
 
 /// Checks `[database]` of the file in `dir`; `invalid` makes an error at a
-/// span of that file.
-pub(super) fn parse(
+/// span of that file (the caller's error type: the file is the caller's).
+pub(crate) fn parse<E>(
     raw: RawDatabase,
     dir: &Path,
-    invalid: &dyn Fn(Option<Range<usize>>, String) -> ConfigError,
-) -> Result<DatabaseConfig, ConfigError> {
+    invalid: &dyn Fn(Option<Range<usize>>, String) -> E,
+) -> Result<DatabaseConfig, E> {
     let url_span = raw.url.span();
     let url = raw.url.into_inner();
     // The messages never quote the URL: it may hold a password.
@@ -169,12 +193,12 @@ pub struct DatabaseOverrides {
 
 impl DatabaseOverrides {
     /// `flag` (`--database-url`), else the environment's.
-    pub fn from_env(flag: Option<String>) -> Result<Self, ConfigError> {
+    pub fn from_env(flag: Option<String>) -> Result<Self, SettingsError> {
         let var = |name: &'static str| match std::env::var(name) {
             Ok(v) if v.is_empty() => Ok(None),
             Ok(v) => Ok(Some(v)),
             Err(std::env::VarError::NotPresent) => Ok(None),
-            Err(std::env::VarError::NotUnicode(_)) => Err(ConfigError::Setting {
+            Err(std::env::VarError::NotUnicode(_)) => Err(SettingsError::Setting {
                 origin: name,
                 message: "not UTF-8".to_owned(),
             }),
@@ -198,12 +222,12 @@ impl DatabaseOverrides {
         &self,
         dir: &Path,
         file: Option<DatabaseConfig>,
-    ) -> Result<Option<DatabaseConfig>, ConfigError> {
+    ) -> Result<Option<DatabaseConfig>, SettingsError> {
         let mut cfg = match (&self.url, file) {
             (None, None) => return Ok(None),
             (None, Some(cfg)) => cfg,
             (Some((url, origin)), file) => {
-                let plaintext = check_url(url).map_err(|e| ConfigError::Setting {
+                let plaintext = check_url(url).map_err(|e| SettingsError::Setting {
                     origin,
                     message: e.replace(
                         "put it in password_file (0600)",
@@ -225,7 +249,7 @@ impl DatabaseOverrides {
         };
         let named = |what: &'static str, p: &Path| {
             if p.as_os_str().is_empty() {
-                Err(ConfigError::Setting {
+                Err(SettingsError::Setting {
                     origin: what,
                     message: "must name a file".to_owned(),
                 })
@@ -242,7 +266,7 @@ impl DatabaseOverrides {
             cfg.ca_file = Some(dir.join(p));
         }
         if !cfg.plaintext && cfg.ca_file.is_none() {
-            return Err(ConfigError::Setting {
+            return Err(SettingsError::Setting {
                 origin: self.url.as_ref().map_or(URL_ENV, |(_, o)| o),
                 message: format!(
                     "TLS needs the roots the server's certificate is checked against \
@@ -261,17 +285,17 @@ impl DatabaseConfig {
     /// anything but a regular file, a file group or others may read or
     /// write (0600 or 0400 it must be), an empty, oversized or non-UTF-8
     /// one. The content is in no error.
-    pub fn password(&self, dir: &Path) -> Result<Option<DbPassword>, ConfigError> {
+    pub fn password(&self, dir: &Path) -> Result<Option<DbPassword>, SettingsError> {
         let Some(file) = &self.password_file else {
             return Ok(None);
         };
         let path = dir.join(file);
-        let invalid = |message: String| ConfigError::Invalid {
+        let invalid = |message: String| SettingsError::Invalid {
             path: path.clone(),
             line: None,
             message: format!("database.password_file: {message}"),
         };
-        let io = |source| ConfigError::Io {
+        let io = |source| SettingsError::Io {
             path: path.clone(),
             source,
         };

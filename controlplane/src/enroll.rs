@@ -8,6 +8,9 @@
 //! Either may name a site: the TPM then joins as a site node of that site
 //! (role `site`, like a site token's node), and only as one.
 
+use bc_wire::AttestorId;
+
+use crate::machine::{normalize_ek_sha256, EkSha256FormatError};
 use crate::pools::{self, PoolError};
 use crate::records;
 use crate::sites;
@@ -39,15 +42,9 @@ impl From<PoolError> for EnrollError {
     }
 }
 
-/// An `ek_sha256` as stored: 64 lowercase hex digits.
-pub fn normalize_ek_sha256(s: &str) -> Result<String, EnrollError> {
-    let lower = s.trim().to_ascii_lowercase();
-    if lower.len() == 64 && lower.bytes().all(|b| b.is_ascii_hexdigit()) {
-        Ok(lower)
-    } else {
-        Err(EnrollError::InvalidInput(format!(
-            "--ek-sha256 must be 64 hex digits (the ekSha256 of bcd tpm identify), not {s:?}"
-        )))
+impl From<EkSha256FormatError> for EnrollError {
+    fn from(e: EkSha256FormatError) -> Self {
+        EnrollError::InvalidInput(e.to_string())
     }
 }
 
@@ -401,8 +398,7 @@ fn decide_in(
         return Err(EnrollError::Conflict(format!(
             "join request {id} is already {}; only a pending request can be decided{}",
             row.status,
-            if row.status == STATUS_DENIED && row.attestor == crate::attestors::discovery::DISCOVERY
-            {
+            if row.status == STATUS_DENIED && row.attestor == AttestorId::Discovery.as_str() {
                 " (PXE-boot the machine again: its new join files a new request)"
             } else if row.status == STATUS_DENIED {
                 " (to admit that TPM now, add a resolve entry for its ekSha256)"
@@ -411,8 +407,7 @@ fn decide_in(
             }
         )));
     }
-    if row.attestor == crate::attestors::discovery::DISCOVERY && (pool.is_some() || site.is_some())
-    {
+    if row.attestor == AttestorId::Discovery.as_str() && (pool.is_some() || site.is_some()) {
         return Err(EnrollError::InvalidInput(format!(
             "join request {id} is a discovery join: its machine joins as a ramdisk of its boot entry's site (--pool and --site are for tpm enrollment)"
         )));
@@ -458,13 +453,7 @@ fn spend_denied(tx: &Tx<'_>, row: &JoinRequestRow, now: UnixMs) -> Result<(), Db
     if let (Some(subject), Some(until)) =
         (row.assertion_sha256.as_deref(), row.assertion_expires_at)
     {
-        crate::uses::spend(
-            tx,
-            crate::attestors::discovery::DISCOVERY,
-            subject,
-            until,
-            now,
-        )?;
+        crate::uses::spend(tx, AttestorId::Discovery.as_str(), subject, until, now)?;
     }
     Ok(())
 }
