@@ -14,6 +14,7 @@ use std::sync::Arc;
 use bc_wire::agent::{HardwareClaims, Role, TpmAttestation};
 use bc_wire::token::JoinToken;
 
+use crate::reason::AnyReason;
 use crate::store::{Tx, UnixMs};
 
 /// The id of the built-in attestor, and what an empty `JoinRequest.attestor` means.
@@ -395,7 +396,7 @@ pub enum Deferral {
 /// not refused.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Refusal {
-    pub reason: String,
+    pub reason: AnyReason,
     pub token_id: Option<String>,
     pub node_id: Option<String>,
     /// The pool whose policy refused the machine, and its owner: the
@@ -403,6 +404,15 @@ pub struct Refusal {
     /// Boxed: a refusal travels in every `Err` of the join path.
     pub pool: Option<Box<PoolRef>>,
     fault: Option<Fault>,
+}
+
+crate::reason::reasons! {
+    /// The reason a [`Refusal::fault`] carries: never recorded nor logged as
+    /// a refusal (JoinService answers UNAVAILABLE or INTERNAL), so in no
+    /// listing.
+    pub enum Unrecorded in "fault" {
+        ServerFault = "server-fault",
+    }
 }
 
 /// A pool named in a refusal.
@@ -421,7 +431,7 @@ pub enum Fault {
 }
 
 impl Refusal {
-    pub fn new(reason: impl Into<String>) -> Self {
+    pub fn new(reason: impl Into<AnyReason>) -> Self {
         Refusal {
             reason: reason.into(),
             token_id: None,
@@ -434,7 +444,7 @@ impl Refusal {
     /// Not a refusal: the server failed while deciding.
     pub fn fault(fault: Fault) -> Self {
         Refusal {
-            reason: "server-fault".to_owned(),
+            reason: Unrecorded::ServerFault.any(),
             token_id: None,
             node_id: None,
             pool: None,

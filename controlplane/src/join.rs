@@ -44,33 +44,44 @@ use crate::attestors::{cloud_iid, discovery, join_token, provisioned};
 use crate::config::ConfigError;
 use crate::eventlog::{EventLog, Refused};
 use crate::pki::{Bundle, NodeCertSpec, PkiError, MAX_NODE_CERT_TTL};
+use crate::reason::AnyReason;
 use crate::records::{self, JoinRow, NewEvent, NodeRow};
 use crate::store::{self, Commit, DbError, LockKey, Store, Tx, UnixMs};
 use crate::{hardware, pools};
 
-pub const CSR_NOT_VERIFIED: &str = "join:csr-signature";
-pub const CSR_KEY: &str = "join:csr-key";
-pub const UNKNOWN_ATTESTOR: &str = "join:unknown-attestor";
-pub const TOKEN_UNOPENABLE: &str = "token-unopenable";
-pub const NODE_KEY_STATEMENT: &str = "join:node-key-statement";
-pub const RECLAIM_UNKNOWN: &str = "join:reclaim-unknown-node";
-pub const RECLAIM_RETIRED: &str = "join:reclaim-retired";
-pub const RECLAIM_ROLE: &str = "join:reclaim-role";
-/// The admitting attestor is not in the pool's `policy.joinAttestors`.
-pub const POOL_ATTESTOR: &str = "join:pool-attestor";
-/// The join's EK assurance is below the pool's `policy.minEkAssurance` (or
-/// the join proved no EK at all).
-pub const POOL_EK_ASSURANCE: &str = "join:pool-ek-assurance";
-/// The attestor resolved a pool that does not exist.
-pub const UNKNOWN_POOL: &str = "join:unknown-pool";
-/// The machine's hardware key is bound to another node, or the node to
-/// another hardware key of that kind.
-pub const BOUND_ELSEWHERE: &str = "bound-elsewhere";
-
-/// The token's expect binding: the claimed product UUID is empty or another.
-pub const EXPECT_PRODUCT_UUID: &str = "join:expect-product-uuid";
-/// The token's expect binding: its MAC is not among the claimed ones.
-pub const EXPECT_MAC: &str = "join:expect-mac";
+crate::reason::reasons! {
+    /// JoinService's own checks, for any attestor: the event's `attestor`
+    /// is the one the request named.
+    pub enum JoinReason in "join" {
+        CsrKey = "join:csr-key",
+        CsrNotVerified = "join:csr-signature",
+        UnknownAttestor = "join:unknown-attestor",
+        /// An unlisted attestor's role refusal.
+        Role = "join:role",
+        TokenUnopenable = "token-unopenable",
+        /// Another live node holds this machine's hardware key.
+        Reclaim = "reclaim",
+        NodeKeyStatement = "join:node-key-statement",
+        ReclaimUnknown = "join:reclaim-unknown-node",
+        ReclaimRetired = "join:reclaim-retired",
+        ReclaimRole = "join:reclaim-role",
+        /// The machine's hardware key is bound to another node, or the node
+        /// to another hardware key of that kind.
+        BoundElsewhere = "bound-elsewhere",
+        /// The attestor resolved a pool that does not exist.
+        UnknownPool = "join:unknown-pool",
+        /// The admitting attestor is not in the pool's `policy.joinAttestors`.
+        PoolAttestor = "join:pool-attestor",
+        /// The join's EK assurance is below the pool's `policy.minEkAssurance`
+        /// (or the join proved no EK at all).
+        PoolEkAssurance = "join:pool-ek-assurance",
+        /// The token's expect binding: the claimed product UUID is empty or
+        /// another.
+        ExpectProductUuid = "join:expect-product-uuid",
+        /// The token's expect binding: its MAC is not among the claimed ones.
+        ExpectMac = "join:expect-mac",
+    }
+}
 
 /// The only node-key statement a renewal can prove again (see the spec,
 /// "Renewing a TPM-held key"); any other is refused rather than issued.
@@ -159,7 +170,7 @@ impl From<DbError> for ApiError {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RefusalEvent {
     pub attestor: String,
-    pub reason: String,
+    pub reason: AnyReason,
     pub token_id: Option<String>,
     pub node_id: Option<String>,
     /// The pool whose policy refused the machine (`join:pool-attestor`):
@@ -411,7 +422,11 @@ impl JoinService {
             .unwrap_or_else(|p| p.into_inner())
             .get(&req.attestor);
         let Some(attestor) = attestor else {
-            return Err(self.refuse(&attestor_name, Refusal::new(UNKNOWN_ATTESTOR), source));
+            return Err(self.refuse(
+                &attestor_name,
+                Refusal::new(JoinReason::UnknownAttestor),
+                source,
+            ));
         };
         let attestor_id = attestor.id().to_owned();
         if req.tpm.is_some() && !attestor.takes_tpm_evidence() {
@@ -439,7 +454,11 @@ impl JoinService {
                         .map_or(OpenedToken::Malformed, OpenedToken::Parsed),
                 ),
                 Err(_) => {
-                    return Err(self.refuse(&attestor_id, Refusal::new(TOKEN_UNOPENABLE), source))
+                    return Err(self.refuse(
+                        &attestor_id,
+                        Refusal::new(JoinReason::TokenUnopenable),
+                        source,
+                    ))
                 }
             }
         };
@@ -549,7 +568,7 @@ impl JoinService {
             csr,
             claims,
         } = *request;
-        let refuse = |reason: &str, node: Option<&str>| {
+        let refuse = |reason: JoinReason, node: Option<&str>| {
             Refusal::new(reason)
                 .with_token(result.token_id.as_deref())
                 .with_node(node)
@@ -582,7 +601,7 @@ impl JoinService {
         if let Some(hk) = hardware.as_ref().filter(|_| !bound) {
             if let Some(holder) = hardware::holder(tx, hk, role.name(), reclaim.as_deref())? {
                 if !result.allow_reclaim || reclaim.is_some() {
-                    return Err(refuse(hardware::RECLAIM, Some(&holder)));
+                    return Err(refuse(JoinReason::Reclaim, Some(&holder)));
                 }
                 reclaim = Some(holder);
             }
@@ -591,18 +610,18 @@ impl JoinService {
         let statements: Vec<String> = match &result.node_key_uri {
             None => Vec::new(),
             Some(uri) if knows_key_statement(uri) => vec![uri.clone()],
-            Some(_) => return Err(refuse(NODE_KEY_STATEMENT, reclaim)),
+            Some(_) => return Err(refuse(JoinReason::NodeKeyStatement, reclaim)),
         };
 
         let existing = match reclaim {
             Some(id) => {
                 let node = records::node_for_update(tx, id)?
-                    .ok_or_else(|| refuse(RECLAIM_UNKNOWN, Some(id)))?;
+                    .ok_or_else(|| refuse(JoinReason::ReclaimUnknown, Some(id)))?;
                 if node.retired_at.is_some() {
-                    return Err(refuse(RECLAIM_RETIRED, Some(id)));
+                    return Err(refuse(JoinReason::ReclaimRetired, Some(id)));
                 }
                 if node.role != role.name() {
-                    return Err(refuse(RECLAIM_ROLE, Some(id)));
+                    return Err(refuse(JoinReason::ReclaimRole, Some(id)));
                 }
                 Some(node)
             }
@@ -616,7 +635,7 @@ impl JoinService {
             match records::binding_by_key(tx, &b.kind, &b.key)? {
                 Some(bound) if Some(bound.node_id.as_str()) != reclaim => {
                     return Err(refuse(
-                        BOUND_ELSEWHERE,
+                        JoinReason::BoundElsewhere,
                         Some(reclaim.unwrap_or(&bound.node_id)),
                     ));
                 }
@@ -624,7 +643,7 @@ impl JoinService {
                 None => {
                     if let Some(id) = reclaim {
                         if records::binding_of_node(tx, id, &b.kind)?.is_some() {
-                            return Err(refuse(BOUND_ELSEWHERE, Some(id)));
+                            return Err(refuse(JoinReason::BoundElsewhere, Some(id)));
                         }
                     }
                     new_binding = Some(b);
@@ -639,10 +658,13 @@ impl JoinService {
             (None, Some(p)) => p.clone(),
             (None, None) => pools::DEFAULT_POOL.to_owned(),
         };
-        let pool = pools::get(tx, &pool_id)?.ok_or_else(|| refuse(UNKNOWN_POOL, reclaim))?;
+        let pool =
+            pools::get(tx, &pool_id)?.ok_or_else(|| refuse(JoinReason::UnknownPool, reclaim))?;
         if let Some(allowed) = pool.join_attestors()? {
             if !allowed.iter().any(|a| a == attestor_id) {
-                return Err(refuse(POOL_ATTESTOR, reclaim).with_pool(&pool.id, &pool.owner));
+                return Err(
+                    refuse(JoinReason::PoolAttestor, reclaim).with_pool(&pool.id, &pool.owner)
+                );
             }
         }
         if let Some(min) = pool.min_ek_assurance()? {
@@ -653,7 +675,9 @@ impl JoinService {
                     ek_assurance = result.ek_assurance.map_or("none", |a| a.as_str()),
                     "join refused: below the pool's minimum EK assurance"
                 );
-                return Err(refuse(POOL_EK_ASSURANCE, reclaim).with_pool(&pool.id, &pool.owner));
+                return Err(
+                    refuse(JoinReason::PoolEkAssurance, reclaim).with_pool(&pool.id, &pool.owner)
+                );
             }
         }
 
@@ -818,7 +842,7 @@ impl JoinService {
         let first = self.record_refusal(Refused {
             kind: records::EVENT_JOIN_REFUSED,
             attestor: Some(event.attestor.clone()),
-            reason: event.reason.clone(),
+            reason: event.reason,
             token_id: event.token_id.clone(),
             node_id: event.node_id.clone(),
             source,
@@ -902,32 +926,38 @@ pub(crate) fn capped_ttl(ttl: Duration, now: UnixMs, end: Option<UnixMs>) -> Dur
 /// with: the README's table, enforced here and nowhere else (bar
 /// discovery's own first check, which says the same). An attestor not
 /// listed (a plugin's) admits `node` only.
-pub const ATTESTOR_ROLES: &[(&str, &[Role], &str)] = &[
+pub const ATTESTOR_ROLES: &[(&str, &[Role], AnyReason)] = &[
     (
         JOIN_TOKEN,
         &[Role::Node, Role::Site],
-        join_token::TOKEN_ROLE,
+        join_token::TokenReason::TokenRole.any(),
     ),
-    (tpm::TPM, &[Role::Node, Role::Site], tpm::ROLE),
-    (x509pop::X509POP, &[Role::Node, Role::Site], x509pop::ROLE),
+    (
+        tpm::TPM,
+        &[Role::Node, Role::Site],
+        tpm::TpmReason::Role.any(),
+    ),
+    (
+        x509pop::X509POP,
+        &[Role::Node, Role::Site],
+        x509pop::X509PopReason::Role.any(),
+    ),
     (
         provisioned::PROVISIONED,
         &[Role::Node],
-        join_token::TOKEN_ROLE,
+        provisioned::ProvisionedReason::TokenRole.any(),
     ),
     (
         discovery::DISCOVERY,
         &[Role::Ramdisk],
-        discovery::DISCOVERY_ROLE_REASON,
+        discovery::DiscoveryReason::Role.any(),
     ),
     (
         cloud_iid::CLOUD_IID,
         &[Role::Node, Role::Site, Role::Ramdisk],
-        cloud_iid::CLOUD_ROLE,
+        cloud_iid::CloudReason::Role.any(),
     ),
 ];
-/// An unlisted attestor's role refusal.
-pub const ROLE: &str = "join:role";
 
 /// Checks the role against [`ATTESTOR_ROLES`] before the attestor runs
 /// (`result` `None`), and once it admitted, against the roles its result
@@ -942,9 +972,10 @@ pub(crate) fn check_role(
     let (admits, reason) = ATTESTOR_ROLES
         .iter()
         .find(|(id, _, _)| *id == attestor_id)
-        .map_or((&[Role::Node][..], ROLE), |(_, roles, reason)| {
-            (*roles, *reason)
-        });
+        .map_or(
+            (&[Role::Node][..], JoinReason::Role.any()),
+            |(_, roles, reason)| (*roles, *reason),
+        );
     let narrowed = result.and_then(|r| r.roles.as_deref());
     if admits.contains(&role) && narrowed.is_none_or(|roles| roles.contains(&role)) {
         return Ok(());
@@ -970,8 +1001,8 @@ pub(crate) fn check_expect(
 ) -> Result<(), Refusal> {
     result.expect.check(claims).map_err(|mismatch| {
         let reason = match mismatch {
-            ExpectMismatch::ProductUuid => EXPECT_PRODUCT_UUID,
-            ExpectMismatch::Mac => EXPECT_MAC,
+            ExpectMismatch::ProductUuid => JoinReason::ExpectProductUuid,
+            ExpectMismatch::Mac => JoinReason::ExpectMac,
         };
         Refusal::new(reason)
             .with_token(result.token_id.as_deref())
@@ -981,7 +1012,7 @@ pub(crate) fn check_expect(
 
 /// Parses and verifies a CSR. The outer error is a broken request
 /// (INVALID_INPUT); the inner one a refusal reason.
-pub(crate) fn verify_csr(der: &[u8]) -> Result<Result<VerifiedCsr, &'static str>, ApiError> {
+pub(crate) fn verify_csr(der: &[u8]) -> Result<Result<VerifiedCsr, JoinReason>, ApiError> {
     use x509_parser::certification_request::X509CertificationRequest;
     use x509_parser::prelude::FromDer;
     if der.is_empty() {
@@ -994,10 +1025,10 @@ pub(crate) fn verify_csr(der: &[u8]) -> Result<Result<VerifiedCsr, &'static str>
     }
     let spki = csr.certification_request_info.subject_pki.raw;
     if p256::PublicKey::from_public_key_der(spki).is_err() {
-        return Ok(Err(CSR_KEY));
+        return Ok(Err(JoinReason::CsrKey));
     }
     if csr.verify_signature().is_err() {
-        return Ok(Err(CSR_NOT_VERIFIED));
+        return Ok(Err(JoinReason::CsrNotVerified));
     }
     Ok(Ok(VerifiedCsr {
         sha256: bc_wire::sha256(der),
@@ -1127,16 +1158,22 @@ mod tests {
         };
         let right_uuid = "4C4C4544-0042-3510-8052-B4C04F4E4D32";
         for (c, reason) in [
-            (claims("", &["52:54:00:12:34:56"]), EXPECT_PRODUCT_UUID),
+            (
+                claims("", &["52:54:00:12:34:56"]),
+                JoinReason::ExpectProductUuid,
+            ),
             (
                 claims(
                     "00000000-0042-3510-8052-b4c04f4e4d32",
                     &["52:54:00:12:34:56"],
                 ),
-                EXPECT_PRODUCT_UUID,
+                JoinReason::ExpectProductUuid,
             ),
-            (claims(right_uuid, &[]), EXPECT_MAC),
-            (claims(right_uuid, &["52:54:00:12:34:57"]), EXPECT_MAC),
+            (claims(right_uuid, &[]), JoinReason::ExpectMac),
+            (
+                claims(right_uuid, &["52:54:00:12:34:57"]),
+                JoinReason::ExpectMac,
+            ),
         ] {
             let (_, csr) = new_csr();
             let mut req = request(&f.svc, &csr, Some(&tok.expose()), Role::Node);
@@ -1144,7 +1181,7 @@ mod tests {
             assert!(matches!(f.svc.join(req), Err(ApiError::AccessDenied)));
             let events = records::list_events(f.svc.database()).unwrap();
             let last = events.last().unwrap();
-            assert_eq!(last.reason.as_deref(), Some(reason));
+            assert_eq!(last.reason.as_deref(), Some(reason.as_str()));
             assert_eq!(last.token_id.as_deref(), Some(tok.id.as_str()));
         }
         let left = tokens::list_tokens(f.svc.database()).unwrap()[0].uses_left;
@@ -1251,7 +1288,7 @@ mod tests {
             .lock()
             .unwrap()
             .iter()
-            .map(|e| e.reason.clone())
+            .map(|e| e.reason.as_str())
             .collect();
         // onRefusal spells every reason as the event does (`join:` included).
         assert_eq!(hooked, want);
@@ -1376,7 +1413,7 @@ mod tests {
             join_as("hw", Role::Site),
             Err(ApiError::AccessDenied)
         ));
-        assert_eq!(refusals(&f.svc).last().unwrap(), ROLE);
+        assert_eq!(*refusals(&f.svc).last().unwrap(), JoinReason::Role);
         a.set(AttestationResult {
             roles: Some(vec![Role::Site]),
             ..AttestationResult::default()
@@ -1385,7 +1422,7 @@ mod tests {
             join_as("hw", Role::Node),
             Err(ApiError::AccessDenied)
         ));
-        assert_eq!(refusals(&f.svc).last().unwrap(), ROLE);
+        assert_eq!(*refusals(&f.svc).last().unwrap(), JoinReason::Role);
         assert!(records::list_nodes(f.svc.database()).unwrap().is_empty());
         a.set(AttestationResult::default());
         assert!(join_as("hw", Role::Node).is_ok());
@@ -1474,7 +1511,11 @@ mod tests {
         ));
         assert_eq!(
             refusals(&f.svc),
-            [BOUND_ELSEWHERE, BOUND_ELSEWHERE, BOUND_ELSEWHERE]
+            [
+                JoinReason::BoundElsewhere,
+                JoinReason::BoundElsewhere,
+                JoinReason::BoundElsewhere
+            ]
         );
         assert_eq!(records::list_bindings(f.svc.database()).unwrap().len(), 1);
         let nodes = records::list_nodes(f.svc.database()).unwrap();
@@ -1515,7 +1556,10 @@ mod tests {
         assert!(matches!(err, ApiError::AccessDenied));
         let events = records::list_events(f.svc.database()).unwrap();
         assert_eq!(events.len(), 1);
-        assert_eq!(events[0].reason.as_deref(), Some(POOL_ATTESTOR));
+        assert_eq!(
+            events[0].reason.as_deref(),
+            Some(JoinReason::PoolAttestor.as_str())
+        );
         assert_eq!(events[0].attestor.as_deref(), Some("join-token"));
         assert_eq!(events[0].token_id.as_deref(), Some(tok.id.as_str()));
         assert_eq!(events[0].data["poolOwner"], "alice");
@@ -1523,7 +1567,7 @@ mod tests {
         assert_eq!(seen.lock().unwrap()[0].pool_owner.as_deref(), Some("alice"));
         assert_eq!(
             seen.lock().unwrap()[0].reason,
-            POOL_ATTESTOR,
+            JoinReason::PoolAttestor,
             "onRefusal: the event's spelling"
         );
         // Nothing written, nothing spent.
@@ -1575,7 +1619,10 @@ mod tests {
             ..Default::default()
         });
         assert!(matches!(scripted_join(&f, ""), Err(ApiError::AccessDenied)));
-        assert_eq!(refusals(&f.svc), [POOL_ATTESTOR, POOL_ATTESTOR]);
+        assert_eq!(
+            refusals(&f.svc),
+            [JoinReason::PoolAttestor, JoinReason::PoolAttestor]
+        );
         assert_eq!(
             records::list_nodes(f.svc.database()).unwrap()[0].identity_generation,
             1
@@ -1586,7 +1633,7 @@ mod tests {
             ..Default::default()
         });
         assert!(matches!(scripted_join(&f, ""), Err(ApiError::AccessDenied)));
-        assert_eq!(refusals(&f.svc)[2], UNKNOWN_POOL);
+        assert_eq!(refusals(&f.svc)[2], JoinReason::UnknownPool);
     }
 
     #[test]
@@ -1610,7 +1657,7 @@ mod tests {
                 "{bad}"
             );
         }
-        assert_eq!(refusals(&f.svc), [NODE_KEY_STATEMENT; 4]);
+        assert_eq!(refusals(&f.svc), [JoinReason::NodeKeyStatement; 4]);
         let good = bc_wire::tpm::ak_statement(&[&[0u8, 0x0b][..], &[0xab; 32]].concat()).unwrap();
         a.set(AttestationResult {
             node_key_uri: Some(good.clone()),
@@ -1657,7 +1704,7 @@ mod tests {
         let mut req = request(&f.svc, &csr, None, Role::Node);
         req.attestor = "bad-statement".into();
         assert!(matches!(f.svc.join(req), Err(ApiError::AccessDenied)));
-        assert_eq!(refusals(&f.svc), [NODE_KEY_STATEMENT]);
+        assert_eq!(refusals(&f.svc), [JoinReason::NodeKeyStatement]);
         assert!(records::list_nodes(f.svc.database()).unwrap().is_empty());
     }
 }

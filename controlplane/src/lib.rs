@@ -41,6 +41,7 @@ pub mod pki;
 pub mod pools;
 #[cfg(test)]
 mod race_tests;
+pub mod reason;
 pub mod reasons;
 pub mod records;
 pub mod renew;

@@ -335,5 +335,5 @@ fn one_machine_joining_twice_at_once_becomes_one_node() {
         .filter(|e| e.kind == crate::records::EVENT_JOIN_REFUSED)
         .filter_map(|e| e.reason)
         .collect();
-    assert_eq!(refused, [crate::hardware::RECLAIM]);
+    assert_eq!(refused, [crate::join::JoinReason::Reclaim]);
 }

@@ -35,6 +35,7 @@ use x509_parser::public_key::PublicKey;
 
 use bc_wire::tpm::{KeyParams, Public, ALG_NULL};
 
+use super::reasons::TpmReason;
 use crate::store::{params, DbError, Store, Tx, UnixMs};
 
 /// Most issuers walked above an EK certificate.
@@ -117,17 +118,13 @@ pub enum EkError {
     Mismatch(&'static str),
 }
 
-/// The refusal reason of an EK with no path to an anchor, or with no
-/// certificate and no pin.
-pub const CHAIN: &str = "ek-chain";
-
 impl EkError {
-    pub fn reason(&self) -> &'static str {
+    pub fn reason(&self) -> TpmReason {
         match self {
-            EkError::Certificate(_) => "ek-certificate",
-            EkError::Chain(_) => CHAIN,
-            EkError::Roca => "ek-roca",
-            EkError::Mismatch(_) => "ek-mismatch",
+            EkError::Certificate(_) => TpmReason::EkCertificate,
+            EkError::Chain(_) => TpmReason::EkChain,
+            EkError::Roca => TpmReason::EkRoca,
+            EkError::Mismatch(_) => TpmReason::EkMismatch,
         }
     }
 }
@@ -663,7 +660,8 @@ pub(crate) mod tests {
         assert_eq!(
             verify_ek(EK_CERT, EK_PUBLIC, &only_int, &[], CAPTURED_AT)
                 .unwrap_err()
-                .reason(),
+                .reason()
+                .as_str(),
             "ek-chain"
         );
         // The root an anchor, the intermediate a configured intermediate.
@@ -677,7 +675,8 @@ pub(crate) mod tests {
         assert_eq!(
             verify_ek(EK_CERT, EK_PUBLIC, &anchors(&root), &nine, CAPTURED_AT)
                 .unwrap_err()
-                .reason(),
+                .reason()
+                .as_str(),
             "ek-chain"
         );
     }
@@ -687,7 +686,7 @@ pub(crate) mod tests {
         let reason = |roots: &[Vec<u8>], at| {
             verify_ek(EK_CERT, EK_PUBLIC, &anchors(roots), &[], at)
                 .map(|_| "ok")
-                .unwrap_or_else(|e| e.reason())
+                .unwrap_or_else(|e| e.reason().as_str())
         };
         // The root alone: the agent sends no intermediate, so no chain.
         assert_eq!(reason(&[der(ROOT_PEM)], CAPTURED_AT), "ek-chain");
@@ -747,7 +746,8 @@ pub(crate) mod tests {
         assert_eq!(
             verify_ek(&cert, EK_PUBLIC, &both, &[], CAPTURED_AT)
                 .unwrap_err()
-                .reason(),
+                .reason()
+                .as_str(),
             "ek-chain"
         );
         let mut trailing = EK_CERT.to_vec();
@@ -755,7 +755,8 @@ pub(crate) mod tests {
         assert_eq!(
             verify_ek(&trailing, EK_PUBLIC, &both, &[], CAPTURED_AT)
                 .unwrap_err()
-                .reason(),
+                .reason()
+                .as_str(),
             "ek-certificate"
         );
         // 0xFF padding after the DER, as NV holds it, is dropped.
@@ -766,7 +767,8 @@ pub(crate) mod tests {
         assert_eq!(
             verify_ek(&padded, EK_PUBLIC, &both, &[], CAPTURED_AT)
                 .unwrap_err()
-                .reason(),
+                .reason()
+                .as_str(),
             "ek-certificate"
         );
         // Another modulus, other attributes, garbage.
@@ -782,13 +784,15 @@ pub(crate) mod tests {
         assert_eq!(
             verify_ek(EK_CERT, &public, &both, &[], CAPTURED_AT)
                 .unwrap_err()
-                .reason(),
+                .reason()
+                .as_str(),
             "ek-mismatch"
         );
         assert_eq!(
             verify_ek(EK_CERT, b"junk", &both, &[], CAPTURED_AT)
                 .unwrap_err()
-                .reason(),
+                .reason()
+                .as_str(),
             "ek-mismatch"
         );
     }
@@ -949,7 +953,7 @@ pub(crate) mod tests {
             let (ek, root) = ek_with_modulus(modulus, ca);
             verify_ek(&ek, EK_PUBLIC, &anchors(&[root]), &[], CAPTURED_AT)
                 .map(|_| "ok")
-                .unwrap_or_else(|e| e.reason())
+                .unwrap_or_else(|e| e.reason().as_str())
         };
         let weak = power_of_65537(128);
         assert!(weak.len() >= 256);
