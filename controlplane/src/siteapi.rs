@@ -227,7 +227,7 @@ impl JoinService {
                 .flatten()
                 .filter(|e| e.site_id == body.site_id)
                 .ok_or_else(|| refused(SiteReason::UnknownWorkflow, me))?;
-            if entry.state(now) == "joined" || entry.state(now) == "expired" {
+            if entry.state(now).is_closed() {
                 return Err(refused(SiteReason::WorkflowClosed, me).into());
             }
             if !body.mac.is_empty() && body.mac != entry.mac {

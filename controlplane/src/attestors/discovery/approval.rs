@@ -108,9 +108,9 @@ pub fn gate(tx: &Tx<'_>, p: &Pending<'_>) -> Result<Gate, Refusal> {
         key: workflow.unwrap_or(""),
     }])?;
     match open_request(tx, workflow, p.ek.map(|e| e.sha256.as_str()), &node_key)? {
-        Some(req) => match req.status.as_str() {
-            enroll::STATUS_PENDING => Ok(pending(&req)),
-            enroll::STATUS_APPROVED => {
+        Some(req) => match req.status {
+            enroll::RequestStatus::Pending => Ok(pending(&req)),
+            enroll::RequestStatus::Approved => {
                 enroll::mark_used(tx, &req.id, p.input.now)?;
                 tracing::info!(request_id = %req.id, workflow = workflow.unwrap_or(""), "discovery: approved join admitted");
                 Ok(Gate::Admit)
@@ -225,7 +225,7 @@ fn insert(tx: &Tx<'_>, p: &Pending<'_>, node_key: &str) -> Result<JoinRequestRow
         ek_sha256: p.ek.map(|e| e.sha256.clone()),
         ek_issuer: p.ek.map(|e| e.issuer.clone()).unwrap_or_default(),
         ek_serial: p.ek.map(|e| e.serial.clone()).unwrap_or_default(),
-        status: enroll::STATUS_PENDING.to_owned(),
+        status: enroll::RequestStatus::Pending,
         pool_id: None,
         site_id: p.entry.map(|e| e.site_id.clone()),
         created_at: p.input.now,

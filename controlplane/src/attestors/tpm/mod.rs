@@ -923,12 +923,12 @@ fn place(
                 retry_after_seconds,
             }))
         }
-        Some(req) => match req.status.as_str() {
-            enroll::STATUS_PENDING => Ok(Place::Deferred(Deferral::Pending {
+        Some(req) => match req.status {
+            enroll::RequestStatus::Pending => Ok(Place::Deferred(Deferral::Pending {
                 request_id: req.id,
                 retry_after_seconds,
             })),
-            enroll::STATUS_APPROVED => {
+            enroll::RequestStatus::Approved => {
                 enroll::mark_used(tx, &req.id, input.now)?;
                 Ok(Place::Join {
                     node: None,

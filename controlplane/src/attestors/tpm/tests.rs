@@ -315,7 +315,7 @@ fn enrollment_pending_approved_once() {
     let reqs = enroll::list_requests(&f.db).unwrap();
     assert_eq!(reqs.len(), 1);
     assert_eq!(reqs[0].ek_sha256.as_deref(), Some(ek_sha256().as_str()));
-    assert_eq!(reqs[0].status, "pending");
+    assert_eq!(reqs[0].status.as_str(), "pending");
     assert!(reqs[0].ek_issuer.contains("BCD Test EK Issuing CA 01"));
 
     crate::pools::create_pool(&f.db, "metal", "alice", None, &["join-token", "tpm"]).unwrap();
