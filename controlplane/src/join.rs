@@ -620,7 +620,7 @@ impl JoinService {
                 if node.retired_at.is_some() {
                     return Err(refuse(JoinReason::ReclaimRetired, Some(id)));
                 }
-                if node.role != role.name() {
+                if node.role != role {
                     return Err(refuse(JoinReason::ReclaimRole, Some(id)));
                 }
                 Some(node)
@@ -694,7 +694,7 @@ impl JoinService {
                     tx,
                     &NodeRow {
                         id: id.clone(),
-                        role: role.name().to_owned(),
+                        role,
                         identity_generation: 1,
                         attestor: attestor_id.to_owned(),
                         joined_at: now,

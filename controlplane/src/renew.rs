@@ -224,8 +224,8 @@ impl JoinService {
             None => self.cert_ttl(),
         };
         // Nor past its boot entry's end: a ramdisk lives as long as its entry.
-        let entry_end = match node.role.as_str() {
-            "ramdisk" => crate::boot::cert_not_after(tx, node_id)?,
+        let entry_end = match node.role {
+            bc_wire::agent::Role::Ramdisk => crate::boot::cert_not_after(tx, node_id)?,
             _ => None,
         };
         let cert_ttl = crate::join::capped_ttl(cert_ttl, now, entry_end);

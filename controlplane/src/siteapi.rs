@@ -357,9 +357,7 @@ impl JoinService {
             return Err(refused(SiteReason::CertificateStale, id).into());
         }
         let scope = records::node_scope(tx, &node.id)?;
-        if node.role != bc_wire::agent::Role::Site.name()
-            || scope.site_id.as_deref() != Some(site_id)
-        {
+        if node.role != bc_wire::agent::Role::Site || scope.site_id.as_deref() != Some(site_id) {
             return Err(refused(SiteReason::NotSiteNode, id).into());
         }
         Ok(Caller {

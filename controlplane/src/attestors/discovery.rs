@@ -169,8 +169,7 @@ impl Attestor for DiscoveryAttestor {
             return Err(refuse(DiscoveryReason::SignerRetired));
         }
         let scope = records::node_scope(tx, &signer.id)?;
-        if signer.role != Role::Site.name() || scope.site_id.as_deref() != Some(&assertion.site_id)
-        {
+        if signer.role != Role::Site || scope.site_id.as_deref() != Some(&assertion.site_id) {
             return Err(refuse(DiscoveryReason::SignerNotSite));
         }
         let lease = sites::get_lease(tx, &site::boot_lease_name(&assertion.site_id))?;

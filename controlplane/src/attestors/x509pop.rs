@@ -44,7 +44,6 @@
 //! assurance back by joining with `tpm`, which its EK binding reclaims; a
 //! pool whose `joinAttestors` lists only `tpm` refuses x509pop altogether.
 
-use bc_wire::agent::Role;
 use bc_wire::x509pop::Evidence;
 
 use crate::attestor::{
@@ -230,7 +229,7 @@ impl Attestor for X509PopAttestor {
         tracing::info!(node_id, serial = %cert.serial, "x509pop: the node proved its last certificate");
         Ok(Verdict::Admit(Box::new(AttestationResult {
             // The node's own role only (JoinService refuses another: `role`).
-            roles: Some(Role::from_name(&node.role).into_iter().collect()),
+            roles: Some(vec![node.role]),
             reclaim_node_id: Some(node.id),
             node_key: NodeKeyKind::Unattested,
             ..AttestationResult::default()

@@ -2,7 +2,7 @@
 //! joined with a token, certificates issued by the node CA, proofs signed by
 //! the certificates' keys as bcd signs them.
 
-use bc_wire::agent::{JoinRequest, JoinResponseBody};
+use bc_wire::agent::{JoinRequest, JoinResponseBody, Role};
 use bc_wire::signing::{self, Purpose};
 use p256::pkcs8::DecodePrivateKey;
 use prost::Message;
