@@ -17,6 +17,7 @@ pub use crate::machine::{
     normalize_mac, normalize_product_uuid, Binding, EkAssurance, Expect, ExpectFormatError,
     ExpectMismatch, BINDING_TPM_EK,
 };
+use crate::reason::AnyReason;
 use crate::store::{Tx, UnixMs};
 
 /// The id of the built-in attestor, and what an empty `JoinRequest.attestor` means.
@@ -243,7 +244,7 @@ pub enum Deferral {
 /// not refused.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Refusal {
-    pub reason: String,
+    pub reason: AnyReason,
     pub token_id: Option<String>,
     pub node_id: Option<String>,
     /// The pool whose policy refused the machine, and its owner: the
@@ -251,6 +252,15 @@ pub struct Refusal {
     /// Boxed: a refusal travels in every `Err` of the join path.
     pub pool: Option<Box<PoolRef>>,
     fault: Option<Fault>,
+}
+
+crate::reason::reasons! {
+    /// The reason a [`Refusal::fault`] carries: never recorded nor logged as
+    /// a refusal (JoinService answers UNAVAILABLE or INTERNAL), so in no
+    /// listing.
+    pub enum Unrecorded in "fault" {
+        ServerFault = "server-fault",
+    }
 }
 
 /// A pool named in a refusal.
@@ -269,7 +279,7 @@ pub enum Fault {
 }
 
 impl Refusal {
-    pub fn new(reason: impl Into<String>) -> Self {
+    pub fn new(reason: impl Into<AnyReason>) -> Self {
         Refusal {
             reason: reason.into(),
             token_id: None,
@@ -282,7 +292,7 @@ impl Refusal {
     /// Not a refusal: the server failed while deciding.
     pub fn fault(fault: Fault) -> Self {
         Refusal {
-            reason: "server-fault".to_owned(),
+            reason: Unrecorded::ServerFault.any(),
             token_id: None,
             node_id: None,
             pool: None,

@@ -139,17 +139,49 @@ impl BootEntry {
         self.ek_sha256.as_deref()
     }
 
-    /// `waiting`, `vouched`, `joined` or `expired`, at `now`.
-    pub fn state(&self, now: UnixMs) -> &'static str {
+    /// Where the entry is at `now`.
+    pub fn state(&self, now: UnixMs) -> BootState {
         if self.joined_at.is_some() {
-            "joined"
+            BootState::Joined
         } else if now >= self.not_after {
-            "expired"
+            BootState::Expired
         } else if self.vouched_at.is_some() {
-            "vouched"
+            BootState::Vouched
         } else {
-            "waiting"
+            BootState::Waiting
         }
+    }
+}
+
+/// Where a boot entry is, from its row and the time (not stored).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BootState {
+    Waiting,
+    Vouched,
+    Joined,
+    Expired,
+}
+
+impl BootState {
+    /// As `boot list` and the events print it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BootState::Waiting => "waiting",
+            BootState::Vouched => "vouched",
+            BootState::Joined => "joined",
+            BootState::Expired => "expired",
+        }
+    }
+
+    /// No join waits on the entry any more.
+    pub fn is_closed(self) -> bool {
+        matches!(self, BootState::Joined | BootState::Expired)
+    }
+}
+
+impl std::fmt::Display for BootState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 

@@ -14,11 +14,59 @@ use crate::machine::{normalize_ek_sha256, EkSha256FormatError};
 use crate::pools::{self, PoolError};
 use crate::records;
 use crate::sites;
-use crate::store::{params, DbError, Row, Store, Tx, UnixMs};
+use crate::store::{params, DbError, FromValue, Row, Store, ToValue, Tx, UnixMs, Value};
 
-pub const STATUS_PENDING: &str = "pending";
-pub const STATUS_APPROVED: &str = "approved";
-pub const STATUS_DENIED: &str = "denied";
+/// A join request's status, stored as `pending`, `approved` or `denied`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RequestStatus {
+    Pending,
+    Approved,
+    Denied,
+}
+
+impl RequestStatus {
+    /// As stored and printed.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RequestStatus::Pending => "pending",
+            RequestStatus::Approved => "approved",
+            RequestStatus::Denied => "denied",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        [
+            RequestStatus::Pending,
+            RequestStatus::Approved,
+            RequestStatus::Denied,
+        ]
+        .into_iter()
+        .find(|r| r.as_str() == s)
+    }
+}
+
+impl std::fmt::Display for RequestStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl ToValue for RequestStatus {
+    fn to_value(&self) -> Value {
+        Value::Text(self.as_str().to_owned())
+    }
+}
+
+/// A row's status: another text is a database this control plane did not
+/// write.
+impl FromValue for RequestStatus {
+    fn from_value(v: &Value) -> Result<Self, &'static str> {
+        match v {
+            Value::Text(s) => RequestStatus::parse(s).ok_or("pending, approved or denied"),
+            _ => Err("text"),
+        }
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum EnrollError {
@@ -184,8 +232,7 @@ pub struct JoinRequestRow {
     pub ek_sha256: Option<String>,
     pub ek_issuer: String,
     pub ek_serial: String,
-    /// `pending`, `approved` or `denied`.
-    pub status: String,
+    pub status: RequestStatus,
     pub pool_id: Option<String>,
     /// The site its node is a site node of (set on approval).
     pub site_id: Option<String>,
@@ -273,7 +320,7 @@ pub fn insert_pending(
         ek_sha256: Some(ek_sha256.to_owned()),
         ek_issuer: ek_issuer.to_owned(),
         ek_serial: ek_serial.to_owned(),
-        status: STATUS_PENDING.to_owned(),
+        status: RequestStatus::Pending,
         pool_id: None,
         site_id: None,
         created_at: now,
@@ -313,7 +360,7 @@ pub fn approve(
     pool: Option<&str>,
     site: Option<&str>,
 ) -> Result<JoinRequestRow, EnrollError> {
-    decide(db, id, STATUS_APPROVED, pool, site)
+    decide(db, id, RequestStatus::Approved, pool, site)
 }
 
 /// Denies a pending request: that EK's joins are refused
@@ -323,7 +370,7 @@ pub fn approve(
 /// again), and its boot entry stays open for the real machine, whose own
 /// script carries another token and assertion.
 pub fn deny(db: &Store, id: &str) -> Result<JoinRequestRow, EnrollError> {
-    decide(db, id, STATUS_DENIED, None, None)
+    decide(db, id, RequestStatus::Denied, None, None)
 }
 
 /// Denies every pending discovery request of boot entry `workflow_id`
@@ -355,7 +402,7 @@ pub fn deny_entry(
             .collect::<Result<Vec<_>, _>>()?;
         let now = tx.now()?;
         rows.into_iter()
-            .map(|row| decide_in(tx, row, STATUS_DENIED, None, None, now))
+            .map(|row| decide_in(tx, row, RequestStatus::Denied, None, None, now))
             .collect()
     })
 }
@@ -363,7 +410,7 @@ pub fn deny_entry(
 fn decide(
     db: &Store,
     id: &str,
-    status: &str,
+    status: RequestStatus,
     pool: Option<&str>,
     site: Option<&str>,
 ) -> Result<JoinRequestRow, EnrollError> {
@@ -388,19 +435,20 @@ fn decide(
 fn decide_in(
     tx: &Tx<'_>,
     mut row: JoinRequestRow,
-    status: &str,
+    status: RequestStatus,
     pool: Option<&str>,
     site: Option<&str>,
     now: UnixMs,
 ) -> Result<JoinRequestRow, EnrollError> {
     let id = row.id.clone();
-    if row.status != STATUS_PENDING {
+    if row.status != RequestStatus::Pending {
         return Err(EnrollError::Conflict(format!(
             "join request {id} is already {}; only a pending request can be decided{}",
             row.status,
-            if row.status == STATUS_DENIED && row.attestor == AttestorId::Discovery.as_str() {
+            if row.status == RequestStatus::Denied && row.attestor == AttestorId::Discovery.as_str()
+            {
                 " (PXE-boot the machine again: its new join files a new request)"
-            } else if row.status == STATUS_DENIED {
+            } else if row.status == RequestStatus::Denied {
                 " (to admit that TPM now, add a resolve entry for its ekSha256)"
             } else {
                 ""
@@ -412,10 +460,11 @@ fn decide_in(
             "join request {id} is a discovery join: its machine joins as a ramdisk of its boot entry's site (--pool and --site are for tpm enrollment)"
         )));
     }
-    if status == STATUS_APPROVED {
+    if status == RequestStatus::Approved {
         if let Some(wf) = row.workflow_id.as_deref() {
-            let state = crate::boot::get(tx, wf)?.map_or("gone", |e| e.state(now));
-            if matches!(state, "joined" | "expired" | "gone") {
+            let state = crate::boot::get(tx, wf)?.map(|e| e.state(now));
+            if state.is_none_or(crate::boot::BootState::is_closed) {
+                let state = state.map_or("gone", crate::boot::BootState::as_str);
                 return Err(EnrollError::Conflict(format!(
                     "join request {id} is for boot entry {wf}, which is {state}: no join waits on it any more"
                 )));
@@ -434,10 +483,10 @@ fn decide_in(
          WHERE id = ?1",
         params![id, status, now, row.pool_id, row.site_id],
     )?;
-    if status == STATUS_DENIED {
+    if status == RequestStatus::Denied {
         spend_denied(tx, &row, now)?;
     }
-    row.status = status.to_owned();
+    row.status = status;
     row.decided_at = Some(now);
     Ok(row)
 }

@@ -25,6 +25,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::reason::AnyReason;
 use crate::records::{self, NewEvent};
 use crate::store::{self, DbError, Store, Tx, UnixMs};
 
@@ -51,7 +52,7 @@ const SHUTDOWN_GIVE_UP: Duration = Duration::from_secs(30);
 pub struct Refused {
     pub kind: &'static str,
     pub attestor: Option<String>,
-    pub reason: String,
+    pub reason: AnyReason,
     pub token_id: Option<String>,
     pub node_id: Option<String>,
     pub source: Option<IpAddr>,
@@ -66,7 +67,7 @@ impl Refused {
         Refused {
             kind: self.kind,
             attestor: None,
-            reason: self.reason.clone(),
+            reason: self.reason,
             token_id: None,
             node_id: None,
             source: None,
@@ -383,7 +384,7 @@ fn insert(tx: &Tx<'_>, r: &Refused, now: UnixMs, window: i64, count: u64) -> Res
         Ok(v @ serde_json::Value::Object(_)) => v,
         _ => serde_json::json!({}),
     };
-    data["reason"] = serde_json::json!(r.reason);
+    data["reason"] = serde_json::json!(r.reason.as_str());
     if let Some(a) = &r.attestor {
         data["attestor"] = serde_json::json!(a);
     }
@@ -402,7 +403,7 @@ fn insert(tx: &Tx<'_>, r: &Refused, now: UnixMs, window: i64, count: u64) -> Res
             kind: r.kind,
             at: now,
             attestor: r.attestor.as_deref(),
-            reason: Some(&r.reason),
+            reason: Some(r.reason.as_str()),
             token_id: r.token_id.as_deref(),
             node_id: r.node_id.as_deref(),
             data,
@@ -432,11 +433,19 @@ mod tests {
     use super::*;
     use crate::records::EVENT_JOIN_REFUSED;
 
-    fn refused(reason: &str, source: &str) -> Refused {
+    crate::reason::reasons! {
+        /// Two of the join-token attestor's, as the log sees any.
+        enum Sample in "join-token" {
+            TokenSecret = "token-secret",
+            TokenUnknown = "token-unknown",
+        }
+    }
+
+    fn refused(reason: Sample, source: &str) -> Refused {
         Refused {
             kind: EVENT_JOIN_REFUSED,
             attestor: Some("join-token".to_owned()),
-            reason: reason.to_owned(),
+            reason: reason.any(),
             token_id: None,
             node_id: None,
             source: Some(source.parse().unwrap()),
@@ -464,8 +473,8 @@ mod tests {
         let t = crate::test_support::temp_db();
         let db = Arc::new(t.reopen());
         let log = EventLog::start(db.clone(), crate::config::DEFAULT_EVENTS_RETENTION_MS);
-        log.record(refused("token-secret", "127.0.0.2"));
-        log.record(refused("token-unknown", "127.0.0.2"));
+        log.record(refused(Sample::TokenSecret, "127.0.0.2"));
+        log.record(refused(Sample::TokenUnknown, "127.0.0.2"));
         // Once written, the first is a 1-count event of its own.
         let first = records::list_events(&db).unwrap();
         assert_eq!(first.len(), 2);
@@ -477,13 +486,13 @@ mod tests {
             for _ in 0..8 {
                 s.spawn(|| {
                     for _ in 0..50 {
-                        log.record(refused("token-secret", "127.0.0.2"));
+                        log.record(refused(Sample::TokenSecret, "127.0.0.2"));
                     }
                 });
             }
         });
         // Another source is another key.
-        log.record(refused("token-secret", "127.0.0.3"));
+        log.record(refused(Sample::TokenSecret, "127.0.0.3"));
         drop(log);
         let rows = counts(&db);
         let total: u64 = rows.iter().map(|r| r.1).sum();
@@ -503,7 +512,7 @@ mod tests {
                 let log = &log;
                 s.spawn(move || {
                     for j in 0..25 {
-                        log.record(refused("token-unknown", &format!("10.0.{i}.{j}")));
+                        log.record(refused(Sample::TokenUnknown, &format!("10.0.{i}.{j}")));
                     }
                 });
             }
@@ -535,7 +544,7 @@ mod tests {
         let db = Arc::new(t.reopen());
         let log = EventLog::start(db.clone(), 86_400_000);
         // Written after the writer's first prune.
-        log.record(refused("token-secret", "127.0.0.2"));
+        log.record(refused(Sample::TokenSecret, "127.0.0.2"));
         assert_eq!(counts(&db), [("token-secret".to_owned(), 1, false)]);
     }
 

@@ -29,9 +29,6 @@ use crate::attestor::{AttestationResult, Refusal};
 use crate::machine::{ExpectMismatch, BINDING_TPM_EK};
 use crate::store::{params, DbError, Tx};
 
-/// Another live node holds this machine's hardware key.
-pub const RECLAIM: &str = "reclaim";
-
 /// The hardware identity an admitted join proved.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HardwareKey {

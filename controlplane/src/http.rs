@@ -102,11 +102,14 @@ pub fn router(service: Arc<ControlPlane>) -> Router {
     Router::new()
         .route(endpoints::JOIN, post(join_handler))
         .route(endpoints::RENEW, post(renew_handler))
-        .route(endpoints::ACQUIRE_LEASE, post(site_handler::<0>))
-        .route(endpoints::RENEW_LEASE, post(site_handler::<1>))
-        .route(endpoints::RELEASE_LEASE, post(site_handler::<2>))
-        .route(endpoints::GET_SECRET, post(site_handler::<3>))
-        .route(endpoints::LIST_BOOT_ENTRIES, post(site_handler::<4>))
+        .route(endpoints::ACQUIRE_LEASE, site_route(SiteCall::AcquireLease))
+        .route(endpoints::RENEW_LEASE, site_route(SiteCall::RenewLease))
+        .route(endpoints::RELEASE_LEASE, site_route(SiteCall::ReleaseLease))
+        .route(endpoints::GET_SECRET, site_route(SiteCall::GetSecret))
+        .route(
+            endpoints::LIST_BOOT_ENTRIES,
+            site_route(SiteCall::ListBootEntries),
+        )
         .method_not_allowed_fallback(|| async {
             error_response(&ApiError::NotFound("endpoints take POST".to_owned()))
         })
@@ -153,9 +156,27 @@ async fn renew_handler(
     .await
 }
 
+/// The site endpoints (see [`crate::siteapi`]), one route each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SiteCall {
+    AcquireLease,
+    RenewLease,
+    ReleaseLease,
+    GetSecret,
+    ListBootEntries,
+}
+
+/// The POST route of one site endpoint.
+fn site_route(call: SiteCall) -> axum::routing::MethodRouter<Arc<JoinService>> {
+    post(move |state, gate, addr, peer, headers, body| {
+        site_handler(call, state, gate, addr, peer, headers, body)
+    })
+}
+
 /// The site endpoints (see [`crate::siteapi`]): like Renew, the TLS
-/// client's leaf is the caller. `CALL` picks the endpoint.
-async fn site_handler<const CALL: u8>(
+/// client's leaf is the caller. `call` picks the endpoint.
+async fn site_handler(
+    call: SiteCall,
     State(service): State<Arc<ControlPlane>>,
     Extension(gate): Extension<Arc<RequestGate>>,
     addr: Option<Extension<PeerAddr>>,
@@ -168,12 +189,12 @@ async fn site_handler<const CALL: u8>(
     call_service("site", &gate, source, &headers, body, move |body| {
         let leaf = leaf.as_deref();
         let service = SiteService::new(&service);
-        match CALL {
-            0 => service.acquire_lease_bytes(leaf, body, source),
-            1 => service.renew_lease_bytes(leaf, body, source),
-            2 => service.release_lease_bytes(leaf, body, source),
-            3 => service.get_secret_bytes(leaf, body, source),
-            _ => service.list_boot_entries_bytes(leaf, body, source),
+        match call {
+            SiteCall::AcquireLease => service.acquire_lease_bytes(leaf, body, source),
+            SiteCall::RenewLease => service.renew_lease_bytes(leaf, body, source),
+            SiteCall::ReleaseLease => service.release_lease_bytes(leaf, body, source),
+            SiteCall::GetSecret => service.get_secret_bytes(leaf, body, source),
+            SiteCall::ListBootEntries => service.list_boot_entries_bytes(leaf, body, source),
         }
     })
     .await
@@ -443,12 +464,12 @@ async fn handle_connection(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokio::time::Instant;
     use axum::routing::get;
     use bc_wire::agent::{JoinResponse, JoinResponseBody, Role};
     use rcgen::PublicKeyData;
     use rustls::pki_types::{PrivateKeyDer, ServerName};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::time::Instant;
 
     /// A minimal HTTP/1.1 client over rustls: enough to talk to the server
     /// the way an agent does.

@@ -38,31 +38,15 @@ use crate::attestor::{
 };
 use crate::csr::{knows_key_statement, verify_csr, CsrRefusal, VerifiedCsr};
 use crate::eventlog::Refused;
-pub use crate::hardware::{check_expect, EXPECT_MAC, EXPECT_PRODUCT_UUID};
+pub use crate::hardware::check_expect;
 use crate::pki::NodeCertSpec;
 use crate::plane::{ControlPlane, RefusalEvent};
 use crate::records::{self, JoinRow, NewEvent, NodeRow};
 use crate::store::{self, Commit, LockKey, Tx, UnixMs};
 use crate::{hardware, pools};
 
-pub const CSR_NOT_VERIFIED: &str = "join:csr-signature";
-pub const CSR_KEY: &str = "join:csr-key";
-pub const UNKNOWN_ATTESTOR: &str = "join:unknown-attestor";
-pub const TOKEN_UNOPENABLE: &str = "token-unopenable";
-pub const NODE_KEY_STATEMENT: &str = "join:node-key-statement";
-pub const RECLAIM_UNKNOWN: &str = "join:reclaim-unknown-node";
-pub const RECLAIM_RETIRED: &str = "join:reclaim-retired";
-pub const RECLAIM_ROLE: &str = "join:reclaim-role";
-/// The admitting attestor is not in the pool's `policy.joinAttestors`.
-pub const POOL_ATTESTOR: &str = "join:pool-attestor";
-/// The join's EK assurance is below the pool's `policy.minEkAssurance` (or
-/// the join proved no EK at all).
-pub const POOL_EK_ASSURANCE: &str = "join:pool-ek-assurance";
-/// The attestor resolved a pool that does not exist.
-pub const UNKNOWN_POOL: &str = "join:unknown-pool";
-/// The machine's hardware key is bound to another node, or the node to
-/// another hardware key of that kind.
-pub const BOUND_ELSEWHERE: &str = "bound-elsewhere";
+mod reasons;
+pub use reasons::JoinReason;
 
 /// The outcome of the join transaction.
 enum Outcome {
@@ -150,15 +134,19 @@ impl JoinService<'_> {
             Ok(csr) => csr,
             Err(refusal) => {
                 let reason = match refusal {
-                    CsrRefusal::Key => CSR_KEY,
-                    CsrRefusal::Signature => CSR_NOT_VERIFIED,
+                    CsrRefusal::Key => JoinReason::CsrKey,
+                    CsrRefusal::Signature => JoinReason::CsrNotVerified,
                 };
                 return Err(self.refuse(&attestor_name, Refusal::new(reason), source));
             }
         };
         let attestor = self.attestor(&req.attestor);
         let Some(attestor) = attestor else {
-            return Err(self.refuse(&attestor_name, Refusal::new(UNKNOWN_ATTESTOR), source));
+            return Err(self.refuse(
+                &attestor_name,
+                Refusal::new(JoinReason::UnknownAttestor),
+                source,
+            ));
         };
         let attestor_id = attestor.id().to_owned();
         if req.tpm.is_some() && !attestor.takes_tpm_evidence() {
@@ -186,7 +174,11 @@ impl JoinService<'_> {
                         .map_or(OpenedToken::Malformed, OpenedToken::Parsed),
                 ),
                 Err(_) => {
-                    return Err(self.refuse(&attestor_id, Refusal::new(TOKEN_UNOPENABLE), source))
+                    return Err(self.refuse(
+                        &attestor_id,
+                        Refusal::new(JoinReason::TokenUnopenable),
+                        source,
+                    ))
                 }
             }
         };
@@ -346,7 +338,7 @@ impl JoinService<'_> {
                     tx,
                     &NodeRow {
                         id: id.clone(),
-                        role: role.name().to_owned(),
+                        role,
                         identity_generation: 1,
                         attestor: attestor_id.to_owned(),
                         joined_at: now,
@@ -563,7 +555,7 @@ struct Reclaimed {
 /// to be known, live and of the requested role; and, before that node is
 /// read, the node-key statement its certificate would carry.
 fn reclaim(tx: &Tx<'_>, role: Role, result: &AttestationResult) -> Result<Reclaimed, Refusal> {
-    let refuse = |reason: &str, node: Option<&str>| {
+    let refuse = |reason: JoinReason, node: Option<&str>| {
         Refusal::new(reason)
             .with_token(result.token_id.as_deref())
             .with_node(node)
@@ -596,7 +588,7 @@ fn reclaim(tx: &Tx<'_>, role: Role, result: &AttestationResult) -> Result<Reclai
     if let Some(hk) = hardware.as_ref().filter(|_| !bound) {
         if let Some(holder) = hardware::holder(tx, hk, role.name(), reclaim.as_deref())? {
             if !result.allow_reclaim || reclaim.is_some() {
-                return Err(refuse(hardware::RECLAIM, Some(&holder)));
+                return Err(refuse(JoinReason::Reclaim, Some(&holder)));
             }
             reclaim = Some(holder);
         }
@@ -605,18 +597,18 @@ fn reclaim(tx: &Tx<'_>, role: Role, result: &AttestationResult) -> Result<Reclai
     let statements: Vec<String> = match &result.node_key_uri {
         None => Vec::new(),
         Some(uri) if knows_key_statement(uri) => vec![uri.clone()],
-        Some(_) => return Err(refuse(NODE_KEY_STATEMENT, reclaim)),
+        Some(_) => return Err(refuse(JoinReason::NodeKeyStatement, reclaim)),
     };
 
     let existing = match reclaim {
         Some(id) => {
             let node = records::node_for_update(tx, id)?
-                .ok_or_else(|| refuse(RECLAIM_UNKNOWN, Some(id)))?;
+                .ok_or_else(|| refuse(JoinReason::ReclaimUnknown, Some(id)))?;
             if node.retired_at.is_some() {
-                return Err(refuse(RECLAIM_RETIRED, Some(id)));
+                return Err(refuse(JoinReason::ReclaimRetired, Some(id)));
             }
-            if node.role != role.name() {
-                return Err(refuse(RECLAIM_ROLE, Some(id)));
+            if node.role != role {
+                return Err(refuse(JoinReason::ReclaimRole, Some(id)));
             }
             Some(node)
         }
@@ -638,7 +630,7 @@ fn binding<'r>(
     result: &'r AttestationResult,
     reclaim: Option<&str>,
 ) -> Result<Option<&'r Binding>, Refusal> {
-    let refuse = |reason: &str, node: Option<&str>| {
+    let refuse = |reason: JoinReason, node: Option<&str>| {
         Refusal::new(reason)
             .with_token(result.token_id.as_deref())
             .with_node(node)
@@ -650,7 +642,7 @@ fn binding<'r>(
         match records::binding_by_key(tx, &b.kind, &b.key)? {
             Some(bound) if Some(bound.node_id.as_str()) != reclaim => {
                 return Err(refuse(
-                    BOUND_ELSEWHERE,
+                    JoinReason::BoundElsewhere,
                     Some(reclaim.unwrap_or(&bound.node_id)),
                 ));
             }
@@ -658,7 +650,7 @@ fn binding<'r>(
             None => {
                 if let Some(id) = reclaim {
                     if records::binding_of_node(tx, id, &b.kind)?.is_some() {
-                        return Err(refuse(BOUND_ELSEWHERE, Some(id)));
+                        return Err(refuse(JoinReason::BoundElsewhere, Some(id)));
                     }
                 }
                 new_binding = Some(b);
@@ -678,7 +670,7 @@ fn pool_policy(
     existing: Option<&NodeRow>,
 ) -> Result<pools::PoolRow, Refusal> {
     let reclaim = existing.map(|n| n.id.as_str());
-    let refuse = |reason: &str, node: Option<&str>| {
+    let refuse = |reason: JoinReason, node: Option<&str>| {
         Refusal::new(reason)
             .with_token(result.token_id.as_deref())
             .with_node(node)
@@ -690,10 +682,10 @@ fn pool_policy(
         (None, Some(p)) => p.clone(),
         (None, None) => pools::DEFAULT_POOL.to_owned(),
     };
-    let pool = pools::get(tx, &pool_id)?.ok_or_else(|| refuse(UNKNOWN_POOL, reclaim))?;
+    let pool = pools::get(tx, &pool_id)?.ok_or_else(|| refuse(JoinReason::UnknownPool, reclaim))?;
     if let Some(allowed) = pool.join_attestors()? {
         if !allowed.iter().any(|a| a == attestor_id) {
-            return Err(refuse(POOL_ATTESTOR, reclaim).with_pool(&pool.id, &pool.owner));
+            return Err(refuse(JoinReason::PoolAttestor, reclaim).with_pool(&pool.id, &pool.owner));
         }
     }
     if let Some(min) = pool.min_ek_assurance()? {
@@ -704,7 +696,9 @@ fn pool_policy(
                 ek_assurance = result.ek_assurance.map_or("none", |a| a.as_str()),
                 "join refused: below the pool's minimum EK assurance"
             );
-            return Err(refuse(POOL_EK_ASSURANCE, reclaim).with_pool(&pool.id, &pool.owner));
+            return Err(
+                refuse(JoinReason::PoolEkAssurance, reclaim).with_pool(&pool.id, &pool.owner)
+            );
         }
     }
 
@@ -731,9 +725,6 @@ fn ramdisk_scope(scope: &mut records::NodeScope) {
     scope.max_cert_ttl_ms = Some(cap);
 }
 
-/// An unlisted attestor's role refusal.
-pub const ROLE: &str = "join:role";
-
 /// Checks the role against what the attestor admits ([`Attestor::roles`])
 /// before it runs (`result` `None`), and once it admitted, against the
 /// roles its result narrows that to (a token's role, a TPM's place, a
@@ -745,7 +736,10 @@ pub(crate) fn check_role(
     result: Option<&AttestationResult>,
 ) -> Result<(), Refusal> {
     let roles = attestor.roles();
-    let (admits, reason) = (roles.admits, roles.refusal.unwrap_or(ROLE));
+    let (admits, reason) = (
+        roles.admits,
+        roles.refusal.unwrap_or(JoinReason::Role.any()),
+    );
     let narrowed = result.and_then(|r| r.roles.as_deref());
     if admits.contains(&role) && narrowed.is_none_or(|roles| roles.contains(&role)) {
         return Ok(());

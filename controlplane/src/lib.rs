@@ -49,6 +49,7 @@ pub mod plane;
 pub mod pools;
 #[cfg(test)]
 mod race_tests;
+pub mod reason;
 pub mod reasons;
 pub mod records;
 pub mod renew;

@@ -172,7 +172,7 @@ fn approve_and_deny_of_one_request_at_once_decide_it_once() {
         |db| enroll::approve(db, &req.id, None, None),
         |db| enroll::deny(db, &req.id),
     );
-    assert_eq!(a.unwrap().status, enroll::STATUS_APPROVED);
+    assert_eq!(a.unwrap().status, enroll::RequestStatus::Approved);
     let e = b.unwrap_err().to_string();
     assert!(e.contains("already approved"), "{e}");
 }
@@ -189,7 +189,7 @@ fn an_approved_request_used_by_two_joins_at_once_is_used_once() {
     enroll::approve(&t.db, &req.id, None, None).unwrap();
     let use_it = |db: &Store| {
         db.write(|tx| match enroll::open_request(tx, &ek)? {
-            Some(r) if r.status == enroll::STATUS_APPROVED => {
+            Some(r) if r.status == enroll::RequestStatus::Approved => {
                 enroll::mark_used(tx, &r.id, 2).map(|()| true)
             }
             _ => Ok(false),
@@ -340,5 +340,5 @@ fn one_machine_joining_twice_at_once_becomes_one_node() {
         .filter(|e| e.kind == crate::records::EVENT_JOIN_REFUSED)
         .filter_map(|e| e.reason)
         .collect();
-    assert_eq!(refused, [crate::hardware::RECLAIM]);
+    assert_eq!(refused, [crate::join::JoinReason::Reclaim]);
 }

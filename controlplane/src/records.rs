@@ -1,8 +1,10 @@
 //! Nodes, their certificates, hardware bindings, the joins audit, and the
 //! event log.
 
+use bc_wire::agent::Role;
+
 use crate::pki::IssuedCert;
-use crate::store::{params, DbError, Row, Store, Tx, UnixMs};
+use crate::store::{params, DbError, FromValue, Row, Store, ToValue, Tx, UnixMs, Value};
 
 /// Event type of a successful join.
 pub const EVENT_NODE_JOINED: &str = "node.joined";
@@ -24,7 +26,7 @@ pub const EVENT_NODE_DELETED: &str = "node.deleted";
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeRow {
     pub id: String,
-    pub role: String,
+    pub role: Role,
     pub identity_generation: i64,
     pub attestor: String,
     pub joined_at: UnixMs,
@@ -35,6 +37,24 @@ pub struct NodeRow {
     /// Set by `nodes delete`. Only [`node_including_deleted`] returns such a
     /// node: every other lookup treats it as gone.
     pub deleted_at: Option<UnixMs>,
+}
+
+/// A node's role as stored (`node`, `site` or `ramdisk`).
+impl ToValue for Role {
+    fn to_value(&self) -> Value {
+        Value::Text(self.name().to_owned())
+    }
+}
+
+/// A row's role: another text is a database this control plane did not
+/// write.
+impl FromValue for Role {
+    fn from_value(v: &Value) -> Result<Self, &'static str> {
+        match v {
+            Value::Text(s) => Role::from_name(s).ok_or("a role (node, site or ramdisk)"),
+            _ => Err("text"),
+        }
+    }
 }
 
 const NODE_SELECT: &str = "SELECT id, role, identity_generation, attestor, joined_at, retired_at, \

@@ -58,26 +58,51 @@ use crate::plane::ControlPlane;
 use crate::records::{self, NewEvent};
 use crate::store::{self, Commit, DbError, Tx, UnixMs};
 
-pub const NO_CLIENT_CERTIFICATE: &str = "no-client-certificate";
-pub const CERTIFICATE_IDENTITY: &str = "certificate-identity";
-pub const CSR_KEY: &str = "csr-key";
-pub const CSR_SIGNATURE: &str = "csr-signature";
-pub const UNKNOWN_CERTIFICATE: &str = "unknown-certificate";
-pub const DELETED: &str = "deleted";
-pub const RETIRED: &str = "retired";
-pub const STALE_GENERATION: &str = "stale-generation";
-pub const REVOKED: &str = "revoked";
-pub const EXPIRED: &str = "expired";
-/// The leaf's AK statement does not parse, or it has two: never issued by
-/// this control plane, which writes one well-formed statement at most.
-pub const STATEMENT_MALFORMED: &str = "statement-malformed";
-pub const KEY_ATTESTATION_MISSING: &str = "key-attestation-missing";
-pub const AK_MISMATCH: &str = "ak-mismatch";
-pub const AK_ATTRIBUTES: &str = "ak-attributes";
+crate::reason::reasons! {
+    /// Renew's reasons (`security.renew.refused`).
+    pub enum RenewReason in "renew" {
+        NoClientCertificate = "no-client-certificate",
+        CertificateIdentity = "certificate-identity",
+        CsrKey = "csr-key",
+        CsrSignature = "csr-signature",
+        UnknownCertificate = "unknown-certificate",
+        Deleted = "deleted",
+        Retired = "retired",
+        StaleGeneration = "stale-generation",
+        Revoked = "revoked",
+        Expired = "expired",
+        /// The leaf's AK statement does not parse, or it has two: never issued by
+        /// this control plane, which writes one well-formed statement at most.
+        StatementMalformed = "statement-malformed",
+        KeyAttestationMissing = "key-attestation-missing",
+        AkMismatch = "ak-mismatch",
+        AkAttributes = "ak-attributes",
+        NodeKeyMalformed = "node-key-malformed",
+        NodeKeySignature = "node-key-signature",
+        NodeKeyNonce = "node-key-nonce",
+        NodeKeyName = "node-key-name",
+        NodeKeyAttributes = "node-key-attributes",
+        NodeKeyNotCsr = "node-key-not-csr",
+    }
+}
+
+impl RenewReason {
+    /// A node key the AK did not certify as the spec asks.
+    pub(crate) fn node_key(e: &wtpm::CertificationError) -> Self {
+        match e {
+            wtpm::CertificationError::Malformed(_) => RenewReason::NodeKeyMalformed,
+            wtpm::CertificationError::Signature => RenewReason::NodeKeySignature,
+            wtpm::CertificationError::Nonce => RenewReason::NodeKeyNonce,
+            wtpm::CertificationError::Name => RenewReason::NodeKeyName,
+            wtpm::CertificationError::Attributes => RenewReason::NodeKeyAttributes,
+            wtpm::CertificationError::NotCsr => RenewReason::NodeKeyNotCsr,
+        }
+    }
+}
 
 /// Why a renewal stopped inside its transaction.
 enum Stop {
-    Refused(&'static str),
+    Refused(RenewReason),
     Failed(ApiError),
 }
 
@@ -125,7 +150,7 @@ impl RenewService<'_> {
         // Authentication first: a caller without a certificate learns
         // nothing about its request.
         let Some(leaf) = client_leaf.filter(|l| !l.is_empty()) else {
-            return Err(self.refuse_renew(None, NO_CLIENT_CERTIFICATE));
+            return Err(self.refuse_renew(None, RenewReason::NoClientCertificate));
         };
         let req = RenewRequest::decode(body).map_err(|e| {
             ApiError::InvalidInput(format!("the body is not a RenewRequest protobuf: {e}"))
@@ -142,26 +167,26 @@ impl RenewService<'_> {
         req: &RenewRequest,
     ) -> Result<RenewResponse, ApiError> {
         let Some(leaf) = client_leaf.filter(|l| !l.is_empty()) else {
-            return Err(self.refuse_renew(None, NO_CLIENT_CERTIFICATE));
+            return Err(self.refuse_renew(None, RenewReason::NoClientCertificate));
         };
         let identity = match crate::pki::node_cert_identity(leaf) {
             Ok(id) if id.trust_domain == self.bundle().trust_domain => id,
-            _ => return Err(self.refuse_renew(None, CERTIFICATE_IDENTITY)),
+            _ => return Err(self.refuse_renew(None, RenewReason::CertificateIdentity)),
         };
         let node_id = identity.node_id.as_str();
         let csr = match verify_csr(&req.csr)? {
             Ok(csr) => csr,
             Err(refusal) => {
                 let reason = match refusal {
-                    CsrRefusal::Key => CSR_KEY,
-                    CsrRefusal::Signature => CSR_SIGNATURE,
+                    CsrRefusal::Key => RenewReason::CsrKey,
+                    CsrRefusal::Signature => RenewReason::CsrSignature,
                 };
                 return Err(self.refuse_renew(Some(node_id), reason));
             }
         };
 
         let outcome = self.database().write_if(
-            |tx| -> Result<(Result<Renewed, &'static str>, Commit), ApiError> {
+            |tx| -> Result<(Result<Renewed, RenewReason>, Commit), ApiError> {
                 let now = tx.now()?;
                 match self.renew_in(tx, now, leaf, &identity, &csr, req) {
                     Ok(done) => Ok((Ok(done), Commit::Yes)),
@@ -194,23 +219,23 @@ impl RenewService<'_> {
         // commits before this reads the certificate, or waits for this
         // renewal (never a fresh certificate of an ended generation).
         let node = records::node_including_deleted_for_update(tx, node_id)?
-            .ok_or(Stop::Refused(UNKNOWN_CERTIFICATE))?;
-        let cert =
-            records::cert_by_der(tx, node_id, leaf)?.ok_or(Stop::Refused(UNKNOWN_CERTIFICATE))?;
+            .ok_or(Stop::Refused(RenewReason::UnknownCertificate))?;
+        let cert = records::cert_by_der(tx, node_id, leaf)?
+            .ok_or(Stop::Refused(RenewReason::UnknownCertificate))?;
         if node.deleted_at.is_some() {
-            return Err(Stop::Refused(DELETED));
+            return Err(Stop::Refused(RenewReason::Deleted));
         }
         if node.retired_at.is_some() {
-            return Err(Stop::Refused(RETIRED));
+            return Err(Stop::Refused(RenewReason::Retired));
         }
         if cert.identity_generation != node.identity_generation {
-            return Err(Stop::Refused(STALE_GENERATION));
+            return Err(Stop::Refused(RenewReason::StaleGeneration));
         }
         if cert.revoked_at.is_some() {
-            return Err(Stop::Refused(REVOKED));
+            return Err(Stop::Refused(RenewReason::Revoked));
         }
         if now >= cert.not_after {
-            return Err(Stop::Refused(EXPIRED));
+            return Err(Stop::Refused(RenewReason::Expired));
         }
         let node_key = check_node_key(&identity.statements, req.key_attestation.as_ref(), csr)
             .map_err(Stop::Refused)?;
@@ -221,8 +246,8 @@ impl RenewService<'_> {
             None => self.cert_ttl(),
         };
         // Nor past its boot entry's end: a ramdisk lives as long as its entry.
-        let entry_end = match node.role.as_str() {
-            "ramdisk" => crate::boot::cert_not_after(tx, node_id)?,
+        let entry_end = match node.role {
+            bc_wire::agent::Role::Ramdisk => crate::boot::cert_not_after(tx, node_id)?,
             _ => None,
         };
         let cert_ttl = crate::plane::capped_ttl(cert_ttl, now, entry_end);
@@ -272,7 +297,8 @@ impl RenewService<'_> {
     }
 
     /// Logs and stores a refused renewal and answers ACCESS_DENIED.
-    fn refuse_renew(&self, node_id: Option<&str>, reason: &str) -> ApiError {
+    fn refuse_renew(&self, node_id: Option<&str>, typed: RenewReason) -> ApiError {
+        let reason = typed.as_str();
         if node_id.is_none() {
             // Nobody proved an identity: anyone can send these, so they are
             // counted (and aggregated) by the refusal log like join refusals,
@@ -280,7 +306,7 @@ impl RenewService<'_> {
             let first = self.record_refusal(crate::eventlog::Refused {
                 kind: records::EVENT_RENEW_REFUSED,
                 attestor: None,
-                reason: reason.to_owned(),
+                reason: typed.any(),
                 token_id: None,
                 node_id: None,
                 source: None,
@@ -327,7 +353,7 @@ fn check_node_key(
     statements: &[String],
     attestation: Option<&TpmKeyAttestation>,
     csr: &VerifiedCsr,
-) -> Result<NodeKeyKind, &'static str> {
+) -> Result<NodeKeyKind, RenewReason> {
     let ak_statements: Vec<&String> = statements
         .iter()
         .filter(|s| s.starts_with(wtpm::AK_STATEMENT_PREFIX))
@@ -335,17 +361,17 @@ fn check_node_key(
     let statement = match ak_statements.as_slice() {
         [] => return Ok(NodeKeyKind::Unattested),
         [one] => *one,
-        _ => return Err(STATEMENT_MALFORMED),
+        _ => return Err(RenewReason::StatementMalformed),
     };
-    let named = wtpm::parse_ak_statement(statement).map_err(|_| STATEMENT_MALFORMED)?;
-    let att = attestation.ok_or(KEY_ATTESTATION_MISSING)?;
+    let named = wtpm::parse_ak_statement(statement).map_err(|_| RenewReason::StatementMalformed)?;
+    let att = attestation.ok_or(RenewReason::KeyAttestationMissing)?;
     // An AK public area that does not even parse is not the named AK.
-    let ak = Public::parse(&att.ak_public).map_err(|_| AK_MISMATCH)?;
+    let ak = Public::parse(&att.ak_public).map_err(|_| RenewReason::AkMismatch)?;
     if !bool::from(ak.name().as_slice().ct_eq(named.as_slice())) {
-        return Err(AK_MISMATCH);
+        return Err(RenewReason::AkMismatch);
     }
     if !wtpm::is_attestation_key(&ak) {
-        return Err(AK_ATTRIBUTES);
+        return Err(RenewReason::AkAttributes);
     }
     wtpm::verify_key_certification(
         &ak,
@@ -355,7 +381,7 @@ fn check_node_key(
         &csr.sha256,
         &csr.spki_der,
     )
-    .map_err(|e| e.reason())?;
+    .map_err(|e| RenewReason::node_key(&e))?;
     Ok(NodeKeyKind::Tpm)
 }
 

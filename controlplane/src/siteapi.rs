@@ -40,22 +40,27 @@ use crate::store::{Commit, DbError, Tx, UnixMs};
 
 pub const EVENT_SITE_REFUSED: &str = "security.site.refused";
 
-pub const NO_CLIENT_CERTIFICATE: &str = "no-client-certificate";
-pub const CERTIFICATE_IDENTITY: &str = "certificate-identity";
-pub const UNKNOWN_CERTIFICATE: &str = "unknown-certificate";
-pub const CERTIFICATE_STALE: &str = "certificate-stale";
-pub const NODE_RETIRED: &str = "node-retired";
-pub const NOT_SITE_NODE: &str = "not-site-node";
-pub const LEASE_LOST: &str = "lease-lost";
-pub const NOT_LEASE_HOLDER: &str = "not-lease-holder";
-pub const SECRET_SIGNATURE: &str = "secret-signature";
-pub const SECRET_STALE: &str = "secret-stale";
-pub const UNKNOWN_WORKFLOW: &str = "unknown-workflow";
-pub const WORKFLOW_CLOSED: &str = "workflow-closed";
-/// The SecretRequest's MAC is not its workflow's.
-pub const WORKFLOW_MAC: &str = "workflow-mac";
-/// The entry has [`crate::boot::MAX_LIVE_TOKENS`] unspent tokens already.
-pub const WORKFLOW_BUSY: &str = "workflow-busy";
+crate::reason::reasons! {
+    /// The site API's reasons (`security.site.refused`), whichever call.
+    pub enum SiteReason in "site" {
+        NoClientCertificate = "no-client-certificate",
+        CertificateIdentity = "certificate-identity",
+        UnknownCertificate = "unknown-certificate",
+        NodeRetired = "node-retired",
+        CertificateStale = "certificate-stale",
+        NotSiteNode = "not-site-node",
+        LeaseLost = "lease-lost",
+        NotLeaseHolder = "not-lease-holder",
+        SecretSignature = "secret-signature",
+        SecretStale = "secret-stale",
+        UnknownWorkflow = "unknown-workflow",
+        WorkflowClosed = "workflow-closed",
+        /// The SecretRequest's MAC is not its workflow's.
+        WorkflowMac = "workflow-mac",
+        /// The entry has [`crate::boot::MAX_LIVE_TOKENS`] unspent tokens already.
+        WorkflowBusy = "workflow-busy",
+    }
+}
 
 /// A SecretRequest's issued_at must be this close to database time.
 const SECRET_WINDOW_MS: i64 = 60_000;
@@ -68,11 +73,11 @@ struct Caller {
 
 /// A refusal: the reason and the node it names.
 struct Refused {
-    reason: &'static str,
+    reason: SiteReason,
     node_id: Option<String>,
 }
 
-fn refused(reason: &'static str, node_id: Option<&str>) -> Refused {
+fn refused(reason: SiteReason, node_id: Option<&str>) -> Refused {
     Refused {
         reason,
         node_id: node_id.map(str::to_owned),
@@ -165,7 +170,9 @@ impl SiteService<'_> {
             |tx, caller, now| {
                 let name = site::boot_lease_name(&req.site_id);
                 match sites::renew(tx, &name, &caller.node_id, req.epoch, now, ttl)? {
-                    LeaseOutcome::Lost(_) => Err(refused(LEASE_LOST, Some(&caller.node_id)).into()),
+                    LeaseOutcome::Lost(_) => {
+                        Err(refused(SiteReason::LeaseLost, Some(&caller.node_id)).into())
+                    }
                     out => Ok(lease_response(
                         &name,
                         &out,
@@ -228,10 +235,10 @@ impl SiteService<'_> {
             let me = Some(caller.node_id.as_str());
             let body = match bc_wire::site::verify_secret_request(&caller.spki_der, &req) {
                 Ok(Some(body)) if body.node_id == caller.node_id => body,
-                _ => return Err(refused(SECRET_SIGNATURE, me).into()),
+                _ => return Err(refused(SiteReason::SecretSignature, me).into()),
             };
             if (body.issued_at_unix_ms - now).abs() > SECRET_WINDOW_MS {
-                return Err(refused(SECRET_STALE, me).into());
+                return Err(refused(SiteReason::SecretStale, me).into());
             }
             self.require_holder(tx, &body.site_id, me, now)?;
             // Bound to the workflow named, never "the newest for the MAC".
@@ -241,17 +248,17 @@ impl SiteService<'_> {
                 .transpose()?
                 .flatten()
                 .filter(|e| e.site_id == body.site_id)
-                .ok_or_else(|| refused(UNKNOWN_WORKFLOW, me))?;
-            if entry.state(now) == "joined" || entry.state(now) == "expired" {
-                return Err(refused(WORKFLOW_CLOSED, me).into());
+                .ok_or_else(|| refused(SiteReason::UnknownWorkflow, me))?;
+            if entry.state(now).is_closed() {
+                return Err(refused(SiteReason::WorkflowClosed, me).into());
             }
             if !body.mac.is_empty() && body.mac != entry.mac {
-                return Err(refused(WORKFLOW_MAC, me).into());
+                return Err(refused(SiteReason::WorkflowMac, me).into());
             }
             let token = match crate::boot::issue_token(tx, key, &entry, now) {
                 Ok(Ok(token)) => token,
                 Ok(Err(crate::boot::NoToken::TooMany)) => {
-                    return Err(refused(WORKFLOW_BUSY, me).into())
+                    return Err(refused(SiteReason::WorkflowBusy, me).into())
                 }
                 Err(crate::pools::PoolError::Db(e)) => return Err(e.into()),
                 Err(e) => return Err(Stop::Failed(ApiError::Internal(e.to_string()))),
@@ -312,7 +319,7 @@ impl SiteService<'_> {
         if holds {
             Ok(())
         } else {
-            Err(refused(NOT_LEASE_HOLDER, me).into())
+            Err(refused(SiteReason::NotLeaseHolder, me).into())
         }
     }
 
@@ -352,30 +359,28 @@ impl SiteService<'_> {
     ) -> Result<Caller, Stop> {
         let leaf = leaf
             .filter(|l| !l.is_empty())
-            .ok_or_else(|| refused(NO_CLIENT_CERTIFICATE, None))?;
+            .ok_or_else(|| refused(SiteReason::NoClientCertificate, None))?;
         let identity = match crate::pki::node_cert_identity(leaf) {
             Ok(id) if id.trust_domain == self.bundle().trust_domain => id,
-            _ => return Err(refused(CERTIFICATE_IDENTITY, None).into()),
+            _ => return Err(refused(SiteReason::CertificateIdentity, None).into()),
         };
         let id = Some(identity.node_id.as_str());
         let cert = records::cert_by_der(tx, &identity.node_id, leaf)?
-            .ok_or_else(|| refused(UNKNOWN_CERTIFICATE, id))?;
+            .ok_or_else(|| refused(SiteReason::UnknownCertificate, id))?;
         let node = records::node_for_update(tx, &identity.node_id)?
-            .ok_or_else(|| refused(UNKNOWN_CERTIFICATE, id))?;
+            .ok_or_else(|| refused(SiteReason::UnknownCertificate, id))?;
         if node.retired_at.is_some() {
-            return Err(refused(NODE_RETIRED, id).into());
+            return Err(refused(SiteReason::NodeRetired, id).into());
         }
         if cert.identity_generation != node.identity_generation
             || cert.revoked_at.is_some()
             || now >= cert.not_after
         {
-            return Err(refused(CERTIFICATE_STALE, id).into());
+            return Err(refused(SiteReason::CertificateStale, id).into());
         }
         let scope = records::node_scope(tx, &node.id)?;
-        if node.role != bc_wire::agent::Role::Site.name()
-            || scope.site_id.as_deref() != Some(site_id)
-        {
-            return Err(refused(NOT_SITE_NODE, id).into());
+        if node.role != bc_wire::agent::Role::Site || scope.site_id.as_deref() != Some(site_id) {
+            return Err(refused(SiteReason::NotSiteNode, id).into());
         }
         Ok(Caller {
             node_id: node.id,
@@ -395,7 +400,7 @@ impl SiteService<'_> {
         let first = self.record_refusal(Counted {
             kind: EVENT_SITE_REFUSED,
             attestor: None,
-            reason: r.reason.to_owned(),
+            reason: r.reason.any(),
             token_id: None,
             node_id: r.node_id.clone(),
             source,
@@ -408,7 +413,7 @@ impl SiteService<'_> {
                     call,
                     site_id = %printable(site_id),
                     node_id = r.node_id.as_deref().unwrap_or(""),
-                    reason = r.reason,
+                    reason = r.reason.as_str(),
                     source = source.map(|s| s.to_string()).unwrap_or_default(),
                     "site request refused"
                 )

@@ -222,7 +222,7 @@ pub(crate) fn insert_node(db: &Store, id: &str, attestor: &str, joined_at: UnixM
             tx,
             &records::NodeRow {
                 id: id.to_owned(),
-                role: "node".into(),
+                role: bc_wire::agent::Role::Node,
                 identity_generation: 1,
                 attestor: attestor.to_owned(),
                 joined_at,

@@ -120,7 +120,7 @@ impl Cp {
                 tx,
                 &records::NodeRow {
                     id: fixtures::NODE_ID.to_owned(),
-                    role: "node".into(),
+                    role: bc_wire::agent::Role::Node,
                     identity_generation: 1,
                     attestor: "tpm".into(),
                     joined_at: now,

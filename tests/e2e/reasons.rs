@@ -1,8 +1,8 @@
 //! Every refusal reason the control plane can give has an e2e test that
 //! sees ACCESS_DENIED at the agent and the reason at the server: this table
 //! names it, and the test below fails the build when a reason of
-//! [`bc_controlplane::reasons::PLACES`] (which a unit test there keeps
-//! complete) has no row, when a named test does not exist or does not
+//! [`bc_controlplane::reasons::PLACES`] (derived from each place's reason
+//! enum, so complete) has no row, when a named test does not exist or does not
 //! mention its reason, and when `tests/e2e/reasons.md` (the table for
 //! readers) is not what this table says.
 

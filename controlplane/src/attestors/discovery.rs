@@ -67,7 +67,7 @@ use bc_wire::site;
 use crate::attestor::{
     AttestInput, AttestationResult, Attestor, NodeKeyKind, Prepared, Refusal, Verdict, Work,
 };
-use crate::attestors::join_token::{live_token, TOKEN_EXHAUSTED, TOKEN_ROLE};
+use crate::attestors::join_token::live_token;
 use crate::attestors::tpm::{self, TpmAttestor, TpmProof};
 use crate::boot::DISCOVERY_ROLE;
 use crate::machine::{normalize_mac, normalize_product_uuid};
@@ -75,6 +75,8 @@ use crate::store::{params, DbError, Tx, UnixMs};
 use crate::{hardware, records, sites, tokens, uses};
 
 pub mod approval;
+mod reasons;
+pub use reasons::DiscoveryReason;
 
 pub const DISCOVERY: &str = bc_wire::AttestorId::Discovery.as_str();
 
@@ -141,29 +143,6 @@ impl Default for DiscoveryConfig {
     }
 }
 
-pub const DISCOVERY_ROLE_REASON: &str = "discovery-role";
-pub const ASSERTION_MALFORMED: &str = "assertion-malformed";
-pub const ASSERTION_REUSED: &str = "assertion-reused";
-pub const TOKEN_NOT_SINGLE_USE: &str = "token-not-single-use";
-pub const TOKEN_SITE: &str = "token-site";
-pub const TOKEN_MAC: &str = "token-mac";
-pub const SIGNER_UNKNOWN: &str = "signer-unknown";
-pub const SIGNER_RETIRED: &str = "signer-retired";
-pub const SIGNER_NOT_SITE: &str = "signer-not-site";
-pub const LEASE_NOT_HELD: &str = "lease-not-held";
-pub const LEASE_EPOCH: &str = "lease-epoch";
-pub const SIGNER_CERTIFICATE: &str = "signer-certificate";
-pub const ASSERTION_SIGNATURE: &str = "assertion-signature";
-pub const ASSERTION_STALE: &str = "assertion-stale";
-pub const ASSERTION_FUTURE: &str = "assertion-future";
-pub const MAC_NOT_CLAIMED: &str = "mac-not-claimed";
-pub const PRODUCT_UUID_MISMATCH: &str = "product-uuid-mismatch";
-/// The boot entry expects an EK (`boot add --ek-sha256` / `--node`) and
-/// the join proved none (no TPM evidence).
-pub const BOOT_EK_MISSING: &str = "boot-ek-missing";
-/// The boot entry expects another EK than the one the join names or proved.
-pub const BOOT_EK_MISMATCH: &str = "boot-ek-mismatch";
-
 /// How far ahead of the database's time an assertion may be issued (the
 /// site node's clock may run a little ahead).
 const MAX_FUTURE_MS: i64 = 60_000;
@@ -210,84 +189,83 @@ impl Attestor for DiscoveryAttestor {
 
     fn verify(&self, tx: &Tx<'_>, input: &AttestInput<'_>) -> Result<Verdict, Refusal> {
         if input.role != Role::Ramdisk {
-            return Err(Refusal::new(DISCOVERY_ROLE_REASON));
+            return Err(Refusal::new(DiscoveryReason::Role));
         }
         let (signed, assertion) = site::parse_signed(input.evidence).map_err(|e| {
             tracing::info!(error = %e, "discovery: assertion refused as malformed");
-            Refusal::new(ASSERTION_MALFORMED)
+            Refusal::new(DiscoveryReason::AssertionMalformed)
         })?;
         let subject = site::use_subject(&signed);
         if uses::is_spent(tx, DISCOVERY, &subject)? || spent_under_old_key(tx, input.evidence)? {
             // Spent by an operator's denial of the request it filed, or by
             // the join it admitted.
             let reason = match approval::denied_assertion(tx, &subject)? {
-                true => approval::APPROVAL_DENIED,
-                false => ASSERTION_REUSED,
+                true => DiscoveryReason::ApprovalDenied,
+                false => DiscoveryReason::AssertionReused,
             };
             return Err(Refusal::new(reason).with_node(Some(&assertion.node_id)));
         }
-        let asserted_mac =
-            normalize_mac(&assertion.mac).map_err(|_| Refusal::new(ASSERTION_MALFORMED))?;
+        let asserted_mac = normalize_mac(&assertion.mac)
+            .map_err(|_| Refusal::new(DiscoveryReason::AssertionMalformed))?;
 
         // The token.
         let (token, row) = live_token(tx, input)?;
-        let refuse = |reason: &str| {
+        let refuse = |reason: DiscoveryReason| {
             Refusal::new(reason)
                 .with_token(Some(&token.id))
                 .with_node(Some(&assertion.node_id))
         };
         if row.role != DISCOVERY_ROLE {
-            return Err(refuse(TOKEN_ROLE));
+            return Err(refuse(DiscoveryReason::TokenRole));
         }
         if row.uses_left <= 0 {
-            return Err(refuse(TOKEN_EXHAUSTED));
+            return Err(refuse(DiscoveryReason::TokenExhausted));
         }
         if row.uses_left != 1 {
-            return Err(refuse(TOKEN_NOT_SINGLE_USE));
+            return Err(refuse(DiscoveryReason::TokenNotSingleUse));
         }
         if row.site_id.as_deref() != Some(assertion.site_id.as_str()) {
-            return Err(refuse(TOKEN_SITE));
+            return Err(refuse(DiscoveryReason::TokenSite));
         }
         if row.expect.mac.as_ref().is_some_and(|m| *m != asserted_mac) {
-            return Err(refuse(TOKEN_MAC));
+            return Err(refuse(DiscoveryReason::TokenMac));
         }
 
         // The signer.
         let signer = records::node_for_share(tx, &assertion.node_id)?
-            .ok_or_else(|| refuse(SIGNER_UNKNOWN))?;
+            .ok_or_else(|| refuse(DiscoveryReason::SignerUnknown))?;
         if signer.retired_at.is_some() {
-            return Err(refuse(SIGNER_RETIRED));
+            return Err(refuse(DiscoveryReason::SignerRetired));
         }
         let scope = records::node_scope(tx, &signer.id)?;
-        if signer.role != Role::Site.name() || scope.site_id.as_deref() != Some(&assertion.site_id)
-        {
-            return Err(refuse(SIGNER_NOT_SITE));
+        if signer.role != Role::Site || scope.site_id.as_deref() != Some(&assertion.site_id) {
+            return Err(refuse(DiscoveryReason::SignerNotSite));
         }
         let lease = sites::get_lease(tx, &site::boot_lease_name(&assertion.site_id))?;
         let lease = lease
             .filter(|l| l.holder_at(input.now) == Some(signer.id.as_str()))
-            .ok_or_else(|| refuse(LEASE_NOT_HELD))?;
+            .ok_or_else(|| refuse(DiscoveryReason::LeaseNotHeld))?;
         if lease.epoch != assertion.lease_epoch {
-            return Err(refuse(LEASE_EPOCH));
+            return Err(refuse(DiscoveryReason::LeaseEpoch));
         }
         let keys = live_cert_keys(tx, &signer.id, signer.identity_generation, input.now)?;
         if keys.is_empty() {
-            return Err(refuse(SIGNER_CERTIFICATE));
+            return Err(refuse(DiscoveryReason::SignerCertificate));
         }
         if !keys
             .iter()
             .any(|spki| site::verify_assertion(spki, &signed).is_ok())
         {
-            return Err(refuse(ASSERTION_SIGNATURE));
+            return Err(refuse(DiscoveryReason::AssertionSignature));
         }
 
         // Freshness.
         let valid_until = assertion.valid_until_with(self.config.max_age_ms);
         if input.now >= valid_until {
-            return Err(refuse(ASSERTION_STALE));
+            return Err(refuse(DiscoveryReason::AssertionStale));
         }
         if assertion.issued_at_unix_ms > input.now.saturating_add(MAX_FUTURE_MS) {
-            return Err(refuse(ASSERTION_FUTURE));
+            return Err(refuse(DiscoveryReason::AssertionFuture));
         }
 
         // The machine.
@@ -297,13 +275,13 @@ impl Attestor for DiscoveryAttestor {
             .iter()
             .any(|m| normalize_mac(m).ok().as_deref() == Some(asserted_mac.as_str()));
         if !claimed {
-            return Err(refuse(MAC_NOT_CLAIMED));
+            return Err(refuse(DiscoveryReason::MacNotClaimed));
         }
         if !assertion.product_uuid.is_empty() {
             let want = normalize_product_uuid(&assertion.product_uuid).ok();
             let have = normalize_product_uuid(&input.claims.product_uuid).ok();
             if want.is_none() || want != have {
-                return Err(refuse(PRODUCT_UUID_MISMATCH));
+                return Err(refuse(DiscoveryReason::ProductUuidMismatch));
             }
         }
 
@@ -334,7 +312,7 @@ impl Attestor for DiscoveryAttestor {
                     tpm::Step::Prepare(work) => return Ok(Verdict::Prepare(work)),
                 }
             }
-            Some(None) => return Err(refuse(tpm::EVIDENCE_MALFORMED)),
+            Some(None) => return Err(tpm_refusal(Refusal::new(tpm::TpmReason::EvidenceMalformed))),
         };
         check_ek(expected_ek, proof.as_ref().map(|p| p.ek_sha256.as_str())).map_err(refuse)?;
 
@@ -379,7 +357,7 @@ impl Attestor for DiscoveryAttestor {
 
         // One join per assertion; the token is spent, and the challenge.
         if !uses::spend(tx, DISCOVERY, &subject, valid_until, input.now)? {
-            return Err(refuse(ASSERTION_REUSED));
+            return Err(refuse(DiscoveryReason::AssertionReused));
         }
         tokens::consume_use(tx, &token.id)?;
         if let Some(p) = &proof {
@@ -418,10 +396,10 @@ fn spent_under_old_key(tx: &Tx<'_>, envelope: &[u8]) -> Result<bool, DbError> {
 
 /// Whether the EK a join names or proved (`None`: no TPM evidence) is the
 /// one its boot entry expects (`None`: any, or none).
-fn check_ek(expected: Option<&str>, ek: Option<&str>) -> Result<(), &'static str> {
+fn check_ek(expected: Option<&str>, ek: Option<&str>) -> Result<(), DiscoveryReason> {
     match (expected, ek) {
-        (Some(_), None) => Err(BOOT_EK_MISSING),
-        (Some(want), Some(have)) if want != have => Err(BOOT_EK_MISMATCH),
+        (Some(_), None) => Err(DiscoveryReason::BootEkMissing),
+        (Some(want), Some(have)) if want != have => Err(DiscoveryReason::BootEkMismatch),
         _ => Ok(()),
     }
 }
@@ -540,7 +518,7 @@ mod tests {
             .write(|tx| Ok::<_, DbError>(attestor.verify(tx, &input)))
             .unwrap()
         {
-            Err(r) => r.reason,
+            Err(r) => r.reason.to_string(),
             Ok(_) => panic!("admitted"),
         }
     }
@@ -555,20 +533,29 @@ mod tests {
         let s = signed("site_a");
         t.db.write(|tx| uses::spend(tx, DISCOVERY, &site::use_subject(&s), i64::MAX, 0))
             .unwrap();
-        assert_eq!(refusal(&t.db, &s.encode_to_vec()), ASSERTION_REUSED);
+        assert_eq!(
+            refusal(&t.db, &s.encode_to_vec()),
+            DiscoveryReason::AssertionReused
+        );
         let rewrapped = SignedDiscoveryAssertion {
             key_id: "another".into(),
             ..s.clone()
         };
-        assert_eq!(refusal(&t.db, &rewrapped.encode_to_vec()), ASSERTION_REUSED);
+        assert_eq!(
+            refusal(&t.db, &rewrapped.encode_to_vec()),
+            DiscoveryReason::AssertionReused
+        );
         let no_kid = SignedDiscoveryAssertion {
             key_id: String::new(),
             ..s.clone()
         };
-        assert_eq!(refusal(&t.db, &no_kid.encode_to_vec()), ASSERTION_REUSED);
+        assert_eq!(
+            refusal(&t.db, &no_kid.encode_to_vec()),
+            DiscoveryReason::AssertionReused
+        );
         let mut extra = s.encode_to_vec();
         extra.extend_from_slice(&[0x78, 0x01]);
-        assert_eq!(refusal(&t.db, &extra), ASSERTION_MALFORMED);
+        assert_eq!(refusal(&t.db, &extra), DiscoveryReason::AssertionMalformed);
         let mut body = s.assertion.clone();
         body.extend_from_slice(&[0x78, 0x01]);
         let body_extra = SignedDiscoveryAssertion {
@@ -577,7 +564,7 @@ mod tests {
         };
         assert_eq!(
             refusal(&t.db, &body_extra.encode_to_vec()),
-            ASSERTION_MALFORMED
+            DiscoveryReason::AssertionMalformed
         );
         let sig = p256::ecdsa::Signature::from_slice(&s.signature).unwrap();
         let twin = p256::ecdsa::Signature::from_scalars(sig.r(), -sig.s()).unwrap();
@@ -585,11 +572,14 @@ mod tests {
             signature: twin.to_bytes().to_vec(),
             ..s.clone()
         };
-        assert_eq!(refusal(&t.db, &high.encode_to_vec()), ASSERTION_MALFORMED);
+        assert_eq!(
+            refusal(&t.db, &high.encode_to_vec()),
+            DiscoveryReason::AssertionMalformed
+        );
         // An unused assertion passes step 1 (and meets the missing token).
         assert_eq!(
             refusal(&t.db, &signed("site_b").encode_to_vec()),
-            crate::attestors::join_token::TOKEN_MISSING
+            crate::attestors::join_token::TokenReason::TokenMissing
         );
     }
 }

@@ -23,14 +23,20 @@ use crate::attestor::{
 use crate::store::Tx;
 use crate::tokens;
 
-pub const TOKEN_MISSING: &str = "token-missing";
-pub const TOKEN_MALFORMED: &str = "token-malformed";
-pub const TOKEN_UNKNOWN: &str = "token-unknown";
-pub const TOKEN_SECRET: &str = "token-secret";
-pub const TOKEN_REVOKED: &str = "token-revoked";
-pub const TOKEN_EXPIRED: &str = "token-expired";
-pub const TOKEN_EXHAUSTED: &str = "token-exhausted";
-pub const TOKEN_ROLE: &str = "token-role";
+crate::reason::reasons! {
+    /// The join-token attestor's reasons; `token-missing` … `token-expired` are
+    /// also those of every attestor that runs [`live_token`] (listed once, here).
+    pub enum TokenReason in "join-token" {
+        TokenMissing = "token-missing",
+        TokenMalformed = "token-malformed",
+        TokenUnknown = "token-unknown",
+        TokenSecret = "token-secret",
+        TokenRevoked = "token-revoked",
+        TokenExpired = "token-expired",
+        TokenExhausted = "token-exhausted",
+        TokenRole = "token-role",
+    }
+}
 
 /// Roles a join token can admit: a node token admits a node, a site token a site.
 const TOKEN_ROLES: &[&str] = &["node", "site"];
@@ -45,21 +51,22 @@ pub(crate) fn live_token<'t>(
     input: &AttestInput<'t>,
 ) -> Result<(&'t JoinToken, tokens::TokenRow), Refusal> {
     let token = match input.token {
-        None => return Err(Refusal::new(TOKEN_MISSING)),
-        Some(OpenedToken::Malformed) => return Err(Refusal::new(TOKEN_MALFORMED)),
+        None => return Err(Refusal::new(TokenReason::TokenMissing)),
+        Some(OpenedToken::Malformed) => return Err(Refusal::new(TokenReason::TokenMalformed)),
         Some(OpenedToken::Parsed(t)) => t,
     };
-    let refuse = |reason: &str| Refusal::new(reason).with_token(Some(&token.id));
-    let row = tokens::token_for_update(tx, &token.id)?.ok_or_else(|| refuse(TOKEN_UNKNOWN))?;
+    let refuse = |reason: TokenReason| Refusal::new(reason).with_token(Some(&token.id));
+    let row = tokens::token_for_update(tx, &token.id)?
+        .ok_or_else(|| refuse(TokenReason::TokenUnknown))?;
     let presented = tokens::secret_sha256(&token.secret);
     if !bool::from(presented.ct_eq(&row.secret_sha256)) {
-        return Err(refuse(TOKEN_SECRET));
+        return Err(refuse(TokenReason::TokenSecret));
     }
     if row.revoked_at.is_some() {
-        return Err(refuse(TOKEN_REVOKED));
+        return Err(refuse(TokenReason::TokenRevoked));
     }
     if input.now >= row.expires_at {
-        return Err(refuse(TOKEN_EXPIRED));
+        return Err(refuse(TokenReason::TokenExpired));
     }
     Ok((token, row))
 }
@@ -78,9 +85,9 @@ impl Attestor for JoinTokenAttestor {
 
     fn verify(&self, tx: &Tx<'_>, input: &AttestInput<'_>) -> Result<Verdict, Refusal> {
         let (token, row) = live_token(tx, input)?;
-        let refuse = |reason: &str| Refusal::new(reason).with_token(Some(&token.id));
+        let refuse = |reason: TokenReason| Refusal::new(reason).with_token(Some(&token.id));
         if row.uses_left <= 0 {
-            return Err(refuse(TOKEN_EXHAUSTED));
+            return Err(refuse(TokenReason::TokenExhausted));
         }
         // A token of another kind (provisioned, discovery) is for its own
         // attestor; JoinService holds the request to the token's role.
@@ -88,7 +95,7 @@ impl Attestor for JoinTokenAttestor {
             .contains(&row.role.as_str())
             .then(|| Role::from_name(&row.role))
             .flatten()
-            .ok_or_else(|| refuse(TOKEN_ROLE))?;
+            .ok_or_else(|| refuse(TokenReason::TokenRole))?;
         tokens::consume_use(tx, &token.id)?;
         Ok(Verdict::Admit(Box::new(AttestationResult {
             token_id: Some(token.id.clone()),
@@ -159,7 +166,7 @@ mod tests {
     fn reason(r: Result<Verdict, Refusal>) -> String {
         match r {
             Ok(_) => "admitted".into(),
-            Err(r) => r.reason,
+            Err(r) => r.reason.to_string(),
         }
     }
 
@@ -186,7 +193,7 @@ mod tests {
         let Err(refusal) = r else {
             panic!("admitted twice")
         };
-        assert_eq!(refusal.reason, TOKEN_EXHAUSTED);
+        assert_eq!(refusal.reason, TokenReason::TokenExhausted);
         assert_eq!(refusal.token_id.as_deref(), Some(tok.id.as_str()));
     }
 
@@ -194,10 +201,13 @@ mod tests {
     fn refusals_in_order_and_spend_nothing() {
         let f = fixture();
         let (tok, _) = tokens::create_token(&f.db, Role::Node, 2, 60_000).unwrap();
-        assert_eq!(reason(run(&f.db, Role::Node, None)), TOKEN_MISSING);
+        assert_eq!(
+            reason(run(&f.db, Role::Node, None)),
+            TokenReason::TokenMissing
+        );
         assert_eq!(
             reason(run(&f.db, Role::Node, Some(OpenedToken::Malformed))),
-            TOKEN_MALFORMED
+            TokenReason::TokenMalformed
         );
         let unknown = JoinToken {
             id: "tok_nosuchtoken".into(),
@@ -205,13 +215,13 @@ mod tests {
         };
         assert_eq!(
             reason(run(&f.db, Role::Node, Some(OpenedToken::Parsed(unknown)))),
-            TOKEN_UNKNOWN
+            TokenReason::TokenUnknown
         );
         let mut wrong = tok.clone();
         wrong.secret[0] ^= 1;
         assert_eq!(
             reason(run(&f.db, Role::Node, Some(OpenedToken::Parsed(wrong)))),
-            TOKEN_SECRET
+            TokenReason::TokenSecret
         );
         assert_eq!(
             reason(run(
@@ -219,7 +229,7 @@ mod tests {
                 Role::Site,
                 Some(OpenedToken::Parsed(tok.clone()))
             )),
-            TOKEN_ROLE
+            TokenReason::TokenRole
         );
         assert_eq!(
             reason(run(
@@ -227,7 +237,7 @@ mod tests {
                 Role::Ramdisk,
                 Some(OpenedToken::Parsed(tok.clone()))
             )),
-            TOKEN_ROLE
+            TokenReason::TokenRole
         );
         assert_eq!(uses_left(&f.db, &tok.id), 2);
 
@@ -240,7 +250,7 @@ mod tests {
                 Role::Node,
                 Some(OpenedToken::Parsed(tok.clone()))
             )),
-            TOKEN_EXPIRED
+            TokenReason::TokenExpired
         );
         f.db.write(|tx| crate::store::set_clock_offset_ms(tx, 0))
             .unwrap();
@@ -255,7 +265,7 @@ mod tests {
                 Role::Node,
                 Some(OpenedToken::Parsed(tok.clone()))
             )),
-            TOKEN_REVOKED
+            TokenReason::TokenRevoked
         );
         assert_eq!(uses_left(&f.db, &tok.id), 2);
     }
@@ -270,7 +280,7 @@ mod tests {
                 Role::Node,
                 Some(OpenedToken::Parsed(tok.clone()))
             )),
-            TOKEN_ROLE
+            TokenReason::TokenRole
         );
         assert_eq!(
             reason(run(&f.db, Role::Site, Some(OpenedToken::Parsed(tok)))),

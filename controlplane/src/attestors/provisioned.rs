@@ -16,17 +16,24 @@
 //! becomes the node's trusted hardware key.
 
 use crate::attestor::{AttestInput, AttestationResult, Attestor, NodeKeyKind, Refusal, Verdict};
-use crate::attestors::join_token::{live_token, TOKEN_EXHAUSTED, TOKEN_ROLE};
+use crate::attestors::join_token::live_token;
 use crate::machine::normalize_product_uuid;
 use crate::store::Tx;
 use crate::{hardware, records, tokens};
 
 pub const PROVISIONED: &str = bc_wire::AttestorId::Provisioned.as_str();
 
-pub const NOT_SINGLE_USE: &str = "not-single-use";
-pub const NO_PRODUCT_UUID: &str = "no-product-uuid";
-pub const UNBOUND: &str = "unbound";
-pub const PRODUCT_UUID_MISMATCH: &str = "product-uuid-mismatch";
+crate::reason::reasons! {
+    /// The provisioned attestor's reasons, after [`live_token`]'s.
+    pub enum ProvisionedReason in PROVISIONED {
+        TokenRole = "token-role",
+        TokenExhausted = "token-exhausted",
+        NotSingleUse = "not-single-use",
+        NoProductUuid = "no-product-uuid",
+        Unbound = "unbound",
+        ProductUuidMismatch = "product-uuid-mismatch",
+    }
+}
 
 pub struct ProvisionedAttestor;
 
@@ -45,30 +52,32 @@ impl Attestor for ProvisionedAttestor {
     fn verify(&self, tx: &Tx<'_>, input: &AttestInput<'_>) -> Result<Verdict, Refusal> {
         let (token, row) = live_token(tx, input)?;
         let target = row.target_node_id.as_deref();
-        let refuse = |reason: &str| {
+        let refuse = |reason: ProvisionedReason| {
             Refusal::new(reason)
                 .with_token(Some(&token.id))
                 .with_node(target)
         };
         // A node join only: JoinService's role table (`token-role`).
         if row.role != PROVISIONED {
-            return Err(refuse(TOKEN_ROLE));
+            return Err(refuse(ProvisionedReason::TokenRole));
         }
         if row.uses_left <= 0 {
-            return Err(refuse(TOKEN_EXHAUSTED));
+            return Err(refuse(ProvisionedReason::TokenExhausted));
         }
         if row.uses_left != 1 {
-            return Err(refuse(NOT_SINGLE_USE));
+            return Err(refuse(ProvisionedReason::NotSingleUse));
         }
         let claimed = normalize_product_uuid(&input.claims.product_uuid)
-            .map_err(|_| refuse(NO_PRODUCT_UUID))?;
+            .map_err(|_| refuse(ProvisionedReason::NoProductUuid))?;
         let expected = match (&row.expect.product_uuid, target) {
             (Some(uuid), _) => uuid.clone(),
-            (None, Some(node)) => target_uuid(tx, node)?.ok_or_else(|| refuse(UNBOUND))?,
-            (None, None) => return Err(refuse(UNBOUND)),
+            (None, Some(node)) => {
+                target_uuid(tx, node)?.ok_or_else(|| refuse(ProvisionedReason::Unbound))?
+            }
+            (None, None) => return Err(refuse(ProvisionedReason::Unbound)),
         };
         if claimed != expected {
-            return Err(refuse(PRODUCT_UUID_MISMATCH));
+            return Err(refuse(ProvisionedReason::ProductUuidMismatch));
         }
         tokens::consume_use(tx, &token.id)?;
         Ok(Verdict::Admit(Box::new(AttestationResult {
@@ -151,7 +160,7 @@ mod tests {
                 }
                 Ok(Verdict::Defer(_)) => "deferred".to_owned(),
                 Ok(Verdict::Prepare(_)) => "prepare".to_owned(),
-                Err(r) => r.reason,
+                Err(r) => r.reason.to_string(),
             };
             Ok::<_, DbError>(out)
         })
@@ -162,17 +171,23 @@ mod tests {
     fn refusals_in_order_then_one_admission() {
         let f = fixture();
         let several = mint(&f.db, 2, Some(UUID));
-        assert_eq!(run(&f.db, &several, UUID), NOT_SINGLE_USE);
+        assert_eq!(run(&f.db, &several, UUID), ProvisionedReason::NotSingleUse);
         let bound = mint(&f.db, 1, Some(UUID));
-        assert_eq!(run(&f.db, &bound, ""), NO_PRODUCT_UUID);
-        assert_eq!(run(&f.db, &bound, "not-a-uuid"), NO_PRODUCT_UUID);
+        assert_eq!(run(&f.db, &bound, ""), ProvisionedReason::NoProductUuid);
+        assert_eq!(
+            run(&f.db, &bound, "not-a-uuid"),
+            ProvisionedReason::NoProductUuid
+        );
         assert_eq!(
             run(&f.db, &bound, "4c4c4544-0042-3510-8052-b4c04f4e4d33"),
-            PRODUCT_UUID_MISMATCH
+            ProvisionedReason::ProductUuidMismatch
         );
-        assert_eq!(run(&f.db, &mint(&f.db, 1, None), UUID), UNBOUND);
+        assert_eq!(
+            run(&f.db, &mint(&f.db, 1, None), UUID),
+            ProvisionedReason::Unbound
+        );
         // Claims compare case-insensitively; the one use is then spent.
         assert_eq!(run(&f.db, &bound, &UUID.to_uppercase()), "admitted");
-        assert_eq!(run(&f.db, &bound, UUID), TOKEN_EXHAUSTED);
+        assert_eq!(run(&f.db, &bound, UUID), ProvisionedReason::TokenExhausted);
     }
 }

@@ -44,7 +44,6 @@
 //! assurance back by joining with `tpm`, which its EK binding reclaims; a
 //! pool whose `joinAttestors` lists only `tpm` refuses x509pop altogether.
 
-use bc_wire::agent::Role;
 use bc_wire::x509pop::Evidence;
 
 use crate::attestor::{
@@ -56,17 +55,22 @@ use crate::store::Tx;
 /// The attestor's id.
 pub const X509POP: &str = bc_wire::AttestorId::X509Pop.as_str();
 
-pub const EVIDENCE_MALFORMED: &str = "evidence-malformed";
-pub const UNKNOWN_CERTIFICATE: &str = "unknown-certificate";
-pub const DELETED: &str = "deleted";
-pub const STALE_GENERATION: &str = "stale-generation";
-pub const REVOKED: &str = "revoked";
-pub const RETIRED: &str = "retired";
-pub const ROLE: &str = "role";
-pub const PAST_GRACE: &str = "past-grace";
-pub const CLOCK_WINDOW: &str = "clock-window";
-pub const SIGNATURE: &str = "signature";
-pub const REPLAYED: &str = "replayed";
+crate::reason::reasons! {
+    /// The x509pop attestor's reasons.
+    pub enum X509PopReason in X509POP {
+        EvidenceMalformed = "evidence-malformed",
+        UnknownCertificate = "unknown-certificate",
+        Deleted = "deleted",
+        StaleGeneration = "stale-generation",
+        Revoked = "revoked",
+        Retired = "retired",
+        Role = "role",
+        PastGrace = "past-grace",
+        ClockWindow = "clock-window",
+        Signature = "signature",
+        Replayed = "replayed",
+    }
+}
 
 /// `graceMs` by default: 7 days.
 pub const DEFAULT_GRACE_MS: i64 = 7 * 86_400_000;
@@ -134,13 +138,13 @@ impl Attestor for X509PopAttestor {
     fn verify(&self, tx: &Tx<'_>, input: &AttestInput<'_>) -> Result<Verdict, Refusal> {
         let ev = Evidence::from_json(input.evidence).map_err(|e| {
             tracing::debug!(error = %e, "x509pop: evidence refused");
-            Refusal::new(EVIDENCE_MALFORMED)
+            Refusal::new(X509PopReason::EvidenceMalformed)
         })?;
         if bc_wire::spiffe::check_node_id(&ev.node_id).is_err() {
-            return Err(Refusal::new(EVIDENCE_MALFORMED));
+            return Err(Refusal::new(X509PopReason::EvidenceMalformed));
         }
         let node_id = ev.node_id.as_str();
-        let refuse = |reason: &str| Refusal::new(reason).with_node(Some(node_id));
+        let refuse = |reason: X509PopReason| Refusal::new(reason).with_node(Some(node_id));
         // The node's row first, locked as the reclaim will change it (PG:
         // `FOR UPDATE`): a second use of the same proof on another replica
         // waits here until the first commits, then finds the proof spent
@@ -150,36 +154,36 @@ impl Attestor for X509PopAttestor {
         let node = records::node_including_deleted_for_update(tx, node_id)?;
         let subject = replay_subject(&ev.sig);
         if crate::uses::is_spent(tx, X509POP, &subject)? {
-            return Err(refuse(REPLAYED));
+            return Err(refuse(X509PopReason::Replayed));
         }
         // `from_json` refuses an empty chain.
         let leaf = ev
             .chain
             .first()
-            .ok_or_else(|| Refusal::new(EVIDENCE_MALFORMED))?;
+            .ok_or_else(|| Refusal::new(X509PopReason::EvidenceMalformed))?;
 
-        let cert =
-            records::cert_by_der(tx, node_id, leaf)?.ok_or_else(|| refuse(UNKNOWN_CERTIFICATE))?;
-        let node = node.ok_or_else(|| refuse(UNKNOWN_CERTIFICATE))?;
+        let cert = records::cert_by_der(tx, node_id, leaf)?
+            .ok_or_else(|| refuse(X509PopReason::UnknownCertificate))?;
+        let node = node.ok_or_else(|| refuse(X509PopReason::UnknownCertificate))?;
         if node.deleted_at.is_some() {
-            return Err(refuse(DELETED));
+            return Err(refuse(X509PopReason::Deleted));
         }
         if cert.identity_generation != node.identity_generation {
-            return Err(refuse(STALE_GENERATION));
+            return Err(refuse(X509PopReason::StaleGeneration));
         }
         if cert.revoked_at.is_some() {
-            return Err(refuse(REVOKED));
+            return Err(refuse(X509PopReason::Revoked));
         }
         if node.retired_at.is_some() {
-            return Err(refuse(RETIRED));
+            return Err(refuse(X509PopReason::Retired));
         }
         if input.now > cert.not_after.saturating_add(self.config.grace_ms) {
-            return Err(refuse(PAST_GRACE));
+            return Err(refuse(X509PopReason::PastGrace));
         }
         let client_time = i64::try_from(ev.client_time_ms)
             .ok()
             .filter(|t| t.abs_diff(input.now) <= self.config.window_ms.unsigned_abs())
-            .ok_or_else(|| refuse(CLOCK_WINDOW))?;
+            .ok_or_else(|| refuse(X509PopReason::ClockWindow))?;
         // The row is our own issuance, so it parses; if it does not, the
         // database is broken, which is not the machine's fault.
         let identity = crate::pki::node_cert_identity(&cert.der).map_err(|e| {
@@ -189,14 +193,14 @@ impl Attestor for X509PopAttestor {
             )))
         })?;
         if ev.verify(&identity.spki_der, &input.csr_sha256).is_err() {
-            return Err(refuse(SIGNATURE));
+            return Err(refuse(X509PopReason::Signature));
         }
         // Last, so that only a proof that would admit the machine is spent
         // (a proof refused for its clock can be made again at once). Past
         // `clientTime + window` the clock window refuses it by itself.
         let expires_at = client_time.saturating_add(self.config.window_ms);
         if !crate::uses::spend(tx, X509POP, &subject, expires_at, input.now)? {
-            return Err(refuse(REPLAYED));
+            return Err(refuse(X509PopReason::Replayed));
         }
 
         let dropped: Vec<&String> = identity
@@ -232,7 +236,7 @@ impl Attestor for X509PopAttestor {
         tracing::info!(node_id, serial = %cert.serial, "x509pop: the node proved its last certificate");
         Ok(Verdict::Admit(Box::new(AttestationResult {
             // The node's own role only (JoinService refuses another: `role`).
-            roles: Some(Role::from_name(&node.role).into_iter().collect()),
+            roles: Some(vec![node.role]),
             reclaim_node_id: Some(node.id),
             node_key: NodeKeyKind::Unattested,
             ..AttestationResult::default()

@@ -104,7 +104,7 @@ fn list(dir: &Path, as_json: bool) -> Result<()> {
                 .collect();
             json!({
                 "nodeId": n.id,
-                "role": n.role,
+                "role": n.role.name(),
                 "identityGeneration": n.identity_generation,
                 "attestor": n.attestor,
                 "joinedAt": store::rfc3339(n.joined_at),
@@ -135,7 +135,7 @@ fn list(dir: &Path, as_json: bool) -> Result<()> {
             Ok(format!(
                 "{} {} generation={} attestor={} joined={}{}{}{extra}",
                 n.id,
-                n.role,
+                n.role.name(),
                 n.identity_generation,
                 n.attestor,
                 store::rfc3339(n.joined_at),

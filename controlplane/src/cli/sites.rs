@@ -144,7 +144,7 @@ fn list(dir: &Path, as_json: bool) -> Result<()> {
                 "mac": e.mac,
                 "productUuid": e.product_uuid,
                 "ekSha256": e.ek_sha256,
-                "state": e.state(now),
+                "state": e.state(now).as_str(),
                 "tokenId": e.token_id,
                 "notAfter": store::rfc3339(e.not_after),
                 "nodeId": e.node_id,

@@ -485,7 +485,7 @@ fn requests_list(dir: &Path, as_json: bool) -> Result<()> {
                 "id": r.id,
                 "attestor": r.attestor,
                 "ekSha256": r.ek_sha256,
-                "status": r.status,
+                "status": r.status.as_str(),
                 "createdAt": store::rfc3339(r.created_at),
                 "decidedAt": r.decided_at.map(store::rfc3339),
                 "pool": pool_name(r.pool_id.as_deref()),

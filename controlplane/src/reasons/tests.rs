@@ -1,80 +1,51 @@
-//! [`PLACES`] is complete: every refusal reason this crate's source can
-//! refuse with is listed, at the place that refuses with it.
-//!
-//! What the source scan holds the code to (a reason written another way
-//! fails here rather than slipping past the list):
-//! - a reason is a `const NAME: &str = "…";` of its place's files (each
-//!   such constant is a reason unless [`NOT_REASONS`] says otherwise);
-//! - another place refusing with it imports it by name (`use …::{NAME}`);
-//! - no refusal is made with a string literal;
-//! - a reason computed by an error's `reason()` is one of the enums below,
-//!   whose every variant is matched here (a new variant does not compile).
+//! What the types leave to a test. Each place's reasons are its enum's, so
+//! a reason cannot be left out of its place's listing nor refused with as
+//! a literal ([`crate::Refusal::new`] takes a [`crate::reason::Reason`]
+//! only), and an error's reason is matched exhaustively where it is mapped
+//! (`EkError::reason`, `TpmReason::node_key`, `RenewReason::node_key`).
+//! Still checked here:
+//! - no two reasons of a place share a spelling, and each place records its
+//!   event;
+//! - every enum declared with `reasons!` is a place of [`PLACES`] (a new
+//!   place's enum must be listed; the source is read for the declarations);
+//! - a place refuses with another place's enum only where [`BORROWED`] says
+//!   why (the source is read for the enum paths it names), so an event's
+//!   reason is listed under the place that records it;
+//! - an attestor's place is its attestor id, the role table's reasons are
+//!   their attestor's, and the node-key reasons are spelt as the wire crate
+//!   spells them.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use super::*;
 
-/// Constants of the refusing places that are not reasons: attestor ids,
-/// event types, statuses, defaults.
-const NOT_REASONS: &[(&str, &str)] = &[
-    (JOIN, "KNOWN_STATEMENT_PREFIX"),
-    ("tpm", "TPM"),
-    ("tpm", "STATUS_PENDING"),
-    ("tpm", "STATUS_APPROVED"),
-    ("tpm", "STATUS_DENIED"),
-    ("tpm", "REQUEST_SELECT"),
-    ("x509pop", "X509POP"),
-    ("cloud-iid", "CLOUD_IID"),
-    ("cloud-iid", "DEFAULT_SIGNER"),
-    ("discovery", "DISCOVERY"),
-    ("provisioned", "PROVISIONED"),
-    (SITE, "EVENT_SITE_REFUSED"),
+/// The enums declared with `reasons!` that are no place: never recorded.
+const NOT_PLACES: &[&str] = &[
+    // Refusal::fault's: JoinService answers UNAVAILABLE or INTERNAL.
+    "Unrecorded",
 ];
 
-/// Imports of another place's reason that do not refuse with it here.
-const NOT_REFUSED_HERE: &[(&str, &str)] = &[];
+/// (file's place enum, another place's enum it names, why).
+const BORROWED: &[(&str, &str, &str)] = &[(
+    "DiscoveryReason",
+    "TpmReason",
+    "TPM evidence without a round is the tpm attestor's evidence-malformed",
+)];
 
-/// The calls a literal reason would be passed to.
-const REFUSING_CALLS: &[&str] = &[
-    "Refusal::new(",
-    "refuse(",
-    "refused(",
-    "refuse_renew(",
-    "Stop::Refused(",
-];
-
-/// The places' source files, relative to `src/`.
+/// The place enum whose reasons a source file (relative to `src/`) decides.
 fn place_of(path: &str) -> Option<&'static str> {
     Some(match path {
-        "join.rs" | "hardware.rs" => JOIN,
-        "renew.rs" => RENEW,
-        "siteapi.rs" => SITE,
-        "attestors/join_token.rs" => "join-token",
-        "attestors/provisioned.rs" => "provisioned",
-        "attestors/discovery.rs" => "discovery",
-        p if p.starts_with("attestors/discovery/") => "discovery",
-        "attestors/x509pop.rs" => "x509pop",
-        p if p.starts_with("attestors/tpm/") => "tpm",
-        p if p.starts_with("attestors/cloud_iid/") => "cloud-iid",
-        _ => return None,
-    })
-}
-
-/// The module a `use crate::…` path names, as a file under `src/`.
-fn module_file(path: &str) -> Option<&'static str> {
-    Some(match path {
-        "crate::join" => "join.rs",
-        "crate::hardware" => "hardware.rs",
-        "crate::renew" => "renew.rs",
-        "crate::siteapi" => "siteapi.rs",
-        "crate::attestors::join_token" => "attestors/join_token.rs",
-        "crate::attestors::provisioned" => "attestors/provisioned.rs",
-        "crate::attestors::discovery" => "attestors/discovery.rs",
-        "crate::attestors::discovery::approval" => "attestors/discovery/approval.rs",
-        "crate::attestors::x509pop" => "attestors/x509pop.rs",
-        "crate::attestors::tpm" => "attestors/tpm/mod.rs",
-        "crate::attestors::cloud_iid" => "attestors/cloud_iid/mod.rs",
+        "join.rs" | "hardware.rs" => "JoinReason",
+        "renew.rs" => "RenewReason",
+        "siteapi.rs" => "SiteReason",
+        "attestors/join_token.rs" => "TokenReason",
+        "attestors/provisioned.rs" => "ProvisionedReason",
+        "attestors/discovery.rs" => "DiscoveryReason",
+        p if p.starts_with("attestors/discovery/") => "DiscoveryReason",
+        "attestors/x509pop.rs" => "X509PopReason",
+        p if p.starts_with("attestors/tpm/") => "TpmReason",
+        p if p.starts_with("attestors/cloud_iid/") => "CloudReason",
         _ => return None,
     })
 }
@@ -92,16 +63,21 @@ fn sources(dir: &Path, out: &mut Vec<(String, String)>) {
     entries.sort();
     for path in entries {
         let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        let rel = path
+            .strip_prefix(src())
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
         if path.is_dir() {
-            if name != "testdata" {
+            // Not the capture tools' data, nor this test.
+            if name != "testdata" && rel != "reasons" {
                 sources(&path, out);
             }
-        } else if name.ends_with(".rs") && name != "tests.rs" && name != "test_support.rs" {
-            let rel = path
-                .strip_prefix(src())
-                .unwrap()
-                .to_string_lossy()
-                .into_owned();
+        } else if name.ends_with(".rs")
+            && !["tests.rs", "test_support.rs", "race_tests.rs"].contains(&name.as_str())
+            // The listing itself names every enum.
+            && rel != "reasons.rs"
+        {
             let text = std::fs::read_to_string(&path).unwrap();
             out.push((rel, without_tests(&text)));
         }
@@ -121,60 +97,10 @@ fn without_tests(text: &str) -> String {
         .join("\n")
 }
 
-/// `const NAME: &str = "value";` items, by name.
-fn str_consts(text: &str) -> BTreeMap<String, String> {
-    let mut out = BTreeMap::new();
-    for line in text.lines() {
-        let Some(rest) = line.trim().split("const ").nth(1) else {
-            continue;
-        };
-        let Some((name, value)) = rest.split_once(": &str = ") else {
-            continue;
-        };
-        let Some(value) = value.strip_prefix('"').and_then(|v| v.strip_suffix("\";")) else {
-            // A multi-line string: SQL, never a reason (listed in NOT_REASONS).
-            out.insert(name.to_owned(), String::new());
-            continue;
-        };
-        out.insert(name.to_owned(), value.to_owned());
-    }
-    out
-}
-
-/// `use PATH::{A, B as C};` and `use PATH::A;`: (PATH, imported name, local name).
-fn imports(text: &str) -> Vec<(String, String, String)> {
-    let mut out = Vec::new();
-    let flat = text.replace('\n', " ");
-    for item in flat.split(';') {
-        let Some(path) = item.trim().strip_prefix("use ").or_else(|| {
-            item.trim()
-                .strip_prefix("pub use ")
-                .or_else(|| item.trim().strip_prefix("pub(crate) use "))
-        }) else {
-            continue;
-        };
-        let (module, names) = match path.split_once("::{") {
-            Some((m, rest)) => (m.trim().to_owned(), rest.trim_end_matches('}').to_owned()),
-            None => match path.rsplit_once("::") {
-                Some((m, n)) => (m.trim().to_owned(), n.to_owned()),
-                None => continue,
-            },
-        };
-        for name in names.split(',') {
-            let name = name.trim();
-            let (orig, local) = name.split_once(" as ").unwrap_or((name, name));
-            out.push((
-                module.clone(),
-                orig.trim().to_owned(),
-                local.trim().to_owned(),
-            ));
-        }
-    }
-    out
-}
-
-fn registered() -> BTreeSet<(&'static str, &'static str)> {
-    all().map(|(p, r)| (p.name, r)).collect()
+fn all_sources() -> Vec<(String, String)> {
+    let mut files = Vec::new();
+    sources(&src(), &mut files);
+    files
 }
 
 #[test]
@@ -199,134 +125,99 @@ fn the_list_names_each_pair_once_with_its_event() {
 }
 
 #[test]
-fn every_reason_in_the_source_is_listed_at_its_place() {
-    let mut files = Vec::new();
-    sources(&src(), &mut files);
-    let consts: BTreeMap<&str, BTreeMap<String, String>> = files
-        .iter()
-        .map(|(f, text)| (f.as_str(), str_consts(text)))
-        .collect();
-    let listed = registered();
-    let mut missing = Vec::new();
-    for (file, text) in &files {
-        let Some(place) = place_of(file) else {
-            for call in ["Refusal::new(", "record_refusal("] {
-                // (`plane.rs` defines `record_refusal`; it refuses nothing.)
-                let defined = text.contains(&format!("fn {call}"));
-                assert!(
-                    defined || !text.contains(call),
-                    "{file} refuses ({call}) but is no place of reasons.rs: map it in place_of"
-                );
-            }
-            continue;
-        };
-        // Defined here.
-        for (name, value) in &consts[file.as_str()] {
-            if NOT_REASONS.contains(&(place, name.as_str())) {
-                continue;
-            }
-            if !listed.contains(&(place, value.as_str())) {
-                missing.push(format!("({place}, {value:?}) from {file}'s {name}"));
+fn every_reason_enum_of_the_crate_is_a_place() {
+    let listed: BTreeSet<&str> = PLACES.iter().map(|p| p.enum_name).collect();
+    let mut declared = BTreeSet::new();
+    for (file, text) in all_sources() {
+        for (i, _) in text.match_indices("reasons! {") {
+            let rest = &text[i..];
+            let name = rest
+                .split_once(" enum ")
+                .and_then(|(_, r)| r.split_whitespace().next())
+                .unwrap_or_else(|| panic!("{file}: a reasons! without an enum"));
+            if file != "reason.rs" {
+                declared.insert(name.to_owned());
             }
         }
-        // Imported from another place.
-        for (module, name, local) in imports(text) {
-            let Some(from) = module_file(&module) else {
-                continue;
-            };
-            if place_of(from) == Some(place) || NOT_REFUSED_HERE.contains(&(place, local.as_str()))
-            {
-                continue;
-            }
-            let Some(value) = consts.get(from).and_then(|c| c.get(&name)) else {
-                continue;
-            };
-            let from_place = place_of(from).unwrap();
-            if NOT_REASONS.contains(&(from_place, name.as_str())) {
-                continue;
-            }
-            if !listed.contains(&(place, value.as_str())) {
-                missing.push(format!(
-                    "({place}, {value:?}) imported by {file} as {local}"
-                ));
-            }
-        }
-        // Never a literal.
-        for call in REFUSING_CALLS {
-            for (i, _) in text.match_indices(call) {
-                let args = &text[i + call.len()..];
-                let args = &args[..args.find(')').unwrap_or(args.len())];
-                assert!(
-                    !args.contains('"'),
-                    "{file}: a refusal with a literal reason ({call}{args}): make it a constant"
-                );
-            }
-        }
-        // Computed by an enum's reason(): the enums below only.
-        let computed = text.matches(".reason()").count();
-        let known = match file.as_str() {
-            // One EkError (ek_refused: a certificate, an EK without one), one
-            // CertificationError.
-            "attestors/tpm/mod.rs" => 2,
-            "renew.rs" => 1,
-            _ => 0,
-        };
-        assert_eq!(
-            computed, known,
-            "{file}: a reason() call this test does not know: list its enum below"
+    }
+    for name in &declared {
+        assert!(
+            listed.contains(name.as_str()) || NOT_PLACES.contains(&name.as_str()),
+            "{name} is declared with reasons! but is no place of reasons::PLACES"
         );
     }
-    assert!(
-        missing.is_empty(),
-        "reasons missing from reasons.rs PLACES:\n{}",
-        missing.join("\n")
-    );
+    for name in &listed {
+        assert!(declared.contains(*name), "{name}: not found in the source");
+    }
 }
 
 #[test]
-fn the_role_table_reasons_are_listed_at_their_attestor() {
-    let listed = registered();
+fn a_place_refuses_with_another_places_reasons_only_where_borrowed() {
+    let enums: Vec<&str> = PLACES.iter().map(|p| p.enum_name).collect();
+    let mut problems = Vec::new();
+    for (file, text) in all_sources() {
+        let own = place_of(&file);
+        for other in &enums {
+            let path = format!("{other}::");
+            let named = text.match_indices(&path).any(|(i, _)| {
+                !text[..i]
+                    .chars()
+                    .next_back()
+                    .is_some_and(|c| c.is_alphanumeric() || c == '_')
+            });
+            if !named || own == Some(*other) {
+                continue;
+            }
+            let allowed = own.is_some_and(|own| {
+                BORROWED
+                    .iter()
+                    .any(|(place, borrowed, _)| *place == own && borrowed == other)
+            });
+            if !allowed {
+                problems.push(format!(
+                    "{file} ({}) names {other}: refuse with its place's own enum, or list why in BORROWED",
+                    own.unwrap_or("no place")
+                ));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+#[test]
+fn the_attestor_places_are_attestor_ids() {
+    let cp = crate::test_support::cp();
+    let ids = cp.svc.attestor_ids();
+    for place in PLACES {
+        if ![JOIN, RENEW, SITE].contains(&place.name) {
+            assert!(
+                ids.iter().any(|id| id == place.name),
+                "{} is no attestor's id ({ids:?})",
+                place.name
+            );
+        }
+    }
+}
+
+#[test]
+fn the_role_reasons_are_listed_at_their_attestor() {
+    let listed: BTreeSet<_> = all().map(|(p, r)| (p.name, r)).collect();
     let registry = crate::attestors::builtin(&crate::config::Config::default(), [0; 32]);
     for attestor in registry.ids() {
-        let reason = registry.get(attestor).unwrap().roles().refusal.unwrap();
+        let Some(reason) = registry.get(attestor).and_then(|a| a.roles().refusal) else {
+            panic!("{attestor} names no role refusal");
+        };
+        assert_eq!(reason.place(), attestor, "{reason:?}");
         assert!(
-            listed.contains(&(attestor, reason)),
+            listed.contains(&(attestor, reason.as_str())),
             "({attestor}, {reason}) of Attestor::roles"
         );
     }
 }
 
 #[test]
-fn the_reasons_of_error_enums_are_listed() {
+fn the_node_key_reasons_are_spelt_as_the_wire_crate_spells_them() {
     use bc_wire::tpm::{CertificationError, TpmError};
-    use tpm::ek::EkError;
-    // Exhaustive: a new variant must be added here, and so to the list.
-    fn ek(e: &EkError) {
-        match e {
-            EkError::Certificate(_) | EkError::Chain(_) | EkError::Roca | EkError::Mismatch(_) => {}
-        }
-    }
-    fn certification(e: &CertificationError) {
-        match e {
-            CertificationError::Malformed(_)
-            | CertificationError::Signature
-            | CertificationError::Nonce
-            | CertificationError::Name
-            | CertificationError::Attributes
-            | CertificationError::NotCsr => {}
-        }
-    }
-    let listed = registered();
-    let eks = [
-        EkError::Certificate(String::new()),
-        EkError::Chain(String::new()),
-        EkError::Roca,
-        EkError::Mismatch(""),
-    ];
-    for e in &eks {
-        ek(e);
-        assert!(listed.contains(&("tpm", e.reason())), "{}", e.reason());
-    }
     let certifications = [
         CertificationError::Malformed(TpmError::Magic),
         CertificationError::Signature,
@@ -336,14 +227,7 @@ fn the_reasons_of_error_enums_are_listed() {
         CertificationError::NotCsr,
     ];
     for e in &certifications {
-        certification(e);
-        for place in ["tpm", RENEW] {
-            assert!(
-                listed.contains(&(place, e.reason())),
-                "({place}, {})",
-                e.reason()
-            );
-        }
+        assert_eq!(TpmReason::node_key(e).as_str(), e.reason());
+        assert_eq!(RenewReason::node_key(e).as_str(), e.reason());
     }
-    assert_eq!(NODE_KEY.len(), certifications.len());
 }

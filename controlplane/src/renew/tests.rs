@@ -193,11 +193,11 @@ fn refusals_name_their_reason() {
     // No client certificate: no node to name.
     assert_eq!(
         f.refused(|| RenewService::new(&f.svc).renew(None, &good())),
-        NO_CLIENT_CERTIFICATE
+        RenewReason::NoClientCertificate
     );
     assert_eq!(
         f.refused(|| RenewService::new(&f.svc).renew_bytes(None, b"not even protobuf")),
-        NO_CLIENT_CERTIFICATE
+        RenewReason::NoClientCertificate
     );
     let ev = f.renew_refusals();
     assert_eq!(ev[0].node_id, None);
@@ -208,16 +208,19 @@ fn refusals_name_their_reason() {
     // Not a node certificate.
     assert_eq!(
         f.refused(|| f.renew(f.svc.node_ca_der(), &good())),
-        CERTIFICATE_IDENTITY
+        RenewReason::CertificateIdentity
     );
     assert_eq!(
         f.refused(|| f.renew(b"junk", &good())),
-        CERTIFICATE_IDENTITY
+        RenewReason::CertificateIdentity
     );
 
     // Signed by our CA, but never issued (stored) by the control plane.
     let forged = f.issue(&node_id, &key(), &[], 1, false);
-    assert_eq!(f.refused(|| f.renew(&forged, &good())), UNKNOWN_CERTIFICATE);
+    assert_eq!(
+        f.refused(|| f.renew(&forged, &good())),
+        RenewReason::UnknownCertificate
+    );
     let ev = f.renew_refusals();
     let last = ev.last().unwrap();
     assert_eq!(last.node_id.as_deref(), Some(node_id.as_str()));
@@ -228,11 +231,14 @@ fn refusals_name_their_reason() {
     let mut bad = plain_csr(&key());
     let n = bad.len();
     bad[n - 1] ^= 1;
-    assert_eq!(f.refused(|| f.renew(&leaf, &request(bad))), CSR_SIGNATURE);
+    assert_eq!(
+        f.refused(|| f.renew(&leaf, &request(bad))),
+        RenewReason::CsrSignature
+    );
     let p384 = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P384_SHA384).unwrap();
     assert_eq!(
         f.refused(|| f.renew(&leaf, &request(plain_csr(&p384)))),
-        CSR_KEY
+        RenewReason::CsrKey
     );
     let before = f.renew_refusals().len();
     assert!(matches!(
@@ -251,14 +257,14 @@ fn refusals_name_their_reason() {
 
     // Expired at database time (renewal refuses expired certificates).
     f.move_clock(25 * 3_600_000);
-    assert_eq!(f.refused(|| f.renew(&leaf, &good())), EXPIRED);
+    assert_eq!(f.refused(|| f.renew(&leaf, &good())), RenewReason::Expired);
     f.move_clock(0);
 
     // Revoked, same generation.
     f.db()
         .write(|tx| tx.execute("UPDATE node_certs SET revoked_at = 1", params![]))
         .unwrap();
-    assert_eq!(f.refused(|| f.renew(&leaf, &good())), REVOKED);
+    assert_eq!(f.refused(|| f.renew(&leaf, &good())), RenewReason::Revoked);
     f.db()
         .write(|tx| tx.execute("UPDATE node_certs SET revoked_at = NULL", params![]))
         .unwrap();
@@ -266,12 +272,18 @@ fn refusals_name_their_reason() {
 
     // nodes revoke-identity: a new generation, nothing from before renews.
     crate::nodes::revoke_identity(f.db(), &node_id).unwrap();
-    assert_eq!(f.refused(|| f.renew(&leaf, &good())), STALE_GENERATION);
+    assert_eq!(
+        f.refused(|| f.renew(&leaf, &good())),
+        RenewReason::StaleGeneration
+    );
     // A certificate of the new generation would renew; retired, it does not.
     let current = f.issue(&node_id, &key(), &[], 2, true);
     f.renew(&current, &good()).unwrap();
     crate::nodes::retire(f.db(), &node_id).unwrap();
-    assert_eq!(f.refused(|| f.renew(&current, &good())), RETIRED);
+    assert_eq!(
+        f.refused(|| f.renew(&current, &good())),
+        RenewReason::Retired
+    );
 
     // Deleted.
     let (other, other_leaf) = f.join(None);
@@ -279,7 +291,10 @@ fn refusals_name_their_reason() {
     // Cordoned nodes still renew.
     f.renew(&other_leaf, &good()).unwrap();
     crate::nodes::delete(f.db(), &other).unwrap();
-    assert_eq!(f.refused(|| f.renew(&other_leaf, &good())), DELETED);
+    assert_eq!(
+        f.refused(|| f.renew(&other_leaf, &good())),
+        RenewReason::Deleted
+    );
 
     // Nothing refused was issued.
     assert_eq!(f.renewals().len(), 3);
@@ -313,25 +328,25 @@ fn a_tpm_node_renews_only_with_its_ak() {
     // No attestation: no downgrade to an unattested renewal.
     assert_eq!(
         f.refused(|| f.renew(&leaf, &tpm_request(None))),
-        KEY_ATTESTATION_MISSING
+        RenewReason::KeyAttestationMissing
     );
     // Nor with a file key and a CSR that asks for nothing.
     assert_eq!(
         f.refused(|| f.renew(&leaf, &request(plain_csr(&key())))),
-        KEY_ATTESTATION_MISSING
+        RenewReason::KeyAttestationMissing
     );
     // Another AK (here: the node key's public area posing as one).
     let mut other_ak = real();
     other_ak.ak_public = node_key_certification().public;
     assert_eq!(
         f.refused(|| f.renew(&leaf, &tpm_request(Some(other_ak)))),
-        AK_MISMATCH
+        RenewReason::AkMismatch
     );
     let mut garbage_ak = real();
     garbage_ak.ak_public = b"not a TPMT_PUBLIC".to_vec();
     assert_eq!(
         f.refused(|| f.renew(&leaf, &tpm_request(Some(garbage_ak)))),
-        AK_MISMATCH
+        RenewReason::AkMismatch
     );
     // Certifying a key that is not the CSR's.
     assert_eq!(
@@ -407,7 +422,7 @@ fn an_ak_without_attestation_key_attributes_is_refused() {
     let att = attestation(node_key_public, node_key_certification());
     assert_eq!(
         f.refused(|| f.renew(&leaf, &tpm_request(Some(att)))),
-        AK_ATTRIBUTES
+        RenewReason::AkAttributes
     );
 }
 
@@ -438,6 +453,6 @@ fn a_renewal_needs_a_well_formed_statement() {
     let att = attestation(ak_public(), node_key_certification());
     assert_eq!(
         f.refused(|| f.renew(&leaf, &tpm_request(Some(att)))),
-        STATEMENT_MALFORMED
+        RenewReason::StatementMalformed
     );
 }

@@ -23,7 +23,7 @@ use rsa::pkcs8::DecodePublicKey;
 use serde::Deserialize;
 
 use super::cms::Signed;
-use super::{CloudIdentity, CLOUD_MALFORMED, CLOUD_SIGNATURE};
+use super::{CloudIdentity, CloudReason};
 
 /// The public keys (SPKI DER) of the configured certificates.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -58,13 +58,13 @@ pub fn verify(
     keys: &AwsKeys,
     document: &str,
     signature: Option<&str>,
-) -> Result<CloudIdentity, &'static str> {
+) -> Result<CloudIdentity, CloudReason> {
     let Some(sig) = signature else {
         return verify_pkcs7(keys, document);
     };
     // IMDS wraps the base64 at 64 columns.
     let sig: String = sig.chars().filter(|c| !c.is_ascii_whitespace()).collect();
-    let sig = B64.decode(sig).map_err(|_| CLOUD_MALFORMED)?;
+    let sig = B64.decode(sig).map_err(|_| CloudReason::Malformed)?;
     let verified = keys
         .spkis
         .iter()
@@ -74,28 +74,28 @@ pub fn verify(
                 .is_ok()
         });
     if !verified {
-        return Err(CLOUD_SIGNATURE);
+        return Err(CloudReason::Signature);
     }
     identity(document.as_bytes())
 }
 
 /// The PKCS#7 form: the document is the SignedData's content.
-fn verify_pkcs7(keys: &AwsKeys, pkcs7: &str) -> Result<CloudIdentity, &'static str> {
+fn verify_pkcs7(keys: &AwsKeys, pkcs7: &str) -> Result<CloudIdentity, CloudReason> {
     let signed = Signed::from_base64(pkcs7)?;
     for spki in &keys.spkis {
         match signed.verify(spki) {
             Ok(()) => return identity(signed.content()),
             // Unsupported algorithms fail alike with every key.
-            Err(CLOUD_MALFORMED) => return Err(CLOUD_MALFORMED),
+            Err(CloudReason::Malformed) => return Err(CloudReason::Malformed),
             Err(_) => {}
         }
     }
-    Err(CLOUD_SIGNATURE)
+    Err(CloudReason::Signature)
 }
 
 /// The identity a verified document names (public for the fuzzer).
-pub fn identity(document: &[u8]) -> Result<CloudIdentity, &'static str> {
-    let doc: Document = serde_json::from_slice(document).map_err(|_| CLOUD_MALFORMED)?;
+pub fn identity(document: &[u8]) -> Result<CloudIdentity, CloudReason> {
+    let doc: Document = serde_json::from_slice(document).map_err(|_| CloudReason::Malformed)?;
     CloudIdentity::new(
         super::AWS,
         doc.account_id,

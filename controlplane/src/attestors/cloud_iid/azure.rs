@@ -20,9 +20,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use super::cms::Signed;
-use super::{
-    chain, CloudIdentity, Freshness, CLOUD_AUDIENCE, CLOUD_CHAIN, CLOUD_MALFORMED, CLOUD_SIGNER,
-};
+use super::{chain, CloudIdentity, CloudReason, Freshness};
 
 /// The name Azure's attested documents are signed with (public cloud).
 pub const DEFAULT_SIGNER: &str = "metadata.azure.com";
@@ -76,10 +74,11 @@ pub fn verify(
     document: &str,
     audience: &str,
     fresh: &Freshness,
-) -> Result<CloudIdentity, &'static str> {
+) -> Result<CloudIdentity, CloudReason> {
     let signed = Signed::from_base64(document)?;
-    let cert = signed.signer_cert().ok_or(CLOUD_MALFORMED)?;
-    let (_, parsed) = x509_parser::parse_x509_certificate(cert).map_err(|_| CLOUD_MALFORMED)?;
+    let cert = signed.signer_cert().ok_or(CloudReason::Malformed)?;
+    let (_, parsed) =
+        x509_parser::parse_x509_certificate(cert).map_err(|_| CloudReason::Malformed)?;
     signed.verify(parsed.tbs_certificate.subject_pki.raw)?;
     let intermediates: Vec<&[u8]> = signed
         .certs()
@@ -93,10 +92,10 @@ pub fn verify(
         &trust.roots,
         fresh.now.div_euclid(1000),
     ) {
-        return Err(CLOUD_CHAIN);
+        return Err(CloudReason::Chain);
     }
     if !chain::names(cert, &trust.signer) {
-        return Err(CLOUD_SIGNER);
+        return Err(CloudReason::Signer);
     }
     identity(signed.content(), audience, fresh)
 }
@@ -107,13 +106,13 @@ pub fn identity(
     content: &[u8],
     audience: &str,
     fresh: &Freshness,
-) -> Result<CloudIdentity, &'static str> {
-    let doc: Document = serde_json::from_slice(content).map_err(|_| CLOUD_MALFORMED)?;
+) -> Result<CloudIdentity, CloudReason> {
+    let doc: Document = serde_json::from_slice(content).map_err(|_| CloudReason::Malformed)?;
     if doc.nonce.as_deref() != Some(bc_wire::cloud_iid::azure_nonce(audience).as_str()) {
-        return Err(CLOUD_AUDIENCE);
+        return Err(CloudReason::Audience);
     }
-    let created = time_stamp(&doc.time_stamp.created_on).ok_or(CLOUD_MALFORMED)?;
-    let expires = time_stamp(&doc.time_stamp.expires_on).ok_or(CLOUD_MALFORMED)?;
+    let created = time_stamp(&doc.time_stamp.created_on).ok_or(CloudReason::Malformed)?;
+    let expires = time_stamp(&doc.time_stamp.expires_on).ok_or(CloudReason::Malformed)?;
     fresh.check(created, expires)?;
     CloudIdentity::new(
         super::AZURE,

@@ -20,7 +20,7 @@ use der::{Decode, Encode};
 use rsa::pkcs8::DecodePublicKey;
 use x509_cert::ext::pkix::SubjectKeyIdentifier;
 
-use super::{CLOUD_MALFORMED, CLOUD_SIGNATURE};
+use super::CloudReason;
 
 const ID_SIGNED_DATA: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.2.840.113549.1.7.2");
 const ID_DATA: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.2.840.113549.1.7.1");
@@ -49,40 +49,43 @@ impl Signed {
     /// Parses base64 (whitespace ignored) DER, or BER as some signers
     /// stream it (AWS's `rsa2048`: indefinite lengths, the content in
     /// chunks).
-    pub fn from_base64(text: &str) -> Result<Self, &'static str> {
+    pub fn from_base64(text: &str) -> Result<Self, CloudReason> {
         let text: String = text.chars().filter(|c| !c.is_ascii_whitespace()).collect();
         if text.len() > MAX_CMS_LEN * 4 / 3 + 4 {
-            return Err(CLOUD_MALFORMED);
+            return Err(CloudReason::Malformed);
         }
-        let der = B64.decode(text).map_err(|_| CLOUD_MALFORMED)?;
+        let der = B64.decode(text).map_err(|_| CloudReason::Malformed)?;
         Self::from_der(&der)
     }
 
-    pub fn from_der(bytes: &[u8]) -> Result<Self, &'static str> {
+    pub fn from_der(bytes: &[u8]) -> Result<Self, CloudReason> {
         if bytes.len() > MAX_CMS_LEN {
-            return Err(CLOUD_MALFORMED);
+            return Err(CloudReason::Malformed);
         }
-        let der = super::ber::to_der(bytes).ok_or(CLOUD_MALFORMED)?;
-        let info = ContentInfo::from_der(&der).map_err(|_| CLOUD_MALFORMED)?;
+        let der = super::ber::to_der(bytes).ok_or(CloudReason::Malformed)?;
+        let info = ContentInfo::from_der(&der).map_err(|_| CloudReason::Malformed)?;
         if info.content_type != ID_SIGNED_DATA {
-            return Err(CLOUD_MALFORMED);
+            return Err(CloudReason::Malformed);
         }
-        let sd: SignedData = info.content.decode_as().map_err(|_| CLOUD_MALFORMED)?;
+        let sd: SignedData = info
+            .content
+            .decode_as()
+            .map_err(|_| CloudReason::Malformed)?;
         let eci = &sd.encap_content_info;
         if eci.econtent_type != ID_DATA {
-            return Err(CLOUD_MALFORMED);
+            return Err(CloudReason::Malformed);
         }
         let content = eci
             .econtent
             .as_ref()
-            .ok_or(CLOUD_MALFORMED)?
+            .ok_or(CloudReason::Malformed)?
             .decode_as::<OctetString>()
-            .map_err(|_| CLOUD_MALFORMED)?
+            .map_err(|_| CloudReason::Malformed)?
             .into_bytes()
             .into_vec();
         let mut signers = sd.signer_infos.0.into_vec();
         let (Some(signer), None) = (signers.pop(), signers.pop()) else {
-            return Err(CLOUD_MALFORMED);
+            return Err(CloudReason::Malformed);
         };
         let certs: Vec<_> = sd
             .certificates
@@ -95,16 +98,16 @@ impl Signed {
             })
             .collect();
         if certs.len() > MAX_CERTS {
-            return Err(CLOUD_MALFORMED);
+            return Err(CloudReason::Malformed);
         }
         let signer_cert = certs
             .iter()
             .find(|c| names(&signer.sid, c))
-            .map(|c| c.to_der().map_err(|_| CLOUD_MALFORMED))
+            .map(|c| c.to_der().map_err(|_| CloudReason::Malformed))
             .transpose()?;
         let certs = certs
             .iter()
-            .map(|c| c.to_der().map_err(|_| CLOUD_MALFORMED))
+            .map(|c| c.to_der().map_err(|_| CloudReason::Malformed))
             .collect::<Result<_, _>>()?;
         Ok(Signed {
             content,
@@ -133,40 +136,40 @@ impl Signed {
     /// `cloud-malformed` for algorithms other than SHA-256 with RSA, or
     /// signed attributes without one `messageDigest`; `cloud-signature` for
     /// a digest or signature that does not match.
-    pub fn verify(&self, spki: &[u8]) -> Result<(), &'static str> {
+    pub fn verify(&self, spki: &[u8]) -> Result<(), CloudReason> {
         let s = &self.signer;
         if s.digest_alg.oid != ID_SHA256 && s.digest_alg.oid != SHA256_WITH_RSA {
-            return Err(CLOUD_MALFORMED);
+            return Err(CloudReason::Malformed);
         }
         let alg = s.signature_algorithm.oid;
         if alg != RSA_ENCRYPTION && alg != SHA256_WITH_RSA {
-            return Err(CLOUD_MALFORMED);
+            return Err(CloudReason::Malformed);
         }
         let signed = match &s.signed_attrs {
             None => self.content.clone(),
             Some(attrs) => {
                 let digest = single_value(attrs, ID_MESSAGE_DIGEST)?
-                    .ok_or(CLOUD_MALFORMED)?
+                    .ok_or(CloudReason::Malformed)?
                     .decode_as::<OctetString>()
-                    .map_err(|_| CLOUD_MALFORMED)?;
+                    .map_err(|_| CloudReason::Malformed)?;
                 if digest.as_bytes() != bc_wire::sha256(&self.content) {
-                    return Err(CLOUD_SIGNATURE);
+                    return Err(CloudReason::Signature);
                 }
                 // RFC 5652 5.3: present whenever signed attributes are.
                 let ct: ObjectIdentifier = single_value(attrs, ID_CONTENT_TYPE)?
-                    .ok_or(CLOUD_MALFORMED)?
+                    .ok_or(CloudReason::Malformed)?
                     .decode_as()
-                    .map_err(|_| CLOUD_MALFORMED)?;
+                    .map_err(|_| CloudReason::Malformed)?;
                 if ct != ID_DATA {
-                    return Err(CLOUD_MALFORMED);
+                    return Err(CloudReason::Malformed);
                 }
                 // The DER SET OF, not the [0] IMPLICIT it travels as.
-                attrs.to_der().map_err(|_| CLOUD_MALFORMED)?
+                attrs.to_der().map_err(|_| CloudReason::Malformed)?
             }
         };
-        let key = rsa::PublicKey::from_public_key_der(spki).map_err(|_| CLOUD_SIGNATURE)?;
+        let key = rsa::PublicKey::from_public_key_der(spki).map_err(|_| CloudReason::Signature)?;
         key.pkcs1v15_verify::<rsa::sha2::Sha256>(&signed, s.signature.as_bytes())
-            .map_err(|_| CLOUD_SIGNATURE)
+            .map_err(|_| CloudReason::Signature)
     }
 }
 
@@ -175,12 +178,12 @@ impl Signed {
 fn single_value(
     attrs: &x509_cert::attr::Attributes,
     oid: ObjectIdentifier,
-) -> Result<Option<&der::Any>, &'static str> {
+) -> Result<Option<&der::Any>, CloudReason> {
     let mut found = attrs.iter().filter(|a| a.oid == oid);
     match (found.next(), found.next()) {
         (None, _) => Ok(None),
         (Some(a), None) if a.values.len() == 1 => Ok(a.values.iter().next()),
-        _ => Err(CLOUD_MALFORMED),
+        _ => Err(CloudReason::Malformed),
     }
 }
 
@@ -217,13 +220,20 @@ mod tests {
             b"\x30\x80\x06\x09\x2a\x86\x48\x86\xf7\x0d\x01\x07\x02\xa0\x80\x30\x80",
         ];
         for c in cases {
-            assert_eq!(Signed::from_der(c).err(), Some(CLOUD_MALFORMED), "{c:?}");
+            assert_eq!(
+                Signed::from_der(c).err(),
+                Some(CloudReason::Malformed),
+                "{c:?}"
+            );
         }
         assert_eq!(
             Signed::from_der(&vec![0x30; MAX_CMS_LEN + 1]).err(),
-            Some(CLOUD_MALFORMED)
+            Some(CloudReason::Malformed)
         );
-        assert_eq!(Signed::from_base64("!!").err(), Some(CLOUD_MALFORMED));
+        assert_eq!(
+            Signed::from_base64("!!").err(),
+            Some(CloudReason::Malformed)
+        );
         // Every prefix and a byte flipped anywhere: refused or parsed, never a panic.
         for sample in [SIGNED_ATTRS, NO_ATTRS, STREAMED] {
             for n in 0..sample.len() {
@@ -286,7 +296,7 @@ mod tests {
         let spki = c.tbs_certificate.subject_pki.raw;
         for sample in [SIGNED_ATTRS, NO_ATTRS] {
             let s = Signed::from_der(sample).expect("parses");
-            assert_eq!(s.verify(spki), Err(CLOUD_SIGNATURE));
+            assert_eq!(s.verify(spki), Err(CloudReason::Signature));
         }
     }
 
@@ -303,7 +313,7 @@ mod tests {
             let mut changed = sample.to_vec();
             changed[at + CONTENT.len() - 2] = b'X';
             let s = Signed::from_der(&changed).expect("parses");
-            assert_eq!(s.verify(&signer_spki()), Err(CLOUD_SIGNATURE));
+            assert_eq!(s.verify(&signer_spki()), Err(CloudReason::Signature));
         }
     }
 }

@@ -13,9 +13,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64URL;
 use base64::Engine;
 use serde::Deserialize;
 
-use super::{
-    CloudIdentity, Freshness, CLOUD_AUDIENCE, CLOUD_ISSUER, CLOUD_MALFORMED, CLOUD_SIGNATURE,
-};
+use super::{CloudIdentity, CloudReason, Freshness};
 
 /// The issuers Google's identity tokens name.
 const ISSUERS: &[&str] = &["https://accounts.google.com", "accounts.google.com"];
@@ -126,17 +124,18 @@ pub fn verify(
     document: &str,
     audience: &str,
     fresh: &Freshness,
-) -> Result<CloudIdentity, &'static str> {
+) -> Result<CloudIdentity, CloudReason> {
     let mut parts = document.split('.');
     let (Some(h64), Some(p64), Some(s64), None) =
         (parts.next(), parts.next(), parts.next(), parts.next())
     else {
-        return Err(CLOUD_MALFORMED);
+        return Err(CloudReason::Malformed);
     };
-    let decode = |v: &str| B64URL.decode(v).map_err(|_| CLOUD_MALFORMED);
-    let header: Header = serde_json::from_slice(&decode(h64)?).map_err(|_| CLOUD_MALFORMED)?;
+    let decode = |v: &str| B64URL.decode(v).map_err(|_| CloudReason::Malformed);
+    let header: Header =
+        serde_json::from_slice(&decode(h64)?).map_err(|_| CloudReason::Malformed)?;
     if header.alg != "RS256" {
-        return Err(CLOUD_MALFORMED);
+        return Err(CloudReason::Malformed);
     }
     let sig = decode(s64)?;
     let signed = &document.as_bytes()[..h64.len() + 1 + p64.len()];
@@ -147,7 +146,7 @@ pub fn verify(
         .filter_map(|k| public_key(&k.n, &k.e))
         .any(|k| k.pkcs1v15_verify::<rsa::sha2::Sha256>(signed, &sig).is_ok());
     if !verified {
-        return Err(CLOUD_SIGNATURE);
+        return Err(CloudReason::Signature);
     }
     identity(&decode(p64)?, audience, fresh)
 }
@@ -158,10 +157,10 @@ pub fn identity(
     payload: &[u8],
     audience: &str,
     fresh: &Freshness,
-) -> Result<CloudIdentity, &'static str> {
-    let claims: Claims = serde_json::from_slice(payload).map_err(|_| CLOUD_MALFORMED)?;
+) -> Result<CloudIdentity, CloudReason> {
+    let claims: Claims = serde_json::from_slice(payload).map_err(|_| CloudReason::Malformed)?;
     if !ISSUERS.contains(&claims.iss.as_str()) {
-        return Err(CLOUD_ISSUER);
+        return Err(CloudReason::Issuer);
     }
     let want = audience.trim_end_matches('/');
     let aud_ok = match &claims.aud {
@@ -169,7 +168,7 @@ pub fn identity(
         Audience::Many(v) => v.iter().any(|a| a.trim_end_matches('/') == want),
     };
     if !aud_ok {
-        return Err(CLOUD_AUDIENCE);
+        return Err(CloudReason::Audience);
     }
     fresh.check(
         claims.iat.saturating_mul(1000),
@@ -178,6 +177,6 @@ pub fn identity(
     let ce = claims
         .google
         .and_then(|g| g.compute_engine)
-        .ok_or(CLOUD_MALFORMED)?;
+        .ok_or(CloudReason::Malformed)?;
     CloudIdentity::new(super::GCP, ce.project_id, ce.zone, ce.instance_id)
 }

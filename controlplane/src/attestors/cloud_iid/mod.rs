@@ -41,23 +41,28 @@ use crate::uses;
 pub const CLOUD_IID: &str = bc_wire::AttestorId::CloudIid.as_str();
 pub use bc_wire::cloud_iid::{AWS, AZURE, GCP};
 
-pub const CLOUD_MALFORMED: &str = "cloud-malformed";
-pub const CLOUD_UNKNOWN_PROVIDER: &str = "cloud-unknown-provider";
-pub const CLOUD_SIGNATURE: &str = "cloud-signature";
-pub const CLOUD_ISSUER: &str = "cloud-issuer";
-/// Azure: the signer certificate does not chain to a configured root, or a
-/// certificate on the path is outside its validity.
-pub const CLOUD_CHAIN: &str = "cloud-chain";
-/// Azure: the signer certificate does not name the configured signer.
-pub const CLOUD_SIGNER: &str = "cloud-signer";
-pub const CLOUD_AUDIENCE: &str = "cloud-audience";
-pub const CLOUD_STALE: &str = "cloud-stale";
-pub const CLOUD_FUTURE: &str = "cloud-future";
-pub const INSTANCE_REUSED: &str = "instance-reused";
-pub const UNKNOWN_INSTANCE: &str = "unknown-instance";
-/// The VM asked for a role neither `[cloud_iid] roles` nor its resolve row
-/// admits.
-pub const CLOUD_ROLE: &str = "cloud-role";
+crate::reason::reasons! {
+    /// The cloud-iid attestor's reasons (its providers' checks' too).
+    pub enum CloudReason in CLOUD_IID {
+        Malformed = "cloud-malformed",
+        UnknownProvider = "cloud-unknown-provider",
+        Signature = "cloud-signature",
+        Issuer = "cloud-issuer",
+        /// Azure: the signer certificate does not chain to a configured root, or a
+        /// certificate on the path is outside its validity.
+        Chain = "cloud-chain",
+        /// Azure: the signer certificate does not name the configured signer.
+        Signer = "cloud-signer",
+        Audience = "cloud-audience",
+        Stale = "cloud-stale",
+        Future = "cloud-future",
+        InstanceReused = "instance-reused",
+        UnknownInstance = "unknown-instance",
+        /// The VM asked for a role neither `[cloud_iid] roles` nor its resolve row
+        /// admits.
+        Role = "cloud-role",
+    }
+}
 
 /// The spec's `maxAgeMs` default for GCP identity tokens.
 pub const DEFAULT_MAX_AGE_MS: i64 = 10 * 60_000;
@@ -112,10 +117,10 @@ impl CloudIdentity {
         account: String,
         zone: String,
         instance: String,
-    ) -> Result<Self, &'static str> {
+    ) -> Result<Self, CloudReason> {
         let ok = |s: &str| !s.is_empty() && s.len() <= MAX_ID_LEN && !s.contains('/');
         if !ok(&account) || !ok(&instance) || zone.len() > MAX_ID_LEN {
-            return Err(CLOUD_MALFORMED);
+            return Err(CloudReason::Malformed);
         }
         Ok(CloudIdentity {
             provider,
@@ -139,12 +144,12 @@ pub struct Freshness {
 
 impl Freshness {
     /// `issued_at` and `expires_at` in Unix milliseconds.
-    fn check(&self, issued_at: i64, expires_at: i64) -> Result<(), &'static str> {
+    fn check(&self, issued_at: i64, expires_at: i64) -> Result<(), CloudReason> {
         if issued_at > self.now.saturating_add(MAX_FUTURE_MS) {
-            return Err(CLOUD_FUTURE);
+            return Err(CloudReason::Future);
         }
         if self.now >= issued_at.saturating_add(self.max_age_ms) || self.now >= expires_at {
-            return Err(CLOUD_STALE);
+            return Err(CloudReason::Stale);
         }
         Ok(())
     }
@@ -160,7 +165,7 @@ impl CloudIidAttestor {
     }
 
     /// The provider's verifier, or the refusal reason.
-    fn identify(&self, evidence: &Evidence, now: UnixMs) -> Result<CloudIdentity, &'static str> {
+    fn identify(&self, evidence: &Evidence, now: UnixMs) -> Result<CloudIdentity, CloudReason> {
         let fresh = Freshness {
             now,
             max_age_ms: self.config.max_age_ms,
@@ -168,22 +173,26 @@ impl CloudIidAttestor {
         match evidence.provider.as_str() {
             GCP => {
                 let (Some(keys), Some(audience)) = (&self.config.gcp, &self.config.audience) else {
-                    return Err(CLOUD_UNKNOWN_PROVIDER);
+                    return Err(CloudReason::UnknownProvider);
                 };
                 gcp::verify(keys, &evidence.document, audience, &fresh)
             }
             AWS => {
-                let keys = self.config.aws.as_ref().ok_or(CLOUD_UNKNOWN_PROVIDER)?;
+                let keys = self
+                    .config
+                    .aws
+                    .as_ref()
+                    .ok_or(CloudReason::UnknownProvider)?;
                 aws::verify(keys, &evidence.document, evidence.signature.as_deref())
             }
             AZURE => {
                 let (Some(trust), Some(audience)) = (&self.config.azure, &self.config.audience)
                 else {
-                    return Err(CLOUD_UNKNOWN_PROVIDER);
+                    return Err(CloudReason::UnknownProvider);
                 };
                 azure::verify(trust, &evidence.document, audience, &fresh)
             }
-            _ => Err(CLOUD_UNKNOWN_PROVIDER),
+            _ => Err(CloudReason::UnknownProvider),
         }
     }
 }
@@ -201,21 +210,21 @@ impl Attestor for CloudIidAttestor {
     }
 
     fn verify(&self, tx: &Tx<'_>, input: &AttestInput<'_>) -> Result<Verdict, Refusal> {
-        let evidence =
-            Evidence::from_json(input.evidence).map_err(|_| Refusal::new(CLOUD_MALFORMED))?;
+        let evidence = Evidence::from_json(input.evidence)
+            .map_err(|_| Refusal::new(CloudReason::Malformed))?;
         let id = self.identify(&evidence, input.now).map_err(Refusal::new)?;
         let subject = id.subject();
         if uses::is_spent(tx, CLOUD_IID, &subject)? {
-            return Err(Refusal::new(INSTANCE_REUSED));
+            return Err(Refusal::new(CloudReason::InstanceReused));
         }
         let Some(row) = resolve::lookup(tx, id.provider, &id.account, &id.zone)? else {
-            return Err(Refusal::new(UNKNOWN_INSTANCE));
+            return Err(Refusal::new(CloudReason::UnknownInstance));
         };
         let mut roles = self.config.roles.clone();
         roles.extend(row.roles.iter().filter(|r| !self.config.roles.contains(r)));
         // Admitted exactly once, ever: the row never expires.
         if !uses::spend(tx, CLOUD_IID, &subject, UnixMs::MAX, input.now)? {
-            return Err(Refusal::new(INSTANCE_REUSED));
+            return Err(Refusal::new(CloudReason::InstanceReused));
         }
         tracing::info!(provider = id.provider, account = %id.account, zone = %id.zone, instance = %id.instance, "cloud-iid: verified identity document");
         Ok(Verdict::Admit(Box::new(AttestationResult {
@@ -240,10 +249,13 @@ mod tests {
         assert_eq!(f.check(1_000_000, 2_000_000), Ok(()));
         assert_eq!(
             f.check(1_000_000 - DEFAULT_MAX_AGE_MS, 9_000_000),
-            Err(CLOUD_STALE)
+            Err(CloudReason::Stale)
         );
-        assert_eq!(f.check(999_000, 1_000_000), Err(CLOUD_STALE));
-        assert_eq!(f.check(1_000_000 + 61_000, 9_000_000), Err(CLOUD_FUTURE));
+        assert_eq!(f.check(999_000, 1_000_000), Err(CloudReason::Stale));
+        assert_eq!(
+            f.check(1_000_000 + 61_000, 9_000_000),
+            Err(CloudReason::Future)
+        );
         assert_eq!(f.check(1_000_000 + 60_000, 9_000_000), Ok(()));
     }
 

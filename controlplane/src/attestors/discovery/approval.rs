@@ -42,8 +42,7 @@ use crate::boot::BootEntry;
 use crate::enroll::{self, JoinRequestRow};
 use crate::store::{params, DbError, LockKey, Tx};
 
-pub const APPROVAL_DENIED: &str = "approval-denied";
-pub const APPROVAL_BUSY: &str = "approval-busy";
+use super::reasons::DiscoveryReason;
 
 /// Pending requests of one boot entry from one source address at once:
 /// the machine itself needs one per boot attempt (each boot brings a new
@@ -109,14 +108,14 @@ pub fn gate(tx: &Tx<'_>, p: &Pending<'_>) -> Result<Gate, Refusal> {
         key: workflow.unwrap_or(""),
     }])?;
     match open_request(tx, workflow, p.ek.map(|e| e.sha256.as_str()), &node_key)? {
-        Some(req) => match req.status.as_str() {
-            enroll::STATUS_PENDING => Ok(pending(&req)),
-            enroll::STATUS_APPROVED => {
+        Some(req) => match req.status {
+            enroll::RequestStatus::Pending => Ok(pending(&req)),
+            enroll::RequestStatus::Approved => {
                 enroll::mark_used(tx, &req.id, p.input.now)?;
                 tracing::info!(request_id = %req.id, workflow = workflow.unwrap_or(""), "discovery: approved join admitted");
                 Ok(Gate::Admit)
             }
-            _ => Err(Refusal::new(APPROVAL_DENIED)),
+            _ => Err(Refusal::new(DiscoveryReason::ApprovalDenied)),
         },
         None => {
             if let Some(req) = request_of_script(tx, p.token_id, p.assertion_sha256)? {
@@ -135,7 +134,7 @@ pub fn gate(tx: &Tx<'_>, p: &Pending<'_>) -> Result<Gate, Refusal> {
                     max = MAX_PENDING_PER_SOURCE,
                     "discovery: join refused, its source has as many pending join requests for this boot entry as it may"
                 );
-                return Err(Refusal::new(APPROVAL_BUSY));
+                return Err(Refusal::new(DiscoveryReason::ApprovalBusy));
             }
             let req = insert(tx, p, &node_key)?;
             tracing::info!(
@@ -226,7 +225,7 @@ fn insert(tx: &Tx<'_>, p: &Pending<'_>, node_key: &str) -> Result<JoinRequestRow
         ek_sha256: p.ek.map(|e| e.sha256.clone()),
         ek_issuer: p.ek.map(|e| e.issuer.clone()).unwrap_or_default(),
         ek_serial: p.ek.map(|e| e.serial.clone()).unwrap_or_default(),
-        status: enroll::STATUS_PENDING.to_owned(),
+        status: enroll::RequestStatus::Pending,
         pool_id: None,
         site_id: p.entry.map(|e| e.site_id.clone()),
         created_at: p.input.now,
@@ -432,12 +431,12 @@ mod tests {
         let first = request_id(gate_for(&t.db, 1, None));
         enroll::deny(&t.db, &first).unwrap();
         let denied = gate_for(&t.db, 1, None).unwrap_err();
-        assert_eq!(denied.reason, APPROVAL_DENIED);
+        assert_eq!(denied.reason, DiscoveryReason::ApprovalDenied);
         for key in 2..=5 {
             request_id(gate_for(&t.db, key, None));
         }
         let busy = gate_for(&t.db, 6, None).unwrap_err();
-        assert_eq!(busy.reason, APPROVAL_BUSY);
+        assert_eq!(busy.reason, DiscoveryReason::ApprovalBusy);
         // Pending ones are answered again; the denied one does not count.
         request_id(gate_for(&t.db, 5, None));
         // Another source with nothing pending is heard.
@@ -490,7 +489,7 @@ mod tests {
         }
         let (a, b) = crate::race_tests::race(&t, |db| gate(db, 100), |db| gate(db, 101));
         assert_eq!(a, Ok(true), "the last request the source may have is filed");
-        assert_eq!(b, Err(APPROVAL_BUSY.to_owned()));
+        assert_eq!(b, Err(DiscoveryReason::ApprovalBusy.any()));
     }
 
     /// Two joins of one script at once file one request between them (the

@@ -35,9 +35,10 @@ use x509_parser::public_key::PublicKey;
 
 use bc_wire::tpm::{KeyParams, Public, ALG_NULL};
 
+use super::reasons::TpmReason;
 use crate::store::{params, DbError, Store, Tx, UnixMs};
 
-pub use super::ek_template::{EkError, EkTemplate, CHAIN, EK_ATTRIBUTES, EK_POLICY_A};
+pub use super::ek_template::{EkError, EkTemplate, EK_ATTRIBUTES, EK_POLICY_A};
 
 /// Most issuers walked above an EK certificate.
 pub const MAX_DEPTH: usize = bc_wire::ekcert::path::MAX_DEPTH;
@@ -578,7 +579,8 @@ pub(crate) mod tests {
         assert_eq!(
             verify_ek(EK_CERT, EK_PUBLIC, &only_int, &[], CAPTURED_AT)
                 .unwrap_err()
-                .reason(),
+                .reason()
+                .as_str(),
             "ek-chain"
         );
         // The root an anchor, the intermediate a configured intermediate.
@@ -592,7 +594,8 @@ pub(crate) mod tests {
         assert_eq!(
             verify_ek(EK_CERT, EK_PUBLIC, &anchors(&root), &nine, CAPTURED_AT)
                 .unwrap_err()
-                .reason(),
+                .reason()
+                .as_str(),
             "ek-chain"
         );
     }
@@ -602,7 +605,7 @@ pub(crate) mod tests {
         let reason = |roots: &[Vec<u8>], at| {
             verify_ek(EK_CERT, EK_PUBLIC, &anchors(roots), &[], at)
                 .map(|_| "ok")
-                .unwrap_or_else(|e| e.reason())
+                .unwrap_or_else(|e| e.reason().as_str())
         };
         // The root alone: the agent sends no intermediate, so no chain.
         assert_eq!(reason(&[der(ROOT_PEM)], CAPTURED_AT), "ek-chain");
@@ -662,7 +665,8 @@ pub(crate) mod tests {
         assert_eq!(
             verify_ek(&cert, EK_PUBLIC, &both, &[], CAPTURED_AT)
                 .unwrap_err()
-                .reason(),
+                .reason()
+                .as_str(),
             "ek-chain"
         );
         let mut trailing = EK_CERT.to_vec();
@@ -670,7 +674,8 @@ pub(crate) mod tests {
         assert_eq!(
             verify_ek(&trailing, EK_PUBLIC, &both, &[], CAPTURED_AT)
                 .unwrap_err()
-                .reason(),
+                .reason()
+                .as_str(),
             "ek-certificate"
         );
         // 0xFF padding after the DER, as NV holds it, is dropped.
@@ -681,7 +686,8 @@ pub(crate) mod tests {
         assert_eq!(
             verify_ek(&padded, EK_PUBLIC, &both, &[], CAPTURED_AT)
                 .unwrap_err()
-                .reason(),
+                .reason()
+                .as_str(),
             "ek-certificate"
         );
         // Another modulus, other attributes, garbage.
@@ -697,13 +703,15 @@ pub(crate) mod tests {
         assert_eq!(
             verify_ek(EK_CERT, &public, &both, &[], CAPTURED_AT)
                 .unwrap_err()
-                .reason(),
+                .reason()
+                .as_str(),
             "ek-mismatch"
         );
         assert_eq!(
             verify_ek(EK_CERT, b"junk", &both, &[], CAPTURED_AT)
                 .unwrap_err()
-                .reason(),
+                .reason()
+                .as_str(),
             "ek-mismatch"
         );
     }
@@ -864,7 +872,7 @@ pub(crate) mod tests {
             let (ek, root) = ek_with_modulus(modulus, ca);
             verify_ek(&ek, EK_PUBLIC, &anchors(&[root]), &[], CAPTURED_AT)
                 .map(|_| "ok")
-                .unwrap_or_else(|e| e.reason())
+                .unwrap_or_else(|e| e.reason().as_str())
         };
         let weak = power_of_65537(128);
         assert!(weak.len() >= 256);

@@ -160,7 +160,7 @@ mod tests {
         let reason = |cert: &[u8], public: &[u8]| {
             verify_ek(cert, public, &roots(), &[], at(cert))
                 .map(|_| "ok")
-                .unwrap_or_else(|e| e.reason())
+                .unwrap_or_else(|e| e.reason().as_str())
         };
         // Wrong curve: a P-256 certificate for the P-384 EK and back.
         assert_eq!(reason(P256_CERT, P384_PUBLIC), "ek-mismatch");

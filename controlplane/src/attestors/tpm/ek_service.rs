@@ -75,10 +75,6 @@ use crate::store::{params, DbError, Tx, UnixMs};
 use budget::Budget;
 pub use budget::{Claim, Source, MAX_IN_FLIGHT, MAX_PER_MINUTE};
 
-/// The refusal reason of a maker's service that did not give a usable
-/// answer (unreachable, an error, too slow, too large, no certificate).
-pub const EK_SERVICE: &str = "ek-service";
-
 /// The most bytes read of an answer (an EK certificate is 1-2 KiB; Intel's
 /// JSON wraps it in base64).
 pub const MAX_BODY: usize = 32 * 1024;

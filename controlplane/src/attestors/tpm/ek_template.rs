@@ -7,6 +7,8 @@
 use hmac::{KeyInit, Mac};
 use sha2::{Sha256, Sha384};
 
+use super::reasons::TpmReason;
+
 /// TPMA_OBJECT of the TCG default EK templates (L-1): fixedTPM,
 /// fixedParent, sensitiveDataOrigin, adminWithPolicy, restricted, decrypt.
 pub const EK_ATTRIBUTES: u32 = 0x0003_00B2;
@@ -79,17 +81,13 @@ pub enum EkError {
     Mismatch(&'static str),
 }
 
-/// The refusal reason of an EK with no path to an anchor, or with no
-/// certificate and no pin.
-pub const CHAIN: &str = "ek-chain";
-
 impl EkError {
-    pub fn reason(&self) -> &'static str {
+    pub fn reason(&self) -> TpmReason {
         match self {
-            EkError::Certificate(_) => "ek-certificate",
-            EkError::Chain(_) => CHAIN,
-            EkError::Roca => "ek-roca",
-            EkError::Mismatch(_) => "ek-mismatch",
+            EkError::Certificate(_) => TpmReason::EkCertificate,
+            EkError::Chain(_) => TpmReason::EkChain,
+            EkError::Roca => TpmReason::EkRoca,
+            EkError::Mismatch(_) => TpmReason::EkMismatch,
         }
     }
 }

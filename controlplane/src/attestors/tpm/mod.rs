@@ -71,6 +71,7 @@ pub mod ek_ecc;
 pub mod ek_service;
 mod ek_template;
 pub mod pcr;
+mod reasons;
 pub mod state;
 
 use bc_wire::agent::{tpm_attestation, Role, TpmAnswer, TpmAttestation, TpmChallenge, TpmHello};
@@ -86,8 +87,9 @@ use crate::enroll;
 use crate::machine::{Binding, EkAssurance, BINDING_TPM_EK};
 use crate::records;
 use crate::store::{LockKey, Tx};
-use ek_service::{known, Claim, EkServices, EkServicesConfig, Fetched, EK_SERVICE};
+use ek_service::{known, Claim, EkServices, EkServicesConfig, Fetched};
 pub use pcr::PcrPolicy;
+pub use reasons::TpmReason;
 use state::{ChallengeKey, ChallengeState};
 
 /// The attestor's id.
@@ -95,26 +97,6 @@ pub const TPM: &str = bc_wire::AttestorId::Tpm.as_str();
 
 /// The longest a challenge may stay open (the spec: at most 5 minutes).
 pub const MAX_CHALLENGE_TTL_MS: i64 = 5 * 60 * 1000;
-
-pub const EVIDENCE_MALFORMED: &str = "evidence-malformed";
-/// The role is not node or site, or not the one the place admits (a site
-/// named: `site`; none: `node`).
-pub const ROLE: &str = "tpm-role";
-pub const AK_ATTRIBUTES: &str = "ak-attributes";
-pub const CHALLENGE_STATE: &str = "challenge-state";
-pub const CHALLENGE_EXPIRED: &str = "challenge-expired";
-/// The challenge was already answered by an admitted join (a replay).
-pub const CHALLENGE_REUSED: &str = "challenge-reused";
-pub const CHALLENGE_SECRET: &str = "challenge-secret";
-pub const QUOTE_SIGNATURE: &str = "quote-signature";
-pub const QUOTE_NONCE: &str = "quote-nonce";
-pub const QUOTE_PCRS: &str = "quote-pcrs";
-pub const PCR_POLICY: &str = "pcr-policy";
-pub const NODE_KEY_NOT_CERTIFIED: &str = "node-key-not-certified";
-pub const ENROLLMENT_DENIED: &str = "enrollment-denied";
-/// `[tpm] enrollment = false`: an EK neither bound nor resolved is refused
-/// instead of filing a join request.
-pub const UNKNOWN_EK: &str = "unknown-ek";
 
 const SECRET_LEN: usize = 32;
 
@@ -440,7 +422,7 @@ impl TpmAttestor {
         let ak = Public::parse(&hello.ak_public)
             .ok()
             .filter(wtpm::is_attestation_key)
-            .ok_or_else(|| Refusal::new(AK_ATTRIBUTES))?;
+            .ok_or_else(|| Refusal::new(TpmReason::AkAttributes))?;
         let secret: [u8; SECRET_LEN] = crate::ids::random_bytes()
             .map_err(|e| Refusal::fault(Fault::Internal(format!("random secret: {e}"))))?;
         let made = credential::make_credential(ek.template, &ek.spki_der, &ak.name(), &secret)
@@ -505,19 +487,20 @@ impl TpmAttestor {
         answer: &TpmAnswer,
     ) -> Result<Step<TpmProof>, Refusal> {
         let mut st = ChallengeState::open(&self.key, &answer.state, &input.csr_sha256)
-            .map_err(|_| Refusal::new(CHALLENGE_STATE))?;
+            .map_err(|_| Refusal::new(TpmReason::ChallengeState))?;
         if input.now > st.not_after {
-            return Err(Refusal::new(CHALLENGE_EXPIRED));
+            return Err(Refusal::new(TpmReason::ChallengeExpired));
         }
         let subject = challenge_subject(&answer.state);
         if crate::uses::is_spent(tx, TPM, &subject)? {
-            return Err(Refusal::new(CHALLENGE_REUSED));
+            return Err(Refusal::new(TpmReason::ChallengeReused));
         }
         if !bool::from(answer.secret.as_slice().ct_eq(st.secret.as_slice())) {
-            return Err(Refusal::new(CHALLENGE_SECRET));
+            return Err(Refusal::new(TpmReason::ChallengeSecret));
         }
         // We sealed it, so it parsed in round 1.
-        let ak = Public::parse(&st.ak_public).map_err(|_| Refusal::new(CHALLENGE_STATE))?;
+        let ak =
+            Public::parse(&st.ak_public).map_err(|_| Refusal::new(TpmReason::ChallengeState))?;
         let qualifying = self.check_quote(&ak, input, answer, &st.secret)?;
         let (node_key, node_key_uri) = self.check_node_key(&ak, input, answer, &qualifying)?;
         if let Some(pending) = st.pending.take() {
@@ -590,7 +573,7 @@ impl TpmAttestor {
         now: crate::store::UnixMs,
     ) -> Result<(), Refusal> {
         if !crate::uses::spend(tx, TPM, &proof.subject, proof.st.not_after, now)? {
-            return Err(Refusal::new(CHALLENGE_REUSED));
+            return Err(Refusal::new(TpmReason::ChallengeReused));
         }
         Ok(())
     }
@@ -665,12 +648,12 @@ impl TpmAttestor {
             // signature over it, as a quote of no PCR would be.
             let bare = answer.quote_signature.is_empty() && answer.pcr_values.is_empty();
             if !bare || !self.config.pcr_policy.is_empty() {
-                return Err(Refusal::new(QUOTE_SIGNATURE));
+                return Err(Refusal::new(TpmReason::QuoteSignature));
             }
             if answer.node_key.is_none() {
                 return Err(Refusal::new(match self.config.node_key {
-                    NodeKeyPolicy::Certified => NODE_KEY_NOT_CERTIFIED,
-                    NodeKeyPolicy::Any => QUOTE_SIGNATURE,
+                    NodeKeyPolicy::Certified => TpmReason::NodeKeyNotCertified,
+                    NodeKeyPolicy::Any => TpmReason::QuoteSignature,
                 }));
             }
             return Ok(nonce);
@@ -678,23 +661,23 @@ impl TpmAttestor {
         let quote = match wtpm::verify_attest(ak, &answer.quote, &answer.quote_signature) {
             Ok(q) => q,
             // Signed by the AK, but not a quote (a certification, say).
-            Err(wtpm::TpmError::AttestType(_)) => return Err(Refusal::new(QUOTE_NONCE)),
-            Err(_) => return Err(Refusal::new(QUOTE_SIGNATURE)),
+            Err(wtpm::TpmError::AttestType(_)) => return Err(Refusal::new(TpmReason::QuoteNonce)),
+            Err(_) => return Err(Refusal::new(TpmReason::QuoteSignature)),
         };
         let Attested::Quote {
             selection,
             pcr_digest,
         } = &quote.attested
         else {
-            return Err(Refusal::new(QUOTE_NONCE));
+            return Err(Refusal::new(TpmReason::QuoteNonce));
         };
         if quote.extra_data != nonce {
-            return Err(Refusal::new(QUOTE_NONCE));
+            return Err(Refusal::new(TpmReason::QuoteNonce));
         }
         let (bank, pcrs) = pcr::quoted_pcrs(selection, &answer.pcr_values, pcr_digest)
-            .ok_or_else(|| Refusal::new(QUOTE_PCRS))?;
+            .ok_or_else(|| Refusal::new(TpmReason::QuotePcrs))?;
         if !self.config.pcr_policy.is_met(bank, &pcrs) {
-            return Err(Refusal::new(PCR_POLICY));
+            return Err(Refusal::new(TpmReason::PcrPolicy));
         }
         Ok(input.csr_sha256)
     }
@@ -708,7 +691,7 @@ impl TpmAttestor {
     ) -> Result<(NodeKeyKind, Option<String>), Refusal> {
         let Some(cert) = &answer.node_key else {
             return match self.config.node_key {
-                NodeKeyPolicy::Certified => Err(Refusal::new(NODE_KEY_NOT_CERTIFIED)),
+                NodeKeyPolicy::Certified => Err(Refusal::new(TpmReason::NodeKeyNotCertified)),
                 NodeKeyPolicy::Any => Ok((NodeKeyKind::Unattested, None)),
             };
         };
@@ -720,7 +703,7 @@ impl TpmAttestor {
             qualifying,
             input.csr_spki_der,
         )
-        .map_err(|e| Refusal::new(e.reason()))?;
+        .map_err(|e| Refusal::new(TpmReason::node_key(&e)))?;
         let statement = wtpm::ak_statement(&ak.name())
             .map_err(|e| Refusal::fault(Fault::Internal(format!("AK statement: {e}"))))?;
         Ok((NodeKeyKind::Tpm, Some(statement)))
@@ -791,7 +774,7 @@ fn uncertified(tx: &Tx<'_>, ek_public: &[u8]) -> Result<ek::VerifiedEk, Refusal>
                 ek_sha256,
                 "tpm: no EK certificate and no resolve entry pins this EK as uncertified"
             );
-            Err(Refusal::new(ek::CHAIN))
+            Err(Refusal::new(TpmReason::EkChain))
         }
     }
 }
@@ -826,7 +809,7 @@ fn service_failed(tx: &Tx<'_>, ek_public: &[u8]) -> Result<ek::VerifiedEk, Refus
     };
     match pinned {
         true => uncertified(tx, ek_public),
-        false => Err(Refusal::new(EK_SERVICE)),
+        false => Err(Refusal::new(TpmReason::EkService)),
     }
 }
 
@@ -848,7 +831,7 @@ fn pending_certificate(
             bytes,
             "tpm: EK refused: more intermediates than a chain holds"
         );
-        return Err(Refusal::new(ek::CHAIN));
+        return Err(Refusal::new(TpmReason::EkChain));
     }
     Ok((
         ek,
@@ -924,7 +907,7 @@ fn place(
             ek_sha256,
             "tpm: unknown TPM refused ([tpm] enrollment = false files no join request)"
         );
-        return Err(Refusal::new(UNKNOWN_EK));
+        return Err(Refusal::new(TpmReason::UnknownEk));
     }
     match enroll::open_request(tx, ek_sha256)? {
         None => {
@@ -942,12 +925,12 @@ fn place(
                 retry_after_seconds,
             }))
         }
-        Some(req) => match req.status.as_str() {
-            enroll::STATUS_PENDING => Ok(Place::Deferred(Deferral::Pending {
+        Some(req) => match req.status {
+            enroll::RequestStatus::Pending => Ok(Place::Deferred(Deferral::Pending {
                 request_id: req.id,
                 retry_after_seconds,
             })),
-            enroll::STATUS_APPROVED => {
+            enroll::RequestStatus::Approved => {
                 enroll::mark_used(tx, &req.id, input.now)?;
                 Ok(Place::Join {
                     node: None,
@@ -955,7 +938,7 @@ fn place(
                     site: req.site_id,
                 })
             }
-            _ => Err(Refusal::new(ENROLLMENT_DENIED)),
+            _ => Err(Refusal::new(TpmReason::EnrollmentDenied)),
         },
     }
 }
@@ -982,8 +965,8 @@ impl Attestor for TpmAttestor {
     }
 
     fn verify(&self, tx: &Tx<'_>, input: &AttestInput<'_>) -> Result<Verdict, Refusal> {
-        let evidence =
-            TpmAttestation::decode(input.evidence).map_err(|_| Refusal::new(EVIDENCE_MALFORMED))?;
+        let evidence = TpmAttestation::decode(input.evidence)
+            .map_err(|_| Refusal::new(TpmReason::EvidenceMalformed))?;
         match &evidence.round {
             Some(tpm_attestation::Round::Hello(h)) => {
                 Ok(match self.challenge(tx, input, h, TPM)? {
@@ -992,7 +975,7 @@ impl Attestor for TpmAttestor {
                 })
             }
             Some(tpm_attestation::Round::Answer(a)) => self.answer(tx, input, a),
-            None => Err(Refusal::new(EVIDENCE_MALFORMED)),
+            None => Err(Refusal::new(TpmReason::EvidenceMalformed)),
         }
     }
 }

@@ -213,7 +213,7 @@ fn reason(r: Result<Verdict, Refusal>) -> String {
         Ok(Verdict::Defer(Deferral::Pending { .. })) => "pending".into(),
         Ok(Verdict::Defer(Deferral::Challenge { .. })) => "challenge".into(),
         Ok(Verdict::Prepare(_)) => "prepare".into(),
-        Err(r) => r.reason,
+        Err(r) => r.reason.to_string(),
     }
 }
 
@@ -274,8 +274,8 @@ fn round_one_refusals() {
     let mut h = hello();
     h.ak_public.clear();
     assert_eq!(f.reason(&hello_evidence(h)), "ak-attributes");
-    assert_eq!(f.reason(b"\xff\xff\xff"), EVIDENCE_MALFORMED);
-    assert_eq!(f.reason(&[]), EVIDENCE_MALFORMED);
+    assert_eq!(f.reason(b"\xff\xff\xff"), TpmReason::EvidenceMalformed);
+    assert_eq!(f.reason(&[]), TpmReason::EvidenceMalformed);
 
     // Unknown maker: no roots configured at all.
     let bare = {
@@ -315,7 +315,7 @@ fn enrollment_pending_approved_once() {
     let reqs = enroll::list_requests(&f.db).unwrap();
     assert_eq!(reqs.len(), 1);
     assert_eq!(reqs[0].ek_sha256.as_deref(), Some(ek_sha256().as_str()));
-    assert_eq!(reqs[0].status, "pending");
+    assert_eq!(reqs[0].status.as_str(), "pending");
     assert!(reqs[0].ek_issuer.contains("BCD Test EK Issuing CA 01"));
 
     crate::pools::create_pool(&f.db, "metal", "alice", None, &["join-token", "tpm"]).unwrap();
@@ -358,7 +358,7 @@ fn a_site_in_the_place_fixes_the_role_and_the_site() {
     };
     // No site: a site join is refused, a node join admitted unscoped.
     f.resolve();
-    assert_eq!(reason(as_role(Role::Site)), ROLE);
+    assert_eq!(reason(as_role(Role::Site)), TpmReason::Role);
     let Ok(Verdict::Admit(r)) = as_role(Role::Node) else {
         panic!("node not admitted")
     };
@@ -374,7 +374,7 @@ fn a_site_in_the_place_fixes_the_role_and_the_site() {
         enroll::list_resolve(&f.db).unwrap()[0].site_id.as_deref(),
         Some(site.as_str())
     );
-    assert_eq!(reason(as_role(Role::Node)), ROLE);
+    assert_eq!(reason(as_role(Role::Node)), TpmReason::Role);
     let Ok(Verdict::Admit(r)) = as_role(Role::Site) else {
         panic!("site node not admitted")
     };
@@ -403,7 +403,7 @@ fn a_site_in_the_place_fixes_the_role_and_the_site() {
     assert!(enroll::approve(&f.db, &request_id, None, Some("nowhere")).is_err());
     enroll::approve(&f.db, &request_id, None, Some(&site)).unwrap();
     // A wrong role spends nothing: the approval is still unused.
-    assert_eq!(reason(as_role(Role::Node)), ROLE);
+    assert_eq!(reason(as_role(Role::Node)), TpmReason::Role);
     let Ok(Verdict::Admit(r)) = as_role(Role::Site) else {
         panic!("approved site node not admitted")
     };
@@ -418,7 +418,7 @@ fn denied_request_is_refused_until_resolved() {
         panic!("not pending")
     };
     enroll::deny(&f.db, &request_id).unwrap();
-    assert_eq!(f.reason(&ev), ENROLLMENT_DENIED);
+    assert_eq!(f.reason(&ev), TpmReason::EnrollmentDenied);
     assert!(enroll::approve(&f.db, &request_id, None, None).is_err());
     f.resolve();
     assert_eq!(f.reason(&ev), "admitted");
@@ -486,10 +486,10 @@ fn round_two_state_secret_and_expiry() {
     let mut a = answer();
     let n = a.state.len();
     a.state[n - 1] ^= 1;
-    assert_eq!(f.reason(&answer_evidence(a)), CHALLENGE_STATE);
+    assert_eq!(f.reason(&answer_evidence(a)), TpmReason::ChallengeState);
     let mut a = answer();
     a.state.clear();
-    assert_eq!(f.reason(&answer_evidence(a)), CHALLENGE_STATE);
+    assert_eq!(f.reason(&answer_evidence(a)), TpmReason::ChallengeState);
     // Another CSR: the state is bound to the one of round 1.
     let (_, other_csr) = {
         let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
@@ -503,7 +503,7 @@ fn round_two_state_secret_and_expiry() {
     };
     assert_eq!(
         reason(f.run_at(&answer_evidence(answer()), &other_csr, NOW)),
-        CHALLENGE_STATE
+        TpmReason::ChallengeState
     );
     // Under another challenge key (another control plane).
     let other = TpmAttestor::new(TpmConfig::default(), ChallengeKey::new([9; 32]));
@@ -529,7 +529,7 @@ fn round_two_state_secret_and_expiry() {
             Ok::<_, DbError>((reason(other.verify(tx, &input)), Commit::No))
         })
         .unwrap();
-    assert_eq!(refused, CHALLENGE_STATE);
+    assert_eq!(refused, TpmReason::ChallengeState);
 
     // Expiry at the database's time: 5 minutes after round 1.
     let deadline = ChallengeState::open(
@@ -549,18 +549,18 @@ fn round_two_state_secret_and_expiry() {
     );
     assert_eq!(
         reason(f.run_at(&answer_evidence(answer()), CSR, deadline + 1)),
-        CHALLENGE_EXPIRED
+        TpmReason::ChallengeExpired
     );
 
     let mut a = answer();
     a.secret[0] ^= 1;
-    assert_eq!(f.reason(&answer_evidence(a)), CHALLENGE_SECRET);
+    assert_eq!(f.reason(&answer_evidence(a)), TpmReason::ChallengeSecret);
     let mut a = answer();
     a.secret.pop();
-    assert_eq!(f.reason(&answer_evidence(a)), CHALLENGE_SECRET);
+    assert_eq!(f.reason(&answer_evidence(a)), TpmReason::ChallengeSecret);
     let mut a = answer();
     a.secret.clear();
-    assert_eq!(f.reason(&answer_evidence(a)), CHALLENGE_SECRET);
+    assert_eq!(f.reason(&answer_evidence(a)), TpmReason::ChallengeSecret);
 }
 
 #[test]
@@ -571,10 +571,13 @@ fn a_challenge_admits_once() {
     assert_eq!(f.reason(&ev), "admitted");
     assert_eq!(f.count("attestation_uses"), 1);
     // The same answer again, and again later while the challenge is open.
-    assert_eq!(reason(f.replay_at(&ev, CSR, NOW)), CHALLENGE_REUSED);
+    assert_eq!(
+        reason(f.replay_at(&ev, CSR, NOW)),
+        TpmReason::ChallengeReused
+    );
     assert_eq!(
         reason(f.replay_at(&ev, CSR, NOW + 60_000)),
-        CHALLENGE_REUSED
+        TpmReason::ChallengeReused
     );
     let (subject, expires_at): (String, UnixMs) =
         f.db.read(|tx| {
@@ -600,13 +603,16 @@ fn a_challenge_admits_once() {
     bad.secret[0] ^= 1;
     assert_eq!(
         reason(g.replay_at(&answer_evidence(bad), CSR, NOW)),
-        CHALLENGE_SECRET
+        TpmReason::ChallengeSecret
     );
     assert_eq!(reason(g.replay_at(&ev, CSR, NOW)), "pending");
     assert_eq!(g.count("attestation_uses"), 0);
     g.resolve();
     assert_eq!(reason(g.replay_at(&ev, CSR, NOW)), "admitted");
-    assert_eq!(reason(g.replay_at(&ev, CSR, NOW)), CHALLENGE_REUSED);
+    assert_eq!(
+        reason(g.replay_at(&ev, CSR, NOW)),
+        TpmReason::ChallengeReused
+    );
 }
 
 #[test]
@@ -616,13 +622,13 @@ fn round_two_quote_and_pcrs() {
     let mut a = answer();
     let n = a.quote_signature.len();
     a.quote_signature[n - 1] ^= 1;
-    assert_eq!(f.reason(&answer_evidence(a)), QUOTE_SIGNATURE);
+    assert_eq!(f.reason(&answer_evidence(a)), TpmReason::QuoteSignature);
     let mut a = answer();
     a.quote[20] ^= 1;
-    assert_eq!(f.reason(&answer_evidence(a)), QUOTE_SIGNATURE);
+    assert_eq!(f.reason(&answer_evidence(a)), TpmReason::QuoteSignature);
     let mut a = answer();
     a.quote_signature.clear();
-    assert_eq!(f.reason(&answer_evidence(a)), QUOTE_SIGNATURE);
+    assert_eq!(f.reason(&answer_evidence(a)), TpmReason::QuoteSignature);
 
     // A real quote by the same AK over another nonce.
     let other = TpmAnswer::decode(OTHER_NONCE_QUOTE).unwrap();
@@ -630,30 +636,30 @@ fn round_two_quote_and_pcrs() {
     a.quote = other.quote;
     a.quote_signature = other.quote_signature;
     a.pcr_values = other.pcr_values;
-    assert_eq!(f.reason(&answer_evidence(a)), QUOTE_NONCE);
+    assert_eq!(f.reason(&answer_evidence(a)), TpmReason::QuoteNonce);
     // A real AK signature over something that is not a quote.
     let cert = answer().node_key.unwrap();
     let mut a = answer();
     a.quote = cert.certify_info;
     a.quote_signature = cert.signature;
-    assert_eq!(f.reason(&answer_evidence(a)), QUOTE_NONCE);
+    assert_eq!(f.reason(&answer_evidence(a)), TpmReason::QuoteNonce);
 
     // PCR values that do not hash to the quote's digest.
     let mut a = answer();
     assert_eq!(a.pcr_values.len(), 24);
     a.pcr_values.pop();
-    assert_eq!(f.reason(&answer_evidence(a)), QUOTE_PCRS);
+    assert_eq!(f.reason(&answer_evidence(a)), TpmReason::QuotePcrs);
     let mut a = answer();
     a.pcr_values[3][0] ^= 1;
-    assert_eq!(f.reason(&answer_evidence(a)), QUOTE_PCRS);
+    assert_eq!(f.reason(&answer_evidence(a)), TpmReason::QuotePcrs);
     let mut a = answer();
     a.pcr_values.swap(0, 17);
     if a.pcr_values[0] != a.pcr_values[17] {
-        assert_eq!(f.reason(&answer_evidence(a)), QUOTE_PCRS);
+        assert_eq!(f.reason(&answer_evidence(a)), TpmReason::QuotePcrs);
     }
     let mut a = answer();
     a.pcr_values[0].push(0);
-    assert_eq!(f.reason(&answer_evidence(a)), QUOTE_PCRS);
+    assert_eq!(f.reason(&answer_evidence(a)), TpmReason::QuotePcrs);
 }
 
 /// An answer without a quote (`fresh_certification`) stands only with the
@@ -679,17 +685,17 @@ fn round_two_without_a_quote() {
         "node-key-nonce"
     );
     // Nothing signed by the AK over the nonce at all.
-    assert_eq!(f.reason(&quoteless(None)), NODE_KEY_NOT_CERTIFIED);
+    assert_eq!(f.reason(&quoteless(None)), TpmReason::NodeKeyNotCertified);
     let any = fixture_with(TpmConfig {
         node_key: NodeKeyPolicy::Any,
         ..TpmConfig::default()
     });
     any.resolve();
-    assert_eq!(any.reason(&quoteless(None)), QUOTE_SIGNATURE);
+    assert_eq!(any.reason(&quoteless(None)), TpmReason::QuoteSignature);
     // Parts of a quote without the quote.
     let mut a = answer();
     a.quote.clear();
-    assert_eq!(f.reason(&answer_evidence(a)), QUOTE_SIGNATURE);
+    assert_eq!(f.reason(&answer_evidence(a)), TpmReason::QuoteSignature);
     // A PCR policy needs its quote.
     let mut config = TpmConfig::default();
     config
@@ -698,7 +704,7 @@ fn round_two_without_a_quote() {
         .unwrap();
     let f = fixture_with(config);
     f.resolve();
-    assert_eq!(f.reason(&quoteless(real)), QUOTE_SIGNATURE);
+    assert_eq!(f.reason(&quoteless(real)), TpmReason::QuoteSignature);
     assert_eq!(f.count("attestation_uses"), 0);
 }
 
@@ -724,7 +730,7 @@ fn pcr_policy() {
     wrong.pcr_policy.insert(PcrBank::Sha256, 7, v).unwrap();
     let f = fixture_with(wrong);
     f.resolve();
-    assert_eq!(f.reason(&answer_evidence(answer())), PCR_POLICY);
+    assert_eq!(f.reason(&answer_evidence(answer())), TpmReason::PcrPolicy);
     // A SHA-256 quote against a policy that names only SHA-1 values.
     let mut sha1_only = TpmConfig::default();
     sha1_only
@@ -733,7 +739,7 @@ fn pcr_policy() {
         .unwrap();
     let f = fixture_with(sha1_only);
     f.resolve();
-    assert_eq!(f.reason(&answer_evidence(answer())), PCR_POLICY);
+    assert_eq!(f.reason(&answer_evidence(answer())), TpmReason::PcrPolicy);
     // Both banks: the SHA-256 quote meets its SHA-256 half.
     let mut both = config;
     both.pcr_policy
@@ -773,7 +779,7 @@ fn node_key_refusals_on_real_certifications() {
     let real = answer().node_key.unwrap();
     let key2 = certification(KEY2_CERT);
 
-    assert_eq!(f.reason(&with(None)), NODE_KEY_NOT_CERTIFIED);
+    assert_eq!(f.reason(&with(None)), TpmReason::NodeKeyNotCertified);
     // Another key's (valid) certification presented for this key: the name.
     let mut c = key2.clone();
     c.public = real.public.clone();
@@ -835,7 +841,7 @@ fn node_key_any_admits_uncertified_only() {
 fn roles_other_than_node_or_site_are_refused() {
     let f = fixture();
     let out = f.verify_as(Role::Ramdisk, &hello_evidence(hello()), CSR, NOW);
-    assert_eq!(reason(out), ROLE);
+    assert_eq!(reason(out), TpmReason::Role);
     assert_eq!(f.count("join_requests"), 0);
 }
 
@@ -845,7 +851,7 @@ fn roles_other_than_node_or_site_are_refused() {
 mod through_join_service {
     use super::*;
     use crate::api_error::ApiError;
-    use crate::join::{BOUND_ELSEWHERE, POOL_ATTESTOR};
+    use crate::join::JoinReason;
     use bc_wire::agent::{join_response_body, JoinRequest, JoinResponseBody};
 
     use crate::test_support::{self, uri_sans as uris};
@@ -959,7 +965,10 @@ mod through_join_service {
         ));
         assert_eq!(
             c.refusals(),
-            [(TPM.to_owned(), CHALLENGE_REUSED.to_owned())]
+            [(
+                TPM.to_owned(),
+                TpmReason::ChallengeReused.as_str().to_owned()
+            )]
         );
         assert_eq!(
             records::list_nodes(c.db()).unwrap()[0].identity_generation,
@@ -1039,7 +1048,13 @@ mod through_join_service {
             c.join(answer_evidence(answer())),
             Err(ApiError::AccessDenied)
         ));
-        assert_eq!(c.refusals(), [(TPM.to_owned(), BOUND_ELSEWHERE.to_owned())]);
+        assert_eq!(
+            c.refusals(),
+            [(
+                TPM.to_owned(),
+                JoinReason::BoundElsewhere.as_str().to_owned()
+            )]
+        );
         assert_eq!(records::list_bindings(c.db()).unwrap().len(), 1);
         assert_eq!(
             records::list_nodes(c.db()).unwrap()[0].identity_generation,
@@ -1071,7 +1086,10 @@ mod through_join_service {
             c.join(answer_evidence(answer())),
             Err(ApiError::AccessDenied)
         ));
-        assert_eq!(c.refusals(), [(TPM.to_owned(), POOL_ATTESTOR.to_owned())]);
+        assert_eq!(
+            c.refusals(),
+            [(TPM.to_owned(), JoinReason::PoolAttestor.as_str().to_owned())]
+        );
         let ev = records::list_events(c.db()).unwrap();
         assert_eq!(ev[0].data["poolOwner"], "bob");
         assert!(records::list_nodes(c.db()).unwrap().is_empty());
@@ -1193,7 +1211,7 @@ fn round_two_fetches_and_verifies_a_pending_certificate() {
         reason(f.verify_prepared(Role::Node, &evidence, CSR, NOW, p))
     };
     assert_eq!(run(&said(Said::NotFound)), "ek-chain");
-    assert_eq!(run(&said(Said::Failed)), EK_SERVICE);
+    assert_eq!(run(&said(Said::Failed)), TpmReason::EkService);
     assert_eq!(f.count("join_requests"), 0);
     // An answer for another EK is not this one's.
     let other = crate::attestor::Prepared::new(ServiceAnswer {

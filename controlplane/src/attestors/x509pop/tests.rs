@@ -2,7 +2,7 @@
 //! joined with a token, certificates issued by the node CA, proofs signed by
 //! the certificates' keys as bcd signs them.
 
-use bc_wire::agent::{JoinRequest, JoinResponseBody};
+use bc_wire::agent::{JoinRequest, JoinResponseBody, Role};
 use bc_wire::signing::{self, Purpose};
 use p256::pkcs8::DecodePrivateKey;
 use prost::Message;
@@ -200,7 +200,10 @@ fn rejoins_as_itself_after_an_offline_expiry() {
         key: next,
         chain: body.chain.clone(),
     };
-    assert_eq!(f.refused(|| f.rejoin(&old, Role::Node)), STALE_GENERATION);
+    assert_eq!(
+        f.refused(|| f.rejoin(&old, Role::Node)),
+        X509PopReason::StaleGeneration
+    );
     // A certificate not expired yet re-joins too.
     let (again, _) = f.rejoin(&next_id, Role::Node).unwrap();
     assert_eq!(again.node_id, old.node_id);
@@ -211,10 +214,19 @@ fn rejoins_as_itself_after_an_offline_expiry() {
 fn a_site_rejoins_as_a_site_only() {
     let f = fixture();
     let site = f.token_node(Role::Site);
-    assert_eq!(f.refused(|| f.rejoin(&site, Role::Node)), ROLE);
-    assert_eq!(f.refused(|| f.rejoin(&site, Role::Ramdisk)), ROLE);
+    assert_eq!(
+        f.refused(|| f.rejoin(&site, Role::Node)),
+        X509PopReason::Role
+    );
+    assert_eq!(
+        f.refused(|| f.rejoin(&site, Role::Ramdisk)),
+        X509PopReason::Role
+    );
     let node = f.token_node(Role::Node);
-    assert_eq!(f.refused(|| f.rejoin(&node, Role::Site)), ROLE);
+    assert_eq!(
+        f.refused(|| f.rejoin(&node, Role::Site)),
+        X509PopReason::Role
+    );
     let (body, _) = f.rejoin(&site, Role::Site).unwrap();
     assert_eq!(body.node_id, site.node_id);
 }
@@ -232,7 +244,10 @@ fn grace_and_clock_window() {
 
     // Expired 7 days and a minute ago: past the grace.
     f.move_clock(offset(not_after + DEFAULT_GRACE_MS + 60_000));
-    assert_eq!(f.refused(|| f.rejoin(&id, Role::Node)), PAST_GRACE);
+    assert_eq!(
+        f.refused(|| f.rejoin(&id, Role::Node)),
+        X509PopReason::PastGrace
+    );
 
     // Within the grace, but a proof two minutes old, or from the future.
     f.move_clock(offset(not_after + DEFAULT_GRACE_MS - 3_600_000));
@@ -240,7 +255,7 @@ fn grace_and_clock_window() {
     for t in [now - 120_000, now + 120_000, 0, u64::MAX] {
         assert_eq!(
             f.refused(|| f.rejoin_with(Role::Node, |csr| evidence(&id, csr, t).to_json())),
-            CLOCK_WINDOW,
+            X509PopReason::ClockWindow,
             "{t}"
         );
     }
@@ -257,10 +272,13 @@ fn configured_grace_and_window() {
     let t = u64::try_from(f.now()).unwrap() - 10_000;
     assert_eq!(
         f.refused(|| f.rejoin_with(Role::Node, |csr| evidence(&id, csr, t).to_json())),
-        CLOCK_WINDOW
+        X509PopReason::ClockWindow
     );
     f.move_clock(24 * 3_600_000 + 1_000);
-    assert_eq!(f.refused(|| f.rejoin(&id, Role::Node)), PAST_GRACE);
+    assert_eq!(
+        f.refused(|| f.rejoin(&id, Role::Node)),
+        X509PopReason::PastGrace
+    );
 }
 
 #[test]
@@ -272,11 +290,11 @@ fn only_our_own_current_certificates_rejoin() {
     // Malformed evidence.
     assert_eq!(
         f.refused(|| f.rejoin_with(Role::Node, |_| b"{}".to_vec())),
-        EVIDENCE_MALFORMED
+        X509PopReason::EvidenceMalformed
     );
     assert_eq!(
         f.refused(|| f.rejoin_with(Role::Node, |_| b"\xff".to_vec())),
-        EVIDENCE_MALFORMED
+        X509PopReason::EvidenceMalformed
     );
     let t = u64::try_from(f.now()).unwrap();
     assert_eq!(
@@ -285,14 +303,14 @@ fn only_our_own_current_certificates_rejoin() {
             e.node_id = "spiffe://bc.test/node/x".into();
             e.to_json()
         })),
-        EVIDENCE_MALFORMED
+        X509PopReason::EvidenceMalformed
     );
 
     // A certificate signed by our CA but never issued to anyone.
     let forged = f.issue_identity(&a.node_id, &[], 1, false);
     assert_eq!(
         f.refused(|| f.rejoin(&forged, Role::Node)),
-        UNKNOWN_CERTIFICATE
+        X509PopReason::UnknownCertificate
     );
     // B's certificate, claimed for A (and signed by B's key).
     let stolen = Identity {
@@ -302,7 +320,7 @@ fn only_our_own_current_certificates_rejoin() {
     };
     assert_eq!(
         f.refused(|| f.rejoin(&stolen, Role::Node)),
-        UNKNOWN_CERTIFICATE
+        X509PopReason::UnknownCertificate
     );
 
     // A's certificate with a proof by another key.
@@ -311,12 +329,15 @@ fn only_our_own_current_certificates_rejoin() {
         key: key(),
         chain: a.chain.clone(),
     };
-    assert_eq!(f.refused(|| f.rejoin(&wrong_key, Role::Node)), SIGNATURE);
+    assert_eq!(
+        f.refused(|| f.rejoin(&wrong_key, Role::Node)),
+        X509PopReason::Signature
+    );
     // A proof for another CSR.
     let t = u64::try_from(f.now()).unwrap();
     assert_eq!(
         f.refused(|| f.rejoin_with(Role::Node, |_| evidence(&a, b"other csr", t).to_json())),
-        SIGNATURE
+        X509PopReason::Signature
     );
     // A renewal-purpose signature is no x509pop proof.
     assert_eq!(
@@ -334,7 +355,7 @@ fn only_our_own_current_certificates_rejoin() {
             );
             e.to_json()
         })),
-        SIGNATURE
+        X509PopReason::Signature
     );
 
     // Revoked, same generation.
@@ -346,20 +367,32 @@ fn only_our_own_current_certificates_rejoin() {
             )
         })
         .unwrap();
-    assert_eq!(f.refused(|| f.rejoin(&a, Role::Node)), REVOKED);
+    assert_eq!(
+        f.refused(|| f.rejoin(&a, Role::Node)),
+        X509PopReason::Revoked
+    );
 
     // nodes revoke-identity: B's certificate is from before it.
     crate::nodes::revoke_identity(f.db(), &b.node_id).unwrap();
-    assert_eq!(f.refused(|| f.rejoin(&b, Role::Node)), STALE_GENERATION);
+    assert_eq!(
+        f.refused(|| f.rejoin(&b, Role::Node)),
+        X509PopReason::StaleGeneration
+    );
     // Retired.
     let c = f.token_node(Role::Node);
     crate::nodes::retire(f.db(), &c.node_id).unwrap();
-    assert_eq!(f.refused(|| f.rejoin(&c, Role::Node)), RETIRED);
+    assert_eq!(
+        f.refused(|| f.rejoin(&c, Role::Node)),
+        X509PopReason::Retired
+    );
     // Deleted.
     let d = f.token_node(Role::Node);
     crate::nodes::cordon(f.db(), &d.node_id).unwrap();
     crate::nodes::delete(f.db(), &d.node_id).unwrap();
-    assert_eq!(f.refused(|| f.rejoin(&d, Role::Node)), DELETED);
+    assert_eq!(
+        f.refused(|| f.rejoin(&d, Role::Node)),
+        X509PopReason::Deleted
+    );
 
     // None of it touched a node.
     for n in [&a, &b, &c, &d] {
@@ -390,7 +423,7 @@ fn a_proof_admits_once_even_across_a_restart() {
     let proof = evidence(&id, &csr, t);
     assert_eq!(
         f.refused(|| f.send(csr.clone(), Role::Node, proof.to_json())),
-        crate::join::POOL_ATTESTOR
+        crate::join::JoinReason::PoolAttestor
     );
     assert_eq!(f.db().read(crate::uses::count).unwrap(), 0);
     crate::pools::set_join_attestors(f.db(), "tpm-only", None, &[]).unwrap();
@@ -411,7 +444,7 @@ fn a_proof_admits_once_even_across_a_restart() {
     // The replay is named as one (not as the stale certificate it now is).
     assert_eq!(
         f.refused(|| f.send(csr.clone(), Role::Node, proof.to_json())),
-        REPLAYED
+        X509PopReason::Replayed
     );
     // Its malleated twin (r, n - s) verifies too, and is the same proof.
     let sig = p256::ecdsa::Signature::from_slice(&proof.sig).unwrap();
@@ -432,7 +465,7 @@ fn a_proof_admits_once_even_across_a_restart() {
         .is_ok());
     assert_eq!(
         f.refused(|| f.send(csr.clone(), Role::Node, malleated.to_json())),
-        REPLAYED
+        X509PopReason::Replayed
     );
     // A restart (another JoinService on the same DIR, as another replica
     // would be) still knows it.
@@ -447,7 +480,10 @@ fn a_proof_admits_once_even_across_a_restart() {
         })
         .unwrap_err();
     assert!(matches!(err, ApiError::AccessDenied));
-    assert_eq!(f.refusals().last().map(String::as_str), Some(REPLAYED));
+    assert_eq!(
+        f.refusals().last().map(String::as_str),
+        Some(X509PopReason::Replayed.as_str())
+    );
     assert_eq!(f.node(&id.node_id).identity_generation, 2);
 }
 

@@ -30,7 +30,7 @@ pub fn is_known(tx: &Tx<'_>, ek_sha256: &str, now: UnixMs) -> Result<bool, DbErr
         &format!(
             "SELECT 1 FROM join_requests
              WHERE ek_sha256 = ?1 AND status = '{}' AND used_at IS NULL LIMIT 1",
-            enroll::STATUS_APPROVED
+            enroll::RequestStatus::Approved
         ),
         params![ek_sha256],
         |_| Ok(()),

@@ -1,0 +1,58 @@
+//! The tpm attestor's refusal reasons: a file of their own so that the EK
+//! checks ([`super::ek`], [`super::ek_service`]) refuse with them without
+//! importing the attestor.
+
+use bc_wire::tpm::CertificationError;
+
+crate::reason::reasons! {
+    /// The tpm attestor's reasons, the EK checks' ([`super::ek::EkError`], the
+    /// maker's service) and the node-key certification's
+    /// ([`bc_wire::tpm::CertificationError`]) among them; the place is its
+    /// attestor id, [`super::TPM`].
+    pub enum TpmReason in "tpm" {
+        EvidenceMalformed = "evidence-malformed",
+        /// The role is not node or site, or not the one the place admits (a site
+        /// named: `site`; none: `node`).
+        Role = "tpm-role",
+        EkCertificate = "ek-certificate",
+        EkChain = "ek-chain",
+        EkRoca = "ek-roca",
+        EkMismatch = "ek-mismatch",
+        EkService = "ek-service",
+        AkAttributes = "ak-attributes",
+        ChallengeState = "challenge-state",
+        ChallengeExpired = "challenge-expired",
+        /// The challenge was already answered by an admitted join (a replay).
+        ChallengeReused = "challenge-reused",
+        ChallengeSecret = "challenge-secret",
+        QuoteSignature = "quote-signature",
+        QuoteNonce = "quote-nonce",
+        QuotePcrs = "quote-pcrs",
+        PcrPolicy = "pcr-policy",
+        NodeKeyMalformed = "node-key-malformed",
+        NodeKeySignature = "node-key-signature",
+        NodeKeyNonce = "node-key-nonce",
+        NodeKeyName = "node-key-name",
+        NodeKeyAttributes = "node-key-attributes",
+        NodeKeyNotCsr = "node-key-not-csr",
+        NodeKeyNotCertified = "node-key-not-certified",
+        /// `[tpm] enrollment = false`: an EK neither bound nor resolved is refused
+        /// instead of filing a join request.
+        UnknownEk = "unknown-ek",
+        EnrollmentDenied = "enrollment-denied",
+    }
+}
+
+impl TpmReason {
+    /// A node key the AK did not certify as the spec asks.
+    pub fn node_key(e: &CertificationError) -> Self {
+        match e {
+            CertificationError::Malformed(_) => TpmReason::NodeKeyMalformed,
+            CertificationError::Signature => TpmReason::NodeKeySignature,
+            CertificationError::Nonce => TpmReason::NodeKeyNonce,
+            CertificationError::Name => TpmReason::NodeKeyName,
+            CertificationError::Attributes => TpmReason::NodeKeyAttributes,
+            CertificationError::NotCsr => TpmReason::NodeKeyNotCsr,
+        }
+    }
+}
