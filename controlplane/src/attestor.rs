@@ -73,7 +73,7 @@ pub trait Attestor: Send + Sync {
 pub struct Roles {
     pub admits: &'static [Role],
     /// `None`: JoinService's own `join:role`.
-    pub refusal: Option<&'static str>,
+    pub refusal: Option<AnyReason>,
 }
 
 /// What an attestor's [`Attestor::prepare`] handed to its `verify`:

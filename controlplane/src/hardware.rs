@@ -26,6 +26,7 @@
 use bc_wire::agent::HardwareClaims;
 
 use crate::attestor::{AttestationResult, Refusal};
+use crate::join::JoinReason;
 use crate::machine::{ExpectMismatch, BINDING_TPM_EK};
 use crate::store::{params, DbError, Tx};
 
@@ -145,11 +146,6 @@ pub fn keys(
     })
 }
 
-/// The token's expect binding: the claimed product UUID is empty or another.
-pub const EXPECT_PRODUCT_UUID: &str = "join:expect-product-uuid";
-/// The token's expect binding: its MAC is not among the claimed ones.
-pub const EXPECT_MAC: &str = "join:expect-mac";
-
 /// Enforces the expect binding of the token an attestor admitted with. Done
 /// by JoinService rather than by each attestor so that every token-based attestor
 /// (join-token now; provisioned, discovery later) binds the same way. It
@@ -158,8 +154,8 @@ pub const EXPECT_MAC: &str = "join:expect-mac";
 pub fn check_expect(result: &AttestationResult, claims: &HardwareClaims) -> Result<(), Refusal> {
     result.expect.check(claims).map_err(|mismatch| {
         let reason = match mismatch {
-            ExpectMismatch::ProductUuid => EXPECT_PRODUCT_UUID,
-            ExpectMismatch::Mac => EXPECT_MAC,
+            ExpectMismatch::ProductUuid => JoinReason::ExpectProductUuid,
+            ExpectMismatch::Mac => JoinReason::ExpectMac,
         };
         Refusal::new(reason)
             .with_token(result.token_id.as_deref())

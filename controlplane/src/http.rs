@@ -167,7 +167,7 @@ enum SiteCall {
 }
 
 /// The POST route of one site endpoint.
-fn site_route(call: SiteCall) -> axum::routing::MethodRouter<Arc<JoinService>> {
+fn site_route(call: SiteCall) -> axum::routing::MethodRouter<Arc<ControlPlane>> {
     post(move |state, gate, addr, peer, headers, body| {
         site_handler(call, state, gate, addr, peer, headers, body)
     })

@@ -486,7 +486,7 @@ impl JoinService<'_> {
         let first = self.record_refusal(Refused {
             kind: records::EVENT_JOIN_REFUSED,
             attestor: Some(event.attestor.clone()),
-            reason: event.reason.clone(),
+            reason: event.reason,
             token_id: event.token_id.clone(),
             node_id: event.node_id.clone(),
             source,

@@ -20,13 +20,14 @@ use crate::attestors::AttestorRegistry;
 use crate::config::ConfigError;
 use crate::eventlog::{EventLog, Refused};
 use crate::pki::{Bundle, PkiError, MAX_NODE_CERT_TTL};
+use crate::reason::AnyReason;
 use crate::store::{DbError, Store, UnixMs};
 
 /// What the `on_refusal` hook and the `security.join.refused` event carry.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RefusalEvent {
     pub attestor: String,
-    pub reason: String,
+    pub reason: AnyReason,
     pub token_id: Option<String>,
     pub node_id: Option<String>,
     /// The pool whose policy refused the machine (`join:pool-attestor`):

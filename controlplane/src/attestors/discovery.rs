@@ -167,7 +167,7 @@ impl Attestor for DiscoveryAttestor {
     fn roles(&self) -> crate::attestor::Roles {
         crate::attestor::Roles {
             admits: &[Role::Ramdisk],
-            refusal: Some(DISCOVERY_ROLE_REASON),
+            refusal: Some(DiscoveryReason::Role.any()),
         }
     }
 

@@ -79,7 +79,7 @@ impl Attestor for JoinTokenAttestor {
     fn roles(&self) -> crate::attestor::Roles {
         crate::attestor::Roles {
             admits: &[Role::Node, Role::Site],
-            refusal: Some(TOKEN_ROLE),
+            refusal: Some(TokenReason::TokenRole.any()),
         }
     }
 

@@ -45,7 +45,7 @@ impl Attestor for ProvisionedAttestor {
     fn roles(&self) -> crate::attestor::Roles {
         crate::attestor::Roles {
             admits: &[bc_wire::agent::Role::Node],
-            refusal: Some(TOKEN_ROLE),
+            refusal: Some(ProvisionedReason::TokenRole.any()),
         }
     }
 

@@ -130,8 +130,8 @@ impl Attestor for X509PopAttestor {
 
     fn roles(&self) -> crate::attestor::Roles {
         crate::attestor::Roles {
-            admits: &[Role::Node, Role::Site],
-            refusal: Some(ROLE),
+            admits: &[bc_wire::agent::Role::Node, bc_wire::agent::Role::Site],
+            refusal: Some(X509PopReason::Role.any()),
         }
     }
 

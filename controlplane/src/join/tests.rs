@@ -80,16 +80,22 @@ fn expect_binding_refuses_other_machines_and_spends_nothing() {
     };
     let right_uuid = "4C4C4544-0042-3510-8052-B4C04F4E4D32";
     for (c, reason) in [
-        (claims("", &["52:54:00:12:34:56"]), EXPECT_PRODUCT_UUID),
+        (
+            claims("", &["52:54:00:12:34:56"]),
+            JoinReason::ExpectProductUuid.as_str(),
+        ),
         (
             claims(
                 "00000000-0042-3510-8052-b4c04f4e4d32",
                 &["52:54:00:12:34:56"],
             ),
-            EXPECT_PRODUCT_UUID,
+            JoinReason::ExpectProductUuid.as_str(),
         ),
-        (claims(right_uuid, &[]), EXPECT_MAC),
-        (claims(right_uuid, &["52:54:00:12:34:57"]), EXPECT_MAC),
+        (claims(right_uuid, &[]), JoinReason::ExpectMac.as_str()),
+        (
+            claims(right_uuid, &["52:54:00:12:34:57"]),
+            JoinReason::ExpectMac.as_str(),
+        ),
     ] {
         let (_, csr) = new_csr();
         let mut req = request(&f.svc, &csr, Some(&tok.expose()), Role::Node);
@@ -216,7 +222,7 @@ fn refusals_reach_event_and_hook_only(backend: Backend) {
         .lock()
         .unwrap()
         .iter()
-        .map(|e| e.reason.clone())
+        .map(|e| e.reason.as_str())
         .collect();
     // onRefusal spells every reason as the event does (`join:` included).
     assert_eq!(hooked, want);
@@ -361,7 +367,7 @@ fn roles_are_checked_in_one_place() {
         join_as("hw", Role::Site),
         Err(ApiError::AccessDenied)
     ));
-    assert_eq!(refusals(&f.svc).last().unwrap(), ROLE);
+    assert_eq!(refusals(&f.svc).last().unwrap(), JoinReason::Role.as_str());
     a.set(AttestationResult {
         roles: Some(vec![Role::Site]),
         ..AttestationResult::default()
@@ -370,7 +376,7 @@ fn roles_are_checked_in_one_place() {
         join_as("hw", Role::Node),
         Err(ApiError::AccessDenied)
     ));
-    assert_eq!(refusals(&f.svc).last().unwrap(), ROLE);
+    assert_eq!(refusals(&f.svc).last().unwrap(), JoinReason::Role.as_str());
     assert!(records::list_nodes(f.svc.database()).unwrap().is_empty());
     a.set(AttestationResult::default());
     assert!(join_as("hw", Role::Node).is_ok());
@@ -461,7 +467,11 @@ fn bindings_admit_only_their_node() {
     ));
     assert_eq!(
         refusals(&f.svc),
-        [BOUND_ELSEWHERE, BOUND_ELSEWHERE, BOUND_ELSEWHERE]
+        [
+            JoinReason::BoundElsewhere.as_str(),
+            JoinReason::BoundElsewhere.as_str(),
+            JoinReason::BoundElsewhere.as_str()
+        ]
     );
     assert_eq!(records::list_bindings(f.svc.database()).unwrap().len(), 1);
     let nodes = records::list_nodes(f.svc.database()).unwrap();
@@ -501,15 +511,18 @@ fn pool_policy_refuses_unlisted_attestors_before_writing() {
     assert!(matches!(err, ApiError::AccessDenied));
     let events = records::list_events(f.svc.database()).unwrap();
     assert_eq!(events.len(), 1);
-    assert_eq!(events[0].reason.as_deref(), Some(POOL_ATTESTOR));
+    assert_eq!(
+        events[0].reason.as_deref(),
+        Some(JoinReason::PoolAttestor.as_str())
+    );
     assert_eq!(events[0].attestor.as_deref(), Some("join-token"));
     assert_eq!(events[0].token_id.as_deref(), Some(tok.id.as_str()));
     assert_eq!(events[0].data["poolOwner"], "alice");
     assert_eq!(events[0].data["poolId"], "metal");
     assert_eq!(seen.lock().unwrap()[0].pool_owner.as_deref(), Some("alice"));
     assert_eq!(
-        seen.lock().unwrap()[0].reason,
-        POOL_ATTESTOR,
+        seen.lock().unwrap()[0].reason.as_str(),
+        JoinReason::PoolAttestor.as_str(),
         "onRefusal: the event's spelling"
     );
     // Nothing written, nothing spent.
@@ -556,7 +569,13 @@ fn pool_policy_refuses_unlisted_attestors_before_writing() {
         ..Default::default()
     });
     assert!(matches!(scripted_join(&f, ""), Err(ApiError::AccessDenied)));
-    assert_eq!(refusals(&f.svc), [POOL_ATTESTOR, POOL_ATTESTOR]);
+    assert_eq!(
+        refusals(&f.svc),
+        [
+            JoinReason::PoolAttestor.as_str(),
+            JoinReason::PoolAttestor.as_str()
+        ]
+    );
     assert_eq!(
         records::list_nodes(f.svc.database()).unwrap()[0].identity_generation,
         1
@@ -567,7 +586,7 @@ fn pool_policy_refuses_unlisted_attestors_before_writing() {
         ..Default::default()
     });
     assert!(matches!(scripted_join(&f, ""), Err(ApiError::AccessDenied)));
-    assert_eq!(refusals(&f.svc)[2], UNKNOWN_POOL);
+    assert_eq!(refusals(&f.svc)[2], JoinReason::UnknownPool.as_str());
 }
 
 #[test]
@@ -591,7 +610,7 @@ fn only_parseable_ak_statements_are_written() {
             "{bad}"
         );
     }
-    assert_eq!(refusals(&f.svc), [NODE_KEY_STATEMENT; 4]);
+    assert_eq!(refusals(&f.svc), [JoinReason::NodeKeyStatement.as_str(); 4]);
     let good = bc_wire::tpm::ak_statement(&[&[0u8, 0x0b][..], &[0xab; 32]].concat()).unwrap();
     a.set(AttestationResult {
         node_key_uri: Some(good.clone()),
@@ -643,6 +662,6 @@ fn unknown_statement_is_refused() {
         JoinService::new(&f.svc).join(req),
         Err(ApiError::AccessDenied)
     ));
-    assert_eq!(refusals(&f.svc), [NODE_KEY_STATEMENT]);
+    assert_eq!(refusals(&f.svc), [JoinReason::NodeKeyStatement.as_str()]);
     assert!(records::list_nodes(f.svc.database()).unwrap().is_empty());
 }

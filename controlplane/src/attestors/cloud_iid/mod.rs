@@ -205,7 +205,7 @@ impl Attestor for CloudIidAttestor {
     fn roles(&self) -> crate::attestor::Roles {
         crate::attestor::Roles {
             admits: &[Role::Node, Role::Site, Role::Ramdisk],
-            refusal: Some(CLOUD_ROLE),
+            refusal: Some(CloudReason::Role.any()),
         }
     }
 

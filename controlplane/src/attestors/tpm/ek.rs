@@ -35,7 +35,6 @@ use x509_parser::public_key::PublicKey;
 
 use bc_wire::tpm::{KeyParams, Public, ALG_NULL};
 
-use super::reasons::TpmReason;
 use crate::store::{params, DbError, Store, Tx, UnixMs};
 
 pub use super::ek_template::{EkError, EkTemplate, EK_ATTRIBUTES, EK_POLICY_A};

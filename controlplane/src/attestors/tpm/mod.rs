@@ -951,7 +951,7 @@ impl Attestor for TpmAttestor {
     fn roles(&self) -> crate::attestor::Roles {
         crate::attestor::Roles {
             admits: &[Role::Node, Role::Site],
-            refusal: Some(ROLE),
+            refusal: Some(TpmReason::Role.any()),
         }
     }
 
