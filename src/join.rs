@@ -24,13 +24,12 @@ use crate::evidence::claims;
 use crate::evidence::join_token::{self, TokenText};
 use crate::evidence::provisioned;
 use crate::evidence::tpm::{Beside, TpmEvidence};
-use crate::evidence::x509pop;
-use crate::identity::rotation::{self, NextKey};
+use crate::identity::rotation;
 use crate::identity::{reset, Identity};
 use crate::journal::{record, Kind};
 use crate::keys::{self, NodeKey, TpmAccess, TpmKey};
-use crate::pki::rfc3339;
-use crate::{clock, failpoint, out};
+use crate::rejoin;
+use crate::{clock, out};
 
 /// The one answer to every refusal: the control plane keeps the reason, so
 /// this lists what the operator can check on their side.
@@ -43,8 +42,6 @@ pub const ACCESS_DENIED_DISCOVERY: &str = "access denied: the control plane refu
 pub const ACCESS_DENIED_PROVISIONED: &str = "access denied: the control plane refused the provisioned join (the token may be used, expired or revoked, minted for another machine (product UUID), or for a machine another node already is; deploy again for a new token)";
 /// The same for a cloud VM's identity document.
 pub const ACCESS_DENIED_CLOUD_IID: &str = "access denied: the control plane refused the cloud-iid join (check that it has keys for this cloud ([cloud_iid]) and audience = this bcd's api URL, that `cloud resolve list` covers this account and zone, and the role if not node ([cloud_iid] roles, cloud resolve add --role), that this instance never joined before (a known instance re-joins with --attestor x509pop), and that this clock's time is right)";
-/// The same for an x509pop re-join, where the last certificate is the credential.
-pub const ACCESS_DENIED_X509POP: &str = "access denied: the control plane refused the x509pop re-join (the certificate may have expired more than 7 days ago, be revoked or older than the node's current identity, the node may be retired, or this clock may be more than 60 s off the control plane's; join again: bcd join --reset --yes, then bcd join with a token or --attestor tpm)";
 
 /// The largest token file read; a token is under 120 bytes.
 const MAX_TOKEN_FILE: u64 = 4096;
@@ -165,7 +162,7 @@ pub fn run(args: JoinArgs, env_token: Option<TokenText>) -> anyhow::Result<ExitC
     let dir = &config.data_dir;
     // bcd join opens the TPM itself, [helper] or not; under [helper] it
     // leaves the data directory to the node's user.
-    let node_user = crate::helper::trust_node_user(&config)?;
+    let node_user = crate::identity::owner::trust_node_user(&config)?;
     let tpm = TpmAccess::configured(&config);
 
     let credential = if args.reset {
@@ -425,7 +422,7 @@ fn run_x509pop(args: &JoinArgs) -> anyhow::Result<ExitCode> {
         .build()
         .context("cannot start the async runtime")?;
     let mut staged = None;
-    let rejoined = runtime.block_on(rejoin_x509pop(&config, &tpm, &current, &mut staged));
+    let rejoined = runtime.block_on(rejoin::rejoin_x509pop(&config, &tpm, &current, &mut staged));
     if staged.is_some() {
         // A one-off command: no retry will send the staged key.
         rotation::abandon(&config.data_dir);
@@ -433,155 +430,6 @@ fn run_x509pop(args: &JoinArgs) -> anyhow::Result<ExitCode> {
     let next = rejoined?;
     out::line(format_args!("re-joined as {}", next.node_id))?;
     Ok(ExitCode::SUCCESS)
-}
-
-/// Re-joins as `current` with x509pop and replaces the identity on disk
-/// (see [`rotation`]): the new key (in the TPM when there is one) is staged
-/// before the request, the new identity once the answer is verified.
-/// Journals `rejoin` or `rejoin-failed`; returns the new identity.
-///
-/// `staged`: as for [`crate::node::renew_once`], the next key of an earlier
-/// failed attempt, sent again; left staged when this attempt fails before
-/// an answer, for the next try.
-pub async fn rejoin_x509pop(
-    config: &Config,
-    tpm: &TpmAccess,
-    current: &Identity,
-    staged: &mut Option<NextKey>,
-) -> anyhow::Result<Identity> {
-    let result = rejoin_inner(config, tpm, current, staged).await;
-    match &result {
-        Ok(next) => record(
-            &config.data_dir,
-            Kind::Rejoin,
-            &next.node_id,
-            format!(
-                "re-joined with x509pop (node key {}, kid {})",
-                next.key.kind().as_str(),
-                next.key.kid()
-            ),
-            Some(next.cert.not_after),
-        ),
-        Err(e) => record(
-            &config.data_dir,
-            Kind::RejoinFailed,
-            &current.node_id,
-            format!("{e:#}"),
-            None,
-        ),
-    }
-    result
-}
-
-async fn rejoin_inner(
-    config: &Config,
-    tpm: &TpmAccess,
-    current: &Identity,
-    staged: &mut Option<NextKey>,
-) -> anyhow::Result<Identity> {
-    let dir = &config.data_dir;
-    let client = Client::new(config)?;
-    let NextKey { key, csr, .. } = match staged.take() {
-        Some(next) => next,
-        None => {
-            let key: Arc<dyn NodeKey> = Arc::from(keys::generate(tpm, false)?);
-            let csr = keys::make_csr(key.as_ref())?;
-            rotation::stage_key(dir, key.as_ref())?;
-            NextKey {
-                key,
-                csr,
-                certified: None,
-            }
-        }
-    };
-    let csr_sha256 = bc_wire::sha256(&csr);
-    // A fresh proof at every try: it carries the client time.
-    let attestation = x509pop::build(
-        &current.chain,
-        current.key.as_ref(),
-        &csr_sha256,
-        &current.node_id,
-        clock::now(),
-    );
-    let attestation = match attestation {
-        Ok(a) => a,
-        Err(e) => {
-            *staged = Some(NextKey {
-                key,
-                csr,
-                certified: None,
-            });
-            return Err(e.into());
-        }
-    };
-    failpoint::hit("rejoin-before-request");
-    tracing::info!(api = %client.api(), node_id = %current.node_id, role = %current.role.name(), node_key = %key.kid(), key_in = key.kind().as_str(), "re-joining the control plane with x509pop");
-    let request = JoinRequest {
-        csr: csr.clone(),
-        role: current.role as i32,
-        attestor: attestor::X509POP.to_owned(),
-        attestation,
-        sealed_token: Vec::new(),
-        claims: Some(claims::collect()),
-        tpm: None,
-    };
-    let expected = Expected::for_join(config, csr_sha256, key.spki_der());
-    let outcome = exchange::run(
-        &client,
-        &mut NoChallenges(attestor::X509POP),
-        request,
-        attestor::X509POP,
-        &expected,
-        &Policy::default(),
-    )
-    .await;
-    let accepted = match outcome {
-        Ok(a) => a,
-        Err(e) => {
-            // Unreachable, refused or a bad answer: the same key goes again
-            // next time (a bad answer certified nothing of ours).
-            *staged = Some(NextKey {
-                key,
-                csr,
-                certified: None,
-            });
-            return Err(match e {
-                JoinError::Client(ClientError::AccessDenied) => anyhow!(ACCESS_DENIED_X509POP),
-                e => e.into(),
-            });
-        }
-    };
-    if accepted.node_id != current.node_id {
-        rotation::abandon(dir);
-        return Err(anyhow!(
-            "the control plane answered the x509pop re-join of {} with another node, {}; the identity is left as it was",
-            current.node_id,
-            accepted.node_id
-        ));
-    }
-    let next = Identity {
-        node_id: accepted.node_id,
-        role: current.role,
-        trust_domain: config.trust_domain.clone(),
-        attestor: attestor::X509POP.to_owned(),
-        joined_at: clock::now_seconds(),
-        chain: accepted.chain,
-        cert: accepted.cert,
-        key,
-    };
-    let saved = rotation::stage_identity(dir, &next).and_then(|()| {
-        failpoint::hit("rejoin-after-answer");
-        rotation::commit(dir, || failpoint::hit("rejoin-between-renames"))
-    });
-    saved.with_context(|| {
-        format!(
-            "re-joined as {}, but the identity could not be saved in {}",
-            next.node_id,
-            dir.display()
-        )
-    })?;
-    tracing::info!(node_id = %next.node_id, not_after = %rfc3339(next.cert.not_after), node_key = %next.key.kid(), key_in = next.key.kind().as_str(), "re-joined with x509pop");
-    Ok(next)
 }
 
 /// A join ready to send: the new key (in memory only), its CSR, and the

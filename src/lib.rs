@@ -27,6 +27,7 @@ pub mod node;
 pub mod out;
 pub mod pki;
 pub mod ramdisk;
+pub mod rejoin;
 pub mod site;
 pub mod status;
 pub mod tpm;

@@ -9,7 +9,7 @@
 //!   logged as `renewal failed` with `attempt` and `expiresIn`, journaled,
 //!   and retried after `[node] backoff_min` doubling up to `backoff_max`;
 //! - expired, at most [`GRACE`] ago (the machine was off or cut off): re-join
-//!   as itself with x509pop ([`crate::join::rejoin_x509pop`]), with the same
+//!   as itself with x509pop ([`crate::rejoin::rejoin_x509pop`]), with the same
 //!   backoff;
 //! - expired longer ago: stop (exit 1) and say what the operator must do.
 //!
@@ -35,9 +35,7 @@ use crate::pki::{rfc3339, NodeCert};
 use crate::backoff::Backoff;
 pub use renew::{renew_once, RenewError, OTHER_AK, REFUSED};
 
-/// How long after notAfter a node may still re-join as itself (the control
-/// plane's x509pop `graceMs`, 7 days by default).
-pub const GRACE: time::Duration = time::Duration::days(7);
+pub use crate::pki::GRACE;
 
 /// The longest single sleep: the loop looks at the clock again at least this
 /// often (a suspended machine, a clock that jumped).
@@ -69,7 +67,7 @@ impl NodeArgs {
 
 pub fn run(args: NodeArgs) -> anyhow::Result<ExitCode> {
     let config = Config::load(&args.config.path)?;
-    crate::helper::trust_node_user(&config)?;
+    crate::identity::owner::trust_node_user(&config)?;
     // Under [helper], node keys only through bcd helper: no TPM opened here.
     let tpm = TpmAccess::for_node(&config);
     let dir = &config.data_dir;
@@ -336,9 +334,13 @@ impl Node<'_> {
             human(now - cert.not_after),
             self.identity.node_id
         );
-        let rejoined =
-            crate::join::rejoin_x509pop(self.config, self.tpm, &self.identity, &mut self.next_key)
-                .await;
+        let rejoined = crate::rejoin::rejoin_x509pop(
+            self.config,
+            self.tpm,
+            &self.identity,
+            &mut self.next_key,
+        )
+        .await;
         match rejoined {
             Ok(next) => {
                 self.adopt(next);

@@ -79,7 +79,7 @@ fn last_renewal(data_dir: &std::path::Path) -> Option<LastRenewal> {
 pub fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
     let config = Config::load(&args.config.path)?;
     let dir = &config.data_dir;
-    crate::helper::trust_node_user(&config)?;
+    crate::identity::owner::trust_node_user(&config)?;
     let tpm = TpmAccess::for_node(&config);
     let identity = Identity::inspect(dir, &tpm)
         .with_context(|| format!("the identity in {} does not load", dir.display()))?;

@@ -8,11 +8,13 @@
 //!
 //! Holders: `file.rs` (PKCS#8), `tpm.rs` (an owner-hierarchy primary) and
 //! `helper.rs` (the same TPM key, through `bcd helper`). [`TpmAccess`] says
-//! which TPM holder this process uses. `tls.rs` makes any holder a rustls
+//! which TPM holder this process uses; `holder.rs` gives the TPM's steps
+//! (make a key, load the AK, certify) the same way for both. `tls.rs` makes any holder a rustls
 //! client identity for mTLS.
 mod csr;
 mod file;
 mod helper;
+mod holder;
 pub mod tls;
 mod tpm;
 
@@ -24,6 +26,7 @@ use p256::elliptic_curve::zeroize::Zeroizing;
 pub use csr::make_csr;
 pub use file::FileKey;
 pub use helper::HelperKey;
+pub use holder::{Holder, KeyHolder};
 pub use tpm::{lock as lock_tpm, SharedTpm, TpmAk, TpmKey};
 
 /// Where a node key is held. Recorded in `identity.json` (`nodeKey`) and
@@ -271,9 +274,9 @@ fn read_key_file(path: &Path) -> Result<Zeroizing<String>, KeyError> {
 pub fn load(kind: NodeKeyKind, path: &Path, tpm: &TpmAccess) -> Result<Box<dyn NodeKey>, KeyError> {
     match kind {
         NodeKeyKind::File => Ok(Box::new(FileKey::load(path)?)),
-        NodeKeyKind::Tpm => match tpm.helper() {
-            Some(helper) => Ok(Box::new(HelperKey::load(helper.clone(), path)?)),
-            None => Ok(Box::new(TpmKey::load(tpm.open()?, path)?)),
+        NodeKeyKind::Tpm => match tpm.holder()? {
+            Holder::Helper(helper) => Ok(Box::new(HelperKey::load(helper, path)?)),
+            Holder::Direct(shared) => Ok(Box::new(TpmKey::load(shared, path)?)),
         },
     }
 }

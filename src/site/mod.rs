@@ -41,7 +41,7 @@ pub fn run(args: SiteArgs) -> anyhow::Result<ExitCode> {
             path.display()
         )
     })?;
-    crate::helper::trust_node_user(&config)?;
+    crate::identity::owner::trust_node_user(&config)?;
     let config = Arc::new(config);
     let identity = Arc::new(identity::NodeIdentity::load(config.clone())?);
     let image = image::Image::prepare(&config, path, &settings.ramdisk_dir)?;
