@@ -29,7 +29,7 @@ pub const ACCESS_DENIED_X509POP: &str = "access denied: the control plane refuse
 /// before the request, the new identity once the answer is verified.
 /// Journals `rejoin` or `rejoin-failed`; returns the new identity.
 ///
-/// `staged`: as for [`crate::node::renew_once`], the next key of an earlier
+/// `staged`: as for `bcd node`'s renewal, the next key of an earlier
 /// failed attempt, sent again; left staged when this attempt fails before
 /// an answer, for the next try.
 pub async fn rejoin_x509pop(
