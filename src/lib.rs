@@ -29,5 +29,6 @@ pub mod pki;
 pub mod ramdisk;
 pub mod rejoin;
 pub mod site;
+pub mod sitedata;
 pub mod status;
 pub mod tpm;
