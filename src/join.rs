@@ -504,7 +504,7 @@ fn prepare(
             // A machine with a TPM proves it in the same join: a boot
             // entry may admit only that TPM's EK. One whose TPM fails
             // joins as one without (the entry decides whether that will do).
-            let with_tpm = match tpm.present() && tpm.helper().is_none() {
+            let with_tpm = match matches!(tpm, TpmAccess::Direct(_)) {
                 true => tpm_evidence(config, tpm)
                     .map_err(|e| tracing::warn!(error = %format!("{e:#}"), "the TPM cannot prove this machine; joining with discovery alone"))
                     .ok(),

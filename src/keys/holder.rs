@@ -20,9 +20,9 @@ pub enum Holder {
 impl TpmAccess {
     /// The helper under `[helper]`, else the TPM, opened (once).
     pub fn holder(&self) -> Result<Holder, KeyError> {
-        match self.helper() {
-            Some(client) => Ok(Holder::Helper(client.clone())),
-            None => self.open().map(Holder::Direct),
+        match self {
+            TpmAccess::Helper(client) => Ok(Holder::Helper(client.clone())),
+            _ => self.open().map(Holder::Direct),
         }
     }
 }
