@@ -21,6 +21,7 @@ pub mod helper;
 pub mod identify;
 pub mod identity;
 pub mod join;
+pub mod joining;
 pub mod journal;
 pub mod keys;
 pub mod node;
