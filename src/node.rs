@@ -35,7 +35,7 @@ use crate::pki::{rfc3339, NodeCert};
 use crate::backoff::Backoff;
 pub use renew::{renew_once, RenewError, OTHER_AK, REFUSED};
 
-pub use crate::pki::GRACE;
+use crate::pki::GRACE;
 
 /// The longest single sleep: the loop looks at the clock again at least this
 /// often (a suspended machine, a clock that jumped).

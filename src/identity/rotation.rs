@@ -446,4 +446,63 @@ mod tests {
         assert_eq!(names(tmp.path()), vec!["identity.json", "node.key"]);
         assert_eq!(loaded_spki(tmp.path()), old.key.spki_der());
     }
+
+    /// One attempt of [`rotate`] on a current-thread runtime.
+    fn attempt(
+        dir: &Path,
+        staged: &mut Option<NextKey>,
+        make: impl FnOnce() -> Result<NextKey, &'static str>,
+        answer: Result<Identity, Unanswered<&'static str>>,
+    ) -> Result<Identity, RotateError<&'static str>> {
+        let points = CrashPoints {
+            after_answer: "test-after-answer",
+            between_renames: "test-between-renames",
+        };
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(rotate(dir, staged, make, |_| async { answer }, points))
+    }
+
+    #[test]
+    fn rotate_keeps_the_key_for_a_retry_drops_it_when_abandoned_and_commits_an_answer() {
+        let (tmp, old, new) = setup();
+        let dir = tmp.path();
+        let key = new.key.clone();
+        let next = NextKey {
+            key: key.clone(),
+            csr: b"csr".to_vec(),
+            certified: None,
+        };
+        let make = || {
+            stage_key(dir, next.key.as_ref()).unwrap();
+            Ok(next.clone())
+        };
+        let mut staged = None;
+        // Unanswered: the key stays staged, the old identity loads.
+        let e = attempt(dir, &mut staged, make, Err(Unanswered::Retry("down")));
+        assert!(matches!(e, Err(RotateError::Failed("down"))));
+        assert!(staged
+            .as_ref()
+            .is_some_and(|s| s.key.spki_der() == key.spki_der()));
+        assert_eq!(loaded_spki(dir), old.key.spki_der());
+        // The retry sends the staged key (nothing is made); a bad answer drops it.
+        let never = || -> Result<NextKey, &'static str> { panic!("a staged key is sent again") };
+        let e = attempt(dir, &mut staged, never, Err(Unanswered::Abandon("bad")));
+        assert!(matches!(e, Err(RotateError::Failed("bad"))));
+        assert!(staged.is_none());
+        assert_eq!(names(dir), vec!["identity.json", "node.key"]);
+        // An answer is staged and committed.
+        let make = || {
+            stage_key(dir, key.as_ref()).unwrap();
+            Ok(NextKey {
+                key: key.clone(),
+                csr: b"csr".to_vec(),
+                certified: None,
+            })
+        };
+        let renewed = attempt(dir, &mut staged, make, Ok(new)).ok().unwrap();
+        assert_eq!(loaded_spki(dir), renewed.key.spki_der());
+        assert_eq!(names(dir), vec!["identity.json", "node.key"]);
+    }
 }
