@@ -25,7 +25,8 @@ use crate::evidence::discovery::{self, MAX_CMDLINE};
 use crate::identity::Identity;
 use crate::joining::{self, Credential};
 use crate::keys::TpmAccess;
-use crate::{node, out};
+use crate::out;
+use crate::renewal as node;
 
 #[derive(clap::Args, Debug)]
 pub struct RamdiskArgs {
