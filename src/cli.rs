@@ -9,8 +9,7 @@ use clap::{CommandFactory as _, Parser, Subcommand};
 use p256::elliptic_curve::zeroize::Zeroizing;
 
 use crate::evidence::join_token::TokenText;
-use crate::renewal as node;
-use crate::{doctor, gendocs, helper, identify, join, out, ramdisk, site, status};
+use crate::{doctor, gendocs, helper, identify, join, node, out, ramdisk, site, status};
 
 /// The environment variable that may carry a join token.
 const TOKEN_ENV: &str = "BCD_JOIN_TOKEN";

@@ -24,6 +24,7 @@ pub mod join;
 pub mod joining;
 pub mod journal;
 pub mod keys;
+pub mod node;
 pub mod out;
 pub mod pki;
 pub mod ramdisk;

@@ -26,7 +26,7 @@ use crate::identity::Identity;
 use crate::joining::{self, Credential};
 use crate::keys::TpmAccess;
 use crate::out;
-use crate::renewal as node;
+use crate::renewal;
 
 #[derive(clap::Args, Debug)]
 pub struct RamdiskArgs {
@@ -64,7 +64,7 @@ pub fn run(args: RamdiskArgs) -> anyhow::Result<ExitCode> {
     if args.once {
         return Ok(ExitCode::SUCCESS);
     }
-    node::run(node::NodeArgs::new(args.config))
+    renewal::run(&args.config.path, false, false)
 }
 
 /// The command line, bounded: it is input nobody authenticated yet.

@@ -1,4 +1,5 @@
-//! `bcd node`: stay joined.
+//! Staying joined: the loop `bcd node` runs (and `bcd ramdisk`, after its
+//! join).
 //!
 //! Loads the identity (a TPM key that no longer matches stops here with the
 //! spec's hint), then loops:
@@ -17,6 +18,7 @@
 //! not, is one journal entry. All times come from [`crate::clock`].
 mod renew;
 
+use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -24,7 +26,7 @@ use anyhow::{anyhow, Context as _};
 use time::OffsetDateTime;
 
 use crate::clock;
-use crate::config::{Config, ConfigArg};
+use crate::config::Config;
 use crate::identity::rotation::{self, NextKey};
 use crate::identity::Identity;
 use crate::journal::{self, Kind};
@@ -41,32 +43,11 @@ use crate::pki::GRACE;
 /// often (a suspended machine, a clock that jumped).
 const MAX_NAP: Duration = Duration::from_secs(600);
 
-#[derive(clap::Args, Debug)]
-pub struct NodeArgs {
-    #[command(flatten)]
-    config: ConfigArg,
-    /// One pass, then exit: 0 when the identity is valid afterwards, 1 when the pass failed
-    #[arg(long)]
-    once: bool,
-    /// Renew now, whatever the certificate's age (then carry on, or exit with --once)
-    #[arg(long)]
-    renew_now: bool,
-}
-
-impl NodeArgs {
-    /// Stay up with the configuration `config` (what `bcd ramdisk` runs
-    /// after its join).
-    pub fn new(config: ConfigArg) -> Self {
-        NodeArgs {
-            config,
-            once: false,
-            renew_now: false,
-        }
-    }
-}
-
-pub fn run(args: NodeArgs) -> anyhow::Result<ExitCode> {
-    let config = Config::load(&args.config.path)?;
+/// Stays joined with the configuration at `config_path`: `once` exits after
+/// the first decision, `renew_now` renews whatever the certificate's age.
+/// `bcd node` runs it, and `bcd ramdisk` after its join.
+pub fn run(config_path: &Path, once: bool, renew_now: bool) -> anyhow::Result<ExitCode> {
+    let config = Config::load(config_path)?;
     crate::identity::owner::trust_node_user(&config)?;
     // Under [helper], node keys only through bcd helper: no TPM opened here.
     let tpm = TpmAccess::for_node(&config);
@@ -97,7 +78,7 @@ pub fn run(args: NodeArgs) -> anyhow::Result<ExitCode> {
         retry_at: None,
         next_key: None,
     };
-    runtime.block_on(node.run(args.once, args.renew_now))
+    runtime.block_on(node.run(once, renew_now))
 }
 
 /// What the loop does next.
