@@ -6,6 +6,9 @@
 //! builder per attestor), `pki` (reading node certificates) and `tpm` (the
 //! only module that touches tss-esapi). The end-to-end tests use the same
 //! modules to produce real TPM output.
+//!
+//! Subcommands import shared modules, never each other: the flows two of them
+//! run are shared modules (`joining`, `rejoin`, `renewal`, `sitedata`).
 
 pub mod backoff;
 pub mod cli;
