@@ -8,7 +8,7 @@
 //! modules to produce real TPM output.
 //!
 //! Subcommands import shared modules, never each other: the flows two of them
-//! run are shared modules (`joining`, `rejoin`, `renewal`, `sitedata`).
+//! run are shared modules (`joining`, `rejoin`, `renewal`, `sitedata`, `site_settings`).
 
 pub mod backoff;
 pub mod cli;
@@ -34,6 +34,7 @@ pub mod ramdisk;
 pub mod rejoin;
 pub mod renewal;
 pub mod site;
+pub mod site_settings;
 pub mod sitedata;
 pub mod status;
 pub mod tpm;

@@ -7,8 +7,8 @@ use std::path::Path;
 use time::OffsetDateTime;
 
 use super::Check;
+use crate::site_settings::SiteSettings;
 use crate::sitedata::commissioning::{self, Policy};
-use crate::sitedata::settings::SiteSettings;
 use crate::sitedata::state;
 
 pub const RAMDISK: &str = "ramdisk";

@@ -15,7 +15,7 @@ use super::lease::LeaseView;
 use super::render::{self, BootQuery, Vouch};
 use crate::client::ClientError;
 use crate::clock;
-use crate::sitedata::settings::SiteSettings;
+use crate::site_settings::SiteSettings;
 
 /// What a request gets.
 #[derive(Debug)]

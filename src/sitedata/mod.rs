@@ -1,6 +1,5 @@
-//! What a site's boot server is configured with (`[site]`), the state file
-//! it keeps, and the commissioning policy it learns: read by `bcd site`,
-//! and by `bcd status`, `bcd doctor` and the config too.
+//! What a site's boot server keeps: its state file and the commissioning
+//! policy it learns; read by `bcd site`, and by `bcd status` and `bcd doctor`
+//! too. Its settings (`[site]`) are [`crate::site_settings`], below the config.
 pub mod commissioning;
-pub mod settings;
 pub mod state;
