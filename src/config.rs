@@ -96,7 +96,7 @@ pub struct Config {
     /// --attestor cloud-iid` asks (`None`: the provider's own address).
     pub cloud_metadata_url: Option<String>,
     /// `[site]`: what `bcd site` serves (a site node only).
-    pub site: Option<crate::site::settings::SiteSettings>,
+    pub site: Option<crate::site_settings::SiteSettings>,
 }
 
 /// `[helper]`: where `bcd helper` listens and whom it serves.
@@ -176,7 +176,7 @@ struct RawConfig {
     node: Option<RawNode>,
     helper: Option<RawHelper>,
     cloud: Option<RawCloud>,
-    site: Option<crate::site::settings::RawSite>,
+    site: Option<crate::site_settings::RawSite>,
 }
 
 #[derive(Deserialize)]

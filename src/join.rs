@@ -1,50 +1,23 @@
-//! `bcd join`: become a node of the control plane.
-//!
-//! The new node key stays in memory until the control plane's answer has
-//! been verified; only then is anything written, node key first and
-//! `identity.json` last. A refused, garbled or unreachable join therefore
-//! leaves the data directory exactly as it was.
+//! `bcd join`: become a node of the control plane. The flow itself is
+//! [`crate::joining`] (`bcd ramdisk` joins with it too); this is the
+//! command: its arguments, the token, `--reset`, the x509pop re-join, and
+//! the data directory handed to the node user.
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use anyhow::{anyhow, Context as _};
-use bc_wire::agent::{JoinRequest, Role, TpmAttestation};
-use bc_wire::token::JoinToken;
+use bc_wire::agent::Role;
 use p256::elliptic_curve::zeroize::Zeroizing;
 
-use crate::client::answer::Expected;
-use crate::client::join::{
-    self as exchange, Answerer, JoinError, NoChallenges, Policy, RefusedRetry,
-};
-use crate::client::{Client, ClientError};
 use crate::config::{Config, ConfigArg};
 use crate::evidence::attestor;
-use crate::evidence::claims;
-use crate::evidence::join_token::{self, TokenText};
-use crate::evidence::provisioned;
-use crate::evidence::tpm::{Beside, TpmEvidence};
-use crate::evidence::x509pop;
-use crate::identity::rotation::{self, NextKey};
+use crate::evidence::join_token::TokenText;
+use crate::identity::rotation;
 use crate::identity::{reset, Identity};
-use crate::journal::{record, Kind};
-use crate::keys::{self, NodeKey, TpmAccess, TpmKey};
-use crate::pki::rfc3339;
-use crate::{clock, failpoint, out};
-
-/// The one answer to every refusal: the control plane keeps the reason, so
-/// this lists what the operator can check on their side.
-pub const ACCESS_DENIED: &str = "access denied: the control plane refused the join (check the token: wrong, expired, revoked, used up, or for another role; or this machine, the product UUID the token is bound to, is already another live node: delete that node first, or use a token that may take it over)";
-/// The same for a TPM join, where the TPM is the credential.
-pub const ACCESS_DENIED_TPM: &str = "access denied: the control plane refused the TPM join (check that it trusts the EK's maker (ek-roots), that this EK is allowed or approved, that it is not bound to another node, that no other live node holds this machine's hardware key (delete the old node first), and that the pool admits tpm; `bcd tpm identify` shows the EK)";
-/// The same for a PXE ramdisk's discovery join.
-pub const ACCESS_DENIED_DISCOVERY: &str = "access denied: the control plane refused the discovery join (the boot entry's token may be used, expired or for another MAC or site, the assertion stale or already used, the boot server no longer the site's lease holder, or the entry may expect another TPM's EK (boot add --ek-sha256 / --node) than this machine proved, or one this machine, without a usable TPM, could not prove; add a new boot entry and PXE-boot again)";
-/// The same for a provisioned join (the token from the machine's user data).
-pub const ACCESS_DENIED_PROVISIONED: &str = "access denied: the control plane refused the provisioned join (the token may be used, expired or revoked, minted for another machine (product UUID), or for a machine another node already is; deploy again for a new token)";
-/// The same for a cloud VM's identity document.
-pub const ACCESS_DENIED_CLOUD_IID: &str = "access denied: the control plane refused the cloud-iid join (check that it has keys for this cloud ([cloud_iid]) and audience = this bcd's api URL, that `cloud resolve list` covers this account and zone, and the role if not node ([cloud_iid] roles, cloud resolve add --role), that this instance never joined before (a known instance re-joins with --attestor x509pop), and that this clock's time is right)";
-/// The same for an x509pop re-join, where the last certificate is the credential.
-pub const ACCESS_DENIED_X509POP: &str = "access denied: the control plane refused the x509pop re-join (the certificate may have expired more than 7 days ago, be revoked or older than the node's current identity, the node may be retired, or this clock may be more than 60 s off the control plane's; join again: bcd join --reset --yes, then bcd join with a token or --attestor tpm)";
+use crate::joining::{self, Credential};
+use crate::keys::TpmAccess;
+use crate::rejoin;
+use crate::{clock, out};
 
 /// The largest token file read; a token is under 120 bytes.
 const MAX_TOKEN_FILE: u64 = 4096;
@@ -80,21 +53,6 @@ enum AttestorArg {
     X509pop,
     Provisioned,
     CloudIid,
-}
-
-/// What the join proves itself with.
-pub(crate) enum Credential {
-    /// A sealed token, for `join-token` or `provisioned`.
-    Token {
-        token: JoinToken,
-        attestor: &'static str,
-    },
-    /// A PXE ramdisk: its discovery token and the boot server's assertion.
-    Discovery(crate::evidence::discovery::Discovery),
-    /// The TPM is the credential: no token is read or sent.
-    Tpm,
-    /// A cloud VM: the evidence JSON with its identity document; no token.
-    CloudIid(Vec<u8>),
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -165,7 +123,7 @@ pub fn run(args: JoinArgs, env_token: Option<TokenText>) -> anyhow::Result<ExitC
     let dir = &config.data_dir;
     // bcd join opens the TPM itself, [helper] or not; under [helper] it
     // leaves the data directory to the node's user.
-    let node_user = crate::helper::trust_node_user(&config)?;
+    let node_user = crate::identity::owner::trust_node_user(&config)?;
     let tpm = TpmAccess::configured(&config);
 
     let credential = if args.reset {
@@ -225,7 +183,7 @@ pub fn run(args: JoinArgs, env_token: Option<TokenText>) -> anyhow::Result<ExitC
         obtain(env_token)?
     };
 
-    let node_id = join(&config, &tpm, credential, args.role.wire())?;
+    let node_id = joining::join(&config, &tpm, credential, args.role.wire())?;
     hand_over(dir, node_user)?;
     out::line(format_args!("joined as {node_id}"))?;
     Ok(ExitCode::SUCCESS)
@@ -243,150 +201,6 @@ fn hand_over(dir: &std::path::Path, node_user: Option<(u32, u32)>) -> anyhow::Re
             dir.display()
         )
     })
-}
-
-/// The exchange's policy. A discovery join that waits for an operator
-/// (`[discovery] approval`) waits no longer than its assertion lives, with
-/// the server's backoff, and says on the console what the operator must do.
-fn policy_for(credential: &Credential) -> Policy {
-    match credential {
-        Credential::Discovery(d) => Policy {
-            give_up_after: Some(d.lifetime()),
-            on_pending: tell_the_operator,
-            ..Policy::default()
-        },
-        _ => Policy::default(),
-    }
-}
-
-/// A ramdisk's console line while its join waits for an operator.
-fn tell_the_operator(p: &bc_wire::agent::JoinPending, limit: Option<std::time::Duration>) {
-    let id = crate::pki::printable(&p.request_id);
-    let within = limit.map_or(String::new(), |l| {
-        format!(" (this boot's assertion lasts {} s)", l.as_secs())
-    });
-    let told = out::line(format_args!(
-        "join pending: waiting for an operator to approve join request {id}{within}. On the control plane, `bc-controlplane requests list` shows its boot entry, MAC, UUID, EK (or \"no TPM\") and source address; if it is this machine, run `bc-controlplane requests approve {id}`, else `bc-controlplane requests deny {id}`. To commission without an operator, bind the boot entry to the machine's EK (boot add --ek-sha256)."
-    ));
-    if let Err(e) = told {
-        tracing::warn!(error = %e, request_id = %id, "join pending approval");
-    }
-}
-
-/// Joins and saves the identity; returns the node id.
-pub(crate) fn join(
-    config: &Config,
-    tpm: &TpmAccess,
-    credential: Credential,
-    role: Role,
-) -> anyhow::Result<String> {
-    let client = Client::new(config)?;
-    let Prepared {
-        key,
-        csr,
-        mut answerer,
-        attestor_id,
-        sealed_token,
-        attestation,
-        refused_retry,
-        tpm: tpm_evidence,
-    } = prepare(config, tpm, &credential, role, &client)?;
-    let csr_sha256 = bc_wire::sha256(&csr);
-    let request = JoinRequest {
-        csr,
-        role: role as i32,
-        // Empty means join-token, the built-in attestor.
-        attestor: if attestor_id == attestor::JOIN_TOKEN {
-            String::new()
-        } else {
-            attestor_id.to_owned()
-        },
-        attestation,
-        sealed_token,
-        // Every join says which machine it is: a token bound to a machine
-        // (and the attestors that bind to one) compare against these.
-        claims: Some(claims::collect()),
-        tpm: tpm_evidence,
-    };
-
-    let expected = Expected::for_join(config, csr_sha256, key.spki_der());
-    let from_service = refused_retry.as_ref().map(|r| r.why);
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
-    let outcome = runtime.block_on(exchange::run(
-        &client,
-        answerer.as_mut(),
-        request,
-        attestor_id,
-        &expected,
-        &Policy {
-            refused_retry,
-            ..policy_for(&credential)
-        },
-    ));
-    let accepted = match outcome {
-        Ok(a) => a,
-        Err(JoinError::RefusedAfterPending { request_id }) => {
-            return Err(anyhow!(
-                "access denied: the control plane refused the join after its join request {request_id} waited for an operator: an operator denied that request (bc-controlplane requests deny), or the join no longer holds otherwise{}",
-                if attestor_id == attestor::DISCOVERY {
-                    " (the boot assertion went stale before the approval, or the entry was joined or expired meanwhile: boot the machine again, and approve its new request)"
-                } else {
-                    ""
-                }
-            ))
-        }
-        Err(JoinError::Client(ClientError::AccessDenied)) => {
-            if let Some(service) = from_service {
-                return Err(anyhow!(
-                    "{ACCESS_DENIED_TPM}; this TPM has no EK certificate in NV, and the control plane fetches it from {service}: check that it reaches that service ([tpm.ek_services]) and trusts the maker's roots"
-                ));
-            }
-            return Err(anyhow!(match attestor_id {
-                attestor::TPM => ACCESS_DENIED_TPM,
-                attestor::DISCOVERY => ACCESS_DENIED_DISCOVERY,
-                attestor::PROVISIONED => ACCESS_DENIED_PROVISIONED,
-                attestor::CLOUD_IID => ACCESS_DENIED_CLOUD_IID,
-                _ => ACCESS_DENIED,
-            }));
-        }
-        Err(e) => return Err(e.into()),
-    };
-    drop(answerer);
-    tracing::info!(node_id = %accepted.node_id, not_after = %crate::pki::rfc3339(accepted.cert.not_after), "the control plane accepted the join");
-
-    let identity = Identity {
-        node_id: accepted.node_id,
-        role,
-        trust_domain: config.trust_domain.clone(),
-        attestor: attestor_id.to_owned(),
-        joined_at: clock::now_seconds(),
-        chain: accepted.chain,
-        cert: accepted.cert,
-        key,
-    };
-    identity.save(&config.data_dir).with_context(|| {
-        format!(
-            "joined as {}, but the identity could not be saved in {} (the token use is spent)",
-            identity.node_id,
-            config.data_dir.display()
-        )
-    })?;
-    // The journal is the node's own history; losing an entry loses no identity.
-    record(
-        &config.data_dir,
-        Kind::Join,
-        &identity.node_id,
-        format!(
-            "joined with {} (node key {})",
-            attestor_id,
-            identity.key.kind().as_str()
-        ),
-        Some(identity.cert.not_after),
-    );
-    Ok(identity.node_id)
 }
 
 /// `bcd join --attestor x509pop`: re-join as the node this machine already
@@ -425,7 +239,7 @@ fn run_x509pop(args: &JoinArgs) -> anyhow::Result<ExitCode> {
         .build()
         .context("cannot start the async runtime")?;
     let mut staged = None;
-    let rejoined = runtime.block_on(rejoin_x509pop(&config, &tpm, &current, &mut staged));
+    let rejoined = runtime.block_on(rejoin::rejoin_x509pop(&config, &tpm, &current, &mut staged));
     if staged.is_some() {
         // A one-off command: no retry will send the staged key.
         rotation::abandon(&config.data_dir);
@@ -433,300 +247,6 @@ fn run_x509pop(args: &JoinArgs) -> anyhow::Result<ExitCode> {
     let next = rejoined?;
     out::line(format_args!("re-joined as {}", next.node_id))?;
     Ok(ExitCode::SUCCESS)
-}
-
-/// Re-joins as `current` with x509pop and replaces the identity on disk
-/// (see [`rotation`]): the new key (in the TPM when there is one) is staged
-/// before the request, the new identity once the answer is verified.
-/// Journals `rejoin` or `rejoin-failed`; returns the new identity.
-///
-/// `staged`: as for [`crate::node::renew_once`], the next key of an earlier
-/// failed attempt, sent again; left staged when this attempt fails before
-/// an answer, for the next try.
-pub async fn rejoin_x509pop(
-    config: &Config,
-    tpm: &TpmAccess,
-    current: &Identity,
-    staged: &mut Option<NextKey>,
-) -> anyhow::Result<Identity> {
-    let result = rejoin_inner(config, tpm, current, staged).await;
-    match &result {
-        Ok(next) => record(
-            &config.data_dir,
-            Kind::Rejoin,
-            &next.node_id,
-            format!(
-                "re-joined with x509pop (node key {}, kid {})",
-                next.key.kind().as_str(),
-                next.key.kid()
-            ),
-            Some(next.cert.not_after),
-        ),
-        Err(e) => record(
-            &config.data_dir,
-            Kind::RejoinFailed,
-            &current.node_id,
-            format!("{e:#}"),
-            None,
-        ),
-    }
-    result
-}
-
-async fn rejoin_inner(
-    config: &Config,
-    tpm: &TpmAccess,
-    current: &Identity,
-    staged: &mut Option<NextKey>,
-) -> anyhow::Result<Identity> {
-    let dir = &config.data_dir;
-    let client = Client::new(config)?;
-    let NextKey { key, csr, .. } = match staged.take() {
-        Some(next) => next,
-        None => {
-            let key: Arc<dyn NodeKey> = Arc::from(keys::generate(tpm, false)?);
-            let csr = keys::make_csr(key.as_ref())?;
-            rotation::stage_key(dir, key.as_ref())?;
-            NextKey {
-                key,
-                csr,
-                certified: None,
-            }
-        }
-    };
-    let csr_sha256 = bc_wire::sha256(&csr);
-    // A fresh proof at every try: it carries the client time.
-    let attestation = x509pop::build(
-        &current.chain,
-        current.key.as_ref(),
-        &csr_sha256,
-        &current.node_id,
-        clock::now(),
-    );
-    let attestation = match attestation {
-        Ok(a) => a,
-        Err(e) => {
-            *staged = Some(NextKey {
-                key,
-                csr,
-                certified: None,
-            });
-            return Err(e.into());
-        }
-    };
-    failpoint::hit("rejoin-before-request");
-    tracing::info!(api = %client.api(), node_id = %current.node_id, role = %current.role.name(), node_key = %key.kid(), key_in = key.kind().as_str(), "re-joining the control plane with x509pop");
-    let request = JoinRequest {
-        csr: csr.clone(),
-        role: current.role as i32,
-        attestor: attestor::X509POP.to_owned(),
-        attestation,
-        sealed_token: Vec::new(),
-        claims: Some(claims::collect()),
-        tpm: None,
-    };
-    let expected = Expected::for_join(config, csr_sha256, key.spki_der());
-    let outcome = exchange::run(
-        &client,
-        &mut NoChallenges(attestor::X509POP),
-        request,
-        attestor::X509POP,
-        &expected,
-        &Policy::default(),
-    )
-    .await;
-    let accepted = match outcome {
-        Ok(a) => a,
-        Err(e) => {
-            // Unreachable, refused or a bad answer: the same key goes again
-            // next time (a bad answer certified nothing of ours).
-            *staged = Some(NextKey {
-                key,
-                csr,
-                certified: None,
-            });
-            return Err(match e {
-                JoinError::Client(ClientError::AccessDenied) => anyhow!(ACCESS_DENIED_X509POP),
-                e => e.into(),
-            });
-        }
-    };
-    if accepted.node_id != current.node_id {
-        rotation::abandon(dir);
-        return Err(anyhow!(
-            "the control plane answered the x509pop re-join of {} with another node, {}; the identity is left as it was",
-            current.node_id,
-            accepted.node_id
-        ));
-    }
-    let next = Identity {
-        node_id: accepted.node_id,
-        role: current.role,
-        trust_domain: config.trust_domain.clone(),
-        attestor: attestor::X509POP.to_owned(),
-        joined_at: clock::now_seconds(),
-        chain: accepted.chain,
-        cert: accepted.cert,
-        key,
-    };
-    let saved = rotation::stage_identity(dir, &next).and_then(|()| {
-        failpoint::hit("rejoin-after-answer");
-        rotation::commit(dir, || failpoint::hit("rejoin-between-renames"))
-    });
-    saved.with_context(|| {
-        format!(
-            "re-joined as {}, but the identity could not be saved in {}",
-            next.node_id,
-            dir.display()
-        )
-    })?;
-    tracing::info!(node_id = %next.node_id, not_after = %rfc3339(next.cert.not_after), node_key = %next.key.kid(), key_in = next.key.kind().as_str(), "re-joined with x509pop");
-    Ok(next)
-}
-
-/// A join ready to send: the new key (in memory only), its CSR, and the
-/// attestor's evidence and answerer.
-struct Prepared {
-    key: Arc<dyn NodeKey>,
-    csr: Vec<u8>,
-    answerer: Box<dyn Answerer>,
-    attestor_id: &'static str,
-    sealed_token: Vec<u8>,
-    attestation: Vec<u8>,
-    /// A refused first round may be worth sending again (see
-    /// [`RefusedRetry`]).
-    refused_retry: Option<RefusedRetry>,
-    /// TPM evidence beside the attestor's (a ramdisk's discovery join).
-    tpm: Option<TpmAttestation>,
-}
-
-/// A node key made in the machine's TPM, its CSR, and the TPM's evidence
-/// (EK, AK, and the answer that certifies that key), for `tpm` and for a
-/// ramdisk proving its TPM beside `discovery`.
-fn tpm_evidence(
-    config: &Config,
-    tpm: &TpmAccess,
-) -> anyhow::Result<(Arc<TpmKey>, Vec<u8>, TpmEvidence)> {
-    let shared = tpm.open()?;
-    let key =
-        Arc::new(TpmKey::generate(shared.clone()).context("the TPM cannot make the node key")?);
-    let csr = keys::make_csr(key.as_ref())?;
-    let mut evidence = TpmEvidence::new(shared, key.clone(), bc_wire::sha256(&csr))
-        .context("cannot read the TPM's endorsement and attestation keys")?;
-    if let Some(file) = &config.tpm_ek_intermediates {
-        evidence.add_intermediates(crate::pki::read_pem_bundle(file)?);
-    }
-    Ok((key, csr, evidence))
-}
-
-fn prepare(
-    config: &Config,
-    tpm: &TpmAccess,
-    credential: &Credential,
-    role: Role,
-    client: &Client,
-) -> anyhow::Result<Prepared> {
-    match credential {
-        Credential::Token { token, attestor } => {
-            let key: Arc<dyn NodeKey> = Arc::from(keys::generate(tpm, false)?);
-            let csr = keys::make_csr(key.as_ref())?;
-            let sealed_token = join_token::seal(
-                &config.pins.join_encryption_key,
-                &bc_wire::sha256(&csr),
-                token,
-            )?;
-            tracing::info!(api = %client.api(), token_id = %token.id, role = %role.name(), attestor = %attestor, node_key = %key.kid(), key_in = key.kind().as_str(), "joining the control plane");
-            if *attestor == attestor::PROVISIONED {
-                if let Some(problem) = provisioned::claims_problem(&claims::collect()) {
-                    tracing::warn!("{problem}");
-                }
-            }
-            Ok(Prepared {
-                key,
-                csr,
-                answerer: Box::new(NoChallenges(attestor)),
-                attestor_id: attestor,
-                sealed_token,
-                attestation: Vec::new(),
-                refused_retry: None,
-                tpm: None,
-            })
-        }
-        Credential::Discovery(d) => {
-            // A machine with a TPM proves it in the same join: a boot
-            // entry may admit only that TPM's EK. One whose TPM fails
-            // joins as one without (the entry decides whether that will do).
-            let with_tpm = match tpm.present() && tpm.helper().is_none() {
-                true => tpm_evidence(config, tpm)
-                    .map_err(|e| tracing::warn!(error = %format!("{e:#}"), "the TPM cannot prove this machine; joining with discovery alone"))
-                    .ok(),
-                false => None,
-            };
-            let (key, csr, answerer, tpm_hello): (Arc<dyn NodeKey>, _, Box<dyn Answerer>, _) =
-                match with_tpm {
-                    Some((key, csr, evidence)) => {
-                        let hello = evidence.hello_message();
-                        (key, csr, Box::new(Beside(evidence)), Some(hello))
-                    }
-                    None => {
-                        let key: Arc<dyn NodeKey> = Arc::from(keys::generate(tpm, false)?);
-                        let csr = keys::make_csr(key.as_ref())?;
-                        (key, csr, Box::new(NoChallenges(attestor::DISCOVERY)), None)
-                    }
-                };
-            let sealed_token = join_token::seal(
-                &config.pins.join_encryption_key,
-                &bc_wire::sha256(&csr),
-                &d.token,
-            )?;
-            tracing::info!(api = %client.api(), token_id = %d.token.id, role = %role.name(), node_key = %key.kid(), key_in = key.kind().as_str(), tpm = tpm_hello.is_some(), "joining the control plane as a PXE ramdisk (discovery)");
-            Ok(Prepared {
-                key,
-                csr,
-                answerer,
-                attestor_id: attestor::DISCOVERY,
-                sealed_token,
-                attestation: d.assertion.clone(),
-                refused_retry: None,
-                tpm: tpm_hello,
-            })
-        }
-        Credential::CloudIid(evidence) => {
-            let key: Arc<dyn NodeKey> = Arc::from(keys::generate(tpm, false)?);
-            let csr = keys::make_csr(key.as_ref())?;
-            tracing::info!(api = %client.api(), role = %role.name(), node_key = %key.kid(), key_in = key.kind().as_str(), "joining the control plane with the cloud's identity document");
-            Ok(Prepared {
-                key,
-                csr,
-                answerer: Box::new(NoChallenges(attestor::CLOUD_IID)),
-                attestor_id: attestor::CLOUD_IID,
-                sealed_token: Vec::new(),
-                attestation: evidence.clone(),
-                refused_retry: None,
-                tpm: None,
-            })
-        }
-        Credential::Tpm => {
-            // No fallback to a file key: a TPM join proves the key is the TPM's.
-            let (key, csr, evidence) =
-                tpm_evidence(config, tpm).context("--attestor tpm needs this machine's TPM")?;
-            let attestation = evidence.hello();
-            let refused_retry = evidence
-                .certificate_from_service()
-                .map(RefusedRetry::maker_service);
-            tracing::info!(api = %client.api(), role = %role.name(), node_key = %key.kid(), "joining the control plane with the TPM");
-            Ok(Prepared {
-                key,
-                csr,
-                answerer: Box::new(evidence),
-                attestor_id: attestor::TPM,
-                sealed_token: Vec::new(),
-                attestation,
-                refused_retry,
-                tpm: None,
-            })
-        }
-    }
 }
 
 /// The token from `--token-file` (contents trimmed) or else from the

@@ -6,6 +6,9 @@
 //! builder per attestor), `pki` (reading node certificates) and `tpm` (the
 //! only module that touches tss-esapi). The end-to-end tests use the same
 //! modules to produce real TPM output.
+//!
+//! Subcommands import shared modules, never each other: the flows two of them
+//! run are shared modules (`joining`, `rejoin`, `renewal`, `sitedata`, `site_settings`).
 
 pub mod backoff;
 pub mod cli;
@@ -21,12 +24,17 @@ pub mod helper;
 pub mod identify;
 pub mod identity;
 pub mod join;
+pub mod joining;
 pub mod journal;
 pub mod keys;
 pub mod node;
 pub mod out;
 pub mod pki;
 pub mod ramdisk;
+pub mod rejoin;
+pub mod renewal;
 pub mod site;
+pub mod site_settings;
+pub mod sitedata;
 pub mod status;
 pub mod tpm;

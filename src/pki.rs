@@ -11,6 +11,10 @@ use time::OffsetDateTime;
 use x509_parser::extensions::GeneralName;
 use x509_parser::prelude::FromDer;
 
+/// How long after notAfter a node may still re-join as itself (the control
+/// plane's x509pop `graceMs`, 7 days by default).
+pub const GRACE: time::Duration = time::Duration::days(7);
+
 /// The most URI SANs a node certificate may carry.
 const MAX_URIS: usize = 4;
 

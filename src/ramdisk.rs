@@ -23,9 +23,10 @@ use bc_wire::agent::Role;
 use crate::config::{Config, ConfigArg};
 use crate::evidence::discovery::{self, MAX_CMDLINE};
 use crate::identity::Identity;
-use crate::join::{self, Credential};
+use crate::joining::{self, Credential};
 use crate::keys::TpmAccess;
-use crate::{node, out};
+use crate::out;
+use crate::renewal;
 
 #[derive(clap::Args, Debug)]
 pub struct RamdiskArgs {
@@ -54,7 +55,7 @@ pub fn run(args: RamdiskArgs) -> anyhow::Result<ExitCode> {
             let text = read_cmdline(&args.cmdline)?;
             let d = discovery::parse_cmdline(&text)
                 .with_context(|| format!("cannot join from {}", args.cmdline.display()))?;
-            let node_id = join::join(&config, &tpm, Credential::Discovery(d), Role::Ramdisk)?;
+            let node_id = joining::join(&config, &tpm, Credential::Discovery(d), Role::Ramdisk)?;
             out::line(format_args!("joined as {node_id}"))?;
             node_id
         }
@@ -63,7 +64,7 @@ pub fn run(args: RamdiskArgs) -> anyhow::Result<ExitCode> {
     if args.once {
         return Ok(ExitCode::SUCCESS);
     }
-    node::run(node::NodeArgs::new(args.config))
+    renewal::run(&args.config.path, false, false)
 }
 
 /// The command line, bounded: it is input nobody authenticated yet.

@@ -39,7 +39,7 @@ struct StatusJson<'a> {
     certificate: String,
     /// A site node's boot lease and ramdisk, as `bcd site` last wrote them.
     #[serde(skip_serializing_if = "Option::is_none")]
-    site: Option<crate::site::state::SiteState>,
+    site: Option<crate::sitedata::state::SiteState>,
 }
 
 /// `lastRenewal`: when, whether it worked, and the journal's one line.
@@ -79,7 +79,7 @@ fn last_renewal(data_dir: &std::path::Path) -> Option<LastRenewal> {
 pub fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
     let config = Config::load(&args.config.path)?;
     let dir = &config.data_dir;
-    crate::helper::trust_node_user(&config)?;
+    crate::identity::owner::trust_node_user(&config)?;
     let tpm = TpmAccess::for_node(&config);
     let identity = Identity::inspect(dir, &tpm)
         .with_context(|| format!("the identity in {} does not load", dir.display()))?;
@@ -96,7 +96,7 @@ pub fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
     };
     let not_after = rfc3339(id.cert.not_after);
     let last = last_renewal(dir);
-    let site = crate::site::state::load(dir, clock::now());
+    let site = crate::sitedata::state::load(dir, clock::now());
     if args.json {
         let out = StatusJson {
             joined: true,
@@ -117,7 +117,7 @@ pub fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
     } else {
         out::line(format_args!("{}", line(&id, last.as_ref(), clock::now())))?;
         if let Some(s) = &site {
-            out::line(format_args!("{}", crate::site::state::line(s)))?;
+            out::line(format_args!("{}", crate::sitedata::state::line(s)))?;
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -18,6 +18,7 @@ use bc_wire::agent::{JoinChallenge, JoinPending, JoinRequest, JoinResponse};
 
 use super::answer::{self, Accepted, AnswerError, Expected, Opened};
 use super::{Client, ClientError};
+use crate::evidence::challenge::{AnswerChallenge, ChallengeError};
 use crate::pki::printable;
 
 #[derive(Debug, thiserror::Error)]
@@ -74,6 +75,23 @@ pub trait Answerer {
         challenge: &JoinChallenge,
         request: &mut JoinRequest,
     ) -> Result<(), JoinError>;
+}
+
+/// Evidence answers in its own terms; its error is the join's `Evidence`.
+impl<T: AnswerChallenge> Answerer for T {
+    fn answer(
+        &mut self,
+        challenge: &JoinChallenge,
+        request: &mut JoinRequest,
+    ) -> Result<(), JoinError> {
+        AnswerChallenge::answer(self, challenge, request).map_err(JoinError::from)
+    }
+}
+
+impl From<ChallengeError> for JoinError {
+    fn from(e: ChallengeError) -> Self {
+        JoinError::Evidence(e.0)
+    }
 }
 
 /// For attestors that never challenge (join-token): a challenge is an error.

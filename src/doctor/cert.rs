@@ -6,9 +6,9 @@ use time::OffsetDateTime;
 use super::{Check, CERTIFICATE, LAST_RENEWAL};
 use crate::identity::JOURNAL_FILE;
 use crate::journal::{Entry, Journal, Kind};
-use crate::node::GRACE;
 use crate::out::human;
 use crate::pki::rfc3339;
+use crate::pki::GRACE;
 
 /// ok while more than a quarter of the lifetime is left; warn below; fail
 /// once expired, with what brings the node back.

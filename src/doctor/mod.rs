@@ -212,7 +212,7 @@ pub fn diagnose(path: &Path) -> Report {
 
     let dir = &config.data_dir;
     // Under [helper] the data directory is the node user's, whoever runs this.
-    let owner = match crate::helper::trust_node_user(&config) {
+    let owner = match crate::identity::owner::trust_node_user(&config) {
         Ok(Some((uid, _))) => Some(uid),
         Ok(None) => files::effective_uid(),
         Err(e) => {

@@ -7,9 +7,9 @@ use std::path::Path;
 use time::OffsetDateTime;
 
 use super::Check;
-use crate::site::commissioning::{self, Policy};
-use crate::site::settings::SiteSettings;
-use crate::site::state;
+use crate::site_settings::SiteSettings;
+use crate::sitedata::commissioning::{self, Policy};
+use crate::sitedata::state;
 
 pub const RAMDISK: &str = "ramdisk";
 pub const BOOT_LEASE: &str = "boot lease";

@@ -4,6 +4,7 @@
 //! clock, and for `tpm` the TPM itself); none talks to the control plane
 //! (`cloud-iid` asks the VM's own metadata service for its document). The join flow
 //! picks the builder for the configured attestor.
+pub mod challenge;
 pub mod claims;
 pub mod cloud_iid;
 pub mod discovery;

@@ -4,7 +4,7 @@
 //! Round 1 ([`TpmEvidence::hello`]) names the EK (public area and the maker's
 //! certificate) and the AK. The control plane answers with a credential that
 //! only this TPM, holding that EK with that AK loaded, can activate. Round 2
-//! ([`Answerer::answer`]) returns it with a quote of the PCRs the challenge
+//! ([`AnswerChallenge::answer`]) returns it with a quote of the PCRs the challenge
 //! names, in a bank the TPM has and the policy names, whose extraData is
 //! `sha256(secret ‖ sha256(csr))`, and the AK's certification of the node key
 //! over `sha256(csr)`. When the challenge names no PCR and takes a
@@ -22,7 +22,7 @@ use bc_wire::agent::{
 use bc_wire::pcr::PcrBank;
 use prost::Message;
 
-use crate::client::join::{Answerer, JoinError};
+use super::challenge::{AnswerChallenge, ChallengeError};
 use crate::keys::{KeyError, SharedTpm, TpmKey};
 use crate::tpm::{CertificateSource, Ek, LoadedKey, TpmInfo};
 
@@ -164,12 +164,12 @@ impl TpmEvidence {
 /// challenges it under that attestor's name with a `TpmChallenge`.
 pub struct Beside(pub TpmEvidence);
 
-impl Answerer for Beside {
+impl AnswerChallenge for Beside {
     fn answer(
         &mut self,
         challenge: &JoinChallenge,
         request: &mut JoinRequest,
-    ) -> Result<(), JoinError> {
+    ) -> Result<(), ChallengeError> {
         request.tpm = Some(self.0.answer_message(challenge)?);
         Ok(())
     }
@@ -185,12 +185,12 @@ impl Drop for TpmEvidence {
     }
 }
 
-impl Answerer for TpmEvidence {
+impl AnswerChallenge for TpmEvidence {
     fn answer(
         &mut self,
         challenge: &JoinChallenge,
         request: &mut JoinRequest,
-    ) -> Result<(), JoinError> {
+    ) -> Result<(), ChallengeError> {
         request.attestation = self.answer_message(challenge)?.encode_to_vec();
         Ok(())
     }
@@ -202,10 +202,10 @@ impl TpmEvidence {
     pub fn answer_message(
         &mut self,
         challenge: &JoinChallenge,
-    ) -> Result<TpmAttestation, JoinError> {
+    ) -> Result<TpmAttestation, ChallengeError> {
         let c = TpmChallenge::decode(challenge.payload.as_slice())
-            .map_err(|e| JoinError::Evidence(format!("the tpm challenge does not parse: {e}")))?;
-        let evidence = |e: &dyn std::fmt::Display| JoinError::Evidence(e.to_string());
+            .map_err(|e| ChallengeError(format!("the tpm challenge does not parse: {e}")))?;
+        let evidence = |e: &dyn std::fmt::Display| ChallengeError(e.to_string());
         // Before anything else of round 2: a TPM that cannot meet the PCR
         // policy activates nothing and sends no quote. No PCR, no question.
         let bank = if c.pcrs.is_empty() {

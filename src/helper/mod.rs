@@ -14,6 +14,7 @@ use anyhow::{anyhow, Context as _};
 pub use backend::TpmBackend;
 
 use crate::config::{Config, ConfigArg};
+use crate::identity::owner::user_ids;
 use crate::keys::TpmAccess;
 
 #[derive(clap::Args, Debug)]
@@ -88,17 +89,6 @@ pub fn open_backend(config: &Config) -> anyhow::Result<TpmBackend> {
     Ok(TpmBackend::new(opener, tpm, describe))
 }
 
-/// The uid and primary gid of `user`.
-pub fn user_ids(user: &str) -> anyhow::Result<(u32, u32)> {
-    match nix::unistd::User::from_name(user) {
-        Ok(Some(u)) => Ok((u.uid.as_raw(), u.gid.as_raw())),
-        Ok(None) => Err(anyhow!(
-            "[helper] user {user:?} does not exist (the package's sysusers.d makes \"bcd\")"
-        )),
-        Err(e) => Err(anyhow!("cannot look up [helper] user {user:?}: {e}")),
-    }
-}
-
 /// SIGTERM or SIGINT.
 async fn stop_signal() {
     use tokio::signal::unix::{signal, SignalKind};
@@ -113,16 +103,4 @@ async fn stop_signal() {
         _ = term.recv() => tracing::info!("stopping on SIGTERM"),
         _ = int.recv() => tracing::info!("stopping on SIGINT"),
     }
-}
-
-/// Under `[helper]`, run as root: the node user's files in the data
-/// directory are trusted too (see [`crate::identity::guard::trust_owner`]);
-/// the node user's ids, for handing the directory over.
-pub fn trust_node_user(config: &Config) -> anyhow::Result<Option<(u32, u32)>> {
-    let Some(settings) = &config.helper else {
-        return Ok(None);
-    };
-    let (uid, gid) = user_ids(&settings.user)?;
-    crate::identity::guard::trust_owner(uid);
-    Ok(Some((uid, gid)))
 }

@@ -21,10 +21,15 @@
 //! | `identity.json` (old), `node.key` (new), `identity.json.next` | the new one: `identity.json.next` renamed into place |
 //! | `identity.json` (new), `node.key` (old), `node.key.next` (new) | the new one: `node.key.next` renamed into place (not a state bcd leaves, accepted all the same) |
 //!
+//! [`rotate`] is the one attempt both rotations make (`bcd node`'s renewal
+//! and the x509pop re-join): the next key staged, sent, kept for a retry or
+//! dropped when the attempt fails, the verified answer staged and committed.
+//!
 //! A staged file is only ever used when its key is the one its certificate
 //! certifies, so a leftover that belongs to nothing is ignored.
 //!
 //! [`Identity::load`]: super::Identity::load
+use std::future::Future;
 use std::io;
 use std::path::Path;
 use std::sync::Arc;
@@ -39,6 +44,7 @@ use crate::keys::{NodeKey, TpmAccess};
 /// `bcd node` across failed attempts, so that a retry for the same identity
 /// sends the same key again instead of making (in the TPM), staging and
 /// syncing a new one at every try.
+#[derive(Clone)]
 pub struct NextKey {
     pub key: Arc<dyn NodeKey>,
     /// The key's CSR (its SHA-256 is what the answer is bound to).
@@ -46,6 +52,71 @@ pub struct NextKey {
     /// The AK's TPM2_Certify of `key` over sha256(csr), for a certificate
     /// that names an AK.
     pub certified: Option<bc_wire::agent::TpmKeyAttestation>,
+}
+
+/// How an attempt's exchange failed, and so what becomes of its next key.
+pub enum Unanswered<E> {
+    /// Nothing of ours was certified (unreachable, refused, a bad answer):
+    /// the key stays staged, and the next try sends it again.
+    Retry(E),
+    /// The answer cannot be used: the staged key goes.
+    Abandon(E),
+}
+
+/// Where an attempt of [`rotate`] stopped.
+pub enum RotateError<E> {
+    /// Nothing changed on disk (a staged next key aside).
+    Failed(E),
+    /// The answer's identity could not be staged ([`stage_identity`]):
+    /// nothing changed on disk, the next key is still in `node.key.next`.
+    Stage(IdentityError),
+    /// The new identity is staged but not moved into place ([`commit`]):
+    /// what is on disk loads as the old or the new identity.
+    Commit(IdentityError),
+}
+
+/// The two crash points of an attempt (for the tests): once the answer's
+/// identity is staged, and between the two renames.
+pub struct CrashPoints {
+    pub after_answer: &'static str,
+    pub between_renames: &'static str,
+}
+
+/// One attempt of a rotation: the next key of an earlier failed attempt
+/// (`staged`), or a new one from `make` (which stages it, [`stage_key`]),
+/// `exchange`d with the control plane for the new identity, which is then
+/// staged and committed. The key is put back in `staged` when the exchange
+/// asks for a [`Unanswered::Retry`].
+pub async fn rotate<E, F>(
+    data_dir: &Path,
+    staged: &mut Option<NextKey>,
+    make: impl FnOnce() -> Result<NextKey, E>,
+    exchange: impl FnOnce(NextKey) -> F,
+    points: CrashPoints,
+) -> Result<Identity, RotateError<E>>
+where
+    F: Future<Output = Result<Identity, Unanswered<E>>>,
+{
+    let next = match staged.take() {
+        Some(next) => next,
+        None => make().map_err(RotateError::Failed)?,
+    };
+    let renewed = match exchange(next.clone()).await {
+        Ok(identity) => identity,
+        Err(Unanswered::Retry(e)) => {
+            *staged = Some(next);
+            return Err(RotateError::Failed(e));
+        }
+        Err(Unanswered::Abandon(e)) => {
+            abandon(data_dir);
+            return Err(RotateError::Failed(e));
+        }
+    };
+    stage_identity(data_dir, &renewed).map_err(RotateError::Stage)?;
+    crate::failpoint::hit(points.after_answer);
+    commit(data_dir, || crate::failpoint::hit(points.between_renames))
+        .map_err(RotateError::Commit)?;
+    Ok(renewed)
 }
 
 /// Step 1: writes `key` to `node.key.next` (0600, atomically). A leftover
@@ -374,5 +445,64 @@ mod tests {
         old.save(tmp.path()).unwrap();
         assert_eq!(names(tmp.path()), vec!["identity.json", "node.key"]);
         assert_eq!(loaded_spki(tmp.path()), old.key.spki_der());
+    }
+
+    /// One attempt of [`rotate`] on a current-thread runtime.
+    fn attempt(
+        dir: &Path,
+        staged: &mut Option<NextKey>,
+        make: impl FnOnce() -> Result<NextKey, &'static str>,
+        answer: Result<Identity, Unanswered<&'static str>>,
+    ) -> Result<Identity, RotateError<&'static str>> {
+        let points = CrashPoints {
+            after_answer: "test-after-answer",
+            between_renames: "test-between-renames",
+        };
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(rotate(dir, staged, make, |_| async { answer }, points))
+    }
+
+    #[test]
+    fn rotate_keeps_the_key_for_a_retry_drops_it_when_abandoned_and_commits_an_answer() {
+        let (tmp, old, new) = setup();
+        let dir = tmp.path();
+        let key = new.key.clone();
+        let next = NextKey {
+            key: key.clone(),
+            csr: b"csr".to_vec(),
+            certified: None,
+        };
+        let make = || {
+            stage_key(dir, next.key.as_ref()).unwrap();
+            Ok(next.clone())
+        };
+        let mut staged = None;
+        // Unanswered: the key stays staged, the old identity loads.
+        let e = attempt(dir, &mut staged, make, Err(Unanswered::Retry("down")));
+        assert!(matches!(e, Err(RotateError::Failed("down"))));
+        assert!(staged
+            .as_ref()
+            .is_some_and(|s| s.key.spki_der() == key.spki_der()));
+        assert_eq!(loaded_spki(dir), old.key.spki_der());
+        // The retry sends the staged key (nothing is made); a bad answer drops it.
+        let never = || -> Result<NextKey, &'static str> { panic!("a staged key is sent again") };
+        let e = attempt(dir, &mut staged, never, Err(Unanswered::Abandon("bad")));
+        assert!(matches!(e, Err(RotateError::Failed("bad"))));
+        assert!(staged.is_none());
+        assert_eq!(names(dir), vec!["identity.json", "node.key"]);
+        // An answer is staged and committed.
+        let make = || {
+            stage_key(dir, key.as_ref()).unwrap();
+            Ok(NextKey {
+                key: key.clone(),
+                csr: b"csr".to_vec(),
+                certified: None,
+            })
+        };
+        let renewed = attempt(dir, &mut staged, make, Ok(new)).ok().unwrap();
+        assert_eq!(loaded_spki(dir), renewed.key.spki_der());
+        assert_eq!(names(dir), vec!["identity.json", "node.key"]);
     }
 }

@@ -8,11 +8,13 @@
 //!
 //! Holders: `file.rs` (PKCS#8), `tpm.rs` (an owner-hierarchy primary) and
 //! `helper.rs` (the same TPM key, through `bcd helper`). [`TpmAccess`] says
-//! which TPM holder this process uses. `tls.rs` makes any holder a rustls
+//! which TPM holder this process uses; `holder.rs` gives the TPM's steps
+//! (make a key, load the AK, certify) the same way for both. `tls.rs` makes any holder a rustls
 //! client identity for mTLS.
 mod csr;
 mod file;
 mod helper;
+mod holder;
 pub mod tls;
 mod tpm;
 
@@ -24,6 +26,7 @@ use p256::elliptic_curve::zeroize::Zeroizing;
 pub use csr::make_csr;
 pub use file::FileKey;
 pub use helper::HelperKey;
+pub use holder::{Holder, KeyHolder};
 pub use tpm::{lock as lock_tpm, SharedTpm, TpmAk, TpmKey};
 
 /// Where a node key is held. Recorded in `identity.json` (`nodeKey`) and
@@ -118,26 +121,37 @@ pub trait NodeKey: Send + Sync + std::fmt::Debug {
 /// TPM, opened on first use and then shared (one connection for the node
 /// key and the attestor), or, under `[helper]`, `bcd helper`'s socket, in
 /// which case this process never opens the TPM.
-pub struct TpmAccess {
-    tcti: Option<String>,
+pub enum TpmAccess {
+    /// No TPM: none configured or found, or a test of file keys.
+    Absent,
+    /// The machine's TPM, opened by this process.
+    Direct(DirectTpm),
+    /// `bcd helper` at its socket.
+    Helper(Arc<bc_helper::Client>),
+}
+
+/// The machine's TPM and what opening it needs.
+pub struct DirectTpm {
+    tcti: String,
     owner_auth_file: Option<std::path::PathBuf>,
     ek: Option<crate::tpm::EkKind>,
     /// `[tpm] ek_certificate`.
     ek_certificate: Option<std::path::PathBuf>,
     opened: Mutex<Option<SharedTpm>>,
-    helper: Option<Arc<bc_helper::Client>>,
 }
 
 impl TpmAccess {
     /// `configured` is the config's `[tpm] tcti`; see [`crate::tpm::resolve_tcti`].
     pub fn new(configured: Option<&str>) -> TpmAccess {
-        TpmAccess {
-            tcti: crate::tpm::resolve_tcti(configured),
-            owner_auth_file: None,
-            ek: None,
-            ek_certificate: None,
-            opened: Mutex::new(None),
-            helper: None,
+        match crate::tpm::resolve_tcti(configured) {
+            Some(tcti) => TpmAccess::Direct(DirectTpm {
+                tcti,
+                owner_auth_file: None,
+                ek: None,
+                ek_certificate: None,
+                opened: Mutex::new(None),
+            }),
+            None => TpmAccess::Absent,
         }
     }
 
@@ -145,17 +159,16 @@ impl TpmAccess {
     pub fn configured(config: &crate::config::Config) -> TpmAccess {
         let mut access = TpmAccess::new(config.tpm_tcti.as_deref())
             .with_owner_auth(config.tpm_owner_auth_file.clone());
-        access.ek = config.tpm_ek;
-        access.ek_certificate = config.tpm_ek_certificate.clone();
+        if let TpmAccess::Direct(direct) = &mut access {
+            direct.ek = config.tpm_ek;
+            direct.ek_certificate = config.tpm_ek_certificate.clone();
+        }
         access
     }
 
     /// Node keys through `bcd helper` at `socket`: nothing here opens the TPM.
     pub fn through_helper(socket: &Path) -> TpmAccess {
-        TpmAccess {
-            helper: Some(Arc::new(bc_helper::Client::new(socket))),
-            ..TpmAccess::none()
-        }
+        TpmAccess::Helper(Arc::new(bc_helper::Client::new(socket)))
     }
 
     /// What a node (`bcd node`, `bcd status`, `bcd doctor`) uses with this
@@ -170,52 +183,54 @@ impl TpmAccess {
 
     /// The helper's client, under `[helper]`.
     pub fn helper(&self) -> Option<&Arc<bc_helper::Client>> {
-        self.helper.as_ref()
+        match self {
+            TpmAccess::Helper(client) => Some(client),
+            _ => None,
+        }
     }
 
     /// With `[tpm] owner_auth_file`, the owner authorization node keys need
     /// on a TPM whose owner a previous OS took.
     pub fn with_owner_auth(mut self, file: Option<std::path::PathBuf>) -> TpmAccess {
-        self.owner_auth_file = file;
+        if let TpmAccess::Direct(direct) = &mut self {
+            direct.owner_auth_file = file;
+        }
         self
     }
 
     /// No TPM, whatever the machine has: for tests of file keys.
     pub fn none() -> TpmAccess {
-        TpmAccess {
-            tcti: None,
-            owner_auth_file: None,
-            ek: None,
-            ek_certificate: None,
-            opened: Mutex::new(None),
-            helper: None,
-        }
+        TpmAccess::Absent
     }
 
     /// Whether this machine has a TPM bcd would use (the helper's counts).
     pub fn present(&self) -> bool {
-        self.tcti.is_some() || self.helper.is_some()
+        !matches!(self, TpmAccess::Absent)
     }
 
     pub fn tcti(&self) -> Option<&str> {
-        self.tcti.as_deref()
+        match self {
+            TpmAccess::Direct(direct) => Some(&direct.tcti),
+            _ => None,
+        }
     }
 
     pub fn open(&self) -> Result<SharedTpm, KeyError> {
-        if self.helper.is_some() {
-            return Err(KeyError::UnderHelper);
-        }
-        let tcti = self.tcti.as_deref().ok_or(KeyError::NoTpm)?;
-        let mut opened = self.opened.lock().map_err(|_| KeyError::TpmBusy)?;
+        let direct = match self {
+            TpmAccess::Direct(direct) => direct,
+            TpmAccess::Helper(_) => return Err(KeyError::UnderHelper),
+            TpmAccess::Absent => return Err(KeyError::NoTpm),
+        };
+        let mut opened = direct.opened.lock().map_err(|_| KeyError::TpmBusy)?;
         if let Some(tpm) = opened.as_ref() {
             return Ok(tpm.clone());
         }
-        let mut tpm = crate::tpm::Tpm::open(tcti)?;
-        tpm.set_ek_kind(self.ek);
-        if let Some(path) = &self.ek_certificate {
+        let mut tpm = crate::tpm::Tpm::open(&direct.tcti)?;
+        tpm.set_ek_kind(direct.ek);
+        if let Some(path) = &direct.ek_certificate {
             tpm.set_ek_certificate(Some(crate::tpm::OperatorCertificate::read(path)?));
         }
-        if let Some(path) = &self.owner_auth_file {
+        if let Some(path) = &direct.owner_auth_file {
             tpm.set_owner_auth(&read_owner_auth(path)?)?;
         }
         let tpm = Arc::new(Mutex::new(tpm));
@@ -232,13 +247,12 @@ impl TpmAccess {
 /// Through the helper, a failure is an error, never a file key: a helper
 /// that is restarting must not move the node key out of the TPM for good.
 pub fn generate(tpm: &TpmAccess, require_tpm: bool) -> Result<Box<dyn NodeKey>, KeyError> {
-    if let Some(helper) = tpm.helper() {
-        return Ok(Box::new(HelperKey::generate(helper.clone())?));
-    }
-    if !tpm.present() && !require_tpm {
-        return Ok(Box::new(FileKey::generate()?));
-    }
-    match tpm.open().and_then(TpmKey::generate) {
+    let made = match tpm {
+        TpmAccess::Helper(helper) => return Ok(Box::new(HelperKey::generate(helper.clone())?)),
+        TpmAccess::Absent if !require_tpm => return Ok(Box::new(FileKey::generate()?)),
+        _ => tpm.open().and_then(TpmKey::generate),
+    };
+    match made {
         Ok(key) => Ok(Box::new(key)),
         Err(e) if !require_tpm => {
             tracing::warn!(error = %e, "the TPM cannot hold the node key; using a file key instead");
@@ -271,9 +285,9 @@ fn read_key_file(path: &Path) -> Result<Zeroizing<String>, KeyError> {
 pub fn load(kind: NodeKeyKind, path: &Path, tpm: &TpmAccess) -> Result<Box<dyn NodeKey>, KeyError> {
     match kind {
         NodeKeyKind::File => Ok(Box::new(FileKey::load(path)?)),
-        NodeKeyKind::Tpm => match tpm.helper() {
-            Some(helper) => Ok(Box::new(HelperKey::load(helper.clone(), path)?)),
-            None => Ok(Box::new(TpmKey::load(tpm.open()?, path)?)),
+        NodeKeyKind::Tpm => match tpm.holder()? {
+            Holder::Helper(helper) => Ok(Box::new(HelperKey::load(helper, path)?)),
+            Holder::Direct(shared) => Ok(Box::new(TpmKey::load(shared, path)?)),
         },
     }
 }

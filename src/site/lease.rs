@@ -10,10 +10,10 @@ use bc_wire::site_v1::LeaseResponse;
 use time::OffsetDateTime;
 use tokio::sync::watch;
 
-use super::state::{Held, StateFile};
 use crate::backoff::Backoff;
 use crate::client::ClientError;
 use crate::clock;
+use crate::sitedata::state::{Held, StateFile};
 
 /// What the boot server reads: the lease, if held and not past its expiry.
 #[derive(Clone)]
@@ -255,9 +255,11 @@ impl Holder {
     /// (authenticated: the answer came over this node's mTLS connection),
     /// for `bcd doctor`; logs it when it changes.
     fn learn_commissioning(&mut self, resp: &LeaseResponse) {
-        let learned = super::commissioning::Commissioning::from_wire(resp.commissioning.as_ref());
-        let policy =
-            |c: &Option<super::commissioning::Commissioning>| c.as_ref().and_then(|c| c.policy());
+        let learned =
+            crate::sitedata::commissioning::Commissioning::from_wire(resp.commissioning.as_ref());
+        let policy = |c: &Option<crate::sitedata::commissioning::Commissioning>| {
+            c.as_ref().and_then(|c| c.policy())
+        };
         if policy(&learned) != policy(&self.state.base.commissioning) {
             if let Some(c) = &learned {
                 tracing::info!(site_id = %self.site_id, "commissioning: {}", c.line());

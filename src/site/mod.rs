@@ -7,7 +7,6 @@
 //! ramdisk, its initrd with the ramdisk's configuration appended
 //! ([`image`], [`cpio`]).
 
-pub mod commissioning;
 pub mod cpio;
 pub mod entries;
 pub mod http;
@@ -16,8 +15,6 @@ pub mod image;
 pub mod lease;
 pub mod render;
 pub mod service;
-pub mod settings;
-pub mod state;
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -25,6 +22,7 @@ use std::sync::Arc;
 use anyhow::{anyhow, Context as _};
 
 use crate::config::{Config, ConfigArg};
+use crate::sitedata::state;
 
 #[derive(clap::Args, Debug)]
 pub struct SiteArgs {
@@ -41,7 +39,7 @@ pub fn run(args: SiteArgs) -> anyhow::Result<ExitCode> {
             path.display()
         )
     })?;
-    crate::helper::trust_node_user(&config)?;
+    crate::identity::owner::trust_node_user(&config)?;
     let config = Arc::new(config);
     let identity = Arc::new(identity::NodeIdentity::load(config.clone())?);
     let image = image::Image::prepare(&config, path, &settings.ramdisk_dir)?;

@@ -13,9 +13,9 @@ use super::identity::NodeIdentity;
 use super::image::{Image, Part, Served};
 use super::lease::LeaseView;
 use super::render::{self, BootQuery, Vouch};
-use super::settings::SiteSettings;
 use crate::client::ClientError;
 use crate::clock;
+use crate::site_settings::SiteSettings;
 
 /// What a request gets.
 #[derive(Debug)]

@@ -45,7 +45,7 @@ pub struct SiteSettings {
     pub ramdisk_dir: PathBuf,
     /// The control plane's URL as the booted ramdisk reaches it.
     pub ramdisk_api: Url,
-    /// `max_connections`: connections held at once (see [`super::http`]).
+    /// `max_connections`: connections held at once (see `bcd site`'s `http` module).
     pub max_connections: usize,
     /// `max_connections_per_source`: of those, from one address (an IPv6
     /// source by its /64); never more than `max_connections`.

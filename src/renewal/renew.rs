@@ -8,9 +8,9 @@ use bc_wire::agent::{RenewRequest, TpmKeyAttestation};
 use crate::client::renew::{self as answer, RenewExpected};
 use crate::client::{Client, ClientError};
 use crate::config::Config;
-use crate::identity::rotation::{self, NextKey};
+use crate::identity::rotation::{self, CrashPoints, NextKey, RotateError, Unanswered};
 use crate::identity::Identity;
-use crate::keys::{self, HelperKey, NodeKey, TpmAccess, TpmAk, TpmKey};
+use crate::keys::{self, Holder, KeyHolder, NodeKey, TpmAccess};
 use crate::pki::rfc3339;
 use crate::{clock, failpoint};
 
@@ -53,67 +53,60 @@ pub async fn renew_once(
     staged: &mut Option<NextKey>,
 ) -> Result<Identity, RenewError> {
     let dir = &config.data_dir;
-    let statement = current.cert.ak_statement().map(str::to_owned);
+    let statement = current.cert.ak_statement();
     // A key staged for a re-join carries no certification; one is made.
     if statement.is_some() && staged.as_ref().is_some_and(|s| s.certified.is_none()) {
         *staged = None;
     }
-    let next = match staged.take() {
-        Some(next) => next,
-        None => {
-            next_key(config, tpm, statement.as_deref()).inspect_err(|_| rotation::abandon(dir))?
-        }
+    let make = || next_key(config, tpm, statement).inspect_err(|_| rotation::abandon(dir));
+    let exchange = |next: NextKey| async move {
+        let chain = send(config, current, &next)
+            .await
+            .map_err(Unanswered::Retry)?;
+        let expected = RenewExpected {
+            node_id: &current.node_id,
+            trust_domain: &current.trust_domain,
+            next_spki: next.key.spki_der(),
+            statement,
+            now: clock::now(),
+        };
+        let cert = answer::verify_answer(&chain, &expected)
+            .map_err(|e| Unanswered::Abandon(RenewError::Failed(e.into())))?;
+        Ok(Identity {
+            node_id: current.node_id.clone(),
+            role: current.role,
+            trust_domain: current.trust_domain.clone(),
+            attestor: current.attestor.clone(),
+            joined_at: current.joined_at,
+            chain,
+            cert,
+            key: next.key,
+        })
     };
-    let chain = match send(config, current, &next).await {
-        Ok(chain) => chain,
-        Err(e) => {
-            *staged = Some(next);
-            return Err(e);
-        }
+    let points = CrashPoints {
+        after_answer: "renew-after-answer",
+        between_renames: "renew-between-renames",
     };
-    let next = next.key;
-    let expected = RenewExpected {
-        node_id: &current.node_id,
-        trust_domain: &current.trust_domain,
-        next_spki: next.spki_der(),
-        statement: statement.as_deref(),
-        now: clock::now(),
-    };
-    let cert = match answer::verify_answer(&chain, &expected) {
-        Ok(c) => c,
-        Err(e) => {
-            rotation::abandon(dir);
-            return Err(RenewError::Failed(e.into()));
-        }
-    };
-    let renewed = Identity {
-        node_id: current.node_id.clone(),
-        role: current.role,
-        trust_domain: current.trust_domain.clone(),
-        attestor: current.attestor.clone(),
-        joined_at: current.joined_at,
-        chain,
-        cert,
-        key: next,
-    };
-    if let Err(e) = rotation::stage_identity(dir, &renewed) {
-        rotation::abandon(dir);
-        return Err(RenewError::Failed(anyhow::Error::new(e).context(
-            "the control plane renewed the certificate, but it could not be saved",
-        )));
-    }
-    failpoint::hit("renew-after-answer");
-    rotation::commit(dir, || failpoint::hit("renew-between-renames")).map_err(|e| {
-        RenewError::Unsaved(
-            anyhow::Error::new(e).context("the renewed identity could not be moved into place"),
-        )
-    })?;
+    let renewed = rotation::rotate(dir, staged, make, exchange, points)
+        .await
+        .map_err(|e| match e {
+            RotateError::Failed(e) => e,
+            RotateError::Stage(e) => {
+                rotation::abandon(dir);
+                RenewError::Failed(anyhow::Error::new(e).context(
+                    "the control plane renewed the certificate, but it could not be saved",
+                ))
+            }
+            RotateError::Commit(e) => RenewError::Unsaved(
+                anyhow::Error::new(e).context("the renewed identity could not be moved into place"),
+            ),
+        })?;
     tracing::info!(
         node_id = %renewed.node_id,
         not_after = %rfc3339(renewed.cert.not_after),
         node_key = %renewed.key.kid(),
         key_in = renewed.key.kind().as_str(),
-        statement = statement.as_deref().unwrap_or(""),
+        statement = statement.unwrap_or(""),
         "renewed the certificate"
     );
     Ok(renewed)
@@ -182,10 +175,10 @@ async fn send(
 }
 
 /// The next key for a certificate that names an AK: the AK derived alone
-/// and checked against the statement, the key made in the same TPM and
-/// staged by `stage`, its CSR, and the AK's certification of it over
-/// sha256(csr). No fallback: without that AK or that TPM, nothing is sent.
-/// Under `[helper]` the same steps go through the helper.
+/// and checked against the statement, the key made in the same TPM (or
+/// through `bcd helper`, under `[helper]`) and staged by `stage`, its CSR,
+/// and the AK's certification of it over sha256(csr). No fallback: without
+/// that AK or that TPM, nothing is sent.
 fn certified_next_key(
     tpm: &TpmAccess,
     statement: &str,
@@ -194,64 +187,41 @@ fn certified_next_key(
     let want = bc_wire::tpm::parse_ak_statement(statement).map_err(|_| {
         anyhow::anyhow!("the certificate's AK statement {statement:?} is not one bcd can prove")
     })?;
-    if let Some(helper) = tpm.helper() {
-        return certified_through_helper(helper, &want, stage);
+    let holder = tpm.holder().map_err(|e| cannot_provide("the TPM", &e))?;
+    match holder {
+        Holder::Direct(shared) => certified_by(&shared, &want, stage),
+        Holder::Helper(client) => certified_by(&client, &want, stage),
     }
-    let no_tpm = |e: keys::KeyError| {
-        anyhow::anyhow!(
-            "the certificate names a TPM AK, but the TPM cannot provide it: {e}; a renewal of this certificate needs that TPM, so nothing was sent"
-        )
-    };
-    let shared = tpm.open().map_err(no_tpm)?;
-    let ak = TpmAk::load(shared.clone()).map_err(no_tpm)?;
-    if ak.name() != want.as_slice() {
-        anyhow::bail!(OTHER_AK);
-    }
-    let key = TpmKey::generate(shared).map_err(|e| {
-        anyhow::anyhow!("the TPM cannot make the next node key: {e}; nothing was sent")
-    })?;
-    stage(&key)?;
-    let csr = keys::make_csr(&key)?;
-    let (certify_info, signature) = ak
-        .certify(&key, &bc_wire::sha256(&csr))
-        .map_err(|e| anyhow::anyhow!("the AK cannot certify the next node key: {e}"))?;
-    let proof = TpmKeyAttestation {
-        ak_public: ak.public().to_vec(),
-        key_public: key.public().to_vec(),
-        certify_info,
-        signature,
-    };
-    Ok((Box::new(key), csr, proof))
 }
 
-/// [`certified_next_key`] through `bcd helper` (tpm.ak, tpm.nodekey,
-/// tpm.certify): the client checked the AK's name against its public area,
-/// the key's signatures against its public half, and that the
-/// certification is the announced AK's, of this key, over sha256(csr).
-fn certified_through_helper(
-    helper: &Arc<bc_helper::Client>,
+fn cannot_provide(who: &str, e: &keys::KeyError) -> anyhow::Error {
+    anyhow::anyhow!(
+        "the certificate names a TPM AK, but {who} cannot provide it: {e}; a renewal of this certificate needs that TPM, so nothing was sent"
+    )
+}
+
+/// [`certified_next_key`] by `holder`.
+fn certified_by<H: KeyHolder>(
+    holder: &H,
     want: &[u8],
     stage: impl FnOnce(&dyn NodeKey) -> anyhow::Result<()>,
 ) -> anyhow::Result<(Box<dyn NodeKey>, Vec<u8>, TpmKeyAttestation)> {
-    let ak = helper.ak().map_err(|e| {
-        anyhow::anyhow!(
-            "the certificate names a TPM AK, but bcd helper cannot provide it: {e}; a renewal of this certificate needs that TPM, so nothing was sent"
-        )
-    })?;
-    if ak.name != want {
+    let who = holder.who();
+    let ak = holder.load_ak().map_err(|e| cannot_provide(who, &e))?;
+    if H::ak_name(&ak) != want {
         anyhow::bail!(OTHER_AK);
     }
-    let key = HelperKey::generate(helper.clone()).map_err(|e| {
-        anyhow::anyhow!("bcd helper cannot make the next node key: {e}; nothing was sent")
+    let key = holder.make_key().map_err(|e| {
+        anyhow::anyhow!("{who} cannot make the next node key: {e}; nothing was sent")
     })?;
     stage(&key)?;
     let csr = keys::make_csr(&key)?;
-    let (certify_info, signature) = key
-        .certify_by(&ak, &bc_wire::sha256(&csr))
+    let (certify_info, signature) = holder
+        .certify(&ak, &key, &bc_wire::sha256(&csr))
         .map_err(|e| anyhow::anyhow!("the AK cannot certify the next node key: {e}"))?;
     let proof = TpmKeyAttestation {
-        ak_public: ak.public.clone(),
-        key_public: key.public().to_vec(),
+        ak_public: H::ak_public(&ak).to_vec(),
+        key_public: H::key_public(&key).to_vec(),
         certify_info,
         signature,
     };
