@@ -26,7 +26,7 @@
 use bc_wire::agent::HardwareClaims;
 
 use crate::attestor::{AttestationResult, Refusal};
-use crate::join::JoinReason;
+use crate::join::reasons::JoinReason;
 use crate::machine::{ExpectMismatch, BINDING_TPM_EK};
 use crate::store::{params, DbError, Tx};
 

@@ -45,7 +45,7 @@ use crate::records::{self, JoinRow, NewEvent, NodeRow};
 use crate::store::{self, Commit, LockKey, Tx, UnixMs};
 use crate::{hardware, pools};
 
-mod reasons;
+pub mod reasons;
 pub use reasons::JoinReason;
 
 /// The outcome of the join transaction.
