@@ -16,14 +16,14 @@ use std::time::{Duration, Instant};
 
 use bc_wire::agent::Role;
 
-use crate::enroll;
-use crate::join::JoinService;
-use crate::machine::EkAssurance;
-use crate::sites::{self, LeaseOutcome};
+use crate::model::enroll;
+use crate::model::machine::EkAssurance;
+use crate::model::sites::{self, LeaseOutcome};
+use crate::model::{boot, nodes, pools, tokens};
+use crate::plane::join::JoinService;
 use crate::store::pg::BEFORE_COMMIT;
 use crate::store::{params, DbError, Store};
 use crate::test_support::{cp_on, insert_node, key, plain_csr, temp_db_on, Backend, TempDb};
-use crate::{boot, nodes, pools, tokens};
 
 /// Longer than any wait here can take on a loaded machine; only a bug
 /// (a transaction that never reaches its COMMIT) runs into it.
@@ -290,7 +290,7 @@ fn one_machine_joining_twice_at_once_becomes_one_node() {
     let cp = cp_on(Backend::Postgres);
     let request = || {
         let scope = tokens::TokenScope {
-            expect: crate::attestor::Expect {
+            expect: crate::model::attestor::Expect {
                 product_uuid: Some(UUID.to_owned()),
                 mac: None,
             },
@@ -323,7 +323,7 @@ fn one_machine_joining_twice_at_once_becomes_one_node() {
     );
     assert!(a.is_ok(), "{a:?}");
     assert!(
-        matches!(b, Err(crate::api_error::ApiError::AccessDenied)),
+        matches!(b, Err(crate::plane::api_error::ApiError::AccessDenied)),
         "the second join of the machine is refused: {b:?}"
     );
     let nodes: i64 = cp
@@ -334,11 +334,11 @@ fn one_machine_joining_twice_at_once_becomes_one_node() {
         })
         .unwrap();
     assert_eq!(nodes, 1);
-    let refused: Vec<_> = crate::records::list_events(cp.db())
+    let refused: Vec<_> = crate::model::records::list_events(cp.db())
         .unwrap()
         .into_iter()
-        .filter(|e| e.kind == crate::records::EVENT_JOIN_REFUSED)
+        .filter(|e| e.kind == crate::model::records::EVENT_JOIN_REFUSED)
         .filter_map(|e| e.reason)
         .collect();
-    assert_eq!(refused, [crate::join::JoinReason::Reclaim]);
+    assert_eq!(refused, [crate::plane::join::JoinReason::Reclaim]);
 }

@@ -9,10 +9,10 @@ use bc_wire::agent::{JoinRequest, JoinResponseBody, Role};
 use prost::Message;
 use rcgen::{KeyPair, PublicKeyData};
 
-use crate::join::JoinService;
+use crate::model::records;
 use crate::pki::NodeCertSpec;
+use crate::plane::join::JoinService;
 use crate::plane::ControlPlane;
-use crate::records;
 use crate::store::{self, Store, UnixMs};
 
 /// The trust domain of every fixture DIR.
@@ -227,7 +227,7 @@ pub(crate) fn insert_node(db: &Store, id: &str, attestor: &str, joined_at: UnixM
                 attestor: attestor.to_owned(),
                 joined_at,
                 retired_at: None,
-                pool_id: crate::pools::DEFAULT_POOL.to_owned(),
+                pool_id: crate::model::pools::DEFAULT_POOL.to_owned(),
                 cordoned_at: None,
                 deleted_at: None,
             },
@@ -295,7 +295,8 @@ impl Cp {
     /// join `pool`), and the key its CSR is for.
     pub(crate) fn token_request(&self, role: Role, pool: Option<&str>) -> (JoinRequest, KeyPair) {
         let (tok, _) =
-            crate::tokens::create_token_in_pool(self.db(), role, 1, 3_600_000, pool).unwrap();
+            crate::model::tokens::create_token_in_pool(self.db(), role, 1, 3_600_000, pool)
+                .unwrap();
         let key = key();
         let csr = plain_csr(&key);
         let sealed_token = self.seal_token(&csr, &tok.expose());

@@ -38,7 +38,7 @@
 //! ramdisk node of that site whose certificate lasts at most
 //! `[discovery] cert_ttl`, never past its boot entry's end, and which may be
 //! sent only `allowed_kinds`. The ramdisk nodes of earlier commissionings of
-//! the same machine are retired ([`crate::boot::retire_superseded`]).
+//! the same machine are retired ([`crate::model::boot::retire_superseded`]).
 //!
 //! **The machine's TPM.** A ramdisk on a machine with a TPM sends its
 //! evidence in `JoinRequest.tpm`, checked by the tpm attestor's own code
@@ -59,20 +59,20 @@
 //! The UUIDs here are claims: the asserted one is what iPXE or the boot
 //! entry said, the machine's is its own word. Only the boot entry's UUID,
 //! which its token's expect carries (JoinService checks the claims against
-//! it), becomes the node's hardware key ([`crate::hardware`]).
+//! it), becomes the node's hardware key ([`crate::model::hardware`]).
 
 use bc_wire::agent::{tpm_attestation, Role};
 use bc_wire::site;
 
-use crate::attestor::{
-    AttestInput, AttestationResult, Attestor, NodeKeyKind, Prepared, Refusal, Verdict, Work,
-};
 use crate::attestors::join_token::live_token;
 use crate::attestors::tpm::{self, TpmAttestor, TpmProof};
-use crate::boot::DISCOVERY_ROLE;
-use crate::machine::{normalize_mac, normalize_product_uuid};
+use crate::model::attestor::{
+    AttestInput, AttestationResult, Attestor, NodeKeyKind, Prepared, Refusal, Verdict, Work,
+};
+use crate::model::boot::DISCOVERY_ROLE;
+use crate::model::machine::{normalize_mac, normalize_product_uuid};
+use crate::model::{hardware, records, sites, tokens, uses};
 use crate::store::{params, DbError, Tx, UnixMs};
-use crate::{hardware, records, sites, tokens, uses};
 
 pub mod approval;
 mod reasons;
@@ -131,7 +131,7 @@ impl Default for DiscoveryConfig {
     fn default() -> Self {
         DiscoveryConfig {
             cert_ttl_ms: MAX_DISCOVERY_CERT_TTL_MS,
-            lease_ttl_ms: crate::sites::DEFAULT_LEASE_TTL_MS,
+            lease_ttl_ms: crate::model::sites::DEFAULT_LEASE_TTL_MS,
             max_age_ms: bc_wire::site::ASSERTION_MAX_AGE_MS,
             approval: DiscoveryApproval::TrustedLan,
             approval_retry_after_seconds: 30,
@@ -164,8 +164,8 @@ impl Attestor for DiscoveryAttestor {
         DISCOVERY
     }
 
-    fn roles(&self) -> crate::attestor::Roles {
-        crate::attestor::Roles {
+    fn roles(&self) -> crate::model::attestor::Roles {
+        crate::model::attestor::Roles {
             admits: &[Role::Ramdisk],
             refusal: Some(DiscoveryReason::Role.any()),
         }
@@ -286,7 +286,7 @@ impl Attestor for DiscoveryAttestor {
         }
 
         // The machine's TPM, and the EK its boot entry expects.
-        let entry = crate::boot::entry_of_token(tx, &token.id)?;
+        let entry = crate::model::boot::entry_of_token(tx, &token.id)?;
         let expected_ek = entry.as_ref().and_then(|e| e.expected_ek());
         let tpm_refusal = |r: Refusal| {
             r.with_token(Some(&token.id))
@@ -328,7 +328,7 @@ impl Attestor for DiscoveryAttestor {
         if self.config.approval == DiscoveryApproval::UnknownMachines && expected_ek.is_none() {
             // JoinService checks the token's expect only when it admits: a
             // join it would refuse files no request.
-            crate::hardware::check_expect(
+            crate::model::hardware::check_expect(
                 &AttestationResult {
                     expect: row.expect.clone(),
                     token_id: Some(token.id.clone()),
@@ -375,7 +375,7 @@ impl Attestor for DiscoveryAttestor {
         // with the transaction if JoinService refuses this join after all).
         if let Some(entry) = entry {
             let hk = hardware::of_result(&result);
-            crate::boot::retire_superseded(
+            crate::model::boot::retire_superseded(
                 tx,
                 &entry,
                 hk.as_ref().map(|k| k.key.as_str()),
@@ -410,7 +410,7 @@ fn admitted(
     config: &DiscoveryConfig,
     token_id: String,
     pool_id: Option<String>,
-    expect: crate::machine::Expect,
+    expect: crate::model::machine::Expect,
     site_id: String,
     proof: Option<TpmProof>,
 ) -> AttestationResult {
@@ -512,7 +512,7 @@ mod tests {
             tpm: None,
             now: 1_000,
             source: None,
-            prepared: &crate::attestor::Prepared::default(),
+            prepared: &crate::model::attestor::Prepared::default(),
         };
         match db
             .write(|tx| Ok::<_, DbError>(attestor.verify(tx, &input)))

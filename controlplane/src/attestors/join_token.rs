@@ -16,12 +16,12 @@ use bc_wire::agent::Role;
 use bc_wire::token::JoinToken;
 use subtle::ConstantTimeEq;
 
-use crate::attestor::{
+use crate::model::attestor::{
     AttestInput, AttestationResult, Attestor, NodeKeyKind, OpenedToken, Refusal, Verdict,
     JOIN_TOKEN,
 };
+use crate::model::tokens;
 use crate::store::Tx;
-use crate::tokens;
 
 crate::reason::reasons! {
     /// The join-token attestor's reasons; `token-missing` … `token-expired` are
@@ -76,8 +76,8 @@ impl Attestor for JoinTokenAttestor {
         JOIN_TOKEN
     }
 
-    fn roles(&self) -> crate::attestor::Roles {
-        crate::attestor::Roles {
+    fn roles(&self) -> crate::model::attestor::Roles {
+        crate::model::attestor::Roles {
             admits: &[Role::Node, Role::Site],
             refusal: Some(TokenReason::TokenRole.any()),
         }
@@ -107,7 +107,7 @@ impl Attestor for JoinTokenAttestor {
             roles: Some(vec![role]),
             // A site token makes a site node of its site.
             scope: row.site_id.map(|site_id| {
-                Box::new(crate::records::NodeScope {
+                Box::new(crate::model::records::NodeScope {
                     site_id: Some(site_id),
                     ..Default::default()
                 })
@@ -146,12 +146,12 @@ mod tests {
                     tpm: None,
                     now,
                     source: None,
-                    prepared: &crate::attestor::Prepared::default(),
+                    prepared: &crate::model::attestor::Prepared::default(),
                 };
-                crate::join::check_role(&JoinTokenAttestor, role, None)?;
+                crate::plane::join::check_role(&JoinTokenAttestor, role, None)?;
                 let out = JoinTokenAttestor.verify(tx, &input);
                 if let Ok(Verdict::Admit(result)) = &out {
-                    crate::join::check_role(&JoinTokenAttestor, role, Some(result))?;
+                    crate::plane::join::check_role(&JoinTokenAttestor, role, Some(result))?;
                 }
                 Ok(out)
             };

@@ -14,8 +14,8 @@ pub mod x509pop;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::attestor::{Attestor, JOIN_TOKEN};
 use crate::config::Config;
+use crate::model::attestor::{Attestor, JOIN_TOKEN};
 
 /// The attestors a control plane runs, by id. `join-token` is always there;
 /// registering another with that id replaces it.

@@ -15,11 +15,13 @@
 //! the machine joins as a new node. Either way the UUID is proven, so it
 //! becomes the node's trusted hardware key.
 
-use crate::attestor::{AttestInput, AttestationResult, Attestor, NodeKeyKind, Refusal, Verdict};
 use crate::attestors::join_token::live_token;
-use crate::machine::normalize_product_uuid;
+use crate::model::attestor::{
+    AttestInput, AttestationResult, Attestor, NodeKeyKind, Refusal, Verdict,
+};
+use crate::model::machine::normalize_product_uuid;
+use crate::model::{hardware, records, tokens};
 use crate::store::Tx;
-use crate::{hardware, records, tokens};
 
 pub const PROVISIONED: &str = bc_wire::AttestorId::Provisioned.as_str();
 
@@ -42,8 +44,8 @@ impl Attestor for ProvisionedAttestor {
         PROVISIONED
     }
 
-    fn roles(&self) -> crate::attestor::Roles {
-        crate::attestor::Roles {
+    fn roles(&self) -> crate::model::attestor::Roles {
+        crate::model::attestor::Roles {
             admits: &[bc_wire::agent::Role::Node],
             refusal: Some(ProvisionedReason::TokenRole.any()),
         }
@@ -107,11 +109,11 @@ fn target_uuid(tx: &Tx<'_>, node_id: &str) -> Result<Option<String>, Refusal> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::attestor::OpenedToken;
-    use crate::machine::Expect;
+    use crate::model::attestor::OpenedToken;
+    use crate::model::machine::Expect;
+    use crate::model::tokens::TokenScope;
     use crate::store::{DbError, Store};
     use crate::test_support::temp_db as fixture;
-    use crate::tokens::TokenScope;
     use bc_wire::agent::{HardwareClaims, Role};
     use bc_wire::token::JoinToken;
 
@@ -151,7 +153,7 @@ mod tests {
                 tpm: None,
                 now: tx.now().unwrap(),
                 source: None,
-                prepared: &crate::attestor::Prepared::default(),
+                prepared: &crate::model::attestor::Prepared::default(),
             };
             let out = match ProvisionedAttestor.verify(tx, &input) {
                 Ok(Verdict::Admit(r)) => {

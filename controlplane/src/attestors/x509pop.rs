@@ -25,7 +25,7 @@
 //!   role is not the node's (node or site; a ramdisk never re-joins, it
 //!   joins afresh with discovery).
 //!
-//! An admitted proof is spent in `attestation_uses` ([`crate::uses`]) with
+//! An admitted proof is spent in `attestation_uses` ([`crate::model::uses`]) with
 //! the join: subject [`replay_subject`], kept until `clientTime + window`,
 //! after which the clock window refuses it anyway. A proof whose join is
 //! refused later in the transaction (a pool's `joinAttestors`) is not spent.
@@ -46,10 +46,10 @@
 
 use bc_wire::x509pop::Evidence;
 
-use crate::attestor::{
+use crate::model::attestor::{
     AttestInput, AttestationResult, Attestor, Fault, NodeKeyKind, Refusal, Verdict,
 };
-use crate::records::{self, NewEvent};
+use crate::model::records::{self, NewEvent};
 use crate::store::Tx;
 
 /// The attestor's id.
@@ -128,8 +128,8 @@ impl Attestor for X509PopAttestor {
         X509POP
     }
 
-    fn roles(&self) -> crate::attestor::Roles {
-        crate::attestor::Roles {
+    fn roles(&self) -> crate::model::attestor::Roles {
+        crate::model::attestor::Roles {
             admits: &[bc_wire::agent::Role::Node, bc_wire::agent::Role::Site],
             refusal: Some(X509PopReason::Role.any()),
         }
@@ -153,7 +153,7 @@ impl Attestor for X509PopAttestor {
         // UPDATE would wait on (a deadlock).
         let node = records::node_including_deleted_for_update(tx, node_id)?;
         let subject = replay_subject(&ev.sig);
-        if crate::uses::is_spent(tx, X509POP, &subject)? {
+        if crate::model::uses::is_spent(tx, X509POP, &subject)? {
             return Err(refuse(X509PopReason::Replayed));
         }
         // `from_json` refuses an empty chain.
@@ -199,7 +199,7 @@ impl Attestor for X509PopAttestor {
         // (a proof refused for its clock can be made again at once). Past
         // `clientTime + window` the clock window refuses it by itself.
         let expires_at = client_time.saturating_add(self.config.window_ms);
-        if !crate::uses::spend(tx, X509POP, &subject, expires_at, input.now)? {
+        if !crate::model::uses::spend(tx, X509POP, &subject, expires_at, input.now)? {
             return Err(refuse(X509PopReason::Replayed));
         }
 

@@ -34,9 +34,11 @@ pub mod resolve;
 use bc_wire::agent::Role;
 use bc_wire::cloud_iid::Evidence;
 
-use crate::attestor::{AttestInput, AttestationResult, Attestor, NodeKeyKind, Refusal, Verdict};
+use crate::model::attestor::{
+    AttestInput, AttestationResult, Attestor, NodeKeyKind, Refusal, Verdict,
+};
+use crate::model::uses;
 use crate::store::{Tx, UnixMs};
-use crate::uses;
 
 pub const CLOUD_IID: &str = bc_wire::AttestorId::CloudIid.as_str();
 pub use bc_wire::cloud_iid::{AWS, AZURE, GCP};
@@ -202,8 +204,8 @@ impl Attestor for CloudIidAttestor {
         CLOUD_IID
     }
 
-    fn roles(&self) -> crate::attestor::Roles {
-        crate::attestor::Roles {
+    fn roles(&self) -> crate::model::attestor::Roles {
+        crate::model::attestor::Roles {
             admits: &[Role::Node, Role::Site, Role::Ramdisk],
             refusal: Some(CloudReason::Role.any()),
         }

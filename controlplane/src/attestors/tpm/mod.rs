@@ -40,7 +40,7 @@
 //!
 //! **Each challenge admits once.** A captured round-2 request stays valid
 //! until the challenge's deadline, so the final round spends the challenge
-//! in `attestation_uses` ([`crate::uses`]) in the join transaction, until
+//! in `attestation_uses` ([`crate::model::uses`]) in the join transaction, until
 //! that deadline. The subject is the SHA-256 of the sealed state: each
 //! round 1 seals a fresh state (a fresh secret and nonce) and nobody else
 //! can make another sealing of it, so one subject is one issued challenge.
@@ -79,13 +79,13 @@ use bc_wire::tpm::{self as wtpm, Attested, Public};
 use prost::Message;
 use subtle::ConstantTimeEq;
 
-use crate::attestor::{
+use crate::model::attestor::{
     AttestInput, AttestationResult, Attestor, Deferral, Fault, NodeKeyKind, Prepared, Refusal,
     Verdict, Work,
 };
-use crate::enroll;
-use crate::machine::{Binding, EkAssurance, BINDING_TPM_EK};
-use crate::records;
+use crate::model::enroll;
+use crate::model::machine::{Binding, EkAssurance, BINDING_TPM_EK};
+use crate::model::records;
 use crate::store::{LockKey, Tx};
 use ek_service::{known, Claim, EkServices, EkServicesConfig, Fetched};
 pub use pcr::PcrPolicy;
@@ -492,7 +492,7 @@ impl TpmAttestor {
             return Err(Refusal::new(TpmReason::ChallengeExpired));
         }
         let subject = challenge_subject(&answer.state);
-        if crate::uses::is_spent(tx, TPM, &subject)? {
+        if crate::model::uses::is_spent(tx, TPM, &subject)? {
             return Err(Refusal::new(TpmReason::ChallengeReused));
         }
         if !bool::from(answer.secret.as_slice().ct_eq(st.secret.as_slice())) {
@@ -572,7 +572,7 @@ impl TpmAttestor {
         proof: &TpmProof,
         now: crate::store::UnixMs,
     ) -> Result<(), Refusal> {
-        if !crate::uses::spend(tx, TPM, &proof.subject, proof.st.not_after, now)? {
+        if !crate::model::uses::spend(tx, TPM, &proof.subject, proof.st.not_after, now)? {
             return Err(Refusal::new(TpmReason::ChallengeReused));
         }
         Ok(())
@@ -948,8 +948,8 @@ impl Attestor for TpmAttestor {
         TPM
     }
 
-    fn roles(&self) -> crate::attestor::Roles {
-        crate::attestor::Roles {
+    fn roles(&self) -> crate::model::attestor::Roles {
+        crate::model::attestor::Roles {
             admits: &[Role::Node, Role::Site],
             refusal: Some(TpmReason::Role.any()),
         }

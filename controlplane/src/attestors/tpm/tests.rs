@@ -2,7 +2,7 @@
 //! copies of it altered one thing at a time.
 
 use super::*;
-use crate::attestor::OpenedToken;
+use crate::model::attestor::OpenedToken;
 use crate::store::{params, Commit, DbError, Store, UnixMs};
 use bc_wire::agent::{HardwareClaims, TpmKeyCertification};
 use bc_wire::tpm::ALG_SHA256;
@@ -124,7 +124,7 @@ impl Fixture {
             evidence,
             csr,
             now,
-            &crate::attestor::Prepared::default(),
+            &crate::model::attestor::Prepared::default(),
         )
     }
 
@@ -135,7 +135,7 @@ impl Fixture {
         evidence: &[u8],
         csr: &[u8],
         now: UnixMs,
-        prepared: &crate::attestor::Prepared,
+        prepared: &crate::model::attestor::Prepared,
     ) -> Result<Verdict, Refusal> {
         let spki = csr_spki(csr);
         self.db
@@ -160,10 +160,10 @@ impl Fixture {
                     };
                     // JoinService's role check around the attestor, as a join
                     // has it (its refusal rolls back what the attestor wrote).
-                    crate::join::check_role(&self.attestor, role, None)?;
+                    crate::plane::join::check_role(&self.attestor, role, None)?;
                     let out = self.attestor.verify(tx, &input);
                     if let Ok(Verdict::Admit(result)) = &out {
-                        crate::join::check_role(&self.attestor, role, Some(result))?;
+                        crate::plane::join::check_role(&self.attestor, role, Some(result))?;
                     }
                     Ok(out)
                 };
@@ -318,7 +318,8 @@ fn enrollment_pending_approved_once() {
     assert_eq!(reqs[0].status.as_str(), "pending");
     assert!(reqs[0].ek_issuer.contains("BCD Test EK Issuing CA 01"));
 
-    crate::pools::create_pool(&f.db, "metal", "alice", None, &["join-token", "tpm"]).unwrap();
+    crate::model::pools::create_pool(&f.db, "metal", "alice", None, &["join-token", "tpm"])
+        .unwrap();
     enroll::approve(&f.db, &request_id, Some("metal"), None).unwrap();
     let r = f.admitted(&ev);
     assert_eq!(r.reclaim_node_id, None);
@@ -350,7 +351,7 @@ fn enrollment_pending_approved_once() {
 fn a_site_in_the_place_fixes_the_role_and_the_site() {
     let f = fixture();
     let ev = answer_evidence(answer());
-    let site = crate::sites::create(&f.db, "dc1").unwrap().id;
+    let site = crate::model::sites::create(&f.db, "dc1").unwrap().id;
     let as_role = |role| {
         f.db.write(|tx| tx.execute("DELETE FROM attestation_uses", params![]))
             .unwrap();
@@ -428,7 +429,8 @@ fn denied_request_is_refused_until_resolved() {
 fn placement_order_binding_then_resolve_then_requests() {
     let f = fixture();
     let ev = answer_evidence(answer());
-    crate::pools::create_pool(&f.db, "metal", "alice", None, &["join-token", "tpm"]).unwrap();
+    crate::model::pools::create_pool(&f.db, "metal", "alice", None, &["join-token", "tpm"])
+        .unwrap();
     // A resolve entry into a pool.
     enroll::add_resolve(
         &f.db,
@@ -524,7 +526,7 @@ fn round_two_state_secret_and_expiry() {
                 tpm: None,
                 now: NOW,
                 source: None,
-                prepared: &crate::attestor::Prepared::default(),
+                prepared: &crate::model::attestor::Prepared::default(),
             };
             Ok::<_, DbError>((reason(other.verify(tx, &input)), Commit::No))
         })
@@ -850,8 +852,8 @@ fn roles_other_than_node_or_site_are_refused() {
 /// the capture's challenge key.
 mod through_join_service {
     use super::*;
-    use crate::api_error::ApiError;
-    use crate::join::JoinReason;
+    use crate::plane::api_error::ApiError;
+    use crate::plane::join::JoinReason;
     use bc_wire::agent::{join_response_body, JoinRequest, JoinResponseBody};
 
     use crate::test_support::{self, uri_sans as uris};
@@ -878,7 +880,7 @@ mod through_join_service {
 
     impl Cp {
         fn join(&self, evidence: Vec<u8>) -> Result<JoinResponseBody, ApiError> {
-            let resp = crate::join::JoinService::new(&self.svc).join(JoinRequest {
+            let resp = crate::plane::join::JoinService::new(&self.svc).join(JoinRequest {
                 csr: CSR.to_vec(),
                 role: Role::Node as i32,
                 attestor: TPM.into(),
@@ -1065,7 +1067,7 @@ mod through_join_service {
     #[test]
     fn a_pool_for_tokens_only_refuses_the_tpm() {
         let c = cp();
-        crate::pools::create_pool(
+        crate::model::pools::create_pool(
             c.db(),
             "tokens",
             "bob",
@@ -1200,12 +1202,12 @@ fn round_two_fetches_and_verifies_a_pending_certificate() {
     assert_eq!(f.reason(&evidence), "prepare");
 
     let said = |said: Said| {
-        crate::attestor::Prepared::new(ServiceAnswer {
+        crate::model::attestor::Prepared::new(ServiceAnswer {
             ek_sha256: ek_sha256(),
             said,
         })
     };
-    let run = |p: &crate::attestor::Prepared| {
+    let run = |p: &crate::model::attestor::Prepared| {
         f.db.write(|tx| tx.execute("DELETE FROM attestation_uses", params![]))
             .unwrap();
         reason(f.verify_prepared(Role::Node, &evidence, CSR, NOW, p))
@@ -1214,7 +1216,7 @@ fn round_two_fetches_and_verifies_a_pending_certificate() {
     assert_eq!(run(&said(Said::Failed)), TpmReason::EkService);
     assert_eq!(f.count("join_requests"), 0);
     // An answer for another EK is not this one's.
-    let other = crate::attestor::Prepared::new(ServiceAnswer {
+    let other = crate::model::attestor::Prepared::new(ServiceAnswer {
         ek_sha256: "00".repeat(32),
         said: Said::Certificate(hello().ek_certificate),
     });

@@ -9,8 +9,8 @@ use prost::Message;
 use rcgen::{KeyPair, PublicKeyData};
 
 use super::*;
-use crate::api_error::ApiError;
-use crate::records::NodeRow;
+use crate::model::records::NodeRow;
+use crate::plane::api_error::ApiError;
 use crate::store::{self, params, UnixMs};
 use crate::test_support::{self, key, plain_csr as csr_for, Cp};
 
@@ -112,7 +112,7 @@ impl Fixture {
         role: Role,
         attestation: Vec<u8>,
     ) -> Result<JoinResponseBody, ApiError> {
-        let resp = crate::join::JoinService::new(&self.svc).join(JoinRequest {
+        let resp = crate::plane::join::JoinService::new(&self.svc).join(JoinRequest {
             csr,
             role: role as i32,
             attestor: X509POP.into(),
@@ -373,22 +373,22 @@ fn only_our_own_current_certificates_rejoin() {
     );
 
     // nodes revoke-identity: B's certificate is from before it.
-    crate::nodes::revoke_identity(f.db(), &b.node_id).unwrap();
+    crate::model::nodes::revoke_identity(f.db(), &b.node_id).unwrap();
     assert_eq!(
         f.refused(|| f.rejoin(&b, Role::Node)),
         X509PopReason::StaleGeneration
     );
     // Retired.
     let c = f.token_node(Role::Node);
-    crate::nodes::retire(f.db(), &c.node_id).unwrap();
+    crate::model::nodes::retire(f.db(), &c.node_id).unwrap();
     assert_eq!(
         f.refused(|| f.rejoin(&c, Role::Node)),
         X509PopReason::Retired
     );
     // Deleted.
     let d = f.token_node(Role::Node);
-    crate::nodes::cordon(f.db(), &d.node_id).unwrap();
-    crate::nodes::delete(f.db(), &d.node_id).unwrap();
+    crate::model::nodes::cordon(f.db(), &d.node_id).unwrap();
+    crate::model::nodes::delete(f.db(), &d.node_id).unwrap();
     assert_eq!(
         f.refused(|| f.rejoin(&d, Role::Node)),
         X509PopReason::Deleted
@@ -405,7 +405,7 @@ fn a_proof_admits_once_even_across_a_restart() {
     let f = fixture();
     // A pool that admits only tpm: x509pop passes, the pool refuses after
     // it, and the transaction (the proof's use with it) is rolled back.
-    crate::pools::create_pool(f.db(), "tpm-only", "alice", None, &[]).unwrap();
+    crate::model::pools::create_pool(f.db(), "tpm-only", "alice", None, &[]).unwrap();
     let id = f.token_node(Role::Node);
     f.db()
         .write(|tx| {
@@ -415,18 +415,23 @@ fn a_proof_admits_once_even_across_a_restart() {
             )
         })
         .unwrap();
-    crate::pools::set_join_attestors(f.db(), "tpm-only", Some(&["tpm".to_owned()]), &["tpm"])
-        .unwrap();
+    crate::model::pools::set_join_attestors(
+        f.db(),
+        "tpm-only",
+        Some(&["tpm".to_owned()]),
+        &["tpm"],
+    )
+    .unwrap();
     let next = key();
     let csr = csr_for(&next);
     let t = u64::try_from(f.now()).unwrap();
     let proof = evidence(&id, &csr, t);
     assert_eq!(
         f.refused(|| f.send(csr.clone(), Role::Node, proof.to_json())),
-        crate::join::JoinReason::PoolAttestor
+        crate::plane::join::JoinReason::PoolAttestor
     );
-    assert_eq!(f.db().read(crate::uses::count).unwrap(), 0);
-    crate::pools::set_join_attestors(f.db(), "tpm-only", None, &[]).unwrap();
+    assert_eq!(f.db().read(crate::model::uses::count).unwrap(), 0);
+    crate::model::pools::set_join_attestors(f.db(), "tpm-only", None, &[]).unwrap();
     let body = f.send(csr.clone(), Role::Node, proof.to_json()).unwrap();
     assert_eq!(body.node_id, id.node_id);
     // Spent until clientTime + window.
@@ -470,7 +475,7 @@ fn a_proof_admits_once_even_across_a_restart() {
     // A restart (another JoinService on the same DIR, as another replica
     // would be) still knows it.
     let restarted = crate::plane::ControlPlane::open(f.path()).unwrap();
-    let err = crate::join::JoinService::new(&restarted)
+    let err = crate::plane::join::JoinService::new(&restarted)
         .join(JoinRequest {
             csr: csr.clone(),
             role: Role::Node as i32,

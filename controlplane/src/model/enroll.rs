@@ -10,10 +10,10 @@
 
 use bc_wire::AttestorId;
 
-use crate::machine::{normalize_ek_sha256, EkSha256FormatError};
-use crate::pools::{self, PoolError};
-use crate::records;
-use crate::sites;
+use crate::model::machine::{normalize_ek_sha256, EkSha256FormatError};
+use crate::model::pools::{self, PoolError};
+use crate::model::records;
+use crate::model::sites;
 use crate::store::{params, DbError, FromValue, Row, Store, ToValue, Tx, UnixMs, Value};
 
 /// A join request's status, stored as `pending`, `approved` or `denied`.
@@ -382,7 +382,7 @@ pub fn deny_entry(
     source: Option<&str>,
 ) -> Result<Vec<JoinRequestRow>, EnrollError> {
     db.write(|tx| {
-        if crate::boot::get(tx, workflow_id)?.is_none() {
+        if crate::model::boot::get(tx, workflow_id)?.is_none() {
             return Err(EnrollError::NotFound(format!(
                 "no boot entry {workflow_id:?}"
             )));
@@ -462,9 +462,9 @@ fn decide_in(
     }
     if status == RequestStatus::Approved {
         if let Some(wf) = row.workflow_id.as_deref() {
-            let state = crate::boot::get(tx, wf)?.map(|e| e.state(now));
-            if state.is_none_or(crate::boot::BootState::is_closed) {
-                let state = state.map_or("gone", crate::boot::BootState::as_str);
+            let state = crate::model::boot::get(tx, wf)?.map(|e| e.state(now));
+            if state.is_none_or(crate::model::boot::BootState::is_closed) {
+                let state = state.map_or("gone", crate::model::boot::BootState::as_str);
                 return Err(EnrollError::Conflict(format!(
                     "join request {id} is for boot entry {wf}, which is {state}: no join waits on it any more"
                 )));
@@ -497,12 +497,12 @@ fn decide_in(
 /// (or `token-revoked`), not filed again.
 fn spend_denied(tx: &Tx<'_>, row: &JoinRequestRow, now: UnixMs) -> Result<(), DbError> {
     if let Some(token) = row.token_id.as_deref() {
-        crate::tokens::revoke_in(tx, token, now)?;
+        crate::model::tokens::revoke_in(tx, token, now)?;
     }
     if let (Some(subject), Some(until)) =
         (row.assertion_sha256.as_deref(), row.assertion_expires_at)
     {
-        crate::uses::spend(tx, AttestorId::Discovery.as_str(), subject, until, now)?;
+        crate::model::uses::spend(tx, AttestorId::Discovery.as_str(), subject, until, now)?;
     }
     Ok(())
 }

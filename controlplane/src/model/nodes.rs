@@ -26,7 +26,7 @@
 
 use serde_json::json;
 
-use crate::records::{self, BindingRow, CertRow, NewEvent, NodeRow};
+use crate::model::records::{self, BindingRow, CertRow, NewEvent, NodeRow};
 use crate::store::{params, DbError, Store, Tx, UnixMs};
 
 #[derive(Debug, thiserror::Error)]

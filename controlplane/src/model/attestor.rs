@@ -13,7 +13,7 @@ use bc_wire::token::JoinToken;
 
 // The machine-identity values an attestation result carries, re-exported
 // for the attestors' callers.
-pub use crate::machine::{
+pub use crate::model::machine::{
     normalize_mac, normalize_product_uuid, Binding, EkAssurance, Expect, ExpectFormatError,
     ExpectMismatch, BINDING_TPM_EK,
 };
@@ -204,11 +204,11 @@ pub struct AttestationResult {
     /// What a new node is scoped to: its site (a site token's, a
     /// ramdisk's), the command kinds it may be sent, the longest
     /// certificate it may hold. `None`: unscoped. Boxed: it is rare.
-    pub scope: Option<Box<crate::records::NodeScope>>,
+    pub scope: Option<Box<crate::model::records::NodeScope>>,
     /// The product UUID the attestor proved or an operator bound (normalized):
     /// a provisioned token's bound machine. Never a UUID the machine merely
     /// claims (a TPM join's, a discovery assertion's). Recorded as the node's
-    /// trusted hardware key unless it is a placeholder ([`crate::hardware`]).
+    /// trusted hardware key unless it is a placeholder ([`crate::model::hardware`]).
     pub proven_product_uuid: Option<String>,
     /// The token allows reclaiming the live node that holds this machine's
     /// hardware key (`token create --allow-reclaim`).

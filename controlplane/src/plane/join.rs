@@ -19,7 +19,7 @@
 //! 4. sign the answer.
 //!
 //! Every refusal rolls the transaction back, is counted in the refusal log
-//! ([`crate::eventlog`]: a `security.join.refused` event, identical ones
+//! ([`crate::model::eventlog`]: a `security.join.refused` event, identical ones
 //! aggregated per minute, written by one writer thread), logged, passed to the
 //! `on_refusal` hook, and answered as the same ACCESS_DENIED.
 
@@ -31,22 +31,21 @@ use bc_wire::token::JoinToken;
 use prost::Message;
 use time::Duration;
 
-use crate::api_error::ApiError;
-use crate::attestor::{
+use crate::model::attestor::{
     AttestInput, AttestationResult, Attestor, Binding, Deferral, Fault, OpenedToken, Prepared,
     Refusal, Verdict, JOIN_TOKEN,
 };
-use crate::csr::{knows_key_statement, verify_csr, CsrRefusal, VerifiedCsr};
-use crate::eventlog::Refused;
-pub use crate::hardware::check_expect;
+use crate::model::eventlog::Refused;
+pub use crate::model::hardware::check_expect;
+use crate::model::records::{self, JoinRow, NewEvent, NodeRow};
+use crate::model::{hardware, pools};
 use crate::pki::NodeCertSpec;
+use crate::plane::api_error::ApiError;
+use crate::plane::csr::{knows_key_statement, verify_csr, CsrRefusal, VerifiedCsr};
 use crate::plane::{ControlPlane, RefusalEvent};
-use crate::records::{self, JoinRow, NewEvent, NodeRow};
 use crate::store::{self, Commit, LockKey, Tx, UnixMs};
-use crate::{hardware, pools};
 
-pub mod reasons;
-pub use reasons::JoinReason;
+pub use crate::model::join_reasons::JoinReason;
 
 /// The outcome of the join transaction.
 enum Outcome {
@@ -57,7 +56,7 @@ enum Outcome {
     Deferred(Deferral),
     Refused(Refusal),
     /// The attestor asked for work outside the transaction first.
-    Prepare(crate::attestor::Work),
+    Prepare(crate::model::attestor::Work),
 }
 
 /// `Join`: a service over the control plane's shared state (see
@@ -373,7 +372,7 @@ impl JoinService<'_> {
         };
         if role == Role::Ramdisk {
             if let Some(token_id) = &result.token_id {
-                crate::boot::mark_joined(tx, token_id, &node_id, now)?;
+                crate::model::boot::mark_joined(tx, token_id, &node_id, now)?;
             }
         }
         let cert_ttl = match scope.max_cert_ttl_ms {
@@ -382,7 +381,7 @@ impl JoinService<'_> {
         };
         // A ramdisk's certificate never outlives its boot entry.
         let entry_end = match role {
-            Role::Ramdisk => crate::boot::cert_not_after(tx, &node_id)?,
+            Role::Ramdisk => crate::model::boot::cert_not_after(tx, &node_id)?,
             _ => None,
         };
 
@@ -412,7 +411,8 @@ impl JoinService<'_> {
                 ek_assurance: result.ek_assurance.map(|a| a.as_str().to_owned()),
                 identity_generation: generation,
                 at: now,
-                product_uuid: crate::attestor::normalize_product_uuid(&claims.product_uuid).ok(),
+                product_uuid: crate::model::attestor::normalize_product_uuid(&claims.product_uuid)
+                    .ok(),
             },
         )?;
         records::insert_event(

@@ -20,14 +20,14 @@
 //! are searched: a machine's PXE ramdisk (role ramdisk) and the system
 //! installed on it (role node) are two stages of one machine, not two
 //! claims to it; and a ramdisk node is retired when a later commissioning
-//! of its machine joins ([`crate::boot::retire_superseded`]), so it blocks
+//! of its machine joins ([`crate::model::boot::retire_superseded`]), so it blocks
 //! nothing.
 
 use bc_wire::agent::HardwareClaims;
 
-use crate::attestor::{AttestationResult, Refusal};
-use crate::join::reasons::JoinReason;
-use crate::machine::{ExpectMismatch, BINDING_TPM_EK};
+use crate::model::attestor::{AttestationResult, Refusal};
+use crate::model::join_reasons::JoinReason;
+use crate::model::machine::{ExpectMismatch, BINDING_TPM_EK};
 use crate::store::{params, DbError, Tx};
 
 /// The hardware identity an admitted join proved.
@@ -166,7 +166,7 @@ pub fn check_expect(result: &AttestationResult, claims: &HardwareClaims) -> Resu
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::machine::{Binding, Expect};
+    use crate::model::machine::{Binding, Expect};
 
     #[test]
     fn placeholder_uuids_are_never_hardware_keys() {

@@ -1,8 +1,8 @@
 //! The whole join through JoinService, on a real control plane DIR.
 
 use super::*;
-use crate::attestor::NodeKeyKind;
-use crate::tokens;
+use crate::model::attestor::NodeKeyKind;
+use crate::model::tokens;
 use std::sync::{Arc, Mutex};
 
 use crate::test_support::{both_backends, cp as fixture, cp_on, uri_sans, Backend, Cp as Fixture};
@@ -64,7 +64,7 @@ fn refusals(svc: &ControlPlane) -> Vec<String> {
 
 #[test]
 fn expect_binding_refuses_other_machines_and_spends_nothing() {
-    use crate::attestor::Expect;
+    use crate::model::attestor::Expect;
     let f = fixture();
     let expect = Expect {
         product_uuid: Some("4c4c4544-0042-3510-8052-b4c04f4e4d32".to_owned()),
@@ -290,7 +290,7 @@ impl Attestor for BadStatement {
 /// Admits with whatever result the test put in.
 struct Scripted {
     id: &'static str,
-    roles: crate::attestor::Roles,
+    roles: crate::model::attestor::Roles,
     result: Mutex<AttestationResult>,
 }
 
@@ -298,7 +298,7 @@ impl Scripted {
     fn new(id: &'static str) -> Arc<Self> {
         Arc::new(Scripted {
             id,
-            roles: crate::attestor::Roles {
+            roles: crate::model::attestor::Roles {
                 admits: &[Role::Node],
                 refusal: None,
             },
@@ -322,7 +322,7 @@ impl Attestor for Scripted {
     fn id(&self) -> &str {
         self.id
     }
-    fn roles(&self) -> crate::attestor::Roles {
+    fn roles(&self) -> crate::model::attestor::Roles {
         self.roles
     }
     fn verify(&self, _: &Tx<'_>, _: &AttestInput<'_>) -> Result<Verdict, Refusal> {
@@ -408,9 +408,9 @@ fn scripted_join(f: &Fixture, id: &str) -> Result<JoinResponseBody, ApiError> {
         .map(|r| open_body(&f.svc, &r))
 }
 
-fn binding(key: &str) -> Option<crate::attestor::Binding> {
-    Some(crate::attestor::Binding {
-        kind: crate::attestor::BINDING_TPM_EK.into(),
+fn binding(key: &str) -> Option<crate::model::attestor::Binding> {
+    Some(crate::model::attestor::Binding {
+        kind: crate::model::attestor::BINDING_TPM_EK.into(),
         key: key.into(),
     })
 }
@@ -488,7 +488,7 @@ fn bindings_admit_only_their_node() {
 fn pool_policy_refuses_unlisted_attestors_before_writing() {
     let f = fixture();
     let known = ["join-token", "tpm"];
-    crate::pools::create_pool(
+    crate::model::pools::create_pool(
         f.svc.database(),
         "metal",
         "alice",
@@ -533,7 +533,7 @@ fn pool_policy_refuses_unlisted_attestors_before_writing() {
     );
 
     // Listing join-token too admits it, into that pool.
-    crate::pools::set_join_attestors(
+    crate::model::pools::set_join_attestors(
         f.svc.database(),
         "metal",
         Some(&["join-token".to_owned(), "tpm".to_owned()]),
@@ -559,8 +559,13 @@ fn pool_policy_refuses_unlisted_attestors_before_writing() {
     );
 
     // A reclaim checks the node's pool, not the one the attestor names.
-    crate::pools::set_join_attestors(f.svc.database(), "metal", Some(&["tpm".to_owned()]), &known)
-        .unwrap();
+    crate::model::pools::set_join_attestors(
+        f.svc.database(),
+        "metal",
+        Some(&["tpm".to_owned()]),
+        &known,
+    )
+    .unwrap();
     let a = Scripted::replacing(&f, "join-token");
     f.svc.register_attestor(a.clone());
     a.set(AttestationResult {
