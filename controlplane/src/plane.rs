@@ -21,6 +21,8 @@ use std::sync::{Arc, RwLock};
 
 use time::Duration;
 
+use bc_wire::AttestorId;
+
 use crate::attestors::AttestorRegistry;
 use crate::config::ConfigError;
 use crate::model::attestor::Attestor;
@@ -138,14 +140,17 @@ impl ControlPlane {
     }
 
     /// The ids of the attestors this control plane runs (what a pool's
-    /// `joinAttestors` may name).
+    /// `joinAttestors` may name), in the order of their spellings.
     pub fn attestor_ids(&self) -> Vec<String> {
-        self.attestors
+        let mut ids: Vec<String> = self
+            .attestors
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .ids()
-            .map(str::to_owned)
-            .collect()
+            .map(|id| id.as_str().to_owned())
+            .collect();
+        ids.sort();
+        ids
     }
 
     /// Called with every refusal (in the request, after its event is
@@ -193,8 +198,8 @@ impl ControlPlane {
         self.bundle.join_signing_key()
     }
 
-    /// The attestor a request names (an empty name is `join-token`).
-    pub(crate) fn attestor(&self, id: &str) -> Option<Arc<dyn Attestor>> {
+    /// The attestor of `id`, if this control plane runs it.
+    pub(crate) fn attestor(&self, id: AttestorId) -> Option<Arc<dyn Attestor>> {
         self.attestors
             .read()
             .unwrap_or_else(|p| p.into_inner())

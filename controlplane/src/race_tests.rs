@@ -165,8 +165,17 @@ fn two_policy_changes_of_one_pool_at_once_keep_both() {
 fn approve_and_deny_of_one_request_at_once_decide_it_once() {
     let t = pg();
     let req =
-        t.db.write(|tx| enroll::insert_pending(tx, "tpm", &"ab".repeat(32), "CN=maker", "01", 1))
-            .unwrap();
+        t.db.write(|tx| {
+            enroll::insert_pending(
+                tx,
+                bc_wire::AttestorId::Tpm,
+                &"ab".repeat(32),
+                "CN=maker",
+                "01",
+                1,
+            )
+        })
+        .unwrap();
     let (a, b) = race(
         &t,
         |db| enroll::approve(db, &req.id, None, None),
@@ -183,9 +192,10 @@ fn approve_and_deny_of_one_request_at_once_decide_it_once() {
 fn an_approved_request_used_by_two_joins_at_once_is_used_once() {
     let t = pg();
     let ek = "cd".repeat(32);
-    let req =
-        t.db.write(|tx| enroll::insert_pending(tx, "tpm", &ek, "CN=maker", "01", 1))
-            .unwrap();
+    let req = t
+        .db
+        .write(|tx| enroll::insert_pending(tx, bc_wire::AttestorId::Tpm, &ek, "CN=maker", "01", 1))
+        .unwrap();
     enroll::approve(&t.db, &req.id, None, None).unwrap();
     let use_it = |db: &Store| {
         db.write(|tx| match enroll::open_request(tx, &ek)? {
@@ -206,7 +216,7 @@ fn an_approved_request_used_by_two_joins_at_once_is_used_once() {
 #[test]
 fn two_identity_revocations_at_once_raise_the_generation_twice() {
     let t = pg();
-    insert_node(&t.db, "node_r", "join-token", 1);
+    insert_node(&t.db, "node_r", bc_wire::AttestorId::JoinToken, 1);
     let (a, b) = race(
         &t,
         |db| nodes::revoke_identity(db, "node_r").unwrap(),

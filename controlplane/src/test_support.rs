@@ -3,6 +3,7 @@
 //! key, a CSR, a token join and a certificate, so the join, attestor, Renew
 //! and HTTP tests cannot drift apart.
 
+use bc_wire::AttestorId;
 use std::sync::Arc;
 
 use bc_wire::agent::{JoinRequest, JoinResponseBody, Role};
@@ -216,7 +217,7 @@ pub(crate) use both_backends;
 
 /// Inserts a live node `id` (role node, generation 1, pool default), as a
 /// join by `attestor` at `joined_at` would.
-pub(crate) fn insert_node(db: &Store, id: &str, attestor: &str, joined_at: UnixMs) {
+pub(crate) fn insert_node(db: &Store, id: &str, attestor: AttestorId, joined_at: UnixMs) {
     db.write(|tx| {
         records::insert_node(
             tx,
@@ -224,7 +225,7 @@ pub(crate) fn insert_node(db: &Store, id: &str, attestor: &str, joined_at: UnixM
                 id: id.to_owned(),
                 role: bc_wire::agent::Role::Node,
                 identity_generation: 1,
-                attestor: attestor.to_owned(),
+                attestor,
                 joined_at,
                 retired_at: None,
                 pool_id: crate::model::pools::DEFAULT_POOL.to_owned(),

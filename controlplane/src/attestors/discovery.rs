@@ -63,6 +63,7 @@
 
 use bc_wire::agent::{tpm_attestation, Role};
 use bc_wire::site;
+use bc_wire::AttestorId;
 
 use crate::attestors::join_token::live_token;
 use crate::attestors::tpm::{self, TpmAttestor, TpmProof};
@@ -77,8 +78,6 @@ use crate::store::{params, DbError, Tx, UnixMs};
 pub mod approval;
 mod reasons;
 pub use reasons::DiscoveryReason;
-
-pub const DISCOVERY: &str = bc_wire::AttestorId::Discovery.as_str();
 
 /// `[discovery]`: what a PXE ramdisk admitted by the `discovery` attestor
 /// gets, and the boot lease's TTL.
@@ -160,8 +159,8 @@ impl DiscoveryAttestor {
 }
 
 impl Attestor for DiscoveryAttestor {
-    fn id(&self) -> &str {
-        DISCOVERY
+    fn id(&self) -> AttestorId {
+        AttestorId::Discovery
     }
 
     fn roles(&self) -> crate::model::attestor::Roles {
@@ -196,7 +195,9 @@ impl Attestor for DiscoveryAttestor {
             Refusal::new(DiscoveryReason::AssertionMalformed)
         })?;
         let subject = site::use_subject(&signed);
-        if uses::is_spent(tx, DISCOVERY, &subject)? || spent_under_old_key(tx, input.evidence)? {
+        if uses::is_spent(tx, AttestorId::Discovery, &subject)?
+            || spent_under_old_key(tx, input.evidence)?
+        {
             // Spent by an operator's denial of the request it filed, or by
             // the join it admitted.
             let reason = match approval::denied_assertion(tx, &subject)? {
@@ -297,7 +298,7 @@ impl Attestor for DiscoveryAttestor {
             Some(Some(tpm_attestation::Round::Hello(hello))) => {
                 let challenge = match self
                     .tpm
-                    .challenge(tx, input, hello, DISCOVERY)
+                    .challenge(tx, input, hello, AttestorId::Discovery)
                     .map_err(tpm_refusal)?
                 {
                     tpm::Step::Done(c) => c,
@@ -356,7 +357,7 @@ impl Attestor for DiscoveryAttestor {
         }
 
         // One join per assertion; the token is spent, and the challenge.
-        if !uses::spend(tx, DISCOVERY, &subject, valid_until, input.now)? {
+        if !uses::spend(tx, AttestorId::Discovery, &subject, valid_until, input.now)? {
             return Err(refuse(DiscoveryReason::AssertionReused));
         }
         tokens::consume_use(tx, &token.id)?;
@@ -391,7 +392,11 @@ impl Attestor for DiscoveryAttestor {
 /// envelope now that [`site::parse_signed`] accepts one encoding only):
 /// a use from before an upgrade stays spent until it expires.
 fn spent_under_old_key(tx: &Tx<'_>, envelope: &[u8]) -> Result<bool, DbError> {
-    uses::is_spent(tx, DISCOVERY, &hex::encode(bc_wire::sha256(envelope)))
+    uses::is_spent(
+        tx,
+        AttestorId::Discovery,
+        &hex::encode(bc_wire::sha256(envelope)),
+    )
 }
 
 /// Whether the EK a join names or proved (`None`: no TPM evidence) is the
@@ -531,8 +536,16 @@ mod tests {
     fn a_used_assertion_is_refused_however_it_is_rewrapped() {
         let t = temp_db();
         let s = signed("site_a");
-        t.db.write(|tx| uses::spend(tx, DISCOVERY, &site::use_subject(&s), i64::MAX, 0))
-            .unwrap();
+        t.db.write(|tx| {
+            uses::spend(
+                tx,
+                AttestorId::Discovery,
+                &site::use_subject(&s),
+                i64::MAX,
+                0,
+            )
+        })
+        .unwrap();
         assert_eq!(
             refusal(&t.db, &s.encode_to_vec()),
             DiscoveryReason::AssertionReused

@@ -14,11 +14,11 @@
 
 use bc_wire::agent::Role;
 use bc_wire::token::JoinToken;
+use bc_wire::AttestorId;
 use subtle::ConstantTimeEq;
 
 use crate::model::attestor::{
     AttestInput, AttestationResult, Attestor, NodeKeyKind, OpenedToken, Refusal, Verdict,
-    JOIN_TOKEN,
 };
 use crate::model::tokens;
 use crate::store::Tx;
@@ -72,8 +72,8 @@ pub(crate) fn live_token<'t>(
 }
 
 impl Attestor for JoinTokenAttestor {
-    fn id(&self) -> &str {
-        JOIN_TOKEN
+    fn id(&self) -> AttestorId {
+        AttestorId::JoinToken
     }
 
     fn roles(&self) -> crate::model::attestor::Roles {

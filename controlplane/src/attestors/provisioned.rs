@@ -15,6 +15,8 @@
 //! the machine joins as a new node. Either way the UUID is proven, so it
 //! becomes the node's trusted hardware key.
 
+use bc_wire::AttestorId;
+
 use crate::attestors::join_token::live_token;
 use crate::model::attestor::{
     AttestInput, AttestationResult, Attestor, NodeKeyKind, Refusal, Verdict,
@@ -23,11 +25,9 @@ use crate::model::machine::normalize_product_uuid;
 use crate::model::{hardware, records, tokens};
 use crate::store::Tx;
 
-pub const PROVISIONED: &str = bc_wire::AttestorId::Provisioned.as_str();
-
 crate::reason::reasons! {
     /// The provisioned attestor's reasons, after [`live_token`]'s.
-    pub enum ProvisionedReason in PROVISIONED {
+    pub enum ProvisionedReason in "provisioned" {
         TokenRole = "token-role",
         TokenExhausted = "token-exhausted",
         NotSingleUse = "not-single-use",
@@ -40,8 +40,8 @@ crate::reason::reasons! {
 pub struct ProvisionedAttestor;
 
 impl Attestor for ProvisionedAttestor {
-    fn id(&self) -> &str {
-        PROVISIONED
+    fn id(&self) -> AttestorId {
+        AttestorId::Provisioned
     }
 
     fn roles(&self) -> crate::model::attestor::Roles {
@@ -60,7 +60,7 @@ impl Attestor for ProvisionedAttestor {
                 .with_node(target)
         };
         // A node join only: JoinService's role table (`token-role`).
-        if row.role != PROVISIONED {
+        if row.role != AttestorId::Provisioned.as_str() {
             return Err(refuse(ProvisionedReason::TokenRole));
         }
         if row.uses_left <= 0 {
@@ -127,9 +127,11 @@ mod tests {
             },
             ..TokenScope::default()
         };
-        db.write(|tx| tokens::insert_token(tx, PROVISIONED, uses, 60_000, &scope))
-            .unwrap()
-            .0
+        db.write(|tx| {
+            tokens::insert_token(tx, AttestorId::Provisioned.as_str(), uses, 60_000, &scope)
+        })
+        .unwrap()
+        .0
     }
 
     /// The attestor in a transaction committed whatever the outcome, so a

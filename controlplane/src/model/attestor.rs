@@ -10,6 +10,7 @@
 
 use bc_wire::agent::{HardwareClaims, Role, TpmAttestation};
 use bc_wire::token::JoinToken;
+use bc_wire::AttestorId;
 
 // The machine-identity values an attestation result carries, re-exported
 // for the attestors' callers.
@@ -20,13 +21,10 @@ pub use crate::model::machine::{
 use crate::reason::AnyReason;
 use crate::store::{Tx, UnixMs};
 
-/// The id of the built-in attestor, and what an empty `JoinRequest.attestor` means.
-pub const JOIN_TOKEN: &str = bc_wire::AttestorId::JoinToken.as_str();
-
 /// An attestor: verifies one kind of evidence inside the join transaction.
 pub trait Attestor: Send + Sync {
     /// The id a `JoinRequest.attestor` names it by.
-    fn id(&self) -> &str;
+    fn id(&self) -> AttestorId;
     /// Runs inside the join transaction (BEGIN IMMEDIATE: the write lock is
     /// held). Whatever it writes is committed only on `Admit` or `Defer`.
     fn verify(&self, tx: &Tx<'_>, input: &AttestInput<'_>) -> Result<Verdict, Refusal>;
@@ -230,7 +228,7 @@ pub enum Deferral {
     },
     /// The agent must answer `payload` (e.g. a TPM credential challenge).
     Challenge {
-        attestor: String,
+        attestor: AttestorId,
         payload: Vec<u8>,
         not_after: UnixMs,
     },

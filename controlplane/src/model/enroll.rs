@@ -227,7 +227,7 @@ fn read_resolve(r: &Row) -> Result<ResolveEntry, DbError> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct JoinRequestRow {
     pub id: String,
-    pub attestor: String,
+    pub attestor: AttestorId,
     /// The EK the machine proved; `None`: a discovery join without a TPM.
     pub ek_sha256: Option<String>,
     pub ek_issuer: String,
@@ -266,7 +266,7 @@ pub(crate) const REQUEST_SELECT: &str =
 pub(crate) fn read_request(r: &Row) -> Result<JoinRequestRow, DbError> {
     Ok(JoinRequestRow {
         id: r.get(0)?,
-        attestor: r.get(1)?,
+        attestor: records::attestor_at(r, 1, "join_requests.attestor")?,
         ek_sha256: r.get(2)?,
         ek_issuer: r.get(3)?,
         ek_serial: r.get(4)?,
@@ -302,7 +302,7 @@ pub fn open_request(tx: &Tx<'_>, ek_sha256: &str) -> Result<Option<JoinRequestRo
 /// the deferral).
 pub fn insert_pending(
     tx: &Tx<'_>,
-    attestor: &str,
+    attestor: AttestorId,
     ek_sha256: &str,
     ek_issuer: &str,
     ek_serial: &str,
@@ -316,7 +316,7 @@ pub fn insert_pending(
     )?;
     Ok(JoinRequestRow {
         id,
-        attestor: attestor.to_owned(),
+        attestor,
         ek_sha256: Some(ek_sha256.to_owned()),
         ek_issuer: ek_issuer.to_owned(),
         ek_serial: ek_serial.to_owned(),
@@ -445,8 +445,7 @@ fn decide_in(
         return Err(EnrollError::Conflict(format!(
             "join request {id} is already {}; only a pending request can be decided{}",
             row.status,
-            if row.status == RequestStatus::Denied && row.attestor == AttestorId::Discovery.as_str()
-            {
+            if row.status == RequestStatus::Denied && row.attestor == AttestorId::Discovery {
                 " (PXE-boot the machine again: its new join files a new request)"
             } else if row.status == RequestStatus::Denied {
                 " (to admit that TPM now, add a resolve entry for its ekSha256)"
@@ -455,7 +454,7 @@ fn decide_in(
             }
         )));
     }
-    if row.attestor == AttestorId::Discovery.as_str() && (pool.is_some() || site.is_some()) {
+    if row.attestor == AttestorId::Discovery && (pool.is_some() || site.is_some()) {
         return Err(EnrollError::InvalidInput(format!(
             "join request {id} is a discovery join: its machine joins as a ramdisk of its boot entry's site (--pool and --site are for tpm enrollment)"
         )));
@@ -502,7 +501,7 @@ fn spend_denied(tx: &Tx<'_>, row: &JoinRequestRow, now: UnixMs) -> Result<(), Db
     if let (Some(subject), Some(until)) =
         (row.assertion_sha256.as_deref(), row.assertion_expires_at)
     {
-        crate::model::uses::spend(tx, AttestorId::Discovery.as_str(), subject, until, now)?;
+        crate::model::uses::spend(tx, AttestorId::Discovery, subject, until, now)?;
     }
     Ok(())
 }

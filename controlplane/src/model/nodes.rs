@@ -241,7 +241,7 @@ mod tests {
     use crate::test_support::temp_db as fixture;
 
     fn node(db: &Store, id: &str) {
-        crate::test_support::insert_node(db, id, "join-token", 1);
+        crate::test_support::insert_node(db, id, bc_wire::AttestorId::JoinToken, 1);
     }
 
     fn cert(db: &Store, id: &str, serial: &str, generation: i64) {

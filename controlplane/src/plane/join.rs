@@ -28,12 +28,13 @@ use std::net::IpAddr;
 use bc_wire::agent::{self, join_response_body, JoinRequest, JoinResponse, JoinResponseBody, Role};
 use bc_wire::signing::{self, Purpose};
 use bc_wire::token::JoinToken;
+use bc_wire::AttestorId;
 use prost::Message;
 use time::Duration;
 
 use crate::model::attestor::{
     AttestInput, AttestationResult, Attestor, Binding, Deferral, Fault, OpenedToken, Prepared,
-    Refusal, Verdict, JOIN_TOKEN,
+    Refusal, Verdict,
 };
 use crate::model::eventlog::Refused;
 pub use crate::model::hardware::check_expect;
@@ -125,7 +126,7 @@ impl JoinService<'_> {
             Ok(r) => r,
         };
         let attestor_name = if req.attestor.is_empty() {
-            JOIN_TOKEN.to_owned()
+            AttestorId::JoinToken.as_str().to_owned()
         } else {
             printable(&req.attestor)
         };
@@ -139,7 +140,15 @@ impl JoinService<'_> {
                 return Err(self.refuse(&attestor_name, Refusal::new(reason), source));
             }
         };
-        let attestor = self.attestor(&req.attestor);
+        // Parsed once: an empty name is `join-token`; a name of no built-in
+        // attestor, like one this control plane does not run, is refused
+        // under the name as sent.
+        let requested = if req.attestor.is_empty() {
+            Some(AttestorId::JoinToken)
+        } else {
+            req.attestor.parse::<AttestorId>().ok()
+        };
+        let attestor = requested.and_then(|id| self.attestor(id));
         let Some(attestor) = attestor else {
             return Err(self.refuse(
                 &attestor_name,
@@ -147,7 +156,7 @@ impl JoinService<'_> {
                 source,
             ));
         };
-        let attestor_id = attestor.id().to_owned();
+        let attestor_id = attestor.id();
         if req.tpm.is_some() && !attestor.takes_tpm_evidence() {
             return Err(ApiError::InvalidInput(format!(
                 "JoinRequest.tpm is TPM evidence beside another attestor's; {attestor_id} takes none (a tpm join sends it as its attestation)"
@@ -155,7 +164,7 @@ impl JoinService<'_> {
         }
         // A role the attestor never admits is refused before it runs.
         if let Err(refusal) = check_role(attestor.as_ref(), role, None) {
-            return Err(self.refuse(&attestor_id, refusal, source));
+            return Err(self.refuse(attestor_id.as_str(), refusal, source));
         }
 
         let token = if req.sealed_token.is_empty() {
@@ -174,7 +183,7 @@ impl JoinService<'_> {
                 ),
                 Err(_) => {
                     return Err(self.refuse(
-                        &attestor_id,
+                        attestor_id.as_str(),
                         Refusal::new(JoinReason::TokenUnopenable),
                         source,
                     ))
@@ -214,7 +223,7 @@ impl JoinService<'_> {
                             Ok(Verdict::Admit(result)) => {
                                 let request = Admission {
                                     role,
-                                    attestor_id: &attestor_id,
+                                    attestor_id,
                                     csr: &csr,
                                     claims: &claims,
                                 };
@@ -235,7 +244,9 @@ impl JoinService<'_> {
                     prepared_once = true;
                     prepared = match attestor.prepare(self.database(), &work, source) {
                         Ok(p) => p,
-                        Err(refusal) => return Err(self.refuse(&attestor_id, refusal, source)),
+                        Err(refusal) => {
+                            return Err(self.refuse(attestor_id.as_str(), refusal, source))
+                        }
                     };
                 }
                 other => break other,
@@ -249,7 +260,9 @@ impl JoinService<'_> {
                     "attestor {attestor_id} asked for work outside the transaction twice"
                 )))
             }
-            Outcome::Refused(refusal) => return Err(self.refuse(&attestor_id, refusal, source)),
+            Outcome::Refused(refusal) => {
+                return Err(self.refuse(attestor_id.as_str(), refusal, source))
+            }
             Outcome::Deferred(d) => {
                 tracing::info!(attestor = %attestor_id, "join deferred");
                 JoinResponseBody {
@@ -339,7 +352,7 @@ impl JoinService<'_> {
                         id: id.clone(),
                         role,
                         identity_generation: 1,
-                        attestor: attestor_id.to_owned(),
+                        attestor: attestor_id,
                         joined_at: now,
                         retired_at: None,
                         pool_id: pool.id.clone(),
@@ -406,7 +419,7 @@ impl JoinService<'_> {
             tx,
             &JoinRow {
                 node_id: node_id.clone(),
-                attestor: attestor_id.to_owned(),
+                attestor: attestor_id,
                 node_key: result.node_key.as_str().to_owned(),
                 ek_assurance: result.ek_assurance.map(|a| a.as_str().to_owned()),
                 identity_generation: generation,
@@ -420,12 +433,12 @@ impl JoinService<'_> {
             &NewEvent {
                 kind: records::EVENT_NODE_JOINED,
                 at: now,
-                attestor: Some(attestor_id),
+                attestor: Some(attestor_id.as_str()),
                 reason: None,
                 token_id: result.token_id.as_deref(),
                 node_id: Some(&node_id),
                 data: serde_json::json!({
-                    "attestor": attestor_id,
+                    "attestor": attestor_id.as_str(),
                     "nodeKey": result.node_key.as_str(),
                     "ekAssurance": result.ek_assurance.map(|a| a.as_str()),
                     "role": role.name(),
@@ -526,7 +539,7 @@ impl JoinService<'_> {
 #[derive(Clone, Copy)]
 struct Admission<'a> {
     role: Role,
-    attestor_id: &'a str,
+    attestor_id: AttestorId,
     csr: &'a VerifiedCsr,
     claims: &'a agent::HardwareClaims,
 }
@@ -665,7 +678,7 @@ fn binding<'r>(
 /// the attestor and the join's EK assurance.
 fn pool_policy(
     tx: &Tx<'_>,
-    attestor_id: &str,
+    attestor_id: AttestorId,
     result: &AttestationResult,
     existing: Option<&NodeRow>,
 ) -> Result<pools::PoolRow, Refusal> {
@@ -684,7 +697,7 @@ fn pool_policy(
     };
     let pool = pools::get(tx, &pool_id)?.ok_or_else(|| refuse(JoinReason::UnknownPool, reclaim))?;
     if let Some(allowed) = pool.join_attestors()? {
-        if !allowed.iter().any(|a| a == attestor_id) {
+        if !allowed.iter().any(|a| a == attestor_id.as_str()) {
             return Err(refuse(JoinReason::PoolAttestor, reclaim).with_pool(&pool.id, &pool.owner));
         }
     }
@@ -768,7 +781,7 @@ fn deferral_to_wire(d: Deferral) -> join_response_body::Deferral {
             payload,
             not_after,
         } => join_response_body::Deferral::Challenge(agent::JoinChallenge {
-            attestor,
+            attestor: attestor.as_str().to_owned(),
             payload,
             not_after_unix_ms: not_after,
         }),

@@ -33,6 +33,7 @@ pub mod resolve;
 
 use bc_wire::agent::Role;
 use bc_wire::cloud_iid::Evidence;
+use bc_wire::AttestorId;
 
 use crate::model::attestor::{
     AttestInput, AttestationResult, Attestor, NodeKeyKind, Refusal, Verdict,
@@ -40,12 +41,11 @@ use crate::model::attestor::{
 use crate::model::uses;
 use crate::store::{Tx, UnixMs};
 
-pub const CLOUD_IID: &str = bc_wire::AttestorId::CloudIid.as_str();
 pub use bc_wire::cloud_iid::{AWS, AZURE, GCP};
 
 crate::reason::reasons! {
     /// The cloud-iid attestor's reasons (its providers' checks' too).
-    pub enum CloudReason in CLOUD_IID {
+    pub enum CloudReason in "cloud-iid" {
         Malformed = "cloud-malformed",
         UnknownProvider = "cloud-unknown-provider",
         Signature = "cloud-signature",
@@ -200,8 +200,8 @@ impl CloudIidAttestor {
 }
 
 impl Attestor for CloudIidAttestor {
-    fn id(&self) -> &str {
-        CLOUD_IID
+    fn id(&self) -> AttestorId {
+        AttestorId::CloudIid
     }
 
     fn roles(&self) -> crate::model::attestor::Roles {
@@ -216,7 +216,7 @@ impl Attestor for CloudIidAttestor {
             .map_err(|_| Refusal::new(CloudReason::Malformed))?;
         let id = self.identify(&evidence, input.now).map_err(Refusal::new)?;
         let subject = id.subject();
-        if uses::is_spent(tx, CLOUD_IID, &subject)? {
+        if uses::is_spent(tx, AttestorId::CloudIid, &subject)? {
             return Err(Refusal::new(CloudReason::InstanceReused));
         }
         let Some(row) = resolve::lookup(tx, id.provider, &id.account, &id.zone)? else {
@@ -225,7 +225,7 @@ impl Attestor for CloudIidAttestor {
         let mut roles = self.config.roles.clone();
         roles.extend(row.roles.iter().filter(|r| !self.config.roles.contains(r)));
         // Admitted exactly once, ever: the row never expires.
-        if !uses::spend(tx, CLOUD_IID, &subject, UnixMs::MAX, input.now)? {
+        if !uses::spend(tx, AttestorId::CloudIid, &subject, UnixMs::MAX, input.now)? {
             return Err(Refusal::new(CloudReason::InstanceReused));
         }
         tracing::info!(provider = id.provider, account = %id.account, zone = %id.zone, instance = %id.instance, "cloud-iid: verified identity document");

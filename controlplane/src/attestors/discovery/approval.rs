@@ -35,6 +35,7 @@
 //! request is filed only for a join that would otherwise have been
 //! admitted.
 
+use bc_wire::AttestorId;
 use std::net::IpAddr;
 
 use crate::model::attestor::{AttestInput, Deferral, Refusal};
@@ -221,7 +222,7 @@ fn insert(tx: &Tx<'_>, p: &Pending<'_>, node_key: &str) -> Result<JoinRequestRow
     let id = crate::ids::random_id("req_").map_err(DbError::Random)?;
     let row = JoinRequestRow {
         id,
-        attestor: super::DISCOVERY.to_owned(),
+        attestor: AttestorId::Discovery,
         ek_sha256: p.ek.map(|e| e.sha256.clone()),
         ek_issuer: p.ek.map(|e| e.issuer.clone()).unwrap_or_default(),
         ek_serial: p.ek.map(|e| e.serial.clone()).unwrap_or_default(),
@@ -469,7 +470,7 @@ mod tests {
         assert!(row.revoked_at.is_some(), "the token is revoked");
         let spent = t
             .db
-            .read(|tx| crate::model::uses::is_spent(tx, super::super::DISCOVERY, &assertion_of(1)))
+            .read(|tx| crate::model::uses::is_spent(tx, AttestorId::Discovery, &assertion_of(1)))
             .unwrap();
         assert!(spent, "the assertion is spent");
     }

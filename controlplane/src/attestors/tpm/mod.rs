@@ -76,6 +76,7 @@ pub mod state;
 
 use bc_wire::agent::{tpm_attestation, Role, TpmAnswer, TpmAttestation, TpmChallenge, TpmHello};
 use bc_wire::tpm::{self as wtpm, Attested, Public};
+use bc_wire::AttestorId;
 use prost::Message;
 use subtle::ConstantTimeEq;
 
@@ -91,9 +92,6 @@ use ek_service::{known, Claim, EkServices, EkServicesConfig, Fetched};
 pub use pcr::PcrPolicy;
 pub use reasons::TpmReason;
 use state::{ChallengeKey, ChallengeState};
-
-/// The attestor's id.
-pub const TPM: &str = bc_wire::AttestorId::Tpm.as_str();
 
 /// The longest a challenge may stay open (the spec: at most 5 minutes).
 pub const MAX_CHALLENGE_TTL_MS: i64 = 5 * 60 * 1000;
@@ -378,7 +376,7 @@ impl TpmAttestor {
         tx: &Tx<'_>,
         input: &AttestInput<'_>,
         hello: &TpmHello,
-        attestor: &str,
+        attestor: AttestorId,
     ) -> Result<Step<Challenge>, Refusal> {
         let mut pending = None;
         let (ek, assurance) = if !hello.ek_certificate.is_empty() {
@@ -460,13 +458,13 @@ impl TpmAttestor {
             tpm_manufacturer = %ek_service::manufacturer_text(hello.tpm_manufacturer),
             tpm_vendor = %ek_service::vendor_text(&hello.tpm_vendor),
             tpm_firmware = format_args!("{:016x}", hello.tpm_firmware),
-            attestor,
+            attestor = attestor.as_str(),
             "tpm: EK verified, credential challenge sent"
         );
         Ok(Step::Done(Challenge {
             ek_sha256: hex::encode(ek.spki_sha256),
             deferral: Deferral::Challenge {
-                attestor: attestor.to_owned(),
+                attestor,
                 payload,
                 not_after,
             },
@@ -492,7 +490,7 @@ impl TpmAttestor {
             return Err(Refusal::new(TpmReason::ChallengeExpired));
         }
         let subject = challenge_subject(&answer.state);
-        if crate::model::uses::is_spent(tx, TPM, &subject)? {
+        if crate::model::uses::is_spent(tx, AttestorId::Tpm, &subject)? {
             return Err(Refusal::new(TpmReason::ChallengeReused));
         }
         if !bool::from(answer.secret.as_slice().ct_eq(st.secret.as_slice())) {
@@ -572,7 +570,8 @@ impl TpmAttestor {
         proof: &TpmProof,
         now: crate::store::UnixMs,
     ) -> Result<(), Refusal> {
-        if !crate::model::uses::spend(tx, TPM, &proof.subject, proof.st.not_after, now)? {
+        if !crate::model::uses::spend(tx, AttestorId::Tpm, &proof.subject, proof.st.not_after, now)?
+        {
             return Err(Refusal::new(TpmReason::ChallengeReused));
         }
         Ok(())
@@ -913,7 +912,7 @@ fn place(
         None => {
             let req = enroll::insert_pending(
                 tx,
-                TPM,
+                AttestorId::Tpm,
                 ek_sha256,
                 &st.ek_issuer,
                 &st.ek_serial,
@@ -944,8 +943,8 @@ fn place(
 }
 
 impl Attestor for TpmAttestor {
-    fn id(&self) -> &str {
-        TPM
+    fn id(&self) -> AttestorId {
+        AttestorId::Tpm
     }
 
     fn roles(&self) -> crate::model::attestor::Roles {
@@ -969,7 +968,7 @@ impl Attestor for TpmAttestor {
             .map_err(|_| Refusal::new(TpmReason::EvidenceMalformed))?;
         match &evidence.round {
             Some(tpm_attestation::Round::Hello(h)) => {
-                Ok(match self.challenge(tx, input, h, TPM)? {
+                Ok(match self.challenge(tx, input, h, AttestorId::Tpm)? {
                     Step::Done(c) => Verdict::Defer(c.deferral),
                     Step::Prepare(work) => Verdict::Prepare(work),
                 })

@@ -228,7 +228,7 @@ fn round_one_challenges_and_writes_nothing() {
     else {
         panic!("no challenge")
     };
-    assert_eq!(attestor, TPM);
+    assert_eq!(attestor, AttestorId::Tpm);
     assert_eq!(not_after, NOW + MAX_CHALLENGE_TTL_MS);
     let ch = TpmChallenge::decode(payload.as_slice()).unwrap();
     // The sizes swtpm's ActivateCredential takes (tpm-notes §5).
@@ -475,7 +475,7 @@ fn placement_order_binding_then_resolve_then_requests() {
 }
 
 fn insert_node(db: &Store, id: &str) -> String {
-    crate::test_support::insert_node(db, id, "join-token", NOW);
+    crate::test_support::insert_node(db, id, AttestorId::JoinToken, NOW);
     id.to_owned()
 }
 
@@ -883,7 +883,7 @@ mod through_join_service {
             let resp = crate::plane::join::JoinService::new(&self.svc).join(JoinRequest {
                 csr: CSR.to_vec(),
                 role: Role::Node as i32,
-                attestor: TPM.into(),
+                attestor: AttestorId::Tpm.as_str().into(),
                 attestation: evidence,
                 ..Default::default()
             })?;
@@ -921,7 +921,7 @@ mod through_join_service {
         let Some(join_response_body::Deferral::Challenge(ch)) = body.deferral else {
             panic!("no challenge")
         };
-        assert_eq!(ch.attestor, TPM);
+        assert_eq!(ch.attestor, AttestorId::Tpm.as_str());
         assert!(ch.not_after_unix_ms > NOW);
         assert!(TpmChallenge::decode(ch.payload.as_slice()).is_ok());
         assert!(records::list_events(c.db()).unwrap().is_empty());
@@ -956,7 +956,7 @@ mod through_join_service {
         );
         let ev = records::list_events(c.db()).unwrap();
         assert_eq!(ev[0].kind, records::EVENT_NODE_JOINED);
-        assert_eq!(ev[0].attestor.as_deref(), Some(TPM));
+        assert_eq!(ev[0].attestor.as_deref(), Some(AttestorId::Tpm.as_str()));
         assert_eq!(ev[0].data["nodeKey"], "tpm");
         assert_eq!(ev[0].data["pool"], "default");
 
@@ -968,7 +968,7 @@ mod through_join_service {
         assert_eq!(
             c.refusals(),
             [(
-                TPM.to_owned(),
+                AttestorId::Tpm.as_str().to_owned(),
                 TpmReason::ChallengeReused.as_str().to_owned()
             )]
         );
@@ -1053,7 +1053,7 @@ mod through_join_service {
         assert_eq!(
             c.refusals(),
             [(
-                TPM.to_owned(),
+                AttestorId::Tpm.as_str().to_owned(),
                 JoinReason::BoundElsewhere.as_str().to_owned()
             )]
         );
@@ -1090,7 +1090,10 @@ mod through_join_service {
         ));
         assert_eq!(
             c.refusals(),
-            [(TPM.to_owned(), JoinReason::PoolAttestor.as_str().to_owned())]
+            [(
+                AttestorId::Tpm.as_str().to_owned(),
+                JoinReason::PoolAttestor.as_str().to_owned()
+            )]
         );
         let ev = records::list_events(c.db()).unwrap();
         assert_eq!(ev[0].data["poolOwner"], "bob");

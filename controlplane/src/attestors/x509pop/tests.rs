@@ -115,7 +115,7 @@ impl Fixture {
         let resp = crate::plane::join::JoinService::new(&self.svc).join(JoinRequest {
             csr,
             role: role as i32,
-            attestor: X509POP.into(),
+            attestor: AttestorId::X509Pop.as_str().into(),
             attestation,
             ..Default::default()
         })?;
@@ -129,7 +129,7 @@ impl Fixture {
             .into_iter()
             .filter(|e| e.kind == records::EVENT_JOIN_REFUSED)
             .flat_map(|e| {
-                assert_eq!(e.attestor.as_deref(), Some(X509POP));
+                assert_eq!(e.attestor.as_deref(), Some(AttestorId::X509Pop.as_str()));
                 let n = e.data["count"].as_u64().unwrap() as usize;
                 std::iter::repeat_n(e.reason.unwrap(), n)
             })
@@ -175,8 +175,8 @@ fn rejoins_as_itself_after_an_offline_expiry() {
     // Reclaimed in place: generation raised, the old certificate revoked.
     let node = f.node(&old.node_id);
     assert_eq!(
-        (node.identity_generation, node.attestor.as_str()),
-        (2, X509POP)
+        (node.identity_generation, node.attestor),
+        (2, AttestorId::X509Pop)
     );
     let certs = records::list_certs(f.db(), &old.node_id).unwrap();
     assert_eq!(
@@ -189,7 +189,10 @@ fn rejoins_as_itself_after_an_offline_expiry() {
     let ev = records::list_events(f.db()).unwrap();
     let joined = ev.last().unwrap();
     assert_eq!(joined.kind, records::EVENT_NODE_JOINED);
-    assert_eq!(joined.attestor.as_deref(), Some(X509POP));
+    assert_eq!(
+        joined.attestor.as_deref(),
+        Some(AttestorId::X509Pop.as_str())
+    );
     assert_eq!(joined.data["nodeKey"], "unattested");
     assert_eq!(joined.data["reclaim"], true);
     assert_eq!(joined.data["identityGeneration"], 2);
@@ -396,7 +399,7 @@ fn only_our_own_current_certificates_rejoin() {
 
     // None of it touched a node.
     for n in [&a, &b, &c, &d] {
-        assert_eq!(f.node(&n.node_id).attestor, "join-token");
+        assert_eq!(f.node(&n.node_id).attestor, AttestorId::JoinToken);
     }
 }
 
@@ -479,7 +482,7 @@ fn a_proof_admits_once_even_across_a_restart() {
         .join(JoinRequest {
             csr: csr.clone(),
             role: Role::Node as i32,
-            attestor: X509POP.into(),
+            attestor: AttestorId::X509Pop.as_str().into(),
             attestation: proof.to_json(),
             ..Default::default()
         })
@@ -498,7 +501,7 @@ fn a_tpm_statement_is_not_carried_but_recorded() {
     let ak_name = [&[0u8, 0x0b][..], &[0xab; 32]].concat();
     let statement = bc_wire::tpm::ak_statement(&ak_name).unwrap();
     let node_id = "node_tpmbound".to_owned();
-    test_support::insert_node(f.db(), &node_id, "tpm", f.now());
+    test_support::insert_node(f.db(), &node_id, AttestorId::Tpm, f.now());
     let id = f.issue_identity(&node_id, std::slice::from_ref(&statement), 1, true);
     f.move_clock(2 * 86_400_000);
     let (body, _) = f.rejoin(&id, Role::Node).unwrap();

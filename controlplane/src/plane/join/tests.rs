@@ -3,6 +3,7 @@
 use super::*;
 use crate::model::attestor::NodeKeyKind;
 use crate::model::tokens;
+use bc_wire::AttestorId;
 use std::sync::{Arc, Mutex};
 
 use crate::test_support::{both_backends, cp as fixture, cp_on, uri_sans, Backend, Cp as Fixture};
@@ -262,8 +263,8 @@ fn parallel_joins_spend_a_token_once(backend: Backend) {
 
 struct Deferring;
 impl Attestor for Deferring {
-    fn id(&self) -> &str {
-        JOIN_TOKEN
+    fn id(&self) -> AttestorId {
+        AttestorId::JoinToken
     }
     fn verify(&self, _: &Tx<'_>, _: &AttestInput<'_>) -> Result<Verdict, Refusal> {
         Ok(Verdict::Defer(Deferral::Pending {
@@ -275,8 +276,8 @@ impl Attestor for Deferring {
 
 struct BadStatement;
 impl Attestor for BadStatement {
-    fn id(&self) -> &str {
-        "bad-statement"
+    fn id(&self) -> AttestorId {
+        AttestorId::Provisioned
     }
     fn verify(&self, _: &Tx<'_>, _: &AttestInput<'_>) -> Result<Verdict, Refusal> {
         Ok(Verdict::Admit(Box::new(AttestationResult {
@@ -289,13 +290,13 @@ impl Attestor for BadStatement {
 
 /// Admits with whatever result the test put in.
 struct Scripted {
-    id: &'static str,
+    id: AttestorId,
     roles: crate::model::attestor::Roles,
     result: Mutex<AttestationResult>,
 }
 
 impl Scripted {
-    fn new(id: &'static str) -> Arc<Self> {
+    fn new(id: AttestorId) -> Arc<Self> {
         Arc::new(Scripted {
             id,
             roles: crate::model::attestor::Roles {
@@ -306,7 +307,7 @@ impl Scripted {
         })
     }
     /// One standing in for a built-in attestor, with its roles.
-    fn replacing(f: &Fixture, id: &'static str) -> Arc<Self> {
+    fn replacing(f: &Fixture, id: AttestorId) -> Arc<Self> {
         Arc::new(Scripted {
             id,
             roles: f.svc.attestor(id).unwrap().roles(),
@@ -319,7 +320,7 @@ impl Scripted {
 }
 
 impl Attestor for Scripted {
-    fn id(&self) -> &str {
+    fn id(&self) -> AttestorId {
         self.id
     }
     fn roles(&self) -> crate::model::attestor::Roles {
@@ -340,7 +341,7 @@ fn every_attestor_serve_runs_names_its_roles() {
     let ids = cp.svc.attestor_ids();
     assert_eq!(ids.len(), 6, "{ids:?}");
     for id in ids {
-        let a = cp.svc.attestor(&id).unwrap();
+        let a = cp.svc.attestor(id.parse().unwrap()).unwrap();
         let roles = a.roles();
         assert!(
             roles.refusal.is_some() && !roles.admits.is_empty(),
@@ -355,7 +356,7 @@ fn every_attestor_serve_runs_names_its_roles() {
 #[test]
 fn roles_are_checked_in_one_place() {
     let f = fixture();
-    let a = Scripted::new("hw");
+    let a = Scripted::new(AttestorId::Tpm);
     f.svc.register_attestor(a.clone());
     let join_as = |id: &str, role: Role| {
         let (_, csr) = new_csr();
@@ -364,7 +365,7 @@ fn roles_are_checked_in_one_place() {
         JoinService::new(&f.svc).join(req)
     };
     assert!(matches!(
-        join_as("hw", Role::Site),
+        join_as("tpm", Role::Site),
         Err(ApiError::AccessDenied)
     ));
     assert_eq!(refusals(&f.svc).last().unwrap(), JoinReason::Role.as_str());
@@ -373,15 +374,15 @@ fn roles_are_checked_in_one_place() {
         ..AttestationResult::default()
     });
     assert!(matches!(
-        join_as("hw", Role::Node),
+        join_as("tpm", Role::Node),
         Err(ApiError::AccessDenied)
     ));
     assert_eq!(refusals(&f.svc).last().unwrap(), JoinReason::Role.as_str());
     assert!(records::list_nodes(f.svc.database()).unwrap().is_empty());
     a.set(AttestationResult::default());
-    assert!(join_as("hw", Role::Node).is_ok());
+    assert!(join_as("tpm", Role::Node).is_ok());
 
-    let x = Scripted::replacing(&f, crate::attestors::cloud_iid::CLOUD_IID);
+    let x = Scripted::replacing(&f, AttestorId::CloudIid);
     f.svc.register_attestor(x.clone());
     x.set(AttestationResult {
         roles: Some(vec![Role::Node]),
@@ -418,13 +419,13 @@ fn binding(key: &str) -> Option<crate::model::attestor::Binding> {
 #[test]
 fn bindings_admit_only_their_node() {
     let f = fixture();
-    let a = Scripted::new("hw");
+    let a = Scripted::new(AttestorId::Tpm);
     f.svc.register_attestor(a.clone());
     a.set(AttestationResult {
         binding: binding("k1"),
         ..Default::default()
     });
-    let node_a = scripted_join(&f, "hw").unwrap().node_id;
+    let node_a = scripted_join(&f, "tpm").unwrap().node_id;
     let b = records::list_bindings(f.svc.database()).unwrap();
     assert_eq!(
         (b.len(), b[0].node_id.as_str(), b[0].key.as_str()),
@@ -433,7 +434,7 @@ fn bindings_admit_only_their_node() {
 
     // The same key for a new node: refused.
     assert!(matches!(
-        scripted_join(&f, "hw"),
+        scripted_join(&f, "tpm"),
         Err(ApiError::AccessDenied)
     ));
     // The same key reclaiming its node: fine, and the binding is kept.
@@ -442,17 +443,17 @@ fn bindings_admit_only_their_node() {
         binding: binding("k1"),
         ..Default::default()
     });
-    assert_eq!(scripted_join(&f, "hw").unwrap().node_id, node_a);
+    assert_eq!(scripted_join(&f, "tpm").unwrap().node_id, node_a);
     // The key bound to A, joining as B.
     a.set(AttestationResult::default());
-    let node_b = scripted_join(&f, "hw").unwrap().node_id;
+    let node_b = scripted_join(&f, "tpm").unwrap().node_id;
     a.set(AttestationResult {
         reclaim_node_id: Some(node_b.clone()),
         binding: binding("k1"),
         ..Default::default()
     });
     assert!(matches!(
-        scripted_join(&f, "hw"),
+        scripted_join(&f, "tpm"),
         Err(ApiError::AccessDenied)
     ));
     // Another key of the same kind for A, which already has one.
@@ -462,7 +463,7 @@ fn bindings_admit_only_their_node() {
         ..Default::default()
     });
     assert!(matches!(
-        scripted_join(&f, "hw"),
+        scripted_join(&f, "tpm"),
         Err(ApiError::AccessDenied)
     ));
     assert_eq!(
@@ -566,7 +567,7 @@ fn pool_policy_refuses_unlisted_attestors_before_writing() {
         &known,
     )
     .unwrap();
-    let a = Scripted::replacing(&f, "join-token");
+    let a = Scripted::replacing(&f, AttestorId::JoinToken);
     f.svc.register_attestor(a.clone());
     a.set(AttestationResult {
         reclaim_node_id: Some(body.node_id.clone()),
@@ -597,7 +598,7 @@ fn pool_policy_refuses_unlisted_attestors_before_writing() {
 #[test]
 fn only_parseable_ak_statements_are_written() {
     let f = fixture();
-    let a = Scripted::new("st");
+    let a = Scripted::new(AttestorId::X509Pop);
     f.svc.register_attestor(a.clone());
     for bad in [
         "urn:bc:tpm-ak:sha256:zz",
@@ -611,7 +612,7 @@ fn only_parseable_ak_statements_are_written() {
             ..Default::default()
         });
         assert!(
-            matches!(scripted_join(&f, "st"), Err(ApiError::AccessDenied)),
+            matches!(scripted_join(&f, "x509pop"), Err(ApiError::AccessDenied)),
             "{bad}"
         );
     }
@@ -622,7 +623,7 @@ fn only_parseable_ak_statements_are_written() {
         node_key: NodeKeyKind::Tpm,
         ..Default::default()
     });
-    let body = scripted_join(&f, "st").unwrap();
+    let body = scripted_join(&f, "x509pop").unwrap();
     let uris = uri_sans(&body.chain[0]);
     assert_eq!(
         uris,
@@ -662,7 +663,7 @@ fn unknown_statement_is_refused() {
     f.svc.register_attestor(Arc::new(BadStatement));
     let (_, csr) = new_csr();
     let mut req = request(&f.svc, &csr, None, Role::Node);
-    req.attestor = "bad-statement".into();
+    req.attestor = "provisioned".into();
     assert!(matches!(
         JoinService::new(&f.svc).join(req),
         Err(ApiError::AccessDenied)

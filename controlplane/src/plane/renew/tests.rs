@@ -63,7 +63,7 @@ impl Fixture {
     /// fixtures' AK, as a tpm join writes it.
     fn tpm_node(&self, statement: &str) -> (String, Vec<u8>) {
         let id = "node_tpmfixture".to_owned();
-        test_support::insert_node(self.db(), &id, "tpm", self.now());
+        test_support::insert_node(self.db(), &id, bc_wire::AttestorId::Tpm, self.now());
         let leaf = self.issue(&id, &key(), &[statement.to_owned()], 1, true);
         (id, leaf)
     }
