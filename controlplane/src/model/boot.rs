@@ -230,9 +230,10 @@ pub fn add(db: &Store, key: &BootKey, new: &NewEntry<'_>) -> Result<BootEntry, P
     let workflow_id = crate::ids::random_id("wf_").map_err(DbError::Random)?;
     let given_ek = new
         .ek_sha256
-        .map(crate::model::machine::normalize_ek_sha256)
+        .map(crate::model::machine::EkSha256::parse)
         .transpose()
-        .map_err(|e| PoolError::InvalidInput(e.to_string()))?;
+        .map_err(|e| PoolError::InvalidInput(e.to_string()))?
+        .map(crate::model::machine::EkSha256::into_string);
     db.write(|tx| {
         let site_id = crate::model::sites::resolve(tx, new.site)?;
         let now = tx.now()?;

@@ -10,7 +10,7 @@
 
 use bc_wire::AttestorId;
 
-use crate::model::machine::{normalize_ek_sha256, EkSha256FormatError};
+use crate::model::machine::{EkSha256, EkSha256FormatError};
 use crate::model::pools::{self, PoolError};
 use crate::model::records;
 use crate::model::sites;
@@ -142,7 +142,7 @@ pub fn add_resolve(
         site,
         uncertified,
     } = target;
-    let ek_sha256 = normalize_ek_sha256(ek_sha256)?;
+    let ek_sha256 = EkSha256::parse(ek_sha256)?;
     if node.is_some() && site.is_some() {
         return Err(EnrollError::InvalidInput(
             "--site is for a new node; with --node the TPM joins as that node, which keeps its own site"
@@ -162,18 +162,18 @@ pub fn add_resolve(
             }
         }
         let now = tx.now()?;
-        let replaced = resolve_entry(tx, &ek_sha256)?.is_some();
+        let replaced = resolve_entry(tx, ek_sha256.as_str())?.is_some();
         tx.execute(
             "INSERT INTO tpm_resolve (ek_sha256, pool_id, node_id, site_id, created_at, uncertified)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6)
              ON CONFLICT (ek_sha256) DO UPDATE SET pool_id = excluded.pool_id,
                  node_id = excluded.node_id, site_id = excluded.site_id,
                  created_at = excluded.created_at, uncertified = excluded.uncertified",
-            params![ek_sha256, pool, node, site_id, now, uncertified],
+            params![ek_sha256.as_str(), pool, node, site_id, now, uncertified],
         )?;
         Ok((
             ResolveEntry {
-                ek_sha256: ek_sha256.clone(),
+                ek_sha256: ek_sha256.as_str().to_owned(),
                 pool_id: pool.map(str::to_owned),
                 node_id: node.map(str::to_owned),
                 site_id,
@@ -187,11 +187,11 @@ pub fn add_resolve(
 
 /// Removes the entry of an EK; `false` if there was none.
 pub fn remove_resolve(db: &Store, ek_sha256: &str) -> Result<bool, EnrollError> {
-    let ek_sha256 = normalize_ek_sha256(ek_sha256)?;
+    let ek_sha256 = EkSha256::parse(ek_sha256)?;
     db.write(|tx| {
         let n = tx.execute(
             "DELETE FROM tpm_resolve WHERE ek_sha256 = ?1",
-            params![&ek_sha256],
+            params![ek_sha256.as_str()],
         )?;
         Ok(n == 1)
     })

@@ -180,13 +180,36 @@ pub fn normalize_mac(s: &str) -> Result<String, ExpectFormatError> {
 #[error("--ek-sha256 must be 64 hex digits (the ekSha256 of bcd tpm identify), not {0:?}")]
 pub struct EkSha256FormatError(String);
 
-/// An `ek_sha256` as stored: 64 lowercase hex digits.
-pub fn normalize_ek_sha256(s: &str) -> Result<String, EkSha256FormatError> {
-    let lower = s.trim().to_ascii_lowercase();
-    if lower.len() == 64 && lower.bytes().all(|b| b.is_ascii_hexdigit()) {
-        Ok(lower)
-    } else {
-        Err(EkSha256FormatError(s.to_owned()))
+/// An EK's hash (the SHA-256 of its SubjectPublicKeyInfo DER) in the one
+/// form the resolve list, boot entries and bindings store and compare it
+/// in: 64 lowercase hex digits. Only [`EkSha256::parse`] makes one, so a
+/// value of this type is never in another form.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct EkSha256(String);
+
+impl EkSha256 {
+    /// Operator input, in any case and with surrounding space.
+    pub fn parse(s: &str) -> Result<Self, EkSha256FormatError> {
+        let lower = s.trim().to_ascii_lowercase();
+        if lower.len() == 64 && lower.bytes().all(|b| b.is_ascii_hexdigit()) {
+            Ok(EkSha256(lower))
+        } else {
+            Err(EkSha256FormatError(s.to_owned()))
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    pub fn into_string(self) -> String {
+        self.0
+    }
+}
+
+impl std::fmt::Display for EkSha256 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
     }
 }
 
@@ -240,6 +263,19 @@ mod tests {
         ] {
             assert!(
                 matches!(normalize_mac(bad), Err(ExpectFormatError::Mac(_))),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_ek_sha256_parses_to_lowercase_hex_only() {
+        let upper = format!(" {}\n", "AB".repeat(32));
+        assert_eq!(EkSha256::parse(&upper).unwrap().as_str(), "ab".repeat(32));
+        for bad in ["", "ab", &"ab".repeat(33), &"gb".repeat(32)] {
+            assert_eq!(
+                EkSha256::parse(bad),
+                Err(EkSha256FormatError(bad.to_owned())),
                 "{bad:?}"
             );
         }
