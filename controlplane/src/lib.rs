@@ -51,8 +51,8 @@ pub use plane::{api_error, join, renew, siteapi};
 
 pub use api_error::ApiError;
 pub use attestor::{
-    AttestInput, AttestationResult, Attestor, Deferral, Fault, NodeKeyKind, OpenedToken, Refusal,
-    Roles, Verdict,
+    AttestInput, AttestationResult, Attestor, Deferral, Fault, NodeKey, NodeKeyKind, OpenedToken,
+    ProvenEk, Refusal, Roles, Verdict,
 };
 pub use attestors::AttestorRegistry;
 pub use join::JoinService;

@@ -726,7 +726,9 @@ fn joinservice_holds_plugin_attestors_to_its_own_checks() {
         Plugin {
             id: bc_wire::AttestorId::X509Pop,
             result: || bc_controlplane::AttestationResult {
-                node_key_uri: Some("urn:bc:something-else:1".into()),
+                node_key: bc_controlplane::NodeKey::Tpm {
+                    statement: "urn:bc:something-else:1".into(),
+                },
                 ..Default::default()
             },
         },

@@ -68,7 +68,7 @@ use bc_wire::AttestorId;
 use crate::attestors::join_token::live_token;
 use crate::attestors::tpm::{self, TpmAttestor, TpmProof};
 use crate::model::attestor::{
-    AttestInput, AttestationResult, Attestor, NodeKeyKind, Prepared, Refusal, Verdict, Work,
+    AttestInput, AttestationResult, Attestor, NodeKey, Prepared, ProvenEk, Refusal, Verdict, Work,
 };
 use crate::model::boot::DISCOVERY_ROLE;
 use crate::model::machine::{normalize_mac, normalize_product_uuid};
@@ -419,23 +419,23 @@ fn admitted(
     site_id: String,
     proof: Option<TpmProof>,
 ) -> AttestationResult {
-    let (node_key, node_key_uri, ek_assurance, ek_sha256) = match proof {
+    let (node_key, ek) = match proof {
         Some(p) => (
             p.node_key,
-            p.node_key_uri,
-            p.ek_assurance,
-            Some(p.ek_sha256),
+            Some(ProvenEk {
+                sha256: p.ek_sha256,
+                assurance: p.ek_assurance,
+                // Proven, but not bound: the machine's installed node holds
+                // the binding; this is the ramdisk's hardware key only.
+                bound: false,
+            }),
         ),
-        None => (NodeKeyKind::Unattested, None, None, None),
+        None => (NodeKey::Unattested, None),
     };
     AttestationResult {
         token_id: Some(token_id),
         node_key,
-        node_key_uri,
-        ek_assurance,
-        // Proven, but not bound: the machine's installed node holds the
-        // binding; this is the ramdisk's hardware key only.
-        ek_sha256,
+        ek,
         pool_id,
         expect,
         scope: Some(Box::new(records::NodeScope {

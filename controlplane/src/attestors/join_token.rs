@@ -18,7 +18,7 @@ use bc_wire::AttestorId;
 use subtle::ConstantTimeEq;
 
 use crate::model::attestor::{
-    AttestInput, AttestationResult, Attestor, NodeKeyKind, OpenedToken, Refusal, Verdict,
+    AttestInput, AttestationResult, Attestor, NodeKey, OpenedToken, Refusal, Verdict,
 };
 use crate::model::tokens;
 use crate::store::Tx;
@@ -99,7 +99,7 @@ impl Attestor for JoinTokenAttestor {
         tokens::consume_use(tx, &token.id)?;
         Ok(Verdict::Admit(Box::new(AttestationResult {
             token_id: Some(token.id.clone()),
-            node_key: NodeKeyKind::Unattested,
+            node_key: NodeKey::Unattested,
             pool_id: row.pool_id,
             // JoinService enforces both (for every token-based attestor).
             expect: row.expect,

@@ -18,9 +18,7 @@
 use bc_wire::AttestorId;
 
 use crate::attestors::join_token::live_token;
-use crate::model::attestor::{
-    AttestInput, AttestationResult, Attestor, NodeKeyKind, Refusal, Verdict,
-};
+use crate::model::attestor::{AttestInput, AttestationResult, Attestor, NodeKey, Refusal, Verdict};
 use crate::model::machine::normalize_product_uuid;
 use crate::model::{hardware, records, tokens};
 use crate::store::Tx;
@@ -85,7 +83,7 @@ impl Attestor for ProvisionedAttestor {
         Ok(Verdict::Admit(Box::new(AttestationResult {
             reclaim_node_id: row.target_node_id,
             token_id: Some(token.id.clone()),
-            node_key: NodeKeyKind::Unattested,
+            node_key: NodeKey::Unattested,
             pool_id: row.pool_id,
             expect: row.expect,
             proven_product_uuid: Some(claimed),

@@ -48,7 +48,7 @@ use bc_wire::x509pop::Evidence;
 use bc_wire::AttestorId;
 
 use crate::model::attestor::{
-    AttestInput, AttestationResult, Attestor, Fault, NodeKeyKind, Refusal, Verdict,
+    AttestInput, AttestationResult, Attestor, Fault, NodeKey, NodeKeyKind, Refusal, Verdict,
 };
 use crate::model::records::{self, NewEvent};
 use crate::store::Tx;
@@ -236,7 +236,7 @@ impl Attestor for X509PopAttestor {
             // The node's own role only (JoinService refuses another: `role`).
             roles: Some(vec![node.role]),
             reclaim_node_id: Some(node.id),
-            node_key: NodeKeyKind::Unattested,
+            node_key: NodeKey::Unattested,
             ..AttestationResult::default()
         })))
     }

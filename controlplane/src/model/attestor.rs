@@ -169,6 +169,63 @@ impl NodeKeyKind {
     }
 }
 
+/// Who holds the node key, and what the certificate says about it: one
+/// value, so that a statement comes only with the key it is about.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum NodeKey {
+    /// Only the agent's word.
+    #[default]
+    Unattested,
+    /// A TPM certified the key (made in the TPM, cannot leave it).
+    Tpm {
+        /// A `urn:bc:` statement about the key (the TPM AK), written into
+        /// the certificate after the SPIFFE ID.
+        statement: String,
+    },
+}
+
+impl NodeKey {
+    pub fn kind(&self) -> NodeKeyKind {
+        match self {
+            NodeKey::Unattested => NodeKeyKind::Unattested,
+            NodeKey::Tpm { .. } => NodeKeyKind::Tpm,
+        }
+    }
+
+    pub fn statement(&self) -> Option<&str> {
+        match self {
+            NodeKey::Unattested => None,
+            NodeKey::Tpm { statement } => Some(statement),
+        }
+    }
+}
+
+/// An EK a join proved (ActivateCredential): its hash, where its
+/// certificate came from, and whether the node is bound to it. One value,
+/// so that an assurance or a binding comes only with the EK it is about.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProvenEk {
+    /// The lowercase hex SHA-256 of its SubjectPublicKeyInfo.
+    pub sha256: String,
+    /// Where its certificate came from (`None`: no level the state names).
+    pub assurance: Option<EkAssurance>,
+    /// A tpm join's EK is bound to the node; a PXE ramdisk's that proved
+    /// its TPM beside discovery is recorded as the ramdisk node's hardware
+    /// key but never bound (the machine's installed node holds that
+    /// binding).
+    pub bound: bool,
+}
+
+impl ProvenEk {
+    /// The binding JoinService writes, if the EK is bound.
+    pub fn binding(&self) -> Option<Binding> {
+        self.bound.then(|| Binding {
+            kind: BINDING_TPM_EK.to_owned(),
+            key: self.sha256.clone(),
+        })
+    }
+}
+
 /// An admitted machine.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct AttestationResult {
@@ -177,24 +234,12 @@ pub struct AttestationResult {
     pub reclaim_node_id: Option<String>,
     /// The token that admitted it, if any.
     pub token_id: Option<String>,
-    /// A `urn:bc:` statement about the node key (the TPM AK), written into
-    /// the certificate after the SPIFFE ID.
-    pub node_key_uri: Option<String>,
-    pub node_key: NodeKeyKind,
-    /// A tpm join's: where its EK certificate came from (None: the join
-    /// proved no EK).
-    pub ek_assurance: Option<EkAssurance>,
+    pub node_key: NodeKey,
     /// The pool a new node joins (`None`: the token's, else `default`). A
     /// reclaim ignores it: a node stays in its pool.
     pub pool_id: Option<String>,
-    /// The machine's hardware key, bound to the node on admission.
-    pub binding: Option<Binding>,
-    /// The EK this join proved (ActivateCredential), as the lowercase hex
-    /// SHA-256 of its SubjectPublicKeyInfo: a tpm join's, which it also
-    /// binds, or a PXE ramdisk's that proved its TPM beside discovery, which
-    /// is recorded as the ramdisk node's hardware key but never bound (the
-    /// machine's installed node holds that binding). `None`: no EK proven.
-    pub ek_sha256: Option<String>,
+    /// The EK this join proved. `None`: no EK proven.
+    pub ek: Option<ProvenEk>,
     /// The expect binding of the token that admitted it. JoinService, not
     /// each attestor, compares it with the request's claims, so every
     /// token-based attestor enforces it the same way.
@@ -216,6 +261,18 @@ pub struct AttestationResult {
     /// role, the role its place fixes, what its resolve row allows. `None`:
     /// any of the attestor's.
     pub roles: Option<Vec<Role>>,
+}
+
+impl AttestationResult {
+    /// The machine's hardware key, bound to the node on admission.
+    pub fn binding(&self) -> Option<Binding> {
+        self.ek.as_ref().and_then(ProvenEk::binding)
+    }
+
+    /// Where the proven EK's certificate came from (`None`: no EK proven).
+    pub fn ek_assurance(&self) -> Option<EkAssurance> {
+        self.ek.as_ref().and_then(|e| e.assurance)
+    }
 }
 
 /// Not decided yet: the agent re-sends `Join` with the same CSR.

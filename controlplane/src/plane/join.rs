@@ -317,7 +317,7 @@ impl JoinService<'_> {
         now: UnixMs,
         request: &Admission<'_>,
         result: &AttestationResult,
-        admitted: Admitted<'_>,
+        admitted: Admitted,
     ) -> Result<(String, Vec<u8>), Refusal> {
         let Admission {
             role,
@@ -420,8 +420,8 @@ impl JoinService<'_> {
             &JoinRow {
                 node_id: node_id.clone(),
                 attestor: attestor_id,
-                node_key: result.node_key.as_str().to_owned(),
-                ek_assurance: result.ek_assurance.map(|a| a.as_str().to_owned()),
+                node_key: result.node_key.kind().as_str().to_owned(),
+                ek_assurance: result.ek_assurance().map(|a| a.as_str().to_owned()),
                 identity_generation: generation,
                 at: now,
                 product_uuid: crate::model::attestor::normalize_product_uuid(&claims.product_uuid)
@@ -439,8 +439,8 @@ impl JoinService<'_> {
                 node_id: Some(&node_id),
                 data: serde_json::json!({
                     "attestor": attestor_id.as_str(),
-                    "nodeKey": result.node_key.as_str(),
-                    "ekAssurance": result.ek_assurance.map(|a| a.as_str()),
+                    "nodeKey": result.node_key.kind().as_str(),
+                    "ekAssurance": result.ek_assurance().map(|a| a.as_str()),
                     "role": role.name(),
                     "identityGeneration": generation,
                     "reclaim": reclaim.is_some(),
@@ -456,8 +456,8 @@ impl JoinService<'_> {
             role = role.name(),
             generation,
             token_id = result.token_id.as_deref().unwrap_or(""),
-            node_key = result.node_key.as_str(),
-            ek_assurance = result.ek_assurance.map_or("", |a| a.as_str()),
+            node_key = result.node_key.kind().as_str(),
+            ek_assurance = result.ek_assurance().map_or("", |a| a.as_str()),
             "node joined"
         );
         Ok((node_id, issued.der))
@@ -545,10 +545,10 @@ struct Admission<'a> {
 }
 
 /// What the checks of an admission found, for [`JoinService::issue`].
-struct Admitted<'r> {
+struct Admitted {
     reclaimed: Reclaimed,
     /// The binding to write (its key not bound yet).
-    new_binding: Option<&'r Binding>,
+    new_binding: Option<Binding>,
     /// The pool the node joins or stays in.
     pool: pools::PoolRow,
 }
@@ -593,7 +593,7 @@ fn reclaim(tx: &Tx<'_>, role: Role, result: &AttestationResult) -> Result<Reclai
         }
         tx.lock(&keys)?;
     }
-    let bound = match &result.binding {
+    let bound = match &result.binding() {
         Some(b) => records::binding_by_key(tx, &b.kind, &b.key)?.is_some(),
         None => false,
     };
@@ -607,9 +607,9 @@ fn reclaim(tx: &Tx<'_>, role: Role, result: &AttestationResult) -> Result<Reclai
         }
     }
     let reclaim = reclaim.as_deref();
-    let statements: Vec<String> = match &result.node_key_uri {
+    let statements: Vec<String> = match result.node_key.statement() {
         None => Vec::new(),
-        Some(uri) if knows_key_statement(uri) => vec![uri.clone()],
+        Some(uri) if knows_key_statement(uri) => vec![uri.to_owned()],
         Some(_) => return Err(refuse(JoinReason::NodeKeyStatement, reclaim)),
     };
 
@@ -638,11 +638,11 @@ fn reclaim(tx: &Tx<'_>, role: Role, result: &AttestationResult) -> Result<Reclai
 /// The binding step: a hardware key admits only the node it is bound to
 /// (`reclaim`, `None` for a new node), and a node has one key of each kind.
 /// Returns the binding to write, if the key is not bound yet.
-fn binding<'r>(
+fn binding(
     tx: &Tx<'_>,
-    result: &'r AttestationResult,
+    result: &AttestationResult,
     reclaim: Option<&str>,
-) -> Result<Option<&'r Binding>, Refusal> {
+) -> Result<Option<Binding>, Refusal> {
     let refuse = |reason: JoinReason, node: Option<&str>| {
         Refusal::new(reason)
             .with_token(result.token_id.as_deref())
@@ -651,7 +651,7 @@ fn binding<'r>(
     // A hardware key admits only the node it is bound to, and a node has
     // one key of each kind.
     let mut new_binding = None;
-    if let Some(b) = &result.binding {
+    if let Some(b) = result.binding() {
         match records::binding_by_key(tx, &b.kind, &b.key)? {
             Some(bound) if Some(bound.node_id.as_str()) != reclaim => {
                 return Err(refuse(
@@ -702,11 +702,11 @@ fn pool_policy(
         }
     }
     if let Some(min) = pool.min_ek_assurance()? {
-        if !result.ek_assurance.is_some_and(|a| a.meets(min)) {
+        if !result.ek_assurance().is_some_and(|a| a.meets(min)) {
             tracing::info!(
                 pool = %pool.id,
                 min = min.as_str(),
-                ek_assurance = result.ek_assurance.map_or("none", |a| a.as_str()),
+                ek_assurance = result.ek_assurance().map_or("none", |a| a.as_str()),
                 "join refused: below the pool's minimum EK assurance"
             );
             return Err(

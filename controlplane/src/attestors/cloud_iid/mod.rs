@@ -35,9 +35,7 @@ use bc_wire::agent::Role;
 use bc_wire::cloud_iid::Evidence;
 use bc_wire::AttestorId;
 
-use crate::model::attestor::{
-    AttestInput, AttestationResult, Attestor, NodeKeyKind, Refusal, Verdict,
-};
+use crate::model::attestor::{AttestInput, AttestationResult, Attestor, NodeKey, Refusal, Verdict};
 use crate::model::uses;
 use crate::store::{Tx, UnixMs};
 
@@ -230,7 +228,7 @@ impl Attestor for CloudIidAttestor {
         }
         tracing::info!(provider = id.provider, account = %id.account, zone = %id.zone, instance = %id.instance, "cloud-iid: verified identity document");
         Ok(Verdict::Admit(Box::new(AttestationResult {
-            node_key: NodeKeyKind::Unattested,
+            node_key: NodeKey::Unattested,
             pool_id: row.pool,
             roles: Some(roles),
             ..AttestationResult::default()

@@ -81,11 +81,11 @@ use prost::Message;
 use subtle::ConstantTimeEq;
 
 use crate::model::attestor::{
-    AttestInput, AttestationResult, Attestor, Deferral, Fault, NodeKeyKind, Prepared, Refusal,
-    Verdict, Work,
+    AttestInput, AttestationResult, Attestor, Deferral, Fault, NodeKey, Prepared, ProvenEk,
+    Refusal, Verdict, Work,
 };
 use crate::model::enroll;
-use crate::model::machine::{Binding, EkAssurance, BINDING_TPM_EK};
+use crate::model::machine::{EkAssurance, BINDING_TPM_EK};
 use crate::model::records;
 use crate::store::{LockKey, Tx};
 use ek_service::{known, Claim, EkServices, EkServicesConfig, Fetched};
@@ -500,7 +500,7 @@ impl TpmAttestor {
         let ak =
             Public::parse(&st.ak_public).map_err(|_| Refusal::new(TpmReason::ChallengeState))?;
         let qualifying = self.check_quote(&ak, input, answer, &st.secret)?;
-        let (node_key, node_key_uri) = self.check_node_key(&ak, input, answer, &qualifying)?;
+        let node_key = self.check_node_key(&ak, input, answer, &qualifying)?;
         if let Some(pending) = st.pending.take() {
             let (ek, assurance) = match self.certify_pending(tx, input, &pending)? {
                 Step::Done(done) => done,
@@ -521,7 +521,6 @@ impl TpmAttestor {
             // We sealed it, so it is one of ours.
             ek_assurance: EkAssurance::parse(&st.ek_assurance),
             node_key,
-            node_key_uri,
             subject,
             st,
         }))
@@ -598,17 +597,18 @@ impl TpmAttestor {
             ek_sha256,
             ek_assurance,
             node_key,
-            node_key_uri,
             ..
         } = proof;
         Ok(Verdict::Admit(Box::new(AttestationResult {
             roles: placed_roles(reclaim_node_id.as_deref(), site_id.as_deref()),
             reclaim_node_id,
             token_id: None,
-            node_key_uri,
             node_key,
-            ek_assurance,
-            ek_sha256: Some(ek_sha256.clone()),
+            ek: Some(ProvenEk {
+                sha256: ek_sha256,
+                assurance: ek_assurance,
+                bound: true,
+            }),
             pool_id,
             // A site node of the site its place names, as a site token's.
             scope: site_id.map(|site_id| {
@@ -616,10 +616,6 @@ impl TpmAttestor {
                     site_id: Some(site_id),
                     ..Default::default()
                 })
-            }),
-            binding: Some(Binding {
-                kind: BINDING_TPM_EK.to_owned(),
-                key: ek_sha256,
             }),
             // No token: nothing to bind.
             expect: Default::default(),
@@ -687,11 +683,11 @@ impl TpmAttestor {
         input: &AttestInput<'_>,
         answer: &TpmAnswer,
         qualifying: &[u8],
-    ) -> Result<(NodeKeyKind, Option<String>), Refusal> {
+    ) -> Result<NodeKey, Refusal> {
         let Some(cert) = &answer.node_key else {
             return match self.config.node_key {
                 NodeKeyPolicy::Certified => Err(Refusal::new(TpmReason::NodeKeyNotCertified)),
-                NodeKeyPolicy::Any => Ok((NodeKeyKind::Unattested, None)),
+                NodeKeyPolicy::Any => Ok(NodeKey::Unattested),
             };
         };
         wtpm::verify_key_certification(
@@ -705,7 +701,7 @@ impl TpmAttestor {
         .map_err(|e| Refusal::new(TpmReason::node_key(&e)))?;
         let statement = wtpm::ak_statement(&ak.name())
             .map_err(|e| Refusal::fault(Fault::Internal(format!("AK statement: {e}"))))?;
-        Ok((NodeKeyKind::Tpm, Some(statement)))
+        Ok(NodeKey::Tpm { statement })
     }
 }
 
@@ -721,9 +717,8 @@ pub(crate) struct TpmProof {
     /// The EK, lowercase hex SHA-256 of its SPKI.
     pub ek_sha256: String,
     pub ek_assurance: Option<EkAssurance>,
-    pub node_key: NodeKeyKind,
-    /// The AK statement, when the node key was certified.
-    pub node_key_uri: Option<String>,
+    /// With the AK statement, when the node key was certified.
+    pub node_key: NodeKey,
     /// The challenge's `attestation_uses` subject.
     subject: String,
     st: ChallengeState,

@@ -2,7 +2,8 @@
 //! copies of it altered one thing at a time.
 
 use super::*;
-use crate::model::attestor::OpenedToken;
+use crate::model::attestor::{NodeKeyKind, OpenedToken};
+use crate::model::machine::Binding;
 use crate::store::{params, Commit, DbError, Store, UnixMs};
 use bc_wire::agent::{HardwareClaims, TpmKeyCertification};
 use bc_wire::tpm::ALG_SHA256;
@@ -324,14 +325,14 @@ fn enrollment_pending_approved_once() {
     let r = f.admitted(&ev);
     assert_eq!(r.reclaim_node_id, None);
     assert_eq!(r.pool_id.as_deref(), Some("metal"));
-    assert_eq!(r.node_key, NodeKeyKind::Tpm);
+    assert_eq!(r.node_key.kind(), NodeKeyKind::Tpm);
     let ak = Public::parse(&hello().ak_public).unwrap();
     assert_eq!(
-        r.node_key_uri,
-        Some(wtpm::ak_statement(&ak.name()).unwrap())
+        r.node_key.statement(),
+        Some(wtpm::ak_statement(&ak.name()).unwrap().as_str())
     );
     assert_eq!(
-        r.binding,
+        r.binding(),
         Some(Binding {
             kind: "tpm-ek".into(),
             key: ek_sha256()
@@ -826,15 +827,15 @@ fn node_key_any_admits_uncertified_only() {
     let mut a = answer();
     a.node_key = None;
     let r = f.admitted(&answer_evidence(a));
-    assert_eq!(r.node_key, NodeKeyKind::Unattested);
-    assert_eq!(r.node_key_uri, None);
-    assert!(r.binding.is_some());
+    assert_eq!(r.node_key.kind(), NodeKeyKind::Unattested);
+    assert_eq!(r.node_key.statement(), None);
+    assert!(r.binding().is_some());
     // A certification that is present is still checked.
     let mut a = answer();
     a.node_key = Some(certification(AK_SELF_CERT));
     assert_eq!(f.reason(&answer_evidence(a)), "node-key-attributes");
     assert_eq!(
-        f.admitted(&answer_evidence(answer())).node_key,
+        f.admitted(&answer_evidence(answer())).node_key.kind(),
         NodeKeyKind::Tpm
     );
 }
@@ -1247,5 +1248,5 @@ fn round_two_fetches_and_verifies_a_pending_certificate() {
     else {
         panic!("not admitted");
     };
-    assert_eq!(r.ek_assurance, Some(EkAssurance::Pinned));
+    assert_eq!(r.ek_assurance(), Some(EkAssurance::Pinned));
 }

@@ -1,7 +1,7 @@
 //! The whole join through JoinService, on a real control plane DIR.
 
 use super::*;
-use crate::model::attestor::NodeKeyKind;
+use crate::model::attestor::NodeKey;
 use crate::model::tokens;
 use bc_wire::AttestorId;
 use std::sync::{Arc, Mutex};
@@ -281,8 +281,9 @@ impl Attestor for BadStatement {
     }
     fn verify(&self, _: &Tx<'_>, _: &AttestInput<'_>) -> Result<Verdict, Refusal> {
         Ok(Verdict::Admit(Box::new(AttestationResult {
-            node_key_uri: Some("urn:bc:other:1".into()),
-            node_key: NodeKeyKind::Tpm,
+            node_key: NodeKey::Tpm {
+                statement: "urn:bc:other:1".into(),
+            },
             ..AttestationResult::default()
         })))
     }
@@ -409,10 +410,11 @@ fn scripted_join(f: &Fixture, id: &str) -> Result<JoinResponseBody, ApiError> {
         .map(|r| open_body(&f.svc, &r))
 }
 
-fn binding(key: &str) -> Option<crate::model::attestor::Binding> {
-    Some(crate::model::attestor::Binding {
-        kind: crate::model::attestor::BINDING_TPM_EK.into(),
-        key: key.into(),
+fn binding(key: &str) -> Option<crate::model::attestor::ProvenEk> {
+    Some(crate::model::attestor::ProvenEk {
+        sha256: key.into(),
+        assurance: None,
+        bound: true,
     })
 }
 
@@ -422,7 +424,7 @@ fn bindings_admit_only_their_node() {
     let a = Scripted::new(AttestorId::Tpm);
     f.svc.register_attestor(a.clone());
     a.set(AttestationResult {
-        binding: binding("k1"),
+        ek: binding("k1"),
         ..Default::default()
     });
     let node_a = scripted_join(&f, "tpm").unwrap().node_id;
@@ -440,7 +442,7 @@ fn bindings_admit_only_their_node() {
     // The same key reclaiming its node: fine, and the binding is kept.
     a.set(AttestationResult {
         reclaim_node_id: Some(node_a.clone()),
-        binding: binding("k1"),
+        ek: binding("k1"),
         ..Default::default()
     });
     assert_eq!(scripted_join(&f, "tpm").unwrap().node_id, node_a);
@@ -449,7 +451,7 @@ fn bindings_admit_only_their_node() {
     let node_b = scripted_join(&f, "tpm").unwrap().node_id;
     a.set(AttestationResult {
         reclaim_node_id: Some(node_b.clone()),
-        binding: binding("k1"),
+        ek: binding("k1"),
         ..Default::default()
     });
     assert!(matches!(
@@ -459,7 +461,7 @@ fn bindings_admit_only_their_node() {
     // Another key of the same kind for A, which already has one.
     a.set(AttestationResult {
         reclaim_node_id: Some(node_a.clone()),
-        binding: binding("k2"),
+        ek: binding("k2"),
         ..Default::default()
     });
     assert!(matches!(
@@ -607,8 +609,9 @@ fn only_parseable_ak_statements_are_written() {
         "spiffe://bc.test/node/node_x",
     ] {
         a.set(AttestationResult {
-            node_key_uri: Some(bad.into()),
-            node_key: NodeKeyKind::Tpm,
+            node_key: NodeKey::Tpm {
+                statement: bad.into(),
+            },
             ..Default::default()
         });
         assert!(
@@ -619,8 +622,9 @@ fn only_parseable_ak_statements_are_written() {
     assert_eq!(refusals(&f.svc), [JoinReason::NodeKeyStatement.as_str(); 4]);
     let good = bc_wire::tpm::ak_statement(&[&[0u8, 0x0b][..], &[0xab; 32]].concat()).unwrap();
     a.set(AttestationResult {
-        node_key_uri: Some(good.clone()),
-        node_key: NodeKeyKind::Tpm,
+        node_key: NodeKey::Tpm {
+            statement: good.clone(),
+        },
         ..Default::default()
     });
     let body = scripted_join(&f, "x509pop").unwrap();
