@@ -597,3 +597,39 @@ pub fn list_events(db: &Store) -> Result<Vec<EventRow>, DbError> {
         Ok(out)
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_support::temp_db;
+
+    /// An attestor text this control plane never writes is reported with
+    /// its column and value, not taken for a known attestor.
+    #[test]
+    fn an_unknown_attestor_in_a_row_is_an_error_naming_its_column() {
+        let t = temp_db();
+        t.db.write(|tx| {
+            tx.execute(
+                "INSERT INTO nodes (id, role, identity_generation, attestor, joined_at)
+                 VALUES ('node_a', 'node', 1, 'plugin', 1)",
+                params![],
+            )
+        })
+        .unwrap();
+        let err = list_nodes(&t.db).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                DbError::Corrupt {
+                    what: "nodes.attestor",
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert_eq!(
+            err.to_string(),
+            r#"the database holds an invalid nodes.attestor: unknown attestor "plugin""#
+        );
+    }
+}
