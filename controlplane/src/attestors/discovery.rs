@@ -71,7 +71,7 @@ use crate::model::attestor::{
     AttestInput, AttestationResult, Attestor, NodeKey, Prepared, ProvenEk, Refusal, Verdict, Work,
 };
 use crate::model::boot::DISCOVERY_ROLE;
-use crate::model::machine::{normalize_mac, normalize_product_uuid};
+use crate::model::machine::{Mac, ProductUuid};
 use crate::model::{hardware, records, sites, tokens, uses};
 use crate::store::{params, DbError, Tx, UnixMs};
 
@@ -206,7 +206,7 @@ impl Attestor for DiscoveryAttestor {
             };
             return Err(Refusal::new(reason).with_node(Some(&assertion.node_id)));
         }
-        let asserted_mac = normalize_mac(&assertion.mac)
+        let asserted_mac = Mac::parse(&assertion.mac)
             .map_err(|_| Refusal::new(DiscoveryReason::AssertionMalformed))?;
 
         // The token.
@@ -228,7 +228,12 @@ impl Attestor for DiscoveryAttestor {
         if row.site_id.as_deref() != Some(assertion.site_id.as_str()) {
             return Err(refuse(DiscoveryReason::TokenSite));
         }
-        if row.expect.mac.as_ref().is_some_and(|m| *m != asserted_mac) {
+        if row
+            .expect
+            .mac
+            .as_ref()
+            .is_some_and(|m| m.as_str() != asserted_mac.as_str())
+        {
             return Err(refuse(DiscoveryReason::TokenMac));
         }
 
@@ -274,13 +279,13 @@ impl Attestor for DiscoveryAttestor {
             .claims
             .macs
             .iter()
-            .any(|m| normalize_mac(m).ok().as_deref() == Some(asserted_mac.as_str()));
+            .any(|m| Mac::parse(m).is_ok_and(|m| m == asserted_mac));
         if !claimed {
             return Err(refuse(DiscoveryReason::MacNotClaimed));
         }
         if !assertion.product_uuid.is_empty() {
-            let want = normalize_product_uuid(&assertion.product_uuid).ok();
-            let have = normalize_product_uuid(&input.claims.product_uuid).ok();
+            let want = ProductUuid::parse(&assertion.product_uuid).ok();
+            let have = ProductUuid::parse(&input.claims.product_uuid).ok();
             if want.is_none() || want != have {
                 return Err(refuse(DiscoveryReason::ProductUuidMismatch));
             }
@@ -340,7 +345,7 @@ impl Attestor for DiscoveryAttestor {
             let waiting = approval::Pending {
                 input,
                 entry: entry.as_ref(),
-                mac: &asserted_mac,
+                mac: asserted_mac.as_str(),
                 ek: proven_ek.as_ref(),
                 token_id: &token.id,
                 assertion_sha256: &subject,

@@ -19,7 +19,7 @@ use bc_wire::AttestorId;
 
 use crate::attestors::join_token::live_token;
 use crate::model::attestor::{AttestInput, AttestationResult, Attestor, NodeKey, Refusal, Verdict};
-use crate::model::machine::normalize_product_uuid;
+use crate::model::machine::ProductUuid;
 use crate::model::{hardware, records, tokens};
 use crate::store::Tx;
 
@@ -67,8 +67,9 @@ impl Attestor for ProvisionedAttestor {
         if row.uses_left != 1 {
             return Err(refuse(ProvisionedReason::NotSingleUse));
         }
-        let claimed = normalize_product_uuid(&input.claims.product_uuid)
-            .map_err(|_| refuse(ProvisionedReason::NoProductUuid))?;
+        let claimed = ProductUuid::parse(&input.claims.product_uuid)
+            .map_err(|_| refuse(ProvisionedReason::NoProductUuid))?
+            .into_string();
         let expected = match (&row.expect.product_uuid, target) {
             (Some(uuid), _) => uuid.clone(),
             (None, Some(node)) => {

@@ -15,8 +15,8 @@ use bc_wire::AttestorId;
 // The machine-identity values an attestation result carries, re-exported
 // for the attestors' callers.
 pub use crate::model::machine::{
-    normalize_mac, normalize_product_uuid, Binding, EkAssurance, Expect, ExpectFormatError,
-    ExpectMismatch, BINDING_TPM_EK,
+    Binding, EkAssurance, Expect, ExpectFormatError, ExpectMismatch, Mac, ProductUuid,
+    BINDING_TPM_EK,
 };
 use crate::reason::AnyReason;
 use crate::store::{Tx, UnixMs};

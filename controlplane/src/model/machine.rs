@@ -1,6 +1,7 @@
 //! The values that name a machine, below every table and attestor that
 //! records or compares them: the expect binding a token carries
-//! ([`Expect`]) and the normalized product UUID and MAC it holds, an EK's
+//! ([`Expect`]) and the product UUID and MAC it holds ([`ProductUuid`],
+//! [`Mac`]), an EK's
 //! hash as the resolve list and boot entries store it, a
 //! hardware key bound to a node ([`Binding`]), and where an EK certificate
 //! came from ([`EkAssurance`]). A leaf: it imports nothing of the crate.
@@ -95,9 +96,9 @@ pub const BINDING_TPM_EK: &str = "tpm-ek";
 /// normalized to lowercase, `None` when the token does not bind that field.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Expect {
-    /// `8-4-4-4-12` hex, as [`normalize_product_uuid`] returns it.
+    /// `8-4-4-4-12` hex, as [`ProductUuid`] holds it.
     pub product_uuid: Option<String>,
-    /// `aa:bb:cc:dd:ee:ff`, as [`normalize_mac`] returns it.
+    /// `aa:bb:cc:dd:ee:ff`, as [`Mac`] holds it.
     pub mac: Option<String>,
 }
 
@@ -116,7 +117,7 @@ impl Expect {
     /// values (case, surrounding space), and a malformed one matches nothing.
     pub fn check(&self, claims: &HardwareClaims) -> Result<(), ExpectMismatch> {
         if let Some(want) = &self.product_uuid {
-            if normalize_product_uuid(&claims.product_uuid).ok().as_ref() != Some(want) {
+            if !ProductUuid::parse(&claims.product_uuid).is_ok_and(|u| u.as_str() == want) {
                 return Err(ExpectMismatch::ProductUuid);
             }
         }
@@ -124,7 +125,7 @@ impl Expect {
             let found = claims
                 .macs
                 .iter()
-                .any(|m| normalize_mac(m).ok().as_ref() == Some(want));
+                .any(|m| Mac::parse(m).is_ok_and(|m| m.as_str() == want));
             if !found {
                 return Err(ExpectMismatch::Mac);
             }
@@ -144,35 +145,64 @@ pub enum ExpectFormatError {
 
 /// A product UUID in the one form tokens store and claims are compared in:
 /// `8-4-4-4-12` hex digits, lowercase (DMI and vendors print either case).
-pub fn normalize_product_uuid(s: &str) -> Result<String, ExpectFormatError> {
-    let t = s.trim();
-    let bad = || ExpectFormatError::ProductUuid(printable_input(s));
-    let groups: Vec<&str> = t.split('-').collect();
-    let lens = [8, 4, 4, 4, 12];
-    if groups.len() != lens.len()
-        || groups
-            .iter()
-            .zip(lens)
-            .any(|(g, n)| g.len() != n || !g.bytes().all(|b| b.is_ascii_hexdigit()))
-    {
-        return Err(bad());
+/// Only [`ProductUuid::parse`] makes one.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ProductUuid(String);
+
+impl ProductUuid {
+    /// Operator or agent input, in any case and with surrounding space.
+    pub fn parse(s: &str) -> Result<Self, ExpectFormatError> {
+        let t = s.trim();
+        let bad = || ExpectFormatError::ProductUuid(printable_input(s));
+        let groups: Vec<&str> = t.split('-').collect();
+        let lens = [8, 4, 4, 4, 12];
+        if groups.len() != lens.len()
+            || groups
+                .iter()
+                .zip(lens)
+                .any(|(g, n)| g.len() != n || !g.bytes().all(|b| b.is_ascii_hexdigit()))
+        {
+            return Err(bad());
+        }
+        Ok(ProductUuid(t.to_ascii_lowercase()))
     }
-    Ok(t.to_ascii_lowercase())
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    pub fn into_string(self) -> String {
+        self.0
+    }
 }
 
 /// A MAC in the one form tokens store and claims are compared in: six hex
-/// pairs separated by `:`, lowercase.
-pub fn normalize_mac(s: &str) -> Result<String, ExpectFormatError> {
-    let t = s.trim();
-    let pairs: Vec<&str> = t.split(':').collect();
-    if pairs.len() != 6
-        || pairs
-            .iter()
-            .any(|p| p.len() != 2 || !p.bytes().all(|b| b.is_ascii_hexdigit()))
-    {
-        return Err(ExpectFormatError::Mac(printable_input(s)));
+/// pairs separated by `:`, lowercase. Only [`Mac::parse`] makes one.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Mac(String);
+
+impl Mac {
+    /// Operator or agent input, in any case and with surrounding space.
+    pub fn parse(s: &str) -> Result<Self, ExpectFormatError> {
+        let t = s.trim();
+        let pairs: Vec<&str> = t.split(':').collect();
+        if pairs.len() != 6
+            || pairs
+                .iter()
+                .any(|p| p.len() != 2 || !p.bytes().all(|b| b.is_ascii_hexdigit()))
+        {
+            return Err(ExpectFormatError::Mac(printable_input(s)));
+        }
+        Ok(Mac(t.to_ascii_lowercase()))
     }
-    Ok(t.to_ascii_lowercase())
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    pub fn into_string(self) -> String {
+        self.0
+    }
 }
 
 /// A malformed `ek_sha256` (operator input).
@@ -226,11 +256,13 @@ mod tests {
     #[test]
     fn expect_values_are_validated_and_normalized() {
         assert_eq!(
-            normalize_product_uuid(" 4C4C4544-0042-3510-8052-B4C04F4E4D32\n").unwrap(),
+            ProductUuid::parse(" 4C4C4544-0042-3510-8052-B4C04F4E4D32\n")
+                .unwrap()
+                .as_str(),
             "4c4c4544-0042-3510-8052-b4c04f4e4d32"
         );
         assert_eq!(
-            normalize_mac("52:54:00:AB:cd:EF").unwrap(),
+            Mac::parse("52:54:00:AB:cd:EF").unwrap().as_str(),
             "52:54:00:ab:cd:ef"
         );
         for bad in [
@@ -244,7 +276,7 @@ mod tests {
         ] {
             assert!(
                 matches!(
-                    normalize_product_uuid(bad),
+                    ProductUuid::parse(bad),
                     Err(ExpectFormatError::ProductUuid(_))
                 ),
                 "{bad:?}"
@@ -262,7 +294,7 @@ mod tests {
             "+2:54:00:12:34:56",
         ] {
             assert!(
-                matches!(normalize_mac(bad), Err(ExpectFormatError::Mac(_))),
+                matches!(Mac::parse(bad), Err(ExpectFormatError::Mac(_))),
                 "{bad:?}"
             );
         }

@@ -78,7 +78,7 @@ pub struct TokenScope<'a> {
 }
 
 /// [`create_token_in_pool`] bound to the machine `expect` describes
-/// (values already normalized, see [`crate::model::machine::normalize_mac`]):
+/// (values already normalized, see [`crate::model::machine::Mac`]):
 /// JoinService refuses a join whose claims do not match.
 pub fn create_bound_token(
     db: &Store,

@@ -424,8 +424,9 @@ impl JoinService<'_> {
                 ek_assurance: result.ek_assurance().map(|a| a.as_str().to_owned()),
                 identity_generation: generation,
                 at: now,
-                product_uuid: crate::model::attestor::normalize_product_uuid(&claims.product_uuid)
-                    .ok(),
+                product_uuid: crate::model::attestor::ProductUuid::parse(&claims.product_uuid)
+                    .ok()
+                    .map(crate::model::attestor::ProductUuid::into_string),
             },
         )?;
         records::insert_event(
