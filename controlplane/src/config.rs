@@ -1,6 +1,6 @@
 //! `DIR/controlplane.toml`: the optional settings of a control plane.
 //!
-//! Read by `serve` (through [`crate::join::JoinService::open`]) and by every
+//! Read by `serve` (through [`crate::plane::join::JoinService::open`]) and by every
 //! CLI command, so a broken file is reported before anything runs. Unknown
 //! keys are errors, and every error names the file and the line, because a
 //! typo in a security setting (`node_key = "certifed"`) must not silently

@@ -1,9 +1,9 @@
 //! The control plane's outbound HTTP: one constructor, below every client
 //! (the EK services reach the TPM makers with it; the server side is
-//! [`crate::http`]).
+//! [`crate::api::http`]).
 
 /// Every HTTP client the control plane makes (a maker's EK service) starts
-/// here, with TCP_NODELAY, for the reason [`crate::http`]'s `accept` sets it.
+/// here, with TCP_NODELAY, for the reason [`crate::api::http`]'s `accept` sets it.
 pub fn client_builder() -> reqwest::ClientBuilder {
     reqwest::Client::builder().tcp_nodelay(true)
 }

@@ -20,51 +20,39 @@
 //! # Ok(()) }
 //! ```
 
-pub mod api_error;
-pub mod attestor;
+pub mod api;
 pub mod attestors;
-pub mod boot;
-pub mod client_auth;
 pub mod config;
-pub mod connlimit;
-mod csr;
-pub mod dist;
-pub mod dist_serve;
-pub mod enroll;
-pub mod eventlog;
 pub mod fsutil;
-pub mod hardware;
-pub mod header_errors;
-pub mod http;
 pub mod http_client;
 pub mod ids;
-pub mod join;
-pub mod machine;
-pub mod nodes;
+pub mod model;
 // The tests' PostgreSQL server (bc-test-support, the e2e binary's too).
 #[cfg(test)]
 use bc_test_support::pg_cluster;
 pub mod pki;
 pub mod plane;
-pub mod pools;
 #[cfg(test)]
 mod race_tests;
 pub mod reason;
 pub mod reasons;
-pub mod records;
-pub mod renew;
-pub mod siteapi;
-pub mod sites;
 pub mod store;
 #[cfg(test)]
 mod test_support;
-pub mod tokens;
-pub mod uses;
+
+// The short paths the binary, the e2e tests, fuzz-bodies and the examples
+// name.
+pub use api::{client_auth, connlimit, dist_serve, header_errors, http};
+pub use model::{
+    attestor, boot, dist, enroll, eventlog, hardware, machine, nodes, pools, records, sites,
+    tokens, uses,
+};
+pub use plane::{api_error, join, renew, siteapi};
 
 pub use api_error::ApiError;
 pub use attestor::{
-    AttestInput, AttestationResult, Attestor, Deferral, Fault, NodeKeyKind, OpenedToken, Refusal,
-    Roles, Verdict,
+    AttestInput, AttestationResult, Attestor, Deferral, Fault, NodeKey, NodeKeyKind, OpenedToken,
+    ProvenEk, Refusal, Roles, Verdict,
 };
 pub use attestors::AttestorRegistry;
 pub use join::JoinService;

@@ -3,22 +3,30 @@
 //! [`ControlPlane`] holds what every API needs: the PKI bundle, the
 //! database, the refusal log, the attestors, the `on_refusal` hook, the
 //! certificate and lease lifetimes, the boot entries' key. Each API is a
-//! service over it, in a module of its own: [`crate::join::JoinService`]
-//! (`Join`), [`crate::renew::RenewService`] (`Renew`) and
-//! [`crate::siteapi::SiteService`] (the site API), each made with
+//! service over it, in a module of its own: [`crate::plane::join::JoinService`]
+//! (`Join`), [`crate::plane::renew::RenewService`] (`Renew`) and
+//! [`crate::plane::siteapi::SiteService`] (the site API), each made with
 //! `Service::new(&control_plane)`. Adding an API (the command channel) is
 //! one more such module; this one does not change, and imports none of
 //! them.
+
+pub mod api_error;
+mod csr;
+pub mod join;
+pub mod renew;
+pub mod siteapi;
 
 use std::path::Path;
 use std::sync::{Arc, RwLock};
 
 use time::Duration;
 
-use crate::attestor::Attestor;
+use bc_wire::AttestorId;
+
 use crate::attestors::AttestorRegistry;
 use crate::config::ConfigError;
-use crate::eventlog::{EventLog, Refused};
+use crate::model::attestor::Attestor;
+use crate::model::eventlog::{EventLog, Refused};
 use crate::pki::{Bundle, PkiError, MAX_NODE_CERT_TTL};
 use crate::reason::AnyReason;
 use crate::store::{DbError, Store, UnixMs};
@@ -59,7 +67,7 @@ pub struct ControlPlane {
     on_refusal: RwLock<Option<Arc<RefusalHook>>>,
     cert_ttl: Duration,
     lease_ttl_ms: i64,
-    boot_key: Option<crate::boot::BootKey>,
+    boot_key: Option<crate::model::boot::BootKey>,
     /// `[discovery] approval`, which lease answers tell site nodes.
     discovery_approval: crate::config::DiscoveryApproval,
 }
@@ -81,7 +89,7 @@ impl ControlPlane {
         let mut cp = Self::with_retention(bundle, db, config.events.retention_ms);
         cp.lease_ttl_ms = config.discovery.lease_ttl_ms;
         cp.discovery_approval = config.discovery.approval;
-        cp.boot_key = Some(crate::boot::BootKey::derive(&challenge_key));
+        cp.boot_key = Some(crate::model::boot::BootKey::derive(&challenge_key));
         *cp.attestors.get_mut().unwrap_or_else(|p| p.into_inner()) =
             crate::attestors::builtin(&config, challenge_key);
         Ok(cp)
@@ -102,7 +110,7 @@ impl ControlPlane {
             attestors: RwLock::new(AttestorRegistry::new()),
             on_refusal: RwLock::new(None),
             cert_ttl: MAX_NODE_CERT_TTL,
-            lease_ttl_ms: crate::sites::DEFAULT_LEASE_TTL_MS,
+            lease_ttl_ms: crate::model::sites::DEFAULT_LEASE_TTL_MS,
             boot_key: None,
             discovery_approval: crate::config::DiscoveryApproval::default(),
         }
@@ -119,7 +127,7 @@ impl ControlPlane {
     }
 
     /// The key boot entries' tokens are sealed under (loaded by [`Self::open`]).
-    pub fn boot_key(&self) -> Option<&crate::boot::BootKey> {
+    pub fn boot_key(&self) -> Option<&crate::model::boot::BootKey> {
         self.boot_key.as_ref()
     }
 
@@ -132,14 +140,17 @@ impl ControlPlane {
     }
 
     /// The ids of the attestors this control plane runs (what a pool's
-    /// `joinAttestors` may name).
+    /// `joinAttestors` may name), in the order of their spellings.
     pub fn attestor_ids(&self) -> Vec<String> {
-        self.attestors
+        let mut ids: Vec<String> = self
+            .attestors
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .ids()
-            .map(str::to_owned)
-            .collect()
+            .map(|id| id.as_str().to_owned())
+            .collect();
+        ids.sort();
+        ids
     }
 
     /// Called with every refusal (in the request, after its event is
@@ -161,7 +172,7 @@ impl ControlPlane {
         &self.db
     }
 
-    /// Counts a refusal in the refusal log (see [`crate::eventlog`]).
+    /// Counts a refusal in the refusal log (see [`crate::model::eventlog`]).
     pub(crate) fn record_refusal(&self, r: Refused) -> bool {
         self.events.record(r)
     }
@@ -187,8 +198,8 @@ impl ControlPlane {
         self.bundle.join_signing_key()
     }
 
-    /// The attestor a request names (an empty name is `join-token`).
-    pub(crate) fn attestor(&self, id: &str) -> Option<Arc<dyn Attestor>> {
+    /// The attestor of `id`, if this control plane runs it.
+    pub(crate) fn attestor(&self, id: AttestorId) -> Option<Arc<dyn Attestor>> {
         self.attestors
             .read()
             .unwrap_or_else(|p| p.into_inner())

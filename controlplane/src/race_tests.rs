@@ -16,14 +16,14 @@ use std::time::{Duration, Instant};
 
 use bc_wire::agent::Role;
 
-use crate::enroll;
-use crate::join::JoinService;
-use crate::machine::EkAssurance;
-use crate::sites::{self, LeaseOutcome};
+use crate::model::enroll;
+use crate::model::machine::EkAssurance;
+use crate::model::sites::{self, LeaseOutcome};
+use crate::model::{boot, nodes, pools, tokens};
+use crate::plane::join::JoinService;
 use crate::store::pg::BEFORE_COMMIT;
 use crate::store::{params, DbError, Store};
 use crate::test_support::{cp_on, insert_node, key, plain_csr, temp_db_on, Backend, TempDb};
-use crate::{boot, nodes, pools, tokens};
 
 /// Longer than any wait here can take on a loaded machine; only a bug
 /// (a transaction that never reaches its COMMIT) runs into it.
@@ -165,8 +165,17 @@ fn two_policy_changes_of_one_pool_at_once_keep_both() {
 fn approve_and_deny_of_one_request_at_once_decide_it_once() {
     let t = pg();
     let req =
-        t.db.write(|tx| enroll::insert_pending(tx, "tpm", &"ab".repeat(32), "CN=maker", "01", 1))
-            .unwrap();
+        t.db.write(|tx| {
+            enroll::insert_pending(
+                tx,
+                bc_wire::AttestorId::Tpm,
+                &"ab".repeat(32),
+                "CN=maker",
+                "01",
+                1,
+            )
+        })
+        .unwrap();
     let (a, b) = race(
         &t,
         |db| enroll::approve(db, &req.id, None, None),
@@ -183,9 +192,10 @@ fn approve_and_deny_of_one_request_at_once_decide_it_once() {
 fn an_approved_request_used_by_two_joins_at_once_is_used_once() {
     let t = pg();
     let ek = "cd".repeat(32);
-    let req =
-        t.db.write(|tx| enroll::insert_pending(tx, "tpm", &ek, "CN=maker", "01", 1))
-            .unwrap();
+    let req = t
+        .db
+        .write(|tx| enroll::insert_pending(tx, bc_wire::AttestorId::Tpm, &ek, "CN=maker", "01", 1))
+        .unwrap();
     enroll::approve(&t.db, &req.id, None, None).unwrap();
     let use_it = |db: &Store| {
         db.write(|tx| match enroll::open_request(tx, &ek)? {
@@ -206,7 +216,7 @@ fn an_approved_request_used_by_two_joins_at_once_is_used_once() {
 #[test]
 fn two_identity_revocations_at_once_raise_the_generation_twice() {
     let t = pg();
-    insert_node(&t.db, "node_r", "join-token", 1);
+    insert_node(&t.db, "node_r", bc_wire::AttestorId::JoinToken, 1);
     let (a, b) = race(
         &t,
         |db| nodes::revoke_identity(db, "node_r").unwrap(),
@@ -290,7 +300,7 @@ fn one_machine_joining_twice_at_once_becomes_one_node() {
     let cp = cp_on(Backend::Postgres);
     let request = || {
         let scope = tokens::TokenScope {
-            expect: crate::attestor::Expect {
+            expect: crate::model::attestor::Expect {
                 product_uuid: Some(UUID.to_owned()),
                 mac: None,
             },
@@ -323,7 +333,7 @@ fn one_machine_joining_twice_at_once_becomes_one_node() {
     );
     assert!(a.is_ok(), "{a:?}");
     assert!(
-        matches!(b, Err(crate::api_error::ApiError::AccessDenied)),
+        matches!(b, Err(crate::plane::api_error::ApiError::AccessDenied)),
         "the second join of the machine is refused: {b:?}"
     );
     let nodes: i64 = cp
@@ -334,11 +344,11 @@ fn one_machine_joining_twice_at_once_becomes_one_node() {
         })
         .unwrap();
     assert_eq!(nodes, 1);
-    let refused: Vec<_> = crate::records::list_events(cp.db())
+    let refused: Vec<_> = crate::model::records::list_events(cp.db())
         .unwrap()
         .into_iter()
-        .filter(|e| e.kind == crate::records::EVENT_JOIN_REFUSED)
+        .filter(|e| e.kind == crate::model::records::EVENT_JOIN_REFUSED)
         .filter_map(|e| e.reason)
         .collect();
-    assert_eq!(refused, [crate::join::JoinReason::Reclaim]);
+    assert_eq!(refused, [crate::plane::join::JoinReason::Reclaim]);
 }

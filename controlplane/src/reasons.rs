@@ -22,11 +22,11 @@ use crate::attestors::join_token::TokenReason;
 use crate::attestors::provisioned::ProvisionedReason;
 use crate::attestors::tpm::TpmReason;
 use crate::attestors::x509pop::X509PopReason;
-use crate::join::JoinReason;
+use crate::model::records;
+use crate::plane::join::JoinReason;
+use crate::plane::renew::RenewReason;
+use crate::plane::siteapi::{self, SiteReason};
 use crate::reason::Reason;
-use crate::records;
-use crate::renew::RenewReason;
-use crate::siteapi::{self, SiteReason};
 
 /// A place that refuses, and what it refuses with.
 #[derive(Clone, Copy, Debug)]

@@ -3,16 +3,17 @@
 //! key, a CSR, a token join and a certificate, so the join, attestor, Renew
 //! and HTTP tests cannot drift apart.
 
+use bc_wire::AttestorId;
 use std::sync::Arc;
 
 use bc_wire::agent::{JoinRequest, JoinResponseBody, Role};
 use prost::Message;
 use rcgen::{KeyPair, PublicKeyData};
 
-use crate::join::JoinService;
+use crate::model::records;
 use crate::pki::NodeCertSpec;
+use crate::plane::join::JoinService;
 use crate::plane::ControlPlane;
-use crate::records;
 use crate::store::{self, Store, UnixMs};
 
 /// The trust domain of every fixture DIR.
@@ -216,7 +217,7 @@ pub(crate) use both_backends;
 
 /// Inserts a live node `id` (role node, generation 1, pool default), as a
 /// join by `attestor` at `joined_at` would.
-pub(crate) fn insert_node(db: &Store, id: &str, attestor: &str, joined_at: UnixMs) {
+pub(crate) fn insert_node(db: &Store, id: &str, attestor: AttestorId, joined_at: UnixMs) {
     db.write(|tx| {
         records::insert_node(
             tx,
@@ -224,10 +225,10 @@ pub(crate) fn insert_node(db: &Store, id: &str, attestor: &str, joined_at: UnixM
                 id: id.to_owned(),
                 role: bc_wire::agent::Role::Node,
                 identity_generation: 1,
-                attestor: attestor.to_owned(),
+                attestor,
                 joined_at,
                 retired_at: None,
-                pool_id: crate::pools::DEFAULT_POOL.to_owned(),
+                pool_id: crate::model::pools::DEFAULT_POOL.to_owned(),
                 cordoned_at: None,
                 deleted_at: None,
             },
@@ -295,7 +296,8 @@ impl Cp {
     /// join `pool`), and the key its CSR is for.
     pub(crate) fn token_request(&self, role: Role, pool: Option<&str>) -> (JoinRequest, KeyPair) {
         let (tok, _) =
-            crate::tokens::create_token_in_pool(self.db(), role, 1, 3_600_000, pool).unwrap();
+            crate::model::tokens::create_token_in_pool(self.db(), role, 1, 3_600_000, pool)
+                .unwrap();
         let key = key();
         let csr = plain_csr(&key);
         let sealed_token = self.seal_token(&csr, &tok.expose());

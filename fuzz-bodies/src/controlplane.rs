@@ -122,7 +122,7 @@ impl Cp {
                     id: fixtures::NODE_ID.to_owned(),
                     role: bc_wire::agent::Role::Node,
                     identity_generation: 1,
-                    attestor: "tpm".into(),
+                    attestor: bc_wire::AttestorId::Tpm,
                     joined_at: now,
                     retired_at: None,
                     pool_id: bc_controlplane::pools::DEFAULT_POOL.to_owned(),

@@ -686,15 +686,16 @@ fn renewals_refused_for_the_caller_the_csr_or_the_node_name_their_reason() {
     assert!(!cp.events().iter().any(renewed), "nothing renewed");
 }
 
-/// An attestor of someone else's (a plugin), which admits whatever it is
-/// sent with the result it was made with.
+/// An attestor of someone else's (a plugin, standing in for a built-in
+/// id: an attestor's id is a `bc_wire::AttestorId`), which admits whatever
+/// it is sent with the result it was made with.
 struct Plugin {
-    id: &'static str,
+    id: bc_wire::AttestorId,
     result: fn() -> bc_controlplane::AttestationResult,
 }
 
 impl bc_controlplane::Attestor for Plugin {
-    fn id(&self) -> &str {
+    fn id(&self) -> bc_wire::AttestorId {
         self.id
     }
 
@@ -708,9 +709,9 @@ impl bc_controlplane::Attestor for Plugin {
 }
 
 /// What JoinService holds any attestor to, shown with plugin attestors on
-/// the real JoinService and router over HTTPS in this process (`serve`
-/// runs none): an attestor outside the role table admits `node` only
-/// (`join:role`), its result may name no node-key statement the control
+/// the real JoinService and router over HTTPS in this process, each
+/// replacing the built-in of its id (`serve` runs none): an attestor
+/// outside the role table admits `node` only (`join:role`), its result may name no node-key statement the control
 /// plane cannot renew (`join:node-key-statement`) and no pool that does not
 /// exist (`join:unknown-pool`). Through bcd's client.
 #[test]
@@ -719,18 +720,20 @@ fn joinservice_holds_plugin_attestors_to_its_own_checks() {
     let svc = std::sync::Arc::new(bc_controlplane::plane::ControlPlane::open(cp.path()).unwrap());
     for plugin in [
         Plugin {
-            id: "plugin",
+            id: bc_wire::AttestorId::CloudIid,
             result: bc_controlplane::AttestationResult::default,
         },
         Plugin {
-            id: "plugin-statement",
+            id: bc_wire::AttestorId::X509Pop,
             result: || bc_controlplane::AttestationResult {
-                node_key_uri: Some("urn:bc:something-else:1".into()),
+                node_key: bc_controlplane::NodeKey::Tpm {
+                    statement: "urn:bc:something-else:1".into(),
+                },
                 ..Default::default()
             },
         },
         Plugin {
-            id: "plugin-pool",
+            id: bc_wire::AttestorId::Provisioned,
             result: || bc_controlplane::AttestationResult {
                 pool_id: Some("pool_nosuch".into()),
                 ..Default::default()
@@ -744,9 +747,9 @@ fn joinservice_holds_plugin_attestors_to_its_own_checks() {
     let agent = Agent::new(&cp);
     agent.set_api(&server.url);
     for (attestor, role, reason) in [
-        ("plugin", Role::Site, "join:role"),
-        ("plugin-statement", Role::Node, "join:node-key-statement"),
-        ("plugin-pool", Role::Node, "join:unknown-pool"),
+        ("cloud-iid", Role::Site, "join:role"),
+        ("x509pop", Role::Node, "join:node-key-statement"),
+        ("provisioned", Role::Node, "join:unknown-pool"),
     ] {
         let request = JoinRequest {
             csr: throwaway_csr(),
@@ -768,7 +771,7 @@ fn joinservice_holds_plugin_attestors_to_its_own_checks() {
     let request = JoinRequest {
         csr: throwaway_csr(),
         role: Role::Node as i32,
-        attestor: "plugin".into(),
+        attestor: "cloud-iid".into(),
         ..Default::default()
     };
     send(&agent, &request).expect("admitted");

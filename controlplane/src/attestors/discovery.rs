@@ -38,7 +38,7 @@
 //! ramdisk node of that site whose certificate lasts at most
 //! `[discovery] cert_ttl`, never past its boot entry's end, and which may be
 //! sent only `allowed_kinds`. The ramdisk nodes of earlier commissionings of
-//! the same machine are retired ([`crate::boot::retire_superseded`]).
+//! the same machine are retired ([`crate::model::boot::retire_superseded`]).
 //!
 //! **The machine's TPM.** A ramdisk on a machine with a TPM sends its
 //! evidence in `JoinRequest.tpm`, checked by the tpm attestor's own code
@@ -59,26 +59,25 @@
 //! The UUIDs here are claims: the asserted one is what iPXE or the boot
 //! entry said, the machine's is its own word. Only the boot entry's UUID,
 //! which its token's expect carries (JoinService checks the claims against
-//! it), becomes the node's hardware key ([`crate::hardware`]).
+//! it), becomes the node's hardware key ([`crate::model::hardware`]).
 
 use bc_wire::agent::{tpm_attestation, Role};
 use bc_wire::site;
+use bc_wire::AttestorId;
 
-use crate::attestor::{
-    AttestInput, AttestationResult, Attestor, NodeKeyKind, Prepared, Refusal, Verdict, Work,
-};
 use crate::attestors::join_token::live_token;
 use crate::attestors::tpm::{self, TpmAttestor, TpmProof};
-use crate::boot::DISCOVERY_ROLE;
-use crate::machine::{normalize_mac, normalize_product_uuid};
+use crate::model::attestor::{
+    AttestInput, AttestationResult, Attestor, NodeKey, Prepared, ProvenEk, Refusal, Verdict, Work,
+};
+use crate::model::boot::DISCOVERY_ROLE;
+use crate::model::machine::{Mac, ProductUuid};
+use crate::model::{hardware, records, sites, tokens, uses};
 use crate::store::{params, DbError, Tx, UnixMs};
-use crate::{hardware, records, sites, tokens, uses};
 
 pub mod approval;
 mod reasons;
 pub use reasons::DiscoveryReason;
-
-pub const DISCOVERY: &str = bc_wire::AttestorId::Discovery.as_str();
 
 /// `[discovery]`: what a PXE ramdisk admitted by the `discovery` attestor
 /// gets, and the boot lease's TTL.
@@ -131,7 +130,7 @@ impl Default for DiscoveryConfig {
     fn default() -> Self {
         DiscoveryConfig {
             cert_ttl_ms: MAX_DISCOVERY_CERT_TTL_MS,
-            lease_ttl_ms: crate::sites::DEFAULT_LEASE_TTL_MS,
+            lease_ttl_ms: crate::model::sites::DEFAULT_LEASE_TTL_MS,
             max_age_ms: bc_wire::site::ASSERTION_MAX_AGE_MS,
             approval: DiscoveryApproval::TrustedLan,
             approval_retry_after_seconds: 30,
@@ -160,12 +159,12 @@ impl DiscoveryAttestor {
 }
 
 impl Attestor for DiscoveryAttestor {
-    fn id(&self) -> &str {
-        DISCOVERY
+    fn id(&self) -> AttestorId {
+        AttestorId::Discovery
     }
 
-    fn roles(&self) -> crate::attestor::Roles {
-        crate::attestor::Roles {
+    fn roles(&self) -> crate::model::attestor::Roles {
+        crate::model::attestor::Roles {
             admits: &[Role::Ramdisk],
             refusal: Some(DiscoveryReason::Role.any()),
         }
@@ -196,7 +195,9 @@ impl Attestor for DiscoveryAttestor {
             Refusal::new(DiscoveryReason::AssertionMalformed)
         })?;
         let subject = site::use_subject(&signed);
-        if uses::is_spent(tx, DISCOVERY, &subject)? || spent_under_old_key(tx, input.evidence)? {
+        if uses::is_spent(tx, AttestorId::Discovery, &subject)?
+            || spent_under_old_key(tx, input.evidence)?
+        {
             // Spent by an operator's denial of the request it filed, or by
             // the join it admitted.
             let reason = match approval::denied_assertion(tx, &subject)? {
@@ -205,7 +206,7 @@ impl Attestor for DiscoveryAttestor {
             };
             return Err(Refusal::new(reason).with_node(Some(&assertion.node_id)));
         }
-        let asserted_mac = normalize_mac(&assertion.mac)
+        let asserted_mac = Mac::parse(&assertion.mac)
             .map_err(|_| Refusal::new(DiscoveryReason::AssertionMalformed))?;
 
         // The token.
@@ -227,7 +228,12 @@ impl Attestor for DiscoveryAttestor {
         if row.site_id.as_deref() != Some(assertion.site_id.as_str()) {
             return Err(refuse(DiscoveryReason::TokenSite));
         }
-        if row.expect.mac.as_ref().is_some_and(|m| *m != asserted_mac) {
+        if row
+            .expect
+            .mac
+            .as_ref()
+            .is_some_and(|m| m.as_str() != asserted_mac.as_str())
+        {
             return Err(refuse(DiscoveryReason::TokenMac));
         }
 
@@ -273,20 +279,20 @@ impl Attestor for DiscoveryAttestor {
             .claims
             .macs
             .iter()
-            .any(|m| normalize_mac(m).ok().as_deref() == Some(asserted_mac.as_str()));
+            .any(|m| Mac::parse(m).is_ok_and(|m| m == asserted_mac));
         if !claimed {
             return Err(refuse(DiscoveryReason::MacNotClaimed));
         }
         if !assertion.product_uuid.is_empty() {
-            let want = normalize_product_uuid(&assertion.product_uuid).ok();
-            let have = normalize_product_uuid(&input.claims.product_uuid).ok();
+            let want = ProductUuid::parse(&assertion.product_uuid).ok();
+            let have = ProductUuid::parse(&input.claims.product_uuid).ok();
             if want.is_none() || want != have {
                 return Err(refuse(DiscoveryReason::ProductUuidMismatch));
             }
         }
 
         // The machine's TPM, and the EK its boot entry expects.
-        let entry = crate::boot::entry_of_token(tx, &token.id)?;
+        let entry = crate::model::boot::entry_of_token(tx, &token.id)?;
         let expected_ek = entry.as_ref().and_then(|e| e.expected_ek());
         let tpm_refusal = |r: Refusal| {
             r.with_token(Some(&token.id))
@@ -297,7 +303,7 @@ impl Attestor for DiscoveryAttestor {
             Some(Some(tpm_attestation::Round::Hello(hello))) => {
                 let challenge = match self
                     .tpm
-                    .challenge(tx, input, hello, DISCOVERY)
+                    .challenge(tx, input, hello, AttestorId::Discovery)
                     .map_err(tpm_refusal)?
                 {
                     tpm::Step::Done(c) => c,
@@ -328,7 +334,7 @@ impl Attestor for DiscoveryAttestor {
         if self.config.approval == DiscoveryApproval::UnknownMachines && expected_ek.is_none() {
             // JoinService checks the token's expect only when it admits: a
             // join it would refuse files no request.
-            crate::hardware::check_expect(
+            crate::model::hardware::check_expect(
                 &AttestationResult {
                     expect: row.expect.clone(),
                     token_id: Some(token.id.clone()),
@@ -339,7 +345,7 @@ impl Attestor for DiscoveryAttestor {
             let waiting = approval::Pending {
                 input,
                 entry: entry.as_ref(),
-                mac: &asserted_mac,
+                mac: asserted_mac.as_str(),
                 ek: proven_ek.as_ref(),
                 token_id: &token.id,
                 assertion_sha256: &subject,
@@ -356,7 +362,7 @@ impl Attestor for DiscoveryAttestor {
         }
 
         // One join per assertion; the token is spent, and the challenge.
-        if !uses::spend(tx, DISCOVERY, &subject, valid_until, input.now)? {
+        if !uses::spend(tx, AttestorId::Discovery, &subject, valid_until, input.now)? {
             return Err(refuse(DiscoveryReason::AssertionReused));
         }
         tokens::consume_use(tx, &token.id)?;
@@ -375,7 +381,7 @@ impl Attestor for DiscoveryAttestor {
         // with the transaction if JoinService refuses this join after all).
         if let Some(entry) = entry {
             let hk = hardware::of_result(&result);
-            crate::boot::retire_superseded(
+            crate::model::boot::retire_superseded(
                 tx,
                 &entry,
                 hk.as_ref().map(|k| k.key.as_str()),
@@ -391,7 +397,11 @@ impl Attestor for DiscoveryAttestor {
 /// envelope now that [`site::parse_signed`] accepts one encoding only):
 /// a use from before an upgrade stays spent until it expires.
 fn spent_under_old_key(tx: &Tx<'_>, envelope: &[u8]) -> Result<bool, DbError> {
-    uses::is_spent(tx, DISCOVERY, &hex::encode(bc_wire::sha256(envelope)))
+    uses::is_spent(
+        tx,
+        AttestorId::Discovery,
+        &hex::encode(bc_wire::sha256(envelope)),
+    )
 }
 
 /// Whether the EK a join names or proved (`None`: no TPM evidence) is the
@@ -410,27 +420,27 @@ fn admitted(
     config: &DiscoveryConfig,
     token_id: String,
     pool_id: Option<String>,
-    expect: crate::machine::Expect,
+    expect: crate::model::machine::Expect,
     site_id: String,
     proof: Option<TpmProof>,
 ) -> AttestationResult {
-    let (node_key, node_key_uri, ek_assurance, ek_sha256) = match proof {
+    let (node_key, ek) = match proof {
         Some(p) => (
             p.node_key,
-            p.node_key_uri,
-            p.ek_assurance,
-            Some(p.ek_sha256),
+            Some(ProvenEk {
+                sha256: p.ek_sha256,
+                assurance: p.ek_assurance,
+                // Proven, but not bound: the machine's installed node holds
+                // the binding; this is the ramdisk's hardware key only.
+                bound: false,
+            }),
         ),
-        None => (NodeKeyKind::Unattested, None, None, None),
+        None => (NodeKey::Unattested, None),
     };
     AttestationResult {
         token_id: Some(token_id),
         node_key,
-        node_key_uri,
-        ek_assurance,
-        // Proven, but not bound: the machine's installed node holds the
-        // binding; this is the ramdisk's hardware key only.
-        ek_sha256,
+        ek,
         pool_id,
         expect,
         scope: Some(Box::new(records::NodeScope {
@@ -512,7 +522,7 @@ mod tests {
             tpm: None,
             now: 1_000,
             source: None,
-            prepared: &crate::attestor::Prepared::default(),
+            prepared: &crate::model::attestor::Prepared::default(),
         };
         match db
             .write(|tx| Ok::<_, DbError>(attestor.verify(tx, &input)))
@@ -531,8 +541,16 @@ mod tests {
     fn a_used_assertion_is_refused_however_it_is_rewrapped() {
         let t = temp_db();
         let s = signed("site_a");
-        t.db.write(|tx| uses::spend(tx, DISCOVERY, &site::use_subject(&s), i64::MAX, 0))
-            .unwrap();
+        t.db.write(|tx| {
+            uses::spend(
+                tx,
+                AttestorId::Discovery,
+                &site::use_subject(&s),
+                i64::MAX,
+                0,
+            )
+        })
+        .unwrap();
         assert_eq!(
             refusal(&t.db, &s.encode_to_vec()),
             DiscoveryReason::AssertionReused

@@ -14,14 +14,14 @@
 
 use bc_wire::agent::Role;
 use bc_wire::token::JoinToken;
+use bc_wire::AttestorId;
 use subtle::ConstantTimeEq;
 
-use crate::attestor::{
-    AttestInput, AttestationResult, Attestor, NodeKeyKind, OpenedToken, Refusal, Verdict,
-    JOIN_TOKEN,
+use crate::model::attestor::{
+    AttestInput, AttestationResult, Attestor, NodeKey, OpenedToken, Refusal, Verdict,
 };
+use crate::model::tokens;
 use crate::store::Tx;
-use crate::tokens;
 
 crate::reason::reasons! {
     /// The join-token attestor's reasons; `token-missing` … `token-expired` are
@@ -72,12 +72,12 @@ pub(crate) fn live_token<'t>(
 }
 
 impl Attestor for JoinTokenAttestor {
-    fn id(&self) -> &str {
-        JOIN_TOKEN
+    fn id(&self) -> AttestorId {
+        AttestorId::JoinToken
     }
 
-    fn roles(&self) -> crate::attestor::Roles {
-        crate::attestor::Roles {
+    fn roles(&self) -> crate::model::attestor::Roles {
+        crate::model::attestor::Roles {
             admits: &[Role::Node, Role::Site],
             refusal: Some(TokenReason::TokenRole.any()),
         }
@@ -99,7 +99,7 @@ impl Attestor for JoinTokenAttestor {
         tokens::consume_use(tx, &token.id)?;
         Ok(Verdict::Admit(Box::new(AttestationResult {
             token_id: Some(token.id.clone()),
-            node_key: NodeKeyKind::Unattested,
+            node_key: NodeKey::Unattested,
             pool_id: row.pool_id,
             // JoinService enforces both (for every token-based attestor).
             expect: row.expect,
@@ -107,7 +107,7 @@ impl Attestor for JoinTokenAttestor {
             roles: Some(vec![role]),
             // A site token makes a site node of its site.
             scope: row.site_id.map(|site_id| {
-                Box::new(crate::records::NodeScope {
+                Box::new(crate::model::records::NodeScope {
                     site_id: Some(site_id),
                     ..Default::default()
                 })
@@ -146,12 +146,12 @@ mod tests {
                     tpm: None,
                     now,
                     source: None,
-                    prepared: &crate::attestor::Prepared::default(),
+                    prepared: &crate::model::attestor::Prepared::default(),
                 };
-                crate::join::check_role(&JoinTokenAttestor, role, None)?;
+                crate::plane::join::check_role(&JoinTokenAttestor, role, None)?;
                 let out = JoinTokenAttestor.verify(tx, &input);
                 if let Ok(Verdict::Admit(result)) = &out {
-                    crate::join::check_role(&JoinTokenAttestor, role, Some(result))?;
+                    crate::plane::join::check_role(&JoinTokenAttestor, role, Some(result))?;
                 }
                 Ok(out)
             };

@@ -14,14 +14,16 @@ pub mod x509pop;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::attestor::{Attestor, JOIN_TOKEN};
+use bc_wire::AttestorId;
+
 use crate::config::Config;
+use crate::model::attestor::Attestor;
 
 /// The attestors a control plane runs, by id. `join-token` is always there;
 /// registering another with that id replaces it.
 #[derive(Clone)]
 pub struct AttestorRegistry {
-    by_id: BTreeMap<String, Arc<dyn Attestor>>,
+    by_id: BTreeMap<AttestorId, Arc<dyn Attestor>>,
 }
 
 impl Default for AttestorRegistry {
@@ -41,17 +43,16 @@ impl AttestorRegistry {
 
     /// Adds an attestor, replacing one of the same id.
     pub fn register(&mut self, attestor: Arc<dyn Attestor>) {
-        self.by_id.insert(attestor.id().to_owned(), attestor);
+        self.by_id.insert(attestor.id(), attestor);
     }
 
-    /// The attestor a request names; an empty name means `join-token`.
-    pub fn get(&self, id: &str) -> Option<Arc<dyn Attestor>> {
-        let id = if id.is_empty() { JOIN_TOKEN } else { id };
-        self.by_id.get(id).cloned()
+    /// The attestor of `id`, if this control plane runs it.
+    pub fn get(&self, id: AttestorId) -> Option<Arc<dyn Attestor>> {
+        self.by_id.get(&id).cloned()
     }
 
-    pub fn ids(&self) -> impl Iterator<Item = &str> {
-        self.by_id.keys().map(String::as_str)
+    pub fn ids(&self) -> impl Iterator<Item = AttestorId> + '_ {
+        self.by_id.keys().copied()
     }
 }
 

@@ -15,17 +15,17 @@
 //! the machine joins as a new node. Either way the UUID is proven, so it
 //! becomes the node's trusted hardware key.
 
-use crate::attestor::{AttestInput, AttestationResult, Attestor, NodeKeyKind, Refusal, Verdict};
-use crate::attestors::join_token::live_token;
-use crate::machine::normalize_product_uuid;
-use crate::store::Tx;
-use crate::{hardware, records, tokens};
+use bc_wire::AttestorId;
 
-pub const PROVISIONED: &str = bc_wire::AttestorId::Provisioned.as_str();
+use crate::attestors::join_token::live_token;
+use crate::model::attestor::{AttestInput, AttestationResult, Attestor, NodeKey, Refusal, Verdict};
+use crate::model::machine::ProductUuid;
+use crate::model::{hardware, records, tokens};
+use crate::store::Tx;
 
 crate::reason::reasons! {
     /// The provisioned attestor's reasons, after [`live_token`]'s.
-    pub enum ProvisionedReason in PROVISIONED {
+    pub enum ProvisionedReason in "provisioned" {
         TokenRole = "token-role",
         TokenExhausted = "token-exhausted",
         NotSingleUse = "not-single-use",
@@ -38,12 +38,12 @@ crate::reason::reasons! {
 pub struct ProvisionedAttestor;
 
 impl Attestor for ProvisionedAttestor {
-    fn id(&self) -> &str {
-        PROVISIONED
+    fn id(&self) -> AttestorId {
+        AttestorId::Provisioned
     }
 
-    fn roles(&self) -> crate::attestor::Roles {
-        crate::attestor::Roles {
+    fn roles(&self) -> crate::model::attestor::Roles {
+        crate::model::attestor::Roles {
             admits: &[bc_wire::agent::Role::Node],
             refusal: Some(ProvisionedReason::TokenRole.any()),
         }
@@ -58,7 +58,7 @@ impl Attestor for ProvisionedAttestor {
                 .with_node(target)
         };
         // A node join only: JoinService's role table (`token-role`).
-        if row.role != PROVISIONED {
+        if row.role != AttestorId::Provisioned.as_str() {
             return Err(refuse(ProvisionedReason::TokenRole));
         }
         if row.uses_left <= 0 {
@@ -67,8 +67,9 @@ impl Attestor for ProvisionedAttestor {
         if row.uses_left != 1 {
             return Err(refuse(ProvisionedReason::NotSingleUse));
         }
-        let claimed = normalize_product_uuid(&input.claims.product_uuid)
-            .map_err(|_| refuse(ProvisionedReason::NoProductUuid))?;
+        let claimed = ProductUuid::parse(&input.claims.product_uuid)
+            .map_err(|_| refuse(ProvisionedReason::NoProductUuid))?
+            .into_string();
         let expected = match (&row.expect.product_uuid, target) {
             (Some(uuid), _) => uuid.clone(),
             (None, Some(node)) => {
@@ -83,7 +84,7 @@ impl Attestor for ProvisionedAttestor {
         Ok(Verdict::Admit(Box::new(AttestationResult {
             reclaim_node_id: row.target_node_id,
             token_id: Some(token.id.clone()),
-            node_key: NodeKeyKind::Unattested,
+            node_key: NodeKey::Unattested,
             pool_id: row.pool_id,
             expect: row.expect,
             proven_product_uuid: Some(claimed),
@@ -107,11 +108,11 @@ fn target_uuid(tx: &Tx<'_>, node_id: &str) -> Result<Option<String>, Refusal> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::attestor::OpenedToken;
-    use crate::machine::Expect;
+    use crate::model::attestor::OpenedToken;
+    use crate::model::machine::Expect;
+    use crate::model::tokens::TokenScope;
     use crate::store::{DbError, Store};
     use crate::test_support::temp_db as fixture;
-    use crate::tokens::TokenScope;
     use bc_wire::agent::{HardwareClaims, Role};
     use bc_wire::token::JoinToken;
 
@@ -125,9 +126,11 @@ mod tests {
             },
             ..TokenScope::default()
         };
-        db.write(|tx| tokens::insert_token(tx, PROVISIONED, uses, 60_000, &scope))
-            .unwrap()
-            .0
+        db.write(|tx| {
+            tokens::insert_token(tx, AttestorId::Provisioned.as_str(), uses, 60_000, &scope)
+        })
+        .unwrap()
+        .0
     }
 
     /// The attestor in a transaction committed whatever the outcome, so a
@@ -151,7 +154,7 @@ mod tests {
                 tpm: None,
                 now: tx.now().unwrap(),
                 source: None,
-                prepared: &crate::attestor::Prepared::default(),
+                prepared: &crate::model::attestor::Prepared::default(),
             };
             let out = match ProvisionedAttestor.verify(tx, &input) {
                 Ok(Verdict::Admit(r)) => {

@@ -25,7 +25,7 @@
 //!   role is not the node's (node or site; a ramdisk never re-joins, it
 //!   joins afresh with discovery).
 //!
-//! An admitted proof is spent in `attestation_uses` ([`crate::uses`]) with
+//! An admitted proof is spent in `attestation_uses` ([`crate::model::uses`]) with
 //! the join: subject [`replay_subject`], kept until `clientTime + window`,
 //! after which the clock window refuses it anyway. A proof whose join is
 //! refused later in the transaction (a pool's `joinAttestors`) is not spent.
@@ -45,19 +45,17 @@
 //! pool whose `joinAttestors` lists only `tpm` refuses x509pop altogether.
 
 use bc_wire::x509pop::Evidence;
+use bc_wire::AttestorId;
 
-use crate::attestor::{
-    AttestInput, AttestationResult, Attestor, Fault, NodeKeyKind, Refusal, Verdict,
+use crate::model::attestor::{
+    AttestInput, AttestationResult, Attestor, Fault, NodeKey, NodeKeyKind, Refusal, Verdict,
 };
-use crate::records::{self, NewEvent};
+use crate::model::records::{self, NewEvent};
 use crate::store::Tx;
-
-/// The attestor's id.
-pub const X509POP: &str = bc_wire::AttestorId::X509Pop.as_str();
 
 crate::reason::reasons! {
     /// The x509pop attestor's reasons.
-    pub enum X509PopReason in X509POP {
+    pub enum X509PopReason in "x509pop" {
         EvidenceMalformed = "evidence-malformed",
         UnknownCertificate = "unknown-certificate",
         Deleted = "deleted",
@@ -124,12 +122,12 @@ impl X509PopAttestor {
 }
 
 impl Attestor for X509PopAttestor {
-    fn id(&self) -> &str {
-        X509POP
+    fn id(&self) -> AttestorId {
+        AttestorId::X509Pop
     }
 
-    fn roles(&self) -> crate::attestor::Roles {
-        crate::attestor::Roles {
+    fn roles(&self) -> crate::model::attestor::Roles {
+        crate::model::attestor::Roles {
             admits: &[bc_wire::agent::Role::Node, bc_wire::agent::Role::Site],
             refusal: Some(X509PopReason::Role.any()),
         }
@@ -153,7 +151,7 @@ impl Attestor for X509PopAttestor {
         // UPDATE would wait on (a deadlock).
         let node = records::node_including_deleted_for_update(tx, node_id)?;
         let subject = replay_subject(&ev.sig);
-        if crate::uses::is_spent(tx, X509POP, &subject)? {
+        if crate::model::uses::is_spent(tx, AttestorId::X509Pop, &subject)? {
             return Err(refuse(X509PopReason::Replayed));
         }
         // `from_json` refuses an empty chain.
@@ -199,7 +197,7 @@ impl Attestor for X509PopAttestor {
         // (a proof refused for its clock can be made again at once). Past
         // `clientTime + window` the clock window refuses it by itself.
         let expires_at = client_time.saturating_add(self.config.window_ms);
-        if !crate::uses::spend(tx, X509POP, &subject, expires_at, input.now)? {
+        if !crate::model::uses::spend(tx, AttestorId::X509Pop, &subject, expires_at, input.now)? {
             return Err(refuse(X509PopReason::Replayed));
         }
 
@@ -220,12 +218,12 @@ impl Attestor for X509PopAttestor {
                 &NewEvent {
                     kind: records::EVENT_NODE_KEY_DOWNGRADED,
                     at: input.now,
-                    attestor: Some(X509POP),
+                    attestor: Some(AttestorId::X509Pop.as_str()),
                     reason: None,
                     token_id: None,
                     node_id: Some(node_id),
                     data: serde_json::json!({
-                        "attestor": X509POP,
+                        "attestor": AttestorId::X509Pop.as_str(),
                         "statements": dropped,
                         "nodeKey": NodeKeyKind::Unattested.as_str(),
                         "serial": cert.serial,
@@ -238,7 +236,7 @@ impl Attestor for X509PopAttestor {
             // The node's own role only (JoinService refuses another: `role`).
             roles: Some(vec![node.role]),
             reclaim_node_id: Some(node.id),
-            node_key: NodeKeyKind::Unattested,
+            node_key: NodeKey::Unattested,
             ..AttestationResult::default()
         })))
     }

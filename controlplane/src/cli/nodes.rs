@@ -106,7 +106,7 @@ fn list(dir: &Path, as_json: bool) -> Result<()> {
                 "nodeId": n.id,
                 "role": n.role.name(),
                 "identityGeneration": n.identity_generation,
-                "attestor": n.attestor,
+                "attestor": n.attestor.as_str(),
                 "joinedAt": store::rfc3339(n.joined_at),
                 "retired": n.retired_at.is_some(),
                 "cordoned": n.cordoned_at.is_some(),

@@ -6,7 +6,7 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use bc_controlplane::boot::{self, BootKey, NewEntry};
 use bc_controlplane::config::parse_duration_ms;
-use bc_controlplane::machine::{normalize_mac, normalize_product_uuid};
+use bc_controlplane::machine::{Mac, ProductUuid};
 use bc_controlplane::{pki, sites, store};
 use clap::Subcommand;
 use serde_json::json;
@@ -63,11 +63,15 @@ pub enum BootCmd {
 }
 
 fn parse_mac(s: &str) -> Result<String, String> {
-    normalize_mac(s).map_err(|e| e.to_string())
+    Mac::parse(s)
+        .map(Mac::into_string)
+        .map_err(|e| e.to_string())
 }
 
 fn parse_uuid(s: &str) -> Result<String, String> {
-    normalize_product_uuid(s).map_err(|e| e.to_string())
+    ProductUuid::parse(s)
+        .map(ProductUuid::into_string)
+        .map_err(|e| e.to_string())
 }
 
 fn parse_ttl(s: &str) -> Result<i64, String> {

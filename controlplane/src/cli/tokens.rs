@@ -5,7 +5,7 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use bc_controlplane::config::parse_duration_ms;
-use bc_controlplane::machine::{normalize_mac, normalize_product_uuid, Expect};
+use bc_controlplane::machine::{Expect, Mac, ProductUuid};
 use bc_controlplane::{pools, store, tokens};
 use bc_wire::agent::Role;
 use clap::{Subcommand, ValueEnum};
@@ -236,12 +236,16 @@ fn list(dir: &Path, as_json: bool) -> Result<()> {
 
 /// `--expect-product-uuid`: validated here, stored lowercase.
 pub(super) fn parse_expect_product_uuid(s: &str) -> Result<String, String> {
-    normalize_product_uuid(s).map_err(|e| e.to_string())
+    ProductUuid::parse(s)
+        .map(ProductUuid::into_string)
+        .map_err(|e| e.to_string())
 }
 
 /// `--expect-mac`: validated here, stored lowercase.
 fn parse_expect_mac(s: &str) -> Result<String, String> {
-    normalize_mac(s).map_err(|e| e.to_string())
+    Mac::parse(s)
+        .map(Mac::into_string)
+        .map_err(|e| e.to_string())
 }
 
 /// A token lifetime: positive.

@@ -2,10 +2,10 @@
 //! certificate must chain to), `resolve` (the allow-list of EKs) and
 //! `requests` (enrollment: TPMs waiting for an operator).
 
+use bc_wire::AttestorId;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use bc_controlplane::attestors::discovery;
 use bc_controlplane::attestors::tpm::ek;
 use bc_controlplane::enroll;
 use bc_controlplane::{pools, store};
@@ -401,7 +401,7 @@ pub fn run_requests(cmd: RequestsCmd) -> Result<()> {
         } => {
             let db = open_db(&dir.dir)?;
             let row = enroll::approve(&db, &id, pool.as_deref(), site.as_deref())?;
-            if row.attestor == discovery::DISCOVERY {
+            if row.attestor == AttestorId::Discovery {
                 return print_line(&format!(
                     "approved {}: the waiting ramdisk of boot entry {} (mac {}) joins at its next try",
                     row.id,
@@ -483,7 +483,7 @@ fn requests_list(dir: &Path, as_json: bool) -> Result<()> {
         |r| {
             let mut v = json!({
                 "id": r.id,
-                "attestor": r.attestor,
+                "attestor": r.attestor.as_str(),
                 "ekSha256": r.ek_sha256,
                 "status": r.status.as_str(),
                 "createdAt": store::rfc3339(r.created_at),
@@ -494,7 +494,7 @@ fn requests_list(dir: &Path, as_json: bool) -> Result<()> {
                 "ekSerial": r.ek_serial,
                 "used": r.used_at.is_some(),
             });
-            if r.attestor == discovery::DISCOVERY {
+            if r.attestor == AttestorId::Discovery {
                 v["workflowId"] = json!(r.workflow_id);
                 v["mac"] = json!(r.mac);
                 v["productUuid"] = json!(r.product_uuid);
@@ -513,7 +513,7 @@ fn requests_list(dir: &Path, as_json: bool) -> Result<()> {
                 if r.used_at.is_some() { " (used)" } else { "" }
             );
             let ek = r.ek_sha256.as_deref().unwrap_or(NO_TPM);
-            if r.attestor == discovery::DISCOVERY {
+            if r.attestor == AttestorId::Discovery {
                 return Ok(format!(
                     "{state} discovery entry={} mac={} uuid={} ek={ek} source={}{} created={} token={} node_key={}",
                     r.workflow_id.as_deref().unwrap_or("-"),

@@ -36,9 +36,9 @@ const BORROWED: &[(&str, &str, &str)] = &[(
 /// The place enum whose reasons a source file (relative to `src/`) decides.
 fn place_of(path: &str) -> Option<&'static str> {
     Some(match path {
-        "join.rs" | "hardware.rs" => "JoinReason",
-        "renew.rs" => "RenewReason",
-        "siteapi.rs" => "SiteReason",
+        "plane/join.rs" | "model/hardware.rs" => "JoinReason",
+        "plane/renew.rs" => "RenewReason",
+        "plane/siteapi.rs" => "SiteReason",
         "attestors/join_token.rs" => "TokenReason",
         "attestors/provisioned.rs" => "ProvisionedReason",
         "attestors/discovery.rs" => "DiscoveryReason",
@@ -207,9 +207,9 @@ fn the_role_reasons_are_listed_at_their_attestor() {
         let Some(reason) = registry.get(attestor).and_then(|a| a.roles().refusal) else {
             panic!("{attestor} names no role refusal");
         };
-        assert_eq!(reason.place(), attestor, "{reason:?}");
+        assert_eq!(reason.place(), attestor.as_str(), "{reason:?}");
         assert!(
-            listed.contains(&(attestor, reason.as_str())),
+            listed.contains(&(attestor.as_str(), reason.as_str())),
             "({attestor}, {reason}) of Attestor::roles"
         );
     }

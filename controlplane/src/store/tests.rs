@@ -185,7 +185,7 @@ fn migration_8_backfills_tpm_hardware_keys(backend: Backend) {
          INSERT INTO node_bindings (kind, key, node_id, created_at)
              VALUES ('tpm-ek', 'ab12', 'node_a', 1);",
     );
-    let keys = crate::hardware::keys(&t.db).unwrap();
+    let keys = crate::model::hardware::keys(&t.db).unwrap();
     assert_eq!(keys.len(), 1);
     assert_eq!(keys["node_a"], "tpm-ek:ab12");
 }
@@ -221,7 +221,7 @@ fn migration_11_drops_claimed_hardware_keys() {
              VALUES ('wf_1', 'site_1', '52:54:00:12:34:56', 'tok_1', x'00', 9, 1);",
     );
     let db = Store::open(&path).unwrap();
-    let keys = crate::hardware::keys(&db).unwrap();
+    let keys = crate::model::hardware::keys(&db).unwrap();
     assert_eq!(keys.len(), 2, "{keys:?}");
     assert_eq!(keys["node_tpm"], "tpm-ek:ab12");
     assert!(keys["node_bound"].starts_with("product-uuid:4c4c4544"));
@@ -249,7 +249,7 @@ fn migration_16_keeps_enrollment_requests_and_admits_discovery_ones(backend: Bac
              VALUES ('req_1', 'tpm', 'ab12', 'CN=x', '01', 'pending', 5, 'site_1');",
     );
     let db = &t.db;
-    let rows = crate::enroll::list_requests(db).unwrap();
+    let rows = crate::model::enroll::list_requests(db).unwrap();
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0].ek_sha256.as_deref(), Some("ab12"));
     assert_eq!(rows[0].site_id.as_deref(), Some("site_1"));

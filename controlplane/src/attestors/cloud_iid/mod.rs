@@ -33,17 +33,17 @@ pub mod resolve;
 
 use bc_wire::agent::Role;
 use bc_wire::cloud_iid::Evidence;
+use bc_wire::AttestorId;
 
-use crate::attestor::{AttestInput, AttestationResult, Attestor, NodeKeyKind, Refusal, Verdict};
+use crate::model::attestor::{AttestInput, AttestationResult, Attestor, NodeKey, Refusal, Verdict};
+use crate::model::uses;
 use crate::store::{Tx, UnixMs};
-use crate::uses;
 
-pub const CLOUD_IID: &str = bc_wire::AttestorId::CloudIid.as_str();
 pub use bc_wire::cloud_iid::{AWS, AZURE, GCP};
 
 crate::reason::reasons! {
     /// The cloud-iid attestor's reasons (its providers' checks' too).
-    pub enum CloudReason in CLOUD_IID {
+    pub enum CloudReason in "cloud-iid" {
         Malformed = "cloud-malformed",
         UnknownProvider = "cloud-unknown-provider",
         Signature = "cloud-signature",
@@ -198,12 +198,12 @@ impl CloudIidAttestor {
 }
 
 impl Attestor for CloudIidAttestor {
-    fn id(&self) -> &str {
-        CLOUD_IID
+    fn id(&self) -> AttestorId {
+        AttestorId::CloudIid
     }
 
-    fn roles(&self) -> crate::attestor::Roles {
-        crate::attestor::Roles {
+    fn roles(&self) -> crate::model::attestor::Roles {
+        crate::model::attestor::Roles {
             admits: &[Role::Node, Role::Site, Role::Ramdisk],
             refusal: Some(CloudReason::Role.any()),
         }
@@ -214,7 +214,7 @@ impl Attestor for CloudIidAttestor {
             .map_err(|_| Refusal::new(CloudReason::Malformed))?;
         let id = self.identify(&evidence, input.now).map_err(Refusal::new)?;
         let subject = id.subject();
-        if uses::is_spent(tx, CLOUD_IID, &subject)? {
+        if uses::is_spent(tx, AttestorId::CloudIid, &subject)? {
             return Err(Refusal::new(CloudReason::InstanceReused));
         }
         let Some(row) = resolve::lookup(tx, id.provider, &id.account, &id.zone)? else {
@@ -223,12 +223,12 @@ impl Attestor for CloudIidAttestor {
         let mut roles = self.config.roles.clone();
         roles.extend(row.roles.iter().filter(|r| !self.config.roles.contains(r)));
         // Admitted exactly once, ever: the row never expires.
-        if !uses::spend(tx, CLOUD_IID, &subject, UnixMs::MAX, input.now)? {
+        if !uses::spend(tx, AttestorId::CloudIid, &subject, UnixMs::MAX, input.now)? {
             return Err(Refusal::new(CloudReason::InstanceReused));
         }
         tracing::info!(provider = id.provider, account = %id.account, zone = %id.zone, instance = %id.instance, "cloud-iid: verified identity document");
         Ok(Verdict::Admit(Box::new(AttestationResult {
-            node_key: NodeKeyKind::Unattested,
+            node_key: NodeKey::Unattested,
             pool_id: row.pool,
             roles: Some(roles),
             ..AttestationResult::default()

@@ -2,7 +2,7 @@
 //! option): a discovery join of a boot entry that names no expected EK
 //! waits for an operator, as the tpm attestor's enrollment does, through
 //! the same join requests (`requests list|approve|deny`,
-//! [`crate::enroll`]) and the same `JoinPending` deferral.
+//! [`crate::model::enroll`]) and the same `JoinPending` deferral.
 //!
 //! Without a TPM proof the site cannot tell the machine from a neighbour
 //! that fetched its script first, so the operator decides, per join:
@@ -28,18 +28,19 @@
 //!   (`approval-busy`). Another source (the real machine) is still heard:
 //!   a neighbour fills its own share only. An entry's pending requests are
 //!   bounded anyway, one per token and at most
-//!   [`crate::boot::MAX_LIVE_TOKENS`] live tokens per entry.
+//!   [`crate::model::boot::MAX_LIVE_TOKENS`] live tokens per entry.
 //!
 //! Called by the discovery attestor after every check of the spec (token,
 //! signer, freshness, machine) passed and before anything is spent, so a
 //! request is filed only for a join that would otherwise have been
 //! admitted.
 
+use bc_wire::AttestorId;
 use std::net::IpAddr;
 
-use crate::attestor::{AttestInput, Deferral, Refusal};
-use crate::boot::BootEntry;
-use crate::enroll::{self, JoinRequestRow};
+use crate::model::attestor::{AttestInput, Deferral, Refusal};
+use crate::model::boot::BootEntry;
+use crate::model::enroll::{self, JoinRequestRow};
 use crate::store::{params, DbError, LockKey, Tx};
 
 use super::reasons::DiscoveryReason;
@@ -221,7 +222,7 @@ fn insert(tx: &Tx<'_>, p: &Pending<'_>, node_key: &str) -> Result<JoinRequestRow
     let id = crate::ids::random_id("req_").map_err(DbError::Random)?;
     let row = JoinRequestRow {
         id,
-        attestor: super::DISCOVERY.to_owned(),
+        attestor: AttestorId::Discovery,
         ek_sha256: p.ek.map(|e| e.sha256.clone()),
         ek_issuer: p.ek.map(|e| e.issuer.clone()).unwrap_or_default(),
         ek_serial: p.ek.map(|e| e.serial.clone()).unwrap_or_default(),
@@ -326,7 +327,7 @@ mod tests {
             tpm: None,
             now: NOW,
             source: Some(j.source.parse().unwrap()),
-            prepared: &crate::attestor::Prepared::default(),
+            prepared: &crate::model::attestor::Prepared::default(),
         };
         db.write(|tx| {
             gate(
@@ -456,19 +457,21 @@ mod tests {
     #[test]
     fn a_denial_spends_the_token_and_the_assertion() {
         let t = temp_db();
-        let (tok, _) = crate::tokens::create_token(&t.db, Role::Ramdisk, 1, 3_600_000).unwrap();
+        let (tok, _) =
+            crate::model::tokens::create_token(&t.db, Role::Ramdisk, 1, 3_600_000).unwrap();
         let j = join(1);
         let id = request_id(gate_parts(&t.db, j, &tok.id, &assertion_of(1)));
         enroll::deny(&t.db, &id).unwrap();
-        let row = crate::tokens::list_tokens(&t.db)
+        let row = crate::model::tokens::list_tokens(&t.db)
             .unwrap()
             .into_iter()
             .find(|r| r.id == tok.id)
             .unwrap();
         assert!(row.revoked_at.is_some(), "the token is revoked");
-        let spent =
-            t.db.read(|tx| crate::uses::is_spent(tx, super::super::DISCOVERY, &assertion_of(1)))
-                .unwrap();
+        let spent = t
+            .db
+            .read(|tx| crate::model::uses::is_spent(tx, AttestorId::Discovery, &assertion_of(1)))
+            .unwrap();
         assert!(spent, "the assertion is spent");
     }
 

@@ -19,7 +19,7 @@
 //!   request) happens.
 //!
 //! Either way the fetch runs between two runs of the join's transaction
-//! ([`crate::attestor::Verdict::Prepare`]): a fetch must never hold the
+//! ([`crate::model::attestor::Verdict::Prepare`]): a fetch must never hold the
 //! database's write lock, and a discovery join reaches it only after its
 //! token and assertion were checked. What it returns is verified exactly as
 //! a certificate from NV is ([`super::ek::verify_ek`]: profile, chain to

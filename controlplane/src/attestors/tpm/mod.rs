@@ -40,7 +40,7 @@
 //!
 //! **Each challenge admits once.** A captured round-2 request stays valid
 //! until the challenge's deadline, so the final round spends the challenge
-//! in `attestation_uses` ([`crate::uses`]) in the join transaction, until
+//! in `attestation_uses` ([`crate::model::uses`]) in the join transaction, until
 //! that deadline. The subject is the SHA-256 of the sealed state: each
 //! round 1 seals a fresh state (a fresh secret and nonce) and nobody else
 //! can make another sealing of it, so one subject is one issued challenge.
@@ -76,24 +76,22 @@ pub mod state;
 
 use bc_wire::agent::{tpm_attestation, Role, TpmAnswer, TpmAttestation, TpmChallenge, TpmHello};
 use bc_wire::tpm::{self as wtpm, Attested, Public};
+use bc_wire::AttestorId;
 use prost::Message;
 use subtle::ConstantTimeEq;
 
-use crate::attestor::{
-    AttestInput, AttestationResult, Attestor, Deferral, Fault, NodeKeyKind, Prepared, Refusal,
-    Verdict, Work,
+use crate::model::attestor::{
+    AttestInput, AttestationResult, Attestor, Deferral, Fault, NodeKey, Prepared, ProvenEk,
+    Refusal, Verdict, Work,
 };
-use crate::enroll;
-use crate::machine::{Binding, EkAssurance, BINDING_TPM_EK};
-use crate::records;
+use crate::model::enroll;
+use crate::model::machine::{EkAssurance, BINDING_TPM_EK};
+use crate::model::records;
 use crate::store::{LockKey, Tx};
 use ek_service::{known, Claim, EkServices, EkServicesConfig, Fetched};
 pub use pcr::PcrPolicy;
 pub use reasons::TpmReason;
 use state::{ChallengeKey, ChallengeState};
-
-/// The attestor's id.
-pub const TPM: &str = bc_wire::AttestorId::Tpm.as_str();
 
 /// The longest a challenge may stay open (the spec: at most 5 minutes).
 pub const MAX_CHALLENGE_TTL_MS: i64 = 5 * 60 * 1000;
@@ -378,7 +376,7 @@ impl TpmAttestor {
         tx: &Tx<'_>,
         input: &AttestInput<'_>,
         hello: &TpmHello,
-        attestor: &str,
+        attestor: AttestorId,
     ) -> Result<Step<Challenge>, Refusal> {
         let mut pending = None;
         let (ek, assurance) = if !hello.ek_certificate.is_empty() {
@@ -460,13 +458,13 @@ impl TpmAttestor {
             tpm_manufacturer = %ek_service::manufacturer_text(hello.tpm_manufacturer),
             tpm_vendor = %ek_service::vendor_text(&hello.tpm_vendor),
             tpm_firmware = format_args!("{:016x}", hello.tpm_firmware),
-            attestor,
+            attestor = attestor.as_str(),
             "tpm: EK verified, credential challenge sent"
         );
         Ok(Step::Done(Challenge {
             ek_sha256: hex::encode(ek.spki_sha256),
             deferral: Deferral::Challenge {
-                attestor: attestor.to_owned(),
+                attestor,
                 payload,
                 not_after,
             },
@@ -492,7 +490,7 @@ impl TpmAttestor {
             return Err(Refusal::new(TpmReason::ChallengeExpired));
         }
         let subject = challenge_subject(&answer.state);
-        if crate::uses::is_spent(tx, TPM, &subject)? {
+        if crate::model::uses::is_spent(tx, AttestorId::Tpm, &subject)? {
             return Err(Refusal::new(TpmReason::ChallengeReused));
         }
         if !bool::from(answer.secret.as_slice().ct_eq(st.secret.as_slice())) {
@@ -502,7 +500,7 @@ impl TpmAttestor {
         let ak =
             Public::parse(&st.ak_public).map_err(|_| Refusal::new(TpmReason::ChallengeState))?;
         let qualifying = self.check_quote(&ak, input, answer, &st.secret)?;
-        let (node_key, node_key_uri) = self.check_node_key(&ak, input, answer, &qualifying)?;
+        let node_key = self.check_node_key(&ak, input, answer, &qualifying)?;
         if let Some(pending) = st.pending.take() {
             let (ek, assurance) = match self.certify_pending(tx, input, &pending)? {
                 Step::Done(done) => done,
@@ -523,7 +521,6 @@ impl TpmAttestor {
             // We sealed it, so it is one of ours.
             ek_assurance: EkAssurance::parse(&st.ek_assurance),
             node_key,
-            node_key_uri,
             subject,
             st,
         }))
@@ -572,7 +569,8 @@ impl TpmAttestor {
         proof: &TpmProof,
         now: crate::store::UnixMs,
     ) -> Result<(), Refusal> {
-        if !crate::uses::spend(tx, TPM, &proof.subject, proof.st.not_after, now)? {
+        if !crate::model::uses::spend(tx, AttestorId::Tpm, &proof.subject, proof.st.not_after, now)?
+        {
             return Err(Refusal::new(TpmReason::ChallengeReused));
         }
         Ok(())
@@ -599,17 +597,18 @@ impl TpmAttestor {
             ek_sha256,
             ek_assurance,
             node_key,
-            node_key_uri,
             ..
         } = proof;
         Ok(Verdict::Admit(Box::new(AttestationResult {
             roles: placed_roles(reclaim_node_id.as_deref(), site_id.as_deref()),
             reclaim_node_id,
             token_id: None,
-            node_key_uri,
             node_key,
-            ek_assurance,
-            ek_sha256: Some(ek_sha256.clone()),
+            ek: Some(ProvenEk {
+                sha256: ek_sha256,
+                assurance: ek_assurance,
+                bound: true,
+            }),
             pool_id,
             // A site node of the site its place names, as a site token's.
             scope: site_id.map(|site_id| {
@@ -617,10 +616,6 @@ impl TpmAttestor {
                     site_id: Some(site_id),
                     ..Default::default()
                 })
-            }),
-            binding: Some(Binding {
-                kind: BINDING_TPM_EK.to_owned(),
-                key: ek_sha256,
             }),
             // No token: nothing to bind.
             expect: Default::default(),
@@ -688,11 +683,11 @@ impl TpmAttestor {
         input: &AttestInput<'_>,
         answer: &TpmAnswer,
         qualifying: &[u8],
-    ) -> Result<(NodeKeyKind, Option<String>), Refusal> {
+    ) -> Result<NodeKey, Refusal> {
         let Some(cert) = &answer.node_key else {
             return match self.config.node_key {
                 NodeKeyPolicy::Certified => Err(Refusal::new(TpmReason::NodeKeyNotCertified)),
-                NodeKeyPolicy::Any => Ok((NodeKeyKind::Unattested, None)),
+                NodeKeyPolicy::Any => Ok(NodeKey::Unattested),
             };
         };
         wtpm::verify_key_certification(
@@ -706,7 +701,7 @@ impl TpmAttestor {
         .map_err(|e| Refusal::new(TpmReason::node_key(&e)))?;
         let statement = wtpm::ak_statement(&ak.name())
             .map_err(|e| Refusal::fault(Fault::Internal(format!("AK statement: {e}"))))?;
-        Ok((NodeKeyKind::Tpm, Some(statement)))
+        Ok(NodeKey::Tpm { statement })
     }
 }
 
@@ -722,9 +717,8 @@ pub(crate) struct TpmProof {
     /// The EK, lowercase hex SHA-256 of its SPKI.
     pub ek_sha256: String,
     pub ek_assurance: Option<EkAssurance>,
-    pub node_key: NodeKeyKind,
-    /// The AK statement, when the node key was certified.
-    pub node_key_uri: Option<String>,
+    /// With the AK statement, when the node key was certified.
+    pub node_key: NodeKey,
     /// The challenge's `attestation_uses` subject.
     subject: String,
     st: ChallengeState,
@@ -913,7 +907,7 @@ fn place(
         None => {
             let req = enroll::insert_pending(
                 tx,
-                TPM,
+                AttestorId::Tpm,
                 ek_sha256,
                 &st.ek_issuer,
                 &st.ek_serial,
@@ -944,12 +938,12 @@ fn place(
 }
 
 impl Attestor for TpmAttestor {
-    fn id(&self) -> &str {
-        TPM
+    fn id(&self) -> AttestorId {
+        AttestorId::Tpm
     }
 
-    fn roles(&self) -> crate::attestor::Roles {
-        crate::attestor::Roles {
+    fn roles(&self) -> crate::model::attestor::Roles {
+        crate::model::attestor::Roles {
             admits: &[Role::Node, Role::Site],
             refusal: Some(TpmReason::Role.any()),
         }
@@ -969,7 +963,7 @@ impl Attestor for TpmAttestor {
             .map_err(|_| Refusal::new(TpmReason::EvidenceMalformed))?;
         match &evidence.round {
             Some(tpm_attestation::Round::Hello(h)) => {
-                Ok(match self.challenge(tx, input, h, TPM)? {
+                Ok(match self.challenge(tx, input, h, AttestorId::Tpm)? {
                     Step::Done(c) => Verdict::Defer(c.deferral),
                     Step::Prepare(work) => Verdict::Prepare(work),
                 })

@@ -64,7 +64,7 @@ pub struct ChallengeState {
     pub secret: [u8; 32],
     /// Answers after this database time are refused.
     pub not_after: UnixMs,
-    /// Where the EK certificate came from ([`crate::machine::EkAssurance`]).
+    /// Where the EK certificate came from ([`crate::model::machine::EkAssurance`]).
     pub ek_assurance: String,
     /// Round 1 challenged the EK before its certificate was known: round 2
     /// fetches and verifies it before anything else.

@@ -2,7 +2,8 @@
 //! copies of it altered one thing at a time.
 
 use super::*;
-use crate::attestor::OpenedToken;
+use crate::model::attestor::{NodeKeyKind, OpenedToken};
+use crate::model::machine::Binding;
 use crate::store::{params, Commit, DbError, Store, UnixMs};
 use bc_wire::agent::{HardwareClaims, TpmKeyCertification};
 use bc_wire::tpm::ALG_SHA256;
@@ -124,7 +125,7 @@ impl Fixture {
             evidence,
             csr,
             now,
-            &crate::attestor::Prepared::default(),
+            &crate::model::attestor::Prepared::default(),
         )
     }
 
@@ -135,7 +136,7 @@ impl Fixture {
         evidence: &[u8],
         csr: &[u8],
         now: UnixMs,
-        prepared: &crate::attestor::Prepared,
+        prepared: &crate::model::attestor::Prepared,
     ) -> Result<Verdict, Refusal> {
         let spki = csr_spki(csr);
         self.db
@@ -160,10 +161,10 @@ impl Fixture {
                     };
                     // JoinService's role check around the attestor, as a join
                     // has it (its refusal rolls back what the attestor wrote).
-                    crate::join::check_role(&self.attestor, role, None)?;
+                    crate::plane::join::check_role(&self.attestor, role, None)?;
                     let out = self.attestor.verify(tx, &input);
                     if let Ok(Verdict::Admit(result)) = &out {
-                        crate::join::check_role(&self.attestor, role, Some(result))?;
+                        crate::plane::join::check_role(&self.attestor, role, Some(result))?;
                     }
                     Ok(out)
                 };
@@ -228,7 +229,7 @@ fn round_one_challenges_and_writes_nothing() {
     else {
         panic!("no challenge")
     };
-    assert_eq!(attestor, TPM);
+    assert_eq!(attestor, AttestorId::Tpm);
     assert_eq!(not_after, NOW + MAX_CHALLENGE_TTL_MS);
     let ch = TpmChallenge::decode(payload.as_slice()).unwrap();
     // The sizes swtpm's ActivateCredential takes (tpm-notes §5).
@@ -318,19 +319,20 @@ fn enrollment_pending_approved_once() {
     assert_eq!(reqs[0].status.as_str(), "pending");
     assert!(reqs[0].ek_issuer.contains("BCD Test EK Issuing CA 01"));
 
-    crate::pools::create_pool(&f.db, "metal", "alice", None, &["join-token", "tpm"]).unwrap();
+    crate::model::pools::create_pool(&f.db, "metal", "alice", None, &["join-token", "tpm"])
+        .unwrap();
     enroll::approve(&f.db, &request_id, Some("metal"), None).unwrap();
     let r = f.admitted(&ev);
     assert_eq!(r.reclaim_node_id, None);
     assert_eq!(r.pool_id.as_deref(), Some("metal"));
-    assert_eq!(r.node_key, NodeKeyKind::Tpm);
+    assert_eq!(r.node_key.kind(), NodeKeyKind::Tpm);
     let ak = Public::parse(&hello().ak_public).unwrap();
     assert_eq!(
-        r.node_key_uri,
-        Some(wtpm::ak_statement(&ak.name()).unwrap())
+        r.node_key.statement(),
+        Some(wtpm::ak_statement(&ak.name()).unwrap().as_str())
     );
     assert_eq!(
-        r.binding,
+        r.binding(),
         Some(Binding {
             kind: "tpm-ek".into(),
             key: ek_sha256()
@@ -350,7 +352,7 @@ fn enrollment_pending_approved_once() {
 fn a_site_in_the_place_fixes_the_role_and_the_site() {
     let f = fixture();
     let ev = answer_evidence(answer());
-    let site = crate::sites::create(&f.db, "dc1").unwrap().id;
+    let site = crate::model::sites::create(&f.db, "dc1").unwrap().id;
     let as_role = |role| {
         f.db.write(|tx| tx.execute("DELETE FROM attestation_uses", params![]))
             .unwrap();
@@ -428,7 +430,8 @@ fn denied_request_is_refused_until_resolved() {
 fn placement_order_binding_then_resolve_then_requests() {
     let f = fixture();
     let ev = answer_evidence(answer());
-    crate::pools::create_pool(&f.db, "metal", "alice", None, &["join-token", "tpm"]).unwrap();
+    crate::model::pools::create_pool(&f.db, "metal", "alice", None, &["join-token", "tpm"])
+        .unwrap();
     // A resolve entry into a pool.
     enroll::add_resolve(
         &f.db,
@@ -473,7 +476,7 @@ fn placement_order_binding_then_resolve_then_requests() {
 }
 
 fn insert_node(db: &Store, id: &str) -> String {
-    crate::test_support::insert_node(db, id, "join-token", NOW);
+    crate::test_support::insert_node(db, id, AttestorId::JoinToken, NOW);
     id.to_owned()
 }
 
@@ -524,7 +527,7 @@ fn round_two_state_secret_and_expiry() {
                 tpm: None,
                 now: NOW,
                 source: None,
-                prepared: &crate::attestor::Prepared::default(),
+                prepared: &crate::model::attestor::Prepared::default(),
             };
             Ok::<_, DbError>((reason(other.verify(tx, &input)), Commit::No))
         })
@@ -824,15 +827,15 @@ fn node_key_any_admits_uncertified_only() {
     let mut a = answer();
     a.node_key = None;
     let r = f.admitted(&answer_evidence(a));
-    assert_eq!(r.node_key, NodeKeyKind::Unattested);
-    assert_eq!(r.node_key_uri, None);
-    assert!(r.binding.is_some());
+    assert_eq!(r.node_key.kind(), NodeKeyKind::Unattested);
+    assert_eq!(r.node_key.statement(), None);
+    assert!(r.binding().is_some());
     // A certification that is present is still checked.
     let mut a = answer();
     a.node_key = Some(certification(AK_SELF_CERT));
     assert_eq!(f.reason(&answer_evidence(a)), "node-key-attributes");
     assert_eq!(
-        f.admitted(&answer_evidence(answer())).node_key,
+        f.admitted(&answer_evidence(answer())).node_key.kind(),
         NodeKeyKind::Tpm
     );
 }
@@ -850,8 +853,8 @@ fn roles_other_than_node_or_site_are_refused() {
 /// the capture's challenge key.
 mod through_join_service {
     use super::*;
-    use crate::api_error::ApiError;
-    use crate::join::JoinReason;
+    use crate::plane::api_error::ApiError;
+    use crate::plane::join::JoinReason;
     use bc_wire::agent::{join_response_body, JoinRequest, JoinResponseBody};
 
     use crate::test_support::{self, uri_sans as uris};
@@ -878,10 +881,10 @@ mod through_join_service {
 
     impl Cp {
         fn join(&self, evidence: Vec<u8>) -> Result<JoinResponseBody, ApiError> {
-            let resp = crate::join::JoinService::new(&self.svc).join(JoinRequest {
+            let resp = crate::plane::join::JoinService::new(&self.svc).join(JoinRequest {
                 csr: CSR.to_vec(),
                 role: Role::Node as i32,
-                attestor: TPM.into(),
+                attestor: AttestorId::Tpm.as_str().into(),
                 attestation: evidence,
                 ..Default::default()
             })?;
@@ -919,7 +922,7 @@ mod through_join_service {
         let Some(join_response_body::Deferral::Challenge(ch)) = body.deferral else {
             panic!("no challenge")
         };
-        assert_eq!(ch.attestor, TPM);
+        assert_eq!(ch.attestor, AttestorId::Tpm.as_str());
         assert!(ch.not_after_unix_ms > NOW);
         assert!(TpmChallenge::decode(ch.payload.as_slice()).is_ok());
         assert!(records::list_events(c.db()).unwrap().is_empty());
@@ -954,7 +957,7 @@ mod through_join_service {
         );
         let ev = records::list_events(c.db()).unwrap();
         assert_eq!(ev[0].kind, records::EVENT_NODE_JOINED);
-        assert_eq!(ev[0].attestor.as_deref(), Some(TPM));
+        assert_eq!(ev[0].attestor.as_deref(), Some(AttestorId::Tpm.as_str()));
         assert_eq!(ev[0].data["nodeKey"], "tpm");
         assert_eq!(ev[0].data["pool"], "default");
 
@@ -966,7 +969,7 @@ mod through_join_service {
         assert_eq!(
             c.refusals(),
             [(
-                TPM.to_owned(),
+                AttestorId::Tpm.as_str().to_owned(),
                 TpmReason::ChallengeReused.as_str().to_owned()
             )]
         );
@@ -1051,7 +1054,7 @@ mod through_join_service {
         assert_eq!(
             c.refusals(),
             [(
-                TPM.to_owned(),
+                AttestorId::Tpm.as_str().to_owned(),
                 JoinReason::BoundElsewhere.as_str().to_owned()
             )]
         );
@@ -1065,7 +1068,7 @@ mod through_join_service {
     #[test]
     fn a_pool_for_tokens_only_refuses_the_tpm() {
         let c = cp();
-        crate::pools::create_pool(
+        crate::model::pools::create_pool(
             c.db(),
             "tokens",
             "bob",
@@ -1088,7 +1091,10 @@ mod through_join_service {
         ));
         assert_eq!(
             c.refusals(),
-            [(TPM.to_owned(), JoinReason::PoolAttestor.as_str().to_owned())]
+            [(
+                AttestorId::Tpm.as_str().to_owned(),
+                JoinReason::PoolAttestor.as_str().to_owned()
+            )]
         );
         let ev = records::list_events(c.db()).unwrap();
         assert_eq!(ev[0].data["poolOwner"], "bob");
@@ -1200,12 +1206,12 @@ fn round_two_fetches_and_verifies_a_pending_certificate() {
     assert_eq!(f.reason(&evidence), "prepare");
 
     let said = |said: Said| {
-        crate::attestor::Prepared::new(ServiceAnswer {
+        crate::model::attestor::Prepared::new(ServiceAnswer {
             ek_sha256: ek_sha256(),
             said,
         })
     };
-    let run = |p: &crate::attestor::Prepared| {
+    let run = |p: &crate::model::attestor::Prepared| {
         f.db.write(|tx| tx.execute("DELETE FROM attestation_uses", params![]))
             .unwrap();
         reason(f.verify_prepared(Role::Node, &evidence, CSR, NOW, p))
@@ -1214,7 +1220,7 @@ fn round_two_fetches_and_verifies_a_pending_certificate() {
     assert_eq!(run(&said(Said::Failed)), TpmReason::EkService);
     assert_eq!(f.count("join_requests"), 0);
     // An answer for another EK is not this one's.
-    let other = crate::attestor::Prepared::new(ServiceAnswer {
+    let other = crate::model::attestor::Prepared::new(ServiceAnswer {
         ek_sha256: "00".repeat(32),
         said: Said::Certificate(hello().ek_certificate),
     });
@@ -1242,5 +1248,5 @@ fn round_two_fetches_and_verifies_a_pending_certificate() {
     else {
         panic!("not admitted");
     };
-    assert_eq!(r.ek_assurance, Some(EkAssurance::Pinned));
+    assert_eq!(r.ek_assurance(), Some(EkAssurance::Pinned));
 }

@@ -9,8 +9,8 @@ use prost::Message;
 use rcgen::{KeyPair, PublicKeyData};
 
 use super::*;
-use crate::api_error::ApiError;
-use crate::records::NodeRow;
+use crate::model::records::NodeRow;
+use crate::plane::api_error::ApiError;
 use crate::store::{self, params, UnixMs};
 use crate::test_support::{self, key, plain_csr as csr_for, Cp};
 
@@ -112,10 +112,10 @@ impl Fixture {
         role: Role,
         attestation: Vec<u8>,
     ) -> Result<JoinResponseBody, ApiError> {
-        let resp = crate::join::JoinService::new(&self.svc).join(JoinRequest {
+        let resp = crate::plane::join::JoinService::new(&self.svc).join(JoinRequest {
             csr,
             role: role as i32,
-            attestor: X509POP.into(),
+            attestor: AttestorId::X509Pop.as_str().into(),
             attestation,
             ..Default::default()
         })?;
@@ -129,7 +129,7 @@ impl Fixture {
             .into_iter()
             .filter(|e| e.kind == records::EVENT_JOIN_REFUSED)
             .flat_map(|e| {
-                assert_eq!(e.attestor.as_deref(), Some(X509POP));
+                assert_eq!(e.attestor.as_deref(), Some(AttestorId::X509Pop.as_str()));
                 let n = e.data["count"].as_u64().unwrap() as usize;
                 std::iter::repeat_n(e.reason.unwrap(), n)
             })
@@ -175,8 +175,8 @@ fn rejoins_as_itself_after_an_offline_expiry() {
     // Reclaimed in place: generation raised, the old certificate revoked.
     let node = f.node(&old.node_id);
     assert_eq!(
-        (node.identity_generation, node.attestor.as_str()),
-        (2, X509POP)
+        (node.identity_generation, node.attestor),
+        (2, AttestorId::X509Pop)
     );
     let certs = records::list_certs(f.db(), &old.node_id).unwrap();
     assert_eq!(
@@ -189,7 +189,10 @@ fn rejoins_as_itself_after_an_offline_expiry() {
     let ev = records::list_events(f.db()).unwrap();
     let joined = ev.last().unwrap();
     assert_eq!(joined.kind, records::EVENT_NODE_JOINED);
-    assert_eq!(joined.attestor.as_deref(), Some(X509POP));
+    assert_eq!(
+        joined.attestor.as_deref(),
+        Some(AttestorId::X509Pop.as_str())
+    );
     assert_eq!(joined.data["nodeKey"], "unattested");
     assert_eq!(joined.data["reclaim"], true);
     assert_eq!(joined.data["identityGeneration"], 2);
@@ -373,22 +376,22 @@ fn only_our_own_current_certificates_rejoin() {
     );
 
     // nodes revoke-identity: B's certificate is from before it.
-    crate::nodes::revoke_identity(f.db(), &b.node_id).unwrap();
+    crate::model::nodes::revoke_identity(f.db(), &b.node_id).unwrap();
     assert_eq!(
         f.refused(|| f.rejoin(&b, Role::Node)),
         X509PopReason::StaleGeneration
     );
     // Retired.
     let c = f.token_node(Role::Node);
-    crate::nodes::retire(f.db(), &c.node_id).unwrap();
+    crate::model::nodes::retire(f.db(), &c.node_id).unwrap();
     assert_eq!(
         f.refused(|| f.rejoin(&c, Role::Node)),
         X509PopReason::Retired
     );
     // Deleted.
     let d = f.token_node(Role::Node);
-    crate::nodes::cordon(f.db(), &d.node_id).unwrap();
-    crate::nodes::delete(f.db(), &d.node_id).unwrap();
+    crate::model::nodes::cordon(f.db(), &d.node_id).unwrap();
+    crate::model::nodes::delete(f.db(), &d.node_id).unwrap();
     assert_eq!(
         f.refused(|| f.rejoin(&d, Role::Node)),
         X509PopReason::Deleted
@@ -396,7 +399,7 @@ fn only_our_own_current_certificates_rejoin() {
 
     // None of it touched a node.
     for n in [&a, &b, &c, &d] {
-        assert_eq!(f.node(&n.node_id).attestor, "join-token");
+        assert_eq!(f.node(&n.node_id).attestor, AttestorId::JoinToken);
     }
 }
 
@@ -405,7 +408,7 @@ fn a_proof_admits_once_even_across_a_restart() {
     let f = fixture();
     // A pool that admits only tpm: x509pop passes, the pool refuses after
     // it, and the transaction (the proof's use with it) is rolled back.
-    crate::pools::create_pool(f.db(), "tpm-only", "alice", None, &[]).unwrap();
+    crate::model::pools::create_pool(f.db(), "tpm-only", "alice", None, &[]).unwrap();
     let id = f.token_node(Role::Node);
     f.db()
         .write(|tx| {
@@ -415,18 +418,23 @@ fn a_proof_admits_once_even_across_a_restart() {
             )
         })
         .unwrap();
-    crate::pools::set_join_attestors(f.db(), "tpm-only", Some(&["tpm".to_owned()]), &["tpm"])
-        .unwrap();
+    crate::model::pools::set_join_attestors(
+        f.db(),
+        "tpm-only",
+        Some(&["tpm".to_owned()]),
+        &["tpm"],
+    )
+    .unwrap();
     let next = key();
     let csr = csr_for(&next);
     let t = u64::try_from(f.now()).unwrap();
     let proof = evidence(&id, &csr, t);
     assert_eq!(
         f.refused(|| f.send(csr.clone(), Role::Node, proof.to_json())),
-        crate::join::JoinReason::PoolAttestor
+        crate::plane::join::JoinReason::PoolAttestor
     );
-    assert_eq!(f.db().read(crate::uses::count).unwrap(), 0);
-    crate::pools::set_join_attestors(f.db(), "tpm-only", None, &[]).unwrap();
+    assert_eq!(f.db().read(crate::model::uses::count).unwrap(), 0);
+    crate::model::pools::set_join_attestors(f.db(), "tpm-only", None, &[]).unwrap();
     let body = f.send(csr.clone(), Role::Node, proof.to_json()).unwrap();
     assert_eq!(body.node_id, id.node_id);
     // Spent until clientTime + window.
@@ -470,11 +478,11 @@ fn a_proof_admits_once_even_across_a_restart() {
     // A restart (another JoinService on the same DIR, as another replica
     // would be) still knows it.
     let restarted = crate::plane::ControlPlane::open(f.path()).unwrap();
-    let err = crate::join::JoinService::new(&restarted)
+    let err = crate::plane::join::JoinService::new(&restarted)
         .join(JoinRequest {
             csr: csr.clone(),
             role: Role::Node as i32,
-            attestor: X509POP.into(),
+            attestor: AttestorId::X509Pop.as_str().into(),
             attestation: proof.to_json(),
             ..Default::default()
         })
@@ -493,7 +501,7 @@ fn a_tpm_statement_is_not_carried_but_recorded() {
     let ak_name = [&[0u8, 0x0b][..], &[0xab; 32]].concat();
     let statement = bc_wire::tpm::ak_statement(&ak_name).unwrap();
     let node_id = "node_tpmbound".to_owned();
-    test_support::insert_node(f.db(), &node_id, "tpm", f.now());
+    test_support::insert_node(f.db(), &node_id, AttestorId::Tpm, f.now());
     let id = f.issue_identity(&node_id, std::slice::from_ref(&statement), 1, true);
     f.move_clock(2 * 86_400_000);
     let (body, _) = f.rejoin(&id, Role::Node).unwrap();

@@ -2,9 +2,9 @@
 //! service asked for its certificate before the machine proved that it
 //! holds the EK (round 1). Anything else is asked for after round 2.
 
-use crate::enroll;
-use crate::machine::BINDING_TPM_EK;
-use crate::records;
+use crate::model::enroll;
+use crate::model::machine::BINDING_TPM_EK;
+use crate::model::records;
 use crate::store::{params, DbError, Tx, UnixMs};
 
 /// Whether the EK whose SPKI SHA-256 is `ek_sha256` (lowercase hex) is

@@ -10,14 +10,15 @@ use super::*;
 use crate::store::params;
 use crate::test_support::{self, key, plain_csr, Cp};
 
-const HELLO: &[u8] = include_bytes!("../attestors/tpm/testdata/hello.bin");
-const ANSWER: &[u8] = include_bytes!("../attestors/tpm/testdata/answer.bin");
+const HELLO: &[u8] = include_bytes!("../../attestors/tpm/testdata/hello.bin");
+const ANSWER: &[u8] = include_bytes!("../../attestors/tpm/testdata/answer.bin");
 /// Signed by the TPM-held key that `answer.bin` certifies.
-const TPM_CSR: &[u8] = include_bytes!("../attestors/tpm/testdata/csr.der");
-const KEY2_CERT: &[u8] = include_bytes!("../attestors/tpm/testdata/key2-certification.bin");
-const AK_SELF_CERT: &[u8] = include_bytes!("../attestors/tpm/testdata/ak-self-certification.bin");
+const TPM_CSR: &[u8] = include_bytes!("../../attestors/tpm/testdata/csr.der");
+const KEY2_CERT: &[u8] = include_bytes!("../../attestors/tpm/testdata/key2-certification.bin");
+const AK_SELF_CERT: &[u8] =
+    include_bytes!("../../attestors/tpm/testdata/ak-self-certification.bin");
 const OTHER_NONCE_CERT: &[u8] =
-    include_bytes!("../attestors/tpm/testdata/other-nonce-certification.bin");
+    include_bytes!("../../attestors/tpm/testdata/other-nonce-certification.bin");
 
 /// A control plane DIR for Renew (the shared [`Cp`] and this module's
 /// steps).
@@ -62,7 +63,7 @@ impl Fixture {
     /// fixtures' AK, as a tpm join writes it.
     fn tpm_node(&self, statement: &str) -> (String, Vec<u8>) {
         let id = "node_tpmfixture".to_owned();
-        test_support::insert_node(self.db(), &id, "tpm", self.now());
+        test_support::insert_node(self.db(), &id, bc_wire::AttestorId::Tpm, self.now());
         let leaf = self.issue(&id, &key(), &[statement.to_owned()], 1, true);
         (id, leaf)
     }
@@ -186,7 +187,7 @@ fn renews_a_token_node_and_keeps_older_certificates() {
 #[test]
 fn refusals_name_their_reason() {
     let f = fixture();
-    crate::pools::create_pool(f.db(), "metal", "alice", None, &[]).unwrap();
+    crate::model::pools::create_pool(f.db(), "metal", "alice", None, &[]).unwrap();
     let (node_id, leaf) = f.join(Some("metal"));
     let good = || request(plain_csr(&key()));
 
@@ -271,7 +272,7 @@ fn refusals_name_their_reason() {
     f.renew(&leaf, &good()).unwrap();
 
     // nodes revoke-identity: a new generation, nothing from before renews.
-    crate::nodes::revoke_identity(f.db(), &node_id).unwrap();
+    crate::model::nodes::revoke_identity(f.db(), &node_id).unwrap();
     assert_eq!(
         f.refused(|| f.renew(&leaf, &good())),
         RenewReason::StaleGeneration
@@ -279,7 +280,7 @@ fn refusals_name_their_reason() {
     // A certificate of the new generation would renew; retired, it does not.
     let current = f.issue(&node_id, &key(), &[], 2, true);
     f.renew(&current, &good()).unwrap();
-    crate::nodes::retire(f.db(), &node_id).unwrap();
+    crate::model::nodes::retire(f.db(), &node_id).unwrap();
     assert_eq!(
         f.refused(|| f.renew(&current, &good())),
         RenewReason::Retired
@@ -287,10 +288,10 @@ fn refusals_name_their_reason() {
 
     // Deleted.
     let (other, other_leaf) = f.join(None);
-    crate::nodes::cordon(f.db(), &other).unwrap();
+    crate::model::nodes::cordon(f.db(), &other).unwrap();
     // Cordoned nodes still renew.
     f.renew(&other_leaf, &good()).unwrap();
-    crate::nodes::delete(f.db(), &other).unwrap();
+    crate::model::nodes::delete(f.db(), &other).unwrap();
     assert_eq!(
         f.refused(|| f.renew(&other_leaf, &good())),
         RenewReason::Deleted

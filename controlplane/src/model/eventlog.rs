@@ -25,8 +25,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::model::records::{self, NewEvent};
 use crate::reason::AnyReason;
-use crate::records::{self, NewEvent};
 use crate::store::{self, DbError, Store, Tx, UnixMs};
 
 /// Aggregation window (database time).
@@ -431,7 +431,7 @@ pub fn prune(db: &Store, retention_ms: i64) -> Result<usize, DbError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::records::EVENT_JOIN_REFUSED;
+    use crate::model::records::EVENT_JOIN_REFUSED;
 
     crate::reason::reasons! {
         /// Two of the join-token attestor's, as the log sees any.

@@ -26,7 +26,7 @@
 
 use serde_json::json;
 
-use crate::records::{self, BindingRow, CertRow, NewEvent, NodeRow};
+use crate::model::records::{self, BindingRow, CertRow, NewEvent, NodeRow};
 use crate::store::{params, DbError, Store, Tx, UnixMs};
 
 #[derive(Debug, thiserror::Error)]
@@ -241,7 +241,7 @@ mod tests {
     use crate::test_support::temp_db as fixture;
 
     fn node(db: &Store, id: &str) {
-        crate::test_support::insert_node(db, id, "join-token", 1);
+        crate::test_support::insert_node(db, id, bc_wire::AttestorId::JoinToken, 1);
     }
 
     fn cert(db: &Store, id: &str, serial: &str, generation: i64) {

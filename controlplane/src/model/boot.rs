@@ -35,11 +35,11 @@ use aes_gcm::{Aes256Gcm, Nonce};
 use bc_wire::token::JoinToken;
 use hmac::Mac;
 
-use crate::machine::Expect;
-use crate::pools::PoolError;
-use crate::records::{self, NewEvent};
+use crate::model::machine::Expect;
+use crate::model::pools::PoolError;
+use crate::model::records::{self, NewEvent};
+use crate::model::tokens::{self, TokenScope};
 use crate::store::{params, DbError, Row, Store, Tx, UnixMs};
-use crate::tokens::{self, TokenScope};
 
 /// The role of discovery tokens: no join-token join accepts it.
 pub const DISCOVERY_ROLE: &str = "discovery";
@@ -212,14 +212,17 @@ fn node_expectation(tx: &Tx<'_>, node: &str) -> Result<(String, Option<String>),
             "--node {node}: the node is retired; re-commission a live node, or use --ek-sha256"
         )));
     }
-    let ek = records::binding_of_node(tx, node, crate::machine::BINDING_TPM_EK)?.ok_or_else(
+    let ek = records::binding_of_node(tx, node, crate::model::machine::BINDING_TPM_EK)?.ok_or_else(
         || {
             PoolError::InvalidInput(format!(
                 "--node {node}: the node is bound to no EK (it never joined with its TPM); use --ek-sha256 from bcd tpm identify --json, or no expectation"
             ))
         },
     )?;
-    Ok((ek.key, crate::hardware::proven_product_uuid(tx, node)?))
+    Ok((
+        ek.key,
+        crate::model::hardware::proven_product_uuid(tx, node)?,
+    ))
 }
 
 /// Adds a boot entry and mints its discovery token.
@@ -227,11 +230,12 @@ pub fn add(db: &Store, key: &BootKey, new: &NewEntry<'_>) -> Result<BootEntry, P
     let workflow_id = crate::ids::random_id("wf_").map_err(DbError::Random)?;
     let given_ek = new
         .ek_sha256
-        .map(crate::machine::normalize_ek_sha256)
+        .map(crate::model::machine::EkSha256::parse)
         .transpose()
-        .map_err(|e| PoolError::InvalidInput(e.to_string()))?;
+        .map_err(|e| PoolError::InvalidInput(e.to_string()))?
+        .map(crate::model::machine::EkSha256::into_string);
     db.write(|tx| {
-        let site_id = crate::sites::resolve(tx, new.site)?;
+        let site_id = crate::model::sites::resolve(tx, new.site)?;
         let now = tx.now()?;
         let mut product_uuid = new.product_uuid.map(str::to_owned);
         let mut ek_sha256 = given_ek.clone();

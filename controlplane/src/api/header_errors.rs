@@ -12,7 +12,7 @@ use std::task::{ready, Context, Poll};
 use prost::Message;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use crate::api_error::ApiError;
+use crate::plane::api_error::ApiError;
 
 const HYPER_431: &[u8] = b"HTTP/1.1 431 ";
 

@@ -19,7 +19,7 @@
 //! 4. sign the answer.
 //!
 //! Every refusal rolls the transaction back, is counted in the refusal log
-//! ([`crate::eventlog`]: a `security.join.refused` event, identical ones
+//! ([`crate::model::eventlog`]: a `security.join.refused` event, identical ones
 //! aggregated per minute, written by one writer thread), logged, passed to the
 //! `on_refusal` hook, and answered as the same ACCESS_DENIED.
 
@@ -28,25 +28,25 @@ use std::net::IpAddr;
 use bc_wire::agent::{self, join_response_body, JoinRequest, JoinResponse, JoinResponseBody, Role};
 use bc_wire::signing::{self, Purpose};
 use bc_wire::token::JoinToken;
+use bc_wire::AttestorId;
 use prost::Message;
 use time::Duration;
 
-use crate::api_error::ApiError;
-use crate::attestor::{
+use crate::model::attestor::{
     AttestInput, AttestationResult, Attestor, Binding, Deferral, Fault, OpenedToken, Prepared,
-    Refusal, Verdict, JOIN_TOKEN,
+    Refusal, Verdict,
 };
-use crate::csr::{knows_key_statement, verify_csr, CsrRefusal, VerifiedCsr};
-use crate::eventlog::Refused;
-pub use crate::hardware::check_expect;
+use crate::model::eventlog::Refused;
+pub use crate::model::hardware::check_expect;
+use crate::model::records::{self, JoinRow, NewEvent, NodeRow};
+use crate::model::{hardware, pools};
 use crate::pki::NodeCertSpec;
+use crate::plane::api_error::ApiError;
+use crate::plane::csr::{knows_key_statement, verify_csr, CsrRefusal, VerifiedCsr};
 use crate::plane::{ControlPlane, RefusalEvent};
-use crate::records::{self, JoinRow, NewEvent, NodeRow};
 use crate::store::{self, Commit, LockKey, Tx, UnixMs};
-use crate::{hardware, pools};
 
-pub mod reasons;
-pub use reasons::JoinReason;
+pub use crate::model::join_reasons::JoinReason;
 
 /// The outcome of the join transaction.
 enum Outcome {
@@ -57,7 +57,7 @@ enum Outcome {
     Deferred(Deferral),
     Refused(Refusal),
     /// The attestor asked for work outside the transaction first.
-    Prepare(crate::attestor::Work),
+    Prepare(crate::model::attestor::Work),
 }
 
 /// `Join`: a service over the control plane's shared state (see
@@ -126,7 +126,7 @@ impl JoinService<'_> {
             Ok(r) => r,
         };
         let attestor_name = if req.attestor.is_empty() {
-            JOIN_TOKEN.to_owned()
+            AttestorId::JoinToken.as_str().to_owned()
         } else {
             printable(&req.attestor)
         };
@@ -140,7 +140,15 @@ impl JoinService<'_> {
                 return Err(self.refuse(&attestor_name, Refusal::new(reason), source));
             }
         };
-        let attestor = self.attestor(&req.attestor);
+        // Parsed once: an empty name is `join-token`; a name of no built-in
+        // attestor, like one this control plane does not run, is refused
+        // under the name as sent.
+        let requested = if req.attestor.is_empty() {
+            Some(AttestorId::JoinToken)
+        } else {
+            req.attestor.parse::<AttestorId>().ok()
+        };
+        let attestor = requested.and_then(|id| self.attestor(id));
         let Some(attestor) = attestor else {
             return Err(self.refuse(
                 &attestor_name,
@@ -148,7 +156,7 @@ impl JoinService<'_> {
                 source,
             ));
         };
-        let attestor_id = attestor.id().to_owned();
+        let attestor_id = attestor.id();
         if req.tpm.is_some() && !attestor.takes_tpm_evidence() {
             return Err(ApiError::InvalidInput(format!(
                 "JoinRequest.tpm is TPM evidence beside another attestor's; {attestor_id} takes none (a tpm join sends it as its attestation)"
@@ -156,7 +164,7 @@ impl JoinService<'_> {
         }
         // A role the attestor never admits is refused before it runs.
         if let Err(refusal) = check_role(attestor.as_ref(), role, None) {
-            return Err(self.refuse(&attestor_id, refusal, source));
+            return Err(self.refuse(attestor_id.as_str(), refusal, source));
         }
 
         let token = if req.sealed_token.is_empty() {
@@ -175,7 +183,7 @@ impl JoinService<'_> {
                 ),
                 Err(_) => {
                     return Err(self.refuse(
-                        &attestor_id,
+                        attestor_id.as_str(),
                         Refusal::new(JoinReason::TokenUnopenable),
                         source,
                     ))
@@ -215,7 +223,7 @@ impl JoinService<'_> {
                             Ok(Verdict::Admit(result)) => {
                                 let request = Admission {
                                     role,
-                                    attestor_id: &attestor_id,
+                                    attestor_id,
                                     csr: &csr,
                                     claims: &claims,
                                 };
@@ -236,7 +244,9 @@ impl JoinService<'_> {
                     prepared_once = true;
                     prepared = match attestor.prepare(self.database(), &work, source) {
                         Ok(p) => p,
-                        Err(refusal) => return Err(self.refuse(&attestor_id, refusal, source)),
+                        Err(refusal) => {
+                            return Err(self.refuse(attestor_id.as_str(), refusal, source))
+                        }
                     };
                 }
                 other => break other,
@@ -250,7 +260,9 @@ impl JoinService<'_> {
                     "attestor {attestor_id} asked for work outside the transaction twice"
                 )))
             }
-            Outcome::Refused(refusal) => return Err(self.refuse(&attestor_id, refusal, source)),
+            Outcome::Refused(refusal) => {
+                return Err(self.refuse(attestor_id.as_str(), refusal, source))
+            }
             Outcome::Deferred(d) => {
                 tracing::info!(attestor = %attestor_id, "join deferred");
                 JoinResponseBody {
@@ -305,7 +317,7 @@ impl JoinService<'_> {
         now: UnixMs,
         request: &Admission<'_>,
         result: &AttestationResult,
-        admitted: Admitted<'_>,
+        admitted: Admitted,
     ) -> Result<(String, Vec<u8>), Refusal> {
         let Admission {
             role,
@@ -340,7 +352,7 @@ impl JoinService<'_> {
                         id: id.clone(),
                         role,
                         identity_generation: 1,
-                        attestor: attestor_id.to_owned(),
+                        attestor: attestor_id,
                         joined_at: now,
                         retired_at: None,
                         pool_id: pool.id.clone(),
@@ -373,7 +385,7 @@ impl JoinService<'_> {
         };
         if role == Role::Ramdisk {
             if let Some(token_id) = &result.token_id {
-                crate::boot::mark_joined(tx, token_id, &node_id, now)?;
+                crate::model::boot::mark_joined(tx, token_id, &node_id, now)?;
             }
         }
         let cert_ttl = match scope.max_cert_ttl_ms {
@@ -382,7 +394,7 @@ impl JoinService<'_> {
         };
         // A ramdisk's certificate never outlives its boot entry.
         let entry_end = match role {
-            Role::Ramdisk => crate::boot::cert_not_after(tx, &node_id)?,
+            Role::Ramdisk => crate::model::boot::cert_not_after(tx, &node_id)?,
             _ => None,
         };
 
@@ -407,12 +419,14 @@ impl JoinService<'_> {
             tx,
             &JoinRow {
                 node_id: node_id.clone(),
-                attestor: attestor_id.to_owned(),
-                node_key: result.node_key.as_str().to_owned(),
-                ek_assurance: result.ek_assurance.map(|a| a.as_str().to_owned()),
+                attestor: attestor_id,
+                node_key: result.node_key.kind().as_str().to_owned(),
+                ek_assurance: result.ek_assurance().map(|a| a.as_str().to_owned()),
                 identity_generation: generation,
                 at: now,
-                product_uuid: crate::attestor::normalize_product_uuid(&claims.product_uuid).ok(),
+                product_uuid: crate::model::attestor::ProductUuid::parse(&claims.product_uuid)
+                    .ok()
+                    .map(crate::model::attestor::ProductUuid::into_string),
             },
         )?;
         records::insert_event(
@@ -420,14 +434,14 @@ impl JoinService<'_> {
             &NewEvent {
                 kind: records::EVENT_NODE_JOINED,
                 at: now,
-                attestor: Some(attestor_id),
+                attestor: Some(attestor_id.as_str()),
                 reason: None,
                 token_id: result.token_id.as_deref(),
                 node_id: Some(&node_id),
                 data: serde_json::json!({
-                    "attestor": attestor_id,
-                    "nodeKey": result.node_key.as_str(),
-                    "ekAssurance": result.ek_assurance.map(|a| a.as_str()),
+                    "attestor": attestor_id.as_str(),
+                    "nodeKey": result.node_key.kind().as_str(),
+                    "ekAssurance": result.ek_assurance().map(|a| a.as_str()),
                     "role": role.name(),
                     "identityGeneration": generation,
                     "reclaim": reclaim.is_some(),
@@ -443,8 +457,8 @@ impl JoinService<'_> {
             role = role.name(),
             generation,
             token_id = result.token_id.as_deref().unwrap_or(""),
-            node_key = result.node_key.as_str(),
-            ek_assurance = result.ek_assurance.map_or("", |a| a.as_str()),
+            node_key = result.node_key.kind().as_str(),
+            ek_assurance = result.ek_assurance().map_or("", |a| a.as_str()),
             "node joined"
         );
         Ok((node_id, issued.der))
@@ -526,16 +540,16 @@ impl JoinService<'_> {
 #[derive(Clone, Copy)]
 struct Admission<'a> {
     role: Role,
-    attestor_id: &'a str,
+    attestor_id: AttestorId,
     csr: &'a VerifiedCsr,
     claims: &'a agent::HardwareClaims,
 }
 
 /// What the checks of an admission found, for [`JoinService::issue`].
-struct Admitted<'r> {
+struct Admitted {
     reclaimed: Reclaimed,
     /// The binding to write (its key not bound yet).
-    new_binding: Option<&'r Binding>,
+    new_binding: Option<Binding>,
     /// The pool the node joins or stays in.
     pool: pools::PoolRow,
 }
@@ -580,7 +594,7 @@ fn reclaim(tx: &Tx<'_>, role: Role, result: &AttestationResult) -> Result<Reclai
         }
         tx.lock(&keys)?;
     }
-    let bound = match &result.binding {
+    let bound = match &result.binding() {
         Some(b) => records::binding_by_key(tx, &b.kind, &b.key)?.is_some(),
         None => false,
     };
@@ -594,9 +608,9 @@ fn reclaim(tx: &Tx<'_>, role: Role, result: &AttestationResult) -> Result<Reclai
         }
     }
     let reclaim = reclaim.as_deref();
-    let statements: Vec<String> = match &result.node_key_uri {
+    let statements: Vec<String> = match result.node_key.statement() {
         None => Vec::new(),
-        Some(uri) if knows_key_statement(uri) => vec![uri.clone()],
+        Some(uri) if knows_key_statement(uri) => vec![uri.to_owned()],
         Some(_) => return Err(refuse(JoinReason::NodeKeyStatement, reclaim)),
     };
 
@@ -625,11 +639,11 @@ fn reclaim(tx: &Tx<'_>, role: Role, result: &AttestationResult) -> Result<Reclai
 /// The binding step: a hardware key admits only the node it is bound to
 /// (`reclaim`, `None` for a new node), and a node has one key of each kind.
 /// Returns the binding to write, if the key is not bound yet.
-fn binding<'r>(
+fn binding(
     tx: &Tx<'_>,
-    result: &'r AttestationResult,
+    result: &AttestationResult,
     reclaim: Option<&str>,
-) -> Result<Option<&'r Binding>, Refusal> {
+) -> Result<Option<Binding>, Refusal> {
     let refuse = |reason: JoinReason, node: Option<&str>| {
         Refusal::new(reason)
             .with_token(result.token_id.as_deref())
@@ -638,7 +652,7 @@ fn binding<'r>(
     // A hardware key admits only the node it is bound to, and a node has
     // one key of each kind.
     let mut new_binding = None;
-    if let Some(b) = &result.binding {
+    if let Some(b) = result.binding() {
         match records::binding_by_key(tx, &b.kind, &b.key)? {
             Some(bound) if Some(bound.node_id.as_str()) != reclaim => {
                 return Err(refuse(
@@ -665,7 +679,7 @@ fn binding<'r>(
 /// the attestor and the join's EK assurance.
 fn pool_policy(
     tx: &Tx<'_>,
-    attestor_id: &str,
+    attestor_id: AttestorId,
     result: &AttestationResult,
     existing: Option<&NodeRow>,
 ) -> Result<pools::PoolRow, Refusal> {
@@ -684,16 +698,16 @@ fn pool_policy(
     };
     let pool = pools::get(tx, &pool_id)?.ok_or_else(|| refuse(JoinReason::UnknownPool, reclaim))?;
     if let Some(allowed) = pool.join_attestors()? {
-        if !allowed.iter().any(|a| a == attestor_id) {
+        if !allowed.iter().any(|a| a == attestor_id.as_str()) {
             return Err(refuse(JoinReason::PoolAttestor, reclaim).with_pool(&pool.id, &pool.owner));
         }
     }
     if let Some(min) = pool.min_ek_assurance()? {
-        if !result.ek_assurance.is_some_and(|a| a.meets(min)) {
+        if !result.ek_assurance().is_some_and(|a| a.meets(min)) {
             tracing::info!(
                 pool = %pool.id,
                 min = min.as_str(),
-                ek_assurance = result.ek_assurance.map_or("none", |a| a.as_str()),
+                ek_assurance = result.ek_assurance().map_or("none", |a| a.as_str()),
                 "join refused: below the pool's minimum EK assurance"
             );
             return Err(
@@ -768,7 +782,7 @@ fn deferral_to_wire(d: Deferral) -> join_response_body::Deferral {
             payload,
             not_after,
         } => join_response_body::Deferral::Challenge(agent::JoinChallenge {
-            attestor,
+            attestor: attestor.as_str().to_owned(),
             payload,
             not_after_unix_ms: not_after,
         }),

@@ -12,6 +12,8 @@
 //! deletes at most [`PRUNE_BATCH`] expired rows, so the table holds about
 //! the uses of one expiry window and no call does unbounded work.
 
+use bc_wire::AttestorId;
+
 use crate::store::{params, DbError, Tx, UnixMs};
 
 /// Expired rows deleted per call, the spec's `pruneAttestationUses` default.
@@ -19,7 +21,7 @@ pub const PRUNE_BATCH: i64 = 5_000;
 
 /// Whether `subject` was already accepted by `attestor` (expired or not:
 /// evidence past its expiry is refused by its own checks).
-pub fn is_spent(tx: &Tx<'_>, attestor: &str, subject: &str) -> Result<bool, DbError> {
+pub fn is_spent(tx: &Tx<'_>, attestor: AttestorId, subject: &str) -> Result<bool, DbError> {
     Ok(tx
         .query_opt_map(
             "SELECT 1 FROM attestation_uses WHERE attestor = ?1 AND subject = ?2",
@@ -33,7 +35,7 @@ pub fn is_spent(tx: &Tx<'_>, attestor: &str, subject: &str) -> Result<bool, DbEr
 /// `false` (nothing written) if it already had. Prunes first.
 pub fn spend(
     tx: &Tx<'_>,
-    attestor: &str,
+    attestor: AttestorId,
     subject: &str,
     expires_at: UnixMs,
     now: UnixMs,
@@ -78,14 +80,14 @@ mod tests {
     fn a_subject_is_spent_once_per_attestor_and_pruned_in_batches() {
         let t = temp_db();
         t.db.write(|tx| {
-            assert!(!is_spent(tx, "tpm", "s1")?);
-            assert!(spend(tx, "tpm", "s1", 1_000, 0)?);
-            assert!(is_spent(tx, "tpm", "s1")?);
-            assert!(!spend(tx, "tpm", "s1", 9_000, 0)?);
+            assert!(!is_spent(tx, AttestorId::Tpm, "s1")?);
+            assert!(spend(tx, AttestorId::Tpm, "s1", 1_000, 0)?);
+            assert!(is_spent(tx, AttestorId::Tpm, "s1")?);
+            assert!(!spend(tx, AttestorId::Tpm, "s1", 9_000, 0)?);
             // Another attestor's subject space.
-            assert!(spend(tx, "x509pop", "s1", 1_000, 0)?);
+            assert!(spend(tx, AttestorId::X509Pop, "s1", 1_000, 0)?);
             for i in 0..7 {
-                assert!(spend(tx, "tpm", &format!("old{i}"), 10 + i, 0)?);
+                assert!(spend(tx, AttestorId::Tpm, &format!("old{i}"), 10 + i, 0)?);
             }
             Ok::<_, DbError>(())
         })
@@ -99,7 +101,7 @@ mod tests {
         assert_eq!(pruned, 3);
         assert_eq!(n(&t.db), 3);
         // A new use prunes the rest first; a row expiring exactly now stays.
-        t.db.write(|tx| spend(tx, "tpm", "s2", 2_000, 1_000))
+        t.db.write(|tx| spend(tx, AttestorId::Tpm, "s2", 2_000, 1_000))
             .unwrap();
         assert_eq!(
             n(&t.db),
@@ -114,11 +116,11 @@ mod tests {
     fn a_rolled_back_use_is_not_spent() {
         let t = temp_db();
         t.db.write_if(|tx| {
-            assert!(spend(tx, "tpm", "s", 1_000, 0).unwrap());
+            assert!(spend(tx, AttestorId::Tpm, "s", 1_000, 0).unwrap());
             Ok::<_, DbError>(((), crate::store::Commit::No))
         })
         .unwrap();
-        let spent = t.db.write(|tx| is_spent(tx, "tpm", "s")).unwrap();
+        let spent = t.db.write(|tx| is_spent(tx, AttestorId::Tpm, "s")).unwrap();
         assert!(!spent);
     }
 }

@@ -4,9 +4,9 @@
 use bc_wire::agent::Role;
 use bc_wire::token::JoinToken;
 
-use crate::machine::Expect;
-use crate::pools::{self, PoolError};
-use crate::records;
+use crate::model::machine::Expect;
+use crate::model::pools::{self, PoolError};
+use crate::model::records;
 use crate::store::{params, DbError, Row, Store, Tx, UnixMs};
 
 /// A `join_tokens` row; never holds the secret.
@@ -78,7 +78,7 @@ pub struct TokenScope<'a> {
 }
 
 /// [`create_token_in_pool`] bound to the machine `expect` describes
-/// (values already normalized, see [`crate::machine::normalize_mac`]):
+/// (values already normalized, see [`crate::model::machine::Mac`]):
 /// JoinService refuses a join whose claims do not match.
 pub fn create_bound_token(
     db: &Store,
@@ -113,7 +113,7 @@ pub fn insert_token(
     let token = JoinToken { id, secret };
     let row = {
         if let Some(site) = scope.site {
-            crate::sites::require(tx, site)?;
+            crate::model::sites::require(tx, site)?;
         }
         if let Some(pool) = pool {
             pools::require(tx, pool)?;

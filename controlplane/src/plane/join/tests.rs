@@ -1,8 +1,9 @@
 //! The whole join through JoinService, on a real control plane DIR.
 
 use super::*;
-use crate::attestor::NodeKeyKind;
-use crate::tokens;
+use crate::model::attestor::NodeKey;
+use crate::model::tokens;
+use bc_wire::AttestorId;
 use std::sync::{Arc, Mutex};
 
 use crate::test_support::{both_backends, cp as fixture, cp_on, uri_sans, Backend, Cp as Fixture};
@@ -64,7 +65,7 @@ fn refusals(svc: &ControlPlane) -> Vec<String> {
 
 #[test]
 fn expect_binding_refuses_other_machines_and_spends_nothing() {
-    use crate::attestor::Expect;
+    use crate::model::attestor::Expect;
     let f = fixture();
     let expect = Expect {
         product_uuid: Some("4c4c4544-0042-3510-8052-b4c04f4e4d32".to_owned()),
@@ -262,8 +263,8 @@ fn parallel_joins_spend_a_token_once(backend: Backend) {
 
 struct Deferring;
 impl Attestor for Deferring {
-    fn id(&self) -> &str {
-        JOIN_TOKEN
+    fn id(&self) -> AttestorId {
+        AttestorId::JoinToken
     }
     fn verify(&self, _: &Tx<'_>, _: &AttestInput<'_>) -> Result<Verdict, Refusal> {
         Ok(Verdict::Defer(Deferral::Pending {
@@ -275,13 +276,14 @@ impl Attestor for Deferring {
 
 struct BadStatement;
 impl Attestor for BadStatement {
-    fn id(&self) -> &str {
-        "bad-statement"
+    fn id(&self) -> AttestorId {
+        AttestorId::Provisioned
     }
     fn verify(&self, _: &Tx<'_>, _: &AttestInput<'_>) -> Result<Verdict, Refusal> {
         Ok(Verdict::Admit(Box::new(AttestationResult {
-            node_key_uri: Some("urn:bc:other:1".into()),
-            node_key: NodeKeyKind::Tpm,
+            node_key: NodeKey::Tpm {
+                statement: "urn:bc:other:1".into(),
+            },
             ..AttestationResult::default()
         })))
     }
@@ -289,16 +291,16 @@ impl Attestor for BadStatement {
 
 /// Admits with whatever result the test put in.
 struct Scripted {
-    id: &'static str,
-    roles: crate::attestor::Roles,
+    id: AttestorId,
+    roles: crate::model::attestor::Roles,
     result: Mutex<AttestationResult>,
 }
 
 impl Scripted {
-    fn new(id: &'static str) -> Arc<Self> {
+    fn new(id: AttestorId) -> Arc<Self> {
         Arc::new(Scripted {
             id,
-            roles: crate::attestor::Roles {
+            roles: crate::model::attestor::Roles {
                 admits: &[Role::Node],
                 refusal: None,
             },
@@ -306,7 +308,7 @@ impl Scripted {
         })
     }
     /// One standing in for a built-in attestor, with its roles.
-    fn replacing(f: &Fixture, id: &'static str) -> Arc<Self> {
+    fn replacing(f: &Fixture, id: AttestorId) -> Arc<Self> {
         Arc::new(Scripted {
             id,
             roles: f.svc.attestor(id).unwrap().roles(),
@@ -319,10 +321,10 @@ impl Scripted {
 }
 
 impl Attestor for Scripted {
-    fn id(&self) -> &str {
+    fn id(&self) -> AttestorId {
         self.id
     }
-    fn roles(&self) -> crate::attestor::Roles {
+    fn roles(&self) -> crate::model::attestor::Roles {
         self.roles
     }
     fn verify(&self, _: &Tx<'_>, _: &AttestInput<'_>) -> Result<Verdict, Refusal> {
@@ -340,7 +342,7 @@ fn every_attestor_serve_runs_names_its_roles() {
     let ids = cp.svc.attestor_ids();
     assert_eq!(ids.len(), 6, "{ids:?}");
     for id in ids {
-        let a = cp.svc.attestor(&id).unwrap();
+        let a = cp.svc.attestor(id.parse().unwrap()).unwrap();
         let roles = a.roles();
         assert!(
             roles.refusal.is_some() && !roles.admits.is_empty(),
@@ -355,7 +357,7 @@ fn every_attestor_serve_runs_names_its_roles() {
 #[test]
 fn roles_are_checked_in_one_place() {
     let f = fixture();
-    let a = Scripted::new("hw");
+    let a = Scripted::new(AttestorId::Tpm);
     f.svc.register_attestor(a.clone());
     let join_as = |id: &str, role: Role| {
         let (_, csr) = new_csr();
@@ -364,7 +366,7 @@ fn roles_are_checked_in_one_place() {
         JoinService::new(&f.svc).join(req)
     };
     assert!(matches!(
-        join_as("hw", Role::Site),
+        join_as("tpm", Role::Site),
         Err(ApiError::AccessDenied)
     ));
     assert_eq!(refusals(&f.svc).last().unwrap(), JoinReason::Role.as_str());
@@ -373,15 +375,15 @@ fn roles_are_checked_in_one_place() {
         ..AttestationResult::default()
     });
     assert!(matches!(
-        join_as("hw", Role::Node),
+        join_as("tpm", Role::Node),
         Err(ApiError::AccessDenied)
     ));
     assert_eq!(refusals(&f.svc).last().unwrap(), JoinReason::Role.as_str());
     assert!(records::list_nodes(f.svc.database()).unwrap().is_empty());
     a.set(AttestationResult::default());
-    assert!(join_as("hw", Role::Node).is_ok());
+    assert!(join_as("tpm", Role::Node).is_ok());
 
-    let x = Scripted::replacing(&f, crate::attestors::cloud_iid::CLOUD_IID);
+    let x = Scripted::replacing(&f, AttestorId::CloudIid);
     f.svc.register_attestor(x.clone());
     x.set(AttestationResult {
         roles: Some(vec![Role::Node]),
@@ -408,23 +410,24 @@ fn scripted_join(f: &Fixture, id: &str) -> Result<JoinResponseBody, ApiError> {
         .map(|r| open_body(&f.svc, &r))
 }
 
-fn binding(key: &str) -> Option<crate::attestor::Binding> {
-    Some(crate::attestor::Binding {
-        kind: crate::attestor::BINDING_TPM_EK.into(),
-        key: key.into(),
+fn binding(key: &str) -> Option<crate::model::attestor::ProvenEk> {
+    Some(crate::model::attestor::ProvenEk {
+        sha256: key.into(),
+        assurance: None,
+        bound: true,
     })
 }
 
 #[test]
 fn bindings_admit_only_their_node() {
     let f = fixture();
-    let a = Scripted::new("hw");
+    let a = Scripted::new(AttestorId::Tpm);
     f.svc.register_attestor(a.clone());
     a.set(AttestationResult {
-        binding: binding("k1"),
+        ek: binding("k1"),
         ..Default::default()
     });
-    let node_a = scripted_join(&f, "hw").unwrap().node_id;
+    let node_a = scripted_join(&f, "tpm").unwrap().node_id;
     let b = records::list_bindings(f.svc.database()).unwrap();
     assert_eq!(
         (b.len(), b[0].node_id.as_str(), b[0].key.as_str()),
@@ -433,36 +436,36 @@ fn bindings_admit_only_their_node() {
 
     // The same key for a new node: refused.
     assert!(matches!(
-        scripted_join(&f, "hw"),
+        scripted_join(&f, "tpm"),
         Err(ApiError::AccessDenied)
     ));
     // The same key reclaiming its node: fine, and the binding is kept.
     a.set(AttestationResult {
         reclaim_node_id: Some(node_a.clone()),
-        binding: binding("k1"),
+        ek: binding("k1"),
         ..Default::default()
     });
-    assert_eq!(scripted_join(&f, "hw").unwrap().node_id, node_a);
+    assert_eq!(scripted_join(&f, "tpm").unwrap().node_id, node_a);
     // The key bound to A, joining as B.
     a.set(AttestationResult::default());
-    let node_b = scripted_join(&f, "hw").unwrap().node_id;
+    let node_b = scripted_join(&f, "tpm").unwrap().node_id;
     a.set(AttestationResult {
         reclaim_node_id: Some(node_b.clone()),
-        binding: binding("k1"),
+        ek: binding("k1"),
         ..Default::default()
     });
     assert!(matches!(
-        scripted_join(&f, "hw"),
+        scripted_join(&f, "tpm"),
         Err(ApiError::AccessDenied)
     ));
     // Another key of the same kind for A, which already has one.
     a.set(AttestationResult {
         reclaim_node_id: Some(node_a.clone()),
-        binding: binding("k2"),
+        ek: binding("k2"),
         ..Default::default()
     });
     assert!(matches!(
-        scripted_join(&f, "hw"),
+        scripted_join(&f, "tpm"),
         Err(ApiError::AccessDenied)
     ));
     assert_eq!(
@@ -488,7 +491,7 @@ fn bindings_admit_only_their_node() {
 fn pool_policy_refuses_unlisted_attestors_before_writing() {
     let f = fixture();
     let known = ["join-token", "tpm"];
-    crate::pools::create_pool(
+    crate::model::pools::create_pool(
         f.svc.database(),
         "metal",
         "alice",
@@ -533,7 +536,7 @@ fn pool_policy_refuses_unlisted_attestors_before_writing() {
     );
 
     // Listing join-token too admits it, into that pool.
-    crate::pools::set_join_attestors(
+    crate::model::pools::set_join_attestors(
         f.svc.database(),
         "metal",
         Some(&["join-token".to_owned(), "tpm".to_owned()]),
@@ -559,9 +562,14 @@ fn pool_policy_refuses_unlisted_attestors_before_writing() {
     );
 
     // A reclaim checks the node's pool, not the one the attestor names.
-    crate::pools::set_join_attestors(f.svc.database(), "metal", Some(&["tpm".to_owned()]), &known)
-        .unwrap();
-    let a = Scripted::replacing(&f, "join-token");
+    crate::model::pools::set_join_attestors(
+        f.svc.database(),
+        "metal",
+        Some(&["tpm".to_owned()]),
+        &known,
+    )
+    .unwrap();
+    let a = Scripted::replacing(&f, AttestorId::JoinToken);
     f.svc.register_attestor(a.clone());
     a.set(AttestationResult {
         reclaim_node_id: Some(body.node_id.clone()),
@@ -592,7 +600,7 @@ fn pool_policy_refuses_unlisted_attestors_before_writing() {
 #[test]
 fn only_parseable_ak_statements_are_written() {
     let f = fixture();
-    let a = Scripted::new("st");
+    let a = Scripted::new(AttestorId::X509Pop);
     f.svc.register_attestor(a.clone());
     for bad in [
         "urn:bc:tpm-ak:sha256:zz",
@@ -601,23 +609,25 @@ fn only_parseable_ak_statements_are_written() {
         "spiffe://bc.test/node/node_x",
     ] {
         a.set(AttestationResult {
-            node_key_uri: Some(bad.into()),
-            node_key: NodeKeyKind::Tpm,
+            node_key: NodeKey::Tpm {
+                statement: bad.into(),
+            },
             ..Default::default()
         });
         assert!(
-            matches!(scripted_join(&f, "st"), Err(ApiError::AccessDenied)),
+            matches!(scripted_join(&f, "x509pop"), Err(ApiError::AccessDenied)),
             "{bad}"
         );
     }
     assert_eq!(refusals(&f.svc), [JoinReason::NodeKeyStatement.as_str(); 4]);
     let good = bc_wire::tpm::ak_statement(&[&[0u8, 0x0b][..], &[0xab; 32]].concat()).unwrap();
     a.set(AttestationResult {
-        node_key_uri: Some(good.clone()),
-        node_key: NodeKeyKind::Tpm,
+        node_key: NodeKey::Tpm {
+            statement: good.clone(),
+        },
         ..Default::default()
     });
-    let body = scripted_join(&f, "st").unwrap();
+    let body = scripted_join(&f, "x509pop").unwrap();
     let uris = uri_sans(&body.chain[0]);
     assert_eq!(
         uris,
@@ -657,7 +667,7 @@ fn unknown_statement_is_refused() {
     f.svc.register_attestor(Arc::new(BadStatement));
     let (_, csr) = new_csr();
     let mut req = request(&f.svc, &csr, None, Role::Node);
-    req.attestor = "bad-statement".into();
+    req.attestor = "provisioned".into();
     assert!(matches!(
         JoinService::new(&f.svc).join(req),
         Err(ApiError::AccessDenied)

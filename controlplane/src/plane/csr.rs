@@ -4,7 +4,7 @@
 
 use p256::pkcs8::DecodePublicKey;
 
-use crate::api_error::ApiError;
+use crate::plane::api_error::ApiError;
 
 /// The only node-key statement a renewal can prove again (see the spec,
 /// "Renewing a TPM-held key"); any other is refused rather than issued.

@@ -1,6 +1,7 @@
 //! The values that name a machine, below every table and attestor that
 //! records or compares them: the expect binding a token carries
-//! ([`Expect`]) and the normalized product UUID and MAC it holds, an EK's
+//! ([`Expect`]) and the product UUID and MAC it holds ([`ProductUuid`],
+//! [`Mac`]), an EK's
 //! hash as the resolve list and boot entries store it, a
 //! hardware key bound to a node ([`Binding`]), and where an EK certificate
 //! came from ([`EkAssurance`]). A leaf: it imports nothing of the crate.
@@ -95,9 +96,9 @@ pub const BINDING_TPM_EK: &str = "tpm-ek";
 /// normalized to lowercase, `None` when the token does not bind that field.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Expect {
-    /// `8-4-4-4-12` hex, as [`normalize_product_uuid`] returns it.
+    /// `8-4-4-4-12` hex, as [`ProductUuid`] holds it.
     pub product_uuid: Option<String>,
-    /// `aa:bb:cc:dd:ee:ff`, as [`normalize_mac`] returns it.
+    /// `aa:bb:cc:dd:ee:ff`, as [`Mac`] holds it.
     pub mac: Option<String>,
 }
 
@@ -116,7 +117,7 @@ impl Expect {
     /// values (case, surrounding space), and a malformed one matches nothing.
     pub fn check(&self, claims: &HardwareClaims) -> Result<(), ExpectMismatch> {
         if let Some(want) = &self.product_uuid {
-            if normalize_product_uuid(&claims.product_uuid).ok().as_ref() != Some(want) {
+            if !ProductUuid::parse(&claims.product_uuid).is_ok_and(|u| u.as_str() == want) {
                 return Err(ExpectMismatch::ProductUuid);
             }
         }
@@ -124,7 +125,7 @@ impl Expect {
             let found = claims
                 .macs
                 .iter()
-                .any(|m| normalize_mac(m).ok().as_ref() == Some(want));
+                .any(|m| Mac::parse(m).is_ok_and(|m| m.as_str() == want));
             if !found {
                 return Err(ExpectMismatch::Mac);
             }
@@ -144,35 +145,64 @@ pub enum ExpectFormatError {
 
 /// A product UUID in the one form tokens store and claims are compared in:
 /// `8-4-4-4-12` hex digits, lowercase (DMI and vendors print either case).
-pub fn normalize_product_uuid(s: &str) -> Result<String, ExpectFormatError> {
-    let t = s.trim();
-    let bad = || ExpectFormatError::ProductUuid(printable_input(s));
-    let groups: Vec<&str> = t.split('-').collect();
-    let lens = [8, 4, 4, 4, 12];
-    if groups.len() != lens.len()
-        || groups
-            .iter()
-            .zip(lens)
-            .any(|(g, n)| g.len() != n || !g.bytes().all(|b| b.is_ascii_hexdigit()))
-    {
-        return Err(bad());
+/// Only [`ProductUuid::parse`] makes one.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ProductUuid(String);
+
+impl ProductUuid {
+    /// Operator or agent input, in any case and with surrounding space.
+    pub fn parse(s: &str) -> Result<Self, ExpectFormatError> {
+        let t = s.trim();
+        let bad = || ExpectFormatError::ProductUuid(printable_input(s));
+        let groups: Vec<&str> = t.split('-').collect();
+        let lens = [8, 4, 4, 4, 12];
+        if groups.len() != lens.len()
+            || groups
+                .iter()
+                .zip(lens)
+                .any(|(g, n)| g.len() != n || !g.bytes().all(|b| b.is_ascii_hexdigit()))
+        {
+            return Err(bad());
+        }
+        Ok(ProductUuid(t.to_ascii_lowercase()))
     }
-    Ok(t.to_ascii_lowercase())
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    pub fn into_string(self) -> String {
+        self.0
+    }
 }
 
 /// A MAC in the one form tokens store and claims are compared in: six hex
-/// pairs separated by `:`, lowercase.
-pub fn normalize_mac(s: &str) -> Result<String, ExpectFormatError> {
-    let t = s.trim();
-    let pairs: Vec<&str> = t.split(':').collect();
-    if pairs.len() != 6
-        || pairs
-            .iter()
-            .any(|p| p.len() != 2 || !p.bytes().all(|b| b.is_ascii_hexdigit()))
-    {
-        return Err(ExpectFormatError::Mac(printable_input(s)));
+/// pairs separated by `:`, lowercase. Only [`Mac::parse`] makes one.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Mac(String);
+
+impl Mac {
+    /// Operator or agent input, in any case and with surrounding space.
+    pub fn parse(s: &str) -> Result<Self, ExpectFormatError> {
+        let t = s.trim();
+        let pairs: Vec<&str> = t.split(':').collect();
+        if pairs.len() != 6
+            || pairs
+                .iter()
+                .any(|p| p.len() != 2 || !p.bytes().all(|b| b.is_ascii_hexdigit()))
+        {
+            return Err(ExpectFormatError::Mac(printable_input(s)));
+        }
+        Ok(Mac(t.to_ascii_lowercase()))
     }
-    Ok(t.to_ascii_lowercase())
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    pub fn into_string(self) -> String {
+        self.0
+    }
 }
 
 /// A malformed `ek_sha256` (operator input).
@@ -180,13 +210,36 @@ pub fn normalize_mac(s: &str) -> Result<String, ExpectFormatError> {
 #[error("--ek-sha256 must be 64 hex digits (the ekSha256 of bcd tpm identify), not {0:?}")]
 pub struct EkSha256FormatError(String);
 
-/// An `ek_sha256` as stored: 64 lowercase hex digits.
-pub fn normalize_ek_sha256(s: &str) -> Result<String, EkSha256FormatError> {
-    let lower = s.trim().to_ascii_lowercase();
-    if lower.len() == 64 && lower.bytes().all(|b| b.is_ascii_hexdigit()) {
-        Ok(lower)
-    } else {
-        Err(EkSha256FormatError(s.to_owned()))
+/// An EK's hash (the SHA-256 of its SubjectPublicKeyInfo DER) in the one
+/// form the resolve list, boot entries and bindings store and compare it
+/// in: 64 lowercase hex digits. Only [`EkSha256::parse`] makes one, so a
+/// value of this type is never in another form.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct EkSha256(String);
+
+impl EkSha256 {
+    /// Operator input, in any case and with surrounding space.
+    pub fn parse(s: &str) -> Result<Self, EkSha256FormatError> {
+        let lower = s.trim().to_ascii_lowercase();
+        if lower.len() == 64 && lower.bytes().all(|b| b.is_ascii_hexdigit()) {
+            Ok(EkSha256(lower))
+        } else {
+            Err(EkSha256FormatError(s.to_owned()))
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    pub fn into_string(self) -> String {
+        self.0
+    }
+}
+
+impl std::fmt::Display for EkSha256 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
     }
 }
 
@@ -203,11 +256,13 @@ mod tests {
     #[test]
     fn expect_values_are_validated_and_normalized() {
         assert_eq!(
-            normalize_product_uuid(" 4C4C4544-0042-3510-8052-B4C04F4E4D32\n").unwrap(),
+            ProductUuid::parse(" 4C4C4544-0042-3510-8052-B4C04F4E4D32\n")
+                .unwrap()
+                .as_str(),
             "4c4c4544-0042-3510-8052-b4c04f4e4d32"
         );
         assert_eq!(
-            normalize_mac("52:54:00:AB:cd:EF").unwrap(),
+            Mac::parse("52:54:00:AB:cd:EF").unwrap().as_str(),
             "52:54:00:ab:cd:ef"
         );
         for bad in [
@@ -221,7 +276,7 @@ mod tests {
         ] {
             assert!(
                 matches!(
-                    normalize_product_uuid(bad),
+                    ProductUuid::parse(bad),
                     Err(ExpectFormatError::ProductUuid(_))
                 ),
                 "{bad:?}"
@@ -239,7 +294,20 @@ mod tests {
             "+2:54:00:12:34:56",
         ] {
             assert!(
-                matches!(normalize_mac(bad), Err(ExpectFormatError::Mac(_))),
+                matches!(Mac::parse(bad), Err(ExpectFormatError::Mac(_))),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_ek_sha256_parses_to_lowercase_hex_only() {
+        let upper = format!(" {}\n", "AB".repeat(32));
+        assert_eq!(EkSha256::parse(&upper).unwrap().as_str(), "ab".repeat(32));
+        for bad in ["", "ab", &"ab".repeat(33), &"gb".repeat(32)] {
+            assert_eq!(
+                EkSha256::parse(bad),
+                Err(EkSha256FormatError(bad.to_owned())),
                 "{bad:?}"
             );
         }

@@ -2,6 +2,7 @@
 //! event log.
 
 use bc_wire::agent::Role;
+use bc_wire::AttestorId;
 
 use crate::pki::IssuedCert;
 use crate::store::{params, DbError, FromValue, Row, Store, ToValue, Tx, UnixMs, Value};
@@ -28,7 +29,7 @@ pub struct NodeRow {
     pub id: String,
     pub role: Role,
     pub identity_generation: i64,
-    pub attestor: String,
+    pub attestor: AttestorId,
     pub joined_at: UnixMs,
     pub retired_at: Option<UnixMs>,
     pub pool_id: String,
@@ -57,6 +58,25 @@ impl FromValue for Role {
     }
 }
 
+/// Which attestor, as stored (`tpm`, `join-token`, ...).
+impl ToValue for AttestorId {
+    fn to_value(&self) -> Value {
+        Value::Text(self.as_str().to_owned())
+    }
+}
+
+/// A row's attestor, parsed where it leaves the database: another text is
+/// a database this control plane did not write, reported with `column`
+/// (`nodes.attestor`, ...) and the text.
+pub fn attestor_at(r: &Row, index: usize, column: &'static str) -> Result<AttestorId, DbError> {
+    let text: String = r.get(index)?;
+    text.parse()
+        .map_err(|e: bc_wire::UnknownAttestor| DbError::Corrupt {
+            what: column,
+            detail: e.to_string(),
+        })
+}
+
 const NODE_SELECT: &str = "SELECT id, role, identity_generation, attestor, joined_at, retired_at, \
      pool_id, cordoned_at, deleted_at FROM nodes";
 
@@ -65,7 +85,7 @@ fn read_node(r: &Row) -> Result<NodeRow, DbError> {
         id: r.get(0)?,
         role: r.get(1)?,
         identity_generation: r.get(2)?,
-        attestor: r.get(3)?,
+        attestor: attestor_at(r, 3, "nodes.attestor")?,
         joined_at: r.get(4)?,
         retired_at: r.get(5)?,
         pool_id: r.get(6)?,
@@ -214,7 +234,7 @@ pub fn start_generation(
     tx: &Tx<'_>,
     node_id: &str,
     generation: i64,
-    attestor: &str,
+    attestor: AttestorId,
     now: UnixMs,
 ) -> Result<(), DbError> {
     tx.execute(
@@ -406,7 +426,7 @@ pub fn list_bindings(db: &Store) -> Result<Vec<BindingRow>, DbError> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct JoinRow {
     pub node_id: String,
-    pub attestor: String,
+    pub attestor: AttestorId,
     /// `tpm` or `unattested`.
     pub node_key: String,
     /// A tpm join's EK assurance (`nv`, `nv-chain`, `operator-file`,
@@ -471,7 +491,7 @@ pub fn list_joins(db: &Store) -> Result<Vec<JoinRow>, DbError> {
              FROM joins ORDER BY id", params![], |r| {
             Ok(JoinRow {
                 node_id: r.get(0)?,
-                attestor: r.get(1)?,
+                attestor: attestor_at(r, 1, "joins.attestor")?,
                 node_key: r.get(2)?,
                 identity_generation: r.get(3)?,
                 at: r.get(4)?,
@@ -576,4 +596,40 @@ pub fn list_events(db: &Store) -> Result<Vec<EventRow>, DbError> {
         }
         Ok(out)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_support::temp_db;
+
+    /// An attestor text this control plane never writes is reported with
+    /// its column and value, not taken for a known attestor.
+    #[test]
+    fn an_unknown_attestor_in_a_row_is_an_error_naming_its_column() {
+        let t = temp_db();
+        t.db.write(|tx| {
+            tx.execute(
+                "INSERT INTO nodes (id, role, identity_generation, attestor, joined_at)
+                 VALUES ('node_a', 'node', 1, 'plugin', 1)",
+                params![],
+            )
+        })
+        .unwrap();
+        let err = list_nodes(&t.db).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                DbError::Corrupt {
+                    what: "nodes.attestor",
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert_eq!(
+            err.to_string(),
+            r#"the database holds an invalid nodes.attestor: unknown attestor "plugin""#
+        );
+    }
 }

@@ -10,10 +10,10 @@
 
 use bc_wire::AttestorId;
 
-use crate::machine::{normalize_ek_sha256, EkSha256FormatError};
-use crate::pools::{self, PoolError};
-use crate::records;
-use crate::sites;
+use crate::model::machine::{EkSha256, EkSha256FormatError};
+use crate::model::pools::{self, PoolError};
+use crate::model::records;
+use crate::model::sites;
 use crate::store::{params, DbError, FromValue, Row, Store, ToValue, Tx, UnixMs, Value};
 
 /// A join request's status, stored as `pending`, `approved` or `denied`.
@@ -142,7 +142,7 @@ pub fn add_resolve(
         site,
         uncertified,
     } = target;
-    let ek_sha256 = normalize_ek_sha256(ek_sha256)?;
+    let ek_sha256 = EkSha256::parse(ek_sha256)?;
     if node.is_some() && site.is_some() {
         return Err(EnrollError::InvalidInput(
             "--site is for a new node; with --node the TPM joins as that node, which keeps its own site"
@@ -162,18 +162,18 @@ pub fn add_resolve(
             }
         }
         let now = tx.now()?;
-        let replaced = resolve_entry(tx, &ek_sha256)?.is_some();
+        let replaced = resolve_entry(tx, ek_sha256.as_str())?.is_some();
         tx.execute(
             "INSERT INTO tpm_resolve (ek_sha256, pool_id, node_id, site_id, created_at, uncertified)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6)
              ON CONFLICT (ek_sha256) DO UPDATE SET pool_id = excluded.pool_id,
                  node_id = excluded.node_id, site_id = excluded.site_id,
                  created_at = excluded.created_at, uncertified = excluded.uncertified",
-            params![ek_sha256, pool, node, site_id, now, uncertified],
+            params![ek_sha256.as_str(), pool, node, site_id, now, uncertified],
         )?;
         Ok((
             ResolveEntry {
-                ek_sha256: ek_sha256.clone(),
+                ek_sha256: ek_sha256.as_str().to_owned(),
                 pool_id: pool.map(str::to_owned),
                 node_id: node.map(str::to_owned),
                 site_id,
@@ -187,11 +187,11 @@ pub fn add_resolve(
 
 /// Removes the entry of an EK; `false` if there was none.
 pub fn remove_resolve(db: &Store, ek_sha256: &str) -> Result<bool, EnrollError> {
-    let ek_sha256 = normalize_ek_sha256(ek_sha256)?;
+    let ek_sha256 = EkSha256::parse(ek_sha256)?;
     db.write(|tx| {
         let n = tx.execute(
             "DELETE FROM tpm_resolve WHERE ek_sha256 = ?1",
-            params![&ek_sha256],
+            params![ek_sha256.as_str()],
         )?;
         Ok(n == 1)
     })
@@ -227,7 +227,7 @@ fn read_resolve(r: &Row) -> Result<ResolveEntry, DbError> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct JoinRequestRow {
     pub id: String,
-    pub attestor: String,
+    pub attestor: AttestorId,
     /// The EK the machine proved; `None`: a discovery join without a TPM.
     pub ek_sha256: Option<String>,
     pub ek_issuer: String,
@@ -266,7 +266,7 @@ pub(crate) const REQUEST_SELECT: &str =
 pub(crate) fn read_request(r: &Row) -> Result<JoinRequestRow, DbError> {
     Ok(JoinRequestRow {
         id: r.get(0)?,
-        attestor: r.get(1)?,
+        attestor: records::attestor_at(r, 1, "join_requests.attestor")?,
         ek_sha256: r.get(2)?,
         ek_issuer: r.get(3)?,
         ek_serial: r.get(4)?,
@@ -302,7 +302,7 @@ pub fn open_request(tx: &Tx<'_>, ek_sha256: &str) -> Result<Option<JoinRequestRo
 /// the deferral).
 pub fn insert_pending(
     tx: &Tx<'_>,
-    attestor: &str,
+    attestor: AttestorId,
     ek_sha256: &str,
     ek_issuer: &str,
     ek_serial: &str,
@@ -316,7 +316,7 @@ pub fn insert_pending(
     )?;
     Ok(JoinRequestRow {
         id,
-        attestor: attestor.to_owned(),
+        attestor,
         ek_sha256: Some(ek_sha256.to_owned()),
         ek_issuer: ek_issuer.to_owned(),
         ek_serial: ek_serial.to_owned(),
@@ -382,7 +382,7 @@ pub fn deny_entry(
     source: Option<&str>,
 ) -> Result<Vec<JoinRequestRow>, EnrollError> {
     db.write(|tx| {
-        if crate::boot::get(tx, workflow_id)?.is_none() {
+        if crate::model::boot::get(tx, workflow_id)?.is_none() {
             return Err(EnrollError::NotFound(format!(
                 "no boot entry {workflow_id:?}"
             )));
@@ -445,8 +445,7 @@ fn decide_in(
         return Err(EnrollError::Conflict(format!(
             "join request {id} is already {}; only a pending request can be decided{}",
             row.status,
-            if row.status == RequestStatus::Denied && row.attestor == AttestorId::Discovery.as_str()
-            {
+            if row.status == RequestStatus::Denied && row.attestor == AttestorId::Discovery {
                 " (PXE-boot the machine again: its new join files a new request)"
             } else if row.status == RequestStatus::Denied {
                 " (to admit that TPM now, add a resolve entry for its ekSha256)"
@@ -455,16 +454,16 @@ fn decide_in(
             }
         )));
     }
-    if row.attestor == AttestorId::Discovery.as_str() && (pool.is_some() || site.is_some()) {
+    if row.attestor == AttestorId::Discovery && (pool.is_some() || site.is_some()) {
         return Err(EnrollError::InvalidInput(format!(
             "join request {id} is a discovery join: its machine joins as a ramdisk of its boot entry's site (--pool and --site are for tpm enrollment)"
         )));
     }
     if status == RequestStatus::Approved {
         if let Some(wf) = row.workflow_id.as_deref() {
-            let state = crate::boot::get(tx, wf)?.map(|e| e.state(now));
-            if state.is_none_or(crate::boot::BootState::is_closed) {
-                let state = state.map_or("gone", crate::boot::BootState::as_str);
+            let state = crate::model::boot::get(tx, wf)?.map(|e| e.state(now));
+            if state.is_none_or(crate::model::boot::BootState::is_closed) {
+                let state = state.map_or("gone", crate::model::boot::BootState::as_str);
                 return Err(EnrollError::Conflict(format!(
                     "join request {id} is for boot entry {wf}, which is {state}: no join waits on it any more"
                 )));
@@ -497,12 +496,12 @@ fn decide_in(
 /// (or `token-revoked`), not filed again.
 fn spend_denied(tx: &Tx<'_>, row: &JoinRequestRow, now: UnixMs) -> Result<(), DbError> {
     if let Some(token) = row.token_id.as_deref() {
-        crate::tokens::revoke_in(tx, token, now)?;
+        crate::model::tokens::revoke_in(tx, token, now)?;
     }
     if let (Some(subject), Some(until)) =
         (row.assertion_sha256.as_deref(), row.assertion_expires_at)
     {
-        crate::uses::spend(tx, AttestorId::Discovery.as_str(), subject, until, now)?;
+        crate::model::uses::spend(tx, AttestorId::Discovery, subject, until, now)?;
     }
     Ok(())
 }

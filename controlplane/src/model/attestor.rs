@@ -10,23 +10,21 @@
 
 use bc_wire::agent::{HardwareClaims, Role, TpmAttestation};
 use bc_wire::token::JoinToken;
+use bc_wire::AttestorId;
 
 // The machine-identity values an attestation result carries, re-exported
 // for the attestors' callers.
-pub use crate::machine::{
-    normalize_mac, normalize_product_uuid, Binding, EkAssurance, Expect, ExpectFormatError,
-    ExpectMismatch, BINDING_TPM_EK,
+pub use crate::model::machine::{
+    Binding, EkAssurance, Expect, ExpectFormatError, ExpectMismatch, Mac, ProductUuid,
+    BINDING_TPM_EK,
 };
 use crate::reason::AnyReason;
 use crate::store::{Tx, UnixMs};
 
-/// The id of the built-in attestor, and what an empty `JoinRequest.attestor` means.
-pub const JOIN_TOKEN: &str = bc_wire::AttestorId::JoinToken.as_str();
-
 /// An attestor: verifies one kind of evidence inside the join transaction.
 pub trait Attestor: Send + Sync {
     /// The id a `JoinRequest.attestor` names it by.
-    fn id(&self) -> &str;
+    fn id(&self) -> AttestorId;
     /// Runs inside the join transaction (BEGIN IMMEDIATE: the write lock is
     /// held). Whatever it writes is committed only on `Admit` or `Defer`.
     fn verify(&self, tx: &Tx<'_>, input: &AttestInput<'_>) -> Result<Verdict, Refusal>;
@@ -171,6 +169,63 @@ impl NodeKeyKind {
     }
 }
 
+/// Who holds the node key, and what the certificate says about it: one
+/// value, so that a statement comes only with the key it is about.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum NodeKey {
+    /// Only the agent's word.
+    #[default]
+    Unattested,
+    /// A TPM certified the key (made in the TPM, cannot leave it).
+    Tpm {
+        /// A `urn:bc:` statement about the key (the TPM AK), written into
+        /// the certificate after the SPIFFE ID.
+        statement: String,
+    },
+}
+
+impl NodeKey {
+    pub fn kind(&self) -> NodeKeyKind {
+        match self {
+            NodeKey::Unattested => NodeKeyKind::Unattested,
+            NodeKey::Tpm { .. } => NodeKeyKind::Tpm,
+        }
+    }
+
+    pub fn statement(&self) -> Option<&str> {
+        match self {
+            NodeKey::Unattested => None,
+            NodeKey::Tpm { statement } => Some(statement),
+        }
+    }
+}
+
+/// An EK a join proved (ActivateCredential): its hash, where its
+/// certificate came from, and whether the node is bound to it. One value,
+/// so that an assurance or a binding comes only with the EK it is about.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProvenEk {
+    /// The lowercase hex SHA-256 of its SubjectPublicKeyInfo.
+    pub sha256: String,
+    /// Where its certificate came from (`None`: no level the state names).
+    pub assurance: Option<EkAssurance>,
+    /// A tpm join's EK is bound to the node; a PXE ramdisk's that proved
+    /// its TPM beside discovery is recorded as the ramdisk node's hardware
+    /// key but never bound (the machine's installed node holds that
+    /// binding).
+    pub bound: bool,
+}
+
+impl ProvenEk {
+    /// The binding JoinService writes, if the EK is bound.
+    pub fn binding(&self) -> Option<Binding> {
+        self.bound.then(|| Binding {
+            kind: BINDING_TPM_EK.to_owned(),
+            key: self.sha256.clone(),
+        })
+    }
+}
+
 /// An admitted machine.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct AttestationResult {
@@ -179,24 +234,12 @@ pub struct AttestationResult {
     pub reclaim_node_id: Option<String>,
     /// The token that admitted it, if any.
     pub token_id: Option<String>,
-    /// A `urn:bc:` statement about the node key (the TPM AK), written into
-    /// the certificate after the SPIFFE ID.
-    pub node_key_uri: Option<String>,
-    pub node_key: NodeKeyKind,
-    /// A tpm join's: where its EK certificate came from (None: the join
-    /// proved no EK).
-    pub ek_assurance: Option<EkAssurance>,
+    pub node_key: NodeKey,
     /// The pool a new node joins (`None`: the token's, else `default`). A
     /// reclaim ignores it: a node stays in its pool.
     pub pool_id: Option<String>,
-    /// The machine's hardware key, bound to the node on admission.
-    pub binding: Option<Binding>,
-    /// The EK this join proved (ActivateCredential), as the lowercase hex
-    /// SHA-256 of its SubjectPublicKeyInfo: a tpm join's, which it also
-    /// binds, or a PXE ramdisk's that proved its TPM beside discovery, which
-    /// is recorded as the ramdisk node's hardware key but never bound (the
-    /// machine's installed node holds that binding). `None`: no EK proven.
-    pub ek_sha256: Option<String>,
+    /// The EK this join proved. `None`: no EK proven.
+    pub ek: Option<ProvenEk>,
     /// The expect binding of the token that admitted it. JoinService, not
     /// each attestor, compares it with the request's claims, so every
     /// token-based attestor enforces it the same way.
@@ -204,11 +247,11 @@ pub struct AttestationResult {
     /// What a new node is scoped to: its site (a site token's, a
     /// ramdisk's), the command kinds it may be sent, the longest
     /// certificate it may hold. `None`: unscoped. Boxed: it is rare.
-    pub scope: Option<Box<crate::records::NodeScope>>,
+    pub scope: Option<Box<crate::model::records::NodeScope>>,
     /// The product UUID the attestor proved or an operator bound (normalized):
     /// a provisioned token's bound machine. Never a UUID the machine merely
     /// claims (a TPM join's, a discovery assertion's). Recorded as the node's
-    /// trusted hardware key unless it is a placeholder ([`crate::hardware`]).
+    /// trusted hardware key unless it is a placeholder ([`crate::model::hardware`]).
     pub proven_product_uuid: Option<String>,
     /// The token allows reclaiming the live node that holds this machine's
     /// hardware key (`token create --allow-reclaim`).
@@ -218,6 +261,18 @@ pub struct AttestationResult {
     /// role, the role its place fixes, what its resolve row allows. `None`:
     /// any of the attestor's.
     pub roles: Option<Vec<Role>>,
+}
+
+impl AttestationResult {
+    /// The machine's hardware key, bound to the node on admission.
+    pub fn binding(&self) -> Option<Binding> {
+        self.ek.as_ref().and_then(ProvenEk::binding)
+    }
+
+    /// Where the proven EK's certificate came from (`None`: no EK proven).
+    pub fn ek_assurance(&self) -> Option<EkAssurance> {
+        self.ek.as_ref().and_then(|e| e.assurance)
+    }
 }
 
 /// Not decided yet: the agent re-sends `Join` with the same CSR.
@@ -230,7 +285,7 @@ pub enum Deferral {
     },
     /// The agent must answer `payload` (e.g. a TPM credential challenge).
     Challenge {
-        attestor: String,
+        attestor: AttestorId,
         payload: Vec<u8>,
         not_after: UnixMs,
     },

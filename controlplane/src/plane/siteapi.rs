@@ -9,7 +9,7 @@
 //! expired; the node not retired; role `site` with that site. Any failure is
 //! ACCESS_DENIED ("site request refused") with the reason in a
 //! `security.site.refused` event and the log. Those events go through the
-//! refusal log ([`crate::eventlog`]) as join refusals do: identical ones
+//! refusal log ([`crate::model::eventlog`]) as join refusals do: identical ones
 //! (same call, site, node, reason and source) are counted per minute, not
 //! stored one by one, and only the first of a minute is logged at warn.
 //!
@@ -19,7 +19,7 @@
 //! SecretRequest `secret-signature`, `secret-stale`, `unknown-workflow`
 //! (none named, or not of this site), `workflow-closed` (joined or expired),
 //! `workflow-mac` (its MAC is not the entry's), `workflow-busy` (the entry
-//! has [`crate::boot::MAX_LIVE_TOKENS`] unspent tokens).
+//! has [`crate::model::boot::MAX_LIVE_TOKENS`] unspent tokens).
 
 use bc_wire::site;
 use std::net::IpAddr;
@@ -31,11 +31,11 @@ use bc_wire::site_v1::{
 };
 use prost::Message;
 
-use crate::api_error::ApiError;
-use crate::eventlog::Refused as Counted;
+use crate::model::eventlog::Refused as Counted;
+use crate::model::records;
+use crate::model::sites::{self, Lease, LeaseOutcome};
+use crate::plane::api_error::ApiError;
 use crate::plane::ControlPlane;
-use crate::records;
-use crate::sites::{self, Lease, LeaseOutcome};
 use crate::store::{Commit, DbError, Tx, UnixMs};
 
 pub const EVENT_SITE_REFUSED: &str = "security.site.refused";
@@ -57,7 +57,7 @@ crate::reason::reasons! {
         WorkflowClosed = "workflow-closed",
         /// The SecretRequest's MAC is not its workflow's.
         WorkflowMac = "workflow-mac",
-        /// The entry has [`crate::boot::MAX_LIVE_TOKENS`] unspent tokens already.
+        /// The entry has [`crate::model::boot::MAX_LIVE_TOKENS`] unspent tokens already.
         WorkflowBusy = "workflow-busy",
     }
 }
@@ -214,7 +214,7 @@ impl SiteService<'_> {
     /// `GetSecret`: a new single-use discovery token of the boot entry the
     /// request names, of the caller's site, for the current lease holder
     /// only, on a request signed by the key of the certificate it called
-    /// with (see [`crate::boot::issue_token`]).
+    /// with (see [`crate::model::boot::issue_token`]).
     pub fn get_secret_bytes(
         &self,
         leaf: Option<&[u8]>,
@@ -244,7 +244,7 @@ impl SiteService<'_> {
             // Bound to the workflow named, never "the newest for the MAC".
             let entry = Some(body.workflow_id.as_str())
                 .filter(|w| !w.is_empty())
-                .map(|w| crate::boot::get_for_update(tx, w))
+                .map(|w| crate::model::boot::get_for_update(tx, w))
                 .transpose()?
                 .flatten()
                 .filter(|e| e.site_id == body.site_id)
@@ -255,12 +255,12 @@ impl SiteService<'_> {
             if !body.mac.is_empty() && body.mac != entry.mac {
                 return Err(refused(SiteReason::WorkflowMac, me).into());
             }
-            let token = match crate::boot::issue_token(tx, key, &entry, now) {
+            let token = match crate::model::boot::issue_token(tx, key, &entry, now) {
                 Ok(Ok(token)) => token,
-                Ok(Err(crate::boot::NoToken::TooMany)) => {
+                Ok(Err(crate::model::boot::NoToken::TooMany)) => {
                     return Err(refused(SiteReason::WorkflowBusy, me).into())
                 }
-                Err(crate::pools::PoolError::Db(e)) => return Err(e.into()),
+                Err(crate::model::pools::PoolError::Db(e)) => return Err(e.into()),
                 Err(e) => return Err(Stop::Failed(ApiError::Internal(e.to_string()))),
             };
             tracing::info!(node_id = %caller.node_id, workflow = %entry.workflow_id, token_id = %token.id, "discovery token issued");
@@ -292,7 +292,7 @@ impl SiteService<'_> {
             &req.site_id,
             |tx, caller, now| {
                 self.require_holder(tx, &req.site_id, Some(caller.node_id.as_str()), now)?;
-                let entries = crate::boot::list_open(tx, &req.site_id, now)?
+                let entries = crate::model::boot::list_open(tx, &req.site_id, now)?
                     .into_iter()
                     .map(|e| BootEntryInfo {
                         workflow_id: e.workflow_id,
@@ -445,7 +445,7 @@ impl SiteService<'_> {
         site_id: &str,
         now: UnixMs,
     ) -> Result<CommissioningPolicy, DbError> {
-        let (open, bound) = crate::boot::open_counts(tx, site_id, now)?;
+        let (open, bound) = crate::model::boot::open_counts(tx, site_id, now)?;
         let unbound = match self.discovery_approval() {
             crate::config::DiscoveryApproval::TrustedLan => Unbound::TrustedLan,
             crate::config::DiscoveryApproval::UnknownMachines => Unbound::OperatorApproval,

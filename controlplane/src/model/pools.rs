@@ -9,7 +9,7 @@
 
 use serde_json::{json, Value};
 
-use crate::machine::EkAssurance;
+use crate::model::machine::EkAssurance;
 use crate::store::{params, DbError, Row, Store, Tx, UnixMs};
 
 pub const DEFAULT_POOL: &str = "default";

@@ -7,7 +7,7 @@
 //! holder (or taken again after it lapsed), so an assertion signed under an
 //! older epoch is refused (fencing). Every time is the database's.
 
-use crate::pools::{check_name, PoolError};
+use crate::model::pools::{check_name, PoolError};
 use crate::store::{params, DbError, LockKey, Store, Tx, UnixMs};
 
 /// The boot lease's default TTL: a holder that stops renewing is replaced

@@ -1,4 +1,4 @@
-//! `GET /dist/<name>`: the packages `dist add` recorded (see [`crate::dist`]),
+//! `GET /dist/<name>`: the packages `dist add` recorded (see [`crate::model::dist`]),
 //! unauthenticated like any package download (the install script pins the
 //! SHA-256 it expects).
 //!
@@ -13,7 +13,7 @@
 //!   connection is done with its body; more are answered 503 at once.
 //! - **time**: the connection's request deadline (`[server] request_timeout`,
 //!   30 s by default) runs from the response to the end of the body, so a
-//!   transfer that does not finish by then is cut ([`crate::http`]).
+//!   transfer that does not finish by then is cut ([`crate::api::http`]).
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -29,8 +29,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Extension, Router};
 
-use crate::dist::{self, DistError, Package};
-use crate::http::PeerAddr;
+use crate::api::http::PeerAddr;
+use crate::model::dist::{self, DistError, Package};
 
 /// How many packages are read (and verified) at once: each read holds a
 /// second copy of its package until it is cached.

@@ -6,7 +6,7 @@
 //! can carry its connection's TLS client certificate chain
 //! ([`PeerCertificates`]), which Renew over mTLS needs, and its source
 //! address ([`PeerAddr`]), which refusal events name; and so that it holds
-//! the connection limits of [`crate::connlimit`].
+//! the connection limits of [`crate::api::connlimit`].
 
 use std::future::Future;
 use std::io;
@@ -29,15 +29,15 @@ use prost::Message;
 use rustls::pki_types::CertificateDer;
 use tokio::net::TcpListener;
 
-use crate::api_error::ApiError;
-use crate::client_auth::{DbClock, DbTimeClientVerifier};
-use crate::connlimit::{Deadline, Limits, Refusal, RequestGate, Slot, Tracker};
-use crate::header_errors::WithErrorBodies;
-use crate::join::JoinService;
+use crate::api::client_auth::{DbClock, DbTimeClientVerifier};
+use crate::api::connlimit::{Deadline, Limits, Refusal, RequestGate, Slot, Tracker};
+use crate::api::header_errors::WithErrorBodies;
 use crate::pki::Bundle;
+use crate::plane::api_error::ApiError;
+use crate::plane::join::JoinService;
+use crate::plane::renew::RenewService;
+use crate::plane::siteapi::SiteService;
 use crate::plane::ControlPlane;
-use crate::renew::RenewService;
-use crate::siteapi::SiteService;
 use crate::store::Store;
 
 /// Largest request body accepted.
@@ -69,7 +69,7 @@ pub struct PeerAddr(pub SocketAddr);
 /// The rustls server config: the bundle's TLS server certificate, TLS 1.2+,
 /// ring only. Client certificates are asked for and, when sent, verified
 /// against the node CA at the database's time (`db`'s clock, see
-/// [`crate::client_auth`]); they are optional so that machines without an
+/// [`crate::api::client_auth`]); they are optional so that machines without an
 /// identity can join.
 pub fn tls_config(bundle: &Bundle, db: &Store) -> Result<Arc<rustls::ServerConfig>, rustls::Error> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -156,7 +156,7 @@ async fn renew_handler(
     .await
 }
 
-/// The site endpoints (see [`crate::siteapi`]), one route each.
+/// The site endpoints (see [`crate::plane::siteapi`]), one route each.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum SiteCall {
     AcquireLease,
@@ -173,7 +173,7 @@ fn site_route(call: SiteCall) -> axum::routing::MethodRouter<Arc<ControlPlane>> 
     })
 }
 
-/// The site endpoints (see [`crate::siteapi`]): like Renew, the TLS
+/// The site endpoints (see [`crate::plane::siteapi`]): like Renew, the TLS
 /// client's leaf is the caller. `call` picks the endpoint.
 async fn site_handler(
     call: SiteCall,
@@ -314,7 +314,7 @@ pub async fn serve(
 /// Failed handshakes and broken connections are logged at debug and never
 /// stop the server. A failing `accept` (e.g. out of file descriptors) is
 /// retried with a doubling pause, logged once per pause. Connections over
-/// the limits are closed at once (see [`crate::connlimit`]), logged at most
+/// the limits are closed at once (see [`crate::api::connlimit`]), logged at most
 /// every ten seconds with how many. The accept loop is
 /// [`bc_connlimit::serve_connections`], which `bcd site` runs too.
 pub async fn serve_with(
@@ -639,7 +639,7 @@ mod tests {
         const SIZE: usize = 48 << 20;
         let file = cp.path().join("bcd_1_amd64.deb");
         std::fs::write(&file, vec![7u8; SIZE]).unwrap();
-        crate::dist::add(cp.path(), &file).unwrap();
+        crate::model::dist::add(cp.path(), &file).unwrap();
         let tls = tls_config(svc.bundle(), svc.database()).unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -654,7 +654,7 @@ mod tests {
         let server = tokio::spawn(serve_with(
             listener,
             tls,
-            crate::dist_serve::with_dist(router(svc.clone()), cp.path()),
+            crate::api::dist_serve::with_dist(router(svc.clone()), cp.path()),
             limits,
             async {
                 let _ = stopped.await;
@@ -865,7 +865,7 @@ mod tests {
             stop.send(()).unwrap();
             server.await.unwrap().unwrap();
         });
-        let events = crate::records::list_events(svc.database()).unwrap();
+        let events = crate::model::records::list_events(svc.database()).unwrap();
         let kinds: Vec<_> = events.iter().map(|e| e.kind.as_str()).collect();
         assert_eq!(
             kinds,

@@ -20,14 +20,14 @@
 //! are searched: a machine's PXE ramdisk (role ramdisk) and the system
 //! installed on it (role node) are two stages of one machine, not two
 //! claims to it; and a ramdisk node is retired when a later commissioning
-//! of its machine joins ([`crate::boot::retire_superseded`]), so it blocks
+//! of its machine joins ([`crate::model::boot::retire_superseded`]), so it blocks
 //! nothing.
 
 use bc_wire::agent::HardwareClaims;
 
-use crate::attestor::{AttestationResult, Refusal};
-use crate::join::reasons::JoinReason;
-use crate::machine::{ExpectMismatch, BINDING_TPM_EK};
+use crate::model::attestor::{AttestationResult, Refusal};
+use crate::model::join_reasons::JoinReason;
+use crate::model::machine::{ExpectMismatch, BINDING_TPM_EK};
 use crate::store::{params, DbError, Tx};
 
 /// The hardware identity an admitted join proved.
@@ -48,10 +48,7 @@ pub fn of_result(result: &AttestationResult) -> Option<HardwareKey> {
         .clone()
         .or_else(|| result.expect.product_uuid.clone())
         .filter(|u| !is_placeholder(u));
-    let ek = match &result.binding {
-        Some(b) if b.kind == BINDING_TPM_EK => Some(&b.key),
-        _ => result.ek_sha256.as_ref(),
-    };
+    let ek = result.ek.as_ref().map(|e| &e.sha256);
     let key = match ek {
         Some(ek) => format!("{BINDING_TPM_EK}:{ek}"),
         None => format!("product-uuid:{}", product_uuid.as_deref()?),
@@ -166,7 +163,8 @@ pub fn check_expect(result: &AttestationResult, claims: &HardwareClaims) -> Resu
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::machine::{Binding, Expect};
+    use crate::model::attestor::ProvenEk;
+    use crate::model::machine::Expect;
 
     #[test]
     fn placeholder_uuids_are_never_hardware_keys() {
@@ -189,9 +187,10 @@ mod tests {
         assert!(!is_placeholder("4c4c4544-0042-3510-8052-b4c04f4e4d32"));
         // An EK stays a key; the placeholder beside it is not recorded.
         let tpm = AttestationResult {
-            binding: Some(Binding {
-                kind: BINDING_TPM_EK.to_owned(),
-                key: "ab".repeat(32),
+            ek: Some(ProvenEk {
+                sha256: "ab".repeat(32),
+                assurance: None,
+                bound: true,
             }),
             proven_product_uuid: Some("03000200-0400-0500-0006-000700080009".to_owned()),
             ..AttestationResult::default()

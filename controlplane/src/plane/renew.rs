@@ -4,7 +4,7 @@
 //! The transport authenticates the TLS client (its chain verified against
 //! the node CA at database time, and the handshake signed by the leaf's
 //! key); the service then decides on the leaf alone. An expired leaf passes
-//! the handshake ([`crate::client_auth`]) so that it is refused here, by
+//! the handshake ([`crate::api::client_auth`]) so that it is refused here, by
 //! name (`expired`), with its event. Outline, each failure a refusal with the reason
 //! named:
 //!
@@ -50,12 +50,12 @@ use bc_wire::tpm::{self as wtpm, Public};
 use prost::Message;
 use subtle::ConstantTimeEq;
 
-use crate::api_error::ApiError;
-use crate::attestor::NodeKeyKind;
-use crate::csr::{verify_csr, CsrRefusal, VerifiedCsr};
+use crate::model::attestor::NodeKeyKind;
+use crate::model::records::{self, NewEvent};
 use crate::pki::{NodeCertIdentity, NodeCertSpec};
+use crate::plane::api_error::ApiError;
+use crate::plane::csr::{verify_csr, CsrRefusal, VerifiedCsr};
 use crate::plane::ControlPlane;
-use crate::records::{self, NewEvent};
 use crate::store::{self, Commit, DbError, Tx, UnixMs};
 
 crate::reason::reasons! {
@@ -247,7 +247,7 @@ impl RenewService<'_> {
         };
         // Nor past its boot entry's end: a ramdisk lives as long as its entry.
         let entry_end = match node.role {
-            bc_wire::agent::Role::Ramdisk => crate::boot::cert_not_after(tx, node_id)?,
+            bc_wire::agent::Role::Ramdisk => crate::model::boot::cert_not_after(tx, node_id)?,
             _ => None,
         };
         let cert_ttl = crate::plane::capped_ttl(cert_ttl, now, entry_end);
@@ -303,7 +303,7 @@ impl RenewService<'_> {
             // Nobody proved an identity: anyone can send these, so they are
             // counted (and aggregated) by the refusal log like join refusals,
             // and only the first of a minute is logged at warn.
-            let first = self.record_refusal(crate::eventlog::Refused {
+            let first = self.record_refusal(crate::model::eventlog::Refused {
                 kind: records::EVENT_RENEW_REFUSED,
                 attestor: None,
                 reason: typed.any(),
