@@ -10,11 +10,11 @@
 //! one more such module; this one does not change, and imports none of
 //! them.
 
-pub mod api_error;
+pub(crate) mod api_error;
 mod csr;
-pub mod join;
-pub mod renew;
-pub mod siteapi;
+pub(crate) mod join;
+pub(crate) mod renew;
+pub(crate) mod siteapi;
 
 use std::path::Path;
 use std::sync::{Arc, RwLock};
@@ -42,7 +42,7 @@ pub struct RefusalEvent {
     pub pool_owner: Option<String>,
 }
 
-pub type RefusalHook = dyn Fn(&RefusalEvent) + Send + Sync;
+pub(crate) type RefusalHook = dyn Fn(&RefusalEvent) + Send + Sync;
 
 /// Why a DIR could not be opened as a control plane.
 #[derive(Debug, thiserror::Error)]

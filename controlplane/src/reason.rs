@@ -104,7 +104,6 @@ macro_rules! reasons {
 
         impl $name {
             /// The spelling events, logs and hooks use.
-            #[allow(dead_code)]
             $vis const fn as_str(self) -> &'static str {
                 match self {
                     $( $name::$variant => $spelling, )+
@@ -112,7 +111,6 @@ macro_rules! reasons {
             }
 
             /// As a reason of any place.
-            #[allow(dead_code)]
             $vis const fn any(self) -> $crate::reason::AnyReason {
                 $crate::reason::AnyReason::of($place, self.as_str())
             }

@@ -74,7 +74,7 @@ use crate::model::machine::{normalize_mac, normalize_product_uuid};
 use crate::model::{hardware, records, sites, tokens, uses};
 use crate::store::{params, DbError, Tx, UnixMs};
 
-pub mod approval;
+pub(crate) mod approval;
 mod reasons;
 pub use reasons::DiscoveryReason;
 
@@ -579,7 +579,7 @@ mod tests {
         // An unused assertion passes step 1 (and meets the missing token).
         assert_eq!(
             refusal(&t.db, &signed("site_b").encode_to_vec()),
-            crate::attestors::join_token::TokenReason::TokenMissing
+            crate::attestors::join_token::TokenReason::Missing
         );
     }
 }

@@ -6,10 +6,10 @@
 
 pub mod cloud_iid;
 pub mod discovery;
-pub mod join_token;
-pub mod provisioned;
+pub(crate) mod join_token;
+pub(crate) mod provisioned;
 pub mod tpm;
-pub mod x509pop;
+pub(crate) mod x509pop;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -23,11 +23,11 @@ use crate::model::machine::normalize_product_uuid;
 use crate::model::{hardware, records, tokens};
 use crate::store::Tx;
 
-pub const PROVISIONED: &str = bc_wire::AttestorId::Provisioned.as_str();
+pub(crate) const PROVISIONED: &str = bc_wire::AttestorId::Provisioned.as_str();
 
 crate::reason::reasons! {
     /// The provisioned attestor's reasons, after [`live_token`]'s.
-    pub enum ProvisionedReason in PROVISIONED {
+    pub(crate) enum ProvisionedReason in PROVISIONED {
         TokenRole = "token-role",
         TokenExhausted = "token-exhausted",
         NotSingleUse = "not-single-use",
@@ -37,7 +37,7 @@ crate::reason::reasons! {
     }
 }
 
-pub struct ProvisionedAttestor;
+pub(crate) struct ProvisionedAttestor;
 
 impl Attestor for ProvisionedAttestor {
     fn id(&self) -> &str {

@@ -53,11 +53,11 @@ use crate::model::records::{self, NewEvent};
 use crate::store::Tx;
 
 /// The attestor's id.
-pub const X509POP: &str = bc_wire::AttestorId::X509Pop.as_str();
+pub(crate) const X509POP: &str = bc_wire::AttestorId::X509Pop.as_str();
 
 crate::reason::reasons! {
     /// The x509pop attestor's reasons.
-    pub enum X509PopReason in X509POP {
+    pub(crate) enum X509PopReason in X509POP {
         EvidenceMalformed = "evidence-malformed",
         UnknownCertificate = "unknown-certificate",
         Deleted = "deleted",
@@ -73,9 +73,9 @@ crate::reason::reasons! {
 }
 
 /// `graceMs` by default: 7 days.
-pub const DEFAULT_GRACE_MS: i64 = 7 * 86_400_000;
+pub(crate) const DEFAULT_GRACE_MS: i64 = 7 * 86_400_000;
 /// `windowMs` by default: 60 seconds.
-pub const DEFAULT_WINDOW_MS: i64 = 60_000;
+pub(crate) const DEFAULT_WINDOW_MS: i64 = 60_000;
 
 /// The `[x509pop]` section of `controlplane.toml`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -101,7 +101,7 @@ impl Default for X509PopConfig {
 /// from the bytes as sent would take the twin for a new proof. Bytes that
 /// are not a signature at all are hashed as sent (such a proof never
 /// verifies anyway).
-pub fn replay_subject(sig: &[u8; 64]) -> String {
+pub(crate) fn replay_subject(sig: &[u8; 64]) -> String {
     let digest = match p256::ecdsa::Signature::from_slice(sig) {
         Ok(s) => bc_wire::sha256(&s.normalize_s().to_bytes()),
         Err(_) => bc_wire::sha256(sig),
@@ -109,17 +109,13 @@ pub fn replay_subject(sig: &[u8; 64]) -> String {
     hex::encode(digest)
 }
 
-pub struct X509PopAttestor {
+pub(crate) struct X509PopAttestor {
     config: X509PopConfig,
 }
 
 impl X509PopAttestor {
-    pub fn new(config: X509PopConfig) -> Self {
+    pub(crate) fn new(config: X509PopConfig) -> Self {
         X509PopAttestor { config }
-    }
-
-    pub fn config(&self) -> &X509PopConfig {
-        &self.config
     }
 }
 

@@ -13,15 +13,12 @@ use bc_wire::token::JoinToken;
 
 // The machine-identity values an attestation result carries, re-exported
 // for the attestors' callers.
-pub use crate::model::machine::{
-    normalize_mac, normalize_product_uuid, Binding, EkAssurance, Expect, ExpectFormatError,
-    ExpectMismatch, BINDING_TPM_EK,
-};
+pub(crate) use crate::model::machine::{normalize_product_uuid, Binding, EkAssurance, Expect};
 use crate::reason::AnyReason;
 use crate::store::{Tx, UnixMs};
 
 /// The id of the built-in attestor, and what an empty `JoinRequest.attestor` means.
-pub const JOIN_TOKEN: &str = bc_wire::AttestorId::JoinToken.as_str();
+pub(crate) const JOIN_TOKEN: &str = bc_wire::AttestorId::JoinToken.as_str();
 
 /// An attestor: verifies one kind of evidence inside the join transaction.
 pub trait Attestor: Send + Sync {
@@ -258,7 +255,7 @@ crate::reason::reasons! {
     /// The reason a [`Refusal::fault`] carries: never recorded nor logged as
     /// a refusal (JoinService answers UNAVAILABLE or INTERNAL), so in no
     /// listing.
-    pub enum Unrecorded in "fault" {
+    pub(crate) enum Unrecorded in "fault" {
         ServerFault = "server-fault",
     }
 }

@@ -89,7 +89,7 @@ pub struct Binding {
 
 /// The binding kind of a TPM endorsement key: the key is the SHA-256 of the
 /// EK certificate's SubjectPublicKeyInfo DER, in lowercase hex.
-pub const BINDING_TPM_EK: &str = "tpm-ek";
+pub(crate) const BINDING_TPM_EK: &str = "tpm-ek";
 
 /// The machine a token was minted for (`token create --expect-*`): values
 /// normalized to lowercase, `None` when the token does not bind that field.
@@ -181,7 +181,7 @@ pub fn normalize_mac(s: &str) -> Result<String, ExpectFormatError> {
 pub struct EkSha256FormatError(String);
 
 /// An `ek_sha256` as stored: 64 lowercase hex digits.
-pub fn normalize_ek_sha256(s: &str) -> Result<String, EkSha256FormatError> {
+pub(crate) fn normalize_ek_sha256(s: &str) -> Result<String, EkSha256FormatError> {
     let lower = s.trim().to_ascii_lowercase();
     if lower.len() == 64 && lower.bytes().all(|b| b.is_ascii_hexdigit()) {
         Ok(lower)

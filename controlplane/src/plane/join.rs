@@ -36,7 +36,7 @@ use crate::model::attestor::{
     Refusal, Verdict, JOIN_TOKEN,
 };
 use crate::model::eventlog::Refused;
-pub use crate::model::hardware::check_expect;
+pub(crate) use crate::model::hardware::check_expect;
 use crate::model::records::{self, JoinRow, NewEvent, NodeRow};
 use crate::model::{hardware, pools};
 use crate::pki::NodeCertSpec;
@@ -45,7 +45,7 @@ use crate::plane::csr::{knows_key_statement, verify_csr, CsrRefusal, VerifiedCsr
 use crate::plane::{ControlPlane, RefusalEvent};
 use crate::store::{self, Commit, LockKey, Tx, UnixMs};
 
-pub use crate::model::join_reasons::JoinReason;
+pub(crate) use crate::model::join_reasons::JoinReason;
 
 /// The outcome of the join transaction.
 enum Outcome {

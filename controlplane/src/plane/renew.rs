@@ -60,7 +60,7 @@ use crate::store::{self, Commit, DbError, Tx, UnixMs};
 
 crate::reason::reasons! {
     /// Renew's reasons (`security.renew.refused`).
-    pub enum RenewReason in "renew" {
+    pub(crate) enum RenewReason in "renew" {
         NoClientCertificate = "no-client-certificate",
         CertificateIdentity = "certificate-identity",
         CsrKey = "csr-key",

@@ -38,11 +38,11 @@ use crate::plane::api_error::ApiError;
 use crate::plane::ControlPlane;
 use crate::store::{Commit, DbError, Tx, UnixMs};
 
-pub const EVENT_SITE_REFUSED: &str = "security.site.refused";
+pub(crate) const EVENT_SITE_REFUSED: &str = "security.site.refused";
 
 crate::reason::reasons! {
     /// The site API's reasons (`security.site.refused`), whichever call.
-    pub enum SiteReason in "site" {
+    pub(crate) enum SiteReason in "site" {
         NoClientCertificate = "no-client-certificate",
         CertificateIdentity = "certificate-identity",
         UnknownCertificate = "unknown-certificate",

@@ -26,7 +26,7 @@ mod pg_clock;
 pub(crate) mod pg_schema;
 #[cfg(test)]
 mod pg_tests;
-pub mod settings;
+pub(crate) mod settings;
 pub(crate) mod sqlite;
 #[cfg(test)]
 mod tests;

@@ -79,7 +79,7 @@ pub(crate) struct RawDatabase {
 }
 
 /// The default pool size, capped at [`MAX_DB_CONNECTIONS`].
-pub fn default_max_connections() -> usize {
+pub(crate) fn default_max_connections() -> usize {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     cores
         .saturating_mul(2)

@@ -93,7 +93,7 @@ impl EkError {
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum CredentialError {
+pub(crate) enum CredentialError {
     #[error("the EK is not a public key of its template's kind")]
     EkKey,
     #[error("the credential must be 1 to 64 bytes")]

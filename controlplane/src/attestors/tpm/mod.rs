@@ -64,15 +64,15 @@
 //! site, which the lease refuses, or a plain node that holds a site).
 //! A reclaim keeps its node's role and site (JoinService checks the role).
 
-pub mod credential;
+pub(crate) mod credential;
 mod credential_ecc;
 pub mod ek;
-pub mod ek_ecc;
-pub mod ek_service;
+pub(crate) mod ek_ecc;
+pub(crate) mod ek_service;
 mod ek_template;
-pub mod pcr;
+pub(crate) mod pcr;
 mod reasons;
-pub mod state;
+pub(crate) mod state;
 
 use bc_wire::agent::{tpm_attestation, Role, TpmAnswer, TpmAttestation, TpmChallenge, TpmHello};
 use bc_wire::tpm::{self as wtpm, Attested, Public};
@@ -732,12 +732,12 @@ pub(crate) struct TpmProof {
 
 impl TpmProof {
     /// The EK certificate's issuer, as round 1 verified it (empty: pinned).
-    pub fn ek_issuer(&self) -> &str {
+    pub(crate) fn ek_issuer(&self) -> &str {
         &self.st.ek_issuer
     }
 
     /// The EK certificate's serial (empty: pinned).
-    pub fn ek_serial(&self) -> &str {
+    pub(crate) fn ek_serial(&self) -> &str {
         &self.st.ek_serial
     }
 }

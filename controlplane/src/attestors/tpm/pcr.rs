@@ -105,7 +105,7 @@ impl PcrPolicy {
 /// PCR, and the values (in selection order) hash to the quote's digest. That
 /// digest is the AK's signing hash (SHA-256, which `ak-attributes` requires)
 /// over the values, whatever the bank (TPM 2.0 Part 3, TPM2_Quote).
-pub fn quoted_pcrs<'a>(
+pub(crate) fn quoted_pcrs<'a>(
     selection: &[(u16, Vec<u8>)],
     values: &'a [Vec<u8>],
     digest: &[u8],

@@ -410,7 +410,7 @@ fn scripted_join(f: &Fixture, id: &str) -> Result<JoinResponseBody, ApiError> {
 
 fn binding(key: &str) -> Option<crate::model::attestor::Binding> {
     Some(crate::model::attestor::Binding {
-        kind: crate::model::attestor::BINDING_TPM_EK.into(),
+        kind: crate::model::machine::BINDING_TPM_EK.into(),
         key: key.into(),
     })
 }
