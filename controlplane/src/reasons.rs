@@ -23,7 +23,7 @@ use crate::attestors::provisioned::ProvisionedReason;
 use crate::attestors::tpm::TpmReason;
 use crate::attestors::x509pop::X509PopReason;
 use crate::model::records;
-use crate::plane::join::JoinReason;
+use crate::model::join_reasons::JoinReason;
 use crate::plane::renew::RenewReason;
 use crate::plane::siteapi::{self, SiteReason};
 use crate::reason::Reason;

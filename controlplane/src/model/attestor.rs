@@ -11,9 +11,7 @@
 use bc_wire::agent::{HardwareClaims, Role, TpmAttestation};
 use bc_wire::token::JoinToken;
 
-// The machine-identity values an attestation result carries, re-exported
-// for the attestors' callers.
-pub(crate) use crate::model::machine::{normalize_product_uuid, Binding, EkAssurance, Expect};
+use crate::model::machine::{Binding, EkAssurance, Expect};
 use crate::reason::AnyReason;
 use crate::store::{Tx, UnixMs};
 

@@ -32,11 +32,13 @@ use prost::Message;
 use time::Duration;
 
 use crate::model::attestor::{
-    AttestInput, AttestationResult, Attestor, Binding, Deferral, Fault, OpenedToken, Prepared,
-    Refusal, Verdict, JOIN_TOKEN,
+    AttestInput, AttestationResult, Attestor, Deferral, Fault, OpenedToken, Prepared, Refusal,
+    Verdict, JOIN_TOKEN,
 };
 use crate::model::eventlog::Refused;
-pub(crate) use crate::model::hardware::check_expect;
+use crate::model::hardware::check_expect;
+use crate::model::join_reasons::JoinReason;
+use crate::model::machine::Binding;
 use crate::model::records::{self, JoinRow, NewEvent, NodeRow};
 use crate::model::{hardware, pools};
 use crate::pki::NodeCertSpec;
@@ -44,8 +46,6 @@ use crate::plane::api_error::ApiError;
 use crate::plane::csr::{knows_key_statement, verify_csr, CsrRefusal, VerifiedCsr};
 use crate::plane::{ControlPlane, RefusalEvent};
 use crate::store::{self, Commit, LockKey, Tx, UnixMs};
-
-pub(crate) use crate::model::join_reasons::JoinReason;
 
 /// The outcome of the join transaction.
 enum Outcome {
@@ -411,7 +411,7 @@ impl JoinService<'_> {
                 ek_assurance: result.ek_assurance.map(|a| a.as_str().to_owned()),
                 identity_generation: generation,
                 at: now,
-                product_uuid: crate::model::attestor::normalize_product_uuid(&claims.product_uuid)
+                product_uuid: crate::model::machine::normalize_product_uuid(&claims.product_uuid)
                     .ok(),
             },
         )?;

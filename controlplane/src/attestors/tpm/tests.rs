@@ -853,7 +853,7 @@ fn roles_other_than_node_or_site_are_refused() {
 mod through_join_service {
     use super::*;
     use crate::plane::api_error::ApiError;
-    use crate::plane::join::JoinReason;
+    use crate::model::join_reasons::JoinReason;
     use bc_wire::agent::{join_response_body, JoinRequest, JoinResponseBody};
 
     use crate::test_support::{self, uri_sans as uris};

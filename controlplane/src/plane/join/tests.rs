@@ -64,7 +64,7 @@ fn refusals(svc: &ControlPlane) -> Vec<String> {
 
 #[test]
 fn expect_binding_refuses_other_machines_and_spends_nothing() {
-    use crate::model::attestor::Expect;
+    use crate::model::machine::Expect;
     let f = fixture();
     let expect = Expect {
         product_uuid: Some("4c4c4544-0042-3510-8052-b4c04f4e4d32".to_owned()),
@@ -408,8 +408,8 @@ fn scripted_join(f: &Fixture, id: &str) -> Result<JoinResponseBody, ApiError> {
         .map(|r| open_body(&f.svc, &r))
 }
 
-fn binding(key: &str) -> Option<crate::model::attestor::Binding> {
-    Some(crate::model::attestor::Binding {
+fn binding(key: &str) -> Option<crate::model::machine::Binding> {
+    Some(crate::model::machine::Binding {
         kind: crate::model::machine::BINDING_TPM_EK.into(),
         key: key.into(),
     })
