@@ -45,7 +45,6 @@ mod test_support;
 // reports what nothing uses. The namespaces below keep the paths they call
 // (`tokens::insert_token`), each holding only what they call.
 
-pub use attestors::AttestorRegistry;
 pub use model::attestor::{
     AttestInput, AttestationResult, Attestor, Deferral, Fault, NodeKeyKind, OpenedToken, Refusal,
     Roles, Verdict,
@@ -112,8 +111,8 @@ pub mod nodes {
 /// Pools and their policy.
 pub mod pools {
     pub use crate::model::pools::{
-        create_pool, get, list_pools, parse_ek_assurance, set_join_attestors,
-        set_min_ek_assurance, PoolRow, DEFAULT_OWNER, DEFAULT_POOL,
+        create_pool, get, list_pools, parse_ek_assurance, set_join_attestors, set_min_ek_assurance,
+        PoolRow, DEFAULT_OWNER, DEFAULT_POOL,
     };
 }
 

@@ -120,12 +120,12 @@ impl ControlPlane {
     }
 
     /// `[discovery] approval`.
-    pub fn discovery_approval(&self) -> crate::config::DiscoveryApproval {
+    pub(crate) fn discovery_approval(&self) -> crate::config::DiscoveryApproval {
         self.discovery_approval
     }
 
     /// The key boot entries' tokens are sealed under (loaded by [`Self::open`]).
-    pub fn boot_key(&self) -> Option<&crate::model::boot::BootKey> {
+    pub(crate) fn boot_key(&self) -> Option<&crate::model::boot::BootKey> {
         self.boot_key.as_ref()
     }
 
@@ -184,7 +184,7 @@ impl ControlPlane {
     }
 
     /// The node CA certificate (DER), the last element of every chain.
-    pub fn node_ca_der(&self) -> &[u8] {
+    pub(crate) fn node_ca_der(&self) -> &[u8] {
         self.bundle.node_ca.cert_der()
     }
 

@@ -6,7 +6,7 @@
 //! The reasons stay where they are decided: one enum per place (JoinService's,
 //! each attestor's, Renew's and the site API's), declared with
 //! [`crate::reason::reasons!`]. This module lists the places only; each
-//! place's reasons are its enum's [`Reason::ALL`], so a reason added to an
+//! place's reasons are its enum's [`Reason::SPELLINGS`], so a reason added to an
 //! enum is listed with it. The test at the bottom checks what the types do
 //! not: that every enum declared in the crate is a place here, and that a
 //! place refuses with another place's reasons only where listed.
@@ -22,8 +22,8 @@ use crate::attestors::join_token::TokenReason;
 use crate::attestors::provisioned::ProvisionedReason;
 use crate::attestors::tpm::TpmReason;
 use crate::attestors::x509pop::X509PopReason;
-use crate::model::records;
 use crate::model::join_reasons::JoinReason;
+use crate::model::records;
 use crate::plane::renew::RenewReason;
 use crate::plane::siteapi::{self, SiteReason};
 use crate::reason::Reason;

@@ -63,7 +63,7 @@ impl Limits {
     }
 
     /// The default limits for this process's current descriptor limit.
-    pub fn for_process(config: &ServerConfig) -> Limits {
+    pub(crate) fn for_process(config: &ServerConfig) -> Limits {
         Limits::new(config, nofile_limit())
     }
 }

@@ -76,7 +76,7 @@ use crate::store::{params, DbError, Tx, UnixMs};
 
 pub(crate) mod approval;
 mod reasons;
-pub use reasons::DiscoveryReason;
+pub(crate) use reasons::DiscoveryReason;
 
 pub const DISCOVERY: &str = bc_wire::AttestorId::Discovery.as_str();
 
@@ -112,7 +112,7 @@ pub enum DiscoveryApproval {
 
 impl DiscoveryApproval {
     /// The values `[discovery] approval` takes.
-    pub const VALUES: &'static [&'static str] = &["unknown-machines"];
+    pub(crate) const VALUES: &'static [&'static str] = &["unknown-machines"];
 }
 
 /// The spec's `discoveryAllowedKinds`: the commissioning command kinds, the
@@ -126,7 +126,7 @@ pub const DISCOVERY_ALLOWED_KINDS: &[&str] = &[
     "boot.kexec",
 ];
 /// A ramdisk certificate lasts at most this long.
-pub const MAX_DISCOVERY_CERT_TTL_MS: i64 = 2 * 3_600_000;
+pub(crate) const MAX_DISCOVERY_CERT_TTL_MS: i64 = 2 * 3_600_000;
 impl Default for DiscoveryConfig {
     fn default() -> Self {
         DiscoveryConfig {
@@ -147,14 +147,14 @@ impl Default for DiscoveryConfig {
 /// site node's clock may run a little ahead).
 const MAX_FUTURE_MS: i64 = 60_000;
 
-pub struct DiscoveryAttestor {
+pub(crate) struct DiscoveryAttestor {
     config: DiscoveryConfig,
     /// Verifies a ramdisk's TPM evidence ([`TpmAttestor::for_ramdisk`]).
     tpm: TpmAttestor,
 }
 
 impl DiscoveryAttestor {
-    pub fn new(config: DiscoveryConfig, tpm: TpmAttestor) -> Self {
+    pub(crate) fn new(config: DiscoveryConfig, tpm: TpmAttestor) -> Self {
         DiscoveryAttestor { config, tpm }
     }
 }

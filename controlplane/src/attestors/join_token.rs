@@ -56,8 +56,8 @@ pub(crate) fn live_token<'t>(
         Some(OpenedToken::Parsed(t)) => t,
     };
     let refuse = |reason: TokenReason| Refusal::new(reason).with_token(Some(&token.id));
-    let row = tokens::token_for_update(tx, &token.id)?
-        .ok_or_else(|| refuse(TokenReason::Unknown))?;
+    let row =
+        tokens::token_for_update(tx, &token.id)?.ok_or_else(|| refuse(TokenReason::Unknown))?;
     let presented = tokens::secret_sha256(&token.secret);
     if !bool::from(presented.ct_eq(&row.secret_sha256)) {
         return Err(refuse(TokenReason::Secret));
@@ -201,10 +201,7 @@ mod tests {
     fn refusals_in_order_and_spend_nothing() {
         let f = fixture();
         let (tok, _) = tokens::create_token(&f.db, Role::Node, 2, 60_000).unwrap();
-        assert_eq!(
-            reason(run(&f.db, Role::Node, None)),
-            TokenReason::Missing
-        );
+        assert_eq!(reason(run(&f.db, Role::Node, None)), TokenReason::Missing);
         assert_eq!(
             reason(run(&f.db, Role::Node, Some(OpenedToken::Malformed))),
             TokenReason::Malformed

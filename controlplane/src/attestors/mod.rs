@@ -40,7 +40,7 @@ impl AttestorRegistry {
     }
 
     /// Adds an attestor, replacing one of the same id.
-    pub fn register(&mut self, attestor: Arc<dyn Attestor>) {
+    pub(crate) fn register(&mut self, attestor: Arc<dyn Attestor>) {
         self.by_id.insert(attestor.id().to_owned(), attestor);
     }
 
@@ -57,7 +57,7 @@ impl AttestorRegistry {
 
 /// Every built-in attestor, configured from `config` (tokens of tpm
 /// challenges are sealed under `challenge_key`).
-pub fn builtin(config: &Config, challenge_key: [u8; 32]) -> AttestorRegistry {
+pub(crate) fn builtin(config: &Config, challenge_key: [u8; 32]) -> AttestorRegistry {
     let mut registry = AttestorRegistry::new();
     let tpm = tpm::TpmAttestor::new(
         config.tpm.clone(),

@@ -295,21 +295,21 @@ impl Refusal {
         }
     }
 
-    pub fn as_fault(&self) -> Option<&Fault> {
+    pub(crate) fn as_fault(&self) -> Option<&Fault> {
         self.fault.as_ref()
     }
 
-    pub fn with_token(mut self, token_id: Option<&str>) -> Self {
+    pub(crate) fn with_token(mut self, token_id: Option<&str>) -> Self {
         self.token_id = token_id.map(str::to_owned);
         self
     }
 
-    pub fn with_node(mut self, node_id: Option<&str>) -> Self {
+    pub(crate) fn with_node(mut self, node_id: Option<&str>) -> Self {
         self.node_id = node_id.map(str::to_owned);
         self
     }
 
-    pub fn with_pool(mut self, id: &str, owner: &str) -> Self {
+    pub(crate) fn with_pool(mut self, id: &str, owner: &str) -> Self {
         self.pool = Some(Box::new(PoolRef {
             id: id.to_owned(),
             owner: owner.to_owned(),

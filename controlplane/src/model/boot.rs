@@ -135,7 +135,7 @@ impl BootEntry {
     /// The EK an operator bound this entry's machine to (`boot add
     /// --ek-sha256`, or `--node`'s bound EK): only a join proving it is
     /// admitted, and `[discovery] approval` does not apply to it.
-    pub fn expected_ek(&self) -> Option<&str> {
+    pub(crate) fn expected_ek(&self) -> Option<&str> {
         self.ek_sha256.as_deref()
     }
 
@@ -174,7 +174,7 @@ impl BootState {
     }
 
     /// No join waits on the entry any more.
-    pub fn is_closed(self) -> bool {
+    pub(crate) fn is_closed(self) -> bool {
         matches!(self, BootState::Joined | BootState::Expired)
     }
 }
@@ -370,7 +370,11 @@ fn get_locked(tx: &Tx<'_>, workflow_id: &str, lock: &str) -> Result<Option<BootE
 
 /// The open entries of a site (neither joined nor expired at `now`),
 /// newest first, at most [`MAX_LISTED`]: what its boot server answers from.
-pub(crate) fn list_open(tx: &Tx<'_>, site_id: &str, now: UnixMs) -> Result<Vec<BootEntry>, DbError> {
+pub(crate) fn list_open(
+    tx: &Tx<'_>,
+    site_id: &str,
+    now: UnixMs,
+) -> Result<Vec<BootEntry>, DbError> {
     let rows = tx.query_map(
         &format!(
             "{SELECT} WHERE site_id = ?1 AND joined_at IS NULL AND not_after > ?2
@@ -384,7 +388,11 @@ pub(crate) fn list_open(tx: &Tx<'_>, site_id: &str, now: UnixMs) -> Result<Vec<B
 
 /// A site's open entries, and how many of them expect an EK (admit only
 /// that machine's TPM): what lease answers tell site nodes.
-pub(crate) fn open_counts(tx: &Tx<'_>, site_id: &str, now: UnixMs) -> Result<(usize, usize), DbError> {
+pub(crate) fn open_counts(
+    tx: &Tx<'_>,
+    site_id: &str,
+    now: UnixMs,
+) -> Result<(usize, usize), DbError> {
     let open = list_open(tx, site_id, now)?;
     let bound = open.iter().filter(|e| e.expected_ek().is_some()).count();
     Ok((open.len(), bound))
@@ -456,7 +464,12 @@ pub(crate) fn entry_of_token(tx: &Tx<'_>, token_id: &str) -> Result<Option<BootE
 
 /// Records that `node_id` joined with the entry `token_id` belongs to, and
 /// revokes the entry's other tokens: one entry, one join.
-pub(crate) fn mark_joined(tx: &Tx<'_>, token_id: &str, node_id: &str, now: UnixMs) -> Result<(), DbError> {
+pub(crate) fn mark_joined(
+    tx: &Tx<'_>,
+    token_id: &str,
+    node_id: &str,
+    now: UnixMs,
+) -> Result<(), DbError> {
     let Some(entry) = entry_of_token(tx, token_id)? else {
         return Ok(());
     };

@@ -288,7 +288,10 @@ pub(crate) fn read_request(r: &Row) -> Result<JoinRequestRow, DbError> {
 }
 
 /// The open (not yet used) enrollment request of an EK, if any.
-pub(crate) fn open_request(tx: &Tx<'_>, ek_sha256: &str) -> Result<Option<JoinRequestRow>, DbError> {
+pub(crate) fn open_request(
+    tx: &Tx<'_>,
+    ek_sha256: &str,
+) -> Result<Option<JoinRequestRow>, DbError> {
     tx.query_opt_map(
         &format!(
             "{REQUEST_SELECT} WHERE ek_sha256 = ?1 AND used_at IS NULL AND attestor <> 'discovery'"

@@ -122,7 +122,10 @@ pub(crate) fn record(tx: &Tx<'_>, node_id: &str, hk: &HardwareKey) -> Result<(),
 
 /// The product UUID a node claimed at its newest join that claimed one
 /// (what a provisioned token minted for that node expects).
-pub(crate) fn newest_claimed_product_uuid(tx: &Tx<'_>, node_id: &str) -> Result<Option<String>, DbError> {
+pub(crate) fn newest_claimed_product_uuid(
+    tx: &Tx<'_>,
+    node_id: &str,
+) -> Result<Option<String>, DbError> {
     tx.query_opt_map(
         "SELECT product_uuid FROM joins
              WHERE node_id = ?1 AND product_uuid IS NOT NULL
@@ -151,7 +154,10 @@ pub fn keys(
 /// (join-token now; provisioned, discovery later) binds the same way. It
 /// runs inside the join transaction before anything is written, so a
 /// refusal rolls back the use the attestor consumed.
-pub(crate) fn check_expect(result: &AttestationResult, claims: &HardwareClaims) -> Result<(), Refusal> {
+pub(crate) fn check_expect(
+    result: &AttestationResult,
+    claims: &HardwareClaims,
+) -> Result<(), Refusal> {
     result.expect.check(claims).map_err(|mismatch| {
         let reason = match mismatch {
             ExpectMismatch::ProductUuid => JoinReason::ExpectProductUuid,

@@ -38,7 +38,7 @@ pub enum EkAssurance {
 }
 
 impl EkAssurance {
-    pub const ALL: [EkAssurance; 5] = [
+    pub(crate) const ALL: [EkAssurance; 5] = [
         EkAssurance::Pinned,
         EkAssurance::OperatorFile,
         EkAssurance::MakerService,
@@ -178,7 +178,7 @@ pub fn normalize_mac(s: &str) -> Result<String, ExpectFormatError> {
 /// A malformed `ek_sha256` (operator input).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("--ek-sha256 must be 64 hex digits (the ekSha256 of bcd tpm identify), not {0:?}")]
-pub struct EkSha256FormatError(String);
+pub(crate) struct EkSha256FormatError(String);
 
 /// An `ek_sha256` as stored: 64 lowercase hex digits.
 pub(crate) fn normalize_ek_sha256(s: &str) -> Result<String, EkSha256FormatError> {

@@ -258,7 +258,11 @@ fn read_cert(r: &Row) -> Result<CertRow, DbError> {
 
 /// The certificate of `node_id` whose DER is exactly `der`: a certificate
 /// the control plane issued to that node, byte for byte.
-pub(crate) fn cert_by_der(tx: &Tx<'_>, node_id: &str, der: &[u8]) -> Result<Option<CertRow>, DbError> {
+pub(crate) fn cert_by_der(
+    tx: &Tx<'_>,
+    node_id: &str,
+    der: &[u8],
+) -> Result<Option<CertRow>, DbError> {
     tx.query_opt_map(
         &format!("{CERT_SELECT} WHERE node_id = ?1 AND der = ?2"),
         params![node_id, der],
@@ -338,7 +342,11 @@ fn read_binding(r: &Row) -> Result<BindingRow, DbError> {
 const BINDING_SELECT: &str = "SELECT kind, key, node_id, created_at FROM node_bindings";
 
 /// The node a hardware key is bound to.
-pub(crate) fn binding_by_key(tx: &Tx<'_>, kind: &str, key: &str) -> Result<Option<BindingRow>, DbError> {
+pub(crate) fn binding_by_key(
+    tx: &Tx<'_>,
+    kind: &str,
+    key: &str,
+) -> Result<Option<BindingRow>, DbError> {
     tx.query_opt_map(
         &format!("{BINDING_SELECT} WHERE kind = ?1 AND key = ?2"),
         params![kind, key],
@@ -374,7 +382,10 @@ pub(crate) fn insert_binding(
 }
 
 /// Frees every hardware key bound to a node; returns what was freed.
-pub(crate) fn delete_bindings_of_node(tx: &Tx<'_>, node_id: &str) -> Result<Vec<BindingRow>, DbError> {
+pub(crate) fn delete_bindings_of_node(
+    tx: &Tx<'_>,
+    node_id: &str,
+) -> Result<Vec<BindingRow>, DbError> {
     let freed = {
         let rows = tx.query_map(
             &format!("{BINDING_SELECT} WHERE node_id = ?1 ORDER BY kind"),
@@ -522,7 +533,11 @@ pub(crate) fn set_event_count(tx: &Tx<'_>, id: i64, count: u64) -> Result<(), Db
 
 /// Deletes at most `limit` events older than `before`, oldest first;
 /// returns how many.
-pub(crate) fn delete_events_before(tx: &Tx<'_>, before: UnixMs, limit: usize) -> Result<usize, DbError> {
+pub(crate) fn delete_events_before(
+    tx: &Tx<'_>,
+    before: UnixMs,
+    limit: usize,
+) -> Result<usize, DbError> {
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
     // PG: `FOR UPDATE SKIP LOCKED`, so two replicas' writers prune apart.
     tx.execute(

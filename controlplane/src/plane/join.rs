@@ -111,7 +111,7 @@ impl JoinService<'_> {
         self.join_from(req, None)
     }
 
-    pub fn join_from(
+    pub(crate) fn join_from(
         &self,
         req: JoinRequest,
         source: Option<IpAddr>,

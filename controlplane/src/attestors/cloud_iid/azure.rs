@@ -23,7 +23,7 @@ use super::cms::Signed;
 use super::{chain, CloudIdentity, CloudReason, Freshness};
 
 /// The name Azure's attested documents are signed with (public cloud).
-pub const DEFAULT_SIGNER: &str = "metadata.azure.com";
+pub(crate) const DEFAULT_SIGNER: &str = "metadata.azure.com";
 
 /// `[cloud_iid.azure]`: the roots and intermediates (DER) and the signer
 /// name a document's certificate must bear.

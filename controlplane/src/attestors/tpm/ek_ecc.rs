@@ -43,7 +43,10 @@ pub(crate) fn is_ecc_public(ek_public: &[u8]) -> bool {
 
 /// The template the certificate's curve names, once the public area is
 /// that template holding the certificate's point.
-pub(crate) fn check_public(cert: &X509Certificate<'_>, ek_public: &[u8]) -> Result<EkTemplate, EkError> {
+pub(crate) fn check_public(
+    cert: &X509Certificate<'_>,
+    ek_public: &[u8],
+) -> Result<EkTemplate, EkError> {
     let m = EkError::Mismatch;
     let Ok(PublicKey::EC(point)) = cert.public_key().parsed() else {
         return Err(m("the EK certificate does not hold an ECC key"));

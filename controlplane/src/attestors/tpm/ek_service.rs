@@ -212,7 +212,7 @@ fn printable_ascii(bytes: &[u8]) -> String {
 
 impl EkServicesConfig {
     /// The service of the maker whose TPM reports `manufacturer`.
-    pub fn service_for(&self, manufacturer: u32) -> Option<&EkService> {
+    pub(crate) fn service_for(&self, manufacturer: u32) -> Option<&EkService> {
         if manufacturer == 0 {
             return None;
         }

@@ -11,9 +11,9 @@ use super::reasons::TpmReason;
 
 /// TPMA_OBJECT of the TCG default EK templates (L-1): fixedTPM,
 /// fixedParent, sensitiveDataOrigin, adminWithPolicy, restricted, decrypt.
-pub const EK_ATTRIBUTES: u32 = 0x0003_00B2;
+pub(crate) const EK_ATTRIBUTES: u32 = 0x0003_00B2;
 /// PolicyA: TPM2_PolicySecret(TPM_RH_ENDORSEMENT), the L-1 authPolicy.
-pub const EK_POLICY_A: [u8; 32] = [
+pub(crate) const EK_POLICY_A: [u8; 32] = [
     0x83, 0x71, 0x97, 0x67, 0x44, 0x84, 0xb3, 0xf8, 0x1a, 0x90, 0xcc, 0x8d, 0x46, 0xa5, 0xd7, 0x24,
     0xfd, 0x52, 0xd7, 0x6e, 0x06, 0x52, 0x0b, 0x64, 0xf2, 0xa1, 0xda, 0x1b, 0x33, 0x14, 0x69, 0xaa,
 ];
@@ -37,7 +37,7 @@ impl EkTemplate {
         }
     }
 
-    pub fn sym_key_bits(self) -> u32 {
+    pub(crate) fn sym_key_bits(self) -> u32 {
         match self {
             EkTemplate::EccH3P384 => 256,
             _ => 128,
@@ -45,7 +45,7 @@ impl EkTemplate {
     }
 
     /// Bytes of one ECC coordinate (0 for RSA).
-    pub fn coordinate_len(self) -> usize {
+    pub(crate) fn coordinate_len(self) -> usize {
         match self {
             EkTemplate::RsaL1 => 0,
             EkTemplate::EccL2P256 => 32,

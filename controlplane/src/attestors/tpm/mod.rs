@@ -88,15 +88,15 @@ use crate::model::machine::{Binding, EkAssurance, BINDING_TPM_EK};
 use crate::model::records;
 use crate::store::{LockKey, Tx};
 use ek_service::{known, Claim, EkServices, EkServicesConfig, Fetched};
-pub use pcr::PcrPolicy;
-pub use reasons::TpmReason;
+pub(crate) use pcr::PcrPolicy;
+pub(crate) use reasons::TpmReason;
 use state::{ChallengeKey, ChallengeState};
 
 /// The attestor's id.
 pub const TPM: &str = bc_wire::AttestorId::Tpm.as_str();
 
 /// The longest a challenge may stay open (the spec: at most 5 minutes).
-pub const MAX_CHALLENGE_TTL_MS: i64 = 5 * 60 * 1000;
+pub(crate) const MAX_CHALLENGE_TTL_MS: i64 = 5 * 60 * 1000;
 
 const SECRET_LEN: usize = 32;
 
@@ -143,7 +143,7 @@ impl Default for TpmConfig {
     }
 }
 
-pub struct TpmAttestor {
+pub(crate) struct TpmAttestor {
     config: TpmConfig,
     key: ChallengeKey,
     /// Shared with [`Self::for_ramdisk`]'s copy: one limit on fetches.
@@ -195,7 +195,7 @@ enum Missing {
 }
 
 impl TpmAttestor {
-    pub fn new(config: TpmConfig, key: ChallengeKey) -> Self {
+    pub(crate) fn new(config: TpmConfig, key: ChallengeKey) -> Self {
         let mut config = config;
         config.challenge_ttl_ms = config.challenge_ttl_ms.clamp(1, MAX_CHALLENGE_TTL_MS);
         let services = std::sync::Arc::new(EkServices::new(config.ek_services.clone()));
@@ -356,7 +356,7 @@ impl TpmAttestor {
     /// discovery: the same challenge key and node-key policy, no PCR policy
     /// (`[tpm] pcr_policy` describes the installed system's boot chain; a
     /// ramdisk booted over PXE measures another one).
-    pub fn for_ramdisk(&self) -> TpmAttestor {
+    pub(crate) fn for_ramdisk(&self) -> TpmAttestor {
         TpmAttestor {
             config: TpmConfig {
                 pcr_policy: PcrPolicy::default(),

@@ -76,7 +76,7 @@ impl PcrPolicy {
     }
 
     /// The challenge's `pcr_banks`: the TPM_ALG_IDs of the banks named.
-    pub fn bank_algs(&self) -> Vec<u32> {
+    pub(crate) fn bank_algs(&self) -> Vec<u32> {
         self.banks
             .iter()
             .filter(|(_, v)| !v.is_empty())
@@ -87,7 +87,7 @@ impl PcrPolicy {
     /// Whether PCRs quoted in `bank` meet the policy: it names that bank and
     /// every PCR it names there was quoted with its value. An empty policy
     /// is met by anything.
-    pub fn is_met(&self, bank: PcrBank, quoted: &BTreeMap<u32, &[u8]>) -> bool {
+    pub(crate) fn is_met(&self, bank: PcrBank, quoted: &BTreeMap<u32, &[u8]>) -> bool {
         if self.is_empty() {
             return true;
         }

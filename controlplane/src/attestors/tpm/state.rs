@@ -35,10 +35,10 @@ pub(crate) const MAX_ISSUER_LEN: usize = 512;
 
 /// The AES-256-GCM key that seals challenge states. Never printed.
 #[derive(Clone)]
-pub struct ChallengeKey([u8; 32]);
+pub(crate) struct ChallengeKey([u8; 32]);
 
 impl ChallengeKey {
-    pub fn new(bytes: [u8; 32]) -> Self {
+    pub(crate) fn new(bytes: [u8; 32]) -> Self {
         ChallengeKey(bytes)
     }
 }
@@ -105,7 +105,11 @@ pub(crate) enum StateError {
 
 impl ChallengeState {
     /// Seals the state for the request whose CSR hashes to `csr_sha256`.
-    pub(crate) fn seal(&self, key: &ChallengeKey, csr_sha256: &[u8; 32]) -> Result<Vec<u8>, StateError> {
+    pub(crate) fn seal(
+        &self,
+        key: &ChallengeKey,
+        csr_sha256: &[u8; 32],
+    ) -> Result<Vec<u8>, StateError> {
         let mut plain = Vec::with_capacity(128 + self.ak_public.len());
         plain.push(VERSION);
         plain.extend_from_slice(&self.ek_spki_sha256);

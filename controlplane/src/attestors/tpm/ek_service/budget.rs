@@ -94,7 +94,12 @@ impl Budget {
 
     /// Takes a place for one fetch at `now`, or says why not. A place
     /// taken is given back with [`Budget::leave`].
-    pub(crate) fn enter(&mut self, now: Instant, source: Source, claim: Claim) -> Result<(), FetchError> {
+    pub(crate) fn enter(
+        &mut self,
+        now: Instant,
+        source: Source,
+        claim: Claim,
+    ) -> Result<(), FetchError> {
         if now.duration_since(self.minute_start) >= Duration::from_secs(60) {
             self.minute_start = now;
             self.total = 0;
