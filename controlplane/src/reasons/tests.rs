@@ -36,9 +36,9 @@ const BORROWED: &[(&str, &str, &str)] = &[(
 /// The place enum whose reasons a source file (relative to `src/`) decides.
 fn place_of(path: &str) -> Option<&'static str> {
     Some(match path {
-        "join.rs" | "hardware.rs" => "JoinReason",
-        "renew.rs" => "RenewReason",
-        "siteapi.rs" => "SiteReason",
+        "plane/join.rs" | "model/hardware.rs" => "JoinReason",
+        "plane/renew.rs" => "RenewReason",
+        "plane/siteapi.rs" => "SiteReason",
         "attestors/join_token.rs" => "TokenReason",
         "attestors/provisioned.rs" => "ProvisionedReason",
         "attestors/discovery.rs" => "DiscoveryReason",
