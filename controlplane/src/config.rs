@@ -126,7 +126,7 @@ const MAX_LEASE_TTL_MS: i64 = 7 * 86_400_000;
 pub struct ServerConfig {
     pub max_connections: Option<usize>,
     pub max_connections_per_source: Option<usize>,
-    pub request_timeout_ms: i64,
+    pub(crate) request_timeout_ms: i64,
 }
 
 impl Default for ServerConfig {

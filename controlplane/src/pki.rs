@@ -113,7 +113,7 @@ pub struct NodeCertSpec<'a> {
 /// An issued node certificate.
 pub struct IssuedCert {
     /// Lowercase hex of the serial number.
-    pub serial_hex: String,
+    pub(crate) serial_hex: String,
     pub der: Vec<u8>,
     pub not_before: OffsetDateTime,
     pub not_after: OffsetDateTime,

@@ -33,9 +33,9 @@ const MAX_DERIVED: u64 = 16_384;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
     pub max_connections: usize,
-    pub max_per_source: usize,
+    pub(crate) max_per_source: usize,
     /// From accept (or the previous response) to the end of the response.
-    pub request_timeout: Duration,
+    pub(crate) request_timeout: Duration,
 }
 
 impl Limits {

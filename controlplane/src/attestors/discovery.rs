@@ -84,7 +84,7 @@ pub const DISCOVERY: &str = bc_wire::AttestorId::Discovery.as_str();
 /// gets, and the boot lease's TTL.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DiscoveryConfig {
-    pub cert_ttl_ms: i64,
+    pub(crate) cert_ttl_ms: i64,
     pub lease_ttl_ms: i64,
     pub allowed_kinds: Vec<String>,
     /// The spec's `maxAgeMs`: an assertion is valid until the earlier of
@@ -94,7 +94,7 @@ pub struct DiscoveryConfig {
     /// names no EK.
     pub approval: DiscoveryApproval,
     /// `JoinPending.retry_after_seconds` while such a join waits.
-    pub approval_retry_after_seconds: u32,
+    pub(crate) approval_retry_after_seconds: u32,
 }
 
 /// `[discovery] approval`: what admits the join of a boot entry that names

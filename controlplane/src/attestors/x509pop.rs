@@ -81,9 +81,9 @@ pub(crate) const DEFAULT_WINDOW_MS: i64 = 60_000;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct X509PopConfig {
     /// How long after its expiry a certificate may still re-join.
-    pub grace_ms: i64,
+    pub(crate) grace_ms: i64,
     /// How far `clientTime` may be from database time, either way.
-    pub window_ms: i64,
+    pub(crate) window_ms: i64,
 }
 
 impl Default for X509PopConfig {

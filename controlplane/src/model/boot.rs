@@ -126,7 +126,7 @@ pub struct BootEntry {
     pub token_id: String,
     pub not_after: UnixMs,
     pub created_at: UnixMs,
-    pub vouched_at: Option<UnixMs>,
+    pub(crate) vouched_at: Option<UnixMs>,
     pub joined_at: Option<UnixMs>,
     pub node_id: Option<String>,
 }

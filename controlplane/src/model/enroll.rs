@@ -254,8 +254,8 @@ pub struct JoinRequestRow {
     /// single-use key, and when that use would expire): what a denial
     /// spends, so that the same script files nothing again.
     pub token_id: Option<String>,
-    pub assertion_sha256: Option<String>,
-    pub assertion_expires_at: Option<UnixMs>,
+    pub(crate) assertion_sha256: Option<String>,
+    pub(crate) assertion_expires_at: Option<UnixMs>,
 }
 
 pub(crate) const REQUEST_SELECT: &str =

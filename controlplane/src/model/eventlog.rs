@@ -59,7 +59,7 @@ pub(crate) struct Refused {
     /// More `data` fields, as a JSON object's text ("" for none).
     pub extra: String,
     /// Folded past [`MAX_KEYS_PER_MINUTE`]: the details were dropped.
-    pub folded: bool,
+    pub(crate) folded: bool,
 }
 
 impl Refused {

@@ -13,7 +13,7 @@ use crate::store::{params, DbError, Row, Store, Tx, UnixMs};
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TokenRow {
     pub id: String,
-    pub secret_sha256: [u8; 32],
+    pub(crate) secret_sha256: [u8; 32],
     pub role: String,
     pub uses_left: i64,
     pub expires_at: UnixMs,

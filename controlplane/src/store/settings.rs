@@ -66,7 +66,7 @@ pub struct DatabaseConfig {
     /// writer, the clock, and slack for the CLI).
     pub max_connections: usize,
     /// `sslmode=disable`: plain text (only to a loopback host or a socket).
-    pub plaintext: bool,
+    pub(crate) plaintext: bool,
 }
 
 #[derive(Deserialize)]

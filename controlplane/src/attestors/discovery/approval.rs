@@ -82,8 +82,8 @@ pub(crate) struct Pending<'a> {
     pub token_id: &'a str,
     /// The assertion's single-use key ([`bc_wire::site::use_subject`]) and
     /// when that use would expire (it is stale then).
-    pub assertion_sha256: &'a str,
-    pub assertion_expires_at: crate::store::UnixMs,
+    pub(crate) assertion_sha256: &'a str,
+    pub(crate) assertion_expires_at: crate::store::UnixMs,
     pub retry_after_seconds: u32,
 }
 

@@ -52,7 +52,7 @@ pub struct VerifiedEk {
     /// to this key, never to one the agent chose.
     pub spki_der: Vec<u8>,
     /// SHA-256 of `spki_der`: the key the machine is known by.
-    pub spki_sha256: [u8; 32],
+    pub(crate) spki_sha256: [u8; 32],
     pub issuer: String,
     /// Lowercase hex of the serial number.
     pub serial: String,

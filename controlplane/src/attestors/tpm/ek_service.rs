@@ -124,9 +124,9 @@ pub struct EkServicesConfig {
     /// `ca_bundle`: the CA certificates (DER) a service's TLS certificate
     /// must chain to; None: the system's (`SSL_CERT_FILE`, else the
     /// distribution's bundle).
-    pub ca_roots: Option<Vec<Vec<u8>>>,
+    pub(crate) ca_roots: Option<Vec<Vec<u8>>>,
     /// The whole request, connection to last byte.
-    pub timeout_ms: i64,
+    pub(crate) timeout_ms: i64,
 }
 
 impl Default for EkServicesConfig {

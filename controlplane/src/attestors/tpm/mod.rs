@@ -116,9 +116,9 @@ pub enum NodeKeyPolicy {
 pub struct TpmConfig {
     pub node_key: NodeKeyPolicy,
     /// How long a challenge can be answered (at most 5 minutes).
-    pub challenge_ttl_ms: i64,
+    pub(crate) challenge_ttl_ms: i64,
     /// `JoinPending.retry_after_seconds` while a request waits for an operator.
-    pub enrollment_retry_after_seconds: u32,
+    pub(crate) enrollment_retry_after_seconds: u32,
     /// Whether an unknown EK files a join request for an operator (`true`,
     /// the default) or is refused (`unknown-ek`): a fleet that admits only
     /// what its resolve entries list.

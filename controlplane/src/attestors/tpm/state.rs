@@ -54,7 +54,7 @@ impl std::fmt::Debug for ChallengeKey {
 pub(crate) struct ChallengeState {
     /// SHA-256 of the EK certificate's SubjectPublicKeyInfo DER: the key the
     /// machine joins by.
-    pub ek_spki_sha256: [u8; 32],
+    pub(crate) ek_spki_sha256: [u8; 32],
     /// The EK certificate's issuer and serial, for a join request.
     pub ek_issuer: String,
     pub ek_serial: String,
