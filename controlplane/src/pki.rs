@@ -41,7 +41,7 @@ pub(crate) const TLS_SERVER_CERT: &str = "tls-server.pem";
 pub(crate) const TLS_SERVER_KEY: &str = "tls-server.key";
 /// The tpm attestor's `challengeKey`: every replica serving DIR shares it,
 /// so any of them can open a challenge state another one sealed.
-pub const CHALLENGE_KEY: &str = "challenge.key";
+pub(crate) const CHALLENGE_KEY: &str = "challenge.key";
 pub(crate) const CHALLENGE_KEY_LEN: usize = 32;
 
 /// Every file of a bundle; `init` refuses a DIR holding any of them.
@@ -122,17 +122,6 @@ pub struct IssuedCert {
 impl NodeCa {
     pub fn cert_der(&self) -> &[u8] {
         &self.cert_der
-    }
-
-    /// The CA's own validity; node certificates are clamped into it.
-    pub fn validity(&self) -> (OffsetDateTime, OffsetDateTime) {
-        (self.not_before, self.not_after)
-    }
-
-    /// The node CA's signing key, e.g. for a test that needs a certificate
-    /// the control plane would never issue.
-    pub fn key(&self) -> &KeyPair {
-        self.issuer.key()
     }
 
     /// Issues a node certificate: CN = node id, exactly one SPIFFE ID URI SAN
@@ -333,7 +322,7 @@ impl Bundle {
     }
 
     /// The JoinService signing key (signs every `JoinResponseBody`).
-    pub fn join_signing_key(&self) -> &p256::ecdsa::SigningKey {
+    pub(crate) fn join_signing_key(&self) -> &p256::ecdsa::SigningKey {
         &self.join_signing
     }
 

@@ -93,12 +93,8 @@ impl ControlPlane {
         Ok(cp)
     }
 
-    /// A control plane running only the built-in `join-token`; see [`Self::open`].
-    pub fn new(bundle: Bundle, db: Store) -> Self {
-        Self::with_retention(bundle, db, crate::config::DEFAULT_EVENTS_RETENTION_MS)
-    }
-
-    /// [`Self::new`], pruning events older than `retention_ms`.
+    /// A control plane running only the built-in `join-token`, pruning
+    /// events older than `retention_ms`; see [`Self::open`].
     fn with_retention(bundle: Bundle, db: Store, retention_ms: i64) -> Self {
         let db = Arc::new(db);
         ControlPlane {
@@ -115,7 +111,7 @@ impl ControlPlane {
     }
 
     /// The boot lease's TTL (`[discovery] lease_ttl`).
-    pub fn lease_ttl_ms(&self) -> i64 {
+    pub(crate) fn lease_ttl_ms(&self) -> i64 {
         self.lease_ttl_ms
     }
 
@@ -155,7 +151,7 @@ impl ControlPlane {
     }
 
     /// The lifetime of the certificates this control plane issues (at most 24 h).
-    pub fn cert_ttl(&self) -> Duration {
+    pub(crate) fn cert_ttl(&self) -> Duration {
         self.cert_ttl
     }
 
@@ -189,7 +185,7 @@ impl ControlPlane {
     }
 
     /// The key that signs every `JoinResponseBody`.
-    pub fn signing_key(&self) -> &p256::ecdsa::SigningKey {
+    pub(crate) fn signing_key(&self) -> &p256::ecdsa::SigningKey {
         self.bundle.join_signing_key()
     }
 

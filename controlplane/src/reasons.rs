@@ -53,16 +53,8 @@ impl Place {
     }
 }
 
-/// JoinService's own checks, for any attestor: the event's `attestor` is
-/// the one the request named.
-pub const JOIN: &str = <JoinReason as Reason>::PLACE;
-/// Renew (`security.renew.refused`).
-pub const RENEW: &str = <RenewReason as Reason>::PLACE;
-/// The site API (`security.site.refused`), whichever call.
-pub const SITE: &str = <SiteReason as Reason>::PLACE;
-
 /// Every place, in the order a request meets them.
-pub const PLACES: &[Place] = &[
+pub(crate) const PLACES: &[Place] = &[
     Place::of::<JoinReason>(records::EVENT_JOIN_REFUSED),
     Place::of::<TokenReason>(records::EVENT_JOIN_REFUSED),
     Place::of::<ProvisionedReason>(records::EVENT_JOIN_REFUSED),

@@ -31,7 +31,7 @@ impl Default for AttestorRegistry {
 }
 
 impl AttestorRegistry {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let mut r = AttestorRegistry {
             by_id: BTreeMap::new(),
         };
@@ -45,12 +45,12 @@ impl AttestorRegistry {
     }
 
     /// The attestor a request names; an empty name means `join-token`.
-    pub fn get(&self, id: &str) -> Option<Arc<dyn Attestor>> {
+    pub(crate) fn get(&self, id: &str) -> Option<Arc<dyn Attestor>> {
         let id = if id.is_empty() { JOIN_TOKEN } else { id };
         self.by_id.get(id).cloned()
     }
 
-    pub fn ids(&self) -> impl Iterator<Item = &str> {
+    pub(crate) fn ids(&self) -> impl Iterator<Item = &str> {
         self.by_id.keys().map(String::as_str)
     }
 }

@@ -34,7 +34,7 @@ impl RequestStatus {
         }
     }
 
-    pub fn parse(s: &str) -> Option<Self> {
+    pub(crate) fn parse(s: &str) -> Option<Self> {
         [
             RequestStatus::Pending,
             RequestStatus::Approved,

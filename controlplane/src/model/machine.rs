@@ -56,12 +56,12 @@ impl EkAssurance {
         }
     }
 
-    pub fn parse(s: &str) -> Option<Self> {
+    pub(crate) fn parse(s: &str) -> Option<Self> {
         EkAssurance::ALL.into_iter().find(|a| a.as_str() == s)
     }
 
     /// The order a pool's minimum compares by (`nv-chain` = `nv`).
-    pub fn rank(self) -> u8 {
+    pub(crate) fn rank(self) -> u8 {
         match self {
             EkAssurance::Pinned => 0,
             EkAssurance::OperatorFile => 1,
@@ -71,7 +71,7 @@ impl EkAssurance {
     }
 
     /// Whether this level meets a pool's minimum.
-    pub fn meets(self, min: EkAssurance) -> bool {
+    pub(crate) fn meets(self, min: EkAssurance) -> bool {
         self.rank() >= min.rank()
     }
 }
@@ -103,7 +103,7 @@ pub struct Expect {
 
 /// A claim that does not satisfy an [`Expect`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ExpectMismatch {
+pub(crate) enum ExpectMismatch {
     /// The claimed product UUID is empty or another one.
     ProductUuid,
     /// The expected MAC is not among the claimed ones.
@@ -114,7 +114,7 @@ impl Expect {
     /// Whether `claims` satisfy this binding. Claims are the agent's word,
     /// so they are compared after the same normalization as the expected
     /// values (case, surrounding space), and a malformed one matches nothing.
-    pub fn check(&self, claims: &HardwareClaims) -> Result<(), ExpectMismatch> {
+    pub(crate) fn check(&self, claims: &HardwareClaims) -> Result<(), ExpectMismatch> {
         if let Some(want) = &self.product_uuid {
             if normalize_product_uuid(&claims.product_uuid).ok().as_ref() != Some(want) {
                 return Err(ExpectMismatch::ProductUuid);

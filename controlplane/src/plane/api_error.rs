@@ -31,7 +31,7 @@ pub enum ApiError {
 }
 
 impl ApiError {
-    pub fn code(&self) -> agent::Code {
+    pub(crate) fn code(&self) -> agent::Code {
         match self {
             ApiError::AccessDenied | ApiError::RenewRefused | ApiError::SiteRefused => {
                 agent::Code::AccessDenied

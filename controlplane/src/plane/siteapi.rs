@@ -109,7 +109,7 @@ pub struct SiteService<'a> {
 }
 
 impl<'a> SiteService<'a> {
-    pub fn new(cp: &'a ControlPlane) -> Self {
+    pub(crate) fn new(cp: &'a ControlPlane) -> Self {
         SiteService { cp }
     }
 }

@@ -195,7 +195,7 @@ pub enum Value {
 
 impl Value {
     /// The name of this value's type, for errors.
-    pub fn kind(&self) -> &'static str {
+    pub(crate) fn kind(&self) -> &'static str {
         match self {
             Value::Null => "null",
             Value::Int(_) => "integer",
@@ -405,7 +405,7 @@ impl Row {
 
     /// Column `index` (from 0) as `T`; a missing column or another type is a
     /// [`DbError::Column`] naming the index.
-    pub fn get<T: FromValue>(&self, index: usize) -> Result<T, DbError> {
+    pub(crate) fn get<T: FromValue>(&self, index: usize) -> Result<T, DbError> {
         let Some(v) = self.0.get(index) else {
             return Err(DbError::Column {
                 index,
@@ -500,7 +500,7 @@ impl Store {
         Self::open(&dir.join(DB_FILE))
     }
 
-    pub fn open(path: &Path) -> Result<Self, DbError> {
+    pub(crate) fn open(path: &Path) -> Result<Self, DbError> {
         let (pool, migrated) = sqlite::Pool::open(path)?;
         Ok(Store {
             backend: Backend::Sqlite(pool),
@@ -645,7 +645,7 @@ impl<'c> Tx<'c> {
     }
 
     /// Every row of a query.
-    pub fn query(&self, sql: &str, params: &[Value]) -> Result<Vec<Row>, DbError> {
+    pub(crate) fn query(&self, sql: &str, params: &[Value]) -> Result<Vec<Row>, DbError> {
         match self.conn {
             Conn::Sqlite(c) => c.query(sql, params),
             Conn::Pg(c) => c.query(sql, params),
@@ -704,7 +704,7 @@ impl<'c> Tx<'c> {
     /// Serialises this transaction with every other holding one of `keys`
     /// until it ends. SQLite: nothing to do, `BEGIN IMMEDIATE` already holds
     /// the one write lock. PostgreSQL: an advisory lock per key.
-    pub fn lock(&self, keys: &[LockKey<'_>]) -> Result<(), DbError> {
+    pub(crate) fn lock(&self, keys: &[LockKey<'_>]) -> Result<(), DbError> {
         match self.conn {
             Conn::Sqlite(_) => Ok(()),
             Conn::Pg(c) => c.lock(keys),

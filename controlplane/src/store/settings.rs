@@ -285,7 +285,7 @@ impl DatabaseConfig {
     /// anything but a regular file, a file group or others may read or
     /// write (0600 or 0400 it must be), an empty, oversized or non-UTF-8
     /// one. The content is in no error.
-    pub fn password(&self, dir: &Path) -> Result<Option<DbPassword>, SettingsError> {
+    pub(crate) fn password(&self, dir: &Path) -> Result<Option<DbPassword>, SettingsError> {
         let Some(file) = &self.password_file else {
             return Ok(None);
         };
@@ -355,11 +355,11 @@ impl DatabaseConfig {
 }
 
 /// The database password: wiped on drop, and never in `Debug`.
-pub struct DbPassword(String);
+pub(crate) struct DbPassword(String);
 
 impl DbPassword {
     /// The password, for the connection's authentication only.
-    pub fn expose(&self) -> &str {
+    pub(crate) fn expose(&self) -> &str {
         &self.0
     }
 }

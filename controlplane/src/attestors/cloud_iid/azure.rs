@@ -37,7 +37,7 @@ pub struct AzureTrust {
 impl AzureTrust {
     /// Reads the PEM bundles (`intermediates` optional: Azure's signer
     /// certificate may not carry its issuer).
-    pub fn load(
+    pub(crate) fn load(
         roots: &Path,
         intermediates: Option<&Path>,
         signer: String,
@@ -69,7 +69,7 @@ struct TimeStamp {
     expires_on: String,
 }
 
-pub fn verify(
+pub(crate) fn verify(
     trust: &AzureTrust,
     document: &str,
     audience: &str,

@@ -105,7 +105,7 @@ pub fn list(tx: &Tx<'_>) -> Result<Vec<ResolveRow>, DbError> {
 }
 
 /// Where a VM joins when a row covers it, `None` when none does.
-pub fn lookup(
+pub(crate) fn lookup(
     tx: &Tx<'_>,
     provider: &str,
     account: &str,

@@ -494,7 +494,7 @@ pub fn add_roots(
 }
 
 /// The configured anchors and intermediates, read in `conn`'s transaction.
-pub fn trust(tx: &Tx<'_>) -> Result<EkTrust, DbError> {
+pub(crate) fn trust(tx: &Tx<'_>) -> Result<EkTrust, DbError> {
     let rows = tx.query_map(
         "SELECT der, kind FROM ek_roots ORDER BY added_at, sha256",
         params![],

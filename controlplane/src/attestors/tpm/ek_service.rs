@@ -97,7 +97,7 @@ pub enum Addressing {
 
 impl Addressing {
     /// The `[tpm.ek_services]` table and log name.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Addressing::Intel => "intel",
             Addressing::Amd => "amd",

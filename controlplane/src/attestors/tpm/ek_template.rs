@@ -30,7 +30,7 @@ pub enum EkTemplate {
 }
 
 impl EkTemplate {
-    pub fn name_alg(self) -> NameAlg {
+    pub(crate) fn name_alg(self) -> NameAlg {
         match self {
             EkTemplate::EccH3P384 => NameAlg::Sha384,
             _ => NameAlg::Sha256,
@@ -54,7 +54,7 @@ impl EkTemplate {
     }
 
     /// For logs: the `[tpm] ek` name bcd uses for it.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             EkTemplate::RsaL1 => "rsa",
             EkTemplate::EccL2P256 => "ecc-p256",
@@ -82,7 +82,7 @@ pub enum EkError {
 }
 
 impl EkError {
-    pub fn reason(&self) -> TpmReason {
+    pub(crate) fn reason(&self) -> TpmReason {
         match self {
             EkError::Certificate(_) => TpmReason::EkCertificate,
             EkError::Chain(_) => TpmReason::EkChain,
@@ -107,13 +107,13 @@ pub(crate) enum CredentialError {
 /// The hash of an EK template (its nameAlg): KDFa, KDFe and the outer HMAC
 /// use it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum NameAlg {
+pub(crate) enum NameAlg {
     Sha256,
     Sha384,
 }
 
 impl NameAlg {
-    pub fn digest_len(self) -> usize {
+    pub(crate) fn digest_len(self) -> usize {
         match self {
             NameAlg::Sha256 => 32,
             NameAlg::Sha384 => 48,
@@ -121,7 +121,7 @@ impl NameAlg {
     }
 
     /// H(parts…).
-    pub fn hash(self, parts: &[&[u8]]) -> Vec<u8> {
+    pub(crate) fn hash(self, parts: &[&[u8]]) -> Vec<u8> {
         use sha2::Digest;
         fn run<D: Digest>(parts: &[&[u8]]) -> Vec<u8> {
             let mut h = D::new();

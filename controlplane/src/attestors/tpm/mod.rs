@@ -93,7 +93,7 @@ pub(crate) use reasons::TpmReason;
 use state::{ChallengeKey, ChallengeState};
 
 /// The attestor's id.
-pub const TPM: &str = bc_wire::AttestorId::Tpm.as_str();
+pub(crate) const TPM: &str = bc_wire::AttestorId::Tpm.as_str();
 
 /// The longest a challenge may stay open (the spec: at most 5 minutes).
 pub(crate) const MAX_CHALLENGE_TTL_MS: i64 = 5 * 60 * 1000;

@@ -20,7 +20,7 @@ pub struct PcrPolicy {
 
 /// Why a PCR value cannot go into a policy.
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
-pub enum PcrPolicyError {
+pub(crate) enum PcrPolicyError {
     #[error("{0} is not a PCR index from 0 to 23")]
     Index(u32),
     #[error("a {bank} PCR value is {want} bytes, not {got}")]
@@ -35,7 +35,7 @@ pub enum PcrPolicyError {
 
 impl PcrPolicy {
     /// Adds the value `index` must have in `bank`.
-    pub fn insert(
+    pub(crate) fn insert(
         &mut self,
         bank: PcrBank,
         index: u32,
@@ -59,12 +59,12 @@ impl PcrPolicy {
         Ok(())
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.banks.values().all(BTreeMap::is_empty)
     }
 
     /// The PCRs the challenge asks for: every index any bank names.
-    pub fn pcrs(&self) -> Vec<u32> {
+    pub(crate) fn pcrs(&self) -> Vec<u32> {
         let mut all: Vec<u32> = self
             .banks
             .values()
