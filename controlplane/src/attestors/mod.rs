@@ -20,7 +20,7 @@ use crate::model::attestor::{Attestor, JOIN_TOKEN};
 /// The attestors a control plane runs, by id. `join-token` is always there;
 /// registering another with that id replaces it.
 #[derive(Clone)]
-pub struct AttestorRegistry {
+pub(crate) struct AttestorRegistry {
     by_id: BTreeMap<String, Arc<dyn Attestor>>,
 }
 

@@ -179,14 +179,14 @@ impl Dialect {
 /// A name the transaction serialises on until it ends (a check-then-write
 /// no row lock covers, docs/control-plane.md "Locks"): `namespace` and `key`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct LockKey<'a> {
+pub(crate) struct LockKey<'a> {
     pub namespace: &'static str,
     pub key: &'a str,
 }
 
 /// One value bound to or read from a statement.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Value {
+pub(crate) enum Value {
     Null,
     Int(i64),
     Text(String),
@@ -321,7 +321,7 @@ macro_rules! params {
 pub use crate::params;
 
 /// A type a column reads as; `Err` names the type expected.
-pub trait FromValue: Sized {
+pub(crate) trait FromValue: Sized {
     fn from_value(v: &Value) -> Result<Self, &'static str>;
 }
 
@@ -396,7 +396,7 @@ impl<T: FromValue> FromValue for Option<T> {
 
 /// One result row, owned.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Row(Vec<Value>);
+pub(crate) struct Row(Vec<Value>);
 
 impl Row {
     pub(crate) fn new(values: Vec<Value>) -> Self {

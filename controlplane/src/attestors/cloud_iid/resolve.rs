@@ -25,7 +25,7 @@ pub struct ResolveRow {
 
 /// Where a VM the table covers joins, and the roles its row adds.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Resolved {
+pub(crate) struct Resolved {
     /// `None`: the default pool.
     pub pool: Option<String>,
     pub roles: Vec<Role>,
