@@ -54,7 +54,7 @@ impl Place {
 }
 
 /// Every place, in the order a request meets them.
-pub(crate) const PLACES: &[Place] = &[
+pub const PLACES: &[Place] = &[
     Place::of::<JoinReason>(records::EVENT_JOIN_REFUSED),
     Place::of::<TokenReason>(records::EVENT_JOIN_REFUSED),
     Place::of::<ProvisionedReason>(records::EVENT_JOIN_REFUSED),
