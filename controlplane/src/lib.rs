@@ -45,6 +45,8 @@ mod test_support;
 // reports what nothing uses. The namespaces below keep the paths they call
 // (`tokens::insert_token`), each holding only what they call.
 
+// The attestation contract, whole: what a plugin attestor (the e2e tests')
+// names in its impl.
 pub use model::attestor::{
     AttestInput, AttestationResult, Attestor, Deferral, Fault, NodeKeyKind, OpenedToken, Refusal,
     Roles, Verdict,
