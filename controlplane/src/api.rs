@@ -2,8 +2,8 @@
 //! the error headers, over the services of [`crate::plane`]. Nothing below
 //! imports it.
 
-pub mod client_auth;
-pub mod connlimit;
-pub mod dist_serve;
-pub mod header_errors;
-pub mod http;
+pub(crate) mod client_auth;
+pub(crate) mod connlimit;
+pub(crate) mod dist_serve;
+pub(crate) mod header_errors;
+pub(crate) mod http;

@@ -77,19 +77,18 @@ use serde::Deserialize;
 use toml::Spanned;
 
 // Each attestor's own settings, which `controlplane.toml` carries.
-pub use crate::attestors::discovery::{
-    DiscoveryApproval, DiscoveryConfig, DISCOVERY_ALLOWED_KINDS, MAX_DISCOVERY_CERT_TTL_MS,
+pub use crate::attestors::discovery::DISCOVERY_ALLOWED_KINDS;
+pub(crate) use crate::attestors::discovery::{
+    DiscoveryApproval, DiscoveryConfig, MAX_DISCOVERY_CERT_TTL_MS,
 };
 use crate::attestors::tpm::{NodeKeyPolicy, TpmConfig, MAX_CHALLENGE_TTL_MS};
 use crate::attestors::x509pop::X509PopConfig;
 
 use crate::store::settings as database;
-pub use database::{
-    DatabaseConfig, DatabaseOverrides, DbPassword, SettingsError, CA_FILE_ENV, MAX_DB_CONNECTIONS,
-    PASSWORD_FILE_ENV, URL_ENV, URL_FLAG,
-};
+pub use database::DatabaseOverrides;
+pub(crate) use database::{DatabaseConfig, SettingsError};
 
-pub const CONFIG_FILE: &str = "controlplane.toml";
+pub(crate) const CONFIG_FILE: &str = "controlplane.toml";
 
 /// Longest `enrollment_retry_after`: an agent waiting longer than this for
 /// an operator learns nothing new by waiting.
@@ -127,7 +126,7 @@ const MAX_LEASE_TTL_MS: i64 = 7 * 86_400_000;
 pub struct ServerConfig {
     pub max_connections: Option<usize>,
     pub max_connections_per_source: Option<usize>,
-    pub request_timeout_ms: i64,
+    pub(crate) request_timeout_ms: i64,
 }
 
 impl Default for ServerConfig {
@@ -158,7 +157,7 @@ impl Default for EventsConfig {
 const DEFAULT_REQUEST_TIMEOUT_MS: i64 = 30_000;
 const MAX_REQUEST_TIMEOUT_MS: i64 = 600_000;
 /// Events are kept 90 days unless `[events] retention` says otherwise.
-pub const DEFAULT_EVENTS_RETENTION_MS: i64 = 90 * 86_400_000;
+pub(crate) const DEFAULT_EVENTS_RETENTION_MS: i64 = 90 * 86_400_000;
 const MAX_EVENTS_RETENTION_MS: i64 = 3650 * 86_400_000;
 /// The most connections a setting may allow (each one costs a descriptor
 /// and a TLS session's memory).
@@ -348,7 +347,7 @@ impl<'de> Deserialize<'de> for RawPcrPolicy {
 }
 
 /// Largest `controlplane.toml` read (a real one is a few KiB).
-pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+pub(crate) const MAX_CONFIG_BYTES: u64 = 1 << 20;
 
 /// Reads `DIR/controlplane.toml`; a missing file is the default config.
 pub fn load(dir: &Path) -> Result<Config, ConfigError> {

@@ -12,7 +12,7 @@ use std::path::Path;
 /// create with `mode`, write, fsync, rename over `path`, fsync the directory.
 /// The mode is set at creation so a private key is never readable by others,
 /// not even for an instant.
-pub fn write_atomic(path: &Path, data: &[u8], mode: u32) -> io::Result<()> {
+pub(crate) fn write_atomic(path: &Path, data: &[u8], mode: u32) -> io::Result<()> {
     let dir = path.parent().ok_or_else(|| {
         io::Error::new(io::ErrorKind::InvalidInput, "path has no parent directory")
     })?;
@@ -51,7 +51,7 @@ pub fn write_atomic(path: &Path, data: &[u8], mode: u32) -> io::Result<()> {
 
 /// Creates `dir` (and its parents) if needed and makes it 0700: it holds
 /// private keys.
-pub fn ensure_private_dir(dir: &Path) -> io::Result<()> {
+pub(crate) fn ensure_private_dir(dir: &Path) -> io::Result<()> {
     fs::create_dir_all(dir)?;
     let meta = fs::metadata(dir)?;
     if !meta.is_dir() {
@@ -68,7 +68,7 @@ const MAX_CA_BUNDLE: u64 = 8 << 20;
 
 /// A PEM bundle of CAs (`[tpm.ek_services] ca_bundle`, the system's):
 /// a regular file, links followed (distributions link theirs), bounded.
-pub fn read_ca_bundle(path: &Path) -> Result<Vec<u8>, bc_wire::file::FileError> {
+pub(crate) fn read_ca_bundle(path: &Path) -> Result<Vec<u8>, bc_wire::file::FileError> {
     bc_wire::file::read_regular(path, MAX_CA_BUNDLE, bc_wire::file::Links::Follow)
 }
 

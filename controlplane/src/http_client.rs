@@ -4,7 +4,7 @@
 
 /// Every HTTP client the control plane makes (a maker's EK service) starts
 /// here, with TCP_NODELAY, for the reason [`crate::api::http`]'s `accept` sets it.
-pub fn client_builder() -> reqwest::ClientBuilder {
+pub(crate) fn client_builder() -> reqwest::ClientBuilder {
     reqwest::Client::builder().tcp_nodelay(true)
 }
 

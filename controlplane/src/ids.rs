@@ -1,7 +1,7 @@
 //! Random bytes and identifiers (`node_…`, `tok_…`).
 
 /// Random bytes from the operating system.
-pub fn random_bytes<const N: usize>() -> Result<[u8; N], getrandom::Error> {
+pub(crate) fn random_bytes<const N: usize>() -> Result<[u8; N], getrandom::Error> {
     let mut b = [0u8; N];
     getrandom::fill(&mut b)?;
     Ok(b)
@@ -9,7 +9,7 @@ pub fn random_bytes<const N: usize>() -> Result<[u8; N], getrandom::Error> {
 
 /// `prefix` followed by 26 lowercase base32 characters (128 random bits),
 /// which fits both node ids and token ids of the wire.
-pub fn random_id(prefix: &str) -> Result<String, getrandom::Error> {
+pub(crate) fn random_id(prefix: &str) -> Result<String, getrandom::Error> {
     let bytes: [u8; 16] = random_bytes()?;
     Ok(format!("{prefix}{}", base32_lower(&bytes)))
 }

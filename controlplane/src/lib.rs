@@ -2,9 +2,9 @@
 //!
 //! A real server (HTTPS, SQLite) implementing the JoinService and its
 //! attestors, used as the dev stack and as the test peer of bcd. Embeddable:
-//! tests open a [`plane::ControlPlane`] from a DIR written by [`pki::init`]
-//! (its APIs are services over it: [`join::JoinService`],
-//! [`renew::RenewService`], [`siteapi::SiteService`]), build the
+//! tests open a [`ControlPlane`] from a DIR written by [`pki::init`]
+//! (its APIs are services over it: [`JoinService`],
+//! [`RenewService`], [`SiteService`]), build the
 //! [`http::router`] and run [`http::serve`] with their own listener and
 //! shutdown future.
 //!
@@ -20,42 +20,122 @@
 //! # Ok(()) }
 //! ```
 
-pub mod api;
+mod api;
 pub mod attestors;
 pub mod config;
-pub mod fsutil;
-pub mod http_client;
-pub mod ids;
-pub mod model;
+mod fsutil;
+mod http_client;
+mod ids;
+mod model;
 // The tests' PostgreSQL server (bc-test-support, the e2e binary's too).
 #[cfg(test)]
 use bc_test_support::pg_cluster;
 pub mod pki;
-pub mod plane;
+mod plane;
 #[cfg(test)]
 mod race_tests;
-pub mod reason;
+mod reason;
 pub mod reasons;
 pub mod store;
 #[cfg(test)]
 mod test_support;
 
-// The short paths the binary, the e2e tests, fuzz-bodies and the examples
-// name.
-pub use api::{client_auth, connlimit, dist_serve, header_errors, http};
-pub use model::{
-    attestor, boot, dist, enroll, eventlog, hardware, machine, nodes, pools, records, sites,
-    tokens, uses,
-};
-pub use plane::{api_error, join, renew, siteapi};
+// What the binary (main.rs, cli/), the e2e tests, fuzz-bodies and the
+// examples use, and no more: the rest is the crate's own, so the compiler
+// reports what nothing uses. The namespaces below keep the paths they call
+// (`tokens::insert_token`), each holding only what they call.
 
-pub use api_error::ApiError;
-pub use attestor::{
+// The attestation contract, whole: what a plugin attestor (the e2e tests')
+// names in its impl.
+pub use model::attestor::{
     AttestInput, AttestationResult, Attestor, Deferral, Fault, NodeKey, NodeKeyKind, OpenedToken,
     ProvenEk, Refusal, Roles, Verdict,
 };
-pub use attestors::AttestorRegistry;
-pub use join::JoinService;
+pub use plane::api_error::ApiError;
+pub use plane::join::JoinService;
+pub use plane::renew::RenewService;
+pub use plane::siteapi::SiteService;
 pub use plane::{ControlPlane, RefusalEvent};
-pub use renew::RenewService;
-pub use siteapi::SiteService;
+
+/// The HTTPS API ([`api`]'s transport).
+pub mod http {
+    pub use crate::api::http::{error_response, router, serve, serve_with, tls_config};
+}
+
+/// The connection limits `serve` runs with.
+pub mod connlimit {
+    pub use crate::api::connlimit::{raise_nofile_limit, Limits};
+}
+
+/// The agent packages served beside the API.
+pub mod dist_serve {
+    pub use crate::api::dist_serve::with_dist;
+}
+
+/// Boot entries (the site's machines).
+pub mod boot {
+    pub use crate::model::boot::{add, list, BootKey, NewEntry};
+}
+
+/// The agent packages an install script fetches.
+pub mod dist {
+    pub use crate::model::dist::{add, current, lookup, MAX_PACKAGE_BYTES};
+}
+
+/// The TPM resolve list and the join requests awaiting an operator.
+pub mod enroll {
+    pub use crate::model::enroll::{
+        add_resolve, approve, deny, deny_entry, list_requests, list_resolve, remove_resolve,
+        ResolveTarget,
+    };
+}
+
+/// The event log.
+pub mod eventlog {
+    pub use crate::model::eventlog::prune;
+}
+
+/// The hardware keys nodes are bound to.
+pub mod hardware {
+    pub use crate::model::hardware::keys;
+}
+
+/// Machine-identity values.
+pub mod machine {
+    pub use crate::model::machine::{Expect, Mac, ProductUuid};
+}
+
+/// Node lifecycle: cordon, retire, revoke, delete.
+pub mod nodes {
+    pub use crate::model::nodes::{certs, cordon, delete, retire, revoke_identity};
+}
+
+/// Pools and their policy.
+pub mod pools {
+    pub use crate::model::pools::{
+        create_pool, get, list_pools, parse_ek_assurance, set_join_attestors, set_min_ek_assurance,
+        PoolRow, DEFAULT_OWNER, DEFAULT_POOL,
+    };
+}
+
+/// Nodes, certificates, bindings and events, as recorded.
+pub mod records {
+    pub use crate::model::records::{
+        insert_cert, insert_node, last_ek_assurances, last_node_keys, list_bindings, list_events,
+        list_nodes, node_scopes, NodeRow, NodeScope, EVENT_IDENTITY_REVOKED, EVENT_NODE_CORDONED,
+        EVENT_NODE_DELETED, EVENT_NODE_JOINED, EVENT_NODE_RETIRED,
+    };
+}
+
+/// Sites.
+pub mod sites {
+    pub use crate::model::sites::{create, list, resolve};
+}
+
+/// Join tokens.
+pub mod tokens {
+    pub use crate::model::tokens::{
+        create_token, insert_token, list_tokens, revoke_token, token_for_update, RevokeOutcome,
+        TokenScope,
+    };
+}

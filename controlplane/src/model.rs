@@ -3,17 +3,17 @@
 //! log, and the attestation contract ([`attestor`]). Above [`crate::store`]
 //! and [`crate::pki`]; imports no attestor, service or transport.
 
-pub mod attestor;
-pub mod boot;
-pub mod dist;
-pub mod enroll;
-pub mod eventlog;
-pub mod hardware;
-pub mod join_reasons;
-pub mod machine;
-pub mod nodes;
-pub mod pools;
-pub mod records;
-pub mod sites;
-pub mod tokens;
-pub mod uses;
+pub(crate) mod attestor;
+pub(crate) mod boot;
+pub(crate) mod dist;
+pub(crate) mod enroll;
+pub(crate) mod eventlog;
+pub(crate) mod hardware;
+pub(crate) mod join_reasons;
+pub(crate) mod machine;
+pub(crate) mod nodes;
+pub(crate) mod pools;
+pub(crate) mod records;
+pub(crate) mod sites;
+pub(crate) mod tokens;
+pub(crate) mod uses;

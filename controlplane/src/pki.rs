@@ -29,23 +29,23 @@ use time::{Duration, OffsetDateTime};
 use crate::fsutil;
 
 pub const TRUST_DOMAIN_FILE: &str = "trust-domain";
-pub const NODE_CA_CERT: &str = "node-ca.pem";
-pub const NODE_CA_KEY: &str = "node-ca.key";
-pub const JOIN_SIGNING_KEY: &str = "join-signing.key";
-pub const JOIN_SIGNING_PUB: &str = "join-signing.pub";
-pub const JOIN_ENCRYPTION_KEY: &str = "join-encryption.key";
-pub const JOIN_ENCRYPTION_PUB: &str = "join-encryption.pub";
+pub(crate) const NODE_CA_CERT: &str = "node-ca.pem";
+pub(crate) const NODE_CA_KEY: &str = "node-ca.key";
+pub(crate) const JOIN_SIGNING_KEY: &str = "join-signing.key";
+pub(crate) const JOIN_SIGNING_PUB: &str = "join-signing.pub";
+pub(crate) const JOIN_ENCRYPTION_KEY: &str = "join-encryption.key";
+pub(crate) const JOIN_ENCRYPTION_PUB: &str = "join-encryption.pub";
 pub const TLS_CA_CERT: &str = "tls-ca.pem";
-pub const TLS_CA_KEY: &str = "tls-ca.key";
-pub const TLS_SERVER_CERT: &str = "tls-server.pem";
-pub const TLS_SERVER_KEY: &str = "tls-server.key";
+pub(crate) const TLS_CA_KEY: &str = "tls-ca.key";
+pub(crate) const TLS_SERVER_CERT: &str = "tls-server.pem";
+pub(crate) const TLS_SERVER_KEY: &str = "tls-server.key";
 /// The tpm attestor's `challengeKey`: every replica serving DIR shares it,
 /// so any of them can open a challenge state another one sealed.
-pub const CHALLENGE_KEY: &str = "challenge.key";
-pub const CHALLENGE_KEY_LEN: usize = 32;
+pub(crate) const CHALLENGE_KEY: &str = "challenge.key";
+pub(crate) const CHALLENGE_KEY_LEN: usize = 32;
 
 /// Every file of a bundle; `init` refuses a DIR holding any of them.
-pub const BUNDLE_FILES: &[&str] = &[
+pub(crate) const BUNDLE_FILES: &[&str] = &[
     TRUST_DOMAIN_FILE,
     NODE_CA_CERT,
     NODE_CA_KEY,
@@ -63,7 +63,7 @@ pub const BUNDLE_FILES: &[&str] = &[
 pub const DEFAULT_TRUST_DOMAIN: &str = "bc.test";
 
 /// Longest node certificate lifetime the control plane ever issues.
-pub const MAX_NODE_CERT_TTL: Duration = Duration::hours(24);
+pub(crate) const MAX_NODE_CERT_TTL: Duration = Duration::hours(24);
 
 const PRIVATE_MODE: u32 = 0o600;
 const PUBLIC_MODE: u32 = 0o644;
@@ -113,7 +113,7 @@ pub struct NodeCertSpec<'a> {
 /// An issued node certificate.
 pub struct IssuedCert {
     /// Lowercase hex of the serial number.
-    pub serial_hex: String,
+    pub(crate) serial_hex: String,
     pub der: Vec<u8>,
     pub not_before: OffsetDateTime,
     pub not_after: OffsetDateTime,
@@ -122,17 +122,6 @@ pub struct IssuedCert {
 impl NodeCa {
     pub fn cert_der(&self) -> &[u8] {
         &self.cert_der
-    }
-
-    /// The CA's own validity; node certificates are clamped into it.
-    pub fn validity(&self) -> (OffsetDateTime, OffsetDateTime) {
-        (self.not_before, self.not_after)
-    }
-
-    /// The node CA's signing key, e.g. for a test that needs a certificate
-    /// the control plane would never issue.
-    pub fn key(&self) -> &KeyPair {
-        self.issuer.key()
     }
 
     /// Issues a node certificate: CN = node id, exactly one SPIFFE ID URI SAN
@@ -333,16 +322,16 @@ impl Bundle {
     }
 
     /// The JoinService signing key (signs every `JoinResponseBody`).
-    pub fn join_signing_key(&self) -> &p256::ecdsa::SigningKey {
+    pub(crate) fn join_signing_key(&self) -> &p256::ecdsa::SigningKey {
         &self.join_signing
     }
 
     /// SPKI DER of the signing key; its SHA-256 is the response `key_id`.
-    pub fn join_signing_spki_der(&self) -> &[u8] {
+    pub(crate) fn join_signing_spki_der(&self) -> &[u8] {
         &self.join_signing_spki_der
     }
 
-    pub fn join_opening_key(&self) -> &bc_wire::sealing::OpeningKey {
+    pub(crate) fn join_opening_key(&self) -> &bc_wire::sealing::OpeningKey {
         &self.join_opening
     }
 

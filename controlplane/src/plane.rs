@@ -10,11 +10,11 @@
 //! one more such module; this one does not change, and imports none of
 //! them.
 
-pub mod api_error;
+pub(crate) mod api_error;
 mod csr;
-pub mod join;
-pub mod renew;
-pub mod siteapi;
+pub(crate) mod join;
+pub(crate) mod renew;
+pub(crate) mod siteapi;
 
 use std::path::Path;
 use std::sync::{Arc, RwLock};
@@ -44,7 +44,7 @@ pub struct RefusalEvent {
     pub pool_owner: Option<String>,
 }
 
-pub type RefusalHook = dyn Fn(&RefusalEvent) + Send + Sync;
+pub(crate) type RefusalHook = dyn Fn(&RefusalEvent) + Send + Sync;
 
 /// Why a DIR could not be opened as a control plane.
 #[derive(Debug, thiserror::Error)]
@@ -95,12 +95,8 @@ impl ControlPlane {
         Ok(cp)
     }
 
-    /// A control plane running only the built-in `join-token`; see [`Self::open`].
-    pub fn new(bundle: Bundle, db: Store) -> Self {
-        Self::with_retention(bundle, db, crate::config::DEFAULT_EVENTS_RETENTION_MS)
-    }
-
-    /// [`Self::new`], pruning events older than `retention_ms`.
+    /// A control plane running only the built-in `join-token`, pruning
+    /// events older than `retention_ms`; see [`Self::open`].
     fn with_retention(bundle: Bundle, db: Store, retention_ms: i64) -> Self {
         let db = Arc::new(db);
         ControlPlane {
@@ -117,17 +113,17 @@ impl ControlPlane {
     }
 
     /// The boot lease's TTL (`[discovery] lease_ttl`).
-    pub fn lease_ttl_ms(&self) -> i64 {
+    pub(crate) fn lease_ttl_ms(&self) -> i64 {
         self.lease_ttl_ms
     }
 
     /// `[discovery] approval`.
-    pub fn discovery_approval(&self) -> crate::config::DiscoveryApproval {
+    pub(crate) fn discovery_approval(&self) -> crate::config::DiscoveryApproval {
         self.discovery_approval
     }
 
     /// The key boot entries' tokens are sealed under (loaded by [`Self::open`]).
-    pub fn boot_key(&self) -> Option<&crate::model::boot::BootKey> {
+    pub(crate) fn boot_key(&self) -> Option<&crate::model::boot::BootKey> {
         self.boot_key.as_ref()
     }
 
@@ -160,7 +156,7 @@ impl ControlPlane {
     }
 
     /// The lifetime of the certificates this control plane issues (at most 24 h).
-    pub fn cert_ttl(&self) -> Duration {
+    pub(crate) fn cert_ttl(&self) -> Duration {
         self.cert_ttl
     }
 
@@ -189,12 +185,12 @@ impl ControlPlane {
     }
 
     /// The node CA certificate (DER), the last element of every chain.
-    pub fn node_ca_der(&self) -> &[u8] {
+    pub(crate) fn node_ca_der(&self) -> &[u8] {
         self.bundle.node_ca.cert_der()
     }
 
     /// The key that signs every `JoinResponseBody`.
-    pub fn signing_key(&self) -> &p256::ecdsa::SigningKey {
+    pub(crate) fn signing_key(&self) -> &p256::ecdsa::SigningKey {
         self.bundle.join_signing_key()
     }
 

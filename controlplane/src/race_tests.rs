@@ -300,7 +300,7 @@ fn one_machine_joining_twice_at_once_becomes_one_node() {
     let cp = cp_on(Backend::Postgres);
     let request = || {
         let scope = tokens::TokenScope {
-            expect: crate::model::attestor::Expect {
+            expect: crate::model::machine::Expect {
                 product_uuid: Some(UUID.to_owned()),
                 mac: None,
             },
@@ -350,5 +350,5 @@ fn one_machine_joining_twice_at_once_becomes_one_node() {
         .filter(|e| e.kind == crate::model::records::EVENT_JOIN_REFUSED)
         .filter_map(|e| e.reason)
         .collect();
-    assert_eq!(refused, [crate::plane::join::JoinReason::Reclaim]);
+    assert_eq!(refused, [crate::model::join_reasons::JoinReason::Reclaim]);
 }

@@ -5,20 +5,19 @@
 //! A leaf: it imports nothing of the crate, so every place can declare its
 //! enum with [`reasons!`] without importing another. The listing of every
 //! place and its reasons ([`crate::reasons::PLACES`]) is derived from the
-//! enums' [`Reason::ALL`], so a reason added to an enum is listed with it.
+//! enums' [`Reason::SPELLINGS`], so a reason added to an enum is listed with it.
 
 use std::fmt;
 
 /// The reasons one place refuses with.
-pub trait Reason: Copy + fmt::Debug + Send + Sync + 'static {
+pub(crate) trait Reason: Copy + fmt::Debug + Send + Sync + 'static {
     /// The place: `join` (JoinService itself), an attestor's id, `renew` or
     /// `site`.
     const PLACE: &'static str;
     /// The enum's name, for the listing's check that no enum is left out.
     const NAME: &'static str;
-    /// Every reason of the place, in the order a request meets them.
-    const ALL: &'static [Self];
-    /// The spellings of [`Self::ALL`], in the same order.
+    /// The spellings of every reason of the place, in the order a request
+    /// meets them.
     const SPELLINGS: &'static [&'static str];
     /// The spelling events, logs and hooks use.
     fn as_str(self) -> &'static str;
@@ -77,7 +76,7 @@ impl fmt::Debug for AnyReason {
 }
 
 /// Declares a place's reason enum: the variants, their spellings, and the
-/// [`Reason`] impl with `ALL` and `SPELLINGS` generated from the same list,
+/// [`Reason`] impl with `SPELLINGS` generated from the same list,
 /// so neither can miss a variant.
 ///
 /// ```ignore
@@ -104,7 +103,6 @@ macro_rules! reasons {
 
         impl $name {
             /// The spelling events, logs and hooks use.
-            #[allow(dead_code)]
             $vis const fn as_str(self) -> &'static str {
                 match self {
                     $( $name::$variant => $spelling, )+
@@ -112,7 +110,6 @@ macro_rules! reasons {
             }
 
             /// As a reason of any place.
-            #[allow(dead_code)]
             $vis const fn any(self) -> $crate::reason::AnyReason {
                 $crate::reason::AnyReason::of($place, self.as_str())
             }
@@ -121,7 +118,6 @@ macro_rules! reasons {
         impl $crate::reason::Reason for $name {
             const PLACE: &'static str = $place;
             const NAME: &'static str = stringify!($name);
-            const ALL: &'static [Self] = &[ $( $name::$variant, )+ ];
             const SPELLINGS: &'static [&'static str] = &[ $( $spelling, )+ ];
             fn as_str(self) -> &'static str {
                 $name::as_str(self)
@@ -158,7 +154,6 @@ mod tests {
 
     #[test]
     fn all_and_spellings_follow_the_declaration() {
-        assert_eq!(Sample::ALL, &[Sample::First, Sample::Second]);
         assert_eq!(Sample::SPELLINGS, &["first", "second"]);
         assert_eq!(Sample::Second.to_string(), "second");
         let any = AnyReason::from(Sample::First);

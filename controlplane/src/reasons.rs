@@ -6,7 +6,7 @@
 //! The reasons stay where they are decided: one enum per place (JoinService's,
 //! each attestor's, Renew's and the site API's), declared with
 //! [`crate::reason::reasons!`]. This module lists the places only; each
-//! place's reasons are its enum's [`Reason::ALL`], so a reason added to an
+//! place's reasons are its enum's [`Reason::SPELLINGS`], so a reason added to an
 //! enum is listed with it. The test at the bottom checks what the types do
 //! not: that every enum declared in the crate is a place here, and that a
 //! place refuses with another place's reasons only where listed.
@@ -22,8 +22,8 @@ use crate::attestors::join_token::TokenReason;
 use crate::attestors::provisioned::ProvisionedReason;
 use crate::attestors::tpm::TpmReason;
 use crate::attestors::x509pop::X509PopReason;
+use crate::model::join_reasons::JoinReason;
 use crate::model::records;
-use crate::plane::join::JoinReason;
 use crate::plane::renew::RenewReason;
 use crate::plane::siteapi::{self, SiteReason};
 use crate::reason::Reason;
@@ -52,14 +52,6 @@ impl Place {
         }
     }
 }
-
-/// JoinService's own checks, for any attestor: the event's `attestor` is
-/// the one the request named.
-pub const JOIN: &str = <JoinReason as Reason>::PLACE;
-/// Renew (`security.renew.refused`).
-pub const RENEW: &str = <RenewReason as Reason>::PLACE;
-/// The site API (`security.site.refused`), whichever call.
-pub const SITE: &str = <SiteReason as Reason>::PLACE;
 
 /// Every place, in the order a request meets them.
 pub const PLACES: &[Place] = &[

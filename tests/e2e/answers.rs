@@ -8,8 +8,8 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::response::{IntoResponse, Response};
 use bc_controlplane::http;
-use bc_controlplane::join::JoinService;
 use bc_controlplane::pki::NodeCertSpec;
+use bc_controlplane::JoinService;
 use bc_wire::agent::{
     join_response_body::Deferral, JoinChallenge, JoinRequest, JoinResponse, JoinResponseBody,
 };
@@ -43,7 +43,7 @@ struct BentServer {
 impl BentServer {
     fn start(cp: &ControlPlane, bend: Bend) -> Self {
         let svc = Arc::new(
-            bc_controlplane::plane::ControlPlane::open(cp.path()).expect("open the control plane"),
+            bc_controlplane::ControlPlane::open(cp.path()).expect("open the control plane"),
         );
         let tls = http::tls_config(svc.bundle(), svc.database()).expect("tls config");
         let handler = move |body: Bytes| {

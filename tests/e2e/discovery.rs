@@ -668,7 +668,7 @@ fn an_expired_signer_certificate_vouches_for_nobody() {
 /// control plane's JoinService in process, on the same directory).
 #[test]
 fn only_single_use_tokens_and_ramdisks_are_admitted() {
-    use bc_controlplane::attestor::Expect;
+    use bc_controlplane::machine::Expect;
     use bc_controlplane::tokens::{insert_token, TokenScope};
     let cp = ControlPlane::start();
     let site_id = site(&cp, "dc1");
@@ -701,7 +701,7 @@ fn only_single_use_tokens_and_ramdisks_are_admitted() {
         "token-not-single-use",
     );
 
-    let cp_state = bc_controlplane::plane::ControlPlane::open(cp.path()).unwrap();
+    let cp_state = bc_controlplane::ControlPlane::open(cp.path()).unwrap();
     let svc = bc_controlplane::JoinService::new(&cp_state);
     let csr = throwaway_csr();
     let req = bc_wire::agent::JoinRequest {

@@ -6,9 +6,9 @@ use std::sync::{Arc, Mutex};
 
 use axum::body::Bytes;
 use axum::response::{IntoResponse, Response};
-use bc_controlplane::api_error::ApiError;
 use bc_controlplane::http;
 use bc_controlplane::pki::Bundle;
+use bc_controlplane::ApiError;
 use bc_wire::agent::{tpm_attestation, JoinRequest, TpmAttestation};
 use bcd::client::{Client, ClientError};
 use prost::Message;

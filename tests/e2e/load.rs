@@ -5,7 +5,7 @@
 //! These tests check what the server did and logged, never how fast: on a
 //! shared 2-core machine a timing bound is luck. The timing that code
 //! decides is proven on tokio's paused clock (the accept loop's pauses in
-//! `controlplane/src/http.rs`); the figures (a join behind 2,000 slow
+//! `controlplane/src/api/http.rs`); the figures (a join behind 2,000 slow
 //! clients, the p99 of good joins under the flood) are `scripts/bench`'s,
 //! which runs this module on the release build with the full 30 s flood and
 //! prints the lines marked `bench:`. `scripts/test` runs the module on its

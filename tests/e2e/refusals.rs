@@ -717,7 +717,7 @@ impl bc_controlplane::Attestor for Plugin {
 #[test]
 fn joinservice_holds_plugin_attestors_to_its_own_checks() {
     let cp = ControlPlane::init_only();
-    let svc = std::sync::Arc::new(bc_controlplane::plane::ControlPlane::open(cp.path()).unwrap());
+    let svc = std::sync::Arc::new(bc_controlplane::ControlPlane::open(cp.path()).unwrap());
     for plugin in [
         Plugin {
             id: bc_wire::AttestorId::CloudIid,

@@ -34,7 +34,7 @@ use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
 use crate::store::{self, ClockConn, DbError, PgClock, Store, UnixMs};
 
 /// The database clock, read on a connection of its own.
-pub struct DbClock {
+pub(crate) struct DbClock {
     source: Source,
     last_offset_ms: AtomicI64,
 }
@@ -60,7 +60,7 @@ impl std::fmt::Debug for DbClock {
 
 impl DbClock {
     /// Opens `path` (an existing, migrated database) read-only.
-    pub fn open(path: &Path) -> Result<Self, DbError> {
+    pub(crate) fn open(path: &Path) -> Result<Self, DbError> {
         let conn = ClockConn::open(path)?;
         let offset = conn.offset_ms()?;
         Ok(DbClock {
@@ -70,7 +70,7 @@ impl DbClock {
     }
 
     /// The clock of `db`, whichever backend it is.
-    pub fn for_store(db: &Store) -> Result<Self, DbError> {
+    pub(crate) fn for_store(db: &Store) -> Result<Self, DbError> {
         match (db.path(), db.pg_clock()) {
             (Some(path), _) => Self::open(path),
             (None, Some(clock)) => Ok(DbClock {
@@ -84,7 +84,7 @@ impl DbClock {
     }
 
     /// The database's time now.
-    pub fn now(&self) -> UnixMs {
+    pub(crate) fn now(&self) -> UnixMs {
         let conn = match &self.source {
             Source::Sqlite(conn) => conn,
             Source::Pg(clock) => return clock.now(),
@@ -107,13 +107,13 @@ impl DbClock {
 
 /// The webpki client verifier, at database time; see the module docs.
 #[derive(Debug)]
-pub struct DbTimeClientVerifier {
+pub(crate) struct DbTimeClientVerifier {
     inner: Arc<dyn ClientCertVerifier>,
     clock: DbClock,
 }
 
 impl DbTimeClientVerifier {
-    pub fn new(inner: Arc<dyn ClientCertVerifier>, clock: DbClock) -> Self {
+    pub(crate) fn new(inner: Arc<dyn ClientCertVerifier>, clock: DbClock) -> Self {
         DbTimeClientVerifier { inner, clock }
     }
 }

@@ -23,7 +23,7 @@ use crate::config::ServerConfig;
 /// Descriptors kept out of the connection cap: SQLite (each pooled
 /// connection holds the database and its WAL), the listener, the runtime,
 /// logs, the CLI's files.
-pub const RESERVED_FDS: u64 = 256;
+pub(crate) const RESERVED_FDS: u64 = 256;
 /// The derived cap never goes below this (a tiny limit still serves).
 const MIN_DERIVED: u64 = 16;
 /// Nor above this: beyond it, memory (a TLS session each) runs out first.
@@ -33,9 +33,9 @@ const MAX_DERIVED: u64 = 16_384;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
     pub max_connections: usize,
-    pub max_per_source: usize,
+    pub(crate) max_per_source: usize,
     /// From accept (or the previous response) to the end of the response.
-    pub request_timeout: Duration,
+    pub(crate) request_timeout: Duration,
 }
 
 impl Limits {
@@ -63,13 +63,13 @@ impl Limits {
     }
 
     /// The default limits for this process's current descriptor limit.
-    pub fn for_process(config: &ServerConfig) -> Limits {
+    pub(crate) fn for_process(config: &ServerConfig) -> Limits {
         Limits::new(config, nofile_limit())
     }
 }
 
 /// The soft descriptor limit in force (`u64::MAX` when unlimited).
-pub fn nofile_limit() -> u64 {
+pub(crate) fn nofile_limit() -> u64 {
     let r = rustix::process::getrlimit(rustix::process::Resource::Nofile);
     r.current.unwrap_or(u64::MAX)
 }
@@ -91,11 +91,11 @@ pub fn raise_nofile_limit() -> u64 {
     nofile_limit()
 }
 
-pub use bc_connlimit::{source_key, Deadline, Refusal, Slot, Tracker};
+pub(crate) use bc_connlimit::{source_key, Deadline, Refusal, Slot, Tracker};
 
 /// Requests one source may have in the handlers at once; its others wait
 /// in line, so one client's flood queues behind itself, not before others.
-pub const HANDLER_SLOTS_PER_SOURCE: usize = 4;
+pub(crate) const HANDLER_SLOTS_PER_SOURCE: usize = 4;
 
 /// Bounds the requests in the JoinService's handlers (decoding, crypto,
 /// SQLite): at most [`HANDLER_SLOTS_PER_SOURCE`] per source address and a
@@ -103,29 +103,29 @@ pub const HANDLER_SLOTS_PER_SOURCE: usize = 4;
 /// hundreds of refused requests run at once, fight for the SQLite write lock
 /// (whose busy handler sleeps up to 100 ms a try) and a good join waits
 /// seconds behind them.
-pub struct RequestGate {
+pub(crate) struct RequestGate {
     total: Arc<Semaphore>,
     sources: Mutex<HashMap<IpAddr, Arc<Semaphore>>>,
 }
 
 /// A request's place in the handlers; dropping it lets the next one in.
-pub struct Pass {
+pub(crate) struct Pass {
     _source: Option<OwnedSemaphorePermit>,
     _total: OwnedSemaphorePermit,
 }
 
 /// The line was closed (never happens: the gate never closes it).
 #[derive(Debug)]
-pub struct GateClosed;
+pub(crate) struct GateClosed;
 
 impl RequestGate {
     /// Twice the cores in the handlers overall (at least 4).
-    pub fn new() -> RequestGate {
+    pub(crate) fn new() -> RequestGate {
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
         RequestGate::with_total((cores * 2).max(4))
     }
 
-    pub fn with_total(total: usize) -> RequestGate {
+    pub(crate) fn with_total(total: usize) -> RequestGate {
         RequestGate {
             total: Arc::new(Semaphore::new(total)),
             sources: Mutex::new(HashMap::new()),
@@ -133,7 +133,7 @@ impl RequestGate {
     }
 
     /// Waits for a place: first in `source`'s line, then in the common one.
-    pub async fn enter(&self, source: Option<IpAddr>) -> Result<Pass, GateClosed> {
+    pub(crate) async fn enter(&self, source: Option<IpAddr>) -> Result<Pass, GateClosed> {
         let line = source.map(|ip| self.line_of(source_key(ip)));
         let source = match line {
             Some(l) => Some(l.acquire_owned().await.map_err(|_| GateClosed)?),

@@ -38,7 +38,7 @@ const READ_CONCURRENCY: usize = 2;
 /// Verified packages kept in memory (the newest few a fleet installs).
 const CACHED_PACKAGES: usize = 4;
 /// Downloads one source address may have in flight.
-pub const MAX_DOWNLOADS_PER_SOURCE: usize = 16;
+pub(crate) const MAX_DOWNLOADS_PER_SOURCE: usize = 16;
 /// What the connection is handed at a time.
 const CHUNK: usize = 64 * 1024;
 

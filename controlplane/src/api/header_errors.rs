@@ -17,7 +17,7 @@ use crate::plane::api_error::ApiError;
 const HYPER_431: &[u8] = b"HTTP/1.1 431 ";
 
 /// The reply that replaces hyper's bare 431.
-pub fn reply_431() -> Vec<u8> {
+pub(crate) fn reply_431() -> Vec<u8> {
     let body =
         ApiError::InvalidInput("the request has too many headers, or headers too large".to_owned())
             .to_wire()
@@ -34,14 +34,14 @@ pub fn reply_431() -> Vec<u8> {
 }
 
 /// A connection's stream, with hyper's bare 431 replaced.
-pub struct WithErrorBodies<S> {
+pub(crate) struct WithErrorBodies<S> {
     inner: S,
     /// A replacement still being written, and how much of it is.
     pending: Option<(Vec<u8>, usize)>,
 }
 
 impl<S> WithErrorBodies<S> {
-    pub fn new(inner: S) -> Self {
+    pub(crate) fn new(inner: S) -> Self {
         WithErrorBodies {
             inner,
             pending: None,

@@ -41,7 +41,7 @@ use crate::plane::ControlPlane;
 use crate::store::Store;
 
 /// Largest request body accepted.
-pub const BODY_LIMIT: usize = 64 * 1024;
+pub(crate) const BODY_LIMIT: usize = 64 * 1024;
 const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long open connections get to finish after shutdown starts.
@@ -60,11 +60,11 @@ const REFUSED_LOG_EVERY: Duration = Duration::from_secs(10);
 /// The client certificate chain of the request's TLS connection (leaf
 /// first); empty when the client sent none.
 #[derive(Clone, Debug, Default)]
-pub struct PeerCertificates(pub Arc<Vec<CertificateDer<'static>>>);
+pub(crate) struct PeerCertificates(pub Arc<Vec<CertificateDer<'static>>>);
 
 /// The address of the request's TCP peer.
 #[derive(Clone, Copy, Debug)]
-pub struct PeerAddr(pub SocketAddr);
+pub(crate) struct PeerAddr(pub SocketAddr);
 
 /// The rustls server config: the bundle's TLS server certificate, TLS 1.2+,
 /// ring only. Client certificates are asked for and, when sent, verified

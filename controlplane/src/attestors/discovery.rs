@@ -75,15 +75,15 @@ use crate::model::machine::{Mac, ProductUuid};
 use crate::model::{hardware, records, sites, tokens, uses};
 use crate::store::{params, DbError, Tx, UnixMs};
 
-pub mod approval;
+pub(crate) mod approval;
 mod reasons;
-pub use reasons::DiscoveryReason;
+pub(crate) use reasons::DiscoveryReason;
 
 /// `[discovery]`: what a PXE ramdisk admitted by the `discovery` attestor
 /// gets, and the boot lease's TTL.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DiscoveryConfig {
-    pub cert_ttl_ms: i64,
+    pub(crate) cert_ttl_ms: i64,
     pub lease_ttl_ms: i64,
     pub allowed_kinds: Vec<String>,
     /// The spec's `maxAgeMs`: an assertion is valid until the earlier of
@@ -93,7 +93,7 @@ pub struct DiscoveryConfig {
     /// names no EK.
     pub approval: DiscoveryApproval,
     /// `JoinPending.retry_after_seconds` while such a join waits.
-    pub approval_retry_after_seconds: u32,
+    pub(crate) approval_retry_after_seconds: u32,
 }
 
 /// `[discovery] approval`: what admits the join of a boot entry that names
@@ -111,7 +111,7 @@ pub enum DiscoveryApproval {
 
 impl DiscoveryApproval {
     /// The values `[discovery] approval` takes.
-    pub const VALUES: &'static [&'static str] = &["unknown-machines"];
+    pub(crate) const VALUES: &'static [&'static str] = &["unknown-machines"];
 }
 
 /// The spec's `discoveryAllowedKinds`: the commissioning command kinds, the
@@ -125,7 +125,7 @@ pub const DISCOVERY_ALLOWED_KINDS: &[&str] = &[
     "boot.kexec",
 ];
 /// A ramdisk certificate lasts at most this long.
-pub const MAX_DISCOVERY_CERT_TTL_MS: i64 = 2 * 3_600_000;
+pub(crate) const MAX_DISCOVERY_CERT_TTL_MS: i64 = 2 * 3_600_000;
 impl Default for DiscoveryConfig {
     fn default() -> Self {
         DiscoveryConfig {
@@ -146,14 +146,14 @@ impl Default for DiscoveryConfig {
 /// site node's clock may run a little ahead).
 const MAX_FUTURE_MS: i64 = 60_000;
 
-pub struct DiscoveryAttestor {
+pub(crate) struct DiscoveryAttestor {
     config: DiscoveryConfig,
     /// Verifies a ramdisk's TPM evidence ([`TpmAttestor::for_ramdisk`]).
     tpm: TpmAttestor,
 }
 
 impl DiscoveryAttestor {
-    pub fn new(config: DiscoveryConfig, tpm: TpmAttestor) -> Self {
+    pub(crate) fn new(config: DiscoveryConfig, tpm: TpmAttestor) -> Self {
         DiscoveryAttestor { config, tpm }
     }
 }
@@ -597,7 +597,7 @@ mod tests {
         // An unused assertion passes step 1 (and meets the missing token).
         assert_eq!(
             refusal(&t.db, &signed("site_b").encode_to_vec()),
-            crate::attestors::join_token::TokenReason::TokenMissing
+            crate::attestors::join_token::TokenReason::Missing
         );
     }
 }

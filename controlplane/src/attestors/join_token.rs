@@ -26,22 +26,22 @@ use crate::store::Tx;
 crate::reason::reasons! {
     /// The join-token attestor's reasons; `token-missing` … `token-expired` are
     /// also those of every attestor that runs [`live_token`] (listed once, here).
-    pub enum TokenReason in "join-token" {
-        TokenMissing = "token-missing",
-        TokenMalformed = "token-malformed",
-        TokenUnknown = "token-unknown",
-        TokenSecret = "token-secret",
-        TokenRevoked = "token-revoked",
-        TokenExpired = "token-expired",
-        TokenExhausted = "token-exhausted",
-        TokenRole = "token-role",
+    pub(crate) enum TokenReason in "join-token" {
+        Missing = "token-missing",
+        Malformed = "token-malformed",
+        Unknown = "token-unknown",
+        Secret = "token-secret",
+        Revoked = "token-revoked",
+        Expired = "token-expired",
+        Exhausted = "token-exhausted",
+        Role = "token-role",
     }
 }
 
 /// Roles a join token can admit: a node token admits a node, a site token a site.
 const TOKEN_ROLES: &[&str] = &["node", "site"];
 
-pub struct JoinTokenAttestor;
+pub(crate) struct JoinTokenAttestor;
 
 /// The checks every token-based attestor starts with: a token that opened,
 /// parses, exists (row locked by the transaction), whose secret matches
@@ -51,22 +51,22 @@ pub(crate) fn live_token<'t>(
     input: &AttestInput<'t>,
 ) -> Result<(&'t JoinToken, tokens::TokenRow), Refusal> {
     let token = match input.token {
-        None => return Err(Refusal::new(TokenReason::TokenMissing)),
-        Some(OpenedToken::Malformed) => return Err(Refusal::new(TokenReason::TokenMalformed)),
+        None => return Err(Refusal::new(TokenReason::Missing)),
+        Some(OpenedToken::Malformed) => return Err(Refusal::new(TokenReason::Malformed)),
         Some(OpenedToken::Parsed(t)) => t,
     };
     let refuse = |reason: TokenReason| Refusal::new(reason).with_token(Some(&token.id));
-    let row = tokens::token_for_update(tx, &token.id)?
-        .ok_or_else(|| refuse(TokenReason::TokenUnknown))?;
+    let row =
+        tokens::token_for_update(tx, &token.id)?.ok_or_else(|| refuse(TokenReason::Unknown))?;
     let presented = tokens::secret_sha256(&token.secret);
     if !bool::from(presented.ct_eq(&row.secret_sha256)) {
-        return Err(refuse(TokenReason::TokenSecret));
+        return Err(refuse(TokenReason::Secret));
     }
     if row.revoked_at.is_some() {
-        return Err(refuse(TokenReason::TokenRevoked));
+        return Err(refuse(TokenReason::Revoked));
     }
     if input.now >= row.expires_at {
-        return Err(refuse(TokenReason::TokenExpired));
+        return Err(refuse(TokenReason::Expired));
     }
     Ok((token, row))
 }
@@ -79,7 +79,7 @@ impl Attestor for JoinTokenAttestor {
     fn roles(&self) -> crate::model::attestor::Roles {
         crate::model::attestor::Roles {
             admits: &[Role::Node, Role::Site],
-            refusal: Some(TokenReason::TokenRole.any()),
+            refusal: Some(TokenReason::Role.any()),
         }
     }
 
@@ -87,7 +87,7 @@ impl Attestor for JoinTokenAttestor {
         let (token, row) = live_token(tx, input)?;
         let refuse = |reason: TokenReason| Refusal::new(reason).with_token(Some(&token.id));
         if row.uses_left <= 0 {
-            return Err(refuse(TokenReason::TokenExhausted));
+            return Err(refuse(TokenReason::Exhausted));
         }
         // A token of another kind (provisioned, discovery) is for its own
         // attestor; JoinService holds the request to the token's role.
@@ -95,7 +95,7 @@ impl Attestor for JoinTokenAttestor {
             .contains(&row.role.as_str())
             .then(|| Role::from_name(&row.role))
             .flatten()
-            .ok_or_else(|| refuse(TokenReason::TokenRole))?;
+            .ok_or_else(|| refuse(TokenReason::Role))?;
         tokens::consume_use(tx, &token.id)?;
         Ok(Verdict::Admit(Box::new(AttestationResult {
             token_id: Some(token.id.clone()),
@@ -193,7 +193,7 @@ mod tests {
         let Err(refusal) = r else {
             panic!("admitted twice")
         };
-        assert_eq!(refusal.reason, TokenReason::TokenExhausted);
+        assert_eq!(refusal.reason, TokenReason::Exhausted);
         assert_eq!(refusal.token_id.as_deref(), Some(tok.id.as_str()));
     }
 
@@ -201,13 +201,10 @@ mod tests {
     fn refusals_in_order_and_spend_nothing() {
         let f = fixture();
         let (tok, _) = tokens::create_token(&f.db, Role::Node, 2, 60_000).unwrap();
-        assert_eq!(
-            reason(run(&f.db, Role::Node, None)),
-            TokenReason::TokenMissing
-        );
+        assert_eq!(reason(run(&f.db, Role::Node, None)), TokenReason::Missing);
         assert_eq!(
             reason(run(&f.db, Role::Node, Some(OpenedToken::Malformed))),
-            TokenReason::TokenMalformed
+            TokenReason::Malformed
         );
         let unknown = JoinToken {
             id: "tok_nosuchtoken".into(),
@@ -215,13 +212,13 @@ mod tests {
         };
         assert_eq!(
             reason(run(&f.db, Role::Node, Some(OpenedToken::Parsed(unknown)))),
-            TokenReason::TokenUnknown
+            TokenReason::Unknown
         );
         let mut wrong = tok.clone();
         wrong.secret[0] ^= 1;
         assert_eq!(
             reason(run(&f.db, Role::Node, Some(OpenedToken::Parsed(wrong)))),
-            TokenReason::TokenSecret
+            TokenReason::Secret
         );
         assert_eq!(
             reason(run(
@@ -229,7 +226,7 @@ mod tests {
                 Role::Site,
                 Some(OpenedToken::Parsed(tok.clone()))
             )),
-            TokenReason::TokenRole
+            TokenReason::Role
         );
         assert_eq!(
             reason(run(
@@ -237,7 +234,7 @@ mod tests {
                 Role::Ramdisk,
                 Some(OpenedToken::Parsed(tok.clone()))
             )),
-            TokenReason::TokenRole
+            TokenReason::Role
         );
         assert_eq!(uses_left(&f.db, &tok.id), 2);
 
@@ -250,7 +247,7 @@ mod tests {
                 Role::Node,
                 Some(OpenedToken::Parsed(tok.clone()))
             )),
-            TokenReason::TokenExpired
+            TokenReason::Expired
         );
         f.db.write(|tx| crate::store::set_clock_offset_ms(tx, 0))
             .unwrap();
@@ -265,7 +262,7 @@ mod tests {
                 Role::Node,
                 Some(OpenedToken::Parsed(tok.clone()))
             )),
-            TokenReason::TokenRevoked
+            TokenReason::Revoked
         );
         assert_eq!(uses_left(&f.db, &tok.id), 2);
     }
@@ -280,7 +277,7 @@ mod tests {
                 Role::Node,
                 Some(OpenedToken::Parsed(tok.clone()))
             )),
-            TokenReason::TokenRole
+            TokenReason::Role
         );
         assert_eq!(
             reason(run(&f.db, Role::Site, Some(OpenedToken::Parsed(tok)))),

@@ -6,10 +6,10 @@
 
 pub mod cloud_iid;
 pub mod discovery;
-pub mod join_token;
-pub mod provisioned;
+pub(crate) mod join_token;
+pub(crate) mod provisioned;
 pub mod tpm;
-pub mod x509pop;
+pub(crate) mod x509pop;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -33,7 +33,7 @@ impl Default for AttestorRegistry {
 }
 
 impl AttestorRegistry {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let mut r = AttestorRegistry {
             by_id: BTreeMap::new(),
         };
@@ -58,7 +58,7 @@ impl AttestorRegistry {
 
 /// Every built-in attestor, configured from `config` (tokens of tpm
 /// challenges are sealed under `challenge_key`).
-pub fn builtin(config: &Config, challenge_key: [u8; 32]) -> AttestorRegistry {
+pub(crate) fn builtin(config: &Config, challenge_key: [u8; 32]) -> AttestorRegistry {
     let mut registry = AttestorRegistry::new();
     let tpm = tpm::TpmAttestor::new(
         config.tpm.clone(),

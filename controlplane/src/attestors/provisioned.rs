@@ -25,7 +25,7 @@ use crate::store::Tx;
 
 crate::reason::reasons! {
     /// The provisioned attestor's reasons, after [`live_token`]'s.
-    pub enum ProvisionedReason in "provisioned" {
+    pub(crate) enum ProvisionedReason in "provisioned" {
         TokenRole = "token-role",
         TokenExhausted = "token-exhausted",
         NotSingleUse = "not-single-use",
@@ -35,7 +35,7 @@ crate::reason::reasons! {
     }
 }
 
-pub struct ProvisionedAttestor;
+pub(crate) struct ProvisionedAttestor;
 
 impl Attestor for ProvisionedAttestor {
     fn id(&self) -> AttestorId {

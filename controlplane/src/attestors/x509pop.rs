@@ -55,7 +55,7 @@ use crate::store::Tx;
 
 crate::reason::reasons! {
     /// The x509pop attestor's reasons.
-    pub enum X509PopReason in "x509pop" {
+    pub(crate) enum X509PopReason in "x509pop" {
         EvidenceMalformed = "evidence-malformed",
         UnknownCertificate = "unknown-certificate",
         Deleted = "deleted",
@@ -71,17 +71,17 @@ crate::reason::reasons! {
 }
 
 /// `graceMs` by default: 7 days.
-pub const DEFAULT_GRACE_MS: i64 = 7 * 86_400_000;
+pub(crate) const DEFAULT_GRACE_MS: i64 = 7 * 86_400_000;
 /// `windowMs` by default: 60 seconds.
-pub const DEFAULT_WINDOW_MS: i64 = 60_000;
+pub(crate) const DEFAULT_WINDOW_MS: i64 = 60_000;
 
 /// The `[x509pop]` section of `controlplane.toml`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct X509PopConfig {
     /// How long after its expiry a certificate may still re-join.
-    pub grace_ms: i64,
+    pub(crate) grace_ms: i64,
     /// How far `clientTime` may be from database time, either way.
-    pub window_ms: i64,
+    pub(crate) window_ms: i64,
 }
 
 impl Default for X509PopConfig {
@@ -99,7 +99,7 @@ impl Default for X509PopConfig {
 /// from the bytes as sent would take the twin for a new proof. Bytes that
 /// are not a signature at all are hashed as sent (such a proof never
 /// verifies anyway).
-pub fn replay_subject(sig: &[u8; 64]) -> String {
+pub(crate) fn replay_subject(sig: &[u8; 64]) -> String {
     let digest = match p256::ecdsa::Signature::from_slice(sig) {
         Ok(s) => bc_wire::sha256(&s.normalize_s().to_bytes()),
         Err(_) => bc_wire::sha256(sig),
@@ -107,17 +107,13 @@ pub fn replay_subject(sig: &[u8; 64]) -> String {
     hex::encode(digest)
 }
 
-pub struct X509PopAttestor {
+pub(crate) struct X509PopAttestor {
     config: X509PopConfig,
 }
 
 impl X509PopAttestor {
-    pub fn new(config: X509PopConfig) -> Self {
+    pub(crate) fn new(config: X509PopConfig) -> Self {
         X509PopAttestor { config }
-    }
-
-    pub fn config(&self) -> &X509PopConfig {
-        &self.config
     }
 }
 

@@ -9,7 +9,7 @@ use clap::Subcommand;
 use super::{open_db, print_line, Dir};
 
 #[derive(Subcommand)]
-pub enum ClockCmd {
+pub(crate) enum ClockCmd {
     /// Set the database clock to system time plus OFFSET.
     Set {
         #[command(flatten)]
@@ -25,7 +25,7 @@ pub enum ClockCmd {
     },
 }
 
-pub fn run(cmd: ClockCmd) -> Result<()> {
+pub(crate) fn run(cmd: ClockCmd) -> Result<()> {
     let (offset, now) = match cmd {
         ClockCmd::Set { dir, offset } => {
             let db = open_db(&dir.dir)?;

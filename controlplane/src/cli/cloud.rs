@@ -10,7 +10,7 @@ use serde_json::json;
 use super::{db_now, open_db, print_list, Dir, ListArgs};
 
 #[derive(Subcommand)]
-pub enum CloudCmd {
+pub(crate) enum CloudCmd {
     /// The resolve table: where a VM of a provider account joins.
     Resolve {
         #[command(subcommand)]
@@ -19,7 +19,7 @@ pub enum CloudCmd {
 }
 
 #[derive(Subcommand)]
-pub enum ResolveCmd {
+pub(crate) enum ResolveCmd {
     /// Let the VMs of an account (and zone) join, into a pool. Adding the
     /// same provider, account and zone again replaces the pool.
     Add {
@@ -60,7 +60,7 @@ fn parse_id(s: &str) -> Result<String, String> {
     Ok(s.to_owned())
 }
 
-pub fn run(cmd: CloudCmd) -> Result<()> {
+pub(crate) fn run(cmd: CloudCmd) -> Result<()> {
     let CloudCmd::Resolve { cmd } = cmd;
     match cmd {
         ResolveCmd::Add {

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use super::{print_line, require_initialized, Dir};
 
 #[derive(Subcommand)]
-pub enum DistCmd {
+pub(crate) enum DistCmd {
     /// Store a package in DIR/dist, record its SHA-256, and make it the one
     /// install scripts install from now on; prints `added <name> sha256 <hex>`.
     Add {
@@ -20,7 +20,7 @@ pub enum DistCmd {
     },
 }
 
-pub fn run(cmd: DistCmd) -> Result<()> {
+pub(crate) fn run(cmd: DistCmd) -> Result<()> {
     match cmd {
         DistCmd::Add { dir, file } => {
             require_initialized(&dir.dir)?;

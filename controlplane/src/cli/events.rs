@@ -11,7 +11,7 @@ use serde_json::json;
 use super::{db_now, open_db, print_line, print_list, Dir, ListArgs};
 
 #[derive(Subcommand)]
-pub enum EventsCmd {
+pub(crate) enum EventsCmd {
     List(ListArgs),
     /// Delete the events older than the retention (`[events] retention` in
     /// controlplane.toml, 90d by default; `serve` also does it hourly), in
@@ -20,7 +20,7 @@ pub enum EventsCmd {
 }
 
 #[derive(Args)]
-pub struct PruneArgs {
+pub(crate) struct PruneArgs {
     #[command(flatten)]
     pub dir: Dir,
     /// Delete events older than this instead (e.g. 30d); at least 1h.
@@ -28,7 +28,7 @@ pub struct PruneArgs {
     pub older_than: Option<String>,
 }
 
-pub fn run(cmd: EventsCmd) -> Result<()> {
+pub(crate) fn run(cmd: EventsCmd) -> Result<()> {
     match cmd {
         EventsCmd::List(ListArgs { dir, json }) => list(&dir.dir, json),
         EventsCmd::Prune(PruneArgs { dir, older_than }) => prune(&dir.dir, older_than.as_deref()),

@@ -15,7 +15,7 @@ use super::{print_stdout, require_initialized, server, Dir};
 const TEMPLATE: &str = include_str!("install.sh");
 
 #[derive(Args)]
-pub struct InstallScriptArgs {
+pub(crate) struct InstallScriptArgs {
     #[command(flatten)]
     pub dir: Dir,
     #[command(flatten)]
@@ -24,7 +24,7 @@ pub struct InstallScriptArgs {
 
 /// What a script installs and how it joins; shared with `user-data`.
 #[derive(Args)]
-pub struct Target {
+pub(crate) struct Target {
     /// The control plane URL machines use (https; its host must be a name of
     /// the TLS certificate: see init --san).
     #[arg(long, value_name = "URL")]
@@ -38,7 +38,7 @@ pub struct Target {
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Attestor {
+pub(crate) enum Attestor {
     /// The TPM is the credential: no token is read.
     Tpm,
     /// A join token from a 0600 file (BCD_TOKEN_FILE, default /run/bcd/join-token).
@@ -61,12 +61,12 @@ impl Attestor {
     }
 }
 
-pub fn run(args: InstallScriptArgs) -> Result<()> {
+pub(crate) fn run(args: InstallScriptArgs) -> Result<()> {
     print_stdout(&script(&args.dir.dir, &args.target)?)
 }
 
 /// The script's text for `target`.
-pub fn script(dir: &Path, target: &Target) -> Result<String> {
+pub(crate) fn script(dir: &Path, target: &Target) -> Result<String> {
     require_initialized(dir)?;
     check_api(&target.api)?;
     let package = match &target.package {

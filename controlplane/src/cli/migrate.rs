@@ -15,10 +15,10 @@ use super::{load_config, open_db, print_line, require_initialized, Dir, ExitWith
 
 /// `migrate --check`'s exit status when migrations are pending (1 stays
 /// "something failed": an unreachable server, a database too new).
-pub const PENDING_EXIT: u8 = 3;
+pub(crate) const PENDING_EXIT: u8 = 3;
 
 #[derive(Args)]
-pub struct MigrateArgs {
+pub(crate) struct MigrateArgs {
     #[command(flatten)]
     pub dir: Dir,
     /// Print one JSON object instead of a sentence.
@@ -30,7 +30,7 @@ pub struct MigrateArgs {
     pub check: bool,
 }
 
-pub fn run(args: MigrateArgs) -> Result<()> {
+pub(crate) fn run(args: MigrateArgs) -> Result<()> {
     if args.check {
         check(&args.dir.dir, args.json)
     } else {

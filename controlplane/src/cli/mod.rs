@@ -4,19 +4,19 @@
 //! Output is part of the interface (scripts and the e2e tests read it):
 //! every list command prints one line per row, or a JSON array with `--json`.
 
-pub mod clock;
-pub mod cloud;
-pub mod dist;
-pub mod events;
-pub mod install_script;
-pub mod migrate;
-pub mod nodes;
-pub mod pools;
-pub mod server;
-pub mod sites;
-pub mod tokens;
-pub mod tpm;
-pub mod user_data;
+pub(crate) mod clock;
+pub(crate) mod cloud;
+pub(crate) mod dist;
+pub(crate) mod events;
+pub(crate) mod install_script;
+pub(crate) mod migrate;
+pub(crate) mod nodes;
+pub(crate) mod pools;
+pub(crate) mod server;
+pub(crate) mod sites;
+pub(crate) mod tokens;
+pub(crate) mod tpm;
+pub(crate) mod user_data;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -27,7 +27,7 @@ use bc_controlplane::{config, pki, store};
 use clap::Args;
 
 #[derive(Args)]
-pub struct Dir {
+pub(crate) struct Dir {
     /// The control plane directory (PKI bundle and controlplane.db).
     #[arg(long, value_name = "DIR")]
     pub dir: PathBuf,
@@ -35,7 +35,7 @@ pub struct Dir {
 
 /// The arguments of every `list` command.
 #[derive(Args)]
-pub struct ListArgs {
+pub(crate) struct ListArgs {
     #[command(flatten)]
     pub dir: Dir,
     /// Print a JSON array instead of one line per row.
@@ -45,7 +45,7 @@ pub struct ListArgs {
 
 /// Every command but `init` needs an initialized DIR; without this check a
 /// typo in --dir would silently create an empty database somewhere.
-pub fn require_initialized(dir: &Path) -> Result<()> {
+pub(crate) fn require_initialized(dir: &Path) -> Result<()> {
     if !dir.join(pki::TRUST_DOMAIN_FILE).is_file() {
         bail!(
             "{} is not a control plane directory (no {}); run bc-controlplane init --dir {} first",
@@ -65,7 +65,7 @@ static DATABASE: OnceLock<config::DatabaseOverrides> = OnceLock::new();
 /// Records the command line's and the environment's database settings
 /// (`flag`: `--database-url`). The URL is checked when a command opens the
 /// database, by the same checks as `[database] url`.
-pub fn set_database(flag: Option<String>) -> Result<()> {
+pub(crate) fn set_database(flag: Option<String>) -> Result<()> {
     let overrides = config::DatabaseOverrides::from_env(flag)?;
     // Set once, by main; a second call would change nothing.
     let _ = DATABASE.set(overrides);
@@ -74,14 +74,14 @@ pub fn set_database(flag: Option<String>) -> Result<()> {
 
 /// DIR's `controlplane.toml` with the database the command line and the
 /// environment name: the one way every command reads it.
-pub fn load_config(dir: &Path) -> Result<config::Config> {
+pub(crate) fn load_config(dir: &Path) -> Result<config::Config> {
     let overrides = DATABASE.get().cloned().unwrap_or_default();
     Ok(config::load_with(dir, &overrides)?)
 }
 
 /// Opens DIR's database, after checking DIR and its `controlplane.toml`
 /// (a broken config is reported by every command, not only by `serve`).
-pub fn open_db(dir: &Path) -> Result<store::Store> {
+pub(crate) fn open_db(dir: &Path) -> Result<store::Store> {
     require_initialized(dir)?;
     let config = load_config(dir)?;
     store::Store::open_configured(dir, config.database.as_ref())
@@ -92,19 +92,19 @@ pub fn open_db(dir: &Path) -> Result<store::Store> {
 /// 3, migrations pending), with the message for stderr.
 #[derive(Debug, thiserror::Error)]
 #[error("{message}")]
-pub struct ExitWith {
+pub(crate) struct ExitWith {
     pub code: u8,
     pub message: String,
 }
 
 /// The database's time: what every "expired" a command prints is judged by.
-pub fn db_now(db: &store::Store) -> Result<store::UnixMs> {
+pub(crate) fn db_now(db: &store::Store) -> Result<store::UnixMs> {
     db.read(|tx| tx.now())
         .context("cannot read the database clock")
 }
 
 /// Prints `rows` as a JSON array (`--json`), else one `line` per row.
-pub fn print_list<T>(
+pub(crate) fn print_list<T>(
     rows: &[T],
     as_json: bool,
     json: impl Fn(&T) -> serde_json::Value,
@@ -124,7 +124,7 @@ pub fn print_list<T>(
 }
 
 /// `<done> <id>`, or `<id> was already <done>` when nothing changed.
-pub fn print_change(changed: bool, done: &str, id: &str) -> Result<()> {
+pub(crate) fn print_change(changed: bool, done: &str, id: &str) -> Result<()> {
     if changed {
         print_line(&format!("{done} {id}"))
     } else {
@@ -133,13 +133,13 @@ pub fn print_change(changed: bool, done: &str, id: &str) -> Result<()> {
 }
 
 /// One line on stdout.
-pub fn print_line(line: &str) -> Result<()> {
+pub(crate) fn print_line(line: &str) -> Result<()> {
     print_stdout(&format!("{line}\n"))
 }
 
 /// Writes to stdout and reports a closed pipe as an error instead of
 /// panicking like `print!` would.
-pub fn print_stdout(text: &str) -> Result<()> {
+pub(crate) fn print_stdout(text: &str) -> Result<()> {
     let mut out = std::io::stdout().lock();
     out.write_all(text.as_bytes())
         .and_then(|()| out.flush())

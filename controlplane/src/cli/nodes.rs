@@ -11,7 +11,7 @@ use serde_json::json;
 use super::{db_now, open_db, print_change, print_line, print_list, Dir, ListArgs};
 
 #[derive(Subcommand)]
-pub enum NodesCmd {
+pub(crate) enum NodesCmd {
     /// List the nodes (deleted ones left out).
     List(ListArgs),
     /// List a node's certificates, oldest first.
@@ -58,7 +58,7 @@ pub enum NodesCmd {
     },
 }
 
-pub fn run(cmd: NodesCmd) -> Result<()> {
+pub(crate) fn run(cmd: NodesCmd) -> Result<()> {
     match cmd {
         NodesCmd::List(ListArgs { dir, json }) => list(&dir.dir, json),
         NodesCmd::Certs { dir, id, json } => certs(&dir.dir, &id, json),

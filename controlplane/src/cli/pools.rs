@@ -12,7 +12,7 @@ use serde_json::json;
 use super::{open_db, print_line, print_list, Dir, ListArgs};
 
 #[derive(Subcommand)]
-pub enum PoolsCmd {
+pub(crate) enum PoolsCmd {
     /// Create a pool.
     Create {
         #[command(flatten)]
@@ -66,7 +66,7 @@ fn served_attestor_ids(dir: &Path) -> Result<Vec<String>> {
     Ok(ids)
 }
 
-pub fn run(cmd: PoolsCmd) -> Result<()> {
+pub(crate) fn run(cmd: PoolsCmd) -> Result<()> {
     match cmd {
         PoolsCmd::Create {
             dir,

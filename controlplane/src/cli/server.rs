@@ -11,7 +11,7 @@ use bc_controlplane::{connlimit, http, pki, ControlPlane};
 
 use super::{open_db, print_stdout, require_initialized};
 
-pub fn init(dir: &Path, trust_domain: &str, sans: &[String]) -> Result<()> {
+pub(crate) fn init(dir: &Path, trust_domain: &str, sans: &[String]) -> Result<()> {
     pki::init_with_sans(dir, trust_domain, sans)
         .with_context(|| format!("cannot initialize a control plane in {}", dir.display()))?;
     open_db(dir)?;
@@ -22,7 +22,7 @@ pub fn init(dir: &Path, trust_domain: &str, sans: &[String]) -> Result<()> {
     ))
 }
 
-pub fn serve(dir: &Path, listen: SocketAddr) -> Result<()> {
+pub(crate) fn serve(dir: &Path, listen: SocketAddr) -> Result<()> {
     require_initialized(dir)?;
     // Every connection costs a descriptor: take all the hard limit allows,
     // and derive the connection cap from it.
@@ -80,12 +80,12 @@ fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
     })
 }
 
-pub fn agent_config(dir: &Path, api: &str, data_dir: &str) -> Result<()> {
+pub(crate) fn agent_config(dir: &Path, api: &str, data_dir: &str) -> Result<()> {
     print_stdout(&agent_config_text(dir, api, data_dir)?)
 }
 
 /// The text `agent-config` prints (the install script embeds it too).
-pub fn agent_config_text(dir: &Path, api: &str, data_dir: &str) -> Result<String> {
+pub(crate) fn agent_config_text(dir: &Path, api: &str, data_dir: &str) -> Result<String> {
     require_initialized(dir)?;
     if !api.starts_with("https://") || api.len() <= "https://".len() {
         bail!("--api must be an https:// URL, e.g. https://127.0.0.1:8443 (got {api:?})");

@@ -14,7 +14,7 @@ use serde_json::json;
 use super::{db_now, open_db, print_line, print_list, Dir, ListArgs};
 
 #[derive(Subcommand)]
-pub enum SitesCmd {
+pub(crate) enum SitesCmd {
     /// Create a site and print its id.
     Create {
         #[command(flatten)]
@@ -27,7 +27,7 @@ pub enum SitesCmd {
 }
 
 #[derive(Subcommand)]
-pub enum BootCmd {
+pub(crate) enum BootCmd {
     /// Add a machine to commission: prints its workflow id. Its single-use
     /// discovery token (bound to the MAC and the site) is fetched by the
     /// site's lease holder, never printed.
@@ -82,7 +82,7 @@ fn parse_ttl(s: &str) -> Result<i64, String> {
     Ok(ms)
 }
 
-pub fn run_sites(cmd: SitesCmd) -> Result<()> {
+pub(crate) fn run_sites(cmd: SitesCmd) -> Result<()> {
     match cmd {
         SitesCmd::Create { dir, name } => {
             let db = open_db(&dir.dir)?;
@@ -102,7 +102,7 @@ pub fn run_sites(cmd: SitesCmd) -> Result<()> {
     }
 }
 
-pub fn run_boot(cmd: BootCmd) -> Result<()> {
+pub(crate) fn run_boot(cmd: BootCmd) -> Result<()> {
     match cmd {
         BootCmd::Add {
             dir,

@@ -14,7 +14,7 @@ use serde_json::json;
 use super::{db_now, open_db, print_change, print_line, print_list, Dir, ListArgs};
 
 #[derive(Subcommand)]
-pub enum TokenCmd {
+pub(crate) enum TokenCmd {
     /// Mint a token and print it (and nothing else) on stdout.
     Create {
         #[command(flatten)]
@@ -63,7 +63,7 @@ pub enum TokenCmd {
 }
 
 #[derive(Clone, Copy, ValueEnum)]
-pub enum TokenRole {
+pub(crate) enum TokenRole {
     Node,
     Site,
     /// Single use, bound to one machine, for an installed system's user
@@ -82,7 +82,7 @@ impl TokenRole {
 }
 
 /// `token create`'s options beyond role, uses and lifetime.
-pub struct CreateOpts<'a> {
+pub(crate) struct CreateOpts<'a> {
     pub pool: Option<&'a str>,
     pub expect: Expect,
     pub site: Option<&'a str>,
@@ -90,7 +90,7 @@ pub struct CreateOpts<'a> {
     pub allow_reclaim: bool,
 }
 
-pub fn run(cmd: TokenCmd) -> Result<()> {
+pub(crate) fn run(cmd: TokenCmd) -> Result<()> {
     match cmd {
         TokenCmd::Create {
             dir,
@@ -129,7 +129,7 @@ pub fn run(cmd: TokenCmd) -> Result<()> {
 }
 
 /// Mints a token; returns its text (shown once). Also `user-data`'s.
-pub fn create(
+pub(crate) fn create(
     db: &store::Store,
     role: TokenRole,
     uses: u32,

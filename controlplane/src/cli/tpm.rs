@@ -15,7 +15,7 @@ use serde_json::json;
 use super::{open_db, print_line, print_list, print_stdout, Dir, ListArgs};
 
 #[derive(Subcommand)]
-pub enum EkRootsCmd {
+pub(crate) enum EkRootsCmd {
     /// Add the CA certificates in PATH (a PEM or DER file, or a directory
     /// of them, as keylime's tpm_cert_store): each is a trust anchor,
     /// self-signed or not, unless --intermediate.
@@ -40,7 +40,7 @@ pub enum EkRootsCmd {
 }
 
 #[derive(Subcommand)]
-pub enum ResolveCmd {
+pub(crate) enum ResolveCmd {
     /// Let the TPM with this EK join (replaces its entry if there is one).
     Add {
         #[command(flatten)]
@@ -77,7 +77,7 @@ pub enum ResolveCmd {
 }
 
 #[derive(Subcommand)]
-pub enum RequestsCmd {
+pub(crate) enum RequestsCmd {
     /// List join requests.
     List(ListArgs),
     /// Approve a pending request: the TPM's next join admits it once (a
@@ -124,7 +124,7 @@ fn site_part(site: Option<&str>) -> String {
     site.map(|s| format!(" site={s}")).unwrap_or_default()
 }
 
-pub fn run_ek_roots(cmd: EkRootsCmd) -> Result<()> {
+pub(crate) fn run_ek_roots(cmd: EkRootsCmd) -> Result<()> {
     match cmd {
         EkRootsCmd::Add {
             dir,
@@ -324,7 +324,7 @@ fn uncertified_part(uncertified: bool) -> &'static str {
     }
 }
 
-pub fn run_resolve(cmd: ResolveCmd) -> Result<()> {
+pub(crate) fn run_resolve(cmd: ResolveCmd) -> Result<()> {
     match cmd {
         ResolveCmd::Add {
             dir,
@@ -390,7 +390,7 @@ pub fn run_resolve(cmd: ResolveCmd) -> Result<()> {
     }
 }
 
-pub fn run_requests(cmd: RequestsCmd) -> Result<()> {
+pub(crate) fn run_requests(cmd: RequestsCmd) -> Result<()> {
     match cmd {
         RequestsCmd::List(ListArgs { dir, json }) => requests_list(&dir.dir, json),
         RequestsCmd::Approve {

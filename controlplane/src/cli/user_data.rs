@@ -27,7 +27,7 @@ const TOKEN_PATH: &str = "/run/bcd/join-token";
 const MAX_TOKEN_BYTES: u64 = 4096;
 
 #[derive(Args)]
-pub struct UserDataArgs {
+pub(crate) struct UserDataArgs {
     #[command(flatten)]
     pub dir: Dir,
     #[command(flatten)]
@@ -46,7 +46,7 @@ pub struct UserDataArgs {
 
 /// What `--attestor provisioned` mints the token for.
 #[derive(Args)]
-pub struct ProvisionedArgs {
+pub(crate) struct ProvisionedArgs {
     /// With --attestor provisioned: the machine's product UUID
     /// (/sys/class/dmi/id/product_uuid); it joins as a new node.
     #[arg(long, value_name = "UUID", value_parser = super::tokens::parse_expect_product_uuid, conflicts_with = "node")]
@@ -60,7 +60,7 @@ pub struct ProvisionedArgs {
     pub ttl: i64,
 }
 
-pub fn run(args: UserDataArgs) -> Result<()> {
+pub(crate) fn run(args: UserDataArgs) -> Result<()> {
     let p = &args.provisioned;
     let binds = p.expect_product_uuid.is_some() || p.node.is_some();
     if binds && args.target.attestor != Attestor::Provisioned {

@@ -12,12 +12,7 @@ use bc_wire::agent::{HardwareClaims, Role, TpmAttestation};
 use bc_wire::token::JoinToken;
 use bc_wire::AttestorId;
 
-// The machine-identity values an attestation result carries, re-exported
-// for the attestors' callers.
-pub use crate::model::machine::{
-    Binding, EkAssurance, Expect, ExpectFormatError, ExpectMismatch, Mac, ProductUuid,
-    BINDING_TPM_EK,
-};
+use crate::model::machine::{Binding, EkAssurance, Expect, BINDING_TPM_EK};
 use crate::reason::AnyReason;
 use crate::store::{Tx, UnixMs};
 
@@ -313,7 +308,7 @@ crate::reason::reasons! {
     /// The reason a [`Refusal::fault`] carries: never recorded nor logged as
     /// a refusal (JoinService answers UNAVAILABLE or INTERNAL), so in no
     /// listing.
-    pub enum Unrecorded in "fault" {
+    pub(crate) enum Unrecorded in "fault" {
         ServerFault = "server-fault",
     }
 }
@@ -355,21 +350,21 @@ impl Refusal {
         }
     }
 
-    pub fn as_fault(&self) -> Option<&Fault> {
+    pub(crate) fn as_fault(&self) -> Option<&Fault> {
         self.fault.as_ref()
     }
 
-    pub fn with_token(mut self, token_id: Option<&str>) -> Self {
+    pub(crate) fn with_token(mut self, token_id: Option<&str>) -> Self {
         self.token_id = token_id.map(str::to_owned);
         self
     }
 
-    pub fn with_node(mut self, node_id: Option<&str>) -> Self {
+    pub(crate) fn with_node(mut self, node_id: Option<&str>) -> Self {
         self.node_id = node_id.map(str::to_owned);
         self
     }
 
-    pub fn with_pool(mut self, id: &str, owner: &str) -> Self {
+    pub(crate) fn with_pool(mut self, id: &str, owner: &str) -> Self {
         self.pool = Some(Box::new(PoolRef {
             id: id.to_owned(),
             owner: owner.to_owned(),

@@ -42,18 +42,18 @@ use crate::model::tokens::{self, TokenScope};
 use crate::store::{params, DbError, Row, Store, Tx, UnixMs};
 
 /// The role of discovery tokens: no join-token join accepts it.
-pub const DISCOVERY_ROLE: &str = "discovery";
+pub(crate) const DISCOVERY_ROLE: &str = "discovery";
 
 /// Unspent, unrevoked tokens one entry may have at once. Each boot script
 /// gets one; a machine retrying its PXE boot needs a few, a flood of
 /// requests for its MAC gets refused past this rather than filling the
 /// token table (the tokens expire with the entry).
-pub const MAX_LIVE_TOKENS: i64 = 32;
+pub(crate) const MAX_LIVE_TOKENS: i64 = 32;
 
 /// The most open entries [`list_open`] answers (newest first): about
 /// 100 bytes each, well under the 1 MiB an agent reads of an answer. A site
 /// with more open entries boots only its newest ones.
-pub const MAX_LISTED: i64 = 4096;
+pub(crate) const MAX_LISTED: i64 = 4096;
 
 const NONCE_LEN: usize = 12;
 
@@ -126,7 +126,7 @@ pub struct BootEntry {
     pub token_id: String,
     pub not_after: UnixMs,
     pub created_at: UnixMs,
-    pub vouched_at: Option<UnixMs>,
+    pub(crate) vouched_at: Option<UnixMs>,
     pub joined_at: Option<UnixMs>,
     pub node_id: Option<String>,
 }
@@ -135,7 +135,7 @@ impl BootEntry {
     /// The EK an operator bound this entry's machine to (`boot add
     /// --ek-sha256`, or `--node`'s bound EK): only a join proving it is
     /// admitted, and `[discovery] approval` does not apply to it.
-    pub fn expected_ek(&self) -> Option<&str> {
+    pub(crate) fn expected_ek(&self) -> Option<&str> {
         self.ek_sha256.as_deref()
     }
 
@@ -174,7 +174,7 @@ impl BootState {
     }
 
     /// No join waits on the entry any more.
-    pub fn is_closed(self) -> bool {
+    pub(crate) fn is_closed(self) -> bool {
         matches!(self, BootState::Joined | BootState::Expired)
     }
 }
@@ -351,13 +351,13 @@ pub fn list(db: &Store) -> Result<Vec<BootEntry>, DbError> {
     })
 }
 
-pub fn get(tx: &Tx<'_>, workflow_id: &str) -> Result<Option<BootEntry>, DbError> {
+pub(crate) fn get(tx: &Tx<'_>, workflow_id: &str) -> Result<Option<BootEntry>, DbError> {
     get_locked(tx, workflow_id, "")
 }
 
 /// As [`get`], the entry's row locked until commit: a get-secret checks the
 /// entry (open, fewer than 32 live tokens) and then mints (PG: `FOR UPDATE`).
-pub fn get_for_update(tx: &Tx<'_>, workflow_id: &str) -> Result<Option<BootEntry>, DbError> {
+pub(crate) fn get_for_update(tx: &Tx<'_>, workflow_id: &str) -> Result<Option<BootEntry>, DbError> {
     get_locked(tx, workflow_id, tx.dialect().for_update())
 }
 
@@ -371,7 +371,11 @@ fn get_locked(tx: &Tx<'_>, workflow_id: &str, lock: &str) -> Result<Option<BootE
 
 /// The open entries of a site (neither joined nor expired at `now`),
 /// newest first, at most [`MAX_LISTED`]: what its boot server answers from.
-pub fn list_open(tx: &Tx<'_>, site_id: &str, now: UnixMs) -> Result<Vec<BootEntry>, DbError> {
+pub(crate) fn list_open(
+    tx: &Tx<'_>,
+    site_id: &str,
+    now: UnixMs,
+) -> Result<Vec<BootEntry>, DbError> {
     let rows = tx.query_map(
         &format!(
             "{SELECT} WHERE site_id = ?1 AND joined_at IS NULL AND not_after > ?2
@@ -385,7 +389,11 @@ pub fn list_open(tx: &Tx<'_>, site_id: &str, now: UnixMs) -> Result<Vec<BootEntr
 
 /// A site's open entries, and how many of them expect an EK (admit only
 /// that machine's TPM): what lease answers tell site nodes.
-pub fn open_counts(tx: &Tx<'_>, site_id: &str, now: UnixMs) -> Result<(usize, usize), DbError> {
+pub(crate) fn open_counts(
+    tx: &Tx<'_>,
+    site_id: &str,
+    now: UnixMs,
+) -> Result<(usize, usize), DbError> {
     let open = list_open(tx, site_id, now)?;
     let bound = open.iter().filter(|e| e.expected_ek().is_some()).count();
     Ok((open.len(), bound))
@@ -393,7 +401,7 @@ pub fn open_counts(tx: &Tx<'_>, site_id: &str, now: UnixMs) -> Result<(usize, us
 
 /// Why [`issue_token`] gave no token.
 #[derive(Debug, PartialEq, Eq)]
-pub enum NoToken {
+pub(crate) enum NoToken {
     /// [`MAX_LIVE_TOKENS`] unspent tokens of the entry are live.
     TooMany,
 }
@@ -401,7 +409,7 @@ pub enum NoToken {
 /// A token of an open entry for its site's lease holder, one per boot
 /// script: the entry's own token the first time, a new one of the same
 /// binding after (expiring with the entry). Marks the entry vouched.
-pub fn issue_token(
+pub(crate) fn issue_token(
     tx: &Tx<'_>,
     key: &BootKey,
     entry: &BootEntry,
@@ -443,7 +451,7 @@ pub fn issue_token(
 }
 
 /// The entry a discovery token belongs to.
-pub fn entry_of_token(tx: &Tx<'_>, token_id: &str) -> Result<Option<BootEntry>, DbError> {
+pub(crate) fn entry_of_token(tx: &Tx<'_>, token_id: &str) -> Result<Option<BootEntry>, DbError> {
     // PG: `FOR UPDATE`: one entry, one join (two ramdisks of one entry).
     tx.query_opt_map(
         &format!(
@@ -457,7 +465,12 @@ pub fn entry_of_token(tx: &Tx<'_>, token_id: &str) -> Result<Option<BootEntry>, 
 
 /// Records that `node_id` joined with the entry `token_id` belongs to, and
 /// revokes the entry's other tokens: one entry, one join.
-pub fn mark_joined(tx: &Tx<'_>, token_id: &str, node_id: &str, now: UnixMs) -> Result<(), DbError> {
+pub(crate) fn mark_joined(
+    tx: &Tx<'_>,
+    token_id: &str,
+    node_id: &str,
+    now: UnixMs,
+) -> Result<(), DbError> {
     let Some(entry) = entry_of_token(tx, token_id)? else {
         return Ok(());
     };
@@ -476,7 +489,7 @@ pub fn mark_joined(tx: &Tx<'_>, token_id: &str, node_id: &str, now: UnixMs) -> R
 
 /// The latest a ramdisk node's certificate may last: its boot entry's end
 /// (`None` for a node no entry admitted).
-pub fn cert_not_after(tx: &Tx<'_>, node_id: &str) -> Result<Option<UnixMs>, DbError> {
+pub(crate) fn cert_not_after(tx: &Tx<'_>, node_id: &str) -> Result<Option<UnixMs>, DbError> {
     Ok(tx
         .query_opt_map(
             "SELECT min(not_after) FROM boot_entries WHERE node_id = ?1",
@@ -491,7 +504,7 @@ pub fn cert_not_after(tx: &Tx<'_>, node_id: &str) -> Result<Option<UnixMs>, DbEr
 /// site and MAC (an earlier commissioning of this machine), those whose
 /// trusted hardware key is `hardware_key` (the same operator-bound UUID),
 /// and those whose own entry has expired. Returns how many.
-pub fn retire_superseded(
+pub(crate) fn retire_superseded(
     tx: &Tx<'_>,
     entry: &BootEntry,
     hardware_key: Option<&str>,

@@ -14,7 +14,7 @@ use sha2::{Digest, Sha256};
 
 use crate::fsutil;
 
-pub const DIST_DIR: &str = "dist";
+pub(crate) const DIST_DIR: &str = "dist";
 const CURRENT: &str = "current";
 /// Larger than any bcd package (a few MB): a bigger file is a mistake, and
 /// a download is held in memory while it is served.
@@ -72,7 +72,7 @@ impl Package {
 /// A name safe to join onto `dist/`: no separator, no leading dot (so never
 /// `.` or `..` or a hidden file), a `.deb`, nothing outside
 /// `[A-Za-z0-9._+-]`.
-pub fn valid_name(name: &str) -> bool {
+pub(crate) fn valid_name(name: &str) -> bool {
     name.len() <= MAX_NAME_LEN
         && name.ends_with(".deb")
         && name.len() > ".deb".len()
@@ -151,7 +151,7 @@ pub fn current(dir: &Path) -> Result<Package, DistError> {
 
 /// The bytes of a recorded package, checked against its recorded hash so
 /// that a file changed behind the control plane's back is never served.
-pub fn read(dir: &Path, name: &str) -> Result<(Package, Vec<u8>), DistError> {
+pub(crate) fn read(dir: &Path, name: &str) -> Result<(Package, Vec<u8>), DistError> {
     let package = lookup(dir, name)?;
     let bytes = read_bounded(&dist_dir(dir).join(name))?;
     if <[u8; 32]>::from(Sha256::digest(&bytes)) != package.sha256 {

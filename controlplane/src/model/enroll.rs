@@ -34,7 +34,7 @@ impl RequestStatus {
         }
     }
 
-    pub fn parse(s: &str) -> Option<Self> {
+    pub(crate) fn parse(s: &str) -> Option<Self> {
         [
             RequestStatus::Pending,
             RequestStatus::Approved,
@@ -197,7 +197,7 @@ pub fn remove_resolve(db: &Store, ek_sha256: &str) -> Result<bool, EnrollError> 
     })
 }
 
-pub fn resolve_entry(tx: &Tx<'_>, ek_sha256: &str) -> Result<Option<ResolveEntry>, DbError> {
+pub(crate) fn resolve_entry(tx: &Tx<'_>, ek_sha256: &str) -> Result<Option<ResolveEntry>, DbError> {
     tx
         .query_opt_map("SELECT ek_sha256, pool_id, node_id, site_id, created_at, uncertified FROM tpm_resolve WHERE ek_sha256 = ?1", params![ek_sha256], read_resolve)
 }
@@ -254,8 +254,8 @@ pub struct JoinRequestRow {
     /// single-use key, and when that use would expire): what a denial
     /// spends, so that the same script files nothing again.
     pub token_id: Option<String>,
-    pub assertion_sha256: Option<String>,
-    pub assertion_expires_at: Option<UnixMs>,
+    pub(crate) assertion_sha256: Option<String>,
+    pub(crate) assertion_expires_at: Option<UnixMs>,
 }
 
 pub(crate) const REQUEST_SELECT: &str =
@@ -288,7 +288,10 @@ pub(crate) fn read_request(r: &Row) -> Result<JoinRequestRow, DbError> {
 }
 
 /// The open (not yet used) enrollment request of an EK, if any.
-pub fn open_request(tx: &Tx<'_>, ek_sha256: &str) -> Result<Option<JoinRequestRow>, DbError> {
+pub(crate) fn open_request(
+    tx: &Tx<'_>,
+    ek_sha256: &str,
+) -> Result<Option<JoinRequestRow>, DbError> {
     tx.query_opt_map(
         &format!(
             "{REQUEST_SELECT} WHERE ek_sha256 = ?1 AND used_at IS NULL AND attestor <> 'discovery'"
@@ -300,7 +303,7 @@ pub fn open_request(tx: &Tx<'_>, ek_sha256: &str) -> Result<Option<JoinRequestRo
 
 /// Files a pending request (inside the join transaction; committed with
 /// the deferral).
-pub fn insert_pending(
+pub(crate) fn insert_pending(
     tx: &Tx<'_>,
     attestor: AttestorId,
     ek_sha256: &str,
@@ -338,7 +341,7 @@ pub fn insert_pending(
 }
 
 /// Marks an approved request as having admitted its machine.
-pub fn mark_used(tx: &Tx<'_>, id: &str, now: UnixMs) -> Result<(), DbError> {
+pub(crate) fn mark_used(tx: &Tx<'_>, id: &str, now: UnixMs) -> Result<(), DbError> {
     let n = tx.execute(
         "UPDATE join_requests SET used_at = ?2 WHERE id = ?1 AND used_at IS NULL",
         params![id, now],

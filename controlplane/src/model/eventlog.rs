@@ -30,16 +30,16 @@ use crate::reason::AnyReason;
 use crate::store::{self, DbError, Store, Tx, UnixMs};
 
 /// Aggregation window (database time).
-pub const WINDOW_MS: i64 = 60_000;
+pub(crate) const WINDOW_MS: i64 = 60_000;
 /// Distinct refusal keys kept apart per minute; beyond, they fold.
-pub const MAX_KEYS_PER_MINUTE: usize = 4096;
+pub(crate) const MAX_KEYS_PER_MINUTE: usize = 4096;
 /// How long a refused request waits for its event to be committed before it
 /// is answered anyway (the event is still written later).
 const WAIT_FOR_WRITE: Duration = Duration::from_secs(2);
 /// How often the writer prunes expired events.
 const PRUNE_EVERY: Duration = Duration::from_secs(3600);
 /// Rows deleted per pruning transaction.
-pub const PRUNE_BATCH: usize = 5_000;
+pub(crate) const PRUNE_BATCH: usize = 5_000;
 /// Backoff of a failed batch: doubles from the first to the last.
 const RETRY_FIRST: Duration = Duration::from_millis(50);
 const RETRY_MAX: Duration = Duration::from_secs(5);
@@ -49,7 +49,7 @@ const SHUTDOWN_GIVE_UP: Duration = Duration::from_secs(30);
 
 /// One refusal to record.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct Refused {
+pub(crate) struct Refused {
     pub kind: &'static str,
     pub attestor: Option<String>,
     pub reason: AnyReason,
@@ -59,7 +59,7 @@ pub struct Refused {
     /// More `data` fields, as a JSON object's text ("" for none).
     pub extra: String,
     /// Folded past [`MAX_KEYS_PER_MINUTE`]: the details were dropped.
-    pub folded: bool,
+    pub(crate) folded: bool,
 }
 
 impl Refused {
@@ -113,7 +113,7 @@ impl Shared {
 }
 
 /// The refusal log of one database, and its writer thread.
-pub struct EventLog {
+pub(crate) struct EventLog {
     shared: Arc<Shared>,
     max_keys: usize,
     writer: Mutex<Option<JoinHandle<()>>>,
@@ -124,7 +124,7 @@ pub struct EventLog {
 impl EventLog {
     /// Starts the writer; events older than `retention_ms` are pruned at
     /// start and then every hour.
-    pub fn start(db: Arc<Store>, retention_ms: i64) -> EventLog {
+    pub(crate) fn start(db: Arc<Store>, retention_ms: i64) -> EventLog {
         Self::start_with(db, retention_ms, MAX_KEYS_PER_MINUTE)
     }
 
@@ -158,7 +158,7 @@ impl EventLog {
     /// Counts a refusal and waits (bounded) until it is committed. Returns
     /// whether it is the first of its kind this minute (callers log only
     /// those at warn, so a flood does not flood the log either).
-    pub fn record(&self, r: Refused) -> bool {
+    pub(crate) fn record(&self, r: Refused) -> bool {
         let first;
         let seq = {
             let mut st = self.shared.lock();
@@ -199,7 +199,7 @@ impl EventLog {
     }
 
     /// Waits until everything recorded so far is committed (or `timeout`).
-    pub fn flush(&self, timeout: Duration) -> bool {
+    pub(crate) fn flush(&self, timeout: Duration) -> bool {
         let seq = self.shared.lock().enqueued;
         self.wait_for(seq, timeout)
     }
@@ -221,7 +221,7 @@ impl EventLog {
     }
 
     /// Stops the writer after it wrote everything pending.
-    pub fn shutdown(&self) {
+    pub(crate) fn shutdown(&self) {
         self.shared.lock().stop = true;
         self.shared.work.notify_all();
         let handle = self.writer.lock().unwrap_or_else(|p| p.into_inner()).take();

@@ -32,7 +32,7 @@ use crate::store::{params, DbError, Tx};
 
 /// The hardware identity an admitted join proved.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct HardwareKey {
+pub(crate) struct HardwareKey {
     /// `tpm-ek:<sha256 hex>` or `product-uuid:<uuid>`.
     pub key: String,
     /// The proven product UUID (normalized), if any.
@@ -42,7 +42,7 @@ pub struct HardwareKey {
 /// What `result` proved: its TPM EK (bound, or a ramdisk's proven one), else the product UUID its
 /// attestor proved or its token's expect binding pinned (JoinService has
 /// checked the claims against it by then). `None`: nothing proven.
-pub fn of_result(result: &AttestationResult) -> Option<HardwareKey> {
+pub(crate) fn of_result(result: &AttestationResult) -> Option<HardwareKey> {
     let product_uuid = result
         .proven_product_uuid
         .clone()
@@ -68,7 +68,7 @@ const PLACEHOLDER_UUIDS: &[&str] = &[
 
 /// Whether `uuid` (normalized, lowercase 8-4-4-4-12) is a placeholder that
 /// identifies no machine.
-pub fn is_placeholder(uuid: &str) -> bool {
+pub(crate) fn is_placeholder(uuid: &str) -> bool {
     let mut digits = uuid.bytes().filter(|b| *b != b'-');
     let repeated = match digits.next() {
         Some(first) => digits.all(|b| b == first),
@@ -79,7 +79,7 @@ pub fn is_placeholder(uuid: &str) -> bool {
 
 /// The live (not deleted, not retired) node of `role` other than `except`
 /// that holds `hk`'s key or proven product UUID.
-pub fn holder(
+pub(crate) fn holder(
     tx: &Tx<'_>,
     hk: &HardwareKey,
     role: &str,
@@ -98,7 +98,7 @@ pub fn holder(
 
 /// The product UUID recorded as `node_id`'s trusted hardware key (proven or
 /// operator-bound), if any.
-pub fn proven_product_uuid(tx: &Tx<'_>, node_id: &str) -> Result<Option<String>, DbError> {
+pub(crate) fn proven_product_uuid(tx: &Tx<'_>, node_id: &str) -> Result<Option<String>, DbError> {
     Ok(tx
         .query_opt_map(
             "SELECT product_uuid FROM nodes WHERE id = ?1",
@@ -109,7 +109,7 @@ pub fn proven_product_uuid(tx: &Tx<'_>, node_id: &str) -> Result<Option<String>,
 }
 
 /// Records `hk` as `node_id`'s hardware key (a reclaim replaces the old one).
-pub fn record(tx: &Tx<'_>, node_id: &str, hk: &HardwareKey) -> Result<(), DbError> {
+pub(crate) fn record(tx: &Tx<'_>, node_id: &str, hk: &HardwareKey) -> Result<(), DbError> {
     tx.execute(
         "UPDATE nodes SET hardware_key = ?2, product_uuid = ?3 WHERE id = ?1",
         params![node_id, hk.key, hk.product_uuid],
@@ -119,7 +119,10 @@ pub fn record(tx: &Tx<'_>, node_id: &str, hk: &HardwareKey) -> Result<(), DbErro
 
 /// The product UUID a node claimed at its newest join that claimed one
 /// (what a provisioned token minted for that node expects).
-pub fn newest_claimed_product_uuid(tx: &Tx<'_>, node_id: &str) -> Result<Option<String>, DbError> {
+pub(crate) fn newest_claimed_product_uuid(
+    tx: &Tx<'_>,
+    node_id: &str,
+) -> Result<Option<String>, DbError> {
     tx.query_opt_map(
         "SELECT product_uuid FROM joins
              WHERE node_id = ?1 AND product_uuid IS NOT NULL
@@ -148,7 +151,10 @@ pub fn keys(
 /// (join-token now; provisioned, discovery later) binds the same way. It
 /// runs inside the join transaction before anything is written, so a
 /// refusal rolls back the use the attestor consumed.
-pub fn check_expect(result: &AttestationResult, claims: &HardwareClaims) -> Result<(), Refusal> {
+pub(crate) fn check_expect(
+    result: &AttestationResult,
+    claims: &HardwareClaims,
+) -> Result<(), Refusal> {
     result.expect.check(claims).map_err(|mismatch| {
         let reason = match mismatch {
             ExpectMismatch::ProductUuid => JoinReason::ExpectProductUuid,

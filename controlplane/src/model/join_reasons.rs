@@ -5,7 +5,7 @@
 crate::reason::reasons! {
     /// JoinService's own checks, for any attestor: the event's `attestor`
     /// is the one the request named.
-    pub enum JoinReason in "join" {
+    pub(crate) enum JoinReason in "join" {
         CsrKey = "join:csr-key",
         CsrNotVerified = "join:csr-signature",
         UnknownAttestor = "join:unknown-attestor",

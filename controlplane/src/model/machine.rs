@@ -39,7 +39,7 @@ pub enum EkAssurance {
 }
 
 impl EkAssurance {
-    pub const ALL: [EkAssurance; 5] = [
+    pub(crate) const ALL: [EkAssurance; 5] = [
         EkAssurance::Pinned,
         EkAssurance::OperatorFile,
         EkAssurance::MakerService,
@@ -57,12 +57,12 @@ impl EkAssurance {
         }
     }
 
-    pub fn parse(s: &str) -> Option<Self> {
+    pub(crate) fn parse(s: &str) -> Option<Self> {
         EkAssurance::ALL.into_iter().find(|a| a.as_str() == s)
     }
 
     /// The order a pool's minimum compares by (`nv-chain` = `nv`).
-    pub fn rank(self) -> u8 {
+    pub(crate) fn rank(self) -> u8 {
         match self {
             EkAssurance::Pinned => 0,
             EkAssurance::OperatorFile => 1,
@@ -72,7 +72,7 @@ impl EkAssurance {
     }
 
     /// Whether this level meets a pool's minimum.
-    pub fn meets(self, min: EkAssurance) -> bool {
+    pub(crate) fn meets(self, min: EkAssurance) -> bool {
         self.rank() >= min.rank()
     }
 }
@@ -90,7 +90,7 @@ pub struct Binding {
 
 /// The binding kind of a TPM endorsement key: the key is the SHA-256 of the
 /// EK certificate's SubjectPublicKeyInfo DER, in lowercase hex.
-pub const BINDING_TPM_EK: &str = "tpm-ek";
+pub(crate) const BINDING_TPM_EK: &str = "tpm-ek";
 
 /// The machine a token was minted for (`token create --expect-*`): values
 /// normalized to lowercase, `None` when the token does not bind that field.
@@ -104,7 +104,7 @@ pub struct Expect {
 
 /// A claim that does not satisfy an [`Expect`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ExpectMismatch {
+pub(crate) enum ExpectMismatch {
     /// The claimed product UUID is empty or another one.
     ProductUuid,
     /// The expected MAC is not among the claimed ones.
@@ -115,7 +115,7 @@ impl Expect {
     /// Whether `claims` satisfy this binding. Claims are the agent's word,
     /// so they are compared after the same normalization as the expected
     /// values (case, surrounding space), and a malformed one matches nothing.
-    pub fn check(&self, claims: &HardwareClaims) -> Result<(), ExpectMismatch> {
+    pub(crate) fn check(&self, claims: &HardwareClaims) -> Result<(), ExpectMismatch> {
         if let Some(want) = &self.product_uuid {
             if !ProductUuid::parse(&claims.product_uuid).is_ok_and(|u| u.as_str() == want) {
                 return Err(ExpectMismatch::ProductUuid);
@@ -208,18 +208,18 @@ impl Mac {
 /// A malformed `ek_sha256` (operator input).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("--ek-sha256 must be 64 hex digits (the ekSha256 of bcd tpm identify), not {0:?}")]
-pub struct EkSha256FormatError(String);
+pub(crate) struct EkSha256FormatError(String);
 
 /// An EK's hash (the SHA-256 of its SubjectPublicKeyInfo DER) in the one
 /// form the resolve list, boot entries and bindings store and compare it
 /// in: 64 lowercase hex digits. Only [`EkSha256::parse`] makes one, so a
 /// value of this type is never in another form.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct EkSha256(String);
+pub(crate) struct EkSha256(String);
 
 impl EkSha256 {
     /// Operator input, in any case and with surrounding space.
-    pub fn parse(s: &str) -> Result<Self, EkSha256FormatError> {
+    pub(crate) fn parse(s: &str) -> Result<Self, EkSha256FormatError> {
         let lower = s.trim().to_ascii_lowercase();
         if lower.len() == 64 && lower.bytes().all(|b| b.is_ascii_hexdigit()) {
             Ok(EkSha256(lower))
@@ -228,11 +228,11 @@ impl EkSha256 {
         }
     }
 
-    pub fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         &self.0
     }
 
-    pub fn into_string(self) -> String {
+    pub(crate) fn into_string(self) -> String {
         self.0
     }
 }

@@ -16,7 +16,7 @@ pub const DEFAULT_POOL: &str = "default";
 pub const DEFAULT_OWNER: &str = "root";
 
 /// `policy.joinAttestors` holds 1 to this many attestor ids.
-pub const MAX_JOIN_ATTESTORS: usize = 16;
+pub(crate) const MAX_JOIN_ATTESTORS: usize = 16;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PoolError {
@@ -100,7 +100,7 @@ fn corrupt(id: &str) -> DbError {
 
 /// A pool id or owner: 1 to 64 characters of `A-Z a-z 0-9 . _ -`, starting
 /// with a letter or digit (safe in logs, events and command lines).
-pub fn check_name(what: &str, s: &str) -> Result<(), PoolError> {
+pub(crate) fn check_name(what: &str, s: &str) -> Result<(), PoolError> {
     let ok = !s.is_empty()
         && s.len() <= 64
         && s.as_bytes()[0].is_ascii_alphanumeric()
@@ -117,7 +117,7 @@ pub fn check_name(what: &str, s: &str) -> Result<(), PoolError> {
 
 /// `policy.joinAttestors` must be 1 to 16 distinct ids of attestors this
 /// control plane runs (`known`), so that a typo cannot lock a pool.
-pub fn validate_join_attestors(list: &[String], known: &[&str]) -> Result<(), PoolError> {
+pub(crate) fn validate_join_attestors(list: &[String], known: &[&str]) -> Result<(), PoolError> {
     if list.is_empty() || list.len() > MAX_JOIN_ATTESTORS {
         return Err(PoolError::InvalidInput(format!(
             "joinAttestors must list 1 to {MAX_JOIN_ATTESTORS} attestors, not {}",
@@ -239,7 +239,7 @@ pub fn get(tx: &Tx<'_>, id: &str) -> Result<Option<PoolRow>, DbError> {
 
 /// As [`get`], the pool's row locked until commit: a policy change reads
 /// the policy and writes it merged (PG: `FOR UPDATE`, no lost update).
-pub fn get_for_update(tx: &Tx<'_>, id: &str) -> Result<Option<PoolRow>, DbError> {
+pub(crate) fn get_for_update(tx: &Tx<'_>, id: &str) -> Result<Option<PoolRow>, DbError> {
     get_locked(tx, id, tx.dialect().for_update())
 }
 
@@ -253,7 +253,7 @@ fn get_locked(tx: &Tx<'_>, id: &str, lock: &str) -> Result<Option<PoolRow>, DbEr
 }
 
 /// The pool `id`, or NOT_FOUND: for commands that put something in a pool.
-pub fn require(tx: &Tx<'_>, id: &str) -> Result<PoolRow, PoolError> {
+pub(crate) fn require(tx: &Tx<'_>, id: &str) -> Result<PoolRow, PoolError> {
     get(tx, id)?.ok_or_else(|| PoolError::NotFound(id.to_owned()))
 }
 

@@ -10,14 +10,14 @@ use crate::store::{params, DbError, FromValue, Row, Store, ToValue, Tx, UnixMs, 
 /// Event type of a successful join.
 pub const EVENT_NODE_JOINED: &str = "node.joined";
 /// Event type of every refused join, whatever the reason.
-pub const EVENT_JOIN_REFUSED: &str = "security.join.refused";
+pub(crate) const EVENT_JOIN_REFUSED: &str = "security.join.refused";
 /// Event type of a successful renewal.
-pub const EVENT_NODE_RENEWED: &str = "node.renewed";
+pub(crate) const EVENT_NODE_RENEWED: &str = "node.renewed";
 /// Event type of every refused renewal, whatever the reason.
-pub const EVENT_RENEW_REFUSED: &str = "security.renew.refused";
+pub(crate) const EVENT_RENEW_REFUSED: &str = "security.renew.refused";
 /// An x509pop re-join of a node whose certificate named a TPM AK: the new
 /// certificate names none, so the loss of TPM assurance is on record.
-pub const EVENT_NODE_KEY_DOWNGRADED: &str = "node.key.downgraded";
+pub(crate) const EVENT_NODE_KEY_DOWNGRADED: &str = "node.key.downgraded";
 /// `nodes revoke-identity`: a new identity generation, every certificate revoked.
 pub const EVENT_IDENTITY_REVOKED: &str = "node.identity.revoked";
 pub const EVENT_NODE_RETIRED: &str = "node.retired";
@@ -68,7 +68,11 @@ impl ToValue for AttestorId {
 /// A row's attestor, parsed where it leaves the database: another text is
 /// a database this control plane did not write, reported with `column`
 /// (`nodes.attestor`, ...) and the text.
-pub fn attestor_at(r: &Row, index: usize, column: &'static str) -> Result<AttestorId, DbError> {
+pub(crate) fn attestor_at(
+    r: &Row,
+    index: usize,
+    column: &'static str,
+) -> Result<AttestorId, DbError> {
     let text: String = r.get(index)?;
     text.parse()
         .map_err(|e: bc_wire::UnknownAttestor| DbError::Corrupt {
@@ -124,25 +128,25 @@ fn node_row(tx: &Tx<'_>, id: &str, deleted: bool, lock: &str) -> Result<Option<N
 /// A node that exists; a deleted node is `None`, so no join can reclaim it
 /// and no resolve entry can name it. Its row stays as read until commit
 /// (PG: `FOR UPDATE`; SQLite: the IMMEDIATE transaction).
-pub fn node_for_update(tx: &Tx<'_>, id: &str) -> Result<Option<NodeRow>, DbError> {
+pub(crate) fn node_for_update(tx: &Tx<'_>, id: &str) -> Result<Option<NodeRow>, DbError> {
     node_row(tx, id, false, tx.dialect().for_update())
 }
 
 /// As [`node_for_update`], for a node the transaction only relies on (a
 /// discovery join's signer; PG: `FOR SHARE`).
-pub fn node_for_share(tx: &Tx<'_>, id: &str) -> Result<Option<NodeRow>, DbError> {
+pub(crate) fn node_for_share(tx: &Tx<'_>, id: &str) -> Result<Option<NodeRow>, DbError> {
     node_row(tx, id, false, tx.dialect().for_share())
 }
 
 /// A node, deleted or not (Renew and x509pop name a deleted node's refusal).
-pub fn node_including_deleted(tx: &Tx<'_>, id: &str) -> Result<Option<NodeRow>, DbError> {
+pub(crate) fn node_including_deleted(tx: &Tx<'_>, id: &str) -> Result<Option<NodeRow>, DbError> {
     node_row(tx, id, true, "")
 }
 
 /// As [`node_including_deleted`], its row locked until commit: Renew and
 /// x509pop issue a certificate of the generation they read (PG: `FOR
 /// UPDATE`, so no revoke or reclaim commits in between).
-pub fn node_including_deleted_for_update(
+pub(crate) fn node_including_deleted_for_update(
     tx: &Tx<'_>,
     id: &str,
 ) -> Result<Option<NodeRow>, DbError> {
@@ -180,7 +184,7 @@ pub struct NodeScope {
     pub max_cert_ttl_ms: Option<i64>,
 }
 
-pub fn set_node_scope(tx: &Tx<'_>, node_id: &str, s: &NodeScope) -> Result<(), DbError> {
+pub(crate) fn set_node_scope(tx: &Tx<'_>, node_id: &str, s: &NodeScope) -> Result<(), DbError> {
     let kinds = s
         .allowed_kinds
         .as_ref()
@@ -192,7 +196,7 @@ pub fn set_node_scope(tx: &Tx<'_>, node_id: &str, s: &NodeScope) -> Result<(), D
     Ok(())
 }
 
-pub fn node_scope(tx: &Tx<'_>, node_id: &str) -> Result<NodeScope, DbError> {
+pub(crate) fn node_scope(tx: &Tx<'_>, node_id: &str) -> Result<NodeScope, DbError> {
     let row: Option<(Option<String>, Option<String>, Option<i64>)> = tx.query_opt_map(
         "SELECT site_id, allowed_kinds, max_cert_ttl_ms FROM nodes WHERE id = ?1",
         params![node_id],
@@ -230,7 +234,7 @@ pub fn node_scopes(db: &Store) -> Result<std::collections::HashMap<String, NodeS
 
 /// Moves a node to a new identity generation (a reclaim) and revokes every
 /// certificate of the older generations: only the new certificate is valid.
-pub fn start_generation(
+pub(crate) fn start_generation(
     tx: &Tx<'_>,
     node_id: &str,
     generation: i64,
@@ -278,7 +282,11 @@ fn read_cert(r: &Row) -> Result<CertRow, DbError> {
 
 /// The certificate of `node_id` whose DER is exactly `der`: a certificate
 /// the control plane issued to that node, byte for byte.
-pub fn cert_by_der(tx: &Tx<'_>, node_id: &str, der: &[u8]) -> Result<Option<CertRow>, DbError> {
+pub(crate) fn cert_by_der(
+    tx: &Tx<'_>,
+    node_id: &str,
+    der: &[u8],
+) -> Result<Option<CertRow>, DbError> {
     tx.query_opt_map(
         &format!("{CERT_SELECT} WHERE node_id = ?1 AND der = ?2"),
         params![node_id, der],
@@ -287,7 +295,7 @@ pub fn cert_by_der(tx: &Tx<'_>, node_id: &str, der: &[u8]) -> Result<Option<Cert
 }
 
 /// Every certificate of a node, oldest first.
-pub fn list_certs(db: &Store, node_id: &str) -> Result<Vec<CertRow>, DbError> {
+pub(crate) fn list_certs(db: &Store, node_id: &str) -> Result<Vec<CertRow>, DbError> {
     db.read(|tx| {
         let rows = tx.query_map(
             &format!("{CERT_SELECT} WHERE node_id = ?1 ORDER BY not_before, rowid"),
@@ -299,7 +307,7 @@ pub fn list_certs(db: &Store, node_id: &str) -> Result<Vec<CertRow>, DbError> {
 }
 
 /// Revokes every certificate of a node not revoked yet; returns how many.
-pub fn revoke_all_certs(tx: &Tx<'_>, node_id: &str, now: UnixMs) -> Result<usize, DbError> {
+pub(crate) fn revoke_all_certs(tx: &Tx<'_>, node_id: &str, now: UnixMs) -> Result<usize, DbError> {
     tx.execute(
         "UPDATE node_certs SET revoked_at = ?2 WHERE node_id = ?1 AND revoked_at IS NULL",
         params![node_id, now],
@@ -329,7 +337,7 @@ pub fn insert_cert(
 
 /// The owner of the pool a node is in (deleted or not): refusals about a
 /// node are attributed to them.
-pub fn pool_owner_of_node(tx: &Tx<'_>, node_id: &str) -> Result<Option<String>, DbError> {
+pub(crate) fn pool_owner_of_node(tx: &Tx<'_>, node_id: &str) -> Result<Option<String>, DbError> {
     tx.query_opt_map(
         "SELECT p.owner FROM nodes n JOIN pools p ON p.id = n.pool_id WHERE n.id = ?1",
         params![node_id],
@@ -358,7 +366,11 @@ fn read_binding(r: &Row) -> Result<BindingRow, DbError> {
 const BINDING_SELECT: &str = "SELECT kind, key, node_id, created_at FROM node_bindings";
 
 /// The node a hardware key is bound to.
-pub fn binding_by_key(tx: &Tx<'_>, kind: &str, key: &str) -> Result<Option<BindingRow>, DbError> {
+pub(crate) fn binding_by_key(
+    tx: &Tx<'_>,
+    kind: &str,
+    key: &str,
+) -> Result<Option<BindingRow>, DbError> {
     tx.query_opt_map(
         &format!("{BINDING_SELECT} WHERE kind = ?1 AND key = ?2"),
         params![kind, key],
@@ -367,7 +379,7 @@ pub fn binding_by_key(tx: &Tx<'_>, kind: &str, key: &str) -> Result<Option<Bindi
 }
 
 /// The key of `kind` a node is bound to (at most one per kind).
-pub fn binding_of_node(
+pub(crate) fn binding_of_node(
     tx: &Tx<'_>,
     node_id: &str,
     kind: &str,
@@ -379,7 +391,7 @@ pub fn binding_of_node(
     )
 }
 
-pub fn insert_binding(
+pub(crate) fn insert_binding(
     tx: &Tx<'_>,
     kind: &str,
     key: &str,
@@ -394,7 +406,10 @@ pub fn insert_binding(
 }
 
 /// Frees every hardware key bound to a node; returns what was freed.
-pub fn delete_bindings_of_node(tx: &Tx<'_>, node_id: &str) -> Result<Vec<BindingRow>, DbError> {
+pub(crate) fn delete_bindings_of_node(
+    tx: &Tx<'_>,
+    node_id: &str,
+) -> Result<Vec<BindingRow>, DbError> {
     let freed = {
         let rows = tx.query_map(
             &format!("{BINDING_SELECT} WHERE node_id = ?1 ORDER BY kind"),
@@ -424,7 +439,7 @@ pub fn list_bindings(db: &Store) -> Result<Vec<BindingRow>, DbError> {
 
 /// A row of the joins audit: one per admitted join.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct JoinRow {
+pub(crate) struct JoinRow {
     pub node_id: String,
     pub attestor: AttestorId,
     /// `tpm` or `unattested`.
@@ -438,7 +453,7 @@ pub struct JoinRow {
     pub product_uuid: Option<String>,
 }
 
-pub fn insert_join(tx: &Tx<'_>, j: &JoinRow) -> Result<(), DbError> {
+pub(crate) fn insert_join(tx: &Tx<'_>, j: &JoinRow) -> Result<(), DbError> {
     tx.execute(
         "INSERT INTO joins (node_id, attestor, node_key, identity_generation, at, product_uuid, ek_assurance)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
@@ -484,8 +499,9 @@ pub fn last_ek_assurances(
     })
 }
 
-/// The joins audit, oldest first.
-pub fn list_joins(db: &Store) -> Result<Vec<JoinRow>, DbError> {
+/// The joins audit, oldest first (the tests').
+#[cfg(test)]
+pub(crate) fn list_joins(db: &Store) -> Result<Vec<JoinRow>, DbError> {
     db.read(|tx| {
         let rows = tx.query_map("SELECT node_id, attestor, node_key, identity_generation, at, product_uuid, ek_assurance
              FROM joins ORDER BY id", params![], |r| {
@@ -504,7 +520,7 @@ pub fn list_joins(db: &Store) -> Result<Vec<JoinRow>, DbError> {
 
 /// An event to append to the log.
 #[derive(Clone, Debug, Default)]
-pub struct NewEvent<'a> {
+pub(crate) struct NewEvent<'a> {
     pub kind: &'a str,
     pub at: UnixMs,
     pub attestor: Option<&'a str>,
@@ -514,7 +530,7 @@ pub struct NewEvent<'a> {
     pub data: serde_json::Value,
 }
 
-pub fn insert_event(tx: &Tx<'_>, e: &NewEvent<'_>) -> Result<i64, DbError> {
+pub(crate) fn insert_event(tx: &Tx<'_>, e: &NewEvent<'_>) -> Result<i64, DbError> {
     let data = if e.data.is_null() {
         "{}".to_owned()
     } else {
@@ -530,7 +546,7 @@ pub fn insert_event(tx: &Tx<'_>, e: &NewEvent<'_>) -> Result<i64, DbError> {
 }
 
 /// Sets `data.count` of an aggregated event.
-pub fn set_event_count(tx: &Tx<'_>, id: i64, count: u64) -> Result<(), DbError> {
+pub(crate) fn set_event_count(tx: &Tx<'_>, id: i64, count: u64) -> Result<(), DbError> {
     let count = i64::try_from(count).unwrap_or(i64::MAX);
     tx.execute(
         "UPDATE events SET data = json_set(data, '$.count', ?2) WHERE id = ?1",
@@ -541,7 +557,11 @@ pub fn set_event_count(tx: &Tx<'_>, id: i64, count: u64) -> Result<(), DbError> 
 
 /// Deletes at most `limit` events older than `before`, oldest first;
 /// returns how many.
-pub fn delete_events_before(tx: &Tx<'_>, before: UnixMs, limit: usize) -> Result<usize, DbError> {
+pub(crate) fn delete_events_before(
+    tx: &Tx<'_>,
+    before: UnixMs,
+    limit: usize,
+) -> Result<usize, DbError> {
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
     // PG: `FOR UPDATE SKIP LOCKED`, so two replicas' writers prune apart.
     tx.execute(

@@ -12,7 +12,7 @@ use crate::store::{params, DbError, LockKey, Store, Tx, UnixMs};
 
 /// The boot lease's default TTL: a holder that stops renewing is replaced
 /// after this.
-pub const DEFAULT_LEASE_TTL_MS: i64 = 30_000;
+pub(crate) const DEFAULT_LEASE_TTL_MS: i64 = 30_000;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SiteRow {
@@ -61,7 +61,7 @@ pub fn resolve(tx: &Tx<'_>, id_or_name: &str) -> Result<String, PoolError> {
 }
 
 /// Fails unless site `id` exists.
-pub fn require(tx: &Tx<'_>, id: &str) -> Result<(), PoolError> {
+pub(crate) fn require(tx: &Tx<'_>, id: &str) -> Result<(), PoolError> {
     resolve(tx, id).and_then(|found| {
         if found == id {
             Ok(())
@@ -90,7 +90,7 @@ pub fn list(db: &Store) -> Result<Vec<SiteRow>, DbError> {
 
 /// A lease as stored. `holder` is `None` once released.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Lease {
+pub(crate) struct Lease {
     pub name: String,
     pub holder: Option<String>,
     pub epoch: u64,
@@ -99,7 +99,7 @@ pub struct Lease {
 
 impl Lease {
     /// The node holding it at `now`, if any.
-    pub fn holder_at(&self, now: UnixMs) -> Option<&str> {
+    pub(crate) fn holder_at(&self, now: UnixMs) -> Option<&str> {
         self.holder.as_deref().filter(|_| now < self.expires_at)
     }
 }
@@ -114,7 +114,7 @@ fn lock_lease(tx: &Tx<'_>, name: &str) -> Result<(), DbError> {
     }])
 }
 
-pub fn get_lease(tx: &Tx<'_>, name: &str) -> Result<Option<Lease>, DbError> {
+pub(crate) fn get_lease(tx: &Tx<'_>, name: &str) -> Result<Option<Lease>, DbError> {
     // PG: `FOR SHARE`: a discovery join relies on the epoch it read.
     let row: Option<(Option<String>, i64, i64)> = tx.query_opt_map(
         &format!(
@@ -147,7 +147,7 @@ fn put_lease(tx: &Tx<'_>, l: &Lease) -> Result<(), DbError> {
 
 /// What a lease call did.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum LeaseOutcome {
+pub(crate) enum LeaseOutcome {
     /// The caller holds it (now, or still).
     Held(Lease),
     /// Someone else holds it: stand by.
@@ -158,7 +158,7 @@ pub enum LeaseOutcome {
 
 /// Takes the lease for `node` or extends its hold. The epoch rises
 /// whenever the holder changes or the lease is taken again after it lapsed.
-pub fn acquire(
+pub(crate) fn acquire(
     tx: &Tx<'_>,
     name: &str,
     node: &str,
@@ -186,7 +186,7 @@ pub fn acquire(
 
 /// Extends `node`'s hold at `epoch`; refused (`Lost`) unless it still holds
 /// exactly that epoch.
-pub fn renew(
+pub(crate) fn renew(
     tx: &Tx<'_>,
     name: &str,
     node: &str,
@@ -210,7 +210,7 @@ pub fn renew(
 }
 
 /// Gives the lease up so a standby takes it at once (with a new epoch).
-pub fn release(
+pub(crate) fn release(
     tx: &Tx<'_>,
     name: &str,
     node: &str,

@@ -13,7 +13,7 @@ use crate::store::{params, DbError, Row, Store, Tx, UnixMs};
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TokenRow {
     pub id: String,
-    pub secret_sha256: [u8; 32],
+    pub(crate) secret_sha256: [u8; 32],
     pub role: String,
     pub uses_left: i64,
     pub expires_at: UnixMs,
@@ -32,7 +32,7 @@ pub struct TokenRow {
 }
 
 /// SHA-256 of a token secret, as stored.
-pub fn secret_sha256(secret: &[u8]) -> [u8; 32] {
+pub(crate) fn secret_sha256(secret: &[u8]) -> [u8; 32] {
     bc_wire::sha256(secret)
 }
 
@@ -55,7 +55,7 @@ pub fn create_token(
 }
 
 /// [`create_token`] whose nodes join `pool` (which must exist).
-pub fn create_token_in_pool(
+pub(crate) fn create_token_in_pool(
     db: &Store,
     role: Role,
     uses: u32,
@@ -80,7 +80,7 @@ pub struct TokenScope<'a> {
 /// [`create_token_in_pool`] bound to the machine `expect` describes
 /// (values already normalized, see [`crate::model::machine::Mac`]):
 /// JoinService refuses a join whose claims do not match.
-pub fn create_bound_token(
+pub(crate) fn create_bound_token(
     db: &Store,
     role: Role,
     uses: u32,
@@ -182,7 +182,7 @@ pub fn revoke_token(db: &Store, id: &str) -> Result<RevokeOutcome, DbError> {
 }
 
 /// [`revoke_token`] inside a transaction, at `now`.
-pub fn revoke_in(tx: &Tx<'_>, id: &str, now: UnixMs) -> Result<RevokeOutcome, DbError> {
+pub(crate) fn revoke_in(tx: &Tx<'_>, id: &str, now: UnixMs) -> Result<RevokeOutcome, DbError> {
     let Some(row) = token_for_update(tx, id)? else {
         return Ok(RevokeOutcome::Unknown);
     };
@@ -224,7 +224,7 @@ pub fn token_for_update(tx: &Tx<'_>, id: &str) -> Result<Option<TokenRow>, DbErr
 }
 
 /// Spends one use of a token; refuses (as an error) a token with none left.
-pub fn consume_use(tx: &Tx<'_>, id: &str) -> Result<(), DbError> {
+pub(crate) fn consume_use(tx: &Tx<'_>, id: &str) -> Result<(), DbError> {
     let n = tx.execute(
         "UPDATE join_tokens SET uses_left = uses_left - 1 WHERE id = ?1 AND uses_left > 0",
         params![id],

@@ -17,11 +17,11 @@ use bc_wire::AttestorId;
 use crate::store::{params, DbError, Tx, UnixMs};
 
 /// Expired rows deleted per call, the spec's `pruneAttestationUses` default.
-pub const PRUNE_BATCH: i64 = 5_000;
+pub(crate) const PRUNE_BATCH: i64 = 5_000;
 
 /// Whether `subject` was already accepted by `attestor` (expired or not:
 /// evidence past its expiry is refused by its own checks).
-pub fn is_spent(tx: &Tx<'_>, attestor: AttestorId, subject: &str) -> Result<bool, DbError> {
+pub(crate) fn is_spent(tx: &Tx<'_>, attestor: AttestorId, subject: &str) -> Result<bool, DbError> {
     Ok(tx
         .query_opt_map(
             "SELECT 1 FROM attestation_uses WHERE attestor = ?1 AND subject = ?2",
@@ -33,7 +33,7 @@ pub fn is_spent(tx: &Tx<'_>, attestor: AttestorId, subject: &str) -> Result<bool
 
 /// Records that `attestor` accepted `subject`, good until `expires_at`;
 /// `false` (nothing written) if it already had. Prunes first.
-pub fn spend(
+pub(crate) fn spend(
     tx: &Tx<'_>,
     attestor: AttestorId,
     subject: &str,
@@ -51,7 +51,7 @@ pub fn spend(
 
 /// Deletes at most `batch` rows that expired before `now`, oldest first;
 /// returns how many.
-pub fn prune(tx: &Tx<'_>, now: UnixMs, batch: i64) -> Result<usize, DbError> {
+pub(crate) fn prune(tx: &Tx<'_>, now: UnixMs, batch: i64) -> Result<usize, DbError> {
     // PG: `FOR UPDATE SKIP LOCKED`, so concurrent joins skip each other's
     // expired rows instead of waiting on them.
     tx.execute(
@@ -65,8 +65,9 @@ pub fn prune(tx: &Tx<'_>, now: UnixMs, batch: i64) -> Result<usize, DbError> {
     )
 }
 
-/// How many uses are recorded (tests, operators).
-pub fn count(tx: &Tx<'_>) -> Result<i64, DbError> {
+/// How many uses are recorded (the tests').
+#[cfg(test)]
+pub(crate) fn count(tx: &Tx<'_>) -> Result<i64, DbError> {
     tx.query_one("SELECT count(*) FROM attestation_uses", params![])
         .and_then(|r| r.get(0))
 }

@@ -31,7 +31,7 @@ pub enum ApiError {
 }
 
 impl ApiError {
-    pub fn code(&self) -> agent::Code {
+    pub(crate) fn code(&self) -> agent::Code {
         match self {
             ApiError::AccessDenied | ApiError::RenewRefused | ApiError::SiteRefused => {
                 agent::Code::AccessDenied
@@ -43,7 +43,7 @@ impl ApiError {
         }
     }
 
-    pub fn http_status(&self) -> u16 {
+    pub(crate) fn http_status(&self) -> u16 {
         match self {
             ApiError::AccessDenied | ApiError::RenewRefused | ApiError::SiteRefused => 403,
             ApiError::InvalidInput(_) => 400,
@@ -55,7 +55,7 @@ impl ApiError {
 
     /// The message an agent gets: what was wrong with its request, but
     /// nothing about why it was refused or what failed inside the server.
-    pub fn public_message(&self) -> String {
+    pub(crate) fn public_message(&self) -> String {
         match self {
             ApiError::AccessDenied => "join refused".to_owned(),
             ApiError::RenewRefused => "Renew refused".to_owned(),
@@ -68,7 +68,7 @@ impl ApiError {
         }
     }
 
-    pub fn to_wire(&self) -> agent::Error {
+    pub(crate) fn to_wire(&self) -> agent::Error {
         agent::Error {
             code: self.code() as i32,
             message: self.public_message(),

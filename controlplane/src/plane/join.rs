@@ -33,11 +33,13 @@ use prost::Message;
 use time::Duration;
 
 use crate::model::attestor::{
-    AttestInput, AttestationResult, Attestor, Binding, Deferral, Fault, OpenedToken, Prepared,
-    Refusal, Verdict,
+    AttestInput, AttestationResult, Attestor, Deferral, Fault, OpenedToken, Prepared, Refusal,
+    Verdict,
 };
 use crate::model::eventlog::Refused;
-pub use crate::model::hardware::check_expect;
+use crate::model::hardware::check_expect;
+use crate::model::join_reasons::JoinReason;
+use crate::model::machine::Binding;
 use crate::model::records::{self, JoinRow, NewEvent, NodeRow};
 use crate::model::{hardware, pools};
 use crate::pki::NodeCertSpec;
@@ -45,8 +47,6 @@ use crate::plane::api_error::ApiError;
 use crate::plane::csr::{knows_key_statement, verify_csr, CsrRefusal, VerifiedCsr};
 use crate::plane::{ControlPlane, RefusalEvent};
 use crate::store::{self, Commit, LockKey, Tx, UnixMs};
-
-pub use crate::model::join_reasons::JoinReason;
 
 /// The outcome of the join transaction.
 enum Outcome {
@@ -112,7 +112,7 @@ impl JoinService<'_> {
         self.join_from(req, None)
     }
 
-    pub fn join_from(
+    pub(crate) fn join_from(
         &self,
         req: JoinRequest,
         source: Option<IpAddr>,
@@ -424,9 +424,9 @@ impl JoinService<'_> {
                 ek_assurance: result.ek_assurance().map(|a| a.as_str().to_owned()),
                 identity_generation: generation,
                 at: now,
-                product_uuid: crate::model::attestor::ProductUuid::parse(&claims.product_uuid)
+                product_uuid: crate::model::machine::ProductUuid::parse(&claims.product_uuid)
                     .ok()
-                    .map(crate::model::attestor::ProductUuid::into_string),
+                    .map(crate::model::machine::ProductUuid::into_string),
             },
         )?;
         records::insert_event(

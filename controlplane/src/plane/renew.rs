@@ -60,7 +60,7 @@ use crate::store::{self, Commit, DbError, Tx, UnixMs};
 
 crate::reason::reasons! {
     /// Renew's reasons (`security.renew.refused`).
-    pub enum RenewReason in "renew" {
+    pub(crate) enum RenewReason in "renew" {
         NoClientCertificate = "no-client-certificate",
         CertificateIdentity = "certificate-identity",
         CsrKey = "csr-key",
@@ -161,7 +161,7 @@ impl RenewService<'_> {
     /// `Renew`; see the module documentation. The caller (the transport)
     /// must have authenticated `client_leaf`: this checks what the leaf is
     /// and may do, not that the caller holds its key.
-    pub fn renew(
+    pub(crate) fn renew(
         &self,
         client_leaf: Option<&[u8]>,
         req: &RenewRequest,

@@ -38,11 +38,11 @@ use crate::plane::api_error::ApiError;
 use crate::plane::ControlPlane;
 use crate::store::{Commit, DbError, Tx, UnixMs};
 
-pub const EVENT_SITE_REFUSED: &str = "security.site.refused";
+pub(crate) const EVENT_SITE_REFUSED: &str = "security.site.refused";
 
 crate::reason::reasons! {
     /// The site API's reasons (`security.site.refused`), whichever call.
-    pub enum SiteReason in "site" {
+    pub(crate) enum SiteReason in "site" {
         NoClientCertificate = "no-client-certificate",
         CertificateIdentity = "certificate-identity",
         UnknownCertificate = "unknown-certificate",
@@ -109,7 +109,7 @@ pub struct SiteService<'a> {
 }
 
 impl<'a> SiteService<'a> {
-    pub fn new(cp: &'a ControlPlane) -> Self {
+    pub(crate) fn new(cp: &'a ControlPlane) -> Self {
         SiteService { cp }
     }
 }
@@ -125,7 +125,7 @@ impl std::ops::Deref for SiteService<'_> {
 impl SiteService<'_> {
     /// `AcquireLease`: takes or keeps `site:<id>:boot` for the caller, or
     /// says who holds it.
-    pub fn acquire_lease_bytes(
+    pub(crate) fn acquire_lease_bytes(
         &self,
         leaf: Option<&[u8]>,
         body: &[u8],
@@ -153,7 +153,7 @@ impl SiteService<'_> {
     }
 
     /// `RenewLease`: extends the caller's hold at the epoch it names.
-    pub fn renew_lease_bytes(
+    pub(crate) fn renew_lease_bytes(
         &self,
         leaf: Option<&[u8]>,
         body: &[u8],
@@ -185,7 +185,7 @@ impl SiteService<'_> {
     }
 
     /// `ReleaseLease`: gives the lease up so a standby takes it at once.
-    pub fn release_lease_bytes(
+    pub(crate) fn release_lease_bytes(
         &self,
         leaf: Option<&[u8]>,
         body: &[u8],
@@ -215,7 +215,7 @@ impl SiteService<'_> {
     /// request names, of the caller's site, for the current lease holder
     /// only, on a request signed by the key of the certificate it called
     /// with (see [`crate::model::boot::issue_token`]).
-    pub fn get_secret_bytes(
+    pub(crate) fn get_secret_bytes(
         &self,
         leaf: Option<&[u8]>,
         body: &[u8],
@@ -277,7 +277,7 @@ impl SiteService<'_> {
 
     /// `ListBootEntries`: the open boot entries of the caller's site, for
     /// its lease holder (what `bcd site` answers iPXE from).
-    pub fn list_boot_entries_bytes(
+    pub(crate) fn list_boot_entries_bytes(
         &self,
         leaf: Option<&[u8]>,
         body: &[u8],

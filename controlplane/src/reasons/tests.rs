@@ -20,6 +20,14 @@ use std::path::{Path, PathBuf};
 
 use super::*;
 
+/// JoinService's own checks, for any attestor: the event's `attestor` is
+/// the one the request named.
+const JOIN: &str = <JoinReason as Reason>::PLACE;
+/// Renew (`security.renew.refused`).
+const RENEW: &str = <RenewReason as Reason>::PLACE;
+/// The site API (`security.site.refused`), whichever call.
+const SITE: &str = <SiteReason as Reason>::PLACE;
+
 /// The enums declared with `reasons!` that are no place: never recorded.
 const NOT_PLACES: &[&str] = &[
     // Refusal::fault's: JoinService answers UNAVAILABLE or INTERNAL.

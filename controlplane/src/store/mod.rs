@@ -26,7 +26,7 @@ mod pg_clock;
 pub(crate) mod pg_schema;
 #[cfg(test)]
 mod pg_tests;
-pub mod settings;
+pub(crate) mod settings;
 pub(crate) mod sqlite;
 #[cfg(test)]
 mod tests;
@@ -36,11 +36,11 @@ use std::path::{Path, PathBuf};
 use time::OffsetDateTime;
 
 pub(crate) use migrations::MIGRATIONS;
-pub use pg::PgError;
-pub use pg_clock::PgClock;
-pub use sqlite::{ClockConn, SqliteError};
+pub(crate) use pg::PgError;
+pub(crate) use pg_clock::PgClock;
+pub(crate) use sqlite::{ClockConn, SqliteError};
 
-pub const DB_FILE: &str = "controlplane.db";
+pub(crate) const DB_FILE: &str = "controlplane.db";
 
 const CLOCK_OFFSET_KEY: &str = "clock_offset_ms";
 
@@ -120,7 +120,7 @@ impl DbError {
     /// Worth trying again later: the database was busy, the transaction
     /// kept losing races to others, or the server could not be reached (the
     /// caller says "unavailable", not "internal error").
-    pub fn is_transient(&self) -> bool {
+    pub(crate) fn is_transient(&self) -> bool {
         match self {
             DbError::Busy | DbError::Conflict { .. } | DbError::CommitOutcomeUnknown { .. } => true,
             DbError::Pg(e) | DbError::PgConnect { source: e, .. } => e.is_transient(),
@@ -142,7 +142,7 @@ fn statement_head(sql: &str) -> String {
 /// The SQL fragments that differ between backends; every one is empty on
 /// SQLite, whose `BEGIN IMMEDIATE` already holds the only write lock.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Dialect {
+pub(crate) enum Dialect {
     Sqlite,
     Postgres,
 }
@@ -150,7 +150,7 @@ pub enum Dialect {
 impl Dialect {
     /// Appended to a SELECT whose rows the transaction goes on to change
     /// (PG: ` FOR UPDATE`).
-    pub fn for_update(self) -> &'static str {
+    pub(crate) fn for_update(self) -> &'static str {
         match self {
             Dialect::Sqlite => "",
             Dialect::Postgres => " FOR UPDATE",
@@ -159,7 +159,7 @@ impl Dialect {
 
     /// Appended to a SELECT whose rows must not change before commit
     /// (PG: ` FOR SHARE`).
-    pub fn for_share(self) -> &'static str {
+    pub(crate) fn for_share(self) -> &'static str {
         match self {
             Dialect::Sqlite => "",
             Dialect::Postgres => " FOR SHARE",
@@ -168,7 +168,7 @@ impl Dialect {
 
     /// Appended to a prune's subquery, so that two pruners skip each
     /// other's rows instead of waiting (PG: ` FOR UPDATE SKIP LOCKED`).
-    pub fn skip_locked(self) -> &'static str {
+    pub(crate) fn skip_locked(self) -> &'static str {
         match self {
             Dialect::Sqlite => "",
             Dialect::Postgres => " FOR UPDATE SKIP LOCKED",
@@ -179,14 +179,14 @@ impl Dialect {
 /// A name the transaction serialises on until it ends (a check-then-write
 /// no row lock covers, docs/control-plane.md "Locks"): `namespace` and `key`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct LockKey<'a> {
+pub(crate) struct LockKey<'a> {
     pub namespace: &'static str,
     pub key: &'a str,
 }
 
 /// One value bound to or read from a statement.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Value {
+pub(crate) enum Value {
     Null,
     Int(i64),
     Text(String),
@@ -195,7 +195,7 @@ pub enum Value {
 
 impl Value {
     /// The name of this value's type, for errors.
-    pub fn kind(&self) -> &'static str {
+    pub(crate) fn kind(&self) -> &'static str {
         match self {
             Value::Null => "null",
             Value::Int(_) => "integer",
@@ -206,7 +206,7 @@ impl Value {
 }
 
 /// What [`params!`] binds: anything with a database value, by reference.
-pub trait ToValue {
+pub(crate) trait ToValue {
     fn to_value(&self) -> Value;
 }
 
@@ -321,7 +321,7 @@ macro_rules! params {
 pub use crate::params;
 
 /// A type a column reads as; `Err` names the type expected.
-pub trait FromValue: Sized {
+pub(crate) trait FromValue: Sized {
     fn from_value(v: &Value) -> Result<Self, &'static str>;
 }
 
@@ -396,7 +396,7 @@ impl<T: FromValue> FromValue for Option<T> {
 
 /// One result row, owned.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Row(Vec<Value>);
+pub(crate) struct Row(Vec<Value>);
 
 impl Row {
     pub(crate) fn new(values: Vec<Value>) -> Self {
@@ -405,7 +405,7 @@ impl Row {
 
     /// Column `index` (from 0) as `T`; a missing column or another type is a
     /// [`DbError::Column`] naming the index.
-    pub fn get<T: FromValue>(&self, index: usize) -> Result<T, DbError> {
+    pub(crate) fn get<T: FromValue>(&self, index: usize) -> Result<T, DbError> {
         let Some(v) = self.0.get(index) else {
             return Err(DbError::Column {
                 index,
@@ -423,7 +423,7 @@ impl Row {
 
 /// Whether [`Store::write_if`] commits what its closure wrote.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Commit {
+pub(crate) enum Commit {
     Yes,
     No,
 }
@@ -496,11 +496,11 @@ impl Store {
     }
 
     /// Opens `DIR/controlplane.db`, creating and migrating it as needed.
-    pub fn open_dir(dir: &Path) -> Result<Self, DbError> {
+    pub(crate) fn open_dir(dir: &Path) -> Result<Self, DbError> {
         Self::open(&dir.join(DB_FILE))
     }
 
-    pub fn open(path: &Path) -> Result<Self, DbError> {
+    pub(crate) fn open(path: &Path) -> Result<Self, DbError> {
         let (pool, migrated) = sqlite::Pool::open(path)?;
         Ok(Store {
             backend: Backend::Sqlite(pool),
@@ -526,7 +526,7 @@ impl Store {
     /// PostgreSQL: the TLS verifier's clock, a thread with a connection of
     /// its own (the verifier runs where the driver cannot); `None` on
     /// SQLite, whose clock reads the file ([`ClockConn`]).
-    pub fn pg_clock(&self) -> Option<Result<PgClock, DbError>> {
+    pub(crate) fn pg_clock(&self) -> Option<Result<PgClock, DbError>> {
         match &self.backend {
             Backend::Sqlite(_) => None,
             Backend::Pg(p) => Some(PgClock::start(p.connector())),
@@ -540,10 +540,6 @@ impl Store {
             Backend::Sqlite(p) => p.path().display().to_string(),
             Backend::Pg(p) => p.server().to_owned(),
         }
-    }
-
-    pub fn dialect(&self) -> Dialect {
-        self.dialect
     }
 
     /// Runs `f` inside one write transaction (`BEGIN IMMEDIATE`; on
@@ -563,7 +559,7 @@ impl Store {
     /// As [`Store::write`], for the calls that keep only some outcomes (a
     /// join's refusal rolls back what its attestor wrote, a deferral keeps
     /// it): `f` says whether to commit.
-    pub fn write_if<T, E>(
+    pub(crate) fn write_if<T, E>(
         &self,
         mut f: impl FnMut(&Tx<'_>) -> Result<(T, Commit), E>,
     ) -> Result<T, E>
@@ -641,7 +637,7 @@ impl<'c> Tx<'c> {
     }
 
     /// Runs one statement; returns how many rows it changed.
-    pub fn execute(&self, sql: &str, params: &[Value]) -> Result<usize, DbError> {
+    pub(crate) fn execute(&self, sql: &str, params: &[Value]) -> Result<usize, DbError> {
         match self.conn {
             Conn::Sqlite(c) => c.execute(sql, params),
             Conn::Pg(c) => c.execute(sql, params),
@@ -649,7 +645,7 @@ impl<'c> Tx<'c> {
     }
 
     /// Every row of a query.
-    pub fn query(&self, sql: &str, params: &[Value]) -> Result<Vec<Row>, DbError> {
+    pub(crate) fn query(&self, sql: &str, params: &[Value]) -> Result<Vec<Row>, DbError> {
         match self.conn {
             Conn::Sqlite(c) => c.query(sql, params),
             Conn::Pg(c) => c.query(sql, params),
@@ -657,7 +653,7 @@ impl<'c> Tx<'c> {
     }
 
     /// The first row of a query, if any.
-    pub fn query_opt(&self, sql: &str, params: &[Value]) -> Result<Option<Row>, DbError> {
+    pub(crate) fn query_opt(&self, sql: &str, params: &[Value]) -> Result<Option<Row>, DbError> {
         match self.conn {
             Conn::Sqlite(c) => c.query_opt(sql, params),
             Conn::Pg(c) => c.query_opt(sql, params),
@@ -665,7 +661,7 @@ impl<'c> Tx<'c> {
     }
 
     /// Every row of a query, each mapped by `f` (a `read_row` fn or closure).
-    pub fn query_map<T, F>(
+    pub(crate) fn query_map<T, F>(
         &self,
         sql: &str,
         params: &[Value],
@@ -678,7 +674,7 @@ impl<'c> Tx<'c> {
     }
 
     /// The first row of a query, if any, mapped by `f`.
-    pub fn query_opt_map<T>(
+    pub(crate) fn query_opt_map<T>(
         &self,
         sql: &str,
         params: &[Value],
@@ -689,7 +685,7 @@ impl<'c> Tx<'c> {
 
     /// The first row of a query that always returns one (`SELECT count(*)`);
     /// none is [`DbError::NoRow`].
-    pub fn query_one(&self, sql: &str, params: &[Value]) -> Result<Row, DbError> {
+    pub(crate) fn query_one(&self, sql: &str, params: &[Value]) -> Result<Row, DbError> {
         self.query_opt(sql, params)?.ok_or_else(|| DbError::NoRow {
             sql: sql.to_owned(),
         })
@@ -708,7 +704,7 @@ impl<'c> Tx<'c> {
     /// Serialises this transaction with every other holding one of `keys`
     /// until it ends. SQLite: nothing to do, `BEGIN IMMEDIATE` already holds
     /// the one write lock. PostgreSQL: an advisory lock per key.
-    pub fn lock(&self, keys: &[LockKey<'_>]) -> Result<(), DbError> {
+    pub(crate) fn lock(&self, keys: &[LockKey<'_>]) -> Result<(), DbError> {
         match self.conn {
             Conn::Sqlite(_) => Ok(()),
             Conn::Pg(c) => c.lock(keys),
@@ -719,14 +715,14 @@ impl<'c> Tx<'c> {
     /// its write (an UPDATE that found its `WHERE` no longer true). On
     /// PostgreSQL the transaction runs again and decides on what the other
     /// committed; SQLite's one writer cannot see it, so there it is a fault.
-    pub fn conflict(&self, what: &'static str) -> DbError {
+    pub(crate) fn conflict(&self, what: &'static str) -> DbError {
         if let Conn::Pg(c) = self.conn {
             c.conflict();
         }
         DbError::Conflict { what }
     }
 
-    pub fn dialect(&self) -> Dialect {
+    pub(crate) fn dialect(&self) -> Dialect {
         self.dialect
     }
 }
@@ -761,7 +757,7 @@ pub fn set_clock_offset_ms(tx: &Tx<'_>, offset_ms: i64) -> Result<(), DbError> {
 
 /// The system clock in milliseconds (no offset): for in-memory bookkeeping
 /// only; records use [`Tx::now`].
-pub fn system_now_ms() -> UnixMs {
+pub(crate) fn system_now_ms() -> UnixMs {
     match std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
         Ok(d) => i64::try_from(d.as_millis()).unwrap_or(i64::MAX),
         // A clock before 1970 is broken; count backwards rather than panic.

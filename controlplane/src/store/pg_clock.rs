@@ -22,7 +22,7 @@ const FIRST_READ_TIMEOUT: Duration = Duration::from_secs(15);
 type Reply = mpsc::SyncSender<Result<UnixMs, DbError>>;
 
 /// A handle on the clock thread; the thread ends when this is dropped.
-pub struct PgClock {
+pub(crate) struct PgClock {
     /// Room for one request: a caller finding it taken falls back at once
     /// instead of queueing behind a stalled server.
     requests: mpsc::SyncSender<Reply>,
@@ -65,7 +65,7 @@ impl PgClock {
     /// The database's time now (the server's clock plus the offset), or the
     /// last reading moved on by the time elapsed since, when the server does
     /// not answer within [`READ_TIMEOUT`].
-    pub fn now(&self) -> UnixMs {
+    pub(crate) fn now(&self) -> UnixMs {
         match self.read() {
             Ok(now) => {
                 *self.last.lock().unwrap_or_else(|p| p.into_inner()) = (now, Instant::now());

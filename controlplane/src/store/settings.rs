@@ -48,7 +48,7 @@ pub enum SettingsError {
 /// The most pooled connections a replica may hold: each is a PostgreSQL
 /// backend process, and the server's own limit (100 by default) is shared
 /// by every replica.
-pub const MAX_DB_CONNECTIONS: usize = 256;
+pub(crate) const MAX_DB_CONNECTIONS: usize = 256;
 /// A password file larger than this is not a password file.
 const MAX_PASSWORD_LEN: usize = 4096;
 
@@ -66,7 +66,7 @@ pub struct DatabaseConfig {
     /// writer, the clock, and slack for the CLI).
     pub max_connections: usize,
     /// `sslmode=disable`: plain text (only to a loopback host or a socket).
-    pub plaintext: bool,
+    pub(crate) plaintext: bool,
 }
 
 #[derive(Deserialize)]
@@ -79,7 +79,7 @@ pub(crate) struct RawDatabase {
 }
 
 /// The default pool size, capped at [`MAX_DB_CONNECTIONS`].
-pub fn default_max_connections() -> usize {
+pub(crate) fn default_max_connections() -> usize {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     cores
         .saturating_mul(2)
@@ -169,16 +169,16 @@ fn check_url(url: &str) -> Result<bool, String> {
 }
 
 /// The flag that names the database on every command that opens DIR's.
-pub const URL_FLAG: &str = "--database-url";
+pub(crate) const URL_FLAG: &str = "--database-url";
 /// The database URL from the environment (the flag wins, `[database] url`
 /// loses): a deployment's unit or orchestrator sets it, no file edit.
-pub const URL_ENV: &str = "BC_CONTROLPLANE_DATABASE_URL";
+pub(crate) const URL_ENV: &str = "BC_CONTROLPLANE_DATABASE_URL";
 /// The path of the password file (never the password: the environment is
 /// readable by whoever can read `/proc/PID/environ`); wins over
 /// `[database] password_file`.
-pub const PASSWORD_FILE_ENV: &str = "BC_CONTROLPLANE_DATABASE_PASSWORD_FILE";
+pub(crate) const PASSWORD_FILE_ENV: &str = "BC_CONTROLPLANE_DATABASE_PASSWORD_FILE";
 /// The roots of the server's certificate; wins over `[database] ca_file`.
-pub const CA_FILE_ENV: &str = "BC_CONTROLPLANE_DATABASE_CA_FILE";
+pub(crate) const CA_FILE_ENV: &str = "BC_CONTROLPLANE_DATABASE_CA_FILE";
 
 /// What the command line and the environment say of the database; each
 /// one wins over its `[database]` key, the keys they leave out still come
@@ -218,7 +218,7 @@ impl DatabaseOverrides {
     /// the same checks as the file's, the errors naming the flag or the
     /// variable. No URL anywhere: `None`, SQLite (the path overrides have
     /// nothing to apply to).
-    pub fn apply(
+    pub(crate) fn apply(
         &self,
         dir: &Path,
         file: Option<DatabaseConfig>,
@@ -285,7 +285,7 @@ impl DatabaseConfig {
     /// anything but a regular file, a file group or others may read or
     /// write (0600 or 0400 it must be), an empty, oversized or non-UTF-8
     /// one. The content is in no error.
-    pub fn password(&self, dir: &Path) -> Result<Option<DbPassword>, SettingsError> {
+    pub(crate) fn password(&self, dir: &Path) -> Result<Option<DbPassword>, SettingsError> {
         let Some(file) = &self.password_file else {
             return Ok(None);
         };
@@ -355,11 +355,11 @@ impl DatabaseConfig {
 }
 
 /// The database password: wiped on drop, and never in `Debug`.
-pub struct DbPassword(String);
+pub(crate) struct DbPassword(String);
 
 impl DbPassword {
     /// The password, for the connection's authentication only.
-    pub fn expose(&self) -> &str {
+    pub(crate) fn expose(&self) -> &str {
         &self.0
     }
 }

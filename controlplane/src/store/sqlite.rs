@@ -246,11 +246,11 @@ fn read_row(r: &rusqlite::Row<'_>, n: usize) -> Result<Row, DbError> {
 
 /// A read-only connection of its own, for the TLS verifier's clock: it
 /// never waits on the pool nor long on a writer.
-pub struct ClockConn(Mutex<Connection>);
+pub(crate) struct ClockConn(Mutex<Connection>);
 
 impl ClockConn {
     /// Opens `path` (an existing, migrated database) read-only.
-    pub fn open(path: &Path) -> Result<Self, DbError> {
+    pub(crate) fn open(path: &Path) -> Result<Self, DbError> {
         let open_err = |source| DbError::Open {
             path: path.to_owned(),
             source: SqliteError(source),
@@ -265,7 +265,7 @@ impl ClockConn {
     }
 
     /// The stored clock offset.
-    pub fn offset_ms(&self) -> Result<i64, DbError> {
+    pub(crate) fn offset_ms(&self) -> Result<i64, DbError> {
         let conn = self.0.lock().unwrap_or_else(|p| p.into_inner());
         super::clock_offset_ms(&super::Tx::new(Conn::reader(&conn), super::Dialect::Sqlite))
     }

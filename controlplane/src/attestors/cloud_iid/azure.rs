@@ -23,7 +23,7 @@ use super::cms::Signed;
 use super::{chain, CloudIdentity, CloudReason, Freshness};
 
 /// The name Azure's attested documents are signed with (public cloud).
-pub const DEFAULT_SIGNER: &str = "metadata.azure.com";
+pub(crate) const DEFAULT_SIGNER: &str = "metadata.azure.com";
 
 /// `[cloud_iid.azure]`: the roots and intermediates (DER) and the signer
 /// name a document's certificate must bear.
@@ -37,7 +37,7 @@ pub struct AzureTrust {
 impl AzureTrust {
     /// Reads the PEM bundles (`intermediates` optional: Azure's signer
     /// certificate may not carry its issuer).
-    pub fn load(
+    pub(crate) fn load(
         roots: &Path,
         intermediates: Option<&Path>,
         signer: String,
@@ -69,7 +69,7 @@ struct TimeStamp {
     expires_on: String,
 }
 
-pub fn verify(
+pub(crate) fn verify(
     trust: &AzureTrust,
     document: &str,
     audience: &str,

@@ -13,7 +13,7 @@ const OCTET_STRING: u8 = 0x04;
 
 /// `input`, one element and nothing after it, in DER form; `None` if it is
 /// not BER this understands.
-pub fn to_der(input: &[u8]) -> Option<Vec<u8>> {
+pub(super) fn to_der(input: &[u8]) -> Option<Vec<u8>> {
     let mut out = Vec::with_capacity(input.len());
     let rest = element(input, &mut out, 0)?;
     rest.is_empty().then_some(out)

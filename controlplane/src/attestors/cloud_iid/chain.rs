@@ -15,7 +15,7 @@ const MAX_CERTS: usize = 64;
 const MAX_DEPTH: usize = 4;
 
 /// Reads a PEM bundle of 1 to [`MAX_CERTS`] certificates, each parsed.
-pub fn load_bundle(file: &Path) -> Result<Vec<Vec<u8>>, String> {
+pub(super) fn load_bundle(file: &Path) -> Result<Vec<Vec<u8>>, String> {
     let bytes = bc_wire::file::read_regular(file, MAX_BUNDLE_LEN, bc_wire::file::Links::Follow)
         .map_err(|e| format!("{}: {e}", file.display()))?;
     let mut certs = Vec::new();
@@ -37,7 +37,7 @@ pub fn load_bundle(file: &Path) -> Result<Vec<Vec<u8>>, String> {
 /// Whether `leaf` (DER) chains to one of `roots` through CA certificates
 /// among `intermediates`, every certificate on the path valid at `now_s`
 /// (Unix seconds) and each signed by the next.
-pub fn verify(leaf: &[u8], intermediates: &[&[u8]], roots: &[Vec<u8>], now_s: i64) -> bool {
+pub(super) fn verify(leaf: &[u8], intermediates: &[&[u8]], roots: &[Vec<u8>], now_s: i64) -> bool {
     let Ok(now) = ASN1Time::from_timestamp(now_s) else {
         return false;
     };
@@ -76,7 +76,7 @@ fn parse(der: &[u8]) -> Option<X509Certificate<'_>> {
 
 /// Whether `cert` (DER) is for `name`: its subject CN or a DNS name in its
 /// subjectAltName, compared exactly (ASCII case aside).
-pub fn names(cert: &[u8], name: &str) -> bool {
+pub(super) fn names(cert: &[u8], name: &str) -> bool {
     let Ok((_, c)) = x509_parser::parse_x509_certificate(cert) else {
         return false;
     };

@@ -31,7 +31,7 @@ const RSA_ENCRYPTION: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.2.840.1
 const SHA256_WITH_RSA: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.2.840.113549.1.1.11");
 
 /// The largest message parsed (the evidence is at most 16 KiB anyway).
-pub const MAX_CMS_LEN: usize = 16 * 1024;
+pub(crate) const MAX_CMS_LEN: usize = 16 * 1024;
 /// The most certificates a message may carry.
 const MAX_CERTS: usize = 8;
 
@@ -49,7 +49,7 @@ impl Signed {
     /// Parses base64 (whitespace ignored) DER, or BER as some signers
     /// stream it (AWS's `rsa2048`: indefinite lengths, the content in
     /// chunks).
-    pub fn from_base64(text: &str) -> Result<Self, CloudReason> {
+    pub(crate) fn from_base64(text: &str) -> Result<Self, CloudReason> {
         let text: String = text.chars().filter(|c| !c.is_ascii_whitespace()).collect();
         if text.len() > MAX_CMS_LEN * 4 / 3 + 4 {
             return Err(CloudReason::Malformed);

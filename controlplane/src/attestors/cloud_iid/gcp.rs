@@ -51,7 +51,7 @@ struct RawJwk {
 
 /// Reads a JWKS file (`{"keys":[{"kty":"RSA","kid","n","e"},…]}`), keeping
 /// its RSA keys; none is an error, as is a key that is not a usable RSA key.
-pub fn load_jwks(file: &Path) -> Result<GcpKeys, String> {
+pub(crate) fn load_jwks(file: &Path) -> Result<GcpKeys, String> {
     let bytes = bc_wire::file::read_regular(file, MAX_JWKS_LEN, bc_wire::file::Links::Follow)
         .map_err(|e| format!("{}: {e}", file.display()))?;
     parse_jwks(&bytes).map_err(|e| format!("{}: {e}", file.display()))

@@ -65,7 +65,7 @@ crate::reason::reasons! {
 }
 
 /// The spec's `maxAgeMs` default for GCP identity tokens.
-pub const DEFAULT_MAX_AGE_MS: i64 = 10 * 60_000;
+pub(crate) const DEFAULT_MAX_AGE_MS: i64 = 10 * 60_000;
 /// How far ahead of the database's time a document may be issued.
 const MAX_FUTURE_MS: i64 = 60_000;
 /// The longest account, zone or instance id taken from a document.
@@ -155,12 +155,12 @@ impl Freshness {
     }
 }
 
-pub struct CloudIidAttestor {
+pub(crate) struct CloudIidAttestor {
     config: CloudIidConfig,
 }
 
 impl CloudIidAttestor {
-    pub fn new(config: CloudIidConfig) -> Self {
+    pub(crate) fn new(config: CloudIidConfig) -> Self {
         CloudIidAttestor { config }
     }
 

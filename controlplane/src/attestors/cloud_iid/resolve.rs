@@ -25,7 +25,7 @@ pub struct ResolveRow {
 
 /// Where a VM the table covers joins, and the roles its row adds.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Resolved {
+pub(crate) struct Resolved {
     /// `None`: the default pool.
     pub pool: Option<String>,
     pub roles: Vec<Role>,
@@ -105,7 +105,7 @@ pub fn list(tx: &Tx<'_>) -> Result<Vec<ResolveRow>, DbError> {
 }
 
 /// Where a VM joins when a row covers it, `None` when none does.
-pub fn lookup(
+pub(crate) fn lookup(
     tx: &Tx<'_>,
     provider: &str,
     account: &str,

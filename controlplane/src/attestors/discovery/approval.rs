@@ -48,12 +48,12 @@ use super::reasons::DiscoveryReason;
 /// Pending requests of one boot entry from one source address at once:
 /// the machine itself needs one per boot attempt (each boot brings a new
 /// script: a new token and assertion); more is a neighbour.
-pub const MAX_PENDING_PER_SOURCE: i64 = 4;
+pub(crate) const MAX_PENDING_PER_SOURCE: i64 = 4;
 
 /// The TPM a discovery join proved (its EK, verified by the tpm attestor's
 /// checks): what an approval is bound to when there is one.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ProvenEk {
+pub(crate) struct ProvenEk {
     /// Lowercase hex SHA-256 of the EK's SubjectPublicKeyInfo.
     pub sha256: String,
     pub issuer: String,
@@ -62,7 +62,7 @@ pub struct ProvenEk {
 
 /// What the operator's word means for this join.
 #[derive(Debug)]
-pub enum Gate {
+pub(crate) enum Gate {
     /// An approved request admits it (marked used in this transaction,
     /// which rolls back with it if JoinService refuses the join after all).
     Admit,
@@ -71,7 +71,7 @@ pub enum Gate {
 }
 
 /// The join that awaits a decision.
-pub struct Pending<'a> {
+pub(crate) struct Pending<'a> {
     pub input: &'a AttestInput<'a>,
     /// The boot entry the token belongs to (`None`: a discovery token no
     /// entry minted).
@@ -83,13 +83,13 @@ pub struct Pending<'a> {
     pub token_id: &'a str,
     /// The assertion's single-use key ([`bc_wire::site::use_subject`]) and
     /// when that use would expire (it is stale then).
-    pub assertion_sha256: &'a str,
-    pub assertion_expires_at: crate::store::UnixMs,
+    pub(crate) assertion_sha256: &'a str,
+    pub(crate) assertion_expires_at: crate::store::UnixMs,
     pub retry_after_seconds: u32,
 }
 
 /// Files, finds or applies the operator's decision on this join.
-pub fn gate(tx: &Tx<'_>, p: &Pending<'_>) -> Result<Gate, Refusal> {
+pub(crate) fn gate(tx: &Tx<'_>, p: &Pending<'_>) -> Result<Gate, Refusal> {
     let node_key = hex::encode(p.input.csr_spki_sha256);
     let workflow = p.entry.map(|e| e.workflow_id.as_str());
     let source = p.input.source.map(|ip: IpAddr| ip.to_string());
@@ -171,7 +171,7 @@ fn open_request(
 
 /// Whether an operator denied a request filed with this assertion (whose
 /// denial spent it).
-pub fn denied_assertion(tx: &Tx<'_>, assertion_sha256: &str) -> Result<bool, DbError> {
+pub(crate) fn denied_assertion(tx: &Tx<'_>, assertion_sha256: &str) -> Result<bool, DbError> {
     Ok(tx
         .query_opt_map(
             "SELECT 1 FROM join_requests WHERE assertion_sha256 = ?1

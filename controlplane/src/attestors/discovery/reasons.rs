@@ -5,7 +5,7 @@ crate::reason::reasons! {
     /// The discovery attestor's reasons (its approval gate's too), after
     /// [`live_token`](crate::attestors::join_token::live_token)'s; the place is
     /// its attestor id, [`super::DISCOVERY`].
-    pub enum DiscoveryReason in "discovery" {
+    pub(crate) enum DiscoveryReason in "discovery" {
         Role = "discovery-role",
         AssertionMalformed = "assertion-malformed",
         AssertionReused = "assertion-reused",

@@ -15,12 +15,12 @@ use rsa::pkcs8::DecodePublicKey;
 use sha2::Sha256;
 
 use super::ek_template::EkTemplate;
-pub use super::ek_template::{CredentialError, NameAlg};
+pub(crate) use super::ek_template::{CredentialError, NameAlg};
 
 /// What ActivateCredential takes: the TPM2B_ID_OBJECT and
 /// TPM2B_ENCRYPTED_SECRET bodies, without their u16 size prefixes.
 #[derive(Debug, PartialEq, Eq)]
-pub struct MadeCredential {
+pub(crate) struct MadeCredential {
     pub id_object: Vec<u8>,
     pub encrypted_secret: Vec<u8>,
 }
@@ -28,7 +28,7 @@ pub struct MadeCredential {
 /// Makes `credential` activatable only by the TPM holding the EK of
 /// `template` whose key is `ek_spki_der`, with an object named `ak_name`
 /// loaded.
-pub fn make_credential(
+pub(crate) fn make_credential(
     template: EkTemplate,
     ek_spki_der: &[u8],
     ak_name: &[u8],

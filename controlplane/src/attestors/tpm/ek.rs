@@ -14,7 +14,7 @@
 //!   `anchor`, self-signed or not) through the configured intermediates and
 //!   at most 8 intermediates the agent sent, untrusted (`ek-chain`,
 //!   [`bc_wire::ekcert::path`]): every issuer a CA valid at the database's
-//!   time, at most [`MAX_DEPTH`] issuers, the walk stopping at the first
+//!   time, at most [`bc_wire::ekcert::path::MAX_DEPTH`] issuers, the walk stopping at the first
 //!   anchor;
 //! * an RSA EK does not have the ROCA fingerprint (`ek-roca`).
 //!
@@ -37,10 +37,7 @@ use bc_wire::tpm::{KeyParams, Public, ALG_NULL};
 
 use crate::store::{params, DbError, Store, Tx, UnixMs};
 
-pub use super::ek_template::{EkError, EkTemplate, EK_ATTRIBUTES, EK_POLICY_A};
-
-/// Most issuers walked above an EK certificate.
-pub const MAX_DEPTH: usize = bc_wire::ekcert::path::MAX_DEPTH;
+pub(crate) use super::ek_template::{EkError, EkTemplate, EK_ATTRIBUTES, EK_POLICY_A};
 
 const ALG_AES: u16 = 0x0006;
 const ALG_SHA256: u16 = 0x000B;
@@ -55,7 +52,7 @@ pub struct VerifiedEk {
     /// to this key, never to one the agent chose.
     pub spki_der: Vec<u8>,
     /// SHA-256 of `spki_der`: the key the machine is known by.
-    pub spki_sha256: [u8; 32],
+    pub(crate) spki_sha256: [u8; 32],
     pub issuer: String,
     /// Lowercase hex of the serial number.
     pub serial: String,
@@ -111,7 +108,7 @@ pub fn verify_ek(
 /// area's own, which must be one of the TCG default EK templates (the
 /// challenge is computed for exactly that EK). Nothing vouches for its
 /// maker; the caller admits it only when a pin names its SHA-256.
-pub fn uncertified_ek(ek_public: &[u8]) -> Result<VerifiedEk, EkError> {
+pub(crate) fn uncertified_ek(ek_public: &[u8]) -> Result<VerifiedEk, EkError> {
     let m = EkError::Mismatch;
     let spki_der = bc_wire::ekcert::spki::public_spki_der(ek_public)
         .map_err(|_| m("the EK public area is not an RSA, P-256 or P-384 key"))?;
@@ -497,7 +494,7 @@ pub fn add_roots(
 }
 
 /// The configured anchors and intermediates, read in `conn`'s transaction.
-pub fn trust(tx: &Tx<'_>) -> Result<EkTrust, DbError> {
+pub(crate) fn trust(tx: &Tx<'_>) -> Result<EkTrust, DbError> {
     let rows = tx.query_map(
         "SELECT der, kind FROM ek_roots ORDER BY added_at, sha256",
         params![],

@@ -20,9 +20,9 @@ use x509_parser::public_key::PublicKey;
 use super::ek_template::{EkError, EkTemplate, EK_ATTRIBUTES, EK_POLICY_A};
 
 /// H-3's attributes: L-1's with userWithAuth.
-pub const EK_ATTRIBUTES_HIGH: u32 = 0x0003_00F2;
+pub(crate) const EK_ATTRIBUTES_HIGH: u32 = 0x0003_00F2;
 /// PolicyB, SHA-384: the authPolicy of the high-range EK templates.
-pub const EK_POLICY_B_SHA384: [u8; 48] = [
+pub(crate) const EK_POLICY_B_SHA384: [u8; 48] = [
     0xb2, 0x6e, 0x7d, 0x28, 0xd1, 0x1a, 0x50, 0xbc, 0x53, 0xd8, 0x82, 0xbc, 0xf5, 0xfd, 0x3a, 0x1a,
     0x07, 0x41, 0x48, 0xbb, 0x35, 0xd3, 0xb4, 0xe4, 0xcb, 0x1c, 0x0a, 0xd9, 0xbd, 0xe4, 0x19, 0xca,
     0xcb, 0x47, 0xba, 0x09, 0x69, 0x96, 0x46, 0x15, 0x0f, 0x9f, 0xc0, 0x00, 0xf3, 0xf8, 0x0e, 0x12,
@@ -37,13 +37,16 @@ const CURVE_P256: u16 = 0x0003;
 const CURVE_P384: u16 = 0x0004;
 
 /// Whether a public area is an ECC key (its first field, TPMI_ALG_PUBLIC).
-pub fn is_ecc_public(ek_public: &[u8]) -> bool {
+pub(crate) fn is_ecc_public(ek_public: &[u8]) -> bool {
     ek_public.get(..2) == Some(&ALG_ECC.to_be_bytes())
 }
 
 /// The template the certificate's curve names, once the public area is
 /// that template holding the certificate's point.
-pub fn check_public(cert: &X509Certificate<'_>, ek_public: &[u8]) -> Result<EkTemplate, EkError> {
+pub(crate) fn check_public(
+    cert: &X509Certificate<'_>,
+    ek_public: &[u8],
+) -> Result<EkTemplate, EkError> {
     let m = EkError::Mismatch;
     let Ok(PublicKey::EC(point)) = cert.public_key().parsed() else {
         return Err(m("the EK certificate does not hold an ECC key"));
@@ -90,7 +93,7 @@ fn curve_of(cert: &X509Certificate<'_>) -> Option<EkTemplate> {
 }
 
 /// The marshalled TPMT_PUBLIC of `template` with unique (x, y).
-pub fn expected_public(template: EkTemplate, x: &[u8], y: &[u8]) -> Vec<u8> {
+pub(crate) fn expected_public(template: EkTemplate, x: &[u8], y: &[u8]) -> Vec<u8> {
     let (name_alg, attributes, policy, sym_bits, curve): (u16, u32, &[u8], u16, u16) =
         match template {
             EkTemplate::EccH3P384 => (

@@ -59,8 +59,8 @@
 //! pinned the EK as uncertified (it then joins `pinned`). A `404`: as no
 //! certificate at all (`ek-chain`, or `pinned`).
 
-pub mod budget;
-pub mod known;
+pub(crate) mod budget;
+pub(crate) mod known;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -73,20 +73,20 @@ use bc_wire::tpm::{KeyParams, Public};
 use crate::fsutil::read_ca_bundle;
 use crate::store::{params, DbError, Tx, UnixMs};
 use budget::Budget;
-pub use budget::{Claim, Source, MAX_IN_FLIGHT, MAX_PER_MINUTE};
+pub(crate) use budget::{Claim, Source};
 
 /// The most bytes read of an answer (an EK certificate is 1-2 KiB; Intel's
 /// JSON wraps it in base64).
-pub const MAX_BODY: usize = 32 * 1024;
+pub(crate) const MAX_BODY: usize = 32 * 1024;
 /// How long a maker's "no such certificate" is believed.
-pub const NOT_FOUND_TTL: Duration = Duration::from_secs(600);
+pub(crate) const NOT_FOUND_TTL: Duration = Duration::from_secs(600);
 /// Most remembered "no such certificate" answers.
 const MAX_NOT_FOUND: usize = 4096;
 /// Most redirects followed (on the same host).
 const MAX_REDIRECTS: usize = 3;
 /// The whole request's default and bounds.
-pub const DEFAULT_TIMEOUT_MS: i64 = 10_000;
-pub const MAX_TIMEOUT_MS: i64 = 60_000;
+pub(crate) const DEFAULT_TIMEOUT_MS: i64 = 10_000;
+pub(crate) const MAX_TIMEOUT_MS: i64 = 60_000;
 
 /// How a maker addresses an EK certificate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -97,7 +97,7 @@ pub enum Addressing {
 
 impl Addressing {
     /// The `[tpm.ek_services]` table and log name.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Addressing::Intel => "intel",
             Addressing::Amd => "amd",
@@ -124,9 +124,9 @@ pub struct EkServicesConfig {
     /// `ca_bundle`: the CA certificates (DER) a service's TLS certificate
     /// must chain to; None: the system's (`SSL_CERT_FILE`, else the
     /// distribution's bundle).
-    pub ca_roots: Option<Vec<Vec<u8>>>,
+    pub(crate) ca_roots: Option<Vec<Vec<u8>>>,
     /// The whole request, connection to last byte.
-    pub timeout_ms: i64,
+    pub(crate) timeout_ms: i64,
 }
 
 impl Default for EkServicesConfig {
@@ -151,7 +151,7 @@ impl Default for EkServicesConfig {
 }
 
 /// The URL template each maker documents (tpm2-tools' defaults).
-pub fn default_url(addressing: Addressing) -> &'static str {
+pub(crate) fn default_url(addressing: Addressing) -> &'static str {
     match addressing {
         Addressing::Intel => "https://ekop.intel.com/ekcertservice/{ek}",
         Addressing::Amd => "https://ftpm.amd.com/pki/aia/{ek}",
@@ -159,7 +159,7 @@ pub fn default_url(addressing: Addressing) -> &'static str {
 }
 
 /// Why a URL template is refused in the config.
-pub fn check_url(url: &str) -> Result<(), String> {
+pub(crate) fn check_url(url: &str) -> Result<(), String> {
     if url.is_empty() {
         return Ok(());
     }
@@ -185,7 +185,7 @@ pub fn check_url(url: &str) -> Result<(), String> {
 
 /// TPM_PT_MANUFACTURER as text, without trailing NULs and spaces (a
 /// byte that is no printable ASCII as `?`).
-pub fn manufacturer_text(id: u32) -> String {
+pub(crate) fn manufacturer_text(id: u32) -> String {
     let bytes = id.to_be_bytes();
     let end = bytes
         .iter()
@@ -196,7 +196,7 @@ pub fn manufacturer_text(id: u32) -> String {
 
 /// The agent's vendor string for the log: at most 16 characters, what is
 /// no printable ASCII as `?`.
-pub fn vendor_text(s: &str) -> String {
+pub(crate) fn vendor_text(s: &str) -> String {
     printable_ascii(&s.as_bytes()[..s.len().min(16)])
 }
 
@@ -212,7 +212,7 @@ fn printable_ascii(bytes: &[u8]) -> String {
 
 impl EkServicesConfig {
     /// The service of the maker whose TPM reports `manufacturer`.
-    pub fn service_for(&self, manufacturer: u32) -> Option<&EkService> {
+    pub(crate) fn service_for(&self, manufacturer: u32) -> Option<&EkService> {
         if manufacturer == 0 {
             return None;
         }
@@ -224,7 +224,7 @@ impl EkServicesConfig {
 }
 
 /// Where `public` (a TPMT_PUBLIC) is found in the maker's addressing.
-pub fn address(addressing: Addressing, public: &Public) -> Result<String, &'static str> {
+pub(crate) fn address(addressing: Addressing, public: &Public) -> Result<String, &'static str> {
     use sha2::{Digest, Sha256};
     let mut h = Sha256::new();
     match (addressing, &public.params) {
@@ -273,7 +273,7 @@ pub fn address(addressing: Addressing, public: &Public) -> Result<String, &'stat
 /// The certificate (DER) in a service's answer: the DER itself, one PEM
 /// certificate, or Intel's JSON object with the DER in base64url as
 /// `certificate`.
-pub fn certificate_of(body: &[u8]) -> Result<Vec<u8>, String> {
+pub(crate) fn certificate_of(body: &[u8]) -> Result<Vec<u8>, String> {
     let text = std::str::from_utf8(body).ok().map(str::trim_start);
     match text {
         Some(t) if t.starts_with('{') => {
@@ -323,7 +323,7 @@ fn decode_base64url(s: &str) -> Option<Vec<u8>> {
 
 /// Why a fetch gave no certificate.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum FetchError {
+pub(crate) enum FetchError {
     #[error("{0} fetches already under way")]
     Busy(usize),
     #[error("{0} fetches in the last minute")]
@@ -348,7 +348,7 @@ pub enum FetchError {
 
 /// A fetch's outcome that is not an error.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Fetched {
+pub(crate) enum Fetched {
     Certificate(Vec<u8>),
     /// The maker has no certificate for this EK (`404`).
     NotFound,
@@ -356,7 +356,7 @@ pub enum Fetched {
 
 /// The fetcher: the config, its client (made at the first fetch) and
 /// its limits.
-pub struct EkServices {
+pub(crate) struct EkServices {
     config: EkServicesConfig,
     client: OnceLock<Result<reqwest::Client, String>>,
     budget: Mutex<Budget>,
@@ -365,7 +365,7 @@ pub struct EkServices {
 }
 
 impl EkServices {
-    pub fn new(config: EkServicesConfig) -> Self {
+    pub(crate) fn new(config: EkServicesConfig) -> Self {
         EkServices {
             config,
             client: OnceLock::new(),
@@ -374,14 +374,14 @@ impl EkServices {
         }
     }
 
-    pub fn config(&self) -> &EkServicesConfig {
+    pub(crate) fn config(&self) -> &EkServicesConfig {
         &self.config
     }
 
     /// GETs `url`, the address of the EK `ek_sha256`, within every bound,
     /// on behalf of `source` for `claim`; blocks the calling (blocking)
     /// thread.
-    pub fn fetch(
+    pub(crate) fn fetch(
         &self,
         ek_sha256: &str,
         url: &str,
@@ -425,7 +425,7 @@ impl EkServices {
 
     /// Whether the maker said, less than [`NOT_FOUND_TTL`] ago, that it has
     /// no certificate for the EK `ek_sha256`.
-    pub fn recently_not_found(&self, ek_sha256: &str) -> bool {
+    pub(crate) fn recently_not_found(&self, ek_sha256: &str) -> bool {
         let map = self.not_found.lock().unwrap_or_else(|p| p.into_inner());
         map.get(ek_sha256)
             .is_some_and(|at| at.elapsed() < NOT_FOUND_TTL)
@@ -576,13 +576,13 @@ fn system_roots() -> Result<Vec<Vec<u8>>, String> {
 
 /// A certificate a service gave for an EK (the cache's row).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CachedCertificate {
+pub(crate) struct CachedCertificate {
     pub der: Vec<u8>,
     pub service: String,
 }
 
 /// The cached certificate of the EK whose SPKI SHA-256 is `ek_sha256`.
-pub fn cached(tx: &Tx<'_>, ek_sha256: &str) -> Result<Option<CachedCertificate>, DbError> {
+pub(crate) fn cached(tx: &Tx<'_>, ek_sha256: &str) -> Result<Option<CachedCertificate>, DbError> {
     tx.query_opt_map(
         "SELECT certificate, service FROM ek_service_certificates WHERE ek_sha256 = ?1",
         params![ek_sha256],
@@ -596,7 +596,7 @@ pub fn cached(tx: &Tx<'_>, ek_sha256: &str) -> Result<Option<CachedCertificate>,
 }
 
 /// Keeps what `service` answered at `url` for the EK `ek_sha256`.
-pub fn cache(
+pub(crate) fn cache(
     tx: &Tx<'_>,
     ek_sha256: &str,
     service: &str,

@@ -11,9 +11,9 @@ use super::reasons::TpmReason;
 
 /// TPMA_OBJECT of the TCG default EK templates (L-1): fixedTPM,
 /// fixedParent, sensitiveDataOrigin, adminWithPolicy, restricted, decrypt.
-pub const EK_ATTRIBUTES: u32 = 0x0003_00B2;
+pub(crate) const EK_ATTRIBUTES: u32 = 0x0003_00B2;
 /// PolicyA: TPM2_PolicySecret(TPM_RH_ENDORSEMENT), the L-1 authPolicy.
-pub const EK_POLICY_A: [u8; 32] = [
+pub(crate) const EK_POLICY_A: [u8; 32] = [
     0x83, 0x71, 0x97, 0x67, 0x44, 0x84, 0xb3, 0xf8, 0x1a, 0x90, 0xcc, 0x8d, 0x46, 0xa5, 0xd7, 0x24,
     0xfd, 0x52, 0xd7, 0x6e, 0x06, 0x52, 0x0b, 0x64, 0xf2, 0xa1, 0xda, 0x1b, 0x33, 0x14, 0x69, 0xaa,
 ];
@@ -30,14 +30,14 @@ pub enum EkTemplate {
 }
 
 impl EkTemplate {
-    pub fn name_alg(self) -> NameAlg {
+    pub(crate) fn name_alg(self) -> NameAlg {
         match self {
             EkTemplate::EccH3P384 => NameAlg::Sha384,
             _ => NameAlg::Sha256,
         }
     }
 
-    pub fn sym_key_bits(self) -> u32 {
+    pub(crate) fn sym_key_bits(self) -> u32 {
         match self {
             EkTemplate::EccH3P384 => 256,
             _ => 128,
@@ -45,7 +45,7 @@ impl EkTemplate {
     }
 
     /// Bytes of one ECC coordinate (0 for RSA).
-    pub fn coordinate_len(self) -> usize {
+    pub(crate) fn coordinate_len(self) -> usize {
         match self {
             EkTemplate::RsaL1 => 0,
             EkTemplate::EccL2P256 => 32,
@@ -54,7 +54,7 @@ impl EkTemplate {
     }
 
     /// For logs: the `[tpm] ek` name bcd uses for it.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             EkTemplate::RsaL1 => "rsa",
             EkTemplate::EccL2P256 => "ecc-p256",
@@ -82,7 +82,7 @@ pub enum EkError {
 }
 
 impl EkError {
-    pub fn reason(&self) -> TpmReason {
+    pub(crate) fn reason(&self) -> TpmReason {
         match self {
             EkError::Certificate(_) => TpmReason::EkCertificate,
             EkError::Chain(_) => TpmReason::EkChain,
@@ -93,7 +93,7 @@ impl EkError {
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum CredentialError {
+pub(crate) enum CredentialError {
     #[error("the EK is not a public key of its template's kind")]
     EkKey,
     #[error("the credential must be 1 to 64 bytes")]
@@ -107,13 +107,13 @@ pub enum CredentialError {
 /// The hash of an EK template (its nameAlg): KDFa, KDFe and the outer HMAC
 /// use it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum NameAlg {
+pub(crate) enum NameAlg {
     Sha256,
     Sha384,
 }
 
 impl NameAlg {
-    pub fn digest_len(self) -> usize {
+    pub(crate) fn digest_len(self) -> usize {
         match self {
             NameAlg::Sha256 => 32,
             NameAlg::Sha384 => 48,
@@ -121,7 +121,7 @@ impl NameAlg {
     }
 
     /// H(parts…).
-    pub fn hash(self, parts: &[&[u8]]) -> Vec<u8> {
+    pub(crate) fn hash(self, parts: &[&[u8]]) -> Vec<u8> {
         use sha2::Digest;
         fn run<D: Digest>(parts: &[&[u8]]) -> Vec<u8> {
             let mut h = D::new();

@@ -64,15 +64,15 @@
 //! site, which the lease refuses, or a plain node that holds a site).
 //! A reclaim keeps its node's role and site (JoinService checks the role).
 
-pub mod credential;
+pub(crate) mod credential;
 mod credential_ecc;
 pub mod ek;
-pub mod ek_ecc;
-pub mod ek_service;
+pub(crate) mod ek_ecc;
+pub(crate) mod ek_service;
 mod ek_template;
-pub mod pcr;
+pub(crate) mod pcr;
 mod reasons;
-pub mod state;
+pub(crate) mod state;
 
 use bc_wire::agent::{tpm_attestation, Role, TpmAnswer, TpmAttestation, TpmChallenge, TpmHello};
 use bc_wire::tpm::{self as wtpm, Attested, Public};
@@ -89,12 +89,12 @@ use crate::model::machine::{EkAssurance, BINDING_TPM_EK};
 use crate::model::records;
 use crate::store::{LockKey, Tx};
 use ek_service::{known, Claim, EkServices, EkServicesConfig, Fetched};
-pub use pcr::PcrPolicy;
-pub use reasons::TpmReason;
+pub(crate) use pcr::PcrPolicy;
+pub(crate) use reasons::TpmReason;
 use state::{ChallengeKey, ChallengeState};
 
 /// The longest a challenge may stay open (the spec: at most 5 minutes).
-pub const MAX_CHALLENGE_TTL_MS: i64 = 5 * 60 * 1000;
+pub(crate) const MAX_CHALLENGE_TTL_MS: i64 = 5 * 60 * 1000;
 
 const SECRET_LEN: usize = 32;
 
@@ -114,9 +114,9 @@ pub enum NodeKeyPolicy {
 pub struct TpmConfig {
     pub node_key: NodeKeyPolicy,
     /// How long a challenge can be answered (at most 5 minutes).
-    pub challenge_ttl_ms: i64,
+    pub(crate) challenge_ttl_ms: i64,
     /// `JoinPending.retry_after_seconds` while a request waits for an operator.
-    pub enrollment_retry_after_seconds: u32,
+    pub(crate) enrollment_retry_after_seconds: u32,
     /// Whether an unknown EK files a join request for an operator (`true`,
     /// the default) or is refused (`unknown-ek`): a fleet that admits only
     /// what its resolve entries list.
@@ -141,7 +141,7 @@ impl Default for TpmConfig {
     }
 }
 
-pub struct TpmAttestor {
+pub(crate) struct TpmAttestor {
     config: TpmConfig,
     key: ChallengeKey,
     /// Shared with [`Self::for_ramdisk`]'s copy: one limit on fetches.
@@ -193,7 +193,7 @@ enum Missing {
 }
 
 impl TpmAttestor {
-    pub fn new(config: TpmConfig, key: ChallengeKey) -> Self {
+    pub(crate) fn new(config: TpmConfig, key: ChallengeKey) -> Self {
         let mut config = config;
         config.challenge_ttl_ms = config.challenge_ttl_ms.clamp(1, MAX_CHALLENGE_TTL_MS);
         let services = std::sync::Arc::new(EkServices::new(config.ek_services.clone()));
@@ -354,7 +354,7 @@ impl TpmAttestor {
     /// discovery: the same challenge key and node-key policy, no PCR policy
     /// (`[tpm] pcr_policy` describes the installed system's boot chain; a
     /// ramdisk booted over PXE measures another one).
-    pub fn for_ramdisk(&self) -> TpmAttestor {
+    pub(crate) fn for_ramdisk(&self) -> TpmAttestor {
         TpmAttestor {
             config: TpmConfig {
                 pcr_policy: PcrPolicy::default(),
@@ -726,12 +726,12 @@ pub(crate) struct TpmProof {
 
 impl TpmProof {
     /// The EK certificate's issuer, as round 1 verified it (empty: pinned).
-    pub fn ek_issuer(&self) -> &str {
+    pub(crate) fn ek_issuer(&self) -> &str {
         &self.st.ek_issuer
     }
 
     /// The EK certificate's serial (empty: pinned).
-    pub fn ek_serial(&self) -> &str {
+    pub(crate) fn ek_serial(&self) -> &str {
         &self.st.ek_serial
     }
 }

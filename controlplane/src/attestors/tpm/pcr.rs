@@ -20,7 +20,7 @@ pub struct PcrPolicy {
 
 /// Why a PCR value cannot go into a policy.
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
-pub enum PcrPolicyError {
+pub(crate) enum PcrPolicyError {
     #[error("{0} is not a PCR index from 0 to 23")]
     Index(u32),
     #[error("a {bank} PCR value is {want} bytes, not {got}")]
@@ -35,7 +35,7 @@ pub enum PcrPolicyError {
 
 impl PcrPolicy {
     /// Adds the value `index` must have in `bank`.
-    pub fn insert(
+    pub(crate) fn insert(
         &mut self,
         bank: PcrBank,
         index: u32,
@@ -59,12 +59,12 @@ impl PcrPolicy {
         Ok(())
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.banks.values().all(BTreeMap::is_empty)
     }
 
     /// The PCRs the challenge asks for: every index any bank names.
-    pub fn pcrs(&self) -> Vec<u32> {
+    pub(crate) fn pcrs(&self) -> Vec<u32> {
         let mut all: Vec<u32> = self
             .banks
             .values()
@@ -76,7 +76,7 @@ impl PcrPolicy {
     }
 
     /// The challenge's `pcr_banks`: the TPM_ALG_IDs of the banks named.
-    pub fn bank_algs(&self) -> Vec<u32> {
+    pub(crate) fn bank_algs(&self) -> Vec<u32> {
         self.banks
             .iter()
             .filter(|(_, v)| !v.is_empty())
@@ -87,7 +87,7 @@ impl PcrPolicy {
     /// Whether PCRs quoted in `bank` meet the policy: it names that bank and
     /// every PCR it names there was quoted with its value. An empty policy
     /// is met by anything.
-    pub fn is_met(&self, bank: PcrBank, quoted: &BTreeMap<u32, &[u8]>) -> bool {
+    pub(crate) fn is_met(&self, bank: PcrBank, quoted: &BTreeMap<u32, &[u8]>) -> bool {
         if self.is_empty() {
             return true;
         }
@@ -105,7 +105,7 @@ impl PcrPolicy {
 /// PCR, and the values (in selection order) hash to the quote's digest. That
 /// digest is the AK's signing hash (SHA-256, which `ak-attributes` requires)
 /// over the values, whatever the bank (TPM 2.0 Part 3, TPM2_Quote).
-pub fn quoted_pcrs<'a>(
+pub(crate) fn quoted_pcrs<'a>(
     selection: &[(u16, Vec<u8>)],
     values: &'a [Vec<u8>],
     digest: &[u8],

@@ -9,7 +9,7 @@ crate::reason::reasons! {
     /// maker's service) and the node-key certification's
     /// ([`bc_wire::tpm::CertificationError`]) among them; the place is its
     /// attestor id, [`super::TPM`].
-    pub enum TpmReason in "tpm" {
+    pub(crate) enum TpmReason in "tpm" {
         EvidenceMalformed = "evidence-malformed",
         /// The role is not node or site, or not the one the place admits (a site
         /// named: `site`; none: `node`).
@@ -45,7 +45,7 @@ crate::reason::reasons! {
 
 impl TpmReason {
     /// A node key the AK did not certify as the spec asks.
-    pub fn node_key(e: &CertificationError) -> Self {
+    pub(crate) fn node_key(e: &CertificationError) -> Self {
         match e {
             CertificationError::Malformed(_) => TpmReason::NodeKeyMalformed,
             CertificationError::Signature => TpmReason::NodeKeySignature,

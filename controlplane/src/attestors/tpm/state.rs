@@ -25,20 +25,20 @@ const NONCE_LEN: usize = 12;
 const TAG_LEN: usize = 16;
 /// No legitimate state is larger: refuse bigger input before decrypting
 /// (one carrying a pending certificate's intermediates is the largest).
-pub const MAX_STATE_LEN: usize = 4096 + MAX_PENDING_INTERMEDIATES_LEN;
+pub(crate) const MAX_STATE_LEN: usize = 4096 + MAX_PENDING_INTERMEDIATES_LEN;
 /// The most bytes of intermediates a state carries for a certificate still
 /// to be fetched: more are refused in round 1 (`ek-chain`, as more than
 /// [`bc_wire::ekcert::MAX_AGENT_INTERMEDIATES`] are).
-pub const MAX_PENDING_INTERMEDIATES_LEN: usize = 16 * 1024;
+pub(crate) const MAX_PENDING_INTERMEDIATES_LEN: usize = 16 * 1024;
 /// Longest EK issuer name kept in a state (and in a join request).
-pub const MAX_ISSUER_LEN: usize = 512;
+pub(crate) const MAX_ISSUER_LEN: usize = 512;
 
 /// The AES-256-GCM key that seals challenge states. Never printed.
 #[derive(Clone)]
-pub struct ChallengeKey([u8; 32]);
+pub(crate) struct ChallengeKey([u8; 32]);
 
 impl ChallengeKey {
-    pub fn new(bytes: [u8; 32]) -> Self {
+    pub(crate) fn new(bytes: [u8; 32]) -> Self {
         ChallengeKey(bytes)
     }
 }
@@ -51,10 +51,10 @@ impl std::fmt::Debug for ChallengeKey {
 
 /// What round 1 established, for round 2.
 #[derive(Clone, PartialEq, Eq)]
-pub struct ChallengeState {
+pub(crate) struct ChallengeState {
     /// SHA-256 of the EK certificate's SubjectPublicKeyInfo DER: the key the
     /// machine joins by.
-    pub ek_spki_sha256: [u8; 32],
+    pub(crate) ek_spki_sha256: [u8; 32],
     /// The EK certificate's issuer and serial, for a join request.
     pub ek_issuer: String,
     pub ek_serial: String,
@@ -76,7 +76,7 @@ pub struct ChallengeState {
 /// challenge was made for exactly this public area), whose maker it
 /// reported, and the intermediates it sent.
 #[derive(Clone, PartialEq, Eq)]
-pub struct PendingCertificate {
+pub(crate) struct PendingCertificate {
     /// TPMT_PUBLIC.
     pub ek_public: Vec<u8>,
     /// TPM_PT_MANUFACTURER.
@@ -95,7 +95,7 @@ impl std::fmt::Debug for ChallengeState {
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum StateError {
+pub(crate) enum StateError {
     /// Not ours, altered, sealed for another CSR, or under another key.
     #[error("the challenge state does not open")]
     Unopenable,
@@ -105,7 +105,11 @@ pub enum StateError {
 
 impl ChallengeState {
     /// Seals the state for the request whose CSR hashes to `csr_sha256`.
-    pub fn seal(&self, key: &ChallengeKey, csr_sha256: &[u8; 32]) -> Result<Vec<u8>, StateError> {
+    pub(crate) fn seal(
+        &self,
+        key: &ChallengeKey,
+        csr_sha256: &[u8; 32],
+    ) -> Result<Vec<u8>, StateError> {
         let mut plain = Vec::with_capacity(128 + self.ak_public.len());
         plain.push(VERSION);
         plain.extend_from_slice(&self.ek_spki_sha256);
@@ -152,7 +156,7 @@ impl ChallengeState {
     }
 
     /// Opens a state sealed by [`ChallengeState::seal`] for the same CSR.
-    pub fn open(
+    pub(crate) fn open(
         key: &ChallengeKey,
         sealed: &[u8],
         csr_sha256: &[u8; 32],

@@ -853,8 +853,8 @@ fn roles_other_than_node_or_site_are_refused() {
 /// the capture's challenge key.
 mod through_join_service {
     use super::*;
+    use crate::model::join_reasons::JoinReason;
     use crate::plane::api_error::ApiError;
-    use crate::plane::join::JoinReason;
     use bc_wire::agent::{join_response_body, JoinRequest, JoinResponseBody};
 
     use crate::test_support::{self, uri_sans as uris};

@@ -431,7 +431,7 @@ fn a_proof_admits_once_even_across_a_restart() {
     let proof = evidence(&id, &csr, t);
     assert_eq!(
         f.refused(|| f.send(csr.clone(), Role::Node, proof.to_json())),
-        crate::plane::join::JoinReason::PoolAttestor
+        crate::model::join_reasons::JoinReason::PoolAttestor
     );
     assert_eq!(f.db().read(crate::model::uses::count).unwrap(), 0);
     crate::model::pools::set_join_attestors(f.db(), "tpm-only", None, &[]).unwrap();

@@ -65,7 +65,7 @@ fn refusals(svc: &ControlPlane) -> Vec<String> {
 
 #[test]
 fn expect_binding_refuses_other_machines_and_spends_nothing() {
-    use crate::model::attestor::Expect;
+    use crate::model::machine::Expect;
     let f = fixture();
     let expect = Expect {
         product_uuid: Some("4c4c4544-0042-3510-8052-b4c04f4e4d32".to_owned()),

@@ -21,22 +21,22 @@ use std::time::{Duration, Instant};
 use super::FetchError;
 
 /// Fetches at once; more are refused at once (`ek-service`).
-pub const MAX_IN_FLIGHT: usize = 4;
+pub(crate) const MAX_IN_FLIGHT: usize = 4;
 /// Of those, fetches for EKs that are only proven.
-pub const MAX_PROVEN_IN_FLIGHT: usize = 2;
+pub(crate) const MAX_PROVEN_IN_FLIGHT: usize = 2;
 /// Fetches started in one minute; more are refused at once.
-pub const MAX_PER_MINUTE: u32 = 120;
+pub(crate) const MAX_PER_MINUTE: u32 = 120;
 /// Of those, fetches for EKs that are only proven: the rest is kept for
 /// EKs an operator knows.
-pub const MAX_PROVEN_PER_MINUTE: u32 = 60;
+pub(crate) const MAX_PROVEN_PER_MINUTE: u32 = 60;
 /// Fetches for proven EKs from one source in a minute.
-pub const MAX_PROVEN_PER_SOURCE: u32 = 10;
+pub(crate) const MAX_PROVEN_PER_SOURCE: u32 = 10;
 /// Fetches of any kind from one source in a minute.
-pub const MAX_PER_SOURCE: u32 = 60;
+pub(crate) const MAX_PER_SOURCE: u32 = 60;
 
 /// Why a fetch is asked for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Claim {
+pub(crate) enum Claim {
     /// An EK the operator knows (resolve entry, bound node, boot entry,
     /// approved request).
     Known,
@@ -47,12 +47,12 @@ pub enum Claim {
 
 /// Where a request came from, as the budget counts it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Source(Option<IpAddr>);
+pub(crate) struct Source(Option<IpAddr>);
 
 impl Source {
     /// An IPv4 address as it is (an IPv4-mapped IPv6 one too); an IPv6
     /// address by its /64.
-    pub fn of(addr: Option<IpAddr>) -> Self {
+    pub(crate) fn of(addr: Option<IpAddr>) -> Self {
         Source(addr.map(|a| match a {
             IpAddr::V4(_) => a,
             IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
@@ -69,7 +69,7 @@ impl Source {
 
 /// This minute's fetches, and the ones under way.
 #[derive(Debug)]
-pub struct Budget {
+pub(crate) struct Budget {
     minute_start: Instant,
     total: u32,
     proven: u32,
@@ -81,7 +81,7 @@ pub struct Budget {
 }
 
 impl Budget {
-    pub fn new(now: Instant) -> Self {
+    pub(crate) fn new(now: Instant) -> Self {
         Budget {
             minute_start: now,
             total: 0,
@@ -94,7 +94,12 @@ impl Budget {
 
     /// Takes a place for one fetch at `now`, or says why not. A place
     /// taken is given back with [`Budget::leave`].
-    pub fn enter(&mut self, now: Instant, source: Source, claim: Claim) -> Result<(), FetchError> {
+    pub(crate) fn enter(
+        &mut self,
+        now: Instant,
+        source: Source,
+        claim: Claim,
+    ) -> Result<(), FetchError> {
         if now.duration_since(self.minute_start) >= Duration::from_secs(60) {
             self.minute_start = now;
             self.total = 0;
@@ -135,7 +140,7 @@ impl Budget {
     }
 
     /// Gives back the place a fetch for `claim` took.
-    pub fn leave(&mut self, claim: Claim) {
+    pub(crate) fn leave(&mut self, claim: Claim) {
         self.in_flight = self.in_flight.saturating_sub(1);
         if claim == Claim::Proven {
             self.proven_in_flight = self.proven_in_flight.saturating_sub(1);

@@ -11,7 +11,7 @@ use crate::store::{params, DbError, Tx, UnixMs};
 /// bound to a node, has a resolve entry, is expected by an open boot entry
 /// (`boot add --ek-sha256`, or `--node` of a bound node), or has an
 /// approved join request not yet used: each a name an operator wrote.
-pub fn is_known(tx: &Tx<'_>, ek_sha256: &str, now: UnixMs) -> Result<bool, DbError> {
+pub(crate) fn is_known(tx: &Tx<'_>, ek_sha256: &str, now: UnixMs) -> Result<bool, DbError> {
     if records::binding_by_key(tx, BINDING_TPM_EK, ek_sha256)?.is_some()
         || enroll::resolve_entry(tx, ek_sha256)?.is_some()
     {

@@ -4,6 +4,7 @@
 //! the AMD ones are sha256 prefixes computed apart (Python hashlib) from
 //! the form tpm2-tools 5.8 documents (it first addresses AMD).
 
+use super::budget::MAX_IN_FLIGHT;
 use super::*;
 
 const RSA_EK: &[u8] = include_bytes!("../testdata/ek-public.bin");
