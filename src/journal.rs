@@ -16,9 +16,9 @@ use crate::identity::{guard, JOURNAL_FILE};
 use crate::pki::rfc3339;
 
 /// Entries always kept, however old.
-pub const KEEP_ENTRIES: u32 = 1000;
+pub(crate) const KEEP_ENTRIES: u32 = 1000;
 /// Entries younger than this are kept, however many.
-pub const KEEP_FOR: time::Duration = time::Duration::days(90);
+pub(crate) const KEEP_FOR: time::Duration = time::Duration::days(90);
 
 #[derive(Debug, thiserror::Error)]
 #[error("the journal {path}: {source}")]
@@ -30,7 +30,7 @@ pub struct JournalError {
 
 /// SQLite's error, or the file system's when creating the file.
 #[derive(Debug, thiserror::Error)]
-pub enum JournalCause {
+pub(crate) enum JournalCause {
     #[error(transparent)]
     Sqlite(#[from] rusqlite::Error),
     #[error(transparent)]
@@ -214,7 +214,7 @@ impl Journal {
 
 /// Appends to the journal. The journal is the node's own history; losing an
 /// entry loses no identity, so a failure is a warning.
-pub fn record(
+pub(crate) fn record(
     data_dir: &Path,
     kind: Kind,
     node_id: &str,

@@ -162,7 +162,7 @@ impl TpmEvidence {
 /// The same evidence beside another attestor's, in `JoinRequest.tpm`: a
 /// PXE ramdisk's discovery join proving its TPM. The control plane
 /// challenges it under that attestor's name with a `TpmChallenge`.
-pub struct Beside(pub TpmEvidence);
+pub(crate) struct Beside(pub TpmEvidence);
 
 impl AnswerChallenge for Beside {
     fn answer(

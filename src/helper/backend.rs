@@ -5,8 +5,7 @@
 //! to certify or describe, and flushed at once.
 use std::path::PathBuf;
 
-use bc_helper::server::AkInfo;
-use bc_helper::{Backend, BackendError, Hash};
+use bc_helper::{AkInfo, Backend, BackendError, Hash};
 
 use crate::tpm::{LoadedKey, Tpm, TpmError};
 

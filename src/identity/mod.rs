@@ -14,9 +14,9 @@
 //! new one, and [`Identity::load`] completes an interrupted rotation.
 pub(crate) mod atomic;
 pub mod guard;
-pub mod owner;
-pub mod reset;
-pub mod rotation;
+pub(crate) mod owner;
+pub(crate) mod reset;
+pub(crate) mod rotation;
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -30,11 +30,11 @@ use time::OffsetDateTime;
 use crate::keys::{self, KeyError, NodeKey, NodeKeyKind, TpmAccess};
 use crate::pki::{self, CertError, NodeCert};
 
-pub const IDENTITY_FILE: &str = "identity.json";
-pub const NODE_KEY_FILE: &str = "node.key";
-pub const NODE_KEY_NEXT_FILE: &str = "node.key.next";
-pub const IDENTITY_NEXT_FILE: &str = "identity.json.next";
-pub const JOURNAL_FILE: &str = "journal.db";
+pub(crate) const IDENTITY_FILE: &str = "identity.json";
+pub(crate) const NODE_KEY_FILE: &str = "node.key";
+pub(crate) const NODE_KEY_NEXT_FILE: &str = "node.key.next";
+pub(crate) const IDENTITY_NEXT_FILE: &str = "identity.json.next";
+pub(crate) const JOURNAL_FILE: &str = "journal.db";
 
 /// The version of `identity.json` this bcd writes and reads.
 const VERSION: u32 = 1;

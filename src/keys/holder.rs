@@ -28,7 +28,7 @@ impl TpmAccess {
 }
 
 /// What a TPM key holder does for a flow.
-pub trait KeyHolder {
+pub(crate) trait KeyHolder {
     type Key: NodeKey + 'static;
     type Ak;
     /// Who holds the keys, as errors name it ("the TPM", "bcd helper").

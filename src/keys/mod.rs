@@ -15,7 +15,7 @@ mod csr;
 mod file;
 mod helper;
 mod holder;
-pub mod tls;
+pub(crate) mod tls;
 mod tpm;
 
 use std::path::Path;
@@ -25,9 +25,9 @@ use p256::elliptic_curve::zeroize::Zeroizing;
 
 pub use csr::make_csr;
 pub use file::FileKey;
-pub use helper::HelperKey;
-pub use holder::{Holder, KeyHolder};
-pub use tpm::{lock as lock_tpm, SharedTpm, TpmAk, TpmKey};
+pub(crate) use helper::HelperKey;
+pub(crate) use holder::{Holder, KeyHolder};
+pub use tpm::{lock as lock_tpm, SharedTpm, TpmKey};
 
 /// Where a node key is held. Recorded in `identity.json` (`nodeKey`) and
 /// shown by `bcd status`.
@@ -246,7 +246,7 @@ impl TpmAccess {
 ///
 /// Through the helper, a failure is an error, never a file key: a helper
 /// that is restarting must not move the node key out of the TPM for good.
-pub fn generate(tpm: &TpmAccess, require_tpm: bool) -> Result<Box<dyn NodeKey>, KeyError> {
+pub(crate) fn generate(tpm: &TpmAccess, require_tpm: bool) -> Result<Box<dyn NodeKey>, KeyError> {
     let made = match tpm {
         TpmAccess::Helper(helper) => return Ok(Box::new(HelperKey::generate(helper.clone())?)),
         TpmAccess::Absent if !require_tpm => return Ok(Box::new(FileKey::generate()?)),
@@ -282,7 +282,11 @@ fn read_key_file(path: &Path) -> Result<Zeroizing<String>, KeyError> {
 }
 
 /// Loads the node key of `kind` from its file (`node.key`).
-pub fn load(kind: NodeKeyKind, path: &Path, tpm: &TpmAccess) -> Result<Box<dyn NodeKey>, KeyError> {
+pub(crate) fn load(
+    kind: NodeKeyKind,
+    path: &Path,
+    tpm: &TpmAccess,
+) -> Result<Box<dyn NodeKey>, KeyError> {
     match kind {
         NodeKeyKind::File => Ok(Box::new(FileKey::load(path)?)),
         NodeKeyKind::Tpm => match tpm.holder()? {

@@ -58,7 +58,11 @@ pub enum BankError {
 /// The bank to quote `pcrs` in: among those the challenge names (`algs`,
 /// TPM_ALG_IDs; none is SHA-256), SHA-256 when the TPM allocates it with
 /// every PCR, else SHA-1.
-pub fn choose(algs: &[u32], pcrs: &[u32], allocated: &Allocation) -> Result<PcrBank, BankError> {
+pub(super) fn choose(
+    algs: &[u32],
+    pcrs: &[u32],
+    allocated: &Allocation,
+) -> Result<PcrBank, BankError> {
     let wanted = PcrBank::from_challenge(algs);
     let Some(&enable) = wanted.first() else {
         return Err(BankError::Unknown(algs.to_vec()));

@@ -33,7 +33,7 @@ pub enum EkKind {
 /// The order bcd prefers when `[tpm] ek` names none: the RSA EK that most
 /// control planes and tools know, then the ECC ones Intel PTT, Nuvoton and
 /// swtpm ship alone.
-pub const PREFERENCE: [EkKind; 3] = [EkKind::Rsa, EkKind::EccP256, EkKind::EccP384];
+pub(super) const PREFERENCE: [EkKind; 3] = [EkKind::Rsa, EkKind::EccP256, EkKind::EccP384];
 
 impl EkKind {
     pub const NAMES: &'static str = "\"rsa\", \"ecc-p256\" or \"ecc-p384\"";
@@ -190,7 +190,7 @@ impl EkKind {
 
 /// `template` (a marshalled TPMT_PUBLIC) with its unique replaced by
 /// `parts`, each a TPM2B: the RSA modulus, or the ECC x and y.
-pub fn with_unique(template: &[u8], parts: &[&[u8]]) -> Result<Vec<u8>, TpmError> {
+pub(super) fn with_unique(template: &[u8], parts: &[&[u8]]) -> Result<Vec<u8>, TpmError> {
     let parsed = Public::parse(template)
         .map_err(|_| TpmError::Unexpected("an EK template that does not parse"))?;
     let (old, want) = match &parsed.params {

@@ -23,7 +23,7 @@ pub mod nv;
 pub mod path;
 pub mod profile;
 pub mod roca;
-pub mod sha512;
+mod sha512;
 pub mod spki;
 
 pub use path::{build_path, is_self_signed, Anchored, ChainError};
@@ -50,7 +50,7 @@ pub const MAX_AGENT_INTERMEDIATES: usize = 8;
 #[cfg(test)]
 pub(crate) mod real {
     /// The DER of `testdata/real/NAME` (a PEM file or raw NV bytes).
-    pub fn der(name: &str) -> Vec<u8> {
+    pub(crate) fn der(name: &str) -> Vec<u8> {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("src/ekcert/testdata/real")
             .join(name);

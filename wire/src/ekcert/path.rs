@@ -31,7 +31,7 @@ use x509_parser::extensions::ParsedExtension;
 /// Most CA certificates above the EK certificate, the anchor included.
 pub const MAX_DEPTH: usize = 4;
 /// Most signature verifications one path search may make.
-pub const MAX_SIGNATURE_CHECKS: usize = 32;
+pub(crate) const MAX_SIGNATURE_CHECKS: usize = 32;
 
 /// Why no path was found.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
