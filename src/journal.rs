@@ -207,7 +207,7 @@ impl Journal {
     }
 
     /// The last renewal attempt, successful or not.
-    pub fn last_renewal(&self) -> Result<Option<Entry>, JournalError> {
+    pub(crate) fn last_renewal(&self) -> Result<Option<Entry>, JournalError> {
         self.last(&[Kind::Renewal, Kind::RenewalFailed])
     }
 }

@@ -9,7 +9,7 @@ use bc_wire::site::{self, AssertionError};
 use bc_wire::token::JoinToken;
 
 /// The longest command line read (the kernel's own limit is a few KiB).
-pub const MAX_CMDLINE: usize = 64 * 1024;
+pub(crate) const MAX_CMDLINE: usize = 64 * 1024;
 
 const TOKEN_KEY: &str = "bc.token";
 const ASSERTION_KEY: &str = "bc.assertion";

@@ -298,7 +298,7 @@ impl Identity {
     /// [`rotation`]: a join over an identity that did not load must not be
     /// able to crash into the old `identity.json` with the new `node.key`,
     /// a pair that loads as neither (and the token use is already spent).
-    pub fn save(&self, data_dir: &Path) -> Result<(), IdentityError> {
+    pub(crate) fn save(&self, data_dir: &Path) -> Result<(), IdentityError> {
         rotation::stage_key(data_dir, self.key.as_ref())?;
         rotation::stage_identity(data_dir, self)?;
         rotation::commit(data_dir, || {})
@@ -331,7 +331,7 @@ impl Identity {
     }
 
     /// The chain as PEM, leaf first, in one string.
-    pub fn chain_pem(&self) -> String {
+    pub(crate) fn chain_pem(&self) -> String {
         pki::chain_to_pem(&self.chain).concat()
     }
 }

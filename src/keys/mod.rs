@@ -174,7 +174,7 @@ impl TpmAccess {
     /// What a node (`bcd node`, `bcd status`, `bcd doctor`) uses with this
     /// config: the helper under `[helper]`, else the TPM directly. `bcd join`
     /// opens the TPM itself whatever the config says.
-    pub fn for_node(config: &crate::config::Config) -> TpmAccess {
+    pub(crate) fn for_node(config: &crate::config::Config) -> TpmAccess {
         match &config.helper {
             Some(h) => TpmAccess::through_helper(&h.socket),
             None => TpmAccess::configured(config),
@@ -191,7 +191,7 @@ impl TpmAccess {
 
     /// With `[tpm] owner_auth_file`, the owner authorization node keys need
     /// on a TPM whose owner a previous OS took.
-    pub fn with_owner_auth(mut self, file: Option<std::path::PathBuf>) -> TpmAccess {
+    pub(crate) fn with_owner_auth(mut self, file: Option<std::path::PathBuf>) -> TpmAccess {
         if let TpmAccess::Direct(direct) = &mut self {
             direct.owner_auth_file = file;
         }

@@ -88,7 +88,7 @@ impl TpmKey {
     /// while: the kernel's resource manager gives a connection three object
     /// slots and swaps every loaded object around each command. A later use
     /// derives it again.
-    pub fn unload(&self) {
+    pub(crate) fn unload(&self) {
         let Ok(mut slot) = self.loaded.lock() else {
             return;
         };

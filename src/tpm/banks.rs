@@ -99,7 +99,7 @@ pub(super) fn choose(
 
 impl Tpm {
     /// The allocated PCRs of each bank (GetCapability TPM_CAP_PCRS).
-    pub fn pcr_allocation(&mut self) -> Result<Allocation, TpmError> {
+    pub(crate) fn pcr_allocation(&mut self) -> Result<Allocation, TpmError> {
         let (data, _) = cmd(
             "GetCapability",
             self.ctx.get_capability(CapabilityType::AssignedPcr, 0, 8),
@@ -124,7 +124,7 @@ impl Tpm {
     }
 
     /// The bank to quote the challenge's `pcrs` in ([`choose`]).
-    pub fn pcr_bank_for(&mut self, algs: &[u32], pcrs: &[u32]) -> Result<PcrBank, TpmError> {
+    pub(crate) fn pcr_bank_for(&mut self, algs: &[u32], pcrs: &[u32]) -> Result<PcrBank, TpmError> {
         let allocated = self.pcr_allocation()?;
         Ok(choose(algs, pcrs, &allocated)?)
     }
