@@ -48,7 +48,7 @@ pub enum Kind {
 }
 
 impl Kind {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Kind::Join => "join",
             Kind::Renewal => "renewal",
@@ -154,8 +154,9 @@ impl Journal {
         tx.commit().map_err(err)
     }
 
-    /// How many entries the journal holds.
-    pub fn len(&self) -> Result<u64, JournalError> {
+    /// How many entries the journal holds (the pruning tests').
+    #[cfg(test)]
+    fn len(&self) -> Result<u64, JournalError> {
         self.conn
             .query_row("SELECT COUNT(*) FROM journal", [], |r| r.get(0))
             .map_err(|source| JournalError {
@@ -164,12 +165,8 @@ impl Journal {
             })
     }
 
-    pub fn is_empty(&self) -> Result<bool, JournalError> {
-        Ok(self.len()? == 0)
-    }
-
     /// The newest entry of one of `kinds`.
-    pub fn last(&self, kinds: &[Kind]) -> Result<Option<Entry>, JournalError> {
+    pub(crate) fn last(&self, kinds: &[Kind]) -> Result<Option<Entry>, JournalError> {
         let names: Vec<&str> = kinds.iter().map(|k| k.as_str()).collect();
         let placeholders = vec!["?"; names.len()].join(",");
         let sql = format!(

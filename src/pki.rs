@@ -58,7 +58,7 @@ impl NodeCert {
     /// same age, and renewing all at exactly half their lifetime would send the
     /// whole fleet to the control plane in the same second; a point derived from
     /// the certificate spreads them and stays put across restarts.
-    pub fn renew_at(&self) -> OffsetDateTime {
+    pub(crate) fn renew_at(&self) -> OffsetDateTime {
         let lifetime = self.not_after - self.not_before;
         let h = self.der_sha256;
         // 0..=1 in steps of 1/65535: fine enough for a 24-hour certificate (~0.13 s).
@@ -119,7 +119,7 @@ impl NodeCert {
 
     /// The AK statement (`urn:bc:tpm-ak:…`) this certificate carries, if any:
     /// a renewal of it must prove that AK again.
-    pub fn ak_statement(&self) -> Option<&str> {
+    pub(crate) fn ak_statement(&self) -> Option<&str> {
         self.statements
             .iter()
             .map(String::as_str)

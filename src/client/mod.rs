@@ -82,7 +82,7 @@ pub struct Client {
 
 impl Client {
     /// The control plane's base URL, as messages show it.
-    pub fn api(&self) -> &str {
+    pub(crate) fn api(&self) -> &str {
         &self.api
     }
 

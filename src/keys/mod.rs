@@ -47,7 +47,7 @@ impl NodeKeyKind {
         }
     }
 
-    pub fn from_name(s: &str) -> Option<Self> {
+    pub(crate) fn from_name(s: &str) -> Option<Self> {
         match s {
             "file" => Some(NodeKeyKind::File),
             "tpm" => Some(NodeKeyKind::Tpm),
@@ -156,7 +156,7 @@ impl TpmAccess {
     }
 
     /// The TPM the config names, with its `[tpm] owner_auth_file` and `ek`.
-    pub fn configured(config: &crate::config::Config) -> TpmAccess {
+    pub(crate) fn configured(config: &crate::config::Config) -> TpmAccess {
         let mut access = TpmAccess::new(config.tpm_tcti.as_deref())
             .with_owner_auth(config.tpm_owner_auth_file.clone());
         if let TpmAccess::Direct(direct) = &mut access {
@@ -182,7 +182,7 @@ impl TpmAccess {
     }
 
     /// The helper's client, under `[helper]`.
-    pub fn helper(&self) -> Option<&Arc<bc_helper::Client>> {
+    pub(crate) fn helper(&self) -> Option<&Arc<bc_helper::Client>> {
         match self {
             TpmAccess::Helper(client) => Some(client),
             _ => None,
@@ -204,11 +204,11 @@ impl TpmAccess {
     }
 
     /// Whether this machine has a TPM bcd would use (the helper's counts).
-    pub fn present(&self) -> bool {
+    pub(crate) fn present(&self) -> bool {
         !matches!(self, TpmAccess::Absent)
     }
 
-    pub fn tcti(&self) -> Option<&str> {
+    pub(crate) fn tcti(&self) -> Option<&str> {
         match self {
             TpmAccess::Direct(direct) => Some(&direct.tcti),
             _ => None,

@@ -46,7 +46,7 @@ impl TpmKey {
     }
 
     /// The key `node.key` names, derived again.
-    pub fn load(tpm: SharedTpm, path: &Path) -> Result<TpmKey, KeyError> {
+    pub(crate) fn load(tpm: SharedTpm, path: &Path) -> Result<TpmKey, KeyError> {
         TpmKey::derive(tpm, read_unique(path)?)
     }
 
@@ -70,7 +70,7 @@ impl TpmKey {
     }
 
     /// The key's TPMT_PUBLIC, as a certification names it.
-    pub fn public(&self) -> &[u8] {
+    pub(crate) fn public(&self) -> &[u8] {
         &self.public
     }
 

@@ -119,7 +119,7 @@ impl Respond for Site {
 /// Serves until `shutdown` changes, then closes every connection. The
 /// accept loop is [`bc_connlimit::serve_connections`], the control plane's
 /// too.
-pub async fn serve<R: Respond>(
+pub(crate) async fn serve<R: Respond>(
     listener: TcpListener,
     site: Arc<R>,
     limits: Limits,

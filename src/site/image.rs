@@ -27,7 +27,7 @@ pub struct Served {
 }
 
 impl Served {
-    pub fn total(&self) -> u64 {
+    pub(crate) fn total(&self) -> u64 {
         self.len + self.suffix.len() as u64
     }
 }

@@ -102,7 +102,7 @@ fn normalize_uuid(s: &str) -> Option<String> {
 pub(crate) const ASSERTION_TTL_MS: i64 = ASSERTION_MAX_AGE_MS;
 
 /// What the site vouches for: the machine it is serving now.
-pub struct Vouch<'a> {
+pub(crate) struct Vouch<'a> {
     pub site_id: &'a str,
     pub node_id: &'a str,
     pub epoch: u64,
@@ -118,7 +118,7 @@ pub struct Vouch<'a> {
 }
 
 /// The assertion: issued now, valid 15 minutes, never past the boot entry.
-pub fn assertion(v: &Vouch<'_>) -> DiscoveryAssertion {
+pub(crate) fn assertion(v: &Vouch<'_>) -> DiscoveryAssertion {
     DiscoveryAssertion {
         site_id: v.site_id.to_owned(),
         node_id: v.node_id.to_owned(),

@@ -36,9 +36,9 @@ pub enum EkKind {
 pub(super) const PREFERENCE: [EkKind; 3] = [EkKind::Rsa, EkKind::EccP256, EkKind::EccP384];
 
 impl EkKind {
-    pub const NAMES: &'static str = "\"rsa\", \"ecc-p256\" or \"ecc-p384\"";
+    pub(crate) const NAMES: &'static str = "\"rsa\", \"ecc-p256\" or \"ecc-p384\"";
 
-    pub fn parse(s: &str) -> Option<EkKind> {
+    pub(crate) fn parse(s: &str) -> Option<EkKind> {
         match s {
             "rsa" => Some(EkKind::Rsa),
             "ecc-p256" => Some(EkKind::EccP256),
@@ -47,7 +47,7 @@ impl EkKind {
         }
     }
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             EkKind::Rsa => "rsa",
             EkKind::EccP256 => "ecc-p256",

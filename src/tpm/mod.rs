@@ -43,7 +43,6 @@ pub use ek::Ek;
 pub(crate) use ek_file::{CertificateSource, OperatorCertificate};
 pub use ek_kind::EkKind;
 pub(crate) use ek_spki::{ek_spki_der, public_spki_der};
-pub use quote::Quote;
 
 /// Where bcd finds its TPM, in order: the config's `[tpm] tcti`, then
 /// `TPM2TOOLS_TCTI`, then `TCTI`, then `/dev/tpmrm0` when it exists. Never
@@ -184,7 +183,7 @@ pub struct LoadedKey {
 /// The TPM's identity, for `bcd tpm identify` and `bcd doctor`.
 #[derive(Clone, Debug, Default, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct TpmInfo {
+pub(crate) struct TpmInfo {
     /// TPM_PT_MANUFACTURER as its four ASCII characters (e.g. "IBM ").
     pub manufacturer: String,
     pub vendor: String,
@@ -263,7 +262,7 @@ impl Tpm {
     }
 
     /// Manufacturer, vendor, firmware and family, in one GetCapability.
-    pub fn info(&mut self) -> Result<TpmInfo, TpmError> {
+    pub(crate) fn info(&mut self) -> Result<TpmInfo, TpmError> {
         let (data, _) = cmd(
             "GetCapability",
             self.ctx.get_capability(
