@@ -15,12 +15,12 @@ pub const ALG_SHA256: u16 = 0x000B;
 pub const ALG_SHA384: u16 = 0x000C;
 pub const ALG_NULL: u16 = 0x0010;
 pub(crate) const ALG_ECDSA: u16 = 0x0018;
-pub const ALG_ECC: u16 = 0x0023;
+pub(crate) const ALG_ECC: u16 = 0x0023;
 pub(crate) const ECC_NIST_P256: u16 = 0x0003;
 
-pub const TPM_GENERATED_VALUE: u32 = 0xFF54_4347;
-pub const ST_ATTEST_CERTIFY: u16 = 0x8017;
-pub const ST_ATTEST_QUOTE: u16 = 0x8018;
+pub(crate) const TPM_GENERATED_VALUE: u32 = 0xFF54_4347;
+pub(crate) const ST_ATTEST_CERTIFY: u16 = 0x8017;
+pub(crate) const ST_ATTEST_QUOTE: u16 = 0x8018;
 
 /// TPMA_OBJECT bits.
 pub mod attr {
@@ -28,7 +28,6 @@ pub mod attr {
     pub const FIXED_PARENT: u32 = 0x0000_0010;
     pub const SENSITIVE_DATA_ORIGIN: u32 = 0x0000_0020;
     pub const USER_WITH_AUTH: u32 = 0x0000_0040;
-    pub const NO_DA: u32 = 0x0000_0400;
     pub const RESTRICTED: u32 = 0x0001_0000;
     pub const DECRYPT: u32 = 0x0002_0000;
     pub const SIGN: u32 = 0x0004_0000;

@@ -18,11 +18,11 @@
 //! maker, model and version) and the EKU 2.23.133.8.1, which webpki and
 //! friends reject.
 
-pub mod name;
+pub(crate) mod name;
 pub mod nv;
 pub mod path;
-pub mod profile;
-pub mod roca;
+pub(crate) mod profile;
+pub(crate) mod roca;
 mod sha512;
 pub mod spki;
 
@@ -32,7 +32,7 @@ pub use roca::has_roca_fingerprint;
 
 /// Whether `issuer`'s key verifies `cert`'s signature: x509-parser's
 /// algorithms, and ecdsa-with-SHA512 ([`sha512`]).
-pub fn signed_by(
+pub(crate) fn signed_by(
     cert: &x509_parser::certificate::X509Certificate<'_>,
     issuer: &x509_parser::x509::SubjectPublicKeyInfo<'_>,
 ) -> bool {
