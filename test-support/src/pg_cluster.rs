@@ -123,12 +123,13 @@ impl PgCluster {
 
     /// The superuser's password, one line, mode 0600 (the server's user
     /// owns it: initdb reads it).
-    pub fn password_file(&self) -> PathBuf {
+    pub(crate) fn password_file(&self) -> PathBuf {
         self.dir.join("password")
     }
 
     /// libpq's password file for TCP connections (`PGPASSFILE`).
-    pub fn pgpass_file(&self) -> PathBuf {
+    #[cfg(test)]
+    fn pgpass_file(&self) -> PathBuf {
         self.dir.join("pgpass")
     }
 
