@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 #[derive(Debug, Clone)]
-pub struct Backoff {
+pub(crate) struct Backoff {
     min: Duration,
     max: Duration,
     /// Failures since the last success.
@@ -12,7 +12,7 @@ pub struct Backoff {
 }
 
 impl Backoff {
-    pub fn new(min: Duration, max: Duration) -> Backoff {
+    pub(crate) fn new(min: Duration, max: Duration) -> Backoff {
         Backoff {
             min,
             max: max.max(min),
@@ -22,7 +22,7 @@ impl Backoff {
 
     /// Records a failure: its number (1 for the first) and the wait before
     /// the next try.
-    pub fn fail(&mut self) -> (u32, Duration) {
+    pub(crate) fn fail(&mut self) -> (u32, Duration) {
         self.attempt = self.attempt.saturating_add(1);
         let doublings = self.attempt.saturating_sub(1).min(31);
         let wait = self
@@ -33,7 +33,7 @@ impl Backoff {
         (self.attempt, wait)
     }
 
-    pub fn succeed(&mut self) {
+    pub(crate) fn succeed(&mut self) {
         self.attempt = 0;
     }
 }

@@ -10,10 +10,11 @@
 use time::OffsetDateTime;
 
 /// The environment variable a `failpoints` build adds to the system clock.
-pub const OFFSET_ENV: &str = "BCD_CLOCK_OFFSET";
+#[cfg(feature = "failpoints")]
+const OFFSET_ENV: &str = "BCD_CLOCK_OFFSET";
 
 /// Now, in UTC.
-pub fn now() -> OffsetDateTime {
+pub(crate) fn now() -> OffsetDateTime {
     let now = OffsetDateTime::now_utc();
     #[cfg(feature = "failpoints")]
     {
@@ -27,13 +28,13 @@ pub fn now() -> OffsetDateTime {
 }
 
 /// Now, to the second: what files and the journal keep.
-pub fn now_seconds() -> OffsetDateTime {
+pub(crate) fn now_seconds() -> OffsetDateTime {
     let now = now();
     now.replace_nanosecond(0).unwrap_or(now)
 }
 
 /// Unix milliseconds (0 before 1970, which no honest clock shows).
-pub fn unix_ms(t: OffsetDateTime) -> u64 {
+pub(crate) fn unix_ms(t: OffsetDateTime) -> u64 {
     u64::try_from(t.unix_timestamp_nanos() / 1_000_000).unwrap_or(0)
 }
 
@@ -60,7 +61,8 @@ fn test_offset() -> time::Duration {
 
 /// `+25h`, `-2m`, `90s`, `+7d`, `0`: an optional sign, a whole number and
 /// one unit (s, m, h, d).
-pub fn parse_offset(s: &str) -> Result<time::Duration, String> {
+#[cfg(any(test, feature = "failpoints"))]
+pub(crate) fn parse_offset(s: &str) -> Result<time::Duration, String> {
     let expected = || format!("{s:?}: expected a signed duration like +25h, -2m, 90s or +7d");
     let t = s.trim();
     let (negative, rest) = match t.as_bytes().first() {

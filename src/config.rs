@@ -22,12 +22,12 @@ use toml::Spanned;
 
 use bc_wire::sealing::SealingKey;
 
-pub const DEFAULT_PATH: &str = "/etc/bcd/config.toml";
-pub const DEFAULT_DATA_DIR: &str = "/var/lib/bcd";
+pub(crate) const DEFAULT_PATH: &str = "/etc/bcd/config.toml";
+pub(crate) const DEFAULT_DATA_DIR: &str = "/var/lib/bcd";
 
 /// Larger than any real configuration (a few PEM pins): a bigger file is a
 /// mistake, and reading it whole would only feed the error messages.
-pub const MAX_CONFIG_BYTES: u64 = 1024 * 1024;
+pub(crate) const MAX_CONFIG_BYTES: u64 = 1024 * 1024;
 
 /// The longest message a refusal prints: a bad value is quoted in it, and a
 /// 50 MB value must not become 50 MB on stderr or in the journal.
@@ -35,7 +35,7 @@ const MAX_MESSAGE_CHARS: usize = 240;
 
 /// `--config F`, shared by every subcommand that reads the configuration.
 #[derive(clap::Args, Debug, Clone)]
-pub struct ConfigArg {
+pub(crate) struct ConfigArg {
     /// The configuration file
     #[arg(long = "config", value_name = "F", default_value = DEFAULT_PATH)]
     pub path: PathBuf,
@@ -108,8 +108,8 @@ pub struct HelperSettings {
     pub user: String,
 }
 
-pub const DEFAULT_HELPER_SOCKET: &str = "/run/bcd/helper.sock";
-pub const DEFAULT_HELPER_USER: &str = "bcd";
+pub(crate) const DEFAULT_HELPER_SOCKET: &str = "/run/bcd/helper.sock";
+pub(crate) const DEFAULT_HELPER_USER: &str = "bcd";
 
 impl Default for HelperSettings {
     fn default() -> Self {
@@ -515,7 +515,7 @@ fn parse_api(s: &str) -> Result<Url, String> {
 }
 
 /// `90s`, `15m`, `24h`, `7d`: a positive whole number and one unit.
-pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+pub(crate) fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
     let expected = "expected a duration like 30s, 10m, 24h or 7d";
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
     let (n, unit) = s.split_at(split);

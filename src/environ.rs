@@ -19,7 +19,7 @@ extern "C" {
 ///
 /// The caller guarantees that no other thread reads or changes the
 /// environment meanwhile (it runs first thing in `main`).
-pub fn erase_value(name: &str) -> usize {
+pub(crate) fn erase_value(name: &str) -> usize {
     let prefix = [name.as_bytes(), b"="].concat();
     let mut erased = 0;
     // SAFETY: single-threaded (see above), so the array and its strings are

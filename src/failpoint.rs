@@ -5,7 +5,7 @@
 /// Aborts the process (as a kill -9 would end it: no destructors, no
 /// flushing) when `BCD_FAILPOINT` names this point.
 #[inline]
-pub fn hit(name: &str) {
+pub(crate) fn hit(name: &str) {
     #[cfg(feature = "failpoints")]
     if std::env::var("BCD_FAILPOINT").is_ok_and(|v| v == name) {
         std::process::abort();
@@ -17,7 +17,7 @@ pub fn hit(name: &str) {
 /// Whether `BCD_FAILPOINT` names this point, for the points that make bcd
 /// do something (rather than crash) in a test.
 #[inline]
-pub fn active(name: &str) -> bool {
+pub(crate) fn active(name: &str) -> bool {
     #[cfg(feature = "failpoints")]
     return std::env::var("BCD_FAILPOINT").is_ok_and(|v| v == name);
     #[cfg(not(feature = "failpoints"))]

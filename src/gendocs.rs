@@ -10,7 +10,7 @@ use anyhow::Context as _;
 use clap_complete::Shell;
 
 #[derive(clap::Args, Debug)]
-pub struct GenerateDocsArgs {
+pub(crate) struct GenerateDocsArgs {
     /// Where to write bcd.1 and the completions (created if missing)
     #[arg(long, value_name = "DIR")]
     out: PathBuf,
@@ -18,7 +18,7 @@ pub struct GenerateDocsArgs {
 
 /// Writes `bcd.1` (with one `bcd-<sub>.1` per subcommand) and `bcd.bash`,
 /// `_bcd` (zsh) and `bcd.fish` into `--out`.
-pub fn run(args: GenerateDocsArgs, cmd: clap::Command) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(args: GenerateDocsArgs, cmd: clap::Command) -> anyhow::Result<ExitCode> {
     let out = &args.out;
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
     write_man_pages(out, cmd.clone())?;

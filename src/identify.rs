@@ -17,7 +17,7 @@ use crate::pki::rfc3339;
 use crate::tpm::{Ek, EkKind, TpmInfo};
 
 #[derive(clap::Args, Debug)]
-pub struct IdentifyArgs {
+pub(crate) struct IdentifyArgs {
     #[command(flatten)]
     config: ConfigArg,
     /// Print a JSON object instead of lines
@@ -74,7 +74,7 @@ struct TpmJson {
     tcti: String,
 }
 
-pub fn run(args: IdentifyArgs) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(args: IdentifyArgs) -> anyhow::Result<ExitCode> {
     // Identifying a machine precedes configuring it: without a config file at
     // the default place, the TPM comes from the environment or /dev/tpmrm0.
     let config = match args.config.path == Path::new(DEFAULT_PATH) && !args.config.path.exists() {

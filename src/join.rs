@@ -23,7 +23,7 @@ use crate::{clock, out};
 const MAX_TOKEN_FILE: u64 = 4096;
 
 #[derive(clap::Args, Debug)]
-pub struct JoinArgs {
+pub(crate) struct JoinArgs {
     #[command(flatten)]
     config: ConfigArg,
     /// Read the join token from this file (else from BCD_JOIN_TOKEN; never from the command line)
@@ -71,7 +71,7 @@ impl JoinRole {
 }
 
 /// `env_token` is `BCD_JOIN_TOKEN` as `main` took it out of the environment.
-pub fn run(args: JoinArgs, env_token: Option<TokenText>) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(args: JoinArgs, env_token: Option<TokenText>) -> anyhow::Result<ExitCode> {
     if args.attestor == AttestorArg::X509pop {
         drop(env_token);
         return run_x509pop(&args);

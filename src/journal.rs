@@ -16,9 +16,9 @@ use crate::identity::{guard, JOURNAL_FILE};
 use crate::pki::rfc3339;
 
 /// Entries always kept, however old.
-pub const KEEP_ENTRIES: u32 = 1000;
+pub(crate) const KEEP_ENTRIES: u32 = 1000;
 /// Entries younger than this are kept, however many.
-pub const KEEP_FOR: time::Duration = time::Duration::days(90);
+pub(crate) const KEEP_FOR: time::Duration = time::Duration::days(90);
 
 #[derive(Debug, thiserror::Error)]
 #[error("the journal {path}: {source}")]
@@ -30,7 +30,7 @@ pub struct JournalError {
 
 /// SQLite's error, or the file system's when creating the file.
 #[derive(Debug, thiserror::Error)]
-pub enum JournalCause {
+pub(crate) enum JournalCause {
     #[error(transparent)]
     Sqlite(#[from] rusqlite::Error),
     #[error(transparent)]
@@ -48,7 +48,7 @@ pub enum Kind {
 }
 
 impl Kind {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Kind::Join => "join",
             Kind::Renewal => "renewal",
@@ -154,8 +154,9 @@ impl Journal {
         tx.commit().map_err(err)
     }
 
-    /// How many entries the journal holds.
-    pub fn len(&self) -> Result<u64, JournalError> {
+    /// How many entries the journal holds (the pruning tests').
+    #[cfg(test)]
+    fn len(&self) -> Result<u64, JournalError> {
         self.conn
             .query_row("SELECT COUNT(*) FROM journal", [], |r| r.get(0))
             .map_err(|source| JournalError {
@@ -164,12 +165,8 @@ impl Journal {
             })
     }
 
-    pub fn is_empty(&self) -> Result<bool, JournalError> {
-        Ok(self.len()? == 0)
-    }
-
     /// The newest entry of one of `kinds`.
-    pub fn last(&self, kinds: &[Kind]) -> Result<Option<Entry>, JournalError> {
+    pub(crate) fn last(&self, kinds: &[Kind]) -> Result<Option<Entry>, JournalError> {
         let names: Vec<&str> = kinds.iter().map(|k| k.as_str()).collect();
         let placeholders = vec!["?"; names.len()].join(",");
         let sql = format!(
@@ -207,14 +204,14 @@ impl Journal {
     }
 
     /// The last renewal attempt, successful or not.
-    pub fn last_renewal(&self) -> Result<Option<Entry>, JournalError> {
+    pub(crate) fn last_renewal(&self) -> Result<Option<Entry>, JournalError> {
         self.last(&[Kind::Renewal, Kind::RenewalFailed])
     }
 }
 
 /// Appends to the journal. The journal is the node's own history; losing an
 /// entry loses no identity, so a failure is a warning.
-pub fn record(
+pub(crate) fn record(
     data_dir: &Path,
     kind: Kind,
     node_id: &str,

@@ -10,31 +10,31 @@
 //! Subcommands import shared modules, never each other: the flows two of them
 //! run are shared modules (`joining`, `rejoin`, `renewal`, `sitedata`, `site_settings`).
 
-pub mod backoff;
+mod backoff;
 pub mod cli;
 pub mod client;
-pub mod clock;
+mod clock;
 pub mod config;
-pub mod doctor;
+mod doctor;
 mod environ;
 pub mod evidence;
-pub mod failpoint;
-pub mod gendocs;
+mod failpoint;
+mod gendocs;
 pub mod helper;
-pub mod identify;
+mod identify;
 pub mod identity;
-pub mod join;
-pub mod joining;
+mod join;
+mod joining;
 pub mod journal;
 pub mod keys;
-pub mod node;
-pub mod out;
+mod node;
+mod out;
 pub mod pki;
-pub mod ramdisk;
-pub mod rejoin;
-pub mod renewal;
+mod ramdisk;
+mod rejoin;
+mod renewal;
 pub mod site;
-pub mod site_settings;
-pub mod sitedata;
-pub mod status;
+mod site_settings;
+mod sitedata;
+mod status;
 pub mod tpm;

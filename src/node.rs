@@ -4,7 +4,7 @@ use std::process::ExitCode;
 use crate::config::ConfigArg;
 
 #[derive(clap::Args, Debug)]
-pub struct NodeArgs {
+pub(crate) struct NodeArgs {
     #[command(flatten)]
     config: ConfigArg,
     /// One pass, then exit: 0 when the identity is valid afterwards, 1 when the pass failed
@@ -15,6 +15,6 @@ pub struct NodeArgs {
     renew_now: bool,
 }
 
-pub fn run(args: NodeArgs) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(args: NodeArgs) -> anyhow::Result<ExitCode> {
     crate::renewal::run(&args.config.path, args.once, args.renew_now)
 }

@@ -8,7 +8,7 @@ use std::io::Write as _;
 use anyhow::Context as _;
 
 /// One line on stdout.
-pub fn line(args: fmt::Arguments<'_>) -> anyhow::Result<()> {
+pub(crate) fn line(args: fmt::Arguments<'_>) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     writeln!(out, "{args}")
         .and_then(|()| out.flush())
@@ -16,12 +16,12 @@ pub fn line(args: fmt::Arguments<'_>) -> anyhow::Result<()> {
 }
 
 /// One line on stderr; a failure to write it has nowhere to be reported.
-pub fn err_line(args: fmt::Arguments<'_>) {
+pub(crate) fn err_line(args: fmt::Arguments<'_>) {
     let _ = writeln!(std::io::stderr().lock(), "{args}");
 }
 
 /// `23h59m`, `2d3h`, `5m`, `12s`: coarse enough to read at a glance.
-pub fn human(d: time::Duration) -> String {
+pub(crate) fn human(d: time::Duration) -> String {
     let s = d.whole_seconds().max(0);
     let (days, hours, mins) = (s / 86_400, s % 86_400 / 3600, s % 3600 / 60);
     if days > 0 {

@@ -13,7 +13,7 @@ use x509_parser::prelude::FromDer;
 
 /// How long after notAfter a node may still re-join as itself (the control
 /// plane's x509pop `graceMs`, 7 days by default).
-pub const GRACE: time::Duration = time::Duration::days(7);
+pub(crate) const GRACE: time::Duration = time::Duration::days(7);
 
 /// The most URI SANs a node certificate may carry.
 const MAX_URIS: usize = 4;
@@ -58,7 +58,7 @@ impl NodeCert {
     /// same age, and renewing all at exactly half their lifetime would send the
     /// whole fleet to the control plane in the same second; a point derived from
     /// the certificate spreads them and stays put across restarts.
-    pub fn renew_at(&self) -> OffsetDateTime {
+    pub(crate) fn renew_at(&self) -> OffsetDateTime {
         let lifetime = self.not_after - self.not_before;
         let h = self.der_sha256;
         // 0..=1 in steps of 1/65535: fine enough for a 24-hour certificate (~0.13 s).
@@ -119,7 +119,7 @@ impl NodeCert {
 
     /// The AK statement (`urn:bc:tpm-ak:…`) this certificate carries, if any:
     /// a renewal of it must prove that AK again.
-    pub fn ak_statement(&self) -> Option<&str> {
+    pub(crate) fn ak_statement(&self) -> Option<&str> {
         self.statements
             .iter()
             .map(String::as_str)
@@ -128,7 +128,7 @@ impl NodeCert {
 }
 
 /// Checks that every certificate of a chain parses; the leaf first.
-pub fn check_chain(chain: &[Vec<u8>]) -> Result<NodeCert, CertError> {
+pub(crate) fn check_chain(chain: &[Vec<u8>]) -> Result<NodeCert, CertError> {
     let leaf = chain.first().ok_or(CertError::EmptyChain)?;
     for (i, c) in chain.iter().enumerate().skip(1) {
         parse_der(c, i)?;
@@ -155,7 +155,7 @@ pub fn chain_to_pem(chain: &[Vec<u8>]) -> Vec<String> {
 }
 
 /// Reads a chain stored as one PEM certificate per string; anything else is refused.
-pub fn chain_from_pem(pems: &[String]) -> Result<Vec<Vec<u8>>, CertError> {
+pub(crate) fn chain_from_pem(pems: &[String]) -> Result<Vec<Vec<u8>>, CertError> {
     pems.iter()
         .map(|p| {
             let mut sections = <(SectionKind, Vec<u8>)>::pem_slice_iter(p.as_bytes());
@@ -168,7 +168,7 @@ pub fn chain_from_pem(pems: &[String]) -> Result<Vec<Vec<u8>>, CertError> {
 }
 
 /// `2026-12-01T17:00:00Z`: certificate times have whole seconds, and so does every time bcd shows.
-pub fn rfc3339(t: OffsetDateTime) -> String {
+pub(crate) fn rfc3339(t: OffsetDateTime) -> String {
     let t = t.to_offset(time::UtcOffset::UTC);
     let t = t.replace_nanosecond(0).unwrap_or(t);
     t.format(&time::format_description::well_known::Rfc3339)
@@ -176,12 +176,12 @@ pub fn rfc3339(t: OffsetDateTime) -> String {
 }
 
 /// Untrusted text made safe for one line of a message.
-pub fn printable(s: &str) -> String {
+pub(crate) fn printable(s: &str) -> String {
     s.chars().filter(|c| !c.is_control()).take(200).collect()
 }
 
 /// Who issued a certificate that is not a node certificate (the EK's).
-pub struct CertSummary {
+pub(crate) struct CertSummary {
     pub issuer: String,
     /// Hex, as `openssl x509 -serial` prints it.
     pub serial: String,
@@ -190,7 +190,7 @@ pub struct CertSummary {
 }
 
 /// Reads any X.509 certificate's issuer, serial and validity.
-pub fn parse_cert(der: &[u8]) -> Result<CertSummary, CertError> {
+pub(crate) fn parse_cert(der: &[u8]) -> Result<CertSummary, CertError> {
     let cert = parse_der(der, 0)?;
     Ok(CertSummary {
         issuer: printable(&cert.issuer().to_string()),
@@ -202,12 +202,12 @@ pub fn parse_cert(der: &[u8]) -> Result<CertSummary, CertError> {
 
 /// Largest PEM bundle of CA certificates bcd reads (`[tpm] ek_intermediates`,
 /// `[tpm] ek_roots`): every maker's CAs together are ~200 KiB.
-pub const MAX_PEM_BUNDLE: u64 = 1 << 20;
+pub(crate) const MAX_PEM_BUNDLE: u64 = 1 << 20;
 
 /// The certificates of a PEM bundle an operator dropped on the machine
 /// (`[tpm] ek_intermediates`): absent is empty (the file is optional);
 /// anything but CERTIFICATE blocks that parse is an error naming the file.
-pub fn read_pem_bundle(path: &std::path::Path) -> anyhow::Result<Vec<Vec<u8>>> {
+pub(crate) fn read_pem_bundle(path: &std::path::Path) -> anyhow::Result<Vec<Vec<u8>>> {
     let text = match bc_wire::file::read_regular(path, MAX_PEM_BUNDLE, bc_wire::file::Links::Follow)
     {
         Err(e) if e.is_not_found() => {

@@ -29,7 +29,7 @@ use crate::out;
 use crate::renewal;
 
 #[derive(clap::Args, Debug)]
-pub struct RamdiskArgs {
+pub(crate) struct RamdiskArgs {
     #[command(flatten)]
     config: ConfigArg,
     /// The kernel command line to read bc.token and bc.assertion from
@@ -40,7 +40,7 @@ pub struct RamdiskArgs {
     once: bool,
 }
 
-pub fn run(args: RamdiskArgs) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(args: RamdiskArgs) -> anyhow::Result<ExitCode> {
     let config = Config::load(&args.config.path)?;
     let tpm = TpmAccess::configured(&config);
     let dir = &config.data_dir;

@@ -22,7 +22,7 @@ use crate::pki::rfc3339;
 use crate::{clock, failpoint};
 
 /// The one answer to a refused re-join, where the last certificate is the credential.
-pub const ACCESS_DENIED_X509POP: &str = "access denied: the control plane refused the x509pop re-join (the certificate may have expired more than 7 days ago, be revoked or older than the node's current identity, the node may be retired, or this clock may be more than 60 s off the control plane's; join again: bcd join --reset --yes, then bcd join with a token or --attestor tpm)";
+pub(crate) const ACCESS_DENIED_X509POP: &str = "access denied: the control plane refused the x509pop re-join (the certificate may have expired more than 7 days ago, be revoked or older than the node's current identity, the node may be retired, or this clock may be more than 60 s off the control plane's; join again: bcd join --reset --yes, then bcd join with a token or --attestor tpm)";
 
 /// Re-joins as `current` with x509pop and replaces the identity on disk
 /// (see [`rotation`]): the new key (in the TPM when there is one) is staged
@@ -32,7 +32,7 @@ pub const ACCESS_DENIED_X509POP: &str = "access denied: the control plane refuse
 /// `staged`: as for `bcd node`'s renewal, the next key of an earlier
 /// failed attempt, sent again; left staged when this attempt fails before
 /// an answer, for the next try.
-pub async fn rejoin_x509pop(
+pub(crate) async fn rejoin_x509pop(
     config: &Config,
     tpm: &TpmAccess,
     current: &Identity,

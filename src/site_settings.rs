@@ -11,7 +11,7 @@ use toml::Spanned;
 /// `[site]` as written.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawSite {
+pub(crate) struct RawSite {
     id: Spanned<String>,
     listen: Spanned<String>,
     public_url: Spanned<String>,
@@ -25,10 +25,10 @@ pub struct RawSite {
 
 /// Connections `bcd site` holds at once, by default: a rack PXE-booting at
 /// once, each machine with a connection or two.
-pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
+pub(crate) const DEFAULT_MAX_CONNECTIONS: usize = 256;
 /// Connections one source address holds at once, by default: iPXE uses
 /// one or two; a neighbour holding sockets open takes these, not the rest.
-pub const DEFAULT_MAX_PER_SOURCE: usize = 8;
+pub(crate) const DEFAULT_MAX_PER_SOURCE: usize = 8;
 
 /// `[site]`, checked.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,7 +55,7 @@ pub struct SiteSettings {
 impl RawSite {
     /// Checks every field; the error is the span of the bad value and the
     /// message.
-    pub fn check(
+    pub(crate) fn check(
         &self,
         parse_api: impl Fn(&str) -> Result<Url, String>,
     ) -> Result<SiteSettings, (std::ops::Range<usize>, String)> {

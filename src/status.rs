@@ -13,7 +13,7 @@ use crate::pki::rfc3339;
 use crate::{clock, out};
 
 #[derive(clap::Args, Debug)]
-pub struct StatusArgs {
+pub(crate) struct StatusArgs {
     #[command(flatten)]
     config: ConfigArg,
     /// Print a JSON object instead of a line
@@ -76,7 +76,7 @@ fn last_renewal(data_dir: &std::path::Path) -> Option<LastRenewal> {
 }
 
 /// Exit 0 when joined, 1 when not (or when the identity does not load).
-pub fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
     let config = Config::load(&args.config.path)?;
     let dir = &config.data_dir;
     crate::identity::owner::trust_node_user(&config)?;

@@ -190,7 +190,7 @@ impl Deadline {
         Deadline(Arc::new(Mutex::new(Instant::now() + timeout)))
     }
 
-    pub fn get(&self) -> Instant {
+    pub(crate) fn get(&self) -> Instant {
         *self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 

@@ -63,11 +63,11 @@ pub fn renew_answer(data: &[u8]) {
 }
 
 /// The statement [`renew_answer`] expects carried forward.
-pub const AK_STATEMENT: &str =
+pub(crate) const AK_STATEMENT: &str =
     "urn:bc:tpm-ak:sha256:00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
 /// The time [`renew_answer`] judges at (2026-11-30T23:00Z): the seeds'
 /// certificates are valid then.
-pub const RENEW_NOW: i64 = 1_796_079_600;
+pub(crate) const RENEW_NOW: i64 = 1_796_079_600;
 
 /// `identity.json`, loaded from a data directory as `bcd status` does (no
 /// repair, no TPM unless the file names one).

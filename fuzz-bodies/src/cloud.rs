@@ -13,7 +13,7 @@ use crate::fixtures::{self, AUDIENCE};
 use crate::split_parts;
 
 /// The database time the documents are judged at: 2026-01-01T00:00:00Z.
-pub const NOW_MS: i64 = 1_767_225_600_000;
+pub(crate) const NOW_MS: i64 = 1_767_225_600_000;
 /// `[cloud_iid] max_age`'s default.
 const MAX_AGE_MS: i64 = 10 * 60 * 1000;
 

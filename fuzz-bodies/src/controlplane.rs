@@ -159,7 +159,7 @@ impl Cp {
 
 /// The account (GCP project, AWS account) of the cloud-iid seeds, resolved
 /// to the default pool.
-pub const CLOUD_ACCOUNT: &str = "proj-fuzz";
+pub(crate) const CLOUD_ACCOUNT: &str = "proj-fuzz";
 
 /// `[cloud_iid]` with GCP and AWS and the test keys, into `dir`.
 fn cloud_iid_config(dir: &Path) -> Result<(), String> {

@@ -12,7 +12,7 @@
 mod agent;
 mod cloud;
 mod controlplane;
-pub mod fixtures;
+mod fixtures;
 mod helper;
 mod site;
 mod wire;
@@ -25,11 +25,13 @@ pub use site::{ramdisk_cmdline, site_request};
 pub use wire::{join_token, sealed_token, tpm_wire, x509pop_evidence};
 
 /// A target's body.
-pub type Body = fn(&[u8]);
+#[cfg(test)]
+type Body = fn(&[u8]);
 
 /// Every target: its name (the directory of its corpus, the file of its
-/// fuzz target) and its body.
-pub const TARGETS: &[(&str, Body)] = &[
+/// fuzz target) and its body. The corpus test's (tests.rs).
+#[cfg(test)]
+const TARGETS: &[(&str, Body)] = &[
     ("join_request", join_request),
     ("join_answer", join_answer),
     ("renew_request", renew_request),
@@ -54,7 +56,7 @@ pub const TARGETS: &[(&str, Body)] = &[
 /// Splits an input into `N` parts: every part but the last is prefixed by
 /// its length (u16, big-endian); a short input leaves the rest empty.
 /// [`join_parts`] is the inverse, for seeds.
-pub fn split_parts<const N: usize>(mut data: &[u8]) -> [&[u8]; N] {
+pub(crate) fn split_parts<const N: usize>(mut data: &[u8]) -> [&[u8]; N] {
     let mut out = [&[][..]; N];
     for (i, slot) in out.iter_mut().enumerate() {
         if i + 1 == N {
@@ -72,8 +74,9 @@ pub fn split_parts<const N: usize>(mut data: &[u8]) -> [&[u8]; N] {
     out
 }
 
-/// The input [`split_parts`] splits into `parts`.
-pub fn join_parts(parts: &[&[u8]]) -> Vec<u8> {
+/// The input [`split_parts`] splits into `parts`, for the seeds (tests.rs).
+#[cfg(test)]
+fn join_parts(parts: &[&[u8]]) -> Vec<u8> {
     let mut out = Vec::new();
     for (i, p) in parts.iter().enumerate() {
         if i + 1 < parts.len() {

@@ -14,8 +14,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use p256::ecdsa::signature::hazmat::PrehashVerifier as _;
-use p256::ecdsa::{Signature, VerifyingKey};
 use prost::Message as _;
 
 use crate::proto::{self, response, Hash, Operation, Response};
@@ -65,7 +63,6 @@ pub struct HelperKeyPublic {
     pub public: Vec<u8>,
     /// SubjectPublicKeyInfo (DER).
     pub spki: Vec<u8>,
-    verifying: VerifyingKey,
     /// The uncompressed point, as ring takes it.
     point: Vec<u8>,
 }
@@ -84,10 +81,6 @@ impl Client {
             path: path.to_owned(),
             conn: Mutex::new(None),
         }
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
     }
 
     /// `tpm.ak`.
@@ -142,7 +135,6 @@ impl Client {
             unique: *unique,
             public: k.public,
             spki,
-            verifying,
             point,
         })
     }
@@ -165,23 +157,7 @@ impl Client {
         Ok(signature)
     }
 
-    /// `tpm.sign` by `key` of `digest` (made with `hash`), P1363 `r‖s`,
-    /// verified against the key's public half.
-    pub fn sign_digest(
-        &self,
-        key: &HelperKeyPublic,
-        hash: Hash,
-        digest: &[u8],
-    ) -> Result<[u8; 64], ClientError> {
-        let signature = self.sign_raw(key, hash, digest)?;
-        let parsed = Signature::from_slice(&signature).map_err(|_| bad_signature())?;
-        key.verifying
-            .verify_prehash(digest, &parsed)
-            .map_err(|_| bad_signature())?;
-        Ok(signature)
-    }
-
-    /// `tpm.sign`, unchecked: the callers above check.
+    /// `tpm.sign`, unchecked: the caller above checks.
     fn sign_raw(
         &self,
         key: &HelperKeyPublic,

@@ -5,16 +5,16 @@
 //! - [`proto`]: the messages and their framing (length-bounded, protobuf);
 //!   every request is checked into an [`proto::Operation`] before anything
 //!   touches the TPM.
-//! - [`server`]: the root side, generic over a [`server::Backend`] that the
+//! - `server`: the root side, generic over a [`Backend`] that the
 //!   bcd binary implements with its TPM module (this crate never touches
 //!   tss-esapi). It checks the peer's uid (SO_PEERCRED) before reading a byte.
-//! - [`client`]: the node's side. It trusts nothing it gets back: every
+//! - `client`: the node's side. It trusts nothing it gets back: every
 //!   signature is verified against the key's public half, and every
 //!   certification against the AK the helper announced.
-pub mod client;
+mod client;
 pub mod proto;
-pub mod server;
+mod server;
 
 pub use client::{Ak, Client, ClientError, HelperKeyPublic};
 pub use proto::{Hash, Operation};
-pub use server::{Allowed, Backend, BackendError, Limits, ServeError, TOO_MANY};
+pub use server::{serve, AkInfo, Allowed, Backend, BackendError, Limits, ServeError, TOO_MANY};

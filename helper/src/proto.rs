@@ -16,10 +16,10 @@ pub const MAX_REQUEST: usize = 1024;
 
 /// The largest response: a TPMS_ATTEST and a TPMT_SIGNATURE, or an AK's
 /// public area and name, are well under 1 KiB each.
-pub const MAX_RESPONSE: usize = 16 * 1024;
+pub(crate) const MAX_RESPONSE: usize = 16 * 1024;
 
 /// TPM2B_DATA holds at most a TPMT_HA (a SHA-512 digest and its algorithm).
-pub const MAX_QUALIFYING: usize = 64;
+pub(crate) const MAX_QUALIFYING: usize = 64;
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct Request {
@@ -27,7 +27,7 @@ pub struct Request {
     pub op: Option<request::Op>,
 }
 
-pub mod request {
+pub(crate) mod request {
     #[derive(Clone, PartialEq, prost::Oneof)]
     pub enum Op {
         /// `tpm.ak`
@@ -149,7 +149,7 @@ pub enum Hash {
 
 impl Hash {
     /// TPM_ALG_ID.
-    pub fn alg_id(self) -> u32 {
+    pub(crate) fn alg_id(self) -> u32 {
         match self {
             Hash::Sha256 => 0x000B,
             Hash::Sha384 => 0x000C,
@@ -157,7 +157,7 @@ impl Hash {
         }
     }
 
-    pub fn from_alg_id(id: u32) -> Option<Hash> {
+    pub(crate) fn from_alg_id(id: u32) -> Option<Hash> {
         match id {
             0x000B => Some(Hash::Sha256),
             0x000C => Some(Hash::Sha384),
@@ -197,7 +197,7 @@ pub enum Operation {
 
 impl Operation {
     /// The operation's name, as logs and errors say it.
-    pub fn name(&self) -> &'static str {
+    pub(crate) fn name(&self) -> &'static str {
         match self {
             Operation::Ak => "tpm.ak",
             Operation::NodeKey { .. } => "tpm.nodekey",

@@ -75,13 +75,14 @@ impl Allowed {
 
     /// Exactly `uids`, root only if listed: for tests of the refusal,
     /// which run as root.
-    pub fn only(uids: &[u32]) -> Allowed {
+    #[cfg(test)]
+    fn only(uids: &[u32]) -> Allowed {
         Allowed {
             uids: uids.to_vec(),
         }
     }
 
-    pub fn allows(&self, uid: u32) -> bool {
+    pub(crate) fn allows(&self, uid: u32) -> bool {
         self.uids.contains(&uid)
     }
 }

@@ -78,7 +78,7 @@ pub struct Expected<'a> {
 impl<'a> Expected<'a> {
     /// What a join answer must be for this config's pins and trust domain,
     /// the CSR with digest `csr_sha256` and the node key `node_spki`.
-    pub fn for_join(
+    pub(crate) fn for_join(
         config: &'a crate::config::Config,
         csr_sha256: [u8; 32],
         node_spki: &'a [u8],

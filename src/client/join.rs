@@ -22,7 +22,7 @@ use crate::evidence::challenge::{AnswerChallenge, ChallengeError};
 use crate::pki::printable;
 
 #[derive(Debug, thiserror::Error)]
-pub enum JoinError {
+pub(crate) enum JoinError {
     #[error(transparent)]
     Client(#[from] ClientError),
     #[error(transparent)]
@@ -50,7 +50,7 @@ pub enum JoinError {
 }
 
 /// Sends one `Join`. The real one is [`Client`]; tests script their own.
-pub trait Transport {
+pub(crate) trait Transport {
     fn join(
         &self,
         request: &JoinRequest,
@@ -69,7 +69,7 @@ impl Transport for Client {
 /// An attestor's answer to its challenge, written into the next request:
 /// its `attestation`, or its `tpm` for TPM evidence beside another
 /// attestor's (a ramdisk's discovery join).
-pub trait Answerer {
+pub(crate) trait Answerer {
     fn answer(
         &mut self,
         challenge: &JoinChallenge,
@@ -96,7 +96,7 @@ impl From<ChallengeError> for JoinError {
 
 /// For attestors that never challenge (join-token): a challenge is an error.
 /// Holds the attestor's name for the message.
-pub struct NoChallenges(pub &'static str);
+pub(crate) struct NoChallenges(pub &'static str);
 
 impl Answerer for NoChallenges {
     fn answer(&mut self, challenge: &JoinChallenge, _: &mut JoinRequest) -> Result<(), JoinError> {
@@ -108,7 +108,7 @@ impl Answerer for NoChallenges {
 }
 
 #[derive(Debug, Clone)]
-pub struct Policy {
+pub(crate) struct Policy {
     pub max_challenges: u32,
     /// The wait when a pending answer names none (the spec's default, 30 s).
     pub default_wait: Duration,
@@ -150,7 +150,7 @@ impl Default for Policy {
 /// after `window` has passed since the first request, and the last refusal
 /// is returned.
 #[derive(Debug, Clone)]
-pub struct RefusedRetry {
+pub(crate) struct RefusedRetry {
     pub first: Duration,
     pub max_wait: Duration,
     pub window: Duration,
@@ -160,7 +160,7 @@ pub struct RefusedRetry {
 
 impl RefusedRetry {
     /// A TPM join whose certificate comes from `service` (the maker's).
-    pub fn maker_service(service: &'static str) -> Self {
+    pub(crate) fn maker_service(service: &'static str) -> Self {
         RefusedRetry {
             first: Duration::from_secs(5),
             max_wait: Duration::from_secs(60),
@@ -171,7 +171,7 @@ impl RefusedRetry {
 
     /// The wait before retry number `n` (from 0), `elapsed` after the first
     /// request; None when it would end past the window.
-    pub fn wait(&self, n: u32, elapsed: Duration) -> Option<Duration> {
+    pub(crate) fn wait(&self, n: u32, elapsed: Duration) -> Option<Duration> {
         let wait = self
             .first
             .checked_mul(1u32.checked_shl(n).unwrap_or(u32::MAX))
@@ -184,7 +184,7 @@ impl RefusedRetry {
 impl Policy {
     /// How long to wait on a pending answer: the server's wish, within bounds
     /// so that it can neither spin bcd nor park it for days per round.
-    pub fn wait_for(&self, pending: &JoinPending) -> Duration {
+    pub(crate) fn wait_for(&self, pending: &JoinPending) -> Duration {
         match pending.retry_after_seconds {
             0 => self.default_wait,
             s => Duration::from_secs(u64::from(s)).clamp(self.min_wait, self.max_wait),
@@ -194,7 +194,7 @@ impl Policy {
 
 /// Runs the exchange for `request` until a verified final answer.
 /// `attestor` is the request's attestor id as the control plane names it.
-pub async fn run<T: Transport>(
+pub(crate) async fn run<T: Transport>(
     transport: &T,
     answerer: &mut dyn Answerer,
     mut request: JoinRequest,

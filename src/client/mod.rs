@@ -9,9 +9,9 @@
 //! certificate, its handshake signed by the node key through
 //! [`crate::keys::tls`]: that is how `Renew` (mTLS) is called.
 pub mod answer;
-pub mod join;
+pub(crate) mod join;
 pub mod renew;
-pub mod site;
+mod site;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -82,7 +82,7 @@ pub struct Client {
 
 impl Client {
     /// The control plane's base URL, as messages show it.
-    pub fn api(&self) -> &str {
+    pub(crate) fn api(&self) -> &str {
         &self.api
     }
 

@@ -37,7 +37,7 @@ impl Client {
     }
 
     /// Gives the lease up, so a standby takes it at once.
-    pub async fn release_lease(
+    pub(crate) async fn release_lease(
         &self,
         site_id: &str,
         epoch: u64,

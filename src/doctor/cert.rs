@@ -12,7 +12,7 @@ use crate::pki::GRACE;
 
 /// ok while more than a quarter of the lifetime is left; warn below; fail
 /// once expired, with what brings the node back.
-pub fn certificate(
+pub(super) fn certificate(
     not_before: OffsetDateTime,
     not_after: OffsetDateTime,
     now: OffsetDateTime,
@@ -72,7 +72,7 @@ pub fn certificate(
 
 /// The last renewal attempt recorded in `journal.db`. A data directory
 /// without a journal is not given one: doctor writes nothing.
-pub fn last_renewal(dir: &Path, now: OffsetDateTime) -> Check {
+pub(super) fn last_renewal(dir: &Path, now: OffsetDateTime) -> Check {
     if !dir.join(JOURNAL_FILE).exists() {
         return Check::ok(LAST_RENEWAL, format!("none yet (no {JOURNAL_FILE})"));
     }
@@ -86,7 +86,7 @@ pub fn last_renewal(dir: &Path, now: OffsetDateTime) -> Check {
     }
 }
 
-pub fn renewal(last: Option<&Entry>, now: OffsetDateTime) -> Check {
+pub(super) fn renewal(last: Option<&Entry>, now: OffsetDateTime) -> Check {
     let Some(e) = last else {
         return Check::ok(LAST_RENEWAL, "none yet");
     };

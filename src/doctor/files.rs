@@ -14,9 +14,9 @@ const PRIVATE_FILES: [&str; 4] = [
     JOURNAL_FILE,
 ];
 
-pub use crate::identity::guard::effective_uid;
+pub(super) use crate::identity::guard::effective_uid;
 
-pub fn check_data_dir(dir: &Path, euid: Option<u32>) -> Check {
+pub(super) fn check_data_dir(dir: &Path, euid: Option<u32>) -> Check {
     let shown = dir.display();
     let meta = match std::fs::metadata(dir) {
         Ok(m) => m,

@@ -9,7 +9,7 @@ use crate::config::HelperSettings;
 const TSS_GROUP: &str = "tss";
 
 /// The `tpm`, `ek certificate` and `helper` checks under `[helper]`.
-pub fn checks(settings: &HelperSettings, client: Option<&bc_helper::Client>) -> Vec<Check> {
+pub(super) fn checks(settings: &HelperSettings, client: Option<&bc_helper::Client>) -> Vec<Check> {
     let in_tss = user_in_group(&settings.user, TSS_GROUP);
     let mut checks = vec![tss_check(&settings.user, in_tss)];
     checks.push(Check::skip(
@@ -26,7 +26,7 @@ pub fn checks(settings: &HelperSettings, client: Option<&bc_helper::Client>) -> 
 
 /// Fails while `user` is in the `tss` group (`in_tss`: `None` when the
 /// group does not exist).
-pub fn tss_check(user: &str, in_tss: Option<bool>) -> Check {
+pub(super) fn tss_check(user: &str, in_tss: Option<bool>) -> Check {
     match in_tss {
         Some(true) => Check::fail(
             TPM,
@@ -41,7 +41,7 @@ pub fn tss_check(user: &str, in_tss: Option<bool>) -> Check {
 }
 
 /// What asking the helper for its AK (`answer`) says, for a caller of `uid`.
-pub fn helper_check(
+pub(super) fn helper_check(
     settings: &HelperSettings,
     uid: Option<u32>,
     answer: Result<String, bc_helper::ClientError>,

@@ -29,7 +29,7 @@ use anyhow::Context as _;
 use serde::Serialize;
 
 #[derive(clap::Args, Debug)]
-pub struct DoctorArgs {
+pub(crate) struct DoctorArgs {
     #[command(flatten)]
     config: ConfigArg,
     /// Print a JSON object instead of lines
@@ -39,7 +39,7 @@ pub struct DoctorArgs {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Status {
+pub(crate) enum Status {
     Ok,
     Warn,
     Fail,
@@ -60,7 +60,7 @@ impl Status {
 
 /// One finding.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Check {
+pub(crate) struct Check {
     pub check: &'static str,
     pub status: Status,
     pub message: String,
@@ -106,7 +106,7 @@ impl Check {
     }
 
     /// `ok    identity: node node_abc …` / `fail  identity: <message>; <hint>`.
-    pub fn line(&self) -> String {
+    pub(crate) fn line(&self) -> String {
         let mut s = format!(
             "{:<6}{}: {}",
             self.status.as_str(),
@@ -123,7 +123,7 @@ impl Check {
 
 /// Everything doctor found: `{"checks": [...], "ok": bool}`.
 #[derive(Debug, Serialize)]
-pub struct Report {
+pub(crate) struct Report {
     pub checks: Vec<Check>,
     /// No check failed (warnings allowed).
     pub ok: bool,
@@ -150,7 +150,7 @@ const CONTROL_PLANE: &str = "control plane";
 const CLOCK: &str = "clock";
 
 /// Exit 0 when nothing failed, 1 when a check failed.
-pub fn run(args: DoctorArgs) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(args: DoctorArgs) -> anyhow::Result<ExitCode> {
     let report = diagnose(&args.config.path);
     if args.json {
         out::line(format_args!(
@@ -170,7 +170,7 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// Runs every check against the config at `path`.
-pub fn diagnose(path: &Path) -> Report {
+pub(crate) fn diagnose(path: &Path) -> Report {
     let mut checks = Vec::new();
     let config = match Config::load(path) {
         Ok(c) => c,

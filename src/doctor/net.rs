@@ -22,7 +22,7 @@ const WARN_SKEW_SECS: i64 = 10;
 const FAIL_SKEW_SECS: i64 = 60;
 
 /// The `control plane` and `clock` checks.
-pub fn checks(config: &Config) -> Vec<Check> {
+pub(super) fn checks(config: &Config) -> Vec<Check> {
     let url = config.api.as_str().trim_end_matches('/').to_owned();
     let probe = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -131,7 +131,7 @@ fn unreachable(f: &Failure, url: &str) -> Check {
 /// `local` is the middle of the request). The system clock on both sides:
 /// a test build's moved clock moves the control plane's database time, not
 /// its `Date`.
-pub fn clock(date: Option<&str>, local: OffsetDateTime) -> Check {
+pub(super) fn clock(date: Option<&str>, local: OffsetDateTime) -> Check {
     let Some(date) = date else {
         return Check::warn(
             CLOCK,
@@ -177,7 +177,7 @@ pub fn clock(date: Option<&str>, local: OffsetDateTime) -> Check {
 
 /// An HTTP date in the one format servers send (RFC 9110's IMF-fixdate):
 /// `Sun, 06 Nov 1994 08:49:37 GMT`.
-pub fn parse_http_date(s: &str) -> Option<OffsetDateTime> {
+pub(super) fn parse_http_date(s: &str) -> Option<OffsetDateTime> {
     let format = time::macros::format_description!(
         "[weekday repr:short], [day] [month repr:short] [year] [hour]:[minute]:[second] GMT"
     );

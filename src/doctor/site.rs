@@ -11,11 +11,11 @@ use crate::site_settings::SiteSettings;
 use crate::sitedata::commissioning::{self, Policy};
 use crate::sitedata::state;
 
-pub const RAMDISK: &str = "ramdisk";
-pub const BOOT_LEASE: &str = "boot lease";
-pub const COMMISSIONING: &str = "commissioning";
+pub(super) const RAMDISK: &str = "ramdisk";
+pub(super) const BOOT_LEASE: &str = "boot lease";
+pub(super) const COMMISSIONING: &str = "commissioning";
 
-pub fn checks(settings: &SiteSettings, data_dir: &Path, now: OffsetDateTime) -> Vec<Check> {
+pub(super) fn checks(settings: &SiteSettings, data_dir: &Path, now: OffsetDateTime) -> Vec<Check> {
     vec![
         ramdisk(&settings.ramdisk_dir),
         lease(data_dir, now),

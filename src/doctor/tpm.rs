@@ -16,7 +16,7 @@ use crate::pki::printable;
 use crate::tpm::{CertificateSource, TpmInfo};
 
 /// The `tpm` and `ek certificate` checks (only `tpm` on a host without one).
-pub fn checks(
+pub(super) fn checks(
     access: &TpmAccess,
     ek_roots: Option<&Path>,
     ek_intermediates: Option<&Path>,
@@ -122,7 +122,7 @@ pub fn checks(
 }
 
 /// TPM 2.0 or not, who made it, and whether it is a software TPM.
-pub fn info_check(info: &TpmInfo, tcti: &str) -> Check {
+pub(super) fn info_check(info: &TpmInfo, tcti: &str) -> Check {
     // "IBM " and "SW   TPM" read as "IBM SW TPM".
     let maker = printable(&format!("{} {}", info.manufacturer, info.vendor))
         .split_whitespace()
@@ -173,7 +173,7 @@ fn mismatch_check(ek: &crate::tpm::Ek) -> Check {
 
 /// No EK certificate to send, from a TPM whose maker publishes them: the
 /// control plane fetches it by the EK's hash ([tpm.ek_services]).
-pub fn from_service(service: &str) -> Check {
+pub(super) fn from_service(service: &str) -> Check {
     Check::ok(
         EK_CERTIFICATE,
         format!("joins as maker-service: none in NV, the control plane fetches it from {service}"),
@@ -182,7 +182,7 @@ pub fn from_service(service: &str) -> Check {
 
 /// The EK certificate bcd will send: its bytes, where it came from, and
 /// the EK assurance the control plane will record for it.
-pub struct Sent<'a> {
+pub(super) struct Sent<'a> {
     pub der: &'a [u8],
     /// "nv", "nv-chain" or "operator-file".
     pub assurance: &'static str,
@@ -193,7 +193,7 @@ pub struct Sent<'a> {
 /// The EK certificate: which one a tpm join sends (and so the EK assurance
 /// it joins with), and that it chains to `ek_roots` when configured; with
 /// none, what to do.
-pub fn ek_certificate(
+pub(super) fn ek_certificate(
     sent: Option<Sent<'_>>,
     ek_sha256: &str,
     ek_roots: Option<&Path>,
@@ -266,7 +266,7 @@ pub fn ek_certificate(
 /// through `intermediates` (untrusted), as the control plane does
 /// ([`bc_wire::ekcert::path`]).
 /// Returns the anchor's subject; else why not, naming a missing issuer.
-pub fn verify_chain(
+pub(super) fn verify_chain(
     ek_der: &[u8],
     roots_pem: &[u8],
     intermediates: &[Vec<u8>],

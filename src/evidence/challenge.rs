@@ -4,7 +4,7 @@
 use bc_wire::agent::{JoinChallenge, JoinRequest};
 
 /// Evidence that answers a challenge by filling in the next request.
-pub trait AnswerChallenge {
+pub(crate) trait AnswerChallenge {
     fn answer(
         &mut self,
         challenge: &JoinChallenge,

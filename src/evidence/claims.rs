@@ -17,7 +17,8 @@ use std::path::{Path, PathBuf};
 use bc_wire::agent::HardwareClaims;
 
 /// The environment variable a `failpoints` build reads sysfs under.
-pub const SYSFS_ROOT_ENV: &str = "BCD_SYSFS_ROOT";
+#[cfg(feature = "failpoints")]
+const SYSFS_ROOT_ENV: &str = "BCD_SYSFS_ROOT";
 
 /// The interface every Linux machine has and no attestor can bind to.
 const LOOPBACK: &str = "lo";
@@ -28,12 +29,12 @@ const MAX_PRODUCT_UUID_LEN: usize = 64;
 
 /// The claims of this machine, from `/sys` (or `BCD_SYSFS_ROOT` in a
 /// `failpoints` build).
-pub fn collect() -> HardwareClaims {
+pub(crate) fn collect() -> HardwareClaims {
     collect_from(&sysfs_root())
 }
 
 /// The claims under a sysfs root: [`macs_from`] and [`product_uuid_from`].
-pub fn collect_from(root: &Path) -> HardwareClaims {
+pub(crate) fn collect_from(root: &Path) -> HardwareClaims {
     HardwareClaims {
         macs: macs_from(root),
         product_uuid: product_uuid_from(root),
@@ -44,7 +45,7 @@ pub fn collect_from(root: &Path) -> HardwareClaims {
 /// sorted, without `lo`, all-zero addresses (interfaces without a hardware
 /// address, e.g. tunnels) and duplicates (bond members share one). An
 /// address that is not six hex pairs (InfiniBand's 20 bytes) is left out.
-pub fn macs_from(root: &Path) -> Vec<String> {
+pub(crate) fn macs_from(root: &Path) -> Vec<String> {
     let Ok(entries) = std::fs::read_dir(root.join("class/net")) else {
         return Vec::new();
     };
@@ -62,7 +63,7 @@ pub fn macs_from(root: &Path) -> Vec<String> {
 /// `ROOT/class/dmi/id/product_uuid`, lowercase; empty when the file is
 /// absent (no DMI, e.g. most ARM boards), unreadable (it is root-only) or
 /// not a printable word.
-pub fn product_uuid_from(root: &Path) -> String {
+pub(crate) fn product_uuid_from(root: &Path) -> String {
     std::fs::read_to_string(root.join("class/dmi/id/product_uuid"))
         .map(|text| parse_product_uuid(&text))
         .unwrap_or_default()
@@ -70,7 +71,7 @@ pub fn product_uuid_from(root: &Path) -> String {
 
 /// One sysfs `address`: six hex pairs separated by `:`, lowercase; `None`
 /// for anything else and for `00:00:00:00:00:00`.
-pub fn parse_mac(text: &str) -> Option<String> {
+pub(crate) fn parse_mac(text: &str) -> Option<String> {
     let t = text.trim();
     let pairs: Vec<&str> = t.split(':').collect();
     let well_formed = pairs.len() == 6
@@ -86,7 +87,7 @@ pub fn parse_mac(text: &str) -> Option<String> {
 /// The content of `product_uuid`, trimmed and lowercase; empty when it is
 /// too long or holds anything but ASCII graphic characters. The server
 /// validates the form; this only keeps garbage out of the request.
-pub fn parse_product_uuid(text: &str) -> String {
+pub(crate) fn parse_product_uuid(text: &str) -> String {
     let t = text.trim();
     if t.len() > MAX_PRODUCT_UUID_LEN || !t.bytes().all(|b| b.is_ascii_graphic()) {
         return String::new();

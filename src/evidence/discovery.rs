@@ -9,7 +9,7 @@ use bc_wire::site::{self, AssertionError};
 use bc_wire::token::JoinToken;
 
 /// The longest command line read (the kernel's own limit is a few KiB).
-pub const MAX_CMDLINE: usize = 64 * 1024;
+pub(crate) const MAX_CMDLINE: usize = 64 * 1024;
 
 const TOKEN_KEY: &str = "bc.token";
 const ASSERTION_KEY: &str = "bc.assertion";
@@ -43,7 +43,7 @@ impl Discovery {
     /// control plane refuses the assertion then anyway (`assertion-stale`);
     /// measured on this machine's monotonic clock, so a ramdisk whose
     /// wall clock is wrong still waits about that long.
-    pub fn lifetime(&self) -> std::time::Duration {
+    pub(crate) fn lifetime(&self) -> std::time::Duration {
         let ms = site::parse_signed(&self.assertion)
             .map(|(_, a)| {
                 a.valid_until_with(site::ASSERTION_MAX_AGE_MS)

@@ -17,14 +17,14 @@ pub enum TokenError {
 }
 
 /// The token text as the operator handed it over; redacted in `Debug`.
-pub struct TokenText {
+pub(crate) struct TokenText {
     text: Zeroizing<String>,
     /// Where it came from (a file name, an environment variable), for messages.
     origin: String,
 }
 
 impl TokenText {
-    pub fn new(text: Zeroizing<String>, origin: impl Into<String>) -> Self {
+    pub(crate) fn new(text: Zeroizing<String>, origin: impl Into<String>) -> Self {
         TokenText {
             text,
             origin: origin.into(),
@@ -32,7 +32,7 @@ impl TokenText {
     }
 
     /// Checks the token's form; the secret is checked by the control plane only.
-    pub fn parse(&self) -> Result<JoinToken, TokenError> {
+    pub(crate) fn parse(&self) -> Result<JoinToken, TokenError> {
         JoinToken::parse(self.text.trim()).map_err(|_| TokenError::Format {
             origin: self.origin.clone(),
         })

@@ -4,31 +4,31 @@
 //! clock, and for `tpm` the TPM itself); none talks to the control plane
 //! (`cloud-iid` asks the VM's own metadata service for its document). The join flow
 //! picks the builder for the configured attestor.
-pub mod challenge;
-pub mod claims;
-pub mod cloud_iid;
+pub(crate) mod challenge;
+pub(crate) mod claims;
+pub(crate) mod cloud_iid;
 pub mod discovery;
 pub mod join_token;
-pub mod provisioned;
+pub(crate) mod provisioned;
 pub mod tpm;
 pub mod x509pop;
 
 /// Attestor ids as the control plane names them (the wire's
 /// [`bc_wire::AttestorId`]).
-pub mod attestor {
+pub(crate) mod attestor {
     use bc_wire::AttestorId;
 
     /// The built-in attestor: a sealed join token, no further evidence.
-    pub const JOIN_TOKEN: &str = AttestorId::JoinToken.as_str();
+    pub(crate) const JOIN_TOKEN: &str = AttestorId::JoinToken.as_str();
     /// The TPM's EK and AK, two rounds, the node key certified by the AK.
-    pub const TPM: &str = AttestorId::Tpm.as_str();
+    pub(crate) const TPM: &str = AttestorId::Tpm.as_str();
     /// Re-joining as itself with the last certificate and its key.
-    pub const X509POP: &str = AttestorId::X509Pop.as_str();
+    pub(crate) const X509POP: &str = AttestorId::X509Pop.as_str();
     /// A PXE ramdisk vouched for by its site's boot server.
-    pub const DISCOVERY: &str = AttestorId::Discovery.as_str();
+    pub(crate) const DISCOVERY: &str = AttestorId::Discovery.as_str();
     /// An installed system's single-use token from its user data, bound to
     /// its product UUID.
-    pub const PROVISIONED: &str = AttestorId::Provisioned.as_str();
+    pub(crate) const PROVISIONED: &str = AttestorId::Provisioned.as_str();
     /// A cloud VM's identity document, signed by its cloud; no token.
-    pub const CLOUD_IID: &str = AttestorId::CloudIid.as_str();
+    pub(crate) const CLOUD_IID: &str = AttestorId::CloudIid.as_str();
 }

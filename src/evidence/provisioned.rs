@@ -11,7 +11,7 @@ use bc_wire::agent::HardwareClaims;
 /// can tell: a provisioned join without a product UUID is always refused.
 /// The join is still sent, so the refusal is recorded where the operator
 /// looks (the control plane's events).
-pub fn claims_problem(claims: &HardwareClaims) -> Option<&'static str> {
+pub(crate) fn claims_problem(claims: &HardwareClaims) -> Option<&'static str> {
     claims.product_uuid.is_empty().then_some(
         "this machine shows no product UUID (/sys/class/dmi/id/product_uuid): a provisioned token binds to it, so the join will be refused",
     )

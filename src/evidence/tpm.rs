@@ -102,7 +102,7 @@ impl TpmEvidence {
     /// Whether round 1 sends no EK certificate for a TPM whose maker has an
     /// EK service: the control plane then fetches it, and a refusal may be
     /// that service being unreachable (worth asking again).
-    pub fn certificate_from_service(&self) -> Option<&'static str> {
+    pub(crate) fn certificate_from_service(&self) -> Option<&'static str> {
         match self.ek.certificate {
             None => self.info.as_ref().and_then(TpmInfo::ek_service),
             Some(_) => None,
@@ -111,7 +111,7 @@ impl TpmEvidence {
 
     /// Adds intermediates (`[tpm] ek_intermediates`) after the TPM's own,
     /// without duplicates, up to what the control plane accepts.
-    pub fn add_intermediates(&mut self, ders: Vec<Vec<u8>>) {
+    pub(crate) fn add_intermediates(&mut self, ders: Vec<Vec<u8>>) {
         for der in ders {
             if self.intermediates.len() < bc_wire::ekcert::MAX_AGENT_INTERMEDIATES
                 && !self.intermediates.contains(&der)
@@ -162,7 +162,7 @@ impl TpmEvidence {
 /// The same evidence beside another attestor's, in `JoinRequest.tpm`: a
 /// PXE ramdisk's discovery join proving its TPM. The control plane
 /// challenges it under that attestor's name with a `TpmChallenge`.
-pub struct Beside(pub TpmEvidence);
+pub(crate) struct Beside(pub TpmEvidence);
 
 impl AnswerChallenge for Beside {
     fn answer(

@@ -5,8 +5,7 @@
 //! to certify or describe, and flushed at once.
 use std::path::PathBuf;
 
-use bc_helper::server::AkInfo;
-use bc_helper::{Backend, BackendError, Hash};
+use bc_helper::{AkInfo, Backend, BackendError, Hash};
 
 use crate::tpm::{LoadedKey, Tpm, TpmError};
 
@@ -16,7 +15,7 @@ const SLOTS: usize = 3;
 
 /// How the helper opens its TPM: at start, and again when a connection
 /// breaks (the owner authorization is read from its file each time).
-pub struct Opener {
+pub(crate) struct Opener {
     pub tcti: String,
     pub owner_auth_file: Option<PathBuf>,
 }
@@ -24,7 +23,7 @@ pub struct Opener {
 impl Opener {
     /// A new connection, with the owner authorization set and the keys a
     /// killed predecessor (or the broken connection) left flushed.
-    pub fn open(&self) -> anyhow::Result<Tpm> {
+    pub(crate) fn open(&self) -> anyhow::Result<Tpm> {
         let mut tpm = Tpm::open(&self.tcti)?;
         if let Some(path) = &self.owner_auth_file {
             tpm.set_owner_auth(&crate::keys::read_owner_auth(path)?)?;
@@ -51,7 +50,7 @@ pub struct TpmBackend {
 }
 
 impl TpmBackend {
-    pub fn new(opener: Opener, tpm: Tpm, describe: String) -> TpmBackend {
+    pub(crate) fn new(opener: Opener, tpm: Tpm, describe: String) -> TpmBackend {
         TpmBackend {
             opener,
             tpm,

@@ -21,7 +21,7 @@ use tokio::net::UnixListener;
 const LISTEN_FDS_START: i32 = 3;
 
 /// The listener systemd passed, if it passed one to this process.
-pub fn activated() -> anyhow::Result<Option<UnixListener>> {
+pub(super) fn activated() -> anyhow::Result<Option<UnixListener>> {
     let for_us = std::env::var("LISTEN_PID")
         .ok()
         .and_then(|p| p.parse::<u32>().ok())
@@ -54,7 +54,7 @@ pub fn activated() -> anyhow::Result<Option<UnixListener>> {
 /// fresh socket for a symlink between bind and chown: such a directory is
 /// refused, the socket is born `0660` (bound under a umask, no chmod) and
 /// its group is set without following a symlink.
-pub fn bind(path: &Path, gid: u32) -> anyhow::Result<UnixListener> {
+pub(super) fn bind(path: &Path, gid: u32) -> anyhow::Result<UnixListener> {
     let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
         bail!("[helper] socket {} names no file", path.display());
     };

@@ -18,12 +18,12 @@ use crate::identity::owner::user_ids;
 use crate::keys::TpmAccess;
 
 #[derive(clap::Args, Debug)]
-pub struct HelperArgs {
+pub(crate) struct HelperArgs {
     #[command(flatten)]
     config: ConfigArg,
 }
 
-pub fn run(args: HelperArgs) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(args: HelperArgs) -> anyhow::Result<ExitCode> {
     let config = Config::load(&args.config.path)?;
     let settings = config.helper.clone().unwrap_or_default();
     let (uid, gid) = user_ids(&settings.user)?;
@@ -44,7 +44,7 @@ pub fn run(args: HelperArgs) -> anyhow::Result<ExitCode> {
         uid,
         "bcd helper serving root and its user"
     );
-    let served = runtime.block_on(bc_helper::server::serve(
+    let served = runtime.block_on(bc_helper::serve(
         listener,
         backend,
         bc_helper::Allowed::root_and(uid),

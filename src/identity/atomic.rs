@@ -13,7 +13,7 @@ use super::guard::{check_dir, DIR_MODE, FILE_MODE};
 /// Creates `dir` (and missing parents) with mode 0700. An existing one must
 /// pass [`super::guard::check_dir`] (bcd's own, nobody else can write it);
 /// one that group or others can still read is tightened to 0700.
-pub fn ensure_private_dir(dir: &Path) -> io::Result<()> {
+pub(crate) fn ensure_private_dir(dir: &Path) -> io::Result<()> {
     DirBuilder::new()
         .recursive(true)
         .mode(DIR_MODE)
@@ -29,7 +29,7 @@ pub fn ensure_private_dir(dir: &Path) -> io::Result<()> {
 
 /// Replaces `dir/name` with `contents`: a temporary file in the same
 /// directory (mode 0600 from creation), fsync, rename, fsync the directory.
-pub fn write_atomic(dir: &Path, name: &str, contents: &[u8]) -> io::Result<()> {
+pub(crate) fn write_atomic(dir: &Path, name: &str, contents: &[u8]) -> io::Result<()> {
     let (tmp_path, mut file) = create_temp(dir, name)?;
     let written = file
         .write_all(contents)
@@ -63,12 +63,12 @@ fn create_temp(dir: &Path, name: &str) -> io::Result<(std::path::PathBuf, File)>
 }
 
 /// Makes a rename in `dir` durable.
-pub fn sync_dir(dir: &Path) -> io::Result<()> {
+pub(crate) fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
 /// The permission bits of `path` that group or others hold, if any.
-pub fn loose_bits(path: &Path) -> Option<u32> {
+pub(crate) fn loose_bits(path: &Path) -> Option<u32> {
     let mode = fs::metadata(path).ok()?.permissions().mode() & 0o777;
     (mode & 0o077 != 0).then_some(mode)
 }

@@ -20,12 +20,12 @@ use std::path::Path;
 use std::sync::OnceLock;
 
 /// The modes of what bcd keeps in its data directory: its own, private.
-pub const DIR_MODE: u32 = 0o700;
-pub const FILE_MODE: u32 = 0o600;
+pub(crate) const DIR_MODE: u32 = 0o700;
+pub(crate) const FILE_MODE: u32 = 0o600;
 
 /// This process's effective uid, read once from `/proc/self/status`; None
 /// when it cannot be read (no procfs), and then ownership is not checked.
-pub fn effective_uid() -> Option<u32> {
+pub(crate) fn effective_uid() -> Option<u32> {
     static EUID: OnceLock<Option<u32>> = OnceLock::new();
     *EUID.get_or_init(|| {
         let status = std::fs::read_to_string("/proc/self/status").ok()?;
@@ -51,7 +51,7 @@ pub(crate) fn parse_euid(status: &str) -> Option<u32> {
 
 /// Refuses a data directory that is not a directory, belongs to another
 /// user or that group or others can write. A missing one is `NotFound`.
-pub fn check_dir(dir: &Path) -> io::Result<()> {
+pub(crate) fn check_dir(dir: &Path) -> io::Result<()> {
     let meta = std::fs::metadata(dir)?;
     if !meta.is_dir() {
         return Err(refused(dir, "is not a directory".to_owned()));
@@ -61,12 +61,7 @@ pub fn check_dir(dir: &Path) -> io::Result<()> {
 
 /// Opens `path` (a file in the data directory) for reading, refusing a
 /// link, anything but a regular file, and a file another user owns or
-/// group or others can write.
-pub fn open_private(path: &Path) -> io::Result<File> {
-    open_checked(path).map(|(file, _)| file)
-}
-
-/// [`open_private`] with the descriptor's metadata: opened as
+/// group or others can write; with the descriptor's metadata. Opened as
 /// [`bc_wire::file::open_regular`] opens (no link followed, a FIFO does
 /// not block), then the owner and mode checked.
 fn open_checked(path: &Path) -> io::Result<(File, Metadata)> {
@@ -81,7 +76,7 @@ fn open_checked(path: &Path) -> io::Result<(File, Metadata)> {
 
 /// Reads a private file whole; larger than `limit` bytes is refused (no
 /// file bcd writes comes near it, so a bigger one is not bcd's).
-pub fn read_private(path: &Path, limit: u64) -> io::Result<Vec<u8>> {
+pub(crate) fn read_private(path: &Path, limit: u64) -> io::Result<Vec<u8>> {
     let (file, meta) = open_checked(path)?;
     read_opened(file, &meta, limit).map_err(|e| match e {
         FileError::TooLarge(_) => refused(
@@ -93,9 +88,9 @@ pub fn read_private(path: &Path, limit: u64) -> io::Result<Vec<u8>> {
 }
 
 /// Creates `path` (0600) if it is not there, without following a link, and
-/// checks it like [`open_private`]: for a file another library then opens
+/// checks it like [`read_private`]: for a file another library then opens
 /// by name (SQLite), after it is known to be bcd's own.
-pub fn create_private(path: &Path) -> io::Result<()> {
+pub(crate) fn create_private(path: &Path) -> io::Result<()> {
     let file = OpenOptions::new()
         .read(true)
         .write(true)

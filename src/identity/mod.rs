@@ -14,9 +14,9 @@
 //! new one, and [`Identity::load`] completes an interrupted rotation.
 pub(crate) mod atomic;
 pub mod guard;
-pub mod owner;
-pub mod reset;
-pub mod rotation;
+pub(crate) mod owner;
+pub(crate) mod reset;
+pub(crate) mod rotation;
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -30,11 +30,11 @@ use time::OffsetDateTime;
 use crate::keys::{self, KeyError, NodeKey, NodeKeyKind, TpmAccess};
 use crate::pki::{self, CertError, NodeCert};
 
-pub const IDENTITY_FILE: &str = "identity.json";
-pub const NODE_KEY_FILE: &str = "node.key";
-pub const NODE_KEY_NEXT_FILE: &str = "node.key.next";
-pub const IDENTITY_NEXT_FILE: &str = "identity.json.next";
-pub const JOURNAL_FILE: &str = "journal.db";
+pub(crate) const IDENTITY_FILE: &str = "identity.json";
+pub(crate) const NODE_KEY_FILE: &str = "node.key";
+pub(crate) const NODE_KEY_NEXT_FILE: &str = "node.key.next";
+pub(crate) const IDENTITY_NEXT_FILE: &str = "identity.json.next";
+pub(crate) const JOURNAL_FILE: &str = "journal.db";
 
 /// The version of `identity.json` this bcd writes and reads.
 const VERSION: u32 = 1;
@@ -298,7 +298,7 @@ impl Identity {
     /// [`rotation`]: a join over an identity that did not load must not be
     /// able to crash into the old `identity.json` with the new `node.key`,
     /// a pair that loads as neither (and the token use is already spent).
-    pub fn save(&self, data_dir: &Path) -> Result<(), IdentityError> {
+    pub(crate) fn save(&self, data_dir: &Path) -> Result<(), IdentityError> {
         rotation::stage_key(data_dir, self.key.as_ref())?;
         rotation::stage_identity(data_dir, self)?;
         rotation::commit(data_dir, || {})
@@ -331,7 +331,7 @@ impl Identity {
     }
 
     /// The chain as PEM, leaf first, in one string.
-    pub fn chain_pem(&self) -> String {
+    pub(crate) fn chain_pem(&self) -> String {
         pki::chain_to_pem(&self.chain).concat()
     }
 }

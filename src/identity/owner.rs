@@ -16,7 +16,7 @@ use crate::config::Config;
 
 /// Gives `dir` and the regular files in it to `uid`:`gid`; links and
 /// anything else are left alone.
-pub fn hand_over(dir: &Path, uid: u32, gid: u32) -> std::io::Result<()> {
+pub(crate) fn hand_over(dir: &Path, uid: u32, gid: u32) -> std::io::Result<()> {
     let open = |path: &Path, flags: i32| {
         OpenOptions::new()
             .read(true)
@@ -43,7 +43,7 @@ pub fn hand_over(dir: &Path, uid: u32, gid: u32) -> std::io::Result<()> {
 /// Under `[helper]`, run as root: the node user's files in the data
 /// directory are trusted too (see [`super::guard::trust_owner`]);
 /// the node user's ids, for handing the directory over.
-pub fn trust_node_user(config: &Config) -> anyhow::Result<Option<(u32, u32)>> {
+pub(crate) fn trust_node_user(config: &Config) -> anyhow::Result<Option<(u32, u32)>> {
     let Some(settings) = &config.helper else {
         return Ok(None);
     };
@@ -53,7 +53,7 @@ pub fn trust_node_user(config: &Config) -> anyhow::Result<Option<(u32, u32)>> {
 }
 
 /// The uid and primary gid of `user`.
-pub fn user_ids(user: &str) -> anyhow::Result<(u32, u32)> {
+pub(crate) fn user_ids(user: &str) -> anyhow::Result<(u32, u32)> {
     match nix::unistd::User::from_name(user) {
         Ok(Some(u)) => Ok((u.uid.as_raw(), u.gid.as_raw())),
         Ok(None) => Err(anyhow!(

@@ -25,14 +25,14 @@ const FILES: [&str; 5] = [
 ];
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Move {
+pub(crate) struct Move {
     pub from: PathBuf,
     pub to: PathBuf,
 }
 
 /// What a reset at `now` would move: the files present, each to
 /// `<name>.reset-<UTC time>` (with `.2`, `.3`, … if that name is taken).
-pub fn plan(data_dir: &Path, now: OffsetDateTime) -> Result<Vec<Move>, IdentityError> {
+pub(crate) fn plan(data_dir: &Path, now: OffsetDateTime) -> Result<Vec<Move>, IdentityError> {
     let stamp = reset_stamp(now);
     let mut moves = Vec::new();
     for name in FILES {
@@ -53,7 +53,7 @@ pub fn plan(data_dir: &Path, now: OffsetDateTime) -> Result<Vec<Move>, IdentityE
 }
 
 /// Performs the moves, then makes them durable.
-pub fn apply(data_dir: &Path, moves: &[Move]) -> Result<(), IdentityError> {
+pub(crate) fn apply(data_dir: &Path, moves: &[Move]) -> Result<(), IdentityError> {
     for m in moves {
         std::fs::rename(&m.from, &m.to).map_err(|source| IdentityError::Write {
             path: m.from.clone(),
@@ -71,7 +71,7 @@ pub fn apply(data_dir: &Path, moves: &[Move]) -> Result<(), IdentityError> {
 
 /// `20261130T171502Z`: sorts by time and holds no character a shell or a
 /// file system minds.
-pub fn reset_stamp(now: OffsetDateTime) -> String {
+pub(crate) fn reset_stamp(now: OffsetDateTime) -> String {
     let fmt = format_description!("[year][month][day]T[hour][minute][second]Z");
     now.to_offset(UtcOffset::UTC)
         .format(&fmt)

@@ -45,7 +45,7 @@ use crate::keys::{NodeKey, TpmAccess};
 /// sends the same key again instead of making (in the TPM), staging and
 /// syncing a new one at every try.
 #[derive(Clone)]
-pub struct NextKey {
+pub(crate) struct NextKey {
     pub key: Arc<dyn NodeKey>,
     /// The key's CSR (its SHA-256 is what the answer is bound to).
     pub csr: Vec<u8>,
@@ -55,7 +55,7 @@ pub struct NextKey {
 }
 
 /// How an attempt's exchange failed, and so what becomes of its next key.
-pub enum Unanswered<E> {
+pub(crate) enum Unanswered<E> {
     /// Nothing of ours was certified (unreachable, refused, a bad answer):
     /// the key stays staged, and the next try sends it again.
     Retry(E),
@@ -64,7 +64,7 @@ pub enum Unanswered<E> {
 }
 
 /// Where an attempt of [`rotate`] stopped.
-pub enum RotateError<E> {
+pub(crate) enum RotateError<E> {
     /// Nothing changed on disk (a staged next key aside).
     Failed(E),
     /// The answer's identity could not be staged ([`stage_identity`]):
@@ -77,7 +77,7 @@ pub enum RotateError<E> {
 
 /// The two crash points of an attempt (for the tests): once the answer's
 /// identity is staged, and between the two renames.
-pub struct CrashPoints {
+pub(crate) struct CrashPoints {
     pub after_answer: &'static str,
     pub between_renames: &'static str,
 }
@@ -87,7 +87,7 @@ pub struct CrashPoints {
 /// `exchange`d with the control plane for the new identity, which is then
 /// staged and committed. The key is put back in `staged` when the exchange
 /// asks for a [`Unanswered::Retry`].
-pub async fn rotate<E, F>(
+pub(crate) async fn rotate<E, F>(
     data_dir: &Path,
     staged: &mut Option<NextKey>,
     make: impl FnOnce() -> Result<NextKey, E>,
@@ -122,7 +122,7 @@ where
 /// Step 1: writes `key` to `node.key.next` (0600, atomically). A leftover
 /// `identity.json.next` of an earlier attempt goes first: it certifies
 /// another key and must not be paired with this one.
-pub fn stage_key(data_dir: &Path, key: &dyn NodeKey) -> Result<(), IdentityError> {
+pub(crate) fn stage_key(data_dir: &Path, key: &dyn NodeKey) -> Result<(), IdentityError> {
     atomic::ensure_private_dir(data_dir).map_err(|source| IdentityError::DataDir {
         path: data_dir.to_owned(),
         source,
@@ -134,7 +134,7 @@ pub fn stage_key(data_dir: &Path, key: &dyn NodeKey) -> Result<(), IdentityError
 
 /// Step 2: writes `next` (whose key [`stage_key`] wrote) to
 /// `identity.json.next`. From here on a crash ends with the new identity.
-pub fn stage_identity(data_dir: &Path, next: &Identity) -> Result<(), IdentityError> {
+pub(crate) fn stage_identity(data_dir: &Path, next: &Identity) -> Result<(), IdentityError> {
     write(data_dir, IDENTITY_NEXT_FILE, &next.to_json(data_dir)?)
 }
 
@@ -143,7 +143,7 @@ pub fn stage_identity(data_dir: &Path, next: &Identity) -> Result<(), IdentityEr
 /// by a concurrent [`Identity::load`], which completes the same rotation.
 ///
 /// [`Identity::load`]: super::Identity::load
-pub fn commit(data_dir: &Path, between: impl FnOnce()) -> Result<(), IdentityError> {
+pub(crate) fn commit(data_dir: &Path, between: impl FnOnce()) -> Result<(), IdentityError> {
     rename(data_dir, NODE_KEY_NEXT_FILE, NODE_KEY_FILE)?;
     between();
     rename(data_dir, IDENTITY_NEXT_FILE, IDENTITY_FILE)?;
@@ -152,7 +152,7 @@ pub fn commit(data_dir: &Path, between: impl FnOnce()) -> Result<(), IdentityErr
 
 /// Drops a staged next key after a failed attempt (best effort: a leftover
 /// is harmless, see the module's table).
-pub fn abandon(data_dir: &Path) {
+pub(crate) fn abandon(data_dir: &Path) {
     for name in [IDENTITY_NEXT_FILE, NODE_KEY_NEXT_FILE] {
         if let Err(e) = discard(data_dir, name) {
             tracing::debug!(error = %e, "cannot remove a staged file");

@@ -43,14 +43,14 @@ impl FileKey {
     }
 
     /// Parses a PKCS#8 PEM; `origin` names it in errors.
-    pub fn from_pem(pem: &str, origin: &str) -> Result<FileKey, KeyError> {
+    pub(crate) fn from_pem(pem: &str, origin: &str) -> Result<FileKey, KeyError> {
         let key = SigningKey::from_pkcs8_pem(pem).map_err(|_| KeyError::Malformed {
             path: origin.to_owned(),
         })?;
         FileKey::from_signing_key(key)
     }
 
-    pub fn load(path: &Path) -> Result<FileKey, KeyError> {
+    pub(crate) fn load(path: &Path) -> Result<FileKey, KeyError> {
         let text = super::read_key_file(path)?;
         FileKey::from_pem(&text, &path.display().to_string())
     }

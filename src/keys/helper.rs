@@ -12,7 +12,7 @@ use p256::elliptic_curve::zeroize::Zeroizing;
 
 use super::{KeyError, NodeKey, NodeKeyKind};
 
-pub struct HelperKey {
+pub(crate) struct HelperKey {
     client: Arc<Client>,
     public: HelperKeyPublic,
 }
@@ -27,14 +27,14 @@ impl std::fmt::Debug for HelperKey {
 
 impl HelperKey {
     /// A new key: a fresh unique, derived by the helper.
-    pub fn generate(client: Arc<Client>) -> Result<HelperKey, KeyError> {
+    pub(crate) fn generate(client: Arc<Client>) -> Result<HelperKey, KeyError> {
         let mut unique = Zeroizing::new([0u8; 32]);
         getrandom::fill(unique.as_mut()).map_err(|_| KeyError::Random)?;
         HelperKey::derive(client, &unique)
     }
 
     /// The key `node.key` names, derived again by the helper.
-    pub fn load(client: Arc<Client>, path: &Path) -> Result<HelperKey, KeyError> {
+    pub(crate) fn load(client: Arc<Client>, path: &Path) -> Result<HelperKey, KeyError> {
         let unique = super::tpm::read_unique(path)?;
         HelperKey::derive(client, &unique)
     }
@@ -45,13 +45,13 @@ impl HelperKey {
     }
 
     /// The key's TPMT_PUBLIC, as a certification names it.
-    pub fn public(&self) -> &[u8] {
+    pub(crate) fn public(&self) -> &[u8] {
         &self.public.public
     }
 
     /// TPM2_Certify of this key by `ak` over `qualifying`, through the
     /// helper, checked to be `ak`'s certification of this very key.
-    pub fn certify_by(
+    pub(crate) fn certify_by(
         &self,
         ak: &bc_helper::Ak,
         qualifying: &[u8],

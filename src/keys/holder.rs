@@ -10,7 +10,7 @@ use super::tpm::{SharedTpm, TpmAk, TpmKey};
 use super::{KeyError, NodeKey, TpmAccess};
 
 /// Which holder this process uses.
-pub enum Holder {
+pub(crate) enum Holder {
     /// The machine's TPM, opened by this process.
     Direct(SharedTpm),
     /// `bcd helper`, which holds the TPM for this unprivileged process.
@@ -19,7 +19,7 @@ pub enum Holder {
 
 impl TpmAccess {
     /// The helper under `[helper]`, else the TPM, opened (once).
-    pub fn holder(&self) -> Result<Holder, KeyError> {
+    pub(crate) fn holder(&self) -> Result<Holder, KeyError> {
         match self {
             TpmAccess::Helper(client) => Ok(Holder::Helper(client.clone())),
             _ => self.open().map(Holder::Direct),
@@ -28,7 +28,7 @@ impl TpmAccess {
 }
 
 /// What a TPM key holder does for a flow.
-pub trait KeyHolder {
+pub(crate) trait KeyHolder {
     type Key: NodeKey + 'static;
     type Ak;
     /// Who holds the keys, as errors name it ("the TPM", "bcd helper").

@@ -15,7 +15,7 @@ mod csr;
 mod file;
 mod helper;
 mod holder;
-pub mod tls;
+pub(crate) mod tls;
 mod tpm;
 
 use std::path::Path;
@@ -25,9 +25,9 @@ use p256::elliptic_curve::zeroize::Zeroizing;
 
 pub use csr::make_csr;
 pub use file::FileKey;
-pub use helper::HelperKey;
-pub use holder::{Holder, KeyHolder};
-pub use tpm::{lock as lock_tpm, SharedTpm, TpmAk, TpmKey};
+pub(crate) use helper::HelperKey;
+pub(crate) use holder::{Holder, KeyHolder};
+pub use tpm::{lock as lock_tpm, SharedTpm, TpmKey};
 
 /// Where a node key is held. Recorded in `identity.json` (`nodeKey`) and
 /// shown by `bcd status`.
@@ -47,7 +47,7 @@ impl NodeKeyKind {
         }
     }
 
-    pub fn from_name(s: &str) -> Option<Self> {
+    pub(crate) fn from_name(s: &str) -> Option<Self> {
         match s {
             "file" => Some(NodeKeyKind::File),
             "tpm" => Some(NodeKeyKind::Tpm),
@@ -156,7 +156,7 @@ impl TpmAccess {
     }
 
     /// The TPM the config names, with its `[tpm] owner_auth_file` and `ek`.
-    pub fn configured(config: &crate::config::Config) -> TpmAccess {
+    pub(crate) fn configured(config: &crate::config::Config) -> TpmAccess {
         let mut access = TpmAccess::new(config.tpm_tcti.as_deref())
             .with_owner_auth(config.tpm_owner_auth_file.clone());
         if let TpmAccess::Direct(direct) = &mut access {
@@ -174,7 +174,7 @@ impl TpmAccess {
     /// What a node (`bcd node`, `bcd status`, `bcd doctor`) uses with this
     /// config: the helper under `[helper]`, else the TPM directly. `bcd join`
     /// opens the TPM itself whatever the config says.
-    pub fn for_node(config: &crate::config::Config) -> TpmAccess {
+    pub(crate) fn for_node(config: &crate::config::Config) -> TpmAccess {
         match &config.helper {
             Some(h) => TpmAccess::through_helper(&h.socket),
             None => TpmAccess::configured(config),
@@ -182,7 +182,7 @@ impl TpmAccess {
     }
 
     /// The helper's client, under `[helper]`.
-    pub fn helper(&self) -> Option<&Arc<bc_helper::Client>> {
+    pub(crate) fn helper(&self) -> Option<&Arc<bc_helper::Client>> {
         match self {
             TpmAccess::Helper(client) => Some(client),
             _ => None,
@@ -191,7 +191,7 @@ impl TpmAccess {
 
     /// With `[tpm] owner_auth_file`, the owner authorization node keys need
     /// on a TPM whose owner a previous OS took.
-    pub fn with_owner_auth(mut self, file: Option<std::path::PathBuf>) -> TpmAccess {
+    pub(crate) fn with_owner_auth(mut self, file: Option<std::path::PathBuf>) -> TpmAccess {
         if let TpmAccess::Direct(direct) = &mut self {
             direct.owner_auth_file = file;
         }
@@ -204,11 +204,11 @@ impl TpmAccess {
     }
 
     /// Whether this machine has a TPM bcd would use (the helper's counts).
-    pub fn present(&self) -> bool {
+    pub(crate) fn present(&self) -> bool {
         !matches!(self, TpmAccess::Absent)
     }
 
-    pub fn tcti(&self) -> Option<&str> {
+    pub(crate) fn tcti(&self) -> Option<&str> {
         match self {
             TpmAccess::Direct(direct) => Some(&direct.tcti),
             _ => None,
@@ -246,7 +246,7 @@ impl TpmAccess {
 ///
 /// Through the helper, a failure is an error, never a file key: a helper
 /// that is restarting must not move the node key out of the TPM for good.
-pub fn generate(tpm: &TpmAccess, require_tpm: bool) -> Result<Box<dyn NodeKey>, KeyError> {
+pub(crate) fn generate(tpm: &TpmAccess, require_tpm: bool) -> Result<Box<dyn NodeKey>, KeyError> {
     let made = match tpm {
         TpmAccess::Helper(helper) => return Ok(Box::new(HelperKey::generate(helper.clone())?)),
         TpmAccess::Absent if !require_tpm => return Ok(Box::new(FileKey::generate()?)),
@@ -282,7 +282,11 @@ fn read_key_file(path: &Path) -> Result<Zeroizing<String>, KeyError> {
 }
 
 /// Loads the node key of `kind` from its file (`node.key`).
-pub fn load(kind: NodeKeyKind, path: &Path, tpm: &TpmAccess) -> Result<Box<dyn NodeKey>, KeyError> {
+pub(crate) fn load(
+    kind: NodeKeyKind,
+    path: &Path,
+    tpm: &TpmAccess,
+) -> Result<Box<dyn NodeKey>, KeyError> {
     match kind {
         NodeKeyKind::File => Ok(Box::new(FileKey::load(path)?)),
         NodeKeyKind::Tpm => match tpm.holder()? {

@@ -14,16 +14,16 @@ use rustls::{SignatureAlgorithm, SignatureScheme};
 use super::NodeKey;
 
 /// The one TLS signature scheme a node key signs with.
-pub const SCHEME: SignatureScheme = SignatureScheme::ECDSA_NISTP256_SHA256;
+pub(crate) const SCHEME: SignatureScheme = SignatureScheme::ECDSA_NISTP256_SHA256;
 
 /// A node key as a rustls signing key.
 #[derive(Debug)]
-pub struct TlsNodeKey {
+pub(crate) struct TlsNodeKey {
     key: Arc<dyn NodeKey>,
 }
 
 impl TlsNodeKey {
-    pub fn new(key: Arc<dyn NodeKey>) -> TlsNodeKey {
+    pub(crate) fn new(key: Arc<dyn NodeKey>) -> TlsNodeKey {
         TlsNodeKey { key }
     }
 }
@@ -73,7 +73,7 @@ impl Signer for TlsSigner {
 }
 
 /// `r‖s` as the DER `ECDSA-Sig-Value` TLS carries; `None` for values out of range.
-pub fn p1363_to_der(p1363: &[u8; 64]) -> Option<Vec<u8>> {
+pub(crate) fn p1363_to_der(p1363: &[u8; 64]) -> Option<Vec<u8>> {
     let sig = Signature::from_slice(p1363).ok()?;
     Some(sig.to_der().as_bytes().to_vec())
 }
@@ -83,7 +83,7 @@ pub fn p1363_to_der(p1363: &[u8; 64]) -> Option<Vec<u8>> {
 /// that loaded does).
 ///
 /// [`Identity`]: crate::identity::Identity
-pub fn client_identity(chain: &[Vec<u8>], key: Arc<dyn NodeKey>) -> Arc<SingleCertAndKey> {
+pub(crate) fn client_identity(chain: &[Vec<u8>], key: Arc<dyn NodeKey>) -> Arc<SingleCertAndKey> {
     let certs = chain
         .iter()
         .map(|c| CertificateDer::from(c.clone()))

@@ -46,7 +46,7 @@ impl TpmKey {
     }
 
     /// The key `node.key` names, derived again.
-    pub fn load(tpm: SharedTpm, path: &Path) -> Result<TpmKey, KeyError> {
+    pub(crate) fn load(tpm: SharedTpm, path: &Path) -> Result<TpmKey, KeyError> {
         TpmKey::derive(tpm, read_unique(path)?)
     }
 
@@ -70,7 +70,7 @@ impl TpmKey {
     }
 
     /// The key's TPMT_PUBLIC, as a certification names it.
-    pub fn public(&self) -> &[u8] {
+    pub(crate) fn public(&self) -> &[u8] {
         &self.public
     }
 
@@ -88,7 +88,7 @@ impl TpmKey {
     /// while: the kernel's resource manager gives a connection three object
     /// slots and swaps every loaded object around each command. A later use
     /// derives it again.
-    pub fn unload(&self) {
+    pub(crate) fn unload(&self) {
         let Ok(mut slot) = self.loaded.lock() else {
             return;
         };
@@ -174,7 +174,7 @@ impl Drop for TpmKey {
 
 /// The TPM's AK, loaded alone (no EK) for certifying a node key, and
 /// flushed when dropped.
-pub struct TpmAk {
+pub(crate) struct TpmAk {
     tpm: SharedTpm,
     key: LoadedKey,
     name: Vec<u8>,
@@ -183,7 +183,7 @@ pub struct TpmAk {
 impl TpmAk {
     /// Derives the AK (a primary of the endorsement hierarchy: the same key
     /// for as long as the endorsement seed lives).
-    pub fn load(tpm: SharedTpm) -> Result<TpmAk, KeyError> {
+    pub(crate) fn load(tpm: SharedTpm) -> Result<TpmAk, KeyError> {
         let key = lock(&tpm)?.ak().map_err(KeyError::Tpm)?;
         let name = match bc_wire::tpm::Public::parse(&key.public) {
             Ok(p) => p.name(),
@@ -198,17 +198,21 @@ impl TpmAk {
     }
 
     /// The AK's TPMT_PUBLIC.
-    pub fn public(&self) -> &[u8] {
+    pub(crate) fn public(&self) -> &[u8] {
         &self.key.public
     }
 
     /// The AK's TPM name (nameAlg ‖ digest of its public area).
-    pub fn name(&self) -> &[u8] {
+    pub(crate) fn name(&self) -> &[u8] {
         &self.name
     }
 
     /// TPM2_Certify of `key` by this AK over `qualifying` (sha256 of the CSR).
-    pub fn certify(&self, key: &TpmKey, qualifying: &[u8]) -> Result<(Vec<u8>, Vec<u8>), KeyError> {
+    pub(crate) fn certify(
+        &self,
+        key: &TpmKey,
+        qualifying: &[u8],
+    ) -> Result<(Vec<u8>, Vec<u8>), KeyError> {
         key.certify_by(&self.key, qualifying)
     }
 }

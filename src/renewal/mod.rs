@@ -35,7 +35,7 @@ use crate::out::human;
 use crate::pki::{rfc3339, NodeCert};
 
 use crate::backoff::Backoff;
-pub use renew::{renew_once, RenewError, OTHER_AK, REFUSED};
+pub(crate) use renew::{renew_once, RenewError};
 
 use crate::pki::GRACE;
 
@@ -46,7 +46,7 @@ const MAX_NAP: Duration = Duration::from_secs(600);
 /// Stays joined with the configuration at `config_path`: `once` exits after
 /// the first decision, `renew_now` renews whatever the certificate's age.
 /// `bcd node` runs it, and `bcd ramdisk` after its join.
-pub fn run(config_path: &Path, once: bool, renew_now: bool) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(config_path: &Path, once: bool, renew_now: bool) -> anyhow::Result<ExitCode> {
     let config = Config::load(config_path)?;
     crate::identity::owner::trust_node_user(&config)?;
     // Under [helper], node keys only through bcd helper: no TPM opened here.
@@ -83,7 +83,7 @@ pub fn run(config_path: &Path, once: bool, renew_now: bool) -> anyhow::Result<Ex
 
 /// What the loop does next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Step {
+pub(crate) enum Step {
     /// Nothing before `until` (the renewal time).
     Wait {
         until: OffsetDateTime,
@@ -95,7 +95,7 @@ pub enum Step {
     PastGrace,
 }
 
-pub fn decide(cert: &NodeCert, now: OffsetDateTime, force_renewal: bool) -> Step {
+pub(crate) fn decide(cert: &NodeCert, now: OffsetDateTime, force_renewal: bool) -> Step {
     if now >= cert.not_after {
         if now - cert.not_after > GRACE {
             Step::PastGrace
@@ -112,7 +112,7 @@ pub fn decide(cert: &NodeCert, now: OffsetDateTime, force_renewal: bool) -> Step
 }
 
 /// The operator's instructions once the grace is over.
-pub fn past_grace_message(cert: &NodeCert, now: OffsetDateTime) -> String {
+pub(crate) fn past_grace_message(cert: &NodeCert, now: OffsetDateTime) -> String {
     format!(
         "the certificate expired at {} ({} ago), past the {}-day grace in which a node re-joins as itself with x509pop; join again, as root: bcd join --reset --yes, then bcd join with a join token (--token-file F or BCD_JOIN_TOKEN) or with --attestor tpm",
         rfc3339(cert.not_after),
@@ -367,7 +367,7 @@ impl Node<'_> {
 
 /// The wait after a failure: `backoff`, cut at expiry while `cert` is still
 /// valid so that the re-join follows it; once expired, the whole backoff.
-pub fn retry_wait(backoff: Duration, cert: &NodeCert, now: OffsetDateTime) -> Duration {
+pub(crate) fn retry_wait(backoff: Duration, cert: &NodeCert, now: OffsetDateTime) -> Duration {
     if now < cert.not_after {
         backoff.min(std_duration(cert.not_after - now) + Duration::from_millis(100))
     } else {

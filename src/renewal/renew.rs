@@ -15,14 +15,14 @@ use crate::pki::rfc3339;
 use crate::{clock, failpoint};
 
 /// What the log and the journal say when the control plane refuses.
-pub const REFUSED: &str = "renewal refused by the control plane (Renew refused)";
+pub(crate) const REFUSED: &str = "renewal refused by the control plane (Renew refused)";
 
 /// The spec's words when the TPM holds another AK than the certificate names.
-pub const OTHER_AK: &str =
+pub(crate) const OTHER_AK: &str =
     "the TPM's AK is not the one the certificate names (another TPM, or its endorsement seed changed)";
 
 #[derive(Debug, thiserror::Error)]
-pub enum RenewError {
+pub(crate) enum RenewError {
     /// ACCESS_DENIED: the reason stays on the control plane.
     #[error("{REFUSED}")]
     Refused,
@@ -46,7 +46,7 @@ impl From<anyhow::Error> for RenewError {
 /// `staged` is the next key of an earlier failed attempt for `current`, if
 /// any: it is sent again (made and staged here otherwise) and stays staged
 /// when the control plane cannot be reached or refuses, for the next try.
-pub async fn renew_once(
+pub(crate) async fn renew_once(
     config: &Config,
     tpm: &TpmAccess,
     current: &Identity,

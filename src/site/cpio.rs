@@ -20,11 +20,11 @@ const S_IFREG: u32 = 0o100000;
 /// The kernel's PATH_MAX, the NUL included.
 const MAX_NAME_BYTES: usize = 4096;
 /// A configuration is a few KiB; this bounds what a caller can make us copy.
-pub const MAX_ARCHIVE_BYTES: usize = 4 * 1024 * 1024;
+pub(super) const MAX_ARCHIVE_BYTES: usize = 4 * 1024 * 1024;
 
 /// A regular file of the archive.
 #[derive(Debug, Clone, Copy)]
-pub struct File<'a> {
+pub(super) struct File<'a> {
     /// Relative to the ramdisk's root, `/`-separated, e.g. `etc/bcd/config.toml`.
     pub path: &'a str,
     /// Permission bits only, e.g. `0o600`.
@@ -33,7 +33,7 @@ pub struct File<'a> {
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum CpioError {
+pub(super) enum CpioError {
     #[error("{0:?} is not a relative path of plain names (no empty, `.` or `..` part, no NUL)")]
     Path(String),
     #[error("{path:?}: mode {mode:#o} has more than permission bits")]
@@ -46,14 +46,14 @@ pub enum CpioError {
 
 /// How many zero bytes go between an initrd of `initrd_len` bytes and an
 /// archive appended to it.
-pub fn padding_before(initrd_len: u64) -> usize {
+pub(super) fn padding_before(initrd_len: u64) -> usize {
     // < 4, so the cast cannot truncate.
     ((4 - initrd_len % 4) % 4) as usize
 }
 
 /// The archive holding `files`, each parent directory (mode 0755) once
 /// before what it contains, and the trailer.
-pub fn archive(files: &[File<'_>]) -> Result<Vec<u8>, CpioError> {
+pub(super) fn archive(files: &[File<'_>]) -> Result<Vec<u8>, CpioError> {
     let mut dirs = BTreeSet::new();
     let mut paths = BTreeSet::new();
     for f in files {

@@ -26,18 +26,18 @@ use tokio::time::Instant;
 use crate::client::ClientError;
 
 /// How old the copy may be for a MAC it knows.
-pub const FRESH: Duration = Duration::from_secs(1);
+pub(super) const FRESH: Duration = Duration::from_secs(1);
 /// The least time between two listings: at most five a second, however
 /// many MACs are asked for.
-pub const MISS_FRESH: Duration = Duration::from_millis(200);
+pub(super) const MISS_FRESH: Duration = Duration::from_millis(200);
 /// How long a MAC answered unknown is answered so without a new listing.
-pub const NEGATIVE: Duration = Duration::from_secs(1);
+pub(super) const NEGATIVE: Duration = Duration::from_secs(1);
 /// MACs remembered as unknown at most (then forgotten all at once).
 const MAX_NEGATIVE: usize = 4096;
 
 /// What the boot server knows of one machine.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Entry {
+pub(crate) struct Entry {
     pub workflow_id: String,
     /// Lowercase 8-4-4-4-12, or None when the entry names none.
     pub product_uuid: Option<String>,
@@ -65,13 +65,13 @@ impl Copy {
 }
 
 #[derive(Default)]
-pub struct Entries {
+pub(crate) struct Entries {
     copy: Mutex<Copy>,
 }
 
 /// The answer for a MAC.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Lookup {
+pub(crate) enum Lookup {
     Found(Entry),
     Unknown,
     /// The control plane could not be asked (logged at each listing).
@@ -81,7 +81,7 @@ pub enum Lookup {
 impl Entries {
     /// The entry of `mac` (see the module's rules); `list` is called when
     /// the copy cannot answer, by one request at a time.
-    pub async fn lookup<F, Fut>(&self, mac: &str, list: F) -> Lookup
+    pub(crate) async fn lookup<F, Fut>(&self, mac: &str, list: F) -> Lookup
     where
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<BootEntries, ClientError>>,
@@ -139,7 +139,7 @@ impl Entries {
     /// [`NEGATIVE`]: the control plane refused its SecretRequest (it joined
     /// or closed since the listing, or has all the tokens it may have), so
     /// a client repeating the request costs a signature a second at most.
-    pub async fn forget(&self, mac: &str) {
+    pub(crate) async fn forget(&self, mac: &str) {
         let mut copy = self.copy.lock().await;
         copy.by_mac.remove(mac);
         copy.remember_unknown(mac);

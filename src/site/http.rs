@@ -43,17 +43,17 @@ use super::image::Served;
 use super::service::{Response, Site};
 
 /// The longest request head read (hyper's smallest buffer).
-pub const MAX_HEAD: usize = 8 * 1024;
+pub(crate) const MAX_HEAD: usize = 8 * 1024;
 /// How long a client has to send its request head, from its connection or
 /// the end of its previous answer.
-pub const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a script may take to answer (its SecretRequest included).
-pub const SCRIPT_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const SCRIPT_TIMEOUT: Duration = Duration::from_secs(30);
 /// A download's deadline: this, plus its size at [`MIN_RATE`].
-pub const TRANSFER_GRACE: Duration = Duration::from_secs(30);
+pub(crate) const TRANSFER_GRACE: Duration = Duration::from_secs(30);
 /// The slowest download served to its end, in bytes a second (a firmware
 /// on a busy 100 Mbit/s link does thirty times better).
-pub const MIN_RATE: u64 = 256 * 1024;
+pub(crate) const MIN_RATE: u64 = 256 * 1024;
 /// A file is sent this much at a time.
 const CHUNK: usize = 64 * 1024;
 /// Connections refused by the caps are logged at most this often.
@@ -95,7 +95,7 @@ impl Limits {
     }
 
     /// How long a download of `bytes` may take.
-    pub fn transfer_timeout(&self, bytes: u64) -> Duration {
+    pub(crate) fn transfer_timeout(&self, bytes: u64) -> Duration {
         self.transfer_grace + Duration::from_secs(bytes / self.min_rate.max(1))
     }
 }
@@ -119,7 +119,7 @@ impl Respond for Site {
 /// Serves until `shutdown` changes, then closes every connection. The
 /// accept loop is [`bc_connlimit::serve_connections`], the control plane's
 /// too.
-pub async fn serve<R: Respond>(
+pub(crate) async fn serve<R: Respond>(
     listener: TcpListener,
     site: Arc<R>,
     limits: Limits,
@@ -321,7 +321,7 @@ fn with_head(
 
 /// An answer's body: a text, or a ramdisk file's first `left` bytes then
 /// its suffix, read as it is sent.
-pub struct Reply {
+pub(crate) struct Reply {
     kind: Kind,
     done: Option<Done>,
 }

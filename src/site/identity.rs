@@ -18,7 +18,7 @@ use crate::identity::{Identity, IDENTITY_FILE};
 use crate::keys::{NodeKey, TpmAccess};
 
 /// What signs and calls for the site: one generation of the node's identity.
-pub struct Signer {
+pub(crate) struct Signer {
     pub node_id: String,
     pub key: Arc<dyn NodeKey>,
     pub client: Arc<Client>,
@@ -33,7 +33,7 @@ struct Stamp {
     mtime_ns: i128,
 }
 
-pub struct NodeIdentity {
+pub(crate) struct NodeIdentity {
     config: Arc<Config>,
     tpm: TpmAccess,
     file: PathBuf,
@@ -50,7 +50,7 @@ struct Current {
 
 impl NodeIdentity {
     /// Loads the identity; refuses a node that is not a site node.
-    pub fn load(config: Arc<Config>) -> anyhow::Result<NodeIdentity> {
+    pub(crate) fn load(config: Arc<Config>) -> anyhow::Result<NodeIdentity> {
         let tpm = TpmAccess::for_node(&config);
         let file = config.data_dir.join(IDENTITY_FILE);
         let stamp = stamp(&file).ok_or_else(|| not_joined(&config))?;
@@ -75,7 +75,7 @@ impl NodeIdentity {
     /// The identity to use now: re-read first when `bcd node` replaced it. A
     /// file that does not load (mid-rotation, damaged) keeps the previous
     /// one, logged; `bcd node` owns repairs, so this only looks.
-    pub async fn current(self: &Arc<Self>) -> Arc<Signer> {
+    pub(crate) async fn current(self: &Arc<Self>) -> Arc<Signer> {
         let (seen, failed, signer) = {
             let c = self.current.lock().unwrap_or_else(|p| p.into_inner());
             (c.stamp, c.failed, c.signer.clone())

@@ -13,9 +13,9 @@ use super::cpio;
 use crate::config::Config;
 
 /// Where the ramdisk's init looks for its configuration.
-pub const CONFIG_PATH: &str = "etc/bcd/config.toml";
+pub(super) const CONFIG_PATH: &str = "etc/bcd/config.toml";
 /// The ramdisk's data directory (its initramfs, a tmpfs).
-pub const RAMDISK_DATA_DIR: &str = "/var/lib/bcd";
+pub(super) const RAMDISK_DATA_DIR: &str = "/var/lib/bcd";
 
 /// One of the two files, opened for one answer: its first `len` bytes
 /// (its size when opened), then `suffix`.
@@ -27,20 +27,20 @@ pub struct Served {
 }
 
 impl Served {
-    pub fn total(&self) -> u64 {
+    pub(crate) fn total(&self) -> u64 {
         self.len + self.suffix.len() as u64
     }
 }
 
 /// Which file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Part {
+pub(crate) enum Part {
     Kernel,
     Initrd,
 }
 
 impl Part {
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Part::Kernel => "vmlinuz",
             Part::Initrd => "initrd",
@@ -50,7 +50,7 @@ impl Part {
 
 /// Why a ramdisk file is not served.
 #[derive(Debug, thiserror::Error)]
-pub enum OpenError {
+pub(crate) enum OpenError {
     #[error("{0} is a symbolic link: bcd site serves regular files only")]
     Symlink(PathBuf),
     #[error("{0} is not a regular file")]
@@ -63,7 +63,7 @@ pub enum OpenError {
 /// themselves are opened at each answer ([`Image::open`]): a rebuilt initrd
 /// is served whole, at its new size.
 #[derive(Debug, Clone)]
-pub struct Image {
+pub(crate) struct Image {
     dir: PathBuf,
     archive: Bytes,
     /// What the files measured at start (`bcd status`).
@@ -75,7 +75,11 @@ impl Image {
     /// Checks both files under `[site] ramdisk_dir` as [`Image::open`] will
     /// and builds the archive from the configuration file at `config_path`
     /// (already checked as `config`).
-    pub fn prepare(config: &Config, config_path: &Path, dir: &Path) -> anyhow::Result<Image> {
+    pub(crate) fn prepare(
+        config: &Config,
+        config_path: &Path,
+        dir: &Path,
+    ) -> anyhow::Result<Image> {
         let text = ramdisk_config(config, config_path)?;
         let archive = cpio::archive(&[cpio::File {
             path: CONFIG_PATH,
@@ -102,7 +106,7 @@ impl Image {
     /// Opens `part` without following a link (a link to the data
     /// directory's `node.key` is refused, not served), refuses anything but
     /// a regular file, and takes its size from the opened file.
-    pub fn open(&self, part: Part) -> Result<Served, OpenError> {
+    pub(crate) fn open(&self, part: Part) -> Result<Served, OpenError> {
         use bc_wire::file::{open_regular, FileError, Links};
         let path = self.dir.join(part.name());
         // Opened without blocking: a FIFO in its place must not hang it.

@@ -17,10 +17,10 @@ use crate::sitedata::state::{Held, StateFile};
 
 /// What the boot server reads: the lease, if held and not past its expiry.
 #[derive(Clone)]
-pub struct LeaseView(watch::Receiver<Option<Held>>);
+pub(crate) struct LeaseView(watch::Receiver<Option<Held>>);
 
 impl LeaseView {
-    pub fn held(&self, now: OffsetDateTime) -> Option<Held> {
+    pub(crate) fn held(&self, now: OffsetDateTime) -> Option<Held> {
         (*self.0.borrow()).filter(|h| now < h.expires_at)
     }
 }
@@ -33,7 +33,7 @@ const MAX_RENEW: Duration = Duration::from_secs(600);
 const DEFAULT_TTL: Duration = Duration::from_secs(30);
 
 /// What one answer means: the lease now, and how long until the next call.
-pub fn after_answer(resp: &LeaseResponse, now: OffsetDateTime) -> Option<(Held, Duration)> {
+pub(super) fn after_answer(resp: &LeaseResponse, now: OffsetDateTime) -> Option<(Held, Duration)> {
     if !resp.held {
         return None;
     }
@@ -63,7 +63,7 @@ fn time_left(expires_at: OffsetDateTime, now: OffsetDateTime) -> Duration {
 /// [`MIN_RENEW`]), so that one failed renewal does not lose the lease and
 /// fail the assertions in flight (`lease-epoch`) when a retry would have
 /// kept it.
-pub fn retry_wait(backoff: Duration, held: Option<Held>, now: OffsetDateTime) -> Duration {
+pub(super) fn retry_wait(backoff: Duration, held: Option<Held>, now: OffsetDateTime) -> Duration {
     let Some(h) = held.filter(|h| now < h.expires_at) else {
         return backoff;
     };
@@ -78,7 +78,7 @@ pub fn retry_wait(backoff: Duration, held: Option<Held>, now: OffsetDateTime) ->
 /// than the lease. The backoff restarts when the lease is lost (the fast
 /// retries that tried to keep it say nothing of how long the control plane
 /// has been away) and whenever the control plane answers.
-pub struct Schedule {
+pub(super) struct Schedule {
     backoff: Backoff,
     /// `[node] backoff_max`: no wait is longer.
     max: Duration,
@@ -90,7 +90,7 @@ pub struct Schedule {
 }
 
 impl Schedule {
-    pub fn new(min: Duration, max: Duration) -> Schedule {
+    pub(super) fn new(min: Duration, max: Duration) -> Schedule {
         Schedule {
             backoff: Backoff::new(min, max),
             max: max.max(min),
@@ -100,13 +100,13 @@ impl Schedule {
     }
 
     /// The lease TTL as this node knows it.
-    pub fn ttl(&self) -> Duration {
+    pub(super) fn ttl(&self) -> Duration {
         self.ttl.unwrap_or(DEFAULT_TTL)
     }
 
     /// The lease was granted (acquired or renewed) with `left` to run:
     /// renewed at a third of it.
-    pub fn granted(&mut self, left: Duration) -> Duration {
+    pub(super) fn granted(&mut self, left: Duration) -> Duration {
         self.backoff.succeed();
         self.holding = true;
         self.ttl = Some(left.max(MIN_RENEW));
@@ -116,7 +116,7 @@ impl Schedule {
     /// Another node holds the lease for `left` more: asked again as it
     /// runs out (up to a tenth of the TTL after, by `jitter` in [0, 1)),
     /// at most a TTL and `backoff_max` later.
-    pub fn standing_by(&mut self, left: Duration, jitter: f64) -> Duration {
+    pub(super) fn standing_by(&mut self, left: Duration, jitter: f64) -> Duration {
         self.backoff.succeed();
         self.holding = false;
         let ttl = self.ttl.map_or(left, |t| t.max(left)).max(MIN_RENEW);
@@ -132,7 +132,7 @@ impl Schedule {
     /// ([`retry_wait`]); otherwise the backoff (restarted if the lease was
     /// just lost) but at most a TTL, shortened by up to a quarter by
     /// `jitter` in [0, 1).
-    pub fn failed(
+    pub(super) fn failed(
         &mut self,
         held: Option<Held>,
         now: OffsetDateTime,
@@ -168,7 +168,7 @@ fn ms_to_time(ms: i64) -> OffsetDateTime {
 }
 
 /// Holds the lease of `site_id` until `shutdown` changes, then releases it.
-pub struct Holder {
+pub(super) struct Holder {
     identity: std::sync::Arc<super::identity::NodeIdentity>,
     site_id: String,
     tx: watch::Sender<Option<Held>>,
@@ -177,7 +177,7 @@ pub struct Holder {
 }
 
 impl Holder {
-    pub fn new(
+    pub(super) fn new(
         identity: std::sync::Arc<super::identity::NodeIdentity>,
         site_id: String,
         schedule: Schedule,
@@ -196,7 +196,7 @@ impl Holder {
         )
     }
 
-    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
+    pub(super) async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
         loop {
             let wait = self.step().await;
             tokio::select! {

@@ -7,12 +7,12 @@
 //! ramdisk, its initrd with the ramdisk's configuration appended
 //! ([`image`], [`cpio`]).
 
-pub mod cpio;
-pub mod entries;
+mod cpio;
+mod entries;
 pub mod http;
-pub mod identity;
-pub mod image;
-pub mod lease;
+mod identity;
+mod image;
+mod lease;
 pub mod render;
 pub mod service;
 
@@ -25,12 +25,12 @@ use crate::config::{Config, ConfigArg};
 use crate::sitedata::state;
 
 #[derive(clap::Args, Debug)]
-pub struct SiteArgs {
+pub(crate) struct SiteArgs {
     #[command(flatten)]
     config: ConfigArg,
 }
 
-pub fn run(args: SiteArgs) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(args: SiteArgs) -> anyhow::Result<ExitCode> {
     let path = &args.config.path;
     let config = Config::load(path)?;
     let settings = config.site.clone().ok_or_else(|| {

@@ -9,7 +9,7 @@ const BOOT_TEMPLATE: &str = include_str!("../../ramdisk/boot.ipxe.in");
 const EXIT_TEMPLATE: &str = include_str!("../../ramdisk/exit.ipxe.in");
 
 /// The longest query read: iPXE sends a MAC, a UUID and maybe an IP.
-pub const MAX_QUERY: usize = 512;
+pub(crate) const MAX_QUERY: usize = 512;
 
 /// What iPXE says about the machine (`?mac=${net0/mac}&uuid=${uuid}`).
 /// Other keys (an `ip=` among them: the asserted IP is the connection's
@@ -99,10 +99,10 @@ fn normalize_uuid(s: &str) -> Option<String> {
 }
 
 /// How long an assertion is valid at most: the spec's 15 minutes.
-pub const ASSERTION_TTL_MS: i64 = ASSERTION_MAX_AGE_MS;
+pub(crate) const ASSERTION_TTL_MS: i64 = ASSERTION_MAX_AGE_MS;
 
 /// What the site vouches for: the machine it is serving now.
-pub struct Vouch<'a> {
+pub(crate) struct Vouch<'a> {
     pub site_id: &'a str,
     pub node_id: &'a str,
     pub epoch: u64,
@@ -118,7 +118,7 @@ pub struct Vouch<'a> {
 }
 
 /// The assertion: issued now, valid 15 minutes, never past the boot entry.
-pub fn assertion(v: &Vouch<'_>) -> DiscoveryAssertion {
+pub(crate) fn assertion(v: &Vouch<'_>) -> DiscoveryAssertion {
     DiscoveryAssertion {
         site_id: v.site_id.to_owned(),
         node_id: v.node_id.to_owned(),
@@ -137,7 +137,7 @@ pub fn assertion(v: &Vouch<'_>) -> DiscoveryAssertion {
 
 /// The script that boots the ramdisk. `token` and `assertion` are
 /// `tok_<id>.<secret>` and base64url: nothing iPXE would expand.
-pub fn boot_script(base: &str, token: &str, assertion: &str, now_unix_s: i64) -> String {
+pub(crate) fn boot_script(base: &str, token: &str, assertion: &str, now_unix_s: i64) -> String {
     BOOT_TEMPLATE
         .replace("@BASE@", base)
         .replace("@TOKEN@", token)

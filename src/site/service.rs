@@ -26,7 +26,7 @@ pub enum Response {
 }
 
 /// Everything a request needs, shared by all connections.
-pub struct Site {
+pub(crate) struct Site {
     pub settings: SiteSettings,
     /// Re-read when `bcd node` renews it.
     pub identity: Arc<NodeIdentity>,
@@ -37,7 +37,12 @@ pub struct Site {
 }
 
 impl Site {
-    pub async fn respond(self: &Arc<Self>, path: &str, query: &str, peer: IpAddr) -> Response {
+    pub(crate) async fn respond(
+        self: &Arc<Self>,
+        path: &str,
+        query: &str,
+        peer: IpAddr,
+    ) -> Response {
         match path {
             "/boot.ipxe" => Response::Script(self.boot_ipxe(query, peer).await),
             "/ramdisk/vmlinuz" => self.file(Part::Kernel),

@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 /// The control plane's word, as `site.json` keeps it.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
-pub struct Commissioning {
+pub(crate) struct Commissioning {
     /// What admits an entry that names no EK: `trusted-lan` or
     /// `operator-approval`.
     pub unbound: String,
@@ -30,7 +30,7 @@ const OPERATOR_APPROVAL: &str = "operator-approval";
 
 /// The policy the site runs under.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Policy {
+pub(crate) enum Policy {
     EkBound,
     OperatorApproval,
     TrustedLan,
@@ -39,7 +39,7 @@ pub enum Policy {
 impl Commissioning {
     /// From a lease answer; `None` when the control plane said nothing (one
     /// from before) or something this bcd does not know.
-    pub fn from_wire(p: Option<&CommissioningPolicy>) -> Option<Commissioning> {
+    pub(crate) fn from_wire(p: Option<&CommissioningPolicy>) -> Option<Commissioning> {
         let p = p?;
         let unbound = match Unbound::try_from(p.unbound).ok()? {
             Unbound::TrustedLan => TRUSTED_LAN,
@@ -53,7 +53,7 @@ impl Commissioning {
         })
     }
 
-    pub fn policy(&self) -> Option<Policy> {
+    pub(crate) fn policy(&self) -> Option<Policy> {
         if self.open_entries > 0 && self.ek_bound_entries == self.open_entries {
             return Some(Policy::EkBound);
         }
@@ -66,7 +66,7 @@ impl Commissioning {
 
     /// One line: the policy and what it means for a neighbour on the boot
     /// LAN.
-    pub fn line(&self) -> String {
+    pub(crate) fn line(&self) -> String {
         let unbound = self.open_entries - self.ek_bound_entries.min(self.open_entries);
         let of = format!(
             "{unbound} of {} open boot entries name no EK",
@@ -89,7 +89,7 @@ impl Commissioning {
 }
 
 /// What to do when the site runs on a trusted boot LAN.
-pub const HARDEN: &str = "to harden: bind each boot entry to its machine's TPM (boot add --ek-sha256 H, or --node N), or set [discovery] approval = \"unknown-machines\" in the control plane's controlplane.toml";
+pub(crate) const HARDEN: &str = "to harden: bind each boot entry to its machine's TPM (boot add --ek-sha256 H, or --node N), or set [discovery] approval = \"unknown-machines\" in the control plane's controlplane.toml";
 
 #[cfg(test)]
 mod tests {

@@ -12,19 +12,19 @@ use crate::pki::rfc3339;
 
 /// The lease as this node last had it confirmed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Held {
+pub(crate) struct Held {
     pub epoch: u64,
     /// The control plane's word, in its time.
     pub expires_at: OffsetDateTime,
 }
 
-pub const FILE: &str = "site.json";
+pub(crate) const FILE: &str = "site.json";
 /// A state file is a few hundred bytes.
 const MAX_BYTES: u64 = 16 * 1024;
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
-pub struct SiteState {
+pub(crate) struct SiteState {
     pub site_id: String,
     pub held: bool,
     pub epoch: u64,
@@ -39,13 +39,13 @@ pub struct SiteState {
 }
 
 /// Where `bcd site` writes it, and what stays the same between writes.
-pub struct StateFile {
+pub(crate) struct StateFile {
     pub dir: PathBuf,
     pub base: SiteState,
 }
 
 impl StateFile {
-    pub fn save(&self, lease: Option<Held>) {
+    pub(crate) fn save(&self, lease: Option<Held>) {
         let state = SiteState {
             held: lease.is_some(),
             epoch: lease.map_or(0, |h| h.epoch),
@@ -62,7 +62,7 @@ impl StateFile {
 }
 
 /// The state `bcd site` left, with `held` false once its expiry passed.
-pub fn load(dir: &Path, now: OffsetDateTime) -> Option<SiteState> {
+pub(crate) fn load(dir: &Path, now: OffsetDateTime) -> Option<SiteState> {
     let bytes = crate::identity::guard::read_private(&dir.join(FILE), MAX_BYTES).ok()?;
     let mut state: SiteState = serde_json::from_slice(&bytes).ok()?;
     let live = OffsetDateTime::parse(
@@ -75,7 +75,7 @@ pub fn load(dir: &Path, now: OffsetDateTime) -> Option<SiteState> {
 }
 
 /// `site site_x: boot lease held (epoch 3) until T; ramdisk vmlinuz N B, initrd M B`
-pub fn line(s: &SiteState) -> String {
+pub(crate) fn line(s: &SiteState) -> String {
     let lease = if s.held {
         format!("boot lease held (epoch {}) until {}", s.epoch, s.expires_at)
     } else {

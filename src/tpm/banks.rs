@@ -58,7 +58,11 @@ pub enum BankError {
 /// The bank to quote `pcrs` in: among those the challenge names (`algs`,
 /// TPM_ALG_IDs; none is SHA-256), SHA-256 when the TPM allocates it with
 /// every PCR, else SHA-1.
-pub fn choose(algs: &[u32], pcrs: &[u32], allocated: &Allocation) -> Result<PcrBank, BankError> {
+pub(super) fn choose(
+    algs: &[u32],
+    pcrs: &[u32],
+    allocated: &Allocation,
+) -> Result<PcrBank, BankError> {
     let wanted = PcrBank::from_challenge(algs);
     let Some(&enable) = wanted.first() else {
         return Err(BankError::Unknown(algs.to_vec()));
@@ -95,7 +99,7 @@ pub fn choose(algs: &[u32], pcrs: &[u32], allocated: &Allocation) -> Result<PcrB
 
 impl Tpm {
     /// The allocated PCRs of each bank (GetCapability TPM_CAP_PCRS).
-    pub fn pcr_allocation(&mut self) -> Result<Allocation, TpmError> {
+    pub(crate) fn pcr_allocation(&mut self) -> Result<Allocation, TpmError> {
         let (data, _) = cmd(
             "GetCapability",
             self.ctx.get_capability(CapabilityType::AssignedPcr, 0, 8),
@@ -120,7 +124,7 @@ impl Tpm {
     }
 
     /// The bank to quote the challenge's `pcrs` in ([`choose`]).
-    pub fn pcr_bank_for(&mut self, algs: &[u32], pcrs: &[u32]) -> Result<PcrBank, TpmError> {
+    pub(crate) fn pcr_bank_for(&mut self, algs: &[u32], pcrs: &[u32]) -> Result<PcrBank, TpmError> {
         let allocated = self.pcr_allocation()?;
         Ok(choose(algs, pcrs, &allocated)?)
     }

@@ -32,11 +32,11 @@ pub struct Ek {
     /// DER, trimmed to its own length; None when the TPM has none.
     pub certificate: Option<Vec<u8>>,
     /// Where `certificate` came from (None: there is none).
-    pub certificate_source: Option<CertificateSource>,
+    pub(crate) certificate_source: Option<CertificateSource>,
     /// Whether the persistent EK was used (else it was derived).
     pub persistent: bool,
     /// Where a derived EK's template and unique came from.
-    pub derivation: Derivation,
+    pub(crate) derivation: Derivation,
     /// Whether the EK is the key its certificate names (None: no
     /// certificate). The control plane refuses it `ek-mismatch` otherwise.
     pub matches_certificate: Option<bool>,
@@ -49,7 +49,7 @@ pub struct Ek {
 
 /// Where the template a derived EK was made from came from.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Derivation {
+pub(crate) struct Derivation {
     /// The maker's template in NV (0x01c00004, 0x01c0000c).
     pub nv_template: bool,
     /// The maker's nonce in NV (0x01c00003, 0x01c0000b) as unique.

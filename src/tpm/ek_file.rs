@@ -16,25 +16,16 @@ const MAX_FILE: u64 = 64 * 1024;
 /// Where an EK certificate bcd sends came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum CertificateSource {
+pub(crate) enum CertificateSource {
     /// The TPM's EK certificate NV index.
     Nv,
     /// `[tpm] ek_certificate`.
     OperatorFile,
 }
 
-impl CertificateSource {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CertificateSource::Nv => "nv",
-            CertificateSource::OperatorFile => "operator-file",
-        }
-    }
-}
-
 /// A parsed `[tpm] ek_certificate`.
 #[derive(Clone, Debug)]
-pub struct OperatorCertificate {
+pub(crate) struct OperatorCertificate {
     pub path: PathBuf,
     /// One DER certificate.
     pub der: Vec<u8>,
@@ -45,7 +36,7 @@ pub struct OperatorCertificate {
 impl OperatorCertificate {
     /// Reads one certificate, PEM (one CERTIFICATE block) or DER, whose key
     /// is an EK's; anything else is an error naming the file and why.
-    pub fn read(path: &Path) -> Result<Self, TpmError> {
+    pub(crate) fn read(path: &Path) -> Result<Self, TpmError> {
         let bad = |why: String| TpmError::OperatorCertificate {
             path: path.to_owned(),
             why,

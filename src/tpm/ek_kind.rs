@@ -33,12 +33,12 @@ pub enum EkKind {
 /// The order bcd prefers when `[tpm] ek` names none: the RSA EK that most
 /// control planes and tools know, then the ECC ones Intel PTT, Nuvoton and
 /// swtpm ship alone.
-pub const PREFERENCE: [EkKind; 3] = [EkKind::Rsa, EkKind::EccP256, EkKind::EccP384];
+pub(super) const PREFERENCE: [EkKind; 3] = [EkKind::Rsa, EkKind::EccP256, EkKind::EccP384];
 
 impl EkKind {
-    pub const NAMES: &'static str = "\"rsa\", \"ecc-p256\" or \"ecc-p384\"";
+    pub(crate) const NAMES: &'static str = "\"rsa\", \"ecc-p256\" or \"ecc-p384\"";
 
-    pub fn parse(s: &str) -> Option<EkKind> {
+    pub(crate) fn parse(s: &str) -> Option<EkKind> {
         match s {
             "rsa" => Some(EkKind::Rsa),
             "ecc-p256" => Some(EkKind::EccP256),
@@ -47,7 +47,7 @@ impl EkKind {
         }
     }
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             EkKind::Rsa => "rsa",
             EkKind::EccP256 => "ecc-p256",
@@ -56,7 +56,7 @@ impl EkKind {
     }
 
     /// The NV index of its certificate.
-    pub fn certificate_index(self) -> u32 {
+    pub(crate) fn certificate_index(self) -> u32 {
         match self {
             EkKind::Rsa => 0x01C0_0002,
             EkKind::EccP256 => 0x01C0_000A,
@@ -65,7 +65,7 @@ impl EkKind {
     }
 
     /// The NV indices of its nonce and template (the low range only).
-    pub fn nonce_and_template_indices(self) -> Option<(u32, u32)> {
+    pub(crate) fn nonce_and_template_indices(self) -> Option<(u32, u32)> {
         match self {
             EkKind::Rsa => Some((0x01C0_0003, 0x01C0_0004)),
             EkKind::EccP256 => Some((0x01C0_000B, 0x01C0_000C)),
@@ -74,7 +74,7 @@ impl EkKind {
     }
 
     /// Its conventional persistent handle (swtpm's for P-384).
-    pub fn persistent_handle(self) -> u32 {
+    pub(crate) fn persistent_handle(self) -> u32 {
         match self {
             EkKind::Rsa => 0x8101_0001,
             EkKind::EccP256 => 0x8101_0002,
@@ -93,7 +93,7 @@ impl EkKind {
 
     /// The TCG default template, marshalled (tss-esapi's, which is
     /// byte-identical to what swtpm_setup and tpm2_createek make).
-    pub fn default_template(self) -> Result<Vec<u8>, TpmError> {
+    pub(crate) fn default_template(self) -> Result<Vec<u8>, TpmError> {
         let alg = match self {
             EkKind::Rsa => AsymmetricAlgorithmSelection::Rsa(RsaKeyBits::Rsa2048),
             EkKind::EccP256 => AsymmetricAlgorithmSelection::Ecc(EccCurve::NistP256),
@@ -111,7 +111,7 @@ impl EkKind {
     /// The template with a maker's nonce as its unique, as tpm2_createek
     /// fills it: RSA, the nonce then zeros to 256 bytes; ECC, x is the
     /// nonce then zeros to the coordinate size, y that many zeros.
-    pub fn with_nonce(self, template: &[u8], nonce: &[u8]) -> Result<Vec<u8>, TpmError> {
+    pub(crate) fn with_nonce(self, template: &[u8], nonce: &[u8]) -> Result<Vec<u8>, TpmError> {
         let width = self.nonce_width();
         if nonce.len() > width {
             return Err(TpmError::Unexpected(
@@ -127,7 +127,7 @@ impl EkKind {
     }
 
     /// The kind of EK a certificate's key is: RSA-2048, P-256 or P-384.
-    pub fn of_certificate(cert: &[u8]) -> Option<EkKind> {
+    pub(crate) fn of_certificate(cert: &[u8]) -> Option<EkKind> {
         use x509_parser::oid_registry::{OID_EC_P256, OID_NIST_EC_P384};
         use x509_parser::prelude::*;
         use x509_parser::public_key::PublicKey;
@@ -156,7 +156,7 @@ impl EkKind {
     /// The public area of the EK the certificate names: the template with
     /// the certificate's key as unique. None when the certificate holds
     /// another kind of key.
-    pub fn expected_public(
+    pub(crate) fn expected_public(
         self,
         template: &[u8],
         cert: &[u8],
@@ -190,7 +190,7 @@ impl EkKind {
 
 /// `template` (a marshalled TPMT_PUBLIC) with its unique replaced by
 /// `parts`, each a TPM2B: the RSA modulus, or the ECC x and y.
-pub fn with_unique(template: &[u8], parts: &[&[u8]]) -> Result<Vec<u8>, TpmError> {
+pub(super) fn with_unique(template: &[u8], parts: &[&[u8]]) -> Result<Vec<u8>, TpmError> {
     let parsed = Public::parse(template)
         .map_err(|_| TpmError::Unexpected("an EK template that does not parse"))?;
     let (old, want) = match &parsed.params {

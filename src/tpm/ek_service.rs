@@ -6,14 +6,14 @@
 //! unreachable).
 
 /// Intel firmware TPMs (PTT): "INTC".
-pub const INTEL: u32 = u32::from_be_bytes(*b"INTC");
+pub(super) const INTEL: u32 = u32::from_be_bytes(*b"INTC");
 /// AMD firmware TPMs (fTPM): "AMD" and a NUL.
-pub const AMD: u32 = u32::from_be_bytes(*b"AMD\0");
+pub(super) const AMD: u32 = u32::from_be_bytes(*b"AMD\0");
 
 /// The EK service of the maker whose TPM_PT_MANUFACTURER is `manufacturer`,
 /// for people; None for a maker without one (their certificates are in NV,
 /// or nowhere).
-pub fn of(manufacturer: u32) -> Option<&'static str> {
+pub(super) fn of(manufacturer: u32) -> Option<&'static str> {
     match manufacturer {
         INTEL => Some("Intel's EK certificate service (ekop.intel.com)"),
         AMD => Some("AMD's EK certificate service (ftpm.amd.com)"),

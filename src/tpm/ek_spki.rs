@@ -6,7 +6,7 @@ use super::{Ek, TpmError};
 /// The EK's SubjectPublicKeyInfo (DER), the key the control plane knows the
 /// machine by: the certificate's when there is one (the control plane reads
 /// it from there), else encoded from the public area.
-pub fn ek_spki_der(ek: &Ek) -> Result<Vec<u8>, TpmError> {
+pub(crate) fn ek_spki_der(ek: &Ek) -> Result<Vec<u8>, TpmError> {
     use x509_parser::prelude::*;
     if let Some(cert) = &ek.certificate {
         let (_, parsed) =
@@ -20,7 +20,7 @@ pub fn ek_spki_der(ek: &Ek) -> Result<Vec<u8>, TpmError> {
 /// the TPM's own EK, whatever its certificate says
 /// ([`bc_wire::ekcert::spki`], which the control plane uses for an EK
 /// without a certificate).
-pub fn public_spki_der(public: &[u8]) -> Result<Vec<u8>, TpmError> {
+pub(crate) fn public_spki_der(public: &[u8]) -> Result<Vec<u8>, TpmError> {
     bc_wire::ekcert::spki::public_spki_der(public).map_err(TpmError::Unexpected)
 }
 

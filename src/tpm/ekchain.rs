@@ -19,7 +19,7 @@ const FIRST_EK: u32 = 0x01C0_0002;
 /// Most handles asked for: the EK range holds a dozen, the chain a few.
 const LISTED: u32 = 128;
 /// Most certificates taken from NV (what the control plane accepts).
-pub const MAX_CERTIFICATES: usize = bc_wire::ekcert::MAX_AGENT_INTERMEDIATES;
+pub(super) const MAX_CERTIFICATES: usize = bc_wire::ekcert::MAX_AGENT_INTERMEDIATES;
 
 /// The TPM's NV indices from 0x01c00002 to 0x01c001ff, in order.
 pub(super) fn list_indices(tpm: &mut Tpm) -> Result<Vec<u32>, TpmError> {

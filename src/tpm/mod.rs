@@ -39,12 +39,10 @@ use tss_esapi::traits::Marshall;
 use tss_esapi::{Context, TctiNameConf};
 
 pub use banks::BankError;
-pub use ek::{Derivation, Ek};
-pub use ek_file::{CertificateSource, OperatorCertificate};
+pub use ek::Ek;
+pub(crate) use ek_file::{CertificateSource, OperatorCertificate};
 pub use ek_kind::EkKind;
-pub use ek_spki::{ek_spki_der, public_spki_der};
-pub use quote::Quote;
-pub use templates::{ak_template, node_key_template};
+pub(crate) use ek_spki::{ek_spki_der, public_spki_der};
 
 /// Where bcd finds its TPM, in order: the config's `[tpm] tcti`, then
 /// `TPM2TOOLS_TCTI`, then `TCTI`, then `/dev/tpmrm0` when it exists. Never
@@ -53,7 +51,7 @@ pub use templates::{ak_template, node_key_template};
 ///
 /// `none` in the config means no TPM at all, whatever the machine has: node
 /// keys are file keys and `--attestor tpm` is refused.
-pub fn resolve_tcti(configured: Option<&str>) -> Option<String> {
+pub(crate) fn resolve_tcti(configured: Option<&str>) -> Option<String> {
     match configured {
         Some(NO_TPM) => return None,
         Some(t) => return Some(t.to_owned()),
@@ -72,7 +70,7 @@ pub fn resolve_tcti(configured: Option<&str>) -> Option<String> {
 }
 
 /// The `[tpm] tcti` value that turns the TPM off.
-pub const NO_TPM: &str = "none";
+pub(crate) const NO_TPM: &str = "none";
 
 #[derive(Debug, thiserror::Error)]
 pub enum TpmError {
@@ -119,7 +117,7 @@ impl TpmError {
     /// from a layer of the TSS (ESYS, SYS, TCTI, a resource manager). Such a
     /// context does not recover (ESYS keeps waiting for the response it
     /// lost), so its owner opens a new one.
-    pub fn is_connection(&self) -> bool {
+    pub(crate) fn is_connection(&self) -> bool {
         match self {
             TpmError::Command { source, .. } => {
                 raw_rc(source).is_some_and(|rc| !matches!(rc_layer(rc), 0 | TPM_VIA_RESMGR))
@@ -185,7 +183,7 @@ pub struct LoadedKey {
 /// The TPM's identity, for `bcd tpm identify` and `bcd doctor`.
 #[derive(Clone, Debug, Default, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct TpmInfo {
+pub(crate) struct TpmInfo {
     /// TPM_PT_MANUFACTURER as its four ASCII characters (e.g. "IBM ").
     pub manufacturer: String,
     pub vendor: String,
@@ -202,13 +200,13 @@ pub struct TpmInfo {
 
 impl TpmInfo {
     /// swtpm and other software TPMs, by their manufacturer id.
-    pub fn is_software(&self) -> bool {
+    pub(crate) fn is_software(&self) -> bool {
         matches!(self.manufacturer.trim(), "IBM" | "SW" | "MSFT") && self.vendor.contains("SW")
     }
 
     /// The maker's online EK certificate service, for people, when this
     /// TPM's maker has one ([`ek_service::of`]).
-    pub fn ek_service(&self) -> Option<&'static str> {
+    pub(crate) fn ek_service(&self) -> Option<&'static str> {
         ek_service::of(self.manufacturer_id)
     }
 }
@@ -242,19 +240,19 @@ impl Tpm {
     }
 
     /// `[tpm] ek`: the EK [`Tpm::ek`] uses (None: bcd chooses).
-    pub fn set_ek_kind(&mut self, kind: Option<EkKind>) {
+    pub(crate) fn set_ek_kind(&mut self, kind: Option<EkKind>) {
         self.ek_kind = kind;
     }
 
     /// `[tpm] ek_certificate`: the EK certificate [`Tpm::ek`] uses instead
     /// of NV's (its key decides the EK kind).
-    pub fn set_ek_certificate(&mut self, cert: Option<OperatorCertificate>) {
+    pub(crate) fn set_ek_certificate(&mut self, cert: Option<OperatorCertificate>) {
         self.ek_certificate = cert;
     }
 
     /// The owner hierarchy's authorization, for the node key's CreatePrimary
     /// on a TPM whose owner a previous OS took. No TPM command.
-    pub fn set_owner_auth(&mut self, auth: &[u8]) -> Result<(), TpmError> {
+    pub(crate) fn set_owner_auth(&mut self, auth: &[u8]) -> Result<(), TpmError> {
         let auth = tss_esapi::structures::Auth::try_from(auth.to_vec())
             .map_err(|_| TpmError::Unexpected("an owner authorization longer than 64 bytes"))?;
         cmd(
@@ -264,7 +262,7 @@ impl Tpm {
     }
 
     /// Manufacturer, vendor, firmware and family, in one GetCapability.
-    pub fn info(&mut self) -> Result<TpmInfo, TpmError> {
+    pub(crate) fn info(&mut self) -> Result<TpmInfo, TpmError> {
         let (data, _) = cmd(
             "GetCapability",
             self.ctx.get_capability(
@@ -321,7 +319,7 @@ impl Tpm {
 
     /// The maker's intermediates in the EK chain NV indices (untrusted),
     /// from the listing [`Tpm::ek`] made.
-    pub fn ek_chain(&mut self, ek: &Ek) -> Result<Vec<Vec<u8>>, TpmError> {
+    pub(crate) fn ek_chain(&mut self, ek: &Ek) -> Result<Vec<Vec<u8>>, TpmError> {
         ekchain::read(self, &ek.nv_indices)
     }
 

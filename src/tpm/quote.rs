@@ -21,10 +21,10 @@ use super::banks::hashing;
 use super::{cmd, marshal_attest, LoadedKey, Tpm, TpmError};
 
 /// The failpoint that extends PCR 16 between the first read and quote.
-pub const EXTEND_FAILPOINT: &str = "quote-extend-pcr16";
+pub(super) const EXTEND_FAILPOINT: &str = "quote-extend-pcr16";
 
 /// Quotes made before bcd gives up on PCRs that keep moving.
-pub const QUOTE_ATTEMPTS: usize = 3;
+pub(super) const QUOTE_ATTEMPTS: usize = 3;
 
 pub struct Quote {
     pub attest: Vec<u8>,

@@ -15,7 +15,7 @@ use super::{cmd, TpmError};
 /// The AK: restricted ECDSA-P256-SHA256 signing key (attributes 0x00050472:
 /// fixedTPM, fixedParent, sensitiveDataOrigin, userWithAuth, noDA,
 /// restricted, sign), empty unique.
-pub fn ak_template() -> Result<Public, TpmError> {
+pub(crate) fn ak_template() -> Result<Public, TpmError> {
     let params = cmd(
         "CreatePrimary",
         PublicEccParametersBuilder::new()
@@ -35,7 +35,7 @@ pub fn ak_template() -> Result<Public, TpmError> {
 /// decrypt clear) with a NULL scheme, so each signature picks its hash. The
 /// 32-byte unique goes in `unique.x` with a 32-zero-byte `y`, the TCG
 /// EK-nonce convention.
-pub fn node_key_template(unique: &[u8; 32]) -> Result<Public, TpmError> {
+pub(crate) fn node_key_template(unique: &[u8; 32]) -> Result<Public, TpmError> {
     // No `with_is_signing_key`: the builder refuses a NULL scheme for it,
     // and the sign attribute above is what makes it a signing key.
     let params = cmd(

@@ -15,7 +15,7 @@ const TRANSIENT_FIRST: u32 = 0x8000_0000;
 impl Tpm {
     /// Flushes every transient object this connection can see; called
     /// right after opening, before it loads any. The number flushed.
-    pub fn flush_stale_transients(&mut self) -> Result<usize, TpmError> {
+    pub(crate) fn flush_stale_transients(&mut self) -> Result<usize, TpmError> {
         let (data, _) = cmd(
             "GetCapability",
             self.ctx

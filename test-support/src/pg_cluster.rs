@@ -75,7 +75,6 @@ impl PgCluster {
     /// (the shared one serves the tests running beside it): started now,
     /// and stopped and removed when the test process ends, as the shared
     /// one is. Panics as [`PgCluster::shared`] does.
-    #[allow(dead_code)]
     pub fn private() -> &'static PgCluster {
         match PgCluster::start() {
             Ok(cluster) => Box::leak(Box::new(cluster)),
@@ -86,7 +85,6 @@ impl PgCluster {
     /// Restarts the server as an operator would (`pg_ctl restart`, fast
     /// shutdown: every session ends), on the same port; returns once it
     /// accepts connections again. Panics with pg_ctl's output on failure.
-    #[allow(dead_code)]
     pub fn restart(&self) {
         let run_as = match is_root() {
             true => Some(postgres_ids().unwrap_or_else(|e| panic!("{e}"))),
@@ -125,12 +123,13 @@ impl PgCluster {
 
     /// The superuser's password, one line, mode 0600 (the server's user
     /// owns it: initdb reads it).
-    pub fn password_file(&self) -> PathBuf {
+    pub(crate) fn password_file(&self) -> PathBuf {
         self.dir.join("password")
     }
 
     /// libpq's password file for TCP connections (`PGPASSFILE`).
-    pub fn pgpass_file(&self) -> PathBuf {
+    #[cfg(test)]
+    fn pgpass_file(&self) -> PathBuf {
         self.dir.join("pgpass")
     }
 
@@ -142,7 +141,6 @@ impl PgCluster {
 
     /// The directory of the server's Unix socket (`.s.PGSQL.PORT`), where
     /// any local user is trusted: a `sslmode=disable` URL's host.
-    #[allow(dead_code)]
     pub fn socket_dir(&self) -> &Path {
         &self.dir
     }
@@ -154,7 +152,6 @@ impl PgCluster {
 
     /// Runs `sql` on database `db`, as [`PgDb::psql`] does (for a test
     /// that holds the name only, e.g. in a hook that must be `'static`).
-    #[allow(dead_code)]
     pub fn psql_in(&self, db: &str, sql: &str) -> String {
         match self.try_psql(db, sql) {
             Ok(out) => out,
@@ -267,7 +264,6 @@ impl PgDb {
     /// tuples only, stopping at the first error), for a session a test keeps
     /// open (a lock held while a control plane works); spawn it with stdin
     /// and stdout piped. The e2e tests' (tests/e2e/replicas.rs).
-    #[allow(dead_code)]
     pub fn psql_session(&self) -> Command {
         let mut cmd = psql_command(&self.cluster.bin);
         cmd.arg("-d").arg(self.cluster.conninfo(&self.name));

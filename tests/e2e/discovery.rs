@@ -16,17 +16,17 @@ use bcd::keys::TpmAccess;
 
 use crate::harness::*;
 
-pub const MAC: &str = "52:54:00:12:34:56";
-pub const UUID: &str = "4c4c4544-0042-3510-8052-b4c04f4e4d32";
+pub(crate) const MAC: &str = "52:54:00:12:34:56";
+pub(crate) const UUID: &str = "4c4c4544-0042-3510-8052-b4c04f4e4d32";
 
-pub fn now_ms() -> i64 {
+pub(crate) fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0)
 }
 
-pub fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
+pub(crate) fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -35,13 +35,13 @@ pub fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
 }
 
 /// A site node: a bcd that joined with a site token of `site_id`.
-pub struct SiteNode {
+pub(crate) struct SiteNode {
     pub agent: Agent,
     pub site_id: String,
 }
 
 impl SiteNode {
-    pub fn join(cp: &ControlPlane, site_id: &str) -> SiteNode {
+    pub(crate) fn join(cp: &ControlPlane, site_id: &str) -> SiteNode {
         let agent = Agent::new(cp);
         let token = cp.token("site", &["--site", site_id]);
         assert_ok(&output_within(
@@ -54,24 +54,24 @@ impl SiteNode {
         }
     }
 
-    pub fn identity(&self) -> Identity {
+    pub(crate) fn identity(&self) -> Identity {
         Identity::load(&self.agent.data_dir, &TpmAccess::none())
             .expect("identity loads")
             .expect("an identity")
     }
 
-    pub fn client(&self) -> Client {
+    pub(crate) fn client(&self) -> Client {
         let config = bcd::config::Config::load(&self.agent.config).expect("config");
         let id = self.identity();
         Client::with_identity(&config, &id.chain, id.key.clone()).expect("client")
     }
 
-    pub fn acquire(&self) -> Result<LeaseResponse, ClientError> {
+    pub(crate) fn acquire(&self) -> Result<LeaseResponse, ClientError> {
         block_on(self.client().acquire_lease(&self.site_id))
     }
 
     /// The holder's SecretRequest for a workflow: the discovery token.
-    pub fn secret(&self, workflow: &str) -> Result<String, ClientError> {
+    pub(crate) fn secret(&self, workflow: &str) -> Result<String, ClientError> {
         self.secret_for(workflow, "")
     }
 
@@ -92,7 +92,7 @@ impl SiteNode {
     /// The kernel command line the site gives `mac` for entry `wf`: a
     /// token of the entry's own and an assertion naming the entry, the MAC
     /// and `uuid`.
-    pub fn boot_line(&self, epoch: u64, wf: &str, mac: &str, uuid: &str) -> String {
+    pub(crate) fn boot_line(&self, epoch: u64, wf: &str, mac: &str, uuid: &str) -> String {
         let token = self.secret(wf).unwrap();
         let assertion = self.assertion(epoch, |a| {
             a.mac = mac.to_owned();
@@ -103,7 +103,11 @@ impl SiteNode {
     }
 
     /// An assertion for `mac` at `epoch`, fresh, signed under its purpose.
-    pub fn assertion(&self, epoch: u64, edit: impl FnOnce(&mut DiscoveryAssertion)) -> String {
+    pub(crate) fn assertion(
+        &self,
+        epoch: u64,
+        edit: impl FnOnce(&mut DiscoveryAssertion),
+    ) -> String {
         let id = self.identity();
         let mut a = DiscoveryAssertion {
             site_id: self.site_id.clone(),
@@ -124,13 +128,13 @@ impl SiteNode {
 
 /// A bare machine booted into the ramdisk: its own config, data dir and
 /// sysfs (MACs, product UUID).
-pub struct Machine {
+pub(crate) struct Machine {
     pub agent: Agent,
     sysfs: std::path::PathBuf,
 }
 
 impl Machine {
-    pub fn new(cp: &ControlPlane, mac: &str, uuid: &str) -> Machine {
+    pub(crate) fn new(cp: &ControlPlane, mac: &str, uuid: &str) -> Machine {
         let agent = Agent::new(cp);
         agent.sysfs("class/net/eth0/address", &format!("{mac}\n"));
         agent.sysfs("class/net/lo/address", "00:00:00:00:00:00\n");
@@ -139,13 +143,13 @@ impl Machine {
         Machine { agent, sysfs }
     }
 
-    pub fn boot(&self, cmdline: &str) -> std::process::Output {
+    pub(crate) fn boot(&self, cmdline: &str) -> std::process::Output {
         self.boot_command(cmdline).within()
     }
 
     /// `bcd ramdisk --once` booted with `cmdline`, not started yet (for a
     /// join that waits, run beside the test).
-    pub fn boot_command(&self, cmdline: &str) -> std::process::Command {
+    pub(crate) fn boot_command(&self, cmdline: &str) -> std::process::Command {
         let file = self.agent.root.path().join("cmdline");
         std::fs::write(&file, format!("console=ttyS0 {cmdline} ip=dhcp\n")).unwrap();
         let mut cmd =
@@ -156,13 +160,13 @@ impl Machine {
     }
 }
 
-pub fn site(cp: &ControlPlane, name: &str) -> String {
+pub(crate) fn site(cp: &ControlPlane, name: &str) -> String {
     let out = cp.cli(&["sites", "create", name]);
     assert_ok(&out);
     stdout(&out).trim().to_owned()
 }
 
-pub fn boot_add(cp: &ControlPlane, site: &str, mac: &str, extra: &[&str]) -> String {
+pub(crate) fn boot_add(cp: &ControlPlane, site: &str, mac: &str, extra: &[&str]) -> String {
     let mut args = vec!["boot", "add", "--site", site, "--mac", mac];
     args.extend_from_slice(extra);
     let out = cp.cli(&args);
@@ -170,7 +174,7 @@ pub fn boot_add(cp: &ControlPlane, site: &str, mac: &str, extra: &[&str]) -> Str
     stdout(&out).trim().to_owned()
 }
 
-pub fn boot_state(cp: &ControlPlane, workflow: &str) -> String {
+pub(crate) fn boot_state(cp: &ControlPlane, workflow: &str) -> String {
     let list = cp.json(&["boot", "list"]);
     list.as_array()
         .unwrap()
@@ -180,14 +184,14 @@ pub fn boot_state(cp: &ControlPlane, workflow: &str) -> String {
         .expect("the boot entry is listed")
 }
 
-pub fn cmdline(token: &str, assertion: &str) -> String {
+pub(crate) fn cmdline(token: &str, assertion: &str) -> String {
     format!("bc.token={token} bc.assertion={assertion}")
 }
 
 /// Runs a join that must be refused: ACCESS_DENIED at bcd and exactly one
 /// more `reason` at the control plane.
 #[track_caller]
-pub fn assert_refused_as(
+pub(crate) fn assert_refused_as(
     cp: &ControlPlane,
     refusal: Refusal<'_>,
     run: impl FnOnce() -> std::process::Output,
@@ -200,7 +204,7 @@ pub fn assert_refused_as(
 /// Runs a site API call that must be refused: ACCESS_DENIED at bcd's
 /// client and exactly one more `reason` at the control plane.
 #[track_caller]
-pub fn assert_site_refused<T: std::fmt::Debug>(
+pub(crate) fn assert_site_refused<T: std::fmt::Debug>(
     cp: &ControlPlane,
     call: impl FnOnce() -> Result<T, ClientError>,
     reason: &str,

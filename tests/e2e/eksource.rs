@@ -7,7 +7,7 @@ use crate::maker::nv_remove;
 
 /// A TPM whose maker put no EK certificate in NV (NitroTPM, Intel PTT on
 /// many platforms): swtpm's RSA and P-384 EK certificates removed.
-pub fn without_ek_certificates(tpm: &Swtpm) {
+pub(crate) fn without_ek_certificates(tpm: &Swtpm) {
     nv_remove(tpm, "0x01c00002");
     nv_remove(tpm, "0x01c00016");
 }

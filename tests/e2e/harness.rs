@@ -39,8 +39,6 @@
 //! figures belong in `scripts/bench`). A new refusal reason needs its row
 //! in `tests/e2e/reasons.rs`.
 
-#![allow(dead_code)]
-
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -51,7 +49,7 @@ use serde_json::Value;
 use crate::pg_cluster::{PgCluster, PgDb};
 
 /// Path of a workspace binary: next to `bcd`, which Cargo built for us.
-pub fn bin(name: &str) -> PathBuf {
+pub(crate) fn bin(name: &str) -> PathBuf {
     let bcd = PathBuf::from(env!("CARGO_BIN_EXE_bcd"));
     let path = bcd.with_file_name(name);
     assert!(
@@ -64,13 +62,13 @@ pub fn bin(name: &str) -> PathBuf {
 
 /// How long a test waits for one command it runs: far more than any command
 /// takes on a loaded 2-core machine, far less than CI's limit.
-pub const DEADLINE: std::time::Duration = std::time::Duration::from_secs(120);
+pub(crate) const DEADLINE: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// Runs `cmd` to completion like [`Command::output`], but kills it (SIGKILL)
 /// and fails the test, showing what it printed, if it is still running
 /// after `deadline`.
 #[track_caller]
-pub fn output_within(
+pub(crate) fn output_within(
     mut cmd: impl std::borrow::BorrowMut<Command>,
     deadline: std::time::Duration,
 ) -> Output {
@@ -114,7 +112,7 @@ fn wait_within(child: Child, deadline: std::time::Duration, what: &str) -> Outpu
 /// A command that runs beside the test (a join that waits for an operator,
 /// say): [`Running::output`] waits for it under [`DEADLINE`], and a test
 /// that fails before then kills and reaps it as the guard drops.
-pub struct Running {
+pub(crate) struct Running {
     child: Option<Child>,
     what: String,
 }
@@ -123,19 +121,19 @@ impl Running {
     /// Starts `cmd` with stdin closed, stdout and stderr captured unless
     /// `cmd` already sends them elsewhere.
     #[track_caller]
-    pub fn start(cmd: &mut Command) -> Running {
+    pub(crate) fn start(cmd: &mut Command) -> Running {
         Running::spawn(cmd.stdout(Stdio::piped()).stderr(Stdio::piped()))
     }
 
     /// Starts `cmd` as it is configured (stdin closed).
     #[track_caller]
-    pub fn spawn(cmd: &mut Command) -> Running {
+    pub(crate) fn spawn(cmd: &mut Command) -> Running {
         Running::spawn_with_stdin(cmd.stdin(Stdio::null()))
     }
 
     /// Starts `cmd` as it is configured, stdin too ([`Running::stdin`]).
     #[track_caller]
-    pub fn spawn_with_stdin(cmd: &mut Command) -> Running {
+    pub(crate) fn spawn_with_stdin(cmd: &mut Command) -> Running {
         let child = cmd
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
@@ -146,24 +144,24 @@ impl Running {
     }
 
     /// Its stdin, if piped (drop it to close it).
-    pub fn stdin(&mut self) -> Option<std::process::ChildStdin> {
+    pub(crate) fn stdin(&mut self) -> Option<std::process::ChildStdin> {
         self.child.as_mut().expect("running").stdin.take()
     }
 
     /// Its process id.
-    pub fn id(&self) -> u32 {
+    pub(crate) fn id(&self) -> u32 {
         self.child.as_ref().expect("running").id()
     }
 
     /// Whether it has ended (without collecting its output).
-    pub fn has_ended(&mut self) -> bool {
+    pub(crate) fn has_ended(&mut self) -> bool {
         let child = self.child.as_mut().expect("running");
         child.try_wait().expect("try_wait").is_some()
     }
 
     /// Waits for it to end (killed, failing the test, after [`DEADLINE`]).
     #[track_caller]
-    pub fn output(mut self) -> Output {
+    pub(crate) fn output(mut self) -> Output {
         let child = self.child.take().expect("running");
         wait_within(child, DEADLINE, &self.what)
     }
@@ -180,7 +178,7 @@ impl Drop for Running {
 
 /// `cmd.within()` in place of `cmd.output()`: the same (stdin closed,
 /// stdout and stderr captured), under [`DEADLINE`] ([`output_within`]).
-pub trait Within {
+pub(crate) trait Within {
     fn within(&mut self) -> Output;
 }
 
@@ -191,16 +189,16 @@ impl Within for Command {
     }
 }
 
-pub fn stdout(out: &Output) -> String {
+pub(crate) fn stdout(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-pub fn stderr(out: &Output) -> String {
+pub(crate) fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 #[track_caller]
-pub fn assert_ok(out: &Output) {
+pub(crate) fn assert_ok(out: &Output) {
     assert!(
         out.status.success(),
         "expected success, got {:?}\nstdout: {}\nstderr: {}",
@@ -212,7 +210,7 @@ pub fn assert_ok(out: &Output) {
 
 /// A reference control plane: `bc-controlplane init` into a temporary
 /// directory, then `serve` on 127.0.0.1 port 0. Killed on drop.
-pub struct ControlPlane {
+pub(crate) struct ControlPlane {
     pub dir: tempfile::TempDir,
     pub url: String,
     child: Option<Child>,
@@ -226,7 +224,7 @@ pub struct ControlPlane {
 
 /// The store a control plane runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Backend {
+pub(crate) enum Backend {
     /// `DIR/controlplane.db`.
     Sqlite,
     /// A fresh database on the test process's PostgreSQL server.
@@ -236,7 +234,7 @@ pub enum Backend {
 impl Backend {
     /// SQLite, or PostgreSQL for every control plane of the run when
     /// `BCD_TEST_DB=postgres` (the variable the unit tests read too).
-    pub fn from_env() -> Self {
+    pub(crate) fn from_env() -> Self {
         match std::env::var("BCD_TEST_DB").as_deref() {
             Ok("postgres") => Backend::Postgres,
             _ => Backend::Sqlite,
@@ -247,7 +245,7 @@ impl Backend {
 /// The `[database]` table naming `pg` (TLS verified against the cluster's
 /// CA, the password from the cluster's 0600 file; a small pool: tests run
 /// several control planes at once on a server that takes 200 sessions).
-pub fn database_toml(pg: &PgDb) -> String {
+pub(crate) fn database_toml(pg: &PgDb) -> String {
     format!(
         "\n[database]\nurl = {:?}\nca_file = {:?}\npassword_file = {:?}\nmax_connections = 6\n",
         pg.url,
@@ -257,22 +255,22 @@ pub fn database_toml(pg: &PgDb) -> String {
 }
 
 impl ControlPlane {
-    pub fn start() -> Self {
+    pub(crate) fn start() -> Self {
         ControlPlane::init_only().serve()
     }
 
     /// Like [`ControlPlane::start`], on `backend` whatever `BCD_TEST_DB` says.
-    pub fn start_on(backend: Backend) -> Self {
+    pub(crate) fn start_on(backend: Backend) -> Self {
         ControlPlane::init_only_on(backend).serve()
     }
 
     /// Like [`ControlPlane::start`], with `controlplane.toml` written first.
-    pub fn start_with_config(toml: &str) -> Self {
+    pub(crate) fn start_with_config(toml: &str) -> Self {
         ControlPlane::start_with_config_on(Backend::from_env(), toml)
     }
 
     /// Like [`ControlPlane::start_with_config`], on `backend`.
-    pub fn start_with_config_on(backend: Backend, toml: &str) -> Self {
+    pub(crate) fn start_with_config_on(backend: Backend, toml: &str) -> Self {
         let cp = ControlPlane::init_only_on(backend);
         cp.write_config(toml);
         cp.serve()
@@ -280,7 +278,7 @@ impl ControlPlane {
 
     /// Replaces `controlplane.toml` with `toml`, plus the `[database]` table
     /// of this control plane's PostgreSQL database if it has one.
-    pub fn write_config(&self, toml: &str) {
+    pub(crate) fn write_config(&self, toml: &str) {
         let mut text = toml.to_owned();
         if let Some(pg) = &self.pg {
             text.push_str(&database_toml(pg));
@@ -293,18 +291,18 @@ impl ControlPlane {
     /// anchor, its issuing CA as a configured intermediate, `ek-roots add
     /// --intermediate`, since the manufactured TPMs carry none in NV) and asks
     /// pending machines to come back after a second.
-    pub fn start_trusting_test_maker() -> Self {
+    pub(crate) fn start_trusting_test_maker() -> Self {
         ControlPlane::start_trusting_test_maker_with("")
     }
 
     /// Like [`ControlPlane::start_trusting_test_maker`], with more TOML
     /// after the `[tpm]` table (e.g. a `[tpm.pcr_policy]`).
-    pub fn start_trusting_test_maker_with(extra: &str) -> Self {
+    pub(crate) fn start_trusting_test_maker_with(extra: &str) -> Self {
         ControlPlane::start_trusting_test_maker_on(Backend::from_env(), extra)
     }
 
     /// Like [`ControlPlane::start_trusting_test_maker_with`], on `backend`.
-    pub fn start_trusting_test_maker_on(backend: Backend, extra: &str) -> Self {
+    pub(crate) fn start_trusting_test_maker_on(backend: Backend, extra: &str) -> Self {
         let cp = ControlPlane::start_with_config_on(
             backend,
             &format!("[tpm]\nenrollment_retry_after = \"1s\"\n{extra}"),
@@ -321,13 +319,13 @@ impl ControlPlane {
 
     /// An initialised directory without a server, for CLI-only tests and for
     /// an in-process server.
-    pub fn init_only() -> Self {
+    pub(crate) fn init_only() -> Self {
         ControlPlane::init_only_on(Backend::from_env())
     }
 
     /// Like [`ControlPlane::init_only`], on `backend`: PostgreSQL gets a
     /// fresh database, named in `controlplane.toml` before `init` opens it.
-    pub fn init_only_on(backend: Backend) -> Self {
+    pub(crate) fn init_only_on(backend: Backend) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let pg = match backend {
             Backend::Sqlite => None,
@@ -347,14 +345,14 @@ impl ControlPlane {
 
     /// Stops the server and starts it again on the same DIR (a new port:
     /// point agents at the new `url`). The log continues.
-    pub fn restart(mut self) -> Self {
+    pub(crate) fn restart(mut self) -> Self {
         self.stop();
         self.serve()
     }
 
     /// Like [`ControlPlane::start`], with `serve` run under `wrapper` (e.g.
     /// `["prlimit", "--nofile=1024:1024", "--"]`).
-    pub fn start_wrapped(wrapper: &[&str]) -> Self {
+    pub(crate) fn start_wrapped(wrapper: &[&str]) -> Self {
         ControlPlane::init_only().serve_wrapped(wrapper)
     }
 
@@ -365,7 +363,8 @@ impl ControlPlane {
     /// Like [`ControlPlane::start_with_config`], for a config that names
     /// the server's own URL (e.g. `[cloud_iid] audience`): `toml` gets the
     /// URL it will listen on (a port picked free just before).
-    pub fn start_with_config_for_url(toml: impl FnOnce(&str) -> String) -> Self {
+    #[cfg(feature = "failpoints")]
+    pub(crate) fn start_with_config_for_url(toml: impl FnOnce(&str) -> String) -> Self {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .expect("a free port")
@@ -380,13 +379,14 @@ impl ControlPlane {
 
     /// Starts `serve` on an initialized directory, under `wrapper`. The log
     /// continues across restarts.
-    pub fn serve_wrapped(self, wrapper: &[&str]) -> Self {
+    pub(crate) fn serve_wrapped(self, wrapper: &[&str]) -> Self {
         self.spawn_serve(wrapper, "127.0.0.1:0")
     }
 
     /// Starts `serve` again on this directory, on `listen` (e.g. the address
     /// it had before [`ControlPlane::stop`], for agents configured with it).
-    pub fn serve_on(mut self, listen: &str) -> Self {
+    #[cfg(feature = "failpoints")]
+    pub(crate) fn serve_on(mut self, listen: &str) -> Self {
         self.stop();
         self.spawn_serve(&[], listen)
     }
@@ -432,28 +432,28 @@ impl ControlPlane {
     /// Waits for the `n`th line of the running `serve`'s log containing
     /// `needle` (lines since it started), and returns it.
     #[track_caller]
-    pub fn wait_for_log(&mut self, needle: &str, n: usize) -> String {
+    pub(crate) fn wait_for_log(&mut self, needle: &str, n: usize) -> String {
         self.lines
             .as_mut()
             .expect("serve is running")
             .wait_for(needle, n)
     }
 
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         self.dir.path()
     }
 
     /// The `serve` process (for `/proc/<pid>/status`).
-    pub fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.as_ref().expect("serve is running").id()
     }
 
     /// The server's log (stderr).
-    pub fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(self.path().join("serve.log")).unwrap_or_default()
     }
 
-    pub fn cli(&self, args: &[&str]) -> Output {
+    pub(crate) fn cli(&self, args: &[&str]) -> Output {
         let (cmd, rest) = split_command(args);
         let mut command = Command::new(bin("bc-controlplane"));
         command
@@ -466,7 +466,7 @@ impl ControlPlane {
     }
 
     /// `token create`: returns the token text.
-    pub fn token(&self, role: &str, extra: &[&str]) -> String {
+    pub(crate) fn token(&self, role: &str, extra: &[&str]) -> String {
         let mut args = vec!["token", "create", "--role", role];
         args.extend_from_slice(extra);
         let out = self.cli(&args);
@@ -480,7 +480,7 @@ impl ControlPlane {
         text.trim().to_owned()
     }
 
-    pub fn json(&self, args: &[&str]) -> Value {
+    pub(crate) fn json(&self, args: &[&str]) -> Value {
         let mut args = args.to_vec();
         args.push("--json");
         let out = self.cli(&args);
@@ -488,14 +488,14 @@ impl ControlPlane {
         serde_json::from_slice(&out.stdout).expect("JSON output")
     }
 
-    pub fn events(&self) -> Vec<Value> {
+    pub(crate) fn events(&self) -> Vec<Value> {
         self.json(&["events", "list"])
             .as_array()
             .cloned()
             .unwrap_or_default()
     }
 
-    pub fn refusals(&self) -> Vec<Value> {
+    pub(crate) fn refusals(&self) -> Vec<Value> {
         self.events()
             .into_iter()
             .filter(|e| e["type"] == "security.join.refused")
@@ -504,7 +504,7 @@ impl ControlPlane {
 
     /// The refusal reasons stored so far, oldest first. Repeats within a
     /// minute are one aggregated event (`data.count`): it counts as many.
-    pub fn refusal_reasons(&self) -> Vec<String> {
+    pub(crate) fn refusal_reasons(&self) -> Vec<String> {
         self.refusals()
             .iter()
             .flat_map(|e| {
@@ -517,7 +517,7 @@ impl ControlPlane {
     /// The newest join refusal event with this reason (for its token,
     /// node or attestor; [`ControlPlane::refused_once`] says it happened).
     #[track_caller]
-    pub fn refusal(&self, reason: &str) -> Value {
+    pub(crate) fn refusal(&self, reason: &str) -> Value {
         self.refusals()
             .into_iter()
             .rfind(|e| e["reason"] == reason)
@@ -526,7 +526,7 @@ impl ControlPlane {
 
     /// Every refusal counted so far, by (event type, reason): an
     /// aggregated event counts its `data.count`.
-    pub fn refusal_counts(&self) -> std::collections::BTreeMap<(String, String), u64> {
+    pub(crate) fn refusal_counts(&self) -> std::collections::BTreeMap<(String, String), u64> {
         let mut counts = std::collections::BTreeMap::new();
         for e in self.events() {
             let kind = e["type"].as_str().unwrap_or_default();
@@ -566,7 +566,12 @@ impl ControlPlane {
     /// refusal's reason: the newest event row proves nothing, since repeats
     /// within a minute grow the count of an older row.
     #[track_caller]
-    pub fn refused_once<T>(&self, refusal: Refusal<'_>, reason: &str, f: impl FnOnce() -> T) -> T {
+    pub(crate) fn refused_once<T>(
+        &self,
+        refusal: Refusal<'_>,
+        reason: &str,
+        f: impl FnOnce() -> T,
+    ) -> T {
         let before = self.refusal_tally();
         let out = f();
         let mut expected = before.clone();
@@ -586,7 +591,12 @@ impl ControlPlane {
     /// without a client certificate, which bcd's own client never does for
     /// an mTLS call: the answer's status and its `Error` message, which
     /// must be ACCESS_DENIED.
-    pub fn post_without_client_certificate(&self, path: &str, body: Vec<u8>) -> (u16, String) {
+    #[cfg(feature = "failpoints")]
+    pub(crate) fn post_without_client_certificate(
+        &self,
+        path: &str,
+        body: Vec<u8>,
+    ) -> (u16, String) {
         let ca = std::fs::read(self.path().join("tls-ca.pem")).expect("tls-ca.pem");
         let ca = ::pem::parse(ca).expect("TLS CA PEM").into_contents();
         let mut roots = rustls::RootCertStore::empty();
@@ -631,7 +641,7 @@ impl ControlPlane {
         })
     }
 
-    pub fn nodes(&self) -> Vec<Value> {
+    pub(crate) fn nodes(&self) -> Vec<Value> {
         self.json(&["nodes", "list"])
             .as_array()
             .cloned()
@@ -639,7 +649,7 @@ impl ControlPlane {
     }
 
     /// The agent config `agent-config` prints, for a data dir.
-    pub fn agent_config(&self, data_dir: &Path) -> String {
+    pub(crate) fn agent_config(&self, data_dir: &Path) -> String {
         // A directory without a server gets an address nothing listens on.
         let api = if self.url.is_empty() {
             "https://127.0.0.1:1"
@@ -661,7 +671,7 @@ impl ControlPlane {
     /// `controlplane.toml`; not `controlplane.db`, not `serve.log`) to a new
     /// temporary directory, served there on its own port. A replica needs a
     /// shared database: this control plane must be on PostgreSQL.
-    pub fn replica(&self) -> ControlPlane {
+    pub(crate) fn replica(&self) -> ControlPlane {
         self.replica_dir().serve()
     }
 
@@ -685,7 +695,7 @@ impl ControlPlane {
     /// `n` replicas ([`ControlPlane::replica`]) whose `serve` processes are
     /// all started before any is waited for: they start at once (e.g. their
     /// event writers prune together).
-    pub fn replicas(&self, n: usize) -> Vec<ControlPlane> {
+    pub(crate) fn replicas(&self, n: usize) -> Vec<ControlPlane> {
         let starting: Vec<Starting> = (0..n)
             .map(|_| self.replica_dir().start_serve(&[], "127.0.0.1:0"))
             .collect();
@@ -694,12 +704,12 @@ impl ControlPlane {
 
     /// `kill -9` of `serve` (no shutdown, no flush of anything it holds),
     /// and its exit. The handle keeps DIR and its log.
-    pub fn kill9(&mut self) {
+    pub(crate) fn kill9(&mut self) {
         // Child::kill is SIGKILL.
         self.stop();
     }
 
-    pub fn stop(&mut self) {
+    pub(crate) fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
@@ -774,12 +784,12 @@ fn copy_dir(from: &Path, to: &Path) {
 }
 
 /// How long a test waits for a line a process prints.
-pub const LINE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(60);
+pub(crate) const LINE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// The lines a process writes to a pipe (or to a log file), as they come,
 /// read by a thread, and those seen so far: the one way a test waits for
 /// what a process says, never by sleeping.
-pub struct Lines {
+pub(crate) struct Lines {
     rx: std::sync::mpsc::Receiver<String>,
     /// Every line received so far, in order.
     pub seen: Vec<String>,
@@ -789,7 +799,7 @@ pub struct Lines {
 
 impl Lines {
     /// The lines of `pipe` until its end.
-    pub fn read(pipe: impl std::io::Read + Send + 'static) -> Lines {
+    pub(crate) fn read(pipe: impl std::io::Read + Send + 'static) -> Lines {
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             for line in BufReader::new(pipe).lines().map_while(Result::ok) {
@@ -808,7 +818,7 @@ impl Lines {
     /// The lines appended to the file at `path` after byte `from`, as a
     /// process writes them there (its stderr opened on the file, which
     /// keeps the file whole for readers of it): looked at every 10 ms.
-    pub fn follow(path: PathBuf, from: u64) -> Lines {
+    pub(crate) fn follow(path: PathBuf, from: u64) -> Lines {
         use std::io::{Read as _, Seek as _};
         use std::sync::atomic::Ordering;
         let (tx, rx) = std::sync::mpsc::channel();
@@ -848,7 +858,7 @@ impl Lines {
     }
 
     /// The next line, if one comes within `deadline` (None at the end).
-    pub fn next_line(&mut self, deadline: std::time::Duration) -> Option<String> {
+    pub(crate) fn next_line(&mut self, deadline: std::time::Duration) -> Option<String> {
         let line = self.rx.recv_timeout(deadline).ok()?;
         self.seen.push(line.clone());
         Some(line)
@@ -857,7 +867,7 @@ impl Lines {
     /// Waits (at most [`LINE_DEADLINE`]) until `n` lines contain `needle`;
     /// returns the `n`th. Fails showing every line seen.
     #[track_caller]
-    pub fn wait_for(&mut self, needle: &str, n: usize) -> String {
+    pub(crate) fn wait_for(&mut self, needle: &str, n: usize) -> String {
         let deadline = std::time::Instant::now() + LINE_DEADLINE;
         loop {
             if let Some(l) = self.seen.iter().filter(|l| l.contains(needle)).nth(n - 1) {
@@ -875,7 +885,8 @@ impl Lines {
     }
 
     /// How many lines so far (without waiting) contain `needle`.
-    pub fn count(&mut self, needle: &str) -> usize {
+    #[cfg(feature = "failpoints")]
+    pub(crate) fn count(&mut self, needle: &str) -> usize {
         while let Ok(line) = self.rx.try_recv() {
             self.seen.push(line);
         }
@@ -884,7 +895,7 @@ impl Lines {
 
     /// Takes every line up to the end of the pipe (the process ended), for
     /// at most 10 s (a child that inherited the pipe may hold it open).
-    pub fn drain(&mut self) {
+    pub(crate) fn drain(&mut self) {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         loop {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
@@ -904,14 +915,14 @@ impl Drop for Lines {
 
 /// A process a test keeps running and waits on the stderr lines of
 /// ([`Lines`], through `Deref`: `wait_for`, `count`, `seen`). Killed on drop.
-pub struct Logged {
+pub(crate) struct Logged {
     pub child: Child,
     lines: Lines,
 }
 
 impl Logged {
     /// Starts `cmd` with stderr piped (stdout to /dev/null).
-    pub fn spawn(mut cmd: Command) -> Logged {
+    pub(crate) fn spawn(mut cmd: Command) -> Logged {
         let mut child = cmd
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -922,14 +933,14 @@ impl Logged {
     }
 
     /// SIGTERM, as systemd stops a service, and its exit.
-    pub fn stop(&mut self) {
+    pub(crate) fn stop(&mut self) {
         let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
         let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
         let _ = self.child.wait();
     }
 
     /// SIGKILL, then every line it wrote before.
-    pub fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
         self.lines.drain();
@@ -957,22 +968,23 @@ impl Drop for Logged {
 }
 
 /// The event a refused join is recorded as (`attestor` and `reason`).
-pub const JOIN_REFUSED: &str = "security.join.refused";
+pub(crate) const JOIN_REFUSED: &str = "security.join.refused";
 /// A refused renewal.
-pub const RENEW_REFUSED: &str = "security.renew.refused";
+pub(crate) const RENEW_REFUSED: &str = "security.renew.refused";
 /// A refused site API call (lease, SecretRequest, boot entries).
-pub const SITE_REFUSED: &str = "security.site.refused";
+pub(crate) const SITE_REFUSED: &str = "security.site.refused";
 const REFUSAL_EVENTS: [&str; 3] = [JOIN_REFUSED, RENEW_REFUSED, SITE_REFUSED];
 
 /// A refusal [`ControlPlane::refused_once`] looks for: its event type and,
 /// for a join, the attestor that refused it.
 #[derive(Clone, Copy, Debug)]
-pub enum Refusal<'a> {
+pub(crate) enum Refusal<'a> {
     /// A join refused by this attestor (`x509pop`, `tpm`, `join-token`...).
     Join(&'a str),
     /// A refused renewal (no attestor).
     Renew,
     /// A refused site API call (no attestor).
+    #[cfg(feature = "failpoints")]
     Site,
 }
 
@@ -982,6 +994,7 @@ impl<'a> Refusal<'a> {
         match self {
             Refusal::Join(attestor) => (JOIN_REFUSED, attestor),
             Refusal::Renew => (RENEW_REFUSED, ""),
+            #[cfg(feature = "failpoints")]
             Refusal::Site => (SITE_REFUSED, ""),
         }
     }
@@ -1008,7 +1021,7 @@ impl Drop for ControlPlane {
 }
 
 /// A machine with bcd: its own config file and data directory.
-pub struct Agent {
+pub(crate) struct Agent {
     pub root: tempfile::TempDir,
     pub config: PathBuf,
     pub data_dir: PathBuf,
@@ -1016,7 +1029,7 @@ pub struct Agent {
 
 impl Agent {
     /// A machine without a TPM, whatever this host has (`[tpm] tcti = "none"`).
-    pub fn new(cp: &ControlPlane) -> Self {
+    pub(crate) fn new(cp: &ControlPlane) -> Self {
         let root = tempfile::tempdir().expect("tempdir");
         let data_dir = root.path().join("data");
         let config = root.path().join("config.toml");
@@ -1031,7 +1044,7 @@ impl Agent {
 
     /// Gives this machine this TPM from now on (a TPM it did not have, or
     /// another one): `[tpm] tcti` names the swtpm.
-    pub fn set_tpm(&self, tpm: &Swtpm) {
+    pub(crate) fn set_tpm(&self, tpm: &Swtpm) {
         let config = std::fs::read_to_string(&self.config).expect("config");
         let mut replaced = false;
         let lines: Vec<String> = config
@@ -1050,7 +1063,7 @@ impl Agent {
     }
 
     /// Points this machine at another control plane URL (`api`).
-    pub fn set_api(&self, url: &str) {
+    pub(crate) fn set_api(&self, url: &str) {
         let config = std::fs::read_to_string(&self.config).expect("config");
         let mut replaced = false;
         let lines: Vec<String> = config
@@ -1068,7 +1081,7 @@ impl Agent {
         std::fs::write(&self.config, lines.join("\n") + "\n").expect("write config");
     }
 
-    pub fn with_config(text: &str) -> Self {
+    pub(crate) fn with_config(text: &str) -> Self {
         let root = tempfile::tempdir().expect("tempdir");
         let data_dir = root.path().join("data");
         let config = root.path().join("config.toml");
@@ -1080,7 +1093,7 @@ impl Agent {
         }
     }
 
-    pub fn command(&self, args: &[&str]) -> Command {
+    pub(crate) fn command(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new(bin("bcd"));
         cmd.args(args)
             .arg("--config")
@@ -1099,14 +1112,14 @@ impl Agent {
         cmd
     }
 
-    pub fn run(&self, args: &[&str]) -> Output {
+    pub(crate) fn run(&self, args: &[&str]) -> Output {
         output_within(self.command(args), DEADLINE)
     }
 
     /// A machine that joined with a token while the control plane's clock
     /// was `offset` (e.g. `-9d`) away, then put back: its certificate is as
     /// old as that, expired by now for an offset past -24h.
-    pub fn joined_at_offset(cp: &ControlPlane, offset: &str) -> Self {
+    pub(crate) fn joined_at_offset(cp: &ControlPlane, offset: &str) -> Self {
         assert_ok(&cp.cli(&["clock", "set", "--offset", offset]));
         let agent = Agent::new(cp);
         assert_ok(&agent.join_with_token(&cp.token("node", &[])));
@@ -1118,7 +1131,7 @@ impl Agent {
     /// its control plane: the config is pointed at a listener that accepts
     /// and never answers, which keeps bcd running, past reading its
     /// environment, while the test looks. bcd is then killed.
-    pub fn environ_at_connect(&self, args: &[&str], envs: &[(&str, &str)]) -> String {
+    pub(crate) fn environ_at_connect(&self, args: &[&str], envs: &[(&str, &str)]) -> String {
         let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         self.set_api(&format!("https://{}", silent.local_addr().expect("addr")));
         // Killed and reaped when this returns or fails.
@@ -1146,7 +1159,8 @@ impl Agent {
     /// bcd's client, calling with a certificate for `uri` and a fresh key,
     /// issued with the node CA's own key: what only someone holding that key
     /// could forge, so that the site API's own checks are what refuses it.
-    pub fn client_with_forged_certificate(
+    #[cfg(feature = "failpoints")]
+    pub(crate) fn client_with_forged_certificate(
         &self,
         cp: &ControlPlane,
         uri: &str,
@@ -1173,7 +1187,7 @@ impl Agent {
 
     /// Writes `token` into this machine's 0600 token file; its path, for
     /// `--token-file`.
-    pub fn token_file(&self, token: &str) -> String {
+    pub(crate) fn token_file(&self, token: &str) -> String {
         let file = self.root.path().join("token");
         std::fs::write(&file, token).expect("write token file");
         std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
@@ -1183,7 +1197,7 @@ impl Agent {
     /// `bcd join ARGS --token-file F` with `token` in the 0600 file: the
     /// one token-file join, as a command to add environment to and run with
     /// [`output_within`] (or [`Agent::join_with_token`] for a plain one).
-    pub fn token_join(&self, token: &str, args: &[&str]) -> Command {
+    pub(crate) fn token_join(&self, token: &str, args: &[&str]) -> Command {
         let file = self.token_file(token);
         let mut all = vec!["join"];
         all.extend_from_slice(args);
@@ -1192,7 +1206,7 @@ impl Agent {
     }
 
     /// `bcd join --token-file F` with the token in a 0600 file.
-    pub fn join_with_token(&self, token: &str) -> Output {
+    pub(crate) fn join_with_token(&self, token: &str) -> Output {
         output_within(self.token_join(token, &[]), DEADLINE)
     }
 
@@ -1200,25 +1214,26 @@ impl Agent {
     /// machine's fake sysfs: the one every bcd command of it reads
     /// (`BCD_SYSFS_ROOT`, honoured by failpoints builds only), empty until
     /// a test writes there.
-    pub fn sysfs(&self, rel: &str, text: &str) {
+    #[cfg(feature = "failpoints")]
+    pub(crate) fn sysfs(&self, rel: &str, text: &str) {
         let path = self.sysfs_root().join(rel);
         std::fs::create_dir_all(path.parent().expect("a parent")).expect("mkdir in the fake sysfs");
         std::fs::write(path, text).expect("write in the fake sysfs");
     }
 
     /// The fake sysfs's root.
-    pub fn sysfs_root(&self) -> PathBuf {
+    pub(crate) fn sysfs_root(&self) -> PathBuf {
         self.root.path().join("sys")
     }
 
-    pub fn status_json(&self) -> Value {
+    pub(crate) fn status_json(&self) -> Value {
         let out = self.run(&["status", "--json"]);
         serde_json::from_slice(&out.stdout)
             .unwrap_or_else(|e| panic!("status --json: {e}: {}", stdout(&out)))
     }
 
     /// Names in the data directory (empty when it does not exist).
-    pub fn files(&self) -> Vec<String> {
+    pub(crate) fn files(&self) -> Vec<String> {
         let mut names: Vec<String> = match std::fs::read_dir(&self.data_dir) {
             Ok(rd) => rd
                 .filter_map(|e| e.ok())
@@ -1231,7 +1246,7 @@ impl Agent {
     }
 
     #[track_caller]
-    pub fn assert_nothing_written(&self) {
+    pub(crate) fn assert_nothing_written(&self) {
         let files = self.files();
         assert!(
             !files
@@ -1245,7 +1260,7 @@ impl Agent {
 /// Polls `f` until it yields, for at most 30 s: the thing waited on is a
 /// row another process writes (a join request a waiting join filed).
 #[track_caller]
-pub fn wait_for<T>(mut f: impl FnMut() -> Option<T>) -> T {
+pub(crate) fn wait_for<T>(mut f: impl FnMut() -> Option<T>) -> T {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     loop {
         if let Some(v) = f() {
@@ -1257,7 +1272,7 @@ pub fn wait_for<T>(mut f: impl FnMut() -> Option<T>) -> T {
 }
 
 #[track_caller]
-pub fn assert_access_denied(out: &Output) {
+pub(crate) fn assert_access_denied(out: &Output) {
     assert!(
         !out.status.success(),
         "expected a refusal, got success: {}",
@@ -1274,7 +1289,7 @@ pub fn assert_access_denied(out: &Output) {
 /// A renewal the control plane refused, as `bcd node --once` ends: exit
 /// code 1 and the refusal named on stderr (ACCESS_DENIED's message).
 #[track_caller]
-pub fn assert_renew_refused(out: &Output) {
+pub(crate) fn assert_renew_refused(out: &Output) {
     assert_eq!(out.status.code(), Some(1), "{}", stderr(out));
     assert!(
         stderr(out).contains("renewal refused by the control plane (Renew refused)"),
@@ -1284,7 +1299,7 @@ pub fn assert_renew_refused(out: &Output) {
 }
 
 /// The URI SANs of a DER certificate, in order.
-pub fn uri_sans(der: &[u8]) -> Vec<String> {
+pub(crate) fn uri_sans(der: &[u8]) -> Vec<String> {
     use x509_parser::prelude::*;
     let (_, cert) = X509Certificate::from_der(der).expect("certificate");
     cert.subject_alternative_name()
@@ -1301,12 +1316,12 @@ pub fn uri_sans(der: &[u8]) -> Vec<String> {
 }
 
 /// The workspace root, where `tpmsim-fixtures/` lives.
-pub fn workspace() -> PathBuf {
+pub(crate) fn workspace() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
 /// A file in tpmsim-fixtures/.
-pub fn fixture(name: &str) -> String {
+pub(crate) fn fixture(name: &str) -> String {
     workspace()
         .join("tpmsim-fixtures")
         .join(name)
@@ -1317,7 +1332,7 @@ pub fn fixture(name: &str) -> String {
 /// A manufactured swtpm state, made once per test run and copied for each
 /// swtpm: `manufacture` takes ~0.6 s, a copy microseconds.
 /// `machine` names the TPM: copies of one state are one TPM (same EK).
-pub fn manufactured(machine: &'static str) -> &'static Path {
+pub(crate) fn manufactured(machine: &'static str) -> &'static Path {
     use std::sync::OnceLock;
     static A: OnceLock<tempfile::TempDir> = OnceLock::new();
     static B: OnceLock<tempfile::TempDir> = OnceLock::new();
@@ -1343,29 +1358,29 @@ pub fn manufactured(machine: &'static str) -> &'static Path {
 
 /// A swtpm on free loopback ports, from a copy of a manufactured state.
 /// Stopped on drop.
-pub struct Swtpm {
+pub(crate) struct Swtpm {
     pub dir: tempfile::TempDir,
     pub port: u16,
 }
 
 impl Swtpm {
-    pub fn start() -> Self {
+    pub(crate) fn start() -> Self {
         Swtpm::start_from(manufactured("a"))
     }
 
     /// Another machine's TPM: another EK from the same maker.
-    pub fn start_another_machine() -> Self {
+    pub(crate) fn start_another_machine() -> Self {
         Swtpm::start_from(manufactured("b"))
     }
 
     /// A TPM whose EK certificate comes from a maker the control plane does not know.
-    pub fn start_other_maker() -> Self {
+    pub(crate) fn start_other_maker() -> Self {
         Swtpm::start_from(manufactured("other"))
     }
 
     /// A TPM of older server firmware: only a SHA-1 PCR bank (another EK
     /// from the same maker).
-    pub fn start_sha1_only() -> Self {
+    pub(crate) fn start_sha1_only() -> Self {
         Swtpm::start_from(manufactured("sha1"))
     }
 
@@ -1387,21 +1402,12 @@ impl Swtpm {
         panic!("swtpm did not start on any free port pair");
     }
 
-    pub fn tcti(&self) -> String {
+    pub(crate) fn tcti(&self) -> String {
         format!("swtpm:host=127.0.0.1,port={}", self.port)
     }
 
-    /// How many TPM commands swtpm has executed so far.
-    pub fn commands(&self) -> usize {
-        std::fs::read_to_string(self.dir.path().join("swtpm.log"))
-            .unwrap_or_default()
-            .lines()
-            .filter(|l| l.contains("SWTPM_IO_Read"))
-            .count()
-    }
-
     /// The command codes swtpm has executed so far, in order.
-    pub fn command_codes(&self) -> Vec<u32> {
+    pub(crate) fn command_codes(&self) -> Vec<u32> {
         let log = std::fs::read_to_string(self.dir.path().join("swtpm.log")).unwrap_or_default();
         let mut lines = log.lines();
         let mut codes = Vec::new();
@@ -1425,7 +1431,7 @@ impl Swtpm {
     /// The transient objects swtpm holds now (`tpm2_getcap
     /// handles-transient`): what a process left loaded, since nothing
     /// flushes for it on swtpm's TCP TCTI.
-    pub fn transient_handles(&self) -> Vec<String> {
+    pub(crate) fn transient_handles(&self) -> Vec<String> {
         let out = self.tool("tpm2_getcap", &["handles-transient"]);
         assert_ok(&out);
         stdout(&out)
@@ -1436,7 +1442,7 @@ impl Swtpm {
     }
 
     /// tpm2-tools against this TPM.
-    pub fn tool(&self, tool: &str, args: &[&str]) -> Output {
+    pub(crate) fn tool(&self, tool: &str, args: &[&str]) -> Output {
         Command::new(tool)
             .args(args)
             .env("TPM2TOOLS_TCTI", self.tcti())
@@ -1446,7 +1452,7 @@ impl Swtpm {
 
     /// TPM2_Clear through the lockout hierarchy: a new owner seed (node keys
     /// derive differently), same endorsement seed (same EK and AK).
-    pub fn clear(&self) {
+    pub(crate) fn clear(&self) {
         assert_ok(&self.tool("tpm2_clear", &["-c", "l"]));
     }
 }
@@ -1500,7 +1506,7 @@ fn free_port_pair() -> u16 {
 
 impl Agent {
     /// `bcd tpm identify --json`.
-    pub fn identify(&self) -> Value {
+    pub(crate) fn identify(&self) -> Value {
         let out = self.run(&["tpm", "identify", "--json"]);
         assert_ok(&out);
         serde_json::from_slice(&out.stdout).expect("identify JSON")
@@ -1508,7 +1514,7 @@ impl Agent {
 
     /// Puts this machine's EK on the control plane's allow-list (`resolve
     /// add`); returns its SHA-256.
-    pub fn allow_ek(&self, cp: &ControlPlane) -> String {
+    pub(crate) fn allow_ek(&self, cp: &ControlPlane) -> String {
         let ek = self.identify()["ekSha256"]
             .as_str()
             .expect("ekSha256")
@@ -1518,7 +1524,7 @@ impl Agent {
     }
 
     /// A machine with this swtpm, allow-listed and joined with `--attestor tpm`.
-    pub fn tpm_joined(cp: &ControlPlane, tpm: &Swtpm) -> Self {
+    pub(crate) fn tpm_joined(cp: &ControlPlane, tpm: &Swtpm) -> Self {
         let agent = Agent::with_tpm(cp, tpm);
         agent.allow_ek(cp);
         assert_ok(&agent.run(&["join", "--attestor", "tpm"]));
@@ -1526,7 +1532,7 @@ impl Agent {
     }
 
     /// An agent whose config names this swtpm (`[tpm] tcti`).
-    pub fn with_tpm(cp: &ControlPlane, tpm: &Swtpm) -> Self {
+    pub(crate) fn with_tpm(cp: &ControlPlane, tpm: &Swtpm) -> Self {
         let agent = Agent::new(cp);
         agent.set_tpm(tpm);
         agent
@@ -1536,7 +1542,7 @@ impl Agent {
 /// An HTTPS server in the test process (`bc_controlplane::http::serve`
 /// with `router` on a free loopback port), for control planes that
 /// misbehave or record on purpose; stopped when dropped.
-pub struct InProcessServer {
+pub(crate) struct InProcessServer {
     pub url: String,
     rt: Option<tokio::runtime::Runtime>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
@@ -1558,7 +1564,7 @@ fn loopback_runtime(workers: usize) -> (tokio::runtime::Runtime, tokio::net::Tcp
 }
 
 impl InProcessServer {
-    pub fn start(tls: std::sync::Arc<rustls::ServerConfig>, router: axum::Router) -> Self {
+    pub(crate) fn start(tls: std::sync::Arc<rustls::ServerConfig>, router: axum::Router) -> Self {
         let (rt, listener, port) = loopback_runtime(2);
         let url = format!("https://127.0.0.1:{port}");
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -1587,13 +1593,15 @@ impl Drop for InProcessServer {
 /// A plain-HTTP server in the test process (`router` on a free loopback
 /// port), for the link-local services a VM talks to without TLS (a cloud's
 /// metadata service); stopped when dropped.
-pub struct PlainServer {
+#[cfg(feature = "failpoints")]
+pub(crate) struct PlainServer {
     pub url: String,
     rt: Option<tokio::runtime::Runtime>,
 }
 
+#[cfg(feature = "failpoints")]
 impl PlainServer {
-    pub fn start(router: axum::Router) -> Self {
+    pub(crate) fn start(router: axum::Router) -> Self {
         let (rt, listener, port) = loopback_runtime(1);
         let url = format!("http://127.0.0.1:{port}");
         rt.spawn(async move { axum::serve(listener, router).await });
@@ -1601,6 +1609,7 @@ impl PlainServer {
     }
 }
 
+#[cfg(feature = "failpoints")]
 impl Drop for PlainServer {
     fn drop(&mut self) {
         if let Some(rt) = self.rt.take() {
@@ -1611,7 +1620,7 @@ impl Drop for PlainServer {
 
 /// A CSR for a fresh P-256 key nobody keeps: for requests the test sends
 /// itself, where only the evidence matters.
-pub fn throwaway_csr() -> Vec<u8> {
+pub(crate) fn throwaway_csr() -> Vec<u8> {
     let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("key");
     rcgen::CertificateParams::default()
         .serialize_request(&key)

@@ -15,8 +15,7 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bc_helper::server::AkInfo;
-use bc_helper::{Backend, BackendError, Hash};
+use bc_helper::{AkInfo, Backend, BackendError, Hash};
 use bcd::helper::TpmBackend;
 
 use crate::harness::*;
@@ -128,7 +127,7 @@ impl InProcessHelper {
             .unwrap();
         std::os::unix::fs::chown(&m.socket, Some(0), Some(NODE_GID)).unwrap();
         std::fs::set_permissions(&m.socket, std::fs::Permissions::from_mode(0o660)).unwrap();
-        rt.spawn(bc_helper::server::serve(
+        rt.spawn(bc_helper::serve(
             listener,
             backend,
             bc_helper::Allowed::root_and(NODE_UID),

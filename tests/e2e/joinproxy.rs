@@ -16,14 +16,14 @@ use prost::Message;
 use crate::harness::*;
 
 /// Where one Join went: (upstream, admitted or answered) per upstream.
-pub type Routed = Vec<(usize, bool)>;
+pub(crate) type Routed = Vec<(usize, bool)>;
 
 /// Where one Join went: (upstream, what it answered) per upstream.
-pub type Outcomes = Vec<(usize, Answer)>;
+pub(crate) type Outcomes = Vec<(usize, Answer)>;
 
 /// What one upstream answered a forwarded Join.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Answer {
+pub(crate) enum Answer {
     /// Admitted, or answered with a deferral.
     Ok,
     /// ACCESS_DENIED: a refusal, whatever its reason.
@@ -36,7 +36,7 @@ pub enum Answer {
 /// own server certificate) that forwards each Join to the replica its policy
 /// picks: bcd talks to one URL, the rounds go where the test says. It
 /// records every Join body as bcd sent it, for tests that replay one.
-pub struct RoutingProxy {
+pub(crate) struct RoutingProxy {
     pub url: String,
     seen: Arc<Mutex<Vec<Vec<u8>>>>,
     /// Per forwarded Join, in order: each upstream it went to and what
@@ -49,7 +49,7 @@ impl RoutingProxy {
     /// `agent`'s config pointed at each of `upstreams` in turn; `route` picks
     /// the upstreams of each JoinRequest: it goes to all of them at once, and
     /// bcd gets the first success (else the first answer).
-    pub fn start(
+    pub(crate) fn start(
         upstreams: &[&ControlPlane],
         agent: &Agent,
         route: fn(&JoinRequest) -> Vec<usize>,
@@ -132,7 +132,7 @@ impl RoutingProxy {
 
     /// Per forwarded Join: each upstream and whether it admitted or
     /// answered it (`false`: ACCESS_DENIED or a fault).
-    pub fn routed(&self) -> Vec<Routed> {
+    pub(crate) fn routed(&self) -> Vec<Routed> {
         self.outcomes()
             .into_iter()
             .map(|join| {
@@ -144,12 +144,12 @@ impl RoutingProxy {
     }
 
     /// Per forwarded Join: each upstream and what it answered.
-    pub fn outcomes(&self) -> Vec<Outcomes> {
+    pub(crate) fn outcomes(&self) -> Vec<Outcomes> {
         self.routed.lock().expect("route log").clone()
     }
 
     /// The recorded bodies whose attestation is a TPM round-2 answer.
-    pub fn answers(&self) -> Vec<Vec<u8>> {
+    pub(crate) fn answers(&self) -> Vec<Vec<u8>> {
         self.seen
             .lock()
             .expect("body log")
@@ -185,7 +185,7 @@ async fn forward(upstream: &Client, req: &JoinRequest) -> (Answer, Response) {
     }
 }
 
-pub fn is_answer(req: &JoinRequest) -> bool {
+pub(crate) fn is_answer(req: &JoinRequest) -> bool {
     matches!(
         TpmAttestation::decode(req.attestation.as_slice()).map(|a| a.round),
         Ok(Some(tpm_attestation::Round::Answer(_)))

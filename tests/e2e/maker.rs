@@ -6,7 +6,7 @@
 use crate::harness::*;
 
 /// Writes `data` into a new platform NV index, as a maker does.
-pub fn nv_write(tpm: &Swtpm, index: &str, data: &[u8]) {
+pub(crate) fn nv_write(tpm: &Swtpm, index: &str, data: &[u8]) {
     let file = tpm.dir.path().join(format!("nv-{index}"));
     std::fs::write(&file, data).unwrap();
     let size = data.len().to_string();
@@ -29,25 +29,25 @@ pub fn nv_write(tpm: &Swtpm, index: &str, data: &[u8]) {
 }
 
 /// Removes a platform NV index.
-pub fn nv_remove(tpm: &Swtpm, index: &str) {
+pub(crate) fn nv_remove(tpm: &Swtpm, index: &str) {
     assert_ok(&tpm.tool("tpm2_nvundefine", &[index, "-C", "p"]));
 }
 
 /// Removes the persistent object at `handle`.
-pub fn evict(tpm: &Swtpm, handle: &str) {
+pub(crate) fn evict(tpm: &Swtpm, handle: &str) {
     assert_ok(&tpm.tool("tpm2_evictcontrol", &["-C", "o", "-c", handle]));
 }
 
 /// A TPM with only its ECC EKs: the RSA EK's certificate and persistent
 /// object removed, as on Intel PTT.
-pub fn remove_rsa_ek(tpm: &Swtpm) {
+pub(crate) fn remove_rsa_ek(tpm: &Swtpm) {
     nv_remove(tpm, "0x01c00002");
     evict(tpm, "0x81010001");
 }
 
 /// `tpm2_createek` with `args`; returns the EK's TPMT_PUBLIC. Flushes what
 /// the tool leaves loaded (swtpm has no resource manager).
-pub fn create_ek(tpm: &Swtpm, args: &[&str]) -> Vec<u8> {
+pub(crate) fn create_ek(tpm: &Swtpm, args: &[&str]) -> Vec<u8> {
     let out = tpm.dir.path().join("ek.tss");
     let out_arg = out.to_string_lossy().into_owned();
     let mut all = args.to_vec();
@@ -62,7 +62,7 @@ pub fn create_ek(tpm: &Swtpm, args: &[&str]) -> Vec<u8> {
 /// maker derives a nonce EK; returns its TPMT_PUBLIC. (`tpm2_createek -t`
 /// of tpm2-tools 5.4 copies the nonce pointer's bytes, not the nonce, so
 /// the unique goes to tpm2_createprimary on stdin.)
-pub fn create_rsa_ek_with_unique(tpm: &Swtpm, unique: &[u8]) -> Vec<u8> {
+pub(crate) fn create_rsa_ek_with_unique(tpm: &Swtpm, unique: &[u8]) -> Vec<u8> {
     use std::io::Write;
     let dir = tpm.dir.path();
     let policy = dir.join("policy-a");
@@ -105,7 +105,7 @@ pub fn create_rsa_ek_with_unique(tpm: &Swtpm, unique: &[u8]) -> Vec<u8> {
 
 /// An EK certificate by the test maker's intermediate for the EK whose
 /// TPMT_PUBLIC is `ek_public` (RSA-2048, P-256 or P-384).
-pub fn certify_ek(tpm: &Swtpm, ek_public: &[u8]) -> Vec<u8> {
+pub(crate) fn certify_ek(tpm: &Swtpm, ek_public: &[u8]) -> Vec<u8> {
     use bc_wire::tpm::{KeyParams, Public};
     let public = Public::parse(ek_public).expect("an EK public area");
     let key: Vec<String> = match &public.params {
@@ -157,7 +157,7 @@ pub fn certify_ek(tpm: &Swtpm, ek_public: &[u8]) -> Vec<u8> {
 
 /// The TCG default RSA EK template (L-1) as a maker stores it in NV
 /// 0x01c00004: TPMT_PUBLIC with a 256-zero-byte unique.
-pub fn rsa_l1_template() -> Vec<u8> {
+pub(crate) fn rsa_l1_template() -> Vec<u8> {
     let policy_a =
         hex::decode("837197674484b3f81a90cc8d46a5d724fd52d76e06520b64f2a1da1b331469aa").unwrap();
     let mut t = Vec::new();
@@ -178,7 +178,7 @@ pub fn rsa_l1_template() -> Vec<u8> {
 }
 
 /// Appends `line` to the agent's config, in its last table (`[tpm]`).
-pub fn add_tpm_setting(agent: &Agent, line: &str) {
+pub(crate) fn add_tpm_setting(agent: &Agent, line: &str) {
     let config = std::fs::read_to_string(&agent.config).unwrap();
     std::fs::write(&agent.config, format!("{config}{line}\n")).unwrap();
 }

@@ -7,12 +7,12 @@ use std::process::Output;
 
 use crate::harness::*;
 
-pub const UUID: &str = "4c4c4544-0042-3510-8052-b4c04f4e4d32";
-pub const OTHER_UUID: &str = "4c4c4544-0042-3510-8052-b4c04f4e4d33";
+pub(crate) const UUID: &str = "4c4c4544-0042-3510-8052-b4c04f4e4d32";
+pub(crate) const OTHER_UUID: &str = "4c4c4544-0042-3510-8052-b4c04f4e4d33";
 
 /// A machine whose DMI shows `uuid` (upper case and a newline, as the
 /// kernel prints it); `None`: no product UUID at all.
-pub fn machine(cp: &ControlPlane, uuid: Option<&str>) -> Agent {
+pub(crate) fn machine(cp: &ControlPlane, uuid: Option<&str>) -> Agent {
     let agent = Agent::new(cp);
     std::fs::create_dir_all(agent.sysfs_root().join("class/dmi/id")).unwrap();
     if let Some(uuid) = uuid {
@@ -25,15 +25,15 @@ pub fn machine(cp: &ControlPlane, uuid: Option<&str>) -> Agent {
 }
 
 /// `bcd join [--attestor A] --token-file F`, the token in a 0600 file.
-pub fn join_as(agent: &Agent, attestor: &str, token: &str) -> Output {
+pub(crate) fn join_as(agent: &Agent, attestor: &str, token: &str) -> Output {
     output_within(agent.token_join(token, &["--attestor", attestor]), DEADLINE)
 }
 
-pub fn node_id(agent: &Agent) -> String {
+pub(crate) fn node_id(agent: &Agent) -> String {
     agent.status_json()["nodeId"].as_str().unwrap().to_owned()
 }
 
-pub fn node(cp: &ControlPlane, id: &str) -> serde_json::Value {
+pub(crate) fn node(cp: &ControlPlane, id: &str) -> serde_json::Value {
     cp.nodes()
         .into_iter()
         .find(|n| n["nodeId"] == id)
@@ -55,7 +55,13 @@ fn uses_left(cp: &ControlPlane, token: &str) -> i64 {
 /// Refused: the agent sees the one ACCESS_DENIED message and writes
 /// nothing, the server keeps `reason`, and the token keeps its uses.
 #[track_caller]
-pub fn assert_refused(cp: &ControlPlane, agent: &Agent, attestor: &str, token: &str, reason: &str) {
+pub(crate) fn assert_refused(
+    cp: &ControlPlane,
+    agent: &Agent,
+    attestor: &str,
+    token: &str,
+    reason: &str,
+) {
     let before = uses_left(cp, token);
     let out = cp.refused_once(Refusal::Join(attestor), reason, || {
         join_as(agent, attestor, token)

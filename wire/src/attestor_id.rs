@@ -21,7 +21,7 @@ pub enum AttestorId {
 }
 
 impl AttestorId {
-    pub const ALL: [AttestorId; 6] = [
+    pub(crate) const ALL: [AttestorId; 6] = [
         AttestorId::JoinToken,
         AttestorId::Tpm,
         AttestorId::X509Pop,

@@ -20,7 +20,7 @@ pub enum PcrBank {
 
 impl PcrBank {
     /// Every bank, the agent's preference first.
-    pub const ALL: [PcrBank; 2] = [PcrBank::Sha256, PcrBank::Sha1];
+    pub(crate) const ALL: [PcrBank; 2] = [PcrBank::Sha256, PcrBank::Sha1];
 
     /// Its TPM_ALG_ID, as the wire and TPML_PCR_SELECTION carry it.
     pub fn alg(self) -> u16 {
@@ -44,7 +44,7 @@ impl PcrBank {
     }
 
     /// As operators write it (`[tpm.pcr_policy.sha1]`) and messages say it.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             PcrBank::Sha256 => "sha256",
             PcrBank::Sha1 => "sha1",

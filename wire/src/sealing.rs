@@ -15,7 +15,7 @@ use p256::pkcs8::{DecodePrivateKey, DecodePublicKey};
 type Kem = DhP256HkdfSha256;
 
 /// The HPKE `info` of a sealed join token.
-pub const TOKEN_INFO: &[u8] = b"bettercompute join-token v1";
+pub(crate) const TOKEN_INFO: &[u8] = b"bettercompute join-token v1";
 const ENC_LEN: usize = 65;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

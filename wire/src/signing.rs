@@ -95,13 +95,13 @@ pub fn verify(
 /// so a verifier that wants one encoding per signature takes the low one.
 /// Bytes that are not a P-256 signature at all are not high-S (they never
 /// verify).
-pub fn is_high_s(signature: &[u8]) -> bool {
+pub(crate) fn is_high_s(signature: &[u8]) -> bool {
     Signature::from_slice(signature).is_ok_and(|s| s.normalize_s() != s)
 }
 
 /// The low-S form of a P1363 signature (the same signature when it already
 /// is, or when the bytes are not a P-256 signature).
-pub fn low_s(signature: [u8; 64]) -> [u8; 64] {
+pub(crate) fn low_s(signature: [u8; 64]) -> [u8; 64] {
     match Signature::from_slice(&signature) {
         Ok(s) => s.normalize_s().to_bytes().into(),
         Err(_) => signature,

@@ -23,7 +23,7 @@ pub const ASSERTION_MAX_AGE_MS: i64 = 15 * 60_000;
 
 /// The longest `bc.assertion` value accepted (base64url characters). A
 /// real one is a few hundred; the bound keeps unauthenticated input small.
-pub const MAX_ASSERTION_TEXT: usize = 4096;
+pub(crate) const MAX_ASSERTION_TEXT: usize = 4096;
 
 /// The name of a site's boot lease.
 pub fn boot_lease_name(site_id: &str) -> String {

@@ -10,31 +10,24 @@ use p256::ecdsa::signature::Verifier;
 use p256::ecdsa::{Signature, VerifyingKey};
 use p256::pkcs8::EncodePublicKey;
 
-pub const ALG_RSA: u16 = 0x0001;
+pub(crate) const ALG_RSA: u16 = 0x0001;
 pub const ALG_SHA256: u16 = 0x000B;
 pub const ALG_SHA384: u16 = 0x000C;
 pub const ALG_NULL: u16 = 0x0010;
-pub const ALG_ECDSA: u16 = 0x0018;
-pub const ALG_ECC: u16 = 0x0023;
-pub const ECC_NIST_P256: u16 = 0x0003;
+pub(crate) const ALG_ECDSA: u16 = 0x0018;
+pub(crate) const ALG_ECC: u16 = 0x0023;
+pub(crate) const ECC_NIST_P256: u16 = 0x0003;
 
-pub const TPM_GENERATED_VALUE: u32 = 0xFF54_4347;
-pub const ST_ATTEST_CERTIFY: u16 = 0x8017;
-pub const ST_ATTEST_QUOTE: u16 = 0x8018;
-
-/// Hierarchy handles, for qualified names of primaries.
-pub const RH_OWNER: u32 = 0x4000_0001;
-pub const RH_ENDORSEMENT: u32 = 0x4000_000B;
+pub(crate) const TPM_GENERATED_VALUE: u32 = 0xFF54_4347;
+pub(crate) const ST_ATTEST_CERTIFY: u16 = 0x8017;
+pub(crate) const ST_ATTEST_QUOTE: u16 = 0x8018;
 
 /// TPMA_OBJECT bits.
 pub mod attr {
     pub const FIXED_TPM: u32 = 0x0000_0002;
-    pub const ST_CLEAR: u32 = 0x0000_0004;
     pub const FIXED_PARENT: u32 = 0x0000_0010;
     pub const SENSITIVE_DATA_ORIGIN: u32 = 0x0000_0020;
     pub const USER_WITH_AUTH: u32 = 0x0000_0040;
-    pub const ADMIN_WITH_POLICY: u32 = 0x0000_0080;
-    pub const NO_DA: u32 = 0x0000_0400;
     pub const RESTRICTED: u32 = 0x0001_0000;
     pub const DECRYPT: u32 = 0x0002_0000;
     pub const SIGN: u32 = 0x0004_0000;
@@ -272,15 +265,6 @@ impl Public {
             .map(|d| d.as_bytes().to_vec())
             .map_err(|_| TpmError::BadPoint)
     }
-}
-
-/// The qualified name of a primary in `hierarchy`: nameAlg ‖ H(hierarchy ‖ name).
-pub fn primary_qualified_name(hierarchy: u32, name: &[u8]) -> Vec<u8> {
-    let mut data = hierarchy.to_be_bytes().to_vec();
-    data.extend_from_slice(name);
-    let mut qn = ALG_SHA256.to_be_bytes().to_vec();
-    qn.extend_from_slice(&crate::sha256(&data));
-    qn
 }
 
 /// What a TPMS_ATTEST attests.

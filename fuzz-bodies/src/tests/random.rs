@@ -5,14 +5,14 @@
 //! thousand executions near the corpus, each time with another seed.
 
 /// splitmix64: small, fast, and the same sequence for the same seed.
-pub struct Rng(u64);
+pub(super) struct Rng(u64);
 
 impl Rng {
-    pub fn new(seed: u64) -> Rng {
+    pub(super) fn new(seed: u64) -> Rng {
         Rng(seed)
     }
 
-    pub fn next_u64(&mut self) -> u64 {
+    pub(super) fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -21,7 +21,7 @@ impl Rng {
     }
 
     /// A number in `0..n` (`n > 0`).
-    pub fn below(&mut self, n: usize) -> usize {
+    pub(super) fn below(&mut self, n: usize) -> usize {
         (self.next_u64() % n as u64) as usize
     }
 
@@ -71,7 +71,7 @@ const INTERESTING: &[&[u8]] = &[
 
 /// One fresh input: a corpus entry (or nothing) with a few mutations, or,
 /// now and then, random bytes.
-pub fn input(rng: &mut Rng, corpus: &[Vec<u8>]) -> Vec<u8> {
+pub(super) fn input(rng: &mut Rng, corpus: &[Vec<u8>]) -> Vec<u8> {
     if corpus.is_empty() || rng.below(16) == 0 {
         let len = rng.below(256);
         return (0..len).map(|_| rng.byte()).collect();
@@ -199,7 +199,7 @@ const SWAP_WINDOW: usize = 64;
 /// complete sweep, not a sample, so a value a parser newly accepts (a
 /// nameAlg, a key type, a structure tag) reaches the body on every run
 /// whatever the seed.
-pub fn swaps(data: &[u8]) -> Vec<Vec<u8>> {
+pub(super) fn swaps(data: &[u8]) -> Vec<Vec<u8>> {
     let window = &data[..data.len().min(SWAP_WINDOW)];
     let mut out = Vec::new();
     for at in 0..window.len() {
@@ -222,7 +222,7 @@ pub fn swaps(data: &[u8]) -> Vec<Vec<u8>> {
 
 /// A seed for this run: `BC_FUZZ_SEED` when set (to replay a failure),
 /// else fresh from the clock.
-pub fn seed() -> u64 {
+pub(super) fn seed() -> u64 {
     if let Some(seed) = std::env::var("BC_FUZZ_SEED")
         .ok()
         .and_then(|s| s.trim().parse().ok())
@@ -237,7 +237,7 @@ pub fn seed() -> u64 {
 
 /// Each target's own stream: the run's seed mixed with the target's name,
 /// so a target's inputs do not depend on how far the others got.
-pub fn target_rng(seed: u64, name: &str) -> Rng {
+pub(super) fn target_rng(seed: u64, name: &str) -> Rng {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in name.bytes() {
         h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
@@ -246,6 +246,6 @@ pub fn target_rng(seed: u64, name: &str) -> Rng {
 }
 
 /// Lower-case hex, to print a failing input.
-pub fn hex(data: &[u8]) -> String {
+pub(super) fn hex(data: &[u8]) -> String {
     data.iter().map(|b| format!("{b:02x}")).collect()
 }

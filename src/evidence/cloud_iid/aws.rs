@@ -4,7 +4,7 @@
 use super::{get, request, CloudIidError, Provider};
 
 /// The instance metadata service's link-local address.
-pub const METADATA_URL: &str = "http://169.254.169.254";
+pub(crate) const METADATA_URL: &str = "http://169.254.169.254";
 const TOKEN_PATH: &str = "/latest/api/token";
 const DOCUMENT_PATH: &str = "/latest/dynamic/instance-identity/document";
 const SIGNATURE_PATH: &str = "/latest/dynamic/instance-identity/signature";
@@ -12,7 +12,7 @@ const SIGNATURE_PATH: &str = "/latest/dynamic/instance-identity/signature";
 const TOKEN_TTL_SECONDS: &str = "60";
 
 /// (document, signature) from the IMDS at `base`.
-pub fn fetch(base: &str) -> Result<(String, String), CloudIidError> {
+pub(crate) fn fetch(base: &str) -> Result<(String, String), CloudIidError> {
     let base = base.trim_end_matches('/');
     let token = request(
         Provider::Aws,

@@ -10,8 +10,8 @@ use serde::Deserialize;
 use super::{get, CloudIidError, Provider};
 
 /// The instance metadata service's link-local address.
-pub const METADATA_URL: &str = "http://169.254.169.254";
-pub const ATTESTED_PATH: &str = "/metadata/attested/document";
+pub(crate) const METADATA_URL: &str = "http://169.254.169.254";
+pub(crate) const ATTESTED_PATH: &str = "/metadata/attested/document";
 const API_VERSION: &str = "2020-09-01";
 
 #[derive(Deserialize)]
@@ -21,7 +21,7 @@ struct Answer {
 }
 
 /// The base64 SignedData for `audience`, from the IMDS at `base`.
-pub fn fetch(base: &str, audience: &str) -> Result<String, CloudIidError> {
+pub(crate) fn fetch(base: &str, audience: &str) -> Result<String, CloudIidError> {
     let url = format!(
         "{}{ATTESTED_PATH}?api-version={API_VERSION}&nonce={}",
         base.trim_end_matches('/'),

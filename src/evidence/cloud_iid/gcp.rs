@@ -5,12 +5,13 @@
 use super::{get, CloudIidError, Provider};
 
 /// The metadata server's link-local address (metadata.google.internal).
-pub const METADATA_URL: &str = "http://169.254.169.254";
+pub(crate) const METADATA_URL: &str = "http://169.254.169.254";
 /// The identity endpoint of the default service account.
-pub const IDENTITY_PATH: &str = "/computeMetadata/v1/instance/service-accounts/default/identity";
+pub(crate) const IDENTITY_PATH: &str =
+    "/computeMetadata/v1/instance/service-accounts/default/identity";
 
 /// The token for `audience`, from the metadata server at `base`.
-pub fn fetch(base: &str, audience: &str) -> Result<String, CloudIidError> {
+pub(crate) fn fetch(base: &str, audience: &str) -> Result<String, CloudIidError> {
     let url = identity_url(base, audience);
     let answer = get(Provider::Gcp, &url, &[("Metadata-Flavor", "Google")])?;
     let token = answer.trim().to_owned();

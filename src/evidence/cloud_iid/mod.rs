@@ -6,9 +6,9 @@
 //! well-known address, or `[cloud] metadata_url`. Every fetch is bounded in
 //! time and size, and every error names the provider and what failed.
 
-pub mod aws;
-pub mod azure;
-pub mod gcp;
+pub(crate) mod aws;
+pub(crate) mod azure;
+pub(crate) mod gcp;
 
 use std::path::Path;
 use std::time::Duration;
@@ -24,14 +24,14 @@ const MAX_DOCUMENT_LEN: usize = 14 * 1024;
 
 /// The clouds bcd recognizes from DMI.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Provider {
+pub(crate) enum Provider {
     Gcp,
     Aws,
     Azure,
 }
 
 impl Provider {
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Provider::Gcp => "GCP",
             Provider::Aws => "AWS",
@@ -41,7 +41,7 @@ impl Provider {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum CloudIidError {
+pub(crate) enum CloudIidError {
     #[error("--attestor cloud-iid: this machine is not a recognized cloud VM (DMI {dmi}: sys_vendor {vendor:?}, product_name {product:?}); cloud-iid knows GCP, AWS and Azure")]
     NotACloud {
         dmi: String,
@@ -59,7 +59,7 @@ pub enum CloudIidError {
 }
 
 /// The provider of the machine whose sysfs is at `root`.
-pub fn detect(root: &Path) -> Result<Provider, CloudIidError> {
+pub(crate) fn detect(root: &Path) -> Result<Provider, CloudIidError> {
     let dir = root.join("class/dmi/id");
     let read = |name: &str| {
         std::fs::read_to_string(dir.join(name))
@@ -90,7 +90,7 @@ pub fn detect(root: &Path) -> Result<Provider, CloudIidError> {
 /// This machine's evidence (`JoinRequest.attestation`): its provider from
 /// DMI, its document from the metadata service (`metadata_url` overrides
 /// the provider's address), for `audience` (the control plane's api URL).
-pub fn fetch(metadata_url: Option<&str>, audience: &str) -> Result<Vec<u8>, CloudIidError> {
+pub(crate) fn fetch(metadata_url: Option<&str>, audience: &str) -> Result<Vec<u8>, CloudIidError> {
     let provider = detect(&crate::evidence::claims::sysfs_root())?;
     let evidence = match provider {
         Provider::Gcp => Evidence {

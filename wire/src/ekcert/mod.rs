@@ -18,12 +18,12 @@
 //! maker, model and version) and the EKU 2.23.133.8.1, which webpki and
 //! friends reject.
 
-pub mod name;
+pub(crate) mod name;
 pub mod nv;
 pub mod path;
-pub mod profile;
-pub mod roca;
-pub mod sha512;
+pub(crate) mod profile;
+pub(crate) mod roca;
+mod sha512;
 pub mod spki;
 
 pub use path::{build_path, is_self_signed, Anchored, ChainError};
@@ -32,7 +32,7 @@ pub use roca::has_roca_fingerprint;
 
 /// Whether `issuer`'s key verifies `cert`'s signature: x509-parser's
 /// algorithms, and ecdsa-with-SHA512 ([`sha512`]).
-pub fn signed_by(
+pub(crate) fn signed_by(
     cert: &x509_parser::certificate::X509Certificate<'_>,
     issuer: &x509_parser::x509::SubjectPublicKeyInfo<'_>,
 ) -> bool {
@@ -50,7 +50,7 @@ pub const MAX_AGENT_INTERMEDIATES: usize = 8;
 #[cfg(test)]
 pub(crate) mod real {
     /// The DER of `testdata/real/NAME` (a PEM file or raw NV bytes).
-    pub fn der(name: &str) -> Vec<u8> {
+    pub(crate) fn der(name: &str) -> Vec<u8> {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("src/ekcert/testdata/real")
             .join(name);

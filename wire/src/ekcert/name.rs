@@ -22,7 +22,7 @@ use x509_parser::x509::{AttributeTypeAndValue, RelativeDistinguishedName, X509Na
 const MAX_RDN_ATTRIBUTES: usize = 8;
 
 /// Whether `a` and `b` name the same entity.
-pub fn same_name(a: &X509Name<'_>, b: &X509Name<'_>) -> bool {
+pub(crate) fn same_name(a: &X509Name<'_>, b: &X509Name<'_>) -> bool {
     if a.as_raw() == b.as_raw() {
         return true;
     }

@@ -31,7 +31,7 @@ use x509_parser::extensions::ParsedExtension;
 /// Most CA certificates above the EK certificate, the anchor included.
 pub const MAX_DEPTH: usize = 4;
 /// Most signature verifications one path search may make.
-pub const MAX_SIGNATURE_CHECKS: usize = 32;
+pub(crate) const MAX_SIGNATURE_CHECKS: usize = 32;
 
 /// Why no path was found.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -240,7 +240,7 @@ fn subject_key_id<'a>(cert: &'a X509Certificate<'_>) -> Option<&'a [u8]> {
 }
 
 /// Whether `cert` is valid at `now_s`.
-pub fn valid_at(cert: &X509Certificate<'_>, now_s: i64) -> bool {
+pub(crate) fn valid_at(cert: &X509Certificate<'_>, now_s: i64) -> bool {
     let v = cert.validity();
     v.not_before.timestamp() <= now_s && now_s <= v.not_after.timestamp()
 }

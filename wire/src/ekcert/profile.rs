@@ -22,7 +22,7 @@ use x509_parser::certificate::X509Certificate;
 use x509_parser::public_key::PublicKey;
 
 /// tcg-kp-EKCertificate.
-pub const EK_CERTIFICATE_EKU: &str = "2.23.133.8.1";
+pub(crate) const EK_CERTIFICATE_EKU: &str = "2.23.133.8.1";
 
 /// Ok when `cert` may be an EK certificate, else why not.
 pub fn check_profile(cert: &X509Certificate<'_>) -> Result<(), String> {

@@ -11,13 +11,13 @@ use x509_parser::x509::SubjectPublicKeyInfo;
 const ECDSA_WITH_SHA512: &str = "1.2.840.10045.4.3.4";
 
 /// Whether `cert` is signed with ecdsa-with-SHA512.
-pub fn is_ecdsa_sha512(cert: &X509Certificate<'_>) -> bool {
+pub(crate) fn is_ecdsa_sha512(cert: &X509Certificate<'_>) -> bool {
     cert.signature_algorithm.algorithm.to_id_string() == ECDSA_WITH_SHA512
 }
 
 /// Whether `issuer`'s key (P-256 or P-384) verifies `cert`'s
 /// ecdsa-with-SHA512 signature; false for any other algorithm or key.
-pub fn verifies(cert: &X509Certificate<'_>, issuer: &SubjectPublicKeyInfo<'_>) -> bool {
+pub(super) fn verifies(cert: &X509Certificate<'_>, issuer: &SubjectPublicKeyInfo<'_>) -> bool {
     use p256::ecdsa::signature::hazmat::PrehashVerifier;
     use sha2::Digest as _;
     use x509_parser::oid_registry::{OID_EC_P256, OID_NIST_EC_P384};
