@@ -17,8 +17,7 @@ use crate::command_v1::{
 use crate::signing::{self, Purpose};
 
 use super::args::printable;
-use super::result::MAX_RESULT;
-use super::signed::MAX_COMMAND;
+use super::caps::{MAX_COMMAND, MAX_RESULT};
 
 /// The server's nonce: fresh random bytes per connection.
 pub const NONCE_LEN: usize = 32;

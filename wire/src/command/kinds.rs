@@ -10,6 +10,7 @@ use crate::agent::Role;
 
 use super::args::ArgSpec;
 use super::args::Check::{Device, Devices, Digest, Name, OneOf, Text, UnixMs, Within};
+use super::caps::MAX_OUTPUT;
 
 /// One kind of command.
 #[derive(Debug, PartialEq, Eq)]
@@ -94,7 +95,7 @@ pub const KINDS: &[KindSpec] = &[
         name: "logs.collect",
         roles: EVERY_ROLE,
         args: &[
-            ArgSpec::optional("bytes", Within(1, super::MAX_OUTPUT as u64)),
+            ArgSpec::optional("bytes", Within(1, MAX_OUTPUT as u64)),
             ArgSpec::optional("lines", Within(1, 100_000)),
             ArgSpec::optional("since", UnixMs),
         ],

@@ -19,6 +19,7 @@
 //! `docs/commands.md`.
 
 pub mod args;
+mod caps;
 pub mod channel;
 pub mod kinds;
 pub mod result;

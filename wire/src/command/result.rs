@@ -15,13 +15,7 @@ use crate::signing::{self, Purpose};
 use super::args::printable;
 use super::signed::{is_command_id, CommandRefusal, Refused, RunnableCommand};
 
-/// The most output bytes a result carries.
-pub const MAX_OUTPUT: usize = 1 << 20;
-/// The longest outcome (bytes).
-pub const MAX_OUTCOME: usize = 1024;
-/// The largest serialized `SignedCommandResult` accepted: the output cap
-/// and room for the rest.
-pub const MAX_RESULT: usize = MAX_OUTPUT + 8 * 1024;
+pub use super::caps::{MAX_OUTCOME, MAX_OUTPUT, MAX_RESULT};
 
 impl Status {
     /// The status as the CLI, the database and events spell it.

@@ -20,8 +20,7 @@ use super::args::{self, printable, ArgError, Args};
 use super::kinds::{self, KindSpec};
 use super::scope::Scope;
 
-/// The largest serialized `SignedCommand` either side accepts.
-pub const MAX_COMMAND: usize = 64 * 1024;
+pub use super::caps::MAX_COMMAND;
 /// The furthest ahead of the agent's clock a command's `not_after` may be:
 /// a command is meant for now, and a bound keeps a captured one from
 /// outliving the journal that would know it ran.
