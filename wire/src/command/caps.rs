@@ -1,6 +1,9 @@
 //! The channel's size caps, in one leaf module: the kinds' argument bounds,
 //! the commands' and the results' checks and the frames all read them.
 
+/// The most commands one node runs at once; the agent holds further ones
+/// (verified and journaled) until one finishes.
+pub const MAX_RUNNING: usize = 4;
 /// The largest serialized `SignedCommand` either side accepts.
 pub const MAX_COMMAND: usize = 64 * 1024;
 /// The most output bytes a result carries.

@@ -26,6 +26,7 @@ pub mod result;
 pub mod scope;
 pub mod signed;
 
+pub use caps::MAX_RUNNING;
 pub use kinds::{lookup, KindSpec, DISCOVERY_ALLOWED_KINDS, KINDS};
 pub use result::{
     new_result, parse_result, sign_result, verify_result, Output, ResultError, Times, MAX_OUTPUT,

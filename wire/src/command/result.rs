@@ -108,9 +108,9 @@ impl RunnableCommand {
         times: Times,
     ) -> CommandResult {
         new_result(
-            &self.id,
-            &self.node_id,
-            self.kind.name,
+            self.id(),
+            self.node_id(),
+            self.kind().name,
             status,
             outcome,
             output,

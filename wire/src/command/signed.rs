@@ -104,14 +104,37 @@ pub struct VerifiedCommand {
 }
 
 /// A command the journal saw for the first time: the one thing a kind's
-/// code runs.
+/// code runs. Only [`VerifiedCommand::accept`] makes one (its fields are
+/// private), so no path runs a command the journal did not record.
 #[derive(Debug, PartialEq, Eq)]
 pub struct RunnableCommand {
-    pub id: String,
-    pub node_id: String,
-    pub kind: &'static KindSpec,
-    pub args: Args,
-    pub not_after_ms: i64,
+    id: String,
+    node_id: String,
+    kind: &'static KindSpec,
+    args: Args,
+    not_after_ms: i64,
+}
+
+impl RunnableCommand {
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    pub fn node_id(&self) -> &str {
+        &self.node_id
+    }
+
+    pub fn kind(&self) -> &'static KindSpec {
+        self.kind
+    }
+
+    pub fn args(&self) -> &Args {
+        &self.args
+    }
+
+    pub fn not_after_ms(&self) -> i64 {
+        self.not_after_ms
+    }
 }
 
 /// The agent's record of the commands it has seen (`journal.db`).

@@ -96,8 +96,8 @@ fn a_good_command_runs_once() {
     let v = verify_as(&s, &ramdisk(), NOW).unwrap();
     assert_eq!((v.id(), v.kind().name), ("cmd_1", "disk.wipe"));
     let run = v.accept(&mut journal).unwrap();
-    assert_eq!(run.args.devices("devices"), ["/dev/vda"]);
-    assert_eq!(run.kind.deadline_ms, 30 * 60_000);
+    assert_eq!(run.args().devices("devices"), ["/dev/vda"]);
+    assert_eq!(run.kind().deadline_ms, 30 * 60_000);
     // Delivered again (at least once): it verifies, and the journal stops it.
     let again = verify_as(&s, &ramdisk(), NOW + 1).unwrap();
     let err = again.accept(&mut journal).unwrap_err();
