@@ -495,3 +495,47 @@ fn frames_are_bounded_and_never_empty() {
         Ok(agent_frame::Frame::Result(sr))
     );
 }
+
+/// The parse entry points (what fuzz targets would call) take every prefix
+/// and every one-byte change of valid input without panicking, and a
+/// changed command never verifies as a different one.
+#[test]
+fn parsers_take_truncated_and_mutated_input() {
+    let s = signed(&wipe());
+    let command = channel::encode_server_frame(server_frame::Frame::Command(s.clone()));
+    let r = sign_result(
+        &result_of(b"out", Status::Ok),
+        "k".into(),
+        signer(&node_key()),
+    )
+    .unwrap();
+    let result = channel::encode_agent_frame(agent_frame::Frame::Result(r.clone()));
+    let raw_command = s.encode_to_vec();
+    let raw_result = r.encode_to_vec();
+    let statement = "urn:bc:scope:ramdisk:diag.*,disk.wipe";
+    let inputs = [&command, &result, &raw_command, &raw_result];
+    for input in inputs {
+        let mut variants: Vec<Vec<u8>> = (0..input.len()).map(|n| input[..n].to_vec()).collect();
+        for i in 0..input.len() {
+            for bit in [0x01u8, 0x80] {
+                let mut m = input.to_vec();
+                m[i] ^= bit;
+                variants.push(m);
+            }
+        }
+        for v in &variants {
+            let _ = channel::parse_server_frame(v);
+            let _ = channel::parse_agent_frame(v);
+            let _ = parse_result(v);
+            if let Ok((sc, c)) = parse(v) {
+                if let Ok(ok) = verify_as(&sc, &ramdisk(), NOW) {
+                    assert_eq!((ok.id(), ok.kind().name), ("cmd_1", "disk.wipe"));
+                    assert_eq!(c, wipe(), "only the signed command verifies");
+                }
+            }
+        }
+    }
+    for n in 0..statement.len() {
+        let _ = Scope::from_statements(&[&statement[..n]]);
+    }
+}
