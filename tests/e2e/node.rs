@@ -144,8 +144,9 @@ fn a_tpm_node_renews_with_a_certified_next_key_each_time() {
     let agent = Agent::tpm_joined(&cp, &tpm);
     let first = identity(&agent, Some(&tpm));
     let statement = statements(&first);
-    assert_eq!(statement.len(), 1);
+    assert_eq!(statement.len(), 2);
     assert!(statement[0].starts_with("urn:bc:tpm-ak:sha256:"));
+    assert_eq!(statement[1], "urn:bc:scope:node");
     drop(first);
 
     let mut keys = vec![];
@@ -175,7 +176,10 @@ fn a_file_key_node_moves_into_the_tpm_at_its_next_renewal() {
     agent.set_tpm(&tpm);
     assert_ok(&node(&agent, &["--once", "--renew-now"], &[]));
     assert_eq!(agent.status_json()["nodeKey"], "tpm");
-    assert!(statements(&identity(&agent, Some(&tpm))).is_empty());
+    assert_eq!(
+        statements(&identity(&agent, Some(&tpm))),
+        ["urn:bc:scope:node"]
+    );
 }
 
 /// Kill -9 (abort) at each step of a renewal: the next start loads a valid
