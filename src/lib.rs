@@ -11,9 +11,11 @@
 //! run are shared modules (`joining`, `rejoin`, `renewal`, `sitedata`, `site_settings`).
 
 pub mod backoff;
+pub mod channel;
 pub mod cli;
 pub mod client;
 pub mod clock;
+mod commands;
 pub mod config;
 pub mod doctor;
 mod environ;

@@ -1,0 +1,1 @@
+//! The channel against an in-process WebSocket peer.
