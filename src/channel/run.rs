@@ -15,20 +15,31 @@ use crate::commands::{self, Done, Machine};
 
 /// The kinds' code: [`commands::run`], or a test's stand-in.
 #[derive(Clone)]
-pub(super) struct Runner(Arc<RunFn>);
+pub(super) struct Runner {
+    run: Arc<RunFn>,
+    /// A test's deadline for every kind (the registry's otherwise).
+    deadline: Option<Duration>,
+}
 
 type RunFn = dyn Fn(&RunnableCommand, &Machine) -> Done + Send + Sync;
 
 impl Runner {
     pub(super) fn kinds() -> Runner {
-        Runner(Arc::new(commands::run))
+        Runner {
+            run: Arc::new(commands::run),
+            deadline: None,
+        }
     }
 
     #[cfg(test)]
     pub(super) fn with(
         f: impl Fn(&RunnableCommand, &Machine) -> Done + Send + Sync + 'static,
+        deadline: Option<Duration>,
     ) -> Runner {
-        Runner(Arc::new(f))
+        Runner {
+            run: Arc::new(f),
+            deadline,
+        }
     }
 }
 
@@ -45,18 +56,19 @@ pub(super) fn start(
         let _slot = slots.acquire_owned().await.ok();
         let started_ms = now_ms();
         let kind = command.kind();
-        let deadline = Duration::from_millis(u64::try_from(kind.deadline_ms).unwrap_or(0));
+        let deadline = runner
+            .deadline
+            .unwrap_or(Duration::from_millis(u64::try_from(kind.deadline_ms).unwrap_or(0)));
         let command = Arc::new(command);
         let running = command.clone();
-        let work = tokio::task::spawn_blocking(move || (runner.0)(&running, &machine));
+        let work = tokio::task::spawn_blocking(move || (runner.run)(&running, &machine));
         let done_now = match tokio::time::timeout(deadline, work).await {
             Ok(Ok(d)) => d,
             Ok(Err(e)) => Done::failed(format!("the kind's code stopped: {e}")),
             // The thread cannot be cut; its answer, when it comes, is dropped.
             Err(_) => Done::failed(format!(
-                "deadline: {} did not finish within {} s",
-                kind.name,
-                deadline.as_secs()
+                "deadline: {} did not finish within {:?}",
+                kind.name, deadline
             )),
         };
         let result = command.result(

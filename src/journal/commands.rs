@@ -325,7 +325,7 @@ mod tests {
         assert!(j.ack("cmd_a").unwrap());
         assert!(!j.ack("cmd_unknown").unwrap());
         assert!(j.unacked().unwrap().is_empty());
-        assert_eq!(j.result_of("cmd_a").unwrap().1, true);
+        assert!(j.result_of("cmd_a").unwrap().1);
         // A redelivery of an acked id sends the stored result again.
         assert_eq!(j.resend("cmd_a").unwrap(), Some(result("cmd_a")));
         assert_eq!(j.unacked().unwrap().len(), 1);
