@@ -113,7 +113,7 @@ impl Handle {
     }
 }
 
-/// Starts the channel on the current runtime for the node `identity` of
+/// Starts the channel on a thread of its own for the node `identity` of
 /// `config` (read from `config_path`). `None` when it cannot run (the
 /// journal does not open, the API URL is unusable): logged, and the node
 /// runs on without it.
@@ -144,8 +144,29 @@ pub(crate) fn start(
         }
     };
     let (handle, link) = Link::new(dial, identity);
-    tokio::spawn(serve(link, work));
-    Some(handle)
+    // Its own thread and runtime: a node key that signs slowly (a TPM, a
+    // stalled helper) in the channel's TLS handshake never holds up the
+    // renewal loop, and the reverse.
+    let spawned = std::thread::Builder::new()
+        .name("command-channel".into())
+        .spawn(move || {
+            match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(runtime) => runtime.block_on(serve(link, work)),
+                Err(e) => {
+                    tracing::error!(error = %e, "the command channel cannot start its runtime")
+                }
+            }
+        });
+    match spawned {
+        Ok(_) => Some(handle),
+        Err(e) => {
+            tracing::error!(error = %e, "the command channel cannot start its thread");
+            None
+        }
+    }
 }
 
 /// The connection's side: how to dial, as whom, and when to retry.

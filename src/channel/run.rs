@@ -56,9 +56,9 @@ pub(super) fn start(
         let _slot = slots.acquire_owned().await.ok();
         let started_ms = now_ms();
         let kind = command.kind();
-        let deadline = runner
-            .deadline
-            .unwrap_or(Duration::from_millis(u64::try_from(kind.deadline_ms).unwrap_or(0)));
+        let deadline = runner.deadline.unwrap_or(Duration::from_millis(
+            u64::try_from(kind.deadline_ms).unwrap_or(0),
+        ));
         let command = Arc::new(command);
         let running = command.clone();
         let work = tokio::task::spawn_blocking(move || (runner.run)(&running, &machine));

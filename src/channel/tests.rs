@@ -88,7 +88,9 @@ struct PlainDial(SocketAddr);
 
 impl Dial for PlainDial {
     async fn dial(&self, _: &ChannelIdentity) -> Result<Ws, String> {
-        let tcp = TcpStream::connect(self.0).await.map_err(|e| e.to_string())?;
+        let tcp = TcpStream::connect(self.0)
+            .await
+            .map_err(|e| e.to_string())?;
         dial::upgrade(&format!("ws://{}{COMMAND_CHANNEL}", self.0), Box::new(tcp)).await
     }
 }
@@ -481,7 +483,8 @@ fn jitter_stays_within_its_cap() {
         assert!(full_jitter(Duration::from_secs(1)) <= Duration::from_secs(1));
     }
     assert_eq!(full_jitter(Duration::ZERO), Duration::ZERO);
-    let spread: std::collections::BTreeSet<_> =
-        (0..20).map(|_| full_jitter(Duration::from_secs(300))).collect();
+    let spread: std::collections::BTreeSet<_> = (0..20)
+        .map(|_| full_jitter(Duration::from_secs(300)))
+        .collect();
     assert!(spread.len() > 15, "spread over the wait");
 }

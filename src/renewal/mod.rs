@@ -70,12 +70,10 @@ pub fn run(config_path: &Path, once: bool, renew_now: bool) -> anyhow::Result<Ex
         .build()
         .context("cannot start the async runtime")?;
     // The command channel runs beside the loop (not for one pass).
-    let entered = runtime.enter();
     let channel = match once {
         true => None,
         false => crate::channel::start(&config, config_path, tpm.clone(), &identity),
     };
-    drop(entered);
     let node = Node {
         backoff: Backoff::new(config.node.backoff_min, config.node.backoff_max),
         config: &config,
@@ -86,10 +84,7 @@ pub fn run(config_path: &Path, once: bool, renew_now: bool) -> anyhow::Result<Ex
         next_key: None,
         channel,
     };
-    let code = runtime.block_on(node.run(once, renew_now));
-    // A command still running on a blocking thread does not hold the exit.
-    runtime.shutdown_timeout(Duration::from_secs(1));
-    code
+    runtime.block_on(node.run(once, renew_now))
 }
 
 /// What the loop does next.
