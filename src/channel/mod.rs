@@ -139,7 +139,7 @@ pub(crate) fn start(
             return None;
         }
     };
-    let machine = Machine::this(config_path, &config.data_dir, tpm);
+    let machine = Machine::this(config_path, &config.data_dir, tpm, identity.role);
     let work = match Work::new(
         &config.data_dir,
         config.pins.join_signing_key,

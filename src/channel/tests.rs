@@ -63,6 +63,8 @@ fn machine(dir: &Path) -> Machine {
     Machine {
         sysfs: dir.join("sys"),
         procfs: dir.join("proc"),
+        devfs: dir.join("dev"),
+        role: Role::Node,
         data_dir: dir.to_owned(),
         config_path: dir.join("config.toml"),
         tpm: Arc::new(TpmAccess::none()),

@@ -207,7 +207,7 @@ fn mem_total(proc: &Path) -> Option<u64> {
 }
 
 /// The directory entries of `dir`, sorted by name (none when absent).
-fn names(dir: &Path) -> Vec<String> {
+pub(super) fn names(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir)
         .map(|entries| {
             entries
@@ -249,7 +249,7 @@ fn nics(sys: &Path) -> Vec<Nic> {
 }
 
 /// Devices of no interest to commissioning: loop, RAM and zram disks.
-fn pseudo(name: &str) -> bool {
+pub(super) fn pseudo(name: &str) -> bool {
     ["loop", "ram", "zram"].iter().any(|p| name.starts_with(p))
 }
 
@@ -400,9 +400,11 @@ mod tests {
         Machine {
             sysfs: sys,
             procfs: proc,
+            devfs: root.join("dev"),
             data_dir: root.join("data"),
             config_path: root.join("config.toml"),
             tpm: Arc::new(TpmAccess::none()),
+            role: bc_wire::agent::Role::Node,
         }
     }
 

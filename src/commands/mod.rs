@@ -6,16 +6,18 @@
 //! the machine from, so that tests point it at a fake tree. It runs on a
 //! blocking thread and returns what happened ([`Done`]); the channel cuts it
 //! off at its kind's deadline and signs the result. A kind whose code this
-//! bcd does not have yet (`disk.wipe`, `deploy.*`, `boot.kexec`: the
+//! bcd does not have yet (`deploy.*`, `boot.kexec`: the
 //! lifecycle issue) fails with `not-implemented`, so nothing is silently
 //! skipped.
 mod diag;
+mod disk;
 mod inventory;
 mod logs;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use bc_wire::agent::Role;
 use bc_wire::command::{Output, RunnableCommand};
 use bc_wire::command_v1::Status;
 
@@ -27,6 +29,9 @@ pub(crate) struct Machine {
     pub sysfs: PathBuf,
     /// `/proc`, or a fake tree.
     pub procfs: PathBuf,
+    /// `/dev`, or a fake tree (`disk.wipe` writes there: tests give it
+    /// files, never a real disk).
+    pub devfs: PathBuf,
     /// The data directory (`journal.db`).
     pub data_dir: PathBuf,
     /// The config file, for `diag.doctor`.
@@ -34,15 +39,25 @@ pub(crate) struct Machine {
     /// The TPM as this process reaches it (under `[helper]`, not at all:
     /// the inventory then reads what sysfs shows of it).
     pub tpm: Arc<TpmAccess>,
+    /// The role of this node's identity: only a ramdisk wipes disks,
+    /// whatever its certificate allowed.
+    pub role: Role,
 }
 
 impl Machine {
-    /// This machine: `/sys` and `/proc` (in a `failpoints` build,
-    /// `BCD_SYSFS_ROOT` and `BCD_PROC_ROOT` when set).
-    pub(crate) fn this(config_path: &Path, data_dir: &Path, tpm: Arc<TpmAccess>) -> Machine {
+    /// This machine: `/sys`, `/proc` and `/dev` (in a `failpoints` build,
+    /// `BCD_SYSFS_ROOT`, `BCD_PROC_ROOT` and `BCD_DEV_ROOT` when set).
+    pub(crate) fn this(
+        config_path: &Path,
+        data_dir: &Path,
+        tpm: Arc<TpmAccess>,
+        role: Role,
+    ) -> Machine {
         Machine {
             sysfs: crate::evidence::claims::sysfs_root(),
-            procfs: proc_root(),
+            procfs: root(PROC_ROOT_ENV, "/proc"),
+            devfs: root(DEV_ROOT_ENV, "/dev"),
+            role,
             data_dir: data_dir.to_owned(),
             config_path: config_path.to_owned(),
             tpm,
@@ -50,18 +65,23 @@ impl Machine {
     }
 }
 
-/// The environment variable a `failpoints` build reads procfs under.
-#[cfg(feature = "failpoints")]
-const PROC_ROOT_ENV: &str = "BCD_PROC_ROOT";
+/// The environment variables a `failpoints` build reads procfs and devfs
+/// under (as [`crate::evidence::claims::SYSFS_ROOT_ENV`] for sysfs).
+pub const PROC_ROOT_ENV: &str = "BCD_PROC_ROOT";
+pub const DEV_ROOT_ENV: &str = "BCD_DEV_ROOT";
 
-fn proc_root() -> PathBuf {
+/// `real`, or in a `failpoints` build the tree `env` names.
+fn root(env: &str, real: &str) -> PathBuf {
     #[cfg(feature = "failpoints")]
     {
-        if let Some(root) = std::env::var_os(PROC_ROOT_ENV) {
+        if let Some(root) = std::env::var_os(env) {
+            tracing::warn!(root = %Path::new(&root).display(), "test build: {real} is read under {env}");
             return PathBuf::from(root);
         }
     }
-    PathBuf::from("/proc")
+    #[cfg(not(feature = "failpoints"))]
+    let _ = env;
+    PathBuf::from(real)
 }
 
 /// What a kind did.
@@ -102,6 +122,7 @@ pub(crate) fn run(command: &RunnableCommand, machine: &Machine) -> Done {
         "diag.doctor" => diag::doctor(&machine.config_path),
         "inventory.refresh" => inventory::refresh(machine),
         "logs.collect" => logs::collect(machine, args),
+        "disk.wipe" => disk::wipe(machine, &args.devices("devices")),
         other => Done::failed(format!(
             "not-implemented: this bcd does not run {other} yet"
         )),
