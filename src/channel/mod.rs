@@ -53,7 +53,10 @@ const BACKOFF_MIN: Duration = Duration::from_secs(1);
 const BACKOFF_MAX: Duration = Duration::from_secs(300);
 /// The server's hello comes first, at once.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
-/// The server pings an idle channel every 30 s: three missed, it is gone.
+/// Either side pings an idle channel every 30 s (the agent too, so a
+/// dead connection is found whatever the server does; the server's
+/// WebSocket answers with a pong): nothing heard for three, it is gone.
+const PING_EVERY: Duration = Duration::from_secs(30);
 const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 /// A connection that lasted this long (or carried a frame after the proof)
 /// was a good one: the backoff starts over.
@@ -417,22 +420,35 @@ impl Work {
         let since = tokio::time::Instant::now();
         let mut carried = false;
         let good = |carried: bool| carried || since.elapsed() >= STABLE;
-        match self.journal.unacked() {
-            Ok(pending) => {
-                for r in pending {
-                    if let Err(why) = self.send_result(ws, id, &r).await {
-                        return lost(good(carried), why);
-                    }
+        let pending = self.journal.unacked_ids().unwrap_or_else(|e| {
+            tracing::error!(error = %e, "cannot read the unacknowledged results");
+            Vec::new()
+        });
+        for rid in pending {
+            let stored = self.journal.stored(&rid).unwrap_or_else(|e| {
+                tracing::error!(error = %e, "cannot read a stored result");
+                None
+            });
+            if let Some(r) = stored {
+                if let Err(why) = self.send_result(ws, id, &r).await {
+                    return lost(good(carried), why);
                 }
             }
-            Err(e) => tracing::error!(error = %e, "cannot read the unacknowledged results"),
         }
+        let mut heard = tokio::time::Instant::now();
+        let mut ping = tokio::time::interval_at(heard + PING_EVERY, PING_EVERY);
         loop {
             tokio::select! {
-                next = tokio::time::timeout(IDLE_TIMEOUT, ws.next()) => {
-                    let Ok(next) = next else {
-                        return lost(good(carried), "nothing from the control plane for 90 s".into());
-                    };
+                () = tokio::time::sleep_until(heard + IDLE_TIMEOUT) => {
+                    return lost(good(carried), format!("nothing from the control plane for {} s", IDLE_TIMEOUT.as_secs()));
+                }
+                _ = ping.tick() => {
+                    if let Err(e) = ws.send(Message::Ping(Default::default())).await {
+                        return lost(good(carried), format!("cannot send to the control plane: {e}"));
+                    }
+                }
+                next = ws.next() => {
+                    heard = tokio::time::Instant::now();
                     match frame(next) {
                         Err(why) => {
                             let _ = ws.close(None).await;
@@ -510,6 +526,16 @@ impl Work {
                     "command refused; nothing runs"
                 );
                 let result = refused.result(&id.node_id, now)?;
+                match self.journal.knows(&result.id) {
+                    Ok(false) => {}
+                    // A refused copy of a command this node knows says
+                    // nothing about the real one: logged only.
+                    Ok(true) => return None,
+                    Err(e) => {
+                        tracing::error!(error = %e, "cannot read the commands journal");
+                        return None;
+                    }
+                }
                 self.store(&result);
                 return Some(result);
             }

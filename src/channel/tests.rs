@@ -325,6 +325,14 @@ async fn refused_commands_run_nothing_and_are_reported_signed() {
     ))
     .await;
     assert_eq!(peer.result().await.status, Status::Ok as i32);
+    // A forged copy of a command this node knows is only logged: its
+    // refusal is not stored over what the real one did.
+    peer.command(sign_as(
+        &other_key,
+        &new_command("cmd_forged", NODE, "diag.ping", [], in_a_minute()),
+    ))
+    .await;
+    peer.silent().await;
 }
 
 /// A certificate without a scope statement runs nothing.

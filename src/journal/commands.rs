@@ -119,6 +119,16 @@ impl Journal {
     /// The stored result of `id`, acked or not (a redelivered command's
     /// result is sent again), marked unacked again.
     pub(crate) fn resend(&mut self, id: &str) -> Result<Option<CommandResult>, JournalError> {
+        let result = self.stored(id)?;
+        self.conn
+            .execute("UPDATE results SET acked = 0 WHERE id = ?1", params![id])
+            .map_err(|e| self.error(e))?;
+        Ok(result)
+    }
+
+    /// The result stored under `id` (one this bcd did not write decodes to
+    /// nothing).
+    pub(crate) fn stored(&self, id: &str) -> Result<Option<CommandResult>, JournalError> {
         let bytes: Option<Vec<u8>> = self
             .conn
             .query_row(
@@ -128,30 +138,45 @@ impl Journal {
             )
             .optional()
             .map_err(|e| self.error(e))?;
-        self.conn
-            .execute("UPDATE results SET acked = 0 WHERE id = ?1", params![id])
-            .map_err(|e| self.error(e))?;
         Ok(bytes.and_then(|b| CommandResult::decode(b.as_slice()).ok()))
     }
 
-    /// Every unacked result, oldest first: what a (re)connection sends.
-    pub(crate) fn unacked(&self) -> Result<Vec<CommandResult>, JournalError> {
+    /// The ids of the unacked results, oldest first: what a (re)connection
+    /// sends, one result in memory at a time (each may carry 1 MiB).
+    pub(crate) fn unacked_ids(&self) -> Result<Vec<String>, JournalError> {
         let mut stmt = self
             .conn
-            .prepare("SELECT result FROM results WHERE acked = 0 ORDER BY stored_at, rowid")
+            .prepare("SELECT id FROM results WHERE acked = 0 ORDER BY stored_at, rowid")
             .map_err(|e| self.error(e))?;
         let rows = stmt
-            .query_map([], |r| r.get::<_, Vec<u8>>(0))
+            .query_map([], |r| r.get(0))
             .map_err(|e| self.error(e))?;
+        rows.collect::<rusqlite::Result<Vec<_>>>()
+            .map_err(|e| self.error(e))
+    }
+
+    /// Every unacked result, oldest first.
+    #[cfg(test)]
+    pub(crate) fn unacked(&self) -> Result<Vec<CommandResult>, JournalError> {
         let mut out = Vec::new();
-        for row in rows {
-            let bytes = row.map_err(|e| self.error(e))?;
-            // A row this bcd did not write decodes to nothing: skipped.
-            if let Ok(r) = CommandResult::decode(bytes.as_slice()) {
-                out.push(r);
-            }
+        for id in self.unacked_ids()? {
+            out.extend(self.stored(&id)?);
         }
         Ok(out)
+    }
+
+    /// Whether `id` names a command this node accepted or a result it
+    /// holds: a refusal claiming it (a forged copy, say) is not stored over
+    /// what the real one did.
+    pub(crate) fn knows(&self, id: &str) -> Result<bool, JournalError> {
+        self.conn
+            .query_row(
+                "SELECT EXISTS (SELECT 1 FROM commands WHERE id = ?1)
+                     OR EXISTS (SELECT 1 FROM results WHERE id = ?1)",
+                params![id],
+                |r| r.get(0),
+            )
+            .map_err(|e| self.error(e))
     }
 
     /// Commands accepted and never finished (bcd stopped while they ran):
