@@ -498,3 +498,118 @@ fn jitter_stays_within_its_cap() {
         .collect();
     assert!(spread.len() > 15, "spread over the wait");
 }
+
+/// The real dial: TCP, the pinned TLS with the node certificate as client
+/// certificate (the server sees the node's leaf), ALPN http/1.1, and the
+/// upgrade at the channel's path, against an in-process TLS server.
+#[tokio::test]
+async fn the_dial_presents_the_node_certificate_under_the_pinned_ca() {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, SanType};
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca_cert = ca.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca, ca_key);
+    let server_key = KeyPair::generate().unwrap();
+    let mut server = CertificateParams::new(Vec::<String>::new()).unwrap();
+    server.subject_alt_names = vec![SanType::IpAddress("127.0.0.1".parse().unwrap())];
+    let server_cert = server.signed_by(&server_key, &issuer).unwrap();
+
+    let id = identity("urn:bc:scope:node");
+    let mut node_roots = rustls::RootCertStore::empty();
+    node_roots
+        .add(CertificateDer::from(id.chain[1].clone()))
+        .unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(node_roots),
+        provider.clone(),
+    )
+    .build()
+    .unwrap();
+    let mut tls = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(
+            vec![server_cert.der().clone()],
+            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(server_key.serialize_der())),
+        )
+        .unwrap();
+    tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut parts =
+        crate::config::tests::Parts::new(&format!("https://{addr}"), dir.path().to_str().unwrap());
+    parts.server_ca = ca_cert.pem();
+    let config = Config::parse(Path::new("c.toml"), &parts.render()).unwrap();
+    let dial = TlsDial::new(&config).unwrap();
+
+    let leaf = id.chain[0].clone();
+    let spki = id.key.spki_der().to_vec();
+    let served = tokio::spawn(async move {
+        let (tcp, _) = listener.accept().await.unwrap();
+        let stream = acceptor.accept(tcp).await.unwrap();
+        let (_, conn) = stream.get_ref();
+        assert_eq!(conn.alpn_protocol(), Some(&b"http/1.1"[..]));
+        let presented = conn.peer_certificates().unwrap()[0].to_vec();
+        assert_eq!(presented, leaf, "the node certificate");
+        let path = Arc::new(Mutex::new(String::new()));
+        let mut ws = tokio_tungstenite::accept_hdr_async(stream, PathOf(path.clone()))
+            .await
+            .unwrap();
+        assert_eq!(*path.lock().unwrap(), COMMAND_CHANNEL);
+        let nonce = [9u8; NONCE_LEN];
+        let hello = server_frame::Frame::Hello(ChannelHello {
+            nonce: nonce.to_vec(),
+            server_time_unix_ms: now_ms(),
+        });
+        ws.send(Message::binary(encode_server_frame(hello)))
+            .await
+            .unwrap();
+        let Some(Ok(Message::Binary(b))) = ws.next().await else {
+            panic!("a proof");
+        };
+        let agent_frame::Frame::Proof(proof) = parse_agent_frame(&b).unwrap() else {
+            panic!("a proof");
+        };
+        let expect = ProofExpect {
+            nonce: &nonce,
+            node_id: NODE,
+            node_spki: &spki,
+            now_ms: now_ms(),
+        };
+        verify_proof(&proof, &expect).unwrap();
+    });
+
+    let me = ChannelIdentity::of(&id);
+    let mut ws = dial.dial(&me).await.unwrap();
+    let (_tx, mut renewed) = watch::channel(me.clone());
+    let mut w = work(dir.path(), Runner::kinds());
+    let session = w.session(&mut ws, &me, &mut renewed);
+    let end = tokio::time::timeout(WAIT, session).await.unwrap();
+    assert!(matches!(end, End::Lost { .. }), "the server closed");
+    served.await.unwrap();
+}
+
+/// Keeps the path of the upgrade request.
+struct PathOf(Arc<Mutex<String>>);
+
+impl tokio_tungstenite::tungstenite::handshake::server::Callback for PathOf {
+    fn on_request(
+        self,
+        request: &tokio_tungstenite::tungstenite::handshake::server::Request,
+        response: tokio_tungstenite::tungstenite::handshake::server::Response,
+    ) -> Result<
+        tokio_tungstenite::tungstenite::handshake::server::Response,
+        tokio_tungstenite::tungstenite::handshake::server::ErrorResponse,
+    > {
+        *self.0.lock().unwrap() = request.uri().path().to_owned();
+        Ok(response)
+    }
+}
