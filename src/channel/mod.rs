@@ -12,9 +12,9 @@
 //! and sent again on every connection until the server acks it.
 //!
 //! The connection comes back after any loss with exponential backoff and
-//! full jitter (1 s to 5 min; a control-plane restart must not bring the
-//! fleet back in one second), and at once after a renewal, with the new
-//! certificate. Commands run whether or not the connection is up; their
+//! full jitter (1 s to 5 min; a channel that was up comes back within
+//! 10 s: a control-plane restart must not bring the fleet back in one
+//! second), and at once after a renewal, with the new certificate. Commands run whether or not the connection is up; their
 //! results wait in the journal. Nothing the server sends can panic this.
 mod dial;
 mod run;
@@ -51,6 +51,8 @@ use run::Runner;
 /// The backoff's bounds: the first wait at most 1 s, none over 5 min.
 const BACKOFF_MIN: Duration = Duration::from_secs(1);
 const BACKOFF_MAX: Duration = Duration::from_secs(300);
+/// The first wait after losing a channel that was up: at most this.
+const RESPREAD: Duration = Duration::from_secs(10);
 /// The server's hello comes first, at once.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// Either side pings an idle channel every 30 s (the agent too, so a
@@ -186,6 +188,8 @@ struct Link<D> {
     dial: D,
     identity: watch::Receiver<Arc<ChannelIdentity>>,
     backoff: Backoff,
+    /// [`RESPREAD`] (shorter in tests).
+    respread: Duration,
 }
 
 impl<D: Dial> Link<D> {
@@ -197,6 +201,7 @@ impl<D: Dial> Link<D> {
                 dial,
                 identity: rx,
                 backoff: Backoff::new(BACKOFF_MIN, BACKOFF_MAX),
+                respread: RESPREAD,
             },
         )
     }
@@ -233,6 +238,7 @@ async fn serve<D: Dial>(mut link: Link<D>, mut work: Work) {
     loop {
         let id = link.identity.borrow_and_update().clone();
         let dialed = work.storing(link.dial.dial(&id)).await;
+        let mut was_up = false;
         let why = match dialed {
             Ok(mut ws) => match work.session(&mut ws, &id, &mut link.identity).await {
                 End::Renewed => {
@@ -244,6 +250,7 @@ async fn serve<D: Dial>(mut link: Link<D>, mut work: Work) {
                 End::Lost { good, why } => {
                     if good {
                         link.backoff.succeed();
+                        was_up = true;
                     }
                     why
                 }
@@ -251,7 +258,9 @@ async fn serve<D: Dial>(mut link: Link<D>, mut work: Work) {
             Err(why) => why,
         };
         let (attempt, cap) = link.backoff.fail();
-        let wait = full_jitter(cap);
+        // A fleet that lost a restarting control plane together comes
+        // back over RESPREAD, not within the first second.
+        let wait = full_jitter(if was_up { cap.max(link.respread) } else { cap });
         tracing::warn!(
             attempt,
             retryIn = %format!("{:.1}s", wait.as_secs_f64()),

@@ -190,7 +190,8 @@ async fn a_command_runs_once_and_its_result_waits_for_the_ack() {
     let spki = id.key.spki_der().to_vec();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let runs = Arc::new(AtomicUsize::new(0));
-    let (handle, link) = Link::new(PlainDial(listener.local_addr().unwrap()), &id);
+    let (handle, mut link) = Link::new(PlainDial(listener.local_addr().unwrap()), &id);
+    link.respread = Duration::from_millis(500);
     let agent = tokio::spawn(serve(link, work(dir.path(), counting(runs.clone()))));
 
     let mut peer = Peer::accept(&listener, &spki).await;
