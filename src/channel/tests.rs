@@ -614,3 +614,53 @@ impl tokio_tungstenite::tungstenite::handshake::server::Callback for PathOf {
         Ok(response)
     }
 }
+
+/// What the server must not send ends the connection, never the agent:
+/// a text message, a frame that does not parse, one over the cap, a
+/// second hello. Each time it comes back and proves itself again.
+#[tokio::test]
+async fn bad_frames_end_the_connection_and_the_agent_comes_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let id = identity("urn:bc:scope:node");
+    let spki = id.key.spki_der().to_vec();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let (_handle, mut link) = Link::new(PlainDial(listener.local_addr().unwrap()), &id);
+    // Five failures in a row: the test's backoff is short.
+    link.backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(100));
+    tokio::spawn(serve(link, work(dir.path(), counting(runs.clone()))));
+    let hello = encode_server_frame(server_frame::Frame::Hello(ChannelHello {
+        nonce: vec![1; NONCE_LEN],
+        server_time_unix_ms: 0,
+    }));
+    let bad = [
+        Message::text("hello"),
+        Message::binary(vec![0xff; 16]),
+        Message::binary(vec![0u8; bc_wire::command::channel::MAX_SERVER_FRAME + 1]),
+        Message::binary(hello),
+        Message::binary(Vec::new()),
+    ];
+    for msg in bad {
+        let mut peer = Peer::accept(&listener, &spki).await;
+        let _ = peer.ws.send(msg).await;
+        let end = tokio::time::timeout(WAIT, async {
+            loop {
+                match peer.ws.next().await {
+                    None | Some(Err(_)) | Some(Ok(Message::Close(_))) => return,
+                    Some(Ok(_)) => {}
+                }
+            }
+        })
+        .await;
+        assert!(end.is_ok(), "the agent closes the connection");
+    }
+    // And it still works.
+    let mut peer = Peer::accept(&listener, &spki).await;
+    peer.command(sign_as(
+        &cp_key(),
+        &new_command("cmd_after", NODE, "diag.ping", [], in_a_minute()),
+    ))
+    .await;
+    assert_eq!(peer.result().await.status, Status::Ok as i32);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
