@@ -86,9 +86,13 @@ struct BlockDevice {
 #[serde(rename_all = "camelCase")]
 struct Tpm {
     present: bool,
-    /// Where this was read: `tpm` (the TPM itself), `sysfs` (under
-    /// `[helper]`, or when the TPM cannot be opened), or null.
+    /// Where this was read: `tpm` (the TPM itself), `helper` (`bcd
+    /// helper`'s words for its TPM, and sysfs), `sysfs` (when the TPM
+    /// cannot be opened), or null.
     source: Option<&'static str>,
+    /// `bcd helper`'s description of the TPM it holds (TCTI, maker,
+    /// firmware), under `[helper]`.
+    description: Option<String>,
     manufacturer: Option<String>,
     vendor: Option<String>,
     firmware: Option<String>,
@@ -284,17 +288,33 @@ fn block_devices(sys: &Path) -> Vec<BlockDevice> {
 /// The TPM, read from the TPM when this process opens it, else what sysfs
 /// shows (its PCR banks, on kernels since 5.12).
 fn tpm(sys: &Path, access: &TpmAccess) -> Tpm {
+    let mut description = None;
     let note = match access {
         TpmAccess::Direct(_) => match from_tpm(access) {
             Ok(t) => return t,
             Err(e) => format!("the TPM cannot be read: {e}"),
         },
-        TpmAccess::Helper(_) => {
-            "bcd node runs unprivileged through bcd helper: the TPM's maker, firmware and EK are not read".to_owned()
-        }
+        // The AK's answer names the helper's TPM; the EK is the helper's.
+        TpmAccess::Helper(helper) => match helper.ak() {
+            Ok(ak) => {
+                description = Some(printable(&ak.tpm));
+                "bcd node runs unprivileged through bcd helper: the TPM's EK is not read".to_owned()
+            }
+            Err(e) => format!("bcd helper does not answer: {e}"),
+        },
         TpmAccess::Absent => "bcd uses no TPM on this machine".to_owned(),
     };
     let dir = sys.join("class/tpm/tpm0");
+    if description.is_some() {
+        return Tpm {
+            present: true,
+            source: Some("helper"),
+            description,
+            pcr_banks: pcr_banks(&dir),
+            note: Some(note),
+            ..Tpm::default()
+        };
+    }
     if !dir.exists() {
         return Tpm {
             note: Some(note),
@@ -304,13 +324,18 @@ fn tpm(sys: &Path, access: &TpmAccess) -> Tpm {
     Tpm {
         present: true,
         source: Some("sysfs"),
-        pcr_banks: names(&dir)
-            .into_iter()
-            .filter_map(|n| n.strip_prefix("pcr-").map(str::to_owned))
-            .collect(),
+        pcr_banks: pcr_banks(&dir),
         note: Some(note),
         ..Tpm::default()
     }
+}
+
+/// The PCR banks sysfs shows (`pcr-sha256/`, kernels since 5.12).
+fn pcr_banks(dir: &Path) -> Vec<String> {
+    names(dir)
+        .into_iter()
+        .filter_map(|n| n.strip_prefix("pcr-").map(str::to_owned))
+        .collect()
 }
 
 fn from_tpm(access: &TpmAccess) -> Result<Tpm, anyhow::Error> {
@@ -336,6 +361,7 @@ fn from_tpm(access: &TpmAccess) -> Result<Tpm, anyhow::Error> {
             .filter(|(_, pcrs)| !pcrs.is_empty())
             .map(|(bank, _)| bank.name().to_owned())
             .collect(),
+        description: None,
         note: None,
     })
 }
