@@ -128,7 +128,7 @@ pub(super) fn read(machine: &Machine) -> Inventory {
         let rel = format!("class/dmi/id/{name}");
         read_noting(sys, &rel, &mut unreadable)
     };
-    let dmi = Dmi {
+    let mut dmi = Dmi {
         product_uuid: dmi_field("product_uuid")
             .map(|u| parse_product_uuid(&u))
             .filter(|u| !u.is_empty()),
@@ -139,7 +139,40 @@ pub(super) fn read(machine: &Machine) -> Inventory {
         bios_version: dmi_field("bios_version"),
         bios_date: dmi_field("bios_date"),
     };
-    let tpm = tpm(sys, &machine.tpm);
+    let tpm = match &*machine.tpm {
+        // Unprivileged: bcd helper reads what is root's.
+        TpmAccess::Helper(helper) => match helper.machine() {
+            Ok(m) => {
+                let word = |s: String| Some(s).filter(|s| !s.is_empty());
+                if dmi.product_uuid.is_none() {
+                    dmi.product_uuid = word(parse_product_uuid(&m.product_uuid));
+                }
+                if dmi.product_serial.is_none() {
+                    dmi.product_serial = word(m.product_serial);
+                }
+                unreadable.retain(|f| {
+                    !(f.ends_with("/product_uuid") && dmi.product_uuid.is_some()
+                        || f.ends_with("/product_serial") && dmi.product_serial.is_some())
+                });
+                Tpm {
+                    present: true,
+                    source: Some("helper"),
+                    description: None,
+                    manufacturer: word(m.manufacturer),
+                    vendor: word(m.vendor),
+                    firmware: word(m.firmware),
+                    ek_sha256: Some(hex::encode(&m.ek_sha256)).filter(|h| !h.is_empty()),
+                    pcr_banks: m.pcr_banks,
+                    note: None,
+                }
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "bcd helper does not read the machine");
+                tpm(sys, &machine.tpm)
+            }
+        },
+        _ => tpm(sys, &machine.tpm),
+    };
     Inventory {
         dmi,
         cpus: cpus(&machine.procfs),
@@ -294,7 +327,7 @@ fn tpm(sys: &Path, access: &TpmAccess) -> Tpm {
             Ok(t) => return t,
             Err(e) => format!("the TPM cannot be read: {e}"),
         },
-        // The AK's answer names the helper's TPM; the EK is the helper's.
+        // An older helper (no machine.ids): the AK's answer names its TPM.
         TpmAccess::Helper(helper) => match helper.ak() {
             Ok(ak) => {
                 description = Some(printable(&ak.tpm));
@@ -498,6 +531,90 @@ mod tests {
         assert_eq!(claims.product_uuid, json["dmi"]["productUuid"]);
         let macs: Vec<String> = inv.nics.iter().filter_map(|n| n.mac.clone()).collect();
         assert_eq!(claims.macs, macs);
+    }
+
+    /// Answers machine.ids with fixed words.
+    struct Root;
+
+    impl bc_helper::Backend for Root {
+        fn ak(&mut self) -> Result<bc_helper::server::AkInfo, bc_helper::BackendError> {
+            Err(bc_helper::BackendError("no AK".into()))
+        }
+        fn node_key(&mut self, _: &[u8; 32]) -> Result<Vec<u8>, bc_helper::BackendError> {
+            Err(bc_helper::BackendError("no key".into()))
+        }
+        fn sign(
+            &mut self,
+            _: &[u8; 32],
+            _: bc_helper::Hash,
+            _: &[u8],
+        ) -> Result<[u8; 64], bc_helper::BackendError> {
+            Err(bc_helper::BackendError("no key".into()))
+        }
+        fn certify(
+            &mut self,
+            _: &[u8; 32],
+            _: &[u8],
+        ) -> Result<(Vec<u8>, Vec<u8>), bc_helper::BackendError> {
+            Err(bc_helper::BackendError("no key".into()))
+        }
+        fn machine(
+            &mut self,
+        ) -> Result<bc_helper::proto::MachineResponse, bc_helper::BackendError> {
+            Ok(bc_helper::proto::MachineResponse {
+                product_uuid: "4C4C4544-0042-3510-8052-B4C04F4E4D32".into(),
+                product_serial: "ROOTONLY".into(),
+                ek_sha256: vec![0xab; 32],
+                manufacturer: "IBM".into(),
+                vendor: "SW TPM".into(),
+                firmware: "2.0".into(),
+                pcr_banks: vec!["sha256".into()],
+            })
+        }
+    }
+
+    /// Unprivileged, the node asks bcd helper for what is root's: DMI's
+    /// identifiers and the TPM (its EK among them).
+    #[test]
+    fn through_the_helper_the_root_only_parts_come_from_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut machine = fake_machine(dir.path());
+        for f in ["product_uuid", "product_serial"] {
+            std::fs::remove_file(machine.sysfs.join("class/dmi/id").join(f)).unwrap();
+        }
+        let socket = dir.path().join("helper.sock");
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let listener = rt
+            .block_on(async { tokio::net::UnixListener::bind(&socket) })
+            .unwrap();
+        let me = nix::unistd::geteuid().as_raw();
+        rt.spawn(bc_helper::server::serve(
+            listener,
+            Root,
+            bc_helper::Allowed::only(&[me]),
+            bc_helper::Limits::default(),
+            std::future::pending::<()>(),
+        ));
+        machine.tpm = Arc::new(TpmAccess::through_helper(&socket));
+        let json = serde_json::to_value(read(&machine)).unwrap();
+        assert_eq!(
+            json["dmi"]["productUuid"],
+            "4c4c4544-0042-3510-8052-b4c04f4e4d32"
+        );
+        assert_eq!(json["dmi"]["productSerial"], "ROOTONLY");
+        assert_eq!(
+            json["dmi"]["sysVendor"], "QEMU",
+            "what the node reads itself"
+        );
+        assert_eq!(json["tpm"]["source"], "helper");
+        assert_eq!(json["tpm"]["ekSha256"], "ab".repeat(32));
+        assert_eq!(json["tpm"]["manufacturer"], "IBM");
+        assert_eq!(json["tpm"]["pcrBanks"], serde_json::json!(["sha256"]));
+        assert_eq!(json["unreadable"], serde_json::json!([]));
     }
 
     #[test]
