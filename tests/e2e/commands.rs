@@ -1,0 +1,226 @@
+//! The command channel end to end (issue 29): the real `bcd node` holds the
+//! WebSocket to the real control plane over HTTPS and answers what
+//! `bc-controlplane commands send` queues; refusals at queue time; the
+//! channel closed at revocation; an expired command runs nothing.
+
+use std::process::Output;
+
+use serde_json::Value;
+
+use crate::harness::*;
+
+const UUID: &str = "4C4C4544-0042-3510-8052-B4C04F4E4D32";
+const MAC: &str = "52:54:00:c0:ff:ee";
+
+fn send(cp: &ControlPlane, node: &str, kind: &str, extra: &[&str]) -> Output {
+    let mut args = vec![
+        "commands",
+        "send",
+        "--node",
+        node,
+        "--kind",
+        kind,
+        "--timeout",
+        "2m",
+    ];
+    args.extend_from_slice(extra);
+    cp.cli(&args)
+}
+
+/// `bcd node` running, its channel up.
+fn running_node(agent: &Agent) -> Logged {
+    let mut node = Logged::spawn(agent.command(&["node"]));
+    node.wait_for("command channel up", 1);
+    node
+}
+
+fn node_id(agent: &Agent) -> String {
+    agent.status_json()["nodeId"].as_str().unwrap().to_owned()
+}
+
+/// A machine with a product UUID and one NIC in its fake sysfs, joined
+/// with its TPM: the control plane knows its EK, its claimed UUID and MAC.
+#[cfg(feature = "failpoints")]
+fn tpm_machine(cp: &ControlPlane, tpm: &Swtpm) -> Agent {
+    let agent = Agent::with_tpm(cp, tpm);
+    agent.sysfs("class/dmi/id/product_uuid", &format!("{UUID}\n"));
+    agent.sysfs("class/net/eth0/address", &format!("{MAC}\n"));
+    agent.sysfs("class/net/eth0/operstate", "up\n");
+    agent.sysfs("class/net/lo/address", "00:00:00:00:00:00\n");
+    agent.allow_ek(cp);
+    assert_ok(&agent.run(&["join", "--attestor", "tpm"]));
+    agent
+}
+
+#[cfg(feature = "failpoints")]
+#[test]
+fn a_tpm_joined_node_answers_inventory_refresh_and_diag_ping() {
+    let cp = ControlPlane::start_trusting_test_maker();
+    let tpm = Swtpm::start();
+    let agent = tpm_machine(&cp, &tpm);
+    let id = node_id(&agent);
+    let _node = running_node(&agent);
+
+    let out = send(&cp, &id, "inventory.refresh", &["--wait", "--json"]);
+    assert_ok(&out);
+    let shown: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(shown["state"], "ok", "{shown}");
+    assert_eq!(shown["signatureChecked"], true);
+
+    // Stored as the node's newest inventory, as its fake sysfs says, and
+    // matching what it showed at join (its EK, UUID and MAC): no flag.
+    let inv = cp.json(&["nodes", "inventory", &id]);
+    let i = &inv["inventory"];
+    assert_eq!(
+        i["dmi"]["productUuid"]
+            .as_str()
+            .unwrap()
+            .to_ascii_lowercase(),
+        UUID.to_ascii_lowercase()
+    );
+    let nics = i["nics"].as_array().unwrap();
+    assert!(
+        nics.iter().any(|n| n["name"] == "eth0" && n["mac"] == MAC),
+        "{nics:?}"
+    );
+    let ek = agent.identify()["ekSha256"].as_str().unwrap().to_owned();
+    assert_eq!(i["tpm"]["ekSha256"].as_str(), Some(ek.as_str()));
+    assert_eq!(inv["flags"], serde_json::json!([]), "{inv}");
+    assert_eq!(inv["history"].as_array().unwrap().len(), 1);
+
+    // A changed machine is flagged, not silently stored.
+    agent.sysfs("class/net/eth0/address", "52:54:00:00:00:99\n");
+    assert_ok(&send(&cp, &id, "inventory.refresh", &["--wait"]));
+    let inv = cp.json(&["nodes", "inventory", &id]);
+    assert_eq!(inv["flags"], serde_json::json!(["macs"]), "{inv}");
+    assert!(cp
+        .events()
+        .iter()
+        .any(|e| e["type"] == "node.inventory.mismatch"));
+
+    let out = send(
+        &cp,
+        &id,
+        "diag.ping",
+        &["--arg", "echo=hello", "--wait", "--json"],
+    );
+    assert_ok(&out);
+    let shown: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(shown["output"]["echo"], "hello", "{shown}");
+    let listed = cp.json(&["commands", "list", "--node", &id, "--status", "ok"]);
+    assert_eq!(listed.as_array().unwrap().len(), 3);
+}
+
+#[test]
+fn a_token_joined_node_answers_diag_ping_over_its_channel() {
+    let cp = ControlPlane::start();
+    let agent = Agent::new(&cp);
+    assert_ok(&agent.join_with_token(&cp.token("node", &[])));
+    let id = node_id(&agent);
+    let _node = running_node(&agent);
+    let out = send(&cp, &id, "diag.ping", &["--wait"]);
+    assert_ok(&out);
+    let text = stdout(&out);
+    assert!(
+        text.contains("state: ok") && text.contains("signature checked: yes"),
+        "{text}"
+    );
+    // `commands show` says the same.
+    let listed = cp.json(&["commands", "list", "--node", &id]);
+    let cmd = listed[0]["id"].as_str().unwrap().to_owned();
+    let shown = cp.json(&["commands", "show", &cmd]);
+    assert_eq!(shown["state"], "ok");
+    assert_eq!(shown["signatureChecked"], true);
+}
+
+#[test]
+fn what_a_node_may_not_run_is_refused_at_queue_time() {
+    let cp = ControlPlane::start();
+    let agent = Agent::new(&cp);
+    assert_ok(&agent.join_with_token(&cp.token("node", &[])));
+    let id = node_id(&agent);
+    for (kind, args, reason) in [
+        (
+            "disk.wipe",
+            vec!["--arg", "devices=/dev/sda"],
+            "kind-not-allowed",
+        ),
+        ("no.such", vec![], "unknown-kind"),
+        ("diag.ping", vec!["--arg", "bogus=1"], "bad-args"),
+    ] {
+        let out = send(&cp, &id, kind, &args);
+        assert!(!out.status.success(), "{kind} queued");
+        let err = stderr(&out);
+        assert!(
+            err.contains(&format!("command refused ({reason})")),
+            "{kind}: {err}"
+        );
+    }
+    let out = send(&cp, "node_nosuchnode", "diag.ping", &[]);
+    assert!(stderr(&out).contains("(unknown-node)"), "{}", stderr(&out));
+    assert_ok(&cp.cli(&["nodes", "retire", &id]));
+    let out = send(&cp, &id, "diag.ping", &[]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("(retired)"), "{}", stderr(&out));
+    assert_eq!(
+        cp.json(&["commands", "list"]),
+        serde_json::json!([]),
+        "nothing stored"
+    );
+}
+
+#[test]
+fn revocation_closes_the_channel_and_nothing_more_is_queued() {
+    let mut cp = ControlPlane::start();
+    let agent = Agent::new(&cp);
+    assert_ok(&agent.join_with_token(&cp.token("node", &[])));
+    let id = node_id(&agent);
+    let _node = running_node(&agent);
+    cp.wait_for_log("command channel open", 1);
+    assert_ok(&cp.cli(&["nodes", "revoke-identity", &id]));
+    cp.wait_for_log("command channel closed", 1);
+    let out = send(&cp, &id, "diag.ping", &[]);
+    assert!(
+        stderr(&out).contains("(no-live-certificate)"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn an_expired_command_is_never_delivered() {
+    let cp = ControlPlane::start();
+    let agent = Agent::new(&cp);
+    assert_ok(&agent.join_with_token(&cp.token("node", &[])));
+    let id = node_id(&agent);
+    // No channel: the command waits, then expires by database time.
+    let out = cp.cli(&[
+        "commands",
+        "send",
+        "--node",
+        &id,
+        "--kind",
+        "diag.ping",
+        "--timeout",
+        "1m",
+    ]);
+    assert_ok(&out);
+    let cmd = stdout(&out).trim().to_owned();
+    assert_ok(&cp.cli(&["clock", "set", "--offset", "2m"]));
+    assert_eq!(cp.json(&["commands", "show", &cmd])["state"], "expired");
+    // Back to the agent's time, or its channel proof is out of the window.
+    assert_ok(&cp.cli(&["clock", "set", "--offset", "0s"]));
+    let _node = running_node(&agent);
+    // A command queued after it is delivered and answered, so the channel
+    // is up and has delivered what it had: the expired one was not sent.
+    assert_ok(&send(&cp, &id, "diag.ping", &["--wait"]));
+    let delivered: Vec<String> = cp
+        .log()
+        .lines()
+        .filter(|l| l.contains("command delivered"))
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(delivered.len(), 1, "{delivered:?}");
+    assert!(!delivered[0].contains(&cmd), "{delivered:?}");
+    assert_eq!(cp.json(&["commands", "show", &cmd])["state"], "expired");
+}
