@@ -5,11 +5,11 @@
 
 use std::process::Output;
 
-use serde_json::Value;
-
 use crate::harness::*;
 
+#[cfg(feature = "failpoints")]
 const UUID: &str = "4C4C4544-0042-3510-8052-B4C04F4E4D32";
+#[cfg(feature = "failpoints")]
 const MAC: &str = "52:54:00:c0:ff:ee";
 
 fn send(cp: &ControlPlane, node: &str, kind: &str, extra: &[&str]) -> Output {
@@ -63,7 +63,7 @@ fn a_tpm_joined_node_answers_inventory_refresh_and_diag_ping() {
 
     let out = send(&cp, &id, "inventory.refresh", &["--wait", "--json"]);
     assert_ok(&out);
-    let shown: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let shown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(shown["state"], "ok", "{shown}");
     assert_eq!(shown["signatureChecked"], true);
 
@@ -105,7 +105,7 @@ fn a_tpm_joined_node_answers_inventory_refresh_and_diag_ping() {
         &["--arg", "echo=hello", "--wait", "--json"],
     );
     assert_ok(&out);
-    let shown: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let shown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(shown["output"]["echo"], "hello", "{shown}");
     let listed = cp.json(&["commands", "list", "--node", &id, "--status", "ok"]);
     assert_eq!(listed.as_array().unwrap().len(), 3);
