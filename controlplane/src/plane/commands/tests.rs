@@ -11,7 +11,17 @@ use rcgen::KeyPair;
 use super::*;
 use crate::model::commands::JoinFacts;
 use crate::store::params;
-use crate::test_support::{self, uri_sans, Cp};
+use crate::test_support::{self, both_backends, uri_sans, Backend, Cp};
+
+// The service on both databases.
+both_backends!(
+    a_queued_command_is_signed_once_for_its_node,
+    every_queue_refusal_has_its_reason,
+    a_result_is_stored_only_when_the_channel_key_signed_it,
+    an_inventory_result_is_the_nodes_newest_inventory,
+    commands_expire_by_database_time,
+    a_channel_needs_a_current_certificate_and_closes_when_it_stops_being_one,
+);
 
 struct Node {
     id: String,
@@ -127,9 +137,8 @@ fn ramdisk(cp: &Cp) -> Node {
     node
 }
 
-#[test]
-fn a_queued_command_is_signed_once_for_its_node() {
-    let cp = test_support::cp();
+fn a_queued_command_is_signed_once_for_its_node(backend: Backend) {
+    let cp = test_support::cp_on(backend);
     let node = join(&cp, Role::Node);
     let row = svc(&cp)
         .queue(&node.id, "diag.ping", args(&[("echo", "hi")]), 60_000)
@@ -157,9 +166,8 @@ fn a_queued_command_is_signed_once_for_its_node() {
     assert_eq!(svc(&cp).nodes_with_queued().unwrap(), vec![node.id.clone()]);
 }
 
-#[test]
-fn every_queue_refusal_has_its_reason() {
-    let cp = test_support::cp();
+fn every_queue_refusal_has_its_reason(backend: Backend) {
+    let cp = test_support::cp_on(backend);
     let s = svc(&cp);
     let node = join(&cp, Role::Node);
     assert_eq!(
@@ -257,9 +265,8 @@ fn every_queue_refusal_has_its_reason() {
     assert_eq!(s.list(None, None).unwrap().len(), 1);
 }
 
-#[test]
-fn a_result_is_stored_only_when_the_channel_key_signed_it() {
-    let cp = test_support::cp();
+fn a_result_is_stored_only_when_the_channel_key_signed_it(backend: Backend) {
+    let cp = test_support::cp_on(backend);
     let s = svc(&cp);
     let node = join(&cp, Role::Node);
     let other = join(&cp, Role::Node);
@@ -334,9 +341,8 @@ fn a_result_is_stored_only_when_the_channel_key_signed_it() {
     assert_eq!(s.get(&theirs.id).unwrap().unwrap().state, "queued");
 }
 
-#[test]
-fn an_inventory_result_is_the_nodes_newest_inventory() {
-    let cp = test_support::cp();
+fn an_inventory_result_is_the_nodes_newest_inventory(backend: Backend) {
+    let cp = test_support::cp_on(backend);
     let s = svc(&cp);
     let node = join(&cp, Role::Node);
     let a = auth(&cp, &node);
@@ -390,9 +396,8 @@ fn inventory_flags_name_what_differs_from_the_join() {
     assert!(inventory_flags(&serde_json::json!({}), &nothing).is_empty());
 }
 
-#[test]
-fn commands_expire_by_database_time() {
-    let cp = test_support::cp();
+fn commands_expire_by_database_time(backend: Backend) {
+    let cp = test_support::cp_on(backend);
     let s = svc(&cp);
     let node = join(&cp, Role::Node);
     let row = s.queue(&node.id, "diag.ping", vec![], 1_000).unwrap();
@@ -407,9 +412,8 @@ fn commands_expire_by_database_time() {
     assert_eq!(s.expire().unwrap(), 0);
 }
 
-#[test]
-fn a_channel_needs_a_current_certificate_and_closes_when_it_stops_being_one() {
-    let cp = test_support::cp();
+fn a_channel_needs_a_current_certificate_and_closes_when_it_stops_being_one(backend: Backend) {
+    let cp = test_support::cp_on(backend);
     let s = svc(&cp);
     let node = join(&cp, Role::Node);
     let a = auth(&cp, &node);
