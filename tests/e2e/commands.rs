@@ -224,3 +224,27 @@ fn an_expired_command_is_never_delivered() {
     assert!(!delivered[0].contains(&cmd), "{delivered:?}");
     assert_eq!(cp.json(&["commands", "show", &cmd])["state"], "expired");
 }
+
+/// PostgreSQL, two replicas: a command queued through replica A reaches
+/// the node whose channel replica B holds (B's poll of the shared database).
+#[test]
+fn a_command_queued_on_one_replica_reaches_a_node_on_another() {
+    let a = ControlPlane::start_on(Backend::Postgres);
+    let b = a.replica();
+    let agent = Agent::new(&b);
+    assert_ok(&agent.join_with_token(&a.token("node", &[])));
+    let id = node_id(&agent);
+    let _node = running_node(&agent);
+    let out = send(
+        &a,
+        &id,
+        "diag.ping",
+        &["--arg", "echo=across", "--wait", "--json"],
+    );
+    assert_ok(&out);
+    let shown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(shown["state"], "ok", "{shown}");
+    assert_eq!(shown["output"]["echo"], "across");
+    assert!(b.log().contains("command delivered"), "B delivered it");
+    assert!(!a.log().contains("command delivered"), "A holds no channel");
+}
