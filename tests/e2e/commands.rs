@@ -175,10 +175,13 @@ fn revocation_closes_the_channel_and_nothing_more_is_queued() {
     let agent = Agent::new(&cp);
     assert_ok(&agent.join_with_token(&cp.token("node", &[])));
     let id = node_id(&agent);
-    let _node = running_node(&agent);
+    let mut node = running_node(&agent);
     cp.wait_for_log("command channel open", 1);
     assert_ok(&cp.cli(&["nodes", "revoke-identity", &id]));
     cp.wait_for_log("command channel closed", 1);
+    // Its reconnection is refused at the upgrade: nothing kept, no channel.
+    node.wait_for("HTTP 403", 1);
+    assert_eq!(cp.log().matches("command channel open").count(), 1);
     let out = send(&cp, &id, "diag.ping", &[]);
     assert!(
         stderr(&out).contains("(no-live-certificate)"),

@@ -408,6 +408,7 @@ async fn serve(
     let mut recheck = tokio::time::interval(RECHECK);
     recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_heard = tokio::time::Instant::now();
+    let mut last_ping = last_heard;
     let mut deliver = true;
     loop {
         if deliver {
@@ -450,8 +451,11 @@ async fn serve(
                 if silent >= 2 * PING_EVERY {
                     return "silent through two pings";
                 }
-                if silent >= PING_EVERY && ws.send(Message::Ping(Vec::new().into())).await.is_err() {
-                    return "ping failed";
+                if silent >= PING_EVERY && last_ping.elapsed() >= PING_EVERY {
+                    last_ping = tokio::time::Instant::now();
+                    if ws.send(Message::Ping(Vec::new().into())).await.is_err() {
+                        return "ping failed";
+                    }
                 }
             }
             msg = ws.next() => {
