@@ -251,3 +251,28 @@ fn a_command_queued_on_one_replica_reaches_a_node_on_another() {
     assert!(b.log().contains("command delivered"), "B delivered it");
     assert!(!a.log().contains("command delivered"), "A holds no channel");
 }
+
+/// A renewal moves the channel to the new certificate: the server closes
+/// the old one's channel, the agent reconnects with the new one, and the
+/// next result is checked against that certificate's key.
+#[test]
+fn a_renewal_moves_the_channel_to_the_new_certificate() {
+    let mut cp = ControlPlane::start();
+    let agent = Agent::new(&cp);
+    assert_ok(&agent.join_with_token(&cp.token("node", &[])));
+    let id = node_id(&agent);
+    let mut node = Logged::spawn(agent.command(&["node", "--renew-now"]));
+    node.wait_for("renewed the certificate", 1);
+    cp.wait_for_log("command channel open", 1);
+    let out = send(&cp, &id, "diag.ping", &["--wait", "--json"]);
+    assert_ok(&out);
+    let shown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let certs = cp.json(&["nodes", "certs", &id]);
+    let certs = certs.as_array().unwrap();
+    assert_eq!(certs.len(), 2, "joined, then renewed: {certs:?}");
+    assert!(shown["resultCertSerial"].is_string(), "{shown}");
+    assert_eq!(
+        shown["resultCertSerial"], certs[1]["serial"],
+        "the result came over the renewed certificate's channel"
+    );
+}
