@@ -498,3 +498,6 @@ async fn serve(
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
