@@ -276,3 +276,94 @@ fn a_renewal_moves_the_channel_to_the_new_certificate() {
         "the result came over the renewed certificate's channel"
     );
 }
+
+/// A test-only path past `commands send`'s checks: `kind` signed with
+/// `key` (the control plane's own signing key, read from DIR, unless
+/// another is given) and written straight into the `commands` table, where
+/// the channel delivers it like any queued command. Returns its id.
+fn inject(
+    cp: &ControlPlane,
+    node: &str,
+    kind: &str,
+    args: &[(&str, &str)],
+    key: Option<p256::ecdsa::SigningKey>,
+) -> String {
+    use p256::ecdsa::signature::Signer;
+    use p256::pkcs8::DecodePrivateKey;
+    use prost::Message;
+    let key = key.unwrap_or_else(|| {
+        let pem = std::fs::read_to_string(cp.path().join("join-signing.key")).unwrap();
+        p256::ecdsa::SigningKey::from_pkcs8_pem(&pem).unwrap()
+    });
+    let id = format!("cmd_injected{}", std::process::id());
+    let id = format!("{id}{}", kind.replace('.', ""));
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let args: Vec<(String, String)> = args
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    let cmd = bc_wire::command::new_command(&id, node, kind, args, now + 120_000);
+    let signed = bc_wire::command::sign(&cmd, String::new(), |input| {
+        let sig: p256::ecdsa::Signature = key.sign(input);
+        Ok::<_, std::convert::Infallible>(sig.to_bytes().into())
+    })
+    .unwrap();
+    let db = rusqlite::Connection::open(cp.path().join("controlplane.db")).unwrap();
+    db.busy_timeout(std::time::Duration::from_secs(10)).unwrap();
+    db.execute(
+        "INSERT INTO commands (id, node_id, kind, args, signed, state, queued_at, not_after)
+         VALUES (?1, ?2, ?3, '[]', ?4, 'queued', ?5, ?6)",
+        rusqlite::params![id, node, kind, signed.encode_to_vec(), now, now + 120_000],
+    )
+    .unwrap();
+    id
+}
+
+/// Waits (bounded) until the command has left `queued`; its `show`.
+fn settled(cp: &ControlPlane, id: &str) -> serde_json::Value {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let shown = cp.json(&["commands", "show", id]);
+        if shown["state"] != "queued" || std::time::Instant::now() > deadline {
+            return shown;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}
+
+/// What the control plane refuses to queue, delivered anyway (signed by
+/// its key, past its checks), is refused by the agent from its own
+/// certificate; a command signed by another key is refused as forged.
+/// Nothing runs: each comes back `refused`, signed by the node key.
+#[test]
+fn the_agent_refuses_what_its_certificate_does_not_allow_and_forgeries() {
+    let cp = ControlPlane::start();
+    let agent = Agent::new(&cp);
+    assert_ok(&agent.join_with_token(&cp.token("node", &[])));
+    let id = node_id(&agent);
+    let _node = running_node(&agent);
+
+    let wipe = inject(&cp, &id, "disk.wipe", &[("devices", "/dev/sda")], None);
+    let shown = settled(&cp, &wipe);
+    assert_eq!(shown["state"], "refused", "{shown}");
+    assert!(
+        shown["outcome"]
+            .as_str()
+            .unwrap()
+            .starts_with("kind-not-allowed"),
+        "{shown}"
+    );
+    assert_eq!(shown["signatureChecked"], true);
+
+    let other = p256::ecdsa::SigningKey::from_slice(&[7u8; 32]).unwrap();
+    let forged = inject(&cp, &id, "diag.ping", &[], Some(other));
+    let shown = settled(&cp, &forged);
+    assert_eq!(shown["state"], "refused", "{shown}");
+    assert!(
+        shown["outcome"].as_str().unwrap().starts_with("forged"),
+        "{shown}"
+    );
+}
