@@ -776,3 +776,45 @@ fn the_helper_opens_a_new_tpm_connection_when_a_command_is_lost() {
     assert!(!broke.contains("from the TPM)"), "{broke}");
     assert_ok(&m.node(&["--once", "--renew-now"]));
 }
+
+/// The node running unprivileged answers inventory.refresh and diag.doctor
+/// over its command channel, its handshake, proof and results signed by its
+/// TPM key through the helper; the control plane checks each result
+/// against the certificate the channel was proven with.
+#[test]
+fn the_unprivileged_node_answers_commands_through_the_helper() {
+    let cp = ControlPlane::start_trusting_test_maker();
+    let tpm = Swtpm::start();
+    let m = Machine::join(&cp, &tpm);
+    let _helper = Logged::helper(&m);
+    let node_id = m.identity().node_id.clone();
+    let mut node = Logged::spawn(m.as_user(NODE_UID, &["node"]));
+    node.wait_for("command channel up", 1);
+    for kind in ["inventory.refresh", "diag.doctor"] {
+        let out = cp.cli(&[
+            "commands",
+            "send",
+            "--node",
+            &node_id,
+            "--kind",
+            kind,
+            "--wait",
+            "--timeout",
+            "2m",
+            "--json",
+        ]);
+        assert_ok(&out);
+        let shown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(shown["state"], "ok", "{kind}: {shown}");
+        assert_eq!(shown["signatureChecked"], true, "{kind}");
+        assert!(shown["output"].is_object(), "{kind}: JSON output: {shown}");
+    }
+    let inv = cp.json(&["nodes", "inventory", &node_id]);
+    // Read through the helper (root's files and the TPM), not as the node.
+    assert_eq!(inv["inventory"]["tpm"]["source"], "helper", "{inv}");
+    assert_eq!(
+        inv["inventory"]["tpm"]["ekSha256"],
+        m.agent.identify()["ekSha256"],
+        "{inv}"
+    );
+}
