@@ -367,3 +367,56 @@ fn the_agent_refuses_what_its_certificate_does_not_allow_and_forgeries() {
         "{shown}"
     );
 }
+
+/// A PXE ramdisk (`bcd ramdisk`, joined by discovery) holds the channel
+/// and runs only its kinds: `[discovery] allowed_kinds` narrows them, the
+/// narrowing is in its certificate, and what is outside it is refused at
+/// queue time.
+#[cfg(feature = "failpoints")]
+#[test]
+fn a_ramdisk_runs_only_its_kinds() {
+    use crate::discovery::{boot_add, site, Machine, SiteNode, MAC, UUID};
+    let cp = ControlPlane::start_with_config(
+        "[discovery]\nallowed_kinds = [\"inventory.refresh\", \"diag.*\"]\n",
+    );
+    let site_id = site(&cp, "dc1");
+    let holder = SiteNode::join(&cp, &site_id);
+    let lease = holder.acquire().unwrap();
+    let wf = boot_add(&cp, "dc1", MAC, &["--product-uuid", UUID]);
+    let machine = Machine::new(&cp, MAC, UUID);
+    let file = machine.agent.root.path().join("cmdline");
+    std::fs::write(
+        &file,
+        format!(
+            "console=ttyS0 {} ip=dhcp\n",
+            holder.boot_line(lease.epoch, &wf, MAC, UUID)
+        ),
+    )
+    .unwrap();
+    let mut cmd = machine
+        .agent
+        .command(&["ramdisk", "--cmdline", &file.to_string_lossy()]);
+    cmd.env("BCD_SYSFS_ROOT", machine.agent.sysfs_root());
+    let mut ramdisk = Logged::spawn(cmd);
+    ramdisk.wait_for("command channel up", 1);
+    let status = machine.agent.status_json();
+    assert_eq!(status["role"], "ramdisk");
+    let id = status["nodeId"].as_str().unwrap().to_owned();
+
+    for (kind, args) in [
+        ("disk.wipe", vec!["--arg", "devices=/dev/vda"]),
+        ("logs.collect", vec![]),
+    ] {
+        let out = send(&cp, &id, kind, &args);
+        assert!(
+            stderr(&out).contains("command refused (kind-not-allowed)"),
+            "{kind}: {}",
+            stderr(&out)
+        );
+    }
+    let out = send(&cp, &id, "inventory.refresh", &["--wait", "--json"]);
+    assert_ok(&out);
+    let inv = cp.json(&["nodes", "inventory", &id]);
+    assert_eq!(inv["inventory"]["dmi"]["productUuid"], UUID, "{inv}");
+    assert_ok(&send(&cp, &id, "diag.ping", &["--wait"]));
+}
