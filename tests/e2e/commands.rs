@@ -420,3 +420,17 @@ fn a_ramdisk_runs_only_its_kinds() {
     assert_eq!(inv["inventory"]["dmi"]["productUuid"], UUID, "{inv}");
     assert_ok(&send(&cp, &id, "diag.ping", &["--wait"]));
 }
+
+/// Retiring a node closes its channel too.
+#[test]
+fn retirement_closes_the_channel() {
+    let mut cp = ControlPlane::start();
+    let agent = Agent::new(&cp);
+    assert_ok(&agent.join_with_token(&cp.token("node", &[])));
+    let id = node_id(&agent);
+    let _node = running_node(&agent);
+    cp.wait_for_log("command channel open", 1);
+    assert_ok(&cp.cli(&["nodes", "retire", &id]));
+    let line = cp.wait_for_log("command channel closed", 1);
+    assert!(line.contains("no longer good"), "{line}");
+}
