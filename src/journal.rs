@@ -4,7 +4,9 @@
 //! to and pruned: it keeps the newest [`KEEP_ENTRIES`] entries and every
 //! entry younger than [`KEEP_FOR`], whichever is more, so a node that fails
 //! for months cannot fill its disk. `--reset` moves it aside with the
-//! identity.
+//! identity. The command channel's tables are in [`commands`].
+
+pub(crate) mod commands;
 
 use std::path::Path;
 

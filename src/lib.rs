@@ -11,9 +11,11 @@
 //! run are shared modules (`joining`, `rejoin`, `renewal`, `sitedata`, `site_settings`).
 
 mod backoff;
+pub mod channel;
 pub mod cli;
 pub mod client;
 mod clock;
+mod commands;
 pub mod config;
 mod doctor;
 mod environ;

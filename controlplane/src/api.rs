@@ -2,6 +2,7 @@
 //! the error headers, over the services of [`crate::plane`]. Nothing below
 //! imports it.
 
+pub(crate) mod channel;
 pub(crate) mod client_auth;
 pub(crate) mod connlimit;
 pub(crate) mod dist_serve;

@@ -502,18 +502,25 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
                 retry_after_seconds(&v, "discovery.approval_retry_after")?;
         }
         if let Some(v) = d.allowed_kinds {
-            let ok = v.get_ref().len() <= 64
-                && v.get_ref().iter().all(|k| {
-                    !k.is_empty()
-                        && k.len() <= 64
-                        && k.bytes().all(|b| {
-                            b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'*')
-                        })
-                });
-            if !ok {
+            // The patterns go into every ramdisk certificate's scope
+            // statement, so they must be what the agent parses back.
+            if v.get_ref().is_empty() || v.get_ref().len() > bc_wire::command::scope::MAX_PATTERNS {
                 return Err(invalid(
                     Some(v.span()),
-                    "discovery.allowed_kinds must be at most 64 command kinds (letters, digits, '.', '_', '-', '*')".to_owned(),
+                    format!(
+                        "discovery.allowed_kinds must list 1 to {} command kinds",
+                        bc_wire::command::scope::MAX_PATTERNS
+                    ),
+                ));
+            }
+            if let Some(e) = v
+                .get_ref()
+                .iter()
+                .find_map(|k| bc_wire::command::KindPattern::parse(k).err())
+            {
+                return Err(invalid(
+                    Some(v.span()),
+                    format!("discovery.allowed_kinds: {e}"),
                 ));
             }
             config.discovery.allowed_kinds = v.into_inner();
@@ -903,6 +910,16 @@ mod tests {
             300_000
         );
         assert!(err("[discovery]\nallowed_kinds = [\"a b\"]\n").contains("allowed_kinds"));
+        // What the scope statement carries, so what the agent parses back:
+        // `*` only as a whole last segment.
+        for bad in ["diag*", "*", "diag", "Diag.ping", ""] {
+            let e = err(&format!("[discovery]\nallowed_kinds = [\"{bad}\"]\n"));
+            assert!(
+                e.contains("discovery.allowed_kinds") && e.contains("not a kind or a family"),
+                "{bad}: {e}"
+            );
+        }
+        assert!(err("[discovery]\nallowed_kinds = []\n").contains("1 to 64"));
     }
 
     /// `[discovery] approval`: unset is the trusted boot LAN (the spec's

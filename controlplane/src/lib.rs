@@ -52,6 +52,7 @@ pub use model::attestor::{
     ProvenEk, Refusal, Roles, Verdict,
 };
 pub use plane::api_error::ApiError;
+pub use plane::commands::CommandService;
 pub use plane::join::JoinService;
 pub use plane::renew::RenewService;
 pub use plane::siteapi::SiteService;
@@ -60,6 +61,12 @@ pub use plane::{ControlPlane, RefusalEvent};
 /// The HTTPS API ([`api`]'s transport).
 pub mod http {
     pub use crate::api::http::{error_response, router, serve, serve_with, tls_config};
+}
+
+/// The command channel's commands and inventories, as stored.
+pub mod commands {
+    pub use crate::model::commands::{CommandRow, InventoryRow, STATES};
+    pub use crate::plane::commands::{QueueError, QueueRefusal, MAX_TIMEOUT_MS};
 }
 
 /// The connection limits `serve` runs with.

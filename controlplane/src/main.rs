@@ -16,8 +16,8 @@ use bc_controlplane::pki;
 use clap::{Parser, Subcommand};
 
 use cli::{
-    clock, cloud, dist, events, install_script, migrate, nodes, pools, server, sites, tokens, tpm,
-    user_data, Dir,
+    clock, cloud, commands, dist, events, install_script, migrate, nodes, pools, server, sites,
+    tokens, tpm, user_data, Dir,
 };
 
 #[derive(Parser)]
@@ -84,6 +84,11 @@ enum Cmd {
     Nodes {
         #[command(subcommand)]
         cmd: nodes::NodesCmd,
+    },
+    /// Commands for nodes over the command channel: send, list, show.
+    Commands {
+        #[command(subcommand)]
+        cmd: commands::CommandsCmd,
     },
     /// The event log (joins, refusals) and its retention.
     Events {
@@ -180,6 +185,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::AgentConfig { dir, api, data_dir } => server::agent_config(&dir.dir, &api, &data_dir),
         Cmd::Token { cmd } => tokens::run(cmd),
         Cmd::Nodes { cmd } => nodes::run(cmd),
+        Cmd::Commands { cmd } => commands::run(cmd),
         Cmd::Events { cmd } => events::run(cmd),
         Cmd::Clock { cmd } => clock::run(cmd),
         Cmd::EkRoots { cmd } => tpm::run_ek_roots(cmd),

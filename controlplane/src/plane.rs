@@ -11,6 +11,7 @@
 //! them.
 
 pub(crate) mod api_error;
+pub(crate) mod commands;
 mod csr;
 pub(crate) mod join;
 pub(crate) mod renew;
@@ -70,6 +71,9 @@ pub struct ControlPlane {
     boot_key: Option<crate::model::boot::BootKey>,
     /// `[discovery] approval`, which lease answers tell site nodes.
     discovery_approval: crate::config::DiscoveryApproval,
+    /// Woken when this process queues a command, so the channels deliver at
+    /// once (other processes' commands arrive by the channels' poll).
+    queued: tokio::sync::Notify,
 }
 
 impl ControlPlane {
@@ -109,7 +113,18 @@ impl ControlPlane {
             lease_ttl_ms: crate::model::sites::DEFAULT_LEASE_TTL_MS,
             boot_key: None,
             discovery_approval: crate::config::DiscoveryApproval::default(),
+            queued: tokio::sync::Notify::new(),
         }
+    }
+
+    /// Tells the channels a command was queued.
+    pub(crate) fn commands_queued(&self) {
+        self.queued.notify_waiters();
+    }
+
+    /// Completes at the next [`Self::commands_queued`].
+    pub(crate) fn queued_notified(&self) -> tokio::sync::futures::Notified<'_> {
+        self.queued.notified()
     }
 
     /// The boot lease's TTL (`[discovery] lease_ttl`).

@@ -108,6 +108,29 @@ impl Client {
         })
     }
 
+    /// `machine.ids`: the machine's root-only identifiers and its TPM's,
+    /// each bounded and printable (the helper is another process).
+    pub fn machine(&self) -> Result<proto::MachineResponse, ClientError> {
+        let response::Result::Machine(m) = self.call(&Operation::Machine)? else {
+            return Err(ClientError::Protocol("not the machine's identifiers"));
+        };
+        let word = |s: &str| s.len() <= 256 && !s.chars().any(char::is_control);
+        let fine = word(&m.product_uuid)
+            && word(&m.product_serial)
+            && word(&m.manufacturer)
+            && word(&m.vendor)
+            && word(&m.firmware)
+            && (m.ek_sha256.is_empty() || m.ek_sha256.len() == 32)
+            && m.pcr_banks.len() <= 16
+            && m.pcr_banks.iter().all(|b| b.len() <= 16 && word(b));
+        if !fine {
+            return Err(ClientError::Untrusted(
+                "the machine's identifiers are not short printable words".into(),
+            ));
+        }
+        Ok(m)
+    }
+
     /// `tpm.nodekey`: the key `unique` derives, its public half checked.
     pub fn node_key(&self, unique: &[u8; 32]) -> Result<HelperKeyPublic, ClientError> {
         let response::Result::NodeKey(k) = self.call(&Operation::NodeKey { unique: *unique })?

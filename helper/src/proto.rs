@@ -23,7 +23,7 @@ pub(crate) const MAX_QUALIFYING: usize = 64;
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct Request {
-    #[prost(oneof = "request::Op", tags = "1, 2, 3, 4")]
+    #[prost(oneof = "request::Op", tags = "1, 2, 3, 4, 5")]
     pub op: Option<request::Op>,
 }
 
@@ -42,8 +42,14 @@ pub(crate) mod request {
         /// `tpm.certify`
         #[prost(message, tag = "4")]
         Certify(super::CertifyRequest),
+        /// `machine.ids`
+        #[prost(message, tag = "5")]
+        Machine(super::MachineRequest),
     }
 }
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct MachineRequest {}
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct AkRequest {}
@@ -75,7 +81,7 @@ pub struct CertifyRequest {
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct Response {
-    #[prost(oneof = "response::Result", tags = "1, 2, 3, 4, 5")]
+    #[prost(oneof = "response::Result", tags = "1, 2, 3, 4, 5, 6")]
     pub result: Option<response::Result>,
 }
 
@@ -93,7 +99,35 @@ pub mod response {
         /// The operation failed in the helper (its TPM's error, in words).
         #[prost(message, tag = "5")]
         Error(super::ErrorResponse),
+        #[prost(message, tag = "6")]
+        Machine(super::MachineResponse),
     }
+}
+
+/// What only root reads of the machine, for the node's inventory
+/// (`inventory.refresh`): DMI's identifiers (root-only files) and the TPM
+/// the helper holds.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct MachineResponse {
+    /// DMI `product_uuid`, lowercase; empty when there is none.
+    #[prost(string, tag = "1")]
+    pub product_uuid: String,
+    /// DMI `product_serial`; empty when there is none.
+    #[prost(string, tag = "2")]
+    pub product_serial: String,
+    /// SHA-256 of the EK's SubjectPublicKeyInfo (its certificate's key
+    /// when there is one); empty when the EK cannot be read.
+    #[prost(bytes = "vec", tag = "3")]
+    pub ek_sha256: Vec<u8>,
+    #[prost(string, tag = "4")]
+    pub manufacturer: String,
+    #[prost(string, tag = "5")]
+    pub vendor: String,
+    #[prost(string, tag = "6")]
+    pub firmware: String,
+    /// The allocated PCR banks (`sha1`, `sha256`, …).
+    #[prost(string, repeated, tag = "7")]
+    pub pcr_banks: Vec<String>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -193,6 +227,9 @@ pub enum Operation {
         unique: [u8; 32],
         qualifying: Vec<u8>,
     },
+    /// `machine.ids`: what only root reads of the machine (DMI's
+    /// identifiers, the TPM's EK and maker), for the node's inventory.
+    Machine,
 }
 
 impl Operation {
@@ -203,6 +240,7 @@ impl Operation {
             Operation::NodeKey { .. } => "tpm.nodekey",
             Operation::Sign { .. } => "tpm.sign",
             Operation::Certify { .. } => "tpm.certify",
+            Operation::Machine => "machine.ids",
         }
     }
 
@@ -214,6 +252,7 @@ impl Operation {
         };
         match r.op.ok_or("a request without an operation")? {
             Op::Ak(_) => Ok(Operation::Ak),
+            Op::Machine(_) => Ok(Operation::Machine),
             Op::NodeKey(k) => Ok(Operation::NodeKey {
                 unique: unique(k.unique)?,
             }),
@@ -245,6 +284,7 @@ impl Operation {
         use request::Op;
         let op = match self {
             Operation::Ak => Op::Ak(AkRequest {}),
+            Operation::Machine => Op::Machine(MachineRequest {}),
             Operation::NodeKey { unique } => Op::NodeKey(NodeKeyRequest {
                 unique: unique.to_vec(),
             }),
@@ -304,6 +344,7 @@ mod tests {
                 unique: [3; 32],
                 qualifying: vec![4; 32],
             },
+            Operation::Machine,
         ];
         for op in ops {
             let bytes = op.to_request().encode_to_vec();

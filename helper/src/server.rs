@@ -59,6 +59,11 @@ pub trait Backend: Send + 'static {
         unique: &[u8; 32],
         qualifying: &[u8],
     ) -> Result<(Vec<u8>, Vec<u8>), BackendError>;
+    /// `machine.ids`: the machine's root-only identifiers and its TPM's.
+    /// A backend without them says so.
+    fn machine(&mut self) -> Result<proto::MachineResponse, BackendError> {
+        Err(BackendError("this helper does not read the machine".into()))
+    }
 }
 
 /// The uids the helper serves: root and the configured user.
@@ -471,6 +476,7 @@ fn run<B: Backend>(backend: &mut B, op: &Operation) -> Response {
                 signature: s.to_vec(),
             })
         }),
+        Operation::Machine => backend.machine().map(R::Machine),
         Operation::Certify { unique, qualifying } => {
             backend
                 .certify(unique, qualifying)
@@ -597,6 +603,12 @@ mod tests {
         let got = ask(&mut s, &op).unwrap();
         assert!(
             matches!(got.result, Some(response::Result::Error(ref e)) if e.message == "no AK here"),
+            "{got:?}"
+        );
+        // A backend that does not read the machine says so.
+        let got = ask(&mut s, &Operation::Machine).unwrap();
+        assert!(
+            matches!(got.result, Some(response::Result::Error(ref e)) if e.message.contains("does not read the machine")),
             "{got:?}"
         );
     }

@@ -196,6 +196,51 @@ impl Backend for TpmBackend {
             result
         })
     }
+    fn machine(&mut self) -> Result<bc_helper::proto::MachineResponse, BackendError> {
+        let sys = crate::evidence::claims::sysfs_root();
+        let (info, ek_sha256, pcr_banks) = self.reconnecting(|b| {
+            b.make_room(1);
+            let info = b.tpm.info()?;
+            let ek = b.tpm.ek()?;
+            let spki = crate::tpm::ek_spki_der(&ek);
+            if let Err(e) = b.tpm.release_ek(&ek) {
+                tracing::debug!(error = %e, "cannot flush the EK");
+            }
+            let banks = b.tpm.pcr_allocation()?;
+            let banks = banks
+                .0
+                .iter()
+                .filter(|(_, pcrs)| !pcrs.is_empty())
+                .map(|(bank, _)| bank.name().to_owned())
+                .collect::<Vec<_>>();
+            Ok((info, spki.ok().map(|s| bc_wire::sha256(&s).to_vec()), banks))
+        })?;
+        Ok(bc_helper::proto::MachineResponse {
+            product_uuid: crate::evidence::claims::product_uuid_from(&sys),
+            product_serial: dmi_word(&sys.join("class/dmi/id/product_serial")),
+            ek_sha256: ek_sha256.unwrap_or_default(),
+            manufacturer: info.manufacturer.trim().to_owned(),
+            vendor: info.vendor,
+            firmware: info.firmware,
+            pcr_banks,
+        })
+    }
+}
+
+/// A DMI attribute as one short printable word; empty when there is none.
+fn dmi_word(path: &std::path::Path) -> String {
+    use std::io::Read as _;
+    let mut text = String::new();
+    let read = std::fs::File::open(path).and_then(|f| f.take(4096).read_to_string(&mut text));
+    match read {
+        Ok(_) => text
+            .trim()
+            .chars()
+            .filter(|c| !c.is_control())
+            .take(256)
+            .collect(),
+        Err(_) => String::new(),
+    }
 }
 
 impl Drop for TpmBackend {

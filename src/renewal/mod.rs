@@ -50,7 +50,7 @@ pub(crate) fn run(config_path: &Path, once: bool, renew_now: bool) -> anyhow::Re
     let config = Config::load(config_path)?;
     crate::identity::owner::trust_node_user(&config)?;
     // Under [helper], node keys only through bcd helper: no TPM opened here.
-    let tpm = TpmAccess::for_node(&config);
+    let tpm = std::sync::Arc::new(TpmAccess::for_node(&config));
     let dir = &config.data_dir;
     let identity = match Identity::load(dir, &tpm) {
         Ok(Some(id)) => id,
@@ -69,6 +69,11 @@ pub(crate) fn run(config_path: &Path, once: bool, renew_now: bool) -> anyhow::Re
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
+    // The command channel runs beside the loop (not for one pass).
+    let channel = match once {
+        true => None,
+        false => crate::channel::start(&config, config_path, tpm.clone(), &identity),
+    };
     let node = Node {
         backoff: Backoff::new(config.node.backoff_min, config.node.backoff_max),
         config: &config,
@@ -77,6 +82,7 @@ pub(crate) fn run(config_path: &Path, once: bool, renew_now: bool) -> anyhow::Re
         announced: None,
         retry_at: None,
         next_key: None,
+        channel,
     };
     runtime.block_on(node.run(once, renew_now))
 }
@@ -143,6 +149,8 @@ struct Node<'a> {
     /// The staged next key of a failed attempt: a retry for the same
     /// identity sends it again rather than making and syncing another.
     next_key: Option<NextKey>,
+    /// The command channel, told of each new identity.
+    channel: Option<crate::channel::Handle>,
 }
 
 impl Node<'_> {
@@ -244,6 +252,13 @@ impl Node<'_> {
         (attempt, wait)
     }
 
+    /// The channel reconnects with the identity now in place.
+    fn tell_channel(&self) {
+        if let Some(channel) = &self.channel {
+            channel.renewed(&self.identity);
+        }
+    }
+
     /// Forgets the staged next key and removes it from the data directory.
     fn drop_next_key(&mut self) {
         if self.next_key.take().is_some() {
@@ -298,6 +313,7 @@ impl Node<'_> {
     /// A new identity is in place: the backoff and the next-renewal notice start over.
     fn adopt(&mut self, next: Identity) {
         self.identity = next;
+        self.tell_channel();
         self.backoff.succeed();
         self.retry_at = None;
         self.announced = None;
@@ -355,6 +371,7 @@ impl Node<'_> {
                     "using the identity on disk"
                 );
                 self.identity = id;
+                self.tell_channel();
                 self.next_key = None;
             }
             Ok(_) => {}
@@ -569,6 +586,7 @@ mod tests {
             announced: None,
             retry_at: None,
             next_key: None,
+            channel: None,
         };
         let lines = Stamped::default();
         let writer = lines.clone();

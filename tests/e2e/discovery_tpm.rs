@@ -264,7 +264,11 @@ fn a_ramdisk_with_a_tpm_proves_it_on_a_trusted_lan_and_commissions_again() {
     let id = Identity::load(&bare.agent.data_dir, &TpmAccess::none())
         .unwrap()
         .unwrap();
-    assert!(uri_sans(&id.chain[0]).len() == 1, "no statement");
+    let sans = uri_sans(&id.chain[0]);
+    assert!(
+        sans.len() == 2 && sans[1].starts_with("urn:bc:scope:ramdisk:"),
+        "no AK statement, only the scope: {sans:?}"
+    );
     assert_eq!(node(&cp, &id.node_id)["nodeKey"], "unattested");
 }
 

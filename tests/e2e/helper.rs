@@ -342,6 +342,41 @@ impl Backend for Liar {
     }
 }
 
+/// `machine.ids`: the real helper reads, as root, what the unprivileged
+/// node's inventory needs: DMI's root-only identifiers (here the machine's
+/// fake sysfs) and its TPM's EK, the one `bcd tpm identify` names. (A
+/// fake sysfs needs a failpoints build.)
+#[cfg(feature = "failpoints")]
+#[test]
+fn the_helper_reads_the_machine_for_the_inventory() {
+    let cp = ControlPlane::start_trusting_test_maker();
+    let tpm = Swtpm::start();
+    let m = Machine::join(&cp, &tpm);
+    let ek = m.agent.identify()["ekSha256"]
+        .as_str()
+        .expect("ekSha256")
+        .to_owned();
+    m.agent.sysfs(
+        "class/dmi/id/product_uuid",
+        "4C4C4544-0042-3510-8052-B4C04F4E4D32\n",
+    );
+    m.agent.sysfs("class/dmi/id/product_serial", "SER-42\n");
+    let _helper = Logged::helper(&m);
+    let ids = bc_helper::Client::new(&m.socket)
+        .machine()
+        .expect("machine.ids");
+    assert_eq!(ids.product_uuid, "4c4c4544-0042-3510-8052-b4c04f4e4d32");
+    assert_eq!(ids.product_serial, "SER-42");
+    assert_eq!(hex::encode(&ids.ek_sha256), ek);
+    assert!(
+        !ids.manufacturer.is_empty() && !ids.firmware.is_empty(),
+        "{ids:?}"
+    );
+    assert!(ids.pcr_banks.iter().any(|b| b == "sha256"), "{ids:?}");
+    // And the node key still works after it (the EK was flushed).
+    assert_ok(&m.node(&["--once", "--renew-now"]));
+}
+
 #[test]
 fn a_lying_helper_is_caught_and_nothing_is_sent() {
     let cp = ControlPlane::start_trusting_test_maker();
@@ -740,4 +775,46 @@ fn the_helper_opens_a_new_tpm_connection_when_a_command_is_lost() {
     assert!(broke.contains("TSS2_RC 0x"), "{:#?}", helper.seen);
     assert!(!broke.contains("from the TPM)"), "{broke}");
     assert_ok(&m.node(&["--once", "--renew-now"]));
+}
+
+/// The node running unprivileged answers inventory.refresh and diag.doctor
+/// over its command channel, its handshake, proof and results signed by its
+/// TPM key through the helper; the control plane checks each result
+/// against the certificate the channel was proven with.
+#[test]
+fn the_unprivileged_node_answers_commands_through_the_helper() {
+    let cp = ControlPlane::start_trusting_test_maker();
+    let tpm = Swtpm::start();
+    let m = Machine::join(&cp, &tpm);
+    let _helper = Logged::helper(&m);
+    let node_id = m.identity().node_id.clone();
+    let mut node = Logged::spawn(m.as_user(NODE_UID, &["node"]));
+    node.wait_for("command channel up", 1);
+    for kind in ["inventory.refresh", "diag.doctor"] {
+        let out = cp.cli(&[
+            "commands",
+            "send",
+            "--node",
+            &node_id,
+            "--kind",
+            kind,
+            "--wait",
+            "--timeout",
+            "2m",
+            "--json",
+        ]);
+        assert_ok(&out);
+        let shown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(shown["state"], "ok", "{kind}: {shown}");
+        assert_eq!(shown["signatureChecked"], true, "{kind}");
+        assert!(shown["output"].is_object(), "{kind}: JSON output: {shown}");
+    }
+    let inv = cp.json(&["nodes", "inventory", &node_id]);
+    // Read through the helper (root's files and the TPM), not as the node.
+    assert_eq!(inv["inventory"]["tpm"]["source"], "helper", "{inv}");
+    assert_eq!(
+        inv["inventory"]["tpm"]["ekSha256"],
+        m.agent.identify()["ekSha256"],
+        "{inv}"
+    );
 }

@@ -26,7 +26,8 @@ fn token_join_issues_a_24h_certificate_with_one_spiffe_id() {
     assert_eq!(status["trustDomain"], "bc.test");
     assert_eq!(status["nodeKey"], "file");
 
-    // The certificate: signed by the node CA, at most 24 h, one URI SAN.
+    // The certificate: signed by the node CA, at most 24 h, the SPIFFE ID
+    // and the scope statement.
     let pem = status["certificate"].as_str().expect("certificate PEM");
     let chain: Vec<Vec<u8>> = ::pem::parse_many(pem)
         .expect("PEM chain")
@@ -43,7 +44,13 @@ fn token_join_issues_a_24h_certificate_with_one_spiffe_id() {
     let life = leaf.validity().not_after.timestamp() - leaf.validity().not_before.timestamp();
     assert!(life > 0 && life <= 24 * 3600, "lifetime {life}s");
     let uris = uri_sans(&chain[0]);
-    assert_eq!(uris, vec![format!("spiffe://bc.test/node/{node_id}")]);
+    assert_eq!(
+        uris,
+        vec![
+            format!("spiffe://bc.test/node/{node_id}"),
+            "urn:bc:scope:node".to_owned()
+        ]
+    );
 
     // Files: data dir 0700, node key 0600.
     let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;

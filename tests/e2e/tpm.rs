@@ -68,9 +68,10 @@ fn a_tpm_join_through_enrollment() {
         leaf_uri_sans(status["certificate"].as_str().unwrap()),
         vec![
             format!("spiffe://bc.test/node/{node_id}"),
-            ak_statement(&tpm)
+            ak_statement(&tpm),
+            "urn:bc:scope:node".to_owned()
         ],
-        "the SPIFFE ID, then the AK statement"
+        "the SPIFFE ID, then the AK statement, then the scope"
     );
     let text = stdout(&agent.run(&["status"]));
     assert!(text.contains("node key in the TPM"), "{text}");
@@ -309,8 +310,11 @@ fn a_token_join_on_a_machine_with_a_tpm_keeps_its_key_there() {
     assert_eq!(status["nodeKey"], "tpm");
     let node_id = status["nodeId"].as_str().unwrap();
     assert_eq!(
-        leaf_uri_sans(status["certificate"].as_str().unwrap()).len(),
-        1,
+        leaf_uri_sans(status["certificate"].as_str().unwrap()),
+        [
+            format!("spiffe://bc.test/node/{node_id}"),
+            "urn:bc:scope:node".to_owned()
+        ],
         "no AK statement without a certified join"
     );
     assert_eq!(node(&cp, node_id)["nodeKey"], "unattested");

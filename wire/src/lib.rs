@@ -8,6 +8,7 @@
 
 mod attestor_id;
 pub mod cloud_iid;
+pub mod command;
 pub mod ekcert;
 pub mod file;
 pub mod pcr;
@@ -31,6 +32,12 @@ pub mod site_v1 {
     include!(concat!(env!("OUT_DIR"), "/bettercompute.site.v1.rs"));
 }
 
+/// The generated protobuf messages of `bettercompute.command.v1`: the
+/// frames of the command channel ([`command`] checks them).
+pub mod command_v1 {
+    include!(concat!(env!("OUT_DIR"), "/bettercompute.command.v1.rs"));
+}
+
 /// HTTPS endpoints. Unary calls are POSTs of a protobuf body answered with a
 /// protobuf body; a non-2xx answer carries an [`agent::Error`].
 pub mod endpoints {
@@ -41,6 +48,9 @@ pub mod endpoints {
     pub const RELEASE_LEASE: &str = "/bettercompute.site.v1.SiteService/ReleaseLease";
     pub const GET_SECRET: &str = "/bettercompute.site.v1.SiteService/GetSecret";
     pub const LIST_BOOT_ENTRIES: &str = "/bettercompute.site.v1.SiteService/ListBootEntries";
+    /// A `GET` upgraded to a WebSocket (mTLS, the node certificate) whose
+    /// binary frames are `command_v1::ServerFrame` / `AgentFrame`.
+    pub const COMMAND_CHANNEL: &str = "/bettercompute.command.v1.CommandService/Channel";
     pub const CONTENT_TYPE: &str = "application/x-protobuf";
 }
 

@@ -44,7 +44,7 @@ impl PcrBank {
     }
 
     /// As operators write it (`[tpm.pcr_policy.sha1]`) and messages say it.
-    pub(crate) fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             PcrBank::Sha256 => "sha256",
             PcrBank::Sha1 => "sha1",

@@ -27,6 +27,14 @@ pub enum Purpose {
     Renew,
     /// A site node asking for a secret bound to a workflow of its site.
     SecretRequest,
+    /// The control plane's signing key over a serialized `Command`: what
+    /// lets a node run it whoever relayed it.
+    Command,
+    /// A node key over a serialized `CommandResult`: what the node did.
+    CommandResult,
+    /// A node key binding a command channel to itself at upgrade, over the
+    /// server's nonce, the node id and the client's time.
+    CommandChannel,
 }
 
 impl Purpose {
@@ -37,6 +45,9 @@ impl Purpose {
             Purpose::DiscoveryAssertion => "discovery-assertion",
             Purpose::Renew => "renew",
             Purpose::SecretRequest => "secret-request",
+            Purpose::Command => "command",
+            Purpose::CommandResult => "command-result",
+            Purpose::CommandChannel => "command-channel",
         }
     }
 }

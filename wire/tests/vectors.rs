@@ -39,6 +39,9 @@ fn purposes_are_pinned_and_distinct() {
         (Purpose::DiscoveryAssertion, "discovery-assertion"),
         (Purpose::Renew, "renew"),
         (Purpose::SecretRequest, "secret-request"),
+        (Purpose::Command, "command"),
+        (Purpose::CommandResult, "command-result"),
+        (Purpose::CommandChannel, "command-channel"),
     ];
     for (p, s) in all {
         assert_eq!(p.as_str(), s);
@@ -300,4 +303,99 @@ fn discovery_assertion_verifies_only_under_its_purpose() {
         signing::signing_input(Purpose::SecretRequest, &[])[..24],
         *b"bc-sig-v1\0secret-request"
     );
+}
+
+/// signing_input("command", [a disk.wipe command for node_a]).
+const PINNED_COMMAND_INPUT: &str = "62632d7369672d763100636f6d6d616e6400000000360a05636d645f3112066e6f64655f611a096469736b2e7769706522130a076465766963657312082f6465762f76646128e0acc5a28c34";
+/// signing_input("command-result", [its result]).
+const PINNED_RESULT_INPUT: &str = "62632d7369672d763100636f6d6d616e642d726573756c7400000000590a05636d645f3112066e6f64655f611a096469736b2e7769706520012a05776970656432026f6b380242202689367b205c16ce32ed4200942b8b8b1e262dfc70d9bc9fbc77c49699a4f1df48e8dfc1a28c3450d0e7c1a28c34";
+/// signing_input("command-channel", [nonce 32 x 0x07, node_a, 1790000000000]).
+const PINNED_PROOF_INPUT: &str = "62632d7369672d763100636f6d6d616e642d6368616e6e656c00000000200707070707070707070707070707070707070707070707070707070707070707000000066e6f64655f6100000008000001a0c4506c00";
+
+/// The command channel's three signatures: each signing input is pinned,
+/// each verifies only under its purpose, and the ramdisk's scope statement
+/// is pinned as the certificate carries it.
+#[test]
+fn command_channel_signing_inputs_are_pinned() {
+    use bc_wire::command::{self, channel, Output, Scope, Times};
+    use bc_wire::command_v1::{ChannelHello, Status};
+    let sk = SigningKey::from_pkcs8_der(&unhex(VECTOR_PKCS8)).unwrap();
+    let spki = unhex(VECTOR_SPKI);
+    let c = command::new_command(
+        "cmd_1",
+        "node_a",
+        "disk.wipe",
+        [("devices".to_owned(), "/dev/vda".to_owned())],
+        1_790_000_060_000,
+    );
+    let mut seen = Vec::new();
+    let signed = command::sign(&c, "kid".into(), |m| {
+        seen = m.to_vec();
+        Ok::<_, ()>(p256_sign(&sk, m))
+    })
+    .unwrap();
+    assert_eq!(hex::encode(&seen), PINNED_COMMAND_INPUT);
+    assert_eq!(signed.command, seen[seen.len() - signed.command.len()..]);
+    assert_eq!(
+        signing::verify(
+            &signing::verifying_key_from_spki(&spki).unwrap(),
+            Purpose::Command,
+            &[&signed.command],
+            &signed.signature
+        ),
+        Ok(())
+    );
+
+    let mut out = Output::new();
+    out.push(b"ok");
+    let r = command::new_result(
+        "cmd_1",
+        "node_a",
+        "disk.wipe",
+        Status::Ok,
+        "wiped",
+        out,
+        Times {
+            started_ms: 1_790_000_001_000,
+            finished_ms: 1_790_000_002_000,
+        },
+    );
+    let mut seen = Vec::new();
+    let sr = command::sign_result(&r, "kid".into(), |m| {
+        seen = m.to_vec();
+        Ok::<_, ()>(p256_sign(&sk, m))
+    })
+    .unwrap();
+    assert_eq!(hex::encode(&seen), PINNED_RESULT_INPUT);
+    assert_eq!(command::verify_result(&sr, &spki, "node_a"), Ok(r));
+
+    let hello = ChannelHello {
+        nonce: vec![7; 32],
+        server_time_unix_ms: 0,
+    };
+    let mut seen = Vec::new();
+    let proof = channel::sign_proof(&hello, "node_a", 1_790_000_000_000, "kid".into(), |m| {
+        seen = m.to_vec();
+        Ok::<_, ()>([0u8; 64])
+    })
+    .unwrap();
+    assert_eq!(hex::encode(&seen), PINNED_PROOF_INPUT);
+    assert_eq!(
+        seen,
+        channel::proof_input(&proof.nonce, "node_a", 1_790_000_000_000)
+    );
+
+    let scope = Scope::from_statements(&[
+        "urn:bc:scope:ramdisk:inventory.refresh,logs.collect,diag.*,disk.wipe,deploy.*,boot.kexec",
+    ])
+    .unwrap();
+    assert_eq!(scope.role, Role::Ramdisk);
+    assert!(scope.allows(command::lookup("disk.wipe").unwrap()));
+}
+
+/// ES256 over exactly the bytes given (what a node key or the control
+/// plane's signer does with a signing input).
+fn p256_sign(sk: &SigningKey, m: &[u8]) -> [u8; 64] {
+    let s: p256::ecdsa::Signature = p256::ecdsa::signature::Signer::sign(sk, m);
+    s.to_bytes().into()
 }

@@ -18,7 +18,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing::{get, post};
 use axum::{Extension, Router};
 use bc_connlimit::{serve_connections, AcceptPolicy, RefusedCount, Stop};
 use bc_wire::endpoints;
@@ -29,6 +29,7 @@ use prost::Message;
 use rustls::pki_types::CertificateDer;
 use tokio::net::TcpListener;
 
+use crate::api::channel::{Channels, ConnSlot, ConnStop};
 use crate::api::client_auth::{DbClock, DbTimeClientVerifier};
 use crate::api::connlimit::{Deadline, Limits, Refusal, RequestGate, Slot, Tracker};
 use crate::api::header_errors::WithErrorBodies;
@@ -102,6 +103,7 @@ pub fn router(service: Arc<ControlPlane>) -> Router {
     Router::new()
         .route(endpoints::JOIN, post(join_handler))
         .route(endpoints::RENEW, post(renew_handler))
+        .route(endpoints::COMMAND_CHANNEL, get(channel_handler))
         .route(endpoints::ACQUIRE_LEASE, site_route(SiteCall::AcquireLease))
         .route(endpoints::RENEW_LEASE, site_route(SiteCall::RenewLease))
         .route(endpoints::RELEASE_LEASE, site_route(SiteCall::ReleaseLease))
@@ -116,7 +118,20 @@ pub fn router(service: Arc<ControlPlane>) -> Router {
         .fallback(|| async { error_response(&ApiError::NotFound("no such endpoint".to_owned())) })
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .layer(Extension(gate))
+        .layer(Extension(Channels::new()))
         .with_state(service)
+}
+
+/// The command channel's upgrade ([`crate::api::channel`]).
+async fn channel_handler(
+    State(service): State<Arc<ControlPlane>>,
+    Extension(channels): Extension<Arc<Channels>>,
+    addr: Option<Extension<PeerAddr>>,
+    peer: Option<Extension<PeerCertificates>>,
+    req: axum::extract::Request,
+) -> Response {
+    let source = addr.map(|Extension(p)| p.0);
+    crate::api::channel::upgrade(service, channels, client_leaf(peer), source, req).await
 }
 
 async fn join_handler(
@@ -431,9 +446,13 @@ async fn handle_connection(
             .unwrap_or_default(),
     ));
     let svc = TowerToHyperService::new(router);
+    let conn_stop = ConnStop(stop.clone());
     let svc = hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
         req.extensions_mut().insert(certs.clone());
         req.extensions_mut().insert(PeerAddr(peer));
+        // An upgrade to the command channel keeps the slot until proven.
+        req.extensions_mut().insert(ConnSlot(slot.clone()));
+        req.extensions_mut().insert(conn_stop.clone());
         let call = svc.call(req);
         let (slot, deadline) = (slot.clone(), deadline.clone());
         async move {
@@ -447,7 +466,8 @@ async fn handle_connection(
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(HEADER_READ_TIMEOUT)
-        .serve_connection(TokioIo::new(WithErrorBodies::new(tls)), svc);
+        .serve_connection(TokioIo::new(WithErrorBodies::new(tls)), svc)
+        .with_upgrades();
     let mut conn = std::pin::pin!(conn);
     let result = tokio::select! {
         r = conn.as_mut() => r,

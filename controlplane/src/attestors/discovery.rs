@@ -114,16 +114,9 @@ impl DiscoveryApproval {
     pub(crate) const VALUES: &'static [&'static str] = &["unknown-machines"];
 }
 
-/// The spec's `discoveryAllowedKinds`: the commissioning command kinds, the
-/// registered kinds whose roles include ramdisk.
-pub const DISCOVERY_ALLOWED_KINDS: &[&str] = &[
-    "inventory.refresh",
-    "logs.collect",
-    "diag.*",
-    "disk.wipe",
-    "deploy.*",
-    "boot.kexec",
-];
+/// The spec's `discoveryAllowedKinds`: bc-wire's registry keeps it (the
+/// registered kinds whose roles include ramdisk), so both sides read one list.
+pub use bc_wire::command::DISCOVERY_ALLOWED_KINDS;
 /// A ramdisk certificate lasts at most this long.
 pub(crate) const MAX_DISCOVERY_CERT_TTL_MS: i64 = 2 * 3_600_000;
 impl Default for DiscoveryConfig {

@@ -6,6 +6,7 @@
 
 pub(crate) mod clock;
 pub(crate) mod cloud;
+pub(crate) mod commands;
 pub(crate) mod dist;
 pub(crate) mod events;
 pub(crate) mod install_script;

@@ -1,5 +1,5 @@
-//! `nodes list|certs|revoke-identity|retire|cordon|delete`: joined nodes and
-//! their lifecycle.
+//! `nodes list|certs|revoke-identity|retire|cordon|delete|inventory`: joined
+//! nodes and their lifecycle (`inventory`: [`super::commands`]).
 
 use std::path::Path;
 
@@ -56,6 +56,16 @@ pub(crate) enum NodesCmd {
         #[arg(long)]
         yes: bool,
     },
+    /// The node's newest inventory (its inventory.refresh results), flagged
+    /// where it differs from what the node showed at join.
+    Inventory {
+        #[command(flatten)]
+        dir: Dir,
+        /// The node id (node_…).
+        id: String,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 pub(crate) fn run(cmd: NodesCmd) -> Result<()> {
@@ -72,6 +82,7 @@ pub(crate) fn run(cmd: NodesCmd) -> Result<()> {
             print_change(nodes::cordon(&db, &id)?, "cordoned", &id)
         }
         NodesCmd::Delete { dir, id, yes } => delete(&dir.dir, &id, yes),
+        NodesCmd::Inventory { dir, id, json } => super::commands::inventory(&dir.dir, &id, json),
     }
 }
 

@@ -184,6 +184,36 @@ pub struct NodeScope {
     pub max_cert_ttl_ms: Option<i64>,
 }
 
+impl NodeScope {
+    /// The scope statement (`urn:bc:scope:…`) a certificate of a node of
+    /// `role` carries: what the agent may run, readable from its own
+    /// certificate. `None` when the role runs no command or no stored
+    /// pattern parses (an allowed-kinds list written before the patterns
+    /// were checked): such a certificate runs nothing, which a narrowing
+    /// list can only mean.
+    pub(crate) fn statement(&self, role: Role) -> Option<String> {
+        use bc_wire::command::{KindPattern, Scope};
+        if !matches!(role, Role::Node | Role::Site | Role::Ramdisk) {
+            return None;
+        }
+        let kinds = match &self.allowed_kinds {
+            None => None,
+            Some(list) => {
+                let parsed: Vec<KindPattern> = list
+                    .iter()
+                    .filter_map(|k| KindPattern::parse(k).ok())
+                    .take(bc_wire::command::scope::MAX_PATTERNS)
+                    .collect();
+                if parsed.is_empty() {
+                    return None;
+                }
+                Some(parsed)
+            }
+        };
+        Some(Scope { role, kinds }.statement())
+    }
+}
+
 pub(crate) fn set_node_scope(tx: &Tx<'_>, node_id: &str, s: &NodeScope) -> Result<(), DbError> {
     let kinds = s
         .allowed_kinds
@@ -451,12 +481,15 @@ pub(crate) struct JoinRow {
     pub at: UnixMs,
     /// The product UUID the join claimed (normalized), if well-formed.
     pub product_uuid: Option<String>,
+    /// The MACs the join claimed (normalized, well-formed ones), which an
+    /// inventory is compared against.
+    pub macs: Vec<String>,
 }
 
 pub(crate) fn insert_join(tx: &Tx<'_>, j: &JoinRow) -> Result<(), DbError> {
     tx.execute(
-        "INSERT INTO joins (node_id, attestor, node_key, identity_generation, at, product_uuid, ek_assurance)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        "INSERT INTO joins (node_id, attestor, node_key, identity_generation, at, product_uuid, ek_assurance, macs)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
         params![
             j.node_id,
             j.attestor,
@@ -464,7 +497,8 @@ pub(crate) fn insert_join(tx: &Tx<'_>, j: &JoinRow) -> Result<(), DbError> {
             j.identity_generation,
             j.at,
             j.product_uuid,
-            j.ek_assurance
+            j.ek_assurance,
+            serde_json::to_string(&j.macs).unwrap_or_else(|_| "[]".to_owned())
         ],
     )?;
     Ok(())
@@ -503,7 +537,7 @@ pub fn last_ek_assurances(
 #[cfg(test)]
 pub(crate) fn list_joins(db: &Store) -> Result<Vec<JoinRow>, DbError> {
     db.read(|tx| {
-        let rows = tx.query_map("SELECT node_id, attestor, node_key, identity_generation, at, product_uuid, ek_assurance
+        let rows = tx.query_map("SELECT node_id, attestor, node_key, identity_generation, at, product_uuid, ek_assurance, macs
              FROM joins ORDER BY id", params![], |r| {
             Ok(JoinRow {
                 node_id: r.get(0)?,
@@ -513,6 +547,10 @@ pub(crate) fn list_joins(db: &Store) -> Result<Vec<JoinRow>, DbError> {
                 at: r.get(4)?,
                 product_uuid: r.get(5)?,
                 ek_assurance: r.get(6)?,
+                macs: r
+                    .get::<Option<String>>(7)?
+                    .and_then(|t| serde_json::from_str(&t).ok())
+                    .unwrap_or_default(),
             })
         })?;
         rows.collect::<Result<Vec<_>, _>>()})

@@ -402,6 +402,10 @@ impl JoinService<'_> {
         // stored validity is the certificate's.
         let not_before = store::to_datetime(now - now.rem_euclid(1000));
         let cert_ttl = crate::plane::capped_ttl(cert_ttl, now, entry_end);
+        // What the node may run, readable by the agent from its own
+        // certificate: after the node-key statement.
+        let mut statements = statements;
+        statements.extend(scope.statement(role));
         let issued = self
             .bundle()
             .node_ca
@@ -427,6 +431,13 @@ impl JoinService<'_> {
                 product_uuid: crate::model::machine::ProductUuid::parse(&claims.product_uuid)
                     .ok()
                     .map(crate::model::machine::ProductUuid::into_string),
+                macs: claims
+                    .macs
+                    .iter()
+                    .filter_map(|m| crate::model::machine::Mac::parse(m).ok())
+                    .map(|m| m.as_str().to_owned())
+                    .take(64)
+                    .collect(),
             },
         )?;
         records::insert_event(
@@ -723,7 +734,7 @@ fn pool_policy(
 /// configured kinds and certificate cap; any other (a cloud VM that
 /// `[cloud_iid] roles` lets join as `ramdisk`) gets the commissioning kinds
 /// and at most the 2 h certificate, never a node's whole reach.
-fn ramdisk_scope(scope: &mut records::NodeScope) {
+pub(crate) fn ramdisk_scope(scope: &mut records::NodeScope) {
     use crate::config::{DISCOVERY_ALLOWED_KINDS, MAX_DISCOVERY_CERT_TTL_MS};
     scope.allowed_kinds.get_or_insert_with(|| {
         DISCOVERY_ALLOWED_KINDS

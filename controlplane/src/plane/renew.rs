@@ -241,7 +241,18 @@ impl RenewService<'_> {
             .map_err(Stop::Refused)?;
 
         // A ramdisk's certificates stay as short as its first one.
-        let cert_ttl = match records::node_scope(tx, node_id)?.max_cert_ttl_ms {
+        let scope = records::node_scope(tx, node_id)?;
+        // The leaf's node-key statements carry forward; its scope statement
+        // is written again from the node's row, so a certificate from before
+        // the command channel gains one and a changed scope takes effect.
+        let statements: Vec<String> = identity
+            .statements
+            .iter()
+            .filter(|s| !s.starts_with(bc_wire::command::scope::SCOPE_PREFIX))
+            .cloned()
+            .chain(scope.statement(node.role))
+            .collect();
+        let cert_ttl = match scope.max_cert_ttl_ms {
             Some(ms) => self.cert_ttl().min(time::Duration::milliseconds(ms)),
             None => self.cert_ttl(),
         };
@@ -261,7 +272,7 @@ impl RenewService<'_> {
                 spki_der: &csr.spki_der,
                 trust_domain: &self.bundle().trust_domain,
                 node_id,
-                statements: &identity.statements,
+                statements: &statements,
                 not_before,
                 not_after: not_before + cert_ttl,
             })

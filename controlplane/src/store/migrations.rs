@@ -358,6 +358,49 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     CREATE INDEX join_requests_denied_assertion ON join_requests(assertion_sha256)
         WHERE status = 'denied' AND attestor = 'discovery';
     "#,
+    // 20: the command channel (docs/commands.md). A command is signed once
+    // and its signed bytes delivered every time; its state is `queued`
+    // until a verified result (the result's status) or its not_after passes
+    // (`expired`, by database time). `result_checked` says the result's
+    // signature verified with the key of the certificate the channel was
+    // proven with (a result is stored only then; 0 is never written, the
+    // column is what `commands show` prints). Inventories are
+    // inventory.refresh results, newest last per node, flagged where they
+    // differ from what the node showed at join; the joins audit keeps the
+    // MACs each join claimed, to compare against.
+    r#"
+    CREATE TABLE commands (
+        id             TEXT PRIMARY KEY,
+        node_id        TEXT NOT NULL REFERENCES nodes(id),
+        kind           TEXT NOT NULL,
+        args           TEXT NOT NULL DEFAULT '[]' CHECK (json_valid(args)),
+        signed         BLOB NOT NULL,
+        state          TEXT NOT NULL CHECK (state IN ('queued', 'ok', 'failed', 'refused', 'expired')),
+        queued_at      INTEGER NOT NULL,
+        not_after      INTEGER NOT NULL,
+        finished_at    INTEGER,
+        result         BLOB,
+        result_status  TEXT,
+        outcome        TEXT,
+        output_sha256  TEXT,
+        result_checked INTEGER CHECK (result_checked IS NULL OR result_checked IN (0, 1)),
+        result_serial  TEXT
+    ) STRICT;
+    CREATE INDEX commands_queued ON commands(node_id, not_after) WHERE state = 'queued';
+    CREATE INDEX commands_by_node ON commands(node_id, queued_at);
+
+    CREATE TABLE inventories (
+        id          INTEGER PRIMARY KEY AUTOINCREMENT,
+        node_id     TEXT NOT NULL REFERENCES nodes(id),
+        command_id  TEXT NOT NULL,
+        at          INTEGER NOT NULL,
+        inventory   TEXT NOT NULL CHECK (json_valid(inventory)),
+        flags       TEXT NOT NULL DEFAULT '[]' CHECK (json_valid(flags))
+    ) STRICT;
+    CREATE INDEX inventories_by_node ON inventories(node_id, id);
+
+    ALTER TABLE joins ADD COLUMN macs TEXT;
+    "#,
 ];
 
 /// How many of [`MIGRATIONS`] a database at schema `version` has applied;

@@ -940,7 +940,8 @@ mod through_join_service {
             uris(&first.chain[0]),
             [
                 format!("spiffe://bc.test/node/{}", first.node_id),
-                statement.clone()
+                statement.clone(),
+                "urn:bc:scope:node".to_owned()
             ]
         );
         let (_, leaf) = x509_parser::parse_x509_certificate(&first.chain[0]).unwrap();

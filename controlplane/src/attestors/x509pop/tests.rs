@@ -170,7 +170,7 @@ fn rejoins_as_itself_after_an_offline_expiry() {
     let id = crate::pki::node_cert_identity(&body.chain[0]).unwrap();
     assert_eq!(id.node_id, old.node_id);
     assert_eq!(id.spki_der, next.subject_public_key_info());
-    assert!(id.statements.is_empty());
+    assert_eq!(id.statements, ["urn:bc:scope:node"]);
 
     // Reclaimed in place: generation raised, the old certificate revoked.
     let node = f.node(&old.node_id);
@@ -506,7 +506,8 @@ fn a_tpm_statement_is_not_carried_but_recorded() {
     f.move_clock(2 * 86_400_000);
     let (body, _) = f.rejoin(&id, Role::Node).unwrap();
     let leaf = crate::pki::node_cert_identity(&body.chain[0]).unwrap();
-    assert!(leaf.statements.is_empty());
+    // No AK statement; the scope statement every certificate carries.
+    assert_eq!(leaf.statements, ["urn:bc:scope:node"]);
     let ev = records::list_events(f.db()).unwrap();
     let kinds: Vec<_> = ev.iter().map(|e| e.kind.as_str()).collect();
     assert_eq!(

@@ -631,7 +631,11 @@ fn only_parseable_ak_statements_are_written() {
     let uris = uri_sans(&body.chain[0]);
     assert_eq!(
         uris,
-        [format!("spiffe://bc.test/node/{}", body.node_id), good]
+        [
+            format!("spiffe://bc.test/node/{}", body.node_id),
+            good,
+            "urn:bc:scope:node".to_owned()
+        ]
     );
     let events = records::list_events(f.svc.database()).unwrap();
     assert_eq!(events.last().unwrap().data["nodeKey"], "tpm");

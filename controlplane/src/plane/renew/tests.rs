@@ -147,8 +147,9 @@ fn renews_a_token_node_and_keeps_older_certificates() {
     assert_eq!(resp.chain[1], f.svc.node_ca_der());
     let id = crate::pki::node_cert_identity(&resp.chain[0]).unwrap();
     assert_eq!(id.node_id, node_id);
-    // The CSR's name and SAN are ignored: no statement for a leaf without one.
-    assert!(id.statements.is_empty());
+    // The CSR's name and SAN are ignored: no AK statement for a leaf
+    // without one, only the scope statement.
+    assert_eq!(id.statements, ["urn:bc:scope:node"]);
     assert_eq!(id.spki_der, next.subject_public_key_info());
     let (_, cert) = x509_parser::parse_x509_certificate(&resp.chain[0]).unwrap();
     let (_, ca) = x509_parser::parse_x509_certificate(f.svc.node_ca_der()).unwrap();
@@ -311,8 +312,12 @@ fn a_tpm_node_renews_only_with_its_ak() {
     let resp = f.renew(&leaf, &tpm_request(Some(real()))).unwrap();
     let id = crate::pki::node_cert_identity(&resp.chain[0]).unwrap();
     assert_eq!(id.node_id, node_id);
-    // Carried forward, though the CSR asked for no SAN at all.
-    assert_eq!(id.statements, std::slice::from_ref(&statement));
+    // Carried forward, though the CSR asked for no SAN at all; the scope
+    // statement written from the node's row.
+    assert_eq!(
+        id.statements,
+        [statement.clone(), "urn:bc:scope:node".to_owned()]
+    );
     let key_public = Public::parse(&node_key_certification().public).unwrap();
     assert_eq!(id.spki_der, key_public.p256_spki_der().unwrap());
     assert_eq!(f.renewals()[0].data["nodeKey"], "tpm");
@@ -323,7 +328,7 @@ fn a_tpm_node_renews_only_with_its_ak() {
         crate::pki::node_cert_identity(&again.chain[0])
             .unwrap()
             .statements,
-        std::slice::from_ref(&statement)
+        [statement.clone(), "urn:bc:scope:node".to_owned()]
     );
 
     // No attestation: no downgrade to an unattested renewal.
@@ -439,7 +444,7 @@ fn a_file_key_node_gains_no_statement_from_a_key_attestation() {
         )
         .unwrap();
     let id = crate::pki::node_cert_identity(&resp.chain[0]).unwrap();
-    assert!(id.statements.is_empty());
+    assert_eq!(id.statements, ["urn:bc:scope:node"]);
     assert_eq!(f.renewals()[0].data["nodeKey"], "unattested");
 }
 
