@@ -795,8 +795,8 @@ const TESTED: &[(&str, &str, Via, &str)] = &[
     (
         "tpm",
         "challenge-expired",
-        Client,
-        "tpm::an_answer_after_the_challenges_deadline_is_refused",
+        Bcd,
+        "tpm::bcds_answer_after_the_challenges_deadline_is_refused",
     ),
     (
         "tpm",

@@ -10,6 +10,7 @@ use prost::Message;
 use serde_json::Value;
 
 use crate::harness::*;
+use crate::joinproxy::{is_answer, RoutingProxy};
 
 /// The URI SANs of the leaf of a PEM chain.
 fn leaf_uri_sans(pem: &str) -> Vec<String> {
@@ -768,6 +769,40 @@ fn an_answer_after_the_challenges_deadline_is_refused() {
     cp.refused_once(Refusal::Join("tpm"), "challenge-expired", || {
         join.refused(answer)
     });
+    assert!(cp.nodes().is_empty());
+}
+
+/// The same through bcd: a proxy moves the control plane's clock past the
+/// challenge's five minutes when bcd's round 2 goes through it, so bcd's
+/// real answer arrives late. bcd ends ACCESS_DENIED, `challenge-expired`.
+#[test]
+fn bcds_answer_after_the_challenges_deadline_is_refused() {
+    let cp = ControlPlane::start_trusting_test_maker();
+    let tpm = Swtpm::start();
+    let agent = Agent::with_tpm(&cp, &tpm);
+    agent.allow_ek(&cp);
+    let dir = cp.path().to_owned();
+    let proxy = RoutingProxy::start_with_hook(
+        &[&cp],
+        &agent,
+        |_| vec![0],
+        move |req| {
+            if is_answer(req) {
+                let mut clock = std::process::Command::new(bin("bc-controlplane"));
+                clock
+                    .args(["clock", "set", "--dir"])
+                    .arg(&dir)
+                    .args(["--offset", "6m"]);
+                assert_ok(&output_within(clock, DEADLINE));
+            }
+        },
+    );
+    agent.set_api(&proxy.url);
+    let out = cp.refused_once(Refusal::Join("tpm"), "challenge-expired", || {
+        agent.run(&["join", "--attestor", "tpm"])
+    });
+    assert_access_denied(&out);
+    assert_eq!(proxy.answers().len(), 1, "bcd answered once");
     assert!(cp.nodes().is_empty());
 }
 
