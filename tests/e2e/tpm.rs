@@ -196,6 +196,36 @@ fn an_ek_from_an_unknown_maker_is_refused() {
     agent.assert_nothing_written();
 }
 
+/// The low bytes of an RSA-2048 modulus with the ROCA fingerprint
+/// (CVE-2017-15361): 2^2047 + 2^2040 + r, r < 2^219 chosen so that the
+/// modulus is 65537^127 modulo every prime of the fingerprint (3 to 167,
+/// whose product is under 2^219). The fingerprint alone, no key anyone
+/// holds: swtpm makes no ROCA key, but the check reads only the modulus.
+const ROCA_MODULUS_TAIL: &str = "833c2f01609d8087664a228aadca31d81f0d8b41f9a161334eb43db";
+
+/// A maker-signed EK certificate for such a key in the TPM's RSA EK
+/// certificate index: bcd sends it as its EK certificate and is refused
+/// `ek-roca` (the certificate chains to a trusted maker; its key is weak).
+#[test]
+fn an_ek_certificate_with_the_roca_fingerprint_is_refused() {
+    let cp = ControlPlane::start_trusting_test_maker();
+    let tpm = Swtpm::start();
+    let agent = Agent::with_tpm(&cp, &tpm);
+    agent.allow_ek(&cp);
+    let modulus = hex::decode(format!("81{ROCA_MODULUS_TAIL:0>510}")).unwrap();
+    assert_eq!(modulus.len(), 256);
+    assert!(bc_wire::ekcert::has_roca_fingerprint(&modulus));
+    let cert = crate::maker::certify_rsa_modulus(&tpm, &modulus);
+    assert_ok(&tpm.tool("tpm2_nvundefine", &["0x01c00002", "-C", "p"]));
+    crate::maker::nv_write(&tpm, "0x01c00002", &cert);
+    let out = cp.refused_once(Refusal::Join("tpm"), "ek-roca", || {
+        agent.run(&["join", "--attestor", "tpm"])
+    });
+    assert_access_denied(&out);
+    agent.assert_nothing_written();
+    assert!(cp.nodes().is_empty());
+}
+
 #[test]
 fn a_pool_that_requires_tpm_refuses_a_token_join() {
     let cp = ControlPlane::start_trusting_test_maker();
