@@ -132,7 +132,7 @@ const TESTED: &[(&str, &str, Via, &str)] = &[
     (
         "join-token",
         "token-exhausted",
-        Client,
+        Bcd,
         "join_token::used_up_token_is_refused",
     ),
     (
@@ -150,7 +150,7 @@ const TESTED: &[(&str, &str, Via, &str)] = &[
     (
         "provisioned",
         "token-exhausted",
-        Client,
+        Bcd,
         "provisioned::a_provisioned_token_joins_its_machine_once_as_a_new_node",
     ),
     (
@@ -501,7 +501,7 @@ const TESTED: &[(&str, &str, Via, &str)] = &[
     (
         "renew",
         "expired",
-        Client,
+        Bcd,
         "refusals::an_expired_certificate_reaches_renew_and_is_refused_as_expired",
     ),
     (
