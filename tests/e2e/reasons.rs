@@ -324,7 +324,7 @@ const TESTED: &[(&str, &str, Via, &str)] = &[
     (
         "tpm",
         "ek-certificate",
-        Client,
+        Bcd,
         "realek::an_intermediate_is_no_anchor_and_a_ca_is_no_ek",
     ),
     (
