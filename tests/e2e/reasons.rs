@@ -294,19 +294,19 @@ const TESTED: &[(&str, &str, Via, &str)] = &[
     (
         "discovery",
         "boot-ek-missing",
-        Client,
+        Bcd,
         "discovery_tpm::an_entry_that_expects_an_ek_admits_only_that_tpm",
     ),
     (
         "discovery",
         "boot-ek-mismatch",
-        Client,
+        Bcd,
         "discovery_tpm::an_entry_for_a_known_node_admits_only_its_tpm",
     ),
     (
         "discovery",
         "approval-denied",
-        Client,
+        Bcd,
         "approval::a_neighbours_join_waits_for_the_operator_who_denies_it_and_approves_the_machine",
     ),
     (
@@ -789,7 +789,7 @@ const TESTED: &[(&str, &str, Via, &str)] = &[
     (
         "tpm",
         "enrollment-denied",
-        Client,
+        Bcd,
         "tpm::a_denied_enrollment_refuses_the_waiting_join",
     ),
     (
