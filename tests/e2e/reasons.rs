@@ -1,7 +1,7 @@
 //! Every refusal reason the control plane can give has a test that sees
 //! it refused and the reason at the server, and this table says how: through
 //! the `bcd` binary ([`Via::Bcd`]), through bcd's client library or a raw
-//! request ([`Via::Client`], what bcd never sends), against a control plane
+//! request ([`Via::Client`]), against a control plane
 //! built in the test process ([`Via::InProcess`]), or in unit tests only
 //! ([`UNTESTED`]). The test below fails when a reason of
 //! [`bc_controlplane::reasons::PLACES`] (derived from each place's reason
@@ -22,12 +22,12 @@ enum Via {
     /// with (ACCESS_DENIED, its exit code) and the reason with
     /// `refused_once`.
     Bcd,
-    /// bcd's client library or a raw HTTPS request sends what bcd itself
-    /// never sends (an altered answer, a forged CSR): the test checks the
-    /// ACCESS_DENIED answer and the reason at the server.
+    /// bcd's client library or a raw HTTPS request, not the binary (often
+    /// what bcd never sends: an altered answer, a forged CSR): the test
+    /// checks the ACCESS_DENIED answer and the reason at the server.
     Client,
-    /// A control plane built in the test process (a plugin attestor), a
-    /// request through bcd's client library.
+    /// A control plane built in the test process: plugin attestors behind
+    /// bcd's client library, or JoinService called directly.
     InProcess,
 }
 
@@ -1054,10 +1054,11 @@ fn markdown() -> String {
          the reason in the control plane's refusal event; `via` says how:\n\n\
          - `bcd`: the `bcd` binary runs and is refused (ACCESS_DENIED, its exit code),\n\
          \x20 the reason checked with `refused_once`;\n\
-         - `client`: bcd's client library or a raw HTTPS request sends what bcd never\n\
-         \x20 sends, and sees ACCESS_DENIED;\n\
-         - `in-process`: a control plane built in the test process (plugin attestors),\n\
-         \x20 a request through bcd's client library;\n\
+         - `client`: bcd's client library or a raw HTTPS request, not the binary\n\
+         \x20 (often what bcd never sends: an altered answer, a forged CSR), sees\n\
+         \x20 ACCESS_DENIED;\n\
+         - `in-process`: a control plane built in the test process: plugin attestors\n\
+         \x20 behind bcd's client library, or JoinService called directly;\n\
          - `unit`: no e2e test yet, unit tests of the control plane only.\n\n\
          `join` is JoinService itself, whichever attestor; `renew` is\n\
          `security.renew.refused`, `site` `security.site.refused`, the others\n\
