@@ -126,9 +126,15 @@ impl Site {
         let secret = match me.client.get_secret(&req).await {
             Ok(s) => s,
             Err(ClientError::AccessDenied) => {
-                // Joined or closed since the listing.
+                // The entry may have joined or closed since the listing (so
+                // it is listed again), or this node or its request was
+                // refused (stale, too many tokens): the reason stays on the
+                // server, so say only that it refused.
                 self.entries.forget(&q.mac).await;
-                return Err(format!("no open boot entry for {} at this site", q.mac));
+                return Err(format!(
+                    "the control plane refused this site node's secret request for {}",
+                    q.mac
+                ));
             }
             Err(e) => {
                 tracing::warn!(mac = %q.mac, error = %e, "cannot fetch the boot entry's token");

@@ -181,7 +181,9 @@ fn used_up_token_is_refused() {
     let token = cp.token("node", &["--uses", "1"]);
     assert_ok(&Agent::new(&cp).join_with_token(&token));
     let second = Agent::new(&cp);
-    let out = second.join_with_token(&token);
+    let out = cp.refused_once(Refusal::Join("join-token"), "token-exhausted", || {
+        second.join_with_token(&token)
+    });
     assert_access_denied(&out);
     second.assert_nothing_written();
     assert_eq!(cp.refusal_reasons(), vec!["token-exhausted"]);

@@ -54,6 +54,19 @@ impl RoutingProxy {
         agent: &Agent,
         route: fn(&JoinRequest) -> Vec<usize>,
     ) -> Self {
+        RoutingProxy::start_with_hook(upstreams, agent, route, |_| {})
+    }
+
+    /// [`RoutingProxy::start`], calling `before` with each JoinRequest
+    /// before it is forwarded: a test moves a clock between bcd's rounds
+    /// there, rather than waiting.
+    pub(crate) fn start_with_hook(
+        upstreams: &[&ControlPlane],
+        agent: &Agent,
+        route: fn(&JoinRequest) -> Vec<usize>,
+        before: impl Fn(&JoinRequest) + Send + Sync + 'static,
+    ) -> Self {
+        let before = Arc::new(before);
         let clients: Vec<Arc<Client>> = upstreams
             .iter()
             .map(|cp| {
@@ -81,6 +94,9 @@ impl RoutingProxy {
             let clients = clients.clone();
             let log = log.clone();
             recorded.lock().expect("body log").push(body.to_vec());
+            if let Ok(req) = JoinRequest::decode(body.as_ref()) {
+                before(&req);
+            }
             async move {
                 let Ok(req) = JoinRequest::decode(body.as_ref()) else {
                     return http::error_response(&ApiError::InvalidInput(

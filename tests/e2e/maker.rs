@@ -131,10 +131,27 @@ pub(crate) fn certify_ek(tpm: &Swtpm, ek_public: &[u8]) -> Vec<u8> {
             .into(),
         ],
     };
+    certify_key(tpm, &key)
+}
+
+/// An EK certificate by the test maker's intermediate for an RSA-2048 key
+/// with this modulus (exponent 65537), whether a TPM holds it or not.
+pub(crate) fn certify_rsa_modulus(tpm: &Swtpm, modulus: &[u8]) -> Vec<u8> {
+    let key = [
+        "--modulus".to_owned(),
+        hex::encode(modulus),
+        "--exponent".to_owned(),
+        "65537".to_owned(),
+    ];
+    certify_key(tpm, &key)
+}
+
+/// `swtpm_cert` for the key its arguments name, issued by the test maker.
+fn certify_key(tpm: &Swtpm, key: &[String]) -> Vec<u8> {
     let out = tpm.dir.path().join("ek-cert.der");
     let status = std::process::Command::new("swtpm_cert")
         .args(["--tpm2", "--type", "ek"])
-        .args(&key)
+        .args(key)
         .args(["--signkey", &fixture("ek-intermediate.key")])
         .args(["--issuercert", &fixture("ek-intermediate.pem")])
         .arg("--out-cert")

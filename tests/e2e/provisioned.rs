@@ -92,7 +92,9 @@ fn a_provisioned_token_joins_its_machine_once_as_a_new_node() {
     assert_eq!(n["hardwareKey"], format!("product-uuid:{UUID}"));
     // Single use: another machine with the same user data is refused.
     let copy = machine(&cp, Some(UUID));
-    let out = join_as(&copy, "provisioned", &token);
+    let out = cp.refused_once(Refusal::Join("provisioned"), "token-exhausted", || {
+        join_as(&copy, "provisioned", &token)
+    });
     assert_access_denied(&out);
     assert_eq!(cp.refusal_reasons(), ["token-exhausted"]);
 }

@@ -260,7 +260,11 @@ fn an_intermediate_is_no_anchor_and_a_ca_is_no_ek() {
         &tpm,
         &nv_content("stm-tpm-ek-intermediate-ca-05-870fc181.pem"),
     );
-    assert_eq!(refused_join(&cp, &agent), "ek-certificate");
+    let out = cp.refused_once(Refusal::Join("tpm"), "ek-certificate", || {
+        agent.run(&["join", "--attestor", "tpm"])
+    });
+    assert_access_denied(&out);
+    agent.assert_nothing_written();
 }
 
 /// `ek-roots add DIR` reports per file what it kept and skipped, and why

@@ -346,10 +346,12 @@ fn an_expired_certificate_reaches_renew_and_is_refused_as_expired() {
     assert_ok(&join_with_offset(&agent, &token, "-25h"));
     let node_id = agent.status_json()["nodeId"].as_str().unwrap().to_owned();
     assert_ok(&cp.cli(&["clock", "set", "--offset", "0s"]));
-    let out = agent
-        .command(&["node", "--once", "--renew-now"])
-        .env("BCD_CLOCK_OFFSET", "-25h")
-        .within();
+    let out = cp.refused_once(Refusal::Renew, "expired", || {
+        agent
+            .command(&["node", "--once", "--renew-now"])
+            .env("BCD_CLOCK_OFFSET", "-25h")
+            .within()
+    });
     assert_renew_refused(&out);
     assert_eq!(renew_refusals(&cp), ["expired"]);
     let refused: Vec<_> = cp

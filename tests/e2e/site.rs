@@ -807,8 +807,9 @@ fn a_site_node_serving_another_site_is_refused_not_site_node() {
 
 /// A running `bcd site` whose clock is more than a minute behind the
 /// control plane's: its SecretRequest for a machine's script is refused
-/// `secret-stale` (ACCESS_DENIED, which bcd site logs as an entry closed
-/// since its listing), and the machine is told to exit. (The lease lasts an hour so that only the request is stale.)
+/// `secret-stale` (ACCESS_DENIED, which bcd site logs as the control
+/// plane's refusal of its request, not as an entry it does not know), and
+/// the machine is told to exit. (The lease lasts an hour so that only the request is stale.)
 #[test]
 fn a_running_sites_stale_secret_request_is_refused() {
     let cp = ControlPlane::start_with_config("[discovery]\nlease_ttl = \"1h\"\n");
@@ -819,9 +820,13 @@ fn a_running_sites_stale_secret_request_is_refused() {
     assert_ok(&cp.cli(&["clock", "set", "--offset", "2m"]));
     let script = cp.refused_once(Refusal::Site, "secret-stale", || server.script(MAC));
     assert_exit_script(&script);
-    // bcd site takes ACCESS_DENIED for an entry closed since its listing.
+    // bcd site says its request was refused: the entry is listed and open.
     let exit = server.wait_for("boot script rendered: exit");
-    assert!(exit.contains("no open boot entry"), "{exit}");
+    assert!(
+        exit.contains("the control plane refused this site node's secret request"),
+        "{exit}"
+    );
+    assert!(!exit.contains("no open boot entry"), "{exit}");
     assert_eq!(server.count("discovery assertion signed"), 0);
 }
 
@@ -840,9 +845,13 @@ fn a_running_site_asked_for_one_entry_too_often_is_refused_workflow_busy() {
     }
     let script = cp.refused_once(Refusal::Site, "workflow-busy", || server.script(MAC));
     assert_exit_script(&script);
-    // bcd site takes ACCESS_DENIED for an entry closed since its listing.
+    // bcd site says its request was refused: the entry is listed and open.
     let exit = server.wait_for("boot script rendered: exit");
-    assert!(exit.contains("no open boot entry"), "{exit}");
+    assert!(
+        exit.contains("the control plane refused this site node's secret request"),
+        "{exit}"
+    );
+    assert!(!exit.contains("no open boot entry"), "{exit}");
 }
 
 /// A running `bcd site` whose lease ran out at the control plane (its clock

@@ -10,6 +10,7 @@ use prost::Message;
 use serde_json::Value;
 
 use crate::harness::*;
+use crate::joinproxy::{is_answer, RoutingProxy};
 
 /// The URI SANs of the leaf of a PEM chain.
 fn leaf_uri_sans(pem: &str) -> Vec<String> {
@@ -194,6 +195,36 @@ fn an_ek_from_an_unknown_maker_is_refused() {
     });
     assert_access_denied(&out);
     agent.assert_nothing_written();
+}
+
+/// The low bytes of an RSA-2048 modulus with the ROCA fingerprint
+/// (CVE-2017-15361): 2^2047 + 2^2040 + r, r < 2^219 chosen so that the
+/// modulus is 65537^127 modulo every prime of the fingerprint (3 to 167,
+/// whose product is under 2^219). The fingerprint alone, no key anyone
+/// holds: swtpm makes no ROCA key, but the check reads only the modulus.
+const ROCA_MODULUS_TAIL: &str = "833c2f01609d8087664a228aadca31d81f0d8b41f9a161334eb43db";
+
+/// A maker-signed EK certificate for such a key in the TPM's RSA EK
+/// certificate index: bcd sends it as its EK certificate and is refused
+/// `ek-roca` (the certificate chains to a trusted maker; its key is weak).
+#[test]
+fn an_ek_certificate_with_the_roca_fingerprint_is_refused() {
+    let cp = ControlPlane::start_trusting_test_maker();
+    let tpm = Swtpm::start();
+    let agent = Agent::with_tpm(&cp, &tpm);
+    agent.allow_ek(&cp);
+    let modulus = hex::decode(format!("81{ROCA_MODULUS_TAIL:0>510}")).unwrap();
+    assert_eq!(modulus.len(), 256);
+    assert!(bc_wire::ekcert::has_roca_fingerprint(&modulus));
+    let cert = crate::maker::certify_rsa_modulus(&tpm, &modulus);
+    assert_ok(&tpm.tool("tpm2_nvundefine", &["0x01c00002", "-C", "p"]));
+    crate::maker::nv_write(&tpm, "0x01c00002", &cert);
+    let out = cp.refused_once(Refusal::Join("tpm"), "ek-roca", || {
+        agent.run(&["join", "--attestor", "tpm"])
+    });
+    assert_access_denied(&out);
+    agent.assert_nothing_written();
+    assert!(cp.nodes().is_empty());
 }
 
 #[test]
@@ -772,6 +803,40 @@ fn an_answer_after_the_challenges_deadline_is_refused() {
     cp.refused_once(Refusal::Join("tpm"), "challenge-expired", || {
         join.refused(answer)
     });
+    assert!(cp.nodes().is_empty());
+}
+
+/// The same through bcd: a proxy moves the control plane's clock past the
+/// challenge's five minutes when bcd's round 2 goes through it, so bcd's
+/// real answer arrives late. bcd ends ACCESS_DENIED, `challenge-expired`.
+#[test]
+fn bcds_answer_after_the_challenges_deadline_is_refused() {
+    let cp = ControlPlane::start_trusting_test_maker();
+    let tpm = Swtpm::start();
+    let agent = Agent::with_tpm(&cp, &tpm);
+    agent.allow_ek(&cp);
+    let dir = cp.path().to_owned();
+    let proxy = RoutingProxy::start_with_hook(
+        &[&cp],
+        &agent,
+        |_| vec![0],
+        move |req| {
+            if is_answer(req) {
+                let mut clock = std::process::Command::new(bin("bc-controlplane"));
+                clock
+                    .args(["clock", "set", "--dir"])
+                    .arg(&dir)
+                    .args(["--offset", "6m"]);
+                assert_ok(&output_within(clock, DEADLINE));
+            }
+        },
+    );
+    agent.set_api(&proxy.url);
+    let out = cp.refused_once(Refusal::Join("tpm"), "challenge-expired", || {
+        agent.run(&["join", "--attestor", "tpm"])
+    });
+    assert_access_denied(&out);
+    assert_eq!(proxy.answers().len(), 1, "bcd answered once");
     assert!(cp.nodes().is_empty());
 }
 
