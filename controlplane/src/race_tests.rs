@@ -8,7 +8,8 @@
 //! decides on what the first committed; without it the second passes the
 //! same check on the state before the first, and both win. Each test here
 //! was run with its lock removed and failed. (The discovery approval's
-//! race is beside its other tests, in attestors/discovery/approval.rs.)
+//! races are beside its other tests, in attestors/discovery/approval.rs,
+//! and a denial during a discovery join's verify in attestors/discovery.rs.)
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};

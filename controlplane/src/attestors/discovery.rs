@@ -65,7 +65,7 @@ use bc_wire::agent::{tpm_attestation, Role};
 use bc_wire::site;
 use bc_wire::AttestorId;
 
-use crate::attestors::join_token::live_token;
+use crate::attestors::join_token::{live_token, TokenReason};
 use crate::attestors::tpm::{self, TpmAttestor, TpmProof};
 use crate::model::attestor::{
     AttestInput, AttestationResult, Attestor, NodeKey, Prepared, ProvenEk, Refusal, Verdict, Work,
@@ -188,22 +188,30 @@ impl Attestor for DiscoveryAttestor {
             Refusal::new(DiscoveryReason::AssertionMalformed)
         })?;
         let subject = site::use_subject(&signed);
-        if uses::is_spent(tx, AttestorId::Discovery, &subject)?
-            || spent_under_old_key(tx, input.evidence)?
-        {
-            // Spent by an operator's denial of the request it filed, or by
-            // the join it admitted.
-            let reason = match approval::denied_assertion(tx, &subject)? {
-                true => DiscoveryReason::ApprovalDenied,
-                false => DiscoveryReason::AssertionReused,
-            };
+        if let Some(reason) = spent(tx, &subject, input.evidence)? {
             return Err(Refusal::new(reason).with_node(Some(&assertion.node_id)));
         }
         let asserted_mac = Mac::parse(&assertion.mac)
             .map_err(|_| Refusal::new(DiscoveryReason::AssertionMalformed))?;
 
         // The token.
-        let (token, row) = live_token(tx, input)?;
+        let (token, row) = match live_token(tx, input) {
+            Ok(live) => live,
+            // PG: the check above is a plain read taken before the token's
+            // `FOR UPDATE`; an operator's denial committing between them
+            // (it revokes the token and spends the assertion in one
+            // transaction) shows here as a revoked token. Asked again (a new
+            // statement sees that commit), the assertion answers as it
+            // would have had the denial come first. (Locking the token
+            // first would put its refusals before `assertion-reused`.)
+            Err(r) if r.reason == TokenReason::Revoked.any() => {
+                return Err(match spent(tx, &subject, input.evidence)? {
+                    Some(reason) => Refusal::new(reason).with_node(Some(&assertion.node_id)),
+                    None => r,
+                });
+            }
+            Err(r) => return Err(r),
+        };
         let refuse = |reason: DiscoveryReason| {
             Refusal::new(reason)
                 .with_token(Some(&token.id))
@@ -383,6 +391,18 @@ impl Attestor for DiscoveryAttestor {
         }
         Ok(Verdict::Admit(Box::new(result)))
     }
+}
+
+/// Why the assertion is spent, if it is: by an operator's denial of the
+/// request it filed, or by the join it admitted.
+fn spent(tx: &Tx<'_>, subject: &str, envelope: &[u8]) -> Result<Option<DiscoveryReason>, DbError> {
+    if !uses::is_spent(tx, AttestorId::Discovery, subject)? && !spent_under_old_key(tx, envelope)? {
+        return Ok(None);
+    }
+    Ok(Some(match approval::denied_assertion(tx, subject)? {
+        true => DiscoveryReason::ApprovalDenied,
+        false => DiscoveryReason::AssertionReused,
+    }))
 }
 
 /// Whether an earlier control plane recorded this assertion's use under
@@ -592,5 +612,100 @@ mod tests {
             refusal(&t.db, &signed("site_b").encode_to_vec()),
             crate::attestors::join_token::TokenReason::Missing
         );
+    }
+
+    /// The reason the attestor refuses `evidence` with, presented with
+    /// `token` from 127.0.0.9.
+    fn refusal_with(
+        db: &crate::store::Store,
+        evidence: &[u8],
+        token: &bc_wire::token::JoinToken,
+    ) -> String {
+        let attestor = DiscoveryAttestor::new(
+            DiscoveryConfig::default(),
+            TpmAttestor::new(TpmConfig::default(), ChallengeKey::new([1; 32])),
+        );
+        let claims = HardwareClaims::default();
+        let opened = crate::model::attestor::OpenedToken::Parsed(token.clone());
+        let input = AttestInput {
+            role: Role::Ramdisk,
+            evidence,
+            token: Some(&opened),
+            csr_der: &[],
+            csr_sha256: [0; 32],
+            csr_spki_der: &[],
+            csr_spki_sha256: [0; 32],
+            claims: &claims,
+            tpm: None,
+            now: 1_000,
+            source: Some("127.0.0.9".parse().unwrap()),
+            prepared: &crate::model::attestor::Prepared::default(),
+        };
+        match db
+            .write(|tx| Ok::<_, DbError>(attestor.verify(tx, &input)))
+            .unwrap()
+        {
+            Err(r) => r.reason.to_string(),
+            Ok(_) => panic!("admitted"),
+        }
+    }
+
+    /// A join that waits on its token's lock while an operator denies its
+    /// request is refused `approval-denied`, as one after the denial (PG:
+    /// it read the assertion unspent before the denial committed, then
+    /// found the token revoked; failed `token-revoked` without the second
+    /// look in `verify`).
+    #[test]
+    fn a_join_verified_while_its_request_is_denied_is_refused_approval_denied() {
+        let t = crate::race_tests::pg();
+        let (tok, _) =
+            crate::model::tokens::create_token(&t.db, Role::Ramdisk, 1, 3_600_000).unwrap();
+        let s = signed("site_a");
+        let subject = site::use_subject(&s);
+        let claims = HardwareClaims::default();
+        let input = AttestInput {
+            role: Role::Ramdisk,
+            evidence: &[],
+            token: None,
+            csr_der: &[],
+            csr_sha256: [0; 32],
+            csr_spki_der: &[],
+            csr_spki_sha256: [1; 32],
+            claims: &claims,
+            tpm: None,
+            now: 1_000,
+            source: Some("127.0.0.9".parse().unwrap()),
+            prepared: &crate::model::attestor::Prepared::default(),
+        };
+        let gate = t.db.write(|tx| {
+            approval::gate(
+                tx,
+                &approval::Pending {
+                    input: &input,
+                    entry: None,
+                    mac: "52:54:00:12:34:56",
+                    ek: None,
+                    token_id: &tok.id,
+                    assertion_sha256: &subject,
+                    assertion_expires_at: 1_000 + 900_000,
+                    retry_after_seconds: 7,
+                },
+            )
+        });
+        let request_id = match gate {
+            Ok(approval::Gate::Wait(crate::model::attestor::Deferral::Pending {
+                request_id,
+                ..
+            })) => request_id,
+            other => panic!("not pending: {other:?}"),
+        };
+        let evidence = s.encode_to_vec();
+        let (a, b) = crate::race_tests::race(
+            &t,
+            |db| crate::model::enroll::deny(db, &request_id),
+            |db| refusal_with(db, &evidence, &tok),
+        );
+        a.unwrap();
+        assert_eq!(b, DiscoveryReason::ApprovalDenied);
     }
 }
