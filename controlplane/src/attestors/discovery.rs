@@ -65,7 +65,7 @@ use bc_wire::agent::{tpm_attestation, Role};
 use bc_wire::site;
 use bc_wire::AttestorId;
 
-use crate::attestors::join_token::{live_token, TokenReason};
+use crate::attestors::join_token::{is_revoked, live_token};
 use crate::attestors::tpm::{self, TpmAttestor, TpmProof};
 use crate::model::attestor::{
     AttestInput, AttestationResult, Attestor, NodeKey, Prepared, ProvenEk, Refusal, Verdict, Work,
@@ -204,7 +204,7 @@ impl Attestor for DiscoveryAttestor {
             // statement sees that commit), the assertion answers as it
             // would have had the denial come first. (Locking the token
             // first would put its refusals before `assertion-reused`.)
-            Err(r) if r.reason == TokenReason::Revoked.any() => {
+            Err(r) if is_revoked(&r) => {
                 return Err(match spent(tx, &subject, input.evidence)? {
                     Some(reason) => Refusal::new(reason).with_node(Some(&assertion.node_id)),
                     None => r,

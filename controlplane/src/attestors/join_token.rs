@@ -71,6 +71,12 @@ pub(crate) fn live_token<'t>(
     Ok((token, row))
 }
 
+/// Whether [`live_token`] refused the token as revoked (a caller that read
+/// something before taking the token's lock may have to read it again).
+pub(crate) fn is_revoked(refusal: &Refusal) -> bool {
+    refusal.reason == TokenReason::Revoked.any()
+}
+
 impl Attestor for JoinTokenAttestor {
     fn id(&self) -> AttestorId {
         AttestorId::JoinToken
