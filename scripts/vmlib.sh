@@ -4,7 +4,8 @@
 # QEMU comes from bookworm-backports: the image's qemu-utils is 10.x from
 # there, and bookworm's QEMU 7.2 would remove it. The backports source is
 # derived from the mirror already configured, never written into the repo.
-BCD_VM_PACKAGES=(qemu-system-x86 qemu-utils ipxe-qemu busybox-static mmdebstrap e2fsprogs openssl python3)
+# fdisk: sfdisk partitions the disk image scripts/pxetest wipes.
+BCD_VM_PACKAGES=(qemu-system-x86 qemu-utils ipxe-qemu busybox-static mmdebstrap e2fsprogs openssl python3 fdisk)
 
 ensure_vm_packages() {
   local missing=() p

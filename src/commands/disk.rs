@@ -74,8 +74,9 @@ pub(super) fn wipe(machine: &Machine, devices: &[&str]) -> Done {
 
 /// Whether `name` may be wiped: a whole disk of the inventory, unused.
 fn check(machine: &Machine, name: &str) -> Result<(), String> {
-    let dir = machine.sysfs.join("block").join(name);
-    if !dir.is_dir() || super::inventory::pseudo(name) {
+    let block = machine.sysfs.join("block");
+    let dir = block.join(name);
+    if !dir.is_dir() || !super::inventory::disk(&block, name) {
         return Err("not a disk of this machine's inventory".into());
     }
     let parts = partitions(&dir);
@@ -248,6 +249,8 @@ mod tests {
         write(&sys, "block/vda/vda1/partition", "1\n");
         write(&sys, "block/vda/vda1/dev", "252:1\n");
         write(&sys, "block/vdb/vdb1/partition", "1\n");
+        write(&sys, "block/nvme0c0n1/dev", "259:1\n");
+        write(&sys, "block/nvme0c0n1/hidden", "1\n");
         write(&sys, "block/vdb/vdb1/dev", "252:17\n");
         std::fs::create_dir_all(sys.join("block/vdc/holders/dm-0")).unwrap();
         write(
@@ -307,6 +310,10 @@ mod tests {
                 "/dev/sdz: not a disk of this machine's inventory",
             ),
             (vec!["/dev/vda1"], "/dev/vda1: not a disk"),
+            (
+                vec!["/dev/nvme0c0n1"],
+                "/dev/nvme0c0n1: not a disk of this machine's inventory",
+            ),
         ] {
             let done = wipe(&m, &devices);
             assert_eq!(done.status, bc_wire::command_v1::Status::Failed);

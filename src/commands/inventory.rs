@@ -285,16 +285,20 @@ fn nics(sys: &Path) -> Vec<Nic> {
         .collect()
 }
 
-/// Devices of no interest to commissioning: loop, RAM and zram disks.
-pub(super) fn pseudo(name: &str) -> bool {
-    ["loop", "ram", "zram"].iter().any(|p| name.starts_with(p))
+/// Whether `/sys/block/<name>` is a disk of the inventory: not a loop, RAM
+/// or zram disk (of no interest to commissioning), and not hidden (an NVMe
+/// multipath controller path such as `nvme0c0n1`: the same namespace again,
+/// with no `/dev` node; seen in scripts/pxetest's guest).
+pub(super) fn disk(block: &Path, name: &str) -> bool {
+    !["loop", "ram", "zram"].iter().any(|p| name.starts_with(p))
+        && read_small(&block.join(name).join("hidden")).as_deref() != Some("1")
 }
 
 fn block_devices(sys: &Path) -> Vec<BlockDevice> {
     let block = sys.join("block");
     names(&block)
         .into_iter()
-        .filter(|n| !pseudo(n))
+        .filter(|n| disk(&block, n))
         .map(|name| {
             let dir = block.join(&name);
             let flag = |rel: &str| read_small(&dir.join(rel)).map(|v| v == "1");
@@ -454,6 +458,9 @@ mod tests {
         write(&sys, "block/vda/serial", "disk-serial\n");
         write(&sys, "block/vda/device/model", "QEMU HARDDISK   \n");
         write(&sys, "block/loop0/size", "0\n");
+        // An NVMe multipath path of a namespace: hidden, not a disk.
+        write(&sys, "block/nvme0c0n1/size", "2097152\n");
+        write(&sys, "block/nvme0c0n1/hidden", "1\n");
         std::fs::create_dir_all(sys.join("class/tpm/tpm0/pcr-sha256")).unwrap();
         std::fs::create_dir_all(sys.join("class/tpm/tpm0/pcr-sha1")).unwrap();
         Machine {

@@ -47,6 +47,11 @@ fn tpm_machine(cp: &ControlPlane, tpm: &Swtpm) -> Agent {
     agent.sysfs("class/net/eth0/address", &format!("{MAC}\n"));
     agent.sysfs("class/net/eth0/operstate", "up\n");
     agent.sysfs("class/net/lo/address", "00:00:00:00:00:00\n");
+    // One NVMe disk, and its multipath path (hidden: the same namespace
+    // again, no /dev node), as scripts/pxetest's guest shows them.
+    agent.sysfs("block/nvme0n1/size", "131072\n");
+    agent.sysfs("block/nvme0c0n1/size", "131072\n");
+    agent.sysfs("block/nvme0c0n1/hidden", "1\n");
     agent.allow_ek(cp);
     assert_ok(&agent.run(&["join", "--attestor", "tpm"]));
     agent
@@ -83,6 +88,14 @@ fn a_tpm_joined_node_answers_inventory_refresh_and_diag_ping() {
         nics.iter().any(|n| n["name"] == "eth0" && n["mac"] == MAC),
         "{nics:?}"
     );
+    let disks: Vec<&str> = i["blockDevices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|b| b["name"].as_str())
+        .collect();
+    assert_eq!(disks, ["nvme0n1"], "the hidden path is no disk: {i}");
+    assert_eq!(i["blockDevices"][0]["sizeBytes"], 64u64 << 20);
     let ek = agent.identify()["ekSha256"].as_str().unwrap().to_owned();
     assert_eq!(i["tpm"]["ekSha256"].as_str(), Some(ek.as_str()));
     assert_eq!(inv["flags"], serde_json::json!([]), "{inv}");

@@ -55,6 +55,16 @@ kv doctor_rc "$(as_node_user bcd doctor --config "$config" >/dev/null 2>&1; echo
 steps=" $(curl -fsS "${seed}steps" 2>/dev/null | tr '\n' ' ') "
 step() { case $steps in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 
+# The host sends this node commands (inventory.refresh, logs.collect) over
+# its channel once it joined: bcd-node stays up until the host says it is
+# done (bounded), so that the node answers as installed, unprivileged.
+if step commands; then
+  i=0
+  until curl -fsS -o /dev/null "${seed}commands-done" 2>/dev/null || [ $i -ge 150 ]; do sleep 2; i=$((i + 1)); done
+  kv commands_done "$(curl -fsS "${seed}commands-done" 2>/dev/null || echo never)"
+  kv commands_node_active "$(systemctl is-active bcd-node.service)"
+fi
+
 # A renewal, by bcd node itself as the unit's user (stopped meanwhile so
 # that one process holds the identity).
 if step renew; then
