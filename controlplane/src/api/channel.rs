@@ -12,12 +12,17 @@
 //!    bounded like any connection, and evictable) and is nobody's channel.
 //! 3. **Channel.** The proven connection replaces the node's previous one
 //!    ([`Channels`]), gives its slot back, and delivers the node's queued
-//!    commands: at once, whenever this process queues one, and on a short
-//!    poll (commands another process or replica queued). A result is
-//!    acked once stored. It is closed when its certificate stops being
+//!    commands: at once, whenever this process queues one for it, and on
+//!    a short poll (commands another process or replica queued). A result
+//!    is acked once stored. It is closed when its certificate stops being
 //!    good (revoked, expired, renewed, the node retired), when the node
 //!    opens another, at shutdown, and when it stays silent through two
 //!    pings.
+//!
+//! Idle channels cost the database nothing each: one poller per process
+//! asks, every [`POLL`], which of all the channels' certificates are still
+//! good and which nodes have something queued (a few queries, whatever
+//! the number of channels), and wakes or closes only those channels.
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
@@ -46,11 +51,12 @@ use crate::api::connlimit::Slot;
 use crate::plane::commands::{ChannelAuth, CommandService, Taken};
 use crate::plane::ControlPlane;
 
-/// How often the channels look for commands other processes queued, and
-/// expire what is due.
+/// How often the poller looks for commands other processes queued,
+/// expires what is due, and checks the channels' certificates.
 const POLL: Duration = Duration::from_secs(1);
-/// How often a channel checks its certificate is still good.
-const RECHECK: Duration = Duration::from_secs(2);
+/// How often a channel checks whether it has been silent too long (no
+/// database work).
+const SILENCE_CHECK: Duration = Duration::from_secs(2);
 /// A channel silent this long is pinged; silent twice as long, closed.
 const PING_EVERY: Duration = Duration::from_secs(30);
 
@@ -74,9 +80,40 @@ pub(crate) struct Channels {
 
 struct Entry {
     conn: u64,
+    /// The certificate the channel was proven with.
+    serial: String,
     wake: Arc<Notify>,
-    replaced: Arc<Notify>,
+    close: Arc<Close>,
 }
+
+/// Tells a channel to end, and why.
+#[derive(Default)]
+struct Close {
+    notify: Notify,
+    why: Mutex<Option<&'static str>>,
+}
+
+impl Close {
+    fn close(&self, why: &'static str) {
+        self.why
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_or_insert(why);
+        self.notify.notify_one();
+    }
+
+    async fn closed(&self) -> &'static str {
+        self.notify.notified().await;
+        self.why
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .unwrap_or("closed")
+    }
+}
+
+const REPLACED: &str = "replaced by a newer channel of the node";
+const NOT_GOOD: &str =
+    "the certificate is no longer good (revoked, expired, renewed or the node retired)";
 
 impl Channels {
     pub(crate) fn new() -> Arc<Channels> {
@@ -87,9 +124,16 @@ impl Channels {
         })
     }
 
-    /// Makes `node_id`'s channel the connection `conn`, closing the one
-    /// before it.
-    fn register(&self, node_id: &str, conn: u64, wake: Arc<Notify>, replaced: Arc<Notify>) {
+    /// Makes `node_id`'s channel the connection `conn` (proven with the
+    /// certificate `serial`), closing the one before it.
+    fn register(
+        &self,
+        node_id: &str,
+        serial: &str,
+        conn: u64,
+        wake: Arc<Notify>,
+        close: Arc<Close>,
+    ) {
         let old = self
             .by_node
             .lock()
@@ -98,12 +142,36 @@ impl Channels {
                 node_id.to_owned(),
                 Entry {
                     conn,
+                    serial: serial.to_owned(),
                     wake,
-                    replaced,
+                    close,
                 },
             );
         if let Some(old) = old {
-            old.replaced.notify_one();
+            old.close.close(REPLACED);
+        }
+    }
+
+    /// `(node_id, conn)` of every channel now.
+    fn open(&self) -> Vec<(String, u64)> {
+        self.by_node
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(n, e)| (n.clone(), e.conn))
+            .collect()
+    }
+
+    /// Closes each channel of `looked` (still the same connection) whose
+    /// certificate is not among `good`.
+    fn close_not_good(&self, looked: &[(String, u64)], good: &HashSet<(String, String)>) {
+        let map = self.by_node.lock().unwrap_or_else(|p| p.into_inner());
+        for (node, conn) in looked {
+            if let Some(e) = map.get(node).filter(|e| e.conn == *conn) {
+                if !good.contains(&(node.clone(), e.serial.clone())) {
+                    e.close.close(NOT_GOOD);
+                }
+            }
         }
     }
 
@@ -129,16 +197,10 @@ impl Channels {
         }
     }
 
-    fn wake_all(&self) {
-        let map = self.by_node.lock().unwrap_or_else(|p| p.into_inner());
-        for e in map.values() {
-            e.wake.notify_one();
-        }
-    }
-
-    /// Starts, once, the task that wakes the channels: at once when this
-    /// process queues, and every [`POLL`] for what others queued (and
-    /// expires what is due).
+    /// Starts, once, the task that wakes the channels: at once the node's
+    /// when this process queues for it, and every [`POLL`] those with what
+    /// others queued (expiring what is due, and closing the channels whose
+    /// certificate stopped being good).
     fn start_poller(self: &Arc<Self>, cp: Arc<ControlPlane>) {
         let channels = Arc::downgrade(self);
         self.poller.call_once(|| {
@@ -149,19 +211,24 @@ impl Channels {
                     tokio::select! {
                         () = cp.queued_notified() => {
                             let Some(ch) = channels.upgrade() else { return };
-                            ch.wake_all();
+                            ch.wake(&cp.take_queued_nodes());
                         }
                         _ = tick.tick() => {
                             let Some(ch) = channels.upgrade() else { return };
+                            let looked = ch.open();
+                            let nodes: Vec<String> = looked.iter().map(|(n, _)| n.clone()).collect();
                             let cp2 = cp.clone();
                             let due = tokio::task::spawn_blocking(move || {
                                 let s = CommandService::new(&cp2);
                                 s.expire()?;
-                                s.nodes_with_queued()
+                                s.channels_tick(&nodes)
                             })
                             .await;
                             match due {
-                                Ok(Ok(nodes)) => ch.wake(&nodes),
+                                Ok(Ok(t)) => {
+                                    ch.close_not_good(&looked, &t.good);
+                                    ch.wake(&t.queued);
+                                }
                                 Ok(Err(e)) => tracing::warn!(error = %e, "command channel poll failed"),
                                 Err(e) => tracing::warn!(error = %e, "command channel poll panicked"),
                             }
@@ -381,10 +448,10 @@ async fn run(
     drop(slot);
     let conn = channels.next_conn();
     let wake = Arc::new(Notify::new());
-    let replaced = Arc::new(Notify::new());
-    channels.register(&node_id, conn, wake.clone(), replaced.clone());
+    let close = Arc::new(Close::default());
+    channels.register(&node_id, &auth.serial, conn, wake.clone(), close.clone());
     tracing::info!(peer = ?peer, node_id, serial = %auth.serial, "command channel open");
-    let why = serve(&cp, &auth, &mut ws, &wake, &replaced, &mut stop).await;
+    let why = serve(&cp, &auth, &mut ws, &wake, &close, &mut stop).await;
     channels.unregister(&node_id, conn);
     tracing::info!(node_id, serial = %auth.serial, why, "command channel closed");
     let _ = ws.close(None).await;
@@ -401,11 +468,11 @@ async fn serve(
     auth: &ChannelAuth,
     ws: &mut Ws,
     wake: &Notify,
-    replaced: &Notify,
+    close: &Close,
     stop: &mut Option<ConnStop>,
 ) -> &'static str {
     let mut sent: HashSet<String> = HashSet::new();
-    let mut recheck = tokio::time::interval(RECHECK);
+    let mut recheck = tokio::time::interval(SILENCE_CHECK);
     recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_heard = tokio::time::Instant::now();
     let mut last_ping = last_heard;
@@ -438,15 +505,9 @@ async fn serve(
         }
         tokio::select! {
             () = wake.notified() => deliver = true,
-            () = replaced.notified() => return "replaced by a newer channel of the node",
+            why = close.closed() => return why,
             () = stopped(stop) => return "shutdown",
             _ = recheck.tick() => {
-                let a = auth.clone();
-                match blocking(cp, move |s| s.still_good(&a)).await {
-                    Ok(true) => {}
-                    Ok(false) => return "the certificate is no longer good (revoked, expired, renewed or the node retired)",
-                    Err(e) => tracing::warn!(error = %e, "command channel: database"),
-                }
                 let silent = last_heard.elapsed();
                 if silent >= 2 * PING_EVERY {
                     return "silent through two pings";
