@@ -9,7 +9,12 @@
 //! 2. **Hello, proof.** The server sends a fresh nonce; the agent has
 //!    [`PROOF_TIMEOUT_MS`] to answer a proof that verifies. Until then the
 //!    connection keeps its connection-limit slot (so unproven upgrades are
-//!    bounded like any connection, and evictable) and is nobody's channel.
+//!    bounded like any connection, and evictable) and is nobody's channel:
+//!    it holds no place in [`Channels`].
+//!
+//! An address whose upgrades or proofs keep failing is refused (429, a
+//! logged reason) before any certificate or database work, for a while
+//! ([`flood`]); nothing else changes.
 //! 3. **Channel.** The proven connection replaces the node's previous one
 //!    ([`Channels`]), gives its slot back, and delivers the node's queued
 //!    commands: at once, whenever this process queues one for it, and on
@@ -27,7 +32,7 @@
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::Request;
@@ -76,6 +81,7 @@ pub(crate) struct Channels {
     by_node: Mutex<HashMap<String, Entry>>,
     next: Mutex<u64>,
     poller: std::sync::Once,
+    failures: flood::Failures,
 }
 
 struct Entry {
@@ -121,6 +127,7 @@ impl Channels {
             by_node: Mutex::new(HashMap::new()),
             next: Mutex::new(0),
             poller: std::sync::Once::new(),
+            failures: flood::Failures::default(),
         })
     }
 
@@ -179,6 +186,13 @@ impl Channels {
         let mut map = self.by_node.lock().unwrap_or_else(|p| p.into_inner());
         if map.get(node_id).is_some_and(|e| e.conn == conn) {
             map.remove(node_id);
+        }
+    }
+
+    /// Counts a failed upgrade or proof from `peer`.
+    fn failed(&self, peer: Option<SocketAddr>) {
+        if let Some(p) = peer {
+            self.failures.failed(p.ip(), Instant::now());
         }
     }
 
@@ -253,8 +267,37 @@ fn status(code: StatusCode, text: &'static str) -> Response {
 
 /// `GET` [`bc_wire::endpoints::COMMAND_CHANNEL`] with `Upgrade:
 /// websocket`, from the client whose TLS leaf is `leaf` (the router's
-/// handler passes it, and the peer's address).
+/// handler passes it, and the peer's address). An address refused for
+/// its failures gets 429 at once; a refused upgrade counts as a failure.
 pub(crate) async fn upgrade(
+    cp: Arc<ControlPlane>,
+    channels: Arc<Channels>,
+    leaf: Option<Vec<u8>>,
+    peer: Option<SocketAddr>,
+    req: Request,
+) -> Response {
+    if let Some(p) = peer {
+        if channels.failures.refused(p.ip(), Instant::now()) {
+            let mut r = status(StatusCode::TOO_MANY_REQUESTS, flood::REASON);
+            r.headers_mut().insert(
+                header::RETRY_AFTER,
+                HeaderValue::from(flood::WINDOW.as_secs()),
+            );
+            return r;
+        }
+    }
+    let resp = accept(cp, channels.clone(), leaf, peer, req).await;
+    if matches!(
+        resp.status(),
+        StatusCode::BAD_REQUEST | StatusCode::FORBIDDEN
+    ) {
+        channels.failed(peer);
+    }
+    resp
+}
+
+/// [`upgrade`] past the flood check.
+async fn accept(
     cp: Arc<ControlPlane>,
     channels: Arc<Channels>,
     leaf: Option<Vec<u8>>,
@@ -411,16 +454,16 @@ async fn run(
         Ok(Some(Ok(Message::Binary(bytes)))) => match parse_agent_frame(&bytes) {
             Ok(agent_frame::Frame::Proof(p)) => p,
             _ => {
-                refuse(&mut ws, peer, &node_id, "malformed").await;
+                refuse(&channels, &mut ws, peer, &node_id, "malformed").await;
                 return;
             }
         },
         Err(_) => {
-            refuse(&mut ws, peer, &node_id, "timeout").await;
+            refuse(&channels, &mut ws, peer, &node_id, "timeout").await;
             return;
         }
         _ => {
-            refuse(&mut ws, peer, &node_id, "malformed").await;
+            refuse(&channels, &mut ws, peer, &node_id, "malformed").await;
             return;
         }
     };
@@ -441,6 +484,7 @@ async fn run(
         },
     ) {
         tracing::warn!(peer = ?peer, node_id, reason = e.reason(), error = %e, "command channel proof refused");
+        channels.failed(peer);
         let _ = ws.close(None).await;
         return;
     }
@@ -457,8 +501,15 @@ async fn run(
     let _ = ws.close(None).await;
 }
 
-async fn refuse(ws: &mut Ws, peer: Option<SocketAddr>, node_id: &str, reason: &'static str) {
+async fn refuse(
+    channels: &Channels,
+    ws: &mut Ws,
+    peer: Option<SocketAddr>,
+    node_id: &str,
+    reason: &'static str,
+) {
     tracing::warn!(peer = ?peer, node_id, reason, "command channel proof refused");
+    channels.failed(peer);
     let _ = ws.close(None).await;
 }
 
@@ -560,5 +611,6 @@ async fn serve(
     }
 }
 
+mod flood;
 #[cfg(test)]
 mod tests;
