@@ -411,8 +411,19 @@ fn channel_load() {
         .await
         .unwrap();
         let queue_s = t.elapsed().as_secs_f64();
+        eprintln!("queued {queued} in {queue_s:.1} s");
+        let mut last = Instant::now();
         while acked.load(Ordering::SeqCst) < queued {
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            if last.elapsed().as_secs() >= 5 {
+                last = Instant::now();
+                eprintln!("{} acked after {:.1} s", acked.load(Ordering::SeqCst), t.elapsed().as_secs_f64());
+            }
+            if t.elapsed().as_secs() > 120 {
+                let log = std::fs::read_to_string(cp.path().join("serve.log")).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(30).collect();
+                panic!("not all results within 120 s; serve.log's end:\n{}", tail.join("\n"));
+            }
         }
         let all_s = t.elapsed().as_secs_f64();
         let ok = CommandService::new(&svc)
