@@ -11,10 +11,6 @@
 //!    connection keeps its connection-limit slot (so unproven upgrades are
 //!    bounded like any connection, and evictable) and is nobody's channel:
 //!    it holds no place in [`Channels`].
-//!
-//! An address whose upgrades or proofs keep failing is refused (429, a
-//! logged reason) before any certificate or database work, for a while
-//! ([`flood`]); nothing else changes.
 //! 3. **Channel.** The proven connection replaces the node's previous one
 //!    ([`Channels`]), gives its slot back, and delivers the node's queued
 //!    commands: at once, whenever this process queues one for it, and on
@@ -28,6 +24,10 @@
 //! asks, every [`POLL`], which of all the channels' certificates are still
 //! good and which nodes have something queued (a few queries, whatever
 //! the number of channels), and wakes or closes only those channels.
+//!
+//! An address whose upgrades or proofs keep failing is refused (429, a
+//! logged reason) before any certificate or database work, for a while
+//! ([`flood`]); nothing else changes.
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
