@@ -408,8 +408,21 @@ fn channel_load() {
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
         eprintln!("{n} channels proven in {:.1} s", t.elapsed().as_secs_f64());
-        tokio::time::sleep(std::time::Duration::from_secs(5)).await;
-        println!("BENCH channels={n} serve_vmhwm_idle=\"{}\"", hwm());
+        tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+        // The serve's CPU (user + system ticks) over 10 s of idle channels.
+        let ticks = || {
+            let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+            let after = &s[s.rfind(')').unwrap() + 2..];
+            let f: Vec<&str> = after.split_whitespace().collect();
+            f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+        };
+        let before = ticks();
+        tokio::time::sleep(std::time::Duration::from_secs(10)).await;
+        let idle_cpu = (ticks() - before) as f64 / 10.0; // % of a core at 100 Hz
+        println!(
+            "BENCH channels={n} serve_vmhwm_idle=\"{}\" serve_idle_cpu_pct={idle_cpu:.1}",
+            hwm()
+        );
 
         let t = Instant::now();
         let svc = cp.svc.clone();
