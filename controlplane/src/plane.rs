@@ -74,6 +74,8 @@ pub struct ControlPlane {
     /// Woken when this process queues a command, so the channels deliver at
     /// once (other processes' commands arrive by the channels' poll).
     queued: tokio::sync::Notify,
+    /// The nodes this process queued for since the channels last looked.
+    queued_nodes: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 impl ControlPlane {
@@ -114,17 +116,32 @@ impl ControlPlane {
             boot_key: None,
             discovery_approval: crate::config::DiscoveryApproval::default(),
             queued: tokio::sync::Notify::new(),
+            queued_nodes: std::sync::Mutex::new(std::collections::HashSet::new()),
         }
     }
 
-    /// Tells the channels a command was queued.
-    pub(crate) fn commands_queued(&self) {
-        self.queued.notify_waiters();
+    /// Tells the channels a command was queued for `node_id`, so that only
+    /// its channel wakes.
+    pub(crate) fn commands_queued(&self, node_id: &str) {
+        self.queued_nodes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(node_id.to_owned());
+        // One waiter (the channels' poller); a permit is kept if it is busy.
+        self.queued.notify_one();
     }
 
-    /// Completes at the next [`Self::commands_queued`].
+    /// Completes at the next [`Self::commands_queued`] (or at once if one
+    /// came while nobody waited).
     pub(crate) fn queued_notified(&self) -> tokio::sync::futures::Notified<'_> {
         self.queued.notified()
+    }
+
+    /// The nodes queued for since the last call.
+    pub(crate) fn take_queued_nodes(&self) -> Vec<String> {
+        std::mem::take(&mut *self.queued_nodes.lock().unwrap_or_else(|p| p.into_inner()))
+            .into_iter()
+            .collect()
     }
 
     /// The boot lease's TTL (`[discovery] lease_ttl`).

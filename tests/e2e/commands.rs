@@ -324,14 +324,14 @@ fn inject(
         Ok::<_, std::convert::Infallible>(sig.to_bytes().into())
     })
     .unwrap();
-    let db = rusqlite::Connection::open(cp.path().join("controlplane.db")).unwrap();
-    db.busy_timeout(std::time::Duration::from_secs(10)).unwrap();
-    db.execute(
+    // Through the harness: the same statement on SQLite and PostgreSQL
+    // (`id`, `node` and `kind` are the test's own: no quoting to escape).
+    cp.sql(&format!(
         "INSERT INTO commands (id, node_id, kind, args, signed, state, queued_at, not_after)
-         VALUES (?1, ?2, ?3, '[]', ?4, 'queued', ?5, ?6)",
-        rusqlite::params![id, node, kind, signed.encode_to_vec(), now, now + 120_000],
-    )
-    .unwrap();
+         VALUES ('{id}', '{node}', '{kind}', '[]', {}, 'queued', {now}, {})",
+        cp.blob_literal(&signed.encode_to_vec()),
+        now + 120_000
+    ));
     id
 }
 

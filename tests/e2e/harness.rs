@@ -443,6 +443,31 @@ impl ControlPlane {
         self.dir.path()
     }
 
+    /// Runs `sql` (statements with no parameters) on this control plane's
+    /// database, SQLite file or PostgreSQL: a test's way to set up what no
+    /// command of the control plane would.
+    pub(crate) fn sql(&self, sql: &str) {
+        match &self.pg {
+            Some(pg) => {
+                pg.psql(sql);
+            }
+            None => {
+                let db = rusqlite::Connection::open(self.path().join("controlplane.db")).unwrap();
+                db.busy_timeout(std::time::Duration::from_secs(10)).unwrap();
+                db.execute_batch(sql).unwrap();
+            }
+        }
+    }
+
+    /// `bytes` as a literal of the backend's blob type, for [`Self::sql`].
+    pub(crate) fn blob_literal(&self, bytes: &[u8]) -> String {
+        let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        match self.pg {
+            Some(_) => format!("'\\x{hex}'::bytea"),
+            None => format!("X'{hex}'"),
+        }
+    }
+
     /// The `serve` process (for `/proc/<pid>/status`).
     pub(crate) fn pid(&self) -> u32 {
         self.child.as_ref().expect("serve is running").id()

@@ -9,20 +9,30 @@
 //! 2. **Hello, proof.** The server sends a fresh nonce; the agent has
 //!    [`PROOF_TIMEOUT_MS`] to answer a proof that verifies. Until then the
 //!    connection keeps its connection-limit slot (so unproven upgrades are
-//!    bounded like any connection, and evictable) and is nobody's channel.
+//!    bounded like any connection, and evictable) and is nobody's channel:
+//!    it holds no place in [`Channels`].
 //! 3. **Channel.** The proven connection replaces the node's previous one
 //!    ([`Channels`]), gives its slot back, and delivers the node's queued
-//!    commands: at once, whenever this process queues one, and on a short
-//!    poll (commands another process or replica queued). A result is
-//!    acked once stored. It is closed when its certificate stops being
+//!    commands: at once, whenever this process queues one for it, and on
+//!    a short poll (commands another process or replica queued). A result
+//!    is acked once stored. It is closed when its certificate stops being
 //!    good (revoked, expired, renewed, the node retired), when the node
 //!    opens another, at shutdown, and when it stays silent through two
 //!    pings.
+//!
+//! Idle channels cost the database nothing each: one poller per process
+//! asks, every [`POLL`], which of all the channels' certificates are still
+//! good and which nodes have something queued (a few queries, whatever
+//! the number of channels), and wakes or closes only those channels.
+//!
+//! An address whose upgrades or proofs keep failing is refused (429, a
+//! logged reason) before any certificate or database work, for a while
+//! ([`flood`]); nothing else changes.
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::Request;
@@ -46,11 +56,12 @@ use crate::api::connlimit::Slot;
 use crate::plane::commands::{ChannelAuth, CommandService, Taken};
 use crate::plane::ControlPlane;
 
-/// How often the channels look for commands other processes queued, and
-/// expire what is due.
+/// How often the poller looks for commands other processes queued,
+/// expires what is due, and checks the channels' certificates.
 const POLL: Duration = Duration::from_secs(1);
-/// How often a channel checks its certificate is still good.
-const RECHECK: Duration = Duration::from_secs(2);
+/// How often a channel checks whether it has been silent too long (no
+/// database work).
+const SILENCE_CHECK: Duration = Duration::from_secs(2);
 /// A channel silent this long is pinged; silent twice as long, closed.
 const PING_EVERY: Duration = Duration::from_secs(30);
 
@@ -70,13 +81,45 @@ pub(crate) struct Channels {
     by_node: Mutex<HashMap<String, Entry>>,
     next: Mutex<u64>,
     poller: std::sync::Once,
+    failures: flood::Failures,
 }
 
 struct Entry {
     conn: u64,
+    /// The certificate the channel was proven with.
+    serial: String,
     wake: Arc<Notify>,
-    replaced: Arc<Notify>,
+    close: Arc<Close>,
 }
+
+/// Tells a channel to end, and why.
+#[derive(Default)]
+struct Close {
+    notify: Notify,
+    why: Mutex<Option<&'static str>>,
+}
+
+impl Close {
+    fn close(&self, why: &'static str) {
+        self.why
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_or_insert(why);
+        self.notify.notify_one();
+    }
+
+    async fn closed(&self) -> &'static str {
+        self.notify.notified().await;
+        self.why
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .unwrap_or("closed")
+    }
+}
+
+const REPLACED: &str = "replaced by a newer channel of the node";
+const NOT_GOOD: &str =
+    "the certificate is no longer good (revoked, expired, renewed or the node retired)";
 
 impl Channels {
     pub(crate) fn new() -> Arc<Channels> {
@@ -84,12 +127,20 @@ impl Channels {
             by_node: Mutex::new(HashMap::new()),
             next: Mutex::new(0),
             poller: std::sync::Once::new(),
+            failures: flood::Failures::default(),
         })
     }
 
-    /// Makes `node_id`'s channel the connection `conn`, closing the one
-    /// before it.
-    fn register(&self, node_id: &str, conn: u64, wake: Arc<Notify>, replaced: Arc<Notify>) {
+    /// Makes `node_id`'s channel the connection `conn` (proven with the
+    /// certificate `serial`), closing the one before it.
+    fn register(
+        &self,
+        node_id: &str,
+        serial: &str,
+        conn: u64,
+        wake: Arc<Notify>,
+        close: Arc<Close>,
+    ) {
         let old = self
             .by_node
             .lock()
@@ -98,12 +149,36 @@ impl Channels {
                 node_id.to_owned(),
                 Entry {
                     conn,
+                    serial: serial.to_owned(),
                     wake,
-                    replaced,
+                    close,
                 },
             );
         if let Some(old) = old {
-            old.replaced.notify_one();
+            old.close.close(REPLACED);
+        }
+    }
+
+    /// `(node_id, conn)` of every channel now.
+    fn open(&self) -> Vec<(String, u64)> {
+        self.by_node
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(n, e)| (n.clone(), e.conn))
+            .collect()
+    }
+
+    /// Closes each channel of `looked` (still the same connection) whose
+    /// certificate is not among `good`.
+    fn close_not_good(&self, looked: &[(String, u64)], good: &HashSet<(String, String)>) {
+        let map = self.by_node.lock().unwrap_or_else(|p| p.into_inner());
+        for (node, conn) in looked {
+            if let Some(e) = map.get(node).filter(|e| e.conn == *conn) {
+                if !good.contains(&(node.clone(), e.serial.clone())) {
+                    e.close.close(NOT_GOOD);
+                }
+            }
         }
     }
 
@@ -111,6 +186,13 @@ impl Channels {
         let mut map = self.by_node.lock().unwrap_or_else(|p| p.into_inner());
         if map.get(node_id).is_some_and(|e| e.conn == conn) {
             map.remove(node_id);
+        }
+    }
+
+    /// Counts a failed upgrade or proof from `peer`.
+    fn failed(&self, peer: Option<SocketAddr>) {
+        if let Some(p) = peer {
+            self.failures.failed(p.ip(), Instant::now());
         }
     }
 
@@ -129,16 +211,10 @@ impl Channels {
         }
     }
 
-    fn wake_all(&self) {
-        let map = self.by_node.lock().unwrap_or_else(|p| p.into_inner());
-        for e in map.values() {
-            e.wake.notify_one();
-        }
-    }
-
-    /// Starts, once, the task that wakes the channels: at once when this
-    /// process queues, and every [`POLL`] for what others queued (and
-    /// expires what is due).
+    /// Starts, once, the task that wakes the channels: at once the node's
+    /// when this process queues for it, and every [`POLL`] those with what
+    /// others queued (expiring what is due, and closing the channels whose
+    /// certificate stopped being good).
     fn start_poller(self: &Arc<Self>, cp: Arc<ControlPlane>) {
         let channels = Arc::downgrade(self);
         self.poller.call_once(|| {
@@ -149,19 +225,24 @@ impl Channels {
                     tokio::select! {
                         () = cp.queued_notified() => {
                             let Some(ch) = channels.upgrade() else { return };
-                            ch.wake_all();
+                            ch.wake(&cp.take_queued_nodes());
                         }
                         _ = tick.tick() => {
                             let Some(ch) = channels.upgrade() else { return };
+                            let looked = ch.open();
+                            let nodes: Vec<String> = looked.iter().map(|(n, _)| n.clone()).collect();
                             let cp2 = cp.clone();
                             let due = tokio::task::spawn_blocking(move || {
                                 let s = CommandService::new(&cp2);
                                 s.expire()?;
-                                s.nodes_with_queued()
+                                s.channels_tick(&nodes)
                             })
                             .await;
                             match due {
-                                Ok(Ok(nodes)) => ch.wake(&nodes),
+                                Ok(Ok(t)) => {
+                                    ch.close_not_good(&looked, &t.good);
+                                    ch.wake(&t.queued);
+                                }
                                 Ok(Err(e)) => tracing::warn!(error = %e, "command channel poll failed"),
                                 Err(e) => tracing::warn!(error = %e, "command channel poll panicked"),
                             }
@@ -186,8 +267,37 @@ fn status(code: StatusCode, text: &'static str) -> Response {
 
 /// `GET` [`bc_wire::endpoints::COMMAND_CHANNEL`] with `Upgrade:
 /// websocket`, from the client whose TLS leaf is `leaf` (the router's
-/// handler passes it, and the peer's address).
+/// handler passes it, and the peer's address). An address refused for
+/// its failures gets 429 at once; a refused upgrade counts as a failure.
 pub(crate) async fn upgrade(
+    cp: Arc<ControlPlane>,
+    channels: Arc<Channels>,
+    leaf: Option<Vec<u8>>,
+    peer: Option<SocketAddr>,
+    req: Request,
+) -> Response {
+    if let Some(p) = peer {
+        if channels.failures.refused(p.ip(), Instant::now()) {
+            let mut r = status(StatusCode::TOO_MANY_REQUESTS, flood::REASON);
+            r.headers_mut().insert(
+                header::RETRY_AFTER,
+                HeaderValue::from(flood::WINDOW.as_secs()),
+            );
+            return r;
+        }
+    }
+    let resp = accept(cp, channels.clone(), leaf, peer, req).await;
+    if matches!(
+        resp.status(),
+        StatusCode::BAD_REQUEST | StatusCode::FORBIDDEN
+    ) {
+        channels.failed(peer);
+    }
+    resp
+}
+
+/// [`upgrade`] past the flood check.
+async fn accept(
     cp: Arc<ControlPlane>,
     channels: Arc<Channels>,
     leaf: Option<Vec<u8>>,
@@ -344,16 +454,16 @@ async fn run(
         Ok(Some(Ok(Message::Binary(bytes)))) => match parse_agent_frame(&bytes) {
             Ok(agent_frame::Frame::Proof(p)) => p,
             _ => {
-                refuse(&mut ws, peer, &node_id, "malformed").await;
+                refuse(&channels, &mut ws, peer, &node_id, "malformed").await;
                 return;
             }
         },
         Err(_) => {
-            refuse(&mut ws, peer, &node_id, "timeout").await;
+            refuse(&channels, &mut ws, peer, &node_id, "timeout").await;
             return;
         }
         _ => {
-            refuse(&mut ws, peer, &node_id, "malformed").await;
+            refuse(&channels, &mut ws, peer, &node_id, "malformed").await;
             return;
         }
     };
@@ -374,6 +484,7 @@ async fn run(
         },
     ) {
         tracing::warn!(peer = ?peer, node_id, reason = e.reason(), error = %e, "command channel proof refused");
+        channels.failed(peer);
         let _ = ws.close(None).await;
         return;
     }
@@ -381,17 +492,24 @@ async fn run(
     drop(slot);
     let conn = channels.next_conn();
     let wake = Arc::new(Notify::new());
-    let replaced = Arc::new(Notify::new());
-    channels.register(&node_id, conn, wake.clone(), replaced.clone());
+    let close = Arc::new(Close::default());
+    channels.register(&node_id, &auth.serial, conn, wake.clone(), close.clone());
     tracing::info!(peer = ?peer, node_id, serial = %auth.serial, "command channel open");
-    let why = serve(&cp, &auth, &mut ws, &wake, &replaced, &mut stop).await;
+    let why = serve(&cp, &auth, &mut ws, &wake, &close, &mut stop).await;
     channels.unregister(&node_id, conn);
     tracing::info!(node_id, serial = %auth.serial, why, "command channel closed");
     let _ = ws.close(None).await;
 }
 
-async fn refuse(ws: &mut Ws, peer: Option<SocketAddr>, node_id: &str, reason: &'static str) {
+async fn refuse(
+    channels: &Channels,
+    ws: &mut Ws,
+    peer: Option<SocketAddr>,
+    node_id: &str,
+    reason: &'static str,
+) {
     tracing::warn!(peer = ?peer, node_id, reason, "command channel proof refused");
+    channels.failed(peer);
     let _ = ws.close(None).await;
 }
 
@@ -401,11 +519,11 @@ async fn serve(
     auth: &ChannelAuth,
     ws: &mut Ws,
     wake: &Notify,
-    replaced: &Notify,
+    close: &Close,
     stop: &mut Option<ConnStop>,
 ) -> &'static str {
     let mut sent: HashSet<String> = HashSet::new();
-    let mut recheck = tokio::time::interval(RECHECK);
+    let mut recheck = tokio::time::interval(SILENCE_CHECK);
     recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_heard = tokio::time::Instant::now();
     let mut last_ping = last_heard;
@@ -438,15 +556,9 @@ async fn serve(
         }
         tokio::select! {
             () = wake.notified() => deliver = true,
-            () = replaced.notified() => return "replaced by a newer channel of the node",
+            why = close.closed() => return why,
             () = stopped(stop) => return "shutdown",
             _ = recheck.tick() => {
-                let a = auth.clone();
-                match blocking(cp, move |s| s.still_good(&a)).await {
-                    Ok(true) => {}
-                    Ok(false) => return "the certificate is no longer good (revoked, expired, renewed or the node retired)",
-                    Err(e) => tracing::warn!(error = %e, "command channel: database"),
-                }
                 let silent = last_heard.elapsed();
                 if silent >= 2 * PING_EVERY {
                     return "silent through two pings";
@@ -499,5 +611,6 @@ async fn serve(
     }
 }
 
+mod flood;
 #[cfg(test)]
 mod tests;

@@ -4,7 +4,7 @@
 //! results with the flags that compare them with its join. No policy here:
 //! [`crate::plane::commands`] decides what is queued and stored.
 
-use crate::store::{params, DbError, Row, Store, Tx, UnixMs};
+use crate::store::{params, DbError, Row, Store, Tx, UnixMs, Value};
 
 /// A command's state: `queued` until a verified result (its status) or
 /// its not_after passes (`expired`).
@@ -126,6 +126,36 @@ pub(crate) fn deliverable(
         params![node_id, now],
         |r| Ok((r.get(0)?, r.get(1)?)),
     )?;
+    rows.collect()
+}
+
+/// Of `node_ids`, each node's one certificate a channel may be open with
+/// at `now` (as [`channel_cert_good`] decides for one): `(node_id, serial)`.
+/// A channel whose pair is missing is closed. One query for many channels,
+/// so that idle channels cost the database nothing each.
+pub(crate) fn channel_certs_good(
+    tx: &Tx<'_>,
+    node_ids: &[String],
+    now: UnixMs,
+) -> Result<Vec<(String, String)>, DbError> {
+    if node_ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let marks: Vec<String> = (0..node_ids.len()).map(|i| format!("?{}", i + 2)).collect();
+    let sql = format!(
+        "SELECT c.node_id, c.serial FROM node_certs c JOIN nodes n ON n.id = c.node_id
+             WHERE c.node_id IN ({})
+               AND c.identity_generation = n.identity_generation
+               AND c.revoked_at IS NULL AND c.not_before <= ?1 AND ?1 < c.not_after
+               AND n.retired_at IS NULL AND n.deleted_at IS NULL
+               AND NOT EXISTS (SELECT 1 FROM node_certs d
+                                WHERE d.node_id = c.node_id AND d.rowid > c.rowid)",
+        marks.join(", ")
+    );
+    let mut params: Vec<Value> = Vec::with_capacity(node_ids.len() + 1);
+    params.push(Value::from(now));
+    params.extend(node_ids.iter().map(|n| Value::from(n.as_str())));
+    let rows = tx.query_map(&sql, &params, |r| Ok((r.get(0)?, r.get(1)?)))?;
     rows.collect()
 }
 

@@ -6,8 +6,8 @@
 //!   and stores the signed bytes: the same bytes are delivered every time.
 //! - [`CommandService::channel_auth`] decides whether a client certificate
 //!   may open a channel (at database time); [`CommandService::deliverable`]
-//!   is what a channel sends; [`CommandService::still_good`] whether it
-//!   may stay open.
+//!   is what a channel sends; [`CommandService::channels_tick`] which
+//!   channels may stay open and which have something to deliver.
 //! - [`CommandService::take_result`] stores a result only after
 //!   `verify_result` with the key of the certificate the channel was proven
 //!   with; an inventory.refresh result becomes the node's newest inventory.
@@ -88,6 +88,18 @@ pub(crate) struct ChannelAuth {
     pub spki_der: Vec<u8>,
     /// Database time when it was checked.
     pub now_ms: UnixMs,
+}
+
+/// How many channels' certificates one query checks (well under SQLite's
+/// and PostgreSQL's bound on parameters).
+pub(crate) const CHECK_CHUNK: usize = 500;
+
+/// What [`CommandService::channels_tick`] found.
+pub(crate) struct ChannelsTick {
+    /// `(node_id, serial)` of each certificate a channel may stay open with.
+    pub good: std::collections::HashSet<(String, String)>,
+    /// The nodes with a deliverable command.
+    pub queued: Vec<String>,
 }
 
 /// What became of a result that arrived on a channel.
@@ -199,7 +211,7 @@ impl CommandService<'_> {
             Ok(row)
         })?;
         tracing::info!(id = %row.id, node_id, kind, not_after = %crate::store::rfc3339(row.not_after), "command queued");
-        self.cp.commands_queued();
+        self.cp.commands_queued(node_id);
         Ok(row)
     }
 
@@ -266,13 +278,23 @@ impl CommandService<'_> {
         })
     }
 
-    /// Whether a channel opened with `auth` may stay open (see
-    /// [`table::channel_cert_good`]: revocation, retirement, expiry and
-    /// renewal close it).
-    pub(crate) fn still_good(&self, auth: &ChannelAuth) -> Result<bool, DbError> {
+    /// The channels' periodic look, for all of them at once: of the nodes
+    /// `open` (those with a channel), each one's certificate a channel may
+    /// still be open with (see [`table::channel_certs_good`]: revocation,
+    /// retirement, expiry and renewal drop a node's pair), and the nodes with
+    /// something to deliver. A query per [`CHECK_CHUNK`] channels and one
+    /// for the queue, however many channels are idle.
+    pub(crate) fn channels_tick(&self, open: &[String]) -> Result<ChannelsTick, DbError> {
         self.database().read(|tx| {
             let now = tx.now()?;
-            table::channel_cert_good(tx, &auth.node_id, &auth.serial, now)
+            let mut good = std::collections::HashSet::new();
+            for chunk in open.chunks(CHECK_CHUNK) {
+                good.extend(table::channel_certs_good(tx, chunk, now)?);
+            }
+            Ok(ChannelsTick {
+                good,
+                queued: table::nodes_with_queued(tx, now)?,
+            })
         })
     }
 
@@ -287,14 +309,6 @@ impl CommandService<'_> {
         self.database().read(|tx| {
             let now = tx.now()?;
             table::deliverable(tx, node_id, now)
-        })
-    }
-
-    /// The nodes with something to deliver.
-    pub(crate) fn nodes_with_queued(&self) -> Result<Vec<String>, DbError> {
-        self.database().read(|tx| {
-            let now = tx.now()?;
-            table::nodes_with_queued(tx, now)
         })
     }
 

@@ -163,7 +163,10 @@ fn a_queued_command_is_signed_once_for_its_node(backend: Backend) {
     assert_eq!(verified.id(), row.id);
     let delivered = svc(&cp).deliverable(&node.id).unwrap();
     assert_eq!(delivered, vec![(row.id.clone(), row.signed.clone())]);
-    assert_eq!(svc(&cp).nodes_with_queued().unwrap(), vec![node.id.clone()]);
+    assert_eq!(
+        svc(&cp).channels_tick(&[]).unwrap().queued,
+        vec![node.id.clone()]
+    );
 }
 
 fn every_queue_refusal_has_its_reason(backend: Backend) {
@@ -418,7 +421,7 @@ fn a_channel_needs_a_current_certificate_and_closes_when_it_stops_being_one(back
     let node = join(&cp, Role::Node);
     let a = auth(&cp, &node);
     assert_eq!(a.node_id, node.id);
-    assert!(s.still_good(&a).unwrap());
+    assert!(still_good(&s, &a));
     // Renewed (a newer certificate): the channel must reconnect with it.
     cp.issue(
         &node.id,
@@ -427,7 +430,7 @@ fn a_channel_needs_a_current_certificate_and_closes_when_it_stops_being_one(back
         1,
         true,
     );
-    assert!(!s.still_good(&a).unwrap());
+    assert!(!still_good(&s, &a));
     assert!(s.channel_auth(&node.leaf).unwrap().is_none());
     // A certificate the control plane never stored.
     let stranger = cp.issue(&node.id, &node.key, &[], 1, false);
@@ -444,6 +447,24 @@ fn a_channel_needs_a_current_certificate_and_closes_when_it_stops_being_one(back
             )
         })
         .unwrap();
-    assert!(!s.still_good(&b).unwrap());
+    assert!(!still_good(&s, &b));
     assert!(s.channel_auth(&other.leaf).unwrap().is_none());
+    // One look for many channels: only the good one's pair comes back.
+    let third = join(&cp, Role::Node);
+    let c = auth(&cp, &third);
+    let tick = s
+        .channels_tick(&[other.id.clone(), third.id.clone(), node.id.clone()])
+        .unwrap();
+    assert!(tick.good.contains(&(c.node_id.clone(), c.serial.clone())));
+    assert!(!tick.good.contains(&(b.node_id.clone(), b.serial.clone())));
+    assert!(!tick.good.contains(&(a.node_id.clone(), a.serial.clone())));
+}
+
+/// Whether the channel `a` proved may stay open, as the channels' tick
+/// decides.
+fn still_good(s: &CommandService<'_>, a: &crate::plane::commands::ChannelAuth) -> bool {
+    s.channels_tick(std::slice::from_ref(&a.node_id))
+        .unwrap()
+        .good
+        .contains(&(a.node_id.clone(), a.serial.clone()))
 }
