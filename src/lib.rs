@@ -23,6 +23,7 @@ pub mod evidence;
 mod failpoint;
 mod gendocs;
 pub mod helper;
+mod http_builder;
 mod identify;
 pub mod identity;
 mod join;

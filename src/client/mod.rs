@@ -354,14 +354,6 @@ pub(crate) fn io_words(chain: &[&DynError]) -> Option<(std::io::ErrorKind, &'sta
 /// entries after a quiet spell); a fresh connection costs one handshake.
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Every HTTP client bcd makes (the control plane's, a cloud's metadata
-/// service) starts here, with TCP_NODELAY: a TLS handshake and a request go
-/// out in several writes, and Nagle's algorithm would hold the last back
-/// until the server's delayed ACK, 40 ms later (once or twice a join).
-pub(crate) fn http_builder() -> reqwest::ClientBuilder {
-    reqwest::Client::builder().tcp_nodelay(true)
-}
-
 /// HTTPS with `tls` only: no redirect (it could lead away from the pinned
 /// control plane), and bounded waits.
 pub(crate) fn https_client(
@@ -370,7 +362,7 @@ pub(crate) fn https_client(
     total: Duration,
     user_agent: &str,
 ) -> Result<reqwest::Client, String> {
-    http_builder()
+    crate::http_builder::http_builder()
         .use_preconfigured_tls(tls)
         .https_only(true)
         .redirect(reqwest::redirect::Policy::none())
@@ -416,7 +408,7 @@ mod tests {
     /// shows it in the builder's Debug).
     #[test]
     fn http_clients_set_nodelay() {
-        let builder = super::http_builder();
+        let builder = crate::http_builder::http_builder();
         assert!(
             format!("{builder:?}").contains("tcp_nodelay: true"),
             "{builder:?}"

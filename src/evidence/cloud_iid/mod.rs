@@ -140,7 +140,7 @@ fn request(
         .map_err(|e| err(format!("cannot start the async runtime: {e}")))?;
     runtime.block_on(async {
         // Never through a proxy: the metadata service is the VM's own.
-        let client = crate::client::http_builder()
+        let client = crate::http_builder::http_builder()
             .no_proxy()
             .timeout(FETCH_TIMEOUT)
             .connect_timeout(CONNECT_TIMEOUT)
