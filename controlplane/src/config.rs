@@ -70,7 +70,7 @@
 //! their keys; with no `[database]` they make one ([`load_with`]).
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use bc_wire::pcr::PcrBank;
 use serde::Deserialize;
@@ -163,46 +163,10 @@ const MAX_EVENTS_RETENTION_MS: i64 = 3650 * 86_400_000;
 /// and a TLS session's memory).
 const MAX_CONNECTIONS: i64 = 1_000_000;
 
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    /// `line` is 1-based; a problem with the whole file has none.
-    #[error("{}{}: {message}", path.display(), line.map(|l| format!(":{l}")).unwrap_or_default())]
-    Invalid {
-        path: PathBuf,
-        line: Option<usize>,
-        message: String,
-    },
-    /// A setting from the command line or the environment, which `origin`
-    /// names (`--database-url`, `BC_CONTROLPLANE_DATABASE_URL`).
-    #[error("{origin}: {message}")]
-    Setting {
-        origin: &'static str,
-        message: String,
-    },
-}
-
-impl From<SettingsError> for ConfigError {
-    fn from(e: SettingsError) -> Self {
-        match e {
-            SettingsError::Io { path, source } => ConfigError::Io { path, source },
-            SettingsError::Invalid {
-                path,
-                line,
-                message,
-            } => ConfigError::Invalid {
-                path,
-                line,
-                message,
-            },
-            SettingsError::Setting { origin, message } => ConfigError::Setting { origin, message },
-        }
-    }
-}
+/// A config file's errors are the database settings' errors (a file, a
+/// line, or a command-line or environment setting): one type, so the
+/// settings read inside the config need no conversion.
+pub type ConfigError = SettingsError;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
