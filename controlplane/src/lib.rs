@@ -56,6 +56,7 @@ pub use plane::commands::CommandService;
 pub use plane::join::JoinService;
 pub use plane::renew::RenewService;
 pub use plane::siteapi::SiteService;
+pub use plane::workflows::WorkflowService;
 pub use plane::{ControlPlane, RefusalEvent};
 
 /// The HTTPS API ([`api`]'s transport).
@@ -67,6 +68,17 @@ pub mod http {
 pub mod commands {
     pub use crate::model::commands::{CommandRow, InventoryRow, STATES};
     pub use crate::plane::commands::{QueueError, QueueRefusal, MAX_TIMEOUT_MS};
+}
+
+/// Commission and deploy workflows (docs/workflows.md).
+pub mod workflows {
+    pub use crate::model::workflows::{StepRow, WorkflowRow, STATES};
+    pub use crate::plane::workflows::{Commission, Deploy, Shown, WorkflowError};
+}
+
+/// The user data that installs bcd and joins a machine on first boot.
+pub mod userdata {
+    pub use crate::plane::userdata::cloud_config;
 }
 
 /// The connection limits `serve` runs with.

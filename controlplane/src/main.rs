@@ -17,7 +17,7 @@ use clap::{Parser, Subcommand};
 
 use cli::{
     clock, cloud, commands, dist, events, install_script, migrate, nodes, pools, server, sites,
-    tokens, tpm, user_data, Dir,
+    tokens, tpm, user_data, workflows, Dir,
 };
 
 #[derive(Parser)]
@@ -144,6 +144,11 @@ enum Cmd {
         #[command(subcommand)]
         cmd: sites::BootCmd,
     },
+    /// Commission and deploy machines: start, list, show, cancel.
+    Workflows {
+        #[command(subcommand)]
+        cmd: workflows::WorkflowsCmd,
+    },
 }
 
 fn main() -> ExitCode {
@@ -197,6 +202,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::UserData(args) => user_data::run(args),
         Cmd::Sites { cmd } => sites::run_sites(cmd),
         Cmd::Boot { cmd } => sites::run_boot(cmd),
+        Cmd::Workflows { cmd } => workflows::run(cmd),
         Cmd::Cloud { cmd } => cloud::run(cmd),
     }
 }

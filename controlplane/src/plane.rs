@@ -16,6 +16,8 @@ mod csr;
 pub(crate) mod join;
 pub(crate) mod renew;
 pub(crate) mod siteapi;
+pub(crate) mod userdata;
+pub(crate) mod workflows;
 
 use std::path::Path;
 use std::sync::{Arc, RwLock};

@@ -54,6 +54,7 @@ use tokio_tungstenite::WebSocketStream;
 
 use crate::api::connlimit::Slot;
 use crate::plane::commands::{ChannelAuth, CommandService, Taken};
+use crate::plane::workflows::WorkflowService;
 use crate::plane::ControlPlane;
 
 /// How often the poller looks for commands other processes queued,
@@ -215,7 +216,7 @@ impl Channels {
     /// when this process queues for it, and every [`POLL`] those with what
     /// others queued (expiring what is due, and closing the channels whose
     /// certificate stopped being good).
-    fn start_poller(self: &Arc<Self>, cp: Arc<ControlPlane>) {
+    pub(crate) fn start_poller(self: &Arc<Self>, cp: Arc<ControlPlane>) {
         let channels = Arc::downgrade(self);
         self.poller.call_once(|| {
             tokio::spawn(async move {
@@ -235,6 +236,11 @@ impl Channels {
                             let due = tokio::task::spawn_blocking(move || {
                                 let s = CommandService::new(&cp2);
                                 s.expire()?;
+                                // The workflows advance here too: one poller
+                                // per process (docs/workflows.md).
+                                if let Err(e) = WorkflowService::new(&cp2).tick() {
+                                    tracing::warn!(error = %e, "workflow tick failed");
+                                }
                                 s.channels_tick(&nodes)
                             })
                             .await;

@@ -100,6 +100,12 @@ pub fn tls_config(bundle: &Bundle, db: &Store) -> Result<Arc<rustls::ServerConfi
 /// Anything else is a protobuf NOT_FOUND.
 pub fn router(service: Arc<ControlPlane>) -> Router {
     let gate = Arc::new(RequestGate::new());
+    let channels = Channels::new();
+    // The poller advances the workflows too, which must not wait for a
+    // first channel; outside a runtime it starts with the first channel.
+    if tokio::runtime::Handle::try_current().is_ok() {
+        channels.start_poller(service.clone());
+    }
     Router::new()
         .route(endpoints::JOIN, post(join_handler))
         .route(endpoints::RENEW, post(renew_handler))
@@ -118,7 +124,7 @@ pub fn router(service: Arc<ControlPlane>) -> Router {
         .fallback(|| async { error_response(&ApiError::NotFound("no such endpoint".to_owned())) })
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .layer(Extension(gate))
-        .layer(Extension(Channels::new()))
+        .layer(Extension(channels))
         .with_state(service)
 }
 

@@ -39,6 +39,10 @@
 //! `[discovery] cert_ttl`, never past its boot entry's end, and which may be
 //! sent only `allowed_kinds`. The ramdisk nodes of earlier commissionings of
 //! the same machine are retired ([`crate::model::boot::retire_superseded`]).
+//! The entry of a running deploy workflow joins AS the workflow's node
+//! instead (resolveWorkflowNode, docs/workflows.md): that node is reclaimed
+//! at a new identity generation, its older certificates revoked, its role
+//! ramdisk until the installed system's provisioned join.
 //!
 //! **The machine's TPM.** A ramdisk on a machine with a TPM sends its
 //! evidence in `JoinRequest.tpm`, checked by the tpm attestor's own code
@@ -370,7 +374,7 @@ impl Attestor for DiscoveryAttestor {
         if let Some(p) = &proof {
             self.tpm.spend(tx, p, input.now).map_err(tpm_refusal)?;
         }
-        let result = admitted(
+        let mut result = admitted(
             &self.config,
             token.id.clone(),
             row.pool_id,
@@ -378,6 +382,14 @@ impl Attestor for DiscoveryAttestor {
             assertion.site_id,
             proof,
         );
+        let workflow_node = match &entry {
+            Some(e) => resolve_workflow_node(tx, &e.workflow_id)?,
+            None => None,
+        };
+        if let Some(node) = &workflow_node {
+            result.reclaim_node_id = Some(node.clone());
+            result.change_role = true;
+        }
         // An earlier ramdisk of this machine blocks nothing (rolled back
         // with the transaction if JoinService refuses this join after all).
         if let Some(entry) = entry {
@@ -386,11 +398,23 @@ impl Attestor for DiscoveryAttestor {
                 tx,
                 &entry,
                 hk.as_ref().map(|k| k.key.as_str()),
+                workflow_node.as_deref(),
                 input.now,
             )?;
         }
         Ok(Verdict::Admit(Box::new(result)))
     }
+}
+
+/// The spec's resolveWorkflowNode: the node a running workflow of this
+/// boot entry deploys (its ramdisk joins AS that node: JoinService reclaims
+/// it at a new identity generation, revoking its older certificates, as
+/// role ramdisk). `None`: a commission, or no workflow; the machine joins
+/// as a new ramdisk node.
+fn resolve_workflow_node(tx: &Tx<'_>, workflow_id: &str) -> Result<Option<String>, DbError> {
+    Ok(crate::model::workflows::get(tx, workflow_id)?
+        .filter(|w| w.state == "running" && w.kind == "deploy")
+        .and_then(|w| w.node_id))
 }
 
 /// Why the assertion is spent, if it is: by an operator's denial of the

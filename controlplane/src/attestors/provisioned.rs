@@ -8,10 +8,12 @@
 //! check, with the same reason), uses left (`token-exhausted`), exactly one
 //! (`not-single-use`), a product UUID in the claims (`no-product-uuid`), a
 //! binding to one machine: the token's expected product UUID, else the
-//! product UUID of its target node's newest join (`unbound` when there is
-//! neither, or the target is gone), and the claimed UUID equal to it
+//! product UUID of its target node's newest inventory, or of its newest
+//! join when it has no inventory (`unbound` when there is none, or the
+//! target is gone), and the claimed UUID equal to it
 //! (`product-uuid-mismatch`). Then one use is spent. With a target node the
-//! join re-keys that node in place (JoinService reclaims it); without one
+//! join re-keys that node in place (JoinService reclaims it; a deploy
+//! workflow's token turns the ramdisk it joined as back into a node); without one
 //! the machine joins as a new node. Either way the UUID is proven, so it
 //! becomes the node's trusted hardware key.
 
@@ -20,7 +22,7 @@ use bc_wire::AttestorId;
 use crate::attestors::join_token::live_token;
 use crate::model::attestor::{AttestInput, AttestationResult, Attestor, NodeKey, Refusal, Verdict};
 use crate::model::machine::ProductUuid;
-use crate::model::{hardware, records, tokens};
+use crate::model::{commands, hardware, records, tokens, workflows};
 use crate::store::Tx;
 
 crate::reason::reasons! {
@@ -81,7 +83,11 @@ impl Attestor for ProvisionedAttestor {
             return Err(refuse(ProvisionedReason::ProductUuidMismatch));
         }
         tokens::consume_use(tx, &token.id)?;
+        // A workflow's token: the node its ramdisk joined as becomes a node
+        // again (docs/workflows.md).
+        let change_role = target.is_some() && workflows::of_token(tx, &token.id)?.is_some();
         Ok(Verdict::Admit(Box::new(AttestationResult {
+            change_role,
             reclaim_node_id: row.target_node_id,
             token_id: Some(token.id.clone()),
             node_key: NodeKey::Unattested,
@@ -94,13 +100,17 @@ impl Attestor for ProvisionedAttestor {
     }
 }
 
-/// The product UUID of the live node a token was minted for, from its
-/// newest join's claims (spec: resolveTarget). `None` when the node is gone
-/// or never claimed one.
+/// The product UUID of the live node a token was minted for (spec:
+/// provisionedTargetResolver): its newest inventory's, and only when it has
+/// no inventory its newest join's claims. `None` when the node is gone, or
+/// its newest inventory or (without one) its joins name none.
 fn target_uuid(tx: &Tx<'_>, node_id: &str) -> Result<Option<String>, Refusal> {
     let live = records::node_for_update(tx, node_id)?.is_some_and(|n| n.retired_at.is_none());
     if !live {
         return Ok(None);
+    }
+    if commands::has_inventory(tx, node_id)? {
+        return Ok(commands::newest_inventory_uuid(tx, node_id)?);
     }
     Ok(hardware::newest_claimed_product_uuid(tx, node_id)?)
 }

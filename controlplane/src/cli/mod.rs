@@ -18,6 +18,7 @@ pub(crate) mod sites;
 pub(crate) mod tokens;
 pub(crate) mod tpm;
 pub(crate) mod user_data;
+pub(crate) mod workflows;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

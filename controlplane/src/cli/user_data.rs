@@ -19,10 +19,6 @@ use clap::Args;
 use super::install_script::{self, Attestor, Target};
 use super::{print_stdout, Dir};
 
-/// Where the script lands on the machine; runcmd runs it from there, and an
-/// operator can run it again by hand.
-const SCRIPT_PATH: &str = "/var/lib/bcd-install/install.sh";
-const TOKEN_PATH: &str = "/run/bcd/join-token";
 /// A join token is one short line; anything longer is not one.
 const MAX_TOKEN_BYTES: u64 = 4096;
 
@@ -94,7 +90,10 @@ pub(crate) fn run(args: UserDataArgs) -> Result<()> {
         }
         (Attestor::CloudIid, None) => None,
     };
-    print_stdout(&user_data(&script, token.as_deref()))
+    print_stdout(&bc_controlplane::userdata::cloud_config(
+        &script,
+        token.as_deref(),
+    ))
 }
 
 /// A single-use provisioned token for the machine `p` names.
@@ -146,47 +145,4 @@ fn read_token(path: &std::path::Path) -> Result<JoinToken> {
         .map_err(|_| anyhow::anyhow!("{} is not UTF-8: not a join token", path.display()))?;
     JoinToken::parse(&text)
         .map_err(|e| anyhow::anyhow!("{} does not hold one join token: {e}", path.display()))
-}
-
-/// The `#cloud-config` text. The script goes in as a YAML literal block
-/// (every line indented), so it reads as it will run.
-fn user_data(script: &str, token: Option<&str>) -> String {
-    let mut out = String::from(
-        "#cloud-config\n\
-         # Installs bcd and joins this machine on first boot (bc-controlplane user-data).\n\
-         write_files:\n",
-    );
-    if let Some(token) = token {
-        out.push_str(&format!(
-            "  - path: {TOKEN_PATH}\n    owner: root:root\n    permissions: '0600'\n    content: '{token}'\n"
-        ));
-    }
-    out.push_str(&format!(
-        "  - path: {SCRIPT_PATH}\n    owner: root:root\n    permissions: '0700'\n    content: |\n"
-    ));
-    for line in script.lines() {
-        if line.is_empty() {
-            out.push('\n');
-        } else {
-            out.push_str("      ");
-            out.push_str(line);
-            out.push('\n');
-        }
-    }
-    out.push_str(&format!("runcmd:\n  - [sh, {SCRIPT_PATH}]\n"));
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn literal_block_keeps_the_script() {
-        let text = user_data("#!/bin/sh\n\necho 'a: b'\n", Some("bcjt_x.y"));
-        assert!(text.starts_with("#cloud-config\n"));
-        assert!(text.contains("    content: 'bcjt_x.y'\n"));
-        assert!(text.contains("      #!/bin/sh\n\n      echo 'a: b'\n"));
-        assert!(text.ends_with("runcmd:\n  - [sh, /var/lib/bcd-install/install.sh]\n"));
-    }
 }

@@ -256,6 +256,11 @@ pub struct AttestationResult {
     /// role, the role its place fixes, what its resolve row allows. `None`:
     /// any of the attestor's.
     pub roles: Option<Vec<Role>>,
+    /// The reclaimed node may change role between `node` and `ramdisk`: a
+    /// workflow's ramdisk joins as its node, and the installed system's
+    /// provisioned join makes it a node again (docs/workflows.md). The node
+    /// then takes this result's scope, as a new node would.
+    pub change_role: bool,
 }
 
 impl AttestationResult {

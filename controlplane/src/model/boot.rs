@@ -228,13 +228,25 @@ fn node_expectation(tx: &Tx<'_>, node: &str) -> Result<(String, Option<String>),
 /// Adds a boot entry and mints its discovery token.
 pub fn add(db: &Store, key: &BootKey, new: &NewEntry<'_>) -> Result<BootEntry, PoolError> {
     let workflow_id = crate::ids::random_id("wf_").map_err(DbError::Random)?;
+    db.write(|tx| add_in(tx, key, new, &workflow_id))
+}
+
+/// [`add`] in the caller's transaction (a workflow's start), under the id
+/// `workflow_id`.
+pub(crate) fn add_in(
+    tx: &Tx<'_>,
+    key: &BootKey,
+    new: &NewEntry<'_>,
+    workflow_id: &str,
+) -> Result<BootEntry, PoolError> {
+    let workflow_id = workflow_id.to_owned();
     let given_ek = new
         .ek_sha256
         .map(crate::model::machine::EkSha256::parse)
         .transpose()
         .map_err(|e| PoolError::InvalidInput(e.to_string()))?
         .map(crate::model::machine::EkSha256::into_string);
-    db.write(|tx| {
+    {
         let site_id = crate::model::sites::resolve(tx, new.site)?;
         let now = tx.now()?;
         let mut product_uuid = new.product_uuid.map(str::to_owned);
@@ -291,7 +303,25 @@ pub fn add(db: &Store, key: &BootKey, new: &NewEntry<'_>) -> Result<BootEntry, P
         )?;
         link_token(tx, &entry.token_id, &entry.workflow_id, now)?;
         Ok(entry)
-    })
+    }
+}
+
+/// Closes an entry no join answered yet (its end set to `now`) and revokes
+/// its unspent tokens: a workflow that no longer waits for a join
+/// (cancelled, failed, or past its ramdisk) leaves nothing on the boot LAN.
+pub(crate) fn close(tx: &Tx<'_>, workflow_id: &str, now: UnixMs) -> Result<(), DbError> {
+    tx.execute(
+        "UPDATE boot_entries SET not_after = ?2
+         WHERE workflow_id = ?1 AND joined_at IS NULL AND not_after > ?2",
+        params![workflow_id, now],
+    )?;
+    tx.execute(
+        "UPDATE join_tokens SET revoked_at = ?2
+         WHERE revoked_at IS NULL AND uses_left > 0
+           AND id IN (SELECT token_id FROM boot_tokens WHERE workflow_id = ?1)",
+        params![workflow_id, now],
+    )?;
+    Ok(())
 }
 
 /// A new single-use discovery token bound as the entry is: its site, its
@@ -487,12 +517,14 @@ pub(crate) fn mark_joined(
     Ok(())
 }
 
-/// The latest a ramdisk node's certificate may last: its boot entry's end
-/// (`None` for a node no entry admitted).
+/// The latest a ramdisk node's certificate may last: the end of the boot
+/// entry it joined with last (a deploy's ramdisk joins as a node an earlier
+/// entry admitted; `None` for a node no entry admitted).
 pub(crate) fn cert_not_after(tx: &Tx<'_>, node_id: &str) -> Result<Option<UnixMs>, DbError> {
     Ok(tx
         .query_opt_map(
-            "SELECT min(not_after) FROM boot_entries WHERE node_id = ?1",
+            "SELECT not_after FROM boot_entries WHERE node_id = ?1
+             ORDER BY joined_at DESC, created_at DESC LIMIT 1",
             params![node_id],
             |r| r.get::<Option<UnixMs>>(0),
         )?
@@ -503,22 +535,27 @@ pub(crate) fn cert_not_after(tx: &Tx<'_>, node_id: &str) -> Result<Option<UnixMs
 /// none of them blocks it: those admitted by an earlier entry of the same
 /// site and MAC (an earlier commissioning of this machine), those whose
 /// trusted hardware key is `hardware_key` (the same operator-bound UUID),
-/// and those whose own entry has expired. Returns how many.
+/// and those whose own entry has expired; never `keep` (the node a
+/// workflow's ramdisk joins as) nor a workflow's node (a commissioned
+/// machine waits as its ramdisk node for its deploy). Returns how many.
 pub(crate) fn retire_superseded(
     tx: &Tx<'_>,
     entry: &BootEntry,
     hardware_key: Option<&str>,
+    keep: Option<&str>,
     now: UnixMs,
 ) -> Result<usize, DbError> {
     let ids = tx
         .query_map(
             "SELECT id FROM nodes
-         WHERE role = 'ramdisk' AND retired_at IS NULL AND deleted_at IS NULL AND (
+         WHERE role = 'ramdisk' AND retired_at IS NULL AND deleted_at IS NULL
+           AND id IS DISTINCT FROM CAST(?5 AS TEXT)
+           AND id NOT IN (SELECT node_id FROM workflows WHERE node_id IS NOT NULL) AND (
                id IN (SELECT node_id FROM boot_entries
                       WHERE node_id IS NOT NULL
                         AND ((site_id = ?1 AND mac = ?2) OR not_after <= ?4))
             OR (CAST(?3 AS TEXT) IS NOT NULL AND hardware_key = ?3))",
-            params![entry.site_id, entry.mac, hardware_key, now],
+            params![entry.site_id, entry.mac, hardware_key, now, keep],
             |r| r.get::<String>(0),
         )?
         .collect::<Result<Vec<_>, _>>()?;

@@ -271,6 +271,43 @@ pub(crate) fn inventories(db: &Store, node_id: &str) -> Result<Vec<InventoryRow>
     })
 }
 
+/// The product UUID of `node_id`'s newest inventory (normalized), if it
+/// has an inventory that reports one: what a provisioned token targeted at
+/// the node binds to (spec: provisionedTargetResolver).
+pub(crate) fn newest_inventory_uuid(tx: &Tx<'_>, node_id: &str) -> Result<Option<String>, DbError> {
+    Ok(newest_inventory(tx, node_id)?
+        .and_then(|j| {
+            j.pointer("/dmi/productUuid")
+                .and_then(|v| v.as_str())
+                .and_then(|u| crate::model::machine::ProductUuid::parse(u).ok())
+        })
+        .map(crate::model::machine::ProductUuid::into_string))
+}
+
+/// `node_id`'s newest inventory, parsed.
+pub(crate) fn newest_inventory(
+    tx: &Tx<'_>,
+    node_id: &str,
+) -> Result<Option<serde_json::Value>, DbError> {
+    let text: Option<String> = tx.query_opt_map(
+        "SELECT inventory FROM inventories WHERE node_id = ?1 ORDER BY id DESC LIMIT 1",
+        params![node_id],
+        |r| r.get(0),
+    )?;
+    Ok(text.and_then(|t| serde_json::from_str(&t).ok()))
+}
+
+/// Whether `node_id` has any inventory.
+pub(crate) fn has_inventory(tx: &Tx<'_>, node_id: &str) -> Result<bool, DbError> {
+    Ok(tx
+        .query_opt_map(
+            "SELECT 1 FROM inventories WHERE node_id = ?1 LIMIT 1",
+            params![node_id],
+            |r| r.get::<i64>(0),
+        )?
+        .is_some())
+}
+
 /// What `node_id` showed at join, for comparing an inventory with: its
 /// proven hardware key (a TPM's `tpm-ek:<hex>`), its proven product UUID,
 /// else the one its newest join claimed, and the MACs its newest join

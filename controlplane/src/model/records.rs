@@ -283,6 +283,16 @@ pub(crate) fn start_generation(
     Ok(())
 }
 
+/// Changes a node's role (a workflow's reclaim between `node` and
+/// `ramdisk`, [`crate::model::attestor::AttestationResult::change_role`]).
+pub(crate) fn set_role(tx: &Tx<'_>, node_id: &str, role: Role) -> Result<(), DbError> {
+    tx.execute(
+        "UPDATE nodes SET role = ?2 WHERE id = ?1",
+        params![node_id, role],
+    )?;
+    Ok(())
+}
+
 /// A stored node certificate.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CertRow {

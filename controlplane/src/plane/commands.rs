@@ -143,12 +143,30 @@ impl CommandService<'_> {
         args: Vec<(String, String)>,
         timeout_ms: i64,
     ) -> Result<CommandRow, QueueError> {
+        let row = self
+            .database()
+            .write(|tx| self.queue_in(tx, node_id, kind, args.clone(), timeout_ms))?;
+        self.cp.commands_queued(node_id);
+        Ok(row)
+    }
+
+    /// [`Self::queue`] in the caller's transaction (a workflow's step):
+    /// the same checks; the caller wakes the channel after commit
+    /// ([`ControlPlane::commands_queued`]).
+    pub(crate) fn queue_in(
+        &self,
+        tx: &crate::store::Tx<'_>,
+        node_id: &str,
+        kind: &str,
+        args: Vec<(String, String)>,
+        timeout_ms: i64,
+    ) -> Result<CommandRow, QueueError> {
         if !(1_000..=MAX_TIMEOUT_MS).contains(&timeout_ms) {
             return Err(QueueError::Refused(QueueRefusal::Timeout));
         }
         let id = crate::ids::random_id("cmd_")
             .map_err(|e| QueueError::Internal(format!("random command id: {e}")))?;
-        let row = self.database().write(|tx| -> Result<_, QueueError> {
+        let row = {
             let now = tx.now()?;
             let refuse = |r| Err(QueueError::Refused(r));
             let Some(node) = records::node_for_share(tx, node_id)? else {
@@ -208,10 +226,9 @@ impl CommandService<'_> {
                 result_serial: None,
             };
             table::insert(tx, &row)?;
-            Ok(row)
-        })?;
+            row
+        };
         tracing::info!(id = %row.id, node_id, kind, not_after = %crate::store::rfc3339(row.not_after), "command queued");
-        self.cp.commands_queued(node_id);
         Ok(row)
     }
 

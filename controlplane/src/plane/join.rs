@@ -337,10 +337,16 @@ impl JoinService<'_> {
         } = admitted;
         let reclaim = existing.as_ref().map(|n| n.id.clone());
         let reclaim = reclaim.as_deref();
+        // A workflow's role change ([`AttestationResult::change_role`]):
+        // the node takes the attestor's scope, as a new node does.
+        let switched = existing.as_ref().is_some_and(|n| n.role != role);
         let (node_id, generation) = match existing {
             Some(node) => {
                 let generation = node.identity_generation.saturating_add(1);
                 records::start_generation(tx, &node.id, generation, attestor_id, now)?;
+                if switched {
+                    records::set_role(tx, &node.id, role)?;
+                }
                 (node.id, generation)
             }
             None => {
@@ -371,12 +377,12 @@ impl JoinService<'_> {
         }
         // A new node gets its site, kinds and certificate cap from the
         // attestor; a reclaimed one keeps its own.
-        let scope = if reclaim.is_none() {
+        let scope = if reclaim.is_none() || switched {
             let mut scope = result.scope.as_deref().cloned().unwrap_or_default();
             if role == Role::Ramdisk {
                 ramdisk_scope(&mut scope);
             }
-            if scope != records::NodeScope::default() {
+            if scope != records::NodeScope::default() || switched {
                 records::set_node_scope(tx, &node_id, &scope)?;
             }
             scope
@@ -632,7 +638,12 @@ fn reclaim(tx: &Tx<'_>, role: Role, result: &AttestationResult) -> Result<Reclai
             if node.retired_at.is_some() {
                 return Err(refuse(JoinReason::ReclaimRetired, Some(id)));
             }
-            if node.role != role {
+            let workflow_switch = result.change_role
+                && matches!(
+                    (node.role, role),
+                    (Role::Node, Role::Ramdisk) | (Role::Ramdisk, Role::Node)
+                );
+            if node.role != role && !workflow_switch {
                 return Err(refuse(JoinReason::ReclaimRole, Some(id)));
             }
             Some(node)

@@ -401,6 +401,51 @@ pub(crate) const MIGRATIONS: &[&str] = &[
 
     ALTER TABLE joins ADD COLUMN macs TEXT;
     "#,
+    // 22: workflows (docs/workflows.md): one row per commission or deploy,
+    // its id the boot entry's (`wf_…`), advanced one step at a time by the
+    // control plane's poller; `version` is bumped by every write (optimistic
+    // concurrency beside PostgreSQL's row lock). `install_script` is the
+    // script the deploy's user data runs (no secret); `token_id` the
+    // provisioned token userdata.render minted (its secret is never stored
+    // here). Steps are numbered from 0 in the order they run.
+    r#"
+    CREATE TABLE workflows (
+        id             TEXT PRIMARY KEY,
+        kind           TEXT NOT NULL CHECK (kind IN ('commission', 'deploy')),
+        site_id        TEXT NOT NULL,
+        node_id        TEXT,
+        mac            TEXT NOT NULL,
+        product_uuid   TEXT,
+        ek_sha256      TEXT,
+        image          TEXT,
+        disk           TEXT,
+        wipe           INTEGER NOT NULL DEFAULT 0 CHECK (wipe IN (0, 1)),
+        user_data      TEXT,
+        install_script TEXT,
+        state          TEXT NOT NULL CHECK (state IN ('running', 'succeeded', 'failed', 'cancelled')),
+        step           INTEGER NOT NULL DEFAULT 0,
+        failure        TEXT,
+        token_id       TEXT,
+        created_at     INTEGER NOT NULL,
+        updated_at     INTEGER NOT NULL,
+        finished_at    INTEGER,
+        version        INTEGER NOT NULL DEFAULT 1
+    ) STRICT;
+    CREATE INDEX workflows_running ON workflows(created_at) WHERE state = 'running';
+    CREATE INDEX workflows_by_node ON workflows(node_id, created_at);
+
+    CREATE TABLE workflow_steps (
+        workflow_id  TEXT NOT NULL REFERENCES workflows(id),
+        seq          INTEGER NOT NULL,
+        name         TEXT NOT NULL,
+        state        TEXT NOT NULL CHECK (state IN ('pending', 'running', 'done', 'failed', 'skipped')),
+        started_at   INTEGER,
+        finished_at  INTEGER,
+        command_id   TEXT,
+        detail       TEXT,
+        PRIMARY KEY (workflow_id, seq)
+    ) STRICT;
+    "#,
 ];
 
 /// How many of [`MIGRATIONS`] a database at schema `version` has applied;
