@@ -58,10 +58,13 @@ mod provisioned;
 mod reclaim;
 #[cfg(feature = "failpoints")]
 mod refusals;
+// Commission and deploy workflows over discovery (fake sysfs).
 mod replay;
 mod reset;
 #[cfg(feature = "failpoints")]
 mod restore;
+#[cfg(feature = "failpoints")]
+mod workflows;
 // Reuses discovery's helpers (and its fake sysfs).
 #[cfg(feature = "failpoints")]
 mod site;

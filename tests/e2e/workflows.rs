@@ -1,0 +1,270 @@
+//! Workflows (docs/workflows.md): a commission through a site's discovery
+//! join, its steps advanced by the control plane's poller; a restart that
+//! carries on; a step that fails with its reason; cancel; the refusals of
+//! `workflows start deploy`; and the provisioned join re-keying a node
+//! bound by its newest inventory (provisionedTargetResolver).
+
+use serde_json::Value;
+
+use crate::discovery::{site, Machine, SiteNode, MAC, UUID};
+use crate::harness::*;
+
+fn start_commission(cp: &ControlPlane, extra: &[&str]) -> String {
+    let mut args = vec![
+        "workflows",
+        "start",
+        "commission",
+        "--site",
+        "dc1",
+        "--mac",
+        MAC,
+        "--product-uuid",
+        UUID,
+    ];
+    args.extend_from_slice(extra);
+    let out = cp.cli(&args);
+    assert_ok(&out);
+    let id = stdout(&out).trim().to_owned();
+    assert!(id.starts_with("wf_"), "{id}");
+    id
+}
+
+fn show(cp: &ControlPlane, id: &str) -> Value {
+    cp.json(&["workflows", "show", id])
+}
+
+/// Waits until the workflow leaves `running`; returns it.
+#[track_caller]
+fn finished(cp: &ControlPlane, id: &str) -> Value {
+    wait_for(|| Some(show(cp, id)).filter(|w| w["state"] != "running"))
+}
+
+fn step<'a>(w: &'a Value, name: &str) -> &'a Value {
+    w["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == name)
+        .unwrap_or_else(|| panic!("step {name} in {w}"))
+}
+
+/// The machine's ramdisk (`bcd ramdisk`, not --once: it holds the channel)
+/// booted from the site's answer for workflow `wf`.
+fn boot_ramdisk(holder: &SiteNode, epoch: u64, machine: &Machine, wf: &str) -> Logged {
+    let file = machine.agent.root.path().join("cmdline");
+    std::fs::write(
+        &file,
+        format!(
+            "console=ttyS0 {} ip=dhcp\n",
+            holder.boot_line(epoch, wf, MAC, UUID)
+        ),
+    )
+    .unwrap();
+    let mut cmd = machine
+        .agent
+        .command(&["ramdisk", "--cmdline", &file.to_string_lossy()]);
+    cmd.env("BCD_SYSFS_ROOT", machine.agent.sysfs_root());
+    Logged::spawn(cmd)
+}
+
+/// A commission: the ramdisk joins by discovery, the poller queues
+/// inventory.refresh, the workflow succeeds once its result is in, every
+/// step's state and times shown; a control plane restarted after the start
+/// carries on from the stored step.
+#[test]
+fn a_commission_succeeds_after_inventory_and_survives_a_restart() {
+    let cp = ControlPlane::start();
+    let site_id = site(&cp, "dc1");
+    let wf = start_commission(&cp, &[]);
+    let w = show(&cp, &wf);
+    assert_eq!(w["state"], "running", "{w}");
+    assert_eq!(step(&w, "boot.entry")["state"], "done", "{w}");
+    assert_eq!(step(&w, "ramdisk.join")["state"], "running", "{w}");
+
+    // Restarted before the machine boots: the workflow waits on.
+    let cp = cp.restart();
+    let holder = SiteNode::join(&cp, &site_id);
+    let lease = holder.acquire().unwrap();
+    let machine = Machine::new(&cp, MAC, UUID);
+    let _ramdisk = boot_ramdisk(&holder, lease.epoch, &machine, &wf);
+
+    let w = finished(&cp, &wf);
+    assert_eq!(w["state"], "succeeded", "{w}");
+    let node = machine.agent.status_json()["nodeId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(w["node"], node.as_str(), "{w}");
+    assert_eq!(step(&w, "ramdisk.join")["state"], "done", "{w}");
+    let inv = step(&w, "inventory.refresh");
+    assert_eq!(inv["state"], "done", "{w}");
+    assert!(
+        inv["commandId"].as_str().unwrap().starts_with("cmd_"),
+        "{w}"
+    );
+    assert!(inv["startedAt"].is_string() && inv["finishedAt"].is_string());
+    assert_eq!(step(&w, "disk.wipe")["state"], "skipped", "{w}");
+    let inventory = cp.json(&["nodes", "inventory", &node]);
+    assert_eq!(inventory["inventory"]["dmi"]["productUuid"], UUID);
+    let list = cp.json(&["workflows", "list"]);
+    assert_eq!(list[0]["id"], wf.as_str(), "{list}");
+}
+
+/// A step whose command the node may not be sent fails the workflow with
+/// the step and the refusal named, and the entry stays closed.
+#[test]
+fn a_refused_command_fails_the_workflow_with_its_reason() {
+    let cp =
+        ControlPlane::start_with_config("[discovery]\nallowed_kinds = [\"inventory.refresh\"]\n");
+    let site_id = site(&cp, "dc1");
+    let holder = SiteNode::join(&cp, &site_id);
+    let lease = holder.acquire().unwrap();
+    let wf = start_commission(&cp, &["--wipe", "--disk", "/dev/vda"]);
+    let machine = Machine::new(&cp, MAC, UUID);
+    let _ramdisk = boot_ramdisk(&holder, lease.epoch, &machine, &wf);
+    let w = finished(&cp, &wf);
+    assert_eq!(w["state"], "failed", "{w}");
+    let failure = w["failure"].as_str().unwrap();
+    assert!(
+        failure.starts_with("disk.wipe: command refused (kind-not-allowed)"),
+        "{failure}"
+    );
+    assert_eq!(step(&w, "inventory.refresh")["state"], "done", "{w}");
+    assert_eq!(step(&w, "disk.wipe")["state"], "failed", "{w}");
+    assert_eq!(step(&w, "disk.wipe")["detail"], failure, "{w}");
+    let text = stdout(&cp.cli(&["workflows", "show", &wf]));
+    assert!(
+        text.contains("failed: disk.wipe: command refused"),
+        "{text}"
+    );
+}
+
+/// Cancel closes the boot entry (the site serves it no more); a second
+/// cancel, or one of an unknown workflow, is refused naming why.
+#[test]
+fn cancel_closes_the_entry() {
+    let cp = ControlPlane::start();
+    let site_id = site(&cp, "dc1");
+    let wf = start_commission(&cp, &[]);
+    let out = cp.cli(&["workflows", "cancel", &wf]);
+    assert_ok(&out);
+    assert_eq!(stdout(&out).trim(), format!("{wf} cancelled"));
+    let w = show(&cp, &wf);
+    assert_eq!(w["state"], "cancelled", "{w}");
+    assert_eq!(w["failure"], "cancelled by an operator", "{w}");
+    assert_eq!(crate::discovery::boot_state(&cp, &wf), "expired");
+    let again = cp.cli(&["workflows", "cancel", &wf]);
+    assert!(!again.status.success());
+    assert!(
+        stderr(&again).contains("is cancelled already: only a running workflow is cancelled"),
+        "{}",
+        stderr(&again)
+    );
+    let unknown = cp.cli(&["workflows", "cancel", "wf_nosuch"]);
+    assert!(stderr(&unknown).contains("no workflow \"wf_nosuch\""));
+    // The site's holder gets no token for it.
+    let holder = SiteNode::join(&cp, &site_id);
+    holder.acquire().unwrap();
+    assert!(holder.secret(&wf).is_err());
+}
+
+/// `workflows start deploy` is refused for an unknown node, a retired
+/// node, and an image that is not registered, each naming what to do.
+#[test]
+fn deploy_refusals() {
+    let cp = ControlPlane::start();
+    site(&cp, "dc1");
+    let agent = Agent::new(&cp);
+    assert_ok(&agent.join_with_token(&cp.token("node", &[])));
+    let node = agent.status_json()["nodeId"].as_str().unwrap().to_owned();
+    let deploy = |node: &str| {
+        cp.cli(&[
+            "workflows",
+            "start",
+            "deploy",
+            "--node",
+            node,
+            "--image",
+            "debian",
+            "--api",
+            "https://cp.example:8443",
+            "--site",
+            "dc1",
+            "--mac",
+            MAC,
+            "--disk",
+            "/dev/vda",
+        ])
+    };
+    // No package in dist/: the install script cannot be made.
+    let out = deploy(&node);
+    assert!(!out.status.success());
+    let pkg = cp.path().join("bcd_0.1.0+test_amd64.deb");
+    std::fs::write(&pkg, b"not really a package").unwrap();
+    assert_ok(&cp.cli(&["dist", "add", &pkg.to_string_lossy()]));
+    let out = deploy(&node);
+    assert!(
+        stderr(&out).contains("workflow refused: no image \"debian\""),
+        "{}",
+        stderr(&out)
+    );
+    let out = deploy("node_nosuch");
+    assert!(
+        stderr(&out).contains("workflow refused: no node \"node_nosuch\""),
+        "{}",
+        stderr(&out)
+    );
+    assert_ok(&cp.cli(&["nodes", "retire", &node]));
+    let out = deploy(&node);
+    assert!(
+        stderr(&out).contains(&format!("node {node} is retired")),
+        "{}",
+        stderr(&out)
+    );
+    assert!(cp
+        .json(&["workflows", "list"])
+        .as_array()
+        .unwrap()
+        .is_empty());
+}
+
+/// provisionedTargetResolver: a token targeted at a node binds to the
+/// product UUID of its newest inventory, not its join's claim: the old
+/// UUID is `product-uuid-mismatch` (the token keeps its use), the
+/// inventory's re-keys the same node.
+#[test]
+fn a_targeted_token_binds_to_the_newest_inventory() {
+    use crate::provisioned::{join_as, machine, OTHER_UUID};
+    let cp = ControlPlane::start();
+    let agent = machine(&cp, Some(UUID));
+    assert_ok(&agent.join_with_token(&cp.token("node", &[])));
+    let node = agent.status_json()["nodeId"].as_str().unwrap().to_owned();
+    // The board was swapped: the inventory reports another UUID.
+    agent.sysfs(
+        "class/dmi/id/product_uuid",
+        &format!("{}\n", OTHER_UUID.to_uppercase()),
+    );
+    let mut run = agent.command(&["node"]);
+    run.env("BCD_SYSFS_ROOT", agent.sysfs_root());
+    let mut running = Logged::spawn(run);
+    running.wait_for("command channel up", 1);
+    let out = cp.cli(&[
+        "commands",
+        "send",
+        "--node",
+        &node,
+        "--kind",
+        "inventory.refresh",
+        "--wait",
+    ]);
+    assert_ok(&out);
+    running.stop();
+    let token = cp.token("provisioned", &["--node", &node]);
+    let old = machine(&cp, Some(UUID));
+    let out = join_as(&old, "provisioned", &token);
+    assert_access_denied(&out);
+    assert_eq!(cp.refusal("product-uuid-mismatch")["nodeId"], node.as_str());
+    let new = machine(&cp, Some(OTHER_UUID));
+    assert_ok(&join_as(&new, "provisioned", &token));
+    assert_eq!(new.status_json()["nodeId"], node.as_str());
+}
