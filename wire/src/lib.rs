@@ -11,6 +11,7 @@ pub mod cloud_iid;
 pub mod command;
 pub mod ekcert;
 pub mod file;
+pub mod image;
 pub mod pcr;
 pub mod sealing;
 pub mod signing;
