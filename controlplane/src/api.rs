@@ -8,3 +8,4 @@ pub(crate) mod connlimit;
 pub(crate) mod dist_serve;
 pub(crate) mod header_errors;
 pub(crate) mod http;
+pub(crate) mod images_serve;

@@ -91,6 +91,17 @@ pub mod dist_serve {
     pub use crate::api::dist_serve::with_dist;
 }
 
+/// The deploy routes served beside the API (`/v1/images/…`, `/v1/deploy/seed`).
+pub mod images_serve {
+    pub use crate::api::images_serve::with_images;
+}
+
+/// Deploy images and the NoCloud seeds `deploy.image` writes.
+pub mod deploy {
+    pub use crate::model::images::{add, list, remove, Image, ImageError};
+    pub use crate::model::seeds::{put as put_seed, remove as remove_seed, MAX_SEED_BYTES};
+}
+
 /// Boot entries (the site's machines).
 pub mod boot {
     pub use crate::model::boot::{add, list, BootKey, NewEntry};

@@ -16,8 +16,8 @@ use bc_controlplane::pki;
 use clap::{Parser, Subcommand};
 
 use cli::{
-    clock, cloud, commands, dist, events, install_script, migrate, nodes, pools, server, sites,
-    tokens, tpm, user_data, workflows, Dir,
+    clock, cloud, commands, dist, events, images, install_script, migrate, nodes, pools, server,
+    sites, tokens, tpm, user_data, workflows, Dir,
 };
 
 #[derive(Parser)]
@@ -127,6 +127,12 @@ enum Cmd {
     },
     /// Print a POSIX sh script that installs or upgrades bcd and joins.
     InstallScript(install_script::InstallScriptArgs),
+    /// OS images deploy.image writes to disks (served to ramdisks at
+    /// GET /v1/images/<name>).
+    Images {
+        #[command(subcommand)]
+        cmd: images::ImagesCmd,
+    },
     /// Print a #cloud-config that runs the install script on first boot.
     UserData(user_data::UserDataArgs),
     /// Sites: each has a boot server (site nodes holding its boot lease).
@@ -198,6 +204,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Requests { cmd } => tpm::run_requests(cmd),
         Cmd::Pools { cmd } => pools::run(cmd),
         Cmd::Dist { cmd } => dist::run(cmd),
+        Cmd::Images { cmd } => images::run(cmd),
         Cmd::InstallScript(args) => install_script::run(args),
         Cmd::UserData(args) => user_data::run(args),
         Cmd::Sites { cmd } => sites::run_sites(cmd),
@@ -244,6 +251,21 @@ mod tests {
             "0",
         ]);
         assert!(cli.is_err());
+    }
+
+    #[test]
+    fn images_commands_parse() {
+        let parse = |args: &[&str]| {
+            let mut argv = vec!["bc-controlplane", "images"];
+            argv.extend_from_slice(args);
+            Cli::try_parse_from(argv)
+        };
+        assert!(parse(&["add", "--dir", "/x", "debian", "/tmp/d.raw.zst"]).is_ok());
+        assert!(parse(&["add", "--dir", "/x", "--replace", "--json", "d", "/f"]).is_ok());
+        assert!(parse(&["add", "--dir", "/x", "debian"]).is_err(), "no file");
+        assert!(parse(&["list", "--dir", "/x", "--json"]).is_ok());
+        assert!(parse(&["remove", "--dir", "/x", "debian"]).is_ok());
+        assert!(parse(&["remove", "--dir", "/x"]).is_err());
     }
 
     /// The lifecycle commands on a real DIR with a node joined through

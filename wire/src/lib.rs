@@ -11,6 +11,7 @@ pub mod cloud_iid;
 pub mod command;
 pub mod ekcert;
 pub mod file;
+pub mod image;
 pub mod pcr;
 pub mod sealing;
 pub mod signing;
@@ -52,6 +53,12 @@ pub mod endpoints {
     /// binary frames are `command_v1::ServerFrame` / `AgentFrame`.
     pub const COMMAND_CHANNEL: &str = "/bettercompute.command.v1.CommandService/Channel";
     pub const CONTENT_TYPE: &str = "application/x-protobuf";
+    /// `GET` + an image name (mTLS, a ramdisk's node certificate): the
+    /// deploy image's stored bytes (raw or zstd, as registered).
+    pub const IMAGES: &str = "/v1/images/";
+    /// `GET` (mTLS, a ramdisk's node certificate): the node's NoCloud seed
+    /// document, `{"user-data": …, "meta-data": …}`.
+    pub const DEPLOY_SEED: &str = "/v1/deploy/seed";
 }
 
 /// The role string used in certificates, the database and the CLI.

@@ -79,13 +79,16 @@ pub fn with_dist(router: Router, dir: &std::path::Path) -> Router {
 
 /// One download in flight for a source; counted down when dropped (with
 /// the response body, once the connection is done with it).
-struct Download {
+pub(crate) struct Download {
     source: IpAddr,
     downloads: Arc<Mutex<HashMap<IpAddr, usize>>>,
 }
 
 impl Download {
-    fn start(downloads: &Arc<Mutex<HashMap<IpAddr, usize>>>, source: IpAddr) -> Option<Self> {
+    pub(crate) fn start(
+        downloads: &Arc<Mutex<HashMap<IpAddr, usize>>>,
+        source: IpAddr,
+    ) -> Option<Self> {
         let mut map = downloads.lock().unwrap_or_else(|p| p.into_inner());
         let n = map.entry(source).or_insert(0);
         if *n >= MAX_DOWNLOADS_PER_SOURCE {
@@ -112,7 +115,7 @@ impl Drop for Download {
 }
 
 /// An IPv6 source counts by its /64 (one host's addresses), IPv4 as is.
-fn source_key(ip: IpAddr) -> IpAddr {
+pub(crate) fn source_key(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V6(v6) => {
             let s = v6.segments();

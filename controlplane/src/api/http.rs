@@ -63,6 +63,11 @@ const REFUSED_LOG_EVERY: Duration = Duration::from_secs(10);
 #[derive(Clone, Debug, Default)]
 pub(crate) struct PeerCertificates(pub Arc<Vec<CertificateDer<'static>>>);
 
+/// The connection's request deadline (an extension of every request), for
+/// a response whose body may rightly take longer (`GET /v1/images/…`).
+#[derive(Clone)]
+pub(crate) struct ConnDeadline(pub Deadline);
+
 /// The address of the request's TCP peer.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct PeerAddr(pub SocketAddr);
@@ -459,6 +464,8 @@ async fn handle_connection(
         // An upgrade to the command channel keeps the slot until proven.
         req.extensions_mut().insert(ConnSlot(slot.clone()));
         req.extensions_mut().insert(conn_stop.clone());
+        // A long download (a deploy image) moves the request deadline.
+        req.extensions_mut().insert(ConnDeadline(deadline.clone()));
         let call = svc.call(req);
         let (slot, deadline) = (slot.clone(), deadline.clone());
         async move {

@@ -9,6 +9,7 @@ pub(crate) mod cloud;
 pub(crate) mod commands;
 pub(crate) mod dist;
 pub(crate) mod events;
+pub(crate) mod images;
 pub(crate) mod install_script;
 pub(crate) mod migrate;
 pub(crate) mod nodes;

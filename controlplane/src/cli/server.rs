@@ -37,6 +37,7 @@ pub(crate) fn serve(dir: &Path, listen: SocketAddr) -> Result<()> {
     let tls = http::tls_config(service.bundle(), service.database())
         .context("cannot build the TLS configuration")?;
     let router = bc_controlplane::dist_serve::with_dist(http::router(service.clone()), dir);
+    let router = bc_controlplane::images_serve::with_images(router, dir, service.clone());
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -71,7 +71,9 @@ impl BootKey {
         BootKey(mac.finalize().into_bytes().into())
     }
 
-    fn seal(&self, workflow_id: &str, text: &str) -> Result<Vec<u8>, DbError> {
+    /// Seals `text` bound to `workflow_id` (the associated data; a deploy
+    /// seed's is `deploy-seed:<node id>`, never a workflow id).
+    pub(crate) fn seal(&self, workflow_id: &str, text: &str) -> Result<Vec<u8>, DbError> {
         let nonce: [u8; NONCE_LEN] = crate::ids::random_bytes().map_err(DbError::Random)?;
         let fail = || DbError::Corrupt {
             what: "boot entry token",
@@ -90,7 +92,7 @@ impl BootKey {
         Ok([nonce.as_slice(), &sealed].concat())
     }
 
-    fn open(&self, workflow_id: &str, sealed: &[u8]) -> Result<String, DbError> {
+    pub(crate) fn open(&self, workflow_id: &str, sealed: &[u8]) -> Result<String, DbError> {
         let fail = || DbError::Corrupt {
             what: "boot entry token",
             detail: format!("{workflow_id}: does not open under this control plane's key"),

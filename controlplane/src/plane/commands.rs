@@ -295,6 +295,37 @@ impl CommandService<'_> {
         })
     }
 
+    /// Whether `leaf` may fetch deploy images and its node's seed
+    /// (`GET /v1/images/…`, `GET /v1/deploy/seed`): what [`Self::channel_auth`]
+    /// admits, of a node whose role is `ramdisk` (only the commissioning
+    /// ramdisk deploys). The node's id.
+    pub(crate) fn deploy_auth(&self, leaf: &[u8]) -> Result<Option<String>, DbError> {
+        let Some(auth) = self.channel_auth(leaf)? else {
+            return Ok(None);
+        };
+        let role: Option<String> = self.database().read(|tx| {
+            tx.query_opt_map(
+                "SELECT role FROM nodes WHERE id = ?1",
+                crate::store::params![auth.node_id],
+                |r| r.get(0),
+            )
+        })?;
+        let ramdisk = role.as_deref() == Some(bc_wire::agent::Role::Ramdisk.name());
+        Ok(ramdisk.then_some(auth.node_id))
+    }
+
+    /// The node's deploy seed document while it is current (database
+    /// time); `None` without one, or without a boot key to open it.
+    pub(crate) fn deploy_seed(&self, node_id: &str) -> Result<Option<Vec<u8>>, DbError> {
+        let Some(key) = self.cp.boot_key() else {
+            return Ok(None);
+        };
+        self.database().read(|tx| {
+            let now = tx.now()?;
+            crate::model::seeds::current(tx, key, node_id, now)
+        })
+    }
+
     /// The channels' periodic look, for all of them at once: of the nodes
     /// `open` (those with a channel), each one's certificate a channel may
     /// still be open with (see [`table::channel_certs_good`]: revocation,

@@ -484,7 +484,12 @@ impl WorkflowService<'_> {
                 let args = vec![("devices".to_owned(), devices)];
                 self.command(tx, w, step, ("disk.wipe", args), now, wake)
             }
-            "userdata.render" => userdata_render(tx, w),
+            "userdata.render" => match self.cp.boot_key() {
+                Some(key) => userdata_render(tx, key, w),
+                None => Ok(Outcome::Fail(
+                    "this control plane has no boot-entry key".to_owned(),
+                )),
+            },
             "deploy.image" => {
                 let name = w.image.clone().unwrap_or_default();
                 let Some(image) = images::get(tx, &name)? else {
@@ -630,7 +635,11 @@ fn ramdisk_join(tx: &Tx<'_>, w: &mut WorkflowRow, now: UnixMs) -> Result<Outcome
 /// (bound at join to the product UUID of its newest inventory), the
 /// cloud-config that installs bcd and joins with it, and the seed the
 /// deploy writes. The token's text goes into the seed only (sealed there).
-fn userdata_render(tx: &Tx<'_>, w: &mut WorkflowRow) -> Result<Outcome, DbError> {
+fn userdata_render(
+    tx: &Tx<'_>,
+    key: &boot::BootKey,
+    w: &mut WorkflowRow,
+) -> Result<Outcome, DbError> {
     let Some(node) = w.node_id.clone() else {
         return Ok(Outcome::Fail("the workflow has no node".to_owned()));
     };
@@ -679,7 +688,10 @@ fn userdata_render(tx: &Tx<'_>, w: &mut WorkflowRow) -> Result<Outcome, DbError>
         "meta-data": format!("instance-id: {}\nlocal-hostname: {node}\n", w.id),
     })
     .to_string();
-    let seed = seeds::put(tx, &node, doc.as_bytes(), row.expires_at)?;
+    if let Err(why) = seeds::check_doc(doc.as_bytes()) {
+        return Ok(Outcome::Fail(format!("the seed cannot be stored: {why}")));
+    }
+    let seed = seeds::put(tx, key, &node, doc.as_bytes(), row.expires_at)?;
     w.token_id = Some(row.id.clone());
     tracing::info!(workflow = %w.id, node = %node, token_id = %row.id, product_uuid = %uuid, "provisioned token minted for the deploy");
     Ok(Outcome::Done(Some(format!(

@@ -401,6 +401,30 @@ pub(crate) const MIGRATIONS: &[&str] = &[
 
     ALTER TABLE joins ADD COLUMN macs TEXT;
     "#,
+    // 21: deploy images and NoCloud seeds (docs/deploy.md). An image's row
+    // names its stored file by the stored bytes' SHA-256 and pins the raw
+    // image's digest and size, which `deploy.image` carries. A node's seed
+    // (the user data with its provisioned token) is sealed under the boot
+    // key, one per node, served to that node's ramdisk until not_after.
+    r#"
+    CREATE TABLE images (
+        name          TEXT PRIMARY KEY,
+        sha256        TEXT NOT NULL CHECK (length(sha256) = 64),
+        bytes         INTEGER NOT NULL CHECK (bytes > 0),
+        compression   TEXT NOT NULL CHECK (compression IN ('none', 'zstd')),
+        stored_bytes  INTEGER NOT NULL CHECK (stored_bytes > 0),
+        stored_sha256 TEXT NOT NULL CHECK (length(stored_sha256) = 64),
+        created_at    INTEGER NOT NULL
+    ) STRICT;
+
+    CREATE TABLE deploy_seeds (
+        node_id    TEXT PRIMARY KEY REFERENCES nodes(id),
+        sealed     BLOB NOT NULL,
+        sha256     TEXT NOT NULL CHECK (length(sha256) = 64),
+        not_after  INTEGER NOT NULL,
+        created_at INTEGER NOT NULL
+    ) STRICT;
+    "#,
     // 22: workflows (docs/workflows.md): one row per commission or deploy,
     // its id the boot entry's (`wf_…`), advanced one step at a time by the
     // control plane's poller; `version` is bumped by every write (optimistic

@@ -345,16 +345,41 @@ mod tests {
         let ok = check(
             deploy,
             &args(&[
+                ("bytes", "1048576"),
+                ("compression", "zstd"),
                 ("disk", "/dev/vda"),
                 ("image", "debian-12.raw"),
+                ("seed", &digest),
                 ("sha256", &digest),
             ]),
         );
-        assert!(ok.is_ok());
+        assert_eq!(ok.map(|a| a.number("bytes")), Ok(Some(1 << 20)));
+        assert_eq!(
+            check(
+                deploy,
+                &args(&[
+                    ("disk", "/dev/vda"),
+                    ("image", "debian"),
+                    ("sha256", &digest)
+                ])
+            ),
+            Err(ArgError::Missing("bytes"))
+        );
+        assert!(check(
+            deploy,
+            &args(&[
+                ("bytes", "0"),
+                ("disk", "/dev/vda"),
+                ("image", "debian"),
+                ("sha256", &digest)
+            ])
+        )
+        .is_err());
         let upper = "AB".repeat(32);
         assert!(check(
             deploy,
             &args(&[
+                ("bytes", "1"),
                 ("disk", "/dev/vda"),
                 ("image", "debian"),
                 ("sha256", &upper)
@@ -363,12 +388,26 @@ mod tests {
         .is_err());
         assert!(check(
             deploy,
-            &args(&[("disk", "/dev/vda"), ("image", "../x"), ("sha256", &digest)])
+            &args(&[
+                ("bytes", "1"),
+                ("disk", "/dev/vda"),
+                ("image", "../x"),
+                ("sha256", &digest)
+            ])
         )
         .is_err());
         let kexec = lookup("boot.kexec").unwrap().args;
         assert!(check(kexec, &args(&[("disk", "/dev/vda"), ("mode", "reboot")])).is_ok());
         assert!(check(kexec, &args(&[("disk", "/dev/vda"), ("mode", "halt")])).is_err());
+        assert!(check(
+            kexec,
+            &args(&[
+                ("cmdline", "root=UUID=x console=ttyS0"),
+                ("disk", "/dev/vda")
+            ])
+        )
+        .is_ok());
+        assert!(check(kexec, &args(&[("cmdline", "a\nb"), ("disk", "/dev/vda")])).is_err());
         let ping = lookup("diag.ping").unwrap().args;
         assert!(check(ping, &args(&[("echo", "hello")])).is_ok());
         assert!(check(ping, &args(&[("echo", "a\nb")])).is_err());

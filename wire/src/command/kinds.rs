@@ -47,6 +47,10 @@ pub const KINDS: &[KindSpec] = &[
         name: "boot.kexec",
         roles: RAMDISK,
         args: &[
+            // The deployed kernel's command line; by default `root=UUID=`
+            // of the filesystem holding /boot, `rw`, and the ramdisk's own
+            // `console=` entries.
+            ArgSpec::optional("cmdline", Text(1024)),
             ArgSpec::required("disk", Device),
             // Where kexec cannot (firmware, no kernel found), reboot with the
             // boot entry closed so the next PXE boot falls through to disk.
@@ -58,10 +62,15 @@ pub const KINDS: &[KindSpec] = &[
         name: "deploy.image",
         roles: RAMDISK,
         args: &[
+            // The raw (decompressed) image's size: the agent writes no more.
+            ArgSpec::required("bytes", Within(1, 1 << 50)),
             ArgSpec::optional("compression", OneOf(&["none", "zstd"])),
             ArgSpec::required("disk", Device),
             ArgSpec::required("image", Name),
-            // The image's digest is pinned in the signed command, so a
+            // The SHA-256 of the seed document (GET /v1/deploy/seed); absent:
+            // no NoCloud seed is written.
+            ArgSpec::optional("seed", Digest),
+            // The raw image's digest is pinned in the signed command, so a
             // tampered download fails the step.
             ArgSpec::required("sha256", Digest),
         ],
