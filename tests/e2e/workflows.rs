@@ -49,7 +49,8 @@ fn step<'a>(w: &'a Value, name: &str) -> &'a Value {
 }
 
 /// The machine's ramdisk (`bcd ramdisk`, not --once: it holds the channel)
-/// booted from the site's answer for workflow `wf`.
+/// booted from the site's answer for workflow `wf`; its /dev and /proc are
+/// the machine's fake ones when [`with_disk`] made them.
 fn boot_ramdisk(holder: &SiteNode, epoch: u64, machine: &Machine, wf: &str) -> Logged {
     let file = machine.agent.root.path().join("cmdline");
     std::fs::write(
@@ -64,7 +65,31 @@ fn boot_ramdisk(holder: &SiteNode, epoch: u64, machine: &Machine, wf: &str) -> L
         .agent
         .command(&["ramdisk", "--cmdline", &file.to_string_lossy()]);
     cmd.env("BCD_SYSFS_ROOT", machine.agent.sysfs_root());
+    let root = machine.agent.root.path();
+    if root.join("dev").is_dir() {
+        cmd.env("BCD_DEV_ROOT", root.join("dev"));
+        cmd.env("BCD_PROC_ROOT", root.join("proc"));
+    }
     Logged::spawn(cmd)
+}
+
+/// A machine with one 64 MiB disk, vda (a sparse file under its fake
+/// /dev), nothing mounted.
+fn with_disk(cp: &ControlPlane) -> Machine {
+    let machine = Machine::new(cp, MAC, UUID);
+    machine.agent.sysfs("block/vda/size", "131072\n");
+    let root = machine.agent.root.path();
+    std::fs::create_dir_all(root.join("dev")).unwrap();
+    std::fs::create_dir_all(root.join("proc/self")).unwrap();
+    std::fs::write(root.join("proc/self/mountinfo"), "").unwrap();
+    std::fs::write(
+        root.join("proc/swaps"),
+        "Filename\tType\tSize\tUsed\tPriority\n",
+    )
+    .unwrap();
+    let disk = std::fs::File::create(root.join("dev/vda")).unwrap();
+    disk.set_len(64 << 20).unwrap();
+    machine
 }
 
 /// A commission: the ramdisk joins by discovery, the poller queues
@@ -267,4 +292,133 @@ fn a_targeted_token_binds_to_the_newest_inventory() {
     let new = machine(&cp, Some(OTHER_UUID));
     assert_ok(&join_as(&new, "provisioned", &token));
     assert_eq!(new.status_json()["nodeId"], node.as_str());
+}
+
+/// A deploy of a commissioned machine: its ramdisk joins AS the node (same
+/// id, identity generation 2, generation 1's certificates revoked, role
+/// ramdisk), inventory.refresh and disk.wipe run, userdata.render mints a
+/// provisioned token targeted at the node (its id shown, its text never:
+/// not in `workflows show`, not in the log), deploy.image is queued with
+/// the image's digest and the seed's. (The ramdisk's deploy.image is helper
+/// B's; whatever it answers, the workflow ends by cancel or by that answer,
+/// and the token it minted is revoked.)
+#[test]
+fn a_deploy_joins_as_the_node_and_queues_the_image() {
+    let cp = ControlPlane::start();
+    let site_id = site(&cp, "dc1");
+    let holder = SiteNode::join(&cp, &site_id);
+    let epoch = holder.acquire().unwrap().epoch;
+    let wf = start_commission(&cp, &[]);
+    let first = with_disk(&cp);
+    let mut ramdisk = boot_ramdisk(&holder, epoch, &first, &wf);
+    assert_eq!(finished(&cp, &wf)["state"], "succeeded");
+    let node = first.agent.status_json()["nodeId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    ramdisk.stop();
+
+    let files = tempfile::tempdir().unwrap();
+    let image = files.path().join("debian.img");
+    std::fs::write(&image, vec![0x5a; 1 << 20]).unwrap();
+    assert_ok(&cp.cli(&["images", "add", "debian", &image.to_string_lossy()]));
+    let pkg = files.path().join("bcd_0.1.0+test_amd64.deb");
+    std::fs::write(&pkg, b"not really a package").unwrap();
+    assert_ok(&cp.cli(&["dist", "add", &pkg.to_string_lossy()]));
+    let out = cp.cli(&[
+        "workflows",
+        "start",
+        "deploy",
+        "--node",
+        &node,
+        "--image",
+        "debian",
+        "--api",
+        &cp.url,
+    ]);
+    assert_ok(&out);
+    let deploy = stdout(&out).trim().to_owned();
+    let w = show(&cp, &deploy);
+    assert_eq!(
+        (&w["site"], &w["mac"], &w["disk"]),
+        (&site_id.as_str().into(), &MAC.into(), &"/dev/vda".into()),
+        "defaults from the last workflow and the inventory: {w}"
+    );
+    // A second deploy of the node while this one runs is refused.
+    let again = cp.cli(&[
+        "workflows",
+        "start",
+        "deploy",
+        "--node",
+        &node,
+        "--image",
+        "debian",
+        "--api",
+        &cp.url,
+    ]);
+    assert!(
+        stderr(&again).contains(&format!("has a running workflow {deploy}")),
+        "{}",
+        stderr(&again)
+    );
+
+    let second = with_disk(&cp);
+    let _ramdisk = boot_ramdisk(&holder, epoch, &second, &deploy);
+    let w = wait_for(|| {
+        let w = show(&cp, &deploy);
+        let queued = step(&w, "deploy.image")["commandId"].is_string();
+        (queued || w["state"] != "running").then_some(w)
+    });
+    assert_eq!(second.agent.status_json()["nodeId"], node.as_str(), "{w}");
+    let listed = cp
+        .nodes()
+        .into_iter()
+        .find(|n| n["nodeId"] == node.as_str())
+        .unwrap();
+    assert_eq!(listed["identityGeneration"], 2, "{listed}");
+    assert_eq!(listed["role"], "ramdisk", "{listed}");
+    let certs = cp.json(&["nodes", "certs", &node]);
+    for c in certs.as_array().unwrap() {
+        if c["identityGeneration"] == 1 {
+            assert_eq!(c["revoked"], true, "{certs}");
+        }
+    }
+    for s in [
+        "ramdisk.join",
+        "inventory.refresh",
+        "disk.wipe",
+        "userdata.render",
+    ] {
+        assert_eq!(step(&w, s)["state"], "done", "{s}: {w}");
+    }
+    let token_id = w["tokenId"].as_str().expect("a minted token").to_owned();
+    let secret_prefix = format!("{token_id}.");
+    let shown = stdout(&cp.cli(&["workflows", "show", &deploy])) + &w.to_string();
+    assert!(!shown.contains(&secret_prefix), "{shown}");
+    assert!(!cp.log().contains(&secret_prefix));
+    let cmd = step(&w, "deploy.image")["commandId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let queued = cp.json(&["commands", "show", &cmd]);
+    let args = queued["args"].to_string();
+    assert!(
+        args.contains("debian") && args.contains("/dev/vda"),
+        "{queued}"
+    );
+    assert!(args.contains("seed"), "{queued}");
+
+    // Cancelled (or already ended by the ramdisk's answer): the token the
+    // workflow minted is revoked.
+    let _ = cp.cli(&["workflows", "cancel", &deploy]);
+    let w = show(&cp, &deploy);
+    assert_ne!(w["state"], "running", "{w}");
+    let tokens = cp.json(&["token", "list"]);
+    let minted = tokens
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["id"] == token_id.as_str())
+        .unwrap();
+    assert_eq!(minted["revoked"], true, "{minted}");
 }
