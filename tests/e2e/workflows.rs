@@ -422,3 +422,29 @@ fn a_deploy_joins_as_the_node_and_queues_the_image() {
         .unwrap();
     assert_eq!(minted["revoked"], true, "{minted}");
 }
+
+/// On PostgreSQL with two replicas: a commission started through replica A
+/// finishes through replica B once A is killed while it waits for the
+/// join: the state is the database's, and whichever replica's poller
+/// locks the row advances it (with B and C both polling, each step runs
+/// once).
+#[test]
+fn a_workflow_started_on_one_replica_finishes_on_another() {
+    let mut a = ControlPlane::start_on(Backend::Postgres);
+    let mut others = a.replicas(2);
+    let (b, _c) = (others.remove(0), others.remove(0));
+    let site_id = site(&a, "dc1");
+    let wf = start_commission(&a, &[]);
+    a.kill9();
+    let holder = SiteNode::join(&b, &site_id);
+    let lease = holder.acquire().unwrap();
+    let machine = Machine::new(&b, MAC, UUID);
+    let _ramdisk = boot_ramdisk(&holder, lease.epoch, &machine, &wf);
+    let w = finished(&b, &wf);
+    assert_eq!(w["state"], "succeeded", "{w}");
+    assert_eq!(step(&w, "inventory.refresh")["state"], "done", "{w}");
+    // B and C poll at once: each step ran once (one inventory.refresh).
+    let node = w["node"].as_str().unwrap();
+    let commands = b.json(&["commands", "list", "--node", node]);
+    assert_eq!(commands.as_array().unwrap().len(), 1, "{commands}");
+}
