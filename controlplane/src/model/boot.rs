@@ -537,9 +537,9 @@ pub(crate) fn cert_not_after(tx: &Tx<'_>, node_id: &str) -> Result<Option<UnixMs
 /// none of them blocks it: those admitted by an earlier entry of the same
 /// site and MAC (an earlier commissioning of this machine), those whose
 /// trusted hardware key is `hardware_key` (the same operator-bound UUID),
-/// and those whose own entry has expired; never `keep` (the node a
-/// workflow's ramdisk joins as) nor a workflow's node (a commissioned
-/// machine waits as its ramdisk node for its deploy). Returns how many.
+/// and those whose own entry has expired unless a workflow commissioned
+/// them (that machine waits as its ramdisk node for its deploy); never
+/// `keep` (the node a deploy's ramdisk joins as). Returns how many.
 pub(crate) fn retire_superseded(
     tx: &Tx<'_>,
     entry: &BootEntry,
@@ -551,11 +551,12 @@ pub(crate) fn retire_superseded(
         .query_map(
             "SELECT id FROM nodes
          WHERE role = 'ramdisk' AND retired_at IS NULL AND deleted_at IS NULL
-           AND id IS DISTINCT FROM CAST(?5 AS TEXT)
-           AND id NOT IN (SELECT node_id FROM workflows WHERE node_id IS NOT NULL) AND (
+           AND id IS DISTINCT FROM CAST(?5 AS TEXT) AND (
                id IN (SELECT node_id FROM boot_entries
                       WHERE node_id IS NOT NULL
-                        AND ((site_id = ?1 AND mac = ?2) OR not_after <= ?4))
+                        AND ((site_id = ?1 AND mac = ?2)
+                          OR (not_after <= ?4 AND node_id NOT IN
+                                (SELECT node_id FROM workflows WHERE node_id IS NOT NULL))))
             OR (CAST(?3 AS TEXT) IS NOT NULL AND hardware_key = ?3))",
             params![entry.site_id, entry.mac, hardware_key, now, keep],
             |r| r.get::<String>(0),
