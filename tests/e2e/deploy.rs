@@ -18,7 +18,7 @@ const DISK: usize = 8 << 20;
 
 struct Ramdisk {
     _machine: Machine,
-    _running: Logged,
+    running: Logged,
     node_id: String,
     dev: PathBuf,
 }
@@ -73,7 +73,7 @@ fn ramdisk(cp: &ControlPlane) -> Ramdisk {
     let node_id = status["nodeId"].as_str().unwrap().to_owned();
     Ramdisk {
         _machine: machine,
-        _running: running,
+        running,
         node_id,
         dev: dev.join("vda"),
     }
@@ -336,4 +336,254 @@ fn a_node_certificate_gets_403_from_the_deploy_endpoints() {
         assert_eq!(status, 403, "{path}: {body}");
         assert!(body.contains("role ramdisk"), "{body}");
     }
+}
+
+/// A loop device over a file of `size` bytes, detached when dropped.
+struct Loop {
+    dev: String,
+    _file: tempfile::NamedTempFile,
+}
+
+impl Loop {
+    fn new(size: u64) -> Loop {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        file.as_file().set_len(size).unwrap();
+        let out = std::process::Command::new("losetup")
+            .args(["-f", "--show"])
+            .arg(file.path())
+            .output()
+            .unwrap();
+        assert_ok(&out);
+        Loop {
+            dev: stdout(&out).trim().to_owned(),
+            _file: file,
+        }
+    }
+}
+
+impl Drop for Loop {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("losetup")
+            .args(["-d", &self.dev])
+            .status();
+    }
+}
+
+/// An ext4 image of `size` bytes holding `tree` (path, contents).
+fn ext4_image(dir: &Path, size: u64, tree: &[(&str, &str)]) -> Vec<u8> {
+    let root = dir.join("tree");
+    for (path, text) in tree {
+        let p = root.join(path);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    }
+    let img = dir.join("fs.img");
+    std::fs::File::create(&img).unwrap().set_len(size).unwrap();
+    let out = std::process::Command::new("mkfs.ext4")
+        .args(["-q", "-F", "-d"])
+        .arg(&root)
+        .arg(&img)
+        .output()
+        .unwrap();
+    assert_ok(&out);
+    std::fs::read(img).unwrap()
+}
+
+/// With a real filesystem (root, a loop device for the disk, mkfs.ext4):
+/// the seed lands in the image's NoCloud directory 0600 and nowhere in the
+/// result; a seed whose digest differs wipes the disk; boot.kexec finds
+/// the image's kernel and its root (kept from rebooting by the failpoint),
+/// after the result's acknowledgement.
+#[test]
+fn the_nocloud_seed_is_written_on_the_deployed_filesystem_and_kexec_finds_its_kernel() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: mounting a deployed filesystem needs root (proven in the VM test)");
+        return;
+    }
+    let cp = ControlPlane::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let raw = ext4_image(
+        tmp.path(),
+        8 << 20,
+        &[
+            ("etc/cloud/cloud.cfg", "datasource_list: [ NoCloud ]\n"),
+            ("etc/fstab", "UUID=0a1b2c3d / ext4 rw 0 1\n"),
+            ("boot/vmlinuz-6.1.0-9-amd64", "not a kernel"),
+            ("boot/vmlinuz-6.1.0-10-amd64", "not a kernel"),
+            ("boot/initrd.img-6.1.0-10-amd64", "not an initrd"),
+        ],
+    );
+    let sha = hex::encode(Sha256::digest(&raw));
+    add_image(&cp, tmp.path(), "debian", &zstd(&raw));
+    let mut r = ramdisk(&cp);
+    let disk = Loop::new(16 << 20);
+    std::fs::remove_file(&r.dev).unwrap();
+    std::os::unix::fs::symlink(&disk.dev, &r.dev).unwrap();
+
+    let token_text = "bc1.secret-provisioned-token-text";
+    let doc = serde_json::to_vec(&serde_json::json!({
+        "user-data": format!("#cloud-config\nbc_token: {token_text}\n"),
+        "meta-data": "instance-id: deployed\n",
+    }))
+    .unwrap();
+    let state = bc_controlplane::ControlPlane::open(cp.path()).unwrap();
+    let key = bc_controlplane::boot::BootKey::derive(
+        &bc_controlplane::pki::load_or_create_challenge_key(cp.path()).unwrap(),
+    );
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let seed_sha = state
+        .database()
+        .write(|tx| bc_controlplane::deploy::put_seed(tx, &key, &r.node_id, &doc, now + 600_000))
+        .unwrap();
+    assert_eq!(seed_sha, hex::encode(Sha256::digest(&doc)));
+    let bytes = raw.len().to_string();
+    let args = |seed: &str| {
+        vec![
+            ("bytes", bytes.clone()),
+            ("compression", "zstd".to_owned()),
+            ("disk", "/dev/vda".to_owned()),
+            ("image", "debian".to_owned()),
+            ("seed", seed.to_owned()),
+            ("sha256", sha.clone()),
+        ]
+    };
+    let send = |a: Vec<(&str, String)>| {
+        let a: Vec<(&str, &str)> = a.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        deploy(&cp, &r.node_id, &a)
+    };
+    let ok = send(args(&seed_sha));
+    assert_ok(&ok);
+    assert!(
+        stdout(&ok).contains("NoCloud seed written on /dev/vda"),
+        "{}",
+        stdout(&ok)
+    );
+    assert!(
+        !stdout(&ok).contains(token_text),
+        "the token is not in the result"
+    );
+    assert_eq!(r.running.count(token_text), 0, "nor in the agent's log");
+    let mnt = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new("mount")
+        .args(["-o", "ro", &disk.dev])
+        .arg(mnt.path())
+        .output()
+        .unwrap();
+    assert_ok(&out);
+    let nocloud = mnt.path().join("var/lib/cloud/seed/nocloud");
+    let user_data = std::fs::read_to_string(nocloud.join("user-data"));
+    let mode = std::fs::metadata(nocloud.join("user-data")).map(|m| {
+        use std::os::unix::fs::PermissionsExt as _;
+        m.permissions().mode() & 0o777
+    });
+    let meta = std::fs::read_to_string(nocloud.join("meta-data"));
+    let _ = std::process::Command::new("umount")
+        .arg(mnt.path())
+        .status();
+    assert!(user_data.unwrap().contains(token_text));
+    assert_eq!(mode.unwrap(), 0o600);
+    assert_eq!(meta.unwrap(), "instance-id: deployed\n");
+
+    // boot.kexec: the newest kernel, root= from the image's fstab, the
+    // ramdisk's consoles; the reboot waits for the result's ack.
+    let out = cp.cli(&[
+        "commands",
+        "send",
+        "--node",
+        &r.node_id,
+        "--kind",
+        "boot.kexec",
+        "--timeout",
+        "2m",
+        "--arg",
+        "disk=/dev/vda",
+        "--wait",
+        "--json",
+    ]);
+    assert_ok(&out);
+    assert!(
+        stdout(&out).contains("vmlinuz-6.1.0-10-amd64 loaded from /dev/vda: rebooting into it"),
+        "{}",
+        stdout(&out)
+    );
+    let line = r
+        .running
+        .wait_for("test build: the kernel is not loaded", 1);
+    assert!(
+        line.contains("root=UUID=0a1b2c3d rw console=ttyS0"),
+        "{line}"
+    );
+    r.running.wait_for("test build: would reboot", 1);
+    assert_eq!(
+        r.running.count("no acknowledgement of the result"),
+        0,
+        "the reboot followed the result's ack"
+    );
+
+    // A seed whose digest is not the command's: failed, the disk wiped.
+    let failed = send(args(&"1".repeat(64)));
+    assert_eq!(failed.status.code(), Some(3), "{}", stderr(&failed));
+    assert!(
+        stderr(&failed).contains("seed digest mismatch")
+            && stderr(&failed).contains("the disk was wiped"),
+        "{}",
+        stderr(&failed)
+    );
+    let mut head = vec![0u8; 1 << 20];
+    use std::io::Read as _;
+    std::fs::File::open(&disk.dev)
+        .unwrap()
+        .read_exact(&mut head)
+        .unwrap();
+    assert!(zeros(&head), "wiped");
+}
+
+#[test]
+fn boot_kexec_mode_reboot_answers_before_it_reboots() {
+    let cp = ControlPlane::start();
+    let mut r = ramdisk(&cp);
+    let out = cp.cli(&[
+        "commands",
+        "send",
+        "--node",
+        &r.node_id,
+        "--kind",
+        "boot.kexec",
+        "--timeout",
+        "2m",
+        "--arg",
+        "disk=/dev/vda",
+        "--arg",
+        "mode=reboot",
+        "--wait",
+    ]);
+    assert_ok(&out);
+    assert!(
+        stdout(&out).contains("rebooting through the firmware"),
+        "{}",
+        stdout(&out)
+    );
+    r.running.wait_for("test build: would reboot", 1);
+    let refused = cp.cli(&[
+        "commands",
+        "send",
+        "--node",
+        &r.node_id,
+        "--kind",
+        "boot.kexec",
+        "--timeout",
+        "2m",
+        "--arg",
+        "disk=/dev/sdq",
+        "--wait",
+    ]);
+    assert!(
+        stderr(&refused).contains("refused: /dev/sdq: not a disk of this machine's inventory"),
+        "{}",
+        stderr(&refused)
+    );
 }
