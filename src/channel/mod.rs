@@ -38,7 +38,7 @@ use tokio::sync::{mpsc, watch, Semaphore};
 use tokio_tungstenite::tungstenite::Message;
 
 use crate::backoff::Backoff;
-use crate::commands::Machine;
+use crate::commands::{ApiAccess, Machine};
 use crate::config::Config;
 use crate::identity::Identity;
 use crate::journal::commands::status_name;
@@ -144,7 +144,25 @@ pub(crate) fn start(
             return None;
         }
     };
-    let machine = Machine::this(config_path, &config.data_dir, tpm, identity.role);
+    let (handle, link) = Link::new(dial, identity);
+    let api = match crate::client::pinned_tls(config) {
+        Ok(tls) => {
+            let current = link.identity.clone();
+            Some(Arc::new(ApiAccess {
+                base: config.api.as_str().trim_end_matches('/').to_owned(),
+                tls,
+                identity: Box::new(move || {
+                    let id = current.borrow().clone();
+                    (id.chain.clone(), id.key.clone())
+                }),
+            }))
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "commands cannot reach the control plane");
+            None
+        }
+    };
+    let machine = Machine::this(config_path, &config.data_dir, tpm, identity.role, api);
     let work = match Work::new(
         &config.data_dir,
         config.pins.join_signing_key,
@@ -157,7 +175,6 @@ pub(crate) fn start(
             return None;
         }
     };
-    let (handle, link) = Link::new(dial, identity);
     // Its own thread and runtime: a node key that signs slowly (a TPM, a
     // stalled helper) in the channel's TLS handshake never holds up the
     // renewal loop, and the reverse.
@@ -500,6 +517,8 @@ impl Work {
     }
 
     fn on_ack(&mut self, id: &str) {
+        // A reboot (boot.kexec) may be waiting for this one.
+        crate::commands::acked(id);
         match self.journal.ack(id) {
             Ok(true) => tracing::debug!(id = %printable(id), "result acknowledged"),
             Ok(false) => {

@@ -68,6 +68,7 @@ fn machine(dir: &Path) -> Machine {
         data_dir: dir.to_owned(),
         config_path: dir.join("config.toml"),
         tpm: Arc::new(TpmAccess::none()),
+        api: None,
     }
 }
 

@@ -36,7 +36,7 @@ const BLKRRPART: libc::c_ulong = 0x125f;
 
 #[derive(Serialize, Debug, Default)]
 #[serde(rename_all = "camelCase")]
-struct Wiped {
+pub(super) struct Wiped {
     device: String,
     size_bytes: u64,
     /// `done`, or why not (`unsupported: …`, `not a block device`).
@@ -44,7 +44,7 @@ struct Wiped {
     zeroed_bytes: u64,
     /// The zeroed ranges read back as zeros.
     verified: bool,
-    error: Option<String>,
+    pub(super) error: Option<String>,
 }
 
 pub(super) fn wipe(machine: &Machine, devices: &[&str]) -> Done {
@@ -73,7 +73,7 @@ pub(super) fn wipe(machine: &Machine, devices: &[&str]) -> Done {
 }
 
 /// Whether `name` may be wiped: a whole disk of the inventory, unused.
-fn check(machine: &Machine, name: &str) -> Result<(), String> {
+pub(super) fn check(machine: &Machine, name: &str) -> Result<(), String> {
     let block = machine.sysfs.join("block");
     let dir = block.join(name);
     if !dir.is_dir() || !super::inventory::disk(&block, name) {
@@ -122,14 +122,14 @@ fn check(machine: &Machine, name: &str) -> Result<(), String> {
 
 /// The partitions of the disk at `dir` (subdirectories with a `partition`
 /// file).
-fn partitions(dir: &Path) -> Vec<String> {
+pub(super) fn partitions(dir: &Path) -> Vec<String> {
     super::inventory::names(dir)
         .into_iter()
         .filter(|n| dir.join(n).join("partition").exists())
         .collect()
 }
 
-fn wipe_one(machine: &Machine, name: &str) -> Wiped {
+pub(super) fn wipe_one(machine: &Machine, name: &str) -> Wiped {
     let mut w = Wiped {
         device: format!("/dev/{name}"),
         ..Wiped::default()
@@ -141,7 +141,7 @@ fn wipe_one(machine: &Machine, name: &str) -> Wiped {
 }
 
 fn erase(path: &Path, w: &mut Wiped) -> Result<(), String> {
-    let mut file = OpenOptions::new()
+    let file = OpenOptions::new()
         .read(true)
         .write(true)
         .custom_flags(libc::O_EXCL)
@@ -152,9 +152,7 @@ fn erase(path: &Path, w: &mut Wiped) -> Result<(), String> {
         .map_err(|e| format!("cannot stat it: {e}"))?
         .file_type()
         .is_block_device();
-    let size = file
-        .seek(SeekFrom::End(0))
-        .map_err(|e| format!("cannot find its size: {e}"))?;
+    let size = size(&file).map_err(|e| format!("cannot find its size: {e}"))?;
     w.size_bytes = size;
     w.discard = match block {
         true => ioctl_range(&file, BLKDISCARD, 0, size)
@@ -186,13 +184,30 @@ fn erase(path: &Path, w: &mut Wiped) -> Result<(), String> {
     }
     w.verified = true;
     if block {
-        // The kernel drops the partitions it knew; a failure (a device
-        // that cannot, a partition still open) leaves nothing on disk.
-        if let Err(e) = ioctl_none(&file, BLKRRPART) {
-            tracing::warn!(device = %w.device, error = %e, "the kernel did not re-read the partition table");
-        }
+        reread_partitions(&file, &w.device);
     }
     Ok(())
+}
+
+/// The size of an open disk (or, in tests, of a file).
+pub(super) fn size(mut file: &File) -> Result<u64, std::io::Error> {
+    file.seek(SeekFrom::End(0))
+}
+
+/// Asks the kernel to re-read the partition table of `file` (a block
+/// device; anything else is left alone). A failure (a device that cannot,
+/// a partition still open) is logged: nothing on disk depends on it.
+pub(super) fn reread_partitions(file: &File, device: &str) {
+    use std::os::unix::fs::FileTypeExt as _;
+    if !file
+        .metadata()
+        .is_ok_and(|m| m.file_type().is_block_device())
+    {
+        return;
+    }
+    if let Err(e) = ioctl_none(file, BLKRRPART) {
+        tracing::warn!(device, error = %e, "the kernel did not re-read the partition table");
+    }
 }
 
 fn ioctl_range(
@@ -272,6 +287,7 @@ mod tests {
             config_path: root.join("config.toml"),
             tpm: Arc::new(crate::keys::TpmAccess::none()),
             role: Role::Ramdisk,
+            api: None,
         }
     }
 

@@ -471,6 +471,7 @@ mod tests {
             config_path: root.join("config.toml"),
             tpm: Arc::new(TpmAccess::none()),
             role: bc_wire::agent::Role::Node,
+            api: None,
         }
     }
 

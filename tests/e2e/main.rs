@@ -47,6 +47,9 @@ mod cloud_cms;
 mod cloud_iid;
 #[cfg(feature = "failpoints")]
 mod discovery;
+// A ramdisk (discovery's helpers) with a fake /dev and /proc.
+#[cfg(feature = "failpoints")]
+mod deploy;
 // Reuses discovery's helpers (and its fake sysfs).
 #[cfg(feature = "failpoints")]
 mod discovery_tpm;
