@@ -339,13 +339,13 @@ fn a_node_certificate_gets_403_from_the_deploy_endpoints() {
 }
 
 /// A loop device over a file of `size` bytes, detached when dropped.
-struct Loop {
-    dev: String,
+pub(crate) struct Loop {
+    pub(crate) dev: String,
     _file: tempfile::NamedTempFile,
 }
 
 impl Loop {
-    fn new(size: u64) -> Loop {
+    pub(crate) fn new(size: u64) -> Loop {
         let file = tempfile::NamedTempFile::new().unwrap();
         file.as_file().set_len(size).unwrap();
         let out = std::process::Command::new("losetup")
@@ -370,7 +370,7 @@ impl Drop for Loop {
 }
 
 /// An ext4 image of `size` bytes holding `tree` (path, contents).
-fn ext4_image(dir: &Path, size: u64, tree: &[(&str, &str)]) -> Vec<u8> {
+pub(crate) fn ext4_image(dir: &Path, size: u64, tree: &[(&str, &str)]) -> Vec<u8> {
     let root = dir.join("tree");
     for (path, text) in tree {
         let p = root.join(path);

@@ -67,8 +67,9 @@ fn boot_ramdisk(holder: &SiteNode, epoch: u64, machine: &Machine, wf: &str) -> L
     cmd.env("BCD_SYSFS_ROOT", machine.agent.sysfs_root());
     let root = machine.agent.root.path();
     if root.join("dev").is_dir() {
-        cmd.env("BCD_DEV_ROOT", root.join("dev"));
-        cmd.env("BCD_PROC_ROOT", root.join("proc"));
+        cmd.env("BCD_DEV_ROOT", root.join("dev"))
+            .env("BCD_PROC_ROOT", root.join("proc"))
+            .env("BCD_FAILPOINT", "kexec-no-reboot");
     }
     Logged::spawn(cmd)
 }
@@ -78,10 +79,14 @@ fn boot_ramdisk(holder: &SiteNode, epoch: u64, machine: &Machine, wf: &str) -> L
 fn with_disk(cp: &ControlPlane) -> Machine {
     let machine = Machine::new(cp, MAC, UUID);
     machine.agent.sysfs("block/vda/size", "131072\n");
+    machine.agent.sysfs("block/vda/dev", "252:0\n");
+    std::fs::create_dir_all(machine.agent.sysfs_root().join("block/vda/holders")).unwrap();
     let root = machine.agent.root.path();
     std::fs::create_dir_all(root.join("dev")).unwrap();
     std::fs::create_dir_all(root.join("proc/self")).unwrap();
     std::fs::write(root.join("proc/self/mountinfo"), "").unwrap();
+    std::fs::write(root.join("proc/filesystems"), "nodev\tproc\n\text4\n").unwrap();
+    std::fs::write(root.join("proc/cmdline"), "console=ttyS0\n").unwrap();
     std::fs::write(
         root.join("proc/swaps"),
         "Filename\tType\tSize\tUsed\tPriority\n",
@@ -447,4 +452,128 @@ fn a_workflow_started_on_one_replica_finishes_on_another() {
     let node = w["node"].as_str().unwrap();
     let commands = b.json(&["commands", "list", "--node", node]);
     assert_eq!(commands.as_array().unwrap().len(), 1, "{commands}");
+}
+
+/// The whole loop on this host (root, a loop device for the disk,
+/// mkfs.ext4): commission, then deploy an ext4 image whose cloud-init
+/// finds the seed; deploy.image writes it and the seed, boot.kexec loads
+/// its kernel (kept from rebooting by the failpoint), and the installed
+/// system's `bcd join --attestor provisioned` with the token from the seed
+/// re-keys the same node, role node, and the workflow succeeds. A machine
+/// claiming another product UUID first is refused `product-uuid-mismatch`
+/// and spends nothing.
+#[test]
+fn a_deploy_runs_to_the_installed_systems_provisioned_join() {
+    use crate::deploy::{ext4_image, Loop};
+    use crate::provisioned::{join_as, machine, OTHER_UUID};
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: mounting the deployed filesystem needs root");
+        return;
+    }
+    let cp = ControlPlane::start();
+    let site_id = site(&cp, "dc1");
+    let holder = SiteNode::join(&cp, &site_id);
+    let epoch = holder.acquire().unwrap().epoch;
+    let wf = start_commission(&cp, &[]);
+    let first = with_disk(&cp);
+    let mut ramdisk = boot_ramdisk(&holder, epoch, &first, &wf);
+    assert_eq!(finished(&cp, &wf)["state"], "succeeded");
+    let node = first.agent.status_json()["nodeId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    ramdisk.stop();
+
+    let tmp = tempfile::tempdir().unwrap();
+    let raw = ext4_image(
+        tmp.path(),
+        8 << 20,
+        &[
+            ("etc/cloud/cloud.cfg", "datasource_list: [ NoCloud ]\n"),
+            ("etc/fstab", "UUID=0a1b2c3d / ext4 rw 0 1\n"),
+            ("boot/vmlinuz-6.1.0-10-amd64", "not a kernel"),
+        ],
+    );
+    let image = tmp.path().join("debian.img");
+    std::fs::write(&image, &raw).unwrap();
+    assert_ok(&cp.cli(&["images", "add", "debian", &image.to_string_lossy()]));
+    let pkg = tmp.path().join("bcd_0.1.0+test_amd64.deb");
+    std::fs::write(&pkg, b"not really a package").unwrap();
+    assert_ok(&cp.cli(&["dist", "add", &pkg.to_string_lossy()]));
+    let out = cp.cli(&[
+        "workflows",
+        "start",
+        "deploy",
+        "--node",
+        &node,
+        "--image",
+        "debian",
+        "--api",
+        &cp.url,
+    ]);
+    assert_ok(&out);
+    let deploy = stdout(&out).trim().to_owned();
+
+    let second = with_disk(&cp);
+    let disk = Loop::new(16 << 20);
+    let dev = second.agent.root.path().join("dev/vda");
+    std::fs::remove_file(&dev).unwrap();
+    std::os::unix::fs::symlink(&disk.dev, &dev).unwrap();
+    second
+        .agent
+        .sysfs("block/vda/size", &format!("{}\n", (16 << 20) / 512));
+    let _ramdisk = boot_ramdisk(&holder, epoch, &second, &deploy);
+    let w = wait_for(|| {
+        let w = show(&cp, &deploy);
+        let waiting = step(&w, "provisioned.join")["state"] == "running";
+        (waiting || w["state"] != "running").then_some(w)
+    });
+    assert_eq!(w["state"], "running", "{w}");
+    for s in ["deploy.image", "boot.close", "boot.kexec"] {
+        assert_eq!(step(&w, s)["state"], "done", "{s}: {w}");
+    }
+
+    // What cloud-init will find on the installed system.
+    let mnt = tempfile::tempdir().unwrap();
+    assert_ok(
+        &std::process::Command::new("mount")
+            .args(["-o", "ro", &disk.dev])
+            .arg(mnt.path())
+            .output()
+            .unwrap(),
+    );
+    let user_data =
+        std::fs::read_to_string(mnt.path().join("var/lib/cloud/seed/nocloud/user-data"));
+    let _ = std::process::Command::new("umount")
+        .arg(mnt.path())
+        .status();
+    let user_data = user_data.unwrap();
+    assert!(user_data.starts_with("#cloud-config\n"), "{user_data}");
+    assert!(user_data.contains("--attestor provisioned"), "{user_data}");
+    let token = user_data
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("content: '"))
+        .and_then(|l| l.strip_suffix('\''))
+        .expect("the token line")
+        .to_owned();
+    assert!(!cp.log().contains(&token), "the token is in no log");
+
+    // Another machine with the token: refused, nothing spent.
+    let other = machine(&cp, Some(OTHER_UUID));
+    assert_access_denied(&join_as(&other, "provisioned", &token));
+    assert_eq!(cp.refusal("product-uuid-mismatch")["nodeId"], node.as_str());
+    // The installed system (the inventory's UUID) re-keys the node.
+    let installed = machine(&cp, Some(UUID));
+    assert_ok(&join_as(&installed, "provisioned", &token));
+    assert_eq!(installed.status_json()["nodeId"], node.as_str());
+    let w = finished(&cp, &deploy);
+    assert_eq!(w["state"], "succeeded", "{w}");
+    let listed = cp
+        .nodes()
+        .into_iter()
+        .find(|n| n["nodeId"] == node.as_str())
+        .unwrap();
+    assert_eq!(listed["role"], "node", "{listed}");
+    assert_eq!(listed["identityGeneration"], 3, "{listed}");
 }
