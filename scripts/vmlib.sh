@@ -1,11 +1,13 @@
+# shellcheck shell=bash
 # Shared by scripts/vmtest (and scripts/pxetest): the Debian packages that
 # run QEMU guests on these machines (../shared/vm-notes.md).
 
 # QEMU comes from bookworm-backports: the image's qemu-utils is 10.x from
 # there, and bookworm's QEMU 7.2 would remove it. The backports source is
 # derived from the mirror already configured, never written into the repo.
-# fdisk: sfdisk partitions the disk image scripts/pxetest wipes.
-BCD_VM_PACKAGES=(qemu-system-x86 qemu-utils ipxe-qemu busybox-static mmdebstrap e2fsprogs openssl python3 fdisk)
+# fdisk: sfdisk partitions the disk image scripts/pxetest wipes; zstd
+# compresses the image its lifecycle round deploys.
+BCD_VM_PACKAGES=(qemu-system-x86 qemu-utils ipxe-qemu busybox-static mmdebstrap e2fsprogs openssl python3 fdisk zstd)
 
 ensure_vm_packages() {
   local missing=() p
@@ -68,4 +70,61 @@ wait_gone() {
     (($(date +%s) < deadline)) || return 1
     sleep 0.05
   done
+}
+
+# guest_image CACHE WORK: Debian's cloud kernel (unpacked, not installed) and
+# a Debian 12 root filesystem image with systemd and cloud-init (mmdebstrap,
+# ext4, no partition table), cached under CACHE by a hash of their inputs.
+# Sets vmlinuz, kver and image. Used by scripts/vmtest's guests and by
+# scripts/pxetest's lifecycle round, which deploys this image onto a disk.
+# shellcheck disable=SC2034,SC2154 # sets vmlinuz, kver, image; root is the caller's
+guest_image() {
+  local cache=$1 work=$2 kpkg kdir g include hooks key rootdir t0 h hook_args
+  kpkg=$(apt-cache depends linux-image-cloud-amd64 | sed -n 's/^ *Depends: \(linux-image-[0-9].*-cloud-amd64\)$/\1/p' | sed -n 1p)
+  [ -n "$kpkg" ] || { log "cannot resolve linux-image-cloud-amd64"; exit 1; }
+  kdir=$cache/$kpkg
+  if [ ! -d "$kdir/root" ]; then
+    log "downloading $kpkg"
+    rm -rf "$kdir.tmp" && mkdir -p "$kdir.tmp"
+    (cd "$kdir.tmp" && apt-get download -q -o APT::Sandbox::User=root "$kpkg" >/dev/null && dpkg-deb -x ./*.deb root && rm -f ./*.deb)
+    mv "$kdir.tmp" "$kdir"
+  fi
+  kver=${kpkg#linux-image-}
+  vmlinuz=$kdir/root/boot/vmlinuz-$kver
+
+  # The root filesystem image, cached by its inputs.
+  include=systemd,systemd-sysv,udev,dbus,iproute2,kmod,cloud-init,curl,ca-certificates,util-linux
+  # bcd's Depends are in the image so that apt-get installs the package offline
+  # (the guest reaches nothing but the control plane and the seed).
+  include+=,libtss2-esys-3.0.2-0,libtss2-mu0,libtss2-tctildr0,libtss2-tcti-device0,libsqlite3-0
+  g=$root/tests/vm/image
+  hooks=(
+    "cp -a '$kdir/root/lib/modules' \"\$1/lib/\" && chroot \"\$1\" depmod -a '$kver'"
+    "install -D -m 0644 '$g/10-dhcp.network' \"\$1/etc/systemd/network/10-dhcp.network\""
+    "install -D -m 0644 '$g/90-bcd-vmtest.cfg' \"\$1/etc/cloud/cloud.cfg.d/90-bcd-vmtest.cfg\""
+    "install -D -m 0755 '$g/bcd-vmtest-report' \"\$1/usr/local/sbin/bcd-vmtest-report\""
+    "install -D -m 0644 '$g/bcd-vmtest-report.service' \"\$1/etc/systemd/system/bcd-vmtest-report.service\""
+    "chroot \"\$1\" systemctl enable -q systemd-networkd systemd-networkd-wait-online bcd-vmtest-report.service"
+    "chroot \"\$1\" systemctl mask -q apt-daily.timer apt-daily-upgrade.timer e2scrub_all.timer fstrim.timer"
+    "echo bcd-vmtest > \"\$1/etc/hostname\""
+  )
+  # The image's inputs: packages, kernel, hooks and the guest files they copy
+  # (paths made relative, so every clone shares the cache).
+  key=$( { echo "$include $kpkg"; printf '%s\n' "${hooks[@]}" | sed "s|$root/||g"; cat "$g"/*; } | sha256sum | cut -c1-16)
+  image=$cache/rootfs-$key.img
+  if [ ! -f "$image" ]; then
+    log "building the guest image $image (mmdebstrap)"
+    t0=$(date +%s)
+    rootdir=$work/rootfs
+    hook_args=()
+    for h in "${hooks[@]}"; do hook_args+=(--customize-hook="$h"); done
+    mmdebstrap --quiet --variant=minbase --include="$include" "${hook_args[@]}" \
+      bookworm "$rootdir" /etc/apt/sources.list.d/debian.sources
+    mkfs.ext4 -q -L root -d "$rootdir" "$work/rootfs.img" 1536M >/dev/null
+    rm -rf "$rootdir"
+    mv "$work/rootfs.img" "$image.tmp" && mv "$image.tmp" "$image"
+    log "image built in $(( $(date +%s) - t0 )) s"
+    # Older images of this cache are of no use any more.
+    find "$cache" -maxdepth 1 -name 'rootfs-*.img' ! -name "rootfs-$key.img" -delete
+  fi
 }
