@@ -221,6 +221,36 @@ fn a_zstd_image_is_deployed_and_checked_and_a_wrong_digest_leaves_the_disk_wiped
         stderr(&refused)
     );
 
+    // A disk in use (mounted, as the fake mountinfo says): refused.
+    let mountinfo = r
+        .dev
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("proc/self/mountinfo");
+    std::fs::write(
+        &mountinfo,
+        "22 1 0:21 / / rw - rootfs rootfs rw\n36 22 252:0 / /mnt rw - ext4 /dev/vda rw\n",
+    )
+    .unwrap();
+    let refused = deploy(
+        &cp,
+        &r.node_id,
+        &[
+            ("bytes", &bytes),
+            ("disk", "/dev/vda"),
+            ("image", "debian"),
+            ("sha256", &sha),
+        ],
+    );
+    assert!(
+        stderr(&refused).contains("refused: /dev/vda: mounted at /mnt; nothing was written"),
+        "{}",
+        stderr(&refused)
+    );
+    std::fs::write(&mountinfo, "22 1 0:21 / / rw - rootfs rootfs rw\n").unwrap();
+
     // An image name the control plane does not have.
     let missing = deploy(
         &cp,
