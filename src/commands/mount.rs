@@ -23,9 +23,12 @@ pub(super) fn each_filesystem<T>(
     let mut names = disk::partitions(&dir);
     names.sort();
     names.push(dev.to_owned());
+    // One directory per call: kinds run up to four at once.
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let at = machine
         .data_dir
-        .join(format!("deploy-mnt-{}", std::process::id()));
+        .join(format!("deploy-mnt-{}-{n}", std::process::id()));
     for name in names {
         let source = machine.devfs.join(&name);
         let Some(mounted) = Mounted::try_new(&source, &at, &types, read_only)? else {

@@ -221,6 +221,65 @@ fn a_zstd_image_is_deployed_and_checked_and_a_wrong_digest_leaves_the_disk_wiped
         stderr(&refused)
     );
 
+    // A disk in use (mounted, as the fake mountinfo says): refused.
+    let mountinfo = r
+        .dev
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("proc/self/mountinfo");
+    std::fs::write(
+        &mountinfo,
+        "22 1 0:21 / / rw - rootfs rootfs rw\n36 22 252:0 / /mnt rw - ext4 /dev/vda rw\n",
+    )
+    .unwrap();
+    let refused = deploy(
+        &cp,
+        &r.node_id,
+        &[
+            ("bytes", &bytes),
+            ("disk", "/dev/vda"),
+            ("image", "debian"),
+            ("sha256", &sha),
+        ],
+    );
+    assert!(
+        stderr(&refused).contains("refused: /dev/vda: mounted at /mnt; nothing was written"),
+        "{}",
+        stderr(&refused)
+    );
+    std::fs::write(&mountinfo, "22 1 0:21 / / rw - rootfs rootfs rw\n").unwrap();
+
+    // The stored file changed behind the control plane's back: the
+    // transfer is cut, the step fails, the disk is wiped.
+    let stored = cp
+        .path()
+        .join("images")
+        .join(image["storedSha256"].as_str().unwrap());
+    let mut altered = std::fs::read(&stored).unwrap();
+    let last = altered.len() - 1;
+    altered[last] ^= 0xff;
+    std::fs::write(&stored, &altered).unwrap();
+    std::fs::write(&r.dev, vec![0xAAu8; DISK]).unwrap();
+    let cut = deploy(
+        &cp,
+        &r.node_id,
+        &[
+            ("bytes", &bytes),
+            ("compression", "zstd"),
+            ("disk", "/dev/vda"),
+            ("image", "debian"),
+            ("sha256", &sha),
+        ],
+    );
+    assert!(
+        stderr(&cut).contains("the disk was wiped, nothing bootable left"),
+        "{}",
+        stderr(&cut)
+    );
+    assert!(zeros(&std::fs::read(&r.dev).unwrap()[..1 << 20]));
+
     // An image name the control plane does not have.
     let missing = deploy(
         &cp,
@@ -326,7 +385,7 @@ fn api_url(cp: &ControlPlane) -> String {
 
 #[test]
 fn a_node_certificate_gets_403_from_the_deploy_endpoints() {
-    let cp = ControlPlane::start();
+    let mut cp = ControlPlane::start();
     let tmp = tempfile::tempdir().unwrap();
     add_image(&cp, tmp.path(), "img", b"image bytes");
     let agent = Agent::new(&cp);
@@ -336,6 +395,8 @@ fn a_node_certificate_gets_403_from_the_deploy_endpoints() {
         assert_eq!(status, 403, "{path}: {body}");
         assert!(body.contains("role ramdisk"), "{body}");
     }
+    let line = cp.wait_for_log("deploy download refused", 2);
+    assert!(line.contains("not a current ramdisk certificate"), "{line}");
 }
 
 /// A loop device over a file of `size` bytes, detached when dropped.
