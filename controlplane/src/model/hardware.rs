@@ -108,10 +108,18 @@ pub(crate) fn proven_product_uuid(tx: &Tx<'_>, node_id: &str) -> Result<Option<S
         .flatten())
 }
 
-/// Records `hk` as `node_id`'s hardware key (a reclaim replaces the old one).
+/// Records `hk` as `node_id`'s hardware key (a reclaim replaces the old
+/// one), except that a product UUID never replaces an EK: a machine whose
+/// ramdisk proved its TPM and whose installed system then re-keys the node
+/// with a provisioned token (issue 30) is still that TPM's, so a later
+/// `bcd join --attestor tpm` reclaims it through the EK. The UUID is
+/// recorded beside it.
 pub(crate) fn record(tx: &Tx<'_>, node_id: &str, hk: &HardwareKey) -> Result<(), DbError> {
     tx.execute(
-        "UPDATE nodes SET hardware_key = ?2, product_uuid = ?3 WHERE id = ?1",
+        "UPDATE nodes SET product_uuid = ?3, hardware_key = CASE
+                 WHEN ?2 LIKE 'product-uuid:%' AND hardware_key LIKE 'tpm-ek:%' THEN hardware_key
+                 ELSE ?2 END
+             WHERE id = ?1",
         params![node_id, hk.key, hk.product_uuid],
     )?;
     Ok(())
@@ -204,5 +212,43 @@ mod tests {
         let hk = of_result(&tpm).unwrap();
         assert_eq!(hk.key, format!("tpm-ek:{}", "ab".repeat(32)));
         assert_eq!(hk.product_uuid, None);
+    }
+
+    /// A provisioned re-key (a product UUID) of a node whose ramdisk proved
+    /// its EK keeps the EK as its key, so its TPM still reclaims it; an EK
+    /// replaces a UUID, and another EK replaces an EK (a changed TPM).
+    #[test]
+    fn a_product_uuid_never_replaces_an_ek() {
+        let t = crate::test_support::temp_db();
+        crate::test_support::insert_node(&t.db, "node_a", bc_wire::AttestorId::Tpm, 1);
+        let ek = |hex: &str| HardwareKey {
+            key: format!("tpm-ek:{}", hex.repeat(32)),
+            product_uuid: None,
+        };
+        let uuid = "4c4c4544-0042-3510-8052-b4c04f4e4d32";
+        let by_uuid = HardwareKey {
+            key: format!("product-uuid:{uuid}"),
+            product_uuid: Some(uuid.to_owned()),
+        };
+        let key_of = |db: &crate::store::Store| {
+            db.read(|tx| {
+                tx.query_opt_map(
+                    "SELECT hardware_key, product_uuid FROM nodes WHERE id = 'node_a'",
+                    params![],
+                    |r| Ok((r.get::<Option<String>>(0)?, r.get::<Option<String>>(1)?)),
+                )
+            })
+            .unwrap()
+            .unwrap()
+        };
+        let set = |hk: &HardwareKey| t.db.write(|tx| record(tx, "node_a", hk)).unwrap();
+        set(&by_uuid);
+        assert_eq!(key_of(&t.db).0.as_deref(), Some(by_uuid.key.as_str()));
+        set(&ek("ab"));
+        assert_eq!(key_of(&t.db).0, Some(ek("ab").key));
+        set(&by_uuid);
+        assert_eq!(key_of(&t.db), (Some(ek("ab").key), Some(uuid.to_owned())));
+        set(&ek("cd"));
+        assert_eq!(key_of(&t.db).0, Some(ek("cd").key));
     }
 }
