@@ -267,12 +267,20 @@ impl Channels {
     }
 }
 
-/// The WebSocket configuration: agent frames up to a result at its cap.
+/// The WebSocket configuration: agent frames up to a result at its cap,
+/// read [`READ_BUFFER`] at a time.
 fn ws_config() -> WebSocketConfig {
     WebSocketConfig::default()
         .max_message_size(Some(MAX_AGENT_FRAME))
         .max_frame_size(Some(MAX_AGENT_FRAME))
+        .read_buffer_size(READ_BUFFER)
 }
+
+/// tungstenite zero-fills its read buffer up to this size at every read,
+/// so an idle channel holds this much: its default (128 KiB) was most of
+/// the serve's RSS with 1,000 idle channels (166 MB). A larger frame still
+/// grows the buffer as it arrives.
+const READ_BUFFER: usize = 8 * 1024;
 
 fn status(code: StatusCode, text: &'static str) -> Response {
     (code, text).into_response()
