@@ -11,6 +11,7 @@
 
 mod agent;
 mod cloud;
+mod command;
 mod controlplane;
 mod fixtures;
 mod helper;
@@ -19,6 +20,7 @@ mod wire;
 
 pub use agent::{bcd_config, identity_json, join_answer, renew_answer};
 pub use cloud::{aws_document, azure_document, gcp_token};
+pub use command::{channel_agent_frame, channel_server_frame};
 pub use controlplane::{cloud_cms, cp_config, ek_cert, join_request, renew_request};
 pub use helper::helper_frames;
 pub use site::{ramdisk_cmdline, site_request};
@@ -51,6 +53,8 @@ const TARGETS: &[(&str, Body)] = &[
     ("aws_document", aws_document),
     ("azure_document", azure_document),
     ("helper_frames", helper_frames),
+    ("channel_server_frame", channel_server_frame),
+    ("channel_agent_frame", channel_agent_frame),
 ];
 
 /// Splits an input into `N` parts: every part but the last is prefixed by

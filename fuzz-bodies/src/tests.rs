@@ -252,6 +252,60 @@ fn write_seeds() {
     seeds::write(&corpus_dir());
 }
 
+/// [`write_seeds`] for the command channel's two targets only:
+/// `cargo test -p bc-fuzz -- --ignored write_command_seeds`.
+#[test]
+#[ignore]
+fn write_command_seeds() {
+    seeds::write_command(&corpus_dir());
+}
+
+/// The command channel's seeds verify: the bodies' checks past the
+/// signatures are reached from the start.
+#[test]
+fn command_seeds_verify() {
+    use bc_wire::command::channel::{parse_agent_frame, parse_server_frame};
+    use bc_wire::command_v1::{agent_frame, server_frame};
+    let Ok(server_frame::Frame::Command(cmd)) =
+        parse_server_frame(&seed("channel_server_frame", "wipe")[1..])
+    else {
+        panic!("the wipe seed is a command frame");
+    };
+    let scope = bc_wire::command::Scope::from_statements(&["urn:bc:scope:ramdisk"]).unwrap();
+    let key = *fixtures::service_key().verifying_key();
+    let v = bc_wire::command::verify(
+        &cmd,
+        &bc_wire::command::Expect {
+            signing_key: &key,
+            node_id: fixtures::NODE_ID,
+            scope: &scope,
+            now_ms: command::NOW_MS,
+        },
+    )
+    .unwrap();
+    assert_eq!(v.kind().name, "disk.wipe");
+    let Ok(agent_frame::Frame::Result(r)) =
+        parse_agent_frame(&seed("channel_agent_frame", "result"))
+    else {
+        panic!("the result seed is a result frame");
+    };
+    bc_wire::command::verify_result(&r, fixtures::node_spki(), fixtures::NODE_ID).unwrap();
+    let Ok(agent_frame::Frame::Proof(p)) = parse_agent_frame(&seed("channel_agent_frame", "proof"))
+    else {
+        panic!("the proof seed is a proof frame");
+    };
+    bc_wire::command::channel::verify_proof(
+        &p,
+        &bc_wire::command::channel::ProofExpect {
+            nonce: &command::NONCE,
+            node_id: fixtures::NODE_ID,
+            node_spki: fixtures::node_spki(),
+            now_ms: command::NOW_MS,
+        },
+    )
+    .unwrap();
+}
+
 /// [`write_seeds`] for the site's two targets only:
 /// `cargo test -p bc-fuzz -- --ignored write_site_seeds`.
 #[test]

@@ -131,6 +131,29 @@ impl Client {
         Ok(m)
     }
 
+    /// `system.journal`: the system journal of bcd's units within `query`,
+    /// checked to be within its bounds. On a connection of its own, so a
+    /// slow read does not hold up the node's signatures.
+    pub fn journal(&self, query: &crate::journal::Query) -> Result<String, ClientError> {
+        let op = Operation::Journal(*query);
+        let mut stream = self.connect()?;
+        let response::Result::Journal(j) = into_result(exchange(
+            &mut stream,
+            &proto::frame(&op.to_request()),
+            op.max_response(),
+        )?)?
+        else {
+            return Err(ClientError::Protocol("not the system journal"));
+        };
+        if !crate::journal::within(&j.text, query) {
+            return Err(ClientError::Untrusted(
+                "the system journal's text is not printable lines within the bounds asked for"
+                    .into(),
+            ));
+        }
+        Ok(j.text)
+    }
+
     /// `tpm.nodekey`: the key `unique` derives, its public half checked.
     pub fn node_key(&self, unique: &[u8; 32]) -> Result<HelperKeyPublic, ClientError> {
         let response::Result::NodeKey(k) = self.call(&Operation::NodeKey { unique: *unique })?
@@ -242,6 +265,7 @@ impl Client {
             .lock()
             .map_err(|_| ClientError::Protocol("an earlier call panicked"))?;
         let request = proto::frame(&op.to_request());
+        let max = op.max_response();
         let reused = conn.is_some();
         for attempt in 0..2 {
             if conn.is_none() {
@@ -250,7 +274,7 @@ impl Client {
             let Some(stream) = conn.as_mut() else {
                 continue;
             };
-            match exchange(stream, &request) {
+            match exchange(stream, &request, max) {
                 Ok(r) => return into_result(r),
                 Err(e) => {
                     *conn = None;
@@ -280,7 +304,8 @@ fn bad_signature() -> ClientError {
     ClientError::Untrusted("a signature that does not verify against the key's public half".into())
 }
 
-fn exchange(stream: &mut UnixStream, request: &[u8]) -> Result<Response, ClientError> {
+/// One request and its response of at most `max` bytes.
+fn exchange(stream: &mut UnixStream, request: &[u8], max: usize) -> Result<Response, ClientError> {
     let closed = |e: std::io::Error| match e.kind() {
         std::io::ErrorKind::UnexpectedEof
         | std::io::ErrorKind::BrokenPipe
@@ -294,15 +319,18 @@ fn exchange(stream: &mut UnixStream, request: &[u8]) -> Result<Response, ClientE
         return Err(e);
     }
     // Usually the whole response in the first read; the helper sends
-    // nothing unasked, so nothing past it is read.
-    let mut buf = vec![0u8; 4 + proto::MAX_RESPONSE];
+    // nothing unasked, so nothing past it is read. The buffer grows to a
+    // longer response's announced length (within `max`) only.
+    let mut buf = vec![0u8; 4 + proto::MAX_RESPONSE.min(max)];
     let mut filled = 0;
     let len = loop {
         if let Some(prefix) = buf[..filled].first_chunk::<4>() {
-            let len =
-                4 + proto::body_len(*prefix, proto::MAX_RESPONSE).map_err(ClientError::Protocol)?;
+            let len = 4 + proto::body_len(*prefix, max).map_err(ClientError::Protocol)?;
             if filled >= len {
                 break len;
+            }
+            if buf.len() < len {
+                buf.resize(len, 0);
             }
         }
         match stream.read(&mut buf[filled..]).map_err(closed) {

@@ -18,12 +18,16 @@ pub const MAX_REQUEST: usize = 1024;
 /// public area and name, are well under 1 KiB each.
 pub(crate) const MAX_RESPONSE: usize = 16 * 1024;
 
+/// The largest `system.journal` response: its text (at most
+/// [`crate::journal::MAX_BYTES`]) and room for the framing.
+pub(crate) const MAX_JOURNAL_RESPONSE: usize = crate::journal::MAX_BYTES as usize + 1024;
+
 /// TPM2B_DATA holds at most a TPMT_HA (a SHA-512 digest and its algorithm).
 pub(crate) const MAX_QUALIFYING: usize = 64;
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct Request {
-    #[prost(oneof = "request::Op", tags = "1, 2, 3, 4, 5")]
+    #[prost(oneof = "request::Op", tags = "1, 2, 3, 4, 5, 6")]
     pub op: Option<request::Op>,
 }
 
@@ -45,7 +49,30 @@ pub(crate) mod request {
         /// `machine.ids`
         #[prost(message, tag = "5")]
         Machine(super::MachineRequest),
+        /// `system.journal`
+        #[prost(message, tag = "6")]
+        Journal(super::JournalRequest),
     }
+}
+
+/// `system.journal`: a time and two bounds, nothing else (the units are
+/// the helper's, [`crate::journal::UNITS`]).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct JournalRequest {
+    /// Unix milliseconds.
+    #[prost(uint64, tag = "1")]
+    pub since_ms: u64,
+    #[prost(uint32, tag = "2")]
+    pub lines: u32,
+    #[prost(uint32, tag = "3")]
+    pub bytes: u32,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct JournalResponse {
+    /// The newest whole lines, each ending in a newline.
+    #[prost(string, tag = "1")]
+    pub text: String,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -81,7 +108,7 @@ pub struct CertifyRequest {
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct Response {
-    #[prost(oneof = "response::Result", tags = "1, 2, 3, 4, 5, 6")]
+    #[prost(oneof = "response::Result", tags = "1, 2, 3, 4, 5, 6, 7")]
     pub result: Option<response::Result>,
 }
 
@@ -101,6 +128,8 @@ pub mod response {
         Error(super::ErrorResponse),
         #[prost(message, tag = "6")]
         Machine(super::MachineResponse),
+        #[prost(message, tag = "7")]
+        Journal(super::JournalResponse),
     }
 }
 
@@ -230,6 +259,9 @@ pub enum Operation {
     /// `machine.ids`: what only root reads of the machine (DMI's
     /// identifiers, the TPM's EK and maker), for the node's inventory.
     Machine,
+    /// `system.journal`: the system journal of bcd's units, bounded, for
+    /// `logs.collect`.
+    Journal(crate::journal::Query),
 }
 
 impl Operation {
@@ -241,6 +273,15 @@ impl Operation {
             Operation::Sign { .. } => "tpm.sign",
             Operation::Certify { .. } => "tpm.certify",
             Operation::Machine => "machine.ids",
+            Operation::Journal(_) => "system.journal",
+        }
+    }
+
+    /// The largest response this operation can get.
+    pub(crate) fn max_response(&self) -> usize {
+        match self {
+            Operation::Journal(_) => MAX_JOURNAL_RESPONSE,
+            _ => MAX_RESPONSE,
         }
     }
 
@@ -253,6 +294,9 @@ impl Operation {
         match r.op.ok_or("a request without an operation")? {
             Op::Ak(_) => Ok(Operation::Ak),
             Op::Machine(_) => Ok(Operation::Machine),
+            Op::Journal(j) => Ok(Operation::Journal(crate::journal::Query::checked(
+                j.since_ms, j.lines, j.bytes,
+            )?)),
             Op::NodeKey(k) => Ok(Operation::NodeKey {
                 unique: unique(k.unique)?,
             }),
@@ -285,6 +329,11 @@ impl Operation {
         let op = match self {
             Operation::Ak => Op::Ak(AkRequest {}),
             Operation::Machine => Op::Machine(MachineRequest {}),
+            Operation::Journal(q) => Op::Journal(JournalRequest {
+                since_ms: q.since_ms,
+                lines: q.lines,
+                bytes: q.bytes,
+            }),
             Operation::NodeKey { unique } => Op::NodeKey(NodeKeyRequest {
                 unique: unique.to_vec(),
             }),
@@ -345,6 +394,7 @@ mod tests {
                 qualifying: vec![4; 32],
             },
             Operation::Machine,
+            Operation::Journal(crate::journal::Query::checked(5, 10, 4096).unwrap()),
         ];
         for op in ops {
             let bytes = op.to_request().encode_to_vec();
@@ -376,6 +426,18 @@ mod tests {
             })),
         };
         assert_eq!(bad(certify), "qualifying data longer than 64 bytes");
+        let journal = |lines, bytes| Request {
+            op: Some(request::Op::Journal(JournalRequest {
+                since_ms: 0,
+                lines,
+                bytes,
+            })),
+        };
+        assert_eq!(bad(journal(0, 10)), "journal lines outside 1..=100000");
+        assert_eq!(
+            bad(journal(10, 2 << 20)),
+            "journal bytes outside 1..=1048576"
+        );
     }
 
     #[test]

@@ -171,6 +171,7 @@ pub async fn serve<B: Backend>(
         limits,
         warnings: Mutex::new(Refusals::default()),
         fatal: tokio::sync::Notify::new(),
+        journal: Arc::new(Semaphore::new(1)),
     });
     let slots = Slots::new(&shared.limits);
     tokio::pin!(shutdown);
@@ -248,6 +249,9 @@ struct Shared<B> {
     warnings: Mutex<Refusals<(u32, &'static str)>>,
     /// Told when the backend panicked: serve returns.
     fatal: tokio::sync::Notify,
+    /// One `system.journal` read at a time: a caller cannot make the
+    /// helper run many `journalctl`s at once.
+    journal: Arc<Semaphore>,
 }
 
 impl<B> Shared<B> {
@@ -331,16 +335,12 @@ async fn connection<B: Backend>(mut stream: UnixStream, uid: u32, shared: &Share
             }
         };
         let name = op.name();
-        // On this task, not a blocking thread: the TPM is one resource used
-        // in turn anyway, and a hand-off to another thread and back would
-        // cost a signature through the helper about a tenth of its time.
-        // A panic in the backend leaves the TPM in a state nobody knows:
-        // answered as an error, and the helper exits.
-        let result = match shared.backend.lock() {
-            Ok(mut b) => {
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&mut *b, &op))).ok()
-            }
-            Err(_) => None,
+        let result = if let Operation::Journal(query) = op {
+            // Not the TPM's: off the backend's lock, on a blocking thread
+            // (it may take up to its time limit).
+            Some(journal(&shared.journal, query).await)
+        } else {
+            backend_op(shared, &op)
         };
         let Some(result) = result else {
             shared.fatal.notify_one();
@@ -365,6 +365,35 @@ async fn connection<B: Backend>(mut stream: UnixStream, uid: u32, shared: &Share
                 return;
             }
         }
+    }
+}
+
+/// `op` on the backend; `None` when it panicked.
+fn backend_op<B: Backend>(shared: &Shared<B>, op: &Operation) -> Option<Response> {
+    // On this task, not a blocking thread: the TPM is one resource used
+    // in turn anyway, and a hand-off to another thread and back would
+    // cost a signature through the helper about a tenth of its time.
+    // A panic in the backend leaves the TPM in a state nobody knows:
+    // answered as an error, and the helper exits.
+    match shared.backend.lock() {
+        Ok(mut b) => {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&mut *b, op))).ok()
+        }
+        Err(_) => None,
+    }
+}
+
+/// `system.journal`, when no other read is running.
+async fn journal(slot: &Arc<Semaphore>, query: crate::journal::Query) -> Response {
+    let Ok(_permit) = slot.clone().try_acquire_owned() else {
+        return error("another system journal read is running in bcd helper; try again later");
+    };
+    match tokio::task::spawn_blocking(move || crate::journal::read(&query)).await {
+        Ok(Ok(text)) => Response {
+            result: Some(response::Result::Journal(proto::JournalResponse { text })),
+        },
+        Ok(Err(why)) => error(&why),
+        Err(_) => error("the system journal read failed in bcd helper"),
     }
 }
 
@@ -477,6 +506,8 @@ fn run<B: Backend>(backend: &mut B, op: &Operation) -> Response {
             })
         }),
         Operation::Machine => backend.machine().map(R::Machine),
+        // Served by `journal`, never the backend.
+        Operation::Journal(_) => Err(BackendError("system.journal is not the TPM's".into())),
         Operation::Certify { unique, qualifying } => {
             backend
                 .certify(unique, qualifying)

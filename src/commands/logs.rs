@@ -1,25 +1,22 @@
 //! `logs.collect`: bcd's own journal (`journal.db`: joins, renewals,
 //! re-joins, commands) and, where there is one, the system journal of
 //! bcd's units, since a time, bounded in lines and bytes (the newest kept).
-use std::process::{Command, Stdio};
-
+//! The system journal is root's: a node under `[helper]` asks `bcd helper`
+//! (`system.journal`), a node running as root reads it through the same
+//! bounded `journalctl` run, and any other says why it is not available.
+use bc_helper::journal::Query;
 use bc_wire::command::args::Args;
 use bc_wire::command::MAX_OUTPUT;
 use time::OffsetDateTime;
 
 use super::{Done, Machine};
 use crate::journal::Journal;
+use crate::keys::TpmAccess;
 
 /// Without `lines`: the newest thousand.
 const DEFAULT_LINES: u64 = 1000;
 /// Without `since`: the last day.
 const DEFAULT_SINCE: time::Duration = time::Duration::days(1);
-/// The units whose system journal is collected.
-const UNITS: &[&str] = &[
-    "bcd-node.service",
-    "bcd-helper.service",
-    "bcd-ramdisk.service",
-];
 
 pub(super) fn collect(machine: &Machine, args: &Args) -> Done {
     let now = crate::clock::now();
@@ -39,13 +36,22 @@ pub(super) fn collect(machine: &Machine, args: &Args) -> Done {
             Ok(l) => l,
             Err(e) => return Done::failed(format!("cannot read bcd's journal: {e}")),
         };
-    let system = system_journal(since, lines);
+    let query = Query {
+        since_ms: u64::try_from(since.unix_timestamp_nanos() / 1_000_000).unwrap_or(0),
+        lines: u32::try_from(lines)
+            .unwrap_or(u32::MAX)
+            .clamp(1, bc_helper::journal::MAX_LINES),
+        bytes: u32::try_from(bytes)
+            .unwrap_or(u32::MAX)
+            .clamp(1, bc_helper::journal::MAX_BYTES),
+    };
+    let system = system_journal(&machine.tpm, &query);
     let counts = format!(
-        "journal.db {} lines, system journal {}",
+        "journal.db {} lines, system journal: {}",
         own.len(),
         match &system {
-            Some(l) => format!("{} lines", l.len()),
-            None => "not available".to_owned(),
+            Ok(l) => format!("{} lines", l.len()),
+            Err(why) => format!("not available ({why})"),
         }
     );
     let mut all: Vec<String> = own.into_iter().map(|l| format!("bcd {l}")).collect();
@@ -75,33 +81,21 @@ fn newest(lines: &[String], max_lines: usize, max_bytes: usize) -> String {
     text
 }
 
-/// `journalctl` for bcd's units, when the machine has one: `None` when it
-/// does not run or fails (a ramdisk has no systemd journal).
-fn system_journal(since: OffsetDateTime, lines: u64) -> Option<Vec<String>> {
-    let mut cmd = Command::new("journalctl");
-    cmd.arg("--no-pager")
-        .arg("--quiet")
-        .arg("--output=short-iso")
-        .arg(format!("--since=@{}", since.unix_timestamp().max(0)))
-        .arg(format!("--lines={lines}"));
-    for unit in UNITS {
-        cmd.arg(format!("--unit={unit}"));
-    }
-    let out = cmd
-        .stdin(Stdio::null())
-        .stderr(Stdio::null())
-        .output()
-        .ok()?;
-    if !out.status.success() {
-        return None;
-    }
-    let text = String::from_utf8_lossy(&out.stdout);
-    Some(
-        text.lines()
-            .filter(|l| !l.is_empty())
-            .map(|l| format!("system {l}"))
-            .collect(),
-    )
+/// The system journal of bcd's units, each line marked `system`: through
+/// the helper when this node runs under `[helper]`, directly as root, or
+/// why neither can read it.
+fn system_journal(tpm: &TpmAccess, query: &Query) -> Result<Vec<String>, String> {
+    let text = match tpm {
+        TpmAccess::Helper(helper) => helper.journal(query).map_err(|e| e.to_string())?,
+        _ if nix::unistd::geteuid().is_root() => bc_helper::journal::read(query)?,
+        _ => {
+            return Err(
+                "bcd runs unprivileged without bcd helper; only root reads the system journal"
+                    .into(),
+            )
+        }
+    };
+    Ok(text.lines().map(|l| format!("system {l}")).collect())
 }
 
 #[cfg(test)]

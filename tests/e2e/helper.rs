@@ -818,3 +818,142 @@ fn the_unprivileged_node_answers_commands_through_the_helper() {
         "{inv}"
     );
 }
+
+/// One raw request frame to the helper at `socket` and its response (None
+/// when the helper closed the connection instead).
+fn raw_request(socket: &std::path::Path, body: &[u8]) -> Option<bc_helper::proto::Response> {
+    use std::io::Read as _;
+    let mut s = std::os::unix::net::UnixStream::connect(socket).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    s.write_all(&(body.len() as u32).to_be_bytes()).unwrap();
+    s.write_all(body).unwrap();
+    let mut prefix = [0u8; 4];
+    s.read_exact(&mut prefix).ok()?;
+    let mut response = vec![0u8; u32::from_be_bytes(prefix) as usize];
+    s.read_exact(&mut response).unwrap();
+    Some(prost::Message::decode(response.as_slice()).unwrap())
+}
+
+/// A `system.journal` request as raw protobuf: `since`, `lines`, `bytes`
+/// and, after them, `extra` (fields the protocol does not have).
+fn journal_request(lines: u32, bytes: u32, extra: &[u8]) -> Vec<u8> {
+    let mut inner = prost::Message::encode_to_vec(&bc_helper::proto::JournalRequest {
+        since_ms: 0,
+        lines,
+        bytes,
+    });
+    inner.extend_from_slice(extra);
+    // Request.op = 6 (journal), length-delimited.
+    let mut body = vec![(6 << 3) | 2];
+    prost::encoding::encode_varint(inner.len() as u64, &mut body);
+    body.extend(inner);
+    body
+}
+
+/// `system.journal`: the real helper reads, as root, the system journal of
+/// bcd's units for the unprivileged node, bounded by what the caller asks
+/// (lines, bytes; a bound out of range closes the connection), and a
+/// caller naming a unit of its own (a field the request does not have,
+/// or an argument in its place) gets the very same answer: the units are
+/// the helper's. Where this machine has no journal (a container), the
+/// answer is "not available" and the node's logs.collect says so; where it
+/// has one, the lines are within the bounds. The test says which ran.
+#[test]
+fn the_helper_reads_the_system_journal_of_bcd_units_only_and_bounded() {
+    use bc_helper::journal::{Query, UNITS};
+    use bc_helper::proto::response::Result as R;
+    let cp = ControlPlane::start_trusting_test_maker();
+    let tpm = Swtpm::start();
+    let m = Machine::join(&cp, &tpm);
+    let _helper = Logged::helper(&m);
+
+    let client = bc_helper::Client::new(&m.socket);
+    let query = Query::checked(0, 3, 400).unwrap();
+    let plain = client.journal(&query);
+    let available = match &plain {
+        Ok(text) => {
+            assert!(text.len() <= 400 && text.lines().count() <= 3, "{text}");
+            eprintln!(
+                "system journal path: available ({} lines)",
+                text.lines().count()
+            );
+            true
+        }
+        Err(bc_helper::ClientError::Helper(why)) => {
+            eprintln!("system journal path: not available ({why})");
+            assert!(
+                why == "no journal files on this machine"
+                    || why == "journalctl is not installed"
+                    || why.starts_with("journalctl failed"),
+                "{why}"
+            );
+            false
+        }
+        Err(e) => panic!("system.journal: {e}"),
+    };
+    // Units named by the caller: unknown fields (4: a string, 15: a
+    // `--unit=` argument) are dropped by the decoder; what the helper runs
+    // is the same fixed argv, so the answer is the same kind.
+    let mut extra = Vec::new();
+    for (tag, text) in [(4u32, "ssh.service"), (15, "--unit=ssh.service")] {
+        prost::encoding::encode_key(tag, prost::encoding::WireType::LengthDelimited, &mut extra);
+        prost::encoding::encode_varint(text.len() as u64, &mut extra);
+        extra.extend_from_slice(text.as_bytes());
+    }
+    let named = raw_request(&m.socket, &journal_request(3, 400, &extra)).expect("an answer");
+    match (&plain, named.result) {
+        (Ok(_), Some(R::Journal(j))) => {
+            assert!(bc_helper::journal::within(&j.text, &query), "{}", j.text);
+            assert!(!j.text.contains("ssh"), "{}", j.text);
+        }
+        (Err(bc_helper::ClientError::Helper(why)), Some(R::Error(e))) => {
+            assert_eq!(&e.message, why)
+        }
+        (_, other) => panic!("a request naming a unit was answered otherwise: {other:?}"),
+    }
+    // Out of bounds: refused unread, the connection closed.
+    for (lines, bytes) in [(0, 400), (100_001, 400), (3, 0), (3, (1 << 20) + 1)] {
+        assert!(
+            raw_request(&m.socket, &journal_request(lines, bytes, &[])).is_none(),
+            "lines {lines}, bytes {bytes} answered"
+        );
+    }
+    assert_eq!(UNITS.len(), 4);
+    assert!(UNITS.iter().all(|u| u.starts_with("bcd-")));
+
+    // The unprivileged node's logs.collect goes through the helper.
+    let node_id = m.identity().node_id.clone();
+    let mut node = Logged::spawn(m.as_user(NODE_UID, &["node"]));
+    node.wait_for("command channel up", 1);
+    let out = cp.cli(&[
+        "commands",
+        "send",
+        "--node",
+        &node_id,
+        "--kind",
+        "logs.collect",
+        "--arg",
+        "lines=5",
+        "--arg",
+        "bytes=2000",
+        "--wait",
+        "--timeout",
+        "2m",
+        "--json",
+    ]);
+    assert_ok(&out);
+    let shown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(shown["state"], "ok", "{shown}");
+    let outcome = shown["outcome"].as_str().unwrap_or_default();
+    if available {
+        assert!(
+            outcome.contains("system journal: ") && outcome.ends_with(" lines"),
+            "{outcome}"
+        );
+    } else {
+        assert!(
+            outcome.contains("system journal: not available (bcd helper: "),
+            "{outcome}"
+        );
+    }
+}

@@ -24,6 +24,13 @@
 //! asks, every [`POLL`], which of all the channels' certificates are still
 //! good and which nodes have something queued (a few queries, whatever
 //! the number of channels), and wakes or closes only those channels.
+//! The channels' own database calls (upgrade, delivery, results) take
+//! turns, at most [`DB_CALLS`] at once, first come first served: a
+//! command for a thousand nodes is a queue here, not a thousand writers
+//! racing for SQLite's lock (where some lost for the whole busy timeout
+//! and their results were dropped). A result that still cannot be stored
+//! closes its channel: the agent sends every unacknowledged result again
+//! on its next channel.
 //!
 //! An address whose upgrades or proofs keep failing is refused (429, a
 //! logged reason) before any certificate or database work, for a while
@@ -47,7 +54,7 @@ use bc_wire::command_v1::{agent_frame, server_frame, ChannelHello, ResultAck, Si
 use futures_util::{SinkExt, StreamExt};
 use hyper_util::rt::TokioIo;
 use prost::Message as _;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, Semaphore};
 use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
@@ -65,6 +72,8 @@ const POLL: Duration = Duration::from_secs(1);
 const SILENCE_CHECK: Duration = Duration::from_secs(2);
 /// A channel silent this long is pinged; silent twice as long, closed.
 const PING_EVERY: Duration = Duration::from_secs(30);
+/// How many of this process's channel database calls run at once.
+const DB_CALLS: usize = 8;
 
 /// The connection's slot in the connection limits, which an unproven
 /// upgrade keeps (an extension of every request).
@@ -83,6 +92,8 @@ pub(crate) struct Channels {
     next: Mutex<u64>,
     poller: std::sync::Once,
     failures: flood::Failures,
+    /// Turns for the channels' database calls ([`DB_CALLS`], FIFO).
+    db: Semaphore,
 }
 
 struct Entry {
@@ -119,6 +130,7 @@ impl Close {
 }
 
 const REPLACED: &str = "replaced by a newer channel of the node";
+const RESULT_NOT_STORED: &str = "a result could not be stored (the agent sends it again)";
 const NOT_GOOD: &str =
     "the certificate is no longer good (revoked, expired, renewed or the node retired)";
 
@@ -129,6 +141,7 @@ impl Channels {
             next: Mutex::new(0),
             poller: std::sync::Once::new(),
             failures: flood::Failures::default(),
+            db: Semaphore::new(DB_CALLS),
         })
     }
 
@@ -260,12 +273,20 @@ impl Channels {
     }
 }
 
-/// The WebSocket configuration: agent frames up to a result at its cap.
+/// The WebSocket configuration: agent frames up to a result at its cap,
+/// read [`READ_BUFFER`] at a time.
 fn ws_config() -> WebSocketConfig {
     WebSocketConfig::default()
         .max_message_size(Some(MAX_AGENT_FRAME))
         .max_frame_size(Some(MAX_AGENT_FRAME))
+        .read_buffer_size(READ_BUFFER)
 }
+
+/// tungstenite zero-fills its read buffer up to this size at every read,
+/// so an idle channel holds this much: its default (128 KiB) was most of
+/// the serve's RSS with 1,000 idle channels (166 MB). A larger frame still
+/// grows the buffer as it arrives.
+const READ_BUFFER: usize = 8 * 1024;
 
 fn status(code: StatusCode, text: &'static str) -> Response {
     (code, text).into_response()
@@ -344,23 +365,20 @@ async fn accept(
     let Some(leaf) = leaf else {
         return status(StatusCode::FORBIDDEN, "a node certificate is required\n");
     };
-    let cp2 = cp.clone();
-    let auth =
-        tokio::task::spawn_blocking(move || CommandService::new(&cp2).channel_auth(&leaf)).await;
+    let auth = blocking(&cp, &channels.db, move |s| s.channel_auth(&leaf)).await;
     let auth = match auth {
-        Ok(Ok(Some(a))) => a,
-        Ok(Ok(None)) => {
+        Ok(Some(a)) => a,
+        Ok(None) => {
             tracing::info!(peer = ?peer, "command channel refused: not a current node certificate");
             return status(
                 StatusCode::FORBIDDEN,
                 "the certificate is not a current, unrevoked node certificate of a live node\n",
             );
         }
-        Ok(Err(e)) => {
+        Err(e) => {
             tracing::warn!(error = %e, "command channel: database");
             return status(StatusCode::SERVICE_UNAVAILABLE, "database unavailable\n");
         }
-        Err(_) => return status(StatusCode::INTERNAL_SERVER_ERROR, "internal error\n"),
     };
     channels.start_poller(cp.clone());
     tokio::spawn(async move {
@@ -402,11 +420,15 @@ async fn stopped(stop: &mut Option<ConnStop>) {
     }
 }
 
-/// Runs a blocking `CommandService` call off the runtime.
+/// Runs a blocking `CommandService` call off the runtime, in its turn
+/// (`turns`: [`Channels`]' [`DB_CALLS`]).
 async fn blocking<T: Send + 'static>(
     cp: &Arc<ControlPlane>,
+    turns: &Semaphore,
     f: impl FnOnce(CommandService<'_>) -> Result<T, crate::store::DbError> + Send + 'static,
 ) -> Result<T, String> {
+    // Never closed: an error here would only be a bug's.
+    let _turn = turns.acquire().await.map_err(|e| e.to_string())?;
     let cp = cp.clone();
     tokio::task::spawn_blocking(move || f(CommandService::new(&cp)))
         .await
@@ -473,7 +495,7 @@ async fn run(
             return;
         }
     };
-    let now = match blocking(&cp, |s| s.now()).await {
+    let now = match blocking(&cp, &channels.db, |s| s.now()).await {
         Ok(now) => now,
         Err(e) => {
             tracing::warn!(error = %e, "command channel: database");
@@ -501,7 +523,7 @@ async fn run(
     let close = Arc::new(Close::default());
     channels.register(&node_id, &auth.serial, conn, wake.clone(), close.clone());
     tracing::info!(peer = ?peer, node_id, serial = %auth.serial, "command channel open");
-    let why = serve(&cp, &auth, &mut ws, &wake, &close, &mut stop).await;
+    let why = serve(&cp, &channels.db, &auth, &mut ws, &wake, &close, &mut stop).await;
     channels.unregister(&node_id, conn);
     tracing::info!(node_id, serial = %auth.serial, why, "command channel closed");
     let _ = ws.close(None).await;
@@ -522,6 +544,7 @@ async fn refuse(
 /// The proven channel's loop; returns why it ended.
 async fn serve(
     cp: &Arc<ControlPlane>,
+    turns: &Semaphore,
     auth: &ChannelAuth,
     ws: &mut Ws,
     wake: &Notify,
@@ -538,7 +561,7 @@ async fn serve(
         if deliver {
             deliver = false;
             let node = auth.node_id.clone();
-            let due = match blocking(cp, move |s| s.deliverable(&node)).await {
+            let due = match blocking(cp, turns, move |s| s.deliverable(&node)).await {
                 Ok(d) => d,
                 Err(e) => {
                     tracing::warn!(error = %e, "command channel: database");
@@ -587,13 +610,16 @@ async fn serve(
                     Some(Ok(Message::Binary(bytes))) => match parse_agent_frame(&bytes) {
                         Ok(agent_frame::Frame::Result(r)) => {
                             let a = auth.clone();
-                            let taken = blocking(cp, move |s| s.take_result(&a, &r)).await;
+                            let taken = blocking(cp, turns, move |s| s.take_result(&a, &r)).await;
                             let ack = match taken {
                                 Ok(Taken::Stored(id) | Taken::Unknown(id)) => id,
                                 Ok(Taken::Refused(_)) => continue,
                                 Err(e) => {
-                                    tracing::warn!(error = %e, "command result not stored");
-                                    continue;
+                                    // Not acked, and the agent sends a result
+                                    // again only on a new channel: end this one.
+                                    tracing::warn!(error = %e, node_id = %auth.node_id,
+                                        "command result not stored; closing the channel so that the agent sends it again");
+                                    return RESULT_NOT_STORED;
                                 }
                             };
                             sent.remove(&ack);

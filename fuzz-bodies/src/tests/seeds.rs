@@ -316,6 +316,7 @@ pub(super) fn write(root: &Path) {
     );
     let _ = fixtures::captured_at();
     write_site(root);
+    write_command(root);
 }
 
 /// The site's seeds: iPXE's requests as bcd site sees them, and the kernel
@@ -600,5 +601,105 @@ fn helper_seeds(root: &Path, hello: &bc_wire::agent::TpmHello, answer: &bc_wire:
         "helper_frames",
         "too-many",
         &[&[1u8][..], &proto::frame(&refused)].concat(),
+    );
+}
+
+/// channel_server_frame and channel_agent_frame: a command and an ack as
+/// the control plane sends them, a proof and a result as the agent does,
+/// each signed by the fixture keys the bodies check with.
+pub(super) fn write_command(root: &Path) {
+    use bc_wire::command::channel::{encode_agent_frame, encode_server_frame, sign_proof};
+    use bc_wire::command::{new_command, new_result, sign, sign_result, Output, Times};
+    use bc_wire::command_v1::{agent_frame, server_frame, ChannelHello, ResultAck, Status};
+    use p256::ecdsa::signature::Signer as _;
+
+    use crate::command::{NONCE, NOW_MS};
+
+    let by = |key: &'static p256::ecdsa::SigningKey| {
+        move |input: &[u8]| {
+            let sig: p256::ecdsa::Signature = key.sign(input);
+            Ok::<[u8; 64], std::convert::Infallible>(sig.to_bytes().into())
+        }
+    };
+    let commands = [
+        (
+            "ping",
+            "diag.ping",
+            vec![("echo".to_owned(), "hi".to_owned())],
+        ),
+        (
+            "logs",
+            "logs.collect",
+            vec![
+                ("bytes".to_owned(), "4096".to_owned()),
+                ("lines".to_owned(), "100".to_owned()),
+                ("since".to_owned(), "1779990000000".to_owned()),
+            ],
+        ),
+        (
+            "wipe",
+            "disk.wipe",
+            vec![("devices".to_owned(), "/dev/vda".to_owned())],
+        ),
+    ];
+    for (name, kind, args) in commands {
+        let cmd = new_command(
+            &format!("cmd_{name}1"),
+            NODE_ID,
+            kind,
+            args,
+            NOW_MS + 60_000,
+        );
+        let signed = sign(&cmd, "k".into(), by(service_key())).unwrap();
+        // The first byte picks the scope: 1 is a ramdisk's (disk.wipe).
+        let frame = encode_server_frame(server_frame::Frame::Command(signed));
+        put(
+            root,
+            "channel_server_frame",
+            name,
+            &[&[1u8][..], &frame].concat(),
+        );
+    }
+    let ack = encode_server_frame(server_frame::Frame::Ack(ResultAck {
+        id: "cmd_ping1".into(),
+    }));
+    put(
+        root,
+        "channel_server_frame",
+        "ack",
+        &[&[0u8][..], &ack].concat(),
+    );
+
+    let hello = ChannelHello {
+        nonce: NONCE.to_vec(),
+        server_time_unix_ms: NOW_MS,
+    };
+    let proof = sign_proof(&hello, NODE_ID, NOW_MS as u64, "k".into(), by(node_key())).unwrap();
+    put(
+        root,
+        "channel_agent_frame",
+        "proof",
+        &encode_agent_frame(agent_frame::Frame::Proof(proof)),
+    );
+    let mut output = Output::new();
+    output.push(b"pong\n");
+    let result = new_result(
+        "cmd_ping1",
+        NODE_ID,
+        "diag.ping",
+        Status::Ok,
+        "pong",
+        output,
+        Times {
+            started_ms: NOW_MS,
+            finished_ms: NOW_MS + 5,
+        },
+    );
+    let signed = sign_result(&result, "k".into(), by(node_key())).unwrap();
+    put(
+        root,
+        "channel_agent_frame",
+        "result",
+        &encode_agent_frame(agent_frame::Frame::Result(signed)),
     );
 }

@@ -279,6 +279,111 @@ fn an_address_that_keeps_failing_is_refused_and_an_open_channel_is_untouched() {
     });
 }
 
+/// A result the database cannot store (here: another writer holds SQLite's
+/// lock past the busy timeout, as a thousand results racing for it did in
+/// bench-cp's channel flow) is not acked, and the channel is closed, so
+/// that the agent sends it again on its next channel, where it is stored.
+/// Before, the channel stayed open and the result was never stored.
+#[test]
+fn a_result_that_cannot_be_stored_closes_the_channel_and_is_stored_when_sent_again() {
+    let cp = test_support::cp();
+    let (body, key) = cp.token_join(Role::Node, None);
+    let node_id = body.node_id.clone();
+    let leaf = body.chain[0].clone();
+    let svc = cp.svc.clone();
+    let tls = crate::api::http::tls_config(svc.bundle(), svc.database()).unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let app = crate::api::http::router(svc.clone());
+        tokio::spawn(crate::api::http::serve(
+            listener,
+            tls,
+            app,
+            std::future::pending(),
+        ));
+        let mtls = tls_client(&cp, Some((&leaf, &key)));
+        let now = cp.now();
+        let mut ws = dial(addr, mtls.clone()).await.unwrap();
+        prove(&mut ws, &node_id, &key, now).await;
+        let svc2 = svc.clone();
+        let n2 = node_id.clone();
+        let row = tokio::task::spawn_blocking(move || {
+            CommandService::new(&svc2).queue(&n2, "diag.ping", vec![], 120_000)
+        })
+        .await
+        .unwrap()
+        .unwrap();
+        let Some(server_frame::Frame::Command(_)) = next_frame(&mut ws).await else {
+            panic!("no command");
+        };
+        let result = new_result(
+            &row.id,
+            &node_id,
+            "diag.ping",
+            Status::Ok,
+            "pong",
+            Output::new(),
+            Times {
+                started_ms: now,
+                finished_ms: now,
+            },
+        );
+        let sk = signer(&key);
+        let signed = sign_result(&result, String::new(), sign_with(&sk)).unwrap();
+        let frame = encode_agent_frame(agent_frame::Frame::Result(signed));
+
+        // Another writer holds the lock until told.
+        let (held_tx, held) = std::sync::mpsc::channel::<()>();
+        let (release, release_rx) = std::sync::mpsc::channel::<()>();
+        let svc3 = svc.clone();
+        let holder = std::thread::spawn(move || {
+            svc3.database().write(|_tx| {
+                let _ = held_tx.send(());
+                let _ = release_rx.recv();
+                Ok::<_, crate::store::DbError>(())
+            })
+        });
+        held.recv().unwrap();
+        ws.send(Message::Binary(frame.clone().into()))
+            .await
+            .unwrap();
+        let closed = tokio::time::timeout(std::time::Duration::from_secs(30), next_frame(&mut ws))
+            .await
+            .expect("the channel is closed once the result cannot be stored");
+        assert!(closed.is_none(), "not acked: {closed:?}");
+        release.send(()).unwrap();
+        holder.join().unwrap().unwrap();
+
+        // The agent's next channel: the command again, the result again,
+        // stored and acked.
+        let mut ws = dial(addr, mtls).await.unwrap();
+        prove(&mut ws, &node_id, &key, now).await;
+        let Some(server_frame::Frame::Command(again)) = next_frame(&mut ws).await else {
+            panic!("the command is delivered again");
+        };
+        assert_eq!(prost::Message::encode_to_vec(&again), row.signed);
+        ws.send(Message::Binary(frame.into())).await.unwrap();
+        let Some(server_frame::Frame::Ack(ack)) = next_frame(&mut ws).await else {
+            panic!("no ack");
+        };
+        assert_eq!(ack.id, row.id);
+    });
+    let stored = CommandService::new(&cp.svc).get(&row_id_of(&cp)).unwrap();
+    assert_eq!(stored.map(|r| r.state), Some("ok".to_owned()));
+}
+
+/// The one command queued in `cp`.
+fn row_id_of(cp: &Cp) -> String {
+    let rows = CommandService::new(&cp.svc).list(None, None).unwrap();
+    assert_eq!(rows.len(), 1);
+    rows[0].id.clone()
+}
+
 /// `scripts/bench-cp`'s channel figure (ignored; run with `--ignored`):
 /// `BENCHCP_CHANNELS` (1,000) nodes token-joined through the control
 /// plane's own join, a `BENCHCP_SERVE` (`bc-controlplane`) `serve` process on
@@ -307,6 +412,15 @@ fn channel_load() {
     eprintln!("joined {n} nodes in {:.1} s", t.elapsed().as_secs_f64());
     let ids: Vec<String> = nodes.iter().map(|(id, _, _)| id.clone()).collect();
 
+    /// The serve, killed however the test ends (a failed assertion left
+    /// it running before).
+    struct Serve(std::process::Child);
+    impl Drop for Serve {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
     let mut serve = std::process::Command::new(&serve_bin)
         .args(["serve", "--dir"])
         .arg(cp.path())
@@ -315,13 +429,11 @@ fn channel_load() {
         .stderr(std::fs::File::create(cp.path().join("serve.log")).unwrap())
         .spawn()
         .unwrap();
-    let pid = serve.id();
+    let stdout = serve.stdout.take().unwrap();
+    let serve = Serve(serve);
+    let pid = serve.0.id();
     let mut first = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(serve.stdout.take().unwrap()),
-        &mut first,
-    )
-    .unwrap();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut first).unwrap();
     let url = first.trim().trim_start_matches("listening on ").to_owned();
     let addr: std::net::SocketAddr = url
         .trim_start_matches("https://")
@@ -406,6 +518,11 @@ fn channel_load() {
         }
         while proven.load(Ordering::SeqCst) < n {
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            assert!(
+                t.elapsed().as_secs() < 300,
+                "{} of {n} channels proven in 300 s",
+                proven.load(Ordering::SeqCst)
+            );
         }
         eprintln!("{n} channels proven in {:.1} s", t.elapsed().as_secs_f64());
         tokio::time::sleep(std::time::Duration::from_secs(2)).await;
@@ -462,6 +579,5 @@ fn channel_load() {
             hwm()
         );
     });
-    let _ = serve.kill();
-    let _ = serve.wait();
+    drop(serve);
 }
