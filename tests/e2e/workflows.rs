@@ -140,6 +140,65 @@ fn a_commission_succeeds_after_inventory_and_survives_a_restart() {
     assert_eq!(list[0]["id"], wf.as_str(), "{list}");
 }
 
+/// A known machine re-commissioned with `--node N` (resolveWorkflowNode)
+/// joins as N: the same node id, a new identity generation, its older
+/// certificates revoked; a retired or unknown `--node` is refused.
+#[test]
+fn a_known_machine_recommissioned_keeps_its_node_id() {
+    let cp = ControlPlane::start();
+    let site_id = site(&cp, "dc1");
+    let holder = SiteNode::join(&cp, &site_id);
+    let epoch = holder.acquire().unwrap().epoch;
+    let wf = start_commission(&cp, &[]);
+    let first = Machine::new(&cp, MAC, UUID);
+    let mut ramdisk = boot_ramdisk(&holder, epoch, &first, &wf);
+    let w = finished(&cp, &wf);
+    assert_eq!(w["state"], "succeeded", "{w}");
+    let node = w["node"].as_str().unwrap().to_owned();
+    ramdisk.stop();
+
+    let unknown = cp.cli(&[
+        "workflows",
+        "start",
+        "commission",
+        "--site",
+        "dc1",
+        "--mac",
+        MAC,
+        "--node",
+        "node_nosuchnode",
+    ]);
+    assert!(!unknown.status.success());
+    assert!(
+        stderr(&unknown).contains("no such node"),
+        "{}",
+        stderr(&unknown)
+    );
+
+    let again = start_commission(&cp, &["--node", &node]);
+    // A fresh ramdisk (nothing kept from the first boot) of the same machine.
+    let second = Machine::new(&cp, MAC, UUID);
+    let _ramdisk = boot_ramdisk(&holder, epoch, &second, &again);
+    let w = finished(&cp, &again);
+    assert_eq!(w["state"], "succeeded", "{w}");
+    assert_eq!(w["node"], node.as_str(), "{w}");
+    assert_eq!(second.agent.status_json()["nodeId"], node.as_str());
+    let listed = cp
+        .nodes()
+        .into_iter()
+        .find(|n| n["nodeId"] == node.as_str())
+        .unwrap();
+    assert_eq!(listed["identityGeneration"], 2, "{listed}");
+    let certs = cp.json(&["nodes", "certs", &node]);
+    for c in certs.as_array().unwrap() {
+        assert_eq!(
+            c["revoked"],
+            c["identityGeneration"] == 1,
+            "generation 1 revoked, 2 live: {certs}"
+        );
+    }
+}
+
 /// A step whose command the node may not be sent fails the workflow with
 /// the step and the refusal named, and the entry stays closed.
 #[test]

@@ -383,7 +383,7 @@ impl Attestor for DiscoveryAttestor {
             proof,
         );
         let workflow_node = match &entry {
-            Some(e) => resolve_workflow_node(tx, &e.workflow_id)?,
+            Some(e) => resolve_workflow_node(tx, &e.workflow_id, &result)?,
             None => None,
         };
         if let Some(node) = &workflow_node {
@@ -407,14 +407,28 @@ impl Attestor for DiscoveryAttestor {
 }
 
 /// The spec's resolveWorkflowNode: the node a running workflow of this
-/// boot entry deploys (its ramdisk joins AS that node: JoinService reclaims
+/// boot entry is about (its ramdisk joins AS that node: JoinService reclaims
 /// it at a new identity generation, revoking its older certificates, as
-/// role ramdisk). `None`: a commission, or no workflow; the machine joins
-/// as a new ramdisk node.
-fn resolve_workflow_node(tx: &Tx<'_>, workflow_id: &str) -> Result<Option<String>, DbError> {
-    Ok(crate::model::workflows::get(tx, workflow_id)?
-        .filter(|w| w.state == "running" && w.kind == "deploy")
-        .and_then(|w| w.node_id))
+/// role ramdisk): a deploy's node, a commission's `--node`, else, for a
+/// commission, the live node whose hardware key is the EK this join just
+/// proved (a known machine re-commissioned keeps its node id). `None`: no
+/// workflow, or a machine nothing knows; it joins as a new ramdisk node.
+fn resolve_workflow_node(
+    tx: &Tx<'_>,
+    workflow_id: &str,
+    result: &AttestationResult,
+) -> Result<Option<String>, DbError> {
+    let Some(w) = crate::model::workflows::get(tx, workflow_id)?.filter(|w| w.state == "running")
+    else {
+        return Ok(None);
+    };
+    if w.node_id.is_some() || w.kind != "commission" {
+        return Ok(w.node_id);
+    }
+    match hardware::of_result(result) {
+        Some(hk) if hk.key.starts_with("tpm-ek:") => hardware::live_node_with_key(tx, &hk.key),
+        _ => Ok(None),
+    }
 }
 
 /// Why the assertion is spent, if it is: by an operator's denial of the

@@ -67,6 +67,11 @@ pub(crate) enum StartCmd {
         /// The EK the machine must prove (bcd tpm identify --json).
         #[arg(long, value_name = "HEX")]
         ek_sha256: Option<String>,
+        /// A known machine: its ramdisk joins as this node (a new identity
+        /// generation; its EK expected). Without it, a machine whose TPM
+        /// proves the EK of a live node joins as that node too.
+        #[arg(long, value_name = "NODE")]
+        node: Option<String>,
         /// Wipe --disk (or every disk of the inventory) after inventory.refresh.
         #[arg(long)]
         wipe: bool,
@@ -140,6 +145,7 @@ pub(crate) fn run(cmd: WorkflowsCmd) -> Result<()> {
             mac,
             product_uuid,
             ek_sha256,
+            node,
             wipe,
             disk,
             ttl,
@@ -150,6 +156,7 @@ pub(crate) fn run(cmd: WorkflowsCmd) -> Result<()> {
                 mac: &mac,
                 product_uuid: product_uuid.as_deref(),
                 ek_sha256: ek_sha256.as_deref(),
+                node: node.as_deref(),
                 wipe,
                 disk: disk.as_deref(),
                 ttl_ms: ttl,

@@ -96,6 +96,18 @@ pub(crate) fn holder(
     )
 }
 
+/// The live node, of any role, whose hardware key is `key` (the newest if
+/// several: a ramdisk and the system installed from it share one).
+pub(crate) fn live_node_with_key(tx: &Tx<'_>, key: &str) -> Result<Option<String>, DbError> {
+    tx.query_opt_map(
+        "SELECT id FROM nodes
+             WHERE deleted_at IS NULL AND retired_at IS NULL AND hardware_key = ?1
+             ORDER BY joined_at DESC, id LIMIT 1",
+        params![key],
+        |r| r.get(0),
+    )
+}
+
 /// The product UUID recorded as `node_id`'s trusted hardware key (proven or
 /// operator-bound), if any.
 pub(crate) fn proven_product_uuid(tx: &Tx<'_>, node_id: &str) -> Result<Option<String>, DbError> {

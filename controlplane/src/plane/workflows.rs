@@ -78,6 +78,8 @@ pub struct Commission<'a> {
     pub mac: &'a str,
     pub product_uuid: Option<&'a str>,
     pub ek_sha256: Option<&'a str>,
+    /// A known machine: its ramdisk joins as this node (its EK expected).
+    pub node: Option<&'a str>,
     /// Wipe `disk` (or, without one, every disk of the inventory).
     pub wipe: bool,
     pub disk: Option<&'a str>,
@@ -164,6 +166,11 @@ impl WorkflowService<'_> {
         }
         let id = crate::ids::random_id("wf_").map_err(DbError::Random)?;
         let row = self.cp.database().write(|tx| {
+            let known_ek = match c.node {
+                Some(node) => known_node(tx, node)?,
+                None => None,
+            };
+            let ek = c.ek_sha256.map(str::to_owned).or(known_ek);
             let entry = boot::add_in(
                 tx,
                 key,
@@ -171,7 +178,7 @@ impl WorkflowService<'_> {
                     site: c.site,
                     mac: mac.as_str(),
                     product_uuid: uuid.as_deref(),
-                    ek_sha256: c.ek_sha256,
+                    ek_sha256: ek.as_deref(),
                     node: None,
                     ttl_ms: c.ttl_ms,
                 },
@@ -182,7 +189,7 @@ impl WorkflowService<'_> {
                 id: id.clone(),
                 kind: "commission".to_owned(),
                 site_id: entry.site_id.clone(),
-                node_id: None,
+                node_id: c.node.map(str::to_owned),
                 mac: entry.mac.clone(),
                 product_uuid: entry.product_uuid.clone(),
                 ek_sha256: entry.ek_sha256.clone(),
@@ -768,6 +775,31 @@ fn stop(
         });
     }
     Ok(())
+}
+
+/// A commission's `--node`: live, not busy; its EK (bound, else the one
+/// its hardware key holds), which the entry then expects.
+fn known_node(tx: &Tx<'_>, node: &str) -> Result<Option<String>, WorkflowError> {
+    let refuse = |m: String| Err(WorkflowError::Refused(m));
+    let Some(n) = records::node_for_update(tx, node)? else {
+        return refuse(format!(
+            "--node {node:?}: no such node (deleted or never joined); commission without --node"
+        ));
+    };
+    if n.retired_at.is_some() {
+        return refuse(format!(
+            "--node {node}: the node is retired; commission without --node (it joins as a new node)"
+        ));
+    }
+    if let Some(other) = table::running_of_node(tx, node)? {
+        return refuse(format!(
+            "node {node} has a running workflow {other}: wait for it or cancel it (workflows cancel {other})"
+        ));
+    }
+    Ok(match records::binding_of_node(tx, node, BINDING_TPM_EK)? {
+        Some(b) => Some(b.key),
+        None => node_ek(tx, node)?,
+    })
 }
 
 /// A node's proven EK from its hardware key (a ramdisk's: proven, never
