@@ -12,6 +12,7 @@
 mod agent;
 mod cloud;
 mod controlplane;
+mod eventlog;
 mod fixtures;
 mod helper;
 mod site;
@@ -20,6 +21,7 @@ mod wire;
 pub use agent::{bcd_config, identity_json, join_answer, renew_answer};
 pub use cloud::{aws_document, azure_document, gcp_token};
 pub use controlplane::{cloud_cms, cp_config, ek_cert, join_request, renew_request};
+pub use eventlog::eventlog;
 pub use helper::helper_frames;
 pub use site::{ramdisk_cmdline, site_request};
 pub use wire::{join_token, sealed_token, tpm_wire, x509pop_evidence};
@@ -51,6 +53,7 @@ const TARGETS: &[(&str, Body)] = &[
     ("aws_document", aws_document),
     ("azure_document", azure_document),
     ("helper_frames", helper_frames),
+    ("eventlog", eventlog),
 ];
 
 /// Splits an input into `N` parts: every part but the last is prefixed by
