@@ -136,8 +136,11 @@ pub struct BootFacts {
     pub scrtm_contents: Vec<FirmwareBlob>,
     pub firmware_blobs: Vec<FirmwareBlob>,
     pub gpt: Vec<Measured<Gpt>>,
-    /// Kernel command lines: grub's "kernel_cmdline: " (PCR 8) and
-    /// systemd-boot/stub's load options (PCR 12).
+    /// Kernel command lines: grub's "kernel_cmdline: " (PCR 8, after the
+    /// kernel's path, as grub logs it) and systemd-boot/stub's load
+    /// options (PCR 12 EV_IPL strings, or tagged events with the load
+    /// options tag; an older stub's credentials, also EV_IPL in PCR 12,
+    /// cannot be told apart and land here too).
     pub kernel_cmdlines: Vec<Measured<String>>,
     /// grub's "grub_cmd: " strings (PCR 8), without the prefix.
     pub grub_commands: Vec<Measured<String>>,
@@ -208,8 +211,12 @@ pub fn extract(log: &EventLog, limits: &Limits) -> BootFacts {
             EV_SEPARATOR if e.pcr == 7 => separator7 = true,
             EV_EFI_VARIABLE_DRIVER_CONFIG if e.pcr == 7 => driver_config(&mut f, e, limits),
             EV_EFI_VARIABLE_AUTHORITY if e.pcr == 7 => {
+                // Before the separator, authorities verified drivers and
+                // option ROMs, not boot applications.
                 if let Some(i) = authority(&mut f, e, separator7) {
-                    since_last_app.push(i);
+                    if separator7 {
+                        since_last_app.push(i);
+                    }
                 }
             }
             EV_EFI_BOOT_SERVICES_APPLICATION => {
@@ -477,11 +484,17 @@ fn authority(f: &mut BootFacts, e: &Event, after_separator: bool) -> Option<usiz
     Some(f.authorities.len() - 1)
 }
 
+/// systemd's tag for the kernel command line (LOAD_OPTIONS_EVENT_TAG_ID).
+const LOAD_OPTIONS_TAG: u32 = 0x8F3B_22ED;
 const GRUB_CMD: &str = "grub_cmd: ";
 const KERNEL_CMDLINE: &str = "kernel_cmdline: ";
 
 fn ipl(f: &mut BootFacts, e: &Event) {
-    // A TCG_PCClientTaggedEvent (systemd >= 254): id, size, data.
+    // A TCG_PCClientTaggedEvent (systemd >= 254): id, size, data. In
+    // PCR 12 only the load options tag is the command line.
+    if e.event_type == EV_EVENT_TAG && e.pcr == 12 && u32_at(&e.data, 0) != Some(LOAD_OPTIONS_TAG) {
+        return;
+    }
     let data = if e.event_type == EV_EVENT_TAG {
         match u32_at(&e.data, 4).and_then(|n| e.data.get(8..8usize.checked_add(n as usize)?)) {
             Some(d) => d,

@@ -241,3 +241,141 @@ fn compare(replay: &Replay, supplied: &PcrValues, needed: &[u32]) -> Verificatio
     }
     v
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::parse::{Digest, Event, Format};
+
+    fn event(
+        index: usize,
+        pcr: u32,
+        event_type: u32,
+        digests: &[(Alg, &[u8])],
+        data: &[u8],
+    ) -> Event {
+        Event {
+            index,
+            offset: index * 100,
+            pcr,
+            event_type,
+            digests: digests
+                .iter()
+                .map(|(a, v)| Digest {
+                    alg_id: a.id(),
+                    value: v.to_vec(),
+                })
+                .collect(),
+            data: data.to_vec(),
+        }
+    }
+
+    fn log(events: Vec<Event>) -> EventLog {
+        EventLog {
+            format: Format::CryptoAgile,
+            algorithms: vec![(Alg::Sha256.id(), 32), (Alg::Sm3_256.id(), 32)],
+            events,
+            trailing_padding: 0,
+        }
+    }
+
+    #[test]
+    fn sm3_is_the_standard_hash() {
+        assert_eq!(
+            Alg::Sm3_256.hash(b"abc"),
+            [
+                0x66, 0xc7, 0xf0, 0xf4, 0x62, 0xee, 0xed, 0xd9, 0xd1, 0xf2, 0xd4, 0x6b, 0xdc, 0x10,
+                0xe4, 0xe2, 0x41, 0x67, 0xc4, 0x87, 0x5c, 0xf2, 0xf7, 0xa2, 0x29, 0x7d, 0xa0, 0x2b,
+                0x8f, 0x4b, 0xa8, 0xe0
+            ]
+        );
+    }
+
+    #[test]
+    fn locality_3_startup_sets_pcr0_and_every_bank_replays() {
+        let d = [7u8; 32];
+        let mut locality = STARTUP_LOCALITY.to_vec();
+        locality.push(3);
+        let l = log(vec![
+            event(0, 0, EV_NO_ACTION, &[], b"Spec ID Event03\0"),
+            event(
+                1,
+                0,
+                EV_NO_ACTION,
+                &[(Alg::Sha256, &[0; 32]), (Alg::Sm3_256, &[0; 32])],
+                &locality,
+            ),
+            event(2, 0, 8, &[(Alg::Sha256, &d), (Alg::Sm3_256, &d)], b"v"),
+        ]);
+        let r = replay(&l, &[]);
+        for alg in [Alg::Sha256, Alg::Sm3_256] {
+            let mut start = [0u8; 32];
+            start[31] = 3;
+            let want = alg.hash(&[&start[..], &d[..]].concat());
+            assert_eq!(r.bank(alg).unwrap().value(0), Some(&want[..]), "{alg:?}");
+            assert_eq!(r.bank(alg).unwrap().last_event(0), Some(2));
+        }
+    }
+
+    #[test]
+    fn a_bank_missing_a_digest_is_unknown_not_wrong() {
+        let l = log(vec![
+            event(0, 0, EV_NO_ACTION, &[], b""),
+            event(
+                1,
+                4,
+                5,
+                &[(Alg::Sha256, &[1; 32]), (Alg::Sm3_256, &[1; 32])],
+                b"",
+            ),
+            event(2, 4, 5, &[(Alg::Sha256, &[2; 32])], b""),
+        ]);
+        let r = replay(&l, &[]);
+        let sm3 = r.bank(Alg::Sm3_256).unwrap();
+        assert_eq!(sm3.value(4), None);
+        assert_eq!(sm3.incomplete().collect::<Vec<_>>(), vec![4]);
+        let mut supplied = PcrValues::new();
+        supplied
+            .entry(Alg::Sm3_256)
+            .or_default()
+            .insert(4, vec![9; 32]);
+        let sha = r.bank(Alg::Sha256).unwrap().value(4).unwrap().to_vec();
+        supplied.entry(Alg::Sha256).or_default().insert(4, sha);
+        let v = verify(&l, &supplied, &[], &[]);
+        assert!(v.ok(), "{v:?}");
+        assert_eq!(v.not_in_log, vec![(Alg::Sm3_256, 4)]);
+    }
+
+    #[test]
+    fn mismatch_names_bank_pcr_and_event_and_empty_banks_are_caught() {
+        let l = log(vec![
+            event(0, 0, EV_NO_ACTION, &[], b""),
+            event(
+                1,
+                7,
+                4,
+                &[(Alg::Sha256, &[1; 32]), (Alg::Sm3_256, &[1; 32])],
+                b"",
+            ),
+        ]);
+        let mut supplied = PcrValues::new();
+        supplied
+            .entry(Alg::Sha256)
+            .or_default()
+            .insert(7, vec![3; 32]);
+        let v = verify(&l, &supplied, &[7], &[Quirk::ExitBootServicesNotLogged]);
+        assert!(!v.ok());
+        assert_eq!(v.mismatches.len(), 1);
+        let m = &v.mismatches[0];
+        assert_eq!((m.alg, m.pcr, m.last_event), (Alg::Sha256, 7, Some(1)));
+        assert!(v.quirks.is_empty(), "a quirk on PCR 5 cannot fix PCR 7");
+        // A needed PCR quoted as all zeros or all ones: never extended.
+        for fill in [0u8, 0xff] {
+            let mut s = PcrValues::new();
+            s.entry(Alg::Sm3_256).or_default().insert(0, vec![fill; 32]);
+            let v = verify(&l, &s, &[0], &[]);
+            assert_eq!(v.never_extended, vec![(Alg::Sm3_256, 0)]);
+            assert!(!v.ok());
+        }
+    }
+}

@@ -380,3 +380,75 @@ pub(crate) fn parse_gpt(b: &[u8], max: usize) -> Option<Gpt> {
         partitions,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sha256_list(n: usize) -> Vec<u8> {
+        let mut out = EFI_CERT_SHA256.0.to_vec();
+        let size = 16 + 32;
+        out.extend_from_slice(&((28 + n * size) as u32).to_le_bytes());
+        out.extend_from_slice(&0u32.to_le_bytes());
+        out.extend_from_slice(&(size as u32).to_le_bytes());
+        for i in 0..n {
+            out.extend_from_slice(&SHIM_LOCK.0);
+            out.extend_from_slice(&[i as u8; 32]);
+        }
+        out
+    }
+
+    #[test]
+    fn signature_lists_are_bounded() {
+        let two = [sha256_list(2), sha256_list(1)].concat();
+        let entries = parse_signature_lists(&two, 3).unwrap();
+        assert_eq!(entries.len(), 3);
+        assert!(matches!(&entries[1], Signature::Sha256 { digest, .. } if digest == &[1u8; 32]));
+        assert_eq!(
+            parse_signature_lists(&two, 2),
+            Err(SigListError::TooManyEntries)
+        );
+        let mut cut = sha256_list(2);
+        cut.pop();
+        assert_eq!(
+            parse_signature_lists(&cut, 10),
+            Err(SigListError::Malformed)
+        );
+        let mut zero = sha256_list(1);
+        zero[16..20].copy_from_slice(&0u32.to_le_bytes());
+        assert_eq!(
+            parse_signature_lists(&zero, 10),
+            Err(SigListError::Malformed)
+        );
+    }
+
+    #[test]
+    fn guids_print_in_the_canonical_form() {
+        assert_eq!(
+            EFI_GLOBAL_VARIABLE.to_string(),
+            "8be4df61-93ca-11d2-aa0d-00e098032b8c"
+        );
+    }
+
+    #[test]
+    fn device_paths_as_text_and_bounded() {
+        let mut dp = vec![2, 1, 12, 0];
+        dp.extend_from_slice(&0x0a03_41d0u32.to_le_bytes());
+        dp.extend_from_slice(&0u32.to_le_bytes());
+        dp.extend_from_slice(&[1, 1, 6, 0, 1, 2]);
+        let file: Vec<u8> = "\\EFI\\a.efi\0"
+            .encode_utf16()
+            .flat_map(u16::to_le_bytes)
+            .collect();
+        dp.extend_from_slice(&[4, 4]);
+        dp.extend_from_slice(&((4 + file.len()) as u16).to_le_bytes());
+        dp.extend_from_slice(&file);
+        dp.extend_from_slice(&[0x7f, 0xff, 4, 0]);
+        assert_eq!(
+            device_path_text(&dp, 10).as_deref(),
+            Some("PciRoot(0x0)/Pci(0x2,0x1)/\\EFI\\a.efi")
+        );
+        assert_eq!(device_path_text(&dp, 2), None);
+        assert_eq!(device_path_text(&[1, 1, 2, 0], 10), None);
+    }
+}

@@ -358,3 +358,33 @@ fn not_a_log_is_refused() {
     )
     .is_err());
 }
+
+#[test]
+fn official_dbx_updates_read_as_signature_lists() {
+    let entries =
+        bc_eventlog::parse_signature_update(&data("dbx/dbxupdate_x64-2021-04-29.bin"), 4096)
+            .expect("uefi.org dbx update");
+    assert_eq!(entries.len(), 211);
+    assert!(entries
+        .iter()
+        .all(|s| matches!(s, bc_eventlog::Signature::Sha256 { .. })));
+    let entries = bc_eventlog::parse_signature_update(&data("dbx/DBXUpdate2024.bin"), 4096)
+        .expect("Microsoft 2024");
+    assert_eq!(entries.len(), 4);
+    assert_eq!(
+        entries
+            .iter()
+            .filter(|s| matches!(s, bc_eventlog::Signature::X509 { .. }))
+            .count(),
+        1
+    );
+    assert_eq!(
+        bc_eventlog::parse_signature_update(&data("dbx/DBXUpdate2024.bin"), 3),
+        None
+    );
+    // The measured dbx of a real machine, read the same way.
+    let (_, facts) = load("keylime/binary_bios_measurements");
+    let dbx = facts.dbx.expect("dbx");
+    assert!(dbx.value.complete);
+    assert_eq!(dbx.value.entries.len(), 460);
+}
