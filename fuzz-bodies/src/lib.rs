@@ -13,6 +13,7 @@ mod agent;
 mod cloud;
 mod command;
 mod controlplane;
+mod eventlog;
 mod fixtures;
 mod helper;
 mod site;
@@ -22,6 +23,7 @@ pub use agent::{bcd_config, identity_json, join_answer, renew_answer};
 pub use cloud::{aws_document, azure_document, gcp_token};
 pub use command::{channel_agent_frame, channel_server_frame};
 pub use controlplane::{cloud_cms, cp_config, ek_cert, join_request, renew_request};
+pub use eventlog::eventlog;
 pub use helper::helper_frames;
 pub use site::{ramdisk_cmdline, site_request};
 pub use wire::{join_token, sealed_token, tpm_wire, x509pop_evidence};
@@ -55,6 +57,7 @@ const TARGETS: &[(&str, Body)] = &[
     ("helper_frames", helper_frames),
     ("channel_server_frame", channel_server_frame),
     ("channel_agent_frame", channel_agent_frame),
+    ("eventlog", eventlog),
 ];
 
 /// Splits an input into `N` parts: every part but the last is prefixed by

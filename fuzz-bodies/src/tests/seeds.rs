@@ -71,6 +71,7 @@ fn rcgen_csr() -> Vec<u8> {
 const TOKEN: &str = "tok_abc123.AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8";
 
 pub(super) fn write(root: &Path) {
+    eventlog(root);
     let (hello, answer) = tpm_rounds();
     let chain = node_chain(&[AK_STATEMENT.to_owned()]);
     let plain_chain = node_chain(&[]);
@@ -702,4 +703,28 @@ pub(super) fn write_command(root: &Path) {
         "result",
         &encode_agent_frame(agent_frame::Frame::Result(signed)),
     );
+}
+
+/// Real event logs (bc-eventlog's fixtures, PROVENANCE.md there): both
+/// formats, one to four banks, shim's malformed authority, the missing
+/// Exit Boot Services events, a short EV_NO_ACTION.
+fn eventlog(root: &Path) {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../eventlog/tests/data");
+    for name in [
+        "tpm2-tools/event.bin",
+        "tpm2-tools/event-uefivar.bin",
+        "tpm2-tools/event-uefiaction.bin",
+        "tpm2-tools/event-uefiservices.bin",
+        "tpm2-tools/specid-vendordata.bin",
+        "tpm2-tools/event-sd-boot-fedora37.bin",
+        "tpm2-tools/event-uefi-sha1-log.bin",
+        "tpm2-tools/event-moklisttrusted.bin",
+        "go-attestation/short_no_action_eventlog",
+        "go-attestation/sb_cert_eventlog",
+        "go-attestation/ebs_event_missing_eventlog",
+    ] {
+        let data = std::fs::read(dir.join(name)).unwrap();
+        let file = name.rsplit('/').next().unwrap();
+        put(root, "eventlog", file, &data);
+    }
 }
