@@ -865,8 +865,11 @@ fn placed_roles(reclaim: Option<&str>, site: Option<&str>) -> Option<Vec<Role>> 
     }
 }
 
-/// Where a machine that proved its EK joins: its bound node, else a resolve
-/// entry, else enrollment (when `[tpm] enrollment` is on; else `unknown-ek`).
+/// Where a machine that proved its EK joins: its bound node, else the live
+/// node (role node) whose hardware key is that EK, proven by the machine's
+/// commissioning ramdisk (issue 30: the installed system reclaims the node
+/// it was deployed as), else a resolve entry, else enrollment (when
+/// `[tpm] enrollment` is on; else `unknown-ek`).
 fn place(
     tx: &Tx<'_>,
     input: &AttestInput<'_>,
@@ -885,6 +888,17 @@ fn place(
     if let Some(b) = records::binding_by_key(tx, BINDING_TPM_EK, ek_sha256)? {
         return Ok(Place::Join {
             node: Some(b.node_id),
+            pool: None,
+            site: None,
+        });
+    }
+    let proven = crate::model::hardware::HardwareKey {
+        key: format!("{BINDING_TPM_EK}:{ek_sha256}"),
+        product_uuid: None,
+    };
+    if let Some(node) = crate::model::hardware::holder(tx, &proven, "node", None)? {
+        return Ok(Place::Join {
+            node: Some(node),
             pool: None,
             site: None,
         });

@@ -465,7 +465,26 @@ fn placement_order_binding_then_resolve_then_requests() {
         Some(node.as_str())
     );
 
-    // A binding wins over the resolve entry.
+    // A node whose hardware key is this EK (its ramdisk proved it, then a
+    // provisioned token re-keyed it as a node) wins over the resolve entry.
+    let deployed = insert_node(&f.db, "node_cccccccccccccccccccccccccc");
+    f.db.write(|tx| {
+        crate::model::hardware::record(
+            tx,
+            &deployed,
+            &crate::model::hardware::HardwareKey {
+                key: format!("tpm-ek:{}", ek_sha256().to_lowercase()),
+                product_uuid: None,
+            },
+        )
+    })
+    .unwrap();
+    assert_eq!(
+        f.admitted(&ev).reclaim_node_id.as_deref(),
+        Some(deployed.as_str())
+    );
+
+    // A binding wins over both.
     let bound = insert_node(&f.db, "node_bbbbbbbbbbbbbbbbbbbbbbbbbb");
     f.db.write(|tx| records::insert_binding(tx, "tpm-ek", &ek_sha256(), &bound, NOW))
         .unwrap();
