@@ -523,7 +523,8 @@ fn inventory_uuid(json: &serde_json::Value) -> Option<String> {
         .map(crate::model::machine::ProductUuid::into_string)
 }
 
-fn inventory_macs(json: &serde_json::Value) -> Vec<String> {
+/// The MACs an inventory lists (normalized, sorted, unique).
+pub(crate) fn inventory_macs(json: &serde_json::Value) -> Vec<String> {
     let mut macs: Vec<String> = json
         .get("nics")
         .and_then(|n| n.as_array())

@@ -270,7 +270,7 @@ impl WorkflowService<'_> {
                     }
                 },
             };
-            let mac = match (&given_mac, &last, inventory.as_ref().map(inventory_macs)) {
+            let mac = match (&given_mac, &last, inventory.as_ref().map(crate::plane::commands::inventory_macs)) {
                 (Some(m), _, _) => m.clone(),
                 (None, Some(w), _) => w.mac.clone(),
                 (None, None, Some(macs)) if macs.len() == 1 => macs[0].clone(),
@@ -815,22 +815,6 @@ fn node_ek(tx: &Tx<'_>, node: &str) -> Result<Option<String>, DbError> {
             .and_then(|k| k.strip_prefix(':'))
             .map(str::to_owned)
     }))
-}
-
-/// The MACs an inventory lists (normalized, sorted, unique).
-fn inventory_macs(json: &serde_json::Value) -> Vec<String> {
-    let mut macs: Vec<String> = json
-        .get("nics")
-        .and_then(|n| n.as_array())
-        .into_iter()
-        .flatten()
-        .filter_map(|n| n.get("mac").and_then(|m| m.as_str()))
-        .filter_map(|m| Mac::parse(m).ok())
-        .map(|m| m.as_str().to_owned())
-        .collect();
-    macs.sort();
-    macs.dedup();
-    macs
 }
 
 /// The disks an inventory lists, as `/dev` paths.
