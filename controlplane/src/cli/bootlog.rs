@@ -203,8 +203,24 @@ fn show(path: &Path, as_json: bool) -> Result<()> {
         .map(|w| json!({"event": w.event, "message": w.message}))
         .collect();
     if as_json {
+        // Every event with its digests: what a test (or an operator
+        // rebuilding PCRs) extends.
+        let events: Vec<Value> = log
+            .events
+            .iter()
+            .map(|e| {
+                let digests: serde_json::Map<String, Value> = e
+                    .digests
+                    .iter()
+                    .filter_map(|d| {
+                        Some((d.alg()?.name().to_owned(), json!(hex::encode(&d.value))))
+                    })
+                    .collect();
+                json!({"index": e.index, "pcr": e.pcr, "type": e.event_type, "digests": digests})
+            })
+            .collect();
         let v = json!({
-            "events": log.events.len(),
+            "events": events,
             "pcrs": banks,
             "secureBoot": secure_boot_json(&f),
             "bootApps": apps_json(&f),
