@@ -1,9 +1,10 @@
-//! `pools create|update|list`: every node belongs to one pool, and a pool
+//! `pools create|update|list|show`: every node belongs to one pool, and a pool
 //! can require the attestors that admit machines into it.
 
 use std::path::Path;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
+use bc_controlplane::boot_policy::BootPolicy;
 use bc_controlplane::ControlPlane;
 use bc_controlplane::{pools, store};
 use clap::Subcommand;
@@ -30,7 +31,8 @@ pub(crate) enum PoolsCmd {
         clap::ArgGroup::new("change")
             .required(true)
             .multiple(true)
-            .args(["join_attestors", "any_attestor", "min_ek_assurance", "any_ek_assurance"])
+            .args(["join_attestors", "any_attestor", "min_ek_assurance", "any_ek_assurance",
+                   "boot_policy", "no_boot_policy"])
     ))]
     Update {
         #[command(flatten)]
@@ -51,9 +53,26 @@ pub(crate) enum PoolsCmd {
         /// Remove minEkAssurance.
         #[arg(long, conflicts_with = "min_ek_assurance")]
         any_ek_assurance: bool,
+        /// The pool's boot policy (TOML, docs in model/boot_policy.rs): a tpm
+        /// join must send its event log, verified against its quote and
+        /// judged by it. Its dbx_min files are read now, relative to FILE.
+        #[arg(long, value_name = "FILE")]
+        boot_policy: Option<std::path::PathBuf>,
+        /// Remove the boot policy.
+        #[arg(long, conflicts_with = "boot_policy")]
+        no_boot_policy: bool,
     },
     /// List pools.
     List(ListArgs),
+    /// One pool: its policy, and its boot policy as stored (TOML).
+    Show {
+        #[command(flatten)]
+        dir: Dir,
+        #[arg(long, value_name = "ID")]
+        id: String,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// The ids of the attestors `serve` runs on DIR: the control plane it would
@@ -92,12 +111,22 @@ pub(crate) fn run(cmd: PoolsCmd) -> Result<()> {
             any_attestor,
             min_ek_assurance,
             any_ek_assurance,
+            boot_policy,
+            no_boot_policy,
         } => {
             // Checked before anything is written.
             let min = min_ek_assurance
                 .as_deref()
                 .map(pools::parse_ek_assurance)
                 .transpose()?;
+            let boot = match &boot_policy {
+                Some(path) => Some(BootPolicy::load(path).map_err(|e| {
+                    anyhow!(
+                        "{e}; the pool was not changed (fix the file and run pools update again)"
+                    )
+                })?),
+                None => None,
+            };
             let db = open_db(&dir.dir)?;
             let mut pool = None;
             if join_attestors.is_some() || any_attestor {
@@ -113,17 +142,22 @@ pub(crate) fn run(cmd: PoolsCmd) -> Result<()> {
             if min.is_some() || any_ek_assurance {
                 pool = Some(pools::set_min_ek_assurance(&db, &id, min)?);
             }
+            if boot.is_some() || no_boot_policy {
+                pool = Some(pools::set_boot_policy(&db, &id, boot.as_ref())?);
+            }
             let Some(pool) = pool else {
                 bail!("nothing to update");
             };
             print_line(&format!(
-                "updated pool {} join_attestors={} min_ek_assurance={}",
+                "updated pool {} join_attestors={} min_ek_assurance={} boot_policy={}",
                 pool.id,
                 describe_attestors(&pool)?,
-                describe_min(&pool)?
+                describe_min(&pool)?,
+                describe_boot(&db, &pool.id)?
             ))
         }
         PoolsCmd::List(ListArgs { dir, json }) => list(&dir.dir, json),
+        PoolsCmd::Show { dir, id, json } => show(&dir.dir, &id, json),
     }
 }
 
@@ -138,28 +172,94 @@ fn describe_min(pool: &pools::PoolRow) -> Result<&'static str> {
     Ok(pool.min_ek_assurance()?.map_or("any", |a| a.as_str()))
 }
 
+fn show(dir: &Path, id: &str, as_json: bool) -> Result<()> {
+    let db = open_db(dir)?;
+    let Some((pool, nodes)) = pools::list_pools(&db)
+        .context("cannot list pools")?
+        .into_iter()
+        .find(|(p, _)| p.id == id)
+    else {
+        bail!("no pool {id:?} (pools list shows them)");
+    };
+    let boot = pools::boot_policies(&db)
+        .context("cannot read the boot policies")?
+        .into_iter()
+        .find(|(p, _)| p == id)
+        .and_then(|(_, b)| b.map(|b| b.to_toml()));
+    if as_json {
+        let v = json!({
+            "id": pool.id,
+            "owner": pool.owner,
+            "policy": pool.policy,
+            "bootPolicy": boot,
+            "createdAt": store::rfc3339(pool.created_at),
+            "nodes": nodes,
+        });
+        return print_line(&serde_json::to_string_pretty(&v).context("cannot encode JSON")?);
+    }
+    let mut text = format!(
+        "{} owner={} join_attestors={} min_ek_assurance={} nodes={nodes}\n",
+        pool.id,
+        pool.owner,
+        describe_attestors(&pool)?,
+        describe_min(&pool)?
+    );
+    match boot {
+        Some(toml) => {
+            text.push_str("boot_policy:\n");
+            for l in toml.lines() {
+                text.push_str(&format!("  {l}\n"));
+            }
+        }
+        None => text.push_str("boot_policy: none\n"),
+    }
+    super::print_stdout(&text)
+}
+
+/// `set` or `none`: whether the pool has a boot policy.
+fn describe_boot(db: &store::Store, id: &str) -> Result<&'static str> {
+    let all = pools::boot_policies(db).context("cannot read the boot policies")?;
+    Ok(match all.iter().any(|(p, b)| p == id && b.is_some()) {
+        true => "set",
+        false => "none",
+    })
+}
+
 fn list(dir: &Path, as_json: bool) -> Result<()> {
     let db = open_db(dir)?;
-    let rows = pools::list_pools(&db).context("cannot list pools")?;
+    let boot = pools::boot_policies(&db).context("cannot read the boot policies")?;
+    let rows: Vec<_> = pools::list_pools(&db)
+        .context("cannot list pools")?
+        .into_iter()
+        .map(|(p, nodes)| {
+            let policy = boot
+                .iter()
+                .find(|(id, _)| *id == p.id)
+                .and_then(|(_, b)| b.as_ref().map(BootPolicy::to_toml));
+            (p, nodes, policy)
+        })
+        .collect();
     print_list(
         &rows,
         as_json,
-        |(p, nodes)| {
+        |(p, nodes, boot)| {
             json!({
                 "id": p.id,
                 "owner": p.owner,
                 "policy": p.policy,
+                "bootPolicy": boot,
                 "createdAt": store::rfc3339(p.created_at),
                 "nodes": nodes,
             })
         },
-        |(p, nodes)| {
+        |(p, nodes, boot)| {
             Ok(format!(
-                "{} owner={} join_attestors={} min_ek_assurance={} nodes={nodes}",
+                "{} owner={} join_attestors={} min_ek_assurance={} boot_policy={} nodes={nodes}",
                 p.id,
                 p.owner,
                 describe_attestors(p)?,
-                describe_min(p)?
+                describe_min(p)?,
+                if boot.is_some() { "set" } else { "none" }
             ))
         },
     )
