@@ -5,6 +5,7 @@
 
 pub(crate) mod attestor;
 pub(crate) mod boot;
+pub(crate) mod boot_policy;
 pub(crate) mod commands;
 pub(crate) mod dist;
 pub(crate) mod enroll;

@@ -365,6 +365,24 @@ const TESTED: &[(&str, &str, Via, &str)] = &[
     ),
     (
         "tpm",
+        "eventlog-malformed",
+        Bcd,
+        "mboot::a_log_that_does_not_parse_is_refused_eventlog_malformed",
+    ),
+    (
+        "tpm",
+        "eventlog-replay",
+        Bcd,
+        "mboot::a_log_altered_after_boot_is_refused_eventlog_replay",
+    ),
+    (
+        "tpm",
+        "eventlog-bank-empty",
+        Bcd,
+        "mboot::a_pcr_every_boot_extends_left_unextended_is_refused_eventlog_bank_empty",
+    ),
+    (
+        "tpm",
         "node-key-malformed",
         Client,
         "tpm::node_key_malformed",

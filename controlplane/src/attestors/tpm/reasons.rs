@@ -29,6 +29,14 @@ crate::reason::reasons! {
         QuoteNonce = "quote-nonce",
         QuotePcrs = "quote-pcrs",
         PcrPolicy = "pcr-policy",
+        /// The node's pool has a boot policy, and the event log sent with the
+        /// quote does not parse (or none was sent).
+        EventlogMalformed = "eventlog-malformed",
+        /// The log does not replay to the quoted PCRs: which PCR in which bank.
+        EventlogReplay = "eventlog-replay",
+        /// A PCR the boot policy needs was never extended in a quoted bank (all
+        /// zeros or all ones: a forged log could be extended into it).
+        EventlogBankEmpty = "eventlog-bank-empty",
         NodeKeyMalformed = "node-key-malformed",
         NodeKeySignature = "node-key-signature",
         NodeKeyNonce = "node-key-nonce",
