@@ -32,17 +32,24 @@ fn install_log(agent: &Agent, log: &[u8]) {
     std::fs::write(path, log).expect("write the event log");
 }
 
-/// Extends every event of `log` into the swtpm's SHA-256 bank (its only
-/// one), in order, as the firmware that wrote the log did.
+/// Extends every event of `log` into the swtpm's SHA-256 bank, in order,
+/// as the firmware that wrote the log did.
 fn extend(tpm: &Swtpm, log: &[u8]) {
+    extend_banks(tpm, log, &[bc_eventlog::Alg::Sha256]);
+}
+
+/// Extends every event of `log` into these banks of the swtpm.
+fn extend_banks(tpm: &Swtpm, log: &[u8], banks: &[bc_eventlog::Alg]) {
     let parsed = bc_eventlog::parse(log, &bc_eventlog::Limits::default()).expect("the log parses");
     let specs: Vec<String> = parsed
         .events
         .iter()
         .filter(|e| e.event_type != EV_NO_ACTION)
-        .filter_map(|e| {
-            let d = e.digest(bc_eventlog::Alg::Sha256)?;
-            Some(format!("{}:sha256={}", e.pcr, hex::encode(d)))
+        .flat_map(|e| {
+            banks.iter().filter_map(move |alg| {
+                let d = e.digest(*alg)?;
+                Some(format!("{}:{}={}", e.pcr, alg.name(), hex::encode(d)))
+            })
         })
         .collect();
     assert!(!specs.is_empty());
@@ -229,4 +236,40 @@ fn a_pool_without_a_boot_policy_asks_for_no_log() {
     let (cp, _tpm, agent) = machine(None, b"bogus");
     assert_ok(&agent.run(&["join", "--attestor", "tpm"]));
     assert_eq!(cp.nodes().len(), 1);
+}
+
+#[test]
+fn a_tpm_with_two_banks_is_quoted_and_replayed_in_both() {
+    use bc_eventlog::Alg;
+    let log = read_log(LOG);
+    let cp = ControlPlane::start_trusting_test_maker();
+    set_policy(&cp, &policy_from_log(&cp));
+    // Both banks extended, as the firmware that wrote the log did.
+    let tpm = Swtpm::start_two_banks();
+    extend_banks(&tpm, &log, &[Alg::Sha1, Alg::Sha256]);
+    let agent = Agent::with_tpm(&cp, &tpm);
+    install_log(&agent, &log);
+    agent.allow_ek(&cp);
+    assert_ok(&agent.run(&["join", "--attestor", "tpm"]));
+    assert_eq!(cp.nodes().len(), 1);
+    // Firmware that extended only the SHA-256 bank leaves the SHA-1 one for
+    // anyone to extend to a forged log's values (CVE-2021-42299): refused.
+    let cp = ControlPlane::start_trusting_test_maker();
+    set_policy(&cp, &policy_from_log(&cp));
+    let tpm = Swtpm::start_two_banks();
+    extend_banks(&tpm, &log, &[Alg::Sha256]);
+    let agent = Agent::with_tpm(&cp, &tpm);
+    install_log(&agent, &log);
+    agent.allow_ek(&cp);
+    let out = cp.refused_once(Refusal::Join("tpm"), "eventlog-bank-empty", || {
+        agent.run(&["join", "--attestor", "tpm"])
+    });
+    assert_access_denied(&out);
+    let data = &cp.refusal("eventlog-bank-empty")["data"];
+    assert!(
+        data["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("in the sha1 bank was never extended")),
+        "{data}"
+    );
 }
