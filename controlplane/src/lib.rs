@@ -143,8 +143,17 @@ pub mod nodes {
 /// Pools and their policy.
 pub mod pools {
     pub use crate::model::pools::{
-        create_pool, get, list_pools, parse_ek_assurance, set_join_attestors, set_min_ek_assurance,
-        PoolRow, DEFAULT_OWNER, DEFAULT_POOL,
+        boot_policies, create_pool, get, list_pools, parse_ek_assurance, set_boot_policy,
+        set_join_attestors, set_min_ek_assurance, PoolRow, DEFAULT_OWNER, DEFAULT_POOL,
+    };
+}
+
+/// Boot policies (issue 31): parsed, judged against an event log's facts;
+/// the offline `eventlog` and `boot-policy` commands use them.
+pub mod boot_policy {
+    pub use crate::model::boot_policy::{
+        always_extended, app_authorities, authority_subject, from_facts, judge, needed_pcrs,
+        version_text, BootPolicy, BootReason, BootRefusal,
     };
 }
 

@@ -64,21 +64,20 @@ fn set_policy(cp: &ControlPlane, toml: &str) {
     assert_ok(&cp.cli(&[
         "pools",
         "update",
+        "--id",
         "default",
         "--boot-policy",
         file.to_str().expect("a UTF-8 path"),
     ]));
 }
 
-/// The policy `boot-policy from-log` writes for the fixture log.
-fn policy_from_log(cp: &ControlPlane) -> String {
-    let out = cp.cli(&[
-        "boot-policy",
-        "from-log",
-        data(LOG).to_str().expect("a UTF-8 path"),
-    ]);
-    assert_ok(&out);
-    stdout(&out)
+/// The starting policy the control plane writes from the fixture log (as
+/// `boot-policy from-log` does): what that machine booted, allowed.
+fn policy_from_log(_cp: &ControlPlane) -> String {
+    let log = read_log(LOG);
+    let limits = bc_eventlog::Limits::default();
+    let parsed = bc_eventlog::parse(&log, &limits).expect("the log parses");
+    bc_controlplane::boot_policy::from_facts(&bc_eventlog::extract(&parsed, &limits))
 }
 
 /// A control plane, a swtpm extended with `extended` (if any), and an

@@ -3,7 +3,8 @@
 
 use std::path::Path;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
+use bc_controlplane::boot_policy::BootPolicy;
 use bc_controlplane::ControlPlane;
 use bc_controlplane::{pools, store};
 use clap::Subcommand;
@@ -30,7 +31,8 @@ pub(crate) enum PoolsCmd {
         clap::ArgGroup::new("change")
             .required(true)
             .multiple(true)
-            .args(["join_attestors", "any_attestor", "min_ek_assurance", "any_ek_assurance"])
+            .args(["join_attestors", "any_attestor", "min_ek_assurance", "any_ek_assurance",
+                   "boot_policy", "no_boot_policy"])
     ))]
     Update {
         #[command(flatten)]
@@ -51,6 +53,14 @@ pub(crate) enum PoolsCmd {
         /// Remove minEkAssurance.
         #[arg(long, conflicts_with = "min_ek_assurance")]
         any_ek_assurance: bool,
+        /// The pool's boot policy (TOML, docs in model/boot_policy.rs): a tpm
+        /// join must send its event log, verified against its quote and
+        /// judged by it. Its dbx_min files are read now, relative to FILE.
+        #[arg(long, value_name = "FILE")]
+        boot_policy: Option<std::path::PathBuf>,
+        /// Remove the boot policy.
+        #[arg(long, conflicts_with = "boot_policy")]
+        no_boot_policy: bool,
     },
     /// List pools.
     List(ListArgs),
@@ -92,12 +102,22 @@ pub(crate) fn run(cmd: PoolsCmd) -> Result<()> {
             any_attestor,
             min_ek_assurance,
             any_ek_assurance,
+            boot_policy,
+            no_boot_policy,
         } => {
             // Checked before anything is written.
             let min = min_ek_assurance
                 .as_deref()
                 .map(pools::parse_ek_assurance)
                 .transpose()?;
+            let boot = match &boot_policy {
+                Some(path) => Some(BootPolicy::load(path).map_err(|e| {
+                    anyhow!(
+                        "{e}; the pool was not changed (fix the file and run pools update again)"
+                    )
+                })?),
+                None => None,
+            };
             let db = open_db(&dir.dir)?;
             let mut pool = None;
             if join_attestors.is_some() || any_attestor {
@@ -113,14 +133,18 @@ pub(crate) fn run(cmd: PoolsCmd) -> Result<()> {
             if min.is_some() || any_ek_assurance {
                 pool = Some(pools::set_min_ek_assurance(&db, &id, min)?);
             }
+            if boot.is_some() || no_boot_policy {
+                pool = Some(pools::set_boot_policy(&db, &id, boot.as_ref())?);
+            }
             let Some(pool) = pool else {
                 bail!("nothing to update");
             };
             print_line(&format!(
-                "updated pool {} join_attestors={} min_ek_assurance={}",
+                "updated pool {} join_attestors={} min_ek_assurance={} boot_policy={}",
                 pool.id,
                 describe_attestors(&pool)?,
-                describe_min(&pool)?
+                describe_min(&pool)?,
+                describe_boot(&db, &pool.id)?
             ))
         }
         PoolsCmd::List(ListArgs { dir, json }) => list(&dir.dir, json),
@@ -138,28 +162,50 @@ fn describe_min(pool: &pools::PoolRow) -> Result<&'static str> {
     Ok(pool.min_ek_assurance()?.map_or("any", |a| a.as_str()))
 }
 
+/// `set` or `none`: whether the pool has a boot policy.
+fn describe_boot(db: &store::Store, id: &str) -> Result<&'static str> {
+    let all = pools::boot_policies(db).context("cannot read the boot policies")?;
+    Ok(match all.iter().any(|(p, b)| p == id && b.is_some()) {
+        true => "set",
+        false => "none",
+    })
+}
+
 fn list(dir: &Path, as_json: bool) -> Result<()> {
     let db = open_db(dir)?;
-    let rows = pools::list_pools(&db).context("cannot list pools")?;
+    let boot = pools::boot_policies(&db).context("cannot read the boot policies")?;
+    let rows: Vec<_> = pools::list_pools(&db)
+        .context("cannot list pools")?
+        .into_iter()
+        .map(|(p, nodes)| {
+            let policy = boot
+                .iter()
+                .find(|(id, _)| *id == p.id)
+                .and_then(|(_, b)| b.as_ref().map(BootPolicy::to_toml));
+            (p, nodes, policy)
+        })
+        .collect();
     print_list(
         &rows,
         as_json,
-        |(p, nodes)| {
+        |(p, nodes, boot)| {
             json!({
                 "id": p.id,
                 "owner": p.owner,
                 "policy": p.policy,
+                "bootPolicy": boot,
                 "createdAt": store::rfc3339(p.created_at),
                 "nodes": nodes,
             })
         },
-        |(p, nodes)| {
+        |(p, nodes, boot)| {
             Ok(format!(
-                "{} owner={} join_attestors={} min_ek_assurance={} nodes={nodes}",
+                "{} owner={} join_attestors={} min_ek_assurance={} boot_policy={} nodes={nodes}",
                 p.id,
                 p.owner,
                 describe_attestors(p)?,
-                describe_min(p)?
+                describe_min(p)?,
+                if boot.is_some() { "set" } else { "none" }
             ))
         },
     )

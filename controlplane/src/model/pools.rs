@@ -9,6 +9,7 @@
 
 use serde_json::{json, Value};
 
+use crate::model::boot_policy::{pool_boot_policy, BootPolicy};
 use crate::model::machine::EkAssurance;
 use crate::store::{params, DbError, Row, Store, Tx, UnixMs};
 
@@ -198,6 +199,41 @@ pub fn set_min_ek_assurance(
     min: Option<EkAssurance>,
 ) -> Result<PoolRow, PoolError> {
     set_policy_key(db, id, "minEkAssurance", min.map(|m| json!(m.as_str())))
+}
+
+/// Sets the pool's boot policy (`None` removes it), stored as
+/// [`BootPolicy::to_toml`] writes it; returns the pool and whether it now
+/// has one.
+pub fn set_boot_policy(
+    db: &Store,
+    id: &str,
+    policy: Option<&BootPolicy>,
+) -> Result<PoolRow, PoolError> {
+    let text = policy.map(BootPolicy::to_toml);
+    db.write(|tx| {
+        let pool = get_for_update(tx, id)?.ok_or_else(|| PoolError::NotFound(id.to_owned()))?;
+        tx.execute(
+            "UPDATE pools SET boot_policy = ?2 WHERE id = ?1",
+            params![id, text.clone()],
+        )?;
+        Ok(pool)
+    })
+}
+
+/// Each pool's boot policy, if it has one (`pools list`), by pool id.
+pub fn boot_policies(db: &Store) -> Result<Vec<(String, Option<BootPolicy>)>, DbError> {
+    db.read(|tx| {
+        let ids = tx.query_map("SELECT id FROM pools ORDER BY id", params![], |r| {
+            r.get::<String>(0)
+        })?;
+        let mut out = Vec::new();
+        for id in ids {
+            let id = id?;
+            let policy = pool_boot_policy(tx, &id)?;
+            out.push((id, policy));
+        }
+        Ok(out)
+    })
 }
 
 /// Sets one key of a pool's policy (`None` removes it), keeping the rest,

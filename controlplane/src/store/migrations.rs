@@ -470,6 +470,12 @@ pub(crate) const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (workflow_id, seq)
     ) STRICT;
     "#,
+    // 23: a pool's boot policy (issue 31): the TOML its operator gave,
+    // dbx_min files resolved into their entries, re-parsed on read
+    // (model/boot_policy.rs). NULL: no boot policy.
+    r#"
+    ALTER TABLE pools ADD COLUMN boot_policy TEXT;
+    "#,
 ];
 
 /// How many of [`MIGRATIONS`] a database at schema `version` has applied;

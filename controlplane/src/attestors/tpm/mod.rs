@@ -954,7 +954,7 @@ fn check_boot(
     if let Err(b) = boot_policy::judge(&policy, &facts) {
         tracing::info!(pool = %pool_id, refusal = %b, "tpm: the boot does not meet the pool's boot policy");
         return Err(refused(
-            Refusal::new(b.reason).with_detail(b.detail, b.event),
+            Refusal::new(TpmReason::boot(b.reason)).with_detail(b.detail, b.event),
         ));
     }
     tracing::info!(
