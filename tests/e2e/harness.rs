@@ -1412,7 +1412,8 @@ impl Swtpm {
     }
 
     /// A TPM with both a SHA-1 and a SHA-256 PCR bank (another EK from the
-    /// same maker).
+    /// same maker). For the measured-boot tests (failpoints builds).
+    #[cfg(feature = "failpoints")]
     pub(crate) fn start_two_banks() -> Self {
         Swtpm::start_from(manufactured("both"))
     }

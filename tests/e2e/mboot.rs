@@ -272,3 +272,50 @@ fn a_tpm_with_two_banks_is_quoted_and_replayed_in_both() {
         "{data}"
     );
 }
+
+/// A join from the fixture machine under `policy` (TOML) is refused with
+/// `reason`, at the agent (ACCESS_DENIED) and at the server (the event's
+/// detail and pool).
+fn refused_by_policy(policy: &str, reason: &str) -> serde_json::Value {
+    let log = read_log(LOG);
+    let (cp, _tpm, agent) = machine(Some(&log), &log);
+    set_policy(&cp, policy);
+    let out = cp.refused_once(Refusal::Join("tpm"), reason, || {
+        agent.run(&["join", "--attestor", "tpm"])
+    });
+    assert_access_denied(&out);
+    assert!(cp.nodes().is_empty());
+    let data = cp.refusal(reason)["data"].clone();
+    assert!(
+        data["detail"].as_str().is_some_and(|d| !d.is_empty()),
+        "{data}"
+    );
+    assert_eq!(data["poolId"], "default", "{data}");
+    data
+}
+
+#[test]
+fn secure_boot_off_under_a_policy_that_requires_it_is_refused_boot_secure_boot() {
+    let data = refused_by_policy("secure_boot = \"required\"\n", "boot-secure-boot");
+    assert!(data["eventIndex"].as_u64().is_some(), "{data}");
+}
+
+#[test]
+fn a_dbx_without_the_entries_of_an_official_update_is_refused_boot_dbx() {
+    let update = data("dbx/DBXUpdate2024.bin");
+    refused_by_policy(
+        &format!("dbx_min = {:?}\n", update.to_str().expect("a UTF-8 path")),
+        "boot-dbx",
+    );
+}
+
+#[test]
+fn a_kernel_command_line_no_pattern_allows_is_refused_boot_cmdline() {
+    let data = refused_by_policy("cmdline = [\"root=/dev/nowhere *\"]\n", "boot-cmdline");
+    assert!(data["eventIndex"].as_u64().is_some(), "{data}");
+}
+
+#[test]
+fn firmware_older_than_the_policys_minimum_is_refused_boot_firmware() {
+    refused_by_policy("[firmware]\nmin_version = [\"9999\"]\n", "boot-firmware");
+}

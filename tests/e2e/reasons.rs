@@ -383,6 +383,36 @@ const TESTED: &[(&str, &str, Via, &str)] = &[
     ),
     (
         "tpm",
+        "boot-secure-boot",
+        Bcd,
+        "mboot::secure_boot_off_under_a_policy_that_requires_it_is_refused_boot_secure_boot",
+    ),
+    (
+        "tpm",
+        "boot-app",
+        Bcd,
+        "mboot::a_join_whose_log_the_boot_policy_does_not_allow_is_refused_boot_app",
+    ),
+    (
+        "tpm",
+        "boot-dbx",
+        Bcd,
+        "mboot::a_dbx_without_the_entries_of_an_official_update_is_refused_boot_dbx",
+    ),
+    (
+        "tpm",
+        "boot-cmdline",
+        Bcd,
+        "mboot::a_kernel_command_line_no_pattern_allows_is_refused_boot_cmdline",
+    ),
+    (
+        "tpm",
+        "boot-firmware",
+        Bcd,
+        "mboot::firmware_older_than_the_policys_minimum_is_refused_boot_firmware",
+    ),
+    (
+        "tpm",
         "node-key-malformed",
         Client,
         "tpm::node_key_malformed",
