@@ -16,8 +16,8 @@ use bc_controlplane::pki;
 use clap::{Parser, Subcommand};
 
 use cli::{
-    clock, cloud, commands, dist, events, images, install_script, migrate, nodes, pools, server,
-    sites, tokens, tpm, user_data, workflows, Dir,
+    bootlog, clock, cloud, commands, dist, events, images, install_script, migrate, nodes, pools,
+    server, sites, tokens, tpm, user_data, workflows, Dir,
 };
 
 #[derive(Parser)]
@@ -115,6 +115,17 @@ enum Cmd {
         #[command(subcommand)]
         cmd: tpm::RequestsCmd,
     },
+    /// TCG event logs, offline: show what a log says, verify it against
+    /// PCR values, a quote and a boot policy.
+    Eventlog {
+        #[command(subcommand)]
+        cmd: bootlog::EventlogCmd,
+    },
+    /// Boot policies (pools update --boot-policy).
+    BootPolicy {
+        #[command(subcommand)]
+        cmd: bootlog::BootPolicyCmd,
+    },
     /// Pools: every node belongs to one; a pool can require attestors.
     Pools {
         #[command(subcommand)]
@@ -203,6 +214,8 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Resolve { cmd } => tpm::run_resolve(cmd),
         Cmd::Requests { cmd } => tpm::run_requests(cmd),
         Cmd::Pools { cmd } => pools::run(cmd),
+        Cmd::Eventlog { cmd } => bootlog::run_eventlog(cmd),
+        Cmd::BootPolicy { cmd } => bootlog::run_boot_policy(cmd),
         Cmd::Dist { cmd } => dist::run(cmd),
         Cmd::Images { cmd } => images::run(cmd),
         Cmd::InstallScript(args) => install_script::run(args),

@@ -12,6 +12,7 @@ mod joinproxy;
 use bc_test_support::pg_cluster;
 
 mod answers;
+mod bootpolicy;
 mod commands;
 mod datadir;
 mod doctor;

@@ -4,6 +4,7 @@
 //! Output is part of the interface (scripts and the e2e tests read it):
 //! every list command prints one line per row, or a JSON array with `--json`.
 
+pub(crate) mod bootlog;
 pub(crate) mod clock;
 pub(crate) mod cloud;
 pub(crate) mod commands;
