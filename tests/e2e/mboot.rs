@@ -111,10 +111,9 @@ fn a_join_whose_log_meets_the_pools_boot_policy_is_admitted() {
     assert_eq!(count(0x158), 1, "{codes:x?}");
     assert_eq!(count(0x17A), 2, "{codes:x?}");
     assert_eq!(count(0x17E), 1, "{codes:x?}");
-    eprintln!(
-        "tpm join with a boot policy: {} TPM commands: {codes:x?}",
-        codes.len()
-    );
+    // 13 without a policy (tpmcount.rs), and the banks, the PCR_Read, the
+    // Quote: 16.
+    assert_eq!(codes.len(), 16, "{codes:x?}");
 }
 
 #[test]
@@ -249,8 +248,14 @@ fn a_tpm_with_two_banks_is_quoted_and_replayed_in_both() {
     let agent = Agent::with_tpm(&cp, &tpm);
     install_log(&agent, &log);
     agent.allow_ek(&cp);
+    let before = tpm.command_codes().len();
     assert_ok(&agent.run(&["join", "--attestor", "tpm"]));
     assert_eq!(cp.nodes().len(), 1);
+    // One Quote of both banks; one PCR_Read per bank (at most 8 PCRs each).
+    let codes = tpm.command_codes().split_off(before);
+    let count = |cc: u32| codes.iter().filter(|&&c| c == cc).count();
+    assert_eq!((count(0x158), count(0x17E)), (1, 2), "{codes:x?}");
+    assert_eq!(codes.len(), 17, "{codes:x?}");
     // Firmware that extended only the SHA-256 bank leaves the SHA-1 one for
     // anyone to extend to a forged log's values (CVE-2021-42299): refused.
     let cp = ControlPlane::start_trusting_test_maker();
