@@ -324,3 +324,34 @@ fn a_kernel_command_line_no_pattern_allows_is_refused_boot_cmdline() {
 fn firmware_older_than_the_policys_minimum_is_refused_boot_firmware() {
     refused_by_policy("[firmware]\nmin_version = [\"9999\"]\n", "boot-firmware");
 }
+
+#[test]
+fn a_pcr_policy_beside_a_boot_policy_is_checked_in_the_quote_of_every_bank() {
+    let log = read_log(LOG);
+    // PCR 0 of the SHA-256 bank once the log is extended (tpm2-tools'
+    // golden output for this log).
+    let pcr0 = "804c3cb76b471627372c8e5ebd068d1f8f8af088af43dc9de620af652f11116f";
+    for (value, admitted) in [(pcr0.to_owned(), true), ("ab".repeat(32), false)] {
+        let cp = ControlPlane::start_trusting_test_maker_with(&format!(
+            "[tpm.pcr_policy]\n\"0\" = \"{value}\"\n"
+        ));
+        set_policy(&cp, &policy_from_log(&cp));
+        let tpm = Swtpm::start_two_banks();
+        extend_banks(
+            &tpm,
+            &log,
+            &[bc_eventlog::Alg::Sha1, bc_eventlog::Alg::Sha256],
+        );
+        let agent = Agent::with_tpm(&cp, &tpm);
+        install_log(&agent, &log);
+        agent.allow_ek(&cp);
+        if admitted {
+            assert_ok(&agent.run(&["join", "--attestor", "tpm"]));
+            assert_eq!(cp.nodes().len(), 1);
+        } else {
+            assert_access_denied(&cp.refused_once(Refusal::Join("tpm"), "pcr-policy", || {
+                agent.run(&["join", "--attestor", "tpm"])
+            }));
+        }
+    }
+}
