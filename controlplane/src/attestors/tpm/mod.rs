@@ -38,6 +38,16 @@
 //! no quote and no certification: `node-key-not-certified`, or
 //! `quote-signature` with `node_key = "any"`).
 //!
+//! **A pool's boot policy** ([`crate::model::boot_policy`]): round 1 looks
+//! up where the EK would join (its node, a resolve entry, an approved
+//! request) and, when that pool has a policy, asks for its PCRs in every
+//! populated bank and the event log (`TpmChallenge.event_log`); round 2,
+//! once the machine is placed, checks the place it has then: the log
+//! replays to the quote in every bank and the policy allows what booted
+//! ([`boot`]: `eventlog-*`, `boot-*`, the value and event in the refusal's
+//! detail). Not for a PXE ramdisk ([`TpmAttestor::for_ramdisk`]), which
+//! boots another chain.
+//!
 //! **Each challenge admits once.** A captured round-2 request stays valid
 //! until the challenge's deadline, so the final round spends the challenge
 //! in `attestation_uses` ([`crate::model::uses`]) in the join transaction, until
