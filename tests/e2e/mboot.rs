@@ -74,9 +74,13 @@ fn set_policy(cp: &ControlPlane, toml: &str) {
 /// The starting policy the control plane writes from the fixture log (as
 /// `boot-policy from-log` does): what that machine booted, allowed.
 fn policy_from_log(_cp: &ControlPlane) -> String {
-    let log = read_log(LOG);
+    policy_of(&read_log(LOG))
+}
+
+/// What `boot-policy from-log` writes for `log`.
+fn policy_of(log: &[u8]) -> String {
     let limits = bc_eventlog::Limits::default();
-    let parsed = bc_eventlog::parse(&log, &limits).expect("the log parses");
+    let parsed = bc_eventlog::parse(log, &limits).expect("the log parses");
     bc_controlplane::boot_policy::from_facts(&bc_eventlog::extract(&parsed, &limits))
 }
 
@@ -354,4 +358,21 @@ fn a_pcr_policy_beside_a_boot_policy_is_checked_in_the_quote_of_every_bank() {
             }));
         }
     }
+}
+
+#[test]
+fn a_sha1_format_log_larger_than_other_requests_joins_from_a_sha1_only_tpm() {
+    // go-attestation's option ROM log: the SHA-1 format, 72 KiB (past the
+    // 64 KiB of other requests), from a TPM with only a SHA-1 bank.
+    let log = read_log("go-attestation/option_rom_eventlog");
+    assert!(log.len() > 64 * 1024);
+    let cp = ControlPlane::start_trusting_test_maker();
+    set_policy(&cp, &policy_of(&log));
+    let tpm = Swtpm::start_sha1_only();
+    extend_banks(&tpm, &log, &[bc_eventlog::Alg::Sha1]);
+    let agent = Agent::with_tpm(&cp, &tpm);
+    install_log(&agent, &log);
+    agent.allow_ek(&cp);
+    assert_ok(&agent.run(&["join", "--attestor", "tpm"]));
+    assert_eq!(cp.nodes().len(), 1);
 }
