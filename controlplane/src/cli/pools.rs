@@ -1,4 +1,4 @@
-//! `pools create|update|list`: every node belongs to one pool, and a pool
+//! `pools create|update|list|show`: every node belongs to one pool, and a pool
 //! can require the attestors that admit machines into it.
 
 use std::path::Path;
@@ -64,6 +64,15 @@ pub(crate) enum PoolsCmd {
     },
     /// List pools.
     List(ListArgs),
+    /// One pool: its policy, and its boot policy as stored (TOML).
+    Show {
+        #[command(flatten)]
+        dir: Dir,
+        #[arg(long, value_name = "ID")]
+        id: String,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// The ids of the attestors `serve` runs on DIR: the control plane it would
@@ -148,6 +157,7 @@ pub(crate) fn run(cmd: PoolsCmd) -> Result<()> {
             ))
         }
         PoolsCmd::List(ListArgs { dir, json }) => list(&dir.dir, json),
+        PoolsCmd::Show { dir, id, json } => show(&dir.dir, &id, json),
     }
 }
 
@@ -160,6 +170,50 @@ fn describe_attestors(pool: &pools::PoolRow) -> Result<String> {
 
 fn describe_min(pool: &pools::PoolRow) -> Result<&'static str> {
     Ok(pool.min_ek_assurance()?.map_or("any", |a| a.as_str()))
+}
+
+fn show(dir: &Path, id: &str, as_json: bool) -> Result<()> {
+    let db = open_db(dir)?;
+    let Some((pool, nodes)) = pools::list_pools(&db)
+        .context("cannot list pools")?
+        .into_iter()
+        .find(|(p, _)| p.id == id)
+    else {
+        bail!("no pool {id:?} (pools list shows them)");
+    };
+    let boot = pools::boot_policies(&db)
+        .context("cannot read the boot policies")?
+        .into_iter()
+        .find(|(p, _)| p == id)
+        .and_then(|(_, b)| b.map(|b| b.to_toml()));
+    if as_json {
+        let v = json!({
+            "id": pool.id,
+            "owner": pool.owner,
+            "policy": pool.policy,
+            "bootPolicy": boot,
+            "createdAt": store::rfc3339(pool.created_at),
+            "nodes": nodes,
+        });
+        return print_line(&serde_json::to_string_pretty(&v).context("cannot encode JSON")?);
+    }
+    let mut text = format!(
+        "{} owner={} join_attestors={} min_ek_assurance={} nodes={nodes}\n",
+        pool.id,
+        pool.owner,
+        describe_attestors(&pool)?,
+        describe_min(&pool)?
+    );
+    match boot {
+        Some(toml) => {
+            text.push_str("boot_policy:\n");
+            for l in toml.lines() {
+                text.push_str(&format!("  {l}\n"));
+            }
+        }
+        None => text.push_str("boot_policy: none\n"),
+    }
+    super::print_stdout(&text)
 }
 
 /// `set` or `none`: whether the pool has a boot policy.

@@ -197,7 +197,7 @@ impl BootPolicy {
     /// Parses a policy; `dbx_min` paths are read relative to the current
     /// directory (see [`BootPolicy::load`] for a file's).
     pub fn parse(text: &str) -> Result<BootPolicy, String> {
-        Self::parse_in(text, Path::new("."))
+        Self::parse_in(text, Some(Path::new(".")))
     }
 
     /// Reads a policy file; its `dbx_min` paths are relative to its
@@ -207,10 +207,12 @@ impl BootPolicy {
         let text = String::from_utf8(text)
             .map_err(|_| format!("{}: the boot policy is not UTF-8", path.display()))?;
         let base = path.parent().unwrap_or(Path::new("."));
-        Self::parse_in(&text, base).map_err(|e| format!("{}: {e}", path.display()))
+        Self::parse_in(&text, Some(base)).map_err(|e| format!("{}: {e}", path.display()))
     }
 
-    fn parse_in(text: &str, base: &Path) -> Result<BootPolicy, String> {
+    /// `base`: where `dbx_min` files are; None refuses them (a stored
+    /// policy holds their entries).
+    fn parse_in(text: &str, base: Option<&Path>) -> Result<BootPolicy, String> {
         if text.len() > MAX_POLICY_BYTES {
             return Err(format!(
                 "the boot policy is {} bytes, more than {MAX_POLICY_BYTES}",
@@ -275,6 +277,9 @@ impl BootPolicy {
             });
         }
         if let Some(files) = raw.dbx_min {
+            let Some(base) = base else {
+                return Err("dbx_min names files: a stored policy holds dbx_min_entries".to_owned());
+            };
             for (i, f) in non_empty("dbx_min", files.into_vec())?.iter().enumerate() {
                 let path = base.join(f);
                 let bytes = read_bounded(&path).map_err(|e| format!("dbx_min[{i}]: {e}"))?;
@@ -444,10 +449,7 @@ impl BootPolicy {
     /// A stored policy: never reads a file (`dbx_min` was resolved when it
     /// was set).
     fn parse_stored(text: &str) -> Result<BootPolicy, String> {
-        if text.lines().any(|l| l.trim_start().starts_with("dbx_min ")) {
-            return Err("a stored policy names dbx_min files".to_owned());
-        }
-        Self::parse(text)
+        Self::parse_in(text, None)
     }
 }
 

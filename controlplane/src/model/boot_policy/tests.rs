@@ -180,6 +180,8 @@ fn dbx_min_from_official_update_files() {
     let stored = p.to_toml();
     assert!(!stored.contains("dbx_min ="), "{stored}");
     assert_eq!(BootPolicy::parse_stored(&stored).unwrap(), p);
+    let e = BootPolicy::parse_stored("dbx_min=\"/etc/passwd\"").unwrap_err();
+    assert!(e.contains("dbx_min_entries"), "{e}");
     // The machine's own dbx as the minimum: met.
     let own: Vec<String> = dbx
         .value
