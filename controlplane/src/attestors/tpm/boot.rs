@@ -4,18 +4,20 @@
 //! bank and the last event extending it), a PCR every boot extends never
 //! extended in a quoted bank refused (`eventlog-bank-empty`,
 //! CVE-2021-42299), then the facts the policy judges extracted. Known
-//! firmware defects pass only by name ([`bc_eventlog::Quirk`]), and are
-//! logged when used.
+//! firmware defects pass only by name ([`bc_eventlog::Quirk`]; none yet at
+//! join: [`ALLOWED_QUIRKS`]).
 
 use bc_eventlog::{BootFacts, Limits, PcrValues, Quirk};
 
 use super::TpmReason;
 use crate::model::attestor::Refusal;
 
-/// The firmware defects a join's log may need: Exit Boot Services events
-/// extended into PCR 5 but not logged (applied only when the plain replay
-/// does not match, and only if it then does).
-const ALLOWED_QUIRKS: &[Quirk] = &[Quirk::ExitBootServicesNotLogged];
+/// The firmware defects a join's log may pass with: none yet. The one
+/// known ([`Quirk::ExitBootServicesNotLogged`]) lands in PCR 5, which no
+/// boot policy needs, so it is never quoted; a policy key naming quirks
+/// comes with the first defect in a PCR a policy needs (as the offline
+/// `eventlog verify --allow-quirk` names it).
+const ALLOWED_QUIRKS: &[Quirk] = &[];
 
 /// The facts of `log`, once it replays to `quoted` (the quote's values, by
 /// bank): `needed` are the policy's PCRs, each of which must be quoted and
@@ -91,13 +93,6 @@ pub(crate) fn verified_facts(
             None,
         ));
     }
-    if !v.quirks.is_empty() {
-        let quirks: Vec<&str> = v.quirks.iter().map(|q| q.name()).collect();
-        tracing::info!(
-            quirks = ?quirks,
-            "tpm: the event log replays only with a known firmware defect allowed"
-        );
-    }
     Ok(bc_eventlog::extract(&parsed, &limits))
 }
 
@@ -163,7 +158,7 @@ mod tests {
     }
 
     #[test]
-    fn missing_exit_boot_services_events_pass_only_by_their_quirk() {
+    fn missing_exit_boot_services_events_are_no_quirk_a_join_allows() {
         let log = data("go-attestation/ebs_event_missing_eventlog");
         let parsed = bc_eventlog::parse(&log, &Limits::default()).unwrap();
         let r = bc_eventlog::replay(&parsed, &[Quirk::ExitBootServicesNotLogged]);
@@ -175,6 +170,13 @@ mod tests {
                 }
             }
         }
+        // PCRs 0 and 7 replay; PCR 5, quoted, shows the events the log lacks.
+        let (r, detail, _) = reason(verified_facts(&log, &quoted, &[0, 7], &[0, 7]).unwrap_err());
+        assert_eq!(r, "eventlog-replay");
+        assert!(detail.starts_with("PCR 5 in the"), "{detail}");
+        quoted.values_mut().for_each(|bank| {
+            bank.remove(&5);
+        });
         assert!(verified_facts(&log, &quoted, &[0, 7], &[0, 7]).is_ok());
     }
 }
