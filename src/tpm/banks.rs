@@ -133,16 +133,18 @@ impl Tpm {
     }
 }
 
+/// The banks a boot policy's quote selects ([`Tpm::populated_banks`]),
+/// opaque outside this module: only `src/tpm/` speaks tss-esapi.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PopulatedBanks(pub(super) Vec<HashingAlgorithm>);
+
 impl Tpm {
     /// The banks to quote `pcrs` in for a boot policy: every bank this TPM
     /// has allocated with all of them (any hash, SHA-384 and SM3 too), so
     /// the control plane replays the event log in each and no bank is left
     /// for a forged log to be extended into (one GetCapability). None: the
     /// error names what to enable.
-    pub(crate) fn populated_banks(
-        &mut self,
-        pcrs: &[u32],
-    ) -> Result<Vec<HashingAlgorithm>, TpmError> {
+    pub(crate) fn populated_banks(&mut self, pcrs: &[u32]) -> Result<PopulatedBanks, TpmError> {
         let (data, _) = cmd(
             "GetCapability",
             self.ctx.get_capability(CapabilityType::AssignedPcr, 0, 8),
@@ -169,7 +171,7 @@ impl Tpm {
             pcrs.dedup();
             return Err(BankError::NoneComplete { pcrs }.into());
         }
-        Ok(banks)
+        Ok(PopulatedBanks(banks))
     }
 }
 

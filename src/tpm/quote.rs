@@ -19,7 +19,7 @@ use tss_esapi::structures::{
     Data, PcrSelectionList, PcrSelectionListBuilder, PcrSlot, SignatureScheme,
 };
 
-use super::banks::hashing;
+use super::banks::{hashing, PopulatedBanks};
 use super::{cmd, marshal_attest, LoadedKey, Tpm, TpmError};
 
 /// The failpoint that extends PCR 16 between the first read and quote.
@@ -47,7 +47,7 @@ impl Tpm {
         pcrs: &[u32],
         bank: PcrBank,
     ) -> Result<Quote, TpmError> {
-        self.quote_in(ak, extra_data, pcrs, &[hashing(bank)])
+        self.quote_in(ak, extra_data, pcrs, &PopulatedBanks(vec![hashing(bank)]))
     }
 
     /// A quote of `pcrs` in every bank of `hashes` at once (one selection
@@ -60,11 +60,11 @@ impl Tpm {
         ak: &LoadedKey,
         extra_data: &[u8],
         pcrs: &[u32],
-        hashes: &[HashingAlgorithm],
+        banks: &PopulatedBanks,
     ) -> Result<Quote, TpmError> {
         let slots = slots_of(pcrs)?;
         let mut builder = PcrSelectionListBuilder::new();
-        for hash in hashes {
+        for hash in &banks.0 {
             builder = builder.with_selection(*hash, &slots);
         }
         let selection = builder.build().map_err(|source| TpmError::Command {
