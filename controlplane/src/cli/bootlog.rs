@@ -273,7 +273,10 @@ fn show(path: &Path, as_json: bool) -> Result<()> {
         out.push_str(&format!(
             "boot app (event {}): {} digest {digest}{}\n",
             a.event,
-            a.path.as_deref().unwrap_or("(no path)"),
+            a.path
+                .as_deref()
+                .filter(|p| !p.is_empty())
+                .unwrap_or("(no path)"),
             if by.is_empty() {
                 String::new()
             } else {

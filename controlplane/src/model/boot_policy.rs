@@ -678,7 +678,11 @@ pub fn judge(policy: &BootPolicy, facts: &BootFacts) -> Result<(), BootRefusal> 
                     .or(app.authenticode.first())
                     .map(|d| hex::encode(&d.value))
                     .unwrap_or_default();
-                let path = app.path.as_deref().unwrap_or("(no path)");
+                let path = app
+                    .path
+                    .as_deref()
+                    .filter(|p| !p.is_empty())
+                    .unwrap_or("(no path)");
                 return refuse(
                     BootReason::App,
                     format!("boot application {path} with digest {digest} is allowed by no boot_app entry"),
@@ -778,7 +782,10 @@ pub fn from_facts(facts: &BootFacts) -> String {
         let _ = writeln!(
             out,
             "# boot_app {i}: {} (event {}){}",
-            app.path.as_deref().unwrap_or("(no path)"),
+            app.path
+                .as_deref()
+                .filter(|p| !p.is_empty())
+                .unwrap_or("(no path)"),
             app.event,
             if names.is_empty() {
                 String::new()
