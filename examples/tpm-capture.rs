@@ -149,6 +149,7 @@ fn main() {
         quote_signature: quote.signature.clone(),
         pcr_values: quote.pcr_values.clone(),
         node_key: Some(cert_msg(&key1.public, certified)),
+        event_log: Vec::new(),
     };
     let answer = TpmAttestation {
         round: Some(tpm_attestation::Round::Answer(answer_msg)),

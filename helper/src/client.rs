@@ -131,6 +131,20 @@ impl Client {
         Ok(m)
     }
 
+    /// `eventlog.read`: the TCG event log, as the helper (root) read it,
+    /// within [`bc_wire::tpm::MAX_EVENT_LOG`]; the control plane parses it.
+    pub fn event_log(&self) -> Result<Vec<u8>, ClientError> {
+        let response::Result::EventLog(l) = self.call(&Operation::EventLog)? else {
+            return Err(ClientError::Protocol("not the event log"));
+        };
+        if l.log.len() > bc_wire::tpm::MAX_EVENT_LOG {
+            return Err(ClientError::Untrusted(
+                "an event log larger than any the control plane accepts".into(),
+            ));
+        }
+        Ok(l.log)
+    }
+
     /// `system.journal`: the system journal of bcd's units within `query`,
     /// checked to be within its bounds. On a connection of its own, so a
     /// slow read does not hold up the node's signatures.

@@ -22,12 +22,16 @@ pub(crate) const MAX_RESPONSE: usize = 16 * 1024;
 /// [`crate::journal::MAX_BYTES`]) and room for the framing.
 pub(crate) const MAX_JOURNAL_RESPONSE: usize = crate::journal::MAX_BYTES as usize + 1024;
 
+/// The largest `eventlog.read` response: the event log (at most
+/// [`bc_wire::tpm::MAX_EVENT_LOG`]) and room for the framing.
+pub(crate) const MAX_EVENT_LOG_RESPONSE: usize = bc_wire::tpm::MAX_EVENT_LOG + 1024;
+
 /// TPM2B_DATA holds at most a TPMT_HA (a SHA-512 digest and its algorithm).
 pub(crate) const MAX_QUALIFYING: usize = 64;
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct Request {
-    #[prost(oneof = "request::Op", tags = "1, 2, 3, 4, 5, 6")]
+    #[prost(oneof = "request::Op", tags = "1, 2, 3, 4, 5, 6, 7")]
     pub op: Option<request::Op>,
 }
 
@@ -52,6 +56,9 @@ pub(crate) mod request {
         /// `system.journal`
         #[prost(message, tag = "6")]
         Journal(super::JournalRequest),
+        /// `eventlog.read`
+        #[prost(message, tag = "7")]
+        EventLog(super::EventLogRequest),
     }
 }
 
@@ -77,6 +84,18 @@ pub struct JournalResponse {
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct MachineRequest {}
+
+/// `eventlog.read`: nothing to say; the helper reads the one log there is.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct EventLogRequest {}
+
+/// The TCG event log (`binary_bios_measurements`) as read, unparsed: the
+/// control plane parses it, bounded.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct EventLogResponse {
+    #[prost(bytes = "vec", tag = "1")]
+    pub log: Vec<u8>,
+}
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct AkRequest {}
@@ -108,7 +127,7 @@ pub struct CertifyRequest {
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct Response {
-    #[prost(oneof = "response::Result", tags = "1, 2, 3, 4, 5, 6, 7")]
+    #[prost(oneof = "response::Result", tags = "1, 2, 3, 4, 5, 6, 7, 8")]
     pub result: Option<response::Result>,
 }
 
@@ -130,6 +149,8 @@ pub mod response {
         Machine(super::MachineResponse),
         #[prost(message, tag = "7")]
         Journal(super::JournalResponse),
+        #[prost(message, tag = "8")]
+        EventLog(super::EventLogResponse),
     }
 }
 
@@ -262,6 +283,9 @@ pub enum Operation {
     /// `system.journal`: the system journal of bcd's units, bounded, for
     /// `logs.collect`.
     Journal(crate::journal::Query),
+    /// `eventlog.read`: the TCG event log, root-only, for a renewal under a
+    /// pool's boot policy; bounded by [`bc_wire::tpm::MAX_EVENT_LOG`].
+    EventLog,
 }
 
 impl Operation {
@@ -274,6 +298,7 @@ impl Operation {
             Operation::Certify { .. } => "tpm.certify",
             Operation::Machine => "machine.ids",
             Operation::Journal(_) => "system.journal",
+            Operation::EventLog => "eventlog.read",
         }
     }
 
@@ -281,6 +306,7 @@ impl Operation {
     pub(crate) fn max_response(&self) -> usize {
         match self {
             Operation::Journal(_) => MAX_JOURNAL_RESPONSE,
+            Operation::EventLog => MAX_EVENT_LOG_RESPONSE,
             _ => MAX_RESPONSE,
         }
     }
@@ -294,6 +320,7 @@ impl Operation {
         match r.op.ok_or("a request without an operation")? {
             Op::Ak(_) => Ok(Operation::Ak),
             Op::Machine(_) => Ok(Operation::Machine),
+            Op::EventLog(_) => Ok(Operation::EventLog),
             Op::Journal(j) => Ok(Operation::Journal(crate::journal::Query::checked(
                 j.since_ms, j.lines, j.bytes,
             )?)),
@@ -329,6 +356,7 @@ impl Operation {
         let op = match self {
             Operation::Ak => Op::Ak(AkRequest {}),
             Operation::Machine => Op::Machine(MachineRequest {}),
+            Operation::EventLog => Op::EventLog(EventLogRequest {}),
             Operation::Journal(q) => Op::Journal(JournalRequest {
                 since_ms: q.since_ms,
                 lines: q.lines,
@@ -394,6 +422,7 @@ mod tests {
                 qualifying: vec![4; 32],
             },
             Operation::Machine,
+            Operation::EventLog,
             Operation::Journal(crate::journal::Query::checked(5, 10, 4096).unwrap()),
         ];
         for op in ops {

@@ -64,6 +64,13 @@ pub trait Backend: Send + 'static {
     fn machine(&mut self) -> Result<proto::MachineResponse, BackendError> {
         Err(BackendError("this helper does not read the machine".into()))
     }
+    /// `eventlog.read`: the TCG event log, at most
+    /// [`bc_wire::tpm::MAX_EVENT_LOG`] bytes. A backend without one says so.
+    fn event_log(&mut self) -> Result<Vec<u8>, BackendError> {
+        Err(BackendError(
+            "this helper does not read the event log".into(),
+        ))
+    }
 }
 
 /// The uids the helper serves: root and the configured user.
@@ -506,6 +513,9 @@ fn run<B: Backend>(backend: &mut B, op: &Operation) -> Response {
             })
         }),
         Operation::Machine => backend.machine().map(R::Machine),
+        Operation::EventLog => backend
+            .event_log()
+            .map(|log| R::EventLog(proto::EventLogResponse { log })),
         // Served by `journal`, never the backend.
         Operation::Journal(_) => Err(BackendError("system.journal is not the TPM's".into())),
         Operation::Certify { unique, qualifying } => {
@@ -551,6 +561,9 @@ mod tests {
         }
         fn certify(&mut self, _: &[u8; 32], _: &[u8]) -> Result<(Vec<u8>, Vec<u8>), BackendError> {
             Err(BackendError("no AK here".into()))
+        }
+        fn event_log(&mut self) -> Result<Vec<u8>, BackendError> {
+            Ok(vec![7; 100_000])
         }
     }
 
@@ -635,6 +648,13 @@ mod tests {
         assert!(
             matches!(got.result, Some(response::Result::Error(ref e)) if e.message == "no AK here"),
             "{got:?}"
+        );
+        // A log larger than any TPM answer, whole.
+        let got = ask(&mut s, &Operation::EventLog).unwrap();
+        assert!(
+            matches!(got.result, Some(response::Result::EventLog(ref l)) if l.log == vec![7; 100_000]),
+            "{:?}",
+            got.result.map(|_| ())
         );
         // A backend that does not read the machine says so.
         let got = ask(&mut s, &Operation::Machine).unwrap();

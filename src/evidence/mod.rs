@@ -8,6 +8,7 @@ pub(crate) mod challenge;
 pub(crate) mod claims;
 pub(crate) mod cloud_iid;
 pub mod discovery;
+pub(crate) mod eventlog;
 pub mod join_token;
 pub(crate) mod provisioned;
 pub mod tpm;

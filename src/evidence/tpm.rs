@@ -10,7 +10,9 @@
 //! over `sha256(csr)`. When the challenge names no PCR and takes a
 //! `fresh_certification`, the quote is left out and the certification is
 //! over `sha256(secret ‖ sha256(csr))` instead: the same AK signature over
-//! the same nonce, one TPM command fewer.
+//! the same nonce, one TPM command fewer. When the challenge asks for the
+//! event log (the node's pool has a boot policy), the answer carries it and
+//! the quote selects the PCRs in every bank the TPM has populated.
 
 use std::sync::Arc;
 
@@ -208,13 +210,26 @@ impl TpmEvidence {
         let evidence = |e: &dyn std::fmt::Display| ChallengeError(e.to_string());
         // Before anything else of round 2: a TPM that cannot meet the PCR
         // policy activates nothing and sends no quote. No PCR, no question.
-        let bank = if c.pcrs.is_empty() {
+        // (With the event log, every populated bank is quoted instead.)
+        let bank = if c.pcrs.is_empty() || c.event_log {
             PcrBank::Sha256
         } else {
             crate::keys::lock_tpm(&self.tpm)
                 .map_err(|e| evidence(&e))?
                 .pcr_bank_for(&c.pcr_banks, &c.pcrs)
                 .map_err(|e| evidence(&e))?
+        };
+        // A boot policy: the event log, and every populated bank to quote,
+        // before anything is activated either.
+        let boot = if c.event_log {
+            let log = super::eventlog::read().map_err(|e| evidence(&e))?;
+            let banks = crate::keys::lock_tpm(&self.tpm)
+                .map_err(|e| evidence(&e))?
+                .populated_banks(&c.pcrs)
+                .map_err(|e| evidence(&e))?;
+            Some((log, banks))
+        } else {
+            None
         };
         let secret = crate::keys::lock_tpm(&self.tpm)
             .map_err(|e| evidence(&e))?
@@ -223,7 +238,7 @@ impl TpmEvidence {
         let mut nonce_input = secret.clone();
         nonce_input.extend_from_slice(&self.csr_sha256);
         let nonce = bc_wire::sha256(&nonce_input);
-        let fresh = c.fresh_certification && c.pcrs.is_empty();
+        let fresh = c.fresh_certification && c.pcrs.is_empty() && boot.is_none();
         let qualifying = if fresh { nonce } else { self.csr_sha256 };
         let (certify_info, signature) = self
             .key
@@ -243,13 +258,18 @@ impl TpmEvidence {
             ..TpmAnswer::default()
         };
         if !fresh {
-            let quote = crate::keys::lock_tpm(&self.tpm)
-                .map_err(|e| evidence(&e))?
-                .quote(&self.ak, &nonce, &c.pcrs, bank)
-                .map_err(|e| evidence(&e))?;
+            let mut tpm = crate::keys::lock_tpm(&self.tpm).map_err(|e| evidence(&e))?;
+            let quote = match &boot {
+                Some((_, banks)) => tpm.quote_in(&self.ak, &nonce, &c.pcrs, banks),
+                None => tpm.quote(&self.ak, &nonce, &c.pcrs, bank),
+            }
+            .map_err(|e| evidence(&e))?;
             answer.quote = quote.attest;
             answer.quote_signature = quote.signature;
             answer.pcr_values = quote.pcr_values;
+        }
+        if let Some((log, _)) = boot {
+            answer.event_log = log;
         }
         Ok(TpmAttestation {
             round: Some(Round::Answer(answer)),

@@ -196,6 +196,11 @@ impl Backend for TpmBackend {
             result
         })
     }
+    /// Read as root, under `BCD_SYSFS_ROOT` in a test build.
+    fn event_log(&mut self) -> Result<Vec<u8>, BackendError> {
+        crate::evidence::eventlog::read().map_err(|e| BackendError(e.to_string()))
+    }
+
     fn machine(&mut self) -> Result<bc_helper::proto::MachineResponse, BackendError> {
         let sys = crate::evidence::claims::sysfs_root();
         let (info, ek_sha256, pcr_banks) = self.reconnecting(|b| {

@@ -46,6 +46,9 @@ pub enum BankError {
         pcrs: Vec<u32>,
         allocated: Allocation,
     },
+    /// A boot policy's PCRs are allocated together in no bank.
+    #[error("the control plane's boot policy checks PCRs {pcrs} against the event log, but no PCR bank of this TPM allocates all of them: allocate all PCRs of the SHA-256 bank in the firmware's TPM settings (\"TPM2 active PCR banks\")", pcrs = List(.pcrs))]
+    NoneComplete { pcrs: Vec<u32> },
     /// The bank is there, without some of the PCRs.
     #[error("the control plane's PCR policy checks PCRs {pcrs} in the {bank} bank, but this TPM's {bank} bank lacks PCR {missing}: allocate all PCRs of the {bank} bank in the firmware's TPM settings", pcrs = List(.pcrs), missing = List(.missing))]
     Missing {
@@ -127,6 +130,48 @@ impl Tpm {
     pub(crate) fn pcr_bank_for(&mut self, algs: &[u32], pcrs: &[u32]) -> Result<PcrBank, TpmError> {
         let allocated = self.pcr_allocation()?;
         Ok(choose(algs, pcrs, &allocated)?)
+    }
+}
+
+/// The banks a boot policy's quote selects ([`Tpm::populated_banks`]),
+/// opaque outside this module: only `src/tpm/` speaks tss-esapi.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PopulatedBanks(pub(super) Vec<HashingAlgorithm>);
+
+impl Tpm {
+    /// The banks to quote `pcrs` in for a boot policy: every bank this TPM
+    /// has allocated with all of them (any hash, SHA-384 and SM3 too), so
+    /// the control plane replays the event log in each and no bank is left
+    /// for a forged log to be extended into (one GetCapability). None: the
+    /// error names what to enable.
+    pub(crate) fn populated_banks(&mut self, pcrs: &[u32]) -> Result<PopulatedBanks, TpmError> {
+        let (data, _) = cmd(
+            "GetCapability",
+            self.ctx.get_capability(CapabilityType::AssignedPcr, 0, 8),
+        )?;
+        let CapabilityData::AssignedPcr(list) = data else {
+            return Err(TpmError::Unexpected("a capability of another kind"));
+        };
+        let banks: Vec<HashingAlgorithm> = list
+            .get_selections()
+            .iter()
+            .filter(|s| {
+                let have: Vec<u32> = s
+                    .selected()
+                    .into_iter()
+                    .map(|slot| u32::from(slot).trailing_zeros())
+                    .collect();
+                !have.is_empty() && pcrs.iter().all(|p| have.contains(p))
+            })
+            .map(|s| s.hashing_algorithm())
+            .collect();
+        if banks.is_empty() {
+            let mut pcrs = pcrs.to_vec();
+            pcrs.sort_unstable();
+            pcrs.dedup();
+            return Err(BankError::NoneComplete { pcrs }.into());
+        }
+        Ok(PopulatedBanks(banks))
     }
 }
 

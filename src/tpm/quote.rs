@@ -15,9 +15,11 @@
 use bc_wire::pcr::PcrBank;
 use tss_esapi::interface_types::algorithm::HashingAlgorithm;
 use tss_esapi::interface_types::session_handles::AuthSession;
-use tss_esapi::structures::{Data, PcrSelectionListBuilder, PcrSlot, SignatureScheme};
+use tss_esapi::structures::{
+    Data, PcrSelectionList, PcrSelectionListBuilder, PcrSlot, SignatureScheme,
+};
 
-use super::banks::hashing;
+use super::banks::{hashing, PopulatedBanks};
 use super::{cmd, marshal_attest, LoadedKey, Tpm, TpmError};
 
 /// The failpoint that extends PCR 16 between the first read and quote.
@@ -45,40 +47,60 @@ impl Tpm {
         pcrs: &[u32],
         bank: PcrBank,
     ) -> Result<Quote, TpmError> {
+        self.quote_in(ak, extra_data, pcrs, &PopulatedBanks(vec![hashing(bank)]))
+    }
+
+    /// A quote of `pcrs` in every bank of `hashes` at once (one selection
+    /// per bank, one Quote): a boot policy's, whose event log the control
+    /// plane replays in each ([`Tpm::populated_banks`]). The values follow
+    /// the selection as the TPM digests it: bank by bank in the list's
+    /// order, each ascending.
+    pub fn quote_in(
+        &mut self,
+        ak: &LoadedKey,
+        extra_data: &[u8],
+        pcrs: &[u32],
+        banks: &PopulatedBanks,
+    ) -> Result<Quote, TpmError> {
         let slots = slots_of(pcrs)?;
-        let hash = hashing(bank);
+        let mut builder = PcrSelectionListBuilder::new();
+        for hash in &banks.0 {
+            builder = builder.with_selection(*hash, &slots);
+        }
+        let selection = builder.build().map_err(|source| TpmError::Command {
+            command: "Quote",
+            source,
+        })?;
         let mut first = true;
         consistent(|| {
             let extend = std::mem::take(&mut first) && crate::failpoint::active(EXTEND_FAILPOINT);
-            self.quote_once(ak, extra_data, hash, &slots, extend)
+            self.quote_once(ak, extra_data, &selection, extend)
         })
     }
 
-    /// PCR_Read of `slots`, then Quote: not checked against each other.
+    /// PCR_Read of `selection`, then Quote: not checked against each other.
     fn quote_once(
         &mut self,
         ak: &LoadedKey,
         extra_data: &[u8],
-        hash: HashingAlgorithm,
-        slots: &[PcrSlot],
+        selection: &PcrSelectionList,
         extend: bool,
     ) -> Result<Quote, TpmError> {
-        let values = self.pcr_values(hash, slots)?;
+        let mut values = Vec::new();
+        for s in selection.get_selections() {
+            let mut slots = s.selected();
+            slots.sort_unstable_by_key(|slot| u32::from(*slot));
+            values.extend(self.pcr_values(s.hashing_algorithm(), &slots)?);
+        }
         if extend {
             self.extend_pcr16()?;
         }
-        let build = |command: &'static str, slots: &[PcrSlot]| {
-            PcrSelectionListBuilder::new()
-                .with_selection(hash, slots)
-                .build()
-                .map_err(|source| TpmError::Command { command, source })
-        };
-        let selection = build("Quote", slots)?;
         let data = Data::try_from(extra_data.to_vec()).map_err(|source| TpmError::Command {
             command: "Quote",
             source,
         })?;
         let handle = ak.handle;
+        let selection = selection.clone();
         let (attest, sig) = cmd(
             "Quote",
             self.ctx

@@ -1363,10 +1363,12 @@ pub(crate) fn manufactured(machine: &'static str) -> &'static Path {
     static B: OnceLock<tempfile::TempDir> = OnceLock::new();
     static OTHER: OnceLock<tempfile::TempDir> = OnceLock::new();
     static SHA1: OnceLock<tempfile::TempDir> = OnceLock::new();
+    static BOTH: OnceLock<tempfile::TempDir> = OnceLock::new();
     let (cell, maker, banks) = match machine {
         "a" => (&A, "test", "sha256"),
         "b" => (&B, "test", "sha256"),
         "sha1" => (&SHA1, "test", "sha1"),
+        "both" => (&BOTH, "test", "sha1,sha256"),
         _ => (&OTHER, "other", "sha256"),
     };
     cell.get_or_init(|| {
@@ -1407,6 +1409,13 @@ impl Swtpm {
     /// from the same maker).
     pub(crate) fn start_sha1_only() -> Self {
         Swtpm::start_from(manufactured("sha1"))
+    }
+
+    /// A TPM with both a SHA-1 and a SHA-256 PCR bank (another EK from the
+    /// same maker). For the measured-boot tests (failpoints builds).
+    #[cfg(feature = "failpoints")]
+    pub(crate) fn start_two_banks() -> Self {
+        Swtpm::start_from(manufactured("both"))
     }
 
     fn start_from(template: &Path) -> Self {

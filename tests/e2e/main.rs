@@ -76,6 +76,9 @@ mod site;
 // discovery's helpers).
 #[cfg(feature = "failpoints")]
 mod approval;
+// Measured boot at join: the event log under the fake sysfs.
+#[cfg(feature = "failpoints")]
+mod mboot;
 mod tpm;
 mod tpmcount;
 mod usage;

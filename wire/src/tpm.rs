@@ -14,6 +14,11 @@ pub(crate) const ALG_RSA: u16 = 0x0001;
 pub const ALG_SHA256: u16 = 0x000B;
 pub const ALG_SHA384: u16 = 0x000C;
 pub const ALG_NULL: u16 = 0x0010;
+
+/// The largest TCG event log an agent sends (`TpmAnswer.event_log`) and a
+/// control plane parses: bc-eventlog's default bound (a real log is 10-100
+/// KiB; this leaves room for many option ROMs and long MokLists).
+pub const MAX_EVENT_LOG: usize = 4 << 20;
 pub(crate) const ALG_ECDSA: u16 = 0x0018;
 pub(crate) const ALG_ECC: u16 = 0x0023;
 pub(crate) const ECC_NIST_P256: u16 = 0x0003;

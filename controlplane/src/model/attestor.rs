@@ -306,7 +306,20 @@ pub struct Refusal {
     /// refusal is attributed to them (`pool-attestor`).
     /// Boxed: a refusal travels in every `Err` of the join path.
     pub pool: Option<Box<PoolRef>>,
-    fault: Option<Fault>,
+    /// What exactly failed, for the operator (`security.join.refused`'s
+    /// `data.detail` and `data.eventIndex`): the digest or value, and the
+    /// event log's event that decided it. Boxed as `pool` is.
+    pub detail: Option<Box<RefusalDetail>>,
+    /// Boxed: rare, and a refusal must stay small.
+    fault: Option<Box<Fault>>,
+}
+
+/// A refusal's detail: what was wrong, and where in the event log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RefusalDetail {
+    pub detail: String,
+    /// The index of the event log's event (the first, Spec ID, event is 0).
+    pub event: Option<usize>,
 }
 
 crate::reason::reasons! {
@@ -340,6 +353,7 @@ impl Refusal {
             token_id: None,
             node_id: None,
             pool: None,
+            detail: None,
             fault: None,
         }
     }
@@ -351,12 +365,13 @@ impl Refusal {
             token_id: None,
             node_id: None,
             pool: None,
-            fault: Some(fault),
+            detail: None,
+            fault: Some(Box::new(fault)),
         }
     }
 
     pub(crate) fn as_fault(&self) -> Option<&Fault> {
-        self.fault.as_ref()
+        self.fault.as_deref()
     }
 
     pub(crate) fn with_token(mut self, token_id: Option<&str>) -> Self {
@@ -366,6 +381,11 @@ impl Refusal {
 
     pub(crate) fn with_node(mut self, node_id: Option<&str>) -> Self {
         self.node_id = node_id.map(str::to_owned);
+        self
+    }
+
+    pub(crate) fn with_detail(mut self, detail: String, event: Option<usize>) -> Self {
+        self.detail = Some(Box::new(RefusalDetail { detail, event }));
         self
     }
 

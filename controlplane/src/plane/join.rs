@@ -508,11 +508,20 @@ impl JoinService<'_> {
             pool_id,
             pool_owner,
         };
-        let extra = match (&event.pool_id, &event.pool_owner) {
-            (Some(id), Some(owner)) => {
-                serde_json::json!({ "poolId": id, "poolOwner": owner }).to_string()
+        let mut extra = serde_json::Map::new();
+        if let (Some(id), Some(owner)) = (&event.pool_id, &event.pool_owner) {
+            extra.insert("poolId".to_owned(), id.as_str().into());
+            extra.insert("poolOwner".to_owned(), owner.as_str().into());
+        }
+        if let Some(d) = &refusal.detail {
+            extra.insert("detail".to_owned(), d.detail.as_str().into());
+            if let Some(i) = d.event {
+                extra.insert("eventIndex".to_owned(), i.into());
             }
-            _ => String::new(),
+        }
+        let extra = match extra.is_empty() {
+            true => String::new(),
+            false => serde_json::Value::Object(extra).to_string(),
         };
         let first = self.record_refusal(Refused {
             kind: records::EVENT_JOIN_REFUSED,
@@ -535,6 +544,7 @@ impl JoinService<'_> {
                     node_id = event.node_id.as_deref().unwrap_or(""),
                     pool_owner = event.pool_owner.as_deref().unwrap_or(""),
                     source = source.map(|s| s.to_string()).unwrap_or_default(),
+                    detail = refusal.detail.as_ref().map_or("", |d| d.detail.as_str()),
                     "join refused"
                 )
             };

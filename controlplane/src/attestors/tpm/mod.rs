@@ -38,6 +38,16 @@
 //! no quote and no certification: `node-key-not-certified`, or
 //! `quote-signature` with `node_key = "any"`).
 //!
+//! **A pool's boot policy** ([`crate::model::boot_policy`]): round 1 looks
+//! up where the EK would join (its node, a resolve entry, an approved
+//! request) and, when that pool has a policy, asks for its PCRs in every
+//! populated bank and the event log (`TpmChallenge.event_log`); round 2,
+//! once the machine is placed, checks the place it has then: the log
+//! replays to the quote in every bank and the policy allows what booted
+//! ([`boot`]: `eventlog-*`, `boot-*`, the value and event in the refusal's
+//! detail). Not for a PXE ramdisk ([`TpmAttestor::for_ramdisk`]), which
+//! boots another chain.
+//!
 //! **Each challenge admits once.** A captured round-2 request stays valid
 //! until the challenge's deadline, so the final round spends the challenge
 //! in `attestation_uses` ([`crate::model::uses`]) in the join transaction, until
@@ -64,6 +74,7 @@
 //! site, which the lease refuses, or a plain node that holds a site).
 //! A reclaim keeps its node's role and site (JoinService checks the role).
 
+mod boot;
 pub(crate) mod credential;
 mod credential_ecc;
 pub mod ek;
@@ -75,6 +86,7 @@ mod reasons;
 pub(crate) mod state;
 
 use bc_wire::agent::{tpm_attestation, Role, TpmAnswer, TpmAttestation, TpmChallenge, TpmHello};
+use bc_wire::pcr::PcrBank;
 use bc_wire::tpm::{self as wtpm, Attested, Public};
 use bc_wire::AttestorId;
 use prost::Message;
@@ -84,6 +96,7 @@ use crate::model::attestor::{
     AttestInput, AttestationResult, Attestor, Deferral, Fault, NodeKey, Prepared, ProvenEk,
     Refusal, Verdict, Work,
 };
+use crate::model::boot_policy;
 use crate::model::enroll;
 use crate::model::machine::{EkAssurance, BINDING_TPM_EK};
 use crate::model::records;
@@ -144,6 +157,9 @@ impl Default for TpmConfig {
 pub(crate) struct TpmAttestor {
     config: TpmConfig,
     key: ChallengeKey,
+    /// Whether a pool's boot policy applies (not to a PXE ramdisk, which
+    /// boots another chain than the installed system the policy is about).
+    boot_policies: bool,
     /// Shared with [`Self::for_ramdisk`]'s copy: one limit on fetches.
     services: std::sync::Arc<EkServices>,
 }
@@ -200,6 +216,7 @@ impl TpmAttestor {
         TpmAttestor {
             config,
             key,
+            boot_policies: true,
             services,
         }
     }
@@ -361,6 +378,7 @@ impl TpmAttestor {
                 ..self.config.clone()
             },
             key: self.key.clone(),
+            boot_policies: false,
             services: self.services.clone(),
         }
     }
@@ -425,6 +443,19 @@ impl TpmAttestor {
             .map_err(|e| Refusal::fault(Fault::Internal(format!("random secret: {e}"))))?;
         let made = credential::make_credential(ek.template, &ek.spki_der, &ak.name(), &secret)
             .map_err(|e| Refusal::fault(Fault::Internal(format!("MakeCredential: {e}"))))?;
+        // The boot policy of the pool this EK would join, if any: its PCRs
+        // quoted in every bank, with the event log. Asked by the place it
+        // has now (round 2 checks the place it has then).
+        let boot_pcrs = match self.boot_policies {
+            true => boot_policy_pcrs(tx, &hex::encode(ek.spki_sha256))?,
+            false => None,
+        };
+        let mut pcrs = self.config.pcr_policy.pcrs();
+        if let Some(boot) = &boot_pcrs {
+            pcrs.extend(boot);
+            pcrs.sort_unstable();
+            pcrs.dedup();
+        }
         let not_after = input.now.saturating_add(self.config.challenge_ttl_ms);
         let awaited = pending.is_some();
         let sealed = ChallengeState {
@@ -443,11 +474,12 @@ impl TpmAttestor {
             id_object: made.id_object,
             encrypted_secret: made.encrypted_secret,
             state: sealed,
-            // The agent quotes only what the policy checks: no PCR_Read without one.
-            pcrs: self.config.pcr_policy.pcrs(),
+            // The agent quotes only what the policies check: no PCR_Read without one.
+            pcrs,
             pcr_banks: self.config.pcr_policy.bank_algs(),
             // With no PCR to quote, a certification over the nonce will do.
             fresh_certification: true,
+            event_log: boot_pcrs.is_some(),
         }
         .encode_to_vec();
         tracing::info!(
@@ -455,6 +487,7 @@ impl TpmAttestor {
             ek = ek.template.as_str(),
             ek_assurance = assurance.as_str(),
             ek_certificate = if awaited { "pending" } else { "verified" },
+            event_log = boot_pcrs.is_some(),
             tpm_manufacturer = %ek_service::manufacturer_text(hello.tpm_manufacturer),
             tpm_vendor = %ek_service::vendor_text(&hello.tpm_vendor),
             tpm_firmware = format_args!("{:016x}", hello.tpm_firmware),
@@ -499,7 +532,7 @@ impl TpmAttestor {
         // We sealed it, so it parsed in round 1.
         let ak =
             Public::parse(&st.ak_public).map_err(|_| Refusal::new(TpmReason::ChallengeState))?;
-        let qualifying = self.check_quote(&ak, input, answer, &st.secret)?;
+        let (qualifying, quoted) = self.check_quote(&ak, input, answer, &st.secret)?;
         let node_key = self.check_node_key(&ak, input, answer, &qualifying)?;
         if let Some(pending) = st.pending.take() {
             let (ek, assurance) = match self.certify_pending(tx, input, &pending)? {
@@ -521,6 +554,7 @@ impl TpmAttestor {
             // We sealed it, so it is one of ours.
             ek_assurance: EkAssurance::parse(&st.ek_assurance),
             node_key,
+            quoted,
             subject,
             st,
         }))
@@ -591,6 +625,15 @@ impl TpmAttestor {
             Place::Deferred(d) => return Ok(Verdict::Defer(d)),
             Place::Join { node, pool, site } => (node, pool, site),
         };
+        if self.boot_policies {
+            check_boot(
+                tx,
+                reclaim_node_id.as_deref(),
+                pool_id.as_deref(),
+                answer,
+                &proof,
+            )?;
+        }
         // The final round.
         self.spend(tx, &proof, input.now)?;
         let TpmProof {
@@ -627,14 +670,15 @@ impl TpmAttestor {
     }
 
     /// The quote, or its absence (`fresh_certification`); returns what the
-    /// node key's certification must be qualified by.
+    /// node key's certification must be qualified by and, for an answer
+    /// with an event log, the quoted values of every bank.
     fn check_quote(
         &self,
         ak: &Public,
         input: &AttestInput<'_>,
         answer: &TpmAnswer,
         secret: &[u8; SECRET_LEN],
-    ) -> Result<[u8; 32], Refusal> {
+    ) -> Result<([u8; 32], Option<bc_eventlog::PcrValues>), Refusal> {
         let mut nonce_input = secret.to_vec();
         nonce_input.extend_from_slice(&input.csr_sha256);
         let nonce = bc_wire::sha256(&nonce_input);
@@ -651,7 +695,7 @@ impl TpmAttestor {
                     NodeKeyPolicy::Any => TpmReason::QuoteSignature,
                 }));
             }
-            return Ok(nonce);
+            return Ok((nonce, None));
         }
         let quote = match wtpm::verify_attest(ak, &answer.quote, &answer.quote_signature) {
             Ok(q) => q,
@@ -669,12 +713,27 @@ impl TpmAttestor {
         if quote.extra_data != nonce {
             return Err(Refusal::new(TpmReason::QuoteNonce));
         }
+        if !answer.event_log.is_empty() {
+            // A boot policy's quote: every populated bank at once.
+            let banks = pcr::quoted_banks(selection, &answer.pcr_values, pcr_digest)
+                .ok_or_else(|| Refusal::new(TpmReason::QuotePcrs))?;
+            let met = banks.iter().any(|(alg, values)| {
+                PcrBank::from_alg(u32::from(alg.id())).is_some_and(|bank| {
+                    let quoted = values.iter().map(|(i, v)| (*i, v.as_slice())).collect();
+                    self.config.pcr_policy.is_met(bank, &quoted)
+                })
+            });
+            if !met && !self.config.pcr_policy.is_empty() {
+                return Err(Refusal::new(TpmReason::PcrPolicy));
+            }
+            return Ok((input.csr_sha256, Some(banks)));
+        }
         let (bank, pcrs) = pcr::quoted_pcrs(selection, &answer.pcr_values, pcr_digest)
             .ok_or_else(|| Refusal::new(TpmReason::QuotePcrs))?;
         if !self.config.pcr_policy.is_met(bank, &pcrs) {
             return Err(Refusal::new(TpmReason::PcrPolicy));
         }
-        Ok(input.csr_sha256)
+        Ok((input.csr_sha256, None))
     }
 
     fn check_node_key(
@@ -719,6 +778,8 @@ pub(crate) struct TpmProof {
     pub ek_assurance: Option<EkAssurance>,
     /// With the AK statement, when the node key was certified.
     pub node_key: NodeKey,
+    /// Every quoted bank's values, when the answer carried an event log.
+    quoted: Option<bc_eventlog::PcrValues>,
     /// The challenge's `attestation_uses` subject.
     subject: String,
     st: ChallengeState,
@@ -841,6 +902,77 @@ fn pending_certificate(
 /// sealed state (which opened, so it is one we issued).
 fn challenge_subject(sealed_state: &[u8]) -> String {
     hex::encode(bc_wire::sha256(sealed_state))
+}
+
+/// The PCRs of the boot policy of the pool the EK would join now (none:
+/// no policy there, or no place yet: a pending request starts over).
+fn boot_policy_pcrs(tx: &Tx<'_>, ek_sha256: &str) -> Result<Option<Vec<u32>>, Refusal> {
+    let pool = if let Some(b) = records::binding_by_key(tx, BINDING_TPM_EK, ek_sha256)? {
+        joined_pool(tx, Some(&b.node_id), None)?
+    } else if let Some(entry) = enroll::resolve_entry(tx, ek_sha256)? {
+        joined_pool(tx, entry.node_id.as_deref(), entry.pool_id.as_deref())?
+    } else {
+        match enroll::open_request(tx, ek_sha256)? {
+            Some(req) if matches!(req.status, enroll::RequestStatus::Approved) => {
+                joined_pool(tx, None, req.pool_id.as_deref())?
+            }
+            _ => return Ok(None),
+        }
+    };
+    Ok(boot_policy::pool_boot_policy(tx, &pool)?.map(|p| boot_policy::needed_pcrs(&p)))
+}
+
+/// The pool a join placed at `node` or `pool` ends in, as JoinService
+/// decides it: a node's own, else the one named, else `default`.
+fn joined_pool(
+    tx: &Tx<'_>,
+    node: Option<&str>,
+    pool: Option<&str>,
+) -> Result<String, crate::store::DbError> {
+    if let Some(id) = node {
+        if let Some(row) = records::node_including_deleted(tx, id)? {
+            return Ok(row.pool_id);
+        }
+    }
+    Ok(pool.unwrap_or(crate::model::pools::DEFAULT_POOL).to_owned())
+}
+
+/// The pool's boot policy, when it has one, against the answer's event log
+/// and quote ([`boot::verified_facts`], then the policy's judgement); a
+/// refusal names the pool, and the digest or value and event that failed.
+fn check_boot(
+    tx: &Tx<'_>,
+    node: Option<&str>,
+    pool: Option<&str>,
+    answer: &TpmAnswer,
+    proof: &TpmProof,
+) -> Result<(), Refusal> {
+    let pool_id = joined_pool(tx, node, pool)?;
+    let Some(policy) = boot_policy::pool_boot_policy(tx, &pool_id)? else {
+        return Ok(());
+    };
+    let owner = crate::model::pools::get(tx, &pool_id)?
+        .map(|p| p.owner)
+        .unwrap_or_default();
+    let refused = |r: Refusal| r.with_node(node).with_pool(&pool_id, &owner);
+    let needed = boot_policy::needed_pcrs(&policy);
+    let always = boot_policy::always_extended(&needed);
+    let none = bc_eventlog::PcrValues::new();
+    let quoted = proof.quoted.as_ref().unwrap_or(&none);
+    let facts =
+        boot::verified_facts(&answer.event_log, quoted, &needed, &always).map_err(refused)?;
+    if let Err(b) = boot_policy::judge(&policy, &facts) {
+        tracing::info!(pool = %pool_id, refusal = %b, "tpm: the boot does not meet the pool's boot policy");
+        return Err(refused(
+            Refusal::new(TpmReason::boot(b.reason)).with_detail(b.detail, b.event),
+        ));
+    }
+    tracing::info!(
+        pool = %pool_id,
+        secure_boot = facts.secure_boot_enabled(),
+        "tpm: the event log replays and meets the pool's boot policy"
+    );
+    Ok(())
 }
 
 enum Place {

@@ -139,6 +139,42 @@ pub(crate) fn quoted_pcrs<'a>(
     ))
 }
 
+/// The quoted PCRs of every bank a quote selects (a boot policy's quote:
+/// one selection per populated bank), when each bank is a hash bcd knows
+/// and appears once, there is one value of the bank's length per selected
+/// PCR, and the values, bank after bank in selection order, hash to the
+/// quote's digest.
+pub(crate) fn quoted_banks(
+    selection: &[(u16, Vec<u8>)],
+    values: &[Vec<u8>],
+    digest: &[u8],
+) -> Option<bc_eventlog::PcrValues> {
+    let mut out = bc_eventlog::PcrValues::new();
+    let mut rest = values;
+    for (alg, bitmap) in selection {
+        let alg = bc_eventlog::Alg::from_id(*alg)?;
+        if out.contains_key(&alg) {
+            return None;
+        }
+        let bank = out.entry(alg).or_default();
+        for (byte, bits) in bitmap.iter().enumerate() {
+            for b in (0..8u32).filter(|b| bits & (1 << b) != 0) {
+                let (value, tail) = rest.split_first()?;
+                if value.len() != alg.size() {
+                    return None;
+                }
+                // A selection bitmap has at most 255 bytes: no overflow.
+                bank.insert(byte as u32 * 8 + b, value.clone());
+                rest = tail;
+            }
+        }
+    }
+    if !rest.is_empty() || bc_wire::sha256(&values.concat()) != digest {
+        return None;
+    }
+    Some(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -215,5 +251,29 @@ mod tests {
         p.insert(PcrBank::Sha256, 0, vec![0; 32]).unwrap();
         assert!(p.insert(PcrBank::Sha256, 0, vec![1; 32]).is_err());
         assert!(!p.is_empty() && p.bank_algs() == [0x0b]);
+    }
+
+    #[test]
+    fn a_quote_of_several_banks_is_split_by_bank_in_selection_order() {
+        use bc_eventlog::Alg;
+        let v = vec![vec![1u8; 32], vec![2u8; 32], vec![3u8; 20], vec![4u8; 20]];
+        let digest = bc_wire::sha256(&v.concat());
+        let sel = vec![
+            (ALG_SHA256, vec![0b1, 0b1, 0]),
+            (ALG_SHA1, vec![0b1, 0b1, 0]),
+        ];
+        let got = quoted_banks(&sel, &v, &digest).unwrap();
+        assert_eq!(got[&Alg::Sha256][&8], vec![2u8; 32]);
+        assert_eq!(got[&Alg::Sha1][&0], vec![3u8; 20]);
+        // Banks swapped: lengths no longer fit.
+        let swapped = vec![sel[1].clone(), sel[0].clone()];
+        assert!(quoted_banks(&swapped, &v, &digest).is_none());
+        // A bank twice, a value too many or too few, another digest.
+        let twice = vec![sel[0].clone(), sel[0].clone()];
+        let doubled = [v[0].clone(), v[1].clone(), v[0].clone(), v[1].clone()];
+        assert!(quoted_banks(&twice, &doubled, &bc_wire::sha256(&doubled.concat())).is_none());
+        assert!(quoted_banks(&sel[..1], &v, &digest).is_none());
+        assert!(quoted_banks(&sel, &v[..3], &digest).is_none());
+        assert!(quoted_banks(&sel, &v, &[0; 32]).is_none());
     }
 }

@@ -4,6 +4,8 @@
 
 use bc_wire::tpm::CertificationError;
 
+use crate::model::boot_policy::BootReason;
+
 crate::reason::reasons! {
     /// The tpm attestor's reasons, the EK checks' ([`super::ek::EkError`], the
     /// maker's service) and the node-key certification's
@@ -29,6 +31,25 @@ crate::reason::reasons! {
         QuoteNonce = "quote-nonce",
         QuotePcrs = "quote-pcrs",
         PcrPolicy = "pcr-policy",
+        /// The node's pool has a boot policy, and the event log sent with the
+        /// quote does not parse (or none was sent).
+        EventlogMalformed = "eventlog-malformed",
+        /// The log does not replay to the quoted PCRs: which PCR in which bank.
+        EventlogReplay = "eventlog-replay",
+        /// A PCR the boot policy needs was never extended in a quoted bank (all
+        /// zeros or all ones: a forged log could be extended into it).
+        EventlogBankEmpty = "eventlog-bank-empty",
+        /// The pool's boot policy refused what the log says booted
+        /// ([`crate::model::boot_policy::judge`]): Secure Boot state, ...
+        BootSecureBoot = "boot-secure-boot",
+        /// ... a boot application, ...
+        BootApp = "boot-app",
+        /// ... the dbx, ...
+        BootDbx = "boot-dbx",
+        /// ... the kernel command line, ...
+        BootCmdline = "boot-cmdline",
+        /// ... the firmware version.
+        BootFirmware = "boot-firmware",
         NodeKeyMalformed = "node-key-malformed",
         NodeKeySignature = "node-key-signature",
         NodeKeyNonce = "node-key-nonce",
@@ -44,6 +65,17 @@ crate::reason::reasons! {
 }
 
 impl TpmReason {
+    /// The refusal of a boot the pool's boot policy does not allow.
+    pub(crate) fn boot(r: BootReason) -> Self {
+        match r {
+            BootReason::SecureBoot => TpmReason::BootSecureBoot,
+            BootReason::App => TpmReason::BootApp,
+            BootReason::Dbx => TpmReason::BootDbx,
+            BootReason::Cmdline => TpmReason::BootCmdline,
+            BootReason::Firmware => TpmReason::BootFirmware,
+        }
+    }
+
     /// A node key the AK did not certify as the spec asks.
     pub(crate) fn node_key(e: &CertificationError) -> Self {
         match e {
