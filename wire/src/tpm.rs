@@ -16,9 +16,11 @@ pub const ALG_SHA384: u16 = 0x000C;
 pub const ALG_NULL: u16 = 0x0010;
 
 /// The largest TCG event log an agent sends (`TpmAnswer.event_log`) and a
-/// control plane parses: bc-eventlog's default bound (a real log is 10-100
-/// KiB; this leaves room for many option ROMs and long MokLists).
-pub const MAX_EVENT_LOG: usize = 4 << 20;
+/// control plane accepts. A real log is 10-100 KiB (the largest of
+/// eventlog/tests/data is 72 KiB): 1 MiB leaves room for many option ROMs
+/// and long MokLists while a join body, read before anything is
+/// authenticated, stays small.
+pub const MAX_EVENT_LOG: usize = 1 << 20;
 pub(crate) const ALG_ECDSA: u16 = 0x0018;
 pub(crate) const ALG_ECC: u16 = 0x0023;
 pub(crate) const ECC_NIST_P256: u16 = 0x0003;
