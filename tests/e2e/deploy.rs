@@ -328,7 +328,7 @@ fn images_add_refuses_a_corrupt_stream_and_a_name_in_use() {
 
 /// GET `path` from the control plane with the TLS client identity in
 /// `data_dir` (identity.json's chain, node.key): the status and body.
-fn get_as(cp: &ControlPlane, data_dir: &Path, path: &str) -> (u16, String) {
+pub(crate) fn get_as(cp: &ControlPlane, data_dir: &Path, path: &str) -> (u16, String) {
     let ca = std::fs::read(cp.path().join("tls-ca.pem")).unwrap();
     let ca = ::pem::parse(ca).unwrap().into_contents();
     let mut roots = rustls::RootCertStore::empty();

@@ -1,6 +1,9 @@
 //! Workflows (docs/workflows.md): a commission through a site's discovery
 //! join, its steps advanced by the control plane's poller; a restart that
-//! carries on; a step that fails with its reason; cancel; the refusals of
+//! carries on (waiting for the join, and with a command queued and not
+//! answered); each step's failure with its reason (the entry's end, a
+//! refused or expired inventory.refresh, a refused disk.wipe, a failed
+//! deploy.image, the provisioned token's expiry); cancel; the refusals of
 //! `workflows start deploy`; and the provisioned join re-keying a node
 //! bound by its newest inventory (provisionedTargetResolver).
 
@@ -52,26 +55,105 @@ fn step<'a>(w: &'a Value, name: &str) -> &'a Value {
 /// booted from the site's answer for workflow `wf`; its /dev and /proc are
 /// the machine's fake ones when [`with_disk`] made them.
 fn boot_ramdisk(holder: &SiteNode, epoch: u64, machine: &Machine, wf: &str) -> Logged {
-    let file = machine.agent.root.path().join("cmdline");
+    write_cmdline(holder, epoch, machine, wf);
+    Logged::spawn(ramdisk_command(machine, &[]))
+}
+
+/// Writes the kernel command line the site gives the machine for `wf`.
+fn write_cmdline(holder: &SiteNode, epoch: u64, machine: &Machine, wf: &str) {
     std::fs::write(
-        &file,
+        machine.agent.root.path().join("cmdline"),
         format!(
             "console=ttyS0 {} ip=dhcp\n",
             holder.boot_line(epoch, wf, MAC, UUID)
         ),
     )
     .unwrap();
-    let mut cmd = machine
-        .agent
-        .command(&["ramdisk", "--cmdline", &file.to_string_lossy()]);
-    cmd.env("BCD_SYSFS_ROOT", machine.agent.sysfs_root());
+}
+
+/// `bcd ramdisk [EXTRA]` booted with what [`write_cmdline`] wrote (a
+/// restarted one keeps the identity it joined with).
+fn ramdisk_command(machine: &Machine, extra: &[&str]) -> std::process::Command {
     let root = machine.agent.root.path();
+    let file = root.join("cmdline").to_string_lossy().into_owned();
+    let mut args = vec!["ramdisk", "--cmdline", file.as_str()];
+    args.extend_from_slice(extra);
+    let mut cmd = machine.agent.command(&args);
+    cmd.env("BCD_SYSFS_ROOT", machine.agent.sysfs_root());
     if root.join("dev").is_dir() {
         cmd.env("BCD_DEV_ROOT", root.join("dev"))
             .env("BCD_PROC_ROOT", root.join("proc"))
             .env("BCD_FAILPOINT", "kexec-no-reboot");
     }
-    Logged::spawn(cmd)
+    cmd
+}
+
+/// A machine with a disk ([`with_disk`]) commissioned at site dc1: its
+/// ramdisk stopped once the commission succeeded. The site's holder, its
+/// lease epoch and the node.
+fn commissioned(cp: &ControlPlane) -> (SiteNode, u64, String) {
+    let site_id = site(cp, "dc1");
+    let holder = SiteNode::join(cp, &site_id);
+    let epoch = holder.acquire().unwrap().epoch;
+    let wf = start_commission(cp, &[]);
+    let first = with_disk(cp);
+    let mut ramdisk = boot_ramdisk(&holder, epoch, &first, &wf);
+    let w = finished(cp, &wf);
+    assert_eq!(w["state"], "succeeded", "{w}");
+    ramdisk.stop();
+    let node = w["node"].as_str().unwrap().to_owned();
+    (holder, epoch, node)
+}
+
+/// Registers `image` as "debian" and a package in dist/, then starts a
+/// deploy of `node`: its id, and `images add`'s answer.
+fn start_deploy(
+    cp: &ControlPlane,
+    node: &str,
+    dir: &std::path::Path,
+    image: &[u8],
+) -> (String, Value) {
+    let file = dir.join("debian.img");
+    std::fs::write(&file, image).unwrap();
+    let added = cp.json(&["images", "add", "debian", &file.to_string_lossy()]);
+    let pkg = dir.join("bcd_0.1.0+test_amd64.deb");
+    std::fs::write(&pkg, b"not really a package").unwrap();
+    assert_ok(&cp.cli(&["dist", "add", &pkg.to_string_lossy()]));
+    let out = cp.cli(&[
+        "workflows",
+        "start",
+        "deploy",
+        "--node",
+        node,
+        "--image",
+        "debian",
+        "--api",
+        &cp.url,
+    ]);
+    assert_ok(&out);
+    (stdout(&out).trim().to_owned(), added)
+}
+
+/// `token list`'s row of token `id`.
+fn token_row(cp: &ControlPlane, id: &str) -> Value {
+    cp.json(&["token", "list"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["id"] == id)
+        .cloned()
+        .unwrap_or_else(|| panic!("token {id} is listed"))
+}
+
+/// `boot list`'s row of workflow `wf`'s entry.
+fn boot_entry(cp: &ControlPlane, wf: &str) -> Value {
+    cp.json(&["boot", "list"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["workflowId"] == wf)
+        .cloned()
+        .unwrap_or_else(|| panic!("the entry of {wf} is listed"))
 }
 
 /// A machine with one 64 MiB disk, vda (a sparse file under its fake
@@ -513,37 +595,39 @@ fn a_workflow_started_on_one_replica_finishes_on_another() {
     assert_eq!(commands.as_array().unwrap().len(), 1, "{commands}");
 }
 
-/// The whole loop on this host (root, a loop device for the disk,
-/// mkfs.ext4): commission, then deploy an ext4 image whose cloud-init
-/// finds the seed; deploy.image writes it and the seed, boot.kexec loads
-/// its kernel (kept from rebooting by the failpoint), and the installed
-/// system's `bcd join --attestor provisioned` with the token from the seed
-/// re-keys the same node, role node, and the workflow succeeds. A machine
-/// claiming another product UUID first is refused `product-uuid-mismatch`
-/// and spends nothing.
-#[test]
-fn a_deploy_runs_to_the_installed_systems_provisioned_join() {
-    use crate::deploy::{ext4_image, Loop};
-    use crate::provisioned::{join_as, machine, OTHER_UUID};
+/// Whether this test may mount the deployed filesystem (root); says it
+/// skipped when not.
+fn root_or_skip() -> bool {
     // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
+    let root = unsafe { libc::geteuid() } == 0;
+    if !root {
         eprintln!("skipped: mounting the deployed filesystem needs root");
-        return;
     }
-    let cp = ControlPlane::start();
-    let site_id = site(&cp, "dc1");
-    let holder = SiteNode::join(&cp, &site_id);
-    let epoch = holder.acquire().unwrap().epoch;
-    let wf = start_commission(&cp, &[]);
-    let first = with_disk(&cp);
-    let mut ramdisk = boot_ramdisk(&holder, epoch, &first, &wf);
-    assert_eq!(finished(&cp, &wf)["state"], "succeeded");
-    let node = first.agent.status_json()["nodeId"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    ramdisk.stop();
+    root
+}
 
+/// A deploy run (root: a loop device for the disk, mkfs.ext4) up to its
+/// last step: deploy.image wrote an ext4 image whose cloud-init finds the
+/// seed, boot.kexec loaded its kernel (kept from rebooting by the
+/// failpoint), and the workflow waits for the installed system's
+/// provisioned join. `token` is what the seed on the disk holds.
+struct AtTheJoin {
+    node: String,
+    deploy: String,
+    token: String,
+    /// Dropped in this order: the ramdisk first.
+    _keep: (
+        Logged,
+        crate::deploy::Loop,
+        Machine,
+        SiteNode,
+        tempfile::TempDir,
+    ),
+}
+
+fn deploy_to_the_provisioned_join(cp: &ControlPlane) -> AtTheJoin {
+    use crate::deploy::{ext4_image, Loop};
+    let (holder, epoch, node) = commissioned(cp);
     let tmp = tempfile::tempdir().unwrap();
     let raw = ext4_image(
         tmp.path(),
@@ -554,27 +638,9 @@ fn a_deploy_runs_to_the_installed_systems_provisioned_join() {
             ("boot/vmlinuz-6.1.0-10-amd64", "not a kernel"),
         ],
     );
-    let image = tmp.path().join("debian.img");
-    std::fs::write(&image, &raw).unwrap();
-    assert_ok(&cp.cli(&["images", "add", "debian", &image.to_string_lossy()]));
-    let pkg = tmp.path().join("bcd_0.1.0+test_amd64.deb");
-    std::fs::write(&pkg, b"not really a package").unwrap();
-    assert_ok(&cp.cli(&["dist", "add", &pkg.to_string_lossy()]));
-    let out = cp.cli(&[
-        "workflows",
-        "start",
-        "deploy",
-        "--node",
-        &node,
-        "--image",
-        "debian",
-        "--api",
-        &cp.url,
-    ]);
-    assert_ok(&out);
-    let deploy = stdout(&out).trim().to_owned();
+    let (deploy, _) = start_deploy(cp, &node, tmp.path(), &raw);
 
-    let second = with_disk(&cp);
+    let second = with_disk(cp);
     let disk = Loop::new(16 << 20);
     let dev = second.agent.root.path().join("dev/vda");
     std::fs::remove_file(&dev).unwrap();
@@ -582,9 +648,9 @@ fn a_deploy_runs_to_the_installed_systems_provisioned_join() {
     second
         .agent
         .sysfs("block/vda/size", &format!("{}\n", (16 << 20) / 512));
-    let _ramdisk = boot_ramdisk(&holder, epoch, &second, &deploy);
+    let ramdisk = boot_ramdisk(&holder, epoch, &second, &deploy);
     let w = wait_for(|| {
-        let w = show(&cp, &deploy);
+        let w = show(cp, &deploy);
         let waiting = step(&w, "provisioned.join")["state"] == "running";
         (waiting || w["state"] != "running").then_some(w)
     });
@@ -617,22 +683,334 @@ fn a_deploy_runs_to_the_installed_systems_provisioned_join() {
         .expect("the token line")
         .to_owned();
     assert!(!cp.log().contains(&token), "the token is in no log");
+    AtTheJoin {
+        node,
+        deploy,
+        token,
+        _keep: (ramdisk, disk, second, holder, tmp),
+    }
+}
+
+/// The whole loop on this host (root, a loop device for the disk,
+/// mkfs.ext4): commission, then deploy an ext4 image whose cloud-init
+/// finds the seed; deploy.image writes it and the seed, boot.kexec loads
+/// its kernel (kept from rebooting by the failpoint), and the installed
+/// system's `bcd join --attestor provisioned` with the token from the seed
+/// re-keys the same node, role node, and the workflow succeeds. A machine
+/// claiming another product UUID first is refused `product-uuid-mismatch`
+/// and spends nothing.
+#[test]
+fn a_deploy_runs_to_the_installed_systems_provisioned_join() {
+    use crate::provisioned::{join_as, machine, OTHER_UUID};
+    if !root_or_skip() {
+        return;
+    }
+    let cp = ControlPlane::start();
+    let d = deploy_to_the_provisioned_join(&cp);
+    let node = d.node.as_str();
 
     // Another machine with the token: refused, nothing spent.
     let other = machine(&cp, Some(OTHER_UUID));
-    assert_access_denied(&join_as(&other, "provisioned", &token));
-    assert_eq!(cp.refusal("product-uuid-mismatch")["nodeId"], node.as_str());
+    assert_access_denied(&join_as(&other, "provisioned", &d.token));
+    assert_eq!(cp.refusal("product-uuid-mismatch")["nodeId"], node);
     // The installed system (the inventory's UUID) re-keys the node.
     let installed = machine(&cp, Some(UUID));
-    assert_ok(&join_as(&installed, "provisioned", &token));
-    assert_eq!(installed.status_json()["nodeId"], node.as_str());
-    let w = finished(&cp, &deploy);
+    assert_ok(&join_as(&installed, "provisioned", &d.token));
+    assert_eq!(installed.status_json()["nodeId"], node);
+    let w = finished(&cp, &d.deploy);
     assert_eq!(w["state"], "succeeded", "{w}");
     let listed = cp
         .nodes()
         .into_iter()
-        .find(|n| n["nodeId"] == node.as_str())
+        .find(|n| n["nodeId"] == node)
         .unwrap();
     assert_eq!(listed["role"], "node", "{listed}");
     assert_eq!(listed["identityGeneration"], 3, "{listed}");
+}
+
+/// The installed system never joins: past the provisioned token's expiry
+/// (6 h after userdata.render; the control plane's clock moved, not
+/// waited for) the workflow fails at provisioned.join naming the token;
+/// the token is revoked, not only expired: with the clock back, the
+/// installed system's join with it is refused, and the node stays the
+/// ramdisk it was.
+#[test]
+fn a_provisioned_join_past_the_tokens_expiry_fails_the_workflow() {
+    use crate::provisioned::{join_as, machine};
+    if !root_or_skip() {
+        return;
+    }
+    let cp = ControlPlane::start();
+    let d = deploy_to_the_provisioned_join(&cp);
+    let token_id = show(&cp, &d.deploy)["tokenId"].as_str().unwrap().to_owned();
+    assert_ok(&cp.cli(&["clock", "set", "--offset", "7h"]));
+    let w = finished(&cp, &d.deploy);
+    assert_eq!(w["state"], "failed", "{w}");
+    let failure = w["failure"].as_str().unwrap();
+    assert!(
+        failure.starts_with(&format!("provisioned.join: token {token_id} expired at "))
+            && failure.ends_with(" before the installed system joined"),
+        "{failure}"
+    );
+    assert_eq!(step(&w, "provisioned.join")["state"], "failed", "{w}");
+    assert_eq!(step(&w, "provisioned.join")["detail"], failure, "{w}");
+
+    assert_ok(&cp.cli(&["clock", "set", "--offset", "0s"]));
+    assert_eq!(token_row(&cp, &token_id)["revoked"], true);
+    let installed = machine(&cp, Some(UUID));
+    assert_access_denied(&join_as(&installed, "provisioned", &d.token));
+    let listed = cp
+        .nodes()
+        .into_iter()
+        .find(|n| n["nodeId"] == d.node.as_str())
+        .unwrap();
+    assert_eq!(listed["role"], "ramdisk", "{listed}");
+}
+
+/// deploy.image fails inside a deploy (the stored image file altered after
+/// `images add`: the control plane cuts the transfer, or what arrives is
+/// not the pinned digest): the workflow fails at deploy.image with the
+/// agent's reason; the disk is left wiped, after the image's bytes had
+/// reached it; the provisioned token userdata.render minted is revoked and
+/// the node's seed is no longer served.
+#[test]
+fn a_failed_deploy_image_fails_the_workflow_and_leaves_the_disk_wiped() {
+    let cp = ControlPlane::start();
+    let (holder, epoch, node) = commissioned(&cp);
+    let files = tempfile::tempdir().unwrap();
+    // 6 MiB with no zero byte: what reached the disk shows.
+    let raw: Vec<u8> = (0..6usize << 20).map(|i| (i % 251) as u8 + 1).collect();
+    let (deploy, image) = start_deploy(&cp, &node, files.path(), &raw);
+    assert_eq!(image["compression"], "none", "{image}");
+    let stored = cp
+        .path()
+        .join("images")
+        .join(image["storedSha256"].as_str().unwrap());
+    let mut altered = std::fs::read(&stored).unwrap();
+    let last = altered.len() - 1;
+    altered[last] ^= 0xff;
+    std::fs::write(&stored, &altered).unwrap();
+
+    let second = with_disk(&cp);
+    let _ramdisk = boot_ramdisk(&holder, epoch, &second, &deploy);
+    let w = finished(&cp, &deploy);
+    assert_eq!(w["state"], "failed", "{w}");
+    let failure = w["failure"].as_str().unwrap();
+    let cmd = step(&w, "deploy.image")["commandId"].as_str().unwrap();
+    assert!(
+        failure.starts_with(&format!("deploy.image: command {cmd} failed: "))
+            && failure.ends_with(": the disk was wiped, nothing bootable left"),
+        "{failure}"
+    );
+    for s in [
+        "ramdisk.join",
+        "inventory.refresh",
+        "disk.wipe",
+        "userdata.render",
+    ] {
+        assert_eq!(step(&w, s)["state"], "done", "{s}: {w}");
+    }
+    assert_eq!(step(&w, "deploy.image")["state"], "failed", "{w}");
+    assert_eq!(step(&w, "boot.close")["state"], "pending", "{w}");
+
+    // The image's bytes reached the disk, then the wipe zeroed both ends.
+    let disk = std::fs::read(second.agent.root.path().join("dev/vda")).unwrap();
+    let edge = 1 << 20;
+    assert!(disk[..edge].iter().all(|b| *b == 0), "the head is wiped");
+    assert!(
+        disk[disk.len() - edge..].iter().all(|b| *b == 0),
+        "the tail is wiped"
+    );
+    assert!(
+        disk[edge..3 * edge] == raw[edge..3 * edge],
+        "the image was written before it failed"
+    );
+
+    let token = w["tokenId"].as_str().expect("a minted token");
+    assert_eq!(token_row(&cp, token)["revoked"], true);
+    let (status, body) = crate::deploy::get_as(&cp, &second.agent.data_dir, "/v1/deploy/seed");
+    assert_eq!(status, 404, "the seed is removed: {body}");
+    assert!(body.contains("no current deploy seed"), "{body}");
+}
+
+/// The machine never boots: past its boot entry's end (the control plane's
+/// clock moved, not waited for) the workflow fails at ramdisk.join naming
+/// the entry's end; nothing is queued, and the entry is closed: expired,
+/// its discovery token revoked, not only past its time.
+#[test]
+fn a_machine_that_never_joins_fails_the_workflow_at_the_entrys_end() {
+    let cp = ControlPlane::start();
+    site(&cp, "dc1");
+    let wf = start_commission(&cp, &["--ttl", "1m"]);
+    let entry = boot_entry(&cp, &wf);
+    assert_eq!(entry["state"], "waiting", "{entry}");
+    let end = entry["notAfter"].as_str().unwrap().to_owned();
+    let token = entry["tokenId"].as_str().unwrap().to_owned();
+    assert_eq!(show(&cp, &wf)["state"], "running");
+
+    assert_ok(&cp.cli(&["clock", "set", "--offset", "2m"]));
+    let w = finished(&cp, &wf);
+    assert_eq!(w["state"], "failed", "{w}");
+    assert_eq!(
+        w["failure"],
+        format!("ramdisk.join: the boot entry ended at {end} before the machine joined").as_str(),
+        "{w}"
+    );
+    assert_eq!(step(&w, "ramdisk.join")["state"], "failed", "{w}");
+    let inv = step(&w, "inventory.refresh");
+    assert_eq!(inv["state"], "pending", "{w}");
+    assert!(inv["commandId"].is_null(), "{w}");
+    assert_eq!(boot_entry(&cp, &wf)["state"], "expired");
+    assert_eq!(token_row(&cp, &token)["revoked"], true);
+}
+
+/// A control plane restarted while a command step runs (inventory.refresh
+/// queued, its result not in: the ramdisk joined and stopped before it
+/// took it) carries on from the stored step: the ramdisk started again
+/// gets that same command, the workflow succeeds, and the step ran once
+/// (one command, the one stored on the step).
+#[test]
+fn a_restart_while_a_command_waits_carries_on_with_the_same_command() {
+    let cp = ControlPlane::start();
+    let site_id = site(&cp, "dc1");
+    let holder = SiteNode::join(&cp, &site_id);
+    let epoch = holder.acquire().unwrap().epoch;
+    let wf = start_commission(&cp, &[]);
+    let machine = Machine::new(&cp, MAC, UUID);
+    write_cmdline(&holder, epoch, &machine, &wf);
+    // --once: it joins and exits, so nothing takes the command.
+    assert_ok(&ramdisk_command(&machine, &["--once"]).within());
+    let node = machine.agent.status_json()["nodeId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let cmd = wait_for(|| {
+        let w = show(&cp, &wf);
+        step(&w, "inventory.refresh")["commandId"]
+            .as_str()
+            .map(str::to_owned)
+    });
+    assert_eq!(cp.json(&["commands", "show", &cmd])["state"], "queued");
+    assert_eq!(
+        step(&show(&cp, &wf), "inventory.refresh")["state"],
+        "running"
+    );
+
+    let cp = cp.restart();
+    machine.agent.set_api(&cp.url);
+    let _ramdisk = Logged::spawn(ramdisk_command(&machine, &[]));
+    let w = finished(&cp, &wf);
+    assert_eq!(w["state"], "succeeded", "{w}");
+    assert_eq!(w["node"], node.as_str(), "{w}");
+    assert_eq!(
+        step(&w, "inventory.refresh")["commandId"],
+        cmd.as_str(),
+        "{w}"
+    );
+    let commands = cp.json(&["commands", "list", "--node", &node]);
+    assert_eq!(commands.as_array().unwrap().len(), 1, "{commands}");
+    assert_eq!(commands[0]["id"], cmd.as_str(), "{commands}");
+    assert_eq!(commands[0]["state"], "ok", "{commands}");
+}
+
+/// inventory.refresh refused at queue time (the ramdisk's certificate does
+/// not allow it: `[discovery] allowed_kinds`) fails the workflow at that
+/// step with the refusal named; the steps after it never run. (The agent's
+/// inventory itself never fails: an unreadable file is a null and named in
+/// `unreadable`; its other failure is the expiry, below.)
+#[test]
+fn a_refused_inventory_refresh_fails_the_workflow_at_that_step() {
+    let cp = ControlPlane::start_with_config("[discovery]\nallowed_kinds = [\"diag.ping\"]\n");
+    let site_id = site(&cp, "dc1");
+    let holder = SiteNode::join(&cp, &site_id);
+    let epoch = holder.acquire().unwrap().epoch;
+    let wf = start_commission(&cp, &["--wipe", "--disk", "/dev/vda"]);
+    let machine = Machine::new(&cp, MAC, UUID);
+    let _ramdisk = boot_ramdisk(&holder, epoch, &machine, &wf);
+    let w = finished(&cp, &wf);
+    assert_eq!(w["state"], "failed", "{w}");
+    let failure = w["failure"].as_str().unwrap();
+    assert!(
+        failure.starts_with("inventory.refresh: command refused (kind-not-allowed)"),
+        "{failure}"
+    );
+    assert_eq!(step(&w, "ramdisk.join")["state"], "done", "{w}");
+    assert_eq!(step(&w, "inventory.refresh")["state"], "failed", "{w}");
+    assert_eq!(step(&w, "disk.wipe")["state"], "pending", "{w}");
+    let node = w["node"].as_str().unwrap();
+    let commands = cp.json(&["commands", "list", "--node", node]);
+    assert!(commands.as_array().unwrap().is_empty(), "{commands}");
+}
+
+/// An inventory.refresh the node never answers (the ramdisk joined and
+/// stopped) fails the workflow at that step once the command's not_after
+/// passes (the control plane's clock moved), naming the command.
+#[test]
+fn an_unanswered_inventory_refresh_fails_the_workflow_when_it_expires() {
+    let cp = ControlPlane::start();
+    let site_id = site(&cp, "dc1");
+    let holder = SiteNode::join(&cp, &site_id);
+    let epoch = holder.acquire().unwrap().epoch;
+    let wf = start_commission(&cp, &[]);
+    let machine = Machine::new(&cp, MAC, UUID);
+    write_cmdline(&holder, epoch, &machine, &wf);
+    assert_ok(&ramdisk_command(&machine, &["--once"]).within());
+    let cmd = wait_for(|| {
+        let w = show(&cp, &wf);
+        step(&w, "inventory.refresh")["commandId"]
+            .as_str()
+            .map(str::to_owned)
+    });
+    assert_ok(&cp.cli(&["clock", "set", "--offset", "2m"]));
+    let w = finished(&cp, &wf);
+    assert_eq!(w["state"], "failed", "{w}");
+    let failure = w["failure"].as_str().unwrap();
+    assert!(
+        failure.starts_with(&format!("inventory.refresh: command {cmd} expired")),
+        "{failure}"
+    );
+    assert_eq!(step(&w, "inventory.refresh")["state"], "failed", "{w}");
+    assert_eq!(step(&w, "disk.wipe")["state"], "pending", "{w}");
+}
+
+/// An inventory.refresh whose output is not an inventory (a machine whose
+/// sysfs lists NICs enough for more than the 1 MiB a result carries: the
+/// output is cut, so nothing is stored) fails the workflow at that step
+/// naming the command, rather than going on with no inventory of the
+/// machine (or an older one).
+#[test]
+fn an_inventory_cut_at_the_output_cap_fails_the_workflow_at_that_step() {
+    let cp = ControlPlane::start();
+    let site_id = site(&cp, "dc1");
+    let holder = SiteNode::join(&cp, &site_id);
+    let epoch = holder.acquire().unwrap().epoch;
+    let wf = start_commission(&cp, &[]);
+    let machine = Machine::new(&cp, MAC, UUID);
+    // About 280 bytes of JSON each: 6000 of them are well past 1 MiB.
+    let net = machine.agent.sysfs_root().join("class/net");
+    let long = "n".repeat(200);
+    for i in 0..6000 {
+        std::fs::create_dir_all(net.join(format!("{long}{i}"))).unwrap();
+    }
+    let _ramdisk = boot_ramdisk(&holder, epoch, &machine, &wf);
+    let w = finished(&cp, &wf);
+    assert_eq!(w["state"], "failed", "{w}");
+    let inv = step(&w, "inventory.refresh");
+    let cmd = inv["commandId"].as_str().unwrap();
+    assert_eq!(cp.json(&["commands", "show", cmd])["state"], "ok");
+    let failure = w["failure"].as_str().unwrap();
+    assert!(
+        failure.starts_with(&format!(
+            "inventory.refresh: command {cmd} ok, but its output is not an inventory (cut at 1 MiB"
+        )),
+        "{failure}"
+    );
+    assert_eq!(inv["state"], "failed", "{w}");
+    let node = w["node"].as_str().unwrap();
+    let out = cp.cli(&["nodes", "inventory", node]);
+    assert!(
+        stderr(&out).contains("has no inventory"),
+        "none stored: {}",
+        stderr(&out)
+    );
 }

@@ -36,13 +36,16 @@ pub(crate) fn serve(dir: &Path, listen: SocketAddr) -> Result<()> {
     );
     let tls = http::tls_config(service.bundle(), service.database())
         .context("cannot build the TLS configuration")?;
-    let router = bc_controlplane::dist_serve::with_dist(http::router(service.clone()), dir);
-    let router = bc_controlplane::images_serve::with_images(router, dir, service.clone());
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
+    let svc = service.clone();
     runtime.block_on(async move {
+        // Inside the runtime, so that the router starts the poller now: the
+        // workflows advance (and fail at their deadlines) with no channel open.
+        let router = bc_controlplane::dist_serve::with_dist(http::router(svc.clone()), dir);
+        let router = bc_controlplane::images_serve::with_images(router, dir, svc);
         let listener = tokio::net::TcpListener::bind(listen)
             .await
             .with_context(|| {

@@ -308,6 +308,18 @@ pub(crate) fn has_inventory(tx: &Tx<'_>, node_id: &str) -> Result<bool, DbError>
         .is_some())
 }
 
+/// Whether `node_id`'s command `command_id` left an inventory (an ok
+/// result whose output was cut or not JSON did not).
+pub(crate) fn is_inventory(tx: &Tx<'_>, node_id: &str, command_id: &str) -> Result<bool, DbError> {
+    Ok(tx
+        .query_opt_map(
+            "SELECT 1 FROM inventories WHERE node_id = ?1 AND command_id = ?2 LIMIT 1",
+            params![node_id, command_id],
+            |r| r.get::<i64>(0),
+        )?
+        .is_some())
+}
+
 /// What `node_id` showed at join, for comparing an inventory with: its
 /// proven hardware key (a TPM's `tpm-ek:<hex>`), its proven product UUID,
 /// else the one its newest join claimed, and the MACs its newest join

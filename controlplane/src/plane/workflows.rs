@@ -570,6 +570,13 @@ impl WorkflowService<'_> {
             return Ok(Outcome::Fail(format!("command {cid} is gone")));
         };
         match cmd.state.as_str() {
+            // The steps after it read the inventory: an ok result that was
+            // not stored as one (cut at 1 MiB, or not JSON) is no inventory.
+            "ok" if kind == "inventory.refresh" && !cmds::is_inventory(tx, node, cid)? => {
+                Ok(Outcome::Fail(format!(
+                    "command {cid} ok, but its output is not an inventory (cut at 1 MiB, or not JSON), so nothing was stored: see commands show {cid}"
+                )))
+            }
             "ok" => Ok(Outcome::Done(Some(format!(
                 "command {cid} ok{}",
                 cmd.outcome.map(|o| format!(": {o}")).unwrap_or_default()
