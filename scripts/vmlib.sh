@@ -118,8 +118,16 @@ guest_image() {
     rootdir=$work/rootfs
     hook_args=()
     for h in "${hooks[@]}"; do hook_args+=(--customize-hook="$h"); done
+    # The mirror this machine's apt uses (deb822 or one-line), else
+    # mmdebstrap's default: a fresh machine may have either file.
+    local mirror=()
+    if [ -f /etc/apt/sources.list.d/debian.sources ]; then
+      mirror=(/etc/apt/sources.list.d/debian.sources)
+    elif [ -s /etc/apt/sources.list ]; then
+      mirror=(/etc/apt/sources.list)
+    fi
     mmdebstrap --quiet --variant=minbase --include="$include" "${hook_args[@]}" \
-      bookworm "$rootdir" /etc/apt/sources.list.d/debian.sources
+      bookworm "$rootdir" "${mirror[@]}"
     mkfs.ext4 -q -L root -d "$rootdir" "$work/rootfs.img" 1536M >/dev/null
     rm -rf "$rootdir"
     mv "$work/rootfs.img" "$image.tmp" && mv "$image.tmp" "$image"
