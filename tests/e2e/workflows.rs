@@ -913,6 +913,61 @@ fn a_restart_while_a_command_waits_carries_on_with_the_same_command() {
     assert_eq!(commands[0]["state"], "ok", "{commands}");
 }
 
+/// A workflow cancelled while its step's command waits for the node (the
+/// ramdisk joined and stopped before it took it) recalls that command:
+/// `expired` at once, its outcome naming the workflow, and the ramdisk
+/// started again never gets it (a diag.ping sent after it comes back ok,
+/// the recalled command still without a result).
+#[test]
+fn a_cancelled_workflow_recalls_its_queued_command() {
+    let cp = ControlPlane::start();
+    let site_id = site(&cp, "dc1");
+    let holder = SiteNode::join(&cp, &site_id);
+    let epoch = holder.acquire().unwrap().epoch;
+    let wf = start_commission(&cp, &[]);
+    let machine = Machine::new(&cp, MAC, UUID);
+    write_cmdline(&holder, epoch, &machine, &wf);
+    assert_ok(&ramdisk_command(&machine, &["--once"]).within());
+    let node = machine.agent.status_json()["nodeId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let cmd = wait_for(|| {
+        let w = show(&cp, &wf);
+        step(&w, "inventory.refresh")["commandId"]
+            .as_str()
+            .map(str::to_owned)
+    });
+    assert_ok(&cp.cli(&["workflows", "cancel", &wf]));
+    let recalled = cp.json(&["commands", "show", &cmd]);
+    assert_eq!(recalled["state"], "expired", "{recalled}");
+    assert_eq!(
+        recalled["outcome"],
+        format!("recalled: workflow {wf} cancelled"),
+        "{recalled}"
+    );
+
+    let mut ramdisk = Logged::spawn(ramdisk_command(&machine, &[]));
+    ramdisk.wait_for("command channel up", 1);
+    let ping = cp.cli(&[
+        "commands",
+        "send",
+        "--node",
+        &node,
+        "--kind",
+        "diag.ping",
+        "--timeout",
+        "2m",
+        "--wait",
+    ]);
+    assert_ok(&ping);
+    let after = cp.json(&["commands", "show", &cmd]);
+    assert_eq!(after["state"], "expired", "{after}");
+    assert!(after["signatureChecked"].is_null(), "{after}");
+    let commands = cp.json(&["commands", "list", "--node", &node]);
+    assert_eq!(commands.as_array().unwrap().len(), 2, "{commands}");
+}
+
 /// inventory.refresh refused at queue time (the ramdisk's certificate does
 /// not allow it: `[discovery] allowed_kinds`) fails the workflow at that
 /// step with the refusal named; the steps after it never run. (The agent's

@@ -203,6 +203,19 @@ pub(crate) fn store_result(tx: &Tx<'_>, r: &StoredResult<'_>) -> Result<bool, Db
     Ok(n == 1)
 }
 
+/// Recalls a queued command: `expired` at once with `why` as its outcome,
+/// so no channel delivers it from now on. `false` when it is not queued
+/// (answered, expired, or unknown). A channel that already sent it is not
+/// reached: should the node answer, its result is stored as the truth.
+pub(crate) fn recall(tx: &Tx<'_>, id: &str, now: UnixMs, why: &str) -> Result<bool, DbError> {
+    let n = tx.execute(
+        "UPDATE commands SET state = 'expired', finished_at = ?2, not_after = ?2, outcome = ?3
+             WHERE id = ?1 AND state = 'queued' AND result IS NULL",
+        params![id, now, why],
+    )?;
+    Ok(n == 1)
+}
+
 /// Marks every queued command past its not_after `expired` (database
 /// time); returns how many.
 pub(crate) fn expire(tx: &Tx<'_>, now: UnixMs) -> Result<usize, DbError> {

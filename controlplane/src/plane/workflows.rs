@@ -764,6 +764,16 @@ fn stop(
     now: UnixMs,
 ) -> Result<(), DbError> {
     boot::close(tx, &w.id, now)?;
+    // A step's command not yet delivered is recalled: a cancelled deploy's
+    // disk.wipe or deploy.image must not reach a ramdisk that comes back.
+    let why = format!("recalled: workflow {} {state}", w.id);
+    for step in table::steps(tx, &w.id)? {
+        if let Some(cid) = step.command_id.as_deref() {
+            if cmds::recall(tx, cid, now, &why)? {
+                tracing::info!(workflow = %w.id, command = %cid, "queued command recalled");
+            }
+        }
+    }
     if let Some(token) = &w.token_id {
         tokens::revoke_in(tx, token, now)?;
     }
