@@ -79,7 +79,12 @@ wait_gone() {
 # scripts/pxetest's lifecycle round, which deploys this image onto a disk.
 # shellcheck disable=SC2034,SC2154 # sets vmlinuz, kver, image; root is the caller's
 guest_image() {
-  local cache=$1 work=$2 kpkg kdir g include hooks key rootdir t0 h hook_args
+  local cache=$1 work=$2 kpkg kdir g include hooks key rootdir t0 h hook_args lock
+  # One builder at a time: scripts/test runs the guest stages side by side,
+  # and a cold cache would be downloaded and built twice into the same names.
+  mkdir -p "$cache"
+  exec {lock}>"$cache/.guest-image.lock"
+  flock "$lock"
   kpkg=$(apt-cache depends linux-image-cloud-amd64 | sed -n 's/^ *Depends: \(linux-image-[0-9].*-cloud-amd64\)$/\1/p' | sed -n 1p)
   [ -n "$kpkg" ] || { log "cannot resolve linux-image-cloud-amd64"; exit 1; }
   kdir=$cache/$kpkg
@@ -135,4 +140,5 @@ guest_image() {
     # Older images of this cache are of no use any more.
     find "$cache" -maxdepth 1 -name 'rootfs-*.img' ! -name "rootfs-$key.img" -delete
   fi
+  exec {lock}>&-
 }
