@@ -6,8 +6,11 @@
 # there, and bookworm's QEMU 7.2 would remove it. The backports source is
 # derived from the mirror already configured, never written into the repo.
 # fdisk: sfdisk partitions the disk image scripts/pxetest wipes; zstd
-# compresses the image its lifecycle round deploys.
-BCD_VM_PACKAGES=(qemu-system-x86 qemu-utils ipxe-qemu busybox-static mmdebstrap e2fsprogs openssl python3 fdisk zstd)
+# compresses the image its lifecycle round deploys. scripts/sbtest's UEFI
+# guest: ovmf (the Secure Boot firmware and its variable stores), dosfstools
+# and mtools (the ESP, made and filled without a loop mount); shim, grub and
+# the kernels are downloaded and unpacked, not installed.
+BCD_VM_PACKAGES=(qemu-system-x86 qemu-utils ipxe-qemu busybox-static mmdebstrap e2fsprogs openssl python3 fdisk zstd ovmf dosfstools mtools)
 
 ensure_vm_packages() {
   local missing=() p
@@ -72,10 +75,24 @@ wait_gone() {
   done
 }
 
+# unpacked_deb CACHE PKG: Debian package PKG (an exact name) downloaded and
+# unpacked (dpkg-deb -x, not installed: no maintainer scripts run) into
+# CACHE/PKG/root, once.
+unpacked_deb() {
+  local dir=$1/$2
+  [ ! -d "$dir/root" ] || return 0
+  log "downloading $2"
+  rm -rf "$dir.tmp" && mkdir -p "$dir.tmp"
+  (cd "$dir.tmp" && apt-get download -q -o APT::Sandbox::User=root "$2" >/dev/null && dpkg-deb -x ./*.deb root && rm -f ./*.deb) ||
+    { log "cannot download $2"; exit 1; }
+  mv "$dir.tmp" "$dir"
+}
+
 # guest_image CACHE WORK: Debian's cloud kernel (unpacked, not installed) and
 # a Debian 12 root filesystem image with systemd and cloud-init (mmdebstrap,
 # ext4, no partition table), cached under CACHE by a hash of their inputs.
-# Sets vmlinuz, kver and image. Used by scripts/vmtest's guests and by
+# Sets vmlinuz, kver and image. GUEST_EXTRA_KERNELS (an array, may be
+# unset) names other kernel packages whose modules go in the image too. Used by scripts/vmtest's guests and by
 # scripts/pxetest's lifecycle round, which deploys this image onto a disk.
 # shellcheck disable=SC2034,SC2154 # sets vmlinuz, kver, image; root is the caller's
 guest_image() {
@@ -87,13 +104,8 @@ guest_image() {
   flock "$lock"
   kpkg=$(apt-cache depends linux-image-cloud-amd64 | sed -n 's/^ *Depends: \(linux-image-[0-9].*-cloud-amd64\)$/\1/p' | sed -n 1p)
   [ -n "$kpkg" ] || { log "cannot resolve linux-image-cloud-amd64"; exit 1; }
+  unpacked_deb "$cache" "$kpkg"
   kdir=$cache/$kpkg
-  if [ ! -d "$kdir/root" ]; then
-    log "downloading $kpkg"
-    rm -rf "$kdir.tmp" && mkdir -p "$kdir.tmp"
-    (cd "$kdir.tmp" && apt-get download -q -o APT::Sandbox::User=root "$kpkg" >/dev/null && dpkg-deb -x ./*.deb root && rm -f ./*.deb)
-    mv "$kdir.tmp" "$kdir"
-  fi
   kver=${kpkg#linux-image-}
   vmlinuz=$kdir/root/boot/vmlinuz-$kver
 
@@ -113,6 +125,13 @@ guest_image() {
     "chroot \"\$1\" systemctl mask -q apt-daily.timer apt-daily-upgrade.timer e2scrub_all.timer fstrim.timer"
     "echo bcd-vmtest > \"\$1/etc/hostname\""
   )
+  # Other kernels' modules (GUEST_EXTRA_KERNELS, versioned package names):
+  # a guest booted into one of them still has its NIC (scripts/sbtest).
+  local xpkg
+  for xpkg in "${GUEST_EXTRA_KERNELS[@]}"; do
+    unpacked_deb "$cache" "$xpkg"
+    hooks+=("cp -a '$cache/$xpkg/root/lib/modules' \"\$1/lib/\" && chroot \"\$1\" depmod -a '${xpkg#linux-image-}'")
+  done
   # The image's inputs: packages, kernel, hooks and the guest files they copy
   # (paths made relative, so every clone shares the cache).
   key=$( { echo "$include $kpkg"; printf '%s\n' "${hooks[@]}" | sed "s|$root/||g"; cat "$g"/*; } | sha256sum | cut -c1-16)

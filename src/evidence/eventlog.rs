@@ -17,7 +17,7 @@ pub(crate) const LOG_PATH: &str = "kernel/security/tpm0/binary_bios_measurements
 /// Why the log could not be sent: the message says what to do.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum EventLogError {
-    #[error("the control plane's boot policy for this node's pool needs the TCG event log, and {path} does not exist: boot with UEFI firmware and its TPM 2.0 enabled, and mount securityfs (mount -t securityfs securityfs /sys/kernel/security)")]
+    #[error("the control plane's boot policy for this node's pool needs the TCG event log, and {path} does not exist: boot with UEFI firmware and its TPM 2.0 enabled, start the kernel through its EFI stub (only that hands it the firmware's log: Debian 12's grub does with Secure Boot on, and off only with `linuxefi` in grub.cfg), and mount securityfs (mount -t securityfs securityfs /sys/kernel/security)")]
     Missing { path: PathBuf },
     #[error("the control plane's boot policy for this node's pool needs the TCG event log, and {path} cannot be read ({source}): run the join as root")]
     Unreadable {
@@ -67,6 +67,7 @@ mod tests {
         let e = read_under(root.path()).unwrap_err();
         assert!(matches!(e, EventLogError::Missing { .. }), "{e}");
         assert!(e.to_string().contains("securityfs"), "{e}");
+        assert!(e.to_string().contains("EFI stub"), "{e}");
         let path = root.path().join(LOG_PATH);
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::fs::write(&path, b"log").unwrap();

@@ -50,7 +50,7 @@ as_node_user bcd doctor --config "$config" 2>&1 | block doctor
 kv doctor_rc "$(as_node_user bcd doctor --config "$config" >/dev/null 2>&1; echo $?)"
 
 # What else this guest does, as the host's seed says (`steps`, words of
-# renew, upgrade, remove, join-fresh): each costs tens of seconds under TCG, so only the
+# renew, upgrade, remove, join-fresh, eventlog): each costs tens of seconds under TCG, so only the
 # guests that test it do it.
 steps=" $(curl -fsS "${seed}steps" 2>/dev/null | tr '\n' ' ') "
 step() { case $steps in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
@@ -105,6 +105,15 @@ if step join-fresh && (umask 077 && curl -fsS -o /run/bcd/fresh-token "${seed}fr
   kv join_fresh_rc $?
   printf '%s\n' "$out" | block join_fresh
   kv join_fresh_files "$(find /var/lib/bcd -mindepth 1 -printf '%P ' 2>&1)"
+fi
+# What the firmware, shim, grub and the kernel measured (scripts/sbtest):
+# the TCG event log as the kernel exposes it (root only), base64, with the
+# command line and the Secure Boot variable's value byte.
+if step eventlog; then
+  kv cmdline "$(cat /proc/cmdline)"
+  kv kernel "$(uname -r)"
+  kv secure_boot "$(od -An -tu1 -j4 -N1 /sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c 2>&1 | tr -d ' ')"
+  base64 -w 76 /sys/kernel/security/tpm0/binary_bios_measurements 2>&1 | block eventlog
 fi
 journalctl -b -u bcd-node.service -u bcd-helper.service --no-pager 2>&1 | tail -n 40 | block journal
 kv 'done' yes

@@ -29,6 +29,8 @@ const LOGS: &[&str] = &[
     "tpm2-tools/event-uefi-sha1-log.bin",
     "go-attestation/sb_cert_eventlog",
     "go-attestation/option_rom_eventlog",
+    "sbtest/ovmf-secure-boot-on.bin",
+    "sbtest/ovmf-secure-boot-off.bin",
 ];
 
 #[test]
@@ -106,6 +108,56 @@ fn boot_apps_by_digest_and_by_authority() {
     ))
     .unwrap();
     assert_eq!(judge(&p, &f).unwrap_err().event, Some(shim.event));
+}
+
+/// scripts/sbtest's policy on the logs its guests captured (OVMF, Debian's
+/// signed shim, grub and kernel): the Authenticode digests it computes on
+/// the host from the ESP's files, Secure Boot required, grub's command line.
+#[test]
+fn the_sbtest_policy_on_real_ovmf_logs() {
+    const SHIM: &str = "80a66d53a945d2286fcadd780fae1c225aa732079cd67b5225dc78aaab4e2ff8";
+    const GRUB: &str = "a68f6d71ebddaa19751ff8d729f67d11b0df8e4c49400c3e7e90de16119e1265";
+    const KERNEL: &str = "65c89335d8a5d25a8eeffd4de4a02087ac8dcf26165dbff8806a19f68ecd2842";
+    let cmdline = "cmdline = [\"/vmlinuz-6.1.0-57-cloud-amd64 console=ttyS0 root=/dev/nvme0n1p2 rootwait rw panic=-1\"]";
+    let policy = |apps: &[&str]| {
+        let mut t = format!("secure_boot = \"required\"\n{cmdline}\n");
+        for d in apps {
+            t.push_str(&format!("[[boot_app]]\ndigest = \"{d}\"\n"));
+        }
+        BootPolicy::parse(&t).unwrap()
+    };
+    let on = facts("sbtest/ovmf-secure-boot-on.bin");
+    let off = facts("sbtest/ovmf-secure-boot-off.bin");
+    assert_eq!(judge(&policy(&[SHIM, GRUB, KERNEL]), &on), Ok(()));
+    let r = judge(&policy(&[SHIM, GRUB, KERNEL]), &off).unwrap_err();
+    assert_eq!((r.reason, r.event), (BootReason::SecureBoot, Some(4)));
+    // Without the kernel's digest: refused at its first measurement, named.
+    let r = judge(&policy(&[SHIM, GRUB]), &on).unwrap_err();
+    assert_eq!((r.reason, r.event), (BootReason::App, Some(45)));
+    assert!(r.detail.contains(KERNEL), "{r}");
+    // Secure Boot off measures no kernel in PCR 4: a digest policy without
+    // secure_boot = "required" cannot see which kernel booted.
+    let p = BootPolicy::parse(&format!(
+        "[[boot_app]]\ndigest = [\"{SHIM}\", \"{GRUB}\"]\n"
+    ))
+    .unwrap();
+    assert_eq!(judge(&p, &off), Ok(()));
+    // By authority: shim's is the db's Microsoft UEFI CA, grub's Debian's
+    // CA (shim's vendor certificate, logged as MokListRT).
+    let subjects = |i: usize| -> Vec<String> {
+        app_authorities(&on, i)
+            .into_iter()
+            .filter_map(|a| match &a.entry {
+                AuthorityEntry::Certificate { der, .. } => authority_subject(der),
+                _ => None,
+            })
+            .collect()
+    };
+    assert_eq!(
+        subjects(0),
+        ["C=US, ST=Washington, L=Redmond, O=Microsoft Corporation, CN=Microsoft Corporation UEFI CA 2011"]
+    );
+    assert_eq!(subjects(1), ["CN=Debian Secure Boot CA"]);
 }
 
 #[test]
