@@ -661,15 +661,31 @@ pub fn judge(policy: &BootPolicy, facts: &BootFacts) -> Result<(), BootRefusal> 
                 .iter()
                 .map(|d| hex::encode(&d.value))
                 .collect();
-            let names: Vec<String> = app_authorities(facts, i)
+            let has_digest = |rule: &BootApp| {
+                rule.digests.is_empty() || rule.digests.iter().any(|d| digests.contains(d))
+            };
+            let by_digest = policy
+                .boot_apps
+                .iter()
+                .any(|rule| rule.authorities.is_empty() && has_digest(rule));
+            // Each certificate that may have verified it, by its names.
+            let candidates: Vec<Vec<String>> = app_authorities(facts, i)
                 .into_iter()
-                .flat_map(|a| authority_names(&a.entry))
+                .map(|a| authority_names(&a.entry))
+                .filter(|names| !names.is_empty())
                 .collect();
-            let allowed = policy.boot_apps.iter().any(|rule| {
-                (rule.digests.is_empty() || rule.digests.iter().any(|d| digests.contains(d)))
-                    && (rule.authorities.is_empty()
-                        || rule.authorities.iter().any(|a| names.contains(a)))
-            });
+            // Firmware logs an authority once, so an application after
+            // others may have been verified by any authority logged so far
+            // (shim's kernel: the db's CA or shim's vendor CA): every one
+            // must be allowed, else allowing shim's CA would allow whatever
+            // shim went on to verify.
+            let by_authority = !candidates.is_empty()
+                && candidates.iter().all(|names| {
+                    policy.boot_apps.iter().any(|rule| {
+                        has_digest(rule) && rule.authorities.iter().any(|a| names.contains(a))
+                    })
+                });
+            let allowed = by_digest || by_authority;
             if !allowed {
                 let digest = app
                     .authenticode

@@ -158,6 +158,22 @@ fn the_sbtest_policy_on_real_ovmf_logs() {
         ["C=US, ST=Washington, L=Redmond, O=Microsoft Corporation, CN=Microsoft Corporation UEFI CA 2011"]
     );
     assert_eq!(subjects(1), ["CN=Debian Secure Boot CA"]);
+    // The kernel logs no authority of its own: either CA may have verified
+    // it. Allowing only the Microsoft CA (meant for shim), with grub by
+    // digest, does not allow the kernel shim verified with Debian's CA.
+    let microsoft = subjects(0).remove(0);
+    let p = BootPolicy::parse(&format!(
+        "[[boot_app]]\nauthority = {microsoft:?}\n[[boot_app]]\ndigest = \"{GRUB}\"\n"
+    ))
+    .unwrap();
+    let r = judge(&p, &on).unwrap_err();
+    assert_eq!((r.reason, r.event), (BootReason::App, Some(45)), "{r}");
+    // Both CAs, in one entry or in two: allowed.
+    let p = BootPolicy::parse(&format!(
+        "[[boot_app]]\nauthority = {microsoft:?}\n[[boot_app]]\nauthority = \"CN=Debian Secure Boot CA\"\n"
+    ))
+    .unwrap();
+    assert_eq!(judge(&p, &on), Ok(()));
 }
 
 #[test]
