@@ -5,7 +5,7 @@
 //! to certify or describe, and flushed at once.
 use std::path::PathBuf;
 
-use bc_helper::{AkInfo, Backend, BackendError, Hash};
+use bc_helper::{AkInfo, Backend, BackendError, CertifiedQuote, Hash};
 
 use crate::tpm::{LoadedKey, Tpm, TpmError};
 
@@ -196,6 +196,41 @@ impl Backend for TpmBackend {
             result
         })
     }
+    /// The certification as [`Self::certify`]'s, then the quote with the
+    /// same AK loaded, on the same connection (a renewal under a boot
+    /// policy: one GetCapability for the populated banks, PCR_Reads, Quote).
+    fn certify_quote(
+        &mut self,
+        unique: &[u8; 32],
+        qualifying: &[u8],
+        extra: &[u8],
+        pcrs: &[u32],
+    ) -> Result<CertifiedQuote, BackendError> {
+        self.reconnecting(|b| {
+            b.key(unique)?;
+            let ak = b.load_ak()?;
+            let result = match b.keys.last() {
+                Some((u, key)) if u == unique => b.tpm.certify(key, &ak, qualifying),
+                _ => Err(TpmError::Unexpected(
+                    "a node key cache without the key just loaded",
+                )),
+            }
+            .and_then(|(certify_info, signature)| {
+                let banks = b.tpm.populated_banks(pcrs)?;
+                let q = b.tpm.quote_in(&ak, extra, pcrs, &banks)?;
+                Ok(CertifiedQuote {
+                    certify_info,
+                    signature,
+                    quote: q.attest,
+                    quote_signature: q.signature,
+                    pcr_values: q.pcr_values,
+                })
+            });
+            b.flush(ak);
+            result
+        })
+    }
+
     /// Read as root, under `BCD_SYSFS_ROOT` in a test build.
     fn event_log(&mut self) -> Result<Vec<u8>, BackendError> {
         crate::evidence::eventlog::read().map_err(|e| BackendError(e.to_string()))

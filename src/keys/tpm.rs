@@ -207,6 +207,19 @@ impl TpmAk {
         &self.name
     }
 
+    /// A quote by this AK over `extra` of `pcrs` in every bank this TPM has
+    /// populated with them, on the AK's connection (a renewal under a boot
+    /// policy takes it right after [`Self::certify`]).
+    pub(crate) fn quote_boot(
+        &self,
+        extra: &[u8],
+        pcrs: &[u32],
+    ) -> Result<crate::tpm::Quote, KeyError> {
+        let mut tpm = lock(&self.tpm)?;
+        let banks = tpm.populated_banks(pcrs)?;
+        Ok(tpm.quote_in(&self.key, extra, pcrs, &banks)?)
+    }
+
     /// TPM2_Certify of `key` by this AK over `qualifying` (sha256 of the CSR).
     pub(crate) fn certify(
         &self,

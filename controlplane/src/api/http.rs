@@ -864,6 +864,7 @@ mod tests {
             let renew = bc_wire::agent::RenewRequest {
                 csr: crate::test_support::plain_csr(&key2),
                 key_attestation: None,
+                boot: None,
             };
             let (status, body) =
                 call(addr, mtls, "POST", endpoints::RENEW, &renew.encode_to_vec()).await;

@@ -64,6 +64,21 @@ crate::reason::reasons! {
     }
 }
 
+impl From<super::boot::BootCheck> for TpmReason {
+    fn from(c: super::boot::BootCheck) -> Self {
+        use super::boot::BootCheck;
+        match c {
+            BootCheck::QuoteSignature => TpmReason::QuoteSignature,
+            BootCheck::QuoteNonce => TpmReason::QuoteNonce,
+            BootCheck::QuotePcrs => TpmReason::QuotePcrs,
+            BootCheck::EventlogMalformed => TpmReason::EventlogMalformed,
+            BootCheck::EventlogReplay => TpmReason::EventlogReplay,
+            BootCheck::EventlogBankEmpty => TpmReason::EventlogBankEmpty,
+            BootCheck::Policy(r) => TpmReason::boot(r),
+        }
+    }
+}
+
 impl TpmReason {
     /// The refusal of a boot the pool's boot policy does not allow.
     pub(crate) fn boot(r: BootReason) -> Self {
