@@ -142,6 +142,10 @@ impl NodeKey for TpmKey {
     fn to_file_contents(&self) -> Result<Zeroizing<String>, KeyError> {
         Ok(unique_pem(&self.unique))
     }
+
+    fn unload(&self) {
+        TpmKey::unload(self);
+    }
 }
 
 /// The unique a `node.key` record holds (wherever the TPM is reached from).

@@ -241,6 +241,9 @@ fn boot_evidence(
     let extra = bc_wire::sha256(&input);
     let path = config.data_dir.join(crate::identity::NODE_KEY_NEXT_FILE);
     let holder = tpm.holder().map_err(|e| cannot_provide("the TPM", &e))?;
+    // Its slot for the staged copy certified and the AK beside the current
+    // key (a connection has three); the renewed identity derives it again.
+    next.key.unload();
     let ask = BootAsk {
         want: &want,
         path: &path,

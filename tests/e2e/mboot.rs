@@ -12,19 +12,19 @@ use std::path::PathBuf;
 
 use crate::harness::*;
 
-const LOG: &str = "tpm2-tools/event-bootorder.bin";
-const EV_NO_ACTION: u32 = 3;
+pub(crate) const LOG: &str = "tpm2-tools/event-bootorder.bin";
+pub(crate) const EV_NO_ACTION: u32 = 3;
 
 fn data(name: &str) -> PathBuf {
     workspace().join("eventlog/tests/data").join(name)
 }
 
-fn read_log(name: &str) -> Vec<u8> {
+pub(crate) fn read_log(name: &str) -> Vec<u8> {
     std::fs::read(data(name)).expect("an event log fixture")
 }
 
 /// Gives the agent's machine `log` as its firmware's event log.
-fn install_log(agent: &Agent, log: &[u8]) {
+pub(crate) fn install_log(agent: &Agent, log: &[u8]) {
     let path = agent
         .sysfs_root()
         .join("kernel/security/tpm0/binary_bios_measurements");
@@ -34,7 +34,7 @@ fn install_log(agent: &Agent, log: &[u8]) {
 
 /// Extends every event of `log` into the swtpm's SHA-256 bank, in order,
 /// as the firmware that wrote the log did.
-fn extend(tpm: &Swtpm, log: &[u8]) {
+pub(crate) fn extend(tpm: &Swtpm, log: &[u8]) {
     extend_banks(tpm, log, &[bc_eventlog::Alg::Sha256]);
 }
 
@@ -58,7 +58,7 @@ fn extend_banks(tpm: &Swtpm, log: &[u8], banks: &[bc_eventlog::Alg]) {
 }
 
 /// Sets the default pool's boot policy (where `resolve add` places a TPM).
-fn set_policy(cp: &ControlPlane, toml: &str) {
+pub(crate) fn set_policy(cp: &ControlPlane, toml: &str) {
     let file = cp.path().join("boot-policy.toml");
     std::fs::write(&file, toml).expect("write the policy");
     assert_ok(&cp.cli(&[
@@ -73,7 +73,7 @@ fn set_policy(cp: &ControlPlane, toml: &str) {
 
 /// The starting policy the control plane writes from the fixture log (as
 /// `boot-policy from-log` does): what that machine booted, allowed.
-fn policy_from_log(_cp: &ControlPlane) -> String {
+pub(crate) fn policy_from_log(_cp: &ControlPlane) -> String {
     policy_of(&read_log(LOG))
 }
 
@@ -86,7 +86,7 @@ fn policy_of(log: &[u8]) -> String {
 
 /// A control plane, a swtpm extended with `extended` (if any), and an
 /// allow-listed agent on it whose machine shows `log`.
-fn machine(extended: Option<&[u8]>, log: &[u8]) -> (ControlPlane, Swtpm, Agent) {
+pub(crate) fn machine(extended: Option<&[u8]>, log: &[u8]) -> (ControlPlane, Swtpm, Agent) {
     let cp = ControlPlane::start_trusting_test_maker();
     let tpm = Swtpm::start();
     if let Some(l) = extended {
