@@ -238,7 +238,11 @@ fn boot_evidence(
     let csr_sha256 = bc_wire::sha256(&next.csr);
     let mut input = challenge.nonce.clone();
     input.extend_from_slice(&csr_sha256);
-    let extra = bc_wire::sha256(&input);
+    let mut extra = bc_wire::sha256(&input);
+    // Test builds: a quote over another nonce, as a replayed one would be.
+    if failpoint::active(QUOTE_OTHER_NONCE) {
+        extra[0] ^= 1;
+    }
     let path = config.data_dir.join(crate::identity::NODE_KEY_NEXT_FILE);
     let holder = tpm.holder().map_err(|e| cannot_provide("the TPM", &e))?;
     // Its slot for the staged copy certified and the AK beside the current
@@ -252,10 +256,19 @@ fn boot_evidence(
         extra: &extra,
         pcrs: &challenge.pcrs,
     };
-    let (certified, quote, log) = match holder {
+    let (certified, mut quote, log) = match holder {
         Holder::Direct(shared) => quoted_by(&shared, &ask),
         Holder::Helper(client) => quoted_by(&client, &ask),
     }?;
+    // Test builds: evidence altered on its way, as a forger's would be.
+    if failpoint::active(QUOTE_BAD_SIGNATURE) {
+        if let Some(b) = quote.quote_signature.last_mut() {
+            *b ^= 1;
+        }
+    }
+    if failpoint::active(QUOTE_VALUE_DROPPED) {
+        quote.pcr_values.pop();
+    }
     Ok((
         certified,
         RenewBootEvidence {
@@ -268,6 +281,12 @@ fn boot_evidence(
         },
     ))
 }
+
+/// Failpoints (test builds) that alter a renewal's boot evidence: the
+/// quote's signature, the nonce it is over, one of its PCR values.
+const QUOTE_BAD_SIGNATURE: &str = "renew-boot-quote-signature";
+const QUOTE_OTHER_NONCE: &str = "renew-boot-quote-nonce";
+const QUOTE_VALUE_DROPPED: &str = "renew-boot-quote-pcrs";
 
 /// What [`quoted_by`] certifies and quotes.
 struct BootAsk<'a> {

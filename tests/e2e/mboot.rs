@@ -15,7 +15,7 @@ use crate::harness::*;
 pub(crate) const LOG: &str = "tpm2-tools/event-bootorder.bin";
 pub(crate) const EV_NO_ACTION: u32 = 3;
 
-fn data(name: &str) -> PathBuf {
+pub(crate) fn data(name: &str) -> PathBuf {
     workspace().join("eventlog/tests/data").join(name)
 }
 

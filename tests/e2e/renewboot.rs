@@ -101,9 +101,25 @@ fn last_boot(cp: &ControlPlane) -> serde_json::Value {
 /// `security.renew.refused` with the reason, its detail and (if `event`)
 /// the event index. The node keeps its certificate.
 fn renewal_refused(cp: &ControlPlane, agent: &Agent, reason: &str, indexed: bool) -> String {
+    renewal_refused_at(cp, agent, reason, indexed, "")
+}
+
+/// [`renewal_refused`], with bcd's failpoint `failpoint` (empty: none)
+/// altering the evidence it sends.
+fn renewal_refused_at(
+    cp: &ControlPlane,
+    agent: &Agent,
+    reason: &str,
+    indexed: bool,
+    failpoint: &str,
+) -> String {
     let chain = std::fs::read(agent.data_dir.join("identity.json")).expect("identity");
     let out = cp.refused_once(Refusal::Renew, reason, || {
-        agent.run(&["node", "--once", "--renew-now"])
+        let mut node = agent.command(&["node", "--once", "--renew-now"]);
+        if !failpoint.is_empty() {
+            node.env("BCD_FAILPOINT", failpoint);
+        }
+        node.within()
     });
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     let err = stderr(&out);
@@ -265,4 +281,70 @@ fn a_node_whose_pool_has_no_boot_policy_renews_as_before() {
     );
     assert_eq!(codes.len(), 9, "{codes:x?}");
     assert_eq!(last_boot(&cp), serde_json::Value::Null);
+}
+
+#[test]
+fn a_renewal_after_a_reboot_whose_log_does_not_parse_is_refused_eventlog_malformed() {
+    let (cp, _tpm, agent) = joined();
+    install_log(&agent, &read_log("keylime/binary_bios_measurements-bogus"));
+    renewal_refused(&cp, &agent, "eventlog-malformed", false);
+}
+
+#[test]
+fn a_policy_set_after_a_join_of_an_unmeasured_boot_is_refused_eventlog_bank_empty() {
+    // Joined before the pool had a policy, on a TPM nobody extended; the
+    // operator then sets one: PCRs 0 and 7 are still zeros.
+    let log = read_log(LOG);
+    let (cp, _tpm, agent) = machine(None, &log);
+    assert_ok(&agent.run(&["join", "--attestor", "tpm"]));
+    set_policy(&cp, &policy_from_log(&cp));
+    let detail = renewal_refused(&cp, &agent, "eventlog-bank-empty", false);
+    assert!(
+        detail.contains("in the sha256 bank was never extended"),
+        "{detail}"
+    );
+}
+
+#[test]
+fn a_policy_raised_to_an_official_dbx_update_is_refused_boot_dbx() {
+    let (cp, _tpm, agent) = joined();
+    let update = crate::mboot::data("dbx/DBXUpdate2024.bin");
+    // A top-level key: before the policy's tables.
+    set_policy(
+        &cp,
+        &format!(
+            "dbx_min = {:?}\n{}",
+            update.to_str().expect("a UTF-8 path"),
+            policy_from_log(&cp)
+        ),
+    );
+    renewal_refused(&cp, &agent, "boot-dbx", true);
+}
+
+#[test]
+fn a_policy_raised_to_newer_firmware_is_refused_boot_firmware() {
+    let (cp, _tpm, agent) = joined();
+    // The policy the node joined under, its firmware minimum raised.
+    let mut raised: String = policy_from_log(&cp)
+        .lines()
+        .filter(|l| !l.starts_with("[firmware]") && !l.starts_with("min_version"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    raised.push_str("[firmware]\nmin_version = [\"9999\"]\n");
+    set_policy(&cp, &raised);
+    renewal_refused(&cp, &agent, "boot-firmware", true);
+}
+
+#[test]
+fn boot_evidence_altered_on_its_way_is_refused_quote_signature_nonce_pcrs() {
+    altered_evidence_refused("quote-signature", "renew-boot-quote-signature");
+    altered_evidence_refused("quote-nonce", "renew-boot-quote-nonce");
+    altered_evidence_refused("quote-pcrs", "renew-boot-quote-pcrs");
+}
+
+/// A joined node whose renewal's evidence bcd's `failpoint` alters is
+/// refused with `reason`.
+fn altered_evidence_refused(reason: &str, failpoint: &str) {
+    let (cp, _tpm, agent) = joined();
+    renewal_refused_at(&cp, &agent, reason, false, failpoint);
 }

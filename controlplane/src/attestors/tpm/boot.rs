@@ -54,10 +54,21 @@ impl BootFailure {
 }
 
 impl From<BootCheck> for BootFailure {
+    /// A quote that failed its own checks, said in words.
     fn from(check: BootCheck) -> Self {
+        let detail = match check {
+            BootCheck::QuoteSignature => "the quote is not signed by the node's AK",
+            BootCheck::QuoteNonce => {
+                "the quote is not over this request's challenge (a quote of another moment)"
+            }
+            BootCheck::QuotePcrs => {
+                "the PCR values sent are not the ones the quote's digest covers"
+            }
+            _ => "",
+        };
         BootFailure {
             check,
-            detail: None,
+            detail: (!detail.is_empty()).then(|| detail.to_owned()),
             event: None,
         }
     }
