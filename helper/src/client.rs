@@ -254,19 +254,7 @@ impl Client {
         let response::Result::Certify(c) = self.call(&op)? else {
             return Err(ClientError::Protocol("not a certification"));
         };
-        bc_wire::tpm::verify_key_certification(
-            &ak.parsed,
-            &key.public,
-            &c.certify_info,
-            &c.signature,
-            qualifying,
-            &key.spki,
-        )
-        .map_err(|e| {
-            ClientError::Untrusted(format!(
-                "the certification is not the announced AK's of this key: {e}"
-            ))
-        })?;
+        checked(ak, key, qualifying, &c)?;
         Ok((c.certify_info, c.signature))
     }
 
@@ -294,19 +282,7 @@ impl Client {
         let c = q
             .certify
             .ok_or(ClientError::Protocol("a quote without its certification"))?;
-        bc_wire::tpm::verify_key_certification(
-            &ak.parsed,
-            &key.public,
-            &c.certify_info,
-            &c.signature,
-            qualifying,
-            &key.spki,
-        )
-        .map_err(|e| {
-            ClientError::Untrusted(format!(
-                "the certification is not the announced AK's of this key: {e}"
-            ))
-        })?;
+        checked(ak, key, qualifying, &c)?;
         Ok(crate::server::CertifiedQuote {
             certify_info: c.certify_info,
             signature: c.signature,
@@ -414,4 +390,28 @@ fn into_result(r: Response) -> Result<response::Result, ClientError> {
         }
         Some(r) => Ok(r),
     }
+}
+
+/// Whether `c` is `ak`'s certification of exactly `key` over exactly
+/// `qualifying`.
+fn checked(
+    ak: &Ak,
+    key: &HelperKeyPublic,
+    qualifying: &[u8],
+    c: &crate::proto::CertifyResponse,
+) -> Result<(), ClientError> {
+    bc_wire::tpm::verify_key_certification(
+        &ak.parsed,
+        &key.public,
+        &c.certify_info,
+        &c.signature,
+        qualifying,
+        &key.spki,
+    )
+    .map(|_| ())
+    .map_err(|e| {
+        ClientError::Untrusted(format!(
+            "the certification is not the announced AK's of this key: {e}"
+        ))
+    })
 }

@@ -96,6 +96,30 @@ fn last_boot(cp: &ControlPlane) -> serde_json::Value {
     v["lastVerifiedBoot"].clone()
 }
 
+/// One `bcd node --once --renew-now` that renews, with boot evidence or
+/// not: the TPM commands it ran, of which (Certify, Quote, PCR_Read) are
+/// `counts`.
+fn renewal_commands(
+    tpm: &Swtpm,
+    agent: &Agent,
+    boot: bool,
+    counts: (usize, usize, usize),
+) -> Vec<u32> {
+    let before = tpm.command_codes().len();
+    let out = agent.run(&["node", "--once", "--renew-now"]);
+    assert_ok(&out);
+    let said = format!("boot_evidence={boot}");
+    assert!(stderr(&out).contains(&said), "{}", stderr(&out));
+    let codes = tpm.command_codes().split_off(before);
+    let count = |cc: u32| codes.iter().filter(|&&c| c == cc).count();
+    assert_eq!(
+        (count(CERTIFY), count(QUOTE), count(PCR_READ)),
+        counts,
+        "{codes:x?}"
+    );
+    codes
+}
+
 /// One `bcd node --once --renew-now` the control plane refuses for the
 /// machine's boot with `reason`: exit 1, the reason in bcd's words, and
 /// `security.renew.refused` with the reason, its detail and (if `event`)
@@ -159,24 +183,10 @@ fn a_node_joined_under_a_boot_policy_renews_with_its_boot_and_shows_it() {
         boot["cmdline"].as_str().is_some_and(|c| !c.is_empty()),
         "{boot}"
     );
-    let before = tpm.command_codes().len();
-    let out = agent.run(&["node", "--once", "--renew-now"]);
-    assert_ok(&out);
-    assert!(
-        stderr(&out).contains("boot_evidence=true"),
-        "{}",
-        stderr(&out)
-    );
-    let codes = tpm.command_codes().split_off(before);
-    let count = |cc: u32| codes.iter().filter(|&&c| c == cc).count();
     // The first request's certification, the challenge's certification
     // and, on the same connection, the quote of PCRs 0, 4, 7, 8, 12 in the
     // one populated bank (one PCR_Read of at most 8 PCRs).
-    assert_eq!(
-        (count(CERTIFY), count(QUOTE), count(PCR_READ)),
-        (2, 1, 1),
-        "{codes:x?}"
-    );
+    let codes = renewal_commands(&tpm, &agent, true, (2, 1, 1));
     // tpmcount.rs's 9 and, for the challenge: the next key flushed (room
     // for the AK and the staged key's copy beside the current key), the AK
     // and that copy derived, the certification, the banks, the PCR_Read,
@@ -263,22 +273,8 @@ fn a_node_whose_pool_has_no_boot_policy_renews_as_before() {
     // A log the control plane would refuse, were it read and sent.
     let (cp, tpm, agent) = machine(None, b"bogus");
     assert_ok(&agent.run(&["join", "--attestor", "tpm"]));
-    let before = tpm.command_codes().len();
-    let out = agent.run(&["node", "--once", "--renew-now"]);
-    assert_ok(&out);
-    assert!(
-        stderr(&out).contains("boot_evidence=false"),
-        "{}",
-        stderr(&out)
-    );
     // tpmcount.rs's renewal: one certification, no quote, no PCR read.
-    let codes = tpm.command_codes().split_off(before);
-    let count = |cc: u32| codes.iter().filter(|&&c| c == cc).count();
-    assert_eq!(
-        (count(CERTIFY), count(QUOTE), count(PCR_READ)),
-        (1, 0, 0),
-        "{codes:x?}"
-    );
+    let codes = renewal_commands(&tpm, &agent, false, (1, 0, 0));
     assert_eq!(codes.len(), 9, "{codes:x?}");
     assert_eq!(last_boot(&cp), serde_json::Value::Null);
 }

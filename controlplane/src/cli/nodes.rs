@@ -124,15 +124,9 @@ fn list(dir: &Path, as_json: bool) -> Result<()> {
                 .filter(|b| b.node_id == n.id)
                 .map(|b| json!({ "kind": b.kind, "key": b.key }))
                 .collect();
-            json!({
-                "nodeId": n.id,
-                "role": n.role.name(),
-                "identityGeneration": n.identity_generation,
-                "attestor": n.attestor.as_str(),
-                "joinedAt": store::rfc3339(n.joined_at),
-                "retired": n.retired_at.is_some(),
-                "cordoned": n.cordoned_at.is_some(),
-                "pool": n.pool_id,
+            with_node_fields(
+                n,
+                json!({
                 "nodeKey": node_keys.get(&n.id),
                 "ekAssurance": ek_assurances.get(&n.id),
                 "bindings": bound,
@@ -140,7 +134,8 @@ fn list(dir: &Path, as_json: bool) -> Result<()> {
                 "site": scope(&n.id).site_id,
                 "allowedKinds": scope(&n.id).allowed_kinds,
                 "maxCertTtlSeconds": scope(&n.id).max_cert_ttl_ms.map(|ms| ms / 1000),
-            })
+                }),
+            )
         },
         |n| {
             let sc = scope(&n.id);
@@ -176,6 +171,24 @@ fn list(dir: &Path, as_json: bool) -> Result<()> {
     )
 }
 
+/// What `list --json` and `show --json` say of every node, then `more`.
+fn with_node_fields(n: &records::NodeRow, more: serde_json::Value) -> serde_json::Value {
+    let mut v = json!({
+        "nodeId": n.id,
+        "role": n.role.name(),
+        "identityGeneration": n.identity_generation,
+        "attestor": n.attestor.as_str(),
+        "joinedAt": store::rfc3339(n.joined_at),
+        "retired": n.retired_at.is_some(),
+        "cordoned": n.cordoned_at.is_some(),
+        "pool": n.pool_id,
+    });
+    if let (Some(all), serde_json::Value::Object(more)) = (v.as_object_mut(), more) {
+        all.extend(more);
+    }
+    v
+}
+
 fn show(dir: &Path, id: &str, as_json: bool) -> Result<()> {
     let db = open_db(dir)?;
     let (n, boot) = nodes::show(&db, id)?;
@@ -189,18 +202,13 @@ fn show(dir: &Path, id: &str, as_json: bool) -> Result<()> {
                 "cmdline": b.boot.cmdline,
             })
         });
-        let v = json!({
-            "nodeId": n.id,
-            "role": n.role.name(),
-            "identityGeneration": n.identity_generation,
-            "attestor": n.attestor.as_str(),
-            "joinedAt": store::rfc3339(n.joined_at),
-            "pool": n.pool_id,
-            "retired": n.retired_at.is_some(),
-            "cordoned": n.cordoned_at.is_some(),
-            "deleted": n.deleted_at.is_some(),
-            "lastVerifiedBoot": boot,
-        });
+        let v = with_node_fields(
+            &n,
+            json!({
+                "deleted": n.deleted_at.is_some(),
+                "lastVerifiedBoot": boot,
+            }),
+        );
         return print_line(&serde_json::to_string_pretty(&v).context("cannot encode JSON")?);
     }
     let mut text = format!(

@@ -52,9 +52,8 @@ pub(crate) use boot::RenewBootKey;
 use prost::Message;
 use subtle::ConstantTimeEq;
 
-use crate::attestors::tpm::boot::{BootCheck, BootFailure};
+use crate::attestors::tpm::boot::BootFailure;
 use crate::model::attestor::NodeKeyKind;
-use crate::model::boot_policy::BootReason;
 use crate::model::records::{self, NewEvent};
 use crate::pki::{NodeCertIdentity, NodeCertSpec};
 use crate::plane::api_error::ApiError;
@@ -115,25 +114,7 @@ crate::reason::reasons! {
     }
 }
 
-impl From<BootCheck> for RenewReason {
-    fn from(c: BootCheck) -> Self {
-        match c {
-            BootCheck::QuoteSignature => RenewReason::QuoteSignature,
-            BootCheck::QuoteNonce => RenewReason::QuoteNonce,
-            BootCheck::QuotePcrs => RenewReason::QuotePcrs,
-            BootCheck::EventlogMalformed => RenewReason::EventlogMalformed,
-            BootCheck::EventlogReplay => RenewReason::EventlogReplay,
-            BootCheck::EventlogBankEmpty => RenewReason::EventlogBankEmpty,
-            BootCheck::Policy(r) => match r {
-                BootReason::SecureBoot => RenewReason::BootSecureBoot,
-                BootReason::App => RenewReason::BootApp,
-                BootReason::Dbx => RenewReason::BootDbx,
-                BootReason::Cmdline => RenewReason::BootCmdline,
-                BootReason::Firmware => RenewReason::BootFirmware,
-            },
-        }
-    }
-}
+crate::attestors::tpm::boot::boot_check_reasons!(RenewReason);
 
 impl RenewReason {
     /// A node key the AK did not certify as the spec asks.

@@ -35,6 +35,35 @@ pub(crate) enum BootCheck {
     Policy(BootReason),
 }
 
+/// `impl From<BootCheck> for $reason`: a place's reasons for the boot
+/// checks are spelt as the join's and named alike (`QuoteSignature` …
+/// `EventlogBankEmpty`, `BootSecureBoot` … `BootFirmware`), so the join and
+/// `Renew` map them with this one table.
+macro_rules! boot_check_reasons {
+    ($reason:ident) => {
+        impl From<$crate::attestors::tpm::boot::BootCheck> for $reason {
+            fn from(c: $crate::attestors::tpm::boot::BootCheck) -> Self {
+                use $crate::attestors::tpm::boot::BootCheck as C;
+                use $crate::model::boot_policy::BootReason as B;
+                match c {
+                    C::QuoteSignature => $reason::QuoteSignature,
+                    C::QuoteNonce => $reason::QuoteNonce,
+                    C::QuotePcrs => $reason::QuotePcrs,
+                    C::EventlogMalformed => $reason::EventlogMalformed,
+                    C::EventlogReplay => $reason::EventlogReplay,
+                    C::EventlogBankEmpty => $reason::EventlogBankEmpty,
+                    C::Policy(B::SecureBoot) => $reason::BootSecureBoot,
+                    C::Policy(B::App) => $reason::BootApp,
+                    C::Policy(B::Dbx) => $reason::BootDbx,
+                    C::Policy(B::Cmdline) => $reason::BootCmdline,
+                    C::Policy(B::Firmware) => $reason::BootFirmware,
+                }
+            }
+        }
+    };
+}
+pub(crate) use boot_check_reasons;
+
 /// A failed check, with what exactly failed and the event that decided it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct BootFailure {
