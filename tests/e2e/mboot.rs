@@ -364,6 +364,15 @@ fn a_pcr_policy_beside_a_boot_policy_is_checked_in_the_quote_of_every_bank() {
 fn a_sha1_format_log_larger_than_other_requests_joins_from_a_sha1_only_tpm() {
     // go-attestation's option ROM log: the SHA-1 format, 72 KiB (past the
     // 64 KiB of other requests), from a TPM with only a SHA-1 bank.
+    let (cp, _tpm, agent) = sha1_machine_with_a_large_log();
+    assert_ok(&agent.run(&["join", "--attestor", "tpm"]));
+    assert_eq!(cp.nodes().len(), 1);
+}
+
+/// go-attestation's option ROM log: the SHA-1 format, 72 KiB (past the 64
+/// KiB of other requests), on a TPM with only a SHA-1 bank extended with it,
+/// under the policy it gives; the agent allow-listed.
+pub(crate) fn sha1_machine_with_a_large_log() -> (ControlPlane, Swtpm, Agent) {
     let log = read_log("go-attestation/option_rom_eventlog");
     assert!(log.len() > 64 * 1024);
     let cp = ControlPlane::start_trusting_test_maker();
@@ -373,6 +382,5 @@ fn a_sha1_format_log_larger_than_other_requests_joins_from_a_sha1_only_tpm() {
     let agent = Agent::with_tpm(&cp, &tpm);
     install_log(&agent, &log);
     agent.allow_ek(&cp);
-    assert_ok(&agent.run(&["join", "--attestor", "tpm"]));
-    assert_eq!(cp.nodes().len(), 1);
+    (cp, tpm, agent)
 }

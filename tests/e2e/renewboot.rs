@@ -344,3 +344,14 @@ fn altered_evidence_refused(reason: &str, failpoint: &str) {
     let (cp, _tpm, agent) = joined();
     renewal_refused_at(&cp, &agent, reason, false, failpoint);
 }
+
+#[test]
+fn a_renewal_whose_log_is_larger_than_other_requests_is_judged() {
+    // 72 KiB of SHA-1 log: the renewal carries it past the 64 KiB of
+    // other requests, as the join did.
+    let (cp, _tpm, agent) = crate::mboot::sha1_machine_with_a_large_log();
+    assert_ok(&agent.run(&["join", "--attestor", "tpm"]));
+    let out = agent.run(&["node", "--once", "--renew-now"]);
+    assert_ok(&out);
+    assert_eq!(last_boot(&cp)["via"], "renew");
+}

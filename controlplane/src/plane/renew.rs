@@ -29,7 +29,15 @@
 //!    (`node-key-malformed`, `node-key-signature`, `node-key-nonce`,
 //!    `node-key-name`, `node-key-attributes`, `node-key-not-csr`). There is
 //!    no downgrade: nothing else renews such a leaf;
-//! 5. a new certificate for the CSR's key: the same node id and identity
+//! 5. the boot: when the node's pool has a boot policy and the leaf names
+//!    an AK, a request without current boot evidence is answered with a
+//!    boot challenge (no certificate, nothing written); the evidence is the
+//!    event log and a quote under the leaf's AK over the challenge and the
+//!    CSR, judged by the join's own flow ([`crate::attestors::tpm::boot`]):
+//!    `quote-signature`, `quote-nonce`, `quote-pcrs`, `eventlog-*`, `boot-*`,
+//!    with what failed and the event in the refusal's data, and told to the
+//!    node. A verified boot is the node's last (`node_boots`);
+//! 6. a new certificate for the CSR's key: the same node id and identity
 //!    generation, the leaf's statements carried forward (a CSR can neither
 //!    add nor remove one), stored in `node_certs` with a `node.renewed`
 //!    event. Older certificates of the generation stay valid until they
