@@ -106,3 +106,43 @@ pub(crate) fn verify(
         pcr::quoted_banks(&selection, &ev.pcr_values, &digest).ok_or(BootCheck::QuotePcrs)?;
     boot::judge(policy, &ev.event_log, &quoted)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy() -> BootPolicy {
+        BootPolicy {
+            secure_boot_required: true,
+            ..BootPolicy::default()
+        }
+    }
+
+    #[test]
+    fn a_challenge_answers_only_this_node_this_csr_in_time() {
+        let key = RenewBootKey::derive(&[7; 32]);
+        let csr = [1u8; 32];
+        let now = 1_800_000_000_000;
+        let c = key.challenge(&policy(), "node_a", &csr, now);
+        assert_eq!(c.pcrs, vec![0, 7]);
+        let ev = |c: &RenewBootChallenge| RenewBootEvidence {
+            nonce: c.nonce.clone(),
+            not_after_unix_ms: c.not_after_unix_ms,
+            ..RenewBootEvidence::default()
+        };
+        let answer = ev(&c);
+        assert!(key.is_current(&answer, "node_a", &csr, now + 1000));
+        // Another node, another CSR, too late, another key.
+        assert!(!key.is_current(&answer, "node_b", &csr, now));
+        assert!(!key.is_current(&answer, "node_a", &[2; 32], now));
+        assert!(!key.is_current(&answer, "node_a", &csr, now + CHALLENGE_TTL_MS + 1));
+        assert!(!RenewBootKey::derive(&[8; 32]).is_current(&answer, "node_a", &csr, now));
+        // A deadline moved later is not ours, nor one further out than a
+        // challenge gives.
+        let mut later = ev(&c);
+        later.not_after_unix_ms += 1;
+        assert!(!key.is_current(&later, "node_a", &csr, now));
+        let far = key.challenge(&policy(), "node_a", &csr, now + CHALLENGE_TTL_MS);
+        assert!(!key.is_current(&ev(&far), "node_a", &csr, now - 1));
+    }
+}
