@@ -137,7 +137,8 @@ pub mod machine {
 
 /// Node lifecycle: cordon, retire, revoke, delete.
 pub mod nodes {
-    pub use crate::model::nodes::{certs, cordon, delete, retire, revoke_identity};
+    pub use crate::model::node_boot::{BootAppSeen, LastBoot, VerifiedBoot};
+    pub use crate::model::nodes::{certs, cordon, delete, retire, revoke_identity, show};
 }
 
 /// Pools and their policy.

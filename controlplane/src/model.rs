@@ -14,6 +14,7 @@ pub(crate) mod hardware;
 pub(crate) mod images;
 pub(crate) mod join_reasons;
 pub(crate) mod machine;
+pub(crate) mod node_boot;
 pub(crate) mod nodes;
 pub(crate) mod pools;
 pub(crate) mod records;

@@ -71,6 +71,9 @@ pub struct ControlPlane {
     cert_ttl: Duration,
     lease_ttl_ms: i64,
     boot_key: Option<crate::model::boot::BootKey>,
+    /// The key renewals' boot challenges are MACed under (loaded by
+    /// [`Self::open`]; none: a renewal under a boot policy fails).
+    renew_boot_key: Option<crate::plane::renew::RenewBootKey>,
     /// `[discovery] approval`, which lease answers tell site nodes.
     discovery_approval: crate::config::DiscoveryApproval,
     /// Woken when this process queues a command, so the channels deliver at
@@ -98,6 +101,7 @@ impl ControlPlane {
         cp.lease_ttl_ms = config.discovery.lease_ttl_ms;
         cp.discovery_approval = config.discovery.approval;
         cp.boot_key = Some(crate::model::boot::BootKey::derive(&challenge_key));
+        cp.renew_boot_key = Some(crate::plane::renew::RenewBootKey::derive(&challenge_key));
         *cp.attestors.get_mut().unwrap_or_else(|p| p.into_inner()) =
             crate::attestors::builtin(&config, challenge_key);
         Ok(cp)
@@ -116,6 +120,7 @@ impl ControlPlane {
             cert_ttl: MAX_NODE_CERT_TTL,
             lease_ttl_ms: crate::model::sites::DEFAULT_LEASE_TTL_MS,
             boot_key: None,
+            renew_boot_key: None,
             discovery_approval: crate::config::DiscoveryApproval::default(),
             queued: tokio::sync::Notify::new(),
             queued_nodes: std::sync::Mutex::new(std::collections::HashSet::new()),
@@ -159,6 +164,11 @@ impl ControlPlane {
     /// The key boot entries' tokens are sealed under (loaded by [`Self::open`]).
     pub(crate) fn boot_key(&self) -> Option<&crate::model::boot::BootKey> {
         self.boot_key.as_ref()
+    }
+
+    /// The key renewals' boot challenges are MACed under.
+    pub(crate) fn renew_boot_key(&self) -> Option<&crate::plane::renew::RenewBootKey> {
+        self.renew_boot_key.as_ref()
     }
 
     /// Adds an attestor; one with id `join-token` replaces the built-in.

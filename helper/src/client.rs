@@ -254,20 +254,42 @@ impl Client {
         let response::Result::Certify(c) = self.call(&op)? else {
             return Err(ClientError::Protocol("not a certification"));
         };
-        bc_wire::tpm::verify_key_certification(
-            &ak.parsed,
-            &key.public,
-            &c.certify_info,
-            &c.signature,
-            qualifying,
-            &key.spki,
-        )
-        .map_err(|e| {
-            ClientError::Untrusted(format!(
-                "the certification is not the announced AK's of this key: {e}"
-            ))
-        })?;
+        checked(ak, key, qualifying, &c)?;
         Ok((c.certify_info, c.signature))
+    }
+
+    /// `tpm.certify_quote`: [`Self::certify`] of `key` over `qualifying`
+    /// (verified as that one is), and in the same TPM connection the AK's
+    /// quote over `extra` of `pcrs` in every populated bank (the control
+    /// plane verifies it).
+    pub fn certify_quote(
+        &self,
+        ak: &Ak,
+        key: &HelperKeyPublic,
+        qualifying: &[u8],
+        extra: &[u8],
+        pcrs: &[u32],
+    ) -> Result<crate::server::CertifiedQuote, ClientError> {
+        let op = Operation::CertifyQuote {
+            unique: key.unique,
+            qualifying: qualifying.to_vec(),
+            extra: extra.to_vec(),
+            pcrs: pcrs.to_vec(),
+        };
+        let response::Result::CertifyQuote(q) = self.call(&op)? else {
+            return Err(ClientError::Protocol("not a certification and quote"));
+        };
+        let c = q
+            .certify
+            .ok_or(ClientError::Protocol("a quote without its certification"))?;
+        checked(ak, key, qualifying, &c)?;
+        Ok(crate::server::CertifiedQuote {
+            certify_info: c.certify_info,
+            signature: c.signature,
+            quote: q.quote,
+            quote_signature: q.quote_signature,
+            pcr_values: q.pcr_values,
+        })
     }
 
     /// One request and its response. A connection the helper closed since
@@ -368,4 +390,28 @@ fn into_result(r: Response) -> Result<response::Result, ClientError> {
         }
         Some(r) => Ok(r),
     }
+}
+
+/// Whether `c` is `ak`'s certification of exactly `key` over exactly
+/// `qualifying`.
+fn checked(
+    ak: &Ak,
+    key: &HelperKeyPublic,
+    qualifying: &[u8],
+    c: &crate::proto::CertifyResponse,
+) -> Result<(), ClientError> {
+    bc_wire::tpm::verify_key_certification(
+        &ak.parsed,
+        &key.public,
+        &c.certify_info,
+        &c.signature,
+        qualifying,
+        &key.spki,
+    )
+    .map(|_| ())
+    .map_err(|e| {
+        ClientError::Untrusted(format!(
+            "the certification is not the announced AK's of this key: {e}"
+        ))
+    })
 }

@@ -20,4 +20,6 @@ mod server;
 
 pub use client::{Ak, Client, ClientError, HelperKeyPublic};
 pub use proto::{Hash, Operation};
-pub use server::{serve, AkInfo, Allowed, Backend, BackendError, Limits, ServeError, TOO_MANY};
+pub use server::{
+    serve, AkInfo, Allowed, Backend, BackendError, CertifiedQuote, Limits, ServeError, TOO_MANY,
+};

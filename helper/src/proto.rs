@@ -31,7 +31,7 @@ pub(crate) const MAX_QUALIFYING: usize = 64;
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct Request {
-    #[prost(oneof = "request::Op", tags = "1, 2, 3, 4, 5, 6, 7")]
+    #[prost(oneof = "request::Op", tags = "1, 2, 3, 4, 5, 6, 7, 8")]
     pub op: Option<request::Op>,
 }
 
@@ -59,6 +59,9 @@ pub(crate) mod request {
         /// `eventlog.read`
         #[prost(message, tag = "7")]
         EventLog(super::EventLogRequest),
+        /// `tpm.certify_quote`
+        #[prost(message, tag = "8")]
+        CertifyQuote(super::CertifyQuoteRequest),
     }
 }
 
@@ -125,9 +128,42 @@ pub struct CertifyRequest {
     pub qualifying: Vec<u8>,
 }
 
+/// `tpm.certify_quote`: a certification as `tpm.certify`'s, and in the
+/// same TPM connection a quote by the AK over `extra` of `pcrs` in every
+/// bank the TPM has populated with them (a renewal under a boot policy).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct CertifyQuoteRequest {
+    #[prost(bytes = "vec", tag = "1")]
+    pub unique: Vec<u8>,
+    #[prost(bytes = "vec", tag = "2")]
+    pub qualifying: Vec<u8>,
+    #[prost(bytes = "vec", tag = "3")]
+    pub extra: Vec<u8>,
+    #[prost(uint32, repeated, tag = "4")]
+    pub pcrs: Vec<u32>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct CertifyQuoteResponse {
+    #[prost(message, optional, tag = "1")]
+    pub certify: Option<CertifyResponse>,
+    /// TPMS_ATTEST of the quote.
+    #[prost(bytes = "vec", tag = "2")]
+    pub quote: Vec<u8>,
+    /// TPMT_SIGNATURE by the AK.
+    #[prost(bytes = "vec", tag = "3")]
+    pub quote_signature: Vec<u8>,
+    /// The quoted PCRs' values, in selection order.
+    #[prost(bytes = "vec", repeated, tag = "4")]
+    pub pcr_values: Vec<Vec<u8>>,
+}
+
+/// The most PCRs a quote asks for (a TPM has 24).
+pub(crate) const MAX_QUOTE_PCRS: usize = 24;
+
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct Response {
-    #[prost(oneof = "response::Result", tags = "1, 2, 3, 4, 5, 6, 7, 8")]
+    #[prost(oneof = "response::Result", tags = "1, 2, 3, 4, 5, 6, 7, 8, 9")]
     pub result: Option<response::Result>,
 }
 
@@ -151,6 +187,8 @@ pub mod response {
         Journal(super::JournalResponse),
         #[prost(message, tag = "8")]
         EventLog(super::EventLogResponse),
+        #[prost(message, tag = "9")]
+        CertifyQuote(super::CertifyQuoteResponse),
     }
 }
 
@@ -286,6 +324,15 @@ pub enum Operation {
     /// `eventlog.read`: the TCG event log, root-only, for a renewal under a
     /// pool's boot policy; bounded by [`bc_wire::tpm::MAX_EVENT_LOG`].
     EventLog,
+    /// `tpm.certify_quote`: `tpm.certify`, and a quote by the AK over
+    /// `extra` of `pcrs` (PCR indices below 24) in every populated bank,
+    /// in one TPM connection.
+    CertifyQuote {
+        unique: [u8; 32],
+        qualifying: Vec<u8>,
+        extra: Vec<u8>,
+        pcrs: Vec<u32>,
+    },
 }
 
 impl Operation {
@@ -299,6 +346,7 @@ impl Operation {
             Operation::Machine => "machine.ids",
             Operation::Journal(_) => "system.journal",
             Operation::EventLog => "eventlog.read",
+            Operation::CertifyQuote { .. } => "tpm.certify_quote",
         }
     }
 
@@ -347,6 +395,23 @@ impl Operation {
                     qualifying: c.qualifying,
                 })
             }
+            Op::CertifyQuote(c) => {
+                if c.qualifying.len() > MAX_QUALIFYING || c.extra.len() > MAX_QUALIFYING {
+                    return Err("qualifying data longer than 64 bytes");
+                }
+                if c.pcrs.is_empty()
+                    || c.pcrs.len() > MAX_QUOTE_PCRS
+                    || c.pcrs.iter().any(|&p| p >= MAX_QUOTE_PCRS as u32)
+                {
+                    return Err("a quote of no PCR, or of a PCR index past 23");
+                }
+                Ok(Operation::CertifyQuote {
+                    unique: unique(c.unique)?,
+                    qualifying: c.qualifying,
+                    extra: c.extra,
+                    pcrs: c.pcrs,
+                })
+            }
         }
     }
 
@@ -377,6 +442,17 @@ impl Operation {
             Operation::Certify { unique, qualifying } => Op::Certify(CertifyRequest {
                 unique: unique.to_vec(),
                 qualifying: qualifying.clone(),
+            }),
+            Operation::CertifyQuote {
+                unique,
+                qualifying,
+                extra,
+                pcrs,
+            } => Op::CertifyQuote(CertifyQuoteRequest {
+                unique: unique.to_vec(),
+                qualifying: qualifying.clone(),
+                extra: extra.clone(),
+                pcrs: pcrs.clone(),
             }),
         };
         Request { op: Some(op) }
@@ -420,6 +496,12 @@ mod tests {
             Operation::Certify {
                 unique: [3; 32],
                 qualifying: vec![4; 32],
+            },
+            Operation::CertifyQuote {
+                unique: [3; 32],
+                qualifying: vec![4; 32],
+                extra: vec![5; 32],
+                pcrs: vec![0, 4, 7],
             },
             Operation::Machine,
             Operation::EventLog,

@@ -38,6 +38,16 @@ pub struct AkInfo {
     pub tpm: String,
 }
 
+/// `tpm.certify_quote`'s result: a key's certification and the AK's quote.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CertifiedQuote {
+    pub certify_info: Vec<u8>,
+    pub signature: Vec<u8>,
+    pub quote: Vec<u8>,
+    pub quote_signature: Vec<u8>,
+    pub pcr_values: Vec<Vec<u8>>,
+}
+
 /// What the helper does with its TPM: the bcd binary implements it with its
 /// `tpm` module. Calls are blocking and never concurrent.
 pub trait Backend: Send + 'static {
@@ -59,6 +69,20 @@ pub trait Backend: Send + 'static {
         unique: &[u8; 32],
         qualifying: &[u8],
     ) -> Result<(Vec<u8>, Vec<u8>), BackendError>;
+    /// `tpm.certify_quote`: [`Self::certify`], then a quote by the AK over
+    /// `extra` of `pcrs` in every populated bank, in the same TPM
+    /// connection: the certification and the quote's values. A backend
+    /// without quotes says so.
+    fn certify_quote(
+        &mut self,
+        unique: &[u8; 32],
+        qualifying: &[u8],
+        extra: &[u8],
+        pcrs: &[u32],
+    ) -> Result<CertifiedQuote, BackendError> {
+        let _ = (unique, qualifying, extra, pcrs);
+        Err(BackendError("this helper does not quote".into()))
+    }
     /// `machine.ids`: the machine's root-only identifiers and its TPM's.
     /// A backend without them says so.
     fn machine(&mut self) -> Result<proto::MachineResponse, BackendError> {
@@ -518,6 +542,24 @@ fn run<B: Backend>(backend: &mut B, op: &Operation) -> Response {
             .map(|log| R::EventLog(proto::EventLogResponse { log })),
         // Served by `journal`, never the backend.
         Operation::Journal(_) => Err(BackendError("system.journal is not the TPM's".into())),
+        Operation::CertifyQuote {
+            unique,
+            qualifying,
+            extra,
+            pcrs,
+        } => backend
+            .certify_quote(unique, qualifying, extra, pcrs)
+            .map(|q| {
+                R::CertifyQuote(proto::CertifyQuoteResponse {
+                    certify: Some(proto::CertifyResponse {
+                        certify_info: q.certify_info,
+                        signature: q.signature,
+                    }),
+                    quote: q.quote,
+                    quote_signature: q.quote_signature,
+                    pcr_values: q.pcr_values,
+                })
+            }),
         Operation::Certify { unique, qualifying } => {
             backend
                 .certify(unique, qualifying)

@@ -53,6 +53,11 @@ pub enum ClientError {
     /// on the server.
     #[error("access denied: the control plane refused the request")]
     AccessDenied,
+    /// A renewal refused by the node's boot evidence: the one refusal whose
+    /// reason the control plane tells the node (which proved who it is), so
+    /// `bcd doctor` can say why it stopped renewing. The server's words.
+    #[error("access denied: {0}")]
+    BootRefused(String),
     #[error("the control plane answered HTTP {status}: {code}{message}")]
     Rejected {
         status: u16,
@@ -178,6 +183,9 @@ impl Client {
         );
         match agent::Error::decode(body.as_slice()) {
             Ok(err) if err.code == agent::Code::AccessDenied as i32 => {
+                if err.message.starts_with(bc_wire::tpm::RENEW_REFUSED_BOOT) {
+                    return Err(ClientError::BootRefused(printable(&err.message)));
+                }
                 Err(ClientError::AccessDenied)
             }
             Ok(err) if err.code != agent::Code::Unspecified as i32 => {

@@ -6,7 +6,7 @@
 //! current certificate. It is trusted for a certificate of this node, for
 //! the next key, in this trust domain, carrying forward the AK statement the
 //! current certificate has, and nothing else.
-use bc_wire::agent::{RenewRequest, RenewResponse};
+use bc_wire::agent::{RenewBootChallenge, RenewRequest, RenewResponse};
 use bc_wire::signing;
 use prost::Message;
 use time::OffsetDateTime;
@@ -17,9 +17,19 @@ use crate::pki::{self, rfc3339, CertError, NodeCert};
 /// The most certificates a chain may hold; a node chain is leaf + a CA or two.
 const MAX_CHAIN: usize = 8;
 
+/// What a `Renew` call answered.
+#[derive(Debug)]
+pub enum RenewAnswer {
+    /// The new chain (DER, leaf first), unchecked.
+    Chain(Vec<Vec<u8>>),
+    /// No certificate yet: the node's pool has a boot policy, and this
+    /// challenge must be answered with the same CSR.
+    Boot(RenewBootChallenge),
+}
+
 impl Client {
-    /// One `Renew` call; the answer's chain (DER, leaf first), unchecked.
-    pub async fn renew(&self, request: &RenewRequest) -> Result<Vec<Vec<u8>>, ClientError> {
+    /// One `Renew` call.
+    pub async fn renew(&self, request: &RenewRequest) -> Result<RenewAnswer, ClientError> {
         if !self.mtls {
             return Err(ClientError::NoClientCertificate);
         }
@@ -29,7 +39,10 @@ impl Client {
                 expected: "RenewResponse",
                 cause: format!("{e}{}", answer.content_type_hint()),
             })?;
-        Ok(resp.chain)
+        Ok(match resp.boot {
+            Some(challenge) if resp.chain.is_empty() => RenewAnswer::Boot(challenge),
+            _ => RenewAnswer::Chain(resp.chain),
+        })
     }
 }
 

@@ -92,6 +92,17 @@ pub(super) fn renewal(last: Option<&Entry>, now: OffsetDateTime) -> Check {
     };
     let when = format!("{} ({} ago)", rfc3339(e.at), human(now - e.at));
     match e.kind {
+        Kind::RenewalFailed if boot_refusal(&e.detail).is_some() => {
+            let reason = boot_refusal(&e.detail).unwrap_or_default();
+            Check::fail(
+                LAST_RENEWAL,
+                format!(
+                    "refused {when} for this machine's boot ({reason}): {}",
+                    e.detail
+                ),
+                "this node stops renewing until it boots what its pool's boot policy allows: reboot into an allowed boot, or have the operator allow this one (bc-controlplane pools update --boot-policy); security.renew.refused on the control plane names the event",
+            )
+        }
         Kind::RenewalFailed => Check::warn(
             LAST_RENEWAL,
             format!("the last attempt failed {when}: {}", e.detail),
@@ -106,6 +117,16 @@ pub(super) fn renewal(last: Option<&Entry>, now: OffsetDateTime) -> Check {
             Check::ok(LAST_RENEWAL, format!("succeeded {when}{detail}"))
         }
     }
+}
+
+/// The reason of a renewal refused for the machine's boot, from the
+/// journal's words for it (the control plane's message, which names it
+/// right after [`bc_wire::tpm::RENEW_REFUSED_BOOT`]).
+fn boot_refusal(detail: &str) -> Option<&str> {
+    let at = detail.find(bc_wire::tpm::RENEW_REFUSED_BOOT)?;
+    let rest = detail[at + bc_wire::tpm::RENEW_REFUSED_BOOT.len()..].strip_prefix(": ")?;
+    let reason = rest.split(':').next()?.trim();
+    (!reason.is_empty()).then_some(reason)
 }
 
 #[cfg(test)]
@@ -180,6 +201,21 @@ mod tests {
         assert_eq!(w.status, Status::Warn);
         assert!(w.message.starts_with("the last attempt failed"));
         assert!(w.message.ends_with(": cannot reach the control plane"));
+        let boot = Entry {
+            detail: format!(
+                "renewal refused by the control plane, access denied: {}: boot-app: boot application x with digest ab is allowed by no boot_app entry: boot what …",
+                bc_wire::tpm::RENEW_REFUSED_BOOT
+            ),
+            ..failed
+        };
+        let f = renewal(Some(&boot), now);
+        assert_eq!(f.status, Status::Fail);
+        assert!(
+            f.message.contains("for this machine's boot (boot-app)"),
+            "{}",
+            f.message
+        );
+        assert!(f.hint.unwrap_or_default().contains("boot policy"));
     }
 
     #[test]

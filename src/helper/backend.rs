@@ -5,7 +5,7 @@
 //! to certify or describe, and flushed at once.
 use std::path::PathBuf;
 
-use bc_helper::{AkInfo, Backend, BackendError, Hash};
+use bc_helper::{AkInfo, Backend, BackendError, CertifiedQuote, Hash};
 
 use crate::tpm::{LoadedKey, Tpm, TpmError};
 
@@ -126,6 +126,28 @@ impl TpmBackend {
         self.tpm.ak()
     }
 
+    /// TPM2_Certify of the key `unique` by the AK over `qualifying`, then
+    /// `then` with the AK still loaded; the AK flushed after.
+    fn certified<T>(
+        &mut self,
+        unique: &[u8; 32],
+        qualifying: &[u8],
+        then: impl FnOnce(&mut Tpm, &LoadedKey, (Vec<u8>, Vec<u8>)) -> Result<T, TpmError>,
+    ) -> Result<T, TpmError> {
+        self.key(unique)?;
+        let ak = self.load_ak()?;
+        // make_room kept the key just used: it is the most recent.
+        let result = match self.keys.last() {
+            Some((u, key)) if u == unique => self.tpm.certify(key, &ak, qualifying),
+            _ => Err(TpmError::Unexpected(
+                "a node key cache without the key just loaded",
+            )),
+        }
+        .and_then(|c| then(&mut self.tpm, &ak, c));
+        self.flush(ak);
+        result
+    }
+
     fn flush(&mut self, key: LoadedKey) {
         if let Err(e) = self.tpm.flush(key) {
             tracing::warn!(error = %e, "cannot flush the AK from the TPM");
@@ -182,20 +204,33 @@ impl Backend for TpmBackend {
         unique: &[u8; 32],
         qualifying: &[u8],
     ) -> Result<(Vec<u8>, Vec<u8>), BackendError> {
+        self.reconnecting(|b| b.certified(unique, qualifying, |_, _, c| Ok(c)))
+    }
+    /// The certification as [`Self::certify`]'s, then the quote with the
+    /// same AK loaded, on the same connection (a renewal under a boot
+    /// policy: one GetCapability for the populated banks, PCR_Reads, Quote).
+    fn certify_quote(
+        &mut self,
+        unique: &[u8; 32],
+        qualifying: &[u8],
+        extra: &[u8],
+        pcrs: &[u32],
+    ) -> Result<CertifiedQuote, BackendError> {
         self.reconnecting(|b| {
-            b.key(unique)?;
-            let ak = b.load_ak()?;
-            // make_room kept the key just used: it is the most recent.
-            let result = match b.keys.last() {
-                Some((u, key)) if u == unique => b.tpm.certify(key, &ak, qualifying),
-                _ => Err(TpmError::Unexpected(
-                    "a node key cache without the key just loaded",
-                )),
-            };
-            b.flush(ak);
-            result
+            b.certified(unique, qualifying, |tpm, ak, (certify_info, signature)| {
+                let banks = tpm.populated_banks(pcrs)?;
+                let q = tpm.quote_in(ak, extra, pcrs, &banks)?;
+                Ok(CertifiedQuote {
+                    certify_info,
+                    signature,
+                    quote: q.attest,
+                    quote_signature: q.signature,
+                    pcr_values: q.pcr_values,
+                })
+            })
         })
     }
+
     /// Read as root, under `BCD_SYSFS_ROOT` in a test build.
     fn event_log(&mut self) -> Result<Vec<u8>, BackendError> {
         crate::evidence::eventlog::read().map_err(|e| BackendError(e.to_string()))

@@ -58,6 +58,20 @@ impl HelperKey {
     ) -> Result<(Vec<u8>, Vec<u8>), KeyError> {
         Ok(self.client.certify(ak, &self.public, qualifying)?)
     }
+
+    /// [`Self::certify_by`], and the AK's quote over `extra` of `pcrs` in
+    /// every populated bank, in one helper call (one TPM connection).
+    pub(crate) fn certify_quote_by(
+        &self,
+        ak: &bc_helper::Ak,
+        qualifying: &[u8],
+        extra: &[u8],
+        pcrs: &[u32],
+    ) -> Result<bc_helper::CertifiedQuote, KeyError> {
+        Ok(self
+            .client
+            .certify_quote(ak, &self.public, qualifying, extra, pcrs)?)
+    }
 }
 
 impl NodeKey for HelperKey {

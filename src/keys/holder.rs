@@ -3,6 +3,7 @@
 //! steps a flow needs of it (make a key, load the AK, certify a key by the
 //! AK; a key signs as any [`NodeKey`]) are the same either way, so a flow
 //! is written once over [`KeyHolder`] and [`TpmAccess::holder`] picks which.
+use std::path::Path;
 use std::sync::Arc;
 
 use super::helper::HelperKey;
@@ -49,6 +50,21 @@ pub(crate) trait KeyHolder {
         key: &Self::Key,
         qualifying: &[u8],
     ) -> Result<(Vec<u8>, Vec<u8>), KeyError>;
+    /// A key staged in `path` (`node.key.next`), derived again.
+    fn load_key(&self, path: &Path) -> Result<Self::Key, KeyError>;
+    /// [`Self::certify`], then the AK's quote over `extra` of `pcrs` in
+    /// every bank the TPM has populated with them, in the same TPM
+    /// connection (a renewal under a pool's boot policy).
+    fn certify_quote(
+        &self,
+        ak: &Self::Ak,
+        key: &Self::Key,
+        qualifying: &[u8],
+        extra: &[u8],
+        pcrs: &[u32],
+    ) -> Result<bc_helper::CertifiedQuote, KeyError>;
+    /// The TCG event log, as root reads it (the helper, under `[helper]`).
+    fn event_log(&self) -> anyhow::Result<Vec<u8>>;
 }
 
 impl KeyHolder for SharedTpm {
@@ -79,6 +95,30 @@ impl KeyHolder for SharedTpm {
         qualifying: &[u8],
     ) -> Result<(Vec<u8>, Vec<u8>), KeyError> {
         ak.certify(key, qualifying)
+    }
+    fn load_key(&self, path: &Path) -> Result<TpmKey, KeyError> {
+        TpmKey::load(self.clone(), path)
+    }
+    fn certify_quote(
+        &self,
+        ak: &TpmAk,
+        key: &TpmKey,
+        qualifying: &[u8],
+        extra: &[u8],
+        pcrs: &[u32],
+    ) -> Result<bc_helper::CertifiedQuote, KeyError> {
+        let (certify_info, signature) = ak.certify(key, qualifying)?;
+        let quote = ak.quote_boot(extra, pcrs)?;
+        Ok(bc_helper::CertifiedQuote {
+            certify_info,
+            signature,
+            quote: quote.attest,
+            quote_signature: quote.signature,
+            pcr_values: quote.pcr_values,
+        })
+    }
+    fn event_log(&self) -> anyhow::Result<Vec<u8>> {
+        Ok(crate::evidence::eventlog::read()?)
     }
 }
 
@@ -113,5 +153,21 @@ impl KeyHolder for Arc<bc_helper::Client> {
         qualifying: &[u8],
     ) -> Result<(Vec<u8>, Vec<u8>), KeyError> {
         key.certify_by(ak, qualifying)
+    }
+    fn load_key(&self, path: &Path) -> Result<HelperKey, KeyError> {
+        HelperKey::load(self.clone(), path)
+    }
+    fn certify_quote(
+        &self,
+        ak: &bc_helper::Ak,
+        key: &HelperKey,
+        qualifying: &[u8],
+        extra: &[u8],
+        pcrs: &[u32],
+    ) -> Result<bc_helper::CertifiedQuote, KeyError> {
+        key.certify_quote_by(ak, qualifying, extra, pcrs)
+    }
+    fn event_log(&self) -> anyhow::Result<Vec<u8>> {
+        Ok(bc_helper::Client::event_log(self)?)
     }
 }

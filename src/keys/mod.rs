@@ -115,6 +115,11 @@ pub trait NodeKey: Send + Sync + std::fmt::Debug {
     /// The contents of `node.key`: what [`load`] needs to get this key back.
     /// For a file key that is the private key itself, hence `Zeroizing`.
     fn to_file_contents(&self) -> Result<Zeroizing<String>, KeyError>;
+
+    /// Frees what holds the key ready (a TPM's object slot) when another
+    /// flow needs the room; the next use makes it ready again. Nothing to
+    /// free for most keys.
+    fn unload(&self) {}
 }
 
 /// Where this process reaches the TPM that holds node keys: the machine's

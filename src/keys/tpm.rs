@@ -142,6 +142,10 @@ impl NodeKey for TpmKey {
     fn to_file_contents(&self) -> Result<Zeroizing<String>, KeyError> {
         Ok(unique_pem(&self.unique))
     }
+
+    fn unload(&self) {
+        TpmKey::unload(self);
+    }
 }
 
 /// The unique a `node.key` record holds (wherever the TPM is reached from).
@@ -205,6 +209,19 @@ impl TpmAk {
     /// The AK's TPM name (nameAlg ‖ digest of its public area).
     pub(crate) fn name(&self) -> &[u8] {
         &self.name
+    }
+
+    /// A quote by this AK over `extra` of `pcrs` in every bank this TPM has
+    /// populated with them, on the AK's connection (a renewal under a boot
+    /// policy takes it right after [`Self::certify`]).
+    pub(crate) fn quote_boot(
+        &self,
+        extra: &[u8],
+        pcrs: &[u32],
+    ) -> Result<crate::tpm::Quote, KeyError> {
+        let mut tpm = lock(&self.tpm)?;
+        let banks = tpm.populated_banks(pcrs)?;
+        Ok(tpm.quote_in(&self.key, extra, pcrs, &banks)?)
     }
 
     /// TPM2_Certify of `key` by this AK over `qualifying` (sha256 of the CSR).

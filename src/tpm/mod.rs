@@ -43,6 +43,7 @@ pub use ek::Ek;
 pub(crate) use ek_file::{CertificateSource, OperatorCertificate};
 pub use ek_kind::EkKind;
 pub(crate) use ek_spki::{ek_spki_der, public_spki_der};
+pub use quote::Quote;
 
 /// Where bcd finds its TPM, in order: the config's `[tpm] tcti`, then
 /// `TPM2TOOLS_TCTI`, then `TCTI`, then `/dev/tpmrm0` when it exists. Never

@@ -38,7 +38,13 @@ struct Machine {
 
 impl Machine {
     fn join(cp: &ControlPlane, tpm: &Swtpm) -> Machine {
+        Machine::join_with(cp, tpm, |_| {})
+    }
+
+    /// [`Machine::join`], with `prepare` done to the agent's machine first.
+    fn join_with(cp: &ControlPlane, tpm: &Swtpm, prepare: impl FnOnce(&Agent)) -> Machine {
         let agent = Agent::with_tpm(cp, tpm);
+        prepare(&agent);
         let socket = agent.root.path().join("helper.sock");
         let mut config = std::fs::read_to_string(&agent.config).unwrap();
         config.push_str(&format!(
@@ -216,6 +222,40 @@ fn the_node_renews_through_the_helper_with_a_certified_next_key() {
             && text.contains("ok    data dir:"),
         "{text}"
     );
+}
+
+/// Under a pool's boot policy the node (which cannot read the event log,
+/// and has no TPM) renews with the log the helper read and the quote the
+/// helper took beside the next key's certification (`tpm.certify_quote`).
+#[cfg(feature = "failpoints")]
+#[test]
+fn under_a_boot_policy_the_node_renews_with_the_helpers_log_and_quote() {
+    use crate::mboot::{extend, install_log, policy_from_log, read_log, set_policy, LOG};
+    let log = read_log(LOG);
+    let cp = ControlPlane::start_trusting_test_maker();
+    set_policy(&cp, &policy_from_log(&cp));
+    let tpm = Swtpm::start();
+    extend(&tpm, &log);
+    let m = Machine::join_with(&cp, &tpm, |agent| install_log(agent, &log));
+    let _helper = Logged::helper(&m);
+    let quotes = || tpm.command_codes().iter().filter(|c| **c == 0x158).count();
+    let before = quotes();
+    let out = m.node(&["--once", "--renew-now"]);
+    assert_ok(&out);
+    assert!(
+        stderr(&out).contains("boot_evidence=true"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(quotes(), before + 1, "one quote, by the helper");
+    // The node's own read would have failed: it has no BCD_SYSFS_ROOT,
+    // and this machine no event log; the log is the helper's.
+    assert!(std::env::var_os("BCD_SYSFS_ROOT").is_none());
+    let nodes = cp.nodes();
+    let id = nodes[0]["nodeId"].as_str().unwrap();
+    let shown = cp.cli(&["nodes", "show", id, "--json"]);
+    let shown: serde_json::Value = serde_json::from_slice(&shown.stdout).unwrap();
+    assert_eq!(shown["lastVerifiedBoot"]["via"], "renew", "{shown}");
 }
 
 #[test]

@@ -62,6 +62,8 @@ mod provisioned;
 mod reclaim;
 #[cfg(feature = "failpoints")]
 mod refusals;
+#[cfg(feature = "failpoints")]
+mod renewboot;
 // Commission and deploy workflows over discovery (fake sysfs).
 mod replay;
 mod reset;

@@ -12,19 +12,19 @@ use std::path::PathBuf;
 
 use crate::harness::*;
 
-const LOG: &str = "tpm2-tools/event-bootorder.bin";
-const EV_NO_ACTION: u32 = 3;
+pub(crate) const LOG: &str = "tpm2-tools/event-bootorder.bin";
+pub(crate) const EV_NO_ACTION: u32 = 3;
 
-fn data(name: &str) -> PathBuf {
+pub(crate) fn data(name: &str) -> PathBuf {
     workspace().join("eventlog/tests/data").join(name)
 }
 
-fn read_log(name: &str) -> Vec<u8> {
+pub(crate) fn read_log(name: &str) -> Vec<u8> {
     std::fs::read(data(name)).expect("an event log fixture")
 }
 
 /// Gives the agent's machine `log` as its firmware's event log.
-fn install_log(agent: &Agent, log: &[u8]) {
+pub(crate) fn install_log(agent: &Agent, log: &[u8]) {
     let path = agent
         .sysfs_root()
         .join("kernel/security/tpm0/binary_bios_measurements");
@@ -34,7 +34,7 @@ fn install_log(agent: &Agent, log: &[u8]) {
 
 /// Extends every event of `log` into the swtpm's SHA-256 bank, in order,
 /// as the firmware that wrote the log did.
-fn extend(tpm: &Swtpm, log: &[u8]) {
+pub(crate) fn extend(tpm: &Swtpm, log: &[u8]) {
     extend_banks(tpm, log, &[bc_eventlog::Alg::Sha256]);
 }
 
@@ -58,7 +58,7 @@ fn extend_banks(tpm: &Swtpm, log: &[u8], banks: &[bc_eventlog::Alg]) {
 }
 
 /// Sets the default pool's boot policy (where `resolve add` places a TPM).
-fn set_policy(cp: &ControlPlane, toml: &str) {
+pub(crate) fn set_policy(cp: &ControlPlane, toml: &str) {
     let file = cp.path().join("boot-policy.toml");
     std::fs::write(&file, toml).expect("write the policy");
     assert_ok(&cp.cli(&[
@@ -73,7 +73,7 @@ fn set_policy(cp: &ControlPlane, toml: &str) {
 
 /// The starting policy the control plane writes from the fixture log (as
 /// `boot-policy from-log` does): what that machine booted, allowed.
-fn policy_from_log(_cp: &ControlPlane) -> String {
+pub(crate) fn policy_from_log(_cp: &ControlPlane) -> String {
     policy_of(&read_log(LOG))
 }
 
@@ -86,7 +86,7 @@ fn policy_of(log: &[u8]) -> String {
 
 /// A control plane, a swtpm extended with `extended` (if any), and an
 /// allow-listed agent on it whose machine shows `log`.
-fn machine(extended: Option<&[u8]>, log: &[u8]) -> (ControlPlane, Swtpm, Agent) {
+pub(crate) fn machine(extended: Option<&[u8]>, log: &[u8]) -> (ControlPlane, Swtpm, Agent) {
     let cp = ControlPlane::start_trusting_test_maker();
     let tpm = Swtpm::start();
     if let Some(l) = extended {
@@ -364,6 +364,15 @@ fn a_pcr_policy_beside_a_boot_policy_is_checked_in_the_quote_of_every_bank() {
 fn a_sha1_format_log_larger_than_other_requests_joins_from_a_sha1_only_tpm() {
     // go-attestation's option ROM log: the SHA-1 format, 72 KiB (past the
     // 64 KiB of other requests), from a TPM with only a SHA-1 bank.
+    let (cp, _tpm, agent) = sha1_machine_with_a_large_log();
+    assert_ok(&agent.run(&["join", "--attestor", "tpm"]));
+    assert_eq!(cp.nodes().len(), 1);
+}
+
+/// go-attestation's option ROM log: the SHA-1 format, 72 KiB (past the 64
+/// KiB of other requests), on a TPM with only a SHA-1 bank extended with it,
+/// under the policy it gives; the agent allow-listed.
+pub(crate) fn sha1_machine_with_a_large_log() -> (ControlPlane, Swtpm, Agent) {
     let log = read_log("go-attestation/option_rom_eventlog");
     assert!(log.len() > 64 * 1024);
     let cp = ControlPlane::start_trusting_test_maker();
@@ -373,6 +382,5 @@ fn a_sha1_format_log_larger_than_other_requests_joins_from_a_sha1_only_tpm() {
     let agent = Agent::with_tpm(&cp, &tpm);
     install_log(&agent, &log);
     agent.allow_ek(&cp);
-    assert_ok(&agent.run(&["join", "--attestor", "tpm"]));
-    assert_eq!(cp.nodes().len(), 1);
+    (cp, tpm, agent)
 }

@@ -32,7 +32,7 @@ fn renew_refused(agent: &Agent, access: &TpmAccess, request: &RenewRequest) {
     let client = Client::with_identity(&config, &id.chain, id.key.clone()).unwrap();
     match rt().block_on(client.renew(request)) {
         Err(ClientError::AccessDenied) => {}
-        other => panic!("expected ACCESS_DENIED, got {:?}", other.map(|c| c.len())),
+        other => panic!("expected ACCESS_DENIED, got {other:?}"),
     }
 }
 
@@ -56,6 +56,7 @@ fn a_tpm_node_cannot_renew_without_its_aks_proof_of_the_next_key() {
         &RenewRequest {
             csr: csr.clone(),
             key_attestation: None,
+            boot: None,
         },
     );
 
@@ -82,6 +83,7 @@ fn a_tpm_node_cannot_renew_without_its_aks_proof_of_the_next_key() {
         &RenewRequest {
             csr: csr.clone(),
             key_attestation: Some(by_other),
+            boot: None,
         },
     );
 
@@ -94,6 +96,7 @@ fn a_tpm_node_cannot_renew_without_its_aks_proof_of_the_next_key() {
         &RenewRequest {
             csr: csr.clone(),
             key_attestation: Some(not_csr),
+            boot: None,
         },
     );
 
@@ -124,6 +127,7 @@ fn a_tpm_node_cannot_renew_without_its_aks_proof_of_the_next_key() {
             &RenewRequest {
                 csr: csr.clone(),
                 key_attestation: Some(attestation),
+                boot: None,
             },
         );
     }
@@ -153,6 +157,7 @@ fn a_tpm_node_cannot_renew_without_its_aks_proof_of_the_next_key() {
             &RenewRequest {
                 csr: csr.clone(),
                 key_attestation: Some(attestation),
+                boot: None,
             },
         );
     }
@@ -603,8 +608,7 @@ fn renew_refused_as(cp: &ControlPlane, client: &Client, request: &RenewRequest, 
     });
     assert!(
         matches!(answer, Err(ClientError::AccessDenied)),
-        "{reason}: {:?}",
-        answer.map(|c| c.len())
+        "{reason}: {answer:?}"
     );
 }
 
@@ -620,6 +624,7 @@ fn renewals_refused_for_the_caller_the_csr_or_the_node_name_their_reason() {
     let good = RenewRequest {
         csr: throwaway_csr(),
         key_attestation: None,
+        boot: None,
     };
 
     let (status, _) = cp.refused_once(Refusal::Renew, "no-client-certificate", || {
@@ -653,6 +658,7 @@ fn renewals_refused_for_the_caller_the_csr_or_the_node_name_their_reason() {
         &RenewRequest {
             csr: p384_csr,
             key_attestation: None,
+            boot: None,
         },
         "csr-key",
     );
@@ -662,6 +668,7 @@ fn renewals_refused_for_the_caller_the_csr_or_the_node_name_their_reason() {
         &RenewRequest {
             csr: csr_with_a_bad_signature(),
             key_attestation: None,
+            boot: None,
         },
         "csr-signature",
     );

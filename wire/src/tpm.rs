@@ -21,6 +21,10 @@ pub const ALG_NULL: u16 = 0x0010;
 /// and long MokLists while a join body, read before anything is
 /// authenticated, stays small.
 pub const MAX_EVENT_LOG: usize = 1 << 20;
+
+/// How a renewal refused by its boot evidence begins its ACCESS_DENIED
+/// message; the reason and what failed follow (`: boot-app: …`).
+pub const RENEW_REFUSED_BOOT: &str = "Renew refused by the pool's boot policy";
 pub(crate) const ALG_ECDSA: u16 = 0x0018;
 pub(crate) const ALG_ECC: u16 = 0x0023;
 pub(crate) const ECC_NIST_P256: u16 = 0x0003;

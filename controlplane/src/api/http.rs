@@ -47,6 +47,10 @@ pub(crate) const BODY_LIMIT: usize = 64 * 1024;
 /// Largest join request body: a tpm join's round 2 may carry the TCG event
 /// log a pool's boot policy judges ([`bc_wire::tpm::MAX_EVENT_LOG`]).
 pub(crate) const JOIN_BODY_LIMIT: usize = BODY_LIMIT + bc_wire::tpm::MAX_EVENT_LOG;
+
+/// Largest renewal body: under a pool's boot policy it carries the event log
+/// too (the caller authenticated with its node certificate first).
+const RENEW_BODY_LIMIT: usize = JOIN_BODY_LIMIT;
 const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long open connections get to finish after shutdown starts.
@@ -120,7 +124,10 @@ pub fn router(service: Arc<ControlPlane>) -> Router {
             endpoints::JOIN,
             post(join_handler).layer(DefaultBodyLimit::max(JOIN_BODY_LIMIT)),
         )
-        .route(endpoints::RENEW, post(renew_handler))
+        .route(
+            endpoints::RENEW,
+            post(renew_handler).layer(DefaultBodyLimit::max(RENEW_BODY_LIMIT)),
+        )
         .route(endpoints::COMMAND_CHANNEL, get(channel_handler))
         .route(endpoints::ACQUIRE_LEASE, site_route(SiteCall::AcquireLease))
         .route(endpoints::RENEW_LEASE, site_route(SiteCall::RenewLease))
@@ -864,6 +871,7 @@ mod tests {
             let renew = bc_wire::agent::RenewRequest {
                 csr: crate::test_support::plain_csr(&key2),
                 key_attestation: None,
+                boot: None,
             };
             let (status, body) =
                 call(addr, mtls, "POST", endpoints::RENEW, &renew.encode_to_vec()).await;

@@ -1,4 +1,4 @@
-//! `nodes list|certs|revoke-identity|retire|cordon|delete|inventory`: joined
+//! `nodes list|show|certs|revoke-identity|retire|cordon|delete|inventory`: joined
 //! nodes and their lifecycle (`inventory`: [`super::commands`]).
 
 use std::path::Path;
@@ -14,6 +14,16 @@ use super::{db_now, open_db, print_change, print_line, print_list, Dir, ListArgs
 pub(crate) enum NodesCmd {
     /// List the nodes (deleted ones left out).
     List(ListArgs),
+    /// One node, and the last boot its pool's boot policy verified (at its
+    /// join or a renewal): Secure Boot, boot applications, command line.
+    Show {
+        #[command(flatten)]
+        dir: Dir,
+        /// The node id (node_…).
+        id: String,
+        #[arg(long)]
+        json: bool,
+    },
     /// List a node's certificates, oldest first.
     Certs {
         #[command(flatten)]
@@ -71,6 +81,7 @@ pub(crate) enum NodesCmd {
 pub(crate) fn run(cmd: NodesCmd) -> Result<()> {
     match cmd {
         NodesCmd::List(ListArgs { dir, json }) => list(&dir.dir, json),
+        NodesCmd::Show { dir, id, json } => show(&dir.dir, &id, json),
         NodesCmd::Certs { dir, id, json } => certs(&dir.dir, &id, json),
         NodesCmd::RevokeIdentity { dir, id } => revoke_identity(&dir.dir, &id),
         NodesCmd::Retire { dir, id } => {
@@ -113,15 +124,9 @@ fn list(dir: &Path, as_json: bool) -> Result<()> {
                 .filter(|b| b.node_id == n.id)
                 .map(|b| json!({ "kind": b.kind, "key": b.key }))
                 .collect();
-            json!({
-                "nodeId": n.id,
-                "role": n.role.name(),
-                "identityGeneration": n.identity_generation,
-                "attestor": n.attestor.as_str(),
-                "joinedAt": store::rfc3339(n.joined_at),
-                "retired": n.retired_at.is_some(),
-                "cordoned": n.cordoned_at.is_some(),
-                "pool": n.pool_id,
+            with_node_fields(
+                n,
+                json!({
                 "nodeKey": node_keys.get(&n.id),
                 "ekAssurance": ek_assurances.get(&n.id),
                 "bindings": bound,
@@ -129,7 +134,8 @@ fn list(dir: &Path, as_json: bool) -> Result<()> {
                 "site": scope(&n.id).site_id,
                 "allowedKinds": scope(&n.id).allowed_kinds,
                 "maxCertTtlSeconds": scope(&n.id).max_cert_ttl_ms.map(|ms| ms / 1000),
-            })
+                }),
+            )
         },
         |n| {
             let sc = scope(&n.id);
@@ -163,6 +169,87 @@ fn list(dir: &Path, as_json: bool) -> Result<()> {
             ))
         },
     )
+}
+
+/// What `list --json` and `show --json` say of every node, then `more`.
+fn with_node_fields(n: &records::NodeRow, more: serde_json::Value) -> serde_json::Value {
+    let mut v = json!({
+        "nodeId": n.id,
+        "role": n.role.name(),
+        "identityGeneration": n.identity_generation,
+        "attestor": n.attestor.as_str(),
+        "joinedAt": store::rfc3339(n.joined_at),
+        "retired": n.retired_at.is_some(),
+        "cordoned": n.cordoned_at.is_some(),
+        "pool": n.pool_id,
+    });
+    if let (Some(all), serde_json::Value::Object(more)) = (v.as_object_mut(), more) {
+        all.extend(more);
+    }
+    v
+}
+
+fn show(dir: &Path, id: &str, as_json: bool) -> Result<()> {
+    let db = open_db(dir)?;
+    let (n, boot) = nodes::show(&db, id)?;
+    if as_json {
+        let boot = boot.map(|b| {
+            json!({
+                "verifiedAt": store::rfc3339(b.verified_at),
+                "via": b.via,
+                "secureBoot": b.boot.secure_boot,
+                "bootApps": b.boot.boot_apps,
+                "cmdline": b.boot.cmdline,
+            })
+        });
+        let v = with_node_fields(
+            &n,
+            json!({
+                "deleted": n.deleted_at.is_some(),
+                "lastVerifiedBoot": boot,
+            }),
+        );
+        return print_line(&serde_json::to_string_pretty(&v).context("cannot encode JSON")?);
+    }
+    let mut text = format!(
+        "node:         {}\nrole:         {}\npool:         {}\nattestor:     {}\njoined:       {}\ngeneration:   {}\n",
+        n.id,
+        n.role.name(),
+        n.pool_id,
+        n.attestor,
+        store::rfc3339(n.joined_at),
+        n.identity_generation
+    );
+    match boot {
+        None => {
+            text.push_str("verified boot: none (no boot policy verified a boot of this node)\n")
+        }
+        Some(b) => {
+            text.push_str(&format!(
+                "verified boot: {} (at {})\n  secure boot:  {}\n",
+                store::rfc3339(b.verified_at),
+                b.via,
+                b.boot.secure_boot
+            ));
+            for app in &b.boot.boot_apps {
+                let by = if app.authorities.is_empty() {
+                    "no authority logged".to_owned()
+                } else {
+                    app.authorities.join("; ")
+                };
+                text.push_str(&format!(
+                    "  boot app:     {} {} (verified by {by})\n",
+                    app.digest,
+                    app.path.as_deref().unwrap_or("(no path)")
+                ));
+            }
+            text.push_str(&format!(
+                "  cmdline:      {}\n",
+                b.boot.cmdline.as_deref().unwrap_or("(none measured)")
+            ));
+        }
+    }
+    super::print_stdout(&text)
 }
 
 fn certs(dir: &Path, id: &str, as_json: bool) -> Result<()> {

@@ -261,6 +261,9 @@ pub struct AttestationResult {
     /// provisioned join makes it a node again (docs/workflows.md). The node
     /// then takes this result's scope, as a new node would.
     pub change_role: bool,
+    /// The boot the pool's boot policy verified (a tpm join under one),
+    /// recorded as the node's last verified boot. Boxed: it is rare.
+    pub boot: Option<Box<crate::model::node_boot::VerifiedBoot>>,
 }
 
 impl AttestationResult {

@@ -208,6 +208,22 @@ pub fn certs(db: &Store, node_id: &str) -> Result<Vec<CertRow>, NodeError> {
     Ok(records::list_certs(db, node_id)?)
 }
 
+/// A node (a deleted one too) and its last verified boot, if a join or a
+/// renewal under its pool's boot policy verified one.
+pub fn show(
+    db: &Store,
+    node_id: &str,
+) -> Result<(NodeRow, Option<crate::model::node_boot::LastBoot>), NodeError> {
+    let found = db.read(|tx| -> Result<_, DbError> {
+        let Some(node) = records::node_including_deleted(tx, node_id)? else {
+            return Ok(None);
+        };
+        let boot = crate::model::node_boot::last(tx, node_id)?;
+        Ok(Some((node, boot)))
+    })?;
+    found.ok_or_else(|| NodeError::NotFound(node_id.to_owned()))
+}
+
 fn live_node(tx: &Tx<'_>, node_id: &str) -> Result<NodeRow, NodeError> {
     records::node_for_update(tx, node_id)?.ok_or_else(|| NodeError::NotFound(node_id.to_owned()))
 }

@@ -17,6 +17,11 @@ pub enum ApiError {
     /// the spec's own message ("Renew refused").
     #[error("renew refused")]
     RenewRefused,
+    /// A renewal refused by its boot evidence: ACCESS_DENIED, and the node
+    /// (which proved who it is) is told the reason and what failed, so
+    /// `bcd doctor` can say why it stopped renewing.
+    #[error("renew refused: {0}")]
+    RenewRefusedBoot(String),
     /// Every refusal of a site call (lease, SecretRequest).
     #[error("site request refused")]
     SiteRefused,
@@ -33,9 +38,10 @@ pub enum ApiError {
 impl ApiError {
     pub(crate) fn code(&self) -> agent::Code {
         match self {
-            ApiError::AccessDenied | ApiError::RenewRefused | ApiError::SiteRefused => {
-                agent::Code::AccessDenied
-            }
+            ApiError::AccessDenied
+            | ApiError::RenewRefused
+            | ApiError::RenewRefusedBoot(_)
+            | ApiError::SiteRefused => agent::Code::AccessDenied,
             ApiError::InvalidInput(_) => agent::Code::InvalidInput,
             ApiError::NotFound(_) => agent::Code::NotFound,
             ApiError::Unavailable(_) => agent::Code::Unavailable,
@@ -45,7 +51,10 @@ impl ApiError {
 
     pub(crate) fn http_status(&self) -> u16 {
         match self {
-            ApiError::AccessDenied | ApiError::RenewRefused | ApiError::SiteRefused => 403,
+            ApiError::AccessDenied
+            | ApiError::RenewRefused
+            | ApiError::RenewRefusedBoot(_)
+            | ApiError::SiteRefused => 403,
             ApiError::InvalidInput(_) => 400,
             ApiError::NotFound(_) => 404,
             ApiError::Unavailable(_) => 503,
@@ -59,6 +68,9 @@ impl ApiError {
         match self {
             ApiError::AccessDenied => "join refused".to_owned(),
             ApiError::RenewRefused => "Renew refused".to_owned(),
+            ApiError::RenewRefusedBoot(why) => {
+                format!("{}: {why}", bc_wire::tpm::RENEW_REFUSED_BOOT)
+            }
             ApiError::SiteRefused => "site request refused".to_owned(),
             ApiError::InvalidInput(m) | ApiError::NotFound(m) => m.clone(),
             ApiError::Unavailable(_) => {

@@ -425,6 +425,9 @@ impl JoinService<'_> {
             })
             .map_err(|e| Refusal::fault(Fault::Internal(e.to_string())))?;
         records::insert_cert(tx, &node_id, generation, &issued)?;
+        if let Some(boot) = &result.boot {
+            crate::model::node_boot::record(tx, &node_id, "join", boot, now)?;
+        }
         records::insert_join(
             tx,
             &JoinRow {

@@ -29,7 +29,15 @@
 //!    (`node-key-malformed`, `node-key-signature`, `node-key-nonce`,
 //!    `node-key-name`, `node-key-attributes`, `node-key-not-csr`). There is
 //!    no downgrade: nothing else renews such a leaf;
-//! 5. a new certificate for the CSR's key: the same node id and identity
+//! 5. the boot: when the node's pool has a boot policy and the leaf names
+//!    an AK, a request without current boot evidence is answered with a
+//!    boot challenge (no certificate, nothing written); the evidence is the
+//!    event log and a quote under the leaf's AK over the challenge and the
+//!    CSR, judged by the join's own flow ([`crate::attestors::tpm::boot`]):
+//!    `quote-signature`, `quote-nonce`, `quote-pcrs`, `eventlog-*`, `boot-*`,
+//!    with what failed and the event in the refusal's data, and told to the
+//!    node. A verified boot is the node's last (`node_boots`);
+//! 6. a new certificate for the CSR's key: the same node id and identity
 //!    generation, the leaf's statements carried forward (a CSR can neither
 //!    add nor remove one), stored in `node_certs` with a `node.renewed`
 //!    event. Older certificates of the generation stay valid until they
@@ -45,11 +53,14 @@
 //! `renew refused` with the node id and the reason, and stored as a
 //! `security.renew.refused` event attributed to the owner of the node's pool.
 
-use bc_wire::agent::{RenewRequest, RenewResponse, TpmKeyAttestation};
+use bc_wire::agent::{RenewBootChallenge, RenewRequest, RenewResponse, TpmKeyAttestation};
 use bc_wire::tpm::{self as wtpm, Public};
+
+pub(crate) use boot::RenewBootKey;
 use prost::Message;
 use subtle::ConstantTimeEq;
 
+use crate::attestors::tpm::boot::BootFailure;
 use crate::model::attestor::NodeKeyKind;
 use crate::model::records::{self, NewEvent};
 use crate::pki::{NodeCertIdentity, NodeCertSpec};
@@ -83,8 +94,35 @@ crate::reason::reasons! {
         NodeKeyName = "node-key-name",
         NodeKeyAttributes = "node-key-attributes",
         NodeKeyNotCsr = "node-key-not-csr",
+        /// The node's pool has a boot policy (its leaf names an AK): the boot
+        /// evidence's quote is not the AK's signature, ...
+        QuoteSignature = "quote-signature",
+        /// ... not a quote over this renewal's challenge, ...
+        QuoteNonce = "quote-nonce",
+        /// ... or its values are not the quoted ones (or leave out a PCR
+        /// the policy needs); as the join refuses them.
+        QuotePcrs = "quote-pcrs",
+        /// The event log does not parse (or none was sent).
+        EventlogMalformed = "eventlog-malformed",
+        /// The log does not replay to the quoted PCRs: which PCR in which bank.
+        EventlogReplay = "eventlog-replay",
+        /// A PCR the policy needs was never extended in a quoted bank.
+        EventlogBankEmpty = "eventlog-bank-empty",
+        /// The pool's boot policy refused what the log says booted: Secure
+        /// Boot state, ...
+        BootSecureBoot = "boot-secure-boot",
+        /// ... a boot application, ...
+        BootApp = "boot-app",
+        /// ... the dbx, ...
+        BootDbx = "boot-dbx",
+        /// ... the kernel command line, ...
+        BootCmdline = "boot-cmdline",
+        /// ... the firmware version.
+        BootFirmware = "boot-firmware",
     }
 }
+
+crate::attestors::tpm::boot::boot_check_reasons!(RenewReason);
 
 impl RenewReason {
     /// A node key the AK did not certify as the spec asks.
@@ -103,7 +141,13 @@ impl RenewReason {
 /// Why a renewal stopped inside its transaction.
 enum Stop {
     Refused(RenewReason),
+    /// The boot evidence failed: the reason and what exactly failed.
+    Boot(BootFailure),
+    /// No certificate yet: the pool's boot policy wants evidence.
+    Challenge(RenewBootChallenge),
     Failed(ApiError),
+    /// Not a stop: the renewal went through.
+    Done(Renewed),
 }
 
 impl From<DbError> for Stop {
@@ -185,22 +229,36 @@ impl RenewService<'_> {
             }
         };
 
-        let outcome = self.database().write_if(
-            |tx| -> Result<(Result<Renewed, RenewReason>, Commit), ApiError> {
+        let outcome = self
+            .database()
+            .write_if(|tx| -> Result<(Stop, Commit), ApiError> {
                 let now = tx.now()?;
                 match self.renew_in(tx, now, leaf, &identity, &csr, req) {
-                    Ok(done) => Ok((Ok(done), Commit::Yes)),
-                    // No commit: a refusal rolls back.
-                    Err(Stop::Refused(reason)) => Ok((Err(reason), Commit::No)),
+                    Ok(done) => Ok((Stop::Done(done), Commit::Yes)),
                     Err(Stop::Failed(e)) => Err(e),
+                    // No commit: a refusal or a challenge rolls back.
+                    Err(stop) => Ok((stop, Commit::No)),
                 }
-            },
-        )?;
+            })?;
         match outcome {
-            Ok(done) => Ok(RenewResponse {
+            Stop::Done(done) => Ok(RenewResponse {
                 chain: vec![done.leaf, self.node_ca_der().to_vec()],
+                boot: None,
             }),
-            Err(reason) => Err(self.refuse_renew(Some(node_id), reason)),
+            Stop::Challenge(c) => {
+                tracing::info!(
+                    node_id,
+                    pcrs = ?c.pcrs,
+                    "renew: the node's pool has a boot policy, boot evidence asked for"
+                );
+                Ok(RenewResponse {
+                    chain: Vec::new(),
+                    boot: Some(c),
+                })
+            }
+            Stop::Refused(reason) => Err(self.refuse_renew(Some(node_id), reason)),
+            Stop::Boot(f) => Err(self.refuse_renew_boot(node_id, f)),
+            Stop::Failed(e) => Err(e),
         }
     }
 
@@ -239,6 +297,7 @@ impl RenewService<'_> {
         }
         let node_key = check_node_key(&identity.statements, req.key_attestation.as_ref(), csr)
             .map_err(Stop::Refused)?;
+        let boot = self.check_boot(tx, now, &node, node_key, csr, req)?;
 
         // A ramdisk's certificates stay as short as its first one.
         let scope = records::node_scope(tx, node_id)?;
@@ -278,6 +337,9 @@ impl RenewService<'_> {
             })
             .map_err(|e| Stop::Failed(ApiError::Internal(e.to_string())))?;
         records::insert_cert(tx, node_id, node.identity_generation, &issued)?;
+        if let Some(boot) = &boot {
+            crate::model::node_boot::record(tx, node_id, "renew", boot, now)?;
+        }
         let not_after = store::rfc3339(store::from_datetime(issued.not_after));
         records::insert_event(
             tx,
@@ -293,6 +355,7 @@ impl RenewService<'_> {
                     "notAfter": not_after,
                     "nodeKey": node_key.as_str(),
                     "identityGeneration": node.identity_generation,
+                    "bootVerified": boot.is_some(),
                 }),
             },
         )?;
@@ -307,8 +370,91 @@ impl RenewService<'_> {
         Ok(Renewed { leaf: issued.der })
     }
 
+    /// Under the pool of `pool_id`'s boot policy, the boot `req` proves
+    /// ([`boot`]): `None` with no policy, or for a leaf that names no AK
+    /// (nothing could sign a quote: such a node renews as before); a
+    /// challenge when the request carries no current evidence.
+    fn check_boot(
+        &self,
+        tx: &Tx<'_>,
+        now: UnixMs,
+        node: &records::NodeRow,
+        node_key: NodeKeyKind,
+        csr: &VerifiedCsr,
+        req: &RenewRequest,
+    ) -> Result<Option<crate::model::node_boot::VerifiedBoot>, Stop> {
+        let (node_id, pool_id) = (node.id.as_str(), node.pool_id.as_str());
+        if !matches!(node_key, NodeKeyKind::Tpm) {
+            return Ok(None);
+        }
+        let Some(policy) = crate::model::boot_policy::pool_boot_policy(tx, pool_id)? else {
+            return Ok(None);
+        };
+        let key = self.renew_boot_key().ok_or_else(|| {
+            Stop::Failed(ApiError::Internal(
+                "no challenge key to ask for boot evidence with".to_owned(),
+            ))
+        })?;
+        let evidence = req
+            .boot
+            .as_ref()
+            .filter(|ev| key.is_current(ev, node_id, &csr.sha256, now));
+        let Some(ev) = evidence else {
+            return Err(Stop::Challenge(key.challenge(
+                &policy,
+                node_id,
+                &csr.sha256,
+                now,
+            )));
+        };
+        // check_node_key verified this AK.
+        let att = req
+            .key_attestation
+            .as_ref()
+            .ok_or(Stop::Refused(RenewReason::KeyAttestationMissing))?;
+        let ak =
+            Public::parse(&att.ak_public).map_err(|_| Stop::Refused(RenewReason::AkMismatch))?;
+        let facts = boot::verify(&policy, &ak, ev, &csr.sha256).map_err(Stop::Boot)?;
+        tracing::info!(
+            node_id,
+            pool = pool_id,
+            secure_boot = facts.secure_boot_enabled(),
+            "renew: the event log replays and meets the pool's boot policy"
+        );
+        Ok(Some(crate::model::node_boot::VerifiedBoot::of(&facts)))
+    }
+
+    /// A renewal refused by its boot evidence: stored with what failed
+    /// (`data.detail`, `data.eventIndex`), and told to the node, which
+    /// proved who it is: its own boot is no secret to it, and `bcd doctor`
+    /// says why it stopped renewing.
+    fn refuse_renew_boot(&self, node_id: &str, f: BootFailure) -> ApiError {
+        let reason = RenewReason::from(f.check);
+        let detail = f.detail.unwrap_or_default();
+        let e = self.refuse_renew_with(Some(node_id), reason, &detail, f.event);
+        match e {
+            ApiError::RenewRefused => ApiError::RenewRefusedBoot(if detail.is_empty() {
+                reason.as_str().to_owned()
+            } else {
+                format!("{reason}: {detail}")
+            }),
+            e => e,
+        }
+    }
+
     /// Logs and stores a refused renewal and answers ACCESS_DENIED.
     fn refuse_renew(&self, node_id: Option<&str>, typed: RenewReason) -> ApiError {
+        self.refuse_renew_with(node_id, typed, "", None)
+    }
+
+    /// [`Self::refuse_renew`] with what exactly failed (empty: nothing to add).
+    fn refuse_renew_with(
+        &self,
+        node_id: Option<&str>,
+        typed: RenewReason,
+        detail: &str,
+        event_index: Option<usize>,
+    ) -> ApiError {
         let reason = typed.as_str();
         if node_id.is_none() {
             // Nobody proved an identity: anyone can send these, so they are
@@ -331,7 +477,12 @@ impl RenewService<'_> {
             }
             return ApiError::RenewRefused;
         }
-        tracing::warn!(node_id = node_id.unwrap_or(""), reason, "renew refused");
+        tracing::warn!(
+            node_id = node_id.unwrap_or(""),
+            reason,
+            detail,
+            "renew refused"
+        );
         let stored = self.database().write(|tx| {
             let now = tx.now()?;
             let owner = match node_id {
@@ -347,7 +498,7 @@ impl RenewService<'_> {
                     reason: Some(reason),
                     token_id: None,
                     node_id,
-                    data: serde_json::json!({ "owner": owner }),
+                    data: refusal_data(owner, detail, event_index),
                 },
             )
         });
@@ -356,6 +507,23 @@ impl RenewService<'_> {
         }
         ApiError::RenewRefused
     }
+}
+
+/// A refusal event's data: the pool owner it is attributed to and, for a
+/// boot refusal, what failed and at which event of the log.
+fn refusal_data(
+    owner: Option<String>,
+    detail: &str,
+    event_index: Option<usize>,
+) -> serde_json::Value {
+    let mut data = serde_json::json!({ "owner": owner });
+    if !detail.is_empty() {
+        data["detail"] = detail.into();
+    }
+    if let Some(i) = event_index {
+        data["eventIndex"] = i.into();
+    }
+    data
 }
 
 /// What the leaf's statements demand of the new key, and whether the
@@ -396,5 +564,6 @@ fn check_node_key(
     Ok(NodeKeyKind::Tpm)
 }
 
+mod boot;
 #[cfg(test)]
 mod tests;

@@ -476,6 +476,20 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     r#"
     ALTER TABLE pools ADD COLUMN boot_policy TEXT;
     "#,
+    // 24: each node's last verified boot (issue 31), written when a join or
+    // a renewal met its pool's boot policy (model/node_boot.rs): Secure
+    // Boot's state, the boot applications (digest and authorities, JSON),
+    // the kernel command line, and when and by which call.
+    r#"
+    CREATE TABLE node_boots (
+        node_id      TEXT PRIMARY KEY,
+        verified_at  INTEGER NOT NULL,
+        via          TEXT NOT NULL CHECK (via IN ('join', 'renew')),
+        secure_boot  TEXT NOT NULL,
+        boot_apps    TEXT NOT NULL CHECK (json_valid(boot_apps)),
+        cmdline      TEXT
+    ) STRICT;
+    "#,
 ];
 
 /// How many of [`MIGRATIONS`] a database at schema `version` has applied;

@@ -218,11 +218,13 @@ pub(super) fn write(root: &Path) {
             certify_info: node_cert.certify_info.clone(),
             signature: node_cert.signature.clone(),
         }),
+        boot: None,
     };
     put(root, "renew_request", "tpm", &renew.encode_to_vec());
     let bare = RenewRequest {
         csr: rcgen_csr(),
         key_attestation: None,
+        boot: None,
     };
     put(root, "renew_request", "bare", &bare.encode_to_vec());
     put(
@@ -231,6 +233,7 @@ pub(super) fn write(root: &Path) {
         "chain",
         &RenewResponse {
             chain: chain.clone(),
+            boot: None,
         }
         .encode_to_vec(),
     );

@@ -74,7 +74,7 @@
 //! site, which the lease refuses, or a plain node that holds a site).
 //! A reclaim keeps its node's role and site (JoinService checks the role).
 
-mod boot;
+pub(crate) mod boot;
 pub(crate) mod credential;
 mod credential_ecc;
 pub mod ek;
@@ -87,7 +87,7 @@ pub(crate) mod state;
 
 use bc_wire::agent::{tpm_attestation, Role, TpmAnswer, TpmAttestation, TpmChallenge, TpmHello};
 use bc_wire::pcr::PcrBank;
-use bc_wire::tpm::{self as wtpm, Attested, Public};
+use bc_wire::tpm::{self as wtpm, Public};
 use bc_wire::AttestorId;
 use prost::Message;
 use subtle::ConstantTimeEq;
@@ -625,15 +625,16 @@ impl TpmAttestor {
             Place::Deferred(d) => return Ok(Verdict::Defer(d)),
             Place::Join { node, pool, site } => (node, pool, site),
         };
-        if self.boot_policies {
-            check_boot(
+        let boot = match self.boot_policies {
+            true => check_boot(
                 tx,
                 reclaim_node_id.as_deref(),
                 pool_id.as_deref(),
                 answer,
                 &proof,
-            )?;
-        }
+            )?,
+            false => None,
+        };
         // The final round.
         self.spend(tx, &proof, input.now)?;
         let TpmProof {
@@ -665,6 +666,7 @@ impl TpmAttestor {
             // The claimed product UUID is only a claim (the joins row
             // records it): the EK is this machine's hardware key.
             proven_product_uuid: None,
+            boot: boot.map(Box::new),
             ..AttestationResult::default()
         })))
     }
@@ -697,22 +699,10 @@ impl TpmAttestor {
             }
             return Ok((nonce, None));
         }
-        let quote = match wtpm::verify_attest(ak, &answer.quote, &answer.quote_signature) {
-            Ok(q) => q,
-            // Signed by the AK, but not a quote (a certification, say).
-            Err(wtpm::TpmError::AttestType(_)) => return Err(Refusal::new(TpmReason::QuoteNonce)),
-            Err(_) => return Err(Refusal::new(TpmReason::QuoteSignature)),
-        };
-        let Attested::Quote {
-            selection,
-            pcr_digest,
-        } = &quote.attested
-        else {
-            return Err(Refusal::new(TpmReason::QuoteNonce));
-        };
-        if quote.extra_data != nonce {
-            return Err(Refusal::new(TpmReason::QuoteNonce));
-        }
+        let (selection, pcr_digest) =
+            boot::verified_quote(ak, &answer.quote, &answer.quote_signature, &nonce)
+                .map_err(|c| Refusal::new(TpmReason::from(c)))?;
+        let (selection, pcr_digest) = (&selection, &pcr_digest);
         if !answer.event_log.is_empty() {
             // A boot policy's quote: every populated bank at once.
             let banks = pcr::quoted_banks(selection, &answer.pcr_values, pcr_digest)
@@ -938,41 +928,39 @@ fn joined_pool(
 }
 
 /// The pool's boot policy, when it has one, against the answer's event log
-/// and quote ([`boot::verified_facts`], then the policy's judgement); a
-/// refusal names the pool, and the digest or value and event that failed.
+/// and quote ([`boot::judge`]): the boot it verified, or a refusal naming
+/// the pool, and the digest or value and event that failed.
 fn check_boot(
     tx: &Tx<'_>,
     node: Option<&str>,
     pool: Option<&str>,
     answer: &TpmAnswer,
     proof: &TpmProof,
-) -> Result<(), Refusal> {
+) -> Result<Option<crate::model::node_boot::VerifiedBoot>, Refusal> {
     let pool_id = joined_pool(tx, node, pool)?;
     let Some(policy) = boot_policy::pool_boot_policy(tx, &pool_id)? else {
-        return Ok(());
+        return Ok(None);
     };
     let owner = crate::model::pools::get(tx, &pool_id)?
         .map(|p| p.owner)
         .unwrap_or_default();
-    let refused = |r: Refusal| r.with_node(node).with_pool(&pool_id, &owner);
-    let needed = boot_policy::needed_pcrs(&policy);
-    let always = boot_policy::always_extended(&needed);
     let none = bc_eventlog::PcrValues::new();
     let quoted = proof.quoted.as_ref().unwrap_or(&none);
-    let facts =
-        boot::verified_facts(&answer.event_log, quoted, &needed, &always).map_err(refused)?;
-    if let Err(b) = boot_policy::judge(&policy, &facts) {
-        tracing::info!(pool = %pool_id, refusal = %b, "tpm: the boot does not meet the pool's boot policy");
-        return Err(refused(
-            Refusal::new(TpmReason::boot(b.reason)).with_detail(b.detail, b.event),
-        ));
-    }
+    let facts = boot::judge(&policy, &answer.event_log, quoted).map_err(|f| {
+        tracing::info!(pool = %pool_id, reason = %TpmReason::from(f.check), detail = f.detail.as_deref().unwrap_or(""), "tpm: the boot does not meet the pool's boot policy");
+        let r = Refusal::new(TpmReason::from(f.check));
+        let r = match f.detail {
+            Some(d) => r.with_detail(d, f.event),
+            None => r,
+        };
+        r.with_node(node).with_pool(&pool_id, &owner)
+    })?;
     tracing::info!(
         pool = %pool_id,
         secure_boot = facts.secure_boot_enabled(),
         "tpm: the event log replays and meets the pool's boot policy"
     );
-    Ok(())
+    Ok(Some(crate::model::node_boot::VerifiedBoot::of(&facts)))
 }
 
 enum Place {

@@ -4,8 +4,6 @@
 
 use bc_wire::tpm::CertificationError;
 
-use crate::model::boot_policy::BootReason;
-
 crate::reason::reasons! {
     /// The tpm attestor's reasons, the EK checks' ([`super::ek::EkError`], the
     /// maker's service) and the node-key certification's
@@ -64,18 +62,9 @@ crate::reason::reasons! {
     }
 }
 
-impl TpmReason {
-    /// The refusal of a boot the pool's boot policy does not allow.
-    pub(crate) fn boot(r: BootReason) -> Self {
-        match r {
-            BootReason::SecureBoot => TpmReason::BootSecureBoot,
-            BootReason::App => TpmReason::BootApp,
-            BootReason::Dbx => TpmReason::BootDbx,
-            BootReason::Cmdline => TpmReason::BootCmdline,
-            BootReason::Firmware => TpmReason::BootFirmware,
-        }
-    }
+super::boot::boot_check_reasons!(TpmReason);
 
+impl TpmReason {
     /// A node key the AK did not certify as the spec asks.
     pub(crate) fn node_key(e: &CertificationError) -> Self {
         match e {

@@ -49,6 +49,7 @@ fn request(csr: Vec<u8>) -> RenewRequest {
     RenewRequest {
         csr,
         key_attestation: None,
+        boot: None,
     }
 }
 
@@ -134,6 +135,7 @@ fn tpm_request(att: Option<TpmKeyAttestation>) -> RenewRequest {
     RenewRequest {
         csr: TPM_CSR.to_vec(),
         key_attestation: att,
+        boot: None,
     }
 }
 
