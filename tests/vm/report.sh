@@ -69,7 +69,10 @@ fi
 # that one process holds the identity).
 if step renew; then
   systemctl stop bcd-node.service
-  as_node_user bcd node --once --renew-now --config "$config" 2>&1 | block renew
+  out=$(as_node_user bcd node --once --renew-now --config "$config" 2>&1)
+  kv renew_now_rc $?
+  printf '%s\n' "$out" | block renew
+  as_node_user bcd doctor --config "$config" 2>&1 | block doctor_renewed
   kv renew_rc "$(as_node_user bcd node --once --config "$config" >/dev/null 2>&1; echo $?)"
   systemctl start bcd-node.service
   as_node_user bcd status --json --config "$config" 2>&1 | block status_renewed
