@@ -1,6 +1,6 @@
 //! The event log of a machine as scripts/pxetest boots its ramdisks: QEMU's
 //! SeaBIOS with a vTPM, network-booting through the NIC's iPXE option ROM,
-//! which loads the kernel and initrd a boot server names (tests/data/seabios,
+//! which loads the kernel and initrd a boot server names (tests/data/pxe,
 //! PROVENANCE.md). It pins what such a machine can prove about its boot:
 //! the firmware measured its SMBIOS tables and option ROMs and that it
 //! called INT 19h, and nothing after it. iPXE measures nothing it loads and
@@ -16,7 +16,7 @@ use bc_eventlog::{extract, parse, replay, Alg, Format, Limits};
 #[test]
 fn seabios_and_ipxe_measure_nothing_the_boot_server_served() {
     let path =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/seabios/seabios-ipxe-pxe.bin");
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/pxe/seabios-ipxe.bin");
     let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let log = parse(&bytes, &Limits::default()).expect("SeaBIOS's log parses");
     assert_eq!(log.format, Format::CryptoAgile);
