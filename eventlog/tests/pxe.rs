@@ -1,22 +1,35 @@
-//! The event log of a machine as scripts/pxetest boots its ramdisks: QEMU's
-//! SeaBIOS with a vTPM, network-booting through the NIC's iPXE option ROM,
-//! which loads the kernel and initrd a boot server names (tests/data/pxe,
-//! PROVENANCE.md). It pins what such a machine can prove about its boot:
-//! the firmware measured its SMBIOS tables and option ROMs and that it
-//! called INT 19h, and nothing after it. iPXE measures nothing it loads and
-//! the kernel's BIOS entry measures nothing either, so the kernel, initrd
-//! and command line the site served are not in the log, and a ramdisk's
-//! boot policy cannot allow "exactly what the site served" on this
-//! firmware; UEFI firmware measures every image it loads (tests/sbtest.rs).
+//! The event logs of a machine network-booting a kernel and initrd that a
+//! boot server names, through QEMU's iPXE option ROM (tests/data/pxe,
+//! PROVENANCE.md): what such a machine can prove about what it was served.
+//!
+//! - SeaBIOS (as scripts/pxetest boots its ramdisks): the firmware measured
+//!   its SMBIOS tables and option ROMs and that it called INT 19h, and
+//!   nothing after it. iPXE measures nothing it loads and the kernel's BIOS
+//!   entry measures nothing either: a ramdisk's boot policy cannot allow
+//!   "exactly what the site served" on this firmware.
+//! - OVMF (UEFI): iPXE starts the kernel through the firmware, which
+//!   measures it into PCR 4 by the Authenticode digest the boot server can
+//!   compute from the file it serves; the kernel's EFI stub measures its
+//!   command line into PCR 9 (a tagged event whose digest is that of the
+//!   UTF-16 string iPXE passed, which the boot server rendered). The initrd
+//!   iPXE (2019) hands over as a file is not measured.
 
 use std::path::PathBuf;
 
 use bc_eventlog::{extract, parse, replay, Alg, Format, Limits};
+use sha2::{Digest as _, Sha256};
+
+fn load(name: &str) -> bc_eventlog::EventLog {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/pxe")
+        .join(name);
+    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    parse(&bytes, &Limits::default()).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
 
 #[test]
 fn seabios_and_ipxe_measure_nothing_the_boot_server_served() {
-    let path =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/pxe/seabios-ipxe.bin");
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/pxe/seabios-ipxe.bin");
     let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let log = parse(&bytes, &Limits::default()).expect("SeaBIOS's log parses");
     assert_eq!(log.format, Format::CryptoAgile);
@@ -61,4 +74,60 @@ fn seabios_and_ipxe_measure_nothing_the_boot_server_served() {
     assert!(facts.kernel_cmdlines.is_empty());
     assert!(facts.loaded_files.is_empty());
     assert!(!facts.secure_boot_enabled());
+}
+
+#[test]
+fn ovmf_measures_the_kernel_ipxe_loads_and_its_command_line() {
+    // The cloud kernel scripts/sbtest also boots: the digest its
+    // tests/vm/sb/authenticode.py computes from the file.
+    const KERNEL: &str = "65c89335d8a5d25a8eeffd4de4a02087ac8dcf26165dbff8806a19f68ecd2842";
+    // What iPXE passed as the kernel's load options: its image name, then
+    // the arguments of the script's `kernel` line.
+    const LOAD_OPTIONS: &str = "vmlinuz initrd=probe.cpio.gz console=ttyS0 bc.probe=1";
+    let log = load("ovmf-ipxe.bin");
+    let r = replay(&log, &[]);
+    for alg in [Alg::Sha1, Alg::Sha256, Alg::Sha384, Alg::Sha512] {
+        assert!(r.bank(alg).is_some(), "{alg:?}");
+    }
+    let facts = extract(&log, &Limits::default());
+    assert!(!facts.secure_boot_enabled());
+    // PCR 4: the kernel, twice (iPXE loads the image, then starts it), by
+    // its Authenticode digest, the second time with its path on iPXE's
+    // file system.
+    let apps: Vec<(u32, String)> = facts
+        .boot_apps
+        .iter()
+        .map(|a| {
+            let d = a.authenticode.iter().find(|d| d.alg() == Some(Alg::Sha256));
+            (a.pcr, d.map(|d| hex::encode(&d.value)).unwrap_or_default())
+        })
+        .collect();
+    assert_eq!(apps, [(4, KERNEL.to_owned()), (4, KERNEL.to_owned())]);
+    assert!(facts.boot_apps[1]
+        .path
+        .as_deref()
+        .is_some_and(|p| p.ends_with("/vmlinuz")));
+    // PCR 9: the EFI stub's LOADED_IMAGE::LoadOptions, the UTF-16LE
+    // command line with its NUL.
+    let tagged: Vec<_> = log
+        .events
+        .iter()
+        .filter(|e| e.pcr == 9 && e.event_type == 6)
+        .collect();
+    assert_eq!(tagged.len(), 1);
+    assert!(tagged[0]
+        .data
+        .windows(25)
+        .any(|w| w == b"LOADED_IMAGE::LoadOptions"));
+    let utf16: Vec<u8> = LOAD_OPTIONS
+        .encode_utf16()
+        .chain([0])
+        .flat_map(u16::to_le_bytes)
+        .collect();
+    assert_eq!(
+        tagged[0].digest(Alg::Sha256),
+        Some(Sha256::digest(&utf16).as_slice())
+    );
+    // No string to match a `cmdline` pattern against: only its digest.
+    assert!(facts.kernel_cmdlines.is_empty());
 }
