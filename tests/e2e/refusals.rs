@@ -332,6 +332,42 @@ fn x509pop_refuses_old_proofs_revoked_identities_and_expiries_past_grace() {
     );
 }
 
+/// A certificate revoked within its node's current generation: no operation
+/// makes one (revoke-identity raises the generation, a delete deletes), so
+/// the database is edited by hand, as a restored or repaired one may be.
+/// bcd's x509pop re-join and its renewal are both refused as `revoked`, and
+/// bcd keeps the identity it has.
+#[test]
+fn a_certificate_revoked_in_its_current_generation_neither_rejoins_nor_renews() {
+    let cp = ControlPlane::start();
+    let agent = Agent::new(&cp);
+    assert_ok(&agent.join_with_token(&cp.token("node", &[])));
+    let node_id = agent.status_json()["nodeId"].as_str().unwrap().to_owned();
+    let files =
+        || ["identity.json", "node.key"].map(|f| std::fs::read(agent.data_dir.join(f)).unwrap());
+    let before = files();
+    cp.sql(&format!(
+        "UPDATE node_certs SET revoked_at = 1 WHERE node_id = '{node_id}'"
+    ));
+
+    let out = cp.refused_once(Refusal::Join("x509pop"), "revoked", || {
+        agent.run(&["join", "--attestor", "x509pop"])
+    });
+    assert_access_denied(&out);
+
+    let out = cp.refused_once(Refusal::Renew, "revoked", || {
+        agent.run(&["node", "--once", "--renew-now"])
+    });
+    assert_renew_refused(&out);
+    assert_eq!(renew_refusals(&cp), ["revoked"]);
+    assert_eq!(
+        agent.status_json()["nodeId"],
+        node_id.as_str(),
+        "nothing was written"
+    );
+    assert!(files() == before, "bcd keeps its certificate and key");
+}
+
 /// The TLS layer judges client certificates by the database clock, as Renew
 /// does, and lets an expired one through to Renew, which refuses it by
 /// name. The node joined 25 hours ago (both clocks moved back); the control
