@@ -929,6 +929,9 @@ fn a_site_that_loses_its_lease_during_a_secret_call_tells_the_machine_to_exit() 
         "{script}"
     );
     let exit = server.wait_for("boot script rendered: exit");
-    assert!(exit.contains("this site node lost the boot lease"), "{exit}");
+    assert!(
+        exit.contains("this site node lost the boot lease"),
+        "{exit}"
+    );
     assert_eq!(server.count("discovery assertion signed"), 0);
 }
