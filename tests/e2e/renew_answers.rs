@@ -1,5 +1,6 @@
 //! bcd accepts a renewal answer only if it certifies its next key under its
-//! own node id, in its trust domain, and is not expired yet. A proxy in
+//! own node id, in its trust domain, signed by the CA of its current chain,
+//! carrying its AK statement forward, and is not expired yet. A proxy in
 //! front of the real control plane forwards bcd's Renew (with the node's
 //! own identity, so the control plane really renews) and bends the answer
 //! on the way back, one thing at a time, with the real node CA: only bcd's
@@ -40,6 +41,10 @@ enum Bend {
     /// Reissued as it was, but by a CA of the proxy's own (the chain's CA
     /// replaced by it).
     OtherCa,
+    /// Not forwarded (a TPM node's key is in its TPM, which the proxy cannot
+    /// share): answered with a certificate of the real node CA for the
+    /// CSR's key and the node, without the AK statement.
+    StatementDropped,
 }
 
 /// A TLS-terminating HTTPS server in this process with the control plane's
@@ -53,11 +58,17 @@ impl RenewProxy {
     fn start(cp: &ControlPlane, agent: &Agent, bend: Bend) -> Self {
         agent.set_api(&cp.url);
         let config = bcd::config::Config::load(&agent.config).expect("agent config");
-        let id = Identity::load(&agent.data_dir, &TpmAccess::none())
-            .expect("identity")
-            .expect("joined");
-        let upstream =
-            Arc::new(Client::with_identity(&config, &id.chain, id.key.clone()).expect("client"));
+        let upstream = match bend {
+            Bend::StatementDropped => None,
+            _ => {
+                let id = Identity::load(&agent.data_dir, &TpmAccess::none())
+                    .expect("identity")
+                    .expect("joined");
+                let client = Client::with_identity(&config, &id.chain, id.key.clone());
+                Some(Arc::new(client.expect("client")))
+            }
+        };
+        let current = current_leaf(agent);
         let bundle = Arc::new(Bundle::load(cp.path()).expect("bundle"));
         let (chain, key) = bundle.tls_server_identity();
         let mut tls = rustls::ServerConfig::builder_with_provider(Arc::new(
@@ -70,12 +81,23 @@ impl RenewProxy {
         .expect("the server certificate");
         tls.alpn_protocols = vec![b"http/1.1".to_vec()];
         let handler = move |body: Bytes| {
-            let (upstream, bundle) = (upstream.clone(), bundle.clone());
+            let (upstream, bundle, current) = (upstream.clone(), bundle.clone(), current.clone());
             async move {
                 let Ok(req) = RenewRequest::decode(body.as_ref()) else {
                     return http::error_response(&ApiError::InvalidInput(
                         "not a RenewRequest".into(),
                     ));
+                };
+                let Some(upstream) = upstream else {
+                    let chain = without_statements(&bundle, &current, &req.csr);
+                    return (
+                        [(
+                            axum::http::header::CONTENT_TYPE,
+                            bc_wire::endpoints::CONTENT_TYPE,
+                        )],
+                        RenewResponse { chain }.encode_to_vec(),
+                    )
+                        .into_response();
                 };
                 let chain = match upstream.renew(&req).await {
                     Ok(chain) => chain,
@@ -118,7 +140,7 @@ fn bent(bundle: &Bundle, bend: Bend, mut chain: Vec<Vec<u8>>) -> Vec<Vec<u8>> {
         .to_vec();
     let now = time::OffsetDateTime::now_utc();
     let (spki, trust_domain, node_id, not_before, not_after) = match bend {
-        Bend::Empty => return Vec::new(),
+        Bend::Empty | Bend::StatementDropped => return Vec::new(),
         Bend::OtherCa => return foreign_ca_chain(&chain[0]),
         Bend::OtherKey => (
             other,
@@ -162,6 +184,38 @@ fn bent(bundle: &Bundle, bend: Bend, mut chain: Vec<Vec<u8>>) -> Vec<Vec<u8>> {
         .expect("issue")
         .der;
     chain
+}
+
+/// The node certificate `agent` holds now (DER), from its identity.json.
+fn current_leaf(agent: &Agent) -> Vec<u8> {
+    let id: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(agent.data_dir.join("identity.json")).unwrap())
+            .unwrap();
+    ::pem::parse(id["chain"][0].as_str().unwrap())
+        .unwrap()
+        .into_contents()
+}
+
+/// A chain of the real node CA certifying `csr`'s key as the node of
+/// `current`, for an hour, with no statement.
+fn without_statements(bundle: &Bundle, current: &[u8], csr: &[u8]) -> Vec<Vec<u8>> {
+    use x509_parser::prelude::FromDer as _;
+    let node = bc_controlplane::pki::node_cert_identity(current).unwrap();
+    let (_, csr) =
+        x509_parser::certification_request::X509CertificationRequest::from_der(csr).unwrap();
+    let now = time::OffsetDateTime::now_utc();
+    let leaf = bundle
+        .node_ca
+        .issue(&NodeCertSpec {
+            spki_der: csr.certification_request_info.subject_pki.raw,
+            trust_domain: &node.trust_domain,
+            node_id: &node.node_id,
+            statements: &[],
+            not_before: now,
+            not_after: now + time::Duration::hours(1),
+        })
+        .unwrap();
+    vec![leaf.der, bundle.node_ca.cert_der().to_vec()]
 }
 
 /// `leaf`'s identity and key, signed by a new CA of its own: [leaf, that CA].
@@ -263,4 +317,31 @@ fn a_renewed_certificate_signed_by_another_ca_is_refused() {
         err.contains("not signed by the node CA that signed the current one"),
         "{err}"
     );
+}
+
+/// A TPM node's renewal answered without the AK statement its certificate
+/// carries: bcd refuses it (its certificate would no longer say that the
+/// key is its TPM's) and keeps its identity.
+#[test]
+fn a_renewed_certificate_that_drops_the_ak_statement_is_refused() {
+    let cp = ControlPlane::start_trusting_test_maker();
+    let tpm = Swtpm::start();
+    let agent = Agent::with_tpm(&cp, &tpm);
+    agent.allow_ek(&cp);
+    assert_ok(&agent.run(&["join", "--attestor", "tpm"]));
+    let before = std::fs::read(agent.data_dir.join("identity.json")).unwrap();
+    let files = agent.files();
+    let _proxy = RenewProxy::start(&cp, &agent, Bend::StatementDropped);
+    let out = agent.run(&["node", "--once", "--renew-now"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("the renewed certificate drops the statement urn:bc:tpm-ak:"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read(agent.data_dir.join("identity.json")).unwrap(),
+        before
+    );
+    assert_eq!(agent.files(), files, "no next key left behind");
 }
