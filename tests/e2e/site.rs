@@ -935,3 +935,36 @@ fn a_site_that_loses_its_lease_during_a_secret_call_tells_the_machine_to_exit() 
     );
     assert_eq!(server.count("discovery assertion signed"), 0);
 }
+
+/// A running `bcd site` of a TPM-joined node whose TPM goes away (its
+/// swtpm stopped) after the site served a machine: the next machine's
+/// script cannot be vouched for, since the node key cannot sign its
+/// SecretRequest. The machine is told to exit, naming the node key, and
+/// the log says what the TPM answered. (The lease lasts an hour, so that no
+/// renewal needs the key meanwhile.)
+#[test]
+fn a_site_whose_node_key_cannot_sign_tells_the_machine_to_exit() {
+    let cp = ControlPlane::start_trusting_test_maker_with("[discovery]\nlease_ttl = \"1h\"\n");
+    let site_id = site(&cp, "dc1");
+    let tpm = Swtpm::start();
+    let agent = Agent::with_tpm(&cp, &tpm);
+    let ek = agent.allow_ek(&cp);
+    assert_ok(&cp.cli(&["resolve", "add", "--ek-sha256", &ek, "--site", "dc1"]));
+    assert_ok(&agent.run(&["join", "--role", "site", "--attestor", "tpm"]));
+    let node = SiteNode { agent, site_id };
+    let mut server = BootServer::start_slow_to_retry(&node);
+    server.wait_for("boot lease acquired");
+    boot_add(&cp, "dc1", MAC, &[]);
+    assert!(server.script(MAC).contains("bc.assertion="));
+
+    drop(tpm);
+    let script = server.script(MAC);
+    assert_exit_script(&script);
+    assert!(
+        script.contains("echo bc-site: the site's node key cannot sign"),
+        "{script}"
+    );
+    let warned = server.wait_for("the node key cannot sign");
+    assert!(warned.contains("error="), "{warned}");
+    assert_eq!(server.count("discovery assertion signed"), 1);
+}
