@@ -360,6 +360,41 @@ impl Backend for Liar {
     }
 }
 
+/// `bcd helper` whose kernel cannot say who a caller is (SO_PEERCRED
+/// failing, which only a failpoint makes happen on Linux) serves nobody: the
+/// connection is closed, the helper's log says why, and the node's identity
+/// does not load (its key is the helper's), with nothing changed.
+#[cfg(feature = "failpoints")]
+#[test]
+fn a_caller_whose_credentials_are_unknown_is_refused() {
+    let cp = ControlPlane::start_trusting_test_maker();
+    let tpm = Swtpm::start();
+    let m = Machine::join(&cp, &tpm);
+    let before = std::fs::read(m.agent.data_dir.join("identity.json")).unwrap();
+    let files = m.agent.files();
+    let mut helper = {
+        let mut cmd = m.agent.command(&["helper"]);
+        cmd.env("BCD_FAILPOINT", "helper-peer-credentials-unknown");
+        let mut h = Logged::spawn(cmd);
+        h.wait_for("bcd helper serving", 1);
+        h
+    };
+    let out = m.node(&["--once", "--renew-now"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("bcd helper closed the connection without answering")
+            && err.contains("see its log"),
+        "{err}"
+    );
+    helper.wait_for("refused a caller whose credentials are unknown", 1);
+    assert_eq!(
+        std::fs::read(m.agent.data_dir.join("identity.json")).unwrap(),
+        before
+    );
+    assert_eq!(m.agent.files(), files);
+}
+
 /// `machine.ids`: the real helper reads, as root, what the unprivileged
 /// node's inventory needs: DMI's root-only identifiers (here the machine's
 /// fake sysfs) and its TPM's EK, the one `bcd tpm identify` names. (A
