@@ -764,6 +764,18 @@ const TESTED: &[(&str, &str, Via, &str)] = &[
     ),
     (
         "renew",
+        "statement-malformed",
+        Bcd,
+        "refusals::a_certificate_with_two_ak_statements_is_refused_at_renew",
+    ),
+    (
+        "renew",
+        "ak-attributes",
+        Client,
+        "refusals::a_certificate_naming_a_key_that_is_no_ak_is_refused_at_renew",
+    ),
+    (
+        "renew",
         "revoked",
         Bcd,
         "refusals::a_certificate_revoked_in_its_current_generation_neither_rejoins_nor_renews",
@@ -880,13 +892,7 @@ const TESTED: &[(&str, &str, Via, &str)] = &[
 
 /// Reasons no e2e test sees yet: only unit tests of the control plane do.
 /// This list may only shrink; a new reason goes in [`TESTED`] with its test.
-const UNTESTED: &[(&str, &str)] = &[
-    // A stored certificate with two AK statements, or one that does not
-    // parse, or naming an AK without an attestation key's attributes: this
-    // control plane never issues one (the tpm join checked the AK).
-    ("renew", "statement-malformed"),
-    ("renew", "ak-attributes"),
-];
+const UNTESTED: &[(&str, &str)] = &[];
 
 /// The text of `fn name` in `text` (to the closing brace at its indent),
 /// and whether it is a `#[test]`.
