@@ -893,20 +893,22 @@ fn a_running_site_renewing_a_lease_that_ran_out_is_refused_lease_lost() {
 /// A running `bcd site` whose lease is lost while its GetSecret for a
 /// machine is in flight: a failpoint holds the answer until the lease has
 /// moved (a GetSecret slower than the lease), and the control plane's
-/// clock moves past the 10 s lease, so the site's next renewal is refused
+/// clock moves past the 30 s lease, so the site's next renewal is refused
 /// `lease-lost`. It signs nothing with the token it got and tells the
-/// machine to exit, naming the lost lease.
+/// machine to exit, naming the lost lease; another site node takes over.
 #[test]
 fn a_site_that_loses_its_lease_during_a_secret_call_tells_the_machine_to_exit() {
-    let cp = ControlPlane::start_with_config("[discovery]\nlease_ttl = \"10s\"\n");
-    let node = SiteNode::join(&cp, &site(&cp, "dc1"));
+    let cp = ControlPlane::start_with_config("[discovery]\nlease_ttl = \"30s\"\n");
+    let site_id = site(&cp, "dc1");
+    let node = SiteNode::join(&cp, &site_id);
+    let other = SiteNode::join(&cp, &site_id);
     let mut server = BootServer::start_env(
         &node,
         "backoff_min = \"60s\"\nbackoff_max = \"60s\"\n",
         "",
         &[("BCD_FAILPOINT", "site-secret-outlasts-lease")],
     );
-    server.wait_for("boot lease acquired");
+    let acquired = server.wait_for("boot lease acquired");
     boot_add(&cp, "dc1", MAC, &[]);
     let port = server.port;
     let script = std::thread::scope(|s| {
@@ -914,7 +916,7 @@ fn a_site_that_loses_its_lease_during_a_secret_call_tells_the_machine_to_exit() 
         // The secret is issued under the lease; then the lease runs out.
         server.wait_for("the secret answer waits for the lease to move");
         let failed = cp.refused_once(Refusal::Site, "lease-lost", || {
-            assert_ok(&cp.cli(&["clock", "set", "--offset", "11s"]));
+            assert_ok(&cp.cli(&["clock", "set", "--offset", "31s"]));
             server.wait_for("boot lease call failed")
         });
         assert!(
@@ -934,6 +936,14 @@ fn a_site_that_loses_its_lease_during_a_secret_call_tells_the_machine_to_exit() 
         "{exit}"
     );
     assert_eq!(server.count("discovery assertion signed"), 0);
+    // Another site node takes the lease over at a higher epoch (the first
+    // one asks again only a good part of a TTL later).
+    let mut standby = BootServer::start(&other);
+    let taken = standby.wait_for("boot lease acquired");
+    assert!(
+        epoch_of(&taken) > epoch_of(&acquired),
+        "{acquired} / {taken}"
+    );
 }
 
 /// A running `bcd site` of a TPM-joined node whose TPM goes away (its
