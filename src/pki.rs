@@ -136,6 +136,21 @@ pub(crate) fn check_chain(chain: &[Vec<u8>]) -> Result<NodeCert, CertError> {
     NodeCert::parse(leaf)
 }
 
+/// Whether `leaf` (DER) carries a valid signature by the key of `issuer`
+/// (DER); `false` when either does not parse.
+pub(crate) fn signed_by(leaf: &[u8], issuer: &[u8]) -> bool {
+    use x509_parser::certificate::X509Certificate;
+    match (
+        X509Certificate::from_der(leaf),
+        X509Certificate::from_der(issuer),
+    ) {
+        (Ok((_, leaf)), Ok((_, issuer))) => {
+            leaf.verify_signature(Some(issuer.public_key())).is_ok()
+        }
+        _ => false,
+    }
+}
+
 fn parse_der(
     der: &[u8],
     index: usize,

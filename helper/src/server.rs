@@ -341,13 +341,25 @@ impl<K: std::hash::Hash + Eq + Copy> Refusals<K> {
 
 /// The peer's uid and pid, or `None` (logged) when the kernel cannot say.
 fn peer(stream: &UnixStream) -> Option<(u32, i32)> {
-    match stream.peer_cred() {
+    match peer_cred(stream) {
         Ok(cred) => Some((cred.uid(), cred.pid().unwrap_or(0))),
         Err(e) => {
             tracing::warn!(error = %e, "refused a caller whose credentials are unknown");
             None
         }
     }
+}
+
+/// SO_PEERCRED; in test builds its failure when `BCD_FAILPOINT` names
+/// `helper-peer-credentials-unknown` (the kernel does not fail it on Linux).
+fn peer_cred(stream: &UnixStream) -> std::io::Result<tokio::net::unix::UCred> {
+    #[cfg(feature = "failpoints")]
+    if std::env::var("BCD_FAILPOINT").is_ok_and(|v| v == "helper-peer-credentials-unknown") {
+        return Err(std::io::Error::other(
+            "failpoint: the kernel gave no credentials",
+        ));
+    }
+    stream.peer_cred()
 }
 
 /// One caller's requests, in order, until it closes or misbehaves.

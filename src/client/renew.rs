@@ -62,6 +62,8 @@ pub enum RenewAnswerError {
     StatementDropped(String),
     #[error("the renewed certificate expired at {0}")]
     Expired(String),
+    #[error("the renewed certificate is not signed by the node CA that signed the current one; it did not come from this control plane's CA")]
+    OtherIssuer,
 }
 
 /// What a renewed certificate must be.
@@ -72,6 +74,10 @@ pub struct RenewExpected<'a> {
     pub next_spki: &'a [u8],
     /// The current certificate's AK statement, carried forward.
     pub statement: Option<&'a str>,
+    /// The CA certificate (DER) of the current chain: the renewed leaf must
+    /// carry its signature (a certificate the control plane's TLS would not
+    /// accept must not replace one it does). `None` for a chain without one.
+    pub issuer: Option<&'a [u8]>,
     pub now: OffsetDateTime,
 }
 
@@ -87,6 +93,12 @@ pub fn verify_answer(
         return Err(RenewAnswerError::LongChain(chain.len()));
     }
     let cert = pki::check_chain(chain).map_err(RenewAnswerError::Cert)?;
+    if expected
+        .issuer
+        .is_some_and(|ca| !pki::signed_by(&chain[0], ca))
+    {
+        return Err(RenewAnswerError::OtherIssuer);
+    }
     if cert.spki != expected.next_spki {
         return Err(RenewAnswerError::OtherKey {
             cert_kid: signing::key_id(&cert.spki),
@@ -128,8 +140,24 @@ mod tests {
             trust_domain: "bc.test",
             next_spki: spki,
             statement,
+            issuer: None,
             now: OffsetDateTime::now_utc(),
         }
+    }
+
+    #[test]
+    fn refuses_a_certificate_another_ca_signed() {
+        let k = FileKey::generate().unwrap();
+        let uri = "spiffe://bc.test/node/node_abc";
+        let chain = issue(k.spki_der(), &[uri], 1);
+        let mut own = expected(k.spki_der(), None);
+        own.issuer = Some(&chain[1]);
+        assert!(verify_answer(&chain, &own).is_ok());
+        let forged = issue(k.spki_der(), &[uri], 1);
+        assert_eq!(
+            verify_answer(&forged, &own).map(|_| ()),
+            Err(RenewAnswerError::OtherIssuer)
+        );
     }
 
     #[test]

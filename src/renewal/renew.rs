@@ -99,6 +99,7 @@ pub(crate) async fn renew_once(
             trust_domain: &current.trust_domain,
             next_spki: next.key.spki_der(),
             statement,
+            issuer: current.chain.get(1).map(Vec::as_slice),
             now: clock::now(),
         };
         let cert = answer::verify_answer(&chain, &expected)

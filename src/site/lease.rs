@@ -23,6 +23,15 @@ impl LeaseView {
     pub(crate) fn held(&self, now: OffsetDateTime) -> Option<Held> {
         (*self.0.borrow()).filter(|h| now < h.expires_at)
     }
+
+    /// Waits, at most `limit`, until the lease is no longer held at `epoch`
+    /// (lost, or taken again at another).
+    pub(crate) async fn moved_from(&self, epoch: u64, limit: Duration) {
+        let mut rx = self.0.clone();
+        let moved = rx.wait_for(|h| h.map(|h| h.epoch) != Some(epoch));
+        // A timeout or a closed channel: the caller looks at the lease again.
+        let _ = tokio::time::timeout(limit, moved).await;
+    }
 }
 
 /// The shortest and longest wait before a renewal.

@@ -17,6 +17,9 @@ use crate::client::ClientError;
 use crate::clock;
 use crate::site_settings::SiteSettings;
 
+/// The failpoint that holds a GetSecret answer until the lease has moved.
+const SECRET_OUTLASTS_LEASE: &str = "site-secret-outlasts-lease";
+
 /// What a request gets.
 #[derive(Debug)]
 pub enum Response {
@@ -141,6 +144,14 @@ impl Site {
                 return Err("the site cannot reach its control plane".to_owned());
             }
         };
+        // Test builds: the answer comes only once the lease has moved on, a
+        // GetSecret slower than the lease that timing alone rarely gives.
+        if crate::failpoint::active(SECRET_OUTLASTS_LEASE) {
+            tracing::info!(mac = %q.mac, epoch = held.epoch, "failpoint: the secret answer waits for the lease to move");
+            self.lease
+                .moved_from(held.epoch, std::time::Duration::from_secs(60))
+                .await;
+        }
         // The lease may have moved during the call: sign only under one
         // still held at the same epoch.
         if self.lease.held(clock::now()).map(|h| h.epoch) != Some(held.epoch) {

@@ -354,14 +354,32 @@ enum Lie {
     Signature,
     /// Certifies with another TPM's AK (the other machine's key of the same unique).
     Certification(Box<TpmBackend>),
+    /// Announces a node key (an unrestricted one) as its AK.
+    AkNotAttestation,
+    /// Announces its AK under another name than its public area's.
+    AkName,
+    /// Answers a node key with its AK's public area (a restricted key).
+    NodeKeyRestricted,
 }
 
 impl Backend for Liar {
     fn ak(&mut self) -> Result<AkInfo, BackendError> {
-        self.honest.ak()
+        let mut ak = self.honest.ak()?;
+        match self.lie {
+            Lie::AkNotAttestation => {
+                ak.public = self.honest.node_key(&[3; 32])?;
+                ak.name = bc_wire::tpm::Public::parse(&ak.public).unwrap().name();
+            }
+            Lie::AkName => ak.name[5] ^= 1,
+            _ => {}
+        }
+        Ok(ak)
     }
     fn node_key(&mut self, unique: &[u8; 32]) -> Result<Vec<u8>, BackendError> {
-        self.honest.node_key(unique)
+        match self.lie {
+            Lie::NodeKeyRestricted => Ok(self.honest.ak()?.public),
+            _ => self.honest.node_key(unique),
+        }
     }
     fn sign(&mut self, u: &[u8; 32], h: Hash, digest: &[u8]) -> Result<[u8; 64], BackendError> {
         match self.lie {
@@ -371,15 +389,50 @@ impl Backend for Liar {
                 let sig: p256::ecdsa::Signature = other.sign_prehash(digest).unwrap();
                 Ok(sig.to_bytes().into())
             }
-            Lie::Certification(_) => self.honest.sign(u, h, digest),
+            _ => self.honest.sign(u, h, digest),
         }
     }
     fn certify(&mut self, u: &[u8; 32], q: &[u8]) -> Result<(Vec<u8>, Vec<u8>), BackendError> {
         match &mut self.lie {
             Lie::Certification(other) => other.certify(u, q),
-            Lie::Signature => self.honest.certify(u, q),
+            _ => self.honest.certify(u, q),
         }
     }
+}
+
+/// `bcd helper` whose kernel cannot say who a caller is (SO_PEERCRED
+/// failing, which only a failpoint makes happen on Linux) serves nobody: the
+/// connection is closed, the helper's log says why, and the node's identity
+/// does not load (its key is the helper's), with nothing changed.
+#[cfg(feature = "failpoints")]
+#[test]
+fn a_caller_whose_credentials_are_unknown_is_refused() {
+    let cp = ControlPlane::start_trusting_test_maker();
+    let tpm = Swtpm::start();
+    let m = Machine::join(&cp, &tpm);
+    let before = std::fs::read(m.agent.data_dir.join("identity.json")).unwrap();
+    let files = m.agent.files();
+    let mut helper = {
+        let mut cmd = m.agent.command(&["helper"]);
+        cmd.env("BCD_FAILPOINT", "helper-peer-credentials-unknown");
+        let mut h = Logged::spawn(cmd);
+        h.wait_for("bcd helper serving", 1);
+        h
+    };
+    let out = m.node(&["--once", "--renew-now"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("bcd helper closed the connection without answering")
+            && err.contains("see its log"),
+        "{err}"
+    );
+    helper.wait_for("refused a caller whose credentials are unknown", 1);
+    assert_eq!(
+        std::fs::read(m.agent.data_dir.join("identity.json")).unwrap(),
+        before
+    );
+    assert_eq!(m.agent.files(), files);
 }
 
 /// `machine.ids`: the real helper reads, as root, what the unprivileged
@@ -431,14 +484,34 @@ fn a_lying_helper_is_caught_and_nothing_is_sent() {
         let config = bcd::config::Config::load(&agent.config).unwrap();
         bcd::helper::open_backend(&config).unwrap()
     };
-    for (lie, caught) in [
+    // (the lie, what bcd was doing when it caught it, what it says of it)
+    let renewing = "renewal failed";
+    for (lie, doing, caught) in [
         (
             Lie::Signature,
+            renewing,
             "a signature that does not verify against the key's public half",
         ),
         (
             Lie::Certification(Box::new(other)),
+            renewing,
             "the certification is not the announced AK's of this key: node-key-signature",
+        ),
+        (
+            Lie::AkNotAttestation,
+            renewing,
+            "the AK is not a restricted P-256 signing key of the TPM",
+        ),
+        (
+            Lie::AkName,
+            renewing,
+            "the AK's name is not its public area's",
+        ),
+        // The current node key is the helper's too: caught as it loads.
+        (
+            Lie::NodeKeyRestricted,
+            "does not load",
+            "the node key is not an unrestricted signing key bound to the TPM",
         ),
     ] {
         let liar = Liar {
@@ -450,7 +523,7 @@ fn a_lying_helper_is_caught_and_nothing_is_sent() {
         assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
         let err = stderr(&out);
         assert!(
-            err.contains("renewal failed")
+            err.contains(doing)
                 && err.contains("bcd helper's answer does not check out")
                 && err.contains(caught),
             "{err}"

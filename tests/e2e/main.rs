@@ -32,6 +32,7 @@ mod package;
 mod pcr;
 mod pcrbanks;
 mod realek;
+mod renew_answers;
 // Every refusal reason of the control plane, and the test that sees it.
 mod reasons;
 // Several `serve` processes on one PostgreSQL database.

@@ -716,6 +716,12 @@ const TESTED: &[(&str, &str, Via, &str)] = &[
     ),
     (
         "x509pop",
+        "revoked",
+        Bcd,
+        "refusals::a_certificate_revoked_in_its_current_generation_neither_rejoins_nor_renews",
+    ),
+    (
+        "x509pop",
         "deleted",
         Bcd,
         "refusals::x509pop_refuses_bad_evidence_other_csrs_nodes_and_roles_and_gone_nodes",
@@ -755,6 +761,24 @@ const TESTED: &[(&str, &str, Via, &str)] = &[
         "stale-generation",
         Bcd,
         "refusals::renewals_refused_for_the_caller_the_csr_or_the_node_name_their_reason",
+    ),
+    (
+        "renew",
+        "statement-malformed",
+        Bcd,
+        "refusals::a_certificate_with_two_ak_statements_is_refused_at_renew",
+    ),
+    (
+        "renew",
+        "ak-attributes",
+        Client,
+        "refusals::a_certificate_naming_a_key_that_is_no_ak_is_refused_at_renew",
+    ),
+    (
+        "renew",
+        "revoked",
+        Bcd,
+        "refusals::a_certificate_revoked_in_its_current_generation_neither_rejoins_nor_renews",
     ),
     (
         "renew",
@@ -934,19 +958,7 @@ const TESTED: &[(&str, &str, Via, &str)] = &[
 
 /// Reasons no e2e test sees yet: only unit tests of the control plane do.
 /// This list may only shrink; a new reason goes in [`TESTED`] with its test.
-const UNTESTED: &[(&str, &str)] = &[
-    // A certificate revoked within its node's current generation: no
-    // operation makes one (revoke-identity and a reclaim raise the
-    // generation, stale-generation; a delete is deleted), so only a
-    // database edited by hand reaches these defensive checks.
-    ("x509pop", "revoked"),
-    ("renew", "revoked"),
-    // A stored certificate with two AK statements, or one that does not
-    // parse, or naming an AK without an attestation key's attributes: this
-    // control plane never issues one (the tpm join checked the AK).
-    ("renew", "statement-malformed"),
-    ("renew", "ak-attributes"),
-];
+const UNTESTED: &[(&str, &str)] = &[];
 
 /// The text of `fn name` in `text` (to the closing brace at its indent),
 /// and whether it is a `#[test]`.

@@ -337,6 +337,167 @@ fn x509pop_refuses_old_proofs_revoked_identities_and_expiries_past_grace() {
     );
 }
 
+/// A certificate revoked within its node's current generation: no operation
+/// makes one (revoke-identity raises the generation, a delete deletes), so
+/// the database is edited by hand, as a restored or repaired one may be.
+/// bcd's x509pop re-join and its renewal are both refused as `revoked`, and
+/// bcd keeps the identity it has.
+#[test]
+fn a_certificate_revoked_in_its_current_generation_neither_rejoins_nor_renews() {
+    let cp = ControlPlane::start();
+    let agent = Agent::new(&cp);
+    assert_ok(&agent.join_with_token(&cp.token("node", &[])));
+    let node_id = agent.status_json()["nodeId"].as_str().unwrap().to_owned();
+    let files =
+        || ["identity.json", "node.key"].map(|f| std::fs::read(agent.data_dir.join(f)).unwrap());
+    let before = files();
+    cp.sql(&format!(
+        "UPDATE node_certs SET revoked_at = 1 WHERE node_id = '{node_id}'"
+    ));
+
+    let out = cp.refused_once(Refusal::Join("x509pop"), "revoked", || {
+        agent.run(&["join", "--attestor", "x509pop"])
+    });
+    assert_access_denied(&out);
+
+    let out = cp.refused_once(Refusal::Renew, "revoked", || {
+        agent.run(&["node", "--once", "--renew-now"])
+    });
+    assert_renew_refused(&out);
+    assert_eq!(renew_refusals(&cp), ["revoked"]);
+    assert_eq!(
+        agent.status_json()["nodeId"],
+        node_id.as_str(),
+        "nothing was written"
+    );
+    assert!(files() == before, "bcd keeps its certificate and key");
+}
+
+/// A TPM node whose certificate carries its AK statement twice: no control
+/// plane of this kind issues one, so the test issues it with the real node
+/// CA's key and stores it as the node's current certificate, as a database
+/// restored beside a hand-made certificate would. bcd proves the (first)
+/// AK as always, and Renew refuses the certificate as
+/// `statement-malformed`; bcd keeps its identity.
+#[test]
+fn a_certificate_with_two_ak_statements_is_refused_at_renew() {
+    let cp = ControlPlane::start_trusting_test_maker();
+    let tpm = Swtpm::start();
+    let agent = Agent::with_tpm(&cp, &tpm);
+    agent.allow_ek(&cp);
+    assert_ok(&agent.run(&["join", "--attestor", "tpm"]));
+    store_forged_certificate(&cp, &agent, |statements| {
+        let ak = statements
+            .iter()
+            .find(|s| s.starts_with("urn:bc:tpm-ak:"))
+            .unwrap_or_else(|| panic!("no AK statement in {statements:?}"));
+        [vec![ak.clone()], statements.to_vec()].concat()
+    });
+    let path = agent.data_dir.join("identity.json");
+    let before = std::fs::read(&path).unwrap();
+    let files = agent.files();
+
+    let out = cp.refused_once(Refusal::Renew, "statement-malformed", || {
+        agent.run(&["node", "--once", "--renew-now"])
+    });
+    assert_renew_refused(&out);
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        before,
+        "bcd keeps its identity"
+    );
+    assert_eq!(agent.files(), files);
+}
+
+/// Issues, with the real node CA's key, a certificate for `agent`'s node
+/// and key whose statements are `statements` of the current ones (what
+/// this control plane never issues), stores it as the node's current
+/// certificate (its generation, in `node_certs`) and as `agent`'s.
+fn store_forged_certificate(
+    cp: &ControlPlane,
+    agent: &Agent,
+    statements: impl FnOnce(&[String]) -> Vec<String>,
+) {
+    let path = agent.data_dir.join("identity.json");
+    let mut id: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let leaf = ::pem::parse(id["chain"][0].as_str().unwrap())
+        .unwrap()
+        .into_contents();
+    let node = bc_controlplane::pki::node_cert_identity(&leaf).unwrap();
+    let statements = statements(&node.statements);
+    let bundle = bc_controlplane::pki::Bundle::load(cp.path()).unwrap();
+    let now = time::OffsetDateTime::now_utc();
+    let issued = bundle
+        .node_ca
+        .issue(&bc_controlplane::pki::NodeCertSpec {
+            spki_der: &node.spki_der,
+            trust_domain: &node.trust_domain,
+            node_id: &node.node_id,
+            statements: &statements,
+            not_before: now - time::Duration::minutes(1),
+            not_after: now + time::Duration::hours(1),
+        })
+        .unwrap();
+    let ms = |t: time::OffsetDateTime| t.unix_timestamp() * 1000;
+    let serial = {
+        use x509_parser::prelude::FromDer as _;
+        let (_, cert) = x509_parser::certificate::X509Certificate::from_der(&issued.der).unwrap();
+        hex::encode(cert.raw_serial())
+    };
+    cp.sql(&format!(
+        "INSERT INTO node_certs (serial, node_id, identity_generation, der, not_before, not_after)
+         SELECT '{serial}', id, identity_generation, {}, {}, {} FROM nodes WHERE id = '{}'",
+        cp.blob_literal(&issued.der),
+        ms(issued.not_before),
+        ms(issued.not_after),
+        node.node_id
+    ));
+    id["chain"][0] = ::pem::encode(&::pem::Pem::new("CERTIFICATE", issued.der)).into();
+    std::fs::write(&path, serde_json::to_vec_pretty(&id).unwrap()).unwrap();
+}
+
+/// A certificate naming as its AK a key without an attestation key's
+/// attributes (a node key of the TPM; issued by hand as above): a real bcd
+/// never sends that renewal (it proves only the AK its TPM derives, and
+/// refuses a certificate naming another), so bcd's client sends it, with
+/// that key as the AK: `ak-attributes`.
+#[test]
+fn a_certificate_naming_a_key_that_is_no_ak_is_refused_at_renew() {
+    let cp = ControlPlane::start_trusting_test_maker();
+    let tpm = Swtpm::start();
+    let agent = Agent::tpm_joined(&cp, &tpm);
+    let access = TpmAccess::new(Some(&tpm.tcti()));
+    let mut t = bcd::tpm::Tpm::open(&tpm.tcti()).unwrap();
+    let not_ak = t.node_key(&[5; 32]).unwrap();
+    let not_ak_public = not_ak.public.clone();
+    let name = bc_wire::tpm::Public::parse(&not_ak_public).unwrap().name();
+    let named = bc_wire::tpm::ak_statement(&name).unwrap();
+    store_forged_certificate(&cp, &agent, |statements| {
+        statements
+            .iter()
+            .map(|s| match s.starts_with("urn:bc:tpm-ak:") {
+                true => named.clone(),
+                false => s.clone(),
+            })
+            .collect()
+    });
+    t.flush(not_ak).unwrap();
+    // The AK is refused before any certification is looked at.
+    let next = FileKey::generate().unwrap();
+    let request = RenewRequest {
+        csr: bcd::keys::make_csr(&next).unwrap(),
+        key_attestation: Some(TpmKeyAttestation {
+            ak_public: not_ak_public,
+            key_public: vec![],
+            certify_info: vec![],
+            signature: vec![],
+        }),
+    };
+    cp.refused_once(Refusal::Renew, "ak-attributes", || {
+        renew_refused(&agent, &access, &request)
+    });
+}
+
 /// The TLS layer judges client certificates by the database clock, as Renew
 /// does, and lets an expired one through to Renew, which refuses it by
 /// name. The node joined 25 hours ago (both clocks moved back); the control

@@ -104,50 +104,63 @@ impl BootServer {
 
     /// A connection from `source` (any of 127/8: Linux routes it to lo).
     fn connect_from(&self, source: &str) -> TcpStream {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_io()
-            .build()
-            .unwrap();
-        let stream = runtime.block_on(async {
-            let socket = tokio::net::TcpSocket::new_v4().unwrap();
-            socket.bind(format!("{source}:0").parse().unwrap()).unwrap();
-            let s = socket
-                .connect(([127, 0, 0, 1], self.port).into())
-                .await
-                .unwrap();
-            s.into_std().unwrap()
-        });
-        stream.set_nonblocking(false).unwrap();
-        stream
+        connect(self.port, source)
     }
 
     /// [`BootServer::get`] from `source`.
     pub(crate) fn get_from(&self, source: &str, target: &str) -> (u16, Vec<u8>) {
-        let mut s = self.connect_from(source);
-        write!(
-            s,
-            "GET {target} HTTP/1.1\r\nHost: site\r\nUser-Agent: iPXE/1.21\r\n\r\n"
-        )
-        .unwrap();
-        // The server closes after its answer; a hang fails here, not CI.
-        s.set_read_timeout(Some(DEADLINE)).unwrap();
-        let mut answer = Vec::new();
-        s.read_to_end(&mut answer)
-            .unwrap_or_else(|e| panic!("GET {target}: no whole answer within {DEADLINE:?}: {e}"));
-        let end = answer.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
-        let head = String::from_utf8_lossy(&answer[..end]).into_owned();
-        let status = head.split(' ').nth(1).unwrap().parse().unwrap();
-        (status, answer[end + 4..].to_vec())
+        get_at(self.port, source, target)
     }
 
     pub(crate) fn script(&self, mac: &str) -> String {
-        let (status, body) = self.get(&format!(
-            "/boot.ipxe?mac={}&uuid={UUID}",
-            mac.replace(':', "%3A")
-        ));
-        assert_eq!(status, 200);
-        String::from_utf8(body).unwrap()
+        script_at(self.port, mac)
     }
+}
+
+/// A connection to the boot server on `port` from `source`.
+fn connect(port: u16, source: &str) -> TcpStream {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .unwrap();
+    let stream = runtime.block_on(async {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(format!("{source}:0").parse().unwrap()).unwrap();
+        let s = socket.connect(([127, 0, 0, 1], port).into()).await.unwrap();
+        s.into_std().unwrap()
+    });
+    stream.set_nonblocking(false).unwrap();
+    stream
+}
+
+/// A GET as iPXE sends it to the boot server on `port`, from `source`.
+fn get_at(port: u16, source: &str, target: &str) -> (u16, Vec<u8>) {
+    let mut s = connect(port, source);
+    write!(
+        s,
+        "GET {target} HTTP/1.1\r\nHost: site\r\nUser-Agent: iPXE/1.21\r\n\r\n"
+    )
+    .unwrap();
+    // The server closes after its answer; a hang fails here, not CI.
+    s.set_read_timeout(Some(DEADLINE)).unwrap();
+    let mut answer = Vec::new();
+    s.read_to_end(&mut answer)
+        .unwrap_or_else(|e| panic!("GET {target}: no whole answer within {DEADLINE:?}: {e}"));
+    let end = answer.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+    let head = String::from_utf8_lossy(&answer[..end]).into_owned();
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    (status, answer[end + 4..].to_vec())
+}
+
+/// The script the boot server on `port` answers for `mac`.
+fn script_at(port: u16, mac: &str) -> String {
+    let (status, body) = get_at(
+        port,
+        "127.0.0.1",
+        &format!("/boot.ipxe?mac={}&uuid={UUID}", mac.replace(':', "%3A")),
+    );
+    assert_eq!(status, 200);
+    String::from_utf8(body).unwrap()
 }
 
 /// `bc.token=… bc.assertion=…` from a boot script's kernel line.
@@ -875,4 +888,93 @@ fn a_running_site_renewing_a_lease_that_ran_out_is_refused_lease_lost() {
     );
     assert_exit_script(&server.script(MAC));
     assert_eq!(server.count("discovery assertion signed"), 0);
+}
+
+/// A running `bcd site` whose lease is lost while its GetSecret for a
+/// machine is in flight: a failpoint holds the answer until the lease has
+/// moved (a GetSecret slower than the lease), and the control plane's
+/// clock moves past the 30 s lease, so the site's next renewal is refused
+/// `lease-lost`. It signs nothing with the token it got and tells the
+/// machine to exit, naming the lost lease; another site node takes over.
+#[test]
+fn a_site_that_loses_its_lease_during_a_secret_call_tells_the_machine_to_exit() {
+    let cp = ControlPlane::start_with_config("[discovery]\nlease_ttl = \"30s\"\n");
+    let site_id = site(&cp, "dc1");
+    let node = SiteNode::join(&cp, &site_id);
+    let other = SiteNode::join(&cp, &site_id);
+    let mut server = BootServer::start_env(
+        &node,
+        "backoff_min = \"60s\"\nbackoff_max = \"60s\"\n",
+        "",
+        &[("BCD_FAILPOINT", "site-secret-outlasts-lease")],
+    );
+    let acquired = server.wait_for("boot lease acquired");
+    boot_add(&cp, "dc1", MAC, &[]);
+    let port = server.port;
+    let script = std::thread::scope(|s| {
+        let asked = s.spawn(|| script_at(port, MAC));
+        // The secret is issued under the lease; then the lease runs out.
+        server.wait_for("the secret answer waits for the lease to move");
+        let failed = cp.refused_once(Refusal::Site, "lease-lost", || {
+            assert_ok(&cp.cli(&["clock", "set", "--offset", "31s"]));
+            server.wait_for("boot lease call failed")
+        });
+        assert!(
+            failed.contains("access denied") && failed.contains("held=false"),
+            "{failed}"
+        );
+        asked.join().unwrap()
+    });
+    assert_exit_script(&script);
+    assert!(
+        script.contains("echo bc-site: this site node lost the boot lease"),
+        "{script}"
+    );
+    let exit = server.wait_for("boot script rendered: exit");
+    assert!(
+        exit.contains("this site node lost the boot lease"),
+        "{exit}"
+    );
+    assert_eq!(server.count("discovery assertion signed"), 0);
+    // Another site node takes the lease over at a higher epoch (the first
+    // one asks again only a good part of a TTL later).
+    let mut standby = BootServer::start(&other);
+    let taken = standby.wait_for("boot lease acquired");
+    assert!(
+        epoch_of(&taken) > epoch_of(&acquired),
+        "{acquired} / {taken}"
+    );
+}
+
+/// A running `bcd site` of a TPM-joined node whose TPM goes away (its
+/// swtpm stopped) after the site served a machine: the next machine's
+/// script cannot be vouched for, since the node key cannot sign its
+/// SecretRequest. The machine is told to exit, naming the node key, and
+/// the log says what the TPM answered. (The lease lasts an hour, so that no
+/// renewal needs the key meanwhile.)
+#[test]
+fn a_site_whose_node_key_cannot_sign_tells_the_machine_to_exit() {
+    let cp = ControlPlane::start_trusting_test_maker_with("[discovery]\nlease_ttl = \"1h\"\n");
+    let site_id = site(&cp, "dc1");
+    let tpm = Swtpm::start();
+    let agent = Agent::with_tpm(&cp, &tpm);
+    let ek = agent.allow_ek(&cp);
+    assert_ok(&cp.cli(&["resolve", "add", "--ek-sha256", &ek, "--site", "dc1"]));
+    assert_ok(&agent.run(&["join", "--role", "site", "--attestor", "tpm"]));
+    let node = SiteNode { agent, site_id };
+    let mut server = BootServer::start_slow_to_retry(&node);
+    server.wait_for("boot lease acquired");
+    boot_add(&cp, "dc1", MAC, &[]);
+    assert!(server.script(MAC).contains("bc.assertion="));
+
+    drop(tpm);
+    let script = server.script(MAC);
+    assert_exit_script(&script);
+    assert!(
+        script.contains("echo bc-site: the site's node key cannot sign"),
+        "{script}"
+    );
+    let warned = server.wait_for("the node key cannot sign");
+    assert!(warned.contains("error="), "{warned}");
+    assert_eq!(server.count("discovery assertion signed"), 1);
 }
