@@ -492,6 +492,7 @@ fn a_certificate_naming_a_key_that_is_no_ak_is_refused_at_renew() {
             certify_info: vec![],
             signature: vec![],
         }),
+        boot: None,
     };
     cp.refused_once(Refusal::Renew, "ak-attributes", || {
         renew_refused(&agent, &access, &request)

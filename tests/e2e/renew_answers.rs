@@ -95,12 +95,18 @@ impl RenewProxy {
                             axum::http::header::CONTENT_TYPE,
                             bc_wire::endpoints::CONTENT_TYPE,
                         )],
-                        RenewResponse { chain }.encode_to_vec(),
+                        RenewResponse { chain, boot: None }.encode_to_vec(),
                     )
                         .into_response();
                 };
                 let chain = match upstream.renew(&req).await {
-                    Ok(chain) => chain,
+                    Ok(bcd::client::renew::RenewAnswer::Chain(chain)) => chain,
+                    // These nodes' pools have no boot policy.
+                    Ok(bcd::client::renew::RenewAnswer::Boot(_)) => {
+                        return http::error_response(&ApiError::Unavailable(
+                            "a boot challenge: not expected here".into(),
+                        ))
+                    }
                     Err(ClientError::AccessDenied) => {
                         return http::error_response(&ApiError::AccessDenied)
                     }
@@ -112,7 +118,7 @@ impl RenewProxy {
                         axum::http::header::CONTENT_TYPE,
                         bc_wire::endpoints::CONTENT_TYPE,
                     )],
-                    RenewResponse { chain }.encode_to_vec(),
+                    RenewResponse { chain, boot: None }.encode_to_vec(),
                 )
                     .into_response()
             }
