@@ -41,3 +41,6 @@ mod site_settings;
 mod sitedata;
 mod status;
 pub mod tpm;
+
+/// The NoCloud seed document `deploy.image` parses (its fuzz target's).
+pub use commands::DeploySeed;

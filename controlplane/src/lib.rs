@@ -99,7 +99,9 @@ pub mod images_serve {
 /// Deploy images and the NoCloud seeds `deploy.image` writes.
 pub mod deploy {
     pub use crate::model::images::{add, list, remove, Image, ImageError};
-    pub use crate::model::seeds::{put as put_seed, remove as remove_seed, MAX_SEED_BYTES};
+    pub use crate::model::seeds::{
+        check_doc as check_seed, put as put_seed, remove as remove_seed, MAX_SEED_BYTES,
+    };
 }
 
 /// Boot entries (the site's machines).

@@ -274,3 +274,21 @@ pub(crate) fn harness_outcomes(join: &[u8], renew: &[u8]) -> Result<(bool, bool)
         .is_ok();
     Ok((!joined.body.is_empty(), renewed))
 }
+
+/// A boot policy an operator writes, as a pool stores it (`dbx_min` files
+/// refused: the parse must not open paths a mutated input names). What
+/// parses must survive `to_toml` (what a pool stores) unchanged.
+pub fn boot_policy(data: &[u8]) {
+    use bc_controlplane::boot_policy::BootPolicy;
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let Ok(policy) = BootPolicy::parse_stored(text) else {
+        return;
+    };
+    let stored = policy.to_toml();
+    match BootPolicy::parse_stored(&stored) {
+        Ok(again) => assert_eq!(again, policy, "stored as:\n{stored}"),
+        Err(e) => panic!("to_toml's output does not parse: {e}\n{stored}"),
+    }
+}

@@ -13,6 +13,7 @@ mod agent;
 mod cloud;
 mod command;
 mod controlplane;
+mod deploy;
 mod eventlog;
 mod fixtures;
 mod helper;
@@ -22,7 +23,8 @@ mod wire;
 pub use agent::{bcd_config, identity_json, join_answer, renew_answer};
 pub use cloud::{aws_document, azure_document, gcp_token};
 pub use command::{channel_agent_frame, channel_server_frame};
-pub use controlplane::{cloud_cms, cp_config, ek_cert, join_request, renew_request};
+pub use controlplane::{boot_policy, cloud_cms, cp_config, ek_cert, join_request, renew_request};
+pub use deploy::{deploy_image, deploy_seed};
 pub use eventlog::eventlog;
 pub use helper::helper_frames;
 pub use site::{ramdisk_cmdline, site_request};
@@ -58,6 +60,9 @@ const TARGETS: &[(&str, Body)] = &[
     ("channel_server_frame", channel_server_frame),
     ("channel_agent_frame", channel_agent_frame),
     ("eventlog", eventlog),
+    ("deploy_seed", deploy_seed),
+    ("deploy_image", deploy_image),
+    ("boot_policy", boot_policy),
 ];
 
 /// Splits an input into `N` parts: every part but the last is prefixed by

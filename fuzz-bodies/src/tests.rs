@@ -314,5 +314,38 @@ fn write_site_seeds() {
     seeds::write_site(&corpus_dir());
 }
 
+/// [`write_seeds`] for the deploy and boot policy targets only:
+/// `cargo test -p bc-fuzz -- --ignored write_deploy_seeds`.
+#[test]
+#[ignore]
+fn write_deploy_seeds() {
+    seeds::write_deploy(&corpus_dir());
+}
+
+/// The deploy and boot policy seeds reach past the first checks: the
+/// workflow's seed is accepted on both sides, the images decode, the
+/// policies parse.
+#[test]
+fn deploy_seeds_parse() {
+    let doc = seed("deploy_seed", "workflow");
+    bc_controlplane::deploy::check_seed(&doc).unwrap();
+    let sha: String = bc_wire::sha256(&doc)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    bcd::DeploySeed::parse(&doc, &sha).unwrap();
+    for name in ["frame", "frames"] {
+        let s = seed("deploy_image", name);
+        let mut out = Vec::new();
+        std::io::Read::read_to_end(&mut bc_wire::image::Decoder::new(&s[1..]), &mut out).unwrap();
+        assert!(!out.is_empty(), "{name}");
+    }
+    for name in ["from-facts", "every-key"] {
+        let text = String::from_utf8(seed("boot_policy", name)).unwrap();
+        let p = bc_controlplane::boot_policy::BootPolicy::parse_stored(&text).unwrap();
+        assert!(!p.is_empty(), "{name}");
+    }
+}
+
 mod random;
 mod seeds;

@@ -187,16 +187,17 @@ fn read_back(file: &File, bytes: u64) -> Result<String, String> {
     Ok(hex::encode(hash.finalize()))
 }
 
-/// The seed's two files, from its document.
+/// The seed's two files, from its document (public for the `deploy_seed`
+/// fuzz target, which feeds [`Seed::parse`] hostile documents).
 #[derive(Debug, PartialEq, Eq)]
-pub(super) struct Seed {
+pub struct Seed {
     user_data: String,
     meta_data: String,
 }
 
 impl Seed {
     /// The document, which must hash to `sha256`. Errors never quote it.
-    pub(super) fn parse(doc: &[u8], sha256: &str) -> Result<Seed, String> {
+    pub fn parse(doc: &[u8], sha256: &str) -> Result<Seed, String> {
         if hex::encode(Sha256::digest(doc)) != sha256 {
             return Err(
                 "seed digest mismatch: the seed received is not the one the command pins".into(),
@@ -210,8 +211,13 @@ impl Seed {
             #[serde(rename = "meta-data")]
             meta_data: String,
         }
-        let d: Doc = serde_json::from_slice(doc)
-            .map_err(|_| "the seed is not {\"user-data\", \"meta-data\"} JSON".to_owned())?;
+        let not_seed = || "the seed is not {\"user-data\", \"meta-data\"} JSON".to_owned();
+        // A struct also deserializes from a JSON array, which the control
+        // plane never stores as a seed.
+        if doc.trim_ascii_start().first() != Some(&b'{') {
+            return Err(not_seed());
+        }
+        let d: Doc = serde_json::from_slice(doc).map_err(|_| not_seed())?;
         Ok(Seed {
             user_data: d.user_data,
             meta_data: d.meta_data,
@@ -275,6 +281,16 @@ fn seed(machine: &Machine, api: &ApiAccess, dev: &str, sha256: &str) -> Result<S
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Only an object is a seed, as the control plane checks it (the
+    /// `deploy_seed` fuzz target's finding: serde reads a struct from an
+    /// array too).
+    #[test]
+    fn an_array_is_not_a_seed() {
+        let doc = br##" ["#cloud-config\n", "instance-id: n\n"]"##;
+        let e = Seed::parse(doc, &hex::encode(Sha256::digest(doc))).unwrap_err();
+        assert!(e.starts_with("the seed is not"), "{e}");
+    }
 
     #[test]
     fn a_seed_is_checked_and_written_0600() {

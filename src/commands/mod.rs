@@ -17,6 +17,8 @@ mod logs;
 mod mount;
 
 pub(crate) use kexec::acked;
+// The seed document's parser, for the fuzz target (lib.rs).
+pub use deploy::Seed as DeploySeed;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

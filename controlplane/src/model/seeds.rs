@@ -22,7 +22,7 @@ fn aad(node_id: &str) -> String {
 
 /// Whether `doc` is a seed document: a JSON object of exactly the strings
 /// `user-data` and `meta-data`, at most [`MAX_SEED_BYTES`].
-pub(crate) fn check_doc(doc: &[u8]) -> Result<(), String> {
+pub fn check_doc(doc: &[u8]) -> Result<(), String> {
     if doc.len() > MAX_SEED_BYTES {
         return Err(format!("{} bytes, at most {MAX_SEED_BYTES}", doc.len()));
     }
@@ -34,6 +34,20 @@ pub(crate) fn check_doc(doc: &[u8]) -> Result<(), String> {
     if !strings || v.len() != 2 {
         return Err("not exactly the strings \"user-data\" and \"meta-data\"".to_owned());
     }
+    // The map kept the last of a repeated key, where the agent's parse
+    // refuses the document: one the agent refuses must not be stored (the
+    // deploy would fail after writing the disk), nor one two readers may
+    // read differently.
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Doc {
+        #[serde(rename = "user-data")]
+        _user_data: String,
+        #[serde(rename = "meta-data")]
+        _meta_data: String,
+    }
+    serde_json::from_slice::<Doc>(doc)
+        .map_err(|_| "\"user-data\" or \"meta-data\" given twice".to_owned())?;
     Ok(())
 }
 
@@ -100,6 +114,16 @@ mod tests {
     use super::*;
 
     crate::test_support::both_backends!(put_serve_expire_remove);
+
+    /// A key given twice is refused: the agent's parse refuses it (the
+    /// `deploy_seed` fuzz target's finding), so storing it would fail the
+    /// deploy after the disk was written.
+    #[test]
+    fn a_repeated_key_is_refused() {
+        let e = check_doc(br#"{"user-data":"a","meta-data":"b","user-data":"c"}"#).unwrap_err();
+        assert!(e.contains("twice"), "{e}");
+        check_doc(br#"{"user-data":"a","meta-data":"b"}"#).unwrap();
+    }
 
     fn put_serve_expire_remove(backend: crate::test_support::Backend) {
         let t = crate::test_support::temp_db_on(backend);

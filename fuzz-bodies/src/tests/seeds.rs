@@ -321,6 +321,53 @@ pub(super) fn write(root: &Path) {
     let _ = fixtures::captured_at();
     write_site(root);
     write_command(root);
+    write_deploy(root);
+}
+
+/// The seed document as a deploy workflow makes it (the token's line
+/// included), an image (one zstd frame, two as `pzstd` writes, raw bytes)
+/// and boot policies (`from_facts` on a real log, one with every key).
+pub(super) fn write_deploy(root: &Path) {
+    let doc = format!(
+        r##"{{"user-data":"#cloud-config\nwrite_files:\n  - path: /etc/bcd/token\n    content: {TOKEN}\n","meta-data":"instance-id: wf_1\nlocal-hostname: node_a\n"}}"##
+    );
+    put(root, "deploy_seed", "workflow", doc.as_bytes());
+    put(
+        root,
+        "deploy_seed",
+        "duplicate",
+        br#"{"user-data":"a","meta-data":"b","user-data":"c"}"#,
+    );
+    let raw: Vec<u8> = (0..20_000u32).map(|i| (i % 13 * 17) as u8).collect();
+    let z =
+        ruzstd::encoding::compress_to_vec(&raw[..], ruzstd::encoding::CompressionLevel::Fastest);
+    put(root, "deploy_image", "frame", &[&[0u8][..], &z].concat());
+    put(
+        root,
+        "deploy_image",
+        "frames",
+        &[&[255u8][..], &z, &z].concat(),
+    );
+    put(
+        root,
+        "deploy_image",
+        "raw",
+        &[&[1u8][..], &raw[..64]].concat(),
+    );
+    let log = std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../eventlog/tests/data/keylime/binary_bios_measurements-secureboot"
+    ))
+    .unwrap();
+    let limits = bc_eventlog::Limits::default();
+    let facts = bc_eventlog::extract(&bc_eventlog::parse(&log, &limits).unwrap(), &limits);
+    let policy = bc_controlplane::boot_policy::from_facts(&facts);
+    put(root, "boot_policy", "from-facts", policy.as_bytes());
+    let every = format!(
+        "secure_boot = \"required\"\ncmdline = [\"console=ttyS0 *\", \"root=*\"]\ndbx_min_entries = [\"sha256:{h}\", \"other:c1c41626-504c-4092-aca9-41f936934328:{h}\"]\n\n[firmware]\nmin_version = \"edk2-stable202302\"\n\n[[boot_app]]\ndigest = \"{h}\"\nauthority = [\"CN=Microsoft Corporation UEFI CA 2011\"]\n",
+        h = "ab".repeat(32)
+    );
+    put(root, "boot_policy", "every-key", every.as_bytes());
 }
 
 /// The site's seeds: iPXE's requests as bcd site sees them, and the kernel
