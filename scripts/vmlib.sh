@@ -12,23 +12,36 @@
 # the kernels are downloaded and unpacked, not installed.
 BCD_VM_PACKAGES=(qemu-system-x86 qemu-utils ipxe-qemu busybox-static mmdebstrap e2fsprogs openssl python3 fdisk zstd ovmf dosfstools mtools)
 
+# ensure_backports: a bookworm-backports source beside the mirror apt
+# already uses (deb822 debian.sources or a one-line sources.list), unless
+# one is configured; returns 0 when it wrote one (apt-get update is then
+# the caller's). The CI machines' image ships backports packages with the
+# source removed, and scripts/sbtest downloads a backports kernel.
+ensure_backports() {
+  local bpo=/etc/apt/sources.list.d/bcd-bookworm-backports.sources uri sudo=()
+  [ "$(id -u)" -eq 0 ] || sudo=(sudo)
+  [ ! -e "$bpo" ] && ! grep -rqs 'bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/ || return 1
+  uri=$(awk '/^URIs:/ && $2 !~ /security/ { print $2; exit }' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)
+  [ -n "$uri" ] ||
+    uri=$(awk '$1 == "deb" && $0 ~ / bookworm / && $0 !~ /security/ { for (i = 2; i <= NF; i++) if ($i ~ /^[a-z]+:\/\//) { print $i; exit } }' /etc/apt/sources.list 2>/dev/null || true)
+  [ -n "$uri" ] || return 1
+  printf 'Types: deb\nURIs: %s\nSuites: bookworm-backports\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' "$uri" |
+    "${sudo[@]}" tee "$bpo" >/dev/null
+}
+
 ensure_vm_packages() {
   local missing=() p
   for p in "${BCD_VM_PACKAGES[@]}"; do
     [ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" = 'install ok installed' ] || missing+=("$p")
   done
-  ((${#missing[@]})) || return 0
   local sudo=()
   [ "$(id -u)" -eq 0 ] || sudo=(sudo)
-  local bpo=/etc/apt/sources.list.d/bcd-bookworm-backports.sources
-  if [ ! -e "$bpo" ] && ! grep -rqs 'bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/; then
-    local uri
-    uri=$(awk '/^URIs:/ && $2 !~ /security/ { print $2; exit }' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)
-    if [ -n "$uri" ]; then
-      printf 'Types: deb\nURIs: %s\nSuites: bookworm-backports\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' "$uri" |
-        "${sudo[@]}" tee "$bpo" >/dev/null
-    fi
+  if ! ((${#missing[@]})); then
+    # Everything installed; scripts/sbtest still needs the backports index.
+    if ensure_backports; then timeout 900 "${sudo[@]}" apt-get update -qq; fi
+    return 0
   fi
+  ensure_backports || true
   echo "installing Debian packages: ${missing[*]}" >&2
   timeout 900 "${sudo[@]}" apt-get update -qq
   local release=()
