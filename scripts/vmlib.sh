@@ -13,7 +13,7 @@
 BCD_VM_PACKAGES=(qemu-system-x86 qemu-utils ipxe-qemu busybox-static mmdebstrap e2fsprogs openssl python3 fdisk zstd ovmf dosfstools mtools)
 
 # ensure_backports: a bookworm-backports source beside the mirror apt
-# already uses (deb822 debian.sources or a one-line sources.list), unless
+# already uses (any deb822 *.sources file, or a one-line sources.list), unless
 # one is configured; returns 0 when it wrote one (apt-get update is then
 # the caller's). The CI machines' image ships backports packages with the
 # source removed, and scripts/sbtest downloads a backports kernel.
@@ -21,7 +21,7 @@ ensure_backports() {
   local bpo=/etc/apt/sources.list.d/bcd-bookworm-backports.sources uri sudo=()
   [ "$(id -u)" -eq 0 ] || sudo=(sudo)
   [ ! -e "$bpo" ] && ! grep -rqs 'bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/ || return 1
-  uri=$(awk '/^URIs:/ && $2 !~ /security/ { print $2; exit }' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)
+  uri=$(cat /etc/apt/sources.list.d/*.sources 2>/dev/null | awk '/^URIs:/ && $2 !~ /security/ { print $2; exit }' || true)
   [ -n "$uri" ] ||
     uri=$(awk '$1 == "deb" && $0 ~ / bookworm / && $0 !~ /security/ { for (i = 2; i <= NF; i++) if ($i ~ /^[a-z]+:\/\//) { print $i; exit } }' /etc/apt/sources.list 2>/dev/null || true)
   [ -n "$uri" ] || return 1
