@@ -49,9 +49,15 @@ use serde_json::Value;
 use crate::pg_cluster::{PgCluster, PgDb};
 
 /// Path of a workspace binary: next to `bcd`, which Cargo built for us.
+/// `BCD_TEST_BCD` names another `bcd` to run instead (scripts/test runs
+/// every module that needs no failpoint again with the release bcd taken
+/// out of the .deb users install).
 pub(crate) fn bin(name: &str) -> PathBuf {
     let bcd = PathBuf::from(env!("CARGO_BIN_EXE_bcd"));
-    let path = bcd.with_file_name(name);
+    let path = match std::env::var_os("BCD_TEST_BCD") {
+        Some(other) if name == "bcd" => PathBuf::from(other),
+        _ => bcd.with_file_name(name),
+    };
     assert!(
         path.exists(),
         "{} is missing: run `cargo build --workspace --bins` before the tests (scripts/test does)",

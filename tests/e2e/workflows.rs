@@ -864,13 +864,19 @@ fn a_machine_that_never_joins_fails_the_workflow_at_the_entrys_end() {
     assert_eq!(token_row(&cp, &token)["revoked"], true);
 }
 
-/// A control plane restarted while a command step runs (inventory.refresh
-/// queued, its result not in: the ramdisk joined and stopped before it
-/// took it) carries on from the stored step: the ramdisk started again
-/// gets that same command, the workflow succeeds, and the step ran once
-/// (one command, the one stored on the step).
-#[test]
-fn a_restart_while_a_command_waits_carries_on_with_the_same_command() {
+/// A commission whose ramdisk joined once and stopped (`--once`), so its
+/// inventory.refresh command waits, queued, for a node that is gone.
+struct Waiting {
+    cp: ControlPlane,
+    wf: String,
+    machine: Machine,
+    node: String,
+    cmd: String,
+    /// Holds the site's boot lease for as long as the test runs.
+    _holder: SiteNode,
+}
+
+fn a_command_waits() -> Waiting {
     let cp = ControlPlane::start();
     let site_id = site(&cp, "dc1");
     let holder = SiteNode::join(&cp, &site_id);
@@ -878,7 +884,6 @@ fn a_restart_while_a_command_waits_carries_on_with_the_same_command() {
     let wf = start_commission(&cp, &[]);
     let machine = Machine::new(&cp, MAC, UUID);
     write_cmdline(&holder, epoch, &machine, &wf);
-    // --once: it joins and exits, so nothing takes the command.
     assert_ok(&ramdisk_command(&machine, &["--once"]).within());
     let node = machine.agent.status_json()["nodeId"]
         .as_str()
@@ -890,6 +895,31 @@ fn a_restart_while_a_command_waits_carries_on_with_the_same_command() {
             .as_str()
             .map(str::to_owned)
     });
+    Waiting {
+        cp,
+        wf,
+        machine,
+        node,
+        cmd,
+        _holder: holder,
+    }
+}
+
+/// A control plane restarted while a command step runs (inventory.refresh
+/// queued, its result not in: the ramdisk joined and stopped before it
+/// took it) carries on from the stored step: the ramdisk started again
+/// gets that same command, the workflow succeeds, and the step ran once
+/// (one command, the one stored on the step).
+#[test]
+fn a_restart_while_a_command_waits_carries_on_with_the_same_command() {
+    let Waiting {
+        cp,
+        wf,
+        machine,
+        node,
+        cmd,
+        _holder,
+    } = a_command_waits();
     assert_eq!(cp.json(&["commands", "show", &cmd])["state"], "queued");
     assert_eq!(
         step(&show(&cp, &wf), "inventory.refresh")["state"],
@@ -920,24 +950,14 @@ fn a_restart_while_a_command_waits_carries_on_with_the_same_command() {
 /// the recalled command still without a result).
 #[test]
 fn a_cancelled_workflow_recalls_its_queued_command() {
-    let cp = ControlPlane::start();
-    let site_id = site(&cp, "dc1");
-    let holder = SiteNode::join(&cp, &site_id);
-    let epoch = holder.acquire().unwrap().epoch;
-    let wf = start_commission(&cp, &[]);
-    let machine = Machine::new(&cp, MAC, UUID);
-    write_cmdline(&holder, epoch, &machine, &wf);
-    assert_ok(&ramdisk_command(&machine, &["--once"]).within());
-    let node = machine.agent.status_json()["nodeId"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let cmd = wait_for(|| {
-        let w = show(&cp, &wf);
-        step(&w, "inventory.refresh")["commandId"]
-            .as_str()
-            .map(str::to_owned)
-    });
+    let Waiting {
+        cp,
+        wf,
+        machine,
+        node,
+        cmd,
+        _holder,
+    } = a_command_waits();
     assert_ok(&cp.cli(&["workflows", "cancel", &wf]));
     let recalled = cp.json(&["commands", "show", &cmd]);
     assert_eq!(recalled["state"], "expired", "{recalled}");
