@@ -277,7 +277,7 @@ fn intel_service_certificates_join_cached_and_bounded() {
     let asked = maker.requests().len();
     for (answer, why) in [
         (Answer::Huge, "answered more than"),
-        (Answer::Slow(intel_json(&der)), "operation timed out"),
+        (Answer::Slow(intel_json(&der)), "no answer within 2000 ms"),
         (Answer::Status(503), "answered HTTP 503"),
     ] {
         maker.answer(&other_path, answer);

@@ -402,6 +402,9 @@ impl EkServices {
             .build()
             .map_err(|e| FetchError::Unreachable(format!("no runtime: {e}")))?;
         let timeout = Duration::from_millis(u64::try_from(self.config.timeout_ms).unwrap_or(0));
+        // The one deadline (the client has none of its own): a slow
+        // service always ends with this error, not with whichever of two
+        // equal timers fired first.
         let fetched = runtime.block_on(async {
             tokio::time::timeout(timeout, get(client, url))
                 .await
@@ -449,9 +452,6 @@ impl EkServices {
             .https_only(true)
             .tls_built_in_root_certs(false)
             .pool_max_idle_per_host(0)
-            .timeout(Duration::from_millis(
-                u64::try_from(self.config.timeout_ms).unwrap_or(0),
-            ))
             .redirect(reqwest::redirect::Policy::custom(|attempt| {
                 let same_host = attempt
                     .previous()
