@@ -224,6 +224,7 @@ impl Attestor for X509PopAttestor {
                         "nodeKey": NodeKeyKind::Unattested.as_str(),
                         "serial": cert.serial,
                     }),
+                    ..NewEvent::default()
                 },
             )?;
         }

@@ -26,6 +26,9 @@ pub enum PoolError {
     InvalidInput(String),
     #[error("NOT_FOUND: no pool {0:?}")]
     NotFound(String),
+    /// A pool is owned by a tenant that exists (`tenants create`).
+    #[error("INVALID_INPUT: no tenant {0:?} to own the pool; create it first (bc-controlplane tenants create {0}) or name another with --tenant")]
+    UnknownTenant(String),
     #[error(transparent)]
     Db(#[from] DbError),
 }
@@ -141,8 +144,9 @@ pub(crate) fn validate_join_attestors(list: &[String], known: &[&str]) -> Result
     Ok(())
 }
 
-/// Creates a pool. `join_attestors`, when given, is validated against
-/// `known` (the attestors the control plane runs).
+/// Creates a pool owned by the tenant `owner`, which must exist.
+/// `join_attestors`, when given, is validated against `known` (the
+/// attestors the control plane runs).
 pub fn create_pool(
     db: &Store,
     id: &str,
@@ -151,7 +155,7 @@ pub fn create_pool(
     known: &[&str],
 ) -> Result<PoolRow, PoolError> {
     check_name("pool id", id)?;
-    check_name("owner", owner)?;
+    check_name("tenant", owner)?;
     let mut policy = json!({});
     if let Some(list) = join_attestors {
         validate_join_attestors(list, known)?;
@@ -162,6 +166,9 @@ pub fn create_pool(
             return Err(PoolError::InvalidInput(format!(
                 "pool {id:?} already exists"
             )));
+        }
+        if !crate::model::tenants::exists(tx, owner)? {
+            return Err(PoolError::UnknownTenant(owner.to_owned()));
         }
         let now = tx.now()?;
         tx.execute(
@@ -368,6 +375,11 @@ mod tests {
         assert_eq!(pools[0].0.owner, DEFAULT_OWNER);
         assert_eq!(pools[0].0.join_attestors().unwrap(), None);
 
+        assert!(matches!(
+            create_pool(&db, "metal", "alice", None, KNOWN),
+            Err(PoolError::UnknownTenant(_))
+        ));
+        crate::model::tenants::create(&db, "alice").unwrap();
         let p = create_pool(&db, "metal", "alice", Some(&s(&["tpm"])), KNOWN).unwrap();
         assert_eq!(p.join_attestors().unwrap(), Some(s(&["tpm"])));
         assert!(matches!(
