@@ -1,5 +1,5 @@
 //! The tables and values the services and attestors decide over: nodes,
-//! pools, sites, tokens, boot entries, hardware keys, enrolments, the event
+//! pools, tenants, node leases, sites, tokens, boot entries, hardware keys, enrolments, the event
 //! log, and the attestation contract ([`attestor`]). Above [`crate::store`]
 //! and [`crate::pki`]; imports no attestor, service or transport.
 

@@ -2,6 +2,7 @@
 //! hardware attestation (`policy.joinAttestors`, spec "Requiring an
 //! attestor").
 //!
+//! A pool's `owner` is a tenant ([`crate::model::tenants`]) that exists.
 //! The migration creates the pool `default` (owner `root`, empty policy);
 //! a node joins it unless its token, resolve entry or join request names
 //! another. No API moves a node between pools: a node gets its pool at join,

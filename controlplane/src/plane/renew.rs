@@ -38,9 +38,10 @@
 //!    with what failed and the event in the refusal's data, and told to the
 //!    node. A verified boot is the node's last (`node_boots`);
 //! 6. a new certificate for the CSR's key: the same node id and identity
-//!    generation, the leaf's statements carried forward (a CSR can neither
-//!    add nor remove one), stored in `node_certs` with a `node.renewed`
-//!    event. Older certificates of the generation stay valid until they
+//!    generation, the leaf's node-key statement carried forward (a CSR can
+//!    neither add nor remove one), the scope and lessee statements written
+//!    from the node's row and its lease ([`crate::model::leases`]), stored
+//!    in `node_certs` with a `node.renewed` event. Older certificates of the generation stay valid until they
 //!    expire: the node swaps its key and certificate atomically, and one
 //!    that crashed before the swap must still be able to renew again.
 //!
@@ -51,7 +52,8 @@
 //!
 //! Every refusal is answered ACCESS_DENIED ("Renew refused"), logged as
 //! `renew refused` with the node id and the reason, and stored as a
-//! `security.renew.refused` event attributed to the owner of the node's pool.
+//! `security.renew.refused` event attributed to the owner of the node's pool
+//! (its `tenant_id`, and `data.owner`).
 
 use bc_wire::agent::{RenewBootChallenge, RenewRequest, RenewResponse, TpmKeyAttestation};
 use bc_wire::tpm::{self as wtpm, Public};
