@@ -106,12 +106,7 @@ fn corrupt(id: &str) -> DbError {
 /// A pool id or owner: 1 to 64 characters of `A-Z a-z 0-9 . _ -`, starting
 /// with a letter or digit (safe in logs, events and command lines).
 pub(crate) fn check_name(what: &str, s: &str) -> Result<(), PoolError> {
-    let ok = !s.is_empty()
-        && s.len() <= 64
-        && s.as_bytes()[0].is_ascii_alphanumeric()
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
-    if ok {
+    if crate::model::tenants::is_name(s) {
         Ok(())
     } else {
         Err(PoolError::InvalidInput(format!(

@@ -3,7 +3,6 @@
 //! before, so a control plane that never heard of tenants keeps working;
 //! the operator's own events carry none.
 
-use crate::model::pools::{check_name, PoolError};
 use crate::store::{params, DbError, Store, Tx, UnixMs};
 
 /// The tenant every setup starts with: the owner of the `default` pool.
@@ -25,24 +24,24 @@ pub enum TenantError {
     Db(#[from] DbError),
 }
 
-impl From<PoolError> for TenantError {
-    fn from(e: PoolError) -> Self {
-        match e {
-            PoolError::Db(d) => TenantError::Db(d),
-            other => TenantError::InvalidInput(
-                other
-                    .to_string()
-                    .trim_start_matches("INVALID_INPUT: ")
-                    .to_owned(),
-            ),
-        }
-    }
+/// A tenant or pool id: 1 to 64 characters of `A-Z a-z 0-9 . _ -`,
+/// starting with a letter or digit (safe in logs, events, command lines and
+/// the `urn:bc:tenant:` statement).
+pub(crate) fn is_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 64
+        && s.as_bytes()[0].is_ascii_alphanumeric()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
-/// Creates a tenant; its id is a name as pools' are (safe in events,
-/// command lines and the `urn:bc:tenant:` statement).
+/// Creates a tenant.
 pub fn create(db: &Store, id: &str) -> Result<TenantRow, TenantError> {
-    check_name("tenant id", id)?;
+    if !is_name(id) {
+        return Err(TenantError::InvalidInput(format!(
+            "tenant id {id:?} must be 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit"
+        )));
+    }
     db.write(|tx| {
         if exists(tx, id)? {
             return Err(TenantError::Exists(id.to_owned()));
