@@ -57,6 +57,10 @@
 //! intermediates = "azure-int.pem"   # optional: issuers the document may not carry
 //! signer = "metadata.azure.com"     # the name the signer certificate must bear (this default)
 //!
+//! [leases]
+//! allowed_kinds = ["diag.*", "inventory.refresh"]  # what a leased node runs (this default; no logs.collect:
+//!                                   # its logs may hold the lessee's data); each must match a kind a node runs
+//!
 //! [database]                        # absent: SQLite, DIR/controlplane.db; present: PostgreSQL
 //! url = "postgres://bcd@db.example:5432/bcd?sslmode=verify-full"  # or postgresql://; no password in it
 //! password_file = "/etc/bc-controlplane/db.password"  # optional; mode 0600 or 0400; relative: DIR
@@ -111,6 +115,7 @@ pub struct Config {
     pub events: EventsConfig,
     pub discovery: DiscoveryConfig,
     pub cloud_iid: crate::attestors::cloud_iid::CloudIidConfig,
+    pub leases: crate::model::leases::LeasesConfig,
     /// `None`: SQLite in DIR.
     pub database: Option<DatabaseConfig>,
 }
@@ -177,7 +182,14 @@ struct RawConfig {
     events: Option<RawEvents>,
     discovery: Option<RawDiscovery>,
     cloud_iid: Option<RawCloudIid>,
+    leases: Option<RawLeases>,
     database: Option<database::RawDatabase>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLeases {
+    allowed_kinds: Option<Spanned<Vec<String>>>,
 }
 
 #[derive(Deserialize)]
@@ -489,6 +501,14 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
             }
             config.discovery.allowed_kinds = v.into_inner();
         }
+    }
+    if let Some(v) = raw.leases.and_then(|l| l.allowed_kinds) {
+        // Into every leased node's scope statement: what the agent parses
+        // back, and kinds a node runs.
+        if let Err(e) = crate::model::leases::check_kinds(v.get_ref()) {
+            return Err(invalid(Some(v.span()), format!("leases.allowed_kinds {e}")));
+        }
+        config.leases.allowed_kinds = v.into_inner();
     }
     if let Some(c) = raw.cloud_iid {
         if let Some(v) = c.audience {
@@ -884,6 +904,24 @@ mod tests {
             );
         }
         assert!(err("[discovery]\nallowed_kinds = []\n").contains("1 to 64"));
+        assert_eq!(
+            p("").unwrap().leases.allowed_kinds,
+            crate::model::leases::DEFAULT_LEASE_ALLOWED_KINDS
+        );
+        assert_eq!(
+            p("[leases]\nallowed_kinds = [\"diag.ping\", \"logs.collect\"]\n")
+                .unwrap()
+                .leases
+                .allowed_kinds,
+            ["diag.ping", "logs.collect"]
+        );
+        for bad in ["disk.wipe", "no.such", "diag"] {
+            let e = err(&format!("[leases]\nallowed_kinds = [\"{bad}\"]\n"));
+            assert!(
+                e.contains("leases.allowed_kinds") && e.contains("controlplane.toml:2"),
+                "{bad}: {e}"
+            );
+        }
     }
 
     /// `[discovery] approval`: unset is the trusted boot LAN (the spec's

@@ -164,8 +164,21 @@ pub mod boot_policy {
 pub mod records {
     pub use crate::model::records::{
         insert_cert, insert_node, last_ek_assurances, last_node_keys, list_bindings, list_events,
-        list_nodes, node_scopes, NodeRow, NodeScope, EVENT_IDENTITY_REVOKED, EVENT_NODE_CORDONED,
-        EVENT_NODE_DELETED, EVENT_NODE_JOINED, EVENT_NODE_RETIRED,
+        list_events_of, list_nodes, node_scopes, NodeRow, NodeScope, EVENT_IDENTITY_REVOKED,
+        EVENT_NODE_CORDONED, EVENT_NODE_DELETED, EVENT_NODE_JOINED, EVENT_NODE_RETIRED,
+    };
+}
+
+/// Tenants: who owns pools, and whom events are attributed to.
+pub mod tenants {
+    pub use crate::model::tenants::{create, list, TenantError, TenantRow, ROOT_TENANT};
+}
+
+/// Node leases: a node lent to a tenant, restricted while it lasts.
+pub mod leases {
+    pub use crate::model::leases::{
+        create, end, list, LeaseError, LeaseRef, LeaseRow, LeasesConfig, Until,
+        DEFAULT_LEASE_ALLOWED_KINDS,
     };
 }
 

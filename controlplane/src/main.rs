@@ -16,8 +16,8 @@ use bc_controlplane::pki;
 use clap::{Parser, Subcommand};
 
 use cli::{
-    bootlog, clock, cloud, commands, dist, events, images, install_script, migrate, nodes, pools,
-    server, sites, tokens, tpm, user_data, workflows, Dir,
+    bootlog, clock, cloud, commands, dist, events, images, install_script, leases, migrate, nodes,
+    pools, server, sites, tenants, tokens, tpm, user_data, workflows, Dir,
 };
 
 #[derive(Parser)]
@@ -131,6 +131,16 @@ enum Cmd {
         #[command(subcommand)]
         cmd: pools::PoolsCmd,
     },
+    /// Tenants: they own pools, and events are attributed to them.
+    Tenants {
+        #[command(subcommand)]
+        cmd: tenants::TenantsCmd,
+    },
+    /// Node leases: a node lent to a tenant runs only the lessee kinds.
+    Leases {
+        #[command(subcommand)]
+        cmd: leases::LeasesCmd,
+    },
     /// Packages machines install (served at GET /dist/<name>).
     Dist {
         #[command(subcommand)]
@@ -214,6 +224,8 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Resolve { cmd } => tpm::run_resolve(cmd),
         Cmd::Requests { cmd } => tpm::run_requests(cmd),
         Cmd::Pools { cmd } => pools::run(cmd),
+        Cmd::Tenants { cmd } => tenants::run(cmd),
+        Cmd::Leases { cmd } => leases::run(cmd),
         Cmd::Eventlog { cmd } => bootlog::run_eventlog(cmd),
         Cmd::BootPolicy { cmd } => bootlog::run_boot_policy(cmd),
         Cmd::Dist { cmd } => dist::run(cmd),

@@ -41,10 +41,15 @@ pub struct RefusalEvent {
     pub reason: AnyReason,
     pub token_id: Option<String>,
     pub node_id: Option<String>,
-    /// The pool whose policy refused the machine (`join:pool-attestor`):
-    /// the refusal is attributed to its owner.
+    /// The pool whose policy refused the machine (`join:pool-attestor`,
+    /// `join:pool-ek-assurance`).
     pub pool_id: Option<String>,
-    pub pool_owner: Option<String>,
+    /// The spec's `tenantId`: the tenant the refusal is attributed to, the
+    /// owner of that pool (the attestor verified the machine, so the pool
+    /// owner may see it); `None` for every other refusal, the operator's.
+    /// It replaces `pool_owner`: a pool's owner is a tenant now, and one
+    /// field cannot disagree with the event's `tenant_id`.
+    pub tenant_id: Option<String>,
 }
 
 pub(crate) type RefusalHook = dyn Fn(&RefusalEvent) + Send + Sync;

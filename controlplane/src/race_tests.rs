@@ -149,7 +149,7 @@ fn two_site_nodes_taking_over_a_lapsed_lease_raise_the_epoch_once() {
 #[test]
 fn two_policy_changes_of_one_pool_at_once_keep_both() {
     let t = pg();
-    pools::create_pool(&t.db, "p1", "ops", None, &["join-token"]).unwrap();
+    pools::create_pool(&t.db, "p1", "root", None, &["join-token"]).unwrap();
     let attestors = vec!["join-token".to_owned()];
     race(
         &t,

@@ -437,9 +437,12 @@ impl Work {
                 error = %e,
                 "command channel up; this certificate allows no command kind until it is renewed"
             ),
+            // A leased node's certificate names its lessee (the scope is
+            // then narrowed to what a lessee's node runs).
             None => tracing::info!(
                 node_id = %id.node_id,
                 scope = %scope.statement(),
+                lessee = %command::scope::lessee(&id.statements).unwrap_or("none"),
                 "command channel up"
             ),
         }

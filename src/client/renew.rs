@@ -168,6 +168,42 @@ mod tests {
         assert_eq!(cert.id.node_id, "node_abc");
     }
 
+    /// A lease made or ended between two renewals changes the scope and
+    /// lessee statements (the control plane writes them from the node's
+    /// row): accepted, as long as the AK statement stays.
+    #[test]
+    fn accepts_changed_scope_and_lessee_statements_but_not_a_dropped_ak() {
+        let k = FileKey::generate().unwrap();
+        let id = "spiffe://bc.test/node/node_abc";
+        let leased = [
+            id,
+            AK,
+            "urn:bc:scope:node:diag.*,inventory.refresh",
+            "urn:bc:tenant:acme",
+        ];
+        let cert = verify_answer(
+            &issue(k.spki_der(), &leased, 24),
+            &expected(k.spki_der(), Some(AK)),
+        )
+        .unwrap();
+        assert_eq!(cert.statements, leased[1..]);
+        let free = [id, AK, "urn:bc:scope:node"];
+        assert!(verify_answer(
+            &issue(k.spki_der(), &free, 24),
+            &expected(k.spki_der(), Some(AK))
+        )
+        .is_ok());
+        let no_ak = [id, leased[2], leased[3]];
+        assert_eq!(
+            verify_answer(
+                &issue(k.spki_der(), &no_ak, 24),
+                &expected(k.spki_der(), Some(AK))
+            )
+            .map(|_| ()),
+            Err(RenewAnswerError::StatementDropped(AK.to_owned()))
+        );
+    }
+
     #[test]
     fn refuses_what_is_not_this_nodes_next_certificate() {
         let k = FileKey::generate().unwrap();

@@ -294,7 +294,7 @@ fn a_renewal_moves_the_channel_to_the_new_certificate() {
 /// `key` (the control plane's own signing key, read from DIR, unless
 /// another is given) and written straight into the `commands` table, where
 /// the channel delivers it like any queued command. Returns its id.
-fn inject(
+pub(crate) fn inject(
     cp: &ControlPlane,
     node: &str,
     kind: &str,
@@ -336,7 +336,7 @@ fn inject(
 }
 
 /// Waits (bounded) until the command has left `queued`; its `show`.
-fn settled(cp: &ControlPlane, id: &str) -> serde_json::Value {
+pub(crate) fn settled(cp: &ControlPlane, id: &str) -> serde_json::Value {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     loop {
         let shown = cp.json(&["commands", "show", id]);

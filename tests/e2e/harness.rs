@@ -1038,7 +1038,8 @@ fn split_command<'a>(args: &'a [&'a str]) -> (&'a [&'a str], &'a [&'a str]) {
     let n = match args.first() {
         Some(&"token") | Some(&"nodes") | Some(&"events") | Some(&"clock") | Some(&"requests")
         | Some(&"resolve") | Some(&"pools") | Some(&"ek-roots") | Some(&"sites")
-        | Some(&"boot") | Some(&"dist") | Some(&"commands") | Some(&"images") => n.min(2),
+        | Some(&"boot") | Some(&"dist") | Some(&"commands") | Some(&"images")
+        | Some(&"tenants") | Some(&"leases") => n.min(2),
         Some(&"cloud") | Some(&"workflows") => n.min(3),
         _ => n.min(1),
     };

@@ -65,6 +65,8 @@ mod reclaim;
 mod refusals;
 #[cfg(feature = "failpoints")]
 mod renewboot;
+#[cfg(feature = "failpoints")]
+mod tenants;
 // Commission and deploy workflows over discovery (fake sysfs).
 mod replay;
 mod reset;

@@ -32,7 +32,10 @@
 //!
 //! The result names the node, so JoinService reclaims it in place: a new
 //! identity generation, every older certificate revoked, the node's pool,
-//! bindings and state kept.
+//! bindings and state kept. A lessee's node re-joins as a node and comes
+//! back restricted while its lease lasts: JoinService writes the lease's
+//! scope and lessee statements into every certificate of a leased node
+//! ([`crate::model::leases::cert_statements`]).
 //!
 //! **No statement is carried over.** The proof shows possession of the old
 //! key only; nothing shows that the new (CSR) key lives in a TPM. A
@@ -224,6 +227,7 @@ impl Attestor for X509PopAttestor {
                         "nodeKey": NodeKeyKind::Unattested.as_str(),
                         "serial": cert.serial,
                     }),
+                    ..NewEvent::default()
                 },
             )?;
         }

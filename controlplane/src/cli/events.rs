@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use anyhow::{anyhow, Context, Result};
-use bc_controlplane::{config, eventlog, records, store};
+use bc_controlplane::{config, eventlog, records, store, tenants};
 use clap::{Args, Subcommand};
 use serde_json::json;
 
@@ -12,7 +12,17 @@ use super::{db_now, open_db, print_line, print_list, Dir, ListArgs};
 
 #[derive(Subcommand)]
 pub(crate) enum EventsCmd {
-    List(ListArgs),
+    /// The event log, oldest first; each event names the tenant it is
+    /// attributed to (tenant=…; none: the operator's).
+    List {
+        #[command(flatten)]
+        list: ListArgs,
+        /// Only the events attributed to this tenant: its nodes' joins,
+        /// renewals, refused renewals and lifecycle, refusals by its pools'
+        /// policy, and the leases it holds.
+        #[arg(long, value_name = "T")]
+        tenant: Option<String>,
+    },
     /// Delete the events older than the retention (`[events] retention` in
     /// controlplane.toml, 90d by default; `serve` also does it hourly), in
     /// batches of 5,000 so a running server is never held up for long.
@@ -30,7 +40,10 @@ pub(crate) struct PruneArgs {
 
 pub(crate) fn run(cmd: EventsCmd) -> Result<()> {
     match cmd {
-        EventsCmd::List(ListArgs { dir, json }) => list(&dir.dir, json),
+        EventsCmd::List {
+            list: ListArgs { dir, json },
+            tenant,
+        } => list(&dir.dir, json, tenant.as_deref()),
         EventsCmd::Prune(PruneArgs { dir, older_than }) => prune(&dir.dir, older_than.as_deref()),
     }
 }
@@ -55,9 +68,16 @@ fn prune(dir: &Path, older_than: Option<&str>) -> Result<()> {
     ))
 }
 
-fn list(dir: &Path, as_json: bool) -> Result<()> {
+fn list(dir: &Path, as_json: bool, tenant: Option<&str>) -> Result<()> {
     let db = open_db(dir)?;
-    let rows = records::list_events(&db).context("cannot list events")?;
+    if let Some(t) = tenant {
+        if !tenants::list(&db)?.iter().any(|r| r.id == t) {
+            return Err(anyhow!(
+                "no tenant {t:?}; bc-controlplane tenants list shows them"
+            ));
+        }
+    }
+    let rows = records::list_events_of(&db, tenant).context("cannot list events")?;
     print_list(
         &rows,
         as_json,
@@ -70,6 +90,7 @@ fn list(dir: &Path, as_json: bool) -> Result<()> {
                 "reason": e.reason,
                 "tokenId": e.token_id,
                 "nodeId": e.node_id,
+                "tenantId": e.tenant_id,
                 "data": e.data,
             })
         },
@@ -80,6 +101,7 @@ fn list(dir: &Path, as_json: bool) -> Result<()> {
                 ("reason", &e.reason),
                 ("token", &e.token_id),
                 ("node", &e.node_id),
+                ("tenant", &e.tenant_id),
             ] {
                 if let Some(v) = v {
                     line.push_str(&format!(" {k}={v}"));

@@ -20,8 +20,11 @@ pub(crate) enum PoolsCmd {
         dir: Dir,
         #[arg(long, value_name = "ID")]
         id: String,
-        #[arg(long, value_name = "O", default_value = pools::DEFAULT_OWNER)]
-        owner: String,
+        /// The tenant owning the pool (tenants create makes one): its
+        /// nodes' events and pool-policy refusals are attributed to it.
+        /// --owner is the older spelling.
+        #[arg(long, value_name = "T", alias = "owner", default_value = pools::DEFAULT_OWNER)]
+        tenant: String,
         /// The attestors that may admit a machine into it (default: any).
         #[arg(long, value_name = "A,B", value_delimiter = ',')]
         join_attestors: Option<Vec<String>>,
@@ -90,7 +93,7 @@ pub(crate) fn run(cmd: PoolsCmd) -> Result<()> {
         PoolsCmd::Create {
             dir,
             id,
-            owner,
+            tenant: owner,
             join_attestors,
         } => {
             let db = open_db(&dir.dir)?;
@@ -190,6 +193,7 @@ fn show(dir: &Path, id: &str, as_json: bool) -> Result<()> {
         let v = json!({
             "id": pool.id,
             "owner": pool.owner,
+            "tenant": pool.owner,
             "policy": pool.policy,
             "bootPolicy": boot,
             "createdAt": store::rfc3339(pool.created_at),
@@ -246,6 +250,7 @@ fn list(dir: &Path, as_json: bool) -> Result<()> {
             json!({
                 "id": p.id,
                 "owner": p.owner,
+                "tenant": p.owner,
                 "policy": p.policy,
                 "bootPolicy": boot,
                 "createdAt": store::rfc3339(p.created_at),

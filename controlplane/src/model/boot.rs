@@ -577,6 +577,7 @@ pub(crate) fn retire_superseded(
                 token_id: None,
                 node_id: Some(id),
                 data: serde_json::json!({ "supersededBy": entry.workflow_id }),
+                ..NewEvent::default()
             },
         )?;
         tracing::info!(node_id = %id, workflow = %entry.workflow_id, "ramdisk node retired: superseded by a later commissioning or its entry closed");

@@ -118,13 +118,13 @@ pub(crate) fn deliverable(
     tx: &Tx<'_>,
     node_id: &str,
     now: UnixMs,
-) -> Result<Vec<(String, Vec<u8>)>, DbError> {
+) -> Result<Vec<(String, String, Vec<u8>)>, DbError> {
     let rows = tx.query_map(
-        "SELECT id, signed FROM commands
+        "SELECT id, kind, signed FROM commands
              WHERE node_id = ?1 AND state = 'queued' AND not_after >= ?2
              ORDER BY queued_at, id",
         params![node_id, now],
-        |r| Ok((r.get(0)?, r.get(1)?)),
+        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
     )?;
     rows.collect()
 }

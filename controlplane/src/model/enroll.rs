@@ -85,6 +85,7 @@ impl From<PoolError> for EnrollError {
         match e {
             PoolError::InvalidInput(m) => EnrollError::InvalidInput(m),
             PoolError::NotFound(id) => EnrollError::NotFound(format!("no pool {id:?}")),
+            e @ PoolError::UnknownTenant(_) => EnrollError::InvalidInput(e.to_string()),
             PoolError::Db(e) => EnrollError::Db(e),
         }
     }

@@ -58,6 +58,9 @@ pub(crate) struct Refused {
     pub source: Option<IpAddr>,
     /// More `data` fields, as a JSON object's text ("" for none).
     pub extra: String,
+    /// The tenant it is attributed to (a pool-policy refusal's pool
+    /// owner); `None`: the operator's.
+    pub tenant_id: Option<String>,
     /// Folded past [`MAX_KEYS_PER_MINUTE`]: the details were dropped.
     pub(crate) folded: bool,
 }
@@ -72,6 +75,7 @@ impl Refused {
             node_id: None,
             source: None,
             extra: String::new(),
+            tenant_id: None,
             folded: true,
         }
     }
@@ -407,6 +411,12 @@ fn insert(tx: &Tx<'_>, r: &Refused, now: UnixMs, window: i64, count: u64) -> Res
             token_id: r.token_id.as_deref(),
             node_id: r.node_id.as_deref(),
             data,
+            // Never the node's owner: a refusal's node id is what the
+            // request claimed.
+            tenant: match &r.tenant_id {
+                Some(t) => records::Attribution::Tenant(t),
+                None => records::Attribution::Operator,
+            },
         },
     )
 }
@@ -450,6 +460,7 @@ mod tests {
             node_id: None,
             source: Some(source.parse().unwrap()),
             extra: String::new(),
+            tenant_id: None,
             folded: false,
         }
     }

@@ -245,6 +245,7 @@ fn event(
             token_id: None,
             node_id: Some(node_id),
             data,
+            ..NewEvent::default()
         },
     )
     .map(|_| ())

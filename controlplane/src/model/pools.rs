@@ -2,6 +2,7 @@
 //! hardware attestation (`policy.joinAttestors`, spec "Requiring an
 //! attestor").
 //!
+//! A pool's `owner` is a tenant ([`crate::model::tenants`]) that exists.
 //! The migration creates the pool `default` (owner `root`, empty policy);
 //! a node joins it unless its token, resolve entry or join request names
 //! another. No API moves a node between pools: a node gets its pool at join,
@@ -26,6 +27,9 @@ pub enum PoolError {
     InvalidInput(String),
     #[error("NOT_FOUND: no pool {0:?}")]
     NotFound(String),
+    /// A pool is owned by a tenant that exists (`tenants create`).
+    #[error("INVALID_INPUT: no tenant {0:?} to own the pool; create it first (bc-controlplane tenants create {0}) or name another with --tenant")]
+    UnknownTenant(String),
     #[error(transparent)]
     Db(#[from] DbError),
 }
@@ -102,12 +106,7 @@ fn corrupt(id: &str) -> DbError {
 /// A pool id or owner: 1 to 64 characters of `A-Z a-z 0-9 . _ -`, starting
 /// with a letter or digit (safe in logs, events and command lines).
 pub(crate) fn check_name(what: &str, s: &str) -> Result<(), PoolError> {
-    let ok = !s.is_empty()
-        && s.len() <= 64
-        && s.as_bytes()[0].is_ascii_alphanumeric()
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
-    if ok {
+    if crate::model::tenants::is_name(s) {
         Ok(())
     } else {
         Err(PoolError::InvalidInput(format!(
@@ -141,8 +140,9 @@ pub(crate) fn validate_join_attestors(list: &[String], known: &[&str]) -> Result
     Ok(())
 }
 
-/// Creates a pool. `join_attestors`, when given, is validated against
-/// `known` (the attestors the control plane runs).
+/// Creates a pool owned by the tenant `owner`, which must exist.
+/// `join_attestors`, when given, is validated against `known` (the
+/// attestors the control plane runs).
 pub fn create_pool(
     db: &Store,
     id: &str,
@@ -151,7 +151,7 @@ pub fn create_pool(
     known: &[&str],
 ) -> Result<PoolRow, PoolError> {
     check_name("pool id", id)?;
-    check_name("owner", owner)?;
+    check_name("tenant", owner)?;
     let mut policy = json!({});
     if let Some(list) = join_attestors {
         validate_join_attestors(list, known)?;
@@ -162,6 +162,9 @@ pub fn create_pool(
             return Err(PoolError::InvalidInput(format!(
                 "pool {id:?} already exists"
             )));
+        }
+        if !crate::model::tenants::exists(tx, owner)? {
+            return Err(PoolError::UnknownTenant(owner.to_owned()));
         }
         let now = tx.now()?;
         tx.execute(
@@ -368,6 +371,11 @@ mod tests {
         assert_eq!(pools[0].0.owner, DEFAULT_OWNER);
         assert_eq!(pools[0].0.join_attestors().unwrap(), None);
 
+        assert!(matches!(
+            create_pool(&db, "metal", "alice", None, KNOWN),
+            Err(PoolError::UnknownTenant(_))
+        ));
+        crate::model::tenants::create(&db, "alice").unwrap();
         let p = create_pool(&db, "metal", "alice", Some(&s(&["tpm"])), KNOWN).unwrap();
         assert_eq!(p.join_attestors().unwrap(), Some(s(&["tpm"])));
         assert!(matches!(

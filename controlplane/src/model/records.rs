@@ -375,16 +375,6 @@ pub fn insert_cert(
     Ok(())
 }
 
-/// The owner of the pool a node is in (deleted or not): refusals about a
-/// node are attributed to them.
-pub(crate) fn pool_owner_of_node(tx: &Tx<'_>, node_id: &str) -> Result<Option<String>, DbError> {
-    tx.query_opt_map(
-        "SELECT p.owner FROM nodes n JOIN pools p ON p.id = n.pool_id WHERE n.id = ?1",
-        params![node_id],
-        |r| r.get(0),
-    )
-}
-
 /// A hardware key bound to a node.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BindingRow {
@@ -566,6 +556,22 @@ pub(crate) fn list_joins(db: &Store) -> Result<Vec<JoinRow>, DbError> {
         rows.collect::<Result<Vec<_>, _>>()})
 }
 
+/// Whom an event is attributed to (its `tenant_id`; docs/control-plane.md,
+/// "Tenants").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum Attribution<'a> {
+    /// The tenant owning the event's node's pool (joins, renewals, refused
+    /// renewals, lifecycle: the node proved who it is, or the operator
+    /// acted on it); the operator's when the event names no node.
+    #[default]
+    NodeOwner,
+    /// A tenant the writer decided on (a pool-policy refusal's pool owner,
+    /// a lease's lessee).
+    Tenant(&'a str),
+    /// The operator's (tenant NULL): a refusal naming no verified node.
+    Operator,
+}
+
 /// An event to append to the log.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct NewEvent<'a> {
@@ -576,6 +582,7 @@ pub(crate) struct NewEvent<'a> {
     pub token_id: Option<&'a str>,
     pub node_id: Option<&'a str>,
     pub data: serde_json::Value,
+    pub tenant: Attribution<'a>,
 }
 
 pub(crate) fn insert_event(tx: &Tx<'_>, e: &NewEvent<'_>) -> Result<i64, DbError> {
@@ -584,11 +591,16 @@ pub(crate) fn insert_event(tx: &Tx<'_>, e: &NewEvent<'_>) -> Result<i64, DbError
     } else {
         e.data.to_string()
     };
+    let tenant = match (e.tenant, e.node_id) {
+        (Attribution::Tenant(t), _) => Some(t.to_owned()),
+        (Attribution::NodeOwner, Some(node)) => crate::model::tenants::of_node(tx, node)?,
+        (Attribution::NodeOwner, None) | (Attribution::Operator, _) => None,
+    };
     // RETURNING, not last_insert_rowid(): the same text on every backend.
     tx.query_one(
-        "INSERT INTO events (type, at, attestor, reason, token_id, node_id, data)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) RETURNING id",
-        params![e.kind, e.at, e.attestor, e.reason, e.token_id, e.node_id, data],
+        "INSERT INTO events (type, at, attestor, reason, token_id, node_id, data, tenant_id)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) RETURNING id",
+        params![e.kind, e.at, e.attestor, e.reason, e.token_id, e.node_id, data, tenant],
     )?
     .get(0)
 }
@@ -632,12 +644,22 @@ pub struct EventRow {
     pub token_id: Option<String>,
     pub node_id: Option<String>,
     pub data: serde_json::Value,
+    /// The tenant the event is attributed to; `None`: the operator's.
+    pub tenant_id: Option<String>,
 }
 
 /// The whole event log, oldest first.
 pub fn list_events(db: &Store) -> Result<Vec<EventRow>, DbError> {
+    list_events_of(db, None)
+}
+
+/// The event log, oldest first: one tenant's events only when `tenant` is
+/// given (`events list --tenant`).
+pub fn list_events_of(db: &Store, tenant: Option<&str>) -> Result<Vec<EventRow>, DbError> {
+    const SELECT: &str =
+        "SELECT id, type, at, attestor, reason, token_id, node_id, data, tenant_id FROM events";
     db.read(|tx| {
-        let rows = tx.query_map("SELECT id, type, at, attestor, reason, token_id, node_id, data FROM events ORDER BY id", params![], |r| {
+        let read = |r: &Row| -> Result<(EventRow, String), DbError> {
             let data: String = r.get(7)?;
             Ok((
                 EventRow {
@@ -649,10 +671,19 @@ pub fn list_events(db: &Store) -> Result<Vec<EventRow>, DbError> {
                     token_id: r.get(5)?,
                     node_id: r.get(6)?,
                     data: serde_json::Value::Null,
+                    tenant_id: r.get(8)?,
                 },
                 data,
             ))
-        })?;
+        };
+        let rows = match tenant {
+            None => tx.query_map(&format!("{SELECT} ORDER BY id"), params![], read)?,
+            Some(t) => tx.query_map(
+                &format!("{SELECT} WHERE tenant_id = ?1 ORDER BY id"),
+                params![t],
+                read,
+            )?,
+        };
         let mut out = Vec::new();
         for row in rows {
             let (mut ev, data) = row?;

@@ -49,6 +49,15 @@ pub enum QueueRefusal {
     NoScope(String, ScopeError),
     #[error("the timeout must be from 1 s to 24 h")]
     Timeout,
+    /// The node is leased (`leases create`): it runs only the lease's kinds.
+    #[error("node {node} is leased to tenant {tenant} (lease {lease}), whose node runs only {allowed}: {kind} is not one of them (bc-controlplane leases end {lease} lifts it)")]
+    Leased {
+        node: String,
+        tenant: String,
+        lease: String,
+        kind: String,
+        allowed: String,
+    },
     #[error("{0}")]
     Command(CommandRefusal),
 }
@@ -62,6 +71,7 @@ impl QueueRefusal {
             QueueRefusal::NoLiveCertificate(_) => "no-live-certificate",
             QueueRefusal::NoScope(..) => "no-scope",
             QueueRefusal::Timeout => "timeout",
+            QueueRefusal::Leased { .. } => "leased",
             QueueRefusal::Command(c) => c.reason(),
         }
     }
@@ -174,6 +184,19 @@ impl CommandService<'_> {
             };
             if node.retired_at.is_some() {
                 return refuse(QueueRefusal::Retired(node.id));
+            }
+            // A lease restricts the node from the moment it is made, before
+            // its next certificate says so.
+            if let Some(lease) = crate::model::leases::active(tx, node_id, now)? {
+                if !lease.allows(kind) {
+                    return refuse(QueueRefusal::Leased {
+                        node: node.id,
+                        tenant: lease.tenant_id,
+                        lease: lease.id,
+                        kind: printable(kind),
+                        allowed: lease.allowed_kinds.join(", "),
+                    });
+                }
             }
             let Some((_, der)) = table::live_cert(tx, node_id, now)? else {
                 return refuse(QueueRefusal::NoLiveCertificate(node.id));
@@ -352,11 +375,19 @@ impl CommandService<'_> {
     }
 
     /// `(id, signed bytes)` of the node's queued commands not past
-    /// not_after, oldest first.
+    /// not_after, oldest first; while the node is leased, only those of
+    /// its lease's kinds (one queued before the lease waits, and expires
+    /// unless the lease ends first).
     pub(crate) fn deliverable(&self, node_id: &str) -> Result<Vec<(String, Vec<u8>)>, DbError> {
         self.database().read(|tx| {
             let now = tx.now()?;
-            table::deliverable(tx, node_id, now)
+            let lease = crate::model::leases::active(tx, node_id, now)?;
+            let due = table::deliverable(tx, node_id, now)?;
+            Ok(due
+                .into_iter()
+                .filter(|(_, kind, _)| lease.as_ref().is_none_or(|l| l.allows(kind)))
+                .map(|(id, _, signed)| (id, signed))
+                .collect())
         })
     }
 

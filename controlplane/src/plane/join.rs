@@ -409,9 +409,13 @@ impl JoinService<'_> {
         let not_before = store::to_datetime(now - now.rem_euclid(1000));
         let cert_ttl = crate::plane::capped_ttl(cert_ttl, now, entry_end);
         // What the node may run, readable by the agent from its own
-        // certificate: after the node-key statement.
+        // certificate: after the node-key statement; a leased node's
+        // narrowed to its lease, and its lessee named (a reclaim restores
+        // the restriction: spec x509pop).
         let mut statements = statements;
-        statements.extend(scope.statement(role));
+        statements.extend(crate::model::leases::cert_statements(
+            tx, &node_id, role, &scope, now,
+        )?);
         let issued = self
             .bundle()
             .node_ca
@@ -469,6 +473,7 @@ impl JoinService<'_> {
                     "serial": issued.serial_hex,
                     "notAfter": store::rfc3339(store::from_datetime(issued.not_after)),
                 }),
+                ..NewEvent::default()
             },
         )?;
         tracing::info!(
@@ -499,7 +504,7 @@ impl JoinService<'_> {
                 }
             };
         }
-        let (pool_id, pool_owner) = match refusal.pool.map(|p| *p) {
+        let (pool_id, tenant_id) = match refusal.pool.map(|p| *p) {
             Some(p) => (Some(p.id), Some(p.owner)),
             None => (None, None),
         };
@@ -509,10 +514,10 @@ impl JoinService<'_> {
             token_id: refusal.token_id,
             node_id: refusal.node_id,
             pool_id,
-            pool_owner,
+            tenant_id,
         };
         let mut extra = serde_json::Map::new();
-        if let (Some(id), Some(owner)) = (&event.pool_id, &event.pool_owner) {
+        if let (Some(id), Some(owner)) = (&event.pool_id, &event.tenant_id) {
             extra.insert("poolId".to_owned(), id.as_str().into());
             extra.insert("poolOwner".to_owned(), owner.as_str().into());
         }
@@ -534,6 +539,7 @@ impl JoinService<'_> {
             node_id: event.node_id.clone(),
             source,
             extra,
+            tenant_id: event.tenant_id.clone(),
             folded: false,
         });
         // The token id may be logged; the secret never reaches this point.
@@ -545,7 +551,7 @@ impl JoinService<'_> {
                     reason = %event.reason,
                     token_id = event.token_id.as_deref().unwrap_or(""),
                     node_id = event.node_id.as_deref().unwrap_or(""),
-                    pool_owner = event.pool_owner.as_deref().unwrap_or(""),
+                    tenant_id = event.tenant_id.as_deref().unwrap_or(""),
                     source = source.map(|s| s.to_string()).unwrap_or_default(),
                     detail = refusal.detail.as_ref().map_or("", |d| d.detail.as_str()),
                     "join refused"

@@ -38,9 +38,10 @@
 //!    with what failed and the event in the refusal's data, and told to the
 //!    node. A verified boot is the node's last (`node_boots`);
 //! 6. a new certificate for the CSR's key: the same node id and identity
-//!    generation, the leaf's statements carried forward (a CSR can neither
-//!    add nor remove one), stored in `node_certs` with a `node.renewed`
-//!    event. Older certificates of the generation stay valid until they
+//!    generation, the leaf's node-key statement carried forward (a CSR can
+//!    neither add nor remove one), the scope and lessee statements written
+//!    from the node's row and its lease ([`crate::model::leases`]), stored
+//!    in `node_certs` with a `node.renewed` event. Older certificates of the generation stay valid until they
 //!    expire: the node swaps its key and certificate atomically, and one
 //!    that crashed before the swap must still be able to renew again.
 //!
@@ -51,7 +52,8 @@
 //!
 //! Every refusal is answered ACCESS_DENIED ("Renew refused"), logged as
 //! `renew refused` with the node id and the reason, and stored as a
-//! `security.renew.refused` event attributed to the owner of the node's pool.
+//! `security.renew.refused` event attributed to the owner of the node's pool
+//! (its `tenant_id`, and `data.owner`).
 
 use bc_wire::agent::{RenewBootChallenge, RenewRequest, RenewResponse, TpmKeyAttestation};
 use bc_wire::tpm::{self as wtpm, Public};
@@ -301,15 +303,19 @@ impl RenewService<'_> {
 
         // A ramdisk's certificates stay as short as its first one.
         let scope = records::node_scope(tx, node_id)?;
-        // The leaf's node-key statements carry forward; its scope statement
-        // is written again from the node's row, so a certificate from before
-        // the command channel gains one and a changed scope takes effect.
+        // The leaf's node-key statements carry forward; its scope (and
+        // lessee) statements are written again from the node's row and its
+        // lease, so a certificate from before the command channel gains one,
+        // a changed scope takes effect, and a lease made or ended shows.
+        use bc_wire::command::scope::{SCOPE_PREFIX, TENANT_PREFIX};
         let statements: Vec<String> = identity
             .statements
             .iter()
-            .filter(|s| !s.starts_with(bc_wire::command::scope::SCOPE_PREFIX))
+            .filter(|s| !s.starts_with(SCOPE_PREFIX) && !s.starts_with(TENANT_PREFIX))
             .cloned()
-            .chain(scope.statement(node.role))
+            .chain(crate::model::leases::cert_statements(
+                tx, node_id, node.role, &scope, now,
+            )?)
             .collect();
         let cert_ttl = match scope.max_cert_ttl_ms {
             Some(ms) => self.cert_ttl().min(time::Duration::milliseconds(ms)),
@@ -357,6 +363,7 @@ impl RenewService<'_> {
                     "identityGeneration": node.identity_generation,
                     "bootVerified": boot.is_some(),
                 }),
+                ..NewEvent::default()
             },
         )?;
         tracing::info!(
@@ -468,6 +475,7 @@ impl RenewService<'_> {
                 node_id: None,
                 source: None,
                 extra: serde_json::json!({ "owner": null }).to_string(),
+                tenant_id: None,
                 folded: false,
             });
             if first {
@@ -486,7 +494,7 @@ impl RenewService<'_> {
         let stored = self.database().write(|tx| {
             let now = tx.now()?;
             let owner = match node_id {
-                Some(id) => records::pool_owner_of_node(tx, id)?,
+                Some(id) => crate::model::tenants::of_node(tx, id)?,
                 None => None,
             };
             records::insert_event(
@@ -498,7 +506,13 @@ impl RenewService<'_> {
                     reason: Some(reason),
                     token_id: None,
                     node_id,
-                    data: refusal_data(owner, detail, event_index),
+                    data: refusal_data(owner.clone(), detail, event_index),
+                    // To the node owner (spec "refused renewals"): the
+                    // node proved who it is with its certificate.
+                    tenant: match &owner {
+                        Some(t) => records::Attribution::Tenant(t),
+                        None => records::Attribution::Operator,
+                    },
                 },
             )
         });

@@ -405,6 +405,8 @@ impl SiteService<'_> {
             node_id: r.node_id.clone(),
             source,
             extra: serde_json::json!({ "call": call, "site": printable(site_id) }).to_string(),
+            // Site nodes serve the operator's sites.
+            tenant_id: None,
             folded: false,
         });
         macro_rules! log_refusal {

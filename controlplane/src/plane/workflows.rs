@@ -68,6 +68,7 @@ impl From<PoolError> for WorkflowError {
             PoolError::Db(e) => WorkflowError::Db(e),
             PoolError::InvalidInput(m) => WorkflowError::Refused(m),
             PoolError::NotFound(p) => WorkflowError::Refused(format!("no pool {p:?}")),
+            e @ PoolError::UnknownTenant(_) => WorkflowError::Refused(e.to_string()),
         }
     }
 }

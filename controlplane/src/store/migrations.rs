@@ -490,6 +490,48 @@ pub(crate) const MIGRATIONS: &[&str] = &[
         cmdline      TEXT
     ) STRICT;
     "#,
+    // 25: tenants (issue 33). A tenant owns pools (`pools.owner` names
+    // one): `root` and every owner a pool already names, so that today's
+    // setups keep working. Each event names the tenant it is attributed to
+    // (docs/control-plane.md, "Tenants"): NULL is the operator's. Events
+    // written before are attributed by their node's pool (a join refusal
+    // names an unverified node, so it stays the operator's).
+    r#"
+    CREATE TABLE tenants (
+        id         TEXT PRIMARY KEY,
+        created_at INTEGER NOT NULL
+    ) STRICT;
+    INSERT INTO tenants (id, created_at)
+        VALUES ('root', CAST(strftime('%s', 'now') AS INTEGER) * 1000);
+    INSERT INTO tenants (id, created_at)
+        SELECT DISTINCT owner, CAST(strftime('%s', 'now') AS INTEGER) * 1000
+        FROM pools WHERE owner <> 'root';
+    ALTER TABLE events ADD COLUMN tenant_id TEXT;
+    UPDATE events SET tenant_id = (
+        SELECT p.owner FROM nodes n JOIN pools p ON p.id = n.pool_id WHERE n.id = events.node_id)
+    WHERE node_id IS NOT NULL AND type <> 'security.join.refused';
+    CREATE INDEX events_by_tenant ON events(tenant_id, id) WHERE tenant_id IS NOT NULL;
+    "#,
+    // 26: node leases (issue 33): a node lent to a tenant (the lessee)
+    // from `created_at` until `ended_at` (`leases end`) or `until_at`
+    // (database time), whichever comes first. While one is active, every
+    // certificate issued to the node names the lessee and runs only
+    // `allowed_kinds` (a JSON array of patterns, fixed when the lease was
+    // made). At most one open lease per node. (`leases` is the site boot
+    // lease of migration 7; `until` would be a keyword in PostgreSQL.)
+    r#"
+    CREATE TABLE node_leases (
+        id            TEXT PRIMARY KEY,
+        node_id       TEXT NOT NULL REFERENCES nodes(id),
+        tenant_id     TEXT NOT NULL REFERENCES tenants(id),
+        allowed_kinds TEXT NOT NULL CHECK (json_valid(allowed_kinds)),
+        created_at    INTEGER NOT NULL,
+        until_at      INTEGER,
+        ended_at      INTEGER
+    ) STRICT;
+    CREATE UNIQUE INDEX node_leases_open ON node_leases(node_id) WHERE ended_at IS NULL;
+    CREATE INDEX node_leases_by_tenant ON node_leases(tenant_id, created_at);
+    "#,
 ];
 
 /// How many of [`MIGRATIONS`] a database at schema `version` has applied;

@@ -8,6 +8,7 @@ both_backends!(
     execute_counts_changed_rows,
     migration_8_backfills_tpm_hardware_keys,
     migration_16_keeps_enrollment_requests_and_admits_discovery_ones,
+    migration_25_makes_every_pool_owner_a_tenant_and_attributes_node_events,
     read_refuses_writes,
 );
 
@@ -281,6 +282,47 @@ fn migration_16_keeps_enrollment_requests_and_admits_discovery_ones(backend: Bac
     assert!(insert("req_7", "discovery", None, Some("k1")).is_err());
     // A discovery request proving the EK of a pending enrollment.
     insert("req_8", "discovery", Some("ab12"), Some("k3")).unwrap();
+}
+
+/// Migration 25: `root` and every owner a pool named are tenants (so their
+/// pools keep working), and the events of a node are its pool owner's; a
+/// join refusal (an unverified node id) and an event naming no node stay
+/// the operator's.
+fn migration_25_makes_every_pool_owner_a_tenant_and_attributes_node_events(backend: Backend) {
+    let t = old_db_on(
+        backend,
+        24,
+        "INSERT INTO pools (id, owner, created_at) VALUES ('metal', 'alice', 1), ('gpu', 'alice', 1);
+         INSERT INTO nodes (id, role, identity_generation, attestor, joined_at, pool_id)
+             VALUES ('node_a', 'node', 1, 'join-token', 1, 'metal'),
+                    ('node_b', 'node', 1, 'join-token', 1, 'default');
+         INSERT INTO events (type, at, node_id) VALUES
+             ('node.joined', 1, 'node_a'), ('node.joined', 2, 'node_b'),
+             ('security.join.refused', 3, 'node_a'), ('node.renewed', 4, NULL);",
+    );
+    let mut tenants: Vec<String> = crate::model::tenants::list(&t.db)
+        .unwrap()
+        .into_iter()
+        .map(|t| t.id)
+        .collect();
+    tenants.sort();
+    assert_eq!(tenants, ["alice", "root"]);
+    let attributed: Vec<Option<String>> = crate::model::records::list_events(&t.db)
+        .unwrap()
+        .into_iter()
+        .map(|e| e.tenant_id)
+        .collect();
+    assert_eq!(
+        attributed,
+        [
+            Some("alice".to_owned()),
+            Some("root".to_owned()),
+            None,
+            None
+        ]
+    );
+    let alice = crate::model::records::list_events_of(&t.db, Some("alice")).unwrap();
+    assert_eq!(alice.len(), 1);
 }
 
 #[test]

@@ -23,6 +23,18 @@ use super::kinds::KindSpec;
 
 /// The statement's prefix.
 pub const SCOPE_PREFIX: &str = "urn:bc:scope:";
+/// The lessee statement's prefix: a leased node's certificate names the
+/// tenant it is lent to (`urn:bc:tenant:<id>`), beside a scope narrowed to
+/// what a lessee's node runs.
+pub const TENANT_PREFIX: &str = "urn:bc:tenant:";
+
+/// The lessee a certificate names, if it names one (the first such
+/// statement; the control plane writes at most one).
+pub fn lessee<S: AsRef<str>>(statements: &[S]) -> Option<&str> {
+    statements
+        .iter()
+        .find_map(|s| s.as_ref().strip_prefix(TENANT_PREFIX))
+}
 /// The most patterns one statement lists (the control plane's config
 /// takes no more).
 pub const MAX_PATTERNS: usize = 64;
@@ -193,6 +205,16 @@ mod tests {
         let node = Scope::from_statements(&["urn:bc:scope:node"]).unwrap();
         assert_eq!((node.role, node.kinds.is_none()), (Role::Node, true));
         assert_eq!(node.statement(), "urn:bc:scope:node");
+        // A lessee's node: narrowed, and the tenant named beside it.
+        let leased = [
+            "urn:bc:tpm-ak:sha256:00",
+            "urn:bc:scope:node:diag.*,inventory.refresh",
+            "urn:bc:tenant:acme",
+        ];
+        let scope = Scope::from_statements(&leased).unwrap();
+        assert_eq!(scope.statement(), leased[1]);
+        assert_eq!(lessee(&leased), Some("acme"));
+        assert_eq!(lessee(&leased[..2]), None);
     }
 
     #[test]

@@ -319,8 +319,7 @@ fn enrollment_pending_approved_once() {
     assert_eq!(reqs[0].status.as_str(), "pending");
     assert!(reqs[0].ek_issuer.contains("BCD Test EK Issuing CA 01"));
 
-    crate::model::pools::create_pool(&f.db, "metal", "alice", None, &["join-token", "tpm"])
-        .unwrap();
+    crate::model::pools::create_pool(&f.db, "metal", "root", None, &["join-token", "tpm"]).unwrap();
     enroll::approve(&f.db, &request_id, Some("metal"), None).unwrap();
     let r = f.admitted(&ev);
     assert_eq!(r.reclaim_node_id, None);
@@ -430,8 +429,7 @@ fn denied_request_is_refused_until_resolved() {
 fn placement_order_binding_then_resolve_then_requests() {
     let f = fixture();
     let ev = answer_evidence(answer());
-    crate::model::pools::create_pool(&f.db, "metal", "alice", None, &["join-token", "tpm"])
-        .unwrap();
+    crate::model::pools::create_pool(&f.db, "metal", "root", None, &["join-token", "tpm"]).unwrap();
     // A resolve entry into a pool.
     enroll::add_resolve(
         &f.db,
@@ -1088,6 +1086,7 @@ mod through_join_service {
     #[test]
     fn a_pool_for_tokens_only_refuses_the_tpm() {
         let c = cp();
+        crate::model::tenants::create(c.db(), "bob").unwrap();
         crate::model::pools::create_pool(
             c.db(),
             "tokens",

@@ -408,7 +408,7 @@ fn a_proof_admits_once_even_across_a_restart() {
     let f = fixture();
     // A pool that admits only tpm: x509pop passes, the pool refuses after
     // it, and the transaction (the proof's use with it) is rolled back.
-    crate::model::pools::create_pool(f.db(), "tpm-only", "alice", None, &[]).unwrap();
+    crate::model::pools::create_pool(f.db(), "tpm-only", "root", None, &[]).unwrap();
     let id = f.token_node(Role::Node);
     f.db()
         .write(|tx| {

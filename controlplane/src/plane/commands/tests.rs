@@ -21,7 +21,41 @@ both_backends!(
     an_inventory_result_is_the_nodes_newest_inventory,
     commands_expire_by_database_time,
     a_channel_needs_a_current_certificate_and_closes_when_it_stops_being_one,
+    a_leased_node_is_queued_and_delivered_only_the_lease_kinds,
 );
+
+/// A lease restricts at once (its certificate catches up at renewal): a
+/// kind outside it is refused `leased` naming the lessee, and one queued
+/// before the lease is held back until the lease ends.
+fn a_leased_node_is_queued_and_delivered_only_the_lease_kinds(backend: Backend) {
+    let cp = test_support::cp_on(backend);
+    let s = svc(&cp);
+    let node = join(&cp, Role::Node);
+    let logs = s.queue(&node.id, "logs.collect", vec![], 60_000).unwrap();
+    crate::model::tenants::create(cp.db(), "acme").unwrap();
+    let kinds = crate::model::leases::LeasesConfig::default().allowed_kinds;
+    let lease = crate::model::leases::create(cp.db(), &node.id, "acme", None, &kinds).unwrap();
+    let err = s
+        .queue(&node.id, "logs.collect", vec![], 60_000)
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.starts_with("refused (leased): ") && text.contains("leased to tenant acme"),
+        "{text}"
+    );
+    assert!(s.deliverable(&node.id).unwrap().is_empty());
+    let ping = s.queue(&node.id, "diag.ping", vec![], 60_000).unwrap();
+    let ids = |s: &CommandService<'_>| -> Vec<String> {
+        s.deliverable(&node.id)
+            .unwrap()
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect()
+    };
+    assert_eq!(ids(&s), std::slice::from_ref(&ping.id));
+    crate::model::leases::end(cp.db(), crate::model::leases::LeaseRef::Id(&lease.id)).unwrap();
+    assert_eq!(ids(&s), [logs.id, ping.id]);
+}
 
 struct Node {
     id: String,

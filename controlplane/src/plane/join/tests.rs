@@ -491,6 +491,7 @@ fn bindings_admit_only_their_node() {
 fn pool_policy_refuses_unlisted_attestors_before_writing() {
     let f = fixture();
     let known = ["join-token", "tpm"];
+    crate::model::tenants::create(f.svc.database(), "alice").unwrap();
     crate::model::pools::create_pool(
         f.svc.database(),
         "metal",
@@ -522,7 +523,8 @@ fn pool_policy_refuses_unlisted_attestors_before_writing() {
     assert_eq!(events[0].token_id.as_deref(), Some(tok.id.as_str()));
     assert_eq!(events[0].data["poolOwner"], "alice");
     assert_eq!(events[0].data["poolId"], "metal");
-    assert_eq!(seen.lock().unwrap()[0].pool_owner.as_deref(), Some("alice"));
+    assert_eq!(seen.lock().unwrap()[0].tenant_id.as_deref(), Some("alice"));
+    assert_eq!(events[0].tenant_id.as_deref(), Some("alice"));
     assert_eq!(
         seen.lock().unwrap()[0].reason.as_str(),
         JoinReason::PoolAttestor.as_str(),

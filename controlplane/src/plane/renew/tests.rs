@@ -190,6 +190,7 @@ fn renews_a_token_node_and_keeps_older_certificates() {
 #[test]
 fn refusals_name_their_reason() {
     let f = fixture();
+    crate::model::tenants::create(f.db(), "alice").unwrap();
     crate::model::pools::create_pool(f.db(), "metal", "alice", None, &[]).unwrap();
     let (node_id, leaf) = f.join(Some("metal"));
     let good = || request(plain_csr(&key()));
