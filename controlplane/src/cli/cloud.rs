@@ -2,7 +2,7 @@
 //! identity document (cloud-iid), and into which pool.
 
 use anyhow::{bail, Context, Result};
-use bc_controlplane::attestors::cloud_iid::{resolve, AWS, AZURE, GCP};
+use bc_controlplane::attestors::cloud_iid::{oidc, resolve, AWS, AZURE, GCP};
 use bc_controlplane::{pools, store};
 use clap::Subcommand;
 use serde_json::json;
@@ -25,8 +25,8 @@ pub(crate) enum ResolveCmd {
     Add {
         #[command(flatten)]
         dir: Dir,
-        /// The provider: gcp, aws or azure.
-        #[arg(long, value_name = "P", value_parser = [GCP, AWS, AZURE])]
+        /// The provider: gcp, aws, azure, or oidc:<name> (a `[cloud_iid.oidc.<name>]`).
+        #[arg(long, value_name = "P", value_parser = parse_provider)]
         provider: String,
         /// The account: the GCP project id, the AWS account id, the Azure subscription id.
         #[arg(long, value_name = "A", value_parser = parse_id)]
@@ -45,6 +45,14 @@ pub(crate) enum ResolveCmd {
     },
     /// List the resolve table.
     List(ListArgs),
+}
+
+fn parse_provider(s: &str) -> Result<String, String> {
+    match s.strip_prefix(oidc::PREFIX) {
+        Some(name) => oidc::check_name(name).map(|()| s.to_owned()),
+        None if [GCP, AWS, AZURE].contains(&s) => Ok(s.to_owned()),
+        None => Err(format!("{s:?}: expected gcp, aws, azure or oidc:<name>")),
+    }
 }
 
 fn parse_id(s: &str) -> Result<String, String> {
