@@ -333,3 +333,150 @@ fn bcd_reads_the_token_file_and_never_prints_it() {
     let sig = token.rsplit('.').next().unwrap();
     assert!(!stderr(&out).contains(sig) && !stdout(&out).contains(sig));
 }
+
+/// `bcd join --attestor cloud-iid --role site`.
+fn join_as_site(agent: &Agent) -> std::process::Output {
+    agent
+        .command(&["join", "--attestor", "cloud-iid", "--role", "site"])
+        .within()
+}
+
+/// A resolve row that names a site (`--site-from zone`: the site the
+/// token's zone claim names) admits its VMs as site nodes of that site, and
+/// only so; one admitted takes its site's boot lease with `bcd site`.
+#[test]
+fn a_cloud_vm_admitted_as_site_holds_its_sites_boot_lease() {
+    let issuer = Issuer::start();
+    let cp = ControlPlane::start_with_config_for_url(|url| issuer.config(url));
+    let site_id = crate::discovery::site(&cp, "zone-a");
+    let url = cp.url.clone();
+
+    // A site that does not exist is refused by the command.
+    let out = cp.cli(&[
+        "cloud",
+        "resolve",
+        "add",
+        "--provider",
+        "oidc:wi",
+        "--account",
+        "acme",
+        "--site",
+        "nowhere",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("no site \"nowhere\""),
+        "{}",
+        stderr(&out)
+    );
+    resolve(&cp, &["--site-from", "zone"]);
+    let table = cp.json(&["cloud", "resolve", "list"]);
+    assert_eq!(table[0]["siteFrom"], "zone", "{table}");
+
+    // A zone that names no site: refused, nothing spent.
+    let vm = oidc_vm(&cp, "oidc:wi");
+    put_token(&vm, &issuer.token(&url, &[("zone", Some(json!("zone-b")))]));
+    let out = cp.refused_once(Refusal::Join("cloud-iid"), "unknown-instance", || {
+        join_as_site(&vm)
+    });
+    assert_access_denied(&out);
+    vm.assert_nothing_written();
+    // The site fixes the role: not as a plain node.
+    put_token(&vm, &issuer.token(&url, &[]));
+    let out = cp.refused_once(Refusal::Join("cloud-iid"), "cloud-role", || {
+        crate::cloud_iid::join(&vm)
+    });
+    assert_access_denied(&out);
+
+    assert_ok(&join_as_site(&vm));
+    let status = vm.status_json();
+    assert_eq!(status["role"], "site");
+    let nodes = cp.nodes();
+    assert_eq!(nodes.len(), 1);
+    assert_eq!(nodes[0]["site"], site_id.as_str(), "{nodes:?}");
+
+    let node = crate::discovery::SiteNode {
+        agent: vm,
+        site_id: site_id.clone(),
+    };
+    let mut server = crate::site::BootServer::start(&node);
+    server.wait_for("boot lease acquired");
+}
+
+/// A known instance (`cloud resolve add --instance --node`) joins as its
+/// node, whatever the account's rows say; one whose node was retired is
+/// refused as a reclaim of a retired node is.
+#[test]
+fn a_known_instance_joins_as_its_node() {
+    let issuer = Issuer::start();
+    let cp = ControlPlane::start_with_config_for_url(|url| issuer.config(url));
+    let url = cp.url.clone();
+    let joined = |agent: &Agent| {
+        assert_ok(&output_within(
+            agent.token_join(&cp.token("node", &[]), &[]),
+            DEADLINE,
+        ));
+        agent.status_json()["nodeId"]
+            .as_str()
+            .expect("nodeId")
+            .to_owned()
+    };
+    let old = Agent::new(&cp);
+    let node_id = joined(&old);
+
+    let add = |instance: &str, node: &str| {
+        cp.cli(&[
+            "cloud",
+            "resolve",
+            "add",
+            "--provider",
+            "oidc:wi",
+            "--account",
+            "acme",
+            "--instance",
+            instance,
+            "--node",
+            node,
+        ])
+    };
+    let out = add("vm-9", "node_nope");
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("no node \"node_nope\""),
+        "{}",
+        stderr(&out)
+    );
+    assert_ok(&add("vm-9", &node_id));
+    let table = cp.json(&["cloud", "resolve", "list"]);
+    assert_eq!(table[0]["instance"], "vm-9", "{table}");
+    assert_eq!(table[0]["node"], node_id.as_str(), "{table}");
+
+    // No row covers acme: the instance alone places it, as its node.
+    let vm = oidc_vm(&cp, "oidc:wi");
+    put_token(&vm, &issuer.token(&url, &[("sub", Some(json!("vm-9")))]));
+    let out = crate::cloud_iid::join(&vm);
+    assert_ok(&out);
+    assert_eq!(vm.status_json()["nodeId"], node_id.as_str());
+    assert_eq!(cp.nodes().len(), 1, "no new node");
+    // Once: the instance is spent.
+    let again = oidc_vm(&cp, "oidc:wi");
+    put_token(&again, &issuer.token(&url, &[("sub", Some(json!("vm-9")))]));
+    assert_refused(&cp, &again, "instance-reused");
+
+    // A node retired after its instance was named: refused, nothing spent.
+    let other = Agent::new(&cp);
+    let other_id = joined(&other);
+    assert_ok(&add("vm-10", &other_id));
+    assert_ok(&cp.cli(&["nodes", "retire", &other_id]));
+    let vm10 = oidc_vm(&cp, "oidc:wi");
+    put_token(&vm10, &issuer.token(&url, &[("sub", Some(json!("vm-10")))]));
+    let out = cp.refused_once(Refusal::Join("cloud-iid"), "join:reclaim-retired", || {
+        crate::cloud_iid::join(&vm10)
+    });
+    assert_access_denied(&out);
+    vm10.assert_nothing_written();
+    // And the command no longer names it.
+    let out = add("vm-11", &other_id);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("is retired"), "{}", stderr(&out));
+}

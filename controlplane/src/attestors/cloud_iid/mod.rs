@@ -339,23 +339,75 @@ impl Attestor for CloudIidAttestor {
         if uses::is_spent(tx, AttestorId::CloudIid, &subject)? {
             return Err(Refusal::new(CloudReason::InstanceReused));
         }
-        let Some(row) = resolve::lookup(tx, &id.provider, &id.account, &id.zone)? else {
-            return Err(Refusal::new(CloudReason::UnknownInstance));
-        };
-        let mut roles = self.config.roles.clone();
-        roles.extend(row.roles.iter().filter(|r| !self.config.roles.contains(r)));
+        let place = place(tx, &id, &self.config.roles)?;
         // Admitted exactly once, ever: the row never expires.
         if !uses::spend(tx, AttestorId::CloudIid, &subject, UnixMs::MAX, input.now)? {
             return Err(Refusal::new(CloudReason::InstanceReused));
         }
-        tracing::info!(provider = %id.provider, account = %id.account, zone = %id.zone, instance = %id.instance, "cloud-iid: verified identity document");
-        Ok(Verdict::Admit(Box::new(AttestationResult {
-            node_key: NodeKey::Unattested,
-            pool_id: row.pool,
-            roles: Some(roles),
-            ..AttestationResult::default()
-        })))
+        tracing::info!(provider = %id.provider, account = %id.account, zone = %id.zone, instance = %id.instance, node = ?place.reclaim_node_id, site = ?place.scope.as_ref().and_then(|s| s.site_id.as_deref()), "cloud-iid: verified identity document");
+        Ok(Verdict::Admit(Box::new(place)))
     }
+}
+
+/// Where a verified VM joins: a known instance as its node (a reclaim,
+/// which JoinService refuses for a retired or deleted node), else by the
+/// row that covers its account and zone: its pool, its roles and, for a row
+/// that names a site, as a site node of that site and only so. No row: the
+/// VM is refused `unknown-instance`, as is one whose zone names no site
+/// for a `--site-from zone` row.
+fn place(
+    tx: &Tx<'_>,
+    id: &CloudIdentity,
+    config_roles: &[Role],
+) -> Result<AttestationResult, Refusal> {
+    if let Some(node) = resolve::instance_node(tx, &id.provider, &id.account, &id.instance)? {
+        return Ok(AttestationResult {
+            node_key: NodeKey::Unattested,
+            reclaim_node_id: Some(node),
+            ..AttestationResult::default()
+        });
+    }
+    let Some(row) = resolve::lookup(tx, &id.provider, &id.account, &id.zone)? else {
+        return Err(Refusal::new(CloudReason::UnknownInstance));
+    };
+    let site_id = match &row.site {
+        None => None,
+        Some(resolve::SiteRule::Site(site)) => Some(site.clone()),
+        Some(resolve::SiteRule::FromZone) => {
+            let found = match crate::model::sites::resolve(tx, &id.zone) {
+                _ if id.zone.is_empty() => None,
+                Ok(site) => Some(site),
+                Err(crate::model::pools::PoolError::Db(e)) => return Err(e.into()),
+                Err(_) => None,
+            };
+            let Some(site) = found else {
+                return Err(Refusal::new(CloudReason::UnknownInstance)
+                    .with_detail(format!("zone {:?} names no site", id.zone), None));
+            };
+            Some(site)
+        }
+    };
+    let roles = match &site_id {
+        // A site fixes the role, as a tpm resolve entry's does.
+        Some(_) => vec![Role::Site],
+        None => {
+            let mut roles = config_roles.to_vec();
+            roles.extend(row.roles.iter().filter(|r| !config_roles.contains(r)));
+            roles
+        }
+    };
+    Ok(AttestationResult {
+        node_key: NodeKey::Unattested,
+        pool_id: row.pool,
+        roles: Some(roles),
+        scope: site_id.map(|site_id| {
+            Box::new(crate::model::records::NodeScope {
+                site_id: Some(site_id),
+                ..Default::default()
+            })
+        }),
+        ..AttestationResult::default()
+    })
 }
 
 #[cfg(test)]
