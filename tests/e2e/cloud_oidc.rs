@@ -381,6 +381,43 @@ fn a_cloud_vm_admitted_as_site_holds_its_sites_boot_lease() {
     });
     assert_access_denied(&out);
     vm.assert_nothing_written();
+    // A row for that zone naming a site (by name) places it there.
+    let out = cp.cli(&[
+        "cloud",
+        "resolve",
+        "add",
+        "--provider",
+        "oidc:wi",
+        "--account",
+        "acme",
+        "--zone",
+        "zone-b",
+        "--site",
+        "zone-a",
+        "--role",
+        "site",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "--role with --site: {}",
+        stderr(&out)
+    );
+    resolve(&cp, &["--zone", "zone-b", "--site", "zone-a"]);
+    let vm_b = oidc_vm(&cp, "oidc:wi");
+    put_token(
+        &vm_b,
+        &issuer.token(
+            &url,
+            &[
+                ("zone", Some(json!("zone-b"))),
+                ("sub", Some(json!("vm-b"))),
+            ],
+        ),
+    );
+    assert_ok(&join_as_site(&vm_b));
+    assert_eq!(cp.nodes()[0]["site"], site_id.as_str());
+
     // The site fixes the role: not as a plain node.
     put_token(&vm, &issuer.token(&url, &[]));
     let out = cp.refused_once(Refusal::Join("cloud-iid"), "cloud-role", || {
@@ -391,9 +428,14 @@ fn a_cloud_vm_admitted_as_site_holds_its_sites_boot_lease() {
     assert_ok(&join_as_site(&vm));
     let status = vm.status_json();
     assert_eq!(status["role"], "site");
+    let node_id = status["nodeId"].as_str().expect("nodeId").to_owned();
     let nodes = cp.nodes();
-    assert_eq!(nodes.len(), 1);
-    assert_eq!(nodes[0]["site"], site_id.as_str(), "{nodes:?}");
+    assert_eq!(nodes.len(), 2);
+    let row = nodes
+        .iter()
+        .find(|n| n["nodeId"] == node_id.as_str())
+        .expect("listed");
+    assert_eq!(row["site"], site_id.as_str(), "{nodes:?}");
 
     let node = crate::discovery::SiteNode {
         agent: vm,

@@ -52,12 +52,12 @@ pub(crate) struct AddArgs {
     roles: Vec<String>,
     /// They are site nodes of this site (id or name): they join with role
     /// site, and only with it.
-    #[arg(long, value_name = "SITE", conflicts_with = "site_from")]
+    #[arg(long, value_name = "SITE", conflicts_with_all = ["site_from", "roles"])]
     site: Option<String>,
     /// They are site nodes of the site their zone names (its id or name),
     /// joining with role site only; a VM whose zone names no site is
     /// refused (unknown-instance).
-    #[arg(long, value_name = "CLAIM", value_parser = ["zone"])]
+    #[arg(long, value_name = "CLAIM", value_parser = ["zone"], conflicts_with = "roles")]
     site_from: Option<String>,
     /// A known instance (with --node): it joins as that node, as a
     /// reclaim does, once. Checked before the account's rows.
