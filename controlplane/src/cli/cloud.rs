@@ -1,5 +1,6 @@
 //! `cloud resolve add|list`: which cloud accounts' VMs may join with their
-//! identity document (cloud-iid), and into which pool.
+//! identity document (cloud-iid), into which pool and site, and which known
+//! instances join as their node.
 
 use anyhow::{bail, Context, Result};
 use bc_controlplane::attestors::cloud_iid::{oidc, resolve, AWS, AZURE, GCP};

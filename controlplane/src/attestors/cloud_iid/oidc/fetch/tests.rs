@@ -8,11 +8,33 @@ use std::sync::Arc;
 use super::*;
 use crate::attestors::cloud_iid::oidc::tests::p256_jwk;
 
-/// A local HTTPS server with `router` and the PEM of its CA; the server
-/// stops when the runtime drops.
-fn issuer(
-    router: impl FnOnce(String) -> axum::Router,
-) -> (tokio::runtime::Runtime, String, Vec<Vec<u8>>) {
+/// What the test issuer answers to a path: status, extra headers, body,
+/// and how long it waits first.
+struct Answer {
+    status: u16,
+    headers: Vec<(&'static str, String)>,
+    body: String,
+    delay: Duration,
+}
+
+impl Answer {
+    fn ok(body: String) -> Answer {
+        Answer {
+            status: 200,
+            headers: Vec::new(),
+            body,
+            delay: Duration::ZERO,
+        }
+    }
+}
+
+type Route = Arc<dyn Fn(&str) -> Answer + Send + Sync>;
+
+/// A local HTTPS server (its own test CA; one request per connection, as
+/// this client sends them) answering with `route(url)`; its URL and CA
+/// roots. It stops when the runtime drops.
+fn issuer(route: impl FnOnce(String) -> Route) -> (tokio::runtime::Runtime, String, Vec<Vec<u8>>) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     let ca_key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
     let mut ca = rcgen::CertificateParams::default();
     ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
@@ -38,6 +60,7 @@ fn issuer(
         rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
     )
     .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -50,13 +73,41 @@ fn issuer(
         "https://127.0.0.1:{}",
         listener.local_addr().unwrap().port()
     );
-    let router = router(url.clone());
-    rt.spawn(crate::api::http::serve(
-        listener,
-        Arc::new(tls),
-        router,
-        std::future::pending(),
-    ));
+    let route = route(url.clone());
+    rt.spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let (acceptor, route) = (acceptor.clone(), route.clone());
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let mut request = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match tls.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => request.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let text = String::from_utf8_lossy(&request);
+                let path = text.split(' ').nth(1).unwrap_or("/").to_owned();
+                let answer = route(&path);
+                tokio::time::sleep(answer.delay).await;
+                let mut head = format!(
+                    "HTTP/1.1 {} X\r\ncontent-length: {}\r\nconnection: close\r\n",
+                    answer.status,
+                    answer.body.len()
+                );
+                for (k, v) in &answer.headers {
+                    head.push_str(&format!("{k}: {v}\r\n"));
+                }
+                head.push_str("\r\n");
+                let _ = tls.write_all(head.as_bytes()).await;
+                let _ = tls.write_all(answer.body.as_bytes()).await;
+                let _ = tls.shutdown().await;
+            });
+        }
+    });
     (rt, url, vec![ca_cert.der().to_vec()])
 }
 
@@ -71,19 +122,21 @@ fn router_with(
     jwks_uri: &'static str,
     issuer: Option<&'static str>,
     jwks: String,
-) -> impl FnOnce(String) -> axum::Router {
+) -> impl FnOnce(String) -> Route {
     move |url: String| {
         let conf = serde_json::json!({
             "issuer": issuer.map_or(url.clone(), str::to_owned),
             "jwks_uri": jwks_uri.replace("{url}", &url),
         })
         .to_string();
-        axum::Router::new()
-            .route(
-                "/.well-known/openid-configuration",
-                axum::routing::get(move || async move { conf }),
-            )
-            .route("/jwks", axum::routing::get(move || async move { jwks }))
+        Arc::new(move |path: &str| match path {
+            "/.well-known/openid-configuration" => Answer::ok(conf.clone()),
+            "/jwks" => Answer::ok(jwks.clone()),
+            _ => Answer {
+                status: 404,
+                ..Answer::ok(String::new())
+            },
+        })
     }
 }
 
@@ -147,15 +200,11 @@ fn a_jwks_uri_off_the_issuers_host_or_port_is_refused_unfetched() {
 #[test]
 fn a_redirect_is_not_followed() {
     let (_rt, url, roots) = issuer(|url: String| {
-        axum::Router::new().route(
-            "/.well-known/openid-configuration",
-            axum::routing::get(move || async move {
-                (
-                    axum::http::StatusCode::FOUND,
-                    [("location", format!("{url}/elsewhere"))],
-                )
-            }),
-        )
+        Arc::new(move |_: &str| Answer {
+            status: 302,
+            headers: vec![("location", format!("{url}/elsewhere"))],
+            ..Answer::ok(String::new())
+        })
     });
     assert!(matches!(
         fetch_jwks(&url, &config(roots, 5000)),
@@ -166,13 +215,10 @@ fn a_redirect_is_not_followed() {
 #[test]
 fn an_issuer_that_stalls_is_given_up_on_at_the_timeout() {
     let (_rt, url, roots) = issuer(|_| {
-        axum::Router::new().route(
-            "/.well-known/openid-configuration",
-            axum::routing::get(|| async {
-                tokio::time::sleep(Duration::from_secs(30)).await;
-                "{}"
-            }),
-        )
+        Arc::new(|_: &str| Answer {
+            delay: Duration::from_secs(30),
+            ..Answer::ok("{}".to_owned())
+        })
     });
     let started = Instant::now();
     let e = fetch_jwks(&url, &config(roots, 300)).unwrap_err();
