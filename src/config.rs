@@ -95,8 +95,21 @@ pub struct Config {
     /// `[cloud] metadata_url`: the cloud metadata service `bcd join
     /// --attestor cloud-iid` asks (`None`: the provider's own address).
     pub cloud_metadata_url: Option<String>,
+    /// `[cloud] provider = "oidc:<name>"` and `token_file`: this machine
+    /// proves itself with an OIDC ID token a local service keeps in a file,
+    /// not with its cloud's metadata service.
+    pub cloud_oidc: Option<CloudOidc>,
     /// `[site]`: what `bcd site` serves (a site node only).
     pub site: Option<crate::site_settings::SiteSettings>,
+}
+
+/// `[cloud] provider = "oidc:<name>"`: the provider the evidence names, and
+/// the file its ID token is read from at each join.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CloudOidc {
+    /// `oidc:<name>`.
+    pub provider: String,
+    pub token_file: PathBuf,
 }
 
 /// `[helper]`: where `bcd helper` listens and whom it serves.
@@ -183,6 +196,8 @@ struct RawConfig {
 #[serde(deny_unknown_fields)]
 struct RawCloud {
     metadata_url: Option<Spanned<String>>,
+    provider: Option<Spanned<String>>,
+    token_file: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -393,6 +408,55 @@ impl Config {
             }
         };
 
+        let (cloud_provider, cloud_token_file) = match &raw.cloud {
+            Some(c) => (c.provider.clone(), c.token_file.clone()),
+            None => (None, None),
+        };
+        let cloud_oidc = match (cloud_provider, cloud_token_file) {
+            (None, None) => None,
+            (Some(p), Some(f)) => {
+                let name = p.get_ref().strip_prefix("oidc:").unwrap_or_default();
+                let ok = !name.is_empty()
+                    && name.len() <= 32
+                    && name.bytes().all(|b| {
+                        b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_'
+                    });
+                if !ok {
+                    return Err(invalid(
+                        Some(p.span()),
+                        format!(
+                            "cloud.provider: expected oidc:<name> (the control plane's [cloud_iid.oidc.<name>]; GCP, AWS and Azure are found from DMI), got {:?}",
+                            p.get_ref()
+                        ),
+                    ));
+                }
+                if !f.get_ref().starts_with('/') {
+                    return Err(invalid(
+                        Some(f.span()),
+                        format!(
+                            "cloud.token_file: expected an absolute path, got {:?}",
+                            f.get_ref()
+                        ),
+                    ));
+                }
+                Some(CloudOidc {
+                    provider: p.get_ref().clone(),
+                    token_file: PathBuf::from(f.get_ref()),
+                })
+            }
+            (Some(p), None) => {
+                return Err(invalid(
+                    Some(p.span()),
+                    "cloud.provider needs cloud.token_file (where the ID token is)".to_owned(),
+                ))
+            }
+            (None, Some(f)) => {
+                return Err(invalid(
+                    Some(f.span()),
+                    "cloud.token_file needs cloud.provider = \"oidc:<name>\"".to_owned(),
+                ))
+            }
+        };
         let cloud_metadata_url = match raw.cloud.and_then(|c| c.metadata_url) {
             None => None,
             Some(v) => {
@@ -421,6 +485,7 @@ impl Config {
             site,
             helper,
             cloud_metadata_url,
+            cloud_oidc,
             tpm_ek_roots,
             tpm_owner_auth_file,
             tpm_ek_intermediates,
@@ -648,6 +713,42 @@ pub(crate) mod tests {
         match Config::parse(Path::new("/etc/bcd/config.toml"), text) {
             Ok(_) => panic!("accepted: {text}"),
             Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn cloud_oidc_names_a_provider_and_its_token_file_together() {
+        let base = sample("https://127.0.0.1:8443", "/tmp/x");
+        let c = Config::parse(
+            Path::new("c.toml"),
+            &format!("{base}[cloud]\nprovider = \"oidc:wi\"\ntoken_file = \"/run/wi/token\"\n"),
+        )
+        .unwrap();
+        assert_eq!(
+            c.cloud_oidc,
+            Some(CloudOidc {
+                provider: "oidc:wi".into(),
+                token_file: "/run/wi/token".into()
+            })
+        );
+        for (extra, want) in [
+            (
+                "provider = \"gcp\"\ntoken_file = \"/t\"\n",
+                "expected oidc:<name>",
+            ),
+            (
+                "provider = \"oidc:\"\ntoken_file = \"/t\"\n",
+                "expected oidc:<name>",
+            ),
+            ("provider = \"oidc:wi\"\n", "needs cloud.token_file"),
+            ("token_file = \"/t\"\n", "needs cloud.provider"),
+            (
+                "provider = \"oidc:wi\"\ntoken_file = \"t\"\n",
+                "an absolute path",
+            ),
+        ] {
+            let e = err(&format!("{base}[cloud]\n{extra}"));
+            assert!(e.contains(want), "{extra}: {e}");
         }
     }
 

@@ -110,10 +110,13 @@ pub(crate) fn run(args: JoinArgs, env_token: Option<TokenText>) -> anyhow::Resul
     let obtain = |env_token| -> anyhow::Result<Credential> {
         match args.attestor {
             AttestorArg::Tpm => Ok(Credential::Tpm),
-            AttestorArg::CloudIid => Ok(Credential::CloudIid(crate::evidence::cloud_iid::fetch(
-                config.cloud_metadata_url.as_deref(),
-                config.api.as_str(),
-            )?)),
+            AttestorArg::CloudIid => Ok(Credential::CloudIid(match &config.cloud_oidc {
+                Some(oidc) => crate::evidence::cloud_iid::oidc(oidc)?,
+                None => crate::evidence::cloud_iid::fetch(
+                    config.cloud_metadata_url.as_deref(),
+                    config.api.as_str(),
+                )?,
+            })),
             _ => Ok(Credential::Token {
                 token: obtain_token(args.token_file.as_deref(), env_token)?.parse()?,
                 attestor: token_attestor,

@@ -56,6 +56,17 @@
 //! roots = "azure-roots.pem"         # the CA roots Azure's signer certificate chains to, relative to DIR
 //! intermediates = "azure-int.pem"   # optional: issuers the document may not carry
 //! signer = "metadata.azure.com"     # the name the signer certificate must bear (this default)
+//! [cloud_iid.oidc.<name>]           # a generic OIDC provider: agents send provider "oidc:<name>"
+//! issuer = "https://issuer.example" # the iss its ID tokens name (https only)
+//! audience = "…"                    # the aud they must name (default: [cloud_iid] audience)
+//! jwks = "issuer-jwks.json"         # its keys, relative to DIR; else fetched from the issuer:
+//! ca_bundle = "issuer-ca.pem"       #   the issuer's TLS roots (default: the system's)
+//! timeout = "10s"                   #   the whole fetch (1s to 60s)
+//! cache = "1h"                      #   how long fetched keys are used (1m to 24h)
+//! account_claim = "project"         # the claim that is the account (default: the issuer's host)
+//! zone_claim = "zone"               # the claim that is the zone (default: none)
+//! instance_claim = "sub"            # the claim that is the instance (this default)
+//! max_age = "10m"                   # default: [cloud_iid] max_age
 //!
 //! [leases]
 //! allowed_kinds = ["diag.*", "inventory.refresh"]  # what a leased node runs (this default; no logs.collect:
@@ -201,6 +212,22 @@ struct RawCloudIid {
     gcp: Option<RawCloudGcp>,
     aws: Option<RawCloudAws>,
     azure: Option<RawCloudAzure>,
+    oidc: Option<BTreeMap<String, RawCloudOidc>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCloudOidc {
+    issuer: Spanned<String>,
+    audience: Option<Spanned<String>>,
+    jwks: Option<Spanned<String>>,
+    ca_bundle: Option<Spanned<String>>,
+    timeout: Option<Spanned<String>>,
+    cache: Option<Spanned<String>>,
+    account_claim: Option<Spanned<String>>,
+    zone_claim: Option<Spanned<String>>,
+    instance_claim: Option<Spanned<String>>,
+    max_age: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -397,6 +424,24 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         }
         usize::try_from(n).map_err(|_| invalid(Some(v.span()), format!("{key}: too large")))
     };
+    // Relative to DIR, the directory of this file.
+    let dir = path.parent().unwrap_or(Path::new("."));
+    // A CA bundle setting: the PEM certificates (DER) of the file it names.
+    let read_roots = |v: &Spanned<String>, key: &str| -> Result<Vec<Vec<u8>>, ConfigError> {
+        let file = dir.join(v.get_ref());
+        let bad = |e: String| invalid(Some(v.span()), format!("{key}: {}: {e}", file.display()));
+        let pem = crate::fsutil::read_ca_bundle(&file).map_err(|e| bad(e.to_string()))?;
+        let roots: Vec<Vec<u8>> = rustls_pemfile::certs(&mut pem.as_slice())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| bad(e.to_string()))?
+            .into_iter()
+            .map(|c| c.to_vec())
+            .collect();
+        if roots.is_empty() {
+            return Err(bad("holds no PEM certificate".to_owned()));
+        }
+        Ok(roots)
+    };
     let mut config = Config::default();
     if let Some(d) = raw.database {
         // Relative to DIR, the directory of this file.
@@ -579,6 +624,97 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
             .map_err(|e| err(a.roots.span(), e))?;
             config.cloud_iid.azure = Some(trust);
         }
+        for (name, o) in c.oidc.unwrap_or_default() {
+            use crate::attestors::cloud_iid::oidc::{self, fetch, KeySource};
+            let key = format!("cloud_iid.oidc.{name}");
+            let err = |span: std::ops::Range<usize>, e: String| {
+                invalid(Some(span), format!("{key}: {e}"))
+            };
+            oidc::check_name(&name)
+                .map_err(|e| invalid(Some(o.issuer.span()), format!("{key}: {e}")))?;
+            oidc::check_issuer(o.issuer.get_ref()).map_err(|e| err(o.issuer.span(), e))?;
+            let audience = match (&o.audience, &config.cloud_iid.audience) {
+                (Some(a), _) if a.get_ref().is_empty() => {
+                    return Err(err(a.span(), "audience must not be empty".to_owned()))
+                }
+                (Some(a), _) => a.get_ref().clone(),
+                (None, Some(a)) => a.clone(),
+                (None, None) => {
+                    return Err(err(
+                        o.issuer.span(),
+                        "needs an audience (its own, or [cloud_iid] audience)".to_owned(),
+                    ))
+                }
+            };
+            let keys = match o.jwks {
+                Some(j) => {
+                    if let Some(v) = o
+                        .ca_bundle
+                        .as_ref()
+                        .or(o.timeout.as_ref())
+                        .or(o.cache.as_ref())
+                    {
+                        return Err(err(
+                            v.span(),
+                            "ca_bundle, timeout and cache are for keys fetched from the issuer, not a jwks file".to_owned(),
+                        ));
+                    }
+                    let file = dir.join(j.get_ref());
+                    KeySource::File(
+                        oidc::Jwks::load(&file).map_err(|e| err(j.span(), format!("jwks: {e}")))?,
+                    )
+                }
+                None => {
+                    let mut f = fetch::FetchConfig::default();
+                    if let Some(v) = o.timeout {
+                        f.timeout_ms = duration(
+                            &v,
+                            &format!("{key}.timeout"),
+                            |ms| (1000..=fetch::MAX_TIMEOUT_MS).contains(&ms),
+                            "from 1s to 60s",
+                        )?;
+                    }
+                    if let Some(v) = o.cache {
+                        f.cache_ms = duration(
+                            &v,
+                            &format!("{key}.cache"),
+                            |ms| (fetch::MIN_CACHE_MS..=fetch::MAX_CACHE_MS).contains(&ms),
+                            "from 1m to 24h",
+                        )?;
+                    }
+                    if let Some(v) = o.ca_bundle {
+                        f.ca_roots = Some(read_roots(&v, &format!("{key}.ca_bundle"))?);
+                    }
+                    KeySource::Fetch(f)
+                }
+            };
+            let claim = |v: Option<Spanned<String>>| -> Result<Option<String>, ConfigError> {
+                v.map(|v| {
+                    oidc::check_claim(v.get_ref()).map_err(|e| err(v.span(), e))?;
+                    Ok(v.into_inner())
+                })
+                .transpose()
+            };
+            let max_age_ms = match o.max_age {
+                Some(v) => duration(
+                    &v,
+                    &format!("{key}.max_age"),
+                    |ms| (60_000..=3_600_000).contains(&ms),
+                    "from 1m to 1h",
+                )?,
+                None => config.cloud_iid.max_age_ms,
+            };
+            config.cloud_iid.oidc.push(oidc::OidcProvider {
+                name,
+                issuer: o.issuer.into_inner(),
+                audience,
+                keys,
+                account_claim: claim(o.account_claim)?,
+                zone_claim: claim(o.zone_claim)?,
+                instance_claim: claim(o.instance_claim)?.unwrap_or_else(|| "sub".to_owned()),
+                max_age_ms,
+            });
+        }
         if (config.cloud_iid.gcp.is_some() || config.cloud_iid.azure.is_some())
             && config.cloud_iid.audience.is_none()
         {
@@ -649,35 +785,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
             )?;
         }
         if let Some(v) = services.ca_bundle {
-            let dir = path.parent().unwrap_or(Path::new("."));
-            let file = dir.join(v.get_ref());
-            let pem = crate::fsutil::read_ca_bundle(&file).map_err(|e| {
-                invalid(
-                    Some(v.span()),
-                    format!("tpm.ek_services.ca_bundle: {}: {e}", file.display()),
-                )
-            })?;
-            let roots: Vec<Vec<u8>> = rustls_pemfile::certs(&mut pem.as_slice())
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| {
-                    invalid(
-                        Some(v.span()),
-                        format!("tpm.ek_services.ca_bundle: {}: {e}", file.display()),
-                    )
-                })?
-                .into_iter()
-                .map(|c| c.to_vec())
-                .collect();
-            if roots.is_empty() {
-                return Err(invalid(
-                    Some(v.span()),
-                    format!(
-                        "tpm.ek_services.ca_bundle: {} holds no PEM certificate",
-                        file.display()
-                    ),
-                ));
-            }
-            c.ca_roots = Some(roots);
+            c.ca_roots = Some(read_roots(&v, "tpm.ek_services.ca_bundle")?);
         }
         for (addressing, raw) in [
             (Addressing::Intel, services.intel),
@@ -808,6 +916,55 @@ mod tests {
             );
         }
         assert!(err("[tpm]\nenrollment = \"no\"\n").contains(":2"));
+    }
+
+    #[test]
+    fn cloud_iid_oidc_providers() {
+        use crate::attestors::cloud_iid::oidc::KeySource;
+        let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tpmsim-fixtures");
+        let path = fixtures.join(CONFIG_FILE);
+        let parse = |text: &str| parse(&path, text).map_err(|e| e.to_string());
+        let c = parse(
+            "[cloud_iid]\naudience = \"https://cp:8443\"\n\
+             [cloud_iid.oidc.wi]\nissuer = \"https://issuer.example\"\ntimeout = \"2s\"\ncache = \"5m\"\n\
+             zone_claim = \"placement.zone\"\n\
+             [cloud_iid.oidc.file]\nissuer = \"https://i2.example\"\naudience = \"own\"\n\
+             jwks = \"cloud-gcp-jwks.json\"\nmax_age = \"2m\"\ninstance_claim = \"vm\"\n",
+        )
+        .unwrap()
+        .cloud_iid;
+        let (file, wi) = (&c.oidc[0], &c.oidc[1]);
+        assert_eq!(
+            (wi.name.as_str(), wi.audience.as_str()),
+            ("wi", "https://cp:8443")
+        );
+        assert_eq!(wi.max_age_ms, 600_000);
+        assert_eq!(wi.instance_claim, "sub");
+        assert_eq!(wi.zone_claim.as_deref(), Some("placement.zone"));
+        let KeySource::Fetch(f) = &wi.keys else {
+            panic!("fetched")
+        };
+        assert_eq!(
+            (f.timeout_ms, f.cache_ms, f.ca_roots.is_none()),
+            (2000, 300_000, true)
+        );
+        assert_eq!((file.audience.as_str(), file.max_age_ms), ("own", 120_000));
+        assert!(matches!(file.keys, KeySource::File(_)));
+        for (text, want) in [
+            ("[cloud_iid.oidc.a]\nissuer = \"https://i\"\n", "needs an audience"),
+            ("[cloud_iid.oidc.a]\nissuer = \"http://i\"\naudience = \"x\"\n", "not an https:// URL"),
+            ("[cloud_iid.oidc.A]\nissuer = \"https://i\"\naudience = \"x\"\n", "a provider name is"),
+            ("[cloud_iid.oidc.a]\nissuer = \"https://i\"\naudience = \"x\"\ntimeout = \"2m\"\n", "from 1s to 60s"),
+            ("[cloud_iid.oidc.a]\nissuer = \"https://i\"\naudience = \"x\"\ncache = \"1s\"\n", "from 1m to 24h"),
+            ("[cloud_iid.oidc.a]\nissuer = \"https://i\"\naudience = \"x\"\njwks = \"cloud-gcp-jwks.json\"\ntimeout = \"2s\"\n", "not a jwks file"),
+            ("[cloud_iid.oidc.a]\nissuer = \"https://i\"\naudience = \"x\"\njwks = \"cloud-aws.pem\"\n", "not a JWKS"),
+            ("[cloud_iid.oidc.a]\nissuer = \"https://i\"\naudience = \"x\"\nca_bundle = \"cloud-gcp-jwks.json\"\n", "holds no PEM certificate"),
+            ("[cloud_iid.oidc.a]\nissuer = \"https://i\"\naudience = \"x\"\nzone_claim = \"a..b\"\n", "dotted path"),
+            ("[cloud_iid.oidc.a]\nissuer = \"https://i\"\naudience = \"x\"\nsecret = \"y\"\n", "unknown field"),
+        ] {
+            let e = parse(text).unwrap_err();
+            assert!(e.contains(want), "{text}: {e}");
+        }
     }
 
     #[test]

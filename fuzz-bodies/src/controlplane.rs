@@ -49,11 +49,14 @@ impl Cp {
                 .write(|tx| {
                     bc_controlplane::attestors::cloud_iid::resolve::add(
                         tx,
-                        provider,
-                        CLOUD_ACCOUNT,
-                        None,
-                        None,
-                        &[],
+                        &bc_controlplane::attestors::cloud_iid::resolve::NewRow {
+                            provider,
+                            account: CLOUD_ACCOUNT,
+                            zone: None,
+                            pool: None,
+                            roles: &[],
+                            site: None,
+                        },
                         0,
                     )
                 })

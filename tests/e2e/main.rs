@@ -48,6 +48,8 @@ mod cloud_cms;
 #[cfg(feature = "failpoints")]
 mod cloud_iid;
 #[cfg(feature = "failpoints")]
+mod cloud_oidc;
+#[cfg(feature = "failpoints")]
 mod discovery;
 // A ramdisk (discovery's helpers) with a fake /dev and /proc.
 #[cfg(feature = "failpoints")]

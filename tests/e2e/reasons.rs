@@ -542,6 +542,12 @@ const TESTED: &[(&str, &str, Via, &str)] = &[
         "cloud_iid::a_cloud_vm_joins_only_as_a_role_it_is_allowed",
     ),
     (
+        "cloud-iid",
+        "cloud-jwks",
+        Bcd,
+        "cloud_oidc::an_oidc_token_joins_once_and_every_bad_one_is_refused_by_its_reason",
+    ),
+    (
         "renew",
         "retired",
         Bcd,

@@ -532,6 +532,21 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     CREATE UNIQUE INDEX node_leases_open ON node_leases(node_id) WHERE ended_at IS NULL;
     CREATE INDEX node_leases_by_tenant ON node_leases(tenant_id, created_at);
     "#,
+    // 27: cloud-iid resolve rules that decide where a VM joins (issue 33):
+    // a row's site (`site_id`, or `site_from` = 'zone': the site the VM's
+    // zone names), and known instances that join as their node.
+    r#"
+    ALTER TABLE cloud_resolve ADD COLUMN site_id TEXT;
+    ALTER TABLE cloud_resolve ADD COLUMN site_from TEXT CHECK (site_from IN ('zone'));
+    CREATE TABLE cloud_instances (
+        provider    TEXT NOT NULL,
+        account     TEXT NOT NULL,
+        instance    TEXT NOT NULL,
+        node_id     TEXT NOT NULL,
+        created_at  INTEGER NOT NULL,
+        PRIMARY KEY (provider, account, instance)
+    ) STRICT;
+    "#,
 ];
 
 /// How many of [`MIGRATIONS`] a database at schema `version` has applied;

@@ -42,12 +42,14 @@ impl Provider {
 
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum CloudIidError {
-    #[error("--attestor cloud-iid: this machine is not a recognized cloud VM (DMI {dmi}: sys_vendor {vendor:?}, product_name {product:?}); cloud-iid knows GCP, AWS and Azure")]
+    #[error("--attestor cloud-iid: this machine is not a recognized cloud VM (DMI {dmi}: sys_vendor {vendor:?}, product_name {product:?}); cloud-iid knows GCP, AWS and Azure (another issuer's ID token: [cloud] provider = \"oidc:<name>\" and token_file)")]
     NotACloud {
         dmi: String,
         vendor: String,
         product: String,
     },
+    #[error("[cloud] token_file {path}: {reason}")]
+    TokenFile { path: String, reason: String },
     #[error(
         "{provider}: cannot fetch the identity document from the metadata service {url}: {reason}"
     )]
@@ -111,6 +113,41 @@ pub(crate) fn fetch(metadata_url: Option<&str>, audience: &str) -> Result<Vec<u8
             document: azure::fetch(metadata_url.unwrap_or(azure::METADATA_URL), audience)?,
             signature: None,
         },
+    }
+    .to_json();
+    debug_assert!(evidence.len() <= MAX_EVIDENCE_LEN);
+    Ok(evidence)
+}
+
+/// The evidence of `[cloud] provider = "oidc:<name>"`: the ID token in
+/// `token_file`, read whole at each join (a local service rotates it), and
+/// never printed: an error names the file and what is wrong, not its text.
+pub(crate) fn oidc(config: &crate::config::CloudOidc) -> Result<Vec<u8>, CloudIidError> {
+    let err = |reason: String| CloudIidError::TokenFile {
+        path: config.token_file.display().to_string(),
+        reason,
+    };
+    let bytes = bc_wire::file::read_regular(
+        &config.token_file,
+        MAX_DOCUMENT_LEN as u64,
+        bc_wire::file::Links::Follow,
+    )
+    .map_err(|e| err(e.to_string()))?;
+    let text = std::str::from_utf8(&bytes)
+        .map(str::trim)
+        .map_err(|_| err("not UTF-8 text".to_owned()))?;
+    if text.is_empty()
+        || !text.bytes().all(|b| b.is_ascii_graphic())
+        || text.split('.').count() != 3
+    {
+        return Err(err(
+            "not a JWT (three base64url parts separated by '.')".to_owned()
+        ));
+    }
+    let evidence = Evidence {
+        provider: config.provider.clone(),
+        document: text.to_owned(),
+        signature: None,
     }
     .to_json();
     debug_assert!(evidence.len() <= MAX_EVIDENCE_LEN);

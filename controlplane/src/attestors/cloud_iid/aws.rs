@@ -97,7 +97,7 @@ fn verify_pkcs7(keys: &AwsKeys, pkcs7: &str) -> Result<CloudIdentity, CloudReaso
 pub fn identity(document: &[u8]) -> Result<CloudIdentity, CloudReason> {
     let doc: Document = serde_json::from_slice(document).map_err(|_| CloudReason::Malformed)?;
     CloudIdentity::new(
-        super::AWS,
+        super::AWS.to_owned(),
         doc.account_id,
         doc.availability_zone,
         doc.instance_id,

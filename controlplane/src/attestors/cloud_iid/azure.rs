@@ -115,7 +115,7 @@ pub fn identity(
     let expires = time_stamp(&doc.time_stamp.expires_on).ok_or(CloudReason::Malformed)?;
     fresh.check(created, expires)?;
     CloudIdentity::new(
-        super::AZURE,
+        super::AZURE.to_owned(),
         doc.subscription_id,
         // The attested document names no location: Azure rows are per
         // subscription (`cloud resolve add` refuses a zone for azure).

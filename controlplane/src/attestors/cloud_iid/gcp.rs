@@ -78,7 +78,7 @@ pub fn parse_jwks(bytes: &[u8]) -> Result<GcpKeys, String> {
 }
 
 /// An RSA public key of 2048 to 4096 bits.
-fn public_key(n: &[u8], e: &[u8]) -> Option<rsa::PublicKey> {
+pub(super) fn public_key(n: &[u8], e: &[u8]) -> Option<rsa::PublicKey> {
     let n = rsa::BoxedUint::from_be_slice_vartime(n);
     let e = rsa::BoxedUint::from_be_slice_vartime(e);
     rsa::PublicKey::new_with_size_limits(n, e, 2048..=4096).ok()
@@ -178,5 +178,10 @@ pub fn identity(
         .google
         .and_then(|g| g.compute_engine)
         .ok_or(CloudReason::Malformed)?;
-    CloudIdentity::new(super::GCP, ce.project_id, ce.zone, ce.instance_id)
+    CloudIdentity::new(
+        super::GCP.to_owned(),
+        ce.project_id,
+        ce.zone,
+        ce.instance_id,
+    )
 }

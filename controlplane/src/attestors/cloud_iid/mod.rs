@@ -5,8 +5,10 @@
 //! reason named; the transaction rolls back, so nothing is spent):
 //! 1. the evidence parses (`cloud-malformed`) and names a provider this
 //!    control plane has keys for (`cloud-unknown-provider`);
-//! 2. that provider's verifier (GCP, [`azure`]; AWS checks the signature
-//!    alone, see [`aws`]): signature (`cloud-signature`), issuer
+//! 2. that provider's verifier (GCP, [`azure`], an [`oidc`] provider
+//!    `oidc:<name>`, whose keys may first be fetched from its issuer outside
+//!    the transaction, `cloud-jwks` when that fails; AWS checks the
+//!    signature alone, see [`aws`]): signature (`cloud-signature`), issuer
 //!    (`cloud-issuer`; Azure: certificate chain `cloud-chain` and signer
 //!    name `cloud-signer`), audience = `[cloud_iid] audience`
 //!    (`cloud-audience`; Azure: the nonce), issued less than `max_age` ago
@@ -29,13 +31,16 @@ mod ber;
 mod chain;
 pub mod cms;
 pub mod gcp;
+pub mod oidc;
 pub mod resolve;
 
 use bc_wire::agent::Role;
 use bc_wire::cloud_iid::Evidence;
 use bc_wire::AttestorId;
 
-use crate::model::attestor::{AttestInput, AttestationResult, Attestor, NodeKey, Refusal, Verdict};
+use crate::model::attestor::{
+    AttestInput, AttestationResult, Attestor, NodeKey, Prepared, Refusal, Verdict, Work,
+};
 use crate::model::uses;
 use crate::store::{Tx, UnixMs};
 
@@ -61,6 +66,9 @@ crate::reason::reasons! {
         /// The VM asked for a role neither `[cloud_iid] roles` nor its resolve row
         /// admits.
         Role = "cloud-role",
+        /// An OIDC provider's keys could not be fetched from its issuer (see
+        /// the control plane's log): the token was not verified.
+        Jwks = "cloud-jwks",
     }
 }
 
@@ -85,6 +93,8 @@ pub struct CloudIidConfig {
     pub gcp: Option<gcp::GcpKeys>,
     pub aws: Option<aws::AwsKeys>,
     pub azure: Option<azure::AzureTrust>,
+    /// `[cloud_iid.oidc.<name>]`, by name.
+    pub oidc: Vec<oidc::OidcProvider>,
 }
 
 impl Default for CloudIidConfig {
@@ -96,6 +106,7 @@ impl Default for CloudIidConfig {
             gcp: None,
             aws: None,
             azure: None,
+            oidc: Vec::new(),
         }
     }
 }
@@ -103,7 +114,8 @@ impl Default for CloudIidConfig {
 /// Who a verified document says the VM is.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CloudIdentity {
-    pub provider: &'static str,
+    /// `gcp`, `aws`, `azure` or `oidc:<name>`.
+    pub provider: String,
     /// GCP: the project id; AWS: the account id; Azure: the subscription id.
     pub account: String,
     pub zone: String,
@@ -113,7 +125,7 @@ pub struct CloudIdentity {
 impl CloudIdentity {
     /// Refuses empty or overlong ids (`cloud-malformed`).
     fn new(
-        provider: &'static str,
+        provider: String,
         account: String,
         zone: String,
         instance: String,
@@ -143,6 +155,14 @@ pub struct Freshness {
 }
 
 impl Freshness {
+    /// `not_before` (Unix milliseconds) not in the future.
+    fn not_before(&self, not_before: i64) -> Result<(), CloudReason> {
+        if not_before > self.now.saturating_add(MAX_FUTURE_MS) {
+            return Err(CloudReason::Future);
+        }
+        Ok(())
+    }
+
     /// `issued_at` and `expires_at` in Unix milliseconds.
     fn check(&self, issued_at: i64, expires_at: i64) -> Result<(), CloudReason> {
         if issued_at > self.now.saturating_add(MAX_FUTURE_MS) {
@@ -157,19 +177,83 @@ impl Freshness {
 
 pub(crate) struct CloudIidAttestor {
     config: CloudIidConfig,
+    /// The keys fetched from OIDC issuers.
+    jwks: oidc::fetch::JwksCache,
+}
+
+/// What [`CloudIidAttestor::identify`] needs before it can decide.
+enum Identified {
+    Id(CloudIdentity),
+    /// An OIDC provider's keys, fetched outside the transaction first.
+    Fetch(oidc::fetch::JwksWork),
 }
 
 impl CloudIidAttestor {
     pub(crate) fn new(config: CloudIidConfig) -> Self {
-        CloudIidAttestor { config }
+        CloudIidAttestor {
+            config,
+            jwks: oidc::fetch::JwksCache::default(),
+        }
+    }
+
+    fn oidc_provider(&self, name: &str) -> Option<&oidc::OidcProvider> {
+        self.config.oidc.iter().find(|p| p.name == name)
+    }
+
+    /// An OIDC token, verified with the provider's file keys, the keys this
+    /// join's [`Attestor::prepare`] fetched, or the cached ones.
+    fn identify_oidc(
+        &self,
+        provider: &oidc::OidcProvider,
+        document: &str,
+        now: UnixMs,
+        prepared: &Prepared,
+    ) -> Result<Identified, CloudReason> {
+        let token = oidc::Token::parse(document)?;
+        let fresh = Freshness {
+            now,
+            max_age_ms: provider.max_age_ms,
+        };
+        let keys = match &provider.keys {
+            oidc::KeySource::File(keys) => std::sync::Arc::new(keys.clone()),
+            oidc::KeySource::Fetch(config) => match prepared.get::<std::sync::Arc<oidc::Jwks>>() {
+                Some(keys) => keys.clone(),
+                None => match self.jwks.lookup(
+                    &provider.name,
+                    config,
+                    token.kid(),
+                    std::time::Instant::now(),
+                ) {
+                    oidc::fetch::Cached::Keys(keys) => keys,
+                    oidc::fetch::Cached::Fetch(need) => {
+                        return Ok(Identified::Fetch(oidc::fetch::JwksWork {
+                            provider: provider.name.clone(),
+                            need,
+                        }))
+                    }
+                },
+            },
+        };
+        oidc::verify(provider, &keys, &token, &fresh).map(Identified::Id)
     }
 
     /// The provider's verifier, or the refusal reason.
-    fn identify(&self, evidence: &Evidence, now: UnixMs) -> Result<CloudIdentity, CloudReason> {
+    fn identify(
+        &self,
+        evidence: &Evidence,
+        now: UnixMs,
+        prepared: &Prepared,
+    ) -> Result<Identified, CloudReason> {
         let fresh = Freshness {
             now,
             max_age_ms: self.config.max_age_ms,
         };
+        if let Some(name) = evidence.provider.strip_prefix(oidc::PREFIX) {
+            let provider = self
+                .oidc_provider(name)
+                .ok_or(CloudReason::UnknownProvider)?;
+            return self.identify_oidc(provider, &evidence.document, now, prepared);
+        }
         match evidence.provider.as_str() {
             GCP => {
                 let (Some(keys), Some(audience)) = (&self.config.gcp, &self.config.audience) else {
@@ -194,6 +278,7 @@ impl CloudIidAttestor {
             }
             _ => Err(CloudReason::UnknownProvider),
         }
+        .map(Identified::Id)
     }
 }
 
@@ -209,31 +294,120 @@ impl Attestor for CloudIidAttestor {
         }
     }
 
+    /// Fetches an OIDC provider's keys from its issuer (outside the join
+    /// transaction); a failure refuses the join `cloud-jwks`.
+    fn prepare(
+        &self,
+        _db: &crate::store::Store,
+        work: &Work,
+        _source: Option<std::net::IpAddr>,
+    ) -> Result<Prepared, Refusal> {
+        let Some(work) = work.get::<oidc::fetch::JwksWork>() else {
+            return Err(Refusal::fault(crate::model::attestor::Fault::Internal(
+                "cloud-iid asked for work it does not know".to_owned(),
+            )));
+        };
+        let Some(provider) = self.oidc_provider(&work.provider) else {
+            return Err(Refusal::new(CloudReason::UnknownProvider));
+        };
+        let oidc::KeySource::Fetch(config) = &provider.keys else {
+            return Err(Refusal::new(CloudReason::UnknownProvider));
+        };
+        match self
+            .jwks
+            .refresh(provider, config, work.need, std::time::Instant::now())
+        {
+            Ok(keys) => Ok(Prepared::new(keys)),
+            Err(e) => {
+                tracing::warn!(provider = %provider.provider(), issuer = %provider.issuer, error = %e, "cloud-iid: cannot fetch the OIDC issuer's keys");
+                Err(Refusal::new(CloudReason::Jwks).with_detail(e.to_string(), None))
+            }
+        }
+    }
+
     fn verify(&self, tx: &Tx<'_>, input: &AttestInput<'_>) -> Result<Verdict, Refusal> {
         let evidence = Evidence::from_json(input.evidence)
             .map_err(|_| Refusal::new(CloudReason::Malformed))?;
-        let id = self.identify(&evidence, input.now).map_err(Refusal::new)?;
+        let id = match self
+            .identify(&evidence, input.now, input.prepared)
+            .map_err(Refusal::new)?
+        {
+            Identified::Id(id) => id,
+            Identified::Fetch(work) => return Ok(Verdict::Prepare(Work::new(work))),
+        };
         let subject = id.subject();
         if uses::is_spent(tx, AttestorId::CloudIid, &subject)? {
             return Err(Refusal::new(CloudReason::InstanceReused));
         }
-        let Some(row) = resolve::lookup(tx, id.provider, &id.account, &id.zone)? else {
-            return Err(Refusal::new(CloudReason::UnknownInstance));
-        };
-        let mut roles = self.config.roles.clone();
-        roles.extend(row.roles.iter().filter(|r| !self.config.roles.contains(r)));
+        let place = place(tx, &id, &self.config.roles)?;
         // Admitted exactly once, ever: the row never expires.
         if !uses::spend(tx, AttestorId::CloudIid, &subject, UnixMs::MAX, input.now)? {
             return Err(Refusal::new(CloudReason::InstanceReused));
         }
-        tracing::info!(provider = id.provider, account = %id.account, zone = %id.zone, instance = %id.instance, "cloud-iid: verified identity document");
-        Ok(Verdict::Admit(Box::new(AttestationResult {
-            node_key: NodeKey::Unattested,
-            pool_id: row.pool,
-            roles: Some(roles),
-            ..AttestationResult::default()
-        })))
+        tracing::info!(provider = %id.provider, account = %id.account, zone = %id.zone, instance = %id.instance, node = ?place.reclaim_node_id, site = ?place.scope.as_ref().and_then(|s| s.site_id.as_deref()), "cloud-iid: verified identity document");
+        Ok(Verdict::Admit(Box::new(place)))
     }
+}
+
+/// Where a verified VM joins: a known instance as its node (a reclaim,
+/// which JoinService refuses for a retired or deleted node), else by the
+/// row that covers its account and zone: its pool, its roles and, for a row
+/// that names a site, as a site node of that site and only so. No row: the
+/// VM is refused `unknown-instance`, as is one whose zone names no site
+/// for a `--site-from zone` row.
+fn place(
+    tx: &Tx<'_>,
+    id: &CloudIdentity,
+    config_roles: &[Role],
+) -> Result<AttestationResult, Refusal> {
+    if let Some(node) = resolve::instance_node(tx, &id.provider, &id.account, &id.instance)? {
+        return Ok(AttestationResult {
+            node_key: NodeKey::Unattested,
+            reclaim_node_id: Some(node),
+            ..AttestationResult::default()
+        });
+    }
+    let Some(row) = resolve::lookup(tx, &id.provider, &id.account, &id.zone)? else {
+        return Err(Refusal::new(CloudReason::UnknownInstance));
+    };
+    let site_id = match &row.site {
+        None => None,
+        Some(resolve::SiteRule::Site(site)) => Some(site.clone()),
+        Some(resolve::SiteRule::FromZone) => {
+            let found = match crate::model::sites::resolve(tx, &id.zone) {
+                _ if id.zone.is_empty() => None,
+                Ok(site) => Some(site),
+                Err(crate::model::pools::PoolError::Db(e)) => return Err(e.into()),
+                Err(_) => None,
+            };
+            let Some(site) = found else {
+                return Err(Refusal::new(CloudReason::UnknownInstance)
+                    .with_detail(format!("zone {:?} names no site", id.zone), None));
+            };
+            Some(site)
+        }
+    };
+    let roles = match &site_id {
+        // A site fixes the role, as a tpm resolve entry's does.
+        Some(_) => vec![Role::Site],
+        None => {
+            let mut roles = config_roles.to_vec();
+            roles.extend(row.roles.iter().filter(|r| !config_roles.contains(r)));
+            roles
+        }
+    };
+    Ok(AttestationResult {
+        node_key: NodeKey::Unattested,
+        pool_id: row.pool,
+        roles: Some(roles),
+        scope: site_id.map(|site_id| {
+            Box::new(crate::model::records::NodeScope {
+                site_id: Some(site_id),
+                ..Default::default()
+            })
+        }),
+        ..AttestationResult::default()
+    })
 }
 
 #[cfg(test)]
@@ -261,7 +435,7 @@ mod tests {
 
     #[test]
     fn identities_are_bounded() {
-        let id = |a: &str, i: &str| CloudIdentity::new(GCP, a.into(), "z".into(), i.into());
+        let id = |a: &str, i: &str| CloudIdentity::new(GCP.into(), a.into(), "z".into(), i.into());
         assert_eq!(id("p", "1").unwrap().subject(), "gcp/p/1");
         assert!(id("", "1").is_err());
         assert!(id("p/q", "1").is_err());

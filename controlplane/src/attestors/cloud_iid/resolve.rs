@@ -1,7 +1,13 @@
 //! The resolve table (`cloud resolve add`): which provider accounts may
-//! join, and into which pool. A row with zone `''` covers every zone of the
+//! join, and where. A row with zone `''` covers every zone of the
 //! account; a row for the VM's own zone wins over it. A row may admit
-//! roles beyond `[cloud_iid] roles` (`--role`).
+//! roles beyond `[cloud_iid] roles` (`--role`), and may name a site
+//! (`--site`, or `--site-from zone`: the site the VM's zone names): its
+//! VMs then join as site nodes of that site, and only so.
+//!
+//! Known instances (`cloud resolve add --instance I --node N`,
+//! `cloud_instances`) join as their node, as a reclaim: checked before the
+//! account rows.
 
 use bc_wire::agent::Role;
 use serde::Serialize;
@@ -20,6 +26,29 @@ pub struct ResolveRow {
     /// The roles it admits beyond `[cloud_iid] roles`.
     #[serde(skip)]
     pub roles: Vec<Role>,
+    pub site: Option<SiteRule>,
+    pub created_at: UnixMs,
+}
+
+/// The site a row's VMs are site nodes of.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub enum SiteRule {
+    /// This site id.
+    Site(String),
+    /// The site the VM's zone names (its id or name).
+    FromZone,
+}
+
+/// The one `site_from` a row may name.
+const SITE_FROM_ZONE: &str = "zone";
+
+/// A known instance and its node (`cloud resolve add --instance --node`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct InstanceRow {
+    pub provider: String,
+    pub account: String,
+    pub instance: String,
+    pub node: String,
     pub created_at: UnixMs,
 }
 
@@ -29,6 +58,23 @@ pub(crate) struct Resolved {
     /// `None`: the default pool.
     pub pool: Option<String>,
     pub roles: Vec<Role>,
+    pub site: Option<SiteRule>,
+}
+
+/// A row's `site_id` and `site_from` columns.
+fn site_rule(
+    site_id: Option<String>,
+    site_from: Option<String>,
+) -> Result<Option<SiteRule>, DbError> {
+    match (site_id, site_from.as_deref()) {
+        (Some(id), None) => Ok(Some(SiteRule::Site(id))),
+        (None, Some(SITE_FROM_ZONE)) => Ok(Some(SiteRule::FromZone)),
+        (None, None) => Ok(None),
+        (id, from) => Err(DbError::Corrupt {
+            what: "cloud_resolve site",
+            detail: format!("site_id {id:?}, site_from {from:?}"),
+        }),
+    }
 }
 
 /// `node,site` (stored) from roles.
@@ -52,31 +98,109 @@ fn parse_roles(text: Option<String>) -> Result<Vec<Role>, DbError> {
         .collect()
 }
 
+/// A row as `cloud resolve add` makes it.
+pub struct NewRow<'a> {
+    pub provider: &'a str,
+    pub account: &'a str,
+    pub zone: Option<&'a str>,
+    pub pool: Option<&'a str>,
+    pub roles: &'a [Role],
+    pub site: Option<&'a SiteRule>,
+}
+
 /// Adds (or replaces) the row for (provider, account, zone).
-pub fn add(
+pub fn add(tx: &Tx<'_>, row: &NewRow<'_>, now: UnixMs) -> Result<(), DbError> {
+    let (site_id, site_from) = match row.site {
+        Some(SiteRule::Site(id)) => (Some(id.as_str()), None),
+        Some(SiteRule::FromZone) => (None, Some(SITE_FROM_ZONE)),
+        None => (None, None),
+    };
+    tx.execute(
+        "INSERT INTO cloud_resolve (provider, account, zone, pool_id, created_at, roles, site_id, site_from)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+         ON CONFLICT (provider, account, zone) DO UPDATE SET pool_id = ?4, created_at = ?5, roles = ?6,
+             site_id = ?7, site_from = ?8",
+        params![
+            row.provider,
+            row.account,
+            row.zone.unwrap_or(""),
+            row.pool,
+            now,
+            roles_text(row.roles),
+            site_id,
+            site_from
+        ],
+    )?;
+    Ok(())
+}
+
+/// Adds (or replaces) the node a known instance joins as: a node that
+/// exists and is not retired.
+pub fn add_instance(
     tx: &Tx<'_>,
     provider: &str,
     account: &str,
-    zone: Option<&str>,
-    pool: Option<&str>,
-    roles: &[Role],
+    instance: &str,
+    node: &str,
     now: UnixMs,
-) -> Result<(), DbError> {
+) -> Result<(), crate::model::pools::PoolError> {
+    use crate::model::pools::PoolError;
+    let row = crate::model::records::node_for_update(tx, node)?.ok_or_else(|| {
+        PoolError::InvalidInput(format!("no node {node:?}; see bc-controlplane nodes list"))
+    })?;
+    if row.retired_at.is_some() {
+        return Err(PoolError::InvalidInput(format!(
+            "node {node} is retired: it can never join again"
+        )));
+    }
     tx.execute(
-        "INSERT INTO cloud_resolve (provider, account, zone, pool_id, created_at, roles)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6)
-         ON CONFLICT (provider, account, zone) DO UPDATE SET pool_id = ?4, created_at = ?5, roles = ?6",
-        params![provider, account, zone.unwrap_or(""), pool, now, roles_text(roles)],
+        "INSERT INTO cloud_instances (provider, account, instance, node_id, created_at)
+         VALUES (?1, ?2, ?3, ?4, ?5)
+         ON CONFLICT (provider, account, instance) DO UPDATE SET node_id = ?4, created_at = ?5",
+        params![provider, account, instance, node, now],
     )?;
     Ok(())
+}
+
+/// Every known instance, by provider, account, instance.
+pub fn list_instances(tx: &Tx<'_>) -> Result<Vec<InstanceRow>, DbError> {
+    tx.query_map(
+        "SELECT provider, account, instance, node_id, created_at FROM cloud_instances
+         ORDER BY provider, account, instance",
+        params![],
+        |r| {
+            Ok(InstanceRow {
+                provider: r.get(0)?,
+                account: r.get(1)?,
+                instance: r.get(2)?,
+                node: r.get(3)?,
+                created_at: r.get(4)?,
+            })
+        },
+    )?
+    .collect()
+}
+
+/// The node a known instance joins as, if it is one.
+pub(crate) fn instance_node(
+    tx: &Tx<'_>,
+    provider: &str,
+    account: &str,
+    instance: &str,
+) -> Result<Option<String>, DbError> {
+    tx.query_opt_map(
+        "SELECT node_id FROM cloud_instances WHERE provider = ?1 AND account = ?2 AND instance = ?3",
+        params![provider, account, instance],
+        |r| r.get(0),
+    )
 }
 
 /// Every row, by provider, account, zone.
 pub fn list(tx: &Tx<'_>) -> Result<Vec<ResolveRow>, DbError> {
     let rows = tx
         .query_map(
-            "SELECT provider, account, zone, pool_id, created_at, roles FROM cloud_resolve
-         ORDER BY provider, account, zone",
+            "SELECT provider, account, zone, pool_id, created_at, roles, site_id, site_from
+         FROM cloud_resolve ORDER BY provider, account, zone",
             params![],
             |r| {
                 let zone: String = r.get(2)?;
@@ -87,17 +211,20 @@ pub fn list(tx: &Tx<'_>) -> Result<Vec<ResolveRow>, DbError> {
                         zone: (!zone.is_empty()).then_some(zone),
                         pool: r.get(3)?,
                         roles: Vec::new(),
+                        site: None,
                         created_at: r.get(4)?,
                     },
                     r.get::<Option<String>>(5)?,
+                    (r.get::<Option<String>>(6)?, r.get::<Option<String>>(7)?),
                 ))
             },
         )?
         .collect::<Result<Vec<_>, _>>()?;
     rows.into_iter()
-        .map(|(row, roles)| {
+        .map(|(row, roles, (site_id, site_from))| {
             Ok(ResolveRow {
                 roles: parse_roles(roles)?,
+                site: site_rule(site_id, site_from)?,
                 ..row
             })
         })
@@ -112,16 +239,24 @@ pub(crate) fn lookup(
     zone: &str,
 ) -> Result<Option<Resolved>, DbError> {
     let row = tx.query_opt_map(
-        "SELECT pool_id, roles FROM cloud_resolve
+        "SELECT pool_id, roles, site_id, site_from FROM cloud_resolve
              WHERE provider = ?1 AND account = ?2 AND (zone = ?3 OR zone = '')
              ORDER BY zone DESC LIMIT 1",
         params![provider, account, zone],
-        |r| Ok((r.get::<Option<String>>(0)?, r.get::<Option<String>>(1)?)),
+        |r| {
+            Ok((
+                r.get::<Option<String>>(0)?,
+                r.get::<Option<String>>(1)?,
+                r.get::<Option<String>>(2)?,
+                r.get::<Option<String>>(3)?,
+            ))
+        },
     )?;
-    row.map(|(pool, roles)| {
+    row.map(|(pool, roles, site_id, site_from)| {
         Ok(Resolved {
             pool,
             roles: parse_roles(roles)?,
+            site: site_rule(site_id, site_from)?,
         })
     })
     .transpose()
@@ -137,19 +272,48 @@ mod tests {
         let t = temp_db();
         t.db.write(|tx| {
             assert_eq!(lookup(tx, "gcp", "p", "z1")?, None);
-            add(tx, "gcp", "p", None, None, &[], 1)?;
-            add(tx, "gcp", "p", Some("z1"), Some("pool_a"), &[Role::Site], 2)?;
-            let resolved = |pool: Option<&str>, roles: &[Role]| {
+            let row = |zone, pool, roles, site| NewRow {
+                provider: "gcp",
+                account: "p",
+                zone,
+                pool,
+                roles,
+                site,
+            };
+            add(tx, &row(None, None, &[], None), 1)?;
+            add(
+                tx,
+                &row(
+                    Some("z1"),
+                    Some("pool_a"),
+                    &[Role::Site],
+                    Some(&SiteRule::FromZone),
+                ),
+                2,
+            )?;
+            let resolved = |pool: Option<&str>, roles: &[Role], site: Option<SiteRule>| {
                 Some(Resolved {
                     pool: pool.map(str::to_owned),
                     roles: roles.to_vec(),
+                    site,
                 })
             };
             assert_eq!(
                 lookup(tx, "gcp", "p", "z1")?,
-                resolved(Some("pool_a"), &[Role::Site])
+                resolved(Some("pool_a"), &[Role::Site], Some(SiteRule::FromZone))
             );
-            assert_eq!(lookup(tx, "gcp", "p", "z2")?, resolved(None, &[]));
+            assert_eq!(lookup(tx, "gcp", "p", "z2")?, resolved(None, &[], None));
+            assert_eq!(instance_node(tx, "gcp", "p", "i1")?, None);
+            tx.execute(
+                "INSERT INTO cloud_instances (provider, account, instance, node_id, created_at)
+                 VALUES ('gcp', 'p', 'i1', 'node_b', 4)",
+                params![],
+            )?;
+            assert_eq!(
+                instance_node(tx, "gcp", "p", "i1")?.as_deref(),
+                Some("node_b")
+            );
+            assert_eq!(list_instances(tx)?.len(), 1);
             assert_eq!(lookup(tx, "gcp", "q", "z1")?, None);
             Ok::<_, DbError>(())
         })

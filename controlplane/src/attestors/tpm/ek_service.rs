@@ -63,14 +63,12 @@ pub(crate) mod budget;
 pub(crate) mod known;
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use bc_wire::tpm::{KeyParams, Public};
 
-use crate::fsutil::read_ca_bundle;
 use crate::store::{params, DbError, Tx, UnixMs};
 use budget::Budget;
 pub(crate) use budget::{Claim, Source};
@@ -446,7 +444,7 @@ impl EkServices {
     fn make_client(&self) -> Result<reqwest::Client, String> {
         let roots = match &self.config.ca_roots {
             Some(r) => r.clone(),
-            None => system_roots()?,
+            None => crate::http_client::system_roots("[tpm.ek_services] ca_bundle")?,
         };
         let mut builder = crate::http_client::client_builder()
             .https_only(true)
@@ -499,7 +497,7 @@ async fn get(client: &reqwest::Client, url: &str) -> Result<Fetched, FetchError>
         .get(url)
         .send()
         .await
-        .map_err(|e| FetchError::Unreachable(cause(&e)))?;
+        .map_err(|e| FetchError::Unreachable(crate::http_client::cause(&e)))?;
     let status = resp.status();
     if status == reqwest::StatusCode::NOT_FOUND {
         return Ok(Fetched::NotFound);
@@ -514,7 +512,7 @@ async fn get(client: &reqwest::Client, url: &str) -> Result<Fetched, FetchError>
     while let Some(chunk) = resp
         .chunk()
         .await
-        .map_err(|e| FetchError::Unreachable(cause(&e)))?
+        .map_err(|e| FetchError::Unreachable(crate::http_client::cause(&e)))?
     {
         if body.len() + chunk.len() > MAX_BODY {
             return Err(FetchError::TooLarge);
@@ -524,54 +522,6 @@ async fn get(client: &reqwest::Client, url: &str) -> Result<Fetched, FetchError>
     certificate_of(&body)
         .map(Fetched::Certificate)
         .map_err(FetchError::Malformed)
-}
-
-/// A reqwest error with its causes, for the log.
-fn cause(e: &reqwest::Error) -> String {
-    let mut out = e.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
-    }
-    out
-}
-
-/// The system's CA certificates: `SSL_CERT_FILE`, else the first bundle
-/// of the usual places that exists.
-fn system_roots() -> Result<Vec<Vec<u8>>, String> {
-    let mut candidates: Vec<PathBuf> = Vec::new();
-    if let Some(f) = std::env::var_os("SSL_CERT_FILE") {
-        candidates.push(f.into());
-    }
-    for p in [
-        "/etc/ssl/certs/ca-certificates.crt",
-        "/etc/pki/tls/certs/ca-bundle.crt",
-        "/etc/ssl/cert.pem",
-        "/etc/ssl/ca-bundle.pem",
-    ] {
-        candidates.push(p.into());
-    }
-    for path in &candidates {
-        let Ok(pem) = read_ca_bundle(path) else {
-            continue;
-        };
-        let certs: Vec<Vec<u8>> = rustls_pemfile::certs(&mut pem.as_slice())
-            .filter_map(|c| c.ok().map(|c| c.to_vec()))
-            .collect();
-        if !certs.is_empty() {
-            return Ok(certs);
-        }
-    }
-    Err(format!(
-        "no CA bundle at {} (set [tpm.ek_services] ca_bundle)",
-        candidates
-            .iter()
-            .map(|p| p.display().to_string())
-            .collect::<Vec<_>>()
-            .join(", ")
-    ))
 }
 
 /// A certificate a service gave for an EK (the cache's row).
