@@ -522,3 +522,61 @@ fn a_known_instance_joins_as_its_node() {
     assert!(!out.status.success());
     assert!(stderr(&out).contains("is retired"), "{}", stderr(&out));
 }
+
+/// A resolve rule naming a tenant (`--tenant`): checked against its pool
+/// (without `--pool`, the tenant's only pool), listed with it, and the VM
+/// it admits joins that pool, its join attributed to the tenant.
+#[test]
+fn a_rule_naming_a_tenant_joins_the_vm_into_the_tenants_pool() {
+    let issuer = Issuer::start();
+    let cp = ControlPlane::start_with_config_for_url(|url| issuer.config(url));
+    let add = |extra: &[&str]| {
+        let mut args = vec![
+            "cloud",
+            "resolve",
+            "add",
+            "--provider",
+            "oidc:wi",
+            "--account",
+            "acme",
+        ];
+        args.extend_from_slice(extra);
+        cp.cli(&args)
+    };
+    let refused = |out: std::process::Output, why: &str| {
+        assert_eq!(out.status.code(), Some(1), "{why}");
+        assert!(stderr(&out).contains(why), "{why}: {}", stderr(&out));
+    };
+    refused(add(&["--tenant", "acme"]), r#"no tenant "acme""#);
+    assert_ok(&cp.cli(&["tenants", "create", "acme"]));
+    refused(add(&["--tenant", "acme"]), "owns no pool");
+    assert_ok(&cp.cli(&["pools", "create", "--id", "metal", "--tenant", "acme"]));
+    refused(
+        add(&["--tenant", "acme", "--pool", "default"]),
+        r#"pool "default" belongs to tenant "root", not "acme""#,
+    );
+    assert!(cp
+        .json(&["cloud", "resolve", "list"])
+        .as_array()
+        .unwrap()
+        .is_empty());
+    assert_ok(&add(&["--tenant", "acme"]));
+    let table = cp.json(&["cloud", "resolve", "list"]);
+    assert_eq!(table[0]["pool"], "metal", "{table}");
+    assert_eq!(table[0]["tenant"], "acme", "{table}");
+
+    let vm = oidc_vm(&cp, "oidc:wi");
+    put_token(&vm, &issuer.token(&cp.url, &[]));
+    assert_ok(&crate::cloud_iid::join(&vm));
+    let nodes = cp.nodes();
+    assert_eq!(nodes[0]["pool"], "metal", "{nodes:?}");
+    let events = cp.json(&["events", "list", "--tenant", "acme"]);
+    let joined: Vec<&serde_json::Value> = events
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["type"] == "node.joined")
+        .collect();
+    assert_eq!(joined.len(), 1, "{events}");
+    assert_eq!(joined[0]["nodeId"], nodes[0]["nodeId"], "{events}");
+}

@@ -69,6 +69,10 @@ pub(crate) struct AddArgs {
     /// retired.
     #[arg(long, value_name = "N", requires = "instance")]
     node: Option<String>,
+    /// The tenant the row's VMs join for: checked against the pool's
+    /// owner (without --pool: the tenant's only pool), or the node's.
+    #[arg(long, value_name = "T")]
+    tenant: Option<String>,
 }
 
 fn parse_provider(s: &str) -> Result<String, String> {
@@ -107,6 +111,7 @@ pub(crate) fn run(cmd: CloudCmd) -> Result<()> {
                 site_from,
                 instance,
                 node,
+                tenant,
             } = *args;
             let roles: Vec<bc_wire::agent::Role> = roles
                 .iter()
@@ -123,7 +128,15 @@ pub(crate) fn run(cmd: CloudCmd) -> Result<()> {
             if let (Some(instance), Some(node)) = (&instance, &node) {
                 return db
                     .write(|tx| {
-                        resolve::add_instance(tx, &provider, &account, instance, node, now)?;
+                        resolve::add_instance(
+                            tx,
+                            &provider,
+                            &account,
+                            instance,
+                            node,
+                            tenant.as_deref(),
+                            now,
+                        )?;
                         Ok::<_, anyhow::Error>(())
                     })
                     .context("cannot add the known instance");
@@ -134,6 +147,10 @@ pub(crate) fn run(cmd: CloudCmd) -> Result<()> {
                         bail!("no pool {p:?}; see bc-controlplane pools list");
                     }
                 }
+                let pool = match &tenant {
+                    Some(t) => resolve::tenant_pool(tx, t, pool.as_deref())?,
+                    None => pool.clone(),
+                };
                 let site = match (&site, &site_from) {
                     (Some(s), _) => Some(resolve::SiteRule::Site(
                         sites::resolve(tx, s)
@@ -197,6 +214,7 @@ fn listed_json(l: &Listed) -> serde_json::Value {
                 "roles": r.roles.iter().map(|r| r.name()).collect::<Vec<_>>(),
                 "site": site,
                 "siteFrom": site_from,
+                "tenant": r.tenant,
                 "createdAt": store::rfc3339(r.created_at),
             })
         }
@@ -205,6 +223,7 @@ fn listed_json(l: &Listed) -> serde_json::Value {
             "account": i.account,
             "instance": i.instance,
             "node": i.node,
+            "tenant": i.tenant,
             "createdAt": store::rfc3339(i.created_at),
         }),
     }
@@ -231,16 +250,21 @@ fn listed_line(l: &Listed) -> String {
                 None => String::new(),
             };
             format!(
-                "{} {} {} {}{roles}{site}",
+                "{} {} {} {} tenant={}{roles}{site}",
                 r.provider,
                 r.account,
                 r.zone.as_deref().unwrap_or("*"),
-                r.pool.as_deref().unwrap_or("default")
+                r.pool.as_deref().unwrap_or("default"),
+                r.tenant.as_deref().unwrap_or("-")
             )
         }
         Listed::Instance(i) => format!(
-            "{} {} instance={} node={}",
-            i.provider, i.account, i.instance, i.node
+            "{} {} instance={} node={} tenant={}",
+            i.provider,
+            i.account,
+            i.instance,
+            i.node,
+            i.tenant.as_deref().unwrap_or("-")
         ),
     }
 }

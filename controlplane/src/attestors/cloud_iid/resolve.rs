@@ -12,6 +12,8 @@
 use bc_wire::agent::Role;
 use serde::Serialize;
 
+use crate::model::pools::{self, PoolError, DEFAULT_POOL};
+use crate::model::tenants;
 use crate::store::{params, DbError, Tx, UnixMs};
 
 /// One row, as `cloud resolve list` prints it.
@@ -27,6 +29,9 @@ pub struct ResolveRow {
     #[serde(skip)]
     pub roles: Vec<Role>,
     pub site: Option<SiteRule>,
+    /// The tenant owning the row's pool: where its VMs join is that
+    /// tenant's (`--tenant` checks it).
+    pub tenant: Option<String>,
     pub created_at: UnixMs,
 }
 
@@ -49,6 +54,8 @@ pub struct InstanceRow {
     pub account: String,
     pub instance: String,
     pub node: String,
+    /// The tenant owning the node's pool.
+    pub tenant: Option<String>,
     pub created_at: UnixMs,
 }
 
@@ -134,6 +141,52 @@ pub fn add(tx: &Tx<'_>, row: &NewRow<'_>, now: UnixMs) -> Result<(), DbError> {
     Ok(())
 }
 
+/// The pool a row naming `tenant` (`--tenant`) joins: `pool` (else the
+/// default pool) when that tenant owns it, else, when no pool was named,
+/// the tenant's only pool (`None`: the default pool). Anything else is the
+/// operator's mistake, named.
+pub fn tenant_pool(
+    tx: &Tx<'_>,
+    tenant: &str,
+    pool: Option<&str>,
+) -> Result<Option<String>, PoolError> {
+    if !tenants::exists(tx, tenant)? {
+        return Err(PoolError::InvalidInput(format!(
+            "no tenant {tenant:?}; see bc-controlplane tenants list"
+        )));
+    }
+    let named = pool.unwrap_or(DEFAULT_POOL);
+    if let Some(p) = pools::get(tx, named)? {
+        if p.owner == tenant {
+            return Ok(pool.map(str::to_owned));
+        }
+        if pool.is_some() {
+            return Err(PoolError::InvalidInput(format!(
+                "pool {named:?} belongs to tenant {:?}, not {tenant:?}",
+                p.owner
+            )));
+        }
+    }
+    let owned = tx
+        .query_map(
+            "SELECT id FROM pools WHERE owner = ?1 ORDER BY id",
+            params![tenant],
+            |r| r.get::<String>(0),
+        )?
+        .collect::<Result<Vec<_>, _>>()?;
+    match owned.as_slice() {
+        [only] => Ok(Some(only.clone())),
+        [] => Err(PoolError::InvalidInput(format!(
+            "tenant {tenant:?} owns no pool: bc-controlplane pools create POOL --tenant {tenant}"
+        ))),
+        many => Err(PoolError::InvalidInput(format!(
+            "tenant {tenant:?} owns {} pools ({}): name one with --pool",
+            many.len(),
+            many.join(", ")
+        ))),
+    }
+}
+
 /// Adds (or replaces) the node a known instance joins as: a node that
 /// exists and is not retired.
 pub fn add_instance(
@@ -142,9 +195,9 @@ pub fn add_instance(
     account: &str,
     instance: &str,
     node: &str,
+    tenant: Option<&str>,
     now: UnixMs,
-) -> Result<(), crate::model::pools::PoolError> {
-    use crate::model::pools::PoolError;
+) -> Result<(), PoolError> {
     let row = crate::model::records::node_for_update(tx, node)?.ok_or_else(|| {
         PoolError::InvalidInput(format!("no node {node:?}; see bc-controlplane nodes list"))
     })?;
@@ -152,6 +205,15 @@ pub fn add_instance(
         return Err(PoolError::InvalidInput(format!(
             "node {node} is retired: it can never join again"
         )));
+    }
+    if let Some(tenant) = tenant {
+        let owner = tenants::of_node(tx, node)?;
+        if owner.as_deref() != Some(tenant) {
+            return Err(PoolError::InvalidInput(format!(
+                "node {node} belongs to tenant {}, not {tenant:?}",
+                owner.as_deref().unwrap_or("(none)")
+            )));
+        }
     }
     tx.execute(
         "INSERT INTO cloud_instances (provider, account, instance, node_id, created_at)
@@ -165,8 +227,10 @@ pub fn add_instance(
 /// Every known instance, by provider, account, instance.
 pub fn list_instances(tx: &Tx<'_>) -> Result<Vec<InstanceRow>, DbError> {
     tx.query_map(
-        "SELECT provider, account, instance, node_id, created_at FROM cloud_instances
-         ORDER BY provider, account, instance",
+        "SELECT i.provider, i.account, i.instance, i.node_id, i.created_at, p.owner
+         FROM cloud_instances i LEFT JOIN nodes n ON n.id = i.node_id
+             LEFT JOIN pools p ON p.id = n.pool_id
+         ORDER BY i.provider, i.account, i.instance",
         params![],
         |r| {
             Ok(InstanceRow {
@@ -174,6 +238,7 @@ pub fn list_instances(tx: &Tx<'_>) -> Result<Vec<InstanceRow>, DbError> {
                 account: r.get(1)?,
                 instance: r.get(2)?,
                 node: r.get(3)?,
+                tenant: r.get(5)?,
                 created_at: r.get(4)?,
             })
         },
@@ -199,9 +264,11 @@ pub(crate) fn instance_node(
 pub fn list(tx: &Tx<'_>) -> Result<Vec<ResolveRow>, DbError> {
     let rows = tx
         .query_map(
-            "SELECT provider, account, zone, pool_id, created_at, roles, site_id, site_from
-         FROM cloud_resolve ORDER BY provider, account, zone",
-            params![],
+            "SELECT r.provider, r.account, r.zone, r.pool_id, r.created_at, r.roles, r.site_id,
+                r.site_from, p.owner
+         FROM cloud_resolve r LEFT JOIN pools p ON p.id = COALESCE(r.pool_id, ?1)
+         ORDER BY r.provider, r.account, r.zone",
+            params![DEFAULT_POOL],
             |r| {
                 let zone: String = r.get(2)?;
                 Ok((
@@ -212,6 +279,7 @@ pub fn list(tx: &Tx<'_>) -> Result<Vec<ResolveRow>, DbError> {
                         pool: r.get(3)?,
                         roles: Vec::new(),
                         site: None,
+                        tenant: r.get(8)?,
                         created_at: r.get(4)?,
                     },
                     r.get::<Option<String>>(5)?,
@@ -266,6 +334,49 @@ pub(crate) fn lookup(
 mod tests {
     use super::*;
     use crate::test_support::temp_db;
+
+    /// `--tenant`: the named pool must be the tenant's; without a pool, the
+    /// default pool if the tenant owns it, else the tenant's only pool.
+    #[test]
+    fn a_rule_naming_a_tenant_joins_one_of_its_pools() {
+        let t = temp_db();
+        crate::model::tenants::create(&t.db, "acme").unwrap();
+        let pick = |tenant: &str, pool: Option<&str>| {
+            t.db.write(|tx| Ok::<_, PoolError>(tenant_pool(tx, tenant, pool)))
+                .unwrap()
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(pick("root", None), Ok(None));
+        assert!(pick("nobody", None).unwrap_err().contains("no tenant"));
+        assert!(pick("acme", None).unwrap_err().contains("owns no pool"));
+        pools::create_pool(&t.db, "acme-a", "acme", None, &[]).unwrap();
+        assert_eq!(pick("acme", None), Ok(Some("acme-a".to_owned())));
+        assert!(pick("acme", Some(DEFAULT_POOL))
+            .unwrap_err()
+            .contains("belongs to tenant \"root\""));
+        pools::create_pool(&t.db, "acme-b", "acme", None, &[]).unwrap();
+        assert!(pick("acme", None)
+            .unwrap_err()
+            .contains("owns 2 pools (acme-a, acme-b)"));
+        assert_eq!(pick("acme", Some("acme-b")), Ok(Some("acme-b".to_owned())));
+        t.db.write(|tx| {
+            add(
+                tx,
+                &NewRow {
+                    provider: "gcp",
+                    account: "p",
+                    zone: None,
+                    pool: Some("acme-b"),
+                    roles: &[],
+                    site: None,
+                },
+                1,
+            )
+        })
+        .unwrap();
+        let rows = t.db.read(list).unwrap();
+        assert_eq!(rows[0].tenant.as_deref(), Some("acme"));
+    }
 
     #[test]
     fn the_zone_row_wins_over_the_account_row() {
