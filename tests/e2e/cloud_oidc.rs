@@ -201,6 +201,11 @@ pub(crate) fn put_token(agent: &Agent, token: &str) {
 }
 
 pub(crate) fn resolve(cp: &ControlPlane, extra: &[&str]) {
+    assert_ok(&resolve_add(cp, extra));
+}
+
+/// `cloud resolve add --provider oidc:wi --account acme EXTRA…`.
+fn resolve_add(cp: &ControlPlane, extra: &[&str]) -> std::process::Output {
     let mut args = vec![
         "cloud",
         "resolve",
@@ -211,7 +216,7 @@ pub(crate) fn resolve(cp: &ControlPlane, extra: &[&str]) {
         "acme",
     ];
     args.extend_from_slice(extra);
-    assert_ok(&cp.cli(&args));
+    cp.cli(&args)
 }
 
 #[test]
@@ -530,19 +535,7 @@ fn a_known_instance_joins_as_its_node() {
 fn a_rule_naming_a_tenant_joins_the_vm_into_the_tenants_pool() {
     let issuer = Issuer::start();
     let cp = ControlPlane::start_with_config_for_url(|url| issuer.config(url));
-    let add = |extra: &[&str]| {
-        let mut args = vec![
-            "cloud",
-            "resolve",
-            "add",
-            "--provider",
-            "oidc:wi",
-            "--account",
-            "acme",
-        ];
-        args.extend_from_slice(extra);
-        cp.cli(&args)
-    };
+    let add = |extra: &[&str]| resolve_add(&cp, extra);
     let refused = |out: std::process::Output, why: &str| {
         assert_eq!(out.status.code(), Some(1), "{why}");
         assert!(stderr(&out).contains(why), "{why}: {}", stderr(&out));

@@ -31,6 +31,7 @@ mod ber;
 mod chain;
 pub mod cms;
 pub mod gcp;
+mod jwt;
 pub mod oidc;
 pub mod resolve;
 

@@ -2,6 +2,8 @@
 //! RS256, every refusal by its reason, and the claims that name the VM.
 
 use super::*;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64URL;
+use base64::Engine;
 use p256::ecdsa::signature::Signer as _;
 use serde_json::json;
 
