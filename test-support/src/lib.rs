@@ -4,3 +4,4 @@
 
 pub mod captured;
 pub mod pg_cluster;
+pub mod tls;

@@ -49,32 +49,10 @@ impl Issuer {
     /// host) and `/jwks`, and under `/offhost` a configuration whose
     /// `jwks_uri` is on another host.
     pub(crate) fn start() -> Issuer {
-        let ca_key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
-        let mut ca = rcgen::CertificateParams::default();
-        ca.distinguished_name
-            .push(rcgen::DnType::CommonName, "bcd e2e OIDC issuer CA");
-        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        ca.key_usages = vec![
-            rcgen::KeyUsagePurpose::KeyCertSign,
-            rcgen::KeyUsagePurpose::DigitalSignature,
-        ];
-        let ca_cert = ca.self_signed(&ca_key).unwrap();
-        let issuer = rcgen::Issuer::from_params(&ca, &ca_key);
-        let tls_key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
-        let mut leaf = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-        leaf.subject_alt_names = vec![rcgen::SanType::IpAddress([127, 0, 0, 1].into())];
-        let leaf = leaf.signed_by(&tls_key, &issuer).unwrap();
-        let tls = rustls::ServerConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(
-            vec![leaf.der().clone()],
-            rustls::pki_types::PrivateKeyDer::Pkcs8(tls_key.serialize_der().into()),
-        )
-        .unwrap();
+        let bc_test_support::tls::LoopbackTls {
+            ca: ca_cert,
+            server: tls,
+        } = bc_test_support::tls::loopback_tls("bcd e2e OIDC issuer CA");
         let key = p256::ecdsa::SigningKey::from_slice(&[0x42; 32]).unwrap();
         let jwks = json!({ "keys": [jwk(&key, "k1")] }).to_string();
         let jwks_fetches = Arc::new(AtomicUsize::new(0));

@@ -37,32 +37,10 @@ struct MakerService {
 
 impl MakerService {
     fn start() -> Self {
-        let ca_key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
-        let mut ca = rcgen::CertificateParams::default();
-        ca.distinguished_name
-            .push(rcgen::DnType::CommonName, "bcd e2e maker service CA");
-        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        ca.key_usages = vec![
-            rcgen::KeyUsagePurpose::KeyCertSign,
-            rcgen::KeyUsagePurpose::DigitalSignature,
-        ];
-        let ca_cert = ca.self_signed(&ca_key).unwrap();
-        let issuer = rcgen::Issuer::from_params(&ca, &ca_key);
-        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
-        let mut leaf = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-        leaf.subject_alt_names = vec![rcgen::SanType::IpAddress([127, 0, 0, 1].into())];
-        let leaf = leaf.signed_by(&key, &issuer).unwrap();
-        let tls = rustls::ServerConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(
-            vec![leaf.der().clone()],
-            rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
-        )
-        .unwrap();
+        let bc_test_support::tls::LoopbackTls {
+            ca: ca_cert,
+            server: tls,
+        } = bc_test_support::tls::loopback_tls("bcd e2e maker service CA");
         let answers: Arc<Mutex<HashMap<String, Answer>>> = Arc::default();
         let requests: Arc<Mutex<Vec<String>>> = Arc::default();
         let (a, r) = (answers.clone(), requests.clone());

@@ -35,31 +35,10 @@ type Route = Arc<dyn Fn(&str) -> Answer + Send + Sync>;
 /// roots. It stops when the runtime drops.
 fn issuer(route: impl FnOnce(String) -> Route) -> (tokio::runtime::Runtime, String, Vec<Vec<u8>>) {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    let ca_key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
-    let mut ca = rcgen::CertificateParams::default();
-    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    ca.key_usages = vec![
-        rcgen::KeyUsagePurpose::KeyCertSign,
-        rcgen::KeyUsagePurpose::DigitalSignature,
-    ];
-    let ca_cert = ca.self_signed(&ca_key).unwrap();
-    let issuer = rcgen::Issuer::from_params(&ca, &ca_key);
-    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
-    let mut leaf = rcgen::CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
-    leaf.subject_alt_names
-        .push(rcgen::SanType::IpAddress([127, 0, 0, 1].into()));
-    let leaf = leaf.signed_by(&key, &issuer).unwrap();
-    let tls = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_no_client_auth()
-    .with_single_cert(
-        vec![leaf.der().clone()],
-        rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
-    )
-    .unwrap();
+    let bc_test_support::tls::LoopbackTls {
+        ca: ca_cert,
+        server: tls,
+    } = bc_test_support::tls::loopback_tls("bcd OIDC fetch test CA");
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
