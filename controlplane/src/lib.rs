@@ -177,7 +177,7 @@ pub mod tenants {
 /// Node leases: a node lent to a tenant, restricted while it lasts.
 pub mod leases {
     pub use crate::model::leases::{
-        create, end, list, LeaseError, LeaseRef, LeaseRow, LeasesConfig, Until,
+        create, end, list, of_node, LeaseError, LeaseRef, LeaseRow, LeasesConfig, Until,
         DEFAULT_LEASE_ALLOWED_KINDS,
     };
 }

@@ -180,6 +180,13 @@ fn a_leased_node_runs_only_the_lessee_kinds_across_renewal_and_rejoin() {
     assert_ok(&out);
     let lease = stdout(&out).split_whitespace().nth(2).unwrap().to_owned();
     assert!(lease.starts_with("lease_"), "{}", stdout(&out));
+    let shown = cp.json(&["nodes", "show", &id]);
+    assert_eq!(shown["lease"]["id"], lease.as_str(), "{shown}");
+    assert_eq!(shown["lease"]["tenant"], "acme", "{shown}");
+    assert!(
+        stdout(&cp.cli(&["nodes", "show", &id])).contains("leased:       to acme"),
+        "nodes show names the lessee"
+    );
     let out = cp.cli(&["leases", "create", "--node", &id, "--tenant", "root"]);
     assert!(
         stderr(&out).contains("already leased to acme"),
@@ -229,6 +236,7 @@ fn a_leased_node_runs_only_the_lessee_kinds_across_renewal_and_rejoin() {
     // restricts: the control plane refuses from it, and the agent refuses
     // a command delivered anyway.
     assert_ok(&cp.cli(&["leases", "end", &lease]));
+    assert!(cp.json(&["nodes", "show", &id])["lease"].is_null());
     let out = cp.cli(&["leases", "end", &lease]);
     assert_ok(&out);
     assert!(

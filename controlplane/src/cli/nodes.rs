@@ -192,7 +192,17 @@ fn with_node_fields(n: &records::NodeRow, more: serde_json::Value) -> serde_json
 fn show(dir: &Path, id: &str, as_json: bool) -> Result<()> {
     let db = open_db(dir)?;
     let (n, boot) = nodes::show(&db, id)?;
+    let lease = bc_controlplane::leases::of_node(&db, &n.id)?;
     if as_json {
+        let lease = lease.as_ref().map(|l| {
+            json!({
+                "id": l.id,
+                "tenant": l.tenant_id,
+                "allowedKinds": l.allowed_kinds,
+                "createdAt": store::rfc3339(l.created_at),
+                "until": l.until.map(store::rfc3339),
+            })
+        });
         let boot = boot.map(|b| {
             json!({
                 "verifiedAt": store::rfc3339(b.verified_at),
@@ -207,6 +217,7 @@ fn show(dir: &Path, id: &str, as_json: bool) -> Result<()> {
             json!({
                 "deleted": n.deleted_at.is_some(),
                 "lastVerifiedBoot": boot,
+                "lease": lease,
             }),
         );
         return print_line(&serde_json::to_string_pretty(&v).context("cannot encode JSON")?);
@@ -220,6 +231,15 @@ fn show(dir: &Path, id: &str, as_json: bool) -> Result<()> {
         store::rfc3339(n.joined_at),
         n.identity_generation
     );
+    if let Some(l) = &lease {
+        text.push_str(&format!(
+            "leased:       to {} ({}, until {}): runs only {}\n",
+            l.tenant_id,
+            l.id,
+            l.until.map_or("it is ended".to_owned(), store::rfc3339),
+            l.allowed_kinds.join(", ")
+        ));
+    }
     match boot {
         None => {
             text.push_str("verified boot: none (no boot policy verified a boot of this node)\n")

@@ -371,6 +371,15 @@ pub fn end(db: &Store, which: LeaseRef<'_>) -> Result<(LeaseRow, bool), LeaseErr
     })
 }
 
+/// The node's lease active now (database time), if any: what `nodes show`
+/// says of who holds the node.
+pub fn of_node(db: &Store, node_id: &str) -> Result<Option<LeaseRow>, DbError> {
+    db.read(|tx| {
+        let now = tx.now()?;
+        active(tx, node_id, now)
+    })
+}
+
 /// Every lease, oldest first, and the database time to judge them by.
 pub fn list(db: &Store) -> Result<(Vec<LeaseRow>, UnixMs), DbError> {
     db.read(|tx| {
