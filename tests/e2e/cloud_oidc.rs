@@ -335,17 +335,7 @@ fn a_cloud_vm_admitted_as_site_holds_its_sites_boot_lease() {
     let url = cp.url.clone();
 
     // A site that does not exist is refused by the command.
-    let out = cp.cli(&[
-        "cloud",
-        "resolve",
-        "add",
-        "--provider",
-        "oidc:wi",
-        "--account",
-        "acme",
-        "--site",
-        "nowhere",
-    ]);
+    let out = resolve_add(&cp, &["--site", "nowhere"]);
     assert!(!out.status.success());
     assert!(
         stderr(&out).contains("no site \"nowhere\""),
@@ -365,21 +355,10 @@ fn a_cloud_vm_admitted_as_site_holds_its_sites_boot_lease() {
     assert_access_denied(&out);
     vm.assert_nothing_written();
     // A row for that zone naming a site (by name) places it there.
-    let out = cp.cli(&[
-        "cloud",
-        "resolve",
-        "add",
-        "--provider",
-        "oidc:wi",
-        "--account",
-        "acme",
-        "--zone",
-        "zone-b",
-        "--site",
-        "zone-a",
-        "--role",
-        "site",
-    ]);
+    let out = resolve_add(
+        &cp,
+        &["--zone", "zone-b", "--site", "zone-a", "--role", "site"],
+    );
     assert_eq!(
         out.status.code(),
         Some(2),
@@ -449,21 +428,8 @@ fn a_known_instance_joins_as_its_node() {
     let old = Agent::new(&cp);
     let node_id = joined(&old);
 
-    let add = |instance: &str, node: &str| {
-        cp.cli(&[
-            "cloud",
-            "resolve",
-            "add",
-            "--provider",
-            "oidc:wi",
-            "--account",
-            "acme",
-            "--instance",
-            instance,
-            "--node",
-            node,
-        ])
-    };
+    let add =
+        |instance: &str, node: &str| resolve_add(&cp, &["--instance", instance, "--node", node]);
     let out = add("vm-9", "node_nope");
     assert!(!out.status.success());
     assert!(

@@ -11,7 +11,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use super::jwt::{Jwks, Token};
+use super::jwt::{Audience, Jwks, Token};
 use super::{CloudIdentity, CloudReason, Freshness};
 
 /// The issuers Google's identity tokens name.
@@ -45,13 +45,6 @@ struct Claims {
     iat: i64,
     exp: i64,
     google: Option<Google>,
-}
-
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum Audience {
-    One(String),
-    Many(Vec<String>),
 }
 
 #[derive(Deserialize)]
@@ -92,12 +85,7 @@ pub fn identity(
     if !ISSUERS.contains(&claims.iss.as_str()) {
         return Err(CloudReason::Issuer);
     }
-    let want = audience.trim_end_matches('/');
-    let aud_ok = match &claims.aud {
-        Audience::One(a) => a.trim_end_matches('/') == want,
-        Audience::Many(v) => v.iter().any(|a| a.trim_end_matches('/') == want),
-    };
-    if !aud_ok {
+    if !claims.aud.names(audience, |a| a.trim_end_matches('/')) {
         return Err(CloudReason::Audience);
     }
     fresh.check(

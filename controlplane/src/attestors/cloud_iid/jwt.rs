@@ -233,3 +233,22 @@ impl<'a> Token<'a> {
         }
     }
 }
+
+/// A JWT's `aud`: one audience or several.
+#[derive(Deserialize)]
+#[serde(untagged)]
+pub(super) enum Audience {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl Audience {
+    /// Whether one of them is `want`, both compared as `norm` makes them.
+    pub(super) fn names(&self, want: &str, norm: impl Fn(&str) -> &str) -> bool {
+        let want = norm(want);
+        match self {
+            Audience::One(a) => norm(a) == want,
+            Audience::Many(v) => v.iter().any(|a| norm(a) == want),
+        }
+    }
+}

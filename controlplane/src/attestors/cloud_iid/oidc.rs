@@ -18,6 +18,7 @@ pub(crate) mod fetch;
 
 use serde::Deserialize;
 
+use super::jwt::Audience;
 pub use super::jwt::Jwks;
 pub(crate) use super::jwt::Token;
 pub(crate) use super::jwt::MAX_JWKS_LEN;
@@ -126,13 +127,6 @@ struct Claims {
     nbf: Option<i64>,
 }
 
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum Audience {
-    One(String),
-    Many(Vec<String>),
-}
-
 /// Verifies `document` with `keys`: the identity it names, or the refusal.
 pub(crate) fn verify(
     provider: &OidcProvider,
@@ -157,12 +151,7 @@ fn identity(
     if claims.iss.trim_end_matches('/') != provider.issuer() {
         return Err(CloudReason::Issuer);
     }
-    let want = provider.audience.as_str();
-    let aud_ok = match &claims.aud {
-        Audience::One(a) => a == want,
-        Audience::Many(v) => v.iter().any(|a| a == want),
-    };
-    if !aud_ok {
+    if !claims.aud.names(&provider.audience, |a| a) {
         return Err(CloudReason::Audience);
     }
     let fresh = Freshness {
